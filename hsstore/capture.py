@@ -1,0 +1,78 @@
+"""Capture decoder-layer outputs with forward hooks, stopping the forward after the deepest one needed.
+
+Layer i is the raw output of decoder layer i (the residual stream before the final norm), equal to
+transformers' ``hidden_states[i + 1]`` for every layer but the last (whose ``hidden_states`` entry is
+post-norm). Only requested layers are kept; nothing runs past the deepest one (no lm_head, no logits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class _StopForward(Exception):
+    pass
+
+
+def decoder_layers(model: nn.Module, num_layers: int) -> nn.ModuleList:
+    """The ModuleList of decoder layers (``model.model.layers`` for most causal LMs)."""
+    best = None
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) == num_layers and name.split(".")[-1] == "layers":
+            if best is None or name.count(".") < best[0].count("."):
+                best = (name, mod)
+    if best is None:
+        raise ValueError(f"cannot find the {num_layers} decoder layers of {type(model).__name__}")
+    return best[1]
+
+
+class LayerCapture:
+    """Runs padded batches and returns ``{layer: [B, T, H]}`` for the requested decoder layers."""
+
+    def __init__(self, model: nn.Module, num_layers: int, layers: Sequence[int]) -> None:
+        self.model = model
+        self.layers = sorted(set(layers))
+        self.deepest = self.layers[-1]
+        self._out: dict[int, torch.Tensor] = {}
+        mods = decoder_layers(model, num_layers)
+        self._handles = [mods[i].register_forward_hook(self._hook(i)) for i in self.layers]
+
+    def _hook(self, index: int) -> Any:
+        def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:
+            self._out[index] = output[0] if isinstance(output, (tuple, list)) else output
+            if index == self.deepest:
+                raise _StopForward
+
+        return hook
+
+    @torch.inference_mode()
+    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[int, torch.Tensor]:
+        self._out = {}
+        try:
+            self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        except _StopForward:
+            pass
+        missing = [i for i in self.layers if i not in self._out]
+        if missing:
+            raise RuntimeError(f"decoder layer(s) {missing} did not run; the model skipped them")
+        out, self._out = self._out, {}
+        return out
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+def pad_batch(seqs: Sequence[torch.Tensor], pad_id: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids [B, T]`` and ``attention_mask [B, T]`` (1 = real token)."""
+    width = max(int(s.shape[0]) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids[b, : s.shape[0]] = s
+        mask[b, : s.shape[0]] = 1
+    return ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)

@@ -1,0 +1,38 @@
+"""Per-variant compression choices, as names recorded in metadata, and their zarr v3 codec chains.
+
+Every chain ends in crc32c, so each chunk carries a checksum whatever the compression.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
+
+CHOICES = ("none", "zstd", "blosc-lz4", "blosc-zstd")
+DEFAULT = "zstd"
+
+
+def parse_codec(name: str) -> str:
+    if name not in CHOICES:
+        raise ValueError(f"unknown compression {name!r}; choose one of {', '.join(CHOICES)}")
+    return name
+
+
+def compressors(name: str) -> list[Any]:
+    """The bytes-to-bytes chain for ``name``: compression (if any) then crc32c."""
+    name = parse_codec(name)
+    chain: list[Any] = []
+    if name == "zstd":
+        chain.append(ZstdCodec(level=1))
+    elif name == "blosc-lz4":
+        chain.append(BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle"))
+    elif name == "blosc-zstd":
+        chain.append(BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle"))
+    chain.append(Crc32cCodec())
+    return chain
+
+
+def chunk_tokens(hidden_size: int, itemsize: int, target_bytes: int = 1 << 20) -> int:
+    """Tokens per chunk so one chunk of one layer holds about ``target_bytes`` (at least 1)."""
+    return max(1, target_bytes // max(1, hidden_size * itemsize))

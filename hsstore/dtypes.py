@@ -1,0 +1,48 @@
+"""Hidden-state dtypes: names, torch dtypes and how each is stored in zarr (bf16 as uint16 bits).
+
+bf16 is stored as ``uint16`` with the logical dtype in the array attributes, so any zarr reader opens
+it, and reading back is a zero-copy ``torch.from_numpy(bits).view(torch.bfloat16)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+NAMES = ("bf16", "fp16", "fp32")
+TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+STORED = {"bf16": np.dtype("uint16"), "fp16": np.dtype("float16"), "fp32": np.dtype("float32")}
+LOGICAL = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# unit roundoff (half the machine epsilon) of each dtype: the scale of one rounding
+UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
+
+
+def parse_dtype(name: str) -> str:
+    aliases = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+    name = aliases.get(name, name)
+    if name not in NAMES:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(NAMES)}")
+    return name
+
+
+def name_of(dtype: torch.dtype) -> str:
+    for name, t in TORCH.items():
+        if t == dtype:
+            return name
+    raise ValueError(f"hidden states of dtype {dtype} are not supported; use one of {', '.join(NAMES)}")
+
+
+def to_stored(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as the numpy array zarr stores (a view where possible)."""
+    t = tensor.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.uint16).numpy() if hasattr(torch, "uint16") else t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def from_stored(array: np.ndarray, name: str) -> torch.Tensor:
+    """The stored numpy array as a torch tensor of the logical dtype, without a copy."""
+    t = torch.from_numpy(np.ascontiguousarray(array))
+    if name == "bf16":
+        return t.view(torch.bfloat16)
+    return t

@@ -1,0 +1,61 @@
+"""One error hierarchy for hsstore; every message names the offending thing and the fix."""
+
+from __future__ import annotations
+
+
+class HsstoreError(Exception):
+    """Root of every error hsstore raises on purpose."""
+
+    exit_code = 2
+
+
+class BadInput(HsstoreError, ValueError):
+    """The user handed hsstore something it cannot use (exit 2)."""
+
+
+class StoreNotFound(BadInput, FileNotFoundError):
+    """A path that is not an hsstore store."""
+
+
+class UnsupportedFormat(BadInput):
+    """A store written by an hsstore of an unknown major format version."""
+
+
+class SelectorError(BadInput, LookupError):
+    """A variant selector that matches no variant, or several."""
+
+
+class ProvenanceMismatch(HsstoreError):
+    """Two provenances differ in fields that can change numbers.
+
+    ``differences`` holds ``(field, store_value, required_value)`` for every differing field.
+    """
+
+    exit_code = 1
+
+    def __init__(self, differences: list[tuple[str, object, object]], what: str = "store") -> None:
+        self.differences = differences
+        lines = [f"{field}: {a!r} ({what}) != {b!r} (required)" for field, a, b in differences]
+        super().__init__(
+            f"provenance mismatch in {len(differences)} field(s):\n  "
+            + "\n  ".join(lines)
+            + "\n(pass allow_drift=[field, ...] to accept a named field)"
+        )
+
+
+class CorruptData(HsstoreError, IOError):
+    """Committed data that fails a checksum, a size check or a key check."""
+
+    exit_code = 1
+
+
+class CheckFailed(HsstoreError):
+    """A check the user asked for failed (diff bound, verify)."""
+
+    exit_code = 1
+
+
+class BuildFailed(HsstoreError, RuntimeError):
+    """A build step failed after its inputs were accepted (write error, NaN states, a dead worker)."""
+
+    exit_code = 1

@@ -1,0 +1,41 @@
+"""A progress display for long work: samples, tokens/s and ETA (rich on a terminal, plain lines otherwise)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+class Progress:
+    def __init__(self, label: str, total_samples: int, total_tokens: int, quiet: bool = False) -> None:
+        self.label, self.total_samples, self.total_tokens = label, total_samples, total_tokens
+        self.samples = self.tokens = 0
+        self.t0 = self.last = time.time()
+        self.quiet = quiet or total_samples == 0
+        self._rich = None
+        if not self.quiet and sys.stderr.isatty():
+            from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+
+            self._rich = RichProgress(
+                TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} samples"),
+                TextColumn("{task.fields[tps]:,.0f} tok/s"), TimeRemainingColumn(), transient=False,
+            )
+            self._rich.start()
+            self._task = self._rich.add_task(label, total=total_samples, tps=0.0)
+
+    def advance(self, samples: int, tokens: int) -> None:
+        self.samples += samples
+        self.tokens += tokens
+        now = time.time()
+        tps = self.tokens / max(1e-9, now - self.t0)
+        if self._rich is not None:
+            self._rich.update(self._task, advance=samples, tps=tps)
+        elif not self.quiet and (now - self.last > 10 or self.samples == self.total_samples):
+            left = (self.total_tokens - self.tokens) / tps if tps > 0 else float("nan")
+            print(f"[{self.label}] {self.samples}/{self.total_samples} samples, {tps:,.0f} tok/s, ETA {left:,.0f}s",
+                  file=sys.stderr, flush=True)
+            self.last = now
+
+    def close(self) -> None:
+        if self._rich is not None:
+            self._rich.stop()

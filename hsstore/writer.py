@@ -1,0 +1,188 @@
+"""UnitWriter: one writer's units of work — write arrays, check health, then commit (last, atomically)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import socket
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import zarr
+
+from . import layout
+from .codecs import compressors
+from .dtypes import STORED, TORCH, to_stored
+from .errors import BuildFailed, CorruptData
+from .records import CommitRecord, group_json, parse_json
+from .stats import layer_stats, problems
+
+if TYPE_CHECKING:
+    from .store import Store
+
+
+@dataclass(frozen=True)
+class SampleTokens:
+    """A tokenized sample: its key, token ids (int32) and loss mask (uint8)."""
+
+    key: str
+    input_ids: np.ndarray
+    loss_mask: np.ndarray
+
+    @property
+    def length(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class UnitWriter:
+    """Writes units of one variant. Exactly one writer owns a unit id; nothing is visible until commit."""
+
+    def __init__(self, store: Store, vid: str, writer_id: str | None = None, check_health: bool = True) -> None:
+        self.store = store
+        self.vid = vid
+        self.record = store.variant_record(vid)
+        self.writer_id = layout.check_name(writer_id or uuid.uuid4().hex[:12], "writer id")
+        self.check_health = check_health
+        self.seq = 0
+        self.info = {"host": socket.gethostname(), "pid": os.getpid(), "writer": self.writer_id}
+        self._seen_commits: set[str] = set()
+        self._done: set[str] = set()
+
+    def committed_keys(self) -> set[str]:
+        """Keys committed by anyone so far (reads only commit records not seen before)."""
+        blobs = self.store.blobs
+        for key in blobs.list(layout.commits_prefix(self.vid)):
+            if key in self._seen_commits or not key.endswith(".json"):
+                continue
+            raw = blobs.get(key)
+            if raw is None:
+                continue
+            try:
+                commit = CommitRecord.from_dict(parse_json(raw, key), key)
+            except CorruptData:
+                continue  # verify reports it; its samples will be written again
+            self._done.update(k for k, _, _ in commit.samples)
+            self._seen_commits.add(key)
+        return self._done
+
+    def write(
+        self,
+        samples: Sequence[SampleTokens],
+        states: dict[int, torch.Tensor],
+        skip_committed: bool = True,
+    ) -> CommitRecord | None:
+        """Write ``samples`` and their states (``layer -> [sum of lengths, H]``, in sample order) as one unit.
+
+        Samples already committed are dropped first (re-writing is a no-op). Returns the commit, or None
+        if nothing was left to write.
+        """
+        rec = self.record
+        if sorted(states) != rec.all_layers:
+            raise ValueError(f"states for layers {sorted(states)}, variant {self.vid} stores {rec.all_layers}")
+        total = sum(s.length for s in samples)
+        for layer, t in states.items():
+            if tuple(t.shape) != (total, rec.hidden_size) or t.dtype != TORCH[rec.dtype]:
+                raise ValueError(
+                    f"layer {layer} states {tuple(t.shape)} {t.dtype}; expected {(total, rec.hidden_size)} {TORCH[rec.dtype]}"
+                )
+        keep = list(range(len(samples)))
+        if skip_committed:
+            done = self.committed_keys()
+            seen: set[str] = set()
+            keep = []
+            for i, s in enumerate(samples):
+                if s.key not in done and s.key not in seen:
+                    keep.append(i)
+                    seen.add(s.key)
+        if not keep:
+            return None
+        if len(keep) < len(samples):
+            starts = np.cumsum([0] + [s.length for s in samples])
+            idx = torch.from_numpy(np.concatenate([np.arange(starts[i], starts[i + 1]) for i in keep]))
+            states = {k: v.index_select(0, idx) for k, v in states.items()}
+            samples = [samples[i] for i in keep]
+        stats = self._health(samples, states)
+        return self._write_unit(samples, states, stats)
+
+    def _health(self, samples: Sequence[SampleTokens], states: dict[int, torch.Tensor]) -> dict[str, dict]:
+        stats = {str(layer): layer_stats(t) for layer, t in states.items()}
+        if not self.check_health:
+            return stats
+        for layer, s in stats.items():
+            bad = problems(s)
+            if s["nan"] or s["inf"] or (bad and "zero" in bad[0]):
+                raise BuildFailed(
+                    f"layer {layer} of variant {self.vid}: {'; '.join(bad)} — refusing to commit. "
+                    "Check the model and dtype (fp16 overflow?) or pass --allow-unhealthy to store anyway"
+                )
+        off = 0
+        for s in samples:
+            for layer, t in states.items():
+                if not torch.any(t[off : off + s.length]):
+                    raise BuildFailed(
+                        f"sample {s.key}: layer {layer} is all zeros — refusing to commit (broken extractor?). "
+                        "Pass --allow-unhealthy to store anyway"
+                    )
+            off += s.length
+        return stats
+
+    def _write_unit(
+        self, samples: Sequence[SampleTokens], states: dict[int, torch.Tensor], stats: dict[str, dict]
+    ) -> CommitRecord:
+        rec = self.record
+        uid = f"{self.writer_id}-{self.seq:06d}"
+        self.seq += 1
+        prefix = layout.unit_prefix(self.vid, uid)
+        blobs = self.store.blobs
+        blobs.put_atomic(f"{prefix}/zarr.json", group_json({"hsstore_unit": {**self.info, "started_at": _now()}}))
+        n = sum(s.length for s in samples)
+        c = min(rec.chunk_tokens, max(1, n))
+        shard = -(-n // c) * c
+        zs = self.store.zstore
+        chain = compressors(rec.codec)
+        cfg = {"write_empty_chunks": True}
+        ids = np.concatenate([s.input_ids.astype(np.int32) for s in samples])
+        mask = np.concatenate([s.loss_mask.astype(np.uint8) for s in samples])
+        tok_chunk = max(c, 1 << 16)
+        for name, data in (("input_ids", ids), ("loss_mask", mask)):
+            a = zarr.create_array(zs, name=f"{prefix}/{name}", shape=(n,), chunks=(min(tok_chunk, n),), dtype=data.dtype,
+                                  compressors=[chain[-1]], fill_value=0, config=cfg)
+            a[:] = data
+        for layer, t in states.items():
+            a = zarr.create_array(
+                zs,
+                name=f"{prefix}/{layout.layer_array(layer)}",
+                shape=(n, rec.hidden_size),
+                chunks=(c, rec.hidden_size),
+                shards=(shard, rec.hidden_size),
+                dtype=STORED[rec.dtype],
+                compressors=chain,
+                fill_value=0,
+                config=cfg,
+                attributes={"hsstore_dtype": rec.dtype, "layer": int(layer)},
+            )
+            a[:] = to_stored(t.cpu())
+        files = {}
+        for key in blobs.list(prefix + "/"):
+            rel = key[len(prefix) + 1 :]
+            files[rel] = int(blobs.size(key) or 0)
+        off, rows = 0, []
+        for s in samples:
+            rows.append((s.key, off, s.length))
+            off += s.length
+        commit = CommitRecord(
+            unit=uid, samples=rows, layers=sorted(states), files=files, stats=stats,
+            writer=self.info, committed_at=_now(),
+        )
+        blobs.put_atomic(layout.commit_key(self.vid, uid), json.dumps(commit.to_dict()).encode())
+        self._done.update(k for k, _, _ in rows)
+        return commit
