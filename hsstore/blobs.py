@@ -24,7 +24,8 @@ class Blobs:
 
     def __init__(self, store: ZarrStore) -> None:
         self.store = store
-        self.root = Path(store.root) if isinstance(store, LocalStore) else None
+        inner = getattr(store, "_store", store)  # see through wrappers (e.g. the byte counter)
+        self.root = Path(inner.root) if isinstance(inner, LocalStore) else None
 
     def get(self, key: str) -> bytes | None:
         if self.root is not None:

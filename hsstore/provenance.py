@@ -48,7 +48,14 @@ def variant_id(provenance: Mapping[str, Any]) -> str:
 
 
 def _allowed(field: str, allow_drift: Iterable[str]) -> bool:
-    return any(field == a or field.startswith(a + ".") or field.endswith("." + a) for a in allow_drift)
+    """An allowed name matches a field when its dotted segments occur in the field's, in a row
+    (``"dtype"``, ``"kernels"`` and ``"environment.versions.torch"`` all name fields)."""
+    f = field.split(".")
+    for a in allow_drift:
+        s = a.split(".")
+        if any(f[i : i + len(s)] == s for i in range(len(f) - len(s) + 1)):
+            return True
+    return False
 
 
 def differences(

@@ -72,8 +72,9 @@ class Store:
         return LocalStore(local, read_only=read_only)
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], mode: str = "r") -> Store:
-        """Open an existing store; ``mode="a"`` to write into it."""
+    def open(cls, path: str | os.PathLike[str], mode: str = "r", count_bytes: bool = False) -> Store:
+        """Open an existing store; ``mode="a"`` to write into it; ``count_bytes`` to measure reads
+        (``store.zstore.bytes_read``)."""
         path = os.fspath(path)
         if not _is_url(path):
             p = Path(path)
@@ -81,7 +82,12 @@ class Store:
                 raise StoreNotFound(f"no store at {path!r}; build one with `hsstore build MANIFEST --store {path}`")
             if not p.is_dir():
                 raise BadInput(f"store path {path!r} is a file, not a store directory; pass the store's folder")
-        store = cls(cls._zarr_store(path, read_only=(mode == "r")), path)
+        zstore = cls._zarr_store(path, read_only=(mode == "r"))
+        if count_bytes:
+            from .iostats import CountingStore
+
+            zstore = CountingStore(zstore)
+        store = cls(zstore, path)
         store._check_root()
         return store
 

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from helpers import run_cli, write_manifest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real store built by the CLI from the bundled data: tiny hybrid model, bf16 and fp32 variants."""
+    d = tmp_path_factory.mktemp("tiny")
+    m = write_manifest(d / "m.toml", dtypes='["bf16", "fp32"]', layers="{ aux = [0, 1], target = [3] }")
+    r = run_cli("build", str(m), "--limit", "40", "--quiet")
+    assert r.returncode == 0, r.stderr
+    return d / "store.zarr"

@@ -1,0 +1,86 @@
+"""Small real objects for tests: stores with random states, manifests, CLI runs in real subprocesses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hsstore import Store
+from hsstore.keys import sample_key
+from hsstore.writer import SampleTokens
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "hsstore" / "data" / "conversations.jsonl"
+LAYERS = {"aux": [0, 1], "target": [2]}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def make_samples(lengths: list[int], seed: int = 0, tok: str = "tok") -> list[SampleTokens]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in lengths:
+        ids = rng.integers(0, 250, n).astype(np.int32)
+        mask = (rng.random(n) > 0.3).astype(np.uint8)
+        out.append(SampleTokens(sample_key(tok, ids, mask), ids, mask))
+    return out
+
+
+def make_states(samples: list[SampleTokens], hidden: int, dtype: str, layers: list[int], seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    n = sum(s.length for s in samples)
+    return {i: torch.randn(n, hidden, generator=g).to(TORCH_DTYPES[dtype]) for i in layers}
+
+
+def provenance(dtype: str = "bf16", backend: str = "torch", tok: str = "tok", layers: dict | None = None) -> dict:
+    return {
+        "recipe": {"model": {"name": "test", "path": "/x"}, "tokenizer": {"fingerprint": tok},
+                   "layers": layers or LAYERS},
+        "environment": {"dtype": dtype, "backend": backend, "device": "cpu", "host": "h",
+                        "kernels": {"chunk_gated_delta_rule": backend, "causal_conv1d": backend, "attention": "sdpa"}},
+    }
+
+
+def new_variant(store: Store, dtype: str = "bf16", hidden: int = 16, codec: str = "zstd", chunk: int = 64,
+                backend: str = "torch", layers: dict | None = None) -> str:
+    layers = layers or LAYERS
+    return store.create_variant(provenance(dtype, backend, layers=layers), layers, hidden, dtype, codec, chunk)
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m hsstore ARGS`` in a real subprocess."""
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "hsstore", *args], capture_output=True, text=True,
+                          cwd=cwd or REPO, env=e, timeout=timeout)
+
+
+def write_manifest(path: Path, *, model: str = "builtin:tiny-qwen3_5", layers: str = "{ aux = [0, 1], target = [2] }",
+                   files: list[str] | None = None, store: str = "store.zarr", dtypes: str = '["bf16"]',
+                   extra_model: str = "", extra_data: str = "", extra_build: str = "", max_length: int = 256) -> Path:
+    files = files or [str(DATA)]
+    text = f"""
+[model]
+path = "{model}"
+layers = {layers}
+{extra_model}
+[data]
+files = {files!r}
+max_length = {max_length}
+{extra_data}
+[build]
+backends = ["torch"]
+dtypes = {dtypes}
+devices = ["cpu"]
+token_budget = 2048
+unit_tokens = 2048
+{extra_build}
+[store]
+path = "{store}"
+""".replace("'", '"')
+    path.write_text(text)
+    return path

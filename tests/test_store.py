@@ -1,0 +1,190 @@
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hsstore import Store
+from hsstore.errors import BadInput, StoreNotFound, UnsupportedFormat
+from hsstore.verify import verify
+
+from helpers import REPO, make_samples, make_states, new_variant
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("codec", ["none", "zstd", "blosc-lz4"])
+def test_round_trip_is_bit_exact(tmp_path: Path, dtype: str, codec: str):
+    store = Store.create(tmp_path / "s.zarr")
+    vid = new_variant(store, dtype=dtype, codec=codec, layers={"aux": [0, 1], "target": [2]})
+    samples = make_samples([1, 7, 10_000, 129, 64])
+    states = make_states(samples, 16, dtype, [0, 1, 2])
+    store.writer(vid).write(samples, states)
+    reader = Store.open(tmp_path / "s.zarr").reader(vid)
+    off = 0
+    for s in samples:
+        got = reader.read(s.key, layers=[2, 0])  # any subset, any order
+        assert got["layers"][2].dtype == states[2].dtype
+        assert torch.equal(got["layers"][2].view(torch.int16 if dtype != "fp32" else torch.int32),
+                           states[2][off: off + s.length].view(torch.int16 if dtype != "fp32" else torch.int32))
+        assert torch.equal(got["layers"][0], states[0][off: off + s.length])
+        assert np.array_equal(got["input_ids"].numpy(), s.input_ids)
+        off += s.length
+    assert reader.n_tokens == sum(s.length for s in samples)
+
+
+def test_bf16_reads_back_as_bfloat16_without_float_copy(tmp_path: Path):
+    store = Store.create(tmp_path / "s.zarr")
+    vid = new_variant(store)
+    samples = make_samples([5])
+    states = make_states(samples, 16, "bf16", [0, 1, 2])
+    states[0][0, 0] = float("1e-40")  # a bf16 subnormal survives only if no float path rounds it
+    store.writer(vid).write(samples, states)
+    meta = json.loads((tmp_path / "s.zarr" / f"variants/{vid}/units").glob("*/layer_0/zarr.json").__next__().read_text())
+    assert meta["data_type"] == "uint16" and meta["attributes"]["hsstore_dtype"] == "bf16"
+    t = Store.open(tmp_path / "s.zarr").reader(vid).read(0, layers=[0])["layers"][0]
+    assert t.dtype == torch.bfloat16 and torch.equal(t.view(torch.int16), states[0].view(torch.int16))
+
+
+def test_uncommitted_work_is_invisible_and_rewrite_is_noop(tmp_path: Path):
+    path = tmp_path / "s.zarr"
+    store = Store.create(path)
+    vid = new_variant(store)
+    samples = make_samples([3, 4])
+    w = store.writer(vid)
+    # a unit whose arrays are written but whose commit record is not: a crash just before commit
+    w._write_unit(samples, make_states(samples, 16, "bf16", [0, 1, 2]), {})
+    commit = next((path / f"variants/{vid}/commits").glob("*.json"))
+    commit.unlink()
+    fresh = Store.open(path)
+    assert fresh.variants == []
+    assert verify(fresh)["ok"] and verify(fresh)["samples_checked"] == 0
+    c1 = store.writer(vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2]))
+    assert c1 is not None and len(c1.samples) == 2
+    assert store.writer(vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2], seed=9)) is None
+    more = make_samples([3, 4, 5], seed=0)  # the first two again plus one new: only the new one is written
+    c3 = store.writer(vid).write(more, make_states(more, 16, "bf16", [0, 1, 2]))
+    assert [k for k, _, _ in c3.samples] == [more[2].key]
+    assert len(Store.open(path).reader(vid).keys) == 3
+
+
+def _write_disjoint(path: str, vid: str, seed: int) -> None:
+    store = Store.open(path, mode="a")
+    for j in range(3):
+        samples = make_samples([20, 30], seed=seed * 100 + j)
+        store.writer(vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2]))
+
+
+def _write_same(path: str, vid: str, seed: int) -> None:
+    store = Store.open(path, mode="a")
+    samples = make_samples([20, 30, 40, 50], seed=7)
+    store.writer(vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2], seed=seed), skip_committed=False)
+
+
+def test_two_processes_disjoint_units_lose_nothing(tmp_path: Path):
+    path = str(tmp_path / "s.zarr")
+    vid = new_variant(Store.create(path))
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_write_disjoint, args=(path, vid, s)) for s in (1, 2)]
+    [p.start() for p in procs]
+    [p.join(120) for p in procs]
+    assert all(p.exitcode == 0 for p in procs)
+    reader = Store.open(path).reader(vid)
+    assert len(reader.keys) == 12 and len(set(reader.keys)) == 12
+    assert verify(Store.open(path))["ok"]
+
+
+def test_racing_writers_never_show_a_sample_twice(tmp_path: Path):
+    path = str(tmp_path / "s.zarr")
+    vid = new_variant(Store.create(path))
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_write_same, args=(path, vid, s)) for s in (1, 2)]
+    [p.start() for p in procs]
+    [p.join(120) for p in procs]
+    reader = Store.open(path).reader(vid)
+    assert len(reader.commits) == 2  # both committed their unit...
+    assert len(reader.keys) == 4  # ...but each sample is visible once, from the first unit by id
+    winner = min(c.unit for c in reader.commits)
+    assert {r.unit for r in reader.refs.values()} == {winner}
+    assert verify(Store.open(path))["ok"]
+
+
+def test_memory_url_store_round_trip():
+    store = Store.create("memory://hsstore-test/s.zarr")
+    vid = new_variant(store)
+    samples = make_samples([9, 2])
+    states = make_states(samples, 16, "bf16", [0, 1, 2])
+    store.writer(vid).write(samples, states)
+    reader = Store.open("memory://hsstore-test/s.zarr").reader(vid)
+    assert torch.equal(reader.read(samples[1].key)["layers"][1], states[1][9:])
+
+
+def test_open_errors(tmp_path: Path):
+    with pytest.raises(StoreNotFound, match="no store at"):
+        Store.open(tmp_path / "missing")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(BadInput, match="is a file"):
+        Store.open(tmp_path / "file")
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "data.txt").write_text("x")
+    with pytest.raises(StoreNotFound, match="not an hsstore store"):
+        Store.open(tmp_path / "plain")
+    with pytest.raises(BadInput, match="non-empty directory"):
+        Store.create(tmp_path / "plain")
+    s = tmp_path / "future.zarr"
+    Store.create(s)
+    meta = json.loads((s / "zarr.json").read_text())
+    meta["attributes"]["hsstore"]["format_version"] = "2.0"
+    (s / "zarr.json").write_text(json.dumps(meta))
+    with pytest.raises(UnsupportedFormat, match="format version 2.0"):
+        Store.open(s)
+
+
+def test_layer_subset_reads_fewer_bytes(tmp_path: Path):
+    path = tmp_path / "s.zarr"
+    store = Store.create(path)
+    vid = new_variant(store, hidden=64)
+    samples = make_samples([300] * 4)
+    store.writer(vid).write(samples, make_states(samples, 64, "bf16", [0, 1, 2]))
+
+    def bytes_for(layers: list[int]) -> int:
+        s = Store.open(path, count_bytes=True)
+        r = s.reader(vid)
+        before = s.zstore.bytes_read
+        for k in r.keys:
+            r.read_layers(r.refs[k], layers)
+        return s.zstore.bytes_read - before
+
+    one, three = bytes_for([2]), bytes_for([0, 1, 2])
+    assert one < 0.4 * three, (one, three)
+
+
+def test_store_holds_only_json_and_numeric_chunks(tiny_store: Path):
+    for f in tiny_store.rglob("*"):
+        if f.is_file():
+            data = f.read_bytes()
+            assert not data.startswith(b"\x80"), f"{f} looks like a pickle"
+            if f.suffix == ".json" or f.name == "zarr.json":
+                json.loads(data)
+
+
+def test_format_v1_fixture_still_reads():
+    """A store of format 1.0 committed in the repo: a change that breaks old stores fails here."""
+    fixture = REPO / "tests" / "data" / "format-v1.zarr"
+    expected = json.loads((REPO / "tests" / "data" / "format-v1.expected.json").read_text())
+    store = Store.open(fixture)
+    assert store.format_version == "1.0"
+    for vid, want in expected.items():
+        r = store.reader(vid)
+        assert len(r.keys) == want["n_samples"]
+        for key, sums in want["layer_sums"].items():
+            got = r.read(key)
+            for layer, total in sums.items():
+                assert float(got["layers"][int(layer)].double().sum()) == total
+    assert verify(store)["ok"]
