@@ -189,7 +189,8 @@ def diff(
 def main() -> None:
     """Entry point: errors become one line on stderr and an exit code (2 bad input, 1 failed check)."""
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)  # click returns typer.Exit's code here instead of raising
+        sys.exit(rc if isinstance(rc, int) else 0)
     except HsstoreError as e:
         if _state["debug"] or os.environ.get("HSSTORE_DEBUG"):
             raise

@@ -1,0 +1,1 @@
+"""Stand-in for flash-linear-attention (tests only)."""
