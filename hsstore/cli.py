@@ -201,12 +201,8 @@ def main() -> None:
     except typer.Abort:
         typer.echo("aborted", err=True)
         sys.exit(130)
-    except Exception as e:  # click usage errors carry their own exit code
-        import click
-
-        if isinstance(e, click.ClickException):
+    except Exception as e:  # click (as vendored by typer) usage errors carry their own exit code
+        if callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int):
             e.show()
-            sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Exit):
             sys.exit(e.exit_code)
         raise

@@ -128,7 +128,7 @@ def describe(provenance: Mapping[str, Any]) -> str:
 
 def select(variants: Mapping[str, Mapping[str, Any]], selector: str | None, where: str = "store") -> str:
     """The one variant id in ``variants`` (id -> provenance) that ``selector`` names."""
-    choices = "\n  ".join(f"{vid}  {describe(p)}" for vid, p in sorted(variants.items())) or "(none)"
+    choices = "; ".join(f"{vid} ({describe(p)})" for vid, p in sorted(variants.items())) or "(none)"
     if not variants:
         raise SelectorError(f"{where} holds no committed variant; build one with `hsstore build MANIFEST`")
     if selector is None or selector == "":
@@ -136,7 +136,7 @@ def select(variants: Mapping[str, Mapping[str, Any]], selector: str | None, wher
             return next(iter(variants))
         raise SelectorError(
             f"{where} holds {len(variants)} variants; name one as {where}#SELECTOR, "
-            f"e.g. #backend=torch,dtype=bf16 or an id prefix. Choices:\n  {choices}"
+            f"e.g. #backend=torch,dtype=bf16 or an id prefix. Choices: {choices}"
         )
     parsed = parse_selector(selector)
     if isinstance(parsed, str):
@@ -146,4 +146,4 @@ def select(variants: Mapping[str, Mapping[str, Any]], selector: str | None, wher
     if len(hits) == 1:
         return hits[0]
     what = "no variant" if not hits else f"{len(hits)} variants"
-    raise SelectorError(f"selector {selector!r} matches {what} in {where}. Choices:\n  {choices}")
+    raise SelectorError(f"selector {selector!r} matches {what} in {where}. Choices: {choices}")

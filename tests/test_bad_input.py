@@ -1,0 +1,180 @@
+"""The bad-input catalogue (docs/errors.md): every row is one clear line, exit 2, nothing committed."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from hsstore import Store
+from hsstore.cli import main
+
+from helpers import DATA, REPO, make_samples, make_states, new_variant, write_manifest
+
+
+def _m(tmp: Path, **kw) -> list[str]:
+    return ["build", str(write_manifest(tmp / "m.toml", store=str(tmp / "s.zarr"), **kw)), "--quiet"]
+
+
+def _raw(tmp: Path, text: str) -> list[str]:
+    (tmp / "m.toml").write_text(text)
+    return ["build", str(tmp / "m.toml")]
+
+
+def _local_model(tmp: Path, chat_template: bool) -> str:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hsstore.builtin import builtin_config, builtin_tokenizer
+
+    d = tmp / "model"
+    tok = builtin_tokenizer()
+    if not chat_template:
+        tok.chat_template = None
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(builtin_config("tiny-llama", vocab_size=len(tok))).save_pretrained(d)
+    tok.save_pretrained(d)
+    for f in d.glob("chat_template*"):
+        if not chat_template:
+            f.unlink()
+    return str(d)
+
+
+def _two_variant_store(tmp: Path) -> str:
+    s = Store.create(tmp / "v.zarr")
+    for dtype in ("bf16", "fp32"):
+        vid = new_variant(s, dtype=dtype)
+        samples = make_samples([4])
+        s.writer(vid).write(samples, make_states(samples, 16, dtype, [0, 1, 2]))
+    return str(tmp / "v.zarr")
+
+
+def _other_layers_store(tmp: Path) -> tuple[str, str]:
+    s = Store.create(tmp / "l.zarr")
+    a = new_variant(s, dtype="bf16", layers={"aux": [0], "target": [2]})
+    b = new_variant(s, dtype="fp32", layers={"aux": [1], "target": [2]})
+    for vid, dtype in ((a, "bf16"), (b, "fp32")):
+        samples = make_samples([4])
+        layers = s.variant_record(vid).all_layers
+        s.writer(vid).write(samples, make_states(samples, 16, dtype, layers))
+    return f"{tmp / 'l.zarr'}#{a}", f"{tmp / 'l.zarr'}#{b}"
+
+
+def _disjoint_store(tmp: Path) -> tuple[str, str]:
+    s = Store.create(tmp / "d.zarr")
+    a, b = new_variant(s, dtype="bf16"), new_variant(s, dtype="fp32")
+    for vid, dtype, seed in ((a, "bf16", 1), (b, "fp32", 2)):
+        samples = make_samples([4], seed=seed)
+        s.writer(vid).write(samples, make_states(samples, 16, dtype, [0, 1, 2]))
+    return f"{tmp / 'd.zarr'}#{a}", f"{tmp / 'd.zarr'}#{b}"
+
+
+def _future_store(tmp: Path) -> str:
+    p = tmp / "f.zarr"
+    Store.create(p)
+    meta = json.loads((p / "zarr.json").read_text())
+    meta["attributes"]["hsstore"]["format_version"] = "9.0"
+    (p / "zarr.json").write_text(json.dumps(meta))
+    return str(p)
+
+
+def _a_file(tmp: Path) -> str:
+    (tmp / "f").write_text("x")
+    return str(tmp / "f")
+
+
+def _plain_dir(tmp: Path) -> str:
+    (tmp / "plain").mkdir()
+    (tmp / "plain" / "notes.txt").write_text("x")
+    return str(tmp / "plain")
+
+
+CASES = {
+    "manifest-missing": (lambda t: ["build", str(t / "nope.toml")], "manifest .* does not exist"),
+    "manifest-malformed-toml": (lambda t: _raw(t, "[model\npath = 1"), "malformed TOML"),
+    "manifest-unknown-key": (lambda t: _m(t, extra_model='layrs = 1'), r"unknown key\(s\) \['layrs'\] in \[model\] \(typo\?\)"),
+    "manifest-unknown-table": (lambda t: _raw(t, "[modle]\npath='x'"), r"unknown table\(s\) \['modle'\]"),
+    "manifest-no-model-path": (lambda t: _raw(t, "[model]\nlayers={target=[1]}\n[data]\nfiles=['x']\n[store]\npath='s'"),
+                               r"\[model\] path is missing"),
+    "model-dir-missing": (lambda t: _m(t, model=str(t / "no-model")), "model directory .* does not exist"),
+    "model-dir-no-config": (lambda t: (t / "empty-model").mkdir() or _m(t, model=str(t / "empty-model")), "has no config.json"),
+    "builtin-unknown": (lambda t: _m(t, model="builtin:tiny-gpt5"), "unknown builtin model 'tiny-gpt5'"),
+    "layer-out-of-range": (lambda t: _m(t, layers="{ aux = [1], target = [9] }"), r"layer\(s\) \[9\] .* out of range: .* has 4 decoder layers"),
+    "layer-aux-and-target": (lambda t: _m(t, layers="{ aux = [1, 3], target = [3] }"), "both aux and target"),
+    "layer-target-empty": (lambda t: _m(t, layers="{ aux = [1], target = [] }"), "layers.target is empty"),
+    "layer-not-int": (lambda t: _m(t, layers='{ aux = ["1"], target = [2] }'), "must be a list of integers"),
+    "data-file-missing": (lambda t: _m(t, files=[str(t / "none.jsonl")]), "data file .* does not exist"),
+    "data-file-type-unknown": (lambda t: (t / "d.csv").write_text("a\n") and _m(t, files=[str(t / "d.csv")]), "unknown file type '.csv'"),
+    "data-format-unknown": (lambda t: _m(t, extra_data='format = "alpaca"'), "unknown data format 'alpaca'"),
+    "data-no-usable-rows": (lambda t: (t / "e.jsonl").write_text('{"text": ""}\n{"foo": 1}\n') and _m(t, files=[str(t / "e.jsonl")]), "no usable rows"),
+    "chat-without-template": (lambda t: _m(t, model=_local_model(t, chat_template=False), layers="{ aux = [1], target = [2] }"), "no chat template"),
+    "backend-unknown": (lambda t: _m(t) + ["--backend", "triton"], "unknown backend 'triton'"),
+    "dtype-unknown": (lambda t: _m(t) + ["--dtype", "int8"], "unknown dtype 'int8'"),
+    "device-unknown": (lambda t: _m(t) + ["--device", "tpu"], "unknown device 'tpu'"),
+    "fla-not-installed": (lambda t: _m(t) + ["--backend", "fla"], "backend 'fla' needs the flash-linear-attention kernels"),
+    "cuda-without-gpu": (lambda t: _m(t) + ["--device", "cuda"], "no CUDA GPU is visible"),
+    "token-budget-too-small": (lambda t: _m(t, max_length=4096), r"token_budget \(2048\) must be at least"),
+    "store-non-hsstore-dir": (lambda t: _m(t) + ["--store", _plain_dir(t)], "non-empty directory that is not an hsstore store"),
+    "store-is-a-file": (lambda t: ["info", _a_file(t)], "is a file, not a store directory"),
+    "store-unwritable": (lambda t: _m(t) + ["--store", "/proc/hsstore-test.zarr"], "cannot create store directory"),
+    "store-not-hsstore": (lambda t: ["info", _plain_dir(t)], "is not an hsstore store"),
+    "store-missing": (lambda t: ["info", str(t / "missing.zarr")], "no store at"),
+    "store-unknown-format": (lambda t: ["info", _future_store(t)], "format version 9.0"),
+    "selector-no-match": (lambda t: ["diff", _two_variant_store(t) + "#dtype=fp16", _two_variant_store(t) + "#dtype=bf16"], "matches no variant"),
+    "selector-ambiguous": (lambda t: ["diff", _two_variant_store(t), _two_variant_store(t) + "#dtype=bf16"], "holds 2 variants"),
+    "selector-traversal": (lambda t: ["diff", _two_variant_store(t) + "#../../etc", _two_variant_store(t)], "neither a variant id prefix"),
+    "diff-layer-sets-differ": (lambda t: ["diff", *_other_layers_store(t)], "layer sets differ"),
+    "diff-no-shared-samples": (lambda t: ["diff", *_disjoint_store(t)], "share no samples"),
+}
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str]:
+    capsys.readouterr()  # drop what setting the case up printed
+    old = sys.argv
+    sys.argv = ["hsstore", *argv]
+    try:
+        with pytest.raises(SystemExit) as e:
+            main()
+    finally:
+        sys.argv = old
+    return e.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_is_one_clear_line_exit_2_nothing_committed(case: str, tmp_path: Path, capsys):
+    make_args, pattern = CASES[case]
+    code, err = _run(make_args(tmp_path), capsys)
+    assert code == 2, err
+    lines = [line for line in err.strip().splitlines() if line]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert re.search(pattern, lines[0]), lines[0]
+    assert "Traceback" not in err
+    store = tmp_path / "s.zarr"
+    if store.exists():
+        assert Store.open(store).variants == []
+
+
+def test_catalogue_documents_every_case():
+    doc = (REPO / "docs" / "errors.md").read_text()
+    missing = [c for c in CASES if f"`{c}`" not in doc]
+    assert not missing, f"docs/errors.md lacks rows for {missing}"
+    assert len(CASES) >= 20
+
+
+def test_debug_flag_shows_the_traceback(tmp_path: Path, capsys):
+    old = sys.argv
+    sys.argv = ["hsstore", "--debug", "info", str(tmp_path / "missing")]
+    try:
+        with pytest.raises(Exception, match="no store at"):
+            main()
+    finally:
+        sys.argv = old
+
+
+def test_usage_error_exits_2(capsys):
+    code, err = _run(["build"], capsys)
+    assert code == 2 and "Missing argument" in err
+    assert DATA.exists()
