@@ -21,20 +21,18 @@ def live_fingerprint(model: Any) -> dict[str, Any]:
     import torch
 
     from .backends import bound_kernels
-    from .canonical import fingerprint
     from .dtypes import name_of
     from .environment import device_info, flags, versions
-    from .models import text_config
+    from .models import config_fingerprint, text_config
 
     p = next(model.parameters())
     tc = text_config(model.config)
-    conf = {k: v for k, v in model.config.to_dict().items() if k not in ("transformers_version", "_name_or_path")}
     dev = str(p.device) if p.device.type != "cuda" else f"cuda:{p.device.index or 0}"
     env = {**device_info(dev), "dtype": name_of(p.dtype), "kernels": bound_kernels(model), "versions": versions(),
            "flags": flags()}
     env.pop("device_index", None)
     _ = torch  # imported for device_info's CUDA queries
-    return {"recipe": {"model": {"config_fingerprint": fingerprint(conf), "num_layers": int(tc.num_hidden_layers),
+    return {"recipe": {"model": {"config_fingerprint": config_fingerprint(model.config), "num_layers": int(tc.num_hidden_layers),
                                  "hidden_size": int(tc.hidden_size)}},
             "environment": env}
 

@@ -19,6 +19,19 @@ TOKENIZER_FILES = (
 )
 
 
+# config fields that say how a model was loaded, not what it computes (they change on load)
+RUNTIME_CONFIG_KEYS = frozenset({
+    "transformers_version", "_name_or_path", "dtype", "torch_dtype", "_attn_implementation",
+    "_attn_implementation_autoset", "attn_implementation", "use_cache", "architectures", "_commit_hash",
+    "output_hidden_states", "output_attentions", "return_dict",
+})
+
+
+def config_fingerprint(config: Any) -> str:
+    """Fingerprint of what a config computes (runtime/loading fields left out)."""
+    return fingerprint({k: v for k, v in config.to_dict().items() if k not in RUNTIME_CONFIG_KEYS})
+
+
 def text_config(config: Any) -> Any:
     """The language-model part of a (possibly multimodal) config."""
     return getattr(config, "text_config", None) or config
@@ -80,13 +93,12 @@ class ModelSpec:
     def identity(self, config: Any) -> dict[str, Any]:
         """What makes the weights these weights: config, and weight files' names, sizes and content hashes."""
         tc = text_config(config)
-        conf = {k: v for k, v in config.to_dict().items() if k not in ("transformers_version", "_name_or_path")}
         ident: dict[str, Any] = {
             "path": self.path,
             "model_type": tc.model_type,
             "num_layers": int(tc.num_hidden_layers),
             "hidden_size": int(tc.hidden_size),
-            "config_fingerprint": fingerprint(conf),
+            "config_fingerprint": config_fingerprint(config),
         }
         if self.builtin is not None:
             ident.update(name=self.path, seed=self.seed, generator_version=GENERATOR_VERSION,

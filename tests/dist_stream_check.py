@@ -1,0 +1,50 @@
+"""Run under torchrun by tests/test_dataset.py: streams a store through DataLoader workers per rank and
+writes what each rank saw (full epochs, a partial epoch with its state, or a resumed epoch)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from hsstore import StreamingHiddenStateDataset
+
+
+def keys_of(ds: StreamingHiddenStateDataset, stop_after: int | None = None) -> list[str]:
+    seen = []
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    for step, batch in enumerate(loader):
+        if stop_after is not None and step >= stop_after:
+            break
+        seen += batch["key"]
+        ds.mark_consumed(batch["index"])
+    return seen
+
+
+def main(store: str, out: str, mode: str) -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    ds = StreamingHiddenStateDataset(store, variant="dtype=bf16", seed=7, batch_tokens=600, layers=[3])
+    result: dict = {"world": dist.get_world_size()}
+    if mode == "full":
+        for name, epoch in (("epoch0", 0), ("epoch0_again", 0), ("epoch1", 1)):
+            ds.set_epoch(epoch)
+            result[name] = keys_of(ds)
+    elif mode == "partial":
+        ds.set_epoch(3)
+        result["seen"] = keys_of(ds, stop_after=2)
+        result["state"] = ds.state_dict()
+    elif mode == "resume":
+        with open(out.replace(f"-{mode}-", "-state-")) as f:
+            ds.load_state_dict(json.load(f))
+        result["seen"] = keys_of(ds)
+    with open(f"{out}{rank}.json", "w") as f:
+        json.dump(result, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

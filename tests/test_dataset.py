@@ -1,0 +1,145 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hsstore import HiddenStateDataset, ProvenanceMismatch, Store, StreamingHiddenStateDataset
+from hsstore.dataset import epoch_sequence, pad_collate
+from hsstore.live import check_live_model
+from hsstore.models import ModelSpec
+
+from helpers import REPO, make_samples, make_states, new_variant
+
+
+def test_items_by_role_in_stored_dtype(tiny_store: Path):
+    ds = HiddenStateDataset(tiny_store, variant="dtype=bf16")
+    assert ds.layer_roles == {"aux": [0, 1], "target": [3]} and ds.hidden_size == 64
+    item = ds[0]
+    T = item["input_ids"].shape[0]
+    assert item["aux_hidden"].shape == (T, 2, 64) and item["target_hidden"].shape == (T, 1, 64)
+    assert item["aux_hidden"].dtype == torch.bfloat16
+    raw = ds.reader.read(item["key"])
+    assert torch.equal(item["target_hidden"][:, 0], raw["layers"][3])
+    sub = HiddenStateDataset(tiny_store, variant="dtype=bf16", layers=[1, 3])
+    assert sub.layer_roles == {"aux": [1], "target": [3]}
+    assert torch.equal(sub[0]["aux_hidden"][:, 0], item["aux_hidden"][:, 1])
+
+
+def test_require_names_dtype_and_passes_for_itself(tiny_store: Path):
+    bf16 = HiddenStateDataset(tiny_store, variant="dtype=bf16")
+    with pytest.raises(ProvenanceMismatch) as e:
+        HiddenStateDataset(tiny_store, variant="dtype=fp32", require=bf16)
+    assert "environment.dtype: 'fp32' (store) != 'bf16' (required)" in str(e.value)
+    HiddenStateDataset(tiny_store, variant="dtype=bf16", require=bf16)
+    HiddenStateDataset(tiny_store, variant="dtype=bf16", require=f"{tiny_store}#dtype=bf16")
+    HiddenStateDataset(tiny_store, variant="dtype=fp32", require=bf16, allow_drift=["dtype"])
+
+
+def test_require_names_the_kernel_field(tmp_path: Path):
+    store = Store.create(tmp_path / "s.zarr")
+    for backend in ("torch", "fla"):
+        vid = new_variant(store, backend=backend)
+        samples = make_samples([5])
+        store.writer(vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2]))
+    torch_ds = HiddenStateDataset(tmp_path / "s.zarr", variant="backend=torch")
+    with pytest.raises(ProvenanceMismatch, match=r"environment.kernels.chunk_gated_delta_rule: 'fla' \(store\) != 'torch' \(required\)"):
+        HiddenStateDataset(tmp_path / "s.zarr", variant="backend=fla", require=torch_ds)
+
+
+def test_live_model_check(tiny_store: Path):
+    spec = ModelSpec("builtin:tiny-qwen3_5")
+    model = spec.load(torch.bfloat16, "cpu", "sdpa")
+    check_live_model(model, f"{tiny_store}#dtype=bf16")
+    with pytest.raises(ProvenanceMismatch, match="environment.dtype: 'bf16' \\(live model\\) != 'fp32'"):
+        check_live_model(model, f"{tiny_store}#dtype=fp32")
+    model.config._attn_implementation = "eager"
+    with pytest.raises(ProvenanceMismatch, match="kernels.attention: 'eager'"):
+        check_live_model(model, f"{tiny_store}#dtype=bf16")
+
+
+@pytest.mark.parametrize("world,workers", [(1, 1), (2, 2), (3, 4), (4, 1)])
+@pytest.mark.parametrize("remainder", ["keep", "drop"])
+def test_partition_covers_every_sample_once(tiny_store: Path, world: int, workers: int, remainder: str):
+    from unittest import mock
+
+    seen = []
+    counts = []
+    for rank in range(world):
+        ds = StreamingHiddenStateDataset(tiny_store, variant="dtype=bf16", rank=rank, world_size=world,
+                                         remainder=remainder)
+        mine = []
+        for w in range(workers):
+            info = mock.Mock(num_workers=workers, id=w)
+            with mock.patch("hsstore.dataset.get_worker_info", return_value=info):
+                mine += ds.my_indices().tolist()
+        counts.append(len(mine))
+        seen += mine
+    n = len(ds)
+    assert len(seen) == len(set(seen))
+    if remainder == "keep":
+        assert sorted(seen) == list(range(n)) and max(counts) - min(counts) <= 1
+    else:
+        assert len(seen) == n - n % world and len(set(counts)) == 1
+
+
+def test_epoch_order_is_chunk_local_and_seeded():
+    sizes = [5, 3, 4]
+    a, b = epoch_sequence(sizes, 1, 0, True), epoch_sequence(sizes, 1, 0, True)
+    assert np.array_equal(a, b) and not np.array_equal(a, epoch_sequence(sizes, 1, 1, True))
+    assert sorted(a) == list(range(12))
+    unit = np.repeat([0, 1, 2], sizes)[a]
+    assert (np.diff(unit) != 0).sum() == 2  # each unit is read as one run
+
+
+def test_pad_collate_masks():
+    items = [{"key": str(i), "index": i, "input_ids": torch.arange(n), "loss_mask": torch.ones(n, dtype=torch.bool),
+              "aux_hidden": torch.ones(n, 2, 4), "target_hidden": torch.ones(n, 1, 4)} for i, n in enumerate((3, 5))]
+    b = pad_collate(items)
+    assert b["attention_mask"].tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
+    assert b["aux_hidden"][0, 3:].abs().sum() == 0
+
+
+def _torchrun(nproc: int, store: Path, out: str, mode: str) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           str(REPO / "tests" / "dist_stream_check.py"), str(store), out, mode]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def _load(out: str, n: int) -> list[dict]:
+    return [json.loads(Path(f"{out}{r}.json").read_text()) for r in range(n)]
+
+
+def test_torchrun_two_ranks_two_workers_each_key_once_per_epoch(tiny_store: Path, tmp_path: Path):
+    out = str(tmp_path / "run-full-")
+    _torchrun(2, tiny_store, out, "full")
+    ranks = _load(out, 2)
+    all_keys = set(HiddenStateDataset(tiny_store, variant="dtype=bf16").keys)
+    for epoch in ("epoch0", "epoch1"):
+        seen = [k for r in ranks for k in r[epoch]]
+        assert len(seen) == len(all_keys) and set(seen) == all_keys
+    assert [r["epoch0"] for r in ranks] == [r["epoch0_again"] for r in ranks]
+    assert [r["epoch0"] for r in ranks] != [r["epoch1"] for r in ranks]
+
+
+def test_torchrun_resume_mid_epoch_with_another_world_size(tiny_store: Path, tmp_path: Path):
+    partial = str(tmp_path / "run-partial-")
+    _torchrun(2, tiny_store, partial, "partial")
+    first = _load(partial, 2)
+    state = first[0]["state"]
+    assert state == first[1]["state"]  # gathered over ranks
+    (tmp_path / "run-state-").write_text(json.dumps(state))
+    resumed = str(tmp_path / "run-resume-")
+    _torchrun(1, tiny_store, resumed, "resume")
+    before = [k for r in first for k in r["seen"]]
+    after = _load(resumed, 1)[0]["seen"]
+    all_keys = set(HiddenStateDataset(tiny_store, variant="dtype=bf16").keys)
+    assert before and after
+    assert not set(before) & set(after)
+    assert len(before) + len(after) == len(all_keys) and set(before) | set(after) == all_keys
