@@ -111,10 +111,19 @@ def build(m: Manifest, limit: int | None = None, quiet: bool = False) -> dict[st
 
         dist.init_process_group("gloo")
         group = dist
+    from .batching import token_budget_batches
     from .partition import balanced_by_tokens
 
-    share = balanced_by_tokens([s.length for s in samples], world)[rank]
-    mine = [samples[i] for i in share]
+    # One global batch plan, then whole batches per rank: a sample is always computed in the same
+    # batch, so states are bit-identical whatever the world size or however often a build resumed.
+    lengths = [s.length for s in samples]
+    batches = token_budget_batches(lengths, m.token_budget)
+    share = balanced_by_tokens([sum(lengths[i] for i in b) for b in batches], world)[rank]
+    mine = [samples[i] for b in share for i in batches[b]]
+    local_batches, pos = [], 0
+    for b in share:
+        local_batches.append(list(range(pos, pos + len(batches[b]))))
+        pos += len(batches[b])
     results: list[dict[str, Any]] = []
     try:
         with tempfile.TemporaryDirectory(prefix="hsstore-build-") as tmp:
@@ -129,7 +138,7 @@ def build(m: Manifest, limit: int | None = None, quiet: bool = False) -> dict[st
                     "runs": [(d, dev) for d in m.dtypes for dev in devices],
                     "attn_implementation": m.attn_implementation, "token_budget": m.token_budget,
                     "unit_tokens": m.unit_tokens, "codec": m.codec, "allow_unhealthy": m.allow_unhealthy,
-                    "pad_id": pad_id, "writer_prefix": f"r{rank}-", "quiet": quiet,
+                    "pad_id": pad_id, "writer_prefix": f"r{rank}-", "quiet": quiet, "batches": local_batches,
                 }
                 results += _run_worker(plan, tmp, f"{backend}-r{rank}")
         if group is not None:

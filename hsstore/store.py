@@ -15,7 +15,7 @@ import zarr
 from zarr.storage import FsspecStore, LocalStore
 
 from . import layout
-from .blobs import Blobs
+from .blobs import TMP_PREFIX, Blobs
 from .dtypes import from_stored
 from .errors import BadInput, CorruptData, StoreNotFound, UnsupportedFormat
 from .keys import sample_key
@@ -99,7 +99,8 @@ class Store:
             p = Path(path)
             if p.exists() and not p.is_dir():
                 raise BadInput(f"store path {path!r} is a file; choose a directory path for the store")
-            if p.is_dir() and any(p.iterdir()) and not (p / "zarr.json").exists():
+            others = [c for c in p.iterdir() if not c.name.startswith(TMP_PREFIX)] if p.is_dir() else []
+            if others and not (p / "zarr.json").exists():  # a racing creator's temp file is not "others"
                 raise BadInput(
                     f"store path {path!r} is a non-empty directory that is not an hsstore store; "
                     "choose a new or empty directory"

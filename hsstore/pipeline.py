@@ -1,0 +1,149 @@
+"""The capture pipeline: forward batches -> per-unit device buffers -> async copy into reused pinned
+host memory -> background writer thread. The GPU never waits on compression or disk; it waits only
+when the writer falls more than ``depth`` units behind (back-pressure instead of unbounded memory).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .capture import LayerCapture, pad_batch
+from .progress import Progress
+
+
+class PinnedPool:
+    """Reused page-locked host buffers (cudaHostAlloc is slow; allocating one per unit would stall)."""
+
+    def __init__(self) -> None:
+        self.free: list[torch.Tensor] = []
+        self.lock = threading.Lock()
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        with self.lock:
+            for i, buf in enumerate(self.free):
+                if buf.numel() >= nbytes:
+                    return self.free.pop(i)
+        return torch.empty(int(nbytes * 1.25), dtype=torch.uint8, pin_memory=True)
+
+    def give(self, buf: torch.Tensor) -> None:
+        with self.lock:
+            self.free.append(buf)
+
+
+class BackgroundWriter:
+    """Writes units on a thread so compression and disk overlap the next forward; bounded queue."""
+
+    def __init__(self, writer: Any, depth: int = 2, pool: PinnedPool | None = None) -> None:
+        self.writer, self.pool = writer, pool
+        self.q: queue.Queue = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.written = 0
+        self.bytes = 0
+        self.write_seconds = 0.0
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            samples, states, event, bufs = item
+            try:
+                if self.error is None:
+                    if event is not None:
+                        event.synchronize()  # the async device-to-host copies have landed
+                    t0 = time.time()
+                    commit = self.writer.write(samples, states)
+                    self.write_seconds += time.time() - t0
+                    if commit is not None:
+                        self.written += len(commit.samples)
+                        self.bytes += sum(commit.files.values())
+            except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
+                self.error = e
+            finally:
+                for b in bufs:
+                    self.pool.give(b)
+
+    def put(self, samples: list, states: dict, event: Any, bufs: list) -> None:
+        if self.error is not None:
+            raise self.error
+        self.q.put((samples, states, event, bufs))
+
+    def close(self) -> None:
+        self.q.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def capture_to_store(
+    model: Any, num_layers: int, layers: Sequence[int], samples: Sequence[Any], batches: Sequence[Sequence[int]],
+    writer: Any, device: str, pad_id: int, unit_tokens: int, skip: set[str] | frozenset[str] = frozenset(),
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Run ``batches`` (lists of indices into ``samples``), capture ``layers``, write units of about
+    ``unit_tokens`` tokens through ``writer``. Samples whose key is in ``skip`` are computed (their
+    batch needs them) but not written. Returns counts and the wall time of the whole loop."""
+    layers = sorted(set(layers))
+    cap = LayerCapture(model, num_layers, layers)
+    cuda = device.startswith("cuda")
+    pool = PinnedPool() if cuda else None
+    bg = BackgroundWriter(writer, pool=pool)
+    unit_samples: list = []
+    unit_states: dict[int, list] = {i: [] for i in layers}
+    n_unit = 0
+
+    def flush() -> None:
+        nonlocal unit_samples, unit_states, n_unit
+        if not unit_samples:
+            return
+        states = {i: torch.cat(unit_states[i]) for i in layers}
+        event, bufs = None, []
+        if cuda:
+            host = {}
+            for i, t in states.items():
+                buf = pool.take(t.numel() * t.element_size())
+                bufs.append(buf)
+                host[i] = buf[: t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+                host[i].copy_(t, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            states = host
+        bg.put(unit_samples, states, event, bufs)
+        unit_samples, unit_states, n_unit = [], {i: [] for i in layers}, 0
+
+    t0 = time.time()
+    try:
+        for batch in batches:
+            seqs = [torch.from_numpy(samples[i].input_ids.astype("int64")) for i in batch]
+            ids, mask = pad_batch(seqs, pad_id, device)
+            out = cap.run(ids, mask)
+            for b, i in enumerate(batch):
+                if samples[i].key in skip:
+                    continue
+                n = samples[i].length
+                for layer in layers:
+                    unit_states[layer].append(out[layer][b, :n])
+                unit_samples.append(samples[i])
+                n_unit += n
+            if n_unit >= unit_tokens:
+                flush()
+            if progress is not None:
+                progress.advance(len(batch), sum(samples[i].length for i in batch))
+        flush()
+    finally:
+        bg.close()
+        cap.close()
+        if progress is not None:
+            progress.close()
+    if cuda:
+        torch.cuda.synchronize(device)
+    return {"samples_written": bg.written, "bytes": bg.bytes, "loop_seconds": time.time() - t0,
+            "writer_busy_seconds": bg.write_seconds}

@@ -1,0 +1,166 @@
+"""The seed experiment: torch-fallback vs fla states of one hybrid (Gated-DeltaNet) model, judged by
+hsstore diff against the bf16-vs-fp32 floor. Runs what this machine can and says what it skipped.
+
+    python scripts/seed_experiment.py --out out/seed                    # tiny model, CPU part
+    python scripts/seed_experiment.py --out out/seed --size gpu        # hidden 2048, 24 layers, on a GPU
+
+Writes OUT/store.zarr, OUT/*.json (build summaries, diffs, env probes), OUT/*.png and OUT/report.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "hsstore" / "data" / "conversations.jsonl"
+SIZES = {
+    "tiny": ("", "{ aux = [0, 1, 2], target = [3] }", 512),
+    "gpu": ("config = { hidden_size = 2048, intermediate_size = 6144, num_hidden_layers = 24, num_attention_heads = 16, "
+            "num_key_value_heads = 4, head_dim = 128, linear_num_key_heads = 16, linear_num_value_heads = 32, "
+            "linear_key_head_dim = 128, linear_value_head_dim = 128 }",
+            "{ aux = [1, 8, 15], target = [22] }", 2048),
+}
+
+
+def sh(args: list[str], out: Path | None = None, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    print("+", " ".join(args), flush=True)
+    r = subprocess.run(args, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    if out is not None:
+        out.write_text(r.stdout)
+    if r.returncode != 0 and check:
+        print(r.stdout[-2000:], r.stderr[-4000:], file=sys.stderr)
+        raise SystemExit(f"failed: {' '.join(args)}")
+    return r
+
+
+def hs(*args: str) -> list[str]:
+    return [sys.executable, "-m", "hsstore", *args]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="out/seed")
+    ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    ap.add_argument("--cpu-limit", type=int, default=16, help="samples for the CPU variants (a subset)")
+    ap.add_argument("--limit", type=int, default=None, help="samples for the GPU variants")
+    args = ap.parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    store = out / "store.zarr"
+    config, layers, max_len = SIZES[args.size]
+    manifest = out / "seed.toml"
+    manifest.write_text(f"""[model]
+path = "builtin:tiny-qwen3_5"
+{config}
+layers = {layers}
+[data]
+files = ["{DATA}"]
+max_length = {max_len}
+[build]
+backends = ["torch"]
+dtypes = ["bf16"]
+devices = ["cpu"]
+token_budget = 16384
+unit_tokens = 65536
+[store]
+path = "{store}"
+""")
+    import torch
+
+    gpu = torch.cuda.is_available()
+    sys.path.insert(0, str(REPO))
+    from hsstore.backends import installed
+
+    fla = installed("fla")
+    skipped, builds = [], {}
+
+    def build(name: str, *opts: str, limit: int | None) -> None:
+        lim = ["--limit", str(limit)] if limit else []
+        sh(hs("build", str(manifest), *opts, *lim, "--quiet", "--json"), out / f"build-{name}.json")
+        builds[name] = json.loads((out / f"build-{name}.json").read_text())
+
+    build("cpu-torch-bf16", "--device", "cpu", "--dtype", "bf16", limit=args.cpu_limit)
+    build("cpu-torch-fp32", "--device", "cpu", "--dtype", "fp32", limit=args.cpu_limit)
+    if gpu:
+        build("cuda-torch", "--device", "cuda", "--backend", "torch", "--dtype", "bf16", "--dtype", "fp32", limit=args.limit)
+        if fla:
+            build("cuda-fla", "--device", "cuda", "--backend", "fla", "--dtype", "bf16", "--dtype", "fp32", limit=args.limit)
+        else:
+            skipped.append("fla variants: the fla package is not installed here")
+    else:
+        skipped.append("every CUDA variant (no GPU here): torch-fallback and fla on CUDA, and their diffs")
+
+    diffs = []
+
+    def diff(name: str, a: str, b: str, floor: str | None) -> None:
+        cmd = hs("diff", f"{store}#{a}", f"{store}#{b}", "--json", str(out / f"diff-{name}.json"),
+                 "--plot", str(out / f"diff-{name}.png"))
+        if floor:
+            cmd += ["--floor", f"{store}#{floor}"]
+        sh(cmd, out / f"diff-{name}.txt")
+        diffs.append((name, a, b, floor, json.loads((out / f"diff-{name}.json").read_text())))
+
+    diff("cpu-bf16-vs-fp32", "device=cpu,dtype=bf16", "device=cpu,dtype=fp32", "device=cpu,dtype=fp32")
+    if gpu:
+        diff("cuda-bf16-vs-fp32", "device=cuda,backend=torch,dtype=bf16", "device=cuda,backend=torch,dtype=fp32",
+             "device=cuda,backend=torch,dtype=fp32")
+        diff("cpu-vs-cuda-fp32", "device=cuda,backend=torch,dtype=fp32", "device=cpu,dtype=fp32", None)
+        diff("cpu-vs-cuda-bf16", "device=cuda,backend=torch,dtype=bf16", "device=cpu,dtype=bf16",
+             "device=cuda,backend=torch,dtype=fp32")
+        if fla:
+            diff("fla-vs-torch-bf16", "device=cuda,backend=torch,dtype=bf16", "device=cuda,backend=fla,dtype=bf16",
+                 "device=cuda,backend=torch,dtype=fp32")
+            diff("fla-vs-torch-fp32", "device=cuda,backend=torch,dtype=fp32", "device=cuda,backend=fla,dtype=fp32", None)
+
+    # hsstore env with and without the kernel packages importable
+    sh(hs("env", "--model", "builtin:tiny-qwen3_5", "--json"), out / "env-default.json")
+    sh(hs("env", "--model", "builtin:tiny-qwen3_5", "--backend", "torch", "--json"), out / "env-torch.json")
+
+    refusal = "not run (needs the fla variant)"
+    if gpu and fla:
+        code = ("from hsstore import HiddenStateDataset, ProvenanceMismatch\n"
+                f"train = HiddenStateDataset('{store}', variant='device=cuda,backend=torch,dtype=bf16')\n"
+                "try:\n"
+                f"    HiddenStateDataset('{store}', variant='device=cuda,backend=fla,dtype=bf16', require=train)\n"
+                "    print('NOT REFUSED')\n"
+                "except ProvenanceMismatch as e:\n"
+                "    print(e)\n")
+        refusal = sh([sys.executable, "-c", code]).stdout.strip()
+
+    write_report(out, builds, diffs, skipped, refusal, args, gpu, fla)
+    print((out / "report.md").read_text())
+
+
+def write_report(out: Path, builds: dict, diffs: list, skipped: list, refusal: str, args, gpu: bool, fla: bool) -> None:
+    lines = [f"# Seed experiment ({args.size} model)", "", "## Variants", "",
+             "| build | variant | backend | dtype | device | gated-delta | conv1d | attention | tokens | tokens/s (capture+write) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, b in builds.items():
+        for v in b["variants"]:
+            k = v["kernels"]
+            tps = f"{v['tokens_per_second']:,.0f}" if v.get("tokens_per_second") else "-"
+            lines.append(f"| {name} | `{v['variant']}` | {v['backend']} | {v['dtype']} | {v['device']} | "
+                         f"{k['chunk_gated_delta_rule']} | {k['causal_conv1d']} | {k['attention']} | {v['tokens']:,} | {tps} |")
+    for name, a, b, floor, rep in diffs:
+        lines += ["", f"## diff {name}", "", f"A = `{a}`, B = `{b}`" + (f", floor C = `{floor}`" if floor else ""),
+                  f"shared samples {rep['shared_samples']}, tokens {rep['tokens']:,}", "",
+                  "| layer | rel-L2 A↔B | floor rel-L2 A↔C | ratio | cos mean | cos p01 | bit-exact | verdict |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for L in rep["layers"]:
+            fr = f"{L['floor_rel_l2']:.3e}" if "floor_rel_l2" in L else "-"
+            ratio = f"{L['floor_ratio']:.2f}" if "floor_ratio" in L else "-"
+            lines.append(f"| {L['layer']} | {L['rel_l2']:.3e} | {fr} | {ratio} | {L['cos_mean']:.6f} | "
+                         f"{L['cos_p01']:.6f} | {L['bit_exact']:.4f} | {L.get('verdict', '')} |")
+        lines += ["", f"**verdict:** {rep['verdict']}", "", f"![{name}](diff-{name}.png)"]
+    lines += ["", "## Provenance refusal", "", "```", refusal, "```", "", "## Skipped on this machine", ""]
+    lines += [f"- {s}" for s in skipped] or ["- nothing"]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

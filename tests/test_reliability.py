@@ -1,0 +1,142 @@
+"""Crash, concurrency and distributed-build suites: real processes, real SIGKILLs, real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hsstore import Store
+from hsstore.verify import verify
+
+from helpers import DATA, REPO, run_cli, write_manifest
+
+LIMIT = "48"
+
+
+def _manifest(tmp: Path, name: str, files: list[str] | None = None) -> Path:
+    # many small units, so kills land in forward passes, unit writes and commits alike
+    return write_manifest(tmp / f"{name}.toml", store=str(tmp / f"{name}.zarr"), model="builtin:tiny-llama",
+                          layers="{ aux = [0, 1], target = [3] }", files=files, extra_build="",
+                          dtypes='["bf16"]')
+
+
+def _small_units(path: Path) -> Path:
+    path.write_text(path.read_text().replace("unit_tokens = 2048", "unit_tokens = 600").replace(
+        "token_budget = 2048", "token_budget = 600"))
+    return path
+
+
+def _start_build(manifest: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "hsstore", "build", str(manifest), "--limit", LIMIT, "--quiet", *extra],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def _bit_exact_and_complete(store: Path, reference: Path, n: int) -> None:
+    (v,) = Store.open(store).variants
+    assert v.n_samples == n
+    reader = Store.open(store).reader(v.id)
+    assert len(reader.keys) == len(set(reader.keys)) == n
+    assert verify(Store.open(store))["ok"]
+    r = run_cli("diff", str(store), str(reference), "--json", "-")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["shared_samples"] == n and rep["only_a"] == rep["only_b"] == 0
+    assert all(L["bit_exact"] == 1.0 for L in rep["layers"]), rep["layers"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
+    tmp = tmp_path_factory.mktemp("ref")
+    m = _small_units(_manifest(tmp, "ref"))
+    t0 = time.time()
+    assert _start_build(m).wait(timeout=300) == 0
+    return tmp / "ref.zarr", time.time() - t0
+
+
+def test_sigkill_at_ten_seeded_moments_then_resume(reference, tmp_path: Path):
+    ref_store, duration = reference
+    m = _small_units(_manifest(tmp_path, "crash"))
+    rng = random.Random(1234)
+    kills = sorted(rng.uniform(0.25, 0.9) * duration for _ in range(10))
+    committed_after_kill = []
+    for delay in kills:
+        p = _start_build(m)
+        time.sleep(delay)
+        os.killpg(p.pid, signal.SIGKILL)  # the driver and its worker, mid-whatever
+        p.wait()
+        store = tmp_path / "crash.zarr"
+        if (store / "zarr.json").exists():
+            s = Store.open(store)
+            committed_after_kill.append(sum(v.n_samples for v in s.variants))
+            assert verify(s)["ok"]  # committed data is intact after every kill
+    assert committed_after_kill and committed_after_kill == sorted(committed_after_kill)
+    assert _start_build(m).wait(timeout=300) == 0
+    _bit_exact_and_complete(tmp_path / "crash.zarr", ref_store, int(LIMIT))
+    gc = run_cli("gc", str(tmp_path / "crash.zarr"), "--json")
+    assert gc.returncode == 0
+    assert _bit_exact_and_complete(tmp_path / "crash.zarr", ref_store, int(LIMIT)) is None
+
+
+def test_four_concurrent_builds_of_one_manifest(reference, tmp_path: Path):
+    ref_store, _ = reference
+    m = _small_units(_manifest(tmp_path, "conc"))
+    procs = [_start_build(m) for _ in range(4)]
+    codes = [p.wait(timeout=300) for p in procs]
+    assert codes == [0, 0, 0, 0], [p.stderr.read().decode()[-500:] for p in procs]
+    _bit_exact_and_complete(tmp_path / "conc.zarr", ref_store, int(LIMIT))
+
+
+def test_concurrent_builds_of_overlapping_inputs(tmp_path: Path):
+    rows = DATA.read_text().splitlines()
+    (tmp_path / "a.jsonl").write_text("\n".join(rows[0:30]) + "\n")
+    (tmp_path / "b.jsonl").write_text("\n".join(rows[15:45]) + "\n")
+    ma = _manifest(tmp_path, "a", files=[str(tmp_path / "a.jsonl")])
+    mb = _manifest(tmp_path, "b", files=[str(tmp_path / "b.jsonl")])
+    store = tmp_path / "shared.zarr"
+    procs = [_start_build(ma, "--store", str(store)), _start_build(mb, "--store", str(store))]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    (v,) = Store.open(store).variants
+    assert v.n_samples == 45
+    assert verify(Store.open(store))["ok"]
+
+
+def test_torchrun_two_rank_build_is_bit_exact_to_one_process(reference, tmp_path: Path):
+    ref_store, _ = reference
+    m = _small_units(_manifest(tmp_path, "dist"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "hsstore", "build", str(m), "--limit", LIMIT, "--quiet", "--json"]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _bit_exact_and_complete(tmp_path / "dist.zarr", ref_store, int(LIMIT))
+    (vid,) = Store.open(tmp_path / "dist.zarr").variant_ids()
+    builds = list((tmp_path / "dist.zarr" / "variants" / vid / "builds").glob("*.json"))
+    assert len(builds) == 1 and json.loads(builds[0].read_text())["complete"] is True
+    writers = {c.writer["writer"].split("-")[0] for c in Store.open(tmp_path / "dist.zarr").reader(vid).commits}
+    assert writers == {"r0", "r1"}  # both ranks wrote units
+
+
+def test_write_error_stops_build_and_keeps_committed_data(reference, tmp_path: Path):
+    """A store that starts failing mid-build (files made unwritable: a full disk's stand-in)."""
+    ref_store, _ = reference
+    m = _small_units(_manifest(tmp_path, "full"))
+    r = run_cli("build", str(m), "--limit", "8", "--quiet")
+    assert r.returncode == 0
+    before = Store.open(tmp_path / "full.zarr").variants[0].n_samples
+    units = next((tmp_path / "full.zarr" / "variants").glob("*/units"))
+    blocker = units.parent / "units-blocked"
+    units.rename(blocker)
+    units.write_text("not a directory")  # every new unit now fails to be created
+    r = run_cli("build", str(m), "--limit", LIMIT, "--quiet")
+    assert r.returncode == 1 and "error:" in r.stderr
+    units.unlink()
+    blocker.rename(units)
+    s = Store.open(tmp_path / "full.zarr")
+    assert s.variants[0].n_samples == before and verify(s)["ok"]
