@@ -160,6 +160,8 @@ def diff(
     json_path: Annotated[Optional[str], typer.Option("--json", help="Write the JSON report here ('-' = stdout).")] = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write a PNG plot here.")] = None,
     max_rel: Annotated[Optional[float], typer.Option("--max-rel", help="Exit 1 if any layer's rel-L2 exceeds this.")] = None,
+    noise: Annotated[float, typer.Option("--noise", help="Divergence up to this multiple of the floor is noise.")] = 2.0,
+    device: Annotated[str, typer.Option("--device", help="Where to do the arithmetic (cpu | cuda).")] = "cpu",
 ) -> None:
     """Per-layer divergence of two variants over all shared samples, with a verdict against a floor.
 
@@ -168,7 +170,7 @@ def diff(
     from .diff import diff_targets
     from .report import diff_text
 
-    report = diff_targets(a, b, floor, layers or None, loss_only)
+    report = diff_targets(a, b, floor, layers or None, loss_only, noise, device)
     if json_path == "-":
         typer.echo(json.dumps(report, indent=2, sort_keys=True))
     else:

@@ -40,14 +40,14 @@ def _layers(a: VariantReader, b: VariantReader, layers: list[int] | None) -> lis
 
 
 def compare(a: VariantReader, b: VariantReader, layers: list[int], loss_only: bool = False,
-            worst: int = 10) -> dict[str, Any]:
+            worst: int = 10, device: str = "cpu") -> dict[str, Any]:
     """Per-layer divergence of A against B (the reference) over every shared sample."""
     shared = [k for k in a.keys if k in b.refs]
     if not shared:
         raise BadInput(f"variants {a.id} and {b.id} share no samples (A has {len(a.keys)}, B {len(b.keys)}); "
                        "were they built from the same inputs and tokenizer?")
     ulps = a.record.dtype == "bf16" and b.record.dtype == "bf16"
-    acc = {i: LayerDivergence(ulps) for i in layers}
+    acc = {i: LayerDivergence(ulps, device) for i in layers}
     heap: list[tuple[float, str]] = []
     tokens = 0
     for key in shared:
@@ -75,18 +75,18 @@ def compare(a: VariantReader, b: VariantReader, layers: list[int], loss_only: bo
 
 
 def diff_targets(a_t: str, b_t: str, floor_t: str | None = None, layers: list[int] | None = None,
-                 loss_only: bool = False, noise_factor: float = NOISE_FACTOR) -> dict[str, Any]:
+                 loss_only: bool = False, noise_factor: float = NOISE_FACTOR, device: str = "cpu") -> dict[str, Any]:
     """The ``hsstore diff --json`` report."""
     a, b = open_target(a_t), open_target(b_t)
     use = _layers(a, b, layers)
     report: dict[str, Any] = {"a": f"{a.store.location}#{a.id}", "b": f"{b.store.location}#{b.id}",
-                              "loss_only": loss_only, **compare(a, b, use, loss_only)}
+                              "loss_only": loss_only, **compare(a, b, use, loss_only, device=device)}
     dtype = a.record.dtype
     identical = all(L["bit_exact"] == 1.0 for L in report["layers"])
     if floor_t:
         c = open_target(floor_t)
         _layers(a, c, use)
-        fl = compare(a, c, use, loss_only)
+        fl = compare(a, c, use, loss_only, device=device)
         report["floor"] = f"{c.store.location}#{c.id}"
         report["floor_layers"] = fl["layers"]
         worst_ratio = 0.0

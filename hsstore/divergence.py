@@ -24,7 +24,8 @@ def bf16_ordered(x: torch.Tensor) -> torch.Tensor:
 
 
 class LayerDivergence:
-    def __init__(self, ulps: bool) -> None:
+    def __init__(self, ulps: bool, device: str = "cpu") -> None:
+        self.device = torch.device(device)
         self.n_tokens = 0
         self.n_values = 0
         self.sum_abs = 0.0
@@ -41,11 +42,12 @@ class LayerDivergence:
         """Add one sample's ``[T, H]`` states (B is the reference); returns this sample's rel-L2."""
         if a.numel() == 0:
             return 0.0
+        a, b = a.to(self.device, non_blocking=True), b.to(self.device, non_blocking=True)
         self.bit_exact += int((a == b).sum()) if a.dtype == b.dtype else int((a.float() == b.float()).sum())
         if self.ulp is not None:
             d = (bf16_ordered(a) - bf16_ordered(b)).abs()
-            idx = torch.bucketize(d, _ULP_EDGES, right=False)
-            self.ulp += torch.bincount(idx.flatten(), minlength=len(ULP_BUCKETS))[: len(ULP_BUCKETS)]
+            idx = torch.bucketize(d, _ULP_EDGES.to(self.device), right=False)
+            self.ulp += torch.bincount(idx.flatten(), minlength=len(ULP_BUCKETS))[: len(ULP_BUCKETS)].cpu()
         a64, b64 = a.double(), b.double()
         d = a64 - b64
         sq_d, sq_b = float((d * d).sum()), float((b64 * b64).sum())
@@ -60,7 +62,8 @@ class LayerDivergence:
         cos = cos.clamp(-1.0, 1.0)
         self.cos_sum += float(cos.sum())
         self.cos_min = min(self.cos_min, float(cos.min()))
-        self.hist += torch.bincount(torch.bucketize(1.0 - cos, _EDGES), minlength=len(_EDGES) + 1)
+        edges = _EDGES.to(self.device)
+        self.hist += torch.bincount(torch.bucketize(1.0 - cos, edges), minlength=len(_EDGES) + 1).cpu()
         self.n_tokens += a.shape[0]
         self.n_values += a.numel()
         return math.sqrt(sq_d / sq_b) if sq_b > 0 else (0.0 if sq_d == 0 else math.inf)

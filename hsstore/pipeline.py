@@ -1,6 +1,7 @@
 """The capture pipeline: forward batches -> per-unit device buffers -> async copy into reused pinned
-host memory -> background writer thread. The GPU never waits on compression or disk; it waits only
-when the writer falls more than ``depth`` units behind (back-pressure instead of unbounded memory).
+host memory -> background writer threads (one unit each, in parallel). The GPU never waits on
+compression or disk; it waits only when the writers fall more than a few units behind (back-pressure
+instead of unbounded memory).
 """
 
 from __future__ import annotations
@@ -39,20 +40,23 @@ class PinnedPool:
 class BackgroundWriter:
     """Writes units on a thread so compression and disk overlap the next forward; bounded queue."""
 
-    def __init__(self, writer: Any, depth: int = 2, pool: PinnedPool | None = None) -> None:
+    def __init__(self, writer: Any, threads: int = 2, pool: PinnedPool | None = None) -> None:
         self.writer, self.pool = writer, pool
-        self.q: queue.Queue = queue.Queue(maxsize=depth)
+        self.q: queue.Queue = queue.Queue(maxsize=threads + 1)
         self.error: BaseException | None = None
         self.written = 0
         self.bytes = 0
         self.write_seconds = 0.0
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
+        self.stats_lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
+        for t in self.threads:
+            t.start()
 
     def _loop(self) -> None:
         while True:
             item = self.q.get()
             if item is None:
+                self.q.task_done()
                 return
             samples, states, event, bufs = item
             try:
@@ -61,15 +65,17 @@ class BackgroundWriter:
                         event.synchronize()  # the async device-to-host copies have landed
                     t0 = time.time()
                     commit = self.writer.write(samples, states)
-                    self.write_seconds += time.time() - t0
-                    if commit is not None:
-                        self.written += len(commit.samples)
-                        self.bytes += sum(commit.files.values())
+                    with self.stats_lock:
+                        self.write_seconds += time.time() - t0
+                        if commit is not None:
+                            self.written += len(commit.samples)
+                            self.bytes += sum(commit.files.values())
             except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
                 self.error = e
             finally:
                 for b in bufs:
                     self.pool.give(b)
+                self.q.task_done()
 
     def put(self, samples: list, states: dict, event: Any, bufs: list) -> None:
         if self.error is not None:
@@ -77,8 +83,10 @@ class BackgroundWriter:
         self.q.put((samples, states, event, bufs))
 
     def close(self) -> None:
-        self.q.put(None)
-        self.thread.join()
+        for _ in self.threads:
+            self.q.put(None)
+        for t in self.threads:
+            t.join()
         if self.error is not None:
             raise self.error
 
@@ -86,7 +94,7 @@ class BackgroundWriter:
 def capture_to_store(
     model: Any, num_layers: int, layers: Sequence[int], samples: Sequence[Any], batches: Sequence[Sequence[int]],
     writer: Any, device: str, pad_id: int, unit_tokens: int, skip: set[str] | frozenset[str] = frozenset(),
-    progress: Progress | None = None,
+    progress: Progress | None = None, writer_threads: int = 2,
 ) -> dict[str, Any]:
     """Run ``batches`` (lists of indices into ``samples``), capture ``layers``, write units of about
     ``unit_tokens`` tokens through ``writer``. Samples whose key is in ``skip`` are computed (their
@@ -95,7 +103,7 @@ def capture_to_store(
     cap = LayerCapture(model, num_layers, layers)
     cuda = device.startswith("cuda")
     pool = PinnedPool() if cuda else None
-    bg = BackgroundWriter(writer, pool=pool)
+    bg = BackgroundWriter(writer, threads=writer_threads, pool=pool)
     unit_samples: list = []
     unit_states: dict[int, list] = {i: [] for i in layers}
     n_unit = 0

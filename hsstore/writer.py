@@ -6,6 +6,7 @@ import datetime as _dt
 import json
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,10 +57,15 @@ class UnitWriter:
         self.info = {"host": socket.gethostname(), "pid": os.getpid(), "writer": self.writer_id}
         self._seen_commits: set[str] = set()
         self._done: set[str] = set()
+        self._lock = threading.Lock()  # writes may come from several threads
 
     def committed_keys(self) -> set[str]:
         """Keys committed by anyone so far (reads only commit records not seen before)."""
         blobs = self.store.blobs
+        with self._lock:
+            return self._refresh(blobs)
+
+    def _refresh(self, blobs: object) -> set[str]:
         for key in blobs.list(layout.commits_prefix(self.vid)):
             if key in self._seen_commits or not key.endswith(".json"):
                 continue
@@ -139,8 +145,9 @@ class UnitWriter:
         self, samples: Sequence[SampleTokens], states: dict[int, torch.Tensor], stats: dict[str, dict]
     ) -> CommitRecord:
         rec = self.record
-        uid = f"{self.writer_id}-{self.seq:06d}"
-        self.seq += 1
+        with self._lock:
+            uid = f"{self.writer_id}-{self.seq:06d}"
+            self.seq += 1
         prefix = layout.unit_prefix(self.vid, uid)
         blobs = self.store.blobs
         blobs.put_atomic(f"{prefix}/zarr.json", group_json({"hsstore_unit": {**self.info, "started_at": _now()}}))
@@ -184,5 +191,6 @@ class UnitWriter:
             writer=self.info, committed_at=_now(),
         )
         blobs.put_atomic(layout.commit_key(self.vid, uid), json.dumps(commit.to_dict()).encode())
-        self._done.update(k for k, _, _ in rows)
+        with self._lock:
+            self._done.update(k for k, _, _ in rows)
         return commit

@@ -107,7 +107,9 @@ def main() -> None:
         return time.time() - t
 
     timed(lambda: capture_only())  # warm-up (kernels, autotuning)
-    results = {"shape": args.shape, "device": args.device, "dtype": args.dtype, "tokens": tokens,
+    from hsstore.backends import bound_kernels
+
+    results = {"kernels": bound_kernels(model), "shape": args.shape, "device": args.device, "dtype": args.dtype, "tokens": tokens,
                "rows": args.rows, "length": args.length, "layers": layers, "hidden": hidden,
                "model_load_seconds": load_s, "device_name": torch.cuda.get_device_name() if cuda else "cpu"}
     itemsize = 2 if args.dtype != "fp32" else 4

@@ -38,6 +38,25 @@ def sh(args: list[str], out: Path | None = None, check: bool = True, env: dict |
     return r
 
 
+def long_rows(n: int, short: int, max_len: int) -> str:
+    """N text rows: the first ``short`` of ~max_len/8 bytes, the rest just under max_len bytes."""
+    texts = []
+    for line in DATA.read_text().splitlines():
+        row = json.loads(line)
+        turns = row.get("messages") or [{"content": t["value"]} for t in row["conversations"]]
+        texts.append("\n".join(t["content"] for t in turns))
+    blob = "\n\n".join(texts).encode()
+    rows, pos = [], 0
+    for i in range(n):
+        size = max_len // 8 if i < short else max_len - 16
+        chunk = blob[pos: pos + size]
+        if len(chunk) < size:
+            pos, chunk = 0, blob[:size]
+        pos += size
+        rows.append(json.dumps({"text": chunk.decode("utf-8", "ignore") + f" #{i}"}))
+    return "\n".join(rows) + "\n"
+
+
 def hs(*args: str) -> list[str]:
     return [sys.executable, "-m", "hsstore", *args]
 
@@ -48,18 +67,25 @@ def main() -> None:
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
     ap.add_argument("--cpu-limit", type=int, default=16, help="samples for the CPU variants (a subset)")
     ap.add_argument("--limit", type=int, default=None, help="samples for the GPU variants")
+    ap.add_argument("--long-rows", type=int, default=0,
+                    help="use N long text rows (near max_length) built from the bundled conversations; the "
+                         "first --cpu-limit rows are kept short so the CPU subset stays cheap")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     store = out / "store.zarr"
     config, layers, max_len = SIZES[args.size]
+    data = DATA
+    if args.long_rows:
+        data = out / "long.jsonl"
+        data.write_text(long_rows(args.long_rows, args.cpu_limit, max_len))
     manifest = out / "seed.toml"
     manifest.write_text(f"""[model]
 path = "builtin:tiny-qwen3_5"
 {config}
 layers = {layers}
 [data]
-files = ["{DATA}"]
+files = ["{data}"]
 max_length = {max_len}
 [build]
 backends = ["torch"]
@@ -99,7 +125,7 @@ path = "{store}"
 
     def diff(name: str, a: str, b: str, floor: str | None) -> None:
         cmd = hs("diff", f"{store}#{a}", f"{store}#{b}", "--json", str(out / f"diff-{name}.json"),
-                 "--plot", str(out / f"diff-{name}.png"))
+                 "--plot", str(out / f"diff-{name}.png"), "--device", "cuda" if gpu else "cpu")
         if floor:
             cmd += ["--floor", f"{store}#{floor}"]
         sh(cmd, out / f"diff-{name}.txt")
