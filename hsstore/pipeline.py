@@ -16,6 +16,7 @@ import torch
 
 from .capture import LayerCapture, pad_batch
 from .progress import Progress
+from .stats import stats_tensor
 
 
 class PinnedPool:
@@ -35,6 +36,9 @@ class PinnedPool:
     def give(self, buf: torch.Tensor) -> None:
         with self.lock:
             self.free.append(buf)
+
+
+_POOL = PinnedPool()  # shared by every capture in this process: buffers outlive one variant
 
 
 class BackgroundWriter:
@@ -58,13 +62,13 @@ class BackgroundWriter:
             if item is None:
                 self.q.task_done()
                 return
-            samples, states, event, bufs = item
+            samples, states, event, bufs, health = item
             try:
                 if self.error is None:
                     if event is not None:
                         event.synchronize()  # the async device-to-host copies have landed
                     t0 = time.time()
-                    commit = self.writer.write(samples, states)
+                    commit = self.writer.write(samples, states, health=health)
                     with self.stats_lock:
                         self.write_seconds += time.time() - t0
                         if commit is not None:
@@ -77,10 +81,10 @@ class BackgroundWriter:
                     self.pool.give(b)
                 self.q.task_done()
 
-    def put(self, samples: list, states: dict, event: Any, bufs: list) -> None:
+    def put(self, samples: list, states: dict, event: Any, bufs: list, health: Any = None) -> None:
         if self.error is not None:
             raise self.error
-        self.q.put((samples, states, event, bufs))
+        self.q.put((samples, states, event, bufs, health))
 
     def close(self) -> None:
         for _ in self.threads:
@@ -102,7 +106,7 @@ def capture_to_store(
     layers = sorted(set(layers))
     cap = LayerCapture(model, num_layers, layers)
     cuda = device.startswith("cuda")
-    pool = PinnedPool() if cuda else None
+    pool = _POOL if cuda else None
     bg = BackgroundWriter(writer, threads=writer_threads, pool=pool)
     unit_samples: list = []
     unit_states: dict[int, list] = {i: [] for i in layers}
@@ -113,8 +117,10 @@ def capture_to_store(
         if not unit_samples:
             return
         states = {i: torch.cat(unit_states[i]) for i in layers}
-        event, bufs = None, []
-        if cuda:
+        event, bufs, health = None, [], None
+        if cuda:  # health stats where the states are, with no host sync; they travel with the states
+            lengths = [s.length for s in unit_samples]
+            health = {i: stats_tensor(t, lengths).to("cpu", non_blocking=True) for i, t in states.items()}
             host = {}
             for i, t in states.items():
                 buf = pool.take(t.numel() * t.element_size())
@@ -124,7 +130,7 @@ def capture_to_store(
             event = torch.cuda.Event()
             event.record()
             states = host
-        bg.put(unit_samples, states, event, bufs)
+        bg.put(unit_samples, states, event, bufs, health)
         unit_samples, unit_states, n_unit = [], {i: [] for i in layers}, 0
 
     t0 = time.time()

@@ -11,22 +11,42 @@ FIELDS = ("n", "sum", "sumsq", "absmax", "min", "max", "nan", "inf", "zeros")
 _MIN_MAX = {"absmax": max, "max": max, "min": min}
 
 
+_HEAD = 9  # n, sum, sumsq, absmax, min, max, nan, inf, zeros
+
+
+def stats_tensor(states: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """Health statistics of one layer's states ``[T, H]`` as one float64 tensor on the states' device,
+    computed without a host sync: ``[n, sum, sumsq, absmax, min, max, nan, inf, zeros, absmax of
+    each sample...]``. Sums accumulate in float64 without float64 copies of the states."""
+    x = states.detach()
+    nan = torch.isnan(x).sum()
+    inf = torch.isinf(x).sum()
+    xf = torch.nan_to_num(x.float(), nan=0.0, posinf=0.0, neginf=0.0)
+    if xf.numel() == 0:
+        return torch.zeros(_HEAD + len(lengths), dtype=torch.float64, device=x.device)
+    lo, hi = torch.aminmax(xf)
+    row = xf.abs().amax(dim=1)
+    per = torch.segment_reduce(row, "max", lengths=torch.tensor(lengths, device=x.device))
+    head = torch.stack([
+        torch.tensor(float(xf.numel()), dtype=torch.float64, device=x.device),
+        xf.sum(dtype=torch.float64), (xf * xf).sum(dtype=torch.float64),
+        torch.maximum(lo.abs(), hi.abs()).double(), lo.double(), hi.double(),
+        nan.double(), inf.double(), (xf == 0).sum().double(),
+    ])
+    return torch.cat([head, per.double()])
+
+
+def from_stats_tensor(values: list[float]) -> tuple[dict[str, float], list[float]]:
+    """(additive stats, per-sample abs-max) from ``stats_tensor(...).tolist()``."""
+    head = dict(zip(("n", "sum", "sumsq", "absmax", "min", "max", "nan", "inf", "zeros"), values[:_HEAD]))
+    for k in ("n", "nan", "inf", "zeros"):
+        head[k] = int(head[k])
+    return head, values[_HEAD:]
+
+
 def layer_stats(states: torch.Tensor) -> dict[str, float]:
-    """Additive statistics of one layer's states ``[T, H]`` (any float dtype)."""
-    x = states.detach().float()
-    finite = torch.isfinite(x)
-    xf = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
-    return {
-        "n": int(x.numel()),
-        "sum": float(xf.double().sum()),
-        "sumsq": float((xf.double() ** 2).sum()),
-        "absmax": float(xf.abs().max()) if x.numel() else 0.0,
-        "min": float(xf.min()) if x.numel() else 0.0,
-        "max": float(xf.max()) if x.numel() else 0.0,
-        "nan": int(torch.isnan(x).sum()),
-        "inf": int(torch.isinf(x).sum()),
-        "zeros": int((x == 0).sum()),
-    }
+    """Additive statistics of one layer's states ``[T, H]``."""
+    return from_stats_tensor(stats_tensor(states, [int(states.shape[0])]).tolist())[0]
 
 
 def merge(parts: Iterable[Mapping[str, float]]) -> dict[str, float]:

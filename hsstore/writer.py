@@ -21,7 +21,7 @@ from .codecs import compressors
 from .dtypes import STORED, TORCH, to_stored
 from .errors import BuildFailed, CorruptData
 from .records import CommitRecord, group_json, parse_json
-from .stats import layer_stats, problems
+from .stats import from_stats_tensor, problems, stats_tensor
 
 if TYPE_CHECKING:
     from .store import Store
@@ -85,11 +85,14 @@ class UnitWriter:
         samples: Sequence[SampleTokens],
         states: dict[int, torch.Tensor],
         skip_committed: bool = True,
+        health: dict[int, torch.Tensor] | None = None,
     ) -> CommitRecord | None:
         """Write ``samples`` and their states (``layer -> [sum of lengths, H]``, in sample order) as one unit.
 
-        Samples already committed are dropped first (re-writing is a no-op). Returns the commit, or None
-        if nothing was left to write.
+        Samples already committed are dropped first (re-writing is a no-op). ``health`` = ``layer ->
+        stats_tensor(states, lengths)`` computed by the caller (on the GPU, copied back with the states)
+        saves recomputing them here.
+        Returns the commit, or None if nothing was left to write.
         """
         rec = self.record
         if sorted(states) != rec.all_layers:
@@ -116,11 +119,18 @@ class UnitWriter:
             idx = torch.from_numpy(np.concatenate([np.arange(starts[i], starts[i + 1]) for i in keep]))
             states = {k: v.index_select(0, idx) for k, v in states.items()}
             samples = [samples[i] for i in keep]
-        stats = self._health(samples, states)
+            health = None  # computed over other rows
+        stats = self._health(samples, states, health)
         return self._write_unit(samples, states, stats)
 
-    def _health(self, samples: Sequence[SampleTokens], states: dict[int, torch.Tensor]) -> dict[str, dict]:
-        stats = {str(layer): layer_stats(t) for layer, t in states.items()}
+    def _health(self, samples: Sequence[SampleTokens], states: dict[int, torch.Tensor],
+                health: dict[int, torch.Tensor] | None) -> dict[str, dict]:
+        if health is None:
+            lengths = [s.length for s in samples]
+            health = {layer: stats_tensor(t, lengths) for layer, t in states.items()}
+        stats, absmax = {}, {}
+        for layer, t in health.items():
+            stats[str(layer)], absmax[layer] = from_stats_tensor(t.tolist())
         if not self.check_health:
             return stats
         for layer, s in stats.items():
@@ -130,15 +140,13 @@ class UnitWriter:
                     f"layer {layer} of variant {self.vid}: {'; '.join(bad)} — refusing to commit. "
                     "Check the model and dtype (fp16 overflow?) or pass --allow-unhealthy to store anyway"
                 )
-        off = 0
-        for s in samples:
-            for layer, t in states.items():
-                if not torch.any(t[off : off + s.length]):
+        for layer, per_sample in absmax.items():
+            for s, m in zip(samples, per_sample):
+                if m == 0:
                     raise BuildFailed(
                         f"sample {s.key}: layer {layer} is all zeros — refusing to commit (broken extractor?). "
                         "Pass --allow-unhealthy to store anyway"
                     )
-            off += s.length
         return stats
 
     def _write_unit(

@@ -11,8 +11,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 SEED=/tmp/seed
 if [ "$1" = 1 ]; then
-  mkdir -p /tmp/cc && tar xzf .whl/cc1d-src-sm90.tar.gz -C /tmp/cc
-  (cd /tmp/cc/causal_conv1d-1.7.0 && CC1D_ONLY_SM90=1 CAUSAL_CONV1D_FORCE_BUILD=TRUE MAX_JOBS=6 \
+  [ -e /tmp/cc1d.log ] || { mkdir -p /tmp/cc && tar xzf .whl/cc1d-src-sm90.tar.gz -C /tmp/cc; }
+  [ -e /tmp/cc1d.log ] || (cd /tmp/cc/causal_conv1d-1.7.0 && CC1D_ONLY_SM90=1 CAUSAL_CONV1D_FORCE_BUILD=TRUE MAX_JOBS=6 \
      setsid nohup sh -c 'python3 -m pip wheel --no-build-isolation --no-deps -w /tmp/ccw . > /tmp/cc1d.log 2>&1; echo "exit $?" >> /tmp/cc1d.log' >/dev/null 2>&1 &)
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc; python3 -m pip list 2>/dev/null | grep -iE "^(torch|transformers|fla-core|flash-linear|zarr|numcodecs|triton) "; } > "$OUT/machine.txt"
   python3 scripts/seed_experiment.py --out $SEED --size gpu --long-rows 72 --cpu-limit 4 > "$OUT/seed.log" 2>&1

@@ -188,3 +188,22 @@ def test_format_v1_fixture_still_reads():
             for layer, total in sums.items():
                 assert float(got["layers"][int(layer)].double().sum()) == total
     assert verify(store)["ok"]
+
+
+def test_nan_inf_and_all_zero_states_are_refused_before_commit(tmp_path: Path):
+    from hsstore.errors import BuildFailed
+
+    store = Store.create(tmp_path / "s.zarr")
+    vid = new_variant(store)
+    samples = make_samples([4, 6])
+    bad = make_states(samples, 16, "bf16", [0, 1, 2])
+    bad[1][2, 3] = float("nan")
+    with pytest.raises(BuildFailed, match="layer 1 .*1 NaN"):
+        store.writer(vid).write(samples, bad)
+    zero = make_states(samples, 16, "bf16", [0, 1, 2])
+    zero[2][4:] = 0  # the second sample's target layer is all zeros: a broken extractor
+    with pytest.raises(BuildFailed, match=f"sample {samples[1].key}: layer 2 is all zeros"):
+        store.writer(vid).write(samples, zero)
+    assert Store.open(tmp_path / "s.zarr").variants == []
+    store.writer(vid, check_health=False).write(samples, zero)  # the user opted out
+    assert Store.open(tmp_path / "s.zarr").variants[0].n_samples == 2
