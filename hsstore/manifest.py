@@ -44,7 +44,7 @@ class Manifest:
     dtypes: list[str] = field(default_factory=lambda: ["bf16"])
     devices: list[str] = field(default_factory=lambda: ["cpu"])
     token_budget: int = 16384
-    unit_tokens: int = 262144
+    unit_tokens: int | None = None  # None: as many tokens as make UNIT_BYTES of states
     allow_unhealthy: bool = False
     codec: str = "zstd"
 
@@ -154,7 +154,7 @@ def load_manifest(path: str | Path) -> Manifest:
         dtypes=list(build.get("dtypes", ["bf16"])),
         devices=list(build.get("devices", ["cpu"])),
         token_budget=int(build.get("token_budget", 16384)),
-        unit_tokens=int(build.get("unit_tokens", 262144)),
+        unit_tokens=int(build["unit_tokens"]) if "unit_tokens" in build else None,
         allow_unhealthy=bool(build.get("allow_unhealthy", False)),
         codec=str(store.get("codec", "zstd")),
     )

@@ -12,6 +12,12 @@ import time
 from typing import Any
 
 
+# a unit (one writer's atomic piece of work) holds about this many bytes of states: large enough that
+# per-unit costs vanish, small enough that the pinned host buffers in flight and the work lost to a
+# crash stay bounded (a 27B target: ~20k tokens of 5 layers x 5120 x bf16)
+UNIT_BYTES = 1 << 30
+
+
 def _fail(result_path: str, exc: BaseException) -> int:
     from .errors import HsstoreError
 
@@ -61,8 +67,9 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
     total_tokens = sum(samples[i].length for b in batches for i in b)
     progress = Progress(f"{vid} {plan['backend']}/{dtype}/{device}", sum(map(len, batches)), total_tokens,
                         plan.get("quiet", False))
+    unit_tokens = plan["unit_tokens"] or max(1, UNIT_BYTES // (hidden * itemsize * len(layers)))
     out = capture_to_store(model, rec["model"]["num_layers"], layers, samples, batches, writer, device,
-                           plan["pad_id"], plan["unit_tokens"], skip=done, progress=progress)
+                           plan["pad_id"], unit_tokens, skip=done, progress=progress)
     loop_s = out["loop_seconds"]
     return {
         "variant": vid, "backend": plan["backend"], "dtype": dtype, "device": device, "kernels": kernels,
