@@ -68,6 +68,17 @@ class _Base:
     def provenance(self) -> dict[str, Any]:
         return self.reader.record.provenance
 
+    def __getstate__(self) -> dict[str, Any]:
+        # picklable for spawn/forkserver DataLoader workers: reopen the store there, not a copy of caches
+        state = self.__dict__.copy()
+        state["reader"] = (self.reader.store.location, self.reader.id)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        location, vid = state["reader"]
+        self.__dict__.update(state)
+        self.reader = Store.open(location).reader(vid)
+
     @property
     def hidden_size(self) -> int:
         return self.reader.record.hidden_size
