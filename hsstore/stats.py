@@ -15,21 +15,32 @@ _HEAD = 9  # n, sum, sumsq, absmax, min, max, nan, inf, zeros
 
 
 def stats_tensor(states: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-    """Health statistics of one layer's states ``[T, H]`` as one float64 tensor on the states' device,
-    computed without a host sync: ``[n, sum, sumsq, absmax, min, max, nan, inf, zeros, absmax of
-    each sample...]``. Sums accumulate in float64 without float64 copies of the states."""
+    """Health statistics of one layer's states ``[T, H]`` as one float64 tensor on the states' device:
+    ``[n, sum, sumsq, absmax, min, max, nan, inf, zeros, absmax of each sample...]``.
+
+    On a GPU it never syncs with the host (it runs before the device-to-host copy and travels with the
+    states). On the CPU it takes six passes: NaN/Inf are counted only when min/max say there are any.
+    """
     x = states.detach()
-    nan = torch.isnan(x).sum()
-    inf = torch.isinf(x).sum()
-    xf = torch.nan_to_num(x.float(), nan=0.0, posinf=0.0, neginf=0.0)
+    xf = x.float()
     if xf.numel() == 0:
         return torch.zeros(_HEAD + len(lengths), dtype=torch.float64, device=x.device)
+    cpu = x.device.type == "cpu"
     lo, hi = torch.aminmax(xf)
-    row = xf.abs().amax(dim=1)
+    if cpu and bool(torch.isfinite(lo) & torch.isfinite(hi)):
+        nan = inf = torch.zeros((), dtype=torch.int64)
+    else:
+        nan, inf = torch.isnan(xf).sum(), torch.isinf(xf).sum()
+        xf = torch.nan_to_num(xf, nan=0.0, posinf=0.0, neginf=0.0)
+        lo, hi = torch.aminmax(xf)
+    acc = None if cpu else torch.float64  # CPU float32 sums are cascaded (accurate) and far faster
+    total = xf.sum(dtype=acc).double()
+    sumsq = torch.linalg.vector_norm(xf, dtype=acc).double() ** 2
+    row_lo, row_hi = torch.aminmax(xf, dim=1) if xf.dim() > 1 else (xf, xf)
+    row = torch.maximum(row_lo.abs(), row_hi.abs())
     per = torch.segment_reduce(row, "max", lengths=torch.tensor(lengths, device=x.device))
     head = torch.stack([
-        torch.tensor(float(xf.numel()), dtype=torch.float64, device=x.device),
-        xf.sum(dtype=torch.float64), (xf * xf).sum(dtype=torch.float64),
+        torch.tensor(float(xf.numel()), dtype=torch.float64, device=x.device), total, sumsq,
         torch.maximum(lo.abs(), hi.abs()).double(), lo.double(), hi.double(),
         nan.double(), inf.double(), (xf == 0).sum().double(),
     ])

@@ -21,6 +21,7 @@ from .errors import BadInput, CorruptData, StoreNotFound, UnsupportedFormat
 from .keys import sample_key
 from .provenance import select, variant_id
 from .records import CommitRecord, VariantRecord, group_json, parse_json
+from .shardio import ShardReader
 from .stats import merge
 
 
@@ -236,6 +237,12 @@ class VariantReader:
     def n_tokens(self) -> int:
         return sum(r.length for r in self.refs.values())
 
+    @property
+    def bytes_read(self) -> int:
+        """Bytes this reader has read: direct shard reads, plus zarr's when opened with ``count_bytes``."""
+        direct = sum(a.bytes_read for a in self._arrays.values() if isinstance(a, ShardReader))
+        return direct + int(getattr(self.store.zstore, "bytes_read", 0))
+
     def stats(self) -> dict[int, dict[str, float]]:
         """Per-layer additive health stats over all committed units."""
         return {
@@ -282,11 +289,35 @@ class VariantReader:
                 self._arrays[key] = arr
         return arr
 
+    def _shard(self, uid: str, name: str) -> ShardReader | None:
+        """The direct reader of a local single-shard array (None: read through zarr)."""
+        key = (uid, "shard:" + name)
+        if key not in self._arrays:
+            root = self.store.blobs.root
+            reader = None
+            if root is not None:
+                with self._lock:
+                    self._check_unit(uid)
+                path = root / layout.unit_prefix(self.id, uid) / name
+                try:
+                    reader = ShardReader(str(path), f"unit {uid} of variant {self.id}, {name}")
+                except ValueError:
+                    reader = None  # another layout (e.g. format 1.0 token arrays): zarr reads it
+                except FileNotFoundError as e:
+                    raise CorruptData(f"unit {uid} of variant {self.id}: {name} is missing ({e.filename})") from None
+            self._arrays[key] = reader
+        return self._arrays[key]
+
     def _slice(self, ref: SampleRef, name: str) -> np.ndarray:
         try:
+            shard = self._shard(ref.unit, name)
+            if shard is not None:
+                return shard.rows(ref.offset, ref.offset + ref.length)
             return self._array(ref.unit, name)[ref.offset : ref.offset + ref.length]
-        except CorruptData:
-            raise
+        except CorruptData as e:
+            if ref.key in str(e):
+                raise
+            raise CorruptData(f"sample {ref.key}: {e}") from None
         except Exception as e:  # zarr raises on checksum and decode errors; name the sample
             raise CorruptData(
                 f"sample {ref.key} (unit {ref.unit}, variant {self.id}): {name} is corrupt ({type(e).__name__}: {e}). "

@@ -18,9 +18,10 @@ import zarr
 
 from . import layout
 from .codecs import compressors
-from .dtypes import STORED, TORCH, to_stored
+from .dtypes import TORCH, to_stored
 from .errors import BuildFailed, CorruptData
 from .records import CommitRecord, group_json, parse_json
+from .shardio import write_shard
 from .stats import from_stats_tensor, problems, stats_tensor
 
 if TYPE_CHECKING:
@@ -149,6 +150,21 @@ class UnitWriter:
                     )
         return stats
 
+    def _write_array(self, key: str, data: np.ndarray, chunk: int, codec: str, attrs: dict) -> None:
+        """One single-shard zarr v3 array (metadata through zarr; the shard directly on local disks)."""
+        rows = data.shape[0]
+        shard = -(-rows // chunk) * chunk
+        a = zarr.create_array(
+            self.store.zstore, name=key, shape=data.shape, chunks=(chunk, *data.shape[1:]),
+            shards=(shard, *data.shape[1:]), dtype=data.dtype, compressors=compressors(codec), fill_value=0,
+            config={"write_empty_chunks": True}, attributes=attrs,
+        )
+        root = self.store.blobs.root
+        if root is not None:
+            write_shard(str(root / key / "c" / "/".join(["0"] * data.ndim)), data, chunk, codec)
+        else:
+            a[:] = data
+
     def _write_unit(
         self, samples: Sequence[SampleTokens], states: dict[int, torch.Tensor], stats: dict[str, dict]
     ) -> CommitRecord:
@@ -160,32 +176,15 @@ class UnitWriter:
         blobs = self.store.blobs
         blobs.put_atomic(f"{prefix}/zarr.json", group_json({"hsstore_unit": {**self.info, "started_at": _now()}}))
         n = sum(s.length for s in samples)
-        c = min(rec.chunk_tokens, max(1, n))
-        shard = -(-n // c) * c
-        zs = self.store.zstore
-        chain = compressors(rec.codec)
-        cfg = {"write_empty_chunks": True}
         ids = np.concatenate([s.input_ids.astype(np.int32) for s in samples])
         mask = np.concatenate([s.loss_mask.astype(np.uint8) for s in samples])
-        tok_chunk = max(c, 1 << 16)
-        for name, data in (("input_ids", ids), ("loss_mask", mask)):
-            a = zarr.create_array(zs, name=f"{prefix}/{name}", shape=(n,), chunks=(min(tok_chunk, n),), dtype=data.dtype,
-                                  compressors=[chain[-1]], fill_value=0, config=cfg)
-            a[:] = data
-        for layer, t in states.items():
-            a = zarr.create_array(
-                zs,
-                name=f"{prefix}/{layout.layer_array(layer)}",
-                shape=(n, rec.hidden_size),
-                chunks=(c, rec.hidden_size),
-                shards=(shard, rec.hidden_size),
-                dtype=STORED[rec.dtype],
-                compressors=chain,
-                fill_value=0,
-                config=cfg,
-                attributes={"hsstore_dtype": rec.dtype, "layer": int(layer)},
-            )
-            a[:] = to_stored(t.cpu())
+        c = min(rec.chunk_tokens, max(1, n))
+        tok_c = min(1 << 16, max(1, n))
+        arrays = [("input_ids", ids, tok_c, "none", {}), ("loss_mask", mask, tok_c, "none", {})]
+        arrays += [(layout.layer_array(layer), to_stored(t.cpu()), c, rec.codec,
+                    {"hsstore_dtype": rec.dtype, "layer": int(layer)}) for layer, t in states.items()]
+        for name, data, chunk, codec, attrs in arrays:
+            self._write_array(f"{prefix}/{name}", data, chunk, codec, attrs)
         files = {}
         for key in blobs.list(prefix + "/"):
             rel = key[len(prefix) + 1 :]
