@@ -25,7 +25,9 @@ def plot_diff(report: dict[str, Any], path: str) -> None:
         ax2.plot(layers, [L["cos_mean"] for L in report["floor_layers"]], "s--", label="floor (mean)")
     ax1.set_xlabel("layer")
     ax1.set_ylabel("relative L2")
-    ax1.set_yscale("symlog", linthresh=1e-6)
+    values = [L["rel_l2"] for L in report["layers"]] + [L["rel_l2"] for L in report.get("floor_layers", [])]
+    if values and min(values) > 0:
+        ax1.set_yscale("log")
     ax1.legend()
     ax2.set_xlabel("layer")
     ax2.set_ylabel("cosine similarity")
