@@ -7,6 +7,7 @@ layers are read from disk.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -52,6 +53,7 @@ class _Base:
     def _setup(self, store: Any, variant: str | None, layers: Sequence[int] | None, require: Any,
                allow_drift: Iterable[str]) -> None:
         self.reader = _open(store, variant)
+        self._pid = os.getpid()
         rec = self.reader.record
         if require is not None:
             require_match(rec.provenance, resolve_provenance(require), allow_drift)
@@ -78,6 +80,7 @@ class _Base:
         location, vid = state["reader"]
         self.__dict__.update(state)
         self.reader = Store.open(location).reader(vid)
+        self._pid = os.getpid()
 
     @property
     def hidden_size(self) -> int:
@@ -87,7 +90,17 @@ class _Base:
     def variant_id(self) -> str:
         return self.reader.id
 
+    def _reader_here(self) -> VariantReader:
+        """The reader, reopened after a fork for remote stores (their clients are bound to the parent's
+        event loop; local files are safe to share)."""
+        pid = os.getpid()
+        if getattr(self, "_pid", pid) != pid and self.reader.store.blobs.root is None:
+            self.reader = Store.open(self.reader.store.location).reader(self.reader.id)
+        self._pid = pid
+        return self.reader
+
     def _item(self, index: int) -> dict[str, Any]:
+        self._reader_here()
         ref = self.reader.ref(index)
         ids, mask = self.reader.read_tokens(ref)
         states = self.reader.read_layers(ref, self._order)
@@ -181,18 +194,21 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
     - the order is a function of (seed, epoch) only;
     - ``mark_consumed(batch["index"])`` + ``state_dict()`` / ``load_state_dict()`` resume mid-epoch
       exactly, also with another number of ranks (the state is the set of consumed samples);
-    - ``batch_tokens=N`` yields padded batches of at most N (padded) tokens instead of single items.
+    - ``batch_tokens=N`` yields padded batches of at most N (padded) tokens instead of single items;
+    - ``prefetch=K`` reads the next K samples on threads (default: 8 on remote stores such as ``s3://``,
+      where every read is a round trip; 0 on local disks).
     """
 
     def __init__(self, store: Any, variant: str | None = None, layers: Sequence[int] | None = None,
                  require: Any = None, allow_drift: Iterable[str] = (), seed: int = 0, shuffle: bool = True,
                  batch_tokens: int | None = None, remainder: str = "keep", rank: int | None = None,
-                 world_size: int | None = None) -> None:
+                 world_size: int | None = None, prefetch: int | None = None) -> None:
         if remainder not in ("keep", "drop"):
             raise BadInput(f"remainder={remainder!r}; choose 'keep' or 'drop'")
         self._setup(store, variant, layers, require, allow_drift)
         self.seed, self.shuffle, self.batch_tokens, self.remainder = seed, shuffle, batch_tokens, remainder
         self._rank, self._world = rank, world_size
+        self.prefetch = prefetch if prefetch is not None else (0 if self.reader.store.blobs.root else 8)
         self.epoch = 0
         self.unit_sizes = self._unit_sizes()
         self.n = int(sum(self.unit_sizes))
@@ -257,16 +273,32 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
             mine = np.array_split(mine, info.num_workers)[info.id]
         return mine
 
+    def _items(self, indices: np.ndarray) -> Iterator[dict[str, Any]]:
+        """Items in order; with ``prefetch`` the next ones are already being read on threads."""
+        if not self.prefetch:
+            for i in indices:
+                yield self._item(int(i))
+            return
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(self.prefetch) as pool:
+            window: deque = deque()
+            for i in indices:
+                window.append(pool.submit(self._item, int(i)))
+                if len(window) > self.prefetch:
+                    yield window.popleft().result()
+            while window:
+                yield window.popleft().result()
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         mine = self.my_indices()
         if not self.batch_tokens:
-            for i in mine:
-                yield self._item(int(i))
+            yield from self._items(mine)
             return
         batch: list[dict[str, Any]] = []
         width = 0
-        for i in mine:
-            it = self._item(int(i))
+        for it in self._items(mine):
             n = it["input_ids"].shape[0]
             if batch and max(width, n) * (len(batch) + 1) > self.batch_tokens:
                 yield pad_collate(batch)

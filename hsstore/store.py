@@ -68,7 +68,11 @@ class Store:
     @classmethod
     def _zarr_store(cls, path: str, read_only: bool) -> Any:
         if _is_url(path):
-            return FsspecStore.from_url(path, read_only=read_only)
+            # no listing cache: with several writers a cached listing hides their commits
+            try:
+                return FsspecStore.from_url(path, read_only=read_only, storage_options={"use_listings_cache": False})
+            except TypeError:
+                return FsspecStore.from_url(path, read_only=read_only)
         local = path[len("file://") :] if path.startswith("file://") else path
         return LocalStore(local, read_only=read_only)
 
