@@ -96,22 +96,16 @@ def diff_targets(a_t: str, b_t: str, floor_t: str | None = None, layers: list[in
             L["floor_ratio"] = ratio
             L["verdict"] = "identical (bit-exact)" if L["bit_exact"] == 1.0 else verdict(ratio, dtype, noise_factor)
             worst_ratio = max(worst_ratio, ratio)
-        if identical:
-            report["verdict"] = "identical: every shared value is bit-exact"
-        else:
-            worst = max(report["layers"], key=lambda L: L["floor_ratio"])
-            report["verdict"] = (f"A and B differ {'within' if worst_ratio <= noise_factor else 'beyond'} precision "
-                                 f"noise: worst layer {worst['layer']} at {worst_ratio:.2f}x the floor "
-                                 f"(noise up to {noise_factor:g}x)")
+        worst = max(report["layers"], key=lambda L: L["floor_ratio"])
+        overall = (f"A and B differ {'within' if worst_ratio <= noise_factor else 'beyond'} precision "
+                   f"noise: worst layer {worst['layer']} at {worst_ratio:.2f}x the floor (noise up to {noise_factor:g}x)")
     else:
         u = UNIT_ROUNDOFF[dtype]
         for L in report["layers"]:
             L["roundoff_ratio"] = L["rel_l2"] / u
-        if identical:
-            report["verdict"] = "identical: every shared value is bit-exact"
-        else:
-            worst = max(report["layers"], key=lambda L: L["rel_l2"])
-            report["verdict"] = (f"no floor given (pass --floor STORE#fp32-variant for a verdict); worst rel-L2 "
-                                 f"{worst['rel_l2']:.3g} at layer {worst['layer']} = {worst['roundoff_ratio']:.1f}x the "
-                                 f"{dtype} unit roundoff")
+        worst = max(report["layers"], key=lambda L: L["rel_l2"])
+        overall = (f"no floor given (pass --floor STORE#fp32-variant for a verdict); worst rel-L2 "
+                   f"{worst['rel_l2']:.3g} at layer {worst['layer']} = {worst['roundoff_ratio']:.1f}x the {dtype} "
+                   "unit roundoff")
+    report["verdict"] = "identical: every shared value is bit-exact" if identical else overall
     return report
