@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from .errors import BadInput, BuildFailed, HsstoreError
+from .errors import BadInput, BuildFailed
 from .manifest import Manifest, check_layers_in_model, validate
 from .models import ModelSpec, text_config
 
@@ -173,5 +173,3 @@ def _record_complete(m: Manifest, samples: list, results: list[dict[str, Any]]) 
         out[vid] = True
     return out
 
-
-__all__ = ["build", "plan_inputs", "HsstoreError"]

@@ -8,6 +8,7 @@ import socket
 from typing import Any
 
 from . import layout
+from .blobs import TMP_PREFIX
 from .records import parse_json
 from .store import Store
 
@@ -61,4 +62,10 @@ def collect_garbage(store: Store, grace_seconds: float = 3600.0, force: bool = F
                 removed.append(f"{vid}/{uid}")
             else:
                 kept.append(f"{vid}/{uid}")
+    root = store.blobs.root
+    if root is not None:  # temporary files of atomic puts a killed writer never renamed
+        for tmp in root.rglob(f"{TMP_PREFIX}*"):
+            if force or now.timestamp() - tmp.stat().st_mtime > min(grace_seconds, 600):
+                tmp.unlink(missing_ok=True)
+                nfiles += 1
     return {"removed_units": removed, "removed_files": nfiles, "kept_in_progress": kept}

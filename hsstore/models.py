@@ -63,8 +63,6 @@ class ModelSpec:
             if not (p / "config.json").is_file():
                 raise BadInput(f"model directory {self.path!r} has no config.json; point [model] path at the folder "
                                "that holds config.json and the weights")
-        elif self.config_overrides is None:
-            pass
 
     def tokenizer(self) -> Any:
         if self.builtin is not None:

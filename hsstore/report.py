@@ -28,7 +28,7 @@ def info_text(d: dict[str, Any]) -> str:
             f"target={rec.get('layers', {}).get('target')}  hidden={v['hidden_size']}",
             f"  kernels: gated-delta={k.get('chunk_gated_delta_rule')} conv1d={k.get('causal_conv1d')} "
             f"attention={k.get('attention')}",
-            f"  versions: " + ", ".join(f"{a}={b}" for a, b in env.get("versions", {}).items() if b),
+            "  versions: " + ", ".join(f"{a}={b}" for a, b in env.get("versions", {}).items() if b),
             f"  {v['n_samples']:,} samples, {v['n_tokens']:,} tokens, {v['n_units']} units, "
             f"{_fmt_bytes(v['bytes'])} on disk, compression {ratio} ({v['codec']})",
             "  layer      mean       std    absmax  nan  inf  zero%",

@@ -6,8 +6,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-
-
 from . import layout
 from .errors import CorruptData
 from .stats import layer_stats, problems

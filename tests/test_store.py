@@ -2,9 +2,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -232,3 +229,25 @@ def test_nan_inf_and_all_zero_states_are_refused_before_commit(tmp_path: Path):
     assert Store.open(tmp_path / "s.zarr").variants == []
     store.writer(vid, check_health=False).write(samples, zero)  # the user opted out
     assert Store.open(tmp_path / "s.zarr").variants[0].n_samples == 2
+
+
+def test_gc_removes_only_uncommitted_debris(tmp_path: Path):
+    from hsstore.gc import collect_garbage
+
+    path = tmp_path / "s.zarr"
+    store = Store.create(path)
+    vid = new_variant(store)
+    kept = make_samples([3], seed=1)
+    store.writer(vid).write(kept, make_states(kept, 16, "bf16", [0, 1, 2]))
+    debris = make_samples([4], seed=2)
+    w = store.writer(vid, writer_id="crashed")
+    w._write_unit(debris, make_states(debris, 16, "bf16", [0, 1, 2]), {})
+    next((path / f"variants/{vid}/commits").glob("crashed-*.json")).unlink()  # it died before committing
+    (path / f"variants/{vid}/commits/.tmp-123").write_bytes(b"half a commit")
+    r = collect_garbage(Store.open(path, mode="a"))
+    assert r["removed_units"] == [] and len(r["kept_in_progress"]) == 1  # its writer (this process) is alive
+    r = collect_garbage(Store.open(path, mode="a"), force=True)
+    assert len(r["removed_units"]) == 1 and not list((path / f"variants/{vid}/units").glob("crashed-*"))
+    assert not (path / f"variants/{vid}/commits/.tmp-123").exists()
+    s = Store.open(path)
+    assert s.reader(vid).keys == [kept[0].key] and verify(s)["ok"]
