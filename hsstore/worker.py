@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import uuid
 from typing import Any
 
 
@@ -57,7 +58,8 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
     from .codecs import chunk_tokens
 
     vid = store.create_variant(provenance, rec["layers"], hidden, dtype, plan["codec"], chunk_tokens(hidden, itemsize))
-    writer = store.writer(vid, writer_id=f"{plan['writer_prefix']}{int(time.time() * 1000):x}",
+    # unique per process (two builds started in the same millisecond once shared a time-based id)
+    writer = store.writer(vid, writer_id=f"{plan['writer_prefix']}{uuid.uuid4().hex[:12]}",
                           check_health=not plan["allow_unhealthy"])
     done = set(writer.committed_keys())
     # the driver's batch plan is kept as is (bit-identical states on resume); finished batches are skipped

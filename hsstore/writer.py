@@ -174,7 +174,9 @@ class UnitWriter:
             self.seq += 1
         prefix = layout.unit_prefix(self.vid, uid)
         blobs = self.store.blobs
-        blobs.put_atomic(f"{prefix}/zarr.json", group_json({"hsstore_unit": {**self.info, "started_at": _now()}}))
+        if not blobs.put_if_absent(f"{prefix}/zarr.json", group_json({"hsstore_unit": {**self.info, "started_at": _now()}})):
+            raise BuildFailed(f"unit {uid} of variant {self.vid} exists already: two writers share the id "
+                              f"{self.writer_id!r}; give each writer its own")
         n = sum(s.length for s in samples)
         ids = np.concatenate([s.input_ids.astype(np.int32) for s in samples])
         mask = np.concatenate([s.loss_mask.astype(np.uint8) for s in samples])

@@ -102,7 +102,8 @@ def test_concurrent_builds_of_overlapping_inputs(tmp_path: Path):
     mb = _manifest(tmp_path, "b", files=[str(tmp_path / "b.jsonl")])
     store = tmp_path / "shared.zarr"
     procs = [_start_build(ma, "--store", str(store)), _start_build(mb, "--store", str(store))]
-    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    codes = [p.wait(timeout=300) for p in procs]
+    assert codes == [0, 0], [p.stderr.read().decode()[-2000:] for p in procs]
     (v,) = Store.open(store).variants
     assert v.n_samples == 45
     assert verify(Store.open(store))["ok"]

@@ -251,3 +251,16 @@ def test_gc_removes_only_uncommitted_debris(tmp_path: Path):
     assert not (path / f"variants/{vid}/commits/.tmp-123").exists()
     s = Store.open(path)
     assert s.reader(vid).keys == [kept[0].key] and verify(s)["ok"]
+
+
+def test_two_writers_with_one_id_cannot_share_a_unit(tmp_path: Path):
+    from hsstore.errors import BuildFailed
+
+    store = Store.create(tmp_path / "s.zarr")
+    vid = new_variant(store)
+    a, b = make_samples([3], seed=1), make_samples([4], seed=2)
+    store.writer(vid, writer_id="same").write(a, make_states(a, 16, "bf16", [0, 1, 2]))
+    with pytest.raises(BuildFailed, match="exists already"):
+        store.writer(vid, writer_id="same").write(b, make_states(b, 16, "bf16", [0, 1, 2]))
+    r = Store.open(tmp_path / "s.zarr").reader(vid)
+    assert r.keys == [a[0].key] and verify(Store.open(tmp_path / "s.zarr"))["ok"]
