@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU runs behind docs/gpu-report.md and docs/benchmarks.md (an H200 machine with no network).
-# Wheels the machine lacks are carried in .whl/ (see docs/gpu-report.md for the list), causal-conv1d
+# Wheels the machine lacks are carried in .whl/ (made by scripts/prepare_gpu_wheels.sh), causal-conv1d
 # as its source distribution patched to build for sm_90 only.
 #   bash scripts/gpu_run.sh 1   # install, start the causal-conv1d build, run the seed experiment
 #   bash scripts/gpu_run.sh 2   # add the fla+causal-conv1d variant and its diffs, run the build benchmarks

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Prepares .whl/ for scripts/gpu_run.sh on a GPU machine that has no network (run it here, with PyPI):
+# Python 3.12 wheels of what that machine lacks, and causal-conv1d's source distribution patched so
+# that CC1D_ONLY_SM90=1 builds for sm_90 (H100/H200) only (~6 minutes instead of every architecture).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
+mkdir -p .whl
+plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+      --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_34_x86_64)
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" -d .whl \
+  zarr numcodecs donfig msgspec crc32c google-crc32c fla-core==0.6.0 flash-linear-attention==0.6.0 \
+  transformers==5.24.0 datasets==5.2.0 dill multiprocess xxhash
+tmp=$(mktemp -d)
+CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE python3 -m pip download -q --no-deps --no-binary :all: --no-build-isolation \
+  -d "$tmp" causal-conv1d==1.7.0
+tar xzf "$tmp"/causal_conv1d-1.7.0.tar.gz -C "$tmp"
+python3 - "$tmp/causal_conv1d-1.7.0/setup.py" <<'PY'
+import sys
+path = sys.argv[1]
+s = open(path).read()
+marker = '            cc_flag.append("arch=compute_121,code=sm_121")\n'
+assert marker in s, "causal-conv1d's setup.py changed; update the patch"
+s = s.replace(marker, marker + '        if os.getenv("CC1D_ONLY_SM90"):\n'
+              '            cc_flag = ["-gencode", "arch=compute_90,code=sm_90"]\n', 1)
+open(path, "w").write(s)
+PY
+tar czf .whl/cc1d-src-sm90.tar.gz -C "$tmp" causal_conv1d-1.7.0
+rm -rf "$tmp"
+du -sh .whl
