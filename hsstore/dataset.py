@@ -64,7 +64,6 @@ class _Base:
             raise BadInput(f"layer(s) {bad} are not stored in variant {self.reader.id}; stored: {stored}")
         # layers are handed out by role, so a target layer can never end up among the conditioning ones
         self.layer_roles = {role: [i for i in ids if i in want] for role, ids in rec.layers.items()}
-        self._order = self.layer_roles.get("aux", []) + self.layer_roles.get("target", [])
 
     @property
     def provenance(self) -> dict[str, Any]:
@@ -103,20 +102,14 @@ class _Base:
         self._reader_here()
         ref = self.reader.ref(index)
         ids, mask = self.reader.read_tokens(ref)
-        states = self.reader.read_layers(ref, self._order)
-        n_aux = len(self.layer_roles.get("aux", []))
-        T, H = ids.shape[0], self.hidden_size
-
-        def stack(ts: list[torch.Tensor]) -> torch.Tensor:
-            return torch.stack(ts, dim=1) if ts else torch.empty((T, 0, H), dtype=states[0].dtype if states else torch.float32)
-
+        aux, target = self.layer_roles.get("aux", []), self.layer_roles.get("target", [])
         return {
             "key": ref.key,
             "index": index,
             "input_ids": torch.from_numpy(ids.astype(np.int64)),
             "loss_mask": torch.from_numpy(mask.astype(np.bool_)),
-            "aux_hidden": stack(states[:n_aux]),
-            "target_hidden": stack(states[n_aux:]),
+            "aux_hidden": self.reader.read_stacked(ref, aux),
+            "target_hidden": self.reader.read_stacked(ref, target),
         }
 
 

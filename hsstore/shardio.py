@@ -140,11 +140,15 @@ class ShardReader:
         except (OSError, AttributeError):
             pass
 
-    def rows(self, a: int, b: int) -> np.ndarray:
-        """Rows ``[a, b)`` as a fresh array of shape ``(b - a, *shape[1:])``."""
+    def rows(self, a: int, b: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``[a, b)`` of shape ``(b - a, *shape[1:])``, into ``out`` if given (it may be a strided
+        view, e.g. one layer's slot of a ``[T, n_layers, H]`` buffer: rows land there directly)."""
         c, w = self.chunk_rows, self.row_width
-        out = np.empty((b - a, *self.shape[1:]), dtype=self.dtype)
-        flat = out.reshape(b - a, w) if out.size else out
+        if out is None:
+            out = np.empty((b - a, *self.shape[1:]), dtype=self.dtype)
+        flat = out.reshape(b - a, w) if out.ndim != 2 else out  # a view: rows stay where they are
+        row_bytes = w * self.dtype.itemsize
+        rows_contiguous = flat.strides[-1] == self.dtype.itemsize
         tail = bytearray(4)
         for k in range(a // c, (b - 1) // c + 1 if b > a else a // c):
             off, nbytes = (int(x) for x in self.index[k])
@@ -152,11 +156,18 @@ class ShardReader:
                 raise CorruptData(f"{self.what}: chunk {k} is missing or beyond the end of the shard")
             lo, hi = max(a, k * c), min(b, (k + 1) * c)
             whole = lo == k * c and hi == (k + 1) * c
-            if self.comp is None and whole and nbytes == c * w * self.dtype.itemsize + 4:
-                dest = memoryview(flat[lo - a : hi - a]).cast("B")  # read straight into the output
-                got = os.preadv(self.fd, [dest, tail], off)
+            if self.comp is None and whole and rows_contiguous and nbytes == c * row_bytes + 4:
+                dest = flat[lo - a : hi - a]
+                if dest.flags.c_contiguous:
+                    views = [memoryview(dest).cast("B")]
+                else:  # one iovec per row: straight into a strided destination
+                    views = [memoryview(r).cast("B") for r in dest]
+                got = os.preadv(self.fd, [*views, tail], off)
                 self.bytes_read += got
-                if got != nbytes or _crc(dest) != bytes(tail):
+                crc = 0
+                for v in views:
+                    crc = crc32c.crc32c(v, crc)
+                if got != nbytes or crc.to_bytes(4, "little") != bytes(tail):
                     raise CorruptData(f"{self.what}: chunk {k} fails its crc32c checksum")
                 continue
             buf = os.pread(self.fd, nbytes, off)

@@ -347,6 +347,25 @@ class VariantReader:
             )
         return ids, mask
 
+    def read_stacked(self, ref: SampleRef, layers: list[int]) -> torch.Tensor:
+        """States of ``layers`` as one ``[T, len(layers), H]`` tensor in the stored dtype, each layer read
+        straight into its slot on local stores (no second copy to stack them)."""
+        from .dtypes import STORED
+
+        rec = self.record
+        buf = np.empty((ref.length, len(layers), rec.hidden_size), dtype=STORED[rec.dtype])
+        for j, layer in enumerate(layers):
+            name = layout.layer_array(layer)
+            try:
+                shard = self._shard(ref.unit, name)
+                if shard is None:
+                    buf[:, j] = self._slice(ref, name)
+                else:
+                    shard.rows(ref.offset, ref.offset + ref.length, out=buf[:, j])
+            except CorruptData as e:
+                raise CorruptData(str(e) if ref.key in str(e) else f"sample {ref.key}: {e}") from None
+        return from_stored(buf, rec.dtype)
+
     def read_layers(self, ref: SampleRef, layers: list[int]) -> list[torch.Tensor]:
         """States ``[T, H]`` of each requested layer, in the stored dtype (bf16 as torch.bfloat16)."""
         missing = [i for i in layers if i not in self.record.all_layers]

@@ -122,3 +122,20 @@ def test_stray_file_is_flagged(store_path):
     result = verify(Store.open(path))
     assert not result["ok"]
     assert "not written by hsstore" in result["problems"][0]["what"]
+
+
+def test_flipped_byte_in_an_uncompressed_chunk_read_straight_into_the_output(tmp_path: Path):
+    from hsstore import HiddenStateDataset
+
+    path = tmp_path / "s.zarr"
+    store = Store.create(path)
+    vid = new_variant(store, hidden=32, chunk=16, codec="none")
+    samples = make_samples([64], seed=5)
+    store.writer(vid, writer_id="w").write(samples, make_states(samples, 32, "bf16", [0, 1, 2]))
+    f = _unit_dir(path, vid) / "layer_0/c/0/0"
+    data = bytearray(f.read_bytes())
+    data[40 * 64 + 7] ^= 0x01  # inside the third whole chunk of 16 rows x 64 bytes (+4 crc each)
+    f.write_bytes(bytes(data))
+    with pytest.raises(CorruptData, match=f"sample {samples[0].key}.*crc32c"):
+        HiddenStateDataset(path)[0]
+    assert not verify(Store.open(path))["ok"]

@@ -143,3 +143,21 @@ def test_torchrun_resume_mid_epoch_with_another_world_size(tiny_store: Path, tmp
     assert before and after
     assert not set(before) & set(after)
     assert len(before) + len(after) == len(all_keys) and set(before) | set(after) == all_keys
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_items_read_layers_straight_into_their_slots(tmp_path: Path, codec: str):
+    """Whole chunks land in the strided [T, n_aux, H] buffer directly; partial ones through a copy."""
+    store = Store.create(tmp_path / "s.zarr")
+    vid = new_variant(store, codec=codec, chunk=64, hidden=16)
+    samples = make_samples([1000, 37, 130])
+    states = make_states(samples, 16, "bf16", [0, 1, 2])
+    store.writer(vid).write(samples, states)
+    ds = HiddenStateDataset(tmp_path / "s.zarr")
+    off = {s.key: o for s, o in zip(samples, np.cumsum([0] + [s.length for s in samples]))}
+    for i in range(len(ds)):
+        it = ds[i]
+        a, n = off[it["key"]], it["input_ids"].shape[0]
+        assert torch.equal(it["aux_hidden"], torch.stack([states[0][a:a + n], states[1][a:a + n]], dim=1))
+        assert torch.equal(it["target_hidden"][:, 0], states[2][a:a + n])
+        assert it["aux_hidden"].is_contiguous()
