@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from . import layout
 from .errors import BadInput, BuildFailed
 from .manifest import Manifest, check_layers_in_model, validate
 from .models import ModelSpec, text_config
@@ -169,7 +170,7 @@ def _record_complete(m: Manifest, samples: list, results: list[dict[str, Any]]) 
                               f"build (first {missing[0]}); re-run the same command to complete it")
         record = {"complete": True, "n_samples": len(keys), "keys_fingerprint": fingerprint(keys),
                   "manifest": m.source, "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-        store.blobs.put_atomic(f"variants/{vid}/builds/{fingerprint(keys)[:16]}.json", json.dumps(record).encode())
+        store.blobs.put_atomic(f"{layout.builds_prefix(vid)}{fingerprint(keys)[:16]}.json", json.dumps(record).encode())
         out[vid] = True
     return out
 

@@ -12,7 +12,6 @@ import torch
 NAMES = ("bf16", "fp16", "fp32")
 TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 STORED = {"bf16": np.dtype("uint16"), "fp16": np.dtype("float16"), "fp32": np.dtype("float32")}
-LOGICAL = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # unit roundoff (half the machine epsilon) of each dtype: the scale of one rounding
 UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
 

@@ -1,4 +1,4 @@
-"""Splitting samples across ranks/workers: disjoint, complete, balanced by tokens (pure functions)."""
+"""Splitting samples across ranks, and epoch orders: disjoint, complete, seeded (pure functions)."""
 
 from __future__ import annotations
 
@@ -26,11 +26,3 @@ def epoch_order(n_blocks: int, seed: int, epoch: int) -> np.ndarray:
     rng = np.random.default_rng([seed, epoch])
     return rng.permutation(n_blocks)
 
-
-def shard_for(items: Sequence[int], rank: int, world: int, drop_remainder: bool) -> list[int]:
-    """Rank ``rank``'s share of ``items`` (strided). With ``drop_remainder`` every rank gets the same count
-    (the last ``len % world`` items are left for the next epoch's order); otherwise ranks differ by one."""
-    items = list(items)
-    if drop_remainder:
-        items = items[: len(items) - len(items) % world]
-    return items[rank::world]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from dataclasses import dataclass
@@ -417,6 +416,3 @@ def info_dict(store: Store) -> dict[str, Any]:
         )
     return out
 
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True)

@@ -84,14 +84,21 @@ def _write_same(path: str, vid: str, seed: int) -> None:
     store.writer(vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2], seed=seed), skip_committed=False)
 
 
+def _in_two_processes(target, path: str, vid: str) -> None:
+    """Run ``target(path, vid, seed)`` in two real spawned processes at once; both must succeed."""
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=target, args=(path, vid, seed)) for seed in (1, 2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+
+
 def test_two_processes_disjoint_units_lose_nothing(tmp_path: Path):
     path = str(tmp_path / "s.zarr")
     vid = new_variant(Store.create(path))
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_write_disjoint, args=(path, vid, s)) for s in (1, 2)]
-    [p.start() for p in procs]
-    [p.join(120) for p in procs]
-    assert all(p.exitcode == 0 for p in procs)
+    _in_two_processes(_write_disjoint, path, vid)
     reader = Store.open(path).reader(vid)
     assert len(reader.keys) == 12 and len(set(reader.keys)) == 12
     assert verify(Store.open(path))["ok"]
@@ -100,10 +107,7 @@ def test_two_processes_disjoint_units_lose_nothing(tmp_path: Path):
 def test_racing_writers_never_show_a_sample_twice(tmp_path: Path):
     path = str(tmp_path / "s.zarr")
     vid = new_variant(Store.create(path))
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_write_same, args=(path, vid, s)) for s in (1, 2)]
-    [p.start() for p in procs]
-    [p.join(120) for p in procs]
+    _in_two_processes(_write_same, path, vid)
     reader = Store.open(path).reader(vid)
     assert len(reader.commits) == 2  # both committed their unit...
     assert len(reader.keys) == 4  # ...but each sample is visible once, from the first unit by id
