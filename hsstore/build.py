@@ -40,7 +40,18 @@ def _check_devices(m: Manifest, local_rank: int, world: int) -> list[str]:
         if dev.startswith("cuda"):
             if not torch.cuda.is_available():
                 raise BadInput(f"device {dev!r} requested but no CUDA GPU is visible here; use --device cpu")
-            if dev == "cuda":
+            k, count = m.gpus_per_rank, torch.cuda.device_count()
+            if k > 1:
+                from .placement import require_accelerate
+
+                require_accelerate()
+                first = local_rank * k
+                if first + k > count:
+                    raise BadInput(f"gpus_per_rank = {k} on local rank {local_rank} needs GPUs {first}..{first + k - 1} "
+                                   f"but {count} are visible: run at most {count // k} rank(s) per node "
+                                   f"(torchrun --nproc-per-node {max(1, count // k)}) or lower gpus_per_rank")
+                dev = "+".join(f"cuda:{first + i}" for i in range(k))
+            elif dev == "cuda":
                 dev = f"cuda:{local_rank % torch.cuda.device_count()}" if world > 1 else "cuda:0"
             elif int(dev[5:]) >= torch.cuda.device_count():
                 raise BadInput(f"device {dev!r} requested but only {torch.cuda.device_count()} GPU(s) are visible")

@@ -34,6 +34,8 @@ def build(
     backend: Annotated[Optional[list[str]], typer.Option("--backend", help="torch | fla (repeatable).")] = None,
     dtype: Annotated[Optional[list[str]], typer.Option("--dtype", help="bf16 | fp16 | fp32 (repeatable).")] = None,
     device: Annotated[Optional[list[str]], typer.Option("--device", help="cpu | cuda | cuda:N (repeatable).")] = None,
+    gpus_per_rank: Annotated[Optional[int], typer.Option(
+        "--gpus-per-rank", help="Spread the model over this many GPUs per rank (needs accelerate).")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="Use only the first N usable samples.")] = None,
     codec: Annotated[Optional[str], typer.Option("--codec", help="none | zstd | blosc-lz4 | blosc-zstd.")] = None,
     allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf/all-zero states.")] = False,
@@ -50,7 +52,7 @@ def build(
     from .manifest import load_manifest
 
     m = load_manifest(manifest).with_overrides(
-        store_path=store, backends=backend, dtypes=dtype, devices=device, codec=codec,
+        store_path=store, backends=backend, dtypes=dtype, devices=device, codec=codec, gpus_per_rank=gpus_per_rank,
         allow_unhealthy=allow_unhealthy or None,
     )
     summary = run_build(m, limit=limit, quiet=quiet)

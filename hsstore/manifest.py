@@ -20,7 +20,7 @@ ATTENTION = ("sdpa", "eager", "flash_attention_2", "flex_attention")
 _SCHEMA: dict[str, set[str]] = {
     "model": {"path", "config", "layers", "seed", "trust_remote_code", "init_device", "attn_implementation"},
     "data": {"files", "format", "max_length", "too_long"},
-    "build": {"backends", "dtypes", "devices", "token_budget", "unit_tokens", "allow_unhealthy"},
+    "build": {"backends", "dtypes", "devices", "gpus_per_rank", "token_budget", "unit_tokens", "allow_unhealthy"},
     "store": {"path", "codec"},
 }
 
@@ -43,6 +43,7 @@ class Manifest:
     backends: list[str] = field(default_factory=lambda: ["torch"])
     dtypes: list[str] = field(default_factory=lambda: ["bf16"])
     devices: list[str] = field(default_factory=lambda: ["cpu"])
+    gpus_per_rank: int = 1  # >1: one model spread over that many GPUs (hsstore.placement)
     token_budget: int = 16384
     unit_tokens: int | None = None  # None: as many tokens as make UNIT_BYTES of states
     allow_unhealthy: bool = False
@@ -55,6 +56,12 @@ class Manifest:
 
 def _err(source: str, msg: str) -> BadInput:
     return BadInput(f"{source}: {msg}")
+
+
+def _int(source: str, table: str, key: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _err(source, f"[{table}] {key} must be an integer, got {value!r}")
+    return value
 
 
 def parse_device(dev: str) -> str:
@@ -153,6 +160,7 @@ def load_manifest(path: str | Path) -> Manifest:
         backends=list(build.get("backends", ["torch"])),
         dtypes=list(build.get("dtypes", ["bf16"])),
         devices=list(build.get("devices", ["cpu"])),
+        gpus_per_rank=_int(source, "build", "gpus_per_rank", build.get("gpus_per_rank", 1)),
         token_budget=int(build.get("token_budget", 16384)),
         unit_tokens=int(build["unit_tokens"]) if "unit_tokens" in build else None,
         allow_unhealthy=bool(build.get("allow_unhealthy", False)),
@@ -188,4 +196,12 @@ def validate(m: Manifest) -> Manifest:
         parse_device(dev)
     if not (m.backends and m.dtypes and m.devices):
         raise BadInput("[build] backends, dtypes and devices must each name at least one value")
+    if m.gpus_per_rank < 1:
+        raise BadInput(f"[build] gpus_per_rank = {m.gpus_per_rank}; it must be 1 or more")
+    if m.gpus_per_rank > 1 and m.devices != ["cuda"]:
+        raise BadInput(f"[build] gpus_per_rank = {m.gpus_per_rank} spreads the model over that many GPUs of each rank; "
+                       f"set devices = [\"cuda\"] (got {m.devices}) — the GPUs are picked from the local rank")
+    if m.gpus_per_rank > 1 and m.init_device == "device":
+        raise BadInput("[model] init_device = \"device\" draws random weights on one GPU; with gpus_per_rank > 1 the "
+                       "model is drawn on the CPU: set init_device = \"cpu\"")
     return replace(m, dtypes=[parse_dtype(d) for d in m.dtypes])

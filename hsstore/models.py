@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,26 +128,56 @@ class ModelSpec:
         return {"fingerprint": fingerprint(parts), "vocab_size": len(tokenizer),
                 "has_chat_template": bool(parts["chat_template"])}
 
-    def load(self, dtype: Any, device: str, attn_implementation: str | None) -> Any:
-        """The model in eval mode on ``device`` in ``dtype``."""
+    def load(self, dtype: Any, device: str | Sequence[str], attn_implementation: str | None) -> Any:
+        """The model in eval mode on ``device`` in ``dtype``; given several devices, its decoder layers
+        are spread over them in contiguous stages (see hsstore.placement)."""
         import torch
         from transformers import AutoModelForCausalLM
 
+        devices = [device] if isinstance(device, str) else list(device)
+        spread = len(devices) > 1
+        if spread:
+            from .placement import require_accelerate
+
+            accelerate = require_accelerate()
         if self.builtin is not None:
             config = self.config(len(builtin_tokenizer()))
             if attn_implementation:
                 config._attn_implementation = attn_implementation
             torch.manual_seed(self.seed)
             if self.init_device == "device":
-                with torch.device(device):
+                if spread:
+                    raise BadInput("[model] init_device = \"device\" draws weights on one GPU; a model spread over "
+                                   "several GPUs is drawn on the CPU: set init_device = \"cpu\"")
+                with torch.device(devices[0]):
                     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
             else:
                 with torch.device("cpu"):
                     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-                model = model.to(dtype=dtype, device=device)
+                model = model.to(dtype=dtype, device="cpu" if spread else devices[0])
+            if spread:
+                from .placement import device_map
+
+                dmap = device_map(model, int(text_config(config).num_hidden_layers), devices)
+                model = accelerate.dispatch_model(model, device_map=dmap, force_hooks=True)
+        elif spread:
+            from .placement import device_map
+
+            config = self.config()
+            with torch.device("meta"):  # names and sizes only: no memory, no weights read
+                skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=self.trust_remote_code)
+            dmap = device_map(skeleton, int(text_config(config).num_hidden_layers), devices)
+            model = AutoModelForCausalLM.from_pretrained(
+                self.path, dtype=dtype, trust_remote_code=self.trust_remote_code,
+                attn_implementation=attn_implementation, device_map=dmap,
+            )
         else:
             model = AutoModelForCausalLM.from_pretrained(
                 self.path, dtype=dtype, trust_remote_code=self.trust_remote_code,
                 attn_implementation=attn_implementation,
-            ).to(device)
+            ).to(devices[0])
+        if spread:
+            from .placement import follow_current_device
+
+            follow_current_device(model, int(text_config(model.config).num_hidden_layers))
         return model.eval()

@@ -62,10 +62,10 @@ class BackgroundWriter:
             if item is None:
                 self.q.task_done()
                 return
-            samples, states, event, bufs, health = item
+            samples, states, events, bufs, health = item
             try:
                 if self.error is None:
-                    if event is not None:
+                    for event in events:
                         event.synchronize()  # the async device-to-host copies have landed
                     t0 = time.time()
                     commit = self.writer.write(samples, states, health=health)
@@ -81,10 +81,10 @@ class BackgroundWriter:
                     self.pool.give(b)
                 self.q.task_done()
 
-    def put(self, samples: list, states: dict, event: Any, bufs: list, health: Any = None) -> None:
+    def put(self, samples: list, states: dict, events: list, bufs: list, health: Any = None) -> None:
         if self.error is not None:
             raise self.error
-        self.q.put((samples, states, event, bufs, health))
+        self.q.put((samples, states, events, bufs, health))
 
     def close(self) -> None:
         for _ in self.threads:
@@ -102,7 +102,8 @@ def capture_to_store(
 ) -> dict[str, Any]:
     """Run ``batches`` (lists of indices into ``samples``), capture ``layers``, write units of about
     ``unit_tokens`` tokens through ``writer``. Samples whose key is in ``skip`` are computed (their
-    batch needs them) but not written. Returns counts and the wall time of the whole loop."""
+    batch needs them) but not written. ``device`` takes the inputs; captured layers may live on other
+    GPUs (a model spread over several). Returns counts and the wall time of the whole loop."""
     layers = sorted(set(layers))
     cap = LayerCapture(model, num_layers, layers)
     cuda = device.startswith("cuda")
@@ -111,13 +112,14 @@ def capture_to_store(
     unit_samples: list = []
     unit_states: dict[int, list] = {i: [] for i in layers}
     n_unit = 0
+    used: set = set()  # GPUs that held captured states
 
     def flush() -> None:
         nonlocal unit_samples, unit_states, n_unit
         if not unit_samples:
             return
         states = {i: torch.cat(unit_states[i]) for i in layers}
-        event, bufs, health = None, [], None
+        events, bufs, health = [], [], None
         if cuda:  # health stats where the states are, with no host sync; they travel with the states
             lengths = [s.length for s in unit_samples]
             health = {i: stats_tensor(t, lengths).to("cpu", non_blocking=True) for i, t in states.items()}
@@ -127,10 +129,14 @@ def capture_to_store(
                 bufs.append(buf)
                 host[i] = buf[: t.numel() * t.element_size()].view(t.dtype).view(t.shape)
                 host[i].copy_(t, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
+            # copies run on the stream of each state's own GPU: one event per GPU holding states
+            for dev in {t.device for t in states.values()}:
+                with torch.cuda.device(dev):
+                    events.append(torch.cuda.Event())
+                    events[-1].record(torch.cuda.current_stream(dev))
+            used.update(t.device for t in states.values())
             states = host
-        bg.put(unit_samples, states, event, bufs, health)
+        bg.put(unit_samples, states, events, bufs, health)
         unit_samples, unit_states, n_unit = [], {i: [] for i in layers}, 0
 
     t0 = time.time()
@@ -157,7 +163,7 @@ def capture_to_store(
         cap.close()
         if progress is not None:
             progress.close()
-    if cuda:
-        torch.cuda.synchronize(device)
+    for dev in used:
+        torch.cuda.synchronize(dev)
     return {"samples_written": bg.written, "bytes": bg.bytes, "loop_seconds": time.time() - t0,
             "writer_busy_seconds": bg.write_seconds}

@@ -14,6 +14,7 @@ INFORMATIONAL = (
     "recipe.model.path",
     "environment.host",
     "environment.device_index",
+    "environment.model_parallel",  # a layer runs whole on one GPU of the group: same numbers as on one
     "environment.versions.python",
     "environment.versions.hsstore",
     "environment.created",

@@ -42,14 +42,21 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
 
     t0 = time.time()
     torch.manual_seed(0)
-    model = model_spec.load(TORCH[dtype], device, plan["attn_implementation"])
+    devices = device.split("+")  # several: one model spread over a group of GPUs
+    if devices[0].startswith("cuda"):
+        torch.cuda.set_device(devices[0])  # kernels that launch on the current device land on ours
+        for d in devices:
+            torch.cuda.reset_peak_memory_stats(d)
+    model = model_spec.load(TORCH[dtype], devices, plan["attn_implementation"])
     kernels = bound_kernels(model)
     if plan["backend"] == "fla" and kernels["chunk_gated_delta_rule"] not in ("fla", "n/a"):
         raise BuildFailed(f"backend 'fla' was requested but transformers bound {kernels['chunk_gated_delta_rule']!r} "
                           "for the gated delta rule; check the fla installation (`hsstore env --model ...`)")
     batching = {"padding_side": "right", "token_budget": plan["token_budget"], "attention_mask": True,
                 "order": "length-descending"}
-    env = environment(device, dtype, plan["backend"], kernels, batching)
+    env = environment(devices[0], dtype, plan["backend"], kernels, batching)
+    if len(devices) > 1:
+        env["model_parallel"] = model_parallel(model, plan["recipe"]["model"]["num_layers"], devices)
     provenance = {"recipe": plan["recipe"], "environment": env}
     store = Store.create(plan["store"])
     rec = plan["recipe"]
@@ -70,7 +77,7 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
     progress = Progress(f"{vid} {plan['backend']}/{dtype}/{device}", sum(map(len, batches)), total_tokens,
                         plan.get("quiet", False))
     unit_tokens = plan["unit_tokens"] or max(1, UNIT_BYTES // (hidden * itemsize * len(layers)))
-    out = capture_to_store(model, rec["model"]["num_layers"], layers, samples, batches, writer, device,
+    out = capture_to_store(model, rec["model"]["num_layers"], layers, samples, batches, writer, devices[0],
                            plan["pad_id"], unit_tokens, skip=done, progress=progress)
     loop_s = out["loop_seconds"]
     return {
@@ -79,7 +86,27 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
         "bytes": out["bytes"], "seconds": time.time() - t0, "loop_seconds": loop_s,
         "writer_busy_seconds": out["writer_busy_seconds"],
         "tokens_per_second": total_tokens / loop_s if loop_s > 0 and total_tokens else None,
+        "peak_gpu_memory_gb": {d: round(torch.cuda.max_memory_allocated(d) / 1e9, 2)
+                               for d in devices if d.startswith("cuda")},
     }
+
+
+def model_parallel(model: Any, num_layers: int, devices: list[str]) -> dict[str, Any]:
+    """How one model sits over a GPU group (informational: each layer runs whole on one GPU of the
+    same kind, so the numbers are those of one GPU). GPUs of different kinds are refused."""
+    import torch
+
+    from .capture import decoder_layers
+    from .errors import BadInput
+    from .placement import stages
+
+    names = [torch.cuda.get_device_name(d) for d in devices]
+    if len(set(names)) > 1:
+        raise BadInput(f"the GPUs of one rank group differ ({', '.join(names)}); a model spread over GPUs must run "
+                       "on one kind of GPU — set CUDA_VISIBLE_DEVICES to GPUs of the same model")
+    layers = decoder_layers(model, num_layers)
+    dmap = {f"layers.{i}": str(next(layer.parameters()).device) for i, layer in enumerate(layers)}
+    return {"devices": devices, "stages": stages(dmap, "layers", num_layers)}
 
 
 def main(argv: list[str]) -> int:
