@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,6 +60,9 @@ class UnitWriter:
         self._seen_commits: set[str] = set()
         self._done: set[str] = set()
         self._lock = threading.Lock()  # writes may come from several threads
+        # a unit's arrays are compressed and written in parallel (the codecs release the GIL): the last
+        # unit of a build is written after the last forward, and this is most of that tail
+        self.io_threads = min(8, os.cpu_count() or 1)
 
     def committed_keys(self) -> set[str]:
         """Keys committed by anyone so far (reads only commit records not seen before)."""
@@ -185,8 +189,12 @@ class UnitWriter:
         arrays = [("input_ids", ids, tok_c, "none", {}), ("loss_mask", mask, tok_c, "none", {})]
         arrays += [(layout.layer_array(layer), to_stored(t.cpu()), c, rec.codec,
                     {"hsstore_dtype": rec.dtype, "layer": int(layer)}) for layer, t in states.items()]
-        for name, data, chunk, codec, attrs in arrays:
-            self._write_array(f"{prefix}/{name}", data, chunk, codec, attrs)
+        if self.io_threads > 1:
+            with ThreadPoolExecutor(min(self.io_threads, len(arrays))) as pool:
+                list(pool.map(lambda a: self._write_array(f"{prefix}/{a[0]}", *a[1:]), arrays))
+        else:
+            for name, data, chunk, codec, attrs in arrays:
+                self._write_array(f"{prefix}/{name}", data, chunk, codec, attrs)
         files = {}
         for key in blobs.list(prefix + "/"):
             rel = key[len(prefix) + 1 :]

@@ -1,0 +1,77 @@
+"""Time to write one unit (the tail a build pays after its last forward), serial vs parallel arrays.
+
+    python scripts/bench_unit_write.py --tokens 8192 --hidden 5120 --reps 5
+
+A unit of 5 bf16 layers (1, 16, 31, 46, 61) is written through UnitWriter with its health statistics
+given (as the GPU pipeline does), once with ``io_threads = 1`` (arrays one after the other) and once
+with the default (one thread per array, up to 8), alternating, into fresh stores on the same disk.
+Prints the median seconds and the ratio per codec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--hidden", type=int, default=5120)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--codecs", default="zstd,none")
+    ap.add_argument("--dir", default=None, help="where the stores go (default: a temp dir)")
+    args = ap.parse_args()
+
+    import numpy as np
+    import torch
+
+    from hsstore.keys import sample_key
+    from hsstore.stats import stats_tensor
+    from hsstore.store import Store
+    from hsstore.writer import SampleTokens
+
+    layers = {"aux": [1, 16, 31, 46], "target": [61]}
+    rng = np.random.default_rng(0)
+    lengths = [args.tokens // 8] * 8
+    default_threads = min(8, os.cpu_count() or 1)
+    times: dict[tuple[str, int], list[float]] = {}
+    for rep in range(args.reps):
+        samples = []
+        for n in lengths:
+            ids = rng.integers(0, 250, n).astype(np.int32)
+            samples.append(SampleTokens(sample_key(f"r{rep}", ids, np.ones(n, np.uint8)), ids, np.ones(n, np.uint8)))
+        g = torch.Generator().manual_seed(rep)
+        states = {i: torch.randn(sum(lengths), args.hidden, generator=g).to(torch.bfloat16)
+                  for i in layers["aux"] + layers["target"]}
+        health = {i: stats_tensor(t, lengths) for i, t in states.items()}
+        for codec in args.codecs.split(","):
+            for threads in (1, default_threads) if rep % 2 == 0 else (default_threads, 1):
+                d = tempfile.mkdtemp(prefix="hsstore-unit-", dir=args.dir)
+                store = Store.create(Path(d) / "s.zarr")
+                prov = {"recipe": {"bench": rep}, "environment": {"dtype": "bf16"}}
+                vid = store.create_variant(prov, layers, args.hidden, "bf16", codec, 512)
+                w = store.writer(vid)
+                w.io_threads = threads
+                t0 = time.perf_counter()
+                w.write(samples, states, health=health)
+                times.setdefault((codec, threads), []).append(time.perf_counter() - t0)
+                shutil.rmtree(d)
+    mb = sum(lengths) * args.hidden * 2 * 5 / 1e6
+    print(f"one unit: {sum(lengths):,} tokens x 5 layers x {args.hidden} bf16 = {mb:.0f} MB; {os.cpu_count()} cores; "
+          f"medians of {args.reps}")
+    for codec in args.codecs.split(","):
+        a, b = statistics.median(times[(codec, 1)]), statistics.median(times[(codec, default_threads)])
+        print(f"{codec:>6}: serial {a:.2f}s, {default_threads} threads {b:.2f}s -> {a / b:.2f}x faster")
+
+
+if __name__ == "__main__":
+    main()
