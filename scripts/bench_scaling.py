@@ -120,7 +120,7 @@ def main() -> None:
     ap.add_argument("--out", default="out/scaling")
     ap.add_argument("--store-dir", default=None, help="where the stores go (default: --out)")
     ap.add_argument("--keep", action="store_true", help="keep the stores afterwards")
-    ap.add_argument("--no-diff", action="store_true", help="skip the bit-exactness diffs (they read every store)")
+    ap.add_argument("--no-diff", action="store_true", help="skip the bit-exactness diffs (they read every store); each store is deleted after its run")
     args = ap.parse_args()
 
     out = Path(args.out).resolve()
@@ -145,6 +145,8 @@ def main() -> None:
     for k, (n, g) in enumerate(configs):
         name = f"{n}x{g}" + (f"-{k}" if configs.index((n, g)) != k else "")  # a repeat gets its own store
         wall, summaries = run_build(manifest(name), n, out / f"logs-{name}", ["--gpus-per-rank", str(g)])
+        if args.no_diff and not args.keep:  # nothing reads it again: free the disk for the next run
+            shutil.rmtree(stores / f"{name}.zarr", ignore_errors=True)
         variants = [v for s in summaries for v in s["variants"]]
         tokens = sum(v["tokens"] for v in variants)
         loop = max(v["loop_seconds"] for v in variants)
