@@ -25,13 +25,17 @@ class PinnedPool:
     def __init__(self) -> None:
         self.free: list[torch.Tensor] = []
         self.lock = threading.Lock()
+        self.alloc_seconds = 0.0  # time spent allocating (reported: it is part of a build's fixed cost)
 
     def take(self, nbytes: int) -> torch.Tensor:
         with self.lock:
             for i, buf in enumerate(self.free):
                 if buf.numel() >= nbytes:
                     return self.free.pop(i)
-        return torch.empty(int(nbytes * 1.25), dtype=torch.uint8, pin_memory=True)
+        t0 = time.perf_counter()
+        buf = torch.empty(int(nbytes * 1.25), dtype=torch.uint8, pin_memory=True)
+        self.alloc_seconds += time.perf_counter() - t0
+        return buf
 
     def give(self, buf: torch.Tensor) -> None:
         with self.lock:
@@ -52,6 +56,7 @@ class BackgroundWriter:
         self.bytes = 0
         self.write_seconds = 0.0
         self.stats_lock = threading.Lock()
+        self.closed = False
         self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
         for t in self.threads:
             t.start()
@@ -87,10 +92,12 @@ class BackgroundWriter:
         self.q.put((samples, states, events, bufs, health))
 
     def close(self) -> None:
-        for _ in self.threads:
-            self.q.put(None)
-        for t in self.threads:
-            t.join()
+        if not self.closed:
+            self.closed = True
+            for _ in self.threads:
+                self.q.put(None)
+            for t in self.threads:
+                t.join()
         if self.error is not None:
             raise self.error
 
@@ -112,7 +119,6 @@ def capture_to_store(
     unit_samples: list = []
     unit_states: dict[int, list] = {i: [] for i in layers}
     n_unit = 0
-    used: set = set()  # GPUs that held captured states
 
     def flush() -> None:
         nonlocal unit_samples, unit_states, n_unit
@@ -134,12 +140,19 @@ def capture_to_store(
                 with torch.cuda.device(dev):
                     events.append(torch.cuda.Event())
                     events[-1].record(torch.cuda.current_stream(dev))
-            used.update(t.device for t in states.values())
             states = host
         bg.put(unit_samples, states, events, bufs, health)
         unit_samples, unit_states, n_unit = [], {i: [] for i in layers}, 0
 
     t0 = time.time()
+    timing = {"first_batch_seconds": None, "tail_seconds": None}
+    alloc0 = pool.alloc_seconds if pool is not None else 0.0
+    gpus: set = set()  # the input GPU and the GPUs holding captured layers
+
+    def sync() -> None:
+        for dev in gpus:
+            torch.cuda.synchronize(dev)
+
     try:
         for batch in batches:
             seqs = [torch.from_numpy(samples[i].input_ids.astype("int64")) for i in batch]
@@ -157,13 +170,22 @@ def capture_to_store(
                 flush()
             if progress is not None:
                 progress.advance(len(batch), sum(samples[i].length for i in batch))
+            if timing["first_batch_seconds"] is None:  # one host sync per build: kernel JIT and autotuning
+                if cuda:
+                    gpus = {t.device for t in out.values()} | {torch.device(device)}
+                sync()
+                timing["first_batch_seconds"] = time.time() - t0
+        sync()
+        t_tail = time.time()  # the last forward is done: what follows is the last unit's copy and write
         flush()
+        bg.close()
+        timing["tail_seconds"] = time.time() - t_tail
     finally:
         bg.close()
         cap.close()
         if progress is not None:
             progress.close()
-    for dev in used:
-        torch.cuda.synchronize(dev)
+    sync()
     return {"samples_written": bg.written, "bytes": bg.bytes, "loop_seconds": time.time() - t0,
-            "writer_busy_seconds": bg.write_seconds}
+            "writer_busy_seconds": bg.write_seconds, **timing,
+            "pinned_alloc_seconds": (pool.alloc_seconds - alloc0) if pool is not None else 0.0}

@@ -84,7 +84,8 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
         "variant": vid, "backend": plan["backend"], "dtype": dtype, "device": device, "kernels": kernels,
         "samples_written": out["samples_written"], "samples_present": skipped, "tokens": total_tokens,
         "bytes": out["bytes"], "seconds": time.time() - t0, "loop_seconds": loop_s,
-        "writer_busy_seconds": out["writer_busy_seconds"],
+        "writer_busy_seconds": out["writer_busy_seconds"], "first_batch_seconds": out["first_batch_seconds"],
+        "tail_seconds": out["tail_seconds"], "pinned_alloc_seconds": out["pinned_alloc_seconds"],
         "tokens_per_second": total_tokens / loop_s if loop_s > 0 and total_tokens else None,
         "peak_gpu_memory_gb": {d: round(torch.cuda.max_memory_allocated(d) / 1e9, 2)
                                for d in devices if d.startswith("cuda")},

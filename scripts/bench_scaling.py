@@ -156,6 +156,8 @@ def main() -> None:
             "wall_tokens_per_second": tokens / wall,
             "per_rank": [{"rank": s["rank"], "device": v["device"], "tokens": v["tokens"], "loop_seconds": v["loop_seconds"],
                           "worker_seconds": v["seconds"], "writer_busy_seconds": v["writer_busy_seconds"],
+                          "first_batch_seconds": v.get("first_batch_seconds"), "tail_seconds": v.get("tail_seconds"),
+                          "pinned_alloc_seconds": v.get("pinned_alloc_seconds"),
                           "peak_gpu_memory_gb": v.get("peak_gpu_memory_gb")}
                          for s in summaries for v in s["variants"]],
             "complete": summaries[0]["complete"], "variant": variants[0]["variant"],
