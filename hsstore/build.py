@@ -19,7 +19,7 @@ from typing import Any
 
 from . import layout
 from .errors import BadInput, BuildFailed
-from .manifest import Manifest, check_layers_in_model, validate
+from .manifest import FINAL_NORM, Manifest, resolve_layers, validate
 from .models import ModelSpec, text_config
 
 
@@ -68,16 +68,18 @@ def plan_inputs(m: Manifest, limit: int | None) -> tuple[ModelSpec, dict[str, An
     tok = spec.tokenizer()
     config = spec.config(len(tok))
     tc = text_config(config)
-    check_layers_in_model(m.layers, int(tc.num_hidden_layers), m.model_path)
+    n_layers = int(tc.num_hidden_layers)
+    layers = resolve_layers(m.layers, n_layers, m.model_path)
     tok_id = spec.tokenizer_identity(tok)
     samples, report = tokenize_rows(load_rows(m.data_files), tok, tok_id["fingerprint"], m.data_format,
                                     m.max_length, m.too_long, limit)
     recipe = {
         "model": spec.identity(config),
         "tokenizer": tok_id,
-        "layers": m.layers,
+        "layers": layers,
         "capture": "decoder_layer_output",  # layer i = raw output of decoder layer i (pre final norm)
-        "final_norm": False,
+        # layer num_layers, when listed, is the final norm's output (a named capture, see manifest.FINAL_NORM)
+        "final_norm": any(i == FINAL_NORM for ids in m.layers.values() for i in ids),
         "max_length": m.max_length,
         "truncation": m.too_long,
     }

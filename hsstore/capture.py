@@ -2,7 +2,8 @@
 
 Layer i is the raw output of decoder layer i (the residual stream before the final norm), equal to
 transformers' ``hidden_states[i + 1]`` for every layer but the last (whose ``hidden_states`` entry is
-post-norm). Only requested layers are kept; nothing runs past the deepest one (no lm_head, no logits).
+post-norm). Id ``num_layers`` names the final norm's output (that post-norm entry), captured by a hook
+on the norm. Only requested layers are kept; nothing runs past the deepest one (no lm_head, no logits).
 """
 
 from __future__ import annotations
@@ -30,6 +31,17 @@ def decoder_layers(model: nn.Module, num_layers: int) -> nn.ModuleList:
     return best[1]
 
 
+def final_norm(model: nn.Module, num_layers: int) -> nn.Module:
+    """The norm applied to the last decoder layer's output (``model.model.norm`` for most causal LMs)."""
+    layers = decoder_layers(model, num_layers)
+    for mod in model.modules():
+        if any(child is layers for child in mod.children()):
+            norm = getattr(mod, "norm", None)
+            if isinstance(norm, nn.Module):
+                return norm
+    raise ValueError(f"cannot find the final norm of {type(model).__name__} (expected a `norm` beside its layers)")
+
+
 class LayerCapture:
     """Runs padded batches and returns ``{layer: [B, T, H]}`` for the requested decoder layers."""
 
@@ -39,7 +51,11 @@ class LayerCapture:
         self.deepest = self.layers[-1]
         self._out: dict[int, torch.Tensor] = {}
         mods = decoder_layers(model, num_layers)
-        self._handles = [mods[i].register_forward_hook(self._hook(i)) for i in self.layers]
+        if self.deepest > num_layers:
+            raise ValueError(f"layer {self.deepest} does not exist (decoder layers 0..{num_layers - 1}, "
+                             f"final norm {num_layers})")
+        self._handles = [(mods[i] if i < num_layers else final_norm(model, num_layers)).register_forward_hook(self._hook(i))
+                         for i in self.layers]
 
     def _hook(self, index: int) -> Any:
         def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:

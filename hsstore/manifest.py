@@ -15,6 +15,9 @@ from .errors import BadInput
 BACKENDS = ("torch", "fla")
 FORMATS = ("auto", "sharegpt", "openai", "text", "prompt_completion")
 TOO_LONG = ("truncate", "skip")
+# the output of the model's final norm (the state lm_head sees; transformers' last hidden_states entry),
+# a named capture beside the decoder layers; stored under layer id num_layers
+FINAL_NORM = "final_norm"
 ATTENTION = ("sdpa", "eager", "flash_attention_2", "flex_attention")
 
 _SCHEMA: dict[str, set[str]] = {
@@ -82,8 +85,9 @@ def parse_layers(source: str, layers: Any) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for role in ("aux", "target"):
         ids = layers.get(role, [])
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise _err(source, f"[model] layers.{role} must be a list of integers, got {ids!r}")
+        if not isinstance(ids, list) or not all((isinstance(i, int) and not isinstance(i, bool)) or i == FINAL_NORM
+                                                for i in ids):
+            raise _err(source, f"[model] layers.{role} must be a list of integers (or \"{FINAL_NORM}\"), got {ids!r}")
         if len(set(ids)) != len(ids):
             raise _err(source, f"[model] layers.{role} lists a layer twice: {ids}")
         out[role] = list(ids)
@@ -91,19 +95,26 @@ def parse_layers(source: str, layers: Any) -> dict[str, list[int]]:
         raise _err(source, "[model] layers.target is empty; name the layer the drafter predicts, e.g. target = [3]")
     if not out["aux"] and not out["target"]:
         raise _err(source, "[model] layers is empty; name aux and target layers")
-    both = sorted(set(out["aux"]) & set(out["target"]))
+    both = sorted(set(out["aux"]) & set(out["target"]), key=str)
     if both:
         raise _err(source, f"layer(s) {both} are both aux and target; a target layer must not leak into the "
                            "conditioning layers — remove it from aux")
     return out
 
 
-def check_layers_in_model(layers: dict[str, list[int]], num_layers: int, model: str) -> None:
+def resolve_layers(layers: dict[str, list], num_layers: int, model: str) -> dict[str, list[int]]:
+    """Range-check decoder layer ids and give the final norm its stored id, ``num_layers``."""
+    check_layers_in_model(layers, num_layers, model)
+    return {role: [num_layers if i == FINAL_NORM else i for i in ids] for role, ids in layers.items()}
+
+
+def check_layers_in_model(layers: dict[str, list], num_layers: int, model: str) -> None:
     for role, ids in layers.items():
-        bad = [i for i in ids if not 0 <= i < num_layers]
+        bad = [i for i in ids if i != FINAL_NORM and not 0 <= i < num_layers]
         if bad:
             raise BadInput(f"layer(s) {bad} in layers.{role} are out of range: {model} has {num_layers} decoder layers "
-                           f"(valid 0..{num_layers - 1}; layer i is the output of decoder layer i)")
+                           f"(valid 0..{num_layers - 1}; layer i is the output of decoder layer i; "
+                           f"the state after the final norm is named \"{FINAL_NORM}\")")
 
 
 def load_manifest(path: str | Path) -> Manifest:

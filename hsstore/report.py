@@ -33,9 +33,11 @@ def info_text(d: dict[str, Any]) -> str:
             f"{_fmt_bytes(v['bytes'])} on disk, compression {ratio} ({v['codec']})",
             "  layer      mean       std    absmax  nan  inf  zero%",
         ]
+        norm_id = rec.get("model", {}).get("num_layers") if rec.get("final_norm") else None
         for layer, h in sorted(v["health"].items(), key=lambda x: int(x[0])):
             lines.append(f"  {int(layer):5d} {h['mean']:9.4f} {h['std']:9.4f} {h['absmax']:9.3f} {h['nan']:4d} "
-                         f"{h['inf']:4d} {100 * h['zero_fraction']:6.2f}")
+                         f"{h['inf']:4d} {100 * h['zero_fraction']:6.2f}"
+                         + ("  (final norm)" if int(layer) == norm_id else ""))
         if v["unreadable_commits"]:
             lines.append(f"  WARNING: {v['unreadable_commits']} unreadable commit record(s); run hsstore verify")
     return "\n".join(lines)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hsstore import Store
+import torch
+
+from hsstore import HiddenStateDataset, Store
+from hsstore.models import ModelSpec
 
 from helpers import REPO, run_cli, write_manifest
 
@@ -68,3 +71,21 @@ def test_reordered_input_file_reuses_committed_states(tmp_path: Path):
     assert res["samples_written"] == 0 and res["samples_present"] == 6
     (v,) = Store.open(tmp_path / "store.zarr").variants
     assert v.n_samples == 12 and v.provenance["environment"]["kernels"]["chunk_gated_delta_rule"] == "n/a"
+
+
+def test_final_norm_is_a_named_capture_stored_beside_the_layers(tmp_path: Path):
+    m = write_manifest(tmp_path / "m.toml", dtypes='["fp32"]', layers='{ aux = [0, 3], target = ["final_norm"] }')
+    r = run_cli("build", str(m), "--limit", "6", "--quiet")
+    assert r.returncode == 0, r.stderr
+    (v,) = Store.open(tmp_path / "store.zarr").variants
+    rec = v.provenance["recipe"]
+    assert rec["final_norm"] is True and rec["layers"] == {"aux": [0, 3], "target": [4]}  # id 4 = num_layers
+    assert "(final norm)" in run_cli("info", str(tmp_path / "store.zarr")).stdout
+    model = ModelSpec("builtin:tiny-qwen3_5").load(torch.float32, "cpu", None)
+    ds = HiddenStateDataset(tmp_path / "store.zarr")
+    for i in range(len(ds)):
+        item = ds[i]
+        with torch.no_grad():
+            post = model.model.norm(item["aux_hidden"][:, 1])  # the norm of the stored last decoder layer
+        assert torch.allclose(item["target_hidden"][:, 0], post, atol=1e-6, rtol=0)
+        assert not torch.allclose(item["target_hidden"][:, 0], item["aux_hidden"][:, 1])

@@ -30,6 +30,21 @@ def test_layer_i_is_hidden_states_i_plus_1_except_the_post_norm_last(hybrid):
     assert torch.allclose(hybrid.model.norm(got[3]), hs[4], atol=1e-6)
 
 
+def test_final_norm_capture_is_the_post_norm_hidden_state(hybrid):
+    ids = torch.randint(0, 250, (2, 30), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, 20:] = 0
+    cap = LayerCapture(hybrid, 4, [1, 3, 4])  # id 4 = num_layers: the final norm's output
+    got = cap.run(ids, mask)
+    cap.close()
+    with torch.no_grad():
+        hs = hybrid(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+    assert torch.equal(got[4], hs[4]) and torch.equal(got[1], hs[2])
+    assert not torch.equal(got[3], got[4])
+    with pytest.raises(ValueError, match="layer 5 does not exist"):
+        LayerCapture(hybrid, 4, [5])
+
+
 def test_stops_after_the_deepest_captured_layer(hybrid):
     calls = []
     h = hybrid.model.layers[3].register_forward_pre_hook(lambda *a: calls.append(1))
