@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -234,6 +235,9 @@ class VariantReader:
         self._arrays: dict[tuple[str, str], Any] = {}
         self._checked_units: set[str] = set()
         self._lock = threading.Lock()
+        self.read_threads = min(8, os.cpu_count() or 1)  # layers of one sample read in parallel
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid: int | None = None
         self.tokenizer_fingerprint = self.record.provenance.get("recipe", {}).get("tokenizer", {}).get("fingerprint", "")
 
     @property
@@ -353,17 +357,35 @@ class VariantReader:
 
         rec = self.record
         buf = np.empty((ref.length, len(layers), rec.hidden_size), dtype=STORED[rec.dtype])
-        for j, layer in enumerate(layers):
-            name = layout.layer_array(layer)
-            try:
-                shard = self._shard(ref.unit, name)
-                if shard is None:
-                    buf[:, j] = self._slice(ref, name)
-                else:
-                    shard.rows(ref.offset, ref.offset + ref.length, out=buf[:, j])
-            except CorruptData as e:
-                raise CorruptData(str(e) if ref.key in str(e) else f"sample {ref.key}: {e}") from None
+
+        def one(j: int, shard: ShardReader | None) -> None:
+            if shard is None:
+                buf[:, j] = self._slice(ref, layout.layer_array(layers[j]))
+            else:
+                shard.rows(ref.offset, ref.offset + ref.length, out=buf[:, j])
+
+        try:
+            shards = [self._shard(ref.unit, layout.layer_array(layer)) for layer in layers]
+            pool = self._layer_pool() if len(layers) > 1 and all(shards) else None
+            if pool is None:
+                for j, shard in enumerate(shards):
+                    one(j, shard)
+            else:  # layers decode side by side (the codecs, pread and crc32c release the GIL)
+                for f in [pool.submit(one, j, shard) for j, shard in enumerate(shards)]:
+                    f.result()
+        except CorruptData as e:
+            raise CorruptData(str(e) if ref.key in str(e) else f"sample {ref.key}: {e}") from None
         return from_stored(buf, rec.dtype)
+
+    def _layer_pool(self) -> ThreadPoolExecutor | None:
+        """Threads that read the layers of one sample in parallel; one pool per process (a forked
+        DataLoader worker gets its own: threads do not survive a fork)."""
+        if self.read_threads < 2:
+            return None
+        if self._pool_pid != os.getpid():
+            self._pool = ThreadPoolExecutor(self.read_threads, thread_name_prefix="hsstore-read")
+            self._pool_pid = os.getpid()
+        return self._pool
 
     def read_layers(self, ref: SampleRef, layers: list[int]) -> list[torch.Tensor]:
         """States ``[T, H]`` of each requested layer, in the stored dtype (bf16 as torch.bfloat16)."""

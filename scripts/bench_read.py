@@ -141,6 +141,12 @@ class SafetensorsDS(TorchDS):
         return load_file(str(self.d / f"{i}.safetensors"))
 
 
+def serial_reader(d: Path, layers: list[int]) -> HiddenStateDataset:
+    ds = HiddenStateDataset(d / "s.zarr", layers=layers)
+    ds.reader.read_threads = 1  # layers one after the other, as before the layer-parallel read
+    return ds
+
+
 def read_pass(ds: Dataset, workers: int, order: list[int]) -> float:
     loader = DataLoader(torch.utils.data.Subset(ds, order), batch_size=None, num_workers=workers,
                         persistent_workers=False)
@@ -160,6 +166,8 @@ def main() -> None:
     ap.add_argument("--workers", default="0,2")
     ap.add_argument("--codecs", default="none,zstd,blosc-lz4")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--serial", action="store_true",
+                    help="also read each hsstore store with one thread per sample (the layer-parallel read's baseline)")
     args = ap.parse_args()
     base = Path(args.dir)
     shutil.rmtree(base, ignore_errors=True)
@@ -175,6 +183,8 @@ def main() -> None:
     for c in args.codecs.split(","):
         formats[f"hsstore-{c}"] = (lambda d, s, st, c=c: write_hsstore(d, s, st, c),
                                    lambda d, L: HiddenStateDataset(d / "s.zarr", layers=L))
+        if args.serial:
+            formats[f"hsstore-{c}-1t"] = (lambda d, s, st, c=c: write_hsstore(d, s, st, c), serial_reader)
     results: dict = {"logical_bytes": logical, "samples": args.samples, "hidden": args.hidden, "rows": {}}
     for name, (write, _) in formats.items():
         d = base / name.replace(".", "_")
