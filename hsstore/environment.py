@@ -83,4 +83,6 @@ def machine_report() -> dict[str, Any]:
         "cuda_available": torch.cuda.is_available(),
         "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "kernel_packages_importable": {p: installed(p) for p in ("fla", "causal_conv1d")},
+        # gpus_per_rank > 1 (one model over several GPUs) needs transformers' device_map, i.e. accelerate
+        "model_parallel_available": installed("accelerate"),
     }
