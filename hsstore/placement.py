@@ -28,11 +28,10 @@ def contiguous_split(sizes: Sequence[int], parts: int) -> list[int]:
     for s in sizes:
         out.append(min(parts - 1, int((run + s / 2) / total * parts)))
         run += s
-    # every stage non-empty: items are many more than stages in practice, but keep the promise
-    for stage in range(parts):
-        if stage not in out:
-            first = out.index(stage + 1) if stage + 1 in out else len(out) - 1
-            out[first] = stage
+    # every stage non-empty: never skip a stage, and leave enough items for the stages after
+    n = len(out)
+    for i in range(n):
+        out[i] = max(min(out[i], out[i - 1] + 1 if i else 0), parts - (n - i))
     return out
 
 

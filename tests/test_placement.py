@@ -22,7 +22,9 @@ from helpers import REPO
 
 
 @pytest.mark.parametrize("sizes,parts", [([5, 1, 1, 1, 1, 1, 1, 1, 1, 5], 2), ([3] * 64, 4), ([1] * 7, 3),
-                                         ([100, 1, 1], 3), ([1, 2, 3, 4, 5, 6, 7, 8], 3), ([1, 1], 2)])
+                                         ([100, 1, 1], 3), ([1, 2, 3, 4, 5, 6, 7, 8], 3), ([1, 1], 2),
+                                         ([100, 1, 1, 1], 4), ([1, 1, 1, 100], 4), ([100, 1, 1, 1, 1, 1], 4),
+                                         ([0, 0, 0], 3), ([7], 1)])
 def test_contiguous_split_is_contiguous_complete_and_balanced(sizes: list[int], parts: int):
     stage = contiguous_split(sizes, parts)
     assert len(stage) == len(sizes)
