@@ -124,6 +124,28 @@ def test_torchrun_two_rank_build_is_bit_exact_to_one_process(reference, tmp_path
     assert writers == {"r0", "r1"}  # both ranks wrote units
 
 
+def test_two_node_torchrun_build_is_bit_exact_to_one_process(reference, tmp_path: Path):
+    """Two torchrun launchers (node ranks 0 and 1, one process each, rendezvous on loopback): both
+    processes have LOCAL_RANK 0 and distinct RANKs, as on two real nodes sharing one store."""
+    import socket
+
+    ref_store, _ = reference
+    m = _small_units(_manifest(tmp_path, "nodes"))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+                               "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                               "-m", "hsstore", "build", str(m), "--limit", LIMIT, "--quiet"],
+                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for node in (0, 1)]
+    codes = [p.wait(timeout=300) for p in procs]
+    assert codes == [0, 0], [p.stderr.read().decode()[-2000:] for p in procs]
+    _bit_exact_and_complete(tmp_path / "nodes.zarr", ref_store, int(LIMIT))
+    (vid,) = Store.open(tmp_path / "nodes.zarr").variant_ids()
+    writers = {c.writer["writer"].split("-")[0] for c in Store.open(tmp_path / "nodes.zarr").reader(vid).commits}
+    assert writers == {"r0", "r1"}  # the global rank names the writer, not the local one
+
+
 def test_write_error_stops_build_and_keeps_committed_data(reference, tmp_path: Path):
     """A store that starts failing mid-build (files made unwritable: a full disk's stand-in)."""
     ref_store, _ = reference
