@@ -50,7 +50,12 @@ def _check_devices(m: Manifest, local_rank: int, world: int) -> list[str]:
                     raise BadInput(f"gpus_per_rank = {k} on local rank {local_rank} needs GPUs {first}..{first + k - 1} "
                                    f"but {count} are visible: run at most {count // k} rank(s) per node "
                                    f"(torchrun --nproc-per-node {max(1, count // k)}) or lower gpus_per_rank")
-                dev = "+".join(f"cuda:{first + i}" for i in range(k))
+                group = [f"cuda:{first + i}" for i in range(k)]
+                names = {torch.cuda.get_device_name(d) for d in group}
+                if len(names) > 1:
+                    raise BadInput(f"the GPUs of one rank group differ ({', '.join(sorted(names))}); a model spread "
+                                   "over GPUs must run on one kind of GPU — set CUDA_VISIBLE_DEVICES to GPUs of one model")
+                dev = "+".join(group)
             elif dev == "cuda":
                 dev = f"cuda:{local_rank % torch.cuda.device_count()}" if world > 1 else "cuda:0"
             elif int(dev[5:]) >= torch.cuda.device_count():

@@ -137,9 +137,9 @@ class ModelSpec:
         devices = [device] if isinstance(device, str) else list(device)
         spread = len(devices) > 1
         if spread:
-            from .placement import require_accelerate
+            from . import placement
 
-            accelerate = require_accelerate()
+            accelerate = placement.require_accelerate()
         if self.builtin is not None:
             config = self.config(len(builtin_tokenizer()))
             if attn_implementation:
@@ -156,28 +156,21 @@ class ModelSpec:
                     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
                 model = model.to(dtype=dtype, device="cpu" if spread else devices[0])
             if spread:
-                from .placement import device_map
-
-                dmap = device_map(model, int(text_config(config).num_hidden_layers), devices)
+                dmap = placement.device_map(model, int(text_config(config).num_hidden_layers), devices)
                 model = accelerate.dispatch_model(model, device_map=dmap, force_hooks=True)
-        elif spread:
-            from .placement import device_map
-
-            config = self.config()
-            with torch.device("meta"):  # names and sizes only: no memory, no weights read
-                skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=self.trust_remote_code)
-            dmap = device_map(skeleton, int(text_config(config).num_hidden_layers), devices)
+        else:
+            dmap = None
+            if spread:
+                config = self.config()
+                with torch.device("meta"):  # names and sizes only: no memory, no weights read
+                    skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=self.trust_remote_code)
+                dmap = placement.device_map(skeleton, int(text_config(config).num_hidden_layers), devices)
             model = AutoModelForCausalLM.from_pretrained(
                 self.path, dtype=dtype, trust_remote_code=self.trust_remote_code,
                 attn_implementation=attn_implementation, device_map=dmap,
             )
-        else:
-            model = AutoModelForCausalLM.from_pretrained(
-                self.path, dtype=dtype, trust_remote_code=self.trust_remote_code,
-                attn_implementation=attn_implementation,
-            ).to(devices[0])
+            if not spread:
+                model = model.to(devices[0])
         if spread:
-            from .placement import follow_current_device
-
-            follow_current_device(model, int(text_config(model.config).num_hidden_layers))
+            placement.follow_current_device(model, int(text_config(model.config).num_hidden_layers))
         return model.eval()

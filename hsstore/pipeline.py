@@ -185,7 +185,6 @@ def capture_to_store(
         cap.close()
         if progress is not None:
             progress.close()
-    sync()
     return {"samples_written": bg.written, "bytes": bg.bytes, "loop_seconds": time.time() - t0,
             "writer_busy_seconds": bg.write_seconds, **timing,
             "pinned_alloc_seconds": (pool.alloc_seconds - alloc0) if pool is not None else 0.0}

@@ -63,11 +63,10 @@ def device_map(model: nn.Module, num_layers: int, devices: Sequence[str]) -> dic
     return dmap
 
 
-def stages(dmap: dict[str, str], layers_name: str, num_layers: int) -> list[dict[str, Any]]:
-    """``[{"device": d, "layers": [first, last]}, ...]`` from a device map, for provenance and logs."""
+def stages(layer_devices: Sequence[str]) -> list[dict[str, Any]]:
+    """``[{"device": d, "layers": [first, last]}, ...]`` from each decoder layer's device, for provenance."""
     out: list[dict[str, Any]] = []
-    for i in range(num_layers):
-        d = dmap[f"{layers_name}.{i}"]
+    for i, d in enumerate(layer_devices):
         if out and out[-1]["device"] == d:
             out[-1]["layers"][1] = i
         else:

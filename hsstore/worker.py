@@ -93,21 +93,13 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
 
 
 def model_parallel(model: Any, num_layers: int, devices: list[str]) -> dict[str, Any]:
-    """How one model sits over a GPU group (informational: each layer runs whole on one GPU of the
-    same kind, so the numbers are those of one GPU). GPUs of different kinds are refused."""
-    import torch
-
+    """Where the layers of a model spread over a GPU group really are (informational: each layer runs
+    whole on one GPU, and the driver allows only one kind of GPU in a group)."""
     from .capture import decoder_layers
-    from .errors import BadInput
     from .placement import stages
 
-    names = [torch.cuda.get_device_name(d) for d in devices]
-    if len(set(names)) > 1:
-        raise BadInput(f"the GPUs of one rank group differ ({', '.join(names)}); a model spread over GPUs must run "
-                       "on one kind of GPU — set CUDA_VISIBLE_DEVICES to GPUs of the same model")
-    layers = decoder_layers(model, num_layers)
-    dmap = {f"layers.{i}": str(next(layer.parameters()).device) for i, layer in enumerate(layers)}
-    return {"devices": devices, "stages": stages(dmap, "layers", num_layers)}
+    layer_devices = [str(next(layer.parameters()).device) for layer in decoder_layers(model, num_layers)]
+    return {"devices": devices, "stages": stages(layer_devices)}
 
 
 def main(argv: list[str]) -> int:

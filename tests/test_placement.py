@@ -53,7 +53,7 @@ def test_device_map_places_every_tensor_in_layer_stages(name: str, tie: bool, pa
     devices = [f"cuda:{i}" for i in range(parts)]
     dmap = device_map(model, n, devices)
     check_device_map(model, dmap)  # accelerate: every parameter is placed
-    st = stages(dmap, "model.layers", n)
+    st = stages([dmap[f"model.layers.{i}"] for i in range(n)])
     assert [s["device"] for s in st] == devices, "one contiguous stage per device, in order"
     assert st[0]["layers"][0] == 0 and st[-1]["layers"][1] == n - 1
     assert dmap["model.embed_tokens"] == devices[0]
