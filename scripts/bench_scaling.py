@@ -162,6 +162,13 @@ def main() -> None:
                          for s in summaries for v in s["variants"]],
             "complete": summaries[0]["complete"], "variant": variants[0]["variant"],
         })
+        # partial results survive a run cut short (a device command has a time limit)
+        (out / "scaling.partial.json").write_text(json.dumps(runs, indent=2))
+        for p in runs[-1]["per_rank"]:
+            p = {k: (0.0 if v is None else v) for k, v in p.items()}  # a rank with nothing to do times nothing
+            print(f"{name} rank {p['rank']}: {p['tokens']:,} tokens, loop {p['loop_seconds']:.1f} s (first batch "
+                  f"{p['first_batch_seconds']:.1f}, tail {p['tail_seconds']:.1f}, pinned alloc "
+                  f"{p['pinned_alloc_seconds']:.1f}), writers busy {p['writer_busy_seconds']:.1f} s", flush=True)
     # the baseline is the fastest run of the first config (repeat it last to see run-order effects)
     base = max((r for r in runs if (r["ranks"], r["gpus_per_rank"]) == configs[0]), key=lambda r: r["tokens_per_second"])
     for r in runs:

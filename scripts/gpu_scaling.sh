@@ -18,7 +18,7 @@ if [ "$1" = ranks ]; then
     > "$OUT/ranks.txt" 2>&1
   echo "exit $?" >> "$OUT/ranks.txt"
 elif [ "$1" = long ]; then
-  python3 scripts/bench_scaling.py --configs 1x1,2x1,1x1 --shape 27b --rows 800 --no-diff --out "$OUT/ranks-long" \
+  timeout $((580 - SECONDS)) python3 scripts/bench_scaling.py --configs 1x1,2x1,1x1 --shape 27b --rows 800 --no-diff --out "$OUT/ranks-long" \
     --store-dir /tmp/scal > "$OUT/ranks-long.txt" 2>&1
   echo "exit $?" >> "$OUT/ranks-long.txt"
 elif [ "$1" = aba ]; then
