@@ -41,8 +41,53 @@ class PinnedPool:
         with self.lock:
             self.free.append(buf)
 
+    def shortfall(self, sizes: Sequence[int]) -> list[int]:
+        """The sizes that the free buffers do not already cover (largest first, one buffer each)."""
+        with self.lock:
+            have = sorted((b.numel() for b in self.free), reverse=True)
+        missing = []
+        for n in sorted(sizes, reverse=True):
+            if have and have[0] >= n:
+                have.pop(0)
+            else:
+                missing.append(n)
+        return missing
 
-_POOL = PinnedPool()  # shared by every capture in this process: buffers outlive one variant
+    def reserve_in_background(self, sizes: Sequence[int]) -> "PinnedReservation":
+        """Start allocating buffers of ``sizes`` bytes on a thread (overlapping, e.g., the model load)."""
+        return PinnedReservation(self, sizes)
+
+
+class PinnedReservation:
+    """Buffers allocated ahead of the capture loop; ``wait()`` joins and reports what it cost.
+    A failure (e.g. too little lockable memory) is reported, not raised: the loop allocates on demand."""
+
+    def __init__(self, pool: PinnedPool, sizes: Sequence[int]) -> None:
+        self.pool, self.sizes = pool, list(sizes)
+        self.seconds = 0.0
+        self.allocated = 0  # bytes: what the pool's free buffers did not already cover
+        self.error: str | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            for n in self.pool.shortfall(self.sizes):
+                self.pool.give(torch.empty(n, dtype=torch.uint8, pin_memory=True))
+                self.allocated += n
+        except Exception as e:  # noqa: BLE001 - on-demand allocation still works
+            self.error = f"{type(e).__name__}: {e}"
+        self.seconds = time.perf_counter() - t0
+
+    def wait(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        self.thread.join()
+        return {"pinned_reserve_seconds": self.seconds, "pinned_reserve_wait_seconds": time.perf_counter() - t0,
+                "pinned_reserve_bytes": self.allocated, "pinned_reserve_error": self.error}
+
+
+PINNED_POOL = PinnedPool()  # shared by every capture in this process: buffers outlive one variant
 
 
 class BackgroundWriter:
@@ -114,7 +159,7 @@ def capture_to_store(
     layers = sorted(set(layers))
     cap = LayerCapture(model, num_layers, layers)
     cuda = device.startswith("cuda")
-    pool = _POOL if cuda else None
+    pool = PINNED_POOL if cuda else None
     bg = BackgroundWriter(writer, threads=writer_threads, pool=pool)
     unit_samples: list = []
     unit_states: dict[int, list] = {i: [] for i in layers}
@@ -146,6 +191,9 @@ def capture_to_store(
 
     t0 = time.time()
     timing = {"first_batch_seconds": None, "tail_seconds": None}
+    # steady state: from the end of the first batch (one-off JIT, allocator growth) to the last forward
+    steady = {"steady_tokens": 0, "steady_seconds": 0.0}
+    t_first = None
     alloc0 = pool.alloc_seconds if pool is not None else 0.0
     gpus: set = set()  # the input GPU and the GPUs holding captured layers
 
@@ -168,15 +216,21 @@ def capture_to_store(
                 n_unit += n
             if n_unit >= unit_tokens:
                 flush()
+            batch_tokens = sum(samples[i].length for i in batch)
             if progress is not None:
-                progress.advance(len(batch), sum(samples[i].length for i in batch))
+                progress.advance(len(batch), batch_tokens)
             if timing["first_batch_seconds"] is None:  # one host sync per build: kernel JIT and autotuning
                 if cuda:
                     gpus = {t.device for t in out.values()} | {torch.device(device)}
                 sync()
-                timing["first_batch_seconds"] = time.time() - t0
+                t_first = time.time()
+                timing["first_batch_seconds"] = t_first - t0
+            else:
+                steady["steady_tokens"] += batch_tokens
         sync()
         t_tail = time.time()  # the last forward is done: what follows is the last unit's copy and write
+        if t_first is not None:
+            steady["steady_seconds"] = t_tail - t_first
         flush()
         bg.close()
         timing["tail_seconds"] = time.time() - t_tail
@@ -186,5 +240,5 @@ def capture_to_store(
         if progress is not None:
             progress.close()
     return {"samples_written": bg.written, "bytes": bg.bytes, "loop_seconds": time.time() - t0,
-            "writer_busy_seconds": bg.write_seconds, **timing,
+            "writer_busy_seconds": bg.write_seconds, **timing, **steady,
             "pinned_alloc_seconds": (pool.alloc_seconds - alloc0) if pool is not None else 0.0}

@@ -17,6 +17,9 @@ from typing import Any
 # per-unit costs vanish, small enough that the pinned host buffers in flight and the work lost to a
 # crash stay bounded (a 27B target: ~20k tokens of 5 layers x 5120 x bf16)
 UNIT_BYTES = 1 << 30
+# pinned host buffers allocated while the model loads, in units: one unit copying while one is written
+# (more are allocated on demand when the writers fall behind)
+RESERVED_UNITS = 2
 
 
 def _fail(result_path: str, exc: BaseException) -> int:
@@ -33,7 +36,7 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
     import torch
 
     from .backends import bound_kernels
-    from .pipeline import capture_to_store
+    from .pipeline import PINNED_POOL, capture_to_store
     from .dtypes import TORCH
     from .environment import environment
     from .errors import BuildFailed
@@ -42,11 +45,20 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
 
     t0 = time.time()
     torch.manual_seed(0)
+    rec = plan["recipe"]
+    hidden = rec["model"]["hidden_size"]
+    itemsize = 4 if dtype == "fp32" else 2
+    layers = sorted({i for ids in rec["layers"].values() for i in ids})
+    unit_tokens = plan["unit_tokens"] or max(1, UNIT_BYTES // (hidden * itemsize * len(layers)))
     devices = device.split("+")  # several: one model spread over a group of GPUs
+    reservation = None
     if devices[0].startswith("cuda"):
         torch.cuda.set_device(devices[0])  # kernels that launch on the current device land on ours
         for d in devices:
             torch.cuda.reset_peak_memory_stats(d)
+        # a unit flushes once it reaches unit_tokens, so one layer's part is under unit_tokens + one batch
+        layer_bytes = (unit_tokens + plan["token_budget"]) * hidden * itemsize
+        reservation = PINNED_POOL.reserve_in_background([layer_bytes] * len(layers) * RESERVED_UNITS)
     model = model_spec.load(TORCH[dtype], devices, plan["attn_implementation"])
     kernels = bound_kernels(model)
     if plan["backend"] == "fla" and kernels["chunk_gated_delta_rule"] not in ("fla", "n/a"):
@@ -59,9 +71,6 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
         env["model_parallel"] = model_parallel(model, plan["recipe"]["model"]["num_layers"], devices)
     provenance = {"recipe": plan["recipe"], "environment": env}
     store = Store.create(plan["store"])
-    rec = plan["recipe"]
-    hidden = rec["model"]["hidden_size"]
-    itemsize = 4 if dtype == "fp32" else 2
     from .codecs import chunk_tokens
 
     vid = store.create_variant(provenance, rec["layers"], hidden, dtype, plan["codec"], chunk_tokens(hidden, itemsize))
@@ -72,11 +81,10 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
     # the driver's batch plan is kept as is (bit-identical states on resume); finished batches are skipped
     batches = [b for b in plan["batches"] if any(samples[i].key not in done for i in b)]
     skipped = sum(1 for s in samples if s.key in done)
-    layers = sorted({i for ids in rec["layers"].values() for i in ids})
     total_tokens = sum(samples[i].length for b in batches for i in b)
     progress = Progress(f"{vid} {plan['backend']}/{dtype}/{device}", sum(map(len, batches)), total_tokens,
                         plan.get("quiet", False))
-    unit_tokens = plan["unit_tokens"] or max(1, UNIT_BYTES // (hidden * itemsize * len(layers)))
+    reserved = reservation.wait() if reservation is not None else {}
     out = capture_to_store(model, rec["model"]["num_layers"], layers, samples, batches, writer, devices[0],
                            plan["pad_id"], unit_tokens, skip=done, progress=progress)
     loop_s = out["loop_seconds"]
@@ -86,6 +94,7 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
         "bytes": out["bytes"], "seconds": time.time() - t0, "loop_seconds": loop_s,
         "writer_busy_seconds": out["writer_busy_seconds"], "first_batch_seconds": out["first_batch_seconds"],
         "tail_seconds": out["tail_seconds"], "pinned_alloc_seconds": out["pinned_alloc_seconds"],
+        "steady_tokens": out["steady_tokens"], "steady_seconds": out["steady_seconds"], **reserved,
         "tokens_per_second": total_tokens / loop_s if loop_s > 0 and total_tokens else None,
         "peak_gpu_memory_gb": {d: round(torch.cuda.max_memory_allocated(d) / 1e9, 2)
                                for d in devices if d.startswith("cuda")},

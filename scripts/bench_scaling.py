@@ -11,8 +11,10 @@ builtin hybrid at the chosen shape, then for each config runs the real command
 measured run pays JIT.
 
 Per run: tokens, the build loop's wall time (slowest rank: model loaded, first batch to last unit
-committed), aggregate tokens/s and the speed-up over the first config; end-to-end wall time of the
-command too. Then checks each store holds every sample once and is bit-identical to the first
+committed), aggregate tokens/s and the speed-up over the baseline config (the first, or --baseline;
+its fastest run); the steady-state rate (sum over ranks of tokens after the first batch / time from the
+end of the first batch to the last forward: what a long build runs at); end-to-end wall time of the
+command too; files the run added to the triton cache (JIT or autotuning the warm-up did not cover). Then checks each store holds every sample once and is bit-identical to the first
 (``hsstore diff``), and prints a table + JSON.
 """
 
@@ -79,6 +81,11 @@ codec = "{codec}"
     return path
 
 
+def triton_cache_files() -> int:
+    root = Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
+    return sum(len(files) for _, _, files in os.walk(root)) if root.is_dir() else 0
+
+
 def run_build(manifest: Path, ranks: int, logs: Path, extra: list[str]) -> tuple[float, list[dict]]:
     """Run the build; returns (wall seconds, one summary per rank)."""
     if logs.exists():
@@ -106,7 +113,9 @@ def run_build(manifest: Path, ranks: int, logs: Path, extra: list[str]) -> tuple
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", default="1x1,2x1", help="RANKSxGPUS_PER_RANK, comma-separated; the first is the baseline")
+    ap.add_argument("--configs", default="1x1,2x1", help="RANKSxGPUS_PER_RANK, comma-separated; a config may repeat")
+    ap.add_argument("--baseline", default=None, help="the config speed-ups are relative to (default: the first)")
+    ap.add_argument("--warmup-rows", type=int, default=64, help="rows of the warm-up build (fills the triton caches)")
     ap.add_argument("--init", choices=("device", "cpu"), default=None,
                     help="where random weights are drawn (default: device on cuda; cpu is needed for G > 1)")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
@@ -138,13 +147,15 @@ def main() -> None:
                               args.token_budget, init)
 
     warm = manifest("warmup")
-    run_build(warm, 1, out / "logs-warmup", ["--limit", "16"])  # triton JIT lands in the on-disk cache
+    run_build(warm, 1, out / "logs-warmup", ["--limit", str(args.warmup_rows)])  # JIT + autotuning land on disk
     shutil.rmtree(stores / "warmup.zarr", ignore_errors=True)
 
     runs = []
     for k, (n, g) in enumerate(configs):
         name = f"{n}x{g}" + (f"-{k}" if configs.index((n, g)) != k else "")  # a repeat gets its own store
+        cache0 = triton_cache_files()
         wall, summaries = run_build(manifest(name), n, out / f"logs-{name}", ["--gpus-per-rank", str(g)])
+        cache_added = triton_cache_files() - cache0
         if args.no_diff and not args.keep:  # nothing reads it again: free the disk for the next run
             shutil.rmtree(stores / f"{name}.zarr", ignore_errors=True)
         variants = [v for s in summaries for v in s["variants"]]
@@ -153,11 +164,18 @@ def main() -> None:
         runs.append({
             "config": name, "ranks": n, "gpus_per_rank": g, "tokens": tokens, "samples": sum(v["samples_written"] for v in variants),
             "loop_seconds": loop, "tokens_per_second": tokens / loop, "wall_seconds": wall,
+            "steady_tokens_per_second": sum(v["steady_tokens"] / v["steady_seconds"] for v in variants
+                                            if v.get("steady_seconds")),
+            "triton_cache_files_added": cache_added,
             "wall_tokens_per_second": tokens / wall,
             "per_rank": [{"rank": s["rank"], "device": v["device"], "tokens": v["tokens"], "loop_seconds": v["loop_seconds"],
                           "worker_seconds": v["seconds"], "writer_busy_seconds": v["writer_busy_seconds"],
                           "first_batch_seconds": v.get("first_batch_seconds"), "tail_seconds": v.get("tail_seconds"),
                           "pinned_alloc_seconds": v.get("pinned_alloc_seconds"),
+                          "pinned_reserve_seconds": v.get("pinned_reserve_seconds"),
+                          "pinned_reserve_wait_seconds": v.get("pinned_reserve_wait_seconds"),
+                          "pinned_reserve_error": v.get("pinned_reserve_error"),
+                          "steady_tokens": v.get("steady_tokens"), "steady_seconds": v.get("steady_seconds"),
                           "peak_gpu_memory_gb": v.get("peak_gpu_memory_gb")}
                          for s in summaries for v in s["variants"]],
             "complete": summaries[0]["complete"], "variant": variants[0]["variant"],
@@ -168,12 +186,20 @@ def main() -> None:
             p = {k: (0.0 if v is None else v) for k, v in p.items()}  # a rank with nothing to do times nothing
             print(f"{name} rank {p['rank']}: {p['tokens']:,} tokens, loop {p['loop_seconds']:.1f} s (first batch "
                   f"{p['first_batch_seconds']:.1f}, tail {p['tail_seconds']:.1f}, pinned alloc "
-                  f"{p['pinned_alloc_seconds']:.1f}), writers busy {p['writer_busy_seconds']:.1f} s", flush=True)
-    # the baseline is the fastest run of the first config (repeat it last to see run-order effects)
-    base = max((r for r in runs if (r["ranks"], r["gpus_per_rank"]) == configs[0]), key=lambda r: r["tokens_per_second"])
+                  f"{p['pinned_alloc_seconds']:.1f}; reserved while loading {p['pinned_reserve_seconds']:.1f}, "
+                  f"waited {p['pinned_reserve_wait_seconds']:.1f}), steady {p['steady_tokens']:,} tokens in "
+                  f"{p['steady_seconds']:.1f} s, writers busy {p['writer_busy_seconds']:.1f} s", flush=True)
+    # the baseline is the fastest run of its config (repeat it last to see run-order effects)
+    base_cfg = tuple(int(v) for v in args.baseline.split("x")) if args.baseline else configs[0]
+    base_runs = [r for r in runs if (r["ranks"], r["gpus_per_rank"]) == base_cfg]
+    if not base_runs:
+        sys.exit(f"--baseline {args.baseline} is not one of --configs {args.configs}")
+    base = max(base_runs, key=lambda r: r["tokens_per_second"])
+    base_steady = max(r["steady_tokens_per_second"] for r in base_runs)
     for r in runs:
         r["speedup"] = r["tokens_per_second"] / base["tokens_per_second"]
         r["wall_speedup"] = r["wall_tokens_per_second"] / base["wall_tokens_per_second"]
+        r["steady_speedup"] = r["steady_tokens_per_second"] / base_steady if base_steady else None
     checks = []
     for r in [] if args.no_diff else [r for r in runs if r is not base]:
         a, b = stores / f"{base['config']}.zarr", stores / f"{r['config']}.zarr"
@@ -190,10 +216,13 @@ def main() -> None:
 
         result["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     (out / "scaling.json").write_text(json.dumps(result, indent=2))
-    print(f"{'RxG':>5}{'tokens':>11}{'loop s':>9}{'tok/s':>10}{'speed-up':>10}{'wall s':>9}{'wall speed-up':>15}")
+    print(f"{'RxG':>5}{'tokens':>11}{'loop s':>9}{'tok/s':>10}{'speed-up':>10}{'steady tok/s':>14}{'speed-up':>10}"
+          f"{'wall s':>9}{'wall speed-up':>15}{'new JIT files':>15}")
     for r in runs:
+        steady = f"{r['steady_speedup']:>9.2f}x" if r["steady_speedup"] else f"{'-':>10}"
         print(f"{r['config']:>5}{r['tokens']:>11,}{r['loop_seconds']:>9.1f}{r['tokens_per_second']:>10,.0f}"
-              f"{r['speedup']:>9.2f}x{r['wall_seconds']:>9.1f}{r['wall_speedup']:>14.2f}x")
+              f"{r['speedup']:>9.2f}x{r['steady_tokens_per_second']:>14,.0f}{steady}"
+              f"{r['wall_seconds']:>9.1f}{r['wall_speedup']:>14.2f}x{r['triton_cache_files_added']:>15}")
     for c in checks:
         print(f"{c['config']} vs {base['config']}: same variant {c['same_variant']}; diff: "
               + json.dumps({k: c['diff'].get(k) for k in ('verdict', 'shared_samples', 'only_a', 'only_b')}

@@ -4,7 +4,7 @@
 #   bash scripts/gpu_scaling.sh ranks   # 27B-shaped model: 1 rank vs torchrun 2 ranks, one GPU each
 #   bash scripts/gpu_scaling.sh split   # tests/test_gpu.py, then a 1.6B model on 1 GPU vs spread over 2
 #   bash scripts/gpu_scaling.sh aba     # both again with the baseline repeated last (run-order effects)
-#   bash scripts/gpu_scaling.sh long    # 1x1, 2x1, 1x1 over ~1.2 M tokens (amortizes the fixed per-rank cost)
+#   bash scripts/gpu_scaling.sh long    # 1x1, 2x1, 1x1 over ~0.9 M tokens (amortizes the fixed per-rank cost)
 set -u
 OUT=${OUT:-out/gpu-scaling}
 mkdir -p "$OUT"
@@ -18,8 +18,10 @@ if [ "$1" = ranks ]; then
     > "$OUT/ranks.txt" 2>&1
   echo "exit $?" >> "$OUT/ranks.txt"
 elif [ "$1" = long ]; then
-  timeout $((580 - SECONDS)) python3 scripts/bench_scaling.py --configs 1x1,2x1,1x1 --shape 27b --rows 800 --no-diff --out "$OUT/ranks-long" \
-    --store-dir /tmp/scal > "$OUT/ranks-long.txt" 2>&1
+  timeout 90 python3 -m pytest -q -p no:xdist tests/test_pipeline.py > "$OUT/test_pipeline.txt" 2>&1
+  echo "exit $?" >> "$OUT/test_pipeline.txt"
+  timeout $((585 - SECONDS)) python3 scripts/bench_scaling.py --configs 1x1,2x1,1x1 --shape 27b --rows 600 --no-diff \
+    --out "$OUT/ranks-long" --store-dir /tmp/scal > "$OUT/ranks-long.txt" 2>&1
   echo "exit $?" >> "$OUT/ranks-long.txt"
 elif [ "$1" = aba ]; then
   python3 scripts/bench_scaling.py --configs 1x1,2x1,1x1 --shape 27b --rows 256 --no-diff --out "$OUT/ranks-aba" \

@@ -1,0 +1,61 @@
+"""The capture pipeline on the real tiny hybrid: what it writes, its timing split, the pinned pool."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hsstore import Store
+from hsstore.capture import LayerCapture
+from hsstore.models import ModelSpec
+from hsstore.pipeline import PinnedPool, capture_to_store
+
+from helpers import make_samples, new_variant
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    return ModelSpec("builtin:tiny-qwen3_5").load(torch.float32, "cpu", "sdpa")
+
+
+def test_every_sample_is_written_and_the_steady_state_excludes_the_first_batch(hybrid, tmp_path):
+    hidden = hybrid.config.hidden_size
+    samples = make_samples([40, 33, 25, 18, 12, 9])
+    batches = [[0, 1], [2, 3], [4], [5]]
+    store = Store.create(tmp_path / "s.zarr")
+    layers = {"aux": [0, 1], "target": [3]}
+    vid = new_variant(store, dtype="fp32", hidden=hidden, layers=layers)
+    writer = store.writer(vid, check_health=False)
+    out = capture_to_store(hybrid, 4, [0, 1, 3], samples, batches, writer, "cpu", 0, unit_tokens=50)
+    assert out["samples_written"] == len(samples)
+    reader = Store.open(tmp_path / "s.zarr").reader(vid)
+    assert set(reader.keys) == {s.key for s in samples}
+    alone = LayerCapture(hybrid, 4, [3])  # the last sample, run by itself
+    ids = torch.from_numpy(samples[5].input_ids.astype("int64"))[None]
+    want = alone.run(ids, torch.ones_like(ids))[3][0]
+    alone.close()
+    assert torch.allclose(reader.read(samples[5].key, [3])["layers"][3], want, atol=1e-5)
+    first = samples[0].length + samples[1].length
+    assert out["steady_tokens"] == sum(s.length for s in samples) - first
+    assert 0 < out["first_batch_seconds"] <= out["loop_seconds"]
+    assert 0 < out["steady_seconds"] <= out["loop_seconds"] - out["first_batch_seconds"]
+
+
+def test_shortfall_counts_only_what_the_free_buffers_do_not_cover():
+    pool = PinnedPool()
+    pool.give(torch.empty(100, dtype=torch.uint8))
+    pool.give(torch.empty(30, dtype=torch.uint8))
+    assert pool.shortfall([90, 90, 20]) == [90]  # 100 covers one 90, 30 covers 20
+    assert pool.shortfall([10, 10, 10]) == [10]
+    assert pool.shortfall([]) == []
+
+
+def test_a_reservation_that_cannot_pin_reports_it_and_the_pool_stays_usable():
+    pool = PinnedPool()
+    got = pool.reserve_in_background([1 << 20, 1 << 20]).wait()
+    if torch.cuda.is_available():
+        assert got["pinned_reserve_error"] is None and got["pinned_reserve_bytes"] == 2 << 20
+        assert pool.shortfall([1 << 20, 1 << 20]) == []
+    else:  # no accelerator: page-locking fails; the loop would allocate on demand (and fail the same way)
+        assert got["pinned_reserve_error"] and got["pinned_reserve_bytes"] == 0
+        assert pool.free == []
