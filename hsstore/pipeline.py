@@ -53,17 +53,19 @@ class PinnedPool:
                 missing.append(n)
         return missing
 
-    def reserve_in_background(self, sizes: Sequence[int]) -> "PinnedReservation":
-        """Start allocating buffers of ``sizes`` bytes on a thread (overlapping, e.g., the model load)."""
-        return PinnedReservation(self, sizes)
+    def reserve_in_background(self, sizes: Sequence[int], device: str | None = None) -> "PinnedReservation":
+        """Start allocating buffers of ``sizes`` bytes on a thread (overlapping, e.g., the model load).
+        ``device``: the GPU this process uses (a new thread's current device is cuda:0, whose context
+        it would otherwise create)."""
+        return PinnedReservation(self, sizes, device)
 
 
 class PinnedReservation:
     """Buffers allocated ahead of the capture loop; ``wait()`` joins and reports what it cost.
     A failure (e.g. too little lockable memory) is reported, not raised: the loop allocates on demand."""
 
-    def __init__(self, pool: PinnedPool, sizes: Sequence[int]) -> None:
-        self.pool, self.sizes = pool, list(sizes)
+    def __init__(self, pool: PinnedPool, sizes: Sequence[int], device: str | None = None) -> None:
+        self.pool, self.sizes, self.device = pool, list(sizes), device
         self.seconds = 0.0
         self.allocated = 0  # bytes: what the pool's free buffers did not already cover
         self.error: str | None = None
@@ -73,6 +75,8 @@ class PinnedReservation:
     def _run(self) -> None:
         t0 = time.perf_counter()
         try:
+            if self.device is not None and self.device.startswith("cuda"):
+                torch.cuda.set_device(self.device)
             for n in self.pool.shortfall(self.sizes):
                 self.pool.give(torch.empty(n, dtype=torch.uint8, pin_memory=True))
                 self.allocated += n

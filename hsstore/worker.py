@@ -58,7 +58,7 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
             torch.cuda.reset_peak_memory_stats(d)
         # a unit flushes once it reaches unit_tokens, so one layer's part is under unit_tokens + one batch
         layer_bytes = (unit_tokens + plan["token_budget"]) * hidden * itemsize
-        reservation = PINNED_POOL.reserve_in_background([layer_bytes] * len(layers) * RESERVED_UNITS)
+        reservation = PINNED_POOL.reserve_in_background([layer_bytes] * len(layers) * RESERVED_UNITS, devices[0])
     model = model_spec.load(TORCH[dtype], devices, plan["attn_implementation"])
     kernels = bound_kernels(model)
     if plan["backend"] == "fla" and kernels["chunk_gated_delta_rule"] not in ("fla", "n/a"):
