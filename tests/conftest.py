@@ -13,6 +13,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from helpers import run_cli, write_manifest  # noqa: E402
 
+from hsstore.backends import force_backend  # noqa: E402
+
+# models loaded in this process run on the CPU, where fla's triton kernels cannot: bind transformers'
+# reference kernels even where fla is installed (backend-specific tests build in subprocesses)
+force_backend("torch")
+
 
 @pytest.fixture(scope="session")
 def tiny_store(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -11,12 +11,16 @@ import numpy as np
 import torch
 
 from hsstore import Store
+from hsstore.backends import installed
 from hsstore.keys import sample_key
 from hsstore.writer import SampleTokens
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "hsstore" / "data" / "conversations.jsonl"
 LAYERS = {"aux": [0, 1], "target": [2]}
+# read before conftest blocks the kernel packages in this process: GPU tests build with fla in subprocesses
+FLA_INSTALLED = installed("fla")
+
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 

@@ -13,9 +13,8 @@ import pytest
 import torch
 
 from hsstore import Store
-from hsstore.backends import installed
 
-from helpers import REPO, run_cli, write_manifest
+from helpers import FLA_INSTALLED, REPO, run_cli, write_manifest
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                                 reason="needs 2 CUDA GPUs (run on the 2-GPU machine)")
@@ -42,7 +41,7 @@ def _identical(a: Path, b: Path) -> dict:
     return d
 
 
-BACKENDS = ["torch"] + (["fla"] if installed("fla") else [])
+BACKENDS = ["torch"] + (["fla"] if FLA_INSTALLED else [])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
