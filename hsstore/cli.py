@@ -37,7 +37,7 @@ def build(
     gpus_per_rank: Annotated[Optional[int], typer.Option(
         "--gpus-per-rank", help="Spread the model over this many GPUs per rank (needs accelerate).")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="Use only the first N usable samples.")] = None,
-    codec: Annotated[Optional[str], typer.Option("--codec", help="none | zstd | blosc-lz4 | blosc-zstd.")] = None,
+    codec: Annotated[Optional[str], typer.Option("--codec", help="none | zstd | shuffle-zstd (default) | blosc-lz4 | blosc-zstd.")] = None,
     allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf/all-zero states.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .codecs import CHOICES as CODECS
+from .codecs import DEFAULT as DEFAULT_CODEC
 from .dtypes import parse_dtype
 from .errors import BadInput
 
@@ -50,7 +51,7 @@ class Manifest:
     token_budget: int = 16384
     unit_tokens: int | None = None  # None: as many tokens as make UNIT_BYTES of states
     allow_unhealthy: bool = False
-    codec: str = "zstd"
+    codec: str = DEFAULT_CODEC
 
     def with_overrides(self, **kw: Any) -> Manifest:
         """CLI options override the manifest; None means "not given"."""
@@ -175,7 +176,7 @@ def load_manifest(path: str | Path) -> Manifest:
         token_budget=int(build.get("token_budget", 16384)),
         unit_tokens=int(build["unit_tokens"]) if "unit_tokens" in build else None,
         allow_unhealthy=bool(build.get("allow_unhealthy", False)),
-        codec=str(store.get("codec", "zstd")),
+        codec=str(store.get("codec", DEFAULT_CODEC)),
     )
     return validate(m)
 

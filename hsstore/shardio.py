@@ -17,6 +17,7 @@ import crc32c
 import numpy as np
 from numcodecs import Blosc, Zstd
 
+from .codecs import SHUFFLE_BLOCK_BYTES
 from .errors import CorruptData
 
 EMPTY = np.uint64(2**64 - 1)
@@ -27,6 +28,8 @@ def compressor(codec: str, itemsize: int) -> Any:
         return None
     if codec == "zstd":
         return Zstd(level=1)
+    if codec == "shuffle-zstd":
+        return Blosc(cname="zstd", clevel=1, shuffle=Blosc.SHUFFLE, blocksize=SHUFFLE_BLOCK_BYTES, typesize=itemsize)
     if codec == "blosc-lz4":
         return Blosc(cname="lz4", clevel=5, shuffle=Blosc.BITSHUFFLE, blocksize=0, typesize=itemsize)
     if codec == "blosc-zstd":
@@ -97,7 +100,9 @@ def shard_layout(meta: dict[str, Any]) -> tuple[int, str] | None:
     elif len(middle) == 1 and middle[0]["name"] == "zstd":
         codec = "zstd"
     elif len(middle) == 1 and middle[0]["name"] == "blosc":
-        codec = {"lz4": "blosc-lz4", "zstd": "blosc-zstd"}.get(middle[0]["configuration"]["cname"], "")
+        conf = middle[0]["configuration"]
+        codec = "shuffle-zstd" if conf["cname"] == "zstd" and conf.get("shuffle") == "shuffle" else \
+            {"lz4": "blosc-lz4", "zstd": "blosc-zstd"}.get(conf["cname"], "")  # (blosc decoding is self-describing)
     else:
         return None
     if not codec or list(cfg["chunk_shape"][1:]) != list(shape[1:]):

@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=32)
     ap.add_argument("--length", type=int, default=512)
     ap.add_argument("--token-budget", type=int, default=16384)
-    ap.add_argument("--codecs", default="none,zstd")
+    ap.add_argument("--codecs", default="none,zstd,shuffle-zstd")
     ap.add_argument("--unit-tokens", type=int, default=32768)
     ap.add_argument("--store-dir", default=None, help="where the benchmark stores go (default: a temp dir)")
     ap.add_argument("--json", default=None)

@@ -164,7 +164,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--workers", default="0,2")
-    ap.add_argument("--codecs", default="none,zstd,blosc-lz4")
+    ap.add_argument("--codecs", default="none,zstd,shuffle-zstd,blosc-lz4")
     ap.add_argument("--json", default=None)
     ap.add_argument("--serial", action="store_true",
                     help="also read each hsstore store with one thread per sample (the layer-parallel read's baseline)")

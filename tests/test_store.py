@@ -16,7 +16,7 @@ from helpers import REPO, make_samples, make_states, new_variant
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
-@pytest.mark.parametrize("codec", ["none", "zstd", "blosc-lz4"])
+@pytest.mark.parametrize("codec", ["none", "zstd", "shuffle-zstd", "blosc-lz4"])
 def test_round_trip_is_bit_exact(tmp_path: Path, dtype: str, codec: str):
     store = Store.create(tmp_path / "s.zarr")
     vid = new_variant(store, dtype=dtype, codec=codec, layers={"aux": [0, 1], "target": [2]})
@@ -171,7 +171,7 @@ def test_direct_shards_and_zarr_agree(tmp_path: Path):
 
     from hsstore.shardio import ShardReader
 
-    for codec in ("none", "zstd", "blosc-lz4", "blosc-zstd"):
+    for codec in ("none", "zstd", "shuffle-zstd", "blosc-lz4", "blosc-zstd"):
         store = Store.create(tmp_path / f"{codec}.zarr")
         vid = new_variant(store, hidden=24, codec=codec, chunk=7)
         samples = make_samples([5, 17, 1])
@@ -268,3 +268,24 @@ def test_two_writers_with_one_id_cannot_share_a_unit(tmp_path: Path):
         store.writer(vid, writer_id="same").write(b, make_states(b, 16, "bf16", [0, 1, 2]))
     r = Store.open(tmp_path / "s.zarr").reader(vid)
     assert r.keys == [a[0].key] and verify(Store.open(tmp_path / "s.zarr"))["ok"]
+
+
+def test_the_default_codec_stores_bf16_states_smaller_than_plain_zstd(tmp_path: Path):
+    """Why shuffle-zstd is the default: byte planes make the sign/exponent bytes compressible."""
+    from hsstore.codecs import DEFAULT, chunk_tokens
+
+    assert DEFAULT == "shuffle-zstd"
+    hidden, layers = 512, {"aux": [0], "target": [1]}
+    samples = make_samples([1500, 900])
+    g = torch.Generator().manual_seed(0)
+    scale = torch.exp(torch.randn(hidden, generator=g))  # per-channel scales, like a residual stream
+    states = {i: (torch.randn(2400, hidden, generator=g) * scale).to(torch.bfloat16) for i in (0, 1)}
+    size = {}
+    for codec in ("zstd", DEFAULT):
+        store = Store.create(tmp_path / f"{codec}.zarr")
+        vid = new_variant(store, hidden=hidden, codec=codec, chunk=chunk_tokens(hidden, 2), layers=layers)
+        store.writer(vid).write(samples, states)
+        size[codec] = sum(f.stat().st_size for f in (tmp_path / f"{codec}.zarr").rglob("layer_*/c/*/*"))
+        got = Store.open(tmp_path / f"{codec}.zarr").reader(vid).read(samples[1].key, [1])["layers"][1]
+        assert torch.equal(got, states[1][1500:])
+    assert size[DEFAULT] < 0.95 * size["zstd"], size
