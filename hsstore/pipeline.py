@@ -19,6 +19,12 @@ from .progress import Progress
 from .stats import stats_tensor
 
 
+def pinned_size(nbytes: int) -> int:
+    """What to ask for: torch's pinned-memory allocator rounds every block up to a power of two, so
+    asking for exactly that makes the buffer's size its real capacity (and lets it serve more)."""
+    return 1 << max(0, nbytes - 1).bit_length()
+
+
 class PinnedPool:
     """Reused page-locked host buffers (cudaHostAlloc is slow; allocating one per unit would stall)."""
 
@@ -33,7 +39,7 @@ class PinnedPool:
                 if buf.numel() >= nbytes:
                     return self.free.pop(i)
         t0 = time.perf_counter()
-        buf = torch.empty(int(nbytes * 1.25), dtype=torch.uint8, pin_memory=True)
+        buf = torch.empty(pinned_size(nbytes), dtype=torch.uint8, pin_memory=True)
         self.alloc_seconds += time.perf_counter() - t0
         return buf
 
@@ -78,8 +84,8 @@ class PinnedReservation:
             if self.device is not None and self.device.startswith("cuda"):
                 torch.cuda.set_device(self.device)
             for n in self.pool.shortfall(self.sizes):
-                self.pool.give(torch.empty(n, dtype=torch.uint8, pin_memory=True))
-                self.allocated += n
+                self.pool.give(torch.empty(pinned_size(n), dtype=torch.uint8, pin_memory=True))
+                self.allocated += pinned_size(n)
         except Exception as e:  # noqa: BLE001 - on-demand allocation still works
             self.error = f"{type(e).__name__}: {e}"
         self.seconds = time.perf_counter() - t0

@@ -8,7 +8,7 @@ import torch
 from hsstore import Store
 from hsstore.capture import LayerCapture
 from hsstore.models import ModelSpec
-from hsstore.pipeline import PinnedPool, capture_to_store
+from hsstore.pipeline import PinnedPool, capture_to_store, pinned_size
 
 from helpers import make_samples, new_variant
 
@@ -53,9 +53,14 @@ def test_shortfall_counts_only_what_the_free_buffers_do_not_cover():
 def test_a_reservation_that_cannot_pin_reports_it_and_the_pool_stays_usable():
     pool = PinnedPool()
     got = pool.reserve_in_background([1 << 20, 1 << 20]).wait()
-    if torch.cuda.is_available():
+    if torch.cuda.is_available():  # (sizes already powers of two: what torch's pinned allocator hands out)
         assert got["pinned_reserve_error"] is None and got["pinned_reserve_bytes"] == 2 << 20
         assert pool.shortfall([1 << 20, 1 << 20]) == []
     else:  # no accelerator: page-locking fails; the loop would allocate on demand (and fail the same way)
         assert got["pinned_reserve_error"] and got["pinned_reserve_bytes"] == 0
         assert pool.free == []
+
+
+def test_pinned_sizes_are_the_power_of_two_the_allocator_hands_out_anyway():
+    assert [pinned_size(n) for n in (1, 2, 3, 1 << 20, (1 << 20) + 1, 382_515_200)] == \
+        [1, 2, 4, 1 << 20, 2 << 20, 1 << 29]
