@@ -20,8 +20,9 @@ from .stats import stats_tensor
 
 
 def pinned_size(nbytes: int) -> int:
-    """What to ask for: torch's pinned-memory allocator rounds every block up to a power of two, so
-    asking for exactly that makes the buffer's size its real capacity (and lets it serve more)."""
+    """What to ask for: torch's pinned-memory allocator rounds every block up to a power of two
+    (ATen/core/CachingHostAllocator.h), so asking for exactly that makes the buffer's size its real
+    capacity (and lets it serve more)."""
     return 1 << max(0, nbytes - 1).bit_length()
 
 
@@ -39,9 +40,13 @@ class PinnedPool:
                 if buf.numel() >= nbytes:
                     return self.free.pop(i)
         t0 = time.perf_counter()
-        buf = torch.empty(pinned_size(nbytes), dtype=torch.uint8, pin_memory=True)
+        buf = self.allocate(nbytes)
         self.alloc_seconds += time.perf_counter() - t0
         return buf
+
+    @staticmethod
+    def allocate(nbytes: int) -> torch.Tensor:
+        return torch.empty(pinned_size(nbytes), dtype=torch.uint8, pin_memory=True)
 
     def give(self, buf: torch.Tensor) -> None:
         with self.lock:
@@ -84,8 +89,9 @@ class PinnedReservation:
             if self.device is not None and self.device.startswith("cuda"):
                 torch.cuda.set_device(self.device)
             for n in self.pool.shortfall(self.sizes):
-                self.pool.give(torch.empty(pinned_size(n), dtype=torch.uint8, pin_memory=True))
-                self.allocated += pinned_size(n)
+                buf = self.pool.allocate(n)
+                self.pool.give(buf)
+                self.allocated += buf.numel()
         except Exception as e:  # noqa: BLE001 - on-demand allocation still works
             self.error = f"{type(e).__name__}: {e}"
         self.seconds = time.perf_counter() - t0

@@ -37,7 +37,7 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
 
     from .backends import bound_kernels
     from .pipeline import PINNED_POOL, capture_to_store
-    from .dtypes import TORCH
+    from .dtypes import STORED, TORCH
     from .environment import environment
     from .errors import BuildFailed
     from .progress import Progress
@@ -47,7 +47,7 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
     torch.manual_seed(0)
     rec = plan["recipe"]
     hidden = rec["model"]["hidden_size"]
-    itemsize = 4 if dtype == "fp32" else 2
+    itemsize = STORED[dtype].itemsize
     layers = sorted({i for ids in rec["layers"].values() for i in ids})
     unit_tokens = plan["unit_tokens"] or max(1, UNIT_BYTES // (hidden * itemsize * len(layers)))
     devices = device.split("+")  # several: one model spread over a group of GPUs
@@ -68,8 +68,8 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
                 "order": "length-descending"}
     env = environment(devices[0], dtype, plan["backend"], kernels, batching)
     if len(devices) > 1:
-        env["model_parallel"] = model_parallel(model, plan["recipe"]["model"]["num_layers"], devices)
-    provenance = {"recipe": plan["recipe"], "environment": env}
+        env["model_parallel"] = model_parallel(model, rec["model"]["num_layers"], devices)
+    provenance = {"recipe": rec, "environment": env}
     store = Store.create(plan["store"])
     from .codecs import chunk_tokens
 

@@ -189,12 +189,8 @@ class UnitWriter:
         arrays = [("input_ids", ids, tok_c, "none", {}), ("loss_mask", mask, tok_c, "none", {})]
         arrays += [(layout.layer_array(layer), to_stored(t.cpu()), c, rec.codec,
                     {"hsstore_dtype": rec.dtype, "layer": int(layer)}) for layer, t in states.items()]
-        if self.io_threads > 1:
-            with ThreadPoolExecutor(min(self.io_threads, len(arrays))) as pool:
-                list(pool.map(lambda a: self._write_array(f"{prefix}/{a[0]}", *a[1:]), arrays))
-        else:
-            for name, data, chunk, codec, attrs in arrays:
-                self._write_array(f"{prefix}/{name}", data, chunk, codec, attrs)
+        with ThreadPoolExecutor(max(1, min(self.io_threads, len(arrays)))) as pool:
+            list(pool.map(lambda a: self._write_array(f"{prefix}/{a[0]}", *a[1:]), arrays))
         files = {}
         for key in blobs.list(prefix + "/"):
             rel = key[len(prefix) + 1 :]

@@ -37,7 +37,7 @@ def main() -> None:
     import torch
     from numcodecs import Blosc
 
-    from hsstore.codecs import CHOICES, chunk_tokens
+    from hsstore.codecs import CHOICES
     from hsstore.shardio import compressor
 
     numcodecs.blosc.set_nthreads(1)  # the store codes chunks on its own threads, one chunk per call
@@ -54,7 +54,7 @@ def main() -> None:
     report = {}
     for label, states in sets.items():
         print(f"\n{label}:")
-        report[label] = measure(states, codecs, args.reps, chunk_tokens)
+        report[label] = measure(states, codecs, args.reps)
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": report}, indent=2))
 
@@ -76,9 +76,11 @@ def model_states(tokens: int) -> dict:
     return {f"27B-wide model, layer {i}": out[i][0].contiguous() for i in (1, 3)}
 
 
-def measure(states, codecs: dict, reps: int, chunk_tokens) -> dict:
+def measure(states, codecs: dict, reps: int) -> dict:
     import numpy as np
     import torch
+
+    from hsstore.codecs import chunk_tokens
 
     tokens, hidden = states.shape
     data = states.view(torch.int16).numpy().view(np.uint16)

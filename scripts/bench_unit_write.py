@@ -34,6 +34,7 @@ def main() -> None:
     import numpy as np
     import torch
 
+    from hsstore.codecs import chunk_tokens
     from hsstore.keys import sample_key
     from hsstore.stats import stats_tensor
     from hsstore.store import Store
@@ -42,7 +43,7 @@ def main() -> None:
     layers = {"aux": [1, 16, 31, 46], "target": [61]}
     rng = np.random.default_rng(0)
     lengths = [args.tokens // 8] * 8
-    default_threads = min(8, os.cpu_count() or 1)
+    default_threads = None  # the writer's own default, read from the first writer
     times: dict[tuple[str, int], list[float]] = {}
     for rep in range(args.reps):
         samples = []
@@ -54,13 +55,15 @@ def main() -> None:
                   for i in layers["aux"] + layers["target"]}
         health = {i: stats_tensor(t, lengths) for i, t in states.items()}
         for codec in args.codecs.split(","):
-            for threads in (1, default_threads) if rep % 2 == 0 else (default_threads, 1):
+            for serial in (True, False) if rep % 2 == 0 else (False, True):
                 d = tempfile.mkdtemp(prefix="hsstore-unit-", dir=args.dir)
                 store = Store.create(Path(d) / "s.zarr")
                 prov = {"recipe": {"bench": rep}, "environment": {"dtype": "bf16"}}
-                vid = store.create_variant(prov, layers, args.hidden, "bf16", codec, 512)
+                # the chunk a build uses for this hidden size
+                vid = store.create_variant(prov, layers, args.hidden, "bf16", codec, chunk_tokens(args.hidden, 2))
                 w = store.writer(vid)
-                w.io_threads = threads
+                default_threads = default_threads or w.io_threads
+                threads = w.io_threads = 1 if serial else default_threads
                 t0 = time.perf_counter()
                 w.write(samples, states, health=health)
                 times.setdefault((codec, threads), []).append(time.perf_counter() - t0)

@@ -134,12 +134,13 @@ def test_two_node_torchrun_build_is_bit_exact_to_one_process(reference, tmp_path
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    logs = [tmp_path / f"node{node}.log" for node in (0, 1)]  # files, not pipes: a full pipe would stall a node
     procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
                                "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
                                "-m", "hsstore", "build", str(m), "--limit", LIMIT, "--quiet"],
-                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for node in (0, 1)]
+                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=logs[node].open("w")) for node in (0, 1)]
     codes = [p.wait(timeout=300) for p in procs]
-    assert codes == [0, 0], [p.stderr.read().decode()[-2000:] for p in procs]
+    assert codes == [0, 0], [log.read_text()[-2000:] for log in logs]
     _bit_exact_and_complete(tmp_path / "nodes.zarr", ref_store, int(LIMIT))
     (vid,) = Store.open(tmp_path / "nodes.zarr").variant_ids()
     writers = {c.writer["writer"].split("-")[0] for c in Store.open(tmp_path / "nodes.zarr").reader(vid).commits}
