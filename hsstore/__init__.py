@@ -1,29 +1,40 @@
-"""hsstore: cached hidden states for speculative-decoding drafters, with provenance you can check."""
+"""hsstore: cached hidden states for speculative-decoding drafters, with provenance you can check.
+
+The public names are loaded on first use, so ``import hsstore`` (and ``hsstore --help``) costs only
+the error classes; ``hsstore.Store`` imports the storage layer, ``hsstore.HiddenStateDataset`` the
+read layer, ``hsstore.check_live_model`` the compare layer.
+"""
 
 from __future__ import annotations
 
-from .errors import BadInput, CorruptData, HsstoreError, ProvenanceMismatch, SelectorError
-from .store import Store, Variant
+import importlib
+from typing import Any
+
+from hsstore.core.errors import BadInput, CorruptData, HsstoreError, ProvenanceMismatch, SelectorError
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BadInput",
-    "CorruptData",
-    "HiddenStateDataset",
-    "HsstoreError",
-    "ProvenanceMismatch",
-    "SelectorError",
-    "Store",
-    "StreamingHiddenStateDataset",
-    "Variant",
-    "__version__",
-]
+# public name -> module that defines it (imported on first access)
+_LAZY = {
+    "Store": "hsstore.storage.store",
+    "Variant": "hsstore.storage.store",
+    "HiddenStateDataset": "hsstore.read.dataset",
+    "StreamingHiddenStateDataset": "hsstore.read.dataset",
+    "pad_collate": "hsstore.read.dataset",
+    "check_live_model": "hsstore.compare.live",
+}
+
+__all__ = ["BadInput", "CorruptData", "HsstoreError", "ProvenanceMismatch", "SelectorError", "__version__", *_LAZY]
 
 
-def __getattr__(name: str):  # the dataset classes import torch.utils.data lazily
-    if name in ("HiddenStateDataset", "StreamingHiddenStateDataset"):
-        from . import dataset
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hsstore' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
-        return getattr(dataset, name)
-    raise AttributeError(name)
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

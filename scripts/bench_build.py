@@ -55,15 +55,16 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from hsstore.batching import token_budget_batches
-    from hsstore.capture import LayerCapture, decoder_layers, pad_batch
-    from hsstore.codecs import chunk_tokens
-    from hsstore.dtypes import TORCH
-    from hsstore.keys import sample_key
-    from hsstore.models import ModelSpec
-    from hsstore.pipeline import capture_to_store
-    from hsstore.store import Store
-    from hsstore.writer import SampleTokens
+    from hsstore.core.batching import token_budget_batches
+    from hsstore.build.capture import LayerCapture, decoder_layers, pad_batch
+    from hsstore.storage.codecs import chunk_tokens
+    from hsstore.core.dtypes import TORCH
+    from hsstore.core.keys import sample_key
+    from hsstore.build.models import ModelSpec
+    from hsstore.build.pipeline import capture_to_store
+    from hsstore.storage.store import Store
+    from hsstore.storage.writer import UnitWriter
+    from hsstore.core.keys import SampleTokens
 
     overrides, aux, target = SHAPES[args.shape]
     init = "device" if args.device.startswith("cuda") else "cpu"
@@ -111,7 +112,7 @@ def main() -> None:
         return time.time() - t
 
     timed(lambda: capture_only())  # warm-up (kernels, autotuning)
-    from hsstore.backends import bound_kernels
+    from hsstore.build.backends import bound_kernels
 
     results = {"kernels": bound_kernels(model), "shape": args.shape, "device": args.device, "dtype": args.dtype, "tokens": tokens,
                "rows": args.rows, "length": args.length, "layers": layers, "hidden": hidden,
@@ -131,7 +132,7 @@ def main() -> None:
         out = {}
 
         def run() -> None:
-            out.update(capture_to_store(model, n_layers, layers, samples, batches, store.writer(vid), args.device,
+            out.update(capture_to_store(model, n_layers, layers, samples, batches, UnitWriter(store, vid), args.device,
                                         0, args.unit_tokens))
 
         secs = timed(run)

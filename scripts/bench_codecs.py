@@ -37,8 +37,8 @@ def main() -> None:
     import torch
     from numcodecs import Blosc
 
-    from hsstore.codecs import CHOICES
-    from hsstore.shardio import compressor
+    from hsstore.storage.codecs import CHOICES
+    from hsstore.storage.shardio import compressor
 
     numcodecs.blosc.set_nthreads(1)  # the store codes chunks on its own threads, one chunk per call
     if args.source == "synthetic":
@@ -63,8 +63,8 @@ def model_states(tokens: int) -> dict:
     import torch
 
     from bench_build import SHAPES
-    from hsstore.capture import LayerCapture
-    from hsstore.models import ModelSpec
+    from hsstore.build.capture import LayerCapture
+    from hsstore.build.models import ModelSpec
 
     config = {**SHAPES["27b"][0], "num_hidden_layers": 4}
     model = ModelSpec("builtin:tiny-qwen3_5", config_overrides=config).load(torch.bfloat16, "cpu", "sdpa")
@@ -80,7 +80,7 @@ def measure(states, codecs: dict, reps: int) -> dict:
     import numpy as np
     import torch
 
-    from hsstore.codecs import chunk_tokens
+    from hsstore.storage.codecs import chunk_tokens
 
     tokens, hidden = states.shape
     data = states.view(torch.int16).numpy().view(np.uint16)

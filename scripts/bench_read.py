@@ -29,10 +29,11 @@ from torch.utils.data import DataLoader, Dataset
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from hsstore.storage.writer import UnitWriter
 from hsstore import HiddenStateDataset, Store  # noqa: E402
-from hsstore.codecs import chunk_tokens  # noqa: E402
-from hsstore.keys import sample_key  # noqa: E402
-from hsstore.writer import SampleTokens  # noqa: E402
+from hsstore.storage.codecs import chunk_tokens  # noqa: E402
+from hsstore.core.keys import sample_key  # noqa: E402
+from hsstore.core.keys import SampleTokens  # noqa: E402
 
 AUX, TARGET = [1, 16, 31, 46], [61]
 LAYERS = AUX + TARGET
@@ -99,7 +100,7 @@ def write_hsstore(d: Path, samples, states, codec: str, unit_samples: int = 8) -
     H = states[0].shape[-1]
     vid = store.create_variant({"recipe": {"tokenizer": {"fingerprint": "bench"}}, "environment": {"codec": codec}},
                                {"aux": AUX, "target": TARGET}, H, "bf16", codec, chunk_tokens(H, 2))
-    w = store.writer(vid, check_health=False)
+    w = UnitWriter(store, vid, check_health=False)
     for a in range(0, len(samples), unit_samples):
         chunk = states[a: a + unit_samples]
         w.write(samples[a: a + unit_samples], {layer: torch.cat([s[:, j] for s in chunk]) for j, layer in enumerate(LAYERS)})

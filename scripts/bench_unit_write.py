@@ -34,11 +34,12 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from hsstore.codecs import chunk_tokens
-    from hsstore.keys import sample_key
-    from hsstore.stats import stats_tensor
-    from hsstore.store import Store
-    from hsstore.writer import SampleTokens
+    from hsstore.storage.codecs import chunk_tokens
+    from hsstore.core.keys import sample_key
+    from hsstore.storage.stats import stats_tensor
+    from hsstore.storage.store import Store
+    from hsstore.storage.writer import UnitWriter
+    from hsstore.core.keys import SampleTokens
 
     layers = {"aux": [1, 16, 31, 46], "target": [61]}
     rng = np.random.default_rng(0)
@@ -61,7 +62,7 @@ def main() -> None:
                 prov = {"recipe": {"bench": rep}, "environment": {"dtype": "bf16"}}
                 # the chunk a build uses for this hidden size
                 vid = store.create_variant(prov, layers, args.hidden, "bf16", codec, chunk_tokens(args.hidden, 2))
-                w = store.writer(vid)
+                w = UnitWriter(store, vid)
                 default_threads = default_threads or w.io_threads
                 threads = w.io_threads = 1 if serial else default_threads
                 t0 = time.perf_counter()

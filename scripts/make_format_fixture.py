@@ -15,6 +15,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from helpers import make_samples, make_states, new_variant  # noqa: E402
 
+from hsstore.storage.writer import UnitWriter
 from hsstore import Store  # noqa: E402
 
 if __name__ == "__main__":
@@ -26,7 +27,7 @@ if __name__ == "__main__":
         vid = new_variant(store, dtype=dtype, hidden=8)
         samples = make_samples([3, 17, 5], seed=1)
         states = make_states(samples, 8, dtype, [0, 1, 2], seed=2)
-        store.writer(vid, writer_id="fixture").write(samples, states)
+        UnitWriter(store, vid, writer_id="fixture").write(samples, states)
         r = Store.open(out).reader(vid)
         expected[vid] = {"n_samples": len(samples), "layer_sums": {
             s.key: {str(i): float(t.double().sum()) for i, t in r.read(s.key)["layers"].items()} for s in samples}}

@@ -100,7 +100,7 @@ path = "{store}"
 
     gpu = torch.cuda.is_available()
     sys.path.insert(0, str(REPO))
-    from hsstore.backends import installed
+    from hsstore.build.backends import installed
 
     fla = installed("fla")
     skipped, builds = [], {}

@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from hsstore import HiddenStateDataset, ProvenanceMismatch, StreamingHiddenStateDataset
-from hsstore.dataset import pad_collate
+from hsstore.read.dataset import pad_collate
 
 
 class DrafterHead(nn.Module):

@@ -13,7 +13,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from helpers import run_cli, write_manifest  # noqa: E402
 
-from hsstore.backends import force_backend  # noqa: E402
+from hsstore.build.backends import force_backend  # noqa: E402
 
 # models loaded in this process run on the CPU, where fla's triton kernels cannot: bind transformers'
 # reference kernels even where fla is installed (backend-specific tests build in subprocesses)

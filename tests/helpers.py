@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from hsstore import Store
-from hsstore.backends import installed
-from hsstore.keys import sample_key
-from hsstore.writer import SampleTokens
+from hsstore.build.backends import installed
+from hsstore.core.keys import sample_key
+from hsstore.core.keys import SampleTokens
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "hsstore" / "data" / "conversations.jsonl"

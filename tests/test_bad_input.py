@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from hsstore.storage.writer import UnitWriter
 from hsstore import Store
-from hsstore.cli import main
+from hsstore.cli.main import main
 
 from helpers import DATA, REPO, make_samples, make_states, new_variant, write_manifest
 
@@ -28,7 +29,7 @@ def _local_model(tmp: Path, chat_template: bool) -> str:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hsstore.builtin import builtin_config, builtin_tokenizer
+    from hsstore.build.builtin import builtin_config, builtin_tokenizer
 
     d = tmp / "model"
     tok = builtin_tokenizer()
@@ -48,7 +49,7 @@ def _two_variant_store(tmp: Path) -> str:
     for dtype in ("bf16", "fp32"):
         vid = new_variant(s, dtype=dtype)
         samples = make_samples([4])
-        s.writer(vid).write(samples, make_states(samples, 16, dtype, [0, 1, 2]))
+        UnitWriter(s, vid).write(samples, make_states(samples, 16, dtype, [0, 1, 2]))
     return str(tmp / "v.zarr")
 
 
@@ -59,7 +60,7 @@ def _other_layers_store(tmp: Path) -> tuple[str, str]:
     for vid, dtype in ((a, "bf16"), (b, "fp32")):
         samples = make_samples([4])
         layers = s.variant_record(vid).all_layers
-        s.writer(vid).write(samples, make_states(samples, 16, dtype, layers))
+        UnitWriter(s, vid).write(samples, make_states(samples, 16, dtype, layers))
     return f"{tmp / 'l.zarr'}#{a}", f"{tmp / 'l.zarr'}#{b}"
 
 
@@ -68,7 +69,7 @@ def _disjoint_store(tmp: Path) -> tuple[str, str]:
     a, b = new_variant(s, dtype="bf16"), new_variant(s, dtype="fp32")
     for vid, dtype, seed in ((a, "bf16", 1), (b, "fp32", 2)):
         samples = make_samples([4], seed=seed)
-        s.writer(vid).write(samples, make_states(samples, 16, dtype, [0, 1, 2]))
+        UnitWriter(s, vid).write(samples, make_states(samples, 16, dtype, [0, 1, 2]))
     return f"{tmp / 'd.zarr'}#{a}", f"{tmp / 'd.zarr'}#{b}"
 
 

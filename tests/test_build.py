@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from hsstore import HiddenStateDataset, Store
-from hsstore.models import ModelSpec
+from hsstore.build.models import ModelSpec
 
 from helpers import REPO, run_cli, write_manifest
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hsstore.capture import LayerCapture, pad_batch
-from hsstore.models import ModelSpec
+from hsstore.build.capture import LayerCapture, pad_batch
+from hsstore.build.models import ModelSpec
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from hsstore.storage.writer import UnitWriter
 from hsstore import HiddenStateDataset, ProvenanceMismatch, Store, StreamingHiddenStateDataset
-from hsstore.dataset import epoch_sequence, pad_collate
-from hsstore.live import check_live_model
-from hsstore.models import ModelSpec
+from hsstore.read.dataset import epoch_sequence, pad_collate
+from hsstore.compare.live import check_live_model
+from hsstore.build.models import ModelSpec
 
 from helpers import REPO, make_samples, make_states, new_variant
 
@@ -46,7 +47,7 @@ def test_require_names_the_kernel_field(tmp_path: Path):
     for backend in ("torch", "fla"):
         vid = new_variant(store, backend=backend)
         samples = make_samples([5])
-        store.writer(vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2]))
+        UnitWriter(store, vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2]))
     torch_ds = HiddenStateDataset(tmp_path / "s.zarr", variant="backend=torch")
     with pytest.raises(ProvenanceMismatch, match=r"environment.kernels.chunk_gated_delta_rule: 'fla' \(store\) != 'torch' \(required\)"):
         HiddenStateDataset(tmp_path / "s.zarr", variant="backend=fla", require=torch_ds)
@@ -76,7 +77,7 @@ def test_partition_covers_every_sample_once(tiny_store: Path, world: int, worker
         mine = []
         for w in range(workers):
             info = mock.Mock(num_workers=workers, id=w)
-            with mock.patch("hsstore.dataset.get_worker_info", return_value=info):
+            with mock.patch("hsstore.read.dataset.get_worker_info", return_value=info):
                 mine += ds.my_indices().tolist()
         counts.append(len(mine))
         seen += mine
@@ -152,7 +153,7 @@ def test_items_read_layers_straight_into_their_slots(tmp_path: Path, codec: str)
     vid = new_variant(store, codec=codec, chunk=64, hidden=16)
     samples = make_samples([1000, 37, 130])
     states = make_states(samples, 16, "bf16", [0, 1, 2])
-    store.writer(vid).write(samples, states)
+    UnitWriter(store, vid).write(samples, states)
     ds = HiddenStateDataset(tmp_path / "s.zarr")
     off = {s.key: o for s, o in zip(samples, np.cumsum([0] + [s.length for s in samples]))}
     for i in range(len(ds)):

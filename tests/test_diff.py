@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hsstore.storage.writer import UnitWriter
 from hsstore import Store
 
 from helpers import make_samples, make_states, new_variant, run_cli
@@ -66,13 +67,13 @@ def _store(path: Path, n_samples: int) -> str:
     for i in range(0, n_samples, 10):
         samples = make_samples([400] * 10, seed=i)
         for vid, dt in ((a, "bf16"), (b, "fp32")):
-            s.writer(vid).write(samples, make_states(samples, 256, dt, [0, 1, 2], seed=i))
+            UnitWriter(s, vid).write(samples, make_states(samples, 256, dt, [0, 1, 2], seed=i))
     return str(path)
 
 
 PEAK = """
 import resource, sys
-from hsstore.diff import diff_targets
+from hsstore.compare.diff import diff_targets
 diff_targets(sys.argv[1] + "#dtype=bf16", sys.argv[1] + "#dtype=fp32")
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from hsstore.builtin import builtin_tokenizer
-from hsstore.errors import BadInput
-from hsstore.inputs import load_rows, tokenize_rows
+from hsstore.build.builtin import builtin_tokenizer
+from hsstore.core.errors import BadInput
+from hsstore.build.inputs import load_rows, tokenize_rows
 
 from helpers import DATA
 

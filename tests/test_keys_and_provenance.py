@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import xxhash
 
-from hsstore.canonical import canonical_json, fingerprint
-from hsstore.errors import ProvenanceMismatch, SelectorError
-from hsstore.keys import sample_key
-from hsstore.provenance import differences, parse_selector, require_match, select, variant_id
+from hsstore.core.canonical import canonical_json, fingerprint
+from hsstore.core.errors import ProvenanceMismatch, SelectorError
+from hsstore.core.keys import sample_key
+from hsstore.core.provenance import differences, parse_selector, require_match, select, variant_id
 
 from helpers import provenance
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hsstore.storage.writer import UnitWriter
 from hsstore import Store
-from hsstore.capture import LayerCapture
-from hsstore.models import ModelSpec
-from hsstore.pipeline import PinnedPool, capture_to_store, pinned_size
+from hsstore.build.capture import LayerCapture
+from hsstore.build.models import ModelSpec
+from hsstore.build.pipeline import PinnedPool, capture_to_store, pinned_size
 
 from helpers import make_samples, new_variant
 
@@ -25,7 +26,7 @@ def test_every_sample_is_written_and_the_steady_state_excludes_the_first_batch(h
     store = Store.create(tmp_path / "s.zarr")
     layers = {"aux": [0, 1], "target": [3]}
     vid = new_variant(store, dtype="fp32", hidden=hidden, layers=layers)
-    writer = store.writer(vid, check_health=False)
+    writer = UnitWriter(store, vid, check_health=False)
     out = capture_to_store(hybrid, 4, [0, 1, 3], samples, batches, writer, "cpu", 0, unit_tokens=50)
     assert out["samples_written"] == len(samples)
     reader = Store.open(tmp_path / "s.zarr").reader(vid)

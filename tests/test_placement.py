@@ -13,10 +13,10 @@ import pytest
 import torch
 from accelerate.utils import check_device_map
 
-from hsstore.builtin import builtin_config, builtin_tokenizer
-from hsstore.capture import LayerCapture, decoder_layers
-from hsstore.models import ModelSpec
-from hsstore.placement import contiguous_split, device_map, stages
+from hsstore.build.builtin import builtin_config, builtin_tokenizer
+from hsstore.build.capture import LayerCapture, decoder_layers
+from hsstore.build.models import ModelSpec
+from hsstore.build.placement import contiguous_split, device_map, stages
 
 from helpers import REPO
 
@@ -95,7 +95,7 @@ def test_spread_local_model_loads_with_a_device_map_and_matches(tmp_path: Path):
 
 def test_missing_accelerate_is_a_clear_error():
     code = ("import sys; sys.modules['accelerate'] = None\n"
-            "from hsstore.placement import require_accelerate\n"
+            "from hsstore.build.placement import require_accelerate\n"
             "try:\n    require_accelerate()\nexcept Exception as e:\n    print(type(e).__name__, e)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True).stdout
     assert out.startswith("BadInput") and "pip install 'hsstore[multi-gpu]'" in out, out

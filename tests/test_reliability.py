@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hsstore import Store
-from hsstore.verify import verify
+from hsstore.storage.verify import verify
 
 from helpers import DATA, REPO, run_cli, write_manifest
 

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from hsstore import HiddenStateDataset, Store, StreamingHiddenStateDataset
-from hsstore.verify import verify
+from hsstore.storage.verify import verify
 
 from helpers import REPO, run_cli
 

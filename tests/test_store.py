@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from hsstore.storage.writer import UnitWriter
 from hsstore import Store
-from hsstore.errors import BadInput, StoreNotFound, UnsupportedFormat
-from hsstore.verify import verify
+from hsstore.core.errors import BadInput, StoreNotFound, UnsupportedFormat
+from hsstore.storage.codecs import compressors
+from hsstore.storage.verify import verify
 
 from helpers import REPO, make_samples, make_states, new_variant
 
@@ -22,7 +24,7 @@ def test_round_trip_is_bit_exact(tmp_path: Path, dtype: str, codec: str):
     vid = new_variant(store, dtype=dtype, codec=codec, layers={"aux": [0, 1], "target": [2]})
     samples = make_samples([1, 7, 10_000, 129, 64])
     states = make_states(samples, 16, dtype, [0, 1, 2])
-    store.writer(vid).write(samples, states)
+    UnitWriter(store, vid).write(samples, states)
     reader = Store.open(tmp_path / "s.zarr").reader(vid)
     off = 0
     for s in samples:
@@ -42,7 +44,7 @@ def test_bf16_reads_back_as_bfloat16_without_float_copy(tmp_path: Path):
     samples = make_samples([5])
     states = make_states(samples, 16, "bf16", [0, 1, 2])
     states[0][0, 0] = float("1e-40")  # a bf16 subnormal survives only if no float path rounds it
-    store.writer(vid).write(samples, states)
+    UnitWriter(store, vid).write(samples, states)
     meta = json.loads((tmp_path / "s.zarr" / f"variants/{vid}/units").glob("*/layer_0/zarr.json").__next__().read_text())
     assert meta["data_type"] == "uint16" and meta["attributes"]["hsstore_dtype"] == "bf16"
     t = Store.open(tmp_path / "s.zarr").reader(vid).read(0, layers=[0])["layers"][0]
@@ -54,7 +56,7 @@ def test_uncommitted_work_is_invisible_and_rewrite_is_noop(tmp_path: Path):
     store = Store.create(path)
     vid = new_variant(store)
     samples = make_samples([3, 4])
-    w = store.writer(vid)
+    w = UnitWriter(store, vid)
     # a unit whose arrays are written but whose commit record is not: a crash just before commit
     w._write_unit(samples, make_states(samples, 16, "bf16", [0, 1, 2]), {})
     commit = next((path / f"variants/{vid}/commits").glob("*.json"))
@@ -62,11 +64,11 @@ def test_uncommitted_work_is_invisible_and_rewrite_is_noop(tmp_path: Path):
     fresh = Store.open(path)
     assert fresh.variants == []
     assert verify(fresh)["ok"] and verify(fresh)["samples_checked"] == 0
-    c1 = store.writer(vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2]))
+    c1 = UnitWriter(store, vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2]))
     assert c1 is not None and len(c1.samples) == 2
-    assert store.writer(vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2], seed=9)) is None
+    assert UnitWriter(store, vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2], seed=9)) is None
     more = make_samples([3, 4, 5], seed=0)  # the first two again plus one new: only the new one is written
-    c3 = store.writer(vid).write(more, make_states(more, 16, "bf16", [0, 1, 2]))
+    c3 = UnitWriter(store, vid).write(more, make_states(more, 16, "bf16", [0, 1, 2]))
     assert [k for k, _, _ in c3.samples] == [more[2].key]
     assert len(Store.open(path).reader(vid).keys) == 3
 
@@ -75,13 +77,13 @@ def _write_disjoint(path: str, vid: str, seed: int) -> None:
     store = Store.open(path, mode="a")
     for j in range(3):
         samples = make_samples([20, 30], seed=seed * 100 + j)
-        store.writer(vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2]))
+        UnitWriter(store, vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2]))
 
 
 def _write_same(path: str, vid: str, seed: int) -> None:
     store = Store.open(path, mode="a")
     samples = make_samples([20, 30, 40, 50], seed=7)
-    store.writer(vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2], seed=seed), skip_committed=False)
+    UnitWriter(store, vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2], seed=seed), skip_committed=False)
 
 
 def _in_two_processes(target, path: str, vid: str) -> None:
@@ -121,7 +123,7 @@ def test_memory_url_store_round_trip():
     vid = new_variant(store)
     samples = make_samples([9, 2])
     states = make_states(samples, 16, "bf16", [0, 1, 2])
-    store.writer(vid).write(samples, states)
+    UnitWriter(store, vid).write(samples, states)
     reader = Store.open("memory://hsstore-test/s.zarr").reader(vid)
     assert torch.equal(reader.read(samples[1].key)["layers"][1], states[1][9:])
 
@@ -152,7 +154,7 @@ def test_layer_subset_reads_fewer_bytes(tmp_path: Path):
     store = Store.create(path)
     vid = new_variant(store, hidden=64)
     samples = make_samples([300] * 4)
-    store.writer(vid).write(samples, make_states(samples, 64, "bf16", [0, 1, 2]))
+    UnitWriter(store, vid).write(samples, make_states(samples, 64, "bf16", [0, 1, 2]))
 
     def bytes_for(layers: list[int]) -> int:
         r = Store.open(path, count_bytes=True).reader(vid)
@@ -169,14 +171,14 @@ def test_direct_shards_and_zarr_agree(tmp_path: Path):
     """hsstore's direct shard writer/reader and zarr-python read and write the same bytes."""
     import zarr
 
-    from hsstore.shardio import ShardReader
+    from hsstore.storage.shardio import ShardReader
 
     for codec in ("none", "zstd", "shuffle-zstd", "blosc-lz4", "blosc-zstd"):
         store = Store.create(tmp_path / f"{codec}.zarr")
         vid = new_variant(store, hidden=24, codec=codec, chunk=7)
         samples = make_samples([5, 17, 1])
         states = make_states(samples, 24, "bf16", [0, 1, 2])
-        store.writer(vid).write(samples, states)
+        UnitWriter(store, vid).write(samples, states)
         unit = next((tmp_path / f"{codec}.zarr" / "variants" / vid / "units").glob("*-*"))
         via_zarr = zarr.open_array(str(unit / "layer_1"), mode="r")[:]
         assert np.array_equal(via_zarr, states[1].view(torch.int16).numpy().view(np.uint16)), codec
@@ -186,7 +188,7 @@ def test_direct_shards_and_zarr_agree(tmp_path: Path):
                               np.concatenate([s.input_ids for s in samples]))
         # and a shard written by zarr is read by the direct reader
         z = zarr.create_array(str(tmp_path / f"z-{codec}"), shape=(23, 24), chunks=(7, 24), shards=(28, 24),
-                              dtype="uint16", compressors=__import__("hsstore.codecs").codecs.compressors(codec))
+                              dtype="uint16", compressors=compressors(codec))
         z[:] = via_zarr
         assert np.array_equal(ShardReader(str(tmp_path / f"z-{codec}"), codec).rows(0, 23), via_zarr)
 
@@ -217,7 +219,7 @@ def test_format_v1_fixture_still_reads():
 
 
 def test_nan_inf_and_all_zero_states_are_refused_before_commit(tmp_path: Path):
-    from hsstore.errors import BuildFailed
+    from hsstore.core.errors import BuildFailed
 
     store = Store.create(tmp_path / "s.zarr")
     vid = new_variant(store)
@@ -225,26 +227,26 @@ def test_nan_inf_and_all_zero_states_are_refused_before_commit(tmp_path: Path):
     bad = make_states(samples, 16, "bf16", [0, 1, 2])
     bad[1][2, 3] = float("nan")
     with pytest.raises(BuildFailed, match="layer 1 .*1 NaN"):
-        store.writer(vid).write(samples, bad)
+        UnitWriter(store, vid).write(samples, bad)
     zero = make_states(samples, 16, "bf16", [0, 1, 2])
     zero[2][4:] = 0  # the second sample's target layer is all zeros: a broken extractor
     with pytest.raises(BuildFailed, match=f"sample {samples[1].key}: layer 2 is all zeros"):
-        store.writer(vid).write(samples, zero)
+        UnitWriter(store, vid).write(samples, zero)
     assert Store.open(tmp_path / "s.zarr").variants == []
-    store.writer(vid, check_health=False).write(samples, zero)  # the user opted out
+    UnitWriter(store, vid, check_health=False).write(samples, zero)  # the user opted out
     assert Store.open(tmp_path / "s.zarr").variants[0].n_samples == 2
 
 
 def test_gc_removes_only_uncommitted_debris(tmp_path: Path):
-    from hsstore.gc import collect_garbage
+    from hsstore.storage.gc import collect_garbage
 
     path = tmp_path / "s.zarr"
     store = Store.create(path)
     vid = new_variant(store)
     kept = make_samples([3], seed=1)
-    store.writer(vid).write(kept, make_states(kept, 16, "bf16", [0, 1, 2]))
+    UnitWriter(store, vid).write(kept, make_states(kept, 16, "bf16", [0, 1, 2]))
     debris = make_samples([4], seed=2)
-    w = store.writer(vid, writer_id="crashed")
+    w = UnitWriter(store, vid, writer_id="crashed")
     w._write_unit(debris, make_states(debris, 16, "bf16", [0, 1, 2]), {})
     next((path / f"variants/{vid}/commits").glob("crashed-*.json")).unlink()  # it died before committing
     (path / f"variants/{vid}/commits/.tmp-123").write_bytes(b"half a commit")
@@ -258,21 +260,21 @@ def test_gc_removes_only_uncommitted_debris(tmp_path: Path):
 
 
 def test_two_writers_with_one_id_cannot_share_a_unit(tmp_path: Path):
-    from hsstore.errors import BuildFailed
+    from hsstore.core.errors import BuildFailed
 
     store = Store.create(tmp_path / "s.zarr")
     vid = new_variant(store)
     a, b = make_samples([3], seed=1), make_samples([4], seed=2)
-    store.writer(vid, writer_id="same").write(a, make_states(a, 16, "bf16", [0, 1, 2]))
+    UnitWriter(store, vid, writer_id="same").write(a, make_states(a, 16, "bf16", [0, 1, 2]))
     with pytest.raises(BuildFailed, match="exists already"):
-        store.writer(vid, writer_id="same").write(b, make_states(b, 16, "bf16", [0, 1, 2]))
+        UnitWriter(store, vid, writer_id="same").write(b, make_states(b, 16, "bf16", [0, 1, 2]))
     r = Store.open(tmp_path / "s.zarr").reader(vid)
     assert r.keys == [a[0].key] and verify(Store.open(tmp_path / "s.zarr"))["ok"]
 
 
 def test_the_default_codec_stores_bf16_states_smaller_than_plain_zstd(tmp_path: Path):
     """Why shuffle-zstd is the default: byte planes make the sign/exponent bytes compressible."""
-    from hsstore.codecs import DEFAULT, chunk_tokens
+    from hsstore.storage.codecs import DEFAULT, chunk_tokens
 
     assert DEFAULT == "shuffle-zstd"
     hidden, layers = 512, {"aux": [0], "target": [1]}
@@ -284,7 +286,7 @@ def test_the_default_codec_stores_bf16_states_smaller_than_plain_zstd(tmp_path: 
     for codec in ("zstd", DEFAULT):
         store = Store.create(tmp_path / f"{codec}.zarr")
         vid = new_variant(store, hidden=hidden, codec=codec, chunk=chunk_tokens(hidden, 2), layers=layers)
-        store.writer(vid).write(samples, states)
+        UnitWriter(store, vid).write(samples, states)
         size[codec] = sum(f.stat().st_size for f in (tmp_path / f"{codec}.zarr").rglob("layer_*/c/*/*"))
         got = Store.open(tmp_path / f"{codec}.zarr").reader(vid).read(samples[1].key, [1])["layers"][1]
         assert torch.equal(got, states[1][1500:])

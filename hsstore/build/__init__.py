@@ -1,0 +1,1 @@
+"""Building variants: manifest, inputs, models and backends, capture pipeline, workers, driver."""

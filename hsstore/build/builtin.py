@@ -1,0 +1,88 @@
+"""Builtin random-init models and an offline byte-level tokenizer: the embedded default needs no download.
+
+Weights come from a seed on the CPU in fp32 (the same weights for every backend, dtype and device), so
+variants of one builtin recipe differ only by how they were computed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hsstore.core.errors import BadInput
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "<|im_start|>assistant\n{% generation %}{{ message['content'] }}<|im_end|>{% endgeneration %}\n"
+    "{%- else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+BUILTINS: dict[str, dict[str, Any]] = {
+    # hybrid like Qwen3.5/3.6: three Gated-DeltaNet linear-attention layers, then one full-attention layer
+    "tiny-qwen3_5": {
+        "model_type": "qwen3_5_text",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+    },
+    "tiny-llama": {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+    },
+}
+FULL_ATTENTION_INTERVAL = 4
+GENERATOR_VERSION = 1  # bump when the weights a (name, seed, config) produces change
+
+
+def builtin_tokenizer() -> Any:
+    """A byte-level tokenizer (256 byte tokens + chat specials) with a chat template; built, never downloaded."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE
+    )
+    fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+    return fast
+
+
+def builtin_config(name: str, overrides: dict[str, Any] | None = None, vocab_size: int = 320) -> Any:
+    """The transformers config of builtin ``name`` with ``overrides`` applied."""
+    from transformers import AutoConfig
+
+    if name not in BUILTINS:
+        raise BadInput(f"unknown builtin model {name!r}; choose one of {', '.join('builtin:' + n for n in BUILTINS)}")
+    kwargs = {**BUILTINS[name], "vocab_size": vocab_size, **(overrides or {})}
+    model_type = kwargs.pop("model_type")
+    if model_type == "qwen3_5_text" and "layer_types" not in (overrides or {}):
+        n = int(kwargs["num_hidden_layers"])
+        kwargs["layer_types"] = [
+            "full_attention" if (i + 1) % FULL_ATTENTION_INTERVAL == 0 else "linear_attention" for i in range(n)
+        ]
+    try:
+        return AutoConfig.for_model(model_type, **kwargs)
+    except (TypeError, ValueError) as e:
+        raise BadInput(f"config overrides {overrides} are not valid for builtin:{name}: {e}") from None

@@ -1,0 +1,88 @@
+"""The environment fingerprint: how states are computed (device, dtype, kernels bound, versions, flags)."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import platform
+import socket
+from typing import Any
+
+from hsstore.build.backends import installed
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict[str, Any]:
+    import torch
+
+    from hsstore import __version__
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": _version("transformers"),
+        "fla": _version("flash-linear-attention") or _version("fla-core"),
+        "causal_conv1d": _version("causal-conv1d") or _version("causal_conv1d"),
+        "hsstore": __version__,
+    }
+
+
+def device_info(device: str) -> dict[str, Any]:
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        name = torch.cuda.get_device_name(idx)
+        cap = ".".join(map(str, torch.cuda.get_device_capability(idx)))
+        return {"device": "cuda", "device_index": idx, "device_name": name, "compute_capability": cap}
+    return {"device": dev.type, "device_name": platform.processor() or platform.machine()}
+
+
+def flags() -> dict[str, Any]:
+    import torch
+
+    return {
+        "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+        "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
+    }
+
+
+def environment(
+    device: str, dtype: str, backend: str, kernels: dict[str, str], batching: dict[str, Any]
+) -> dict[str, Any]:
+    """The ``environment`` half of a provenance (DESIGN §1). ``device`` is the type; the index is informational."""
+    return {
+        **device_info(device),
+        "dtype": dtype,
+        "backend": backend,
+        "kernels": kernels,
+        "versions": versions(),
+        "flags": flags(),
+        "batching": batching,
+        "host": socket.gethostname(),
+    }
+
+
+def machine_report() -> dict[str, Any]:
+    """What ``hsstore env`` prints without a model: versions, devices, which kernel packages import."""
+    import torch
+
+    return {
+        "versions": versions(),
+        "flags": flags(),
+        "host": socket.gethostname(),
+        "cuda_available": torch.cuda.is_available(),
+        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "kernel_packages_importable": {p: installed(p) for p in ("fla", "causal_conv1d")},
+        # gpus_per_rank > 1 (one model over several GPUs) needs transformers' device_map, i.e. accelerate
+        "model_parallel_available": installed("accelerate"),
+    }

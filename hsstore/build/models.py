@@ -1,0 +1,176 @@
+"""The target model of a recipe: builtin or a local HF directory — its identity, tokenizer and loading."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hsstore.build.builtin import GENERATOR_VERSION, builtin_config, builtin_tokenizer
+from hsstore.core.canonical import fingerprint
+from hsstore.core.errors import BadInput
+from hsstore.core.filehash import file_hash
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+    "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+)
+
+
+# config fields that say how a model was loaded, not what it computes (they change on load)
+RUNTIME_CONFIG_KEYS = frozenset({
+    "transformers_version", "_name_or_path", "dtype", "torch_dtype", "_attn_implementation",
+    "_attn_implementation_autoset", "attn_implementation", "use_cache", "architectures", "_commit_hash",
+    "output_hidden_states", "output_attentions", "return_dict",
+})
+
+
+def config_fingerprint(config: Any) -> str:
+    """Fingerprint of what a config computes (runtime/loading fields left out)."""
+    return fingerprint({k: v for k, v in config.to_dict().items() if k not in RUNTIME_CONFIG_KEYS})
+
+
+def text_config(config: Any) -> Any:
+    """The language-model part of a (possibly multimodal) config."""
+    return getattr(config, "text_config", None) or config
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the manifest's [model] table names."""
+
+    path: str
+    config_overrides: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    trust_remote_code: bool = False
+    # builtins only: where random weights are drawn. "cpu" (default) gives the same weights on every
+    # device; "device" draws them on the build device in its dtype (for 27B-shaped benchmarks that do
+    # not fit a CPU init) — then weights differ across devices, and the identity says so.
+    init_device: str = "cpu"
+
+    @property
+    def builtin(self) -> str | None:
+        return self.path[len("builtin:") :] if self.path.startswith("builtin:") else None
+
+    def check(self) -> None:
+        if self.builtin is None:
+            p = Path(self.path)
+            if not p.is_dir():
+                raise BadInput(f"model directory {self.path!r} does not exist; set [model] path to a local HF model "
+                               "directory or a builtin (builtin:tiny-qwen3_5, builtin:tiny-llama)")
+            if not (p / "config.json").is_file():
+                raise BadInput(f"model directory {self.path!r} has no config.json; point [model] path at the folder "
+                               "that holds config.json and the weights")
+
+    def tokenizer(self) -> Any:
+        if self.builtin is not None:
+            return builtin_tokenizer()
+        from transformers import AutoTokenizer
+
+        self.check()
+        try:
+            return AutoTokenizer.from_pretrained(self.path, trust_remote_code=self.trust_remote_code)
+        except Exception as e:
+            raise BadInput(f"cannot load a tokenizer from {self.path!r}: {e}") from None
+
+    def config(self, vocab_size: int | None = None) -> Any:
+        if self.builtin is not None:
+            return builtin_config(self.builtin, self.config_overrides, vocab_size or 320)
+        from transformers import AutoConfig
+
+        self.check()
+        if self.config_overrides:
+            raise BadInput("[model] config overrides only apply to builtin models; remove `config` or use builtin:")
+        try:
+            return AutoConfig.from_pretrained(self.path, trust_remote_code=self.trust_remote_code)
+        except Exception as e:
+            raise BadInput(f"cannot read the config of {self.path!r}: {e}") from None
+
+    def identity(self, config: Any) -> dict[str, Any]:
+        """What makes the weights these weights: config, and weight files' names, sizes and content hashes."""
+        tc = text_config(config)
+        ident: dict[str, Any] = {
+            "path": self.path,
+            "model_type": tc.model_type,
+            "num_layers": int(tc.num_hidden_layers),
+            "hidden_size": int(tc.hidden_size),
+            "config_fingerprint": config_fingerprint(config),
+        }
+        if self.builtin is not None:
+            ident.update(name=self.path, seed=self.seed, generator_version=GENERATOR_VERSION,
+                         init_device=self.init_device)
+        else:
+            files = sorted(
+                (p for p in Path(self.path).iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES)),
+                key=lambda p: p.name,
+            )
+            if not files:
+                raise BadInput(f"model directory {self.path!r} holds no weight files ({', '.join(WEIGHT_SUFFIXES)})")
+            ident["name"] = Path(self.path).resolve().name
+            ident["weights"] = {p.name: {"size": p.stat().st_size, "xxh3_128": file_hash(p)} for p in files}
+        ident["fingerprint"] = fingerprint({k: v for k, v in ident.items() if k != "path"})
+        return ident
+
+    def tokenizer_identity(self, tokenizer: Any) -> dict[str, Any]:
+        if self.builtin is not None:
+            parts = {"tokenizer_json": tokenizer.backend_tokenizer.to_str(), "builtin": True}
+        else:
+            parts = {
+                name: file_hash(Path(self.path) / name)
+                for name in TOKENIZER_FILES
+                if (Path(self.path) / name).is_file()
+            }
+        parts["chat_template"] = getattr(tokenizer, "chat_template", None) or ""
+        parts["special_tokens"] = json.loads(json.dumps(tokenizer.special_tokens_map, default=str))
+        return {"fingerprint": fingerprint(parts), "vocab_size": len(tokenizer),
+                "has_chat_template": bool(parts["chat_template"])}
+
+    def load(self, dtype: Any, device: str | Sequence[str], attn_implementation: str | None) -> Any:
+        """The model in eval mode on ``device`` in ``dtype``; given several devices, its decoder layers
+        are spread over them in contiguous stages (see hsstore.build.placement)."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        devices = [device] if isinstance(device, str) else list(device)
+        spread = len(devices) > 1
+        if spread:
+            from hsstore.build import placement
+
+            accelerate = placement.require_accelerate()
+        if self.builtin is not None:
+            config = self.config(len(builtin_tokenizer()))
+            if attn_implementation:
+                config._attn_implementation = attn_implementation
+            torch.manual_seed(self.seed)
+            if self.init_device == "device":
+                if spread:
+                    raise BadInput("[model] init_device = \"device\" draws weights on one GPU; a model spread over "
+                                   "several GPUs is drawn on the CPU: set init_device = \"cpu\"")
+                with torch.device(devices[0]):
+                    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+            else:
+                with torch.device("cpu"):
+                    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+                model = model.to(dtype=dtype, device="cpu" if spread else devices[0])
+            if spread:
+                dmap = placement.device_map(model, int(text_config(config).num_hidden_layers), devices)
+                model = accelerate.dispatch_model(model, device_map=dmap, force_hooks=True)
+        else:
+            dmap = None
+            if spread:
+                config = self.config()
+                with torch.device("meta"):  # names and sizes only: no memory, no weights read
+                    skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=self.trust_remote_code)
+                dmap = placement.device_map(skeleton, int(text_config(config).num_hidden_layers), devices)
+            model = AutoModelForCausalLM.from_pretrained(
+                self.path, dtype=dtype, trust_remote_code=self.trust_remote_code,
+                attn_implementation=attn_implementation, device_map=dmap,
+            )
+            if not spread:
+                model = model.to(devices[0])
+        if spread:
+            placement.follow_current_device(model, int(text_config(model.config).num_hidden_layers))
+        return model.eval()

@@ -1,0 +1,260 @@
+"""The capture pipeline: forward batches -> per-unit device buffers -> async copy into reused pinned
+host memory -> background writer threads (one unit each, in parallel). The GPU never waits on
+compression or disk; it waits only when the writers fall more than a few units behind (back-pressure
+instead of unbounded memory).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from hsstore.build.capture import LayerCapture, pad_batch
+from hsstore.build.progress import Progress
+from hsstore.storage.stats import stats_tensor
+
+
+def pinned_size(nbytes: int) -> int:
+    """What to ask for: torch's pinned-memory allocator rounds every block up to a power of two
+    (ATen/core/CachingHostAllocator.h), so asking for exactly that makes the buffer's size its real
+    capacity (and lets it serve more)."""
+    return 1 << max(0, nbytes - 1).bit_length()
+
+
+class PinnedPool:
+    """Reused page-locked host buffers (cudaHostAlloc is slow; allocating one per unit would stall)."""
+
+    def __init__(self) -> None:
+        self.free: list[torch.Tensor] = []
+        self.lock = threading.Lock()
+        self.alloc_seconds = 0.0  # time spent allocating (reported: it is part of a build's fixed cost)
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        with self.lock:
+            for i, buf in enumerate(self.free):
+                if buf.numel() >= nbytes:
+                    return self.free.pop(i)
+        t0 = time.perf_counter()
+        buf = self.allocate(nbytes)
+        self.alloc_seconds += time.perf_counter() - t0
+        return buf
+
+    @staticmethod
+    def allocate(nbytes: int) -> torch.Tensor:
+        return torch.empty(pinned_size(nbytes), dtype=torch.uint8, pin_memory=True)
+
+    def give(self, buf: torch.Tensor) -> None:
+        with self.lock:
+            self.free.append(buf)
+
+    def shortfall(self, sizes: Sequence[int]) -> list[int]:
+        """The sizes that the free buffers do not already cover (largest first, one buffer each)."""
+        with self.lock:
+            have = sorted((b.numel() for b in self.free), reverse=True)
+        missing = []
+        for n in sorted(sizes, reverse=True):
+            if have and have[0] >= n:
+                have.pop(0)
+            else:
+                missing.append(n)
+        return missing
+
+    def reserve_in_background(self, sizes: Sequence[int], device: str | None = None) -> "PinnedReservation":
+        """Start allocating buffers of ``sizes`` bytes on a thread (overlapping, e.g., the model load).
+        ``device``: the GPU this process uses (a new thread's current device is cuda:0, whose context
+        it would otherwise create)."""
+        return PinnedReservation(self, sizes, device)
+
+
+class PinnedReservation:
+    """Buffers allocated ahead of the capture loop; ``wait()`` joins and reports what it cost.
+    A failure (e.g. too little lockable memory) is reported, not raised: the loop allocates on demand."""
+
+    def __init__(self, pool: PinnedPool, sizes: Sequence[int], device: str | None = None) -> None:
+        self.pool, self.sizes, self.device = pool, list(sizes), device
+        self.seconds = 0.0
+        self.allocated = 0  # bytes: what the pool's free buffers did not already cover
+        self.error: str | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            if self.device is not None and self.device.startswith("cuda"):
+                torch.cuda.set_device(self.device)
+            for n in self.pool.shortfall(self.sizes):
+                buf = self.pool.allocate(n)
+                self.pool.give(buf)
+                self.allocated += buf.numel()
+        except Exception as e:  # noqa: BLE001 - on-demand allocation still works
+            self.error = f"{type(e).__name__}: {e}"
+        self.seconds = time.perf_counter() - t0
+
+    def wait(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        self.thread.join()
+        return {"pinned_reserve_seconds": self.seconds, "pinned_reserve_wait_seconds": time.perf_counter() - t0,
+                "pinned_reserve_bytes": self.allocated, "pinned_reserve_error": self.error}
+
+
+PINNED_POOL = PinnedPool()  # shared by every capture in this process: buffers outlive one variant
+
+
+class BackgroundWriter:
+    """Writes units on a thread so compression and disk overlap the next forward; bounded queue."""
+
+    def __init__(self, writer: Any, threads: int = 2, pool: PinnedPool | None = None) -> None:
+        self.writer, self.pool = writer, pool
+        self.q: queue.Queue = queue.Queue(maxsize=threads + 1)
+        self.error: BaseException | None = None
+        self.written = 0
+        self.bytes = 0
+        self.write_seconds = 0.0
+        self.stats_lock = threading.Lock()
+        self.closed = False
+        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
+        for t in self.threads:
+            t.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                self.q.task_done()
+                return
+            samples, states, events, bufs, health = item
+            try:
+                if self.error is None:
+                    for event in events:
+                        event.synchronize()  # the async device-to-host copies have landed
+                    t0 = time.time()
+                    commit = self.writer.write(samples, states, health=health)
+                    with self.stats_lock:
+                        self.write_seconds += time.time() - t0
+                        if commit is not None:
+                            self.written += len(commit.samples)
+                            self.bytes += sum(commit.files.values())
+            except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
+                self.error = e
+            finally:
+                for b in bufs:
+                    self.pool.give(b)
+                self.q.task_done()
+
+    def put(self, samples: list, states: dict, events: list, bufs: list, health: Any = None) -> None:
+        if self.error is not None:
+            raise self.error
+        self.q.put((samples, states, events, bufs, health))
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            for _ in self.threads:
+                self.q.put(None)
+            for t in self.threads:
+                t.join()
+        if self.error is not None:
+            raise self.error
+
+
+def capture_to_store(
+    model: Any, num_layers: int, layers: Sequence[int], samples: Sequence[Any], batches: Sequence[Sequence[int]],
+    writer: Any, device: str, pad_id: int, unit_tokens: int, skip: set[str] | frozenset[str] = frozenset(),
+    progress: Progress | None = None, writer_threads: int = 2,
+) -> dict[str, Any]:
+    """Run ``batches`` (lists of indices into ``samples``), capture ``layers``, write units of about
+    ``unit_tokens`` tokens through ``writer``. Samples whose key is in ``skip`` are computed (their
+    batch needs them) but not written. ``device`` takes the inputs; captured layers may live on other
+    GPUs (a model spread over several). Returns counts and the wall time of the whole loop."""
+    layers = sorted(set(layers))
+    cap = LayerCapture(model, num_layers, layers)
+    cuda = device.startswith("cuda")
+    pool = PINNED_POOL if cuda else None
+    bg = BackgroundWriter(writer, threads=writer_threads, pool=pool)
+    unit_samples: list = []
+    unit_states: dict[int, list] = {i: [] for i in layers}
+    n_unit = 0
+
+    def flush() -> None:
+        nonlocal unit_samples, unit_states, n_unit
+        if not unit_samples:
+            return
+        states = {i: torch.cat(unit_states[i]) for i in layers}
+        events, bufs, health = [], [], None
+        if cuda:  # health stats where the states are, with no host sync; they travel with the states
+            lengths = [s.length for s in unit_samples]
+            health = {i: stats_tensor(t, lengths).to("cpu", non_blocking=True) for i, t in states.items()}
+            host = {}
+            for i, t in states.items():
+                buf = pool.take(t.numel() * t.element_size())
+                bufs.append(buf)
+                host[i] = buf[: t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+                host[i].copy_(t, non_blocking=True)
+            # copies run on the stream of each state's own GPU: one event per GPU holding states
+            for dev in {t.device for t in states.values()}:
+                with torch.cuda.device(dev):
+                    events.append(torch.cuda.Event())
+                    events[-1].record(torch.cuda.current_stream(dev))
+            states = host
+        bg.put(unit_samples, states, events, bufs, health)
+        unit_samples, unit_states, n_unit = [], {i: [] for i in layers}, 0
+
+    t0 = time.time()
+    timing = {"first_batch_seconds": None, "tail_seconds": None}
+    # steady state: from the end of the first batch (one-off JIT, allocator growth) to the last forward
+    steady = {"steady_tokens": 0, "steady_seconds": 0.0}
+    t_first = None
+    alloc0 = pool.alloc_seconds if pool is not None else 0.0
+    gpus: set = set()  # the input GPU and the GPUs holding captured layers
+
+    def sync() -> None:
+        for dev in gpus:
+            torch.cuda.synchronize(dev)
+
+    try:
+        for batch in batches:
+            seqs = [torch.from_numpy(samples[i].input_ids.astype("int64")) for i in batch]
+            ids, mask = pad_batch(seqs, pad_id, device)
+            out = cap.run(ids, mask)
+            for b, i in enumerate(batch):
+                if samples[i].key in skip:
+                    continue
+                n = samples[i].length
+                for layer in layers:
+                    unit_states[layer].append(out[layer][b, :n])
+                unit_samples.append(samples[i])
+                n_unit += n
+            if n_unit >= unit_tokens:
+                flush()
+            batch_tokens = sum(samples[i].length for i in batch)
+            if progress is not None:
+                progress.advance(len(batch), batch_tokens)
+            if timing["first_batch_seconds"] is None:  # one host sync per build: kernel JIT and autotuning
+                if cuda:
+                    gpus = {t.device for t in out.values()} | {torch.device(device)}
+                sync()
+                t_first = time.time()
+                timing["first_batch_seconds"] = t_first - t0
+            else:
+                steady["steady_tokens"] += batch_tokens
+        sync()
+        t_tail = time.time()  # the last forward is done: what follows is the last unit's copy and write
+        if t_first is not None:
+            steady["steady_seconds"] = t_tail - t_first
+        flush()
+        bg.close()
+        timing["tail_seconds"] = time.time() - t_tail
+    finally:
+        bg.close()
+        cap.close()
+        if progress is not None:
+            progress.close()
+    return {"samples_written": bg.written, "bytes": bg.bytes, "loop_seconds": time.time() - t0,
+            "writer_busy_seconds": bg.write_seconds, **timing, **steady,
+            "pinned_alloc_seconds": (pool.alloc_seconds - alloc0) if pool is not None else 0.0}

@@ -1,0 +1,1 @@
+"""The `hsstore` command line: argument parsing and text rendering only."""

@@ -1,0 +1,77 @@
+"""`hsstore build` and `hsstore env`: building variants and probing this machine."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from hsstore.cli.app import app, emit
+
+
+@app.command()
+def build(
+    manifest: Annotated[str, typer.Argument(help="Build manifest (TOML), e.g. manifests/tiny.toml.")],
+    store: Annotated[Optional[str], typer.Option("--store", help="Store path or URL (overrides [store] path).")] = None,
+    backend: Annotated[Optional[list[str]], typer.Option("--backend", help="torch | fla (repeatable).")] = None,
+    dtype: Annotated[Optional[list[str]], typer.Option("--dtype", help="bf16 | fp16 | fp32 (repeatable).")] = None,
+    device: Annotated[Optional[list[str]], typer.Option("--device", help="cpu | cuda | cuda:N (repeatable).")] = None,
+    gpus_per_rank: Annotated[Optional[int], typer.Option(
+        "--gpus-per-rank", help="Spread the model over this many GPUs per rank (needs accelerate).")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", help="Use only the first N usable samples.")] = None,
+    codec: Annotated[Optional[str], typer.Option("--codec", help="none | zstd | shuffle-zstd (default) | blosc-lz4 | blosc-zstd.")] = None,
+    allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf/all-zero states.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Run the model once per backend x dtype x device and write one variant each.
+
+    Idempotent: samples already committed are skipped, so re-running after a crash resumes.
+
+    Example: hsstore build manifests/tiny.toml --dtype bf16 --dtype fp32
+    """
+    from hsstore.build.driver import build as run_build
+    from hsstore.build.manifest import load_manifest
+
+    m = load_manifest(manifest).with_overrides(
+        store_path=store, backends=backend, dtypes=dtype, devices=device, codec=codec, gpus_per_rank=gpus_per_rank,
+        allow_unhealthy=allow_unhealthy or None,
+    )
+    summary = run_build(m, limit=limit, quiet=quiet)
+    lines = [f"store {summary['store']}  (rank {summary['rank']}/{summary['world_size']})"]
+    inp = summary["inputs"]
+    rej = ", ".join(f"{k}: {v}" for k, v in inp["rejected"].items()) or "none"
+    lines.append(f"inputs: {inp['rows']} rows, {inp['usable']} usable, {inp['truncated']} truncated, "
+                 f"{inp['duplicates']} duplicate; rejected: {rej}")
+    for r in summary["variants"]:
+        what = "nothing new (all present)" if r["samples_written"] == 0 else f"{r['samples_written']} samples written"
+        k = r["kernels"]
+        lines.append(
+            f"variant {r['variant']} {r['backend']}/{r['dtype']}/{r['device']}: {what}, {r['samples_present']} "
+            f"already present; {r['tokens']:,} tokens, {r['bytes'] / 1e6:.1f} MB, {r['seconds']:.1f}s; kernels: "
+            f"gated-delta={k['chunk_gated_delta_rule']} conv1d={k['causal_conv1d']} attention={k['attention']}"
+        )
+    lines.append(f"done in {summary['seconds']:.1f}s")
+    emit(summary, json_out, "\n".join(lines))
+
+
+@app.command()
+def env(
+    model: Annotated[Optional[str], typer.Option("--model", help="Model dir or builtin:NAME to probe.")] = None,
+    backend: Annotated[Optional[str], typer.Option("--backend", help="Probe as this backend would run (torch | fla).")] = None,
+    device: Annotated[str, typer.Option("--device", help="Device to probe on.")] = "cpu",
+    json_out: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """This machine's environment fingerprint; with --model, the kernel each family would use.
+
+    Example: hsstore env --model builtin:tiny-qwen3_5 --backend torch
+    """
+    from hsstore.build.probe import probe
+
+    r = probe(model, backend, device)
+    lines = [f"{k}: {v}" for k, v in r.items() if not isinstance(v, dict)]
+    for k, v in r.items():
+        if isinstance(v, dict):
+            lines.append(f"{k}:")
+            lines += [f"  {kk}: {vv}" for kk, vv in v.items()]
+    emit(r, json_out, "\n".join(lines))

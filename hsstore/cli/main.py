@@ -1,0 +1,34 @@
+"""The ``hsstore`` entry point: registers every command module and turns errors into exit codes."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from hsstore.cli import build_cmd, compare_cmd, store_cmd  # noqa: F401  (each registers its commands)
+from hsstore.cli.app import app, state
+from hsstore.core.errors import HsstoreError
+
+
+def main() -> None:
+    """Entry point: errors become one line on stderr and an exit code (2 bad input, 1 failed check)."""
+    try:
+        rc = app(standalone_mode=False)  # click returns typer.Exit's code here instead of raising
+        sys.exit(rc if isinstance(rc, int) else 0)
+    except HsstoreError as e:
+        if state["debug"] or os.environ.get("HSSTORE_DEBUG"):
+            raise
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except Exception as e:  # click (as vendored by typer) usage errors carry their own exit code
+        if callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int):
+            e.show()
+            sys.exit(e.exit_code)
+        raise

@@ -1,0 +1,1 @@
+"""Comparing states: divergence statistics, diff, plots, live-model checks."""

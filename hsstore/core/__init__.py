@@ -1,0 +1,1 @@
+"""Records and pure functions every layer shares: errors, typed schemas, keys, provenance, planners."""

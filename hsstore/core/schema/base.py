@@ -1,0 +1,133 @@
+"""Typed, immutable records with strict decoding: how hsstore reads and writes every JSON and TOML record.
+
+Built on msgspec Structs: frozen, unknown keys refused, nothing coerced (``"false"`` is not a bool,
+``511.9`` is not an int, ``true`` is not a number). msgspec was chosen by measurement
+(docs/architecture.md): it decodes a 5,000-sample commit record straight from JSON bytes in 0.45 ms
+with full type checks, faster than ``json.loads`` alone (1.0 ms) and than pydantic v2 in strict mode
+(0.94 ms), whose strict mode also refuses JSON lists for tuple fields.
+
+A decoding error becomes one line naming the record, the key, the value found and the type expected.
+Optional fields that older records lack default to ``UNSET`` and are left out when encoding, so a
+record round-trips to the very dict it came from (variant ids hash that dict).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, TypeVar
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from hsstore.core.errors import CorruptData, HsstoreError
+
+__all__ = ["UNSET", "Record", "UnsetType", "decode_json", "explain", "is_set"]
+
+R = TypeVar("R", bound="Record")
+_PATH = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]|\[['\"]?([^\]'\"]*)['\"]?\]")
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "a boolean (true/false)",
+               "array": "a list", "object": "a table/object", "null": "null"}
+
+
+class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Base of every persisted or exchanged record: ``to_dict`` / ``from_dict`` / ``from_json``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict; ``UNSET`` fields are left out."""
+        return msgspec.to_builtins(self)
+
+    @classmethod
+    def from_dict(cls: type[R], data: Any, what: str, error: type[HsstoreError] = CorruptData) -> R:
+        """Strictly decode ``data``; ``error`` (naming ``what``) on any wrong key, type or value."""
+        try:
+            return msgspec.convert(data, cls, strict=True)
+        except msgspec.ValidationError as e:
+            raise error(f"{what}: {explain(e, data)}") from None
+
+    @classmethod
+    def from_json(cls: type[R], raw: bytes, what: str, error: type[HsstoreError] = CorruptData) -> R:
+        """Strictly decode JSON bytes (no intermediate dict)."""
+        return decode_json(raw, cls, what, error)
+
+    def replace(self: R, **changes: Any) -> R:
+        return msgspec.structs.replace(self, **changes)
+
+
+def is_set(value: Any) -> bool:
+    return value is not UNSET
+
+
+def decode_json(raw: bytes, type_: Any, what: str, error: type[HsstoreError] = CorruptData) -> Any:
+    """``raw`` decoded as ``type_`` (any msgspec-supported type), or ``error`` naming ``what``."""
+    try:
+        return msgspec.json.decode(raw, type=type_, strict=True)
+    except msgspec.ValidationError as e:
+        try:
+            data = msgspec.json.decode(raw)
+        except (msgspec.DecodeError, RecursionError):
+            data = None
+        raise error(f"{what}: {explain(e, data)}") from None
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as e:
+        raise error(f"{what} is not valid JSON ({str(e)[:200]})") from None
+
+
+def _lookup(data: Any, path: str) -> tuple[bool, Any]:
+    """The value at a msgspec error path such as ``$.build.max_length`` or ``$.layers[1]``."""
+    node = data
+    for name, index, key in _PATH.findall(path):
+        try:
+            if name:
+                node = node[name]
+            elif index:
+                node = node[int(index)]
+            else:
+                node = node[key]
+        except (KeyError, IndexError, TypeError, ValueError):
+            return False, None
+    return True, node
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "a table/object"
+    return "null" if value is None else type(value).__name__
+
+
+def dotted(path: str) -> str:
+    """``$.build.max_length`` -> ``build.max_length``; ``$.layers[1]`` -> ``layers[1]``."""
+    return path.removeprefix("$").removeprefix(".") or "(top level)"
+
+
+def explain(e: msgspec.ValidationError, data: Any) -> str:
+    """msgspec's message rewritten for people: key, value found, type expected."""
+    msg = str(e)
+    where = ""
+    m = re.search(r" - at `([^`]*)`$", msg)
+    if m:
+        where, msg = m.group(1), msg[: m.start()]
+    t = re.match(r"Expected `([^`]*)`, got `([^`]*)`", msg)
+    if t and where:
+        found, value = _lookup(data, where)
+        expected = " or ".join(_TYPE_WORDS.get(p.strip(), p.strip()) for p in t.group(1).split("|"))
+        shown = f" = {value!r}" if found else ""
+        return f"{dotted(where)}{shown}: expected {expected}, got {_kind(value) if found else t.group(2)}"
+    u = re.match(r"Object contains unknown field `([^`]*)`", msg)
+    if u:
+        return f"unknown key {u.group(1)!r} in {dotted(where)} (typo?)"
+    r = re.match(r"Object missing required field `([^`]*)`", msg)
+    if r:
+        return f"{dotted(where) + '.' if where and where != '$' else ''}{r.group(1)} is missing"
+    if where:
+        found, value = _lookup(data, where)
+        return f"{dotted(where)}{f' = {value!r}' if found else ''}: {msg[0].lower() + msg[1:]}"
+    return msg

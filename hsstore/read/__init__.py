@@ -1,0 +1,1 @@
+"""Datasets for training and eval over committed variants (no model, no transformers)."""

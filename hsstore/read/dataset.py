@@ -1,0 +1,302 @@
+"""Datasets that read cached states with matched provenance: map-style and streaming (DDP x workers).
+
+Items: ``key``, ``input_ids`` [T] int64, ``loss_mask`` [T] bool, ``aux_hidden`` [T, n_aux, H] and
+``target_hidden`` [T, n_target, H] in the stored dtype (bf16 stays torch.bfloat16). Only the requested
+layers are read from disk.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from hsstore.core.errors import BadInput
+from hsstore.core.partition import epoch_order
+from hsstore.core.provenance import require_match
+from hsstore.storage.store import Store, VariantReader, split_target
+
+
+def resolve_provenance(required: Any) -> dict[str, Any]:
+    """A provenance from a dict, a dataset, a VariantReader or a 'STORE#SELECTOR' string."""
+    if isinstance(required, Mapping):
+        return dict(required)
+    if isinstance(required, (HiddenStateDataset, StreamingHiddenStateDataset)):
+        return required.provenance
+    if isinstance(required, VariantReader):
+        return required.record.provenance
+    if isinstance(required, str):
+        path, sel = split_target(required)
+        s = Store.open(path)
+        return s.variant_record(s.select(sel)).provenance
+    raise TypeError(f"require= takes a provenance dict, a dataset or 'STORE#SELECTOR', not {type(required).__name__}")
+
+
+def _open(store: Any, variant: str | None) -> VariantReader:
+    if isinstance(store, Store):
+        s, sel = store, variant
+    else:
+        path, sel_in_path = split_target(str(store))
+        s, sel = Store.open(path), variant if variant is not None else sel_in_path
+    reader = s.reader(s.select(sel))
+    reader.check_corrupt_commits()
+    return reader
+
+
+class _Base:
+    """Shared opening, provenance check and item assembly."""
+
+    def _setup(self, store: Any, variant: str | None, layers: Sequence[int] | None, require: Any,
+               allow_drift: Iterable[str]) -> None:
+        self.reader = _open(store, variant)
+        self._pid = os.getpid()
+        rec = self.reader.record
+        if require is not None:
+            require_match(rec.provenance, resolve_provenance(require), allow_drift)
+        stored = rec.all_layers
+        want = stored if layers is None else sorted(set(layers))
+        bad = [i for i in want if i not in stored]
+        if bad:
+            raise BadInput(f"layer(s) {bad} are not stored in variant {self.reader.id}; stored: {stored}")
+        # layers are handed out by role, so a target layer can never end up among the conditioning ones
+        self.layer_roles = {role: [i for i in ids if i in want] for role, ids in rec.layers.items()}
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        return self.reader.record.provenance
+
+    def __getstate__(self) -> dict[str, Any]:
+        # picklable for spawn/forkserver DataLoader workers: reopen the store there, not a copy of caches
+        state = self.__dict__.copy()
+        state["reader"] = (self.reader.store.location, self.reader.id)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        location, vid = state["reader"]
+        self.__dict__.update(state)
+        self.reader = Store.open(location).reader(vid)
+        self._pid = os.getpid()
+
+    @property
+    def hidden_size(self) -> int:
+        return self.reader.record.hidden_size
+
+    @property
+    def variant_id(self) -> str:
+        return self.reader.id
+
+    def _reader_here(self) -> VariantReader:
+        """The reader, reopened after a fork for remote stores (their clients are bound to the parent's
+        event loop; local files are safe to share)."""
+        pid = os.getpid()
+        if getattr(self, "_pid", pid) != pid and self.reader.store.blobs.root is None:
+            self.reader = Store.open(self.reader.store.location).reader(self.reader.id)
+        self._pid = pid
+        return self.reader
+
+    def _item(self, index: int) -> dict[str, Any]:
+        self._reader_here()
+        ref = self.reader.ref(index)
+        ids, mask = self.reader.read_tokens(ref)
+        aux, target = self.layer_roles.get("aux", []), self.layer_roles.get("target", [])
+        return {
+            "key": ref.key,
+            "index": index,
+            "input_ids": torch.from_numpy(ids.astype(np.int64)),
+            "loss_mask": torch.from_numpy(mask.astype(np.bool_)),
+            "aux_hidden": self.reader.read_stacked(ref, aux),
+            "target_hidden": self.reader.read_stacked(ref, target),
+        }
+
+
+class HiddenStateDataset(_Base, Dataset):
+    """Map-style dataset over one variant; ``require=`` refuses a store of other provenance.
+
+    Example: ``HiddenStateDataset("cache.zarr", variant="backend=torch,dtype=bf16", require=train.provenance)``
+    """
+
+    def __init__(self, store: Any, variant: str | None = None, layers: Sequence[int] | None = None,
+                 require: Any = None, allow_drift: Iterable[str] = ()) -> None:
+        self._setup(store, variant, layers, require, allow_drift)
+
+    def __len__(self) -> int:
+        return len(self.reader.keys)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        return self._item(index % len(self))
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self.reader.keys)
+
+
+def pad_collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Right-pad items into a batch with ``attention_mask`` (True = real token)."""
+    T = max(it["input_ids"].shape[0] for it in items)
+    B = len(items)
+    first = items[0]
+    out = {
+        "key": [it["key"] for it in items],
+        "index": torch.tensor([it["index"] for it in items], dtype=torch.long),
+        "input_ids": torch.zeros((B, T), dtype=torch.long),
+        "loss_mask": torch.zeros((B, T), dtype=torch.bool),
+        "attention_mask": torch.zeros((B, T), dtype=torch.bool),
+        "aux_hidden": torch.zeros((B, T, *first["aux_hidden"].shape[1:]), dtype=first["aux_hidden"].dtype),
+        "target_hidden": torch.zeros((B, T, *first["target_hidden"].shape[1:]), dtype=first["target_hidden"].dtype),
+    }
+    for b, it in enumerate(items):
+        n = it["input_ids"].shape[0]
+        out["input_ids"][b, :n] = it["input_ids"]
+        out["loss_mask"][b, :n] = it["loss_mask"]
+        out["attention_mask"][b, :n] = True
+        out["aux_hidden"][b, :n] = it["aux_hidden"]
+        out["target_hidden"][b, :n] = it["target_hidden"]
+    return out
+
+
+def epoch_sequence(unit_sizes: Sequence[int], seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """Global sample order of one epoch: units in a seeded order, samples shuffled inside each unit.
+
+    Keeps reads chunk-local (a worker reads runs of one unit) while every epoch differs.
+    Returns: indices into the variant's key list, shape (sum(unit_sizes),).
+    """
+    starts = np.concatenate([[0], np.cumsum(unit_sizes)]).astype(np.int64)
+    if not shuffle:
+        return np.arange(starts[-1], dtype=np.int64)
+    rng = np.random.default_rng([seed, epoch, 1])
+    parts = []
+    for u in epoch_order(len(unit_sizes), seed, epoch):
+        idx = np.arange(starts[u], starts[u + 1], dtype=np.int64)
+        rng.shuffle(idx)
+        parts.append(idx)
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+class StreamingHiddenStateDataset(_Base, IterableDataset):
+    """Iterable dataset for DDP training: each (rank, worker) takes a contiguous part of the epoch order.
+
+    - every sample exactly once per epoch across all ranks and workers (``remainder="keep"``: ranks may
+      differ by one sample; ``"drop"``: the last ``len % world`` samples wait for a later epoch so
+      every rank gets the same count);
+    - the order is a function of (seed, epoch) only;
+    - ``mark_consumed(batch["index"])`` + ``state_dict()`` / ``load_state_dict()`` resume mid-epoch
+      exactly, also with another number of ranks (the state is the set of consumed samples);
+    - ``batch_tokens=N`` yields padded batches of at most N (padded) tokens instead of single items;
+    - ``prefetch=K`` reads the next K samples on threads (default: 8 on remote stores such as ``s3://``,
+      where every read is a round trip; 0 on local disks).
+    """
+
+    def __init__(self, store: Any, variant: str | None = None, layers: Sequence[int] | None = None,
+                 require: Any = None, allow_drift: Iterable[str] = (), seed: int = 0, shuffle: bool = True,
+                 batch_tokens: int | None = None, remainder: str = "keep", rank: int | None = None,
+                 world_size: int | None = None, prefetch: int | None = None) -> None:
+        if remainder not in ("keep", "drop"):
+            raise BadInput(f"remainder={remainder!r}; choose 'keep' or 'drop'")
+        self._setup(store, variant, layers, require, allow_drift)
+        self.seed, self.shuffle, self.batch_tokens, self.remainder = seed, shuffle, batch_tokens, remainder
+        self._rank, self._world = rank, world_size
+        self.prefetch = prefetch if prefetch is not None else (0 if self.reader.store.blobs.root else 8)
+        self.epoch = 0
+        self.unit_sizes = self._unit_sizes()
+        self.n = int(sum(self.unit_sizes))
+        self.consumed = np.zeros(self.n, dtype=bool)
+
+    def _unit_sizes(self) -> list[int]:
+        sizes: dict[str, int] = {}
+        for k in self.reader.keys:
+            u = self.reader.refs[k].unit
+            sizes[u] = sizes.get(u, 0) + 1
+        return list(sizes.values())  # keys are in unit order already
+
+    def __len__(self) -> int:
+        return self.n
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` (clears the consumed set)."""
+        self.epoch = int(epoch)
+        self.consumed[:] = False
+
+    def mark_consumed(self, indices: Iterable[int] | torch.Tensor) -> None:
+        """Record samples the training loop has finished with (call in the main process)."""
+        idx = indices.tolist() if isinstance(indices, torch.Tensor) else list(indices)
+        self.consumed[np.asarray(idx, dtype=np.int64)] = True
+
+    def state_dict(self, gather: bool = True) -> dict[str, Any]:
+        """Resumable state; with torch.distributed initialized (and ``gather``) it merges every rank's."""
+        consumed = self.consumed.copy()
+        if gather and torch.distributed.is_available() and torch.distributed.is_initialized():
+            t = torch.from_numpy(consumed.astype(np.uint8))
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+            consumed = t.numpy().astype(bool)
+        return {"epoch": self.epoch, "seed": self.seed, "n": self.n, "variant": self.variant_id,
+                "consumed": np.packbits(consumed).tobytes().hex()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state["variant"] != self.variant_id or state["n"] != self.n or state["seed"] != self.seed:
+            raise BadInput(f"state is for variant {state['variant']} with {state['n']} samples and seed "
+                           f"{state['seed']}; this dataset is {self.variant_id} with {self.n} and seed {self.seed}")
+        self.epoch = int(state["epoch"])
+        bits = np.unpackbits(np.frombuffer(bytes.fromhex(state["consumed"]), dtype=np.uint8))[: self.n]
+        self.consumed = bits.astype(bool)
+
+    def _world_and_rank(self) -> tuple[int, int]:
+        if self._world is not None:
+            return int(self._world), int(self._rank or 0)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_world_size(), torch.distributed.get_rank()
+        return 1, 0
+
+    def my_indices(self) -> np.ndarray:
+        """This (rank, worker)'s samples for the current epoch, in order (pure given the state)."""
+        order = epoch_sequence(self.unit_sizes, self.seed, self.epoch, self.shuffle)
+        order = order[~self.consumed[order]]
+        world, rank = self._world_and_rank()
+        if self.remainder == "drop":
+            order = order[: len(order) - len(order) % world]
+        ranks = np.array_split(order, world)  # contiguous: chunk-local reads
+        mine = ranks[rank]
+        info = get_worker_info()
+        if info is not None:
+            mine = np.array_split(mine, info.num_workers)[info.id]
+        return mine
+
+    def _items(self, indices: np.ndarray) -> Iterator[dict[str, Any]]:
+        """Items in order; with ``prefetch`` the next ones are already being read on threads."""
+        if not self.prefetch:
+            for i in indices:
+                yield self._item(int(i))
+            return
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(self.prefetch) as pool:
+            window: deque = deque()
+            for i in indices:
+                window.append(pool.submit(self._item, int(i)))
+                if len(window) > self.prefetch:
+                    yield window.popleft().result()
+            while window:
+                yield window.popleft().result()
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        mine = self.my_indices()
+        if not self.batch_tokens:
+            yield from self._items(mine)
+            return
+        batch: list[dict[str, Any]] = []
+        width = 0
+        for it in self._items(mine):
+            n = it["input_ids"].shape[0]
+            if batch and max(width, n) * (len(batch) + 1) > self.batch_tokens:
+                yield pad_collate(batch)
+                batch, width = [], 0
+            batch.append(it)
+            width = max(width, n)
+        if batch:
+            yield pad_collate(batch)

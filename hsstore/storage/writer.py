@@ -1,0 +1,196 @@
+"""UnitWriter: one writer's units of work — write arrays, check health, then commit (last, atomically)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import zarr
+
+from hsstore.storage import layout
+from hsstore.storage.codecs import compressors
+from hsstore.core.dtypes import TORCH, to_stored
+from hsstore.core.errors import BuildFailed, CorruptData
+from hsstore.core.keys import SampleTokens
+from hsstore.storage.records import CommitRecord, group_json, parse_json
+from hsstore.storage.shardio import write_shard
+from hsstore.storage.stats import from_stats_tensor, problems, stats_tensor
+
+if TYPE_CHECKING:
+    from hsstore.storage.store import Store
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class UnitWriter:
+    """Writes units of one variant. Exactly one writer owns a unit id; nothing is visible until commit."""
+
+    def __init__(self, store: Store, vid: str, writer_id: str | None = None, check_health: bool = True) -> None:
+        self.store = store
+        self.vid = vid
+        self.record = store.variant_record(vid)
+        self.writer_id = layout.check_name(writer_id or uuid.uuid4().hex[:12], "writer id")
+        self.check_health = check_health
+        self.seq = 0
+        self.info = {"host": socket.gethostname(), "pid": os.getpid(), "writer": self.writer_id}
+        self._seen_commits: set[str] = set()
+        self._done: set[str] = set()
+        self._lock = threading.Lock()  # writes may come from several threads
+        # a unit's arrays are compressed and written in parallel (the codecs release the GIL): the last
+        # unit of a build is written after the last forward, and this is most of that tail
+        self.io_threads = min(8, os.cpu_count() or 1)
+
+    def committed_keys(self) -> set[str]:
+        """Keys committed by anyone so far (reads only commit records not seen before)."""
+        blobs = self.store.blobs
+        with self._lock:
+            return self._refresh(blobs)
+
+    def _refresh(self, blobs: object) -> set[str]:
+        for key in blobs.list(layout.commits_prefix(self.vid)):
+            if key in self._seen_commits or not key.endswith(".json"):
+                continue
+            raw = blobs.get(key)
+            if raw is None:
+                continue
+            try:
+                commit = CommitRecord.from_dict(parse_json(raw, key), key)
+            except CorruptData:
+                continue  # verify reports it; its samples will be written again
+            self._done.update(k for k, _, _ in commit.samples)
+            self._seen_commits.add(key)
+        return self._done
+
+    def write(
+        self,
+        samples: Sequence[SampleTokens],
+        states: dict[int, torch.Tensor],
+        skip_committed: bool = True,
+        health: dict[int, torch.Tensor] | None = None,
+    ) -> CommitRecord | None:
+        """Write ``samples`` and their states (``layer -> [sum of lengths, H]``, in sample order) as one unit.
+
+        Samples already committed are dropped first (re-writing is a no-op). ``health`` = ``layer ->
+        stats_tensor(states, lengths)`` computed by the caller (on the GPU, copied back with the states)
+        saves recomputing them here.
+        Returns the commit, or None if nothing was left to write.
+        """
+        rec = self.record
+        if sorted(states) != rec.all_layers:
+            raise ValueError(f"states for layers {sorted(states)}, variant {self.vid} stores {rec.all_layers}")
+        total = sum(s.length for s in samples)
+        for layer, t in states.items():
+            if tuple(t.shape) != (total, rec.hidden_size) or t.dtype != TORCH[rec.dtype]:
+                raise ValueError(
+                    f"layer {layer} states {tuple(t.shape)} {t.dtype}; expected {(total, rec.hidden_size)} {TORCH[rec.dtype]}"
+                )
+        keep = list(range(len(samples)))
+        if skip_committed:
+            done = self.committed_keys()
+            seen: set[str] = set()
+            keep = []
+            for i, s in enumerate(samples):
+                if s.key not in done and s.key not in seen:
+                    keep.append(i)
+                    seen.add(s.key)
+        if not keep:
+            return None
+        if len(keep) < len(samples):
+            starts = np.cumsum([0] + [s.length for s in samples])
+            idx = torch.from_numpy(np.concatenate([np.arange(starts[i], starts[i + 1]) for i in keep]))
+            states = {k: v.index_select(0, idx) for k, v in states.items()}
+            samples = [samples[i] for i in keep]
+            health = None  # computed over other rows
+        stats = self._health(samples, states, health)
+        return self._write_unit(samples, states, stats)
+
+    def _health(self, samples: Sequence[SampleTokens], states: dict[int, torch.Tensor],
+                health: dict[int, torch.Tensor] | None) -> dict[str, dict]:
+        if health is None:
+            lengths = [s.length for s in samples]
+            health = {layer: stats_tensor(t, lengths) for layer, t in states.items()}
+        stats, absmax = {}, {}
+        for layer, t in health.items():
+            stats[str(layer)], absmax[layer] = from_stats_tensor(t.tolist())
+        if not self.check_health:
+            return stats
+        for layer, s in stats.items():
+            bad = problems(s)
+            if s["nan"] or s["inf"] or (bad and "zero" in bad[0]):
+                raise BuildFailed(
+                    f"layer {layer} of variant {self.vid}: {'; '.join(bad)} — refusing to commit. "
+                    "Check the model and dtype (fp16 overflow?) or pass --allow-unhealthy to store anyway"
+                )
+        for layer, per_sample in absmax.items():
+            for s, m in zip(samples, per_sample):
+                if m == 0:
+                    raise BuildFailed(
+                        f"sample {s.key}: layer {layer} is all zeros — refusing to commit (broken extractor?). "
+                        "Pass --allow-unhealthy to store anyway"
+                    )
+        return stats
+
+    def _write_array(self, key: str, data: np.ndarray, chunk: int, codec: str, attrs: dict) -> None:
+        """One single-shard zarr v3 array (metadata through zarr; the shard directly on local disks)."""
+        rows = data.shape[0]
+        shard = -(-rows // chunk) * chunk
+        a = zarr.create_array(
+            self.store.zstore, name=key, shape=data.shape, chunks=(chunk, *data.shape[1:]),
+            shards=(shard, *data.shape[1:]), dtype=data.dtype, compressors=compressors(codec), fill_value=0,
+            config={"write_empty_chunks": True}, attributes=attrs,
+        )
+        root = self.store.blobs.root
+        if root is not None:
+            write_shard(str(root / key / "c" / "/".join(["0"] * data.ndim)), data, chunk, codec)
+        else:
+            a[:] = data
+
+    def _write_unit(
+        self, samples: Sequence[SampleTokens], states: dict[int, torch.Tensor], stats: dict[str, dict]
+    ) -> CommitRecord:
+        rec = self.record
+        with self._lock:
+            uid = f"{self.writer_id}-{self.seq:06d}"
+            self.seq += 1
+        prefix = layout.unit_prefix(self.vid, uid)
+        blobs = self.store.blobs
+        if not blobs.put_if_absent(f"{prefix}/zarr.json", group_json({"hsstore_unit": {**self.info, "started_at": _now()}})):
+            raise BuildFailed(f"unit {uid} of variant {self.vid} exists already: two writers share the id "
+                              f"{self.writer_id!r}; give each writer its own")
+        n = sum(s.length for s in samples)
+        ids = np.concatenate([s.input_ids.astype(np.int32) for s in samples])
+        mask = np.concatenate([s.loss_mask.astype(np.uint8) for s in samples])
+        c = min(rec.chunk_tokens, max(1, n))
+        tok_c = min(1 << 16, max(1, n))
+        arrays = [("input_ids", ids, tok_c, "none", {}), ("loss_mask", mask, tok_c, "none", {})]
+        arrays += [(layout.layer_array(layer), to_stored(t.cpu()), c, rec.codec,
+                    {"hsstore_dtype": rec.dtype, "layer": int(layer)}) for layer, t in states.items()]
+        with ThreadPoolExecutor(max(1, min(self.io_threads, len(arrays)))) as pool:
+            list(pool.map(lambda a: self._write_array(f"{prefix}/{a[0]}", *a[1:]), arrays))
+        files = {}
+        for key in blobs.list(prefix + "/"):
+            rel = key[len(prefix) + 1 :]
+            files[rel] = int(blobs.size(key) or 0)
+        off, rows = 0, []
+        for s in samples:
+            rows.append((s.key, off, s.length))
+            off += s.length
+        commit = CommitRecord(
+            unit=uid, samples=rows, layers=sorted(states), files=files, stats=stats,
+            writer=self.info, committed_at=_now(),
+        )
+        blobs.put_atomic(layout.commit_key(self.vid, uid), json.dumps(commit.to_dict()).encode())
+        with self._lock:
+            self._done.update(k for k, _, _ in rows)
+        return commit
