@@ -69,15 +69,41 @@ def builtin_tokenizer() -> Any:
     return fast
 
 
+def check_overrides(name: str, defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Each override names a key of the model's config and keeps its kind: a positive count stays a
+    positive int, a flag a bool, a number a number, a list a list; anything else is one BadInput."""
+    for key, value in overrides.items():
+        where = f"[model] config.{key} = {value!r} (builtin:{name})"
+        if key not in defaults:
+            raise BadInput(f"unknown config key {key!r} for builtin:{name} (typo?); it would be ignored by "
+                           "transformers: use a key of the model's config, e.g. hidden_size, num_hidden_layers")
+        default = defaults[key]
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise BadInput(f"{where}: expected a boolean (true/false)")
+        if isinstance(default, int) and not isinstance(default, bool):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise BadInput(f"{where}: expected an integer")
+            if default > 0 and value < 1:
+                raise BadInput(f"{where}: expected a positive integer (a size or count)")
+        if isinstance(default, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise BadInput(f"{where}: expected a number")
+        if isinstance(default, list) and not isinstance(value, list):
+            raise BadInput(f"{where}: expected a list")
+
+
 def builtin_config(name: str, overrides: dict[str, Any] | None = None, vocab_size: int = 320) -> Any:
-    """The transformers config of builtin ``name`` with ``overrides`` applied."""
+    """The transformers config of builtin ``name`` with ``overrides`` applied (checked by key and kind)."""
     from transformers import AutoConfig
 
     if name not in BUILTINS:
         raise BadInput(f"unknown builtin model {name!r}; choose one of {', '.join('builtin:' + n for n in BUILTINS)}")
-    kwargs = {**BUILTINS[name], "vocab_size": vocab_size, **(overrides or {})}
-    model_type = kwargs.pop("model_type")
-    if model_type == "qwen3_5_text" and "layer_types" not in (overrides or {}):
+    base = {**BUILTINS[name], "vocab_size": vocab_size}
+    model_type = base.pop("model_type")
+    overrides = dict(overrides or {})
+    if overrides:
+        check_overrides(name, {**AutoConfig.for_model(model_type).to_dict(), **base}, overrides)
+    kwargs = {**base, **overrides}
+    if model_type == "qwen3_5_text" and "layer_types" not in overrides:
         n = int(kwargs["num_hidden_layers"])
         kwargs["layer_types"] = [
             "full_attention" if (i + 1) % FULL_ATTENTION_INTERVAL == 0 else "linear_attention" for i in range(n)

@@ -1,71 +1,31 @@
-"""The build manifest (TOML): strict parsing, relative paths, CLI overrides. No I/O besides reading it."""
+"""The build manifest (TOML): typed tables (hsstore.core.schema.manifest), value rules, relative paths,
+CLI overrides. No I/O besides reading the file."""
 
 from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hsstore.storage.codecs import CHOICES as CODECS
-from hsstore.storage.codecs import DEFAULT as DEFAULT_CODEC
 from hsstore.core.dtypes import parse_dtype
 from hsstore.core.errors import BadInput
+from hsstore.core.schema.manifest import FINAL_NORM, TABLES, Manifest, ManifestFile
+from hsstore.storage.codecs import CHOICES as CODECS
 
 BACKENDS = ("torch", "fla")
 FORMATS = ("auto", "sharegpt", "openai", "text", "prompt_completion")
 TOO_LONG = ("truncate", "skip")
-# the output of the model's final norm (the state lm_head sees; transformers' last hidden_states entry),
-# a named capture beside the decoder layers; stored under layer id num_layers
-FINAL_NORM = "final_norm"
 ATTENTION = ("sdpa", "eager", "flash_attention_2", "flex_attention")
+# a manifest file larger than this is not a manifest (a wrong path, a data file passed by mistake)
+MAX_MANIFEST_BYTES = 1 << 20
 
-_SCHEMA: dict[str, set[str]] = {
-    "model": {"path", "config", "layers", "seed", "trust_remote_code", "init_device", "attn_implementation"},
-    "data": {"files", "format", "max_length", "too_long"},
-    "build": {"backends", "dtypes", "devices", "gpus_per_rank", "token_budget", "unit_tokens", "allow_unhealthy"},
-    "store": {"path", "codec"},
-}
-
-
-@dataclass(frozen=True)
-class Manifest:
-    source: str
-    model_path: str
-    layers: dict[str, list[int]]
-    data_files: list[str]
-    store_path: str
-    config_overrides: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
-    trust_remote_code: bool = False
-    init_device: str = "cpu"
-    attn_implementation: str = "sdpa"
-    data_format: str = "auto"
-    max_length: int = 2048
-    too_long: str = "truncate"
-    backends: list[str] = field(default_factory=lambda: ["torch"])
-    dtypes: list[str] = field(default_factory=lambda: ["bf16"])
-    devices: list[str] = field(default_factory=lambda: ["cpu"])
-    gpus_per_rank: int = 1  # >1: one model spread over that many GPUs (hsstore.build.placement)
-    token_budget: int = 16384
-    unit_tokens: int | None = None  # None: as many tokens as make UNIT_BYTES of states
-    allow_unhealthy: bool = False
-    codec: str = DEFAULT_CODEC
-
-    def with_overrides(self, **kw: Any) -> Manifest:
-        """CLI options override the manifest; None means "not given"."""
-        return replace(self, **{k: v for k, v in kw.items() if v is not None and v != []})
+__all__ = ["FINAL_NORM", "Manifest", "check_layers_in_model", "load_manifest", "parse_backend", "parse_device",
+           "resolve_layers", "validate"]
 
 
 def _err(source: str, msg: str) -> BadInput:
     return BadInput(f"{source}: {msg}")
-
-
-def _int(source: str, table: str, key: str, value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _err(source, f"[{table}] {key} must be an integer, got {value!r}")
-    return value
 
 
 def parse_device(dev: str) -> str:
@@ -118,71 +78,76 @@ def check_layers_in_model(layers: dict[str, list], num_layers: int, model: str) 
                            f"the state after the final norm is named \"{FINAL_NORM}\")")
 
 
-def load_manifest(path: str | Path) -> Manifest:
-    p = Path(path)
-    source = str(path)
+def _read_toml(p: Path, source: str) -> dict[str, Any]:
     if not p.is_file():
         raise BadInput(f"manifest {source!r} does not exist; pass a TOML file such as manifests/tiny.toml")
+    if p.stat().st_size > MAX_MANIFEST_BYTES:
+        raise _err(source, f"is {p.stat().st_size:,} bytes; a manifest is a small TOML file (pass the manifest, "
+                           "not a data file)")
     try:
-        raw = tomllib.loads(p.read_text(encoding="utf-8"))
+        return tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise _err(source, f"malformed TOML: {e}") from None
     except UnicodeDecodeError:
         raise _err(source, "is not UTF-8 text") from None
-    unknown_tables = set(raw) - set(_SCHEMA)
+
+
+def _check_keys(source: str, raw: dict[str, Any]) -> None:
+    """Unknown tables and keys, named with what is allowed (the schema's own fields)."""
+    unknown_tables = set(raw) - set(TABLES)
     if unknown_tables:
-        raise _err(source, f"unknown table(s) {sorted(unknown_tables)}; allowed: {sorted(_SCHEMA)}")
-    for table, keys in _SCHEMA.items():
+        raise _err(source, f"unknown table(s) {sorted(unknown_tables)}; allowed: {sorted(TABLES)}")
+    for table, record in TABLES.items():
         got = raw.get(table, {})
         if not isinstance(got, dict):
-            raise _err(source, f"[{table}] must be a table")
+            raise _err(source, f"[{table}] must be a table, got {got!r}")
+        keys = set(record.__struct_fields__)
         unknown = set(got) - keys
         if unknown:
             raise _err(source, f"unknown key(s) {sorted(unknown)} in [{table}] (typo?); allowed: {sorted(keys)}")
-    base = p.resolve().parent
-    model, data, build, store = (raw.get(t, {}) for t in ("model", "data", "build", "store"))
+
+
+def _require(source: str, raw: dict[str, Any]) -> None:
+    model, data = raw.get("model", {}), raw.get("data", {})
     if "path" not in model:
         raise _err(source, "[model] path is missing; e.g. path = \"builtin:tiny-qwen3_5\"")
     if "layers" not in model:
         raise _err(source, "[model] layers is missing; e.g. layers = { aux = [1, 2], target = [3] }")
+    parse_layers(source, model["layers"])  # the layer rules, with their own messages, before types
     if not data.get("files"):
         raise _err(source, "[data] files is missing or empty; e.g. files = [\"conversations.jsonl\"]")
-    if not store.get("path"):
-        raise _err(source, "[store] path is missing; e.g. path = \"out/tiny.zarr\" (or pass --store)")
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    """The resolved manifest at ``path``: strict types, unknown keys refused, paths made absolute."""
+    p, source = Path(path), str(path)
+    raw = _read_toml(p, source)
+    _check_keys(source, raw)
+    _require(source, raw)
+    f = ManifestFile.from_dict(raw, source, BadInput, toml=True)
+    base = p.resolve().parent
 
     def resolve(x: str) -> str:
-        return x if ("://" in x or Path(x).is_absolute()) else os.path.normpath(base / x)
+        return x if ("://" in x or Path(x).is_absolute() or not x) else os.path.normpath(base / x)
 
-    mp = str(model["path"])
-    files = data["files"] if isinstance(data["files"], list) else [data["files"]]
+    files = f.data.files if isinstance(f.data.files, list) else [f.data.files]
+    model, data, build, store = f.model, f.data, f.build, f.store
     m = Manifest(
-        source=source,
-        model_path=mp if mp.startswith("builtin:") else resolve(mp),
-        layers=parse_layers(source, model["layers"]),
-        data_files=[resolve(str(f)) for f in files],
-        store_path=resolve(str(store["path"])),
-        config_overrides=dict(model.get("config", {})),
-        seed=int(model.get("seed", 0)),
-        trust_remote_code=bool(model.get("trust_remote_code", False)),
-        init_device=str(model.get("init_device", "cpu")),
-        attn_implementation=str(model.get("attn_implementation", "sdpa")),
-        data_format=str(data.get("format", "auto")),
-        max_length=int(data.get("max_length", 2048)),
-        too_long=str(data.get("too_long", "truncate")),
-        backends=list(build.get("backends", ["torch"])),
-        dtypes=list(build.get("dtypes", ["bf16"])),
-        devices=list(build.get("devices", ["cpu"])),
-        gpus_per_rank=_int(source, "build", "gpus_per_rank", build.get("gpus_per_rank", 1)),
-        token_budget=int(build.get("token_budget", 16384)),
-        unit_tokens=int(build["unit_tokens"]) if "unit_tokens" in build else None,
-        allow_unhealthy=bool(build.get("allow_unhealthy", False)),
-        codec=str(store.get("codec", DEFAULT_CODEC)),
+        source=source, model_path=model.path if model.path.startswith("builtin:") else resolve(model.path),
+        layers=model.layers.to_dict(), data_files=[resolve(x) for x in files], store_path=resolve(store.path),
+        config_overrides=dict(model.config), seed=model.seed, trust_remote_code=model.trust_remote_code,
+        init_device=model.init_device, attn_implementation=model.attn_implementation, data_format=data.format,
+        max_length=data.max_length, too_long=data.too_long, backends=list(build.backends),
+        dtypes=list(build.dtypes), devices=list(build.devices), gpus_per_rank=build.gpus_per_rank,
+        token_budget=build.token_budget, unit_tokens=build.unit_tokens, allow_unhealthy=build.allow_unhealthy,
+        codec=store.codec,
     )
-    return validate(m)
+    return validate(m, need_store=False)
 
 
-def validate(m: Manifest) -> Manifest:
-    """Value checks shared by the manifest and CLI overrides."""
+def validate(m: Manifest, need_store: bool = True) -> Manifest:
+    """Value checks shared by the manifest and CLI overrides (``need_store``: the store path must be set;
+    a manifest may leave it to ``--store``)."""
     if m.data_format not in FORMATS:
         raise BadInput(f"unknown data format {m.data_format!r}; choose one of {', '.join(FORMATS)}")
     if m.too_long not in TOO_LONG:
@@ -216,4 +181,8 @@ def validate(m: Manifest) -> Manifest:
     if m.gpus_per_rank > 1 and m.init_device == "device":
         raise BadInput("[model] init_device = \"device\" draws random weights on one GPU; with gpus_per_rank > 1 the "
                        "model is drawn on the CPU: set init_device = \"cpu\"")
-    return replace(m, dtypes=[parse_dtype(d) for d in m.dtypes])
+    if m.unit_tokens is not None and m.unit_tokens < 1:
+        raise BadInput(f"[build] unit_tokens = {m.unit_tokens}; it must be 1 or more (or left out for ~1 GiB units)")
+    if need_store and not m.store_path:
+        raise BadInput(f"{m.source}: [store] path is missing; e.g. path = \"out/tiny.zarr\" (or pass --store)")
+    return m.replace(dtypes=[parse_dtype(d) for d in m.dtypes])

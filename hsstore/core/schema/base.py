@@ -37,12 +37,14 @@ class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         return msgspec.to_builtins(self)
 
     @classmethod
-    def from_dict(cls: type[R], data: Any, what: str, error: type[HsstoreError] = CorruptData) -> R:
-        """Strictly decode ``data``; ``error`` (naming ``what``) on any wrong key, type or value."""
+    def from_dict(cls: type[R], data: Any, what: str, error: type[HsstoreError] = CorruptData,
+                  toml: bool = False) -> R:
+        """Strictly decode ``data``; ``error`` (naming ``what``) on any wrong key, type or value.
+        ``toml``: name keys as ``[table] key`` instead of ``table.key``."""
         try:
             return msgspec.convert(data, cls, strict=True)
         except msgspec.ValidationError as e:
-            raise error(f"{what}: {explain(e, data)}") from None
+            raise error(f"{what}: {explain(e, data, toml)}") from None
 
     @classmethod
     def from_json(cls: type[R], raw: bytes, what: str, error: type[HsstoreError] = CorruptData) -> R:
@@ -103,12 +105,16 @@ def _kind(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def dotted(path: str) -> str:
-    """``$.build.max_length`` -> ``build.max_length``; ``$.layers[1]`` -> ``layers[1]``."""
-    return path.removeprefix("$").removeprefix(".") or "(top level)"
+def dotted(path: str, toml: bool = False) -> str:
+    """``$.build.max_length`` -> ``build.max_length`` (``[build] max_length`` with ``toml``)."""
+    out = path.removeprefix("$").removeprefix(".") or "(top level)"
+    if toml and "." in out:
+        table, _, rest = out.partition(".")
+        return f"[{table}] {rest}"
+    return f"[{out}]" if toml and out != "(top level)" and "[" not in out else out
 
 
-def explain(e: msgspec.ValidationError, data: Any) -> str:
+def explain(e: msgspec.ValidationError, data: Any, toml: bool = False) -> str:
     """msgspec's message rewritten for people: key, value found, type expected."""
     msg = str(e)
     where = ""
@@ -120,14 +126,14 @@ def explain(e: msgspec.ValidationError, data: Any) -> str:
         found, value = _lookup(data, where)
         expected = " or ".join(_TYPE_WORDS.get(p.strip(), p.strip()) for p in t.group(1).split("|"))
         shown = f" = {value!r}" if found else ""
-        return f"{dotted(where)}{shown}: expected {expected}, got {_kind(value) if found else t.group(2)}"
+        return f"{dotted(where, toml)}{shown}: expected {expected}, got {_kind(value) if found else t.group(2)}"
     u = re.match(r"Object contains unknown field `([^`]*)`", msg)
     if u:
-        return f"unknown key {u.group(1)!r} in {dotted(where)} (typo?)"
+        return f"unknown key {u.group(1)!r} in {dotted(where, toml)} (typo?)"
     r = re.match(r"Object missing required field `([^`]*)`", msg)
     if r:
-        return f"{dotted(where) + '.' if where and where != '$' else ''}{r.group(1)} is missing"
+        return f"{dotted(where, toml) + ('.' if not toml else ' ') if where and where != '$' else ''}{r.group(1)} is missing"
     if where:
         found, value = _lookup(data, where)
-        return f"{dotted(where)}{f' = {value!r}' if found else ''}: {msg[0].lower() + msg[1:]}"
+        return f"{dotted(where, toml)}{f' = {value!r}' if found else ''}: {msg[0].lower() + msg[1:]}"
     return msg

@@ -1,0 +1,90 @@
+"""The manifest is read strictly: wrong types are one line naming key, value and expected type; nothing is
+coerced (``"false"`` is not False); values are range-checked; defaults live in one schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hsstore.build.manifest import load_manifest
+from hsstore.core.errors import BadInput
+from hsstore.core.schema.manifest import BuildTable, DataTable, ModelTable, StoreTable
+
+from helpers import run_cli, write_manifest
+
+WRONG_TYPES = [
+    # (table snippet, key, value shown, expected type words)
+    ("model", 'trust_remote_code = "false"', "[model] trust_remote_code = 'false'", "a boolean (true/false)"),
+    ("build", 'allow_unhealthy = "no"', "[build] allow_unhealthy = 'no'", "a boolean (true/false)"),
+    ("data", 'max_length = "abc"', "[data] max_length = 'abc'", "an integer"),
+    ("data", "max_length = 511.9", "[data] max_length = 511.9", "an integer"),
+    ("build", "token_budget = true", "[build] token_budget = True", "an integer"),
+    ("build", 'dtypes = "bf16"', "[build] dtypes = 'bf16'", "a list"),
+    ("model", "seed = 1.5", "[model] seed = 1.5", "an integer"),
+]
+
+
+def _manifest(tmp_path: Path, table: str, line: str) -> Path:
+    """The test manifest with ``line`` in ``[table]``, replacing that key's line if it has one."""
+    path = write_manifest(tmp_path / "m.toml")
+    key = line.split("=")[0].strip()
+    lines = [ln for ln in path.read_text().splitlines() if ln.split("=")[0].strip() != key]
+    lines.insert(lines.index(f"[{table}]") + 1, line)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("table,line,shown,expected", WRONG_TYPES, ids=[w[1] for w in WRONG_TYPES])
+def test_wrong_types_are_named_never_coerced(tmp_path: Path, table: str, line: str, shown: str, expected: str) -> None:
+    with pytest.raises(BadInput) as e:
+        load_manifest(_manifest(tmp_path, table, line))
+    msg = str(e.value)
+    assert shown in msg and f"expected {expected}" in msg, msg
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize("line,words", [("unit_tokens = 0", "unit_tokens = 0; it must be 1 or more"),
+                                        ("gpus_per_rank = -1", "gpus_per_rank = -1; it must be 1 or more")])
+def test_out_of_range_values_are_refused(tmp_path: Path, line: str, words: str) -> None:
+    with pytest.raises(BadInput, match=words):
+        load_manifest(_manifest(tmp_path, "build", line))
+
+
+def test_quoted_false_never_enables_remote_code_through_the_cli(tmp_path: Path) -> None:
+    r = run_cli("build", str(_manifest(tmp_path, "model", 'trust_remote_code = "false"')), "--quiet")
+    assert r.returncode == 2, r.stderr
+    assert "trust_remote_code = 'false'" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "store.zarr").exists()
+
+
+def test_defaults_come_from_the_schema_tables(tmp_path: Path) -> None:
+    m = load_manifest(write_manifest(tmp_path / "m.toml"))  # sets backends/dtypes/devices/token_budget itself
+    assert m.seed == ModelTable.__struct_defaults__[ModelTable.__struct_fields__.index("seed") - 2]
+    assert m.too_long == DataTable(files=[]).too_long
+    assert m.allow_unhealthy == BuildTable().allow_unhealthy is False
+    assert m.codec == StoreTable().codec
+
+
+def test_store_path_may_come_from_the_cli_alone(tmp_path: Path) -> None:
+    text = write_manifest(tmp_path / "m.toml").read_text().replace('path = "store.zarr"', "")
+    (tmp_path / "n.toml").write_text(text)
+    r = run_cli("build", str(tmp_path / "n.toml"), "--quiet")
+    assert r.returncode == 2 and "[store] path is missing" in r.stderr, r.stderr
+    r = run_cli("build", str(tmp_path / "n.toml"), "--store", str(tmp_path / "cli.zarr"), "--quiet", "--limit", "2")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "cli.zarr" / "zarr.json").is_file()
+
+
+@pytest.mark.parametrize("override,words", [
+    ("{ hidden_size = -64 }", "hidden_size = -64"),
+    ("{ num_hidden_layers = 0 }", "num_hidden_layers = 0"),
+    ("{ hiden_size = 128 }", "unknown config key 'hiden_size'"),
+    ("{ hidden_size = 64.5 }", "hidden_size = 64.5"),
+    ("{ tie_word_embeddings = 1 }", "tie_word_embeddings = 1"),
+])
+def test_bad_builtin_config_overrides_are_one_line(tmp_path: Path, override: str, words: str) -> None:
+    m = _manifest(tmp_path, "model", f"config = {override}")
+    r = run_cli("build", str(m), "--quiet")
+    assert r.returncode == 2, r.stderr
+    assert words in r.stderr and "Traceback" not in r.stderr, r.stderr
