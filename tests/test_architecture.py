@@ -1,0 +1,130 @@
+"""The import wall: layers import only downward, nothing imports the CLI, no import circles, and the light
+entry points stay light. Read from the source (every import, deferred ones included) and checked in fresh
+interpreters (what a module really loads)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "hsstore"
+# bottom to top; a module may import its own layer and the layers below it
+LAYERS = ["core", "storage", "read", "build", "compare", "interop", "cli"]
+# third-party packages a layer must never import (the model stack stays out of storage and reading)
+FORBIDDEN = {"core": {"transformers", "datasets", "tokenizers", "zarr", "torch.distributed"},
+             "storage": {"transformers", "datasets", "tokenizers"},
+             "read": {"transformers", "datasets", "tokenizers"}}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module name ``path`` imports, at any depth of the file (function-level imports included)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = {_module_name(p): p for p in PKG.rglob("*.py")}
+    return {m: {i for i in _imports(p) if i in mods and i != m} for m, p in mods.items()}
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_every_package_has_a_layer():
+    packages = {p.parent.name for p in PKG.glob("*/__init__.py")}
+    assert packages <= set(LAYERS), f"place {sorted(packages - set(LAYERS))} in LAYERS (bottom to top)"
+
+
+def test_imports_only_point_down_and_never_at_the_cli():
+    wrong = []
+    for mod, deps in _graph().items():
+        here = _layer(mod)
+        for dep in deps:
+            there = _layer(dep)
+            if there == "cli" and here != "cli" and mod != "hsstore.__main__":
+                wrong.append(f"{mod} imports the CLI ({dep})")
+            elif here and there and LAYERS.index(there) > LAYERS.index(here):
+                wrong.append(f"{mod} ({here}) imports upward: {dep} ({there})")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_layers_keep_the_model_stack_out():
+    wrong = []
+    for path in PKG.rglob("*.py"):
+        mod = _module_name(path)
+        banned = FORBIDDEN.get(_layer(mod) or "", set())
+        for name in _imports(path):
+            if any(name == b or name.startswith(b + ".") for b in banned):
+                wrong.append(f"{mod} imports {name}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_import_circles():
+    graph = _graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import circles: {cycles}"
+
+
+def _loaded_after(code: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
+                         capture_output=True, text=True, check=True)
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize("entry,banned", [
+    ("import hsstore", {"torch", "zarr", "transformers", "numpy"}),
+    ("import hsstore.cli.main", {"torch", "zarr", "transformers"}),
+    ("import hsstore.core.batching, hsstore.core.partition, hsstore.core.schema, hsstore.core.provenance",
+     {"torch", "zarr", "transformers"}),
+    ("import hsstore.storage.store, hsstore.storage.verify, hsstore.storage.gc", {"transformers", "datasets"}),
+    ("import hsstore.read.dataset", {"transformers", "datasets"}),
+])
+def test_entry_points_load_only_what_they_need(entry: str, banned: set[str]):
+    loaded = _loaded_after(entry)
+    assert not banned & loaded, f"{entry!r} loads {sorted(banned & loaded)}"
+    assert not any(m.startswith("hsstore.build") for m in loaded) or "build" in entry
