@@ -11,7 +11,7 @@ import torch
 
 from hsstore.storage.writer import UnitWriter
 from hsstore import HiddenStateDataset, ProvenanceMismatch, Store, StreamingHiddenStateDataset
-from hsstore.read.dataset import epoch_sequence, pad_collate
+from hsstore.read.dataset import pad_collate
 from hsstore.compare.live import check_live_model
 from hsstore.build.models import ModelSpec
 
@@ -62,40 +62,6 @@ def test_live_model_check(tiny_store: Path):
     model.config._attn_implementation = "eager"
     with pytest.raises(ProvenanceMismatch, match="kernels.attention: 'eager'"):
         check_live_model(model, f"{tiny_store}#dtype=bf16")
-
-
-@pytest.mark.parametrize("world,workers", [(1, 1), (2, 2), (3, 4), (4, 1)])
-@pytest.mark.parametrize("remainder", ["keep", "drop"])
-def test_partition_covers_every_sample_once(tiny_store: Path, world: int, workers: int, remainder: str):
-    from unittest import mock
-
-    seen = []
-    counts = []
-    for rank in range(world):
-        ds = StreamingHiddenStateDataset(tiny_store, variant="dtype=bf16", rank=rank, world_size=world,
-                                         remainder=remainder)
-        mine = []
-        for w in range(workers):
-            info = mock.Mock(num_workers=workers, id=w)
-            with mock.patch("hsstore.read.dataset.get_worker_info", return_value=info):
-                mine += ds.my_indices().tolist()
-        counts.append(len(mine))
-        seen += mine
-    n = len(ds)
-    assert len(seen) == len(set(seen))
-    if remainder == "keep":
-        assert sorted(seen) == list(range(n)) and max(counts) - min(counts) <= 1
-    else:
-        assert len(seen) == n - n % world and len(set(counts)) == 1
-
-
-def test_epoch_order_is_chunk_local_and_seeded():
-    sizes = [5, 3, 4]
-    a, b = epoch_sequence(sizes, 1, 0, True), epoch_sequence(sizes, 1, 0, True)
-    assert np.array_equal(a, b) and not np.array_equal(a, epoch_sequence(sizes, 1, 1, True))
-    assert sorted(a) == list(range(12))
-    unit = np.repeat([0, 1, 2], sizes)[a]
-    assert (np.diff(unit) != 0).sum() == 2  # each unit is read as one run
 
 
 def test_pad_collate_masks():

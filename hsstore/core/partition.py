@@ -1,4 +1,9 @@
-"""Splitting samples across ranks, and epoch orders: disjoint, complete, seeded (pure functions)."""
+"""Splitting work across ranks and DataLoader workers, and epoch orders: disjoint, complete, seeded.
+
+Pure functions of numbers and arrays (no I/O, no torch.distributed), so every world shape can be tested
+directly. The read side keeps each (rank, worker) part contiguous in the epoch order, which keeps reads
+chunk-local (a worker reads runs of one unit); the build side balances whole batches by tokens.
+"""
 
 from __future__ import annotations
 
@@ -26,3 +31,37 @@ def epoch_order(n_blocks: int, seed: int, epoch: int) -> np.ndarray:
     rng = np.random.default_rng([seed, epoch])
     return rng.permutation(n_blocks)
 
+
+
+def epoch_sequence(unit_sizes: Sequence[int], seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """Global sample order of one epoch: units in a seeded order, samples shuffled inside each unit.
+
+    Returns: indices into the variant's key list, shape (sum(unit_sizes),).
+    """
+    starts = np.concatenate([[0], np.cumsum(unit_sizes)]).astype(np.int64)
+    if not shuffle:
+        return np.arange(starts[-1], dtype=np.int64)
+    rng = np.random.default_rng([seed, epoch, 1])
+    parts = []
+    for u in epoch_order(len(unit_sizes), seed, epoch):
+        idx = np.arange(starts[u], starts[u + 1], dtype=np.int64)
+        rng.shuffle(idx)
+        parts.append(idx)
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def split_for(order: np.ndarray, world: int, rank: int, workers: int = 1, worker: int = 0,
+              drop_remainder: bool = False) -> np.ndarray:
+    """The contiguous part of ``order`` that (``rank``, ``worker``) reads.
+
+    Ranks take contiguous, near-equal runs (sizes differ by at most one); each rank's run is cut the same
+    way among its DataLoader workers. ``drop_remainder`` first drops the last ``len(order) % world``
+    entries so every rank gets the same count (they wait for a later epoch).
+    Returns: a view of ``order``, shape (about len(order) / (world * workers),).
+    """
+    if not (0 <= rank < world and 0 <= worker < workers):
+        raise ValueError(f"rank {rank} of {world} / worker {worker} of {workers} is out of range")
+    if drop_remainder:
+        order = order[: len(order) - len(order) % world]
+    mine = np.array_split(order, world)[rank]  # (len(order) / world,)
+    return np.array_split(mine, workers)[worker]  # (len(mine) / workers,)

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from hsstore.core.errors import BadInput
-from hsstore.core.partition import epoch_order
+from hsstore.core.partition import epoch_sequence, split_for
 from hsstore.core.provenance import require_match
 from hsstore.storage.store import Store, VariantReader, split_target
 
@@ -160,24 +160,6 @@ def pad_collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def epoch_sequence(unit_sizes: Sequence[int], seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """Global sample order of one epoch: units in a seeded order, samples shuffled inside each unit.
-
-    Keeps reads chunk-local (a worker reads runs of one unit) while every epoch differs.
-    Returns: indices into the variant's key list, shape (sum(unit_sizes),).
-    """
-    starts = np.concatenate([[0], np.cumsum(unit_sizes)]).astype(np.int64)
-    if not shuffle:
-        return np.arange(starts[-1], dtype=np.int64)
-    rng = np.random.default_rng([seed, epoch, 1])
-    parts = []
-    for u in epoch_order(len(unit_sizes), seed, epoch):
-        idx = np.arange(starts[u], starts[u + 1], dtype=np.int64)
-        rng.shuffle(idx)
-        parts.append(idx)
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
-
 class StreamingHiddenStateDataset(_Base, IterableDataset):
     """Iterable dataset for DDP training: each (rank, worker) takes a contiguous part of the epoch order.
 
@@ -257,14 +239,9 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
         order = epoch_sequence(self.unit_sizes, self.seed, self.epoch, self.shuffle)
         order = order[~self.consumed[order]]
         world, rank = self._world_and_rank()
-        if self.remainder == "drop":
-            order = order[: len(order) - len(order) % world]
-        ranks = np.array_split(order, world)  # contiguous: chunk-local reads
-        mine = ranks[rank]
         info = get_worker_info()
-        if info is not None:
-            mine = np.array_split(mine, info.num_workers)[info.id]
-        return mine
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        return split_for(order, world, rank, workers, worker, drop_remainder=self.remainder == "drop")
 
     def _items(self, indices: np.ndarray) -> Iterator[dict[str, Any]]:
         """Items in order; with ``prefetch`` the next ones are already being read on threads."""
