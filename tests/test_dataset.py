@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hsstore.storage.writer import UnitWriter
-from hsstore import HiddenStateDataset, ProvenanceMismatch, Store, StreamingHiddenStateDataset
+from hsstore import HiddenStateDataset, ProvenanceMismatch, Store
 from hsstore.read.dataset import pad_collate
 from hsstore.compare.live import check_live_model
 from hsstore.build.models import ModelSpec
