@@ -140,3 +140,15 @@ def test_flipped_byte_in_an_uncompressed_chunk_read_straight_into_the_output(tmp
     with pytest.raises(CorruptData, match=f"sample {samples[0].key}.*crc32c"):
         HiddenStateDataset(path)[0]
     assert not verify(Store.open(path))["ok"]
+
+
+def test_a_changed_metadata_file_fails_its_recorded_checksum(store_path):
+    """Array metadata has no chunk checksum of its own: the commit's crc32c of every file catches it."""
+    path, vid, samples = store_path
+    meta = _unit_dir(path, vid) / "layer_1" / "zarr.json"
+    text = meta.read_text()
+    meta.write_text(text.replace('"layer": 1', '"layer": 7'))  # same size, other bytes
+    assert meta.stat().st_size == len(text)
+    result = verify(Store.open(path))
+    assert not result["ok"] and "layer_1/zarr.json has crc32c" in result["problems"][0]["what"]
+    assert {p["key"] for p in result["problems"]} == {s.key for s in samples}

@@ -59,3 +59,7 @@ class BuildFailed(HsstoreError, RuntimeError):
     """A build step failed after its inputs were accepted (write error, NaN states, a dead worker)."""
 
     exit_code = 1
+
+
+class WriteFailed(BuildFailed):
+    """Writing to the store failed (a full disk, a file-size limit, an I/O error); nothing was committed."""

@@ -2,21 +2,34 @@
 
 On a local filesystem a put writes a temporary file and renames it over the target (fsync'd), so a
 reader sees the old object or the new one, never half of one. On object stores a single PUT is already
-all-or-nothing; other zarr stores go through zarr's own ``set``.
+all-or-nothing; other zarr stores go through zarr's own ``set``. Every put checks that all its bytes
+were written (hsstore.storage.fileio) and raises ``WriteFailed`` otherwise.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from crc32c import crc32c as crc32c_of
 from zarr.abc.store import Store as ZarrStore
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import LocalStore
 
+from hsstore.core.errors import WriteFailed
+from hsstore.storage.fileio import Written, digest, fsync_dir, write_file
+
 TMP_PREFIX = ".tmp-"
+
+
+def write_failed(key: str, e: BaseException) -> WriteFailed:
+    """One line naming the key and the operating system's reason."""
+    why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
+    return WriteFailed(f"writing {key} failed: {why}")
 
 
 class Blobs:
@@ -38,40 +51,63 @@ class Blobs:
 
     def put_atomic(self, key: str, data: bytes) -> None:
         if self.root is not None:
-            target = self.root / key
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.parent / f"{TMP_PREFIX}{uuid.uuid4().hex}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-            dir_fd = os.open(target.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            self._put_local(key, data, replace=True)
             return
-        sync(self.store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
+        self._put_remote(key, [data])
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """Write ``key`` only if nothing is there yet; True if this call wrote it."""
         if self.root is not None:
-            target = self.root / key
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.parent / f"{TMP_PREFIX}{uuid.uuid4().hex}"
-            tmp.write_bytes(data)
-            try:
-                os.link(tmp, target)  # atomic, fails if the target exists
-                return True
-            except FileExistsError:
-                return False
-            finally:
-                tmp.unlink()
+            return self._put_local(key, data, replace=False)
         if self.get(key) is not None:
             return False
-        self.put_atomic(key, data)
+        self._put_remote(key, [data])
         return True
+
+    def put_parts(self, key: str, parts: Sequence[Any]) -> Written:
+        """Write a new object from buffers in order (not atomically: for files of a unit no reader sees
+        before its commit); returns its confirmed size and crc32c."""
+        if self.root is None:
+            return self._put_remote(key, parts)
+        target = self.root / key
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            return write_file(str(target), parts)
+        except OSError as e:
+            raise write_failed(key, e) from None
+
+    def _put_local(self, key: str, data: bytes, replace: bool) -> bool:
+        """A temporary file, fsync'd, then renamed over (``replace``) or linked to (if absent) the target."""
+        target = self.root / key
+        tmp = target.parent / f"{TMP_PREFIX}{uuid.uuid4().hex}"
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            write_file(str(tmp), [data], exclusive=True)
+            if replace:
+                os.replace(tmp, target)
+            else:
+                try:
+                    os.link(tmp, target)  # atomic, fails if the target exists
+                except FileExistsError:
+                    return False
+            fsync_dir(str(target.parent))
+            return True
+        except OSError as e:
+            raise write_failed(key, e) from None
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _put_remote(self, key: str, parts: Sequence[Any]) -> Written:
+        want = digest(parts)
+        data = b"".join(bytes(p) if not isinstance(p, bytes) else p for p in parts)
+        try:
+            sync(self.store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
+        except Exception as e:  # noqa: BLE001 - any back end's failure, named in one line
+            raise write_failed(key, e) from None
+        got = self.size(key)
+        if got != want.size:
+            raise WriteFailed(f"writing {key} failed: the store holds {got} bytes after a put of {want.size}")
+        return want
 
     def list(self, prefix: str) -> list[str]:
         """Keys under ``prefix`` (recursively), temporary files excluded, sorted."""
@@ -111,6 +147,20 @@ class Blobs:
                 return None
         n = sync(self.store.getsize(key)) if sync(self.store.exists(key)) else None
         return None if n is None else int(n)
+
+    def crc32c(self, key: str) -> str | None:
+        """crc32c (8 hex digits) of the object's bytes, read in blocks; None if it is missing."""
+        if self.root is None:
+            data = self.get(key)
+            return None if data is None else digest([data]).crc32c
+        try:
+            with open(self.root / key, "rb") as f:
+                crc = 0
+                while block := f.read(1 << 23):
+                    crc = crc32c_of(block, crc)
+                return f"{crc:08x}"
+        except FileNotFoundError:
+            return None
 
     def delete_prefix(self, prefix: str) -> int:
         keys = self.list(prefix)

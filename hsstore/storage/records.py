@@ -57,6 +57,7 @@ class CommitRecord:
     stats: dict[str, dict[str, float]]  # str(layer) -> additive stats (hsstore.storage.stats)
     writer: dict[str, Any] = field(default_factory=dict)
     committed_at: str = ""
+    crc32c: dict[str, str] = field(default_factory=dict)  # key relative to the unit -> crc32c (hex) of its bytes
 
     @property
     def n_tokens(self) -> int:
@@ -65,6 +66,8 @@ class CommitRecord:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["samples"] = [list(s) for s in self.samples]
+        if not self.crc32c:
+            del d["crc32c"]  # (records written before files had checksums)
         return d
 
     @classmethod
@@ -78,6 +81,7 @@ class CommitRecord:
                 stats={str(k): dict(v) for k, v in d["stats"].items()},
                 writer=dict(d.get("writer", {})),
                 committed_at=str(d.get("committed_at", "")),
+                crc32c={str(k): str(v) for k, v in d.get("crc32c", {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise CorruptData(f"{what} is not a valid commit record ({e!r}); run `hsstore verify`") from None

@@ -15,9 +15,13 @@ from typing import Any
 
 import crc32c
 import numpy as np
+import zarr
 from numcodecs import Blosc, Zstd
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+from zarr.storage import MemoryStore
 
-from hsstore.storage.codecs import SHUFFLE_BLOCK_BYTES
+from hsstore.storage.codecs import SHUFFLE_BLOCK_BYTES, compressors
 from hsstore.core.errors import CorruptData
 
 EMPTY = np.uint64(2**64 - 1)
@@ -67,18 +71,17 @@ def encode_shard(data: np.ndarray, chunk_rows: int, codec: str) -> list[Any]:
     return parts
 
 
-def write_shard(path: str, data: np.ndarray, chunk_rows: int, codec: str) -> int:
-    """Write the shard file; returns its size."""
-    parts = encode_shard(data, chunk_rows, codec)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        total = 0
-        for i in range(0, len(parts), 512):  # writev takes a bounded number of buffers
-            total += os.writev(fd, parts[i : i + 512])
-    finally:
-        os.close(fd)
-    return total
+def array_metadata(shape: tuple[int, ...], chunk_rows: int, dtype: np.dtype, codec: str,
+                   attributes: dict[str, Any]) -> bytes:
+    """The ``zarr.json`` zarr-python writes for a single-shard array of ``shape`` (rendered in memory by
+    zarr itself, so it is the metadata of whichever zarr version is installed)."""
+    mem = MemoryStore()
+    shard = -(-shape[0] // chunk_rows) * chunk_rows
+    zarr.create_array(
+        mem, name="a", shape=shape, chunks=(chunk_rows, *shape[1:]), shards=(shard, *shape[1:]), dtype=dtype,
+        compressors=compressors(codec), fill_value=0, config={"write_empty_chunks": True}, attributes=attributes,
+    )
+    return sync(mem.get("a/zarr.json", prototype=default_buffer_prototype())).to_bytes()
 
 
 def shard_layout(meta: dict[str, Any]) -> tuple[int, str] | None:

@@ -260,16 +260,20 @@ class VariantReader:
                 "Run `hsstore verify` to list them"
             )
 
-    def _check_unit(self, uid: str) -> None:
-        """Every file the commit recorded is there with its recorded size (a missing shard would read as zeros)."""
-        if uid in self._checked_units:
+    def check_unit(self, uid: str, checksums: bool = False) -> None:
+        """Every file the commit recorded is there with its recorded size (a missing shard would read as
+        zeros); with ``checksums``, its bytes also match the crc32c the writer recorded (a full read)."""
+        if uid in self._checked_units and not checksums:
             return
         c = self.units[uid]
         prefix = layout.unit_prefix(self.id, uid)
         for rel, size in c.files.items():
             got = self.store.blobs.size(f"{prefix}/{rel}")
-            if got != size:
-                what = "is missing" if got is None else f"has {got} bytes, {size} were committed"
+            what = None if got == size else "is missing" if got is None else f"has {got} bytes, {size} were committed"
+            if what is None and checksums and rel in c.crc32c:
+                crc = self.store.blobs.crc32c(f"{prefix}/{rel}")
+                what = None if crc == c.crc32c[rel] else f"has crc32c {crc}, {c.crc32c[rel]} was committed"
+            if what is not None:
                 first = c.samples[0][0] if c.samples else "?"
                 raise CorruptData(
                     f"unit {uid} of variant {self.id}: file {rel} {what}; its {len(c.samples)} samples "
@@ -282,7 +286,7 @@ class VariantReader:
         arr = self._arrays.get(key)
         if arr is None:
             with self._lock:
-                self._check_unit(uid)
+                self.check_unit(uid)
                 path = f"{layout.unit_prefix(self.id, uid)}/{name}"
                 try:
                     arr = zarr.open_array(self.store.zstore, path=path, mode="r")
@@ -299,7 +303,7 @@ class VariantReader:
             reader = None
             if root is not None:
                 with self._lock:
-                    self._check_unit(uid)
+                    self.check_unit(uid)
                 path = root / layout.unit_prefix(self.id, uid) / name
                 try:
                     reader = ShardReader(str(path), f"unit {uid} of variant {self.id}, {name}")

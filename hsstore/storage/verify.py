@@ -45,7 +45,7 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> dict[
             for k, _, _ in c.samples:
                 owners.setdefault(k, []).append(c.unit)
             try:
-                reader._check_unit(c.unit)
+                reader.check_unit(c.unit, checksums=True)
             except CorruptData as e:
                 for k, _, _ in c.samples:
                     problem(vid, k, c.unit, str(e))

@@ -14,15 +14,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import zarr
 
 from hsstore.storage import layout
-from hsstore.storage.codecs import compressors
 from hsstore.core.dtypes import TORCH, to_stored
-from hsstore.core.errors import BuildFailed, CorruptData
+from hsstore.core.errors import BuildFailed, CorruptData, WriteFailed
 from hsstore.core.keys import SampleTokens
+from hsstore.storage.fileio import Written, digest
 from hsstore.storage.records import CommitRecord, group_json, parse_json
-from hsstore.storage.shardio import write_shard
+from hsstore.storage.shardio import array_metadata, encode_shard
 from hsstore.storage.stats import from_stats_tensor, problems, stats_tensor
 
 if TYPE_CHECKING:
@@ -141,33 +140,15 @@ class UnitWriter:
                     )
         return stats
 
-    def _write_array(self, key: str, data: np.ndarray, chunk: int, codec: str, attrs: dict) -> None:
-        """One single-shard zarr v3 array (metadata through zarr; the shard directly on local disks)."""
-        rows = data.shape[0]
-        shard = -(-rows // chunk) * chunk
-        a = zarr.create_array(
-            self.store.zstore, name=key, shape=data.shape, chunks=(chunk, *data.shape[1:]),
-            shards=(shard, *data.shape[1:]), dtype=data.dtype, compressors=compressors(codec), fill_value=0,
-            config={"write_empty_chunks": True}, attributes=attrs,
-        )
-        root = self.store.blobs.root
-        if root is not None:
-            write_shard(str(root / key / "c" / "/".join(["0"] * data.ndim)), data, chunk, codec)
-        else:
-            a[:] = data
+    def _failed(self, uid: str, e: WriteFailed) -> WriteFailed:
+        return WriteFailed(f"unit {uid} of variant {self.vid}: {e}; the unit is not committed. Free space (or "
+                           "raise the file-size limit) and re-run the same command: the build resumes from "
+                           "its committed units")
 
-    def _write_unit(
-        self, samples: Sequence[SampleTokens], states: dict[int, torch.Tensor], stats: dict[str, dict]
-    ) -> CommitRecord:
+    def _write_arrays(self, prefix: str, samples: Sequence[SampleTokens],
+                      states: dict[int, torch.Tensor]) -> dict[str, Written]:
+        """The unit's token arrays and one array per layer, written side by side."""
         rec = self.record
-        with self._lock:
-            uid = f"{self.writer_id}-{self.seq:06d}"
-            self.seq += 1
-        prefix = layout.unit_prefix(self.vid, uid)
-        blobs = self.store.blobs
-        if not blobs.put_if_absent(f"{prefix}/zarr.json", group_json({"hsstore_unit": {**self.info, "started_at": _now()}})):
-            raise BuildFailed(f"unit {uid} of variant {self.vid} exists already: two writers share the id "
-                              f"{self.writer_id!r}; give each writer its own")
         n = sum(s.length for s in samples)
         ids = np.concatenate([s.input_ids.astype(np.int32) for s in samples])
         mask = np.concatenate([s.loss_mask.astype(np.uint8) for s in samples])
@@ -176,21 +157,56 @@ class UnitWriter:
         arrays = [("input_ids", ids, tok_c, "none", {}), ("loss_mask", mask, tok_c, "none", {})]
         arrays += [(layout.layer_array(layer), to_stored(t.cpu()), c, rec.codec,
                     {"hsstore_dtype": rec.dtype, "layer": int(layer)}) for layer, t in states.items()]
+        out: dict[str, Written] = {}
         with ThreadPoolExecutor(max(1, min(self.io_threads, len(arrays)))) as pool:
-            list(pool.map(lambda a: self._write_array(f"{prefix}/{a[0]}", *a[1:]), arrays))
-        files = {}
-        for key in blobs.list(prefix + "/"):
-            rel = key[len(prefix) + 1 :]
-            files[rel] = int(blobs.size(key) or 0)
+            for part in pool.map(lambda a: self._write_array(f"{prefix}/{a[0]}", *a[1:]), arrays):
+                out.update(part)
+        return out
+
+    def _write_array(self, key: str, data: np.ndarray, chunk: int, codec: str, attrs: dict) -> dict[str, Written]:
+        """One single-shard zarr v3 array: zarr's own metadata, the shard encoded here (the same bytes
+        zarr writes); both written through the checked put. Returns what each file holds."""
+        meta = array_metadata(data.shape, chunk, data.dtype, codec, attrs)
+        chunk_file = "c/" + "/".join(["0"] * data.ndim)
+        blobs = self.store.blobs
+        return {f"{key}/zarr.json": blobs.put_parts(f"{key}/zarr.json", [meta]),
+                f"{key}/{chunk_file}": blobs.put_parts(f"{key}/{chunk_file}", encode_shard(data, chunk, codec))}
+
+    def _write_unit(
+        self, samples: Sequence[SampleTokens], states: dict[int, torch.Tensor], stats: dict[str, dict]
+    ) -> CommitRecord:
+        with self._lock:
+            uid = f"{self.writer_id}-{self.seq:06d}"
+            self.seq += 1
+        prefix = layout.unit_prefix(self.vid, uid)
+        blobs = self.store.blobs
+        unit_meta = group_json({"hsstore_unit": {**self.info, "started_at": _now()}})
+        try:
+            created = blobs.put_if_absent(f"{prefix}/zarr.json", unit_meta)
+        except WriteFailed as e:
+            raise self._failed(uid, e) from None
+        if not created:
+            raise BuildFailed(f"unit {uid} of variant {self.vid} exists already: two writers share the id "
+                              f"{self.writer_id!r}; give each writer its own")
+        try:
+            written = {f"{prefix}/zarr.json": digest([unit_meta]), **self._write_arrays(prefix, samples, states)}
+        except WriteFailed as e:
+            blobs.delete_prefix(prefix + "/")  # best effort: on a full disk the debris would take space too
+            raise self._failed(uid, e) from None
+        files = {k[len(prefix) + 1 :]: w.size for k, w in sorted(written.items())}
+        crcs = {k[len(prefix) + 1 :]: w.crc32c for k, w in sorted(written.items())}
         off, rows = 0, []
         for s in samples:
             rows.append((s.key, off, s.length))
             off += s.length
         commit = CommitRecord(
             unit=uid, samples=rows, layers=sorted(states), files=files, stats=stats,
-            writer=self.info, committed_at=_now(),
+            writer=self.info, committed_at=_now(), crc32c=crcs,
         )
-        blobs.put_atomic(layout.commit_key(self.vid, uid), json.dumps(commit.to_dict()).encode())
+        try:  # (a failed commit leaves the unit's files to gc: the record may be visible already)
+            blobs.put_atomic(layout.commit_key(self.vid, uid), json.dumps(commit.to_dict()).encode())
+        except WriteFailed as e:
+            raise self._failed(uid, e) from None
         with self._lock:
             self._done.update(k for k, _, _ in rows)
         return commit
