@@ -18,6 +18,7 @@ INFORMATIONAL = (
     "environment.versions.python",
     "environment.versions.hsstore",
     "environment.created",
+    "source.path",  # an imported cache moved to another folder is the same cache
 )
 VARIANT_ID_LENGTH = 12
 

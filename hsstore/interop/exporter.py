@@ -1,0 +1,145 @@
+"""``hsstore export``: one variant -> another tool's cache layout, read unchanged by that tool's loader.
+
+Files are written atomically (temporary name, then rename), ``jobs`` samples at a time. The folder gets
+an export record (``hsstore-export.json``; beside the folder for EAGLE, whose loader opens every file in
+it) with the variant's provenance and each slot's layer in hsstore's and in the tool's numbering, so
+``hsstore import`` of the folder restores the statement without the user repeating it. Re-running an
+export into its own folder rewrites the same files.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hsstore.core.errors import BadInput
+from hsstore.core.schema.imported import ExportRecord
+from hsstore.interop.formats import get_format
+from hsstore.interop.formats.base import TMP_SUFFIX, Format
+from hsstore.interop.layers import from_hsstore
+from hsstore.interop.records import add_hash, entry_hash, now, read_sidecar, write_sidecar
+
+# the numbering each tool's own configuration uses for layer ids (see hsstore.interop.layers)
+TOOL_CAPTURE = {"specforge": "output", "modelopt": "output", "eagle": "output", "speculators": "input"}
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """What ``hsstore export`` was asked to do (CLI options, 1:1)."""
+
+    target: str  # STORE#SELECTOR
+    format: str
+    dest: str
+    aux: list[int] | None = None  # stored layers for the aux slots, in order (default: the aux role)
+    target_layer: int | None = None  # the stored layer for the target slot (default: the target role)
+    compress: bool = False
+    jobs: int = field(default_factory=lambda: min(8, os.cpu_count() or 1))
+    limit: int | None = None
+
+
+def _slots(fmt: Format, rec: Any, req: ExportRequest) -> tuple[list[int], int]:
+    aux = list(req.aux) if req.aux is not None else list(rec.layers.get("aux", []))
+    if not fmt.has_aux:
+        aux = []
+    targets = [req.target_layer] if req.target_layer is not None else list(rec.layers.get("target", []))
+    if len(targets) != 1:
+        raise BadInput(f"variant {rec.id} has target layers {targets}; {fmt.name} files hold one target state: "
+                       "pass --target LAYER")
+    missing = [i for i in [*aux, *targets] if i not in rec.all_layers]
+    if missing:
+        raise BadInput(f"layer(s) {missing} are not stored in variant {rec.id}; stored: {rec.all_layers}")
+    if fmt.has_aux and not aux:
+        raise BadInput(f"{fmt.name} files need aux layers and variant {rec.id} has none; pass --aux LAYER,...")
+    return aux, targets[0]
+
+
+def _check_dest(fmt: Format, dest: Path, store: str, vid: str) -> None:
+    """An export goes into a new or empty folder, or the folder of an earlier export of the same variant."""
+    sidecar = fmt.sidecar(dest)
+    if sidecar.is_file():
+        rec = read_sidecar(sidecar, fmt.name)
+        if rec.variant != vid:
+            raise BadInput(f"{dest} holds an export of variant {rec.variant}, not {vid}; choose a new folder")
+        return
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise BadInput(f"export folder {str(dest)!r} exists and is not empty; choose a new or empty folder")
+
+
+def _record(fmt: Format, reader: Any, store: str, aux: list[int], target: int, n: int, files: int,
+            complete: bool) -> ExportRecord:
+    prov = reader.record.provenance
+    recipe = prov.get("recipe", {})
+    num_layers = recipe.get("model", {}).get("num_layers")
+    known = recipe.get("capture") == "decoder_layer_output" and isinstance(num_layers, int)
+    capture = TOOL_CAPTURE[fmt.name] if known else "unknown"
+    tool_layers = [from_hsstore(i, capture, num_layers if known else -1) for i in [*aux, target]]
+    return ExportRecord(kind="hsstore-export", complete=complete, format=fmt.name, store=store, variant=reader.id,
+                        provenance=prov, num_layers=num_layers if isinstance(num_layers, int) else -1,
+                        slots={"aux": aux, "target": [target]}, tool_layers=tool_layers, tool_capture=capture,
+                        n_samples=n, files_fingerprint=f"{files:032x}", exported_at=now())
+
+
+def _claims(reader: Any, target: int) -> dict[str, bool]:
+    """Whether the target slot is pre-norm, when the provenance says (Model-Optimizer records it)."""
+    recipe = reader.record.provenance.get("recipe", {})
+    n = recipe.get("model", {}).get("num_layers")
+    if recipe.get("capture") != "decoder_layer_output" or not isinstance(n, int):
+        return {}
+    return {"prenorm": False} if target == n else ({"prenorm": True} if target == n - 1 else {})
+
+
+def export_cache(req: ExportRequest) -> dict[str, Any]:
+    """Write the variant ``req.target`` as ``req.format`` files into ``req.dest``; returns the report."""
+    from hsstore.storage.store import Store, split_target
+
+    t0 = time.time()
+    fmt = get_format(req.format)
+    path, selector = split_target(req.target)
+    store = Store.open(path)
+    reader = store.reader(store.select(selector))
+    reader.check_corrupt_commits()
+    aux, target = _slots(fmt, reader.record, req)
+    dest = Path(req.dest)
+    _check_dest(fmt, dest, path, reader.id)
+    keys = reader.keys[: req.limit] if req.limit is not None else list(reader.keys)
+    dest.mkdir(parents=True, exist_ok=True)
+    for stale in list(dest.rglob(f"*{TMP_SUFFIX}")):  # a killed export's temporary files
+        shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
+    write_sidecar(fmt.sidecar(dest), _record(fmt, reader, path, aux, target, len(keys), 0, complete=False))
+    writer = fmt.writer(dest, req.compress)
+    claims = _claims(reader, target)
+
+    def one(i: int) -> tuple[int, int]:
+        ref = reader.ref(keys[i])
+        ids, mask = reader.read_tokens(ref)
+        aux_t = reader.read_stacked(ref, aux) if aux else None
+        tgt = reader.read_stacked(ref, [target])[:, 0]
+        d = writer.write(i, ref.key, torch.from_numpy(ids.astype("int64")), torch.from_numpy(mask.astype("int64")),
+                         aux_t, tgt, claims)
+        return entry_hash(d.rel, d.size, d.xxh3), ref.length
+
+    files, tokens = 0, 0
+    jobs = max(1, req.jobs)
+    with ThreadPoolExecutor(jobs, thread_name_prefix="hsstore-export") as pool:
+        window: deque = deque()
+        for i in range(len(keys)):
+            window.append(pool.submit(one, i))
+            while window and (len(window) >= 4 * jobs or i == len(keys) - 1):
+                h, n = window.popleft().result()
+                files, tokens = add_hash(files, h), tokens + n
+    for d in writer.finish(len(keys)):
+        files = add_hash(files, entry_hash(d.rel, d.size, d.xxh3))
+    record = _record(fmt, reader, path, aux, target, len(keys), files, complete=True)
+    write_sidecar(fmt.sidecar(dest), record)
+    return {"store": path, "variant": reader.id, "format": fmt.name, "dest": str(dest), "samples": len(keys),
+            "tokens": tokens, "slots": record.slots, "tool_layers": record.tool_layers,
+            "tool_capture": record.tool_capture, "record": str(fmt.sidecar(dest)), "loader": fmt.loader,
+            "seconds": time.time() - t0}

@@ -1,0 +1,89 @@
+"""What every cache format provides: list its samples, read one, write one — and atomic file writes."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import xxhash
+
+from hsstore.core.errors import BadInput
+from hsstore.interop.sample import FileDigest, SourceSample
+
+TMP_SUFFIX = ".hsstore-tmp"  # never matches a tool's suffix (.ckpt, .pt, .safetensors), removed on failure
+
+
+def atomic_write(root: Path, rel: str, data: bytes) -> FileDigest:
+    """Write ``data`` to ``root/rel`` through a temporary file and a rename: a reader sees all or nothing."""
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise BadInput(f"cannot write {path}: {e.strerror or e}; choose a writable folder with free space") from None
+    return FileDigest(rel, len(data), xxhash.xxh3_128_hexdigest(data))
+
+
+def torch_bytes(obj: dict[str, Any]) -> bytes:
+    """``torch.save(obj)`` as bytes (the zip format every torch since 1.6 reads, mmap-able)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+class FormatWriter:
+    """Writes one sample per call; ``finish`` completes what spans samples (e.g. speculators' Arrow table)."""
+
+    def __init__(self, root: Path, compress: bool = False) -> None:
+        self.root = root
+        self.compress = compress
+
+    def rel(self, index: int, key: str) -> str:
+        raise NotImplementedError
+
+    def write(self, index: int, key: str, ids: torch.Tensor, mask: torch.Tensor, aux: torch.Tensor | None,
+              target: torch.Tensor, claims: dict[str, Any]) -> FileDigest:
+        """``ids``/``mask`` int64 ``[T]``, ``aux`` ``[T, n, H]`` (or None), ``target`` ``[T, H]``."""
+        raise NotImplementedError
+
+    def finish(self, n_samples: int) -> list[FileDigest]:
+        return []
+
+
+class Format:
+    """A cache layout of another tool: slots per token are ``n_aux`` aux states (if ``has_aux``) and a target."""
+
+    name = ""
+    tool = ""
+    has_aux = True
+    layout = ""  # one line for --help and the README: where the files are and what they hold
+    loader = ""  # the tool's code that reads this layout
+
+    def items(self, root: Path) -> list[str]:
+        """The samples under ``root``, in the tool's own order (sorted paths or row indices)."""
+        raise NotImplementedError
+
+    def read(self, root: Path, item: str) -> SourceSample:
+        raise NotImplementedError
+
+    def writer(self, root: Path, compress: bool = False) -> FormatWriter:
+        raise NotImplementedError
+
+    def shared_files(self, root: Path) -> list[str]:
+        """Files every sample depends on (speculators' Arrow table), hashed once per import."""
+        return []
+
+    def sidecar(self, root: Path) -> Path:
+        """Where ``hsstore export`` records what the files hold (a file the tool's loader ignores)."""
+        return root / "hsstore-export.json"
+
+    def check_dir(self, root: Path) -> None:
+        if not root.is_dir():
+            raise BadInput(f"{self.name} cache folder {str(root)!r} does not exist or is not a folder")

@@ -1,0 +1,56 @@
+"""EAGLE's ``ge_data`` cache (EAGLE-1/2 training data): one ``torch.save`` dict per sample.
+
+Written by ``eagle/ge_data/ge_data_all_*.py`` as ``{outdir}/{index}/data_{i}.ckpt`` with keys
+``input_ids`` [T], ``hidden_state`` [T, H] (transformers' last ``hidden_states`` entry: post-norm) and
+``loss_mask`` [T]; read by ``CustomDataset`` in ``eagle/train/main.py``, which loads *every* file under
+the folder — so ``hsstore export`` puts its record beside the folder, not in it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hsstore.interop.formats.base import Format, FormatWriter, atomic_write, torch_bytes
+from hsstore.interop.sample import FileDigest, SourceSample, load_torch, read_bytes, states, tensor, tokens, walk
+
+
+class EagleWriter(FormatWriter):
+    def rel(self, index: int, key: str) -> str:
+        return f"0/data_{index}.ckpt"
+
+    def write(self, index: int, key: str, ids: torch.Tensor, mask: torch.Tensor, aux: torch.Tensor | None,
+              target: torch.Tensor, claims: dict[str, Any]) -> FileDigest:
+        record = {"input_ids": ids, "hidden_state": target.contiguous(), "loss_mask": mask}
+        return atomic_write(self.root, self.rel(index, key), torch_bytes(record))
+
+
+class Eagle(Format):
+    name = "eagle"
+    tool = "EAGLE"
+    has_aux = False
+    layout = "{index}/data_{i}.ckpt: torch.save dict input_ids, hidden_state, loss_mask (ge_data)"
+    loader = "eagle/train/main.py CustomDataset"
+
+    def items(self, root: Path) -> list[str]:
+        self.check_dir(root)
+        return walk(root, (".ckpt",))
+
+    def read(self, root: Path, item: str) -> SourceSample:
+        data, digest = read_bytes(root, item)
+        obj = load_torch(data, item)
+        ids, mask = tokens(tensor(obj, "input_ids", item), tensor(obj, "loss_mask", item), item)
+        target = states(tensor(obj, "hidden_state", item), len(ids), item, "hidden_state")
+        return SourceSample(item, ids, mask, None, target, [digest])
+
+    def writer(self, root: Path, compress: bool = False) -> FormatWriter:
+        if compress:
+            from hsstore.core.errors import BadInput
+
+            raise BadInput("EAGLE reads plain .ckpt files; --compress is for specforge only")
+        return EagleWriter(root)
+
+    def sidecar(self, root: Path) -> Path:
+        return root.parent / f"{root.name}.hsstore-export.json"

@@ -1,0 +1,245 @@
+"""``hsstore import``: another tool's cache -> one variant, keyed by hsstore's content keys.
+
+Streaming (files are read a window at a time by ``jobs`` threads and written in units of bounded size),
+resumable and idempotent: a sample whose key is committed is never written again, and each unit's
+import record maps the files it came from (path, size, mtime, xxh3_128) to their keys, so a re-run skips
+files already imported without reading them. Two imports of the same folder may run at once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hsstore.core.errors import BadInput
+from hsstore.core.keys import SampleTokens, sample_key
+from hsstore.core.schema.imported import ImportSource
+from hsstore.interop.formats import get_format
+from hsstore.interop.formats.base import Format
+from hsstore.interop.layers import FINAL_NORM, parse_capture, parse_layer_list, slot_layers
+from hsstore.interop.provenance import imported_provenance, model_identity, tokenizer_identity
+from hsstore.interop.records import ImportLog, read_sidecar
+from hsstore.interop.sample import SourceSample
+
+UNIT_BYTES = 256 << 20  # states per unit: bounds the memory an import holds (two copies while writing)
+
+
+@dataclass(frozen=True)
+class ImportRequest:
+    """What ``hsstore import`` was asked to do (CLI options, 1:1)."""
+
+    format: str
+    source: str
+    store: str
+    tokenizer: str | None = None
+    model: str | None = None
+    num_layers: int | None = None
+    layers: str | None = None
+    capture: str | None = None
+    jobs: int = field(default_factory=lambda: min(8, os.cpu_count() or 1))
+    codec: str | None = None
+    unit_tokens: int | None = None
+    skip_bad: bool = False
+    allow_unhealthy: bool = False
+    limit: int | None = None
+    quiet: bool = True
+
+
+@dataclass
+class Statement:
+    """The layer ids and convention of the files' slots, and who stated them."""
+
+    layers: list[int | str]
+    capture: str
+    stated_by: str
+    num_layers: int | None
+
+
+def _statement(req: ImportRequest, fmt: Format, root: Path) -> Statement:
+    sidecar = read_sidecar(fmt.sidecar(root), fmt.name)
+    if req.layers is not None and req.capture is not None:
+        return Statement(parse_layer_list(req.layers), parse_capture(req.capture), "user", req.num_layers)
+    if sidecar is not None and req.layers is None and req.capture is None:
+        return Statement(list(sidecar.tool_layers), sidecar.tool_capture, "hsstore-export",
+                         req.num_layers or sidecar.num_layers)
+    missing = "--layers" if req.layers is None else "--capture"
+    slots = "aux layers in file order, then the target" if fmt.has_aux else "the one target layer"
+    raise BadInput(f"{fmt.name} files do not record which layers they hold: pass --layers ({slots}, e.g. "
+                   f"'2,16,29,{FINAL_NORM}') and --capture output|input|unknown; {missing} is missing")
+
+
+def _check_claims(stmt: Statement, claims: dict[str, bool], item: str) -> None:
+    """Model-Optimizer files may state ``hidden_states_prenorm``: it must agree with the user."""
+    if "prenorm" not in claims or stmt.capture == "unknown":
+        return
+    says_post = stmt.layers[-1] == FINAL_NORM
+    if claims["prenorm"] == says_post:
+        file_says = "pre-norm" if claims["prenorm"] else "post-norm"
+        raise BadInput(f"{item} says its target is {file_says} (hidden_states_prenorm={claims['prenorm']}), "
+                       f"but --layers names the target {stmt.layers[-1]!r}; state the target layer that matches")
+
+
+def _check_vocab(s: SourceSample, vocab: int) -> None:
+    top = int(s.input_ids.max())
+    if top >= vocab:
+        raise BadInput(f"{s.name}: token id {top} is outside the tokenizer's vocabulary ({vocab}); the cache "
+                       "was made with another tokenizer — pass the target model's --tokenizer")
+
+
+def import_cache(req: ImportRequest) -> dict[str, Any]:
+    """Import ``req.source`` into ``req.store``; returns the report ``hsstore import --json`` prints."""
+    from hsstore.storage.codecs import DEFAULT as DEFAULT_CODEC
+    from hsstore.storage.codecs import chunk_tokens
+    from hsstore.storage.store import Store
+
+    t0 = time.time()
+    fmt, root = get_format(req.format), Path(req.source)
+    items = fmt.items(root)
+    if req.limit is not None:
+        items = items[: req.limit]
+    if not items:
+        raise BadInput(f"no {fmt.name} sample files under {str(root)!r} (expected {fmt.layout})")
+    stmt = _statement(req, fmt, root)
+    tok_path = req.tokenizer or req.model
+    if tok_path is None:
+        raise BadInput("pass --tokenizer PATH (the target model's tokenizer folder): sample keys hash its identity")
+    tok, vocab = tokenizer_identity(tok_path)
+    probe = fmt.read(root, items[0])
+    _check_vocab(probe, vocab)
+    _check_claims(stmt, probe.claims, probe.name)
+    model = model_identity(req.model, stmt.num_layers, probe.hidden_size)
+    layers = slot_layers(stmt.layers, probe.n_aux, True, stmt.capture, int(model["num_layers"]))
+    source = ImportSource(tool=fmt.tool, format=fmt.name, path=str(root.resolve()), layers=stmt.layers,
+                          capture=stmt.capture, stated_by=stmt.stated_by, claims=dict(probe.claims))
+    prov = imported_provenance(source, tok, model, layers, probe.dtype)
+    store = Store.create(req.store)
+    itemsize = probe.target.element_size()
+    vid = store.create_variant(prov, layers, probe.hidden_size, probe.dtype, req.codec or DEFAULT_CODEC,
+                               chunk_tokens(probe.hidden_size, itemsize))
+    per_token = probe.hidden_size * itemsize * (probe.n_aux + 1)
+    run = _Run(req, fmt, root, store, vid, layers, stmt, probe, tok["fingerprint"], vocab,
+               req.unit_tokens or max(1, UNIT_BYTES // per_token))
+    report = run.go(items)
+    report.update(store=req.store, variant=vid, format=fmt.name, source=str(root), layers=layers,
+                  capture=prov["recipe"]["capture"], stated=source.to_dict(), seconds=time.time() - t0)
+    return report
+
+
+class _Run:
+    """One import run: read in parallel, check each sample against the first, write units, log them."""
+
+    def __init__(self, req: ImportRequest, fmt: Format, root: Path, store: Any, vid: str,
+                 layers: dict[str, list[int]], stmt: Statement, probe: SourceSample, tok_fp: str, vocab: int,
+                 unit_tokens: int) -> None:
+        from hsstore.storage.writer import UnitWriter
+
+        self.req, self.fmt, self.root, self.layers, self.stmt, self.probe = req, fmt, root, layers, stmt, probe
+        self.tok_fp, self.vocab, self.unit_tokens = tok_fp, vocab, unit_tokens
+        self.run_id = uuid.uuid4().hex[:12]
+        self.writer = UnitWriter(store, vid, writer_id=f"imp-{self.run_id}", check_health=not req.allow_unhealthy)
+        self.log = ImportLog(store, vid, fmt, root, self.run_id)
+        self.done = set(self.writer.committed_keys())
+        self.seen: set[str] = set()
+        self.pending: list[tuple[SampleTokens, SourceSample]] = []
+        self.entries: list[tuple[str, str, list]] = []
+        self.counts = {"written": 0, "present": 0, "duplicates": 0, "tokens_written": 0}
+        self.bad: list[dict[str, str]] = []
+
+    def go(self, items: list[str]) -> dict[str, Any]:
+        from hsstore.build.progress import Progress
+
+        todo, known = self.log.split_known(items, self.done)
+        self.counts["present"] += len(known)
+        progress = Progress(f"import {self.fmt.name}", len(todo), self.probe.length * len(todo), self.req.quiet)
+        try:
+            for item, got in self._stream(todo):
+                if isinstance(got, BadInput):
+                    if not self.req.skip_bad:
+                        raise got
+                    self.bad.append({"item": item, "why": str(got)})
+                    continue
+                self._take(item, got)
+                progress.advance(1, got.length)
+                if sum(s.length for s, _ in self.pending) >= self.unit_tokens:
+                    self._flush()
+            self._flush()
+        finally:
+            progress.close()
+        keys = self.seen | {k for _, k in known}
+        self.log.finish(self.fmt.tool, len(items), keys, self.counts, len(self.bad), getattr(self.fmt, "missing", 0))
+        return {"items": len(items), "samples": len(keys), "samples_written": self.counts["written"],
+                "samples_present": self.counts["present"], "duplicates": self.counts["duplicates"],
+                "tokens_written": self.counts["tokens_written"], "skipped_bad": len(self.bad),
+                "bad": self.bad[:20], "missing_states": getattr(self.fmt, "missing", 0), "run": self.run_id}
+
+    def _read(self, item: str) -> SourceSample | BadInput:
+        try:
+            return self.fmt.read(self.root, item)
+        except BadInput as e:
+            return e
+
+    def _stream(self, items: list[str]) -> Iterator[tuple[str, SourceSample | BadInput]]:
+        """Samples in item order; up to ``4 * jobs`` files are read ahead, in parallel."""
+        jobs = max(1, self.req.jobs)
+        with ThreadPoolExecutor(jobs, thread_name_prefix="hsstore-import") as pool:
+            window: deque = deque()
+            for item in items:
+                window.append((item, pool.submit(self._read, item)))
+                if len(window) >= 4 * jobs:
+                    i, f = window.popleft()
+                    yield i, f.result()
+            while window:
+                i, f = window.popleft()
+                yield i, f.result()
+
+    def _check(self, s: SourceSample) -> None:
+        p = self.probe
+        if (s.hidden_size, s.dtype, s.n_aux) != (p.hidden_size, p.dtype, p.n_aux):
+            raise BadInput(f"{s.name}: {s.n_aux} aux state(s) of width {s.hidden_size} in {s.dtype}, but {p.name} "
+                           f"has {p.n_aux} of width {p.hidden_size} in {p.dtype}: the folder mixes two caches")
+        if s.claims != p.claims:
+            raise BadInput(f"{s.name} states {s.claims or 'nothing'} about itself, {p.name} {p.claims or 'nothing'}: "
+                           "the folder mixes two caches (pre-norm and post-norm targets?)")
+        _check_vocab(s, self.vocab)
+
+    def _take(self, item: str, s: SourceSample) -> None:
+        try:
+            self._check(s)
+        except BadInput as e:
+            if not self.req.skip_bad:
+                raise
+            self.bad.append({"item": item, "why": str(e)})
+            return
+        key = sample_key(self.tok_fp, s.input_ids, s.loss_mask)
+        self.entries.append((item, key, s.files))
+        if key in self.seen or key in self.done:
+            self.counts["duplicates" if key in self.seen else "present"] += 1
+            self.seen.add(key)
+            return
+        self.seen.add(key)
+        self.pending.append((SampleTokens(key, s.input_ids, s.loss_mask), s))
+
+    def _flush(self) -> None:
+        import torch
+
+        commit = None
+        if self.pending:
+            samples = [t for t, _ in self.pending]
+            states = {layer: torch.cat([s.aux[:, j] for _, s in self.pending])
+                      for j, layer in enumerate(self.layers["aux"])}
+            states[self.layers["target"][0]] = torch.cat([s.target for _, s in self.pending])
+            commit = self.writer.write(samples, states)
+            if commit is not None:
+                self.counts["written"] += len(commit.samples)
+                self.counts["tokens_written"] += commit.n_tokens
+                self.counts["present"] += len(samples) - len(commit.samples)  # a racing import wrote them
+        if self.entries:
+            self.log.chunk(self.entries, None if commit is None else commit.unit)
+        self.pending, self.entries = [], []

@@ -1,0 +1,96 @@
+"""The provenance of an imported variant: what is known (tokenizer, model if given, dtype, the user's
+statement of layers and convention, the source) and ``"unknown"`` for everything the files do not record.
+
+Shape (same keys as a native build, so selectors, ``info`` and ``require=`` work unchanged):
+
+- ``recipe.layers``: hsstore ids (output of decoder layer i; ``num_layers`` = final norm) when the capture
+  convention was stated, else the ids as written; ``recipe.capture``: ``decoder_layer_output`` or
+  ``unknown`` (then ``hsstore diff --align`` finds which native layer each id matches);
+  ``recipe.final_norm``: true / false / ``unknown``.
+- ``environment``: ``dtype`` from the files; device, kernels, backend, versions, flags: ``unknown``.
+- ``source``: an ``ImportSource`` record (tool, format, path, stated layers and convention, claims).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hsstore.core.errors import BadInput
+from hsstore.core.schema.imported import UNKNOWN, ImportSource
+from hsstore.interop.layers import FINAL_NORM
+
+KERNEL_FAMILIES = ("chunk_gated_delta_rule", "causal_conv1d", "attention")
+# the keys of a native build's environment sub-records, each "unknown" for an import (same shape: every
+# reader of native provenance reads these too)
+VERSIONS = ("python", "torch", "cuda", "transformers", "fla", "causal_conv1d")
+FLAGS = ("tf32_matmul", "tf32_cudnn", "float32_matmul_precision", "deterministic_algorithms")
+BATCHING = ("padding_side", "token_budget", "attention_mask", "order")
+
+
+def tokenizer_identity(path: str) -> tuple[dict[str, Any], int]:
+    """(hsstore's tokenizer identity, vocabulary size) of a tokenizer folder or ``builtin:NAME``."""
+    from hsstore.build.models import ModelSpec
+
+    spec = ModelSpec(path)
+    if spec.builtin is None and not Path(path).is_dir():
+        raise BadInput(f"tokenizer {path!r} is not a folder; pass the target model's folder (tokenizer.json, "
+                       "tokenizer_config.json) or builtin:NAME")
+    tok = spec.tokenizer()
+    ident = spec.tokenizer_identity(tok)
+    return ident, len(tok)
+
+
+def model_identity(model: str | None, num_layers: int | None, hidden_size: int) -> dict[str, Any]:
+    """The model part of the recipe: a native build's identity when ``model`` has weights; the config's
+    part with weights ``unknown`` when it has only a config; only the shape when no model is given."""
+    if model is None:
+        if num_layers is None:
+            raise BadInput("the number of decoder layers is unknown: pass --model DIR (the target's folder with "
+                           "config.json) or --num-layers N")
+        return {"name": UNKNOWN, "model_type": UNKNOWN, "num_layers": int(num_layers), "hidden_size": hidden_size,
+                "config_fingerprint": UNKNOWN, "weights": UNKNOWN, "fingerprint": UNKNOWN}
+    from hsstore.build.models import WEIGHT_SUFFIXES, ModelSpec, config_fingerprint, text_config
+
+    spec = ModelSpec(model)
+    spec.check()
+    config = spec.config(len(spec.tokenizer())) if spec.builtin is not None else spec.config()
+    tc = text_config(config)
+    if int(tc.hidden_size) != hidden_size:
+        raise BadInput(f"the files hold states of width {hidden_size}, but {model!r} has hidden_size "
+                       f"{int(tc.hidden_size)}: another model's cache, or the wrong --model")
+    if num_layers is not None and int(num_layers) != int(tc.num_hidden_layers):
+        raise BadInput(f"--num-layers {num_layers} contradicts {model!r} ({int(tc.num_hidden_layers)} layers)")
+    has_weights = spec.builtin is not None or any(
+        p.is_file() and p.name.endswith(WEIGHT_SUFFIXES) for p in Path(model).iterdir())
+    if has_weights:
+        return spec.identity(config)  # exactly a native build's: require= and diff match it
+    return {"path": model, "name": Path(model).resolve().name, "model_type": tc.model_type,
+            "num_layers": int(tc.num_hidden_layers), "hidden_size": int(tc.hidden_size),
+            "config_fingerprint": config_fingerprint(config), "weights": UNKNOWN, "fingerprint": UNKNOWN}
+
+
+def unknown_environment(dtype: str) -> dict[str, Any]:
+    """How the states were computed, as far as a foreign cache tells: only the dtype."""
+    from hsstore import __version__
+
+    return {"device": UNKNOWN, "device_name": UNKNOWN, "dtype": dtype, "backend": UNKNOWN,
+            "kernels": {k: UNKNOWN for k in KERNEL_FAMILIES},
+            "versions": {**{k: UNKNOWN for k in VERSIONS}, "hsstore": __version__},  # hsstore: the importer's
+            "flags": {k: UNKNOWN for k in FLAGS}, "batching": {k: UNKNOWN for k in BATCHING}, "host": UNKNOWN}
+
+
+def imported_provenance(source: ImportSource, tokenizer: dict[str, Any], model: dict[str, Any],
+                        layers: dict[str, list[int]], dtype: str) -> dict[str, Any]:
+    """The whole provenance dict of an imported variant (its id hashes every field but ``source.path``)."""
+    known = source.capture != "unknown"
+    if FINAL_NORM in source.layers:
+        final_norm: bool | str = True
+    else:
+        final_norm = False if known else UNKNOWN
+    recipe = {
+        "model": model, "tokenizer": tokenizer, "layers": layers,
+        "capture": "decoder_layer_output" if known else UNKNOWN,
+        "final_norm": final_norm, "max_length": UNKNOWN, "truncation": UNKNOWN,
+    }
+    return {"recipe": recipe, "environment": unknown_environment(dtype), "source": source.to_dict()}

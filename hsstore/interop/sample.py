@@ -1,0 +1,164 @@
+"""One sample read from another tool's cache, checked; and the safe ways to open their files.
+
+Pickled formats (``torch.save``) are opened only with ``torch.load(weights_only=True)``: tensors and
+plain containers, never arbitrary objects. Every file's bytes are hashed (xxh3_128) as they are read,
+so the import record names exactly what was imported.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xxhash
+
+from hsstore.core.dtypes import name_of
+from hsstore.core.errors import BadInput
+
+MAX_FILE_BYTES = 64 << 30  # one sample's file; anything larger is not a per-sample cache file
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    """A source file as read: its path relative to the import folder, size and xxh3_128 of its bytes."""
+
+    rel: str
+    size: int
+    xxh3: str
+    mtime_ns: int = 0
+
+
+@dataclass
+class SourceSample:
+    """A sample as another tool stored it: tokens, loss mask, states by slot (aux slots, then target)."""
+
+    name: str  # what error messages call it (a relative path)
+    input_ids: np.ndarray  # int32 [T]
+    loss_mask: np.ndarray  # uint8 [T], 0/1
+    aux: torch.Tensor | None  # [T, n_aux, H]
+    target: torch.Tensor | None  # [T, H]
+    files: list[FileDigest] = field(default_factory=list)
+    claims: dict[str, Any] = field(default_factory=dict)  # what the file says about itself (e.g. prenorm)
+
+    @property
+    def length(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def hidden_size(self) -> int:
+        t = self.target if self.target is not None else self.aux
+        return int(t.shape[-1])
+
+    @property
+    def dtype(self) -> str:
+        t = self.target if self.target is not None else self.aux
+        return name_of(t.dtype)
+
+    @property
+    def n_aux(self) -> int:
+        return 0 if self.aux is None else int(self.aux.shape[1])
+
+
+def read_bytes(root: Path, rel: str) -> tuple[bytes, FileDigest]:
+    """A file's bytes and digest (refusing special files and absurd sizes)."""
+    path = root / rel
+    try:
+        st = path.stat()
+        if not path.is_file():
+            raise BadInput(f"{rel}: not a regular file; an import folder holds only the tool's sample files")
+        if st.st_size > MAX_FILE_BYTES:
+            raise BadInput(f"{rel}: {st.st_size} bytes is not one sample's file (limit {MAX_FILE_BYTES})")
+        data = path.read_bytes()
+    except OSError as e:
+        raise BadInput(f"{rel}: cannot read ({e.strerror or e}); check the folder's permissions") from None
+    return data, FileDigest(rel, len(data), xxhash.xxh3_128_hexdigest(data), st.st_mtime_ns)
+
+
+def load_torch(data: bytes, rel: str) -> dict[str, Any]:
+    """A ``torch.save``'d dict (``.gz``: gzip-compressed first) through ``torch.load(weights_only=True)``."""
+    if rel.endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as e:
+            raise BadInput(f"{rel}: not a gzip file ({e}); .gz files must be gzip-compressed torch.save files") from None
+    try:
+        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError, ... for foreign bytes
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BadInput(f"{rel}: not a plain torch.save file of tensors (torch.load(weights_only=True) refused "
+                       f"it: {why[:160]}); hsstore never unpickles arbitrary objects") from None
+    if not isinstance(obj, dict):
+        raise BadInput(f"{rel}: holds a {type(obj).__name__}, not a dict of tensors; is this the right format?")
+    return obj
+
+
+def tensor(obj: dict[str, Any], key: str, rel: str, optional: bool = False) -> torch.Tensor | None:
+    """``obj[key]`` as a tensor, or a one-line error naming the file and the keys it has."""
+    if key not in obj or obj[key] is None:
+        if optional:
+            return None
+        raise BadInput(f"{rel}: no {key!r} (keys: {', '.join(sorted(map(str, obj)))}); is this the right --format?")
+    t = obj[key]
+    if not isinstance(t, torch.Tensor):
+        raise BadInput(f"{rel}: {key!r} is a {type(t).__name__}, not a tensor")
+    return t
+
+
+def _flat(x: torch.Tensor | np.ndarray) -> torch.Tensor:
+    t = torch.as_tensor(x)
+    return t.reshape(-1) if t.dim() == 2 and t.shape[0] == 1 else t  # tools add a batch dim of 1
+
+
+def tokens(ids: torch.Tensor | np.ndarray, mask: torch.Tensor | np.ndarray, rel: str) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids (int32) and a 0/1 loss mask (uint8) from whatever integer/bool tensors a tool wrote."""
+    ids_t, mask_t = _flat(ids), _flat(mask)
+    if ids_t.dim() != 1 or mask_t.dim() != 1 or ids_t.shape != mask_t.shape:
+        raise BadInput(f"{rel}: input_ids {tuple(ids_t.shape)} and loss_mask {tuple(mask_t.shape)} must be one "
+                       "sequence each, of equal length")
+    if ids_t.is_floating_point() or ids_t.dtype == torch.bool or mask_t.is_floating_point():
+        raise BadInput(f"{rel}: input_ids ({ids_t.dtype}) and loss_mask ({mask_t.dtype}) must be integer tensors")
+    if ids_t.numel() == 0:
+        raise BadInput(f"{rel}: an empty sample (0 tokens)")
+    if int(ids_t.min()) < 0 or int(ids_t.max()) >= 2**31:
+        raise BadInput(f"{rel}: token ids outside 0..2^31-1 (min {int(ids_t.min())}, max {int(ids_t.max())})")
+    m = mask_t.to(torch.int64)
+    if bool(((m != 0) & (m != 1)).any()):
+        raise BadInput(f"{rel}: loss_mask holds values other than 0 and 1 ({sorted(set(m.unique().tolist()))[:5]})")
+    return ids_t.to(torch.int32).numpy().copy(), m.to(torch.uint8).numpy().copy()
+
+
+def states(t: torch.Tensor, length: int, rel: str, key: str) -> torch.Tensor:
+    """A ``[T, W]`` (or ``[1, T, W]``) float tensor of ``length`` rows, contiguous."""
+    if t.dim() == 3 and t.shape[0] == 1:
+        t = t[0]
+    if t.dim() != 2 or t.shape[0] != length:
+        raise BadInput(f"{rel}: {key} has shape {tuple(t.shape)}; expected [{length}, hidden] for {length} tokens")
+    try:
+        name_of(t.dtype)
+    except ValueError:
+        raise BadInput(f"{rel}: {key} is {t.dtype}; hsstore stores bf16, fp16 or fp32 states") from None
+    return t.contiguous()
+
+
+def split_aux(t: torch.Tensor, hidden: int, rel: str, key: str) -> torch.Tensor:
+    """``[T, n*H]`` concatenated aux states as ``[T, n, H]``."""
+    if t.shape[-1] % hidden:
+        raise BadInput(f"{rel}: {key} width {t.shape[-1]} is not a multiple of the hidden size {hidden}")
+    return t.reshape(t.shape[0], t.shape[-1] // hidden, hidden)
+
+
+def walk(root: Path, suffixes: tuple[str, ...]) -> list[str]:
+    """Relative paths of the files under ``root`` ending in one of ``suffixes``, sorted."""
+    out = []
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            if f.endswith(suffixes):
+                out.append(os.path.relpath(os.path.join(dirpath, f), root))
+    return sorted(out)
