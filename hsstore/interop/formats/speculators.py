@@ -34,15 +34,15 @@ def hs_rel(index: int) -> str:
 @contextmanager
 def _quiet_datasets() -> Iterator[None]:
     """No ``datasets`` progress bar inside hsstore's own output."""
-    from datasets.utils import tqdm as dtqdm
+    from datasets.utils.tqdm import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-    was = dtqdm.are_progress_bars_disabled()
-    dtqdm.disable_progress_bars()
+    was = are_progress_bars_disabled()
+    disable_progress_bars()
     try:
         yield
     finally:
         if not was:
-            dtqdm.enable_progress_bars()
+            enable_progress_bars()
 
 
 def _load_safetensors(data: bytes, rel: str) -> dict[str, torch.Tensor]:

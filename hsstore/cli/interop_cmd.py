@@ -1,0 +1,137 @@
+"""`hsstore import`, `export` and `vocab-map`: other tools' caches in and out, and draft vocabularies."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from hsstore.cli.app import app, emit
+
+FORMATS_HELP = "specforge | modelopt | speculators | eagle"
+
+
+def _ints(text: Optional[str], what: str) -> Optional[list[int]]:
+    from hsstore.core.errors import BadInput
+
+    if text is None:
+        return None
+    try:
+        return [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise BadInput(f"{what} {text!r} is not a comma-separated list of stored layer ids, e.g. 1,2") from None
+
+
+@app.command("import")
+def import_(
+    format: Annotated[str, typer.Argument(help=f"The cache's format: {FORMATS_HELP}.")],
+    source: Annotated[str, typer.Argument(help="The cache folder the tool wrote.")],
+    store: Annotated[str, typer.Option("--store", help="The hsstore store to import into (created if new).")],
+    layers: Annotated[Optional[str], typer.Option(
+        "--layers", help="Layer id of each state slot in the files, aux slots in file order then the target, "
+                         "e.g. 2,16,29,final_norm (not needed for an `hsstore export` folder).")] = None,
+    capture: Annotated[Optional[str], typer.Option(
+        "--capture", help="What an id means: output (output of layer i: SGLang, HF hidden_states[i+1]), input "
+                          "(state entering layer i = output of i-1: vLLM) or unknown (find it with diff --align).")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="The target's tokenizer folder (default: --model).")] = None,
+    model: Annotated[Optional[str], typer.Option(
+        "--model", help="The target model's folder: config (layers, width) and, if present, weights identity.")] = None,
+    num_layers: Annotated[Optional[int], typer.Option("--num-layers", help="Decoder layers of the target (without --model).")] = None,
+    jobs: Annotated[Optional[int], typer.Option("--jobs", help="Files read in parallel (default: cores, max 8).")] = None,
+    codec: Annotated[Optional[str], typer.Option("--codec", help="Compression of the imported states.")] = None,
+    skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip unreadable or foreign files (counted) instead of stopping.")] = False,
+    allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf or all-zero states anyway.")] = False,
+    limit: Annotated[Optional[int], typer.Option("--limit", help="Only the first N files.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
+) -> None:
+    """Import another tool's hidden-state cache as a variant, keyed by hsstore's content keys.
+
+    Example: hsstore import speculators ./data --tokenizer ./Qwen3-8B --layers 2,18,33,36 --capture input --store s.zarr
+    """
+    from hsstore.interop.importer import ImportRequest, import_cache
+
+    kw = {} if jobs is None else {"jobs": jobs}
+    report = import_cache(ImportRequest(format, source, store, tokenizer, model, num_layers, layers, capture,
+                                        codec=codec, skip_bad=skip_bad, allow_unhealthy=allow_unhealthy,
+                                        limit=limit, quiet=quiet or json_out, **kw))
+    emit(report, json_out, _import_text(report))
+
+
+@app.command("export")
+def export(
+    target: Annotated[str, typer.Argument(help="STORE#SELECTOR of the variant to export.")],
+    format: Annotated[str, typer.Argument(help=f"The tool's format: {FORMATS_HELP}.")],
+    dest: Annotated[str, typer.Argument(help="A new or empty folder (or an earlier export of the same variant).")],
+    aux: Annotated[Optional[str], typer.Option("--aux", help="Stored layers for the aux slots, in order (default: the aux role).")] = None,
+    target_layer: Annotated[Optional[int], typer.Option("--target", help="Stored layer for the target slot (default: the target role).")] = None,
+    compress: Annotated[bool, typer.Option("--compress", help="specforge: write .ckpt.gz files.")] = False,
+    jobs: Annotated[Optional[int], typer.Option("--jobs", help="Samples written in parallel.")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", help="Only the first N samples.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
+) -> None:
+    """Write a variant as another tool's cache, read unchanged by that tool's own loader.
+
+    Example: hsstore export 's.zarr#dtype=bf16' speculators ./spec-data
+    """
+    from hsstore.interop.exporter import ExportRequest, export_cache
+
+    kw = {} if jobs is None else {"jobs": jobs}
+    report = export_cache(ExportRequest(target, format, dest, _ints(aux, "--aux"), target_layer, compress,
+                                        limit=limit, **kw))
+    emit(report, json_out, _export_text(report))
+
+
+@app.command("vocab-map")
+def vocab_map(
+    target: Annotated[str, typer.Argument(help="STORE#SELECTOR of the variant whose loss-masked tokens to count.")],
+    size: Annotated[int, typer.Option("--size", help="Draft vocabulary size, e.g. 32000.")],
+    out: Annotated[Optional[str], typer.Option("--out", help="Output folder (default: vocab-map-VARIANT-SIZE).")] = None,
+    target_vocab_size: Annotated[Optional[int], typer.Option(
+        "--target-vocab-size", help="The target model's vocabulary (default: its config, else the tokenizer's).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
+) -> None:
+    """EAGLE-3 draft vocabulary (d2t/t2d) from a variant's loss-masked token frequencies.
+
+    Writes d2t-N.npy and t2d-N.npy (speculators), vocab_mapping-N.pt (SpecForge, EAGLE-3), token_freq.pt
+    and vocab-map-N.json (store, variant, tokenizer fingerprint, coverage).
+
+    Example: hsstore vocab-map 's.zarr#dtype=bf16' --size 32000 --out ./vocab
+    """
+    from hsstore.interop.vocab import write_vocab_map
+    from hsstore.storage.store import Store, split_target
+
+    if out is None:
+        path, sel = split_target(target)
+        s = Store.open(path)
+        out = f"vocab-map-{s.select(sel)}-{size}"
+    record = write_vocab_map(target, size, out, target_vocab_size)
+    text = (f"draft vocabulary of {size} tokens from {record['samples']} samples ({record['loss_tokens']} loss-masked "
+            f"tokens, {record['distinct_tokens']} distinct): covers {record['coverage']:.2%} of them\n"
+            f"target vocabulary {record['target_vocab_size']} (from {record['target_vocab_from']}); wrote "
+            + ", ".join(sorted(record["files"])) + f" to {out}")
+    emit({**record, "out": out}, json_out, text)
+
+
+def _import_text(r: dict) -> str:
+    src = r["stated"]
+    lines = [f"imported {r['samples']} samples of {r['format']} cache {r['source']} into {r['store']}#{r['variant']}: "
+             f"{r['samples_written']} written, {r['samples_present']} already there, {r['duplicates']} duplicate(s)"
+             f" ({r['tokens_written']:,} tokens, {r['seconds']:.1f}s)",
+             f"  layers {src['layers']} stated by {src['stated_by']} under --capture {src['capture']} -> hsstore "
+             f"aux={r['layers']['aux']} target={r['layers']['target']} (recipe.capture={r['capture']})"]
+    if r["capture"] == "unknown":
+        lines.append("  capture convention unknown: find each layer's match with `hsstore diff IMPORTED NATIVE --align`")
+    if r["missing_states"]:
+        lines.append(f"  {r['missing_states']} row(s) have no hidden-states file (not imported)")
+    if r["skipped_bad"]:
+        lines.append(f"  {r['skipped_bad']} file(s) skipped (--skip-bad); first: {r['bad'][0]['why']}")
+    return "\n".join(lines)
+
+
+def _export_text(r: dict) -> str:
+    return (f"exported {r['samples']} samples ({r['tokens']:,} tokens) of {r['store']}#{r['variant']} as {r['format']} "
+            f"to {r['dest']} in {r['seconds']:.1f}s\n"
+            f"  slots: aux={r['slots']['aux']} target={r['slots']['target']} (hsstore ids) = {r['tool_layers']} in "
+            f"{r['format']}'s numbering ({r['tool_capture']})\n"
+            f"  record: {r['record']}; read with {r['loader']}")

@@ -1,0 +1,102 @@
+"""EAGLE-3 draft vocabularies: the ``size`` most frequent loss-masked tokens of a variant, as the d2t/t2d
+mappings speculators, SpecForge and EAGLE-3 load.
+
+``d2t[i]`` is the offset from draft id *i* to its target id (``target = i + d2t[i]``, int64 [size]);
+``t2d`` marks the target ids in the draft vocabulary (bool [target vocab]). Tokens are ranked by count,
+ties by token id (speculators' rule; SpecForge and EAGLE break ties by first appearance, so sets can
+differ only among equally frequent tokens); fewer distinct tokens than ``size`` are padded with the
+lowest unused ids, as all three do.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hsstore.core.errors import BadInput
+from hsstore.interop.formats.base import atomic_write, torch_bytes
+
+
+def token_counts(reader: Any, vocab: int) -> tuple[np.ndarray, int]:
+    """Counts ``[vocab]`` of every loss-masked token of the variant, and the number of samples read."""
+    counts = np.zeros(vocab, dtype=np.int64)
+    for key in reader.keys:
+        ids, mask = reader.read_tokens(reader.ref(key))
+        sel = ids[mask.astype(bool)].astype(np.int64)
+        if sel.size and int(sel.max()) >= vocab:
+            raise BadInput(f"sample {key} has token id {int(sel.max())} >= the target vocabulary {vocab}; "
+                           "pass the model's vocabulary with --target-vocab-size")
+        counts += np.bincount(sel, minlength=vocab)
+    return counts, len(reader.keys)
+
+
+def vocab_mapping(counts: np.ndarray, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d2t int64 [size], t2d bool [vocab]) from token counts."""
+    vocab = int(counts.shape[0])
+    if not 0 < size <= vocab:
+        raise BadInput(f"--size {size} must be between 1 and the target vocabulary ({vocab})")
+    order = np.lexsort((np.arange(vocab), -counts))  # by count descending, then token id
+    chosen = np.sort(order[:size])
+    d2t = torch.from_numpy(chosen - np.arange(size, dtype=np.int64))
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[torch.from_numpy(chosen)] = True
+    return d2t, t2d
+
+
+def target_vocab(reader: Any, override: int | None) -> tuple[int, str]:
+    """The target model's vocabulary size and where it was read (t2d must have exactly this length)."""
+    if override is not None:
+        return int(override), "--target-vocab-size"
+    recipe = reader.record.provenance.get("recipe", {})
+    path = recipe.get("model", {}).get("path")
+    cfg = Path(str(path)) / "config.json" if path else None
+    if cfg is not None and cfg.is_file():
+        data = json.loads(cfg.read_text())
+        v = data.get("vocab_size") or (data.get("text_config") or {}).get("vocab_size")
+        if isinstance(v, int):
+            return v, str(cfg)
+    v = recipe.get("tokenizer", {}).get("vocab_size")
+    if not isinstance(v, int):
+        raise BadInput(f"variant {reader.id} records no vocabulary size; pass --target-vocab-size N")
+    return v, "recipe.tokenizer.vocab_size"
+
+
+def write_vocab_map(target: str, size: int, out: str, target_vocab_size: int | None = None) -> dict[str, Any]:
+    """Count, map and write ``d2t-N.npy``/``t2d-N.npy`` (speculators), ``vocab_mapping-N.pt`` (SpecForge,
+    EAGLE-3), ``token_freq.pt`` and the record ``vocab-map-N.json``; returns the record."""
+    from hsstore.storage.store import Store, split_target
+
+    path, selector = split_target(target)
+    store = Store.open(path)
+    reader = store.reader(store.select(selector))
+    vocab, vocab_from = target_vocab(reader, target_vocab_size)
+    counts, n_samples = token_counts(reader, vocab)
+    d2t, t2d = vocab_mapping(counts, size)
+    root = Path(out)
+    files = {}
+    for name, data in ((f"d2t-{size}.npy", _npy(d2t.numpy())), (f"t2d-{size}.npy", _npy(t2d.numpy())),
+                       (f"vocab_mapping-{size}.pt", torch_bytes({"d2t": d2t, "t2d": t2d})),
+                       ("token_freq.pt", torch_bytes({int(i): int(counts[i]) for i in np.flatnonzero(counts)}))):
+        files[name] = atomic_write(root, name, data).xxh3
+    total = int(counts.sum())
+    record = {
+        "store": path, "variant": reader.id,
+        "tokenizer_fingerprint": reader.record.provenance.get("recipe", {}).get("tokenizer", {}).get("fingerprint"),
+        "draft_vocab_size": size, "target_vocab_size": vocab, "target_vocab_from": vocab_from,
+        "samples": n_samples, "loss_tokens": total, "distinct_tokens": int((counts > 0).sum()),
+        "coverage": float(counts[t2d.numpy()].sum() / total) if total else 0.0, "files": files,
+    }
+    atomic_write(root, f"vocab-map-{size}.json", json.dumps(record, indent=1, sort_keys=True).encode())
+    return record
+
+
+def _npy(a: np.ndarray) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return buf.getvalue()
