@@ -124,7 +124,7 @@ def import_cache(req: ImportRequest) -> dict[str, Any]:
     vid = store.create_variant(prov, layers, probe.hidden_size, probe.dtype, req.codec or DEFAULT_CODEC,
                                chunk_tokens(probe.hidden_size, itemsize))
     per_token = probe.hidden_size * itemsize * (probe.n_aux + 1)
-    run = _Run(req, fmt, root, store, vid, layers, stmt, probe, tok["fingerprint"], vocab,
+    run = _Run(req, fmt, root, store, vid, layers, stmt, probe, items[0], tok["fingerprint"], vocab,
                req.unit_tokens or max(1, UNIT_BYTES // per_token))
     report = run.go(items)
     report.update(store=req.store, variant=vid, format=fmt.name, source=str(root), layers=layers,
@@ -136,12 +136,13 @@ class _Run:
     """One import run: read in parallel, check each sample against the first, write units, log them."""
 
     def __init__(self, req: ImportRequest, fmt: Format, root: Path, store: Any, vid: str,
-                 layers: dict[str, list[int]], stmt: Statement, probe: SourceSample, tok_fp: str, vocab: int,
-                 unit_tokens: int) -> None:
+                 layers: dict[str, list[int]], stmt: Statement, probe: SourceSample, probe_item: str, tok_fp: str,
+                 vocab: int, unit_tokens: int) -> None:
         from hsstore.storage.writer import UnitWriter
 
         self.req, self.fmt, self.root, self.layers, self.stmt, self.probe = req, fmt, root, layers, stmt, probe
         self.tok_fp, self.vocab, self.unit_tokens = tok_fp, vocab, unit_tokens
+        self.probe_item = probe_item
         self.run_id = uuid.uuid4().hex[:12]
         self.writer = UnitWriter(store, vid, writer_id=f"imp-{self.run_id}", check_health=not req.allow_unhealthy)
         self.log = ImportLog(store, vid, fmt, root, self.run_id)
@@ -180,6 +181,8 @@ class _Run:
                 "bad": self.bad[:20], "missing_states": getattr(self.fmt, "missing", 0), "run": self.run_id}
 
     def _read(self, item: str) -> SourceSample | BadInput:
+        if item == self.probe_item:
+            return self.probe
         try:
             return self.fmt.read(self.root, item)
         except BadInput as e:

@@ -1,0 +1,184 @@
+"""Import and export of SpecForge, Model-Optimizer, speculators and EAGLE caches: files written the way
+each tool writes them, content keys, provenance statements, bit-exact round trips, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hsstore import Store
+from hsstore.core.keys import sample_key
+from hsstore.interop.exporter import ExportRequest, export_cache
+from hsstore.interop.importer import ImportRequest, import_cache
+from hsstore.interop.provenance import tokenizer_identity
+
+from helpers import run_cli
+from interop_files import TOKENIZER, WRITERS, random_samples
+
+STATED = {"specforge": "0,1,2,final_norm", "modelopt": "0,1,2,final_norm", "speculators": "1,2,3,4",
+          "eagle": "final_norm"}
+CAPTURE = {"specforge": "output", "modelopt": "output", "speculators": "input", "eagle": "output"}
+HSSTORE = {"specforge": ([0, 1, 2], [4]), "modelopt": ([0, 1, 2], [4]), "speculators": ([0, 1, 2], [3]),
+           "eagle": ([], [4])}
+
+
+def _import(fmt: str, src: Path, store: Path, **kw) -> dict:
+    args = {"tokenizer": TOKENIZER, "num_layers": 4, "layers": STATED[fmt], "capture": CAPTURE[fmt], **kw}
+    return import_cache(ImportRequest(fmt, str(src), str(store), **args))
+
+
+def _reader(store: Path, sel: str | None = None):
+    s = Store.open(store)
+    return s.reader(s.select(sel))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_import_keys_states_and_provenance(fmt: str, tmp_path: Path):
+    samples = random_samples(n_aux=0 if fmt == "eagle" else 3)
+    WRITERS[fmt](tmp_path / "src", samples)
+    report = _import(fmt, tmp_path / "src", tmp_path / "s.zarr")
+    assert report["samples_written"] == len(samples) and report["samples_present"] == 0
+    r = _reader(tmp_path / "s.zarr")
+    aux_ids, target_ids = HSSTORE[fmt]
+    assert r.record.layers == {"aux": aux_ids, "target": target_ids}
+    fp = tokenizer_identity(TOKENIZER)[0]["fingerprint"]
+    for s in samples:
+        key = sample_key(fp, s.ids.numpy(), s.mask.numpy())  # hsstore's content key of the same tokens
+        got = r.read(key)
+        assert torch.equal(got["input_ids"], s.ids) and torch.equal(got["loss_mask"].long(), s.mask)
+        for j, layer in enumerate(aux_ids):
+            assert torch.equal(_bits(got["layers"][layer]), _bits(s.aux[:, j]))
+        assert torch.equal(_bits(got["layers"][target_ids[0]]), _bits(s.target))
+    prov = r.record.provenance
+    assert prov["source"]["tool"] and prov["source"]["format"] == fmt
+    assert prov["source"]["layers"] == [int(x) if x.isdigit() else x for x in STATED[fmt].split(",")]
+    assert prov["source"]["capture"] == CAPTURE[fmt] and prov["source"]["stated_by"] == "user"
+    assert prov["recipe"]["capture"] == "decoder_layer_output"
+    assert prov["recipe"]["final_norm"] is (fmt != "speculators")
+    env = prov["environment"]
+    assert env["dtype"] == "bf16" and env["device"] == env["backend"] == "unknown"
+    assert set(env["kernels"].values()) == {"unknown"} and prov["recipe"]["model"]["fingerprint"] == "unknown"
+    done = [json.loads(p.read_text()) for p in (tmp_path / "s.zarr").rglob("builds/import-*.json")]
+    files = {f[0]: f[3] for d in done if d["kind"] == "import-chunk" for e in d["entries"] for f in e["files"]}
+    assert len(files) == len(samples)  # every source file's xxh3 is recorded
+    assert run_cli("verify", str(tmp_path / "s.zarr")).returncode == 0
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_export_then_import_is_bit_exact_and_needs_no_statement(fmt: str, tmp_path: Path):
+    samples = random_samples(n_aux=0 if fmt == "eagle" else 3, dtype=torch.float16)
+    WRITERS[fmt](tmp_path / "src", samples)
+    _import(fmt, tmp_path / "src", tmp_path / "a.zarr")
+    out = export_cache(ExportRequest(str(tmp_path / "a.zarr"), fmt, str(tmp_path / "out")))
+    assert out["samples"] == len(samples) and out["tool_capture"] == CAPTURE[fmt]
+    assert out["tool_layers"] == [int(x) if x.isdigit() else x for x in STATED[fmt].split(",")]
+    back = import_cache(ImportRequest(fmt, str(tmp_path / "out"), str(tmp_path / "b.zarr"), tokenizer=TOKENIZER))
+    assert back["stated"]["stated_by"] == "hsstore-export"
+    a, b = _reader(tmp_path / "a.zarr"), _reader(tmp_path / "b.zarr")
+    assert a.record.layers == b.record.layers and sorted(a.keys) == sorted(b.keys)
+    for key in a.keys:
+        x, y = a.read(key), b.read(key)
+        assert torch.equal(x["input_ids"], y["input_ids"]) and torch.equal(x["loss_mask"], y["loss_mask"])
+        for layer in a.record.all_layers:
+            assert x["layers"][layer].dtype == torch.float16
+            assert torch.equal(_bits(x["layers"][layer]), _bits(y["layers"][layer]))
+
+
+def test_specforge_gzip_files_import(tmp_path: Path):
+    samples = random_samples(n=3)
+    WRITERS["specforge"](tmp_path / "src", samples, compress=True)
+    assert _import("specforge", tmp_path / "src", tmp_path / "s.zarr")["samples_written"] == 3
+    out = export_cache(ExportRequest(str(tmp_path / "s.zarr"), "specforge", str(tmp_path / "gz"), compress=True))
+    assert out["samples"] == 3 and len(list((tmp_path / "gz").rglob("*.ckpt.gz"))) == 3
+
+
+def test_resume_skips_unchanged_files_without_reading_them(tmp_path: Path):
+    samples = random_samples(n=6)
+    WRITERS["specforge"](tmp_path / "src", samples)
+    first = _import("specforge", tmp_path / "src", tmp_path / "s.zarr", limit=4)  # as if killed after 4 files
+    assert first["samples_written"] == 4
+    # corrupt an imported file but keep its size and mtime: a resumed import must not read it again
+    # (data_0 is not touched: every import reads the first file for the cache's geometry)
+    f = tmp_path / "src" / "rows_0-2000" / "data_2.ckpt"
+    st = f.stat()
+    f.write_bytes(b"\0" * st.st_size)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    second = _import("specforge", tmp_path / "src", tmp_path / "s.zarr")
+    assert second["samples_written"] == 2 and second["samples_present"] == 4 and second["samples"] == 6
+    assert len(_reader(tmp_path / "s.zarr").keys) == 6
+    # a file that changed (new mtime) is read again: the damaged one is now refused by name
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    with pytest.raises(Exception, match="data_2.ckpt: not a plain torch.save file"):
+        _import("specforge", tmp_path / "src", tmp_path / "s.zarr")
+
+
+def test_duplicates_and_skip_bad_are_counted(tmp_path: Path):
+    samples = random_samples(n=4)
+    WRITERS["eagle"](tmp_path / "src", samples + samples[:2])
+    (tmp_path / "src" / "0" / "data_9.ckpt").write_bytes(b"not a torch file")
+    r = _import("eagle", tmp_path / "src", tmp_path / "s.zarr", skip_bad=True)
+    assert (r["samples_written"], r["duplicates"], r["skipped_bad"]) == (4, 2, 1)
+    assert "data_9.ckpt" in r["bad"][0]["item"]
+
+
+def test_speculators_rows_without_states_are_counted_not_imported(tmp_path: Path):
+    samples = random_samples(n=5)
+    WRITERS["speculators"](tmp_path / "src", samples, skip_rows=(1, 3))
+    r = _import("speculators", tmp_path / "src", tmp_path / "s.zarr")
+    assert r["samples_written"] == 3 and r["missing_states"] == 2
+
+
+def test_unknown_capture_keeps_ids_and_says_unknown(tmp_path: Path):
+    WRITERS["speculators"](tmp_path / "src", random_samples(n=2))
+    r = _import("speculators", tmp_path / "src", tmp_path / "s.zarr", capture="unknown")
+    prov = _reader(tmp_path / "s.zarr").record.provenance
+    assert r["layers"] == {"aux": [1, 2, 3], "target": [4]}  # as written: diff --align finds what they are
+    assert prov["recipe"]["capture"] == "unknown" and prov["recipe"]["final_norm"] == "unknown"
+
+
+def test_vllm_convention_lines_up_with_a_native_build(tiny_store: Path, tmp_path: Path):
+    """A cache in vLLM's numbering (state entering layer i), imported with --capture input, holds the
+    very samples and states of the native build: same keys, bit-exact, so diff joins them."""
+    native = _reader(tiny_store, "dtype=bf16")
+    n_layers = native.record.provenance["recipe"]["model"]["num_layers"]
+    out = export_cache(ExportRequest(f"{tiny_store}#dtype=bf16", "speculators", str(tmp_path / "vllm")))
+    assert out["tool_layers"] == [1, 2, 4] and n_layers == 4  # outputs of 0, 1, 3 = states entering 1, 2, 4
+    (tmp_path / "vllm" / "hsstore-export.json").unlink()  # a foreign cache: the user states the convention
+    r = import_cache(ImportRequest("speculators", str(tmp_path / "vllm"), str(tmp_path / "s.zarr"),
+                                   tokenizer="builtin:tiny-qwen3_5", model="builtin:tiny-qwen3_5", layers="1,2,4",
+                                   capture="input"))
+    assert r["layers"] == native.record.layers
+    imported = _reader(tmp_path / "s.zarr")
+    assert imported.record.provenance["recipe"]["model"] == native.record.provenance["recipe"]["model"]
+    assert sorted(imported.keys) == sorted(native.keys)
+    d = run_cli("diff", str(tmp_path / "s.zarr"), f"{tiny_store}#dtype=bf16", "--json", "-")
+    assert d.returncode == 0, d.stderr
+    report = json.loads(d.stdout)
+    assert report["shared_samples"] == len(native.keys) and all(L["bit_exact"] == 1.0 for L in report["layers"])
+
+
+def test_cli_import_export_vocab_map_round_trip(tmp_path: Path):
+    WRITERS["modelopt"](tmp_path / "src", random_samples(n=3), prenorm=False)
+    r = run_cli("import", "modelopt", str(tmp_path / "src"), "--store", str(tmp_path / "s.zarr"), "--tokenizer",
+                TOKENIZER, "--num-layers", "4", "--layers", "0,1,2,final_norm", "--capture", "output", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["samples_written"] == 3 and rep["stated"]["claims"] == {"prenorm": False}
+    e = run_cli("export", str(tmp_path / "s.zarr"), "modelopt", str(tmp_path / "out"))
+    assert e.returncode == 0 and "slots: aux=[0, 1, 2] target=[4]" in e.stdout, e.stderr
+    pt = torch.load(next((tmp_path / "out").glob("*.pt")), weights_only=True)
+    assert pt["hidden_states_prenorm"] is False and set(pt) >= {"input_ids", "hidden_states", "aux_hidden_states"}
+    v = run_cli("vocab-map", str(tmp_path / "s.zarr"), "--size", "16", "--out", str(tmp_path / "vm"))
+    assert v.returncode == 0, v.stderr
+    d2t, t2d = np.load(tmp_path / "vm" / "d2t-16.npy"), np.load(tmp_path / "vm" / "t2d-16.npy")
+    assert d2t.dtype == np.int64 and t2d.dtype == np.bool_ and t2d.sum() == 16
+    assert np.array_equal(np.arange(16) + d2t, np.flatnonzero(t2d))
