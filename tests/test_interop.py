@@ -16,6 +16,7 @@ from hsstore.core.keys import sample_key
 from hsstore.interop.exporter import ExportRequest, export_cache
 from hsstore.interop.importer import ImportRequest, import_cache
 from hsstore.interop.provenance import tokenizer_identity
+from hsstore.storage.verify import verify
 
 from helpers import run_cli
 from interop_files import TOKENIZER, WRITERS, random_samples
@@ -70,7 +71,7 @@ def test_import_keys_states_and_provenance(fmt: str, tmp_path: Path):
     done = [json.loads(p.read_text()) for p in (tmp_path / "s.zarr").rglob("builds/import-*.json")]
     files = {f[0]: f[3] for d in done if d["kind"] == "import-chunk" for e in d["entries"] for f in e["files"]}
     assert len(files) == len(samples)  # every source file's xxh3 is recorded
-    assert run_cli("verify", str(tmp_path / "s.zarr")).returncode == 0
+    assert verify(Store.open(tmp_path / "s.zarr"))["ok"]
 
 
 @pytest.mark.parametrize("fmt", sorted(WRITERS))
@@ -166,19 +167,32 @@ def test_vllm_convention_lines_up_with_a_native_build(tiny_store: Path, tmp_path
     assert report["shared_samples"] == len(native.keys) and all(L["bit_exact"] == 1.0 for L in report["layers"])
 
 
-def test_cli_import_export_vocab_map_round_trip(tmp_path: Path):
+def _main(capsys, *argv: str) -> int:
+    import sys
+
+    from hsstore.cli.main import main
+
+    old, sys.argv = sys.argv, ["hsstore", *argv]
+    try:
+        with pytest.raises(SystemExit) as e:
+            main()
+    finally:
+        sys.argv = old
+    return e.value.code
+
+
+def test_cli_import_export_vocab_map_round_trip(tmp_path: Path, capsys):
     WRITERS["modelopt"](tmp_path / "src", random_samples(n=3), prenorm=False)
     r = run_cli("import", "modelopt", str(tmp_path / "src"), "--store", str(tmp_path / "s.zarr"), "--tokenizer",
                 TOKENIZER, "--num-layers", "4", "--layers", "0,1,2,final_norm", "--capture", "output", "--json")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep["samples_written"] == 3 and rep["stated"]["claims"] == {"prenorm": False}
-    e = run_cli("export", str(tmp_path / "s.zarr"), "modelopt", str(tmp_path / "out"))
-    assert e.returncode == 0 and "slots: aux=[0, 1, 2] target=[4]" in e.stdout, e.stderr
+    assert _main(capsys, "export", str(tmp_path / "s.zarr"), "modelopt", str(tmp_path / "out")) == 0
+    assert "slots: aux=[0, 1, 2] target=[4]" in capsys.readouterr().out
     pt = torch.load(next((tmp_path / "out").glob("*.pt")), weights_only=True)
     assert pt["hidden_states_prenorm"] is False and set(pt) >= {"input_ids", "hidden_states", "aux_hidden_states"}
-    v = run_cli("vocab-map", str(tmp_path / "s.zarr"), "--size", "16", "--out", str(tmp_path / "vm"))
-    assert v.returncode == 0, v.stderr
+    assert _main(capsys, "vocab-map", str(tmp_path / "s.zarr"), "--size", "16", "--out", str(tmp_path / "vm")) == 0
     d2t, t2d = np.load(tmp_path / "vm" / "d2t-16.npy"), np.load(tmp_path / "vm" / "t2d-16.npy")
     assert d2t.dtype == np.int64 and t2d.dtype == np.bool_ and t2d.sum() == 16
     assert np.array_equal(np.arange(16) + d2t, np.flatnonzero(t2d))

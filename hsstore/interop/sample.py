@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,14 +90,26 @@ def load_torch(data: bytes, rel: str) -> dict[str, Any]:
         except (OSError, EOFError, zlib.error) as e:
             raise BadInput(f"{rel}: not a gzip file ({e}); .gz files must be gzip-compressed torch.save files") from None
     try:
-        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about pickle protocols of foreign files: not for users
+            warnings.simplefilter("ignore")
+            obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError, ... for foreign bytes
-        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BadInput(f"{rel}: not a plain torch.save file of tensors (torch.load(weights_only=True) refused "
-                       f"it: {why[:160]}); hsstore never unpickles arbitrary objects") from None
+                       f"it: {_why(e)}); hsstore never unpickles arbitrary objects") from None
     if not isinstance(obj, dict):
         raise BadInput(f"{rel}: holds a {type(obj).__name__}, not a dict of tensors; is this the right format?")
     return obj
+
+
+def _why(e: Exception) -> str:
+    """The line of torch's long weights-only refusal that says what was refused."""
+    lines = [line.strip() for line in str(e).splitlines()]
+    for i, line in enumerate(lines):
+        if "WeightsUnpickler error:" in line:
+            rest = line.split("WeightsUnpickler error:", 1)[1].strip() or next((x for x in lines[i + 1:] if x), "")
+            return rest.split(" was not an allowed global")[0][:160]
+    first = next((line for line in lines if line), "")
+    return f"{type(e).__name__}: {first}"[:160]
 
 
 def tensor(obj: dict[str, Any], key: str, rel: str, optional: bool = False) -> torch.Tensor | None:

@@ -1,0 +1,185 @@
+"""Bad and foreign files given to import/export/vocab-map: one clear line, exit 2, nothing committed, and
+never an unpickled object (docs/errors.md, section "Interop")."""
+
+from __future__ import annotations
+
+import pickle
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hsstore import Store
+from hsstore.cli.main import main
+
+from helpers import REPO
+from interop_files import TOKENIZER, WRITERS, random_samples
+
+SF = ["--tokenizer", TOKENIZER, "--num-layers", "4", "--layers", "0,1,2,final_norm", "--capture", "output"]
+
+
+def _imp(t: Path, fmt: str, src: Path, *extra: str, opts: list[str] | None = None) -> list[str]:
+    return ["import", fmt, str(src), "--store", str(t / "s.zarr"), *(SF if opts is None else opts), *extra]
+
+
+def _sf(t: Path, mutate=None, n: int = 2, **kw) -> Path:
+    """A SpecForge folder; ``mutate(record)`` edits the first file's dict before it is saved."""
+    src = t / "sf"
+    WRITERS["specforge"](src, random_samples(n=n, **kw))
+    if mutate is not None:
+        f = src / "rows_0-2000" / "data_0.ckpt"
+        rec = torch.load(f, weights_only=True)
+        mutate(rec)
+        torch.save(rec, f)
+    return src
+
+
+class Evil:
+    """Unpickling this would create a file: weights_only must refuse it before that."""
+
+    def __reduce__(self):
+        return (Path.touch, (Path("/tmp/hsstore-interop-pwned"),))
+
+
+def _evil(t: Path) -> Path:
+    src = _sf(t)
+    torch.save({"input_ids": torch.zeros(3, dtype=torch.long), "payload": Evil()}, src / "rows_0-2000" / "data_0.ckpt")
+    return src
+
+
+def _foreign(t: Path) -> Path:
+    src = _sf(t)
+    (src / "rows_0-2000" / "data_0.ckpt").write_bytes(pickle.dumps({"a": 1}) + b"junk")
+    return src
+
+
+def _fp8(t: Path) -> Path:
+    from safetensors.torch import save_file
+
+    src = t / "sp"
+    WRITERS["speculators"](src, random_samples(n=2))
+    f = src / "hidden_states" / "hs_0.safetensors"
+    save_file({"hidden_states": torch.zeros(7, 4, 32, dtype=torch.float8_e4m3fn), "hidden_states_scales": torch.ones(7, 1, 1),
+               "token_ids": torch.zeros(7, dtype=torch.long)}, str(f))
+    return src
+
+
+def _spec_mismatch(t: Path) -> Path:
+    from safetensors.torch import save_file
+
+    src = t / "sp"
+    samples = random_samples(n=2)
+    WRITERS["speculators"](src, samples)
+    s = samples[0]
+    save_file({"hidden_states": torch.cat([s.aux, s.target[:, None]], 1).contiguous(), "token_ids": s.ids + 1},
+              str(src / "hidden_states" / "hs_0.safetensors"))
+    return src
+
+
+def _modelopt(t: Path, prenorm: bool | None = None, drop_mask: bool = False) -> Path:
+    src = t / "mo"
+    WRITERS["modelopt"](src, random_samples(n=2), prenorm=prenorm)
+    if drop_mask:
+        for f in src.glob("*.pt"):
+            rec = torch.load(f, weights_only=True)
+            del rec["loss_mask"]
+            torch.save(rec, f)
+    return src
+
+
+def _mixed(t: Path) -> Path:
+    src = t / "ea"
+    WRITERS["eagle"](src, random_samples(n=2, hidden=32))
+    WRITERS["eagle"](src, random_samples(n=1, hidden=48, seed=1), index=1)
+    return src
+
+
+def _exported(t: Path) -> str:
+    from hsstore.interop.importer import ImportRequest, import_cache
+
+    src = _sf(t)
+    import_cache(ImportRequest("specforge", str(src), str(t / "s.zarr"), tokenizer=TOKENIZER, num_layers=4,
+                               layers="0,1,2,final_norm", capture="output"))
+    (t / "busy").mkdir()
+    (t / "busy" / "notes.txt").write_text("x")
+    return str(t / "s.zarr")
+
+
+CASES = {
+    "import-format-unknown": (lambda t: _imp(t, "medusa", _sf(t)), "unknown format 'medusa'"),
+    "import-no-files": (lambda t: (t / "e").mkdir() or _imp(t, "specforge", t / "e"), "no specforge sample files under"),
+    "import-dir-missing": (lambda t: _imp(t, "eagle", t / "nope"), "does not exist or is not a folder"),
+    "import-layers-missing": (lambda t: _imp(t, "specforge", _sf(t), opts=["--tokenizer", TOKENIZER]),
+                              "do not record which layers they hold: pass --layers"),
+    "import-capture-unknown-word": (lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:-1], "inputs"]), "unknown --capture 'inputs'"),
+    "import-layer-count": (lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,1,final_norm", *SF[6:]]),
+                           r"hold 3 aux state\(s\) and a target state per token \(4 slot\(s\)\), but --layers names 3"),
+    "import-layer-word": (lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,1,2,last", *SF[6:]]), "'last' is not a layer id"),
+    "import-input-layer-zero": (lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,1,2,4", "--capture", "input"]),
+                                "layer 0 under --capture input is the embedding output"),
+    "import-layer-out-of-range": (lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,1,2,4", *SF[6:]]),
+                                  "layer 4 is out of range for a 4-layer model .*post-norm state is final_norm"),
+    "import-layer-twice": (lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,1,1,3", *SF[6:]]), "names one layer twice"),
+    "import-no-num-layers": (lambda t: _imp(t, "specforge", _sf(t), opts=["--tokenizer", TOKENIZER, *SF[4:]]),
+                             "pass --model DIR .* or --num-layers N"),
+    "import-no-tokenizer": (lambda t: _imp(t, "specforge", _sf(t), opts=SF[2:]), "pass --tokenizer PATH"),
+    "import-wrong-tokenizer": (lambda t: _imp(t, "specforge", _sf(t, lambda r: r["input_ids"].fill_(300))),
+                               "token id 300 is outside the tokenizer's vocabulary"),
+    "import-pickle-refused": (lambda t: _imp(t, "specforge", _evil(t)), r"not a plain torch.save file .*never unpickles"),
+    "import-foreign-file": (lambda t: _imp(t, "specforge", _foreign(t)), "not a plain torch.save file of tensors"),
+    "import-missing-key": (lambda t: _imp(t, "specforge", _sf(t, lambda r: r.pop("hidden_state"))), r"no 'hidden_state' \(keys:"),
+    "import-mask-not-binary": (lambda t: _imp(t, "specforge", _sf(t, lambda r: r["loss_mask"].fill_(2))),
+                               "loss_mask holds values other than 0 and 1"),
+    "import-length-mismatch": (lambda t: _imp(t, "specforge", _sf(t, lambda r: r.update(hidden_state=r["hidden_state"][:, :-1]))),
+                               r"hidden_state has shape .*; expected \["),
+    "import-dflash-file": (lambda t: _imp(t, "specforge", _sf(t, lambda r: r.update(hidden_states=r.pop("aux_hidden_state")))),
+                           "DFlash-family feature file"),
+    "import-mixed-caches": (lambda t: _imp(t, "eagle", _mixed(t), opts=[*SF[:5], "final_norm", *SF[6:]]), "the folder mixes two caches"),
+    "import-fp8-speculators": (lambda t: _imp(t, "speculators", _fp8(t), opts=[*SF[:5], "1,2,3,4", "--capture", "input"]),
+                               "FP8-quantized hidden states"),
+    "import-speculators-tokens-differ": (lambda t: _imp(t, "speculators", _spec_mismatch(t), opts=[*SF[:5], "1,2,3,4", "--capture", "input"]),
+                                         "token_ids do not match row 0"),
+    "import-speculators-no-dataset": (lambda t: (t / "sp" / "hidden_states").mkdir(parents=True) or _imp(t, "speculators", t / "sp"),
+                                      "not a speculators data folder"),
+    "import-modelopt-no-mask": (lambda t: _imp(t, "modelopt", _modelopt(t, drop_mask=True)), "no 'loss_mask' .*will not guess"),
+    "import-modelopt-prenorm-contradiction": (lambda t: _imp(t, "modelopt", _modelopt(t, prenorm=True)),
+                                              "says its target is pre-norm .* but --layers names the target 'final_norm'"),
+    "export-folder-not-empty": (lambda t: ["export", _exported(t), "speculators", str(t / "busy")], "exists and is not empty"),
+    "export-layer-not-stored": (lambda t: ["export", _exported(t), "specforge", str(t / "x"), "--aux", "0,7"],
+                                r"layer\(s\) \[7\] are not stored"),
+    "vocab-map-size": (lambda t: ["vocab-map", _exported(t), "--size", "100000"], "--size 100000 must be between 1 and"),
+}
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str]:
+    capsys.readouterr()
+    old, sys.argv = sys.argv, ["hsstore", *argv]
+    try:
+        with pytest.raises(SystemExit) as e:
+            main()
+    finally:
+        sys.argv = old
+    return e.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_interop_bad_input_is_one_line_exit_2(case: str, tmp_path: Path, capsys):
+    Path("/tmp/hsstore-interop-pwned").unlink(missing_ok=True)
+    make_args, pattern = CASES[case]
+    code, err = _run(make_args(tmp_path), capsys)
+    assert code == 2, err
+    lines = [line for line in err.strip().splitlines() if line and not line.startswith("[")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert re.search(pattern, lines[0]), lines[0]
+    assert "Traceback" not in err
+    assert not Path("/tmp/hsstore-interop-pwned").exists()  # nothing was unpickled
+    if (tmp_path / "s.zarr").exists() and not case.startswith(("export", "vocab")):
+        assert Store.open(tmp_path / "s.zarr").variants == []
+
+
+def test_interop_catalogue_documents_every_case():
+    doc = (REPO / "docs" / "errors.md").read_text()
+    missing = [c for c in CASES if f"`{c}`" not in doc]
+    assert not missing, f"docs/errors.md lacks rows for {missing}"
