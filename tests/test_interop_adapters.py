@@ -1,0 +1,105 @@
+"""Training adapters (speculators / SpecForge items and batches) and EAGLE-3 draft vocabularies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hsstore.interop.adapters import SpecForgeCollate, SpecForgeDataset, SpeculatorsCollate, SpeculatorsDataset
+from hsstore.interop.importer import ImportRequest, import_cache
+from hsstore.interop.vocab import vocab_mapping, write_vocab_map
+
+from interop_files import TOKENIZER, WRITERS, random_samples
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
+    d = tmp_path_factory.mktemp("adapters")
+    samples = random_samples(n=4, hidden=16, n_aux=3)
+    WRITERS["specforge"](d / "src", samples)
+    import_cache(ImportRequest("specforge", str(d / "src"), str(d / "s.zarr"), tokenizer=TOKENIZER, num_layers=4,
+                               layers="0,1,2,final_norm", capture="output"))
+    return d / "s.zarr", samples
+
+
+def _by_ids(samples: list, ids: torch.Tensor):
+    return next(s for s in samples if torch.equal(s.ids, ids.reshape(-1)))
+
+
+def test_speculators_items_match_its_arrow_dataset_items(imported):
+    store, samples = imported
+    ds = SpeculatorsDataset(str(store), max_len=9)
+    assert len(ds) == 4 and ds.hidden_states_dtype == torch.bfloat16 and max(ds.approx_lengths) == 9
+    it = ds[0]
+    assert list(it) == ["hidden_states", "input_ids", "verifier_last_hidden_states", "loss_mask", "lengths", "position_ids"]
+    T = it["input_ids"].shape[0]
+    assert it["hidden_states"].shape == (T, 3 * 16) and it["verifier_last_hidden_states"].shape == (T, 16)
+    assert it["input_ids"].dtype == it["loss_mask"].dtype == it["position_ids"].dtype == torch.int64
+    assert torch.equal(it["position_ids"], torch.arange(T)) and it["lengths"].tolist() == [T]
+    s = next(s for s in samples if torch.equal(s.ids[:T], it["input_ids"]))
+    # aux layers concatenated in slot order, like speculators' `hidden_states[:, :-1].flatten(1)`
+    assert torch.equal(it["hidden_states"], s.aux[:T].reshape(T, -1))
+    assert torch.equal(it["verifier_last_hidden_states"], s.target[:T])
+
+
+def test_speculators_collate_packs_and_cuts_like_collatefn(imported):
+    store, _ = imported
+    ds = SpeculatorsDataset(str(store))
+    items = [ds[i] for i in range(3)]
+    lengths = [it["input_ids"].shape[0] for it in items]
+    max_len = sum(lengths[:2]) + 2  # the third sample is cut after 2 tokens
+    b = SpeculatorsCollate(max_len)(items)
+    assert b["hidden_states"].shape == (1, max_len, 48) and b["input_ids"].shape == (1, max_len)
+    assert b["document_ids"].tolist()[0] == [0] * lengths[0] + [1] * lengths[1] + [2, 2]
+    assert torch.equal(b["input_ids"][0, : lengths[0]], items[0]["input_ids"]) and b["error_records"] == 0
+    pad = SpeculatorsCollate(sum(lengths) + 5)(items)
+    assert pad["document_ids"][0, -5:].tolist() == [-1] * 5 and pad["loss_mask"][0, -5:].sum() == 0
+
+
+def test_specforge_items_and_padding_collate(imported):
+    store, samples = imported
+    ds = SpecForgeDataset(str(store), max_len=2048)
+    it = ds[1]
+    assert list(it) == ["attention_mask", "loss_mask", "target", "hidden_state", "input_ids"]
+    T = it["input_ids"].shape[1]
+    s = _by_ids(samples, it["input_ids"])
+    assert it["hidden_state"].shape == (1, T, 48) and it["target"].shape == (1, T, 16)
+    assert torch.equal(it["loss_mask"][0, :-1], s.mask[:-1]) and it["loss_mask"][0, -1] == 0  # never the last
+    b = SpecForgeCollate()([ds[i] for i in range(4)])
+    n = max(ds[i]["input_ids"].shape[1] for i in range(4))
+    assert b["hidden_state"].shape == (4, n, 48) and b["target"].shape == (4, n, 16) and b["input_ids"].shape == (4, n)
+    assert int(b["attention_mask"].sum()) == sum(ds[i]["input_ids"].shape[1] for i in range(4))
+
+
+def test_adapter_refuses_variant_without_aux(tmp_path: Path):
+    WRITERS["eagle"](tmp_path / "src", random_samples(n=2, n_aux=0))
+    import_cache(ImportRequest("eagle", str(tmp_path / "src"), str(tmp_path / "s.zarr"), tokenizer=TOKENIZER,
+                               num_layers=4, layers="final_norm", capture="output"))
+    with pytest.raises(Exception, match="need aux layers and exactly one target layer"):
+        SpeculatorsDataset(str(tmp_path / "s.zarr"))
+
+
+def test_vocab_mapping_ranks_by_count_then_id_and_pads_with_lowest_unused():
+    counts = np.array([0, 5, 3, 5, 0, 1, 0, 0], dtype=np.int64)
+    d2t, t2d = vocab_mapping(counts, 3)
+    assert t2d.tolist() == [False, True, True, True, False, False, False, False]  # 1, 3 (5 each), then 2
+    assert (torch.arange(3) + d2t).tolist() == [1, 2, 3] and d2t.dtype == torch.int64
+    d2t, t2d = vocab_mapping(counts, 6)  # 4 seen tokens: pad with the lowest unused ids 0, 4
+    assert torch.nonzero(t2d).flatten().tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_vocab_map_files_load_as_the_peers_load_them(imported, tmp_path: Path):
+    store, samples = imported
+    rec = write_vocab_map(str(store), 10, str(tmp_path / "vm"))
+    masked = torch.cat([s.ids[s.mask.bool()] for s in samples])
+    assert rec["loss_tokens"] == masked.numel() and rec["target_vocab_size"] == 259
+    assert rec["tokenizer_fingerprint"] and rec["variant"]
+    cache = torch.load(tmp_path / "vm" / "vocab_mapping-10.pt", weights_only=True)  # SpecForge / EAGLE-3
+    d2t, t2d = torch.from_numpy(np.load(tmp_path / "vm" / "d2t-10.npy")), torch.from_numpy(np.load(tmp_path / "vm" / "t2d-10.npy"))
+    assert torch.equal(cache["d2t"], d2t) and torch.equal(cache["t2d"], t2d) and t2d.shape == (259,)
+    freq = torch.load(tmp_path / "vm" / "token_freq.pt", weights_only=True)  # speculators' token_freq.pt
+    ids, counts = masked.unique(return_counts=True)
+    assert freq == dict(zip(ids.tolist(), counts.tolist()))
