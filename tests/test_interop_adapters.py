@@ -103,3 +103,15 @@ def test_vocab_map_files_load_as_the_peers_load_them(imported, tmp_path: Path):
     freq = torch.load(tmp_path / "vm" / "token_freq.pt", weights_only=True)  # speculators' token_freq.pt
     ids, counts = masked.unique(return_counts=True)
     assert freq == dict(zip(ids.tolist(), counts.tolist()))
+
+
+@pytest.mark.parametrize("capture,stated,hsstore_id", [
+    ("output", 0, 0), ("output", 3, 3), ("output", "final_norm", 4),
+    ("input", 1, 0), ("input", 4, 3), ("input", "final_norm", 4),   # vLLM: 4 = last layer's output, pre-norm
+    ("unknown", 4, 4), ("unknown", 2, 2),
+])
+def test_layer_conventions_map_both_ways(capture: str, stated, hsstore_id: int):
+    from hsstore.interop.layers import from_hsstore, to_hsstore
+
+    assert to_hsstore(stated, capture, 4) == hsstore_id
+    assert from_hsstore(hsstore_id, capture, 4) == (stated if capture != "unknown" else hsstore_id)
