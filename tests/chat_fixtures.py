@@ -1,0 +1,69 @@
+"""Real chat templates (tests/data/chat_templates/*.json, sources cited inside) with tokenizers trained here.
+
+Each fixture holds a model family's chat template verbatim and the family's special tokens; the tokenizer
+is a byte-level BPE trained in-process on a small corpus, with those tokens added as the family marks them
+(special, or added but not special). Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+DIR = Path(__file__).resolve().parent / "data" / "chat_templates"
+FIXTURES = sorted(p.stem for p in DIR.glob("*.json"))
+
+WORDS = ("the a of to and is it four six what plus two three tool call result weather city paris "
+         "think answer reason step first then so because sure here python code def return print value "
+         "user assistant system hello world data model train loss mask token").split()
+CORPUS = [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(12)) + " 0123456789 {}[]():;,.\"'\n"
+          for i in range(200)]
+
+
+def load(name: str) -> dict[str, Any]:
+    return json.loads((DIR / f"{name}.json").read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=None)
+def _trained(vocab_size: int) -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer)
+    return tok.to_str()
+
+
+def make_tokenizer(name: str, vocab_size: int = 400) -> Any:
+    """A fresh PreTrainedTokenizerFast with fixture ``name``'s template and special tokens."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    fx = load(name)
+    t = fx["tokens"]
+    named = {k: t[k] for k in ("bos", "eos", "pad") if t[k] is not None}
+    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_trained(vocab_size)),
+                                   chat_template=fx["chat_template"], **{f"{k}_token": v for k, v in named.items()})
+    extra = [s for s in t["special"] if s not in named.values()]
+    if extra:
+        fast.add_special_tokens({"additional_special_tokens": extra})
+    if t["added"]:
+        fast.add_tokens(t["added"])
+    return fast
+
+
+def spans(tok: Any, ids: Any, mask: Any) -> list[str]:
+    """Decoded text of each maximal run of masked tokens."""
+    out, run = [], []
+    for i, m in zip(list(ids) + [None], list(mask) + [0]):
+        if m:
+            run.append(int(i))
+        elif run:
+            out.append(tok.decode(run))
+            run = []
+    return out
