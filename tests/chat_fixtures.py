@@ -18,7 +18,7 @@ FIXTURES = sorted(p.stem for p in DIR.glob("*.json"))
 WORDS = ("the a of to and is it four six what plus two three tool call result weather city paris "
          "think answer reason step first then so because sure here python code def return print value "
          "user assistant system hello world data model train loss mask token").split()
-CORPUS = [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(12)) + " 0123456789 {}[]():;,.\"'\n"
+CORPUS = [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(12)) + " 0123456789 {}[]():;,.\"'\n\n"
           for i in range(200)]
 
 
@@ -26,12 +26,11 @@ def load(name: str) -> dict[str, Any]:
     return json.loads((DIR / f"{name}.json").read_text(encoding="utf-8"))
 
 
-@lru_cache(maxsize=None)
-def _trained(vocab_size: int) -> str:
+def _trained(vocab_size: int, pre_tokenizer: Any = None) -> str:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizer or pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
@@ -39,15 +38,22 @@ def _trained(vocab_size: int) -> str:
     return tok.to_str()
 
 
-def make_tokenizer(name: str, vocab_size: int = 400) -> Any:
-    """A fresh PreTrainedTokenizerFast with fixture ``name``'s template and special tokens."""
+@lru_cache(maxsize=None)
+def _default_trained(vocab_size: int) -> str:
+    return _trained(vocab_size)
+
+
+def make_tokenizer(name: str, vocab_size: int = 400, pre_tokenizer: Any = None) -> Any:
+    """A fresh PreTrainedTokenizerFast with fixture ``name``'s template and special tokens (GPT-2 style
+    byte-level pre-tokenizer unless ``pre_tokenizer`` is given)."""
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
     fx = load(name)
     t = fx["tokens"]
     named = {k: t[k] for k in ("bos", "eos", "pad") if t[k] is not None}
-    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_trained(vocab_size)),
+    trained = _trained(vocab_size, pre_tokenizer) if pre_tokenizer is not None else _default_trained(vocab_size)
+    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(trained),
                                    chat_template=fx["chat_template"], **{f"{k}_token": v for k, v in named.items()})
     extra = [s for s in t["special"] if s not in named.values()]
     if extra:

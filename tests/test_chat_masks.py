@@ -1,16 +1,33 @@
-"""Loss masks under real chat templates: exactly each assistant reply plus its end-of-turn token."""
+"""Loss masks under real chat templates: exactly each assistant reply plus its end-of-turn token.
+
+Oracles are independent of the method: a masked run must start right after the family's assistant header
+(the generation prompt), end with the family's end-of-turn token, hold every rendered marker word of its
+assistant message and none of any other message. Conversations come from hypothesis, per template.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from pathlib import Path
 
-from chat_fixtures import make_tokenizer, spans
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from chat_fixtures import FIXTURES, load, make_tokenizer, spans
+
+from hsstore.build.builtin import CHAT_TEMPLATE, builtin_tokenizer
 from hsstore.build.inputs import load_rows, tokenize_rows
+from hsstore.build.lossmask import PINNED_DATE, ChatMasker
+from hsstore.build.messages import RowRejected
+from hsstore.core.errors import BadInput
 
 TWO_TURNS = [{"role": "user", "content": "What is two plus two?"}, {"role": "assistant", "content": "It is four."},
              {"role": "user", "content": "And three plus three?"}, {"role": "assistant", "content": "It is six."}]
+TOKENIZERS = {name: make_tokenizer(name) for name in FIXTURES}
+MASKERS = {name: ChatMasker(tok) for name, tok in TOKENIZERS.items()}
 
 
 def _samples(tmp_path: Path, tok, rows: list[dict]):
@@ -26,3 +43,221 @@ def test_qwen3_multi_turn_mask_never_covers_user_text(tmp_path: Path):
     got = spans(tok, s.input_ids, s.loss_mask)
     assert not any("three plus three" in g or "<|im_start|>user" in g for g in got), got
     assert got == ["It is four.<|im_end|>", "<think>\n\n</think>\n\nIt is six.<|im_end|>"]
+
+
+def test_fixtures_are_the_cited_templates():
+    assert len(FIXTURES) >= 5
+    for name in FIXTURES:
+        fx = load(name)
+        assert {"repo", "path", "commit", "model"} <= set(fx["source"]), name
+        assert hashlib.sha256(fx["chat_template"].encode()).hexdigest() == fx["source"]["template_sha256"], name
+
+
+def _rich(sup: dict) -> list[dict]:
+    """System prompt, a tool call and its result, reasoning and two user turns, as far as the family allows."""
+    args = {"city": "Paris"} if sup.get("object_arguments") else '{"city": "Paris"}'
+    m = [{"role": "system", "content": "Be brief."}] if sup["system"] else []
+    m.append({"role": "user", "content": "Weather in Paris?"})
+    if sup["tools"]:
+        m.append({"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call00001", "type": "function", "function": {"name": "get_weather", "arguments": args}}]})
+        m.append({"role": "tool", "content": "sunny, 21 C", **({"tool_call_id": "call00001"} if sup["tool_call_ids"] else {})})
+    reason = {"reasoning_content": "The tool said sunny."} if sup["reasoning"] else {}
+    m += [{"role": "assistant", "content": "It is sunny.", **reason}, {"role": "user", "content": "And tomorrow?"},
+          {"role": "assistant", "content": "I cannot know.", **({"reasoning_content": "No tool."} if reason else {})}]
+    return m
+
+
+GOLDEN = {
+    "qwen3": ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+              "It is sunny.<|im_end|>", "<think>\nNo tool.\n</think>\n\nI cannot know.<|im_end|>"],
+    # the generation prompt ends in "<think>\n": that much of a think block is prompt, not reply
+    "qwen3_5": ["<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+                "</tool_call><|im_end|>", "The tool said sunny.\n</think>\n\nIt is sunny.<|im_end|>",
+                "No tool.\n</think>\n\nI cannot know.<|im_end|>"],
+    "llama3": ['{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>', "It is sunny.<|eot_id|>",
+               "I cannot know.<|eot_id|>"],
+    "mistral_nemo": ['[TOOL_CALLS][{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}", "id": '
+                     '"call00001"}]</s>', "It is sunny.</s>", "I cannot know.</s>"],
+    "gemma2": ["It is sunny.<end_of_turn>", "I cannot know.<end_of_turn>"],
+    "deepseek_r1": ["<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+                    '{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>',
+                    "It is sunny.<｜end▁of▁sentence｜>", "I cannot know.<｜end▁of▁sentence｜>"],
+}
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_golden_replies_per_family(name: str):
+    tok, conv = TOKENIZERS[name], _rich(load(name)["supports"])
+    ids, mask = MASKERS[name](conv)
+    assert ids == list(tok.apply_chat_template(conv, tokenize=True, return_dict=True)["input_ids"])
+    assert spans(tok, ids, mask) == GOLDEN[name]
+
+
+def test_builtin_template_agrees_with_its_generation_markers_and_without_them():
+    """One end-of-turn convention: the builtin template's {% generation %} spans are exactly our mask, and the
+    same template with the markers taken out masks the same tokens."""
+    tok = builtin_tokenizer()
+    plain = builtin_tokenizer()
+    plain.chat_template = re.sub(r"\{%-? ?(end)?generation ?-?%\}", "", CHAT_TEMPLATE)
+    assert "{% generation" not in plain.chat_template and "{% endgeneration" not in plain.chat_template
+    convs = [TWO_TURNS, [{"role": "system", "content": "S"}, *TWO_TURNS],
+             [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  padded \n"}]]
+    for conv in convs:
+        hf = tok.apply_chat_template(conv, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        ours = ChatMasker(tok)(conv)
+        assert ours == (list(hf["input_ids"]), list(hf["assistant_masks"]))
+        assert ChatMasker(plain)(conv) == ours
+
+
+# --- property tests -------------------------------------------------------------------------------------
+
+TEXT = st.lists(st.sampled_from(list("abcxyz 019.,:;!?'\"\n\t{}()=é中") + ["  ", "\n\n", "word"]),
+                max_size=8).map("".join)
+
+
+@st.composite
+def _tagged(draw, tag: str) -> str:
+    """Random text around a unique marker word, with leading/trailing whitespace often."""
+    return draw(st.sampled_from(["", " ", "\n", "  \n"])) + draw(TEXT) + f" {tag} " + draw(TEXT) + \
+        draw(st.sampled_from(["", " ", "\n", "\n\n"]))
+
+
+@st.composite
+def conversations(draw, sup: dict) -> list[dict]:
+    n = iter(range(1000))
+    msgs: list[dict] = []
+    if sup["system"] and draw(st.booleans()):
+        msgs.append({"role": "system", "content": draw(_tagged(f"sys{next(n)}q"))})
+    for _ in range(draw(st.integers(1, 3))):
+        msgs.append({"role": "user", "content": draw(_tagged(f"usr{next(n)}q"))})
+        if sup["tools"] and draw(st.booleans()) and (sup.get("multi_tool_turns", True) or not any(
+                "tool_calls" in m for m in msgs)):
+            k = 1 if sup.get("single_tool_call") else draw(st.integers(1, 2))
+            calls = []
+            for _ in range(k):
+                cid = f"c{next(n):08d}"
+                value = f"arg{next(n)}q"
+                args = {"city": value} if sup.get("object_arguments") else json.dumps({"city": value})
+                calls.append({"id": cid, "type": "function", "function": {"name": f"fn{next(n)}q", "arguments": args}})
+            msgs.append({"role": "assistant", "content": "", "tool_calls": calls})
+            for c in calls:
+                msgs.append({"role": "tool", "content": draw(_tagged(f"tool{next(n)}q")),
+                             **({"tool_call_id": c["id"]} if sup["tool_call_ids"] else {})})
+        reply = {"role": "assistant", "content": draw(_tagged(f"ans{next(n)}q"))}
+        if sup["reasoning"]:
+            choice = draw(st.sampled_from(["none", "field", "inline"]))
+            if choice == "field":
+                reply["reasoning_content"] = draw(_tagged(f"rsn{next(n)}q"))
+            elif choice == "inline":
+                reply["content"] = f"<think>\nrsn{next(n)}q {draw(TEXT)}\n</think>\n\n" + reply["content"]
+        msgs.append(reply)
+    return msgs
+
+
+def _tags(msg: dict) -> list[str]:
+    return re.findall(r"\b(?:sys|usr|tool|ans|rsn|fn|arg)\d+q\b", json.dumps(msg, ensure_ascii=False))
+
+
+def check_masks(name: str, conv: list[dict]) -> None:
+    """The method-independent oracle (see the module docstring)."""
+    tok, expect = TOKENIZERS[name], load(name)["expect"]
+    ids, mask = MASKERS[name](conv)
+    assert ids == list(tok.apply_chat_template(conv, tokenize=True, return_dict=True)["input_ids"])
+    rendered = tok.decode(ids)
+    runs, start = [], None
+    for i, m in enumerate(mask + [0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            runs.append((start, i))
+            start = None
+    replies = [m for m in conv if m["role"] == "assistant"]
+    assert len(runs) == len(replies), (runs, rendered)
+    offsets = tok(rendered, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    for (a, b), msg in zip(runs, replies):
+        text = tok.decode(ids[a:b])
+        assert text.endswith(expect["end_of_turn"]), text
+        # the run starts with the first token that starts at or after the end of an assistant header
+        lo, cut = offsets[a - 1][0] + 1, offsets[a][0]
+        assert any(rendered.endswith(h, 0, hp) for h in expect["headers"] for hp in range(lo, cut + 1)), \
+            rendered[:cut][-60:]
+        for other in conv:
+            for tag in _tags(other):
+                if other is msg and tag in rendered:
+                    assert tag in text, (tag, text)
+                elif other is not msg:
+                    assert tag not in text, (tag, text)
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_masks_are_exactly_the_replies_on_random_conversations(name: str, data):
+    check_masks(name, data.draw(conversations(load(name)["supports"])))
+
+
+# --- refusals -------------------------------------------------------------------------------------------
+
+def test_special_token_text_in_a_message_refuses_the_row():
+    conv = [{"role": "user", "content": "end it <|im_end|> now"}, {"role": "assistant", "content": "ok"}]
+    with pytest.raises(RowRejected, match="special token's text") as e:
+        MASKERS["qwen3"](conv)
+    assert "message 0" in e.value.detail and "<|im_end|>" in e.value.detail
+    inline_think = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>\nr\n</think>\n\nA"}]
+    ids, mask = MASKERS["qwen3"](inline_think)  # <think> is an added token, not a special one: fine
+    assert spans(TOKENIZERS["qwen3"], ids, mask) == ["<think>\nr\n</think>\n\nA<|im_end|>"]
+
+
+def test_a_template_that_rewrites_text_refuses_the_row():
+    tok = make_tokenizer("qwen3")
+    tok.chat_template = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | upper }}<|im_end|>\n"
+                         "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+    with pytest.raises(BadInput, match="cannot render a plain user/assistant exchange"):
+        ChatMasker(tok)
+
+
+def test_a_template_without_end_of_turn_token_refuses_the_build():
+    tok = make_tokenizer("qwen3")
+    tok.chat_template = "{%- for m in messages %}{{ m.role }}: {{ m.content }}\n{%- endfor %}"
+    with pytest.raises(BadInput, match="writes no special token after an assistant reply"):
+        ChatMasker(tok)
+
+
+def test_a_token_crossing_the_reply_start_is_prompt_not_reply():
+    """A pre-tokenizer that keeps newline runs whole (as Qwen2's does) merges the header's newline with a reply
+    that starts with one; that token is half prompt, so it is not trained on — the reply's tokens after it are."""
+    from tokenizers import Regex, pre_tokenizers
+
+    split = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"\s*[\r\n]+|[^\r\n]+"), behavior="isolated"),
+                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok = make_tokenizer("qwen3", pre_tokenizer=split)
+    assert len(tok("\n\n", add_special_tokens=False)["input_ids"]) == 1
+    conv = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "\nthe answer"},
+            {"role": "user", "content": "more"}]
+    ids, mask = ChatMasker(tok)(conv)
+    assert spans(tok, ids, mask) == ["the answer<|im_end|>"]
+    assert tok.decode(ids).count("assistant\n\nthe answer") == 1
+
+
+def test_templates_that_print_todays_date_are_pinned_or_refused():
+    tok = make_tokenizer("llama3")
+    dated = tok.chat_template.replace('{%- set date_string = "26 Jul 2024" %}',
+                                      '{%- set date_string = strftime_now("%d %b %Y") %}')
+    assert dated != tok.chat_template
+    tok.chat_template = dated
+    ids, _ = ChatMasker(tok)(TWO_TURNS)
+    assert f"Today Date: {PINNED_DATE}" in tok.decode(ids)  # pinned: keys do not change with the day
+    tok.chat_template = "{{ strftime_now('%Y') }}" + load("qwen3")["chat_template"]
+    with pytest.raises(BadInput, match="prints today's date"):
+        ChatMasker(tok)
+
+
+def test_refused_rows_are_counted_with_reasons_through_tokenize_rows(tmp_path: Path):
+    tok = make_tokenizer("gemma2")
+    rows = [{"messages": TWO_TURNS}, {"messages": [{"role": "system", "content": "S"}, *TWO_TURNS]}]
+    samples, rep = _samples(tmp_path, tok, rows)
+    assert len(samples) == 1
+    assert rep.rejected == {"the chat template refused the row": 1}
+    (issue,) = rep.issues
+    assert (issue.row, issue.kind) == (2, "rejected") and "System role not supported" in issue.detail

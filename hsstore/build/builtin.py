@@ -10,13 +10,16 @@ from typing import Any
 
 from hsstore.core.errors import BadInput
 
+# ChatML. Its {% generation %} span (reply + <|im_end|>) is exactly what hsstore's own mask method marks
+# (tests/test_chat_masks.py checks both agree); the generation prompt is the assistant header, newline included.
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if message['role'] == 'assistant' %}"
-    "<|im_start|>assistant\n{% generation %}{{ message['content'] }}<|im_end|>{% endgeneration %}\n"
-    "{%- else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{%- endif %}"
+    "{{- '<|im_start|>assistant\\n' }}{% generation %}{{- message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{{- '\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endif %}"
     "{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
 BUILTINS: dict[str, dict[str, Any]] = {

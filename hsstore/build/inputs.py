@@ -1,8 +1,10 @@
-"""Input rows through `datasets` (offline): load files, detect the format, turn rows into token samples.
+"""Input rows -> token samples: format detection, tokenization, loss masks, and a report naming every row
+that was not taken as it was.
 
-Formats: ShareGPT (``conversations`` of from/value), OpenAI ``messages`` (role/content), plain ``text``,
-``prompt`` + ``completion``. Loss mask: assistant tokens for chats, completion tokens for
-prompt/completion, all tokens for text. Rejected rows are counted by reason, never silently dropped.
+Formats, detected per row: ShareGPT (``conversations``), OpenAI (``messages``), plain ``text``, ``prompt`` +
+``completion``. Loss mask: each assistant reply with its end-of-turn token for chats (hsstore.build.lossmask),
+completion tokens for prompt/completion, all tokens for text. Rejected, duplicate and truncated rows are
+counted by reason and named (file, row, reason) in ``InputReport.issues``; nothing is dropped silently.
 """
 
 from __future__ import annotations
@@ -10,17 +12,20 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hsstore.build.datafiles import BadRow, load_rows
+from hsstore.build.lossmask import METHOD, ChatMasker
+from hsstore.build.messages import RowRejected, row_tools, to_messages
 from hsstore.core.errors import BadInput
-from hsstore.core.keys import sample_key
-from hsstore.core.keys import SampleTokens
+from hsstore.core.keys import SampleTokens, sample_key
+from hsstore.core.schema.inputs import RowIssue
 
-ROLE = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "model": "assistant",
-        "system": "system", "tool": "tool"}
+__all__ = ["InputReport", "detect_format", "load_rows", "tokenize_rows"]
+FORMATS = ("auto", "sharegpt", "openai", "text", "prompt_completion")
+UNKNOWN = "unknown format (no conversations/messages/text/prompt+completion)"
 
 
 @dataclass
@@ -30,39 +35,15 @@ class InputReport:
     truncated: int = 0
     duplicates: int = 0
     rejected: Counter = field(default_factory=Counter)
+    issues: list[RowIssue] = field(default_factory=list)  # every rejected, duplicate and truncated row, in order
+
+    def note(self, kind: str, file: str, row: int, reason: str, detail: str = "") -> None:
+        self.issues.append(RowIssue(file=file, row=row, kind=kind, reason=reason, **({"detail": detail} if detail else {})))
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": self.rows, "usable": self.usable, "truncated": self.truncated,
-                "duplicates": self.duplicates, "rejected": dict(self.rejected)}
-
-
-def load_rows(files: list[str]) -> Iterable[tuple[str, dict[str, Any]]]:
-    """(file, row) for every row of every file; jsonl/json/parquet files or save_to_disk folders."""
-    import datasets
-
-    datasets.disable_progress_bars()
-    for f in files:
-        p = Path(f)
-        if not p.exists():
-            raise BadInput(f"data file {f!r} does not exist; check [data] files (relative to the manifest)")
-        try:
-            if p.is_dir():
-                ds = datasets.load_from_disk(str(p))
-                if isinstance(ds, datasets.DatasetDict):
-                    ds = ds[next(iter(ds))]
-            elif p.suffix in (".jsonl", ".json"):
-                ds = datasets.load_dataset("json", data_files=str(p), split="train")
-            elif p.suffix == ".parquet":
-                ds = datasets.load_dataset("parquet", data_files=str(p), split="train")
-            else:
-                raise BadInput(f"data file {f!r}: unknown file type {p.suffix!r}; use .jsonl, .json, .parquet "
-                               "or an HF save_to_disk folder")
-        except BadInput:
-            raise
-        except Exception as e:
-            raise BadInput(f"data file {f!r} cannot be read: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
-        for row in ds:
-            yield f, row
+                "duplicates": self.duplicates, "rejected": dict(self.rejected), "issue_count": len(self.issues),
+                "loss_mask": METHOD}
 
 
 def detect_format(row: dict[str, Any]) -> str | None:
@@ -78,43 +59,58 @@ def detect_format(row: dict[str, Any]) -> str | None:
     return None
 
 
-def to_messages(row: dict[str, Any], fmt: str) -> list[dict[str, str]] | None:
-    """Normalized chat messages, or None when the row is malformed."""
-    turns = row.get("conversations" if fmt == "sharegpt" else "messages")
-    if not isinstance(turns, list):
-        return None
-    out = []
-    for t in turns:
-        if not isinstance(t, dict):
-            return None
-        role = t.get("from") if fmt == "sharegpt" else t.get("role")
-        content = t.get("value") if fmt == "sharegpt" else t.get("content")
-        if role not in ROLE or not isinstance(content, str):
-            return None
-        out.append({"role": ROLE[role], "content": content})
-    return out
+class _Tokens:
+    """Turns one row into (input_ids, loss_mask); raises RowRejected."""
+
+    def __init__(self, tok: Any, fmt: str) -> None:
+        if fmt not in FORMATS:
+            raise BadInput(f"unknown data format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        self.tok, self.fmt, self.masker = tok, fmt, None
+
+    def __call__(self, row: Any) -> tuple[list[int], list[int]]:
+        if isinstance(row, BadRow):
+            raise RowRejected(row.reason, row.detail)
+        if not isinstance(row, dict):
+            raise RowRejected("row is not a JSON object")
+        f = detect_format(row) if self.fmt == "auto" else self.fmt
+        if f is None:
+            raise RowRejected(UNKNOWN)
+        if f in ("sharegpt", "openai"):
+            if self.masker is None:
+                self.masker = ChatMasker(self.tok)  # BadInput here if the template cannot be handled at all
+            msgs = to_messages(row.get("conversations" if f == "sharegpt" else "messages"))
+            return self.masker(msgs, row_tools(row))
+        if f == "text":
+            text = row.get("text")
+            if not isinstance(text, str):
+                raise RowRejected("malformed text")
+            if not text.strip():
+                raise RowRejected("empty")
+            ids = list(self.tok(text, add_special_tokens=False)["input_ids"])
+            return ids, [1] * len(ids)
+        p, c = row.get("prompt"), row.get("completion")
+        if not isinstance(p, str) or not isinstance(c, str):
+            raise RowRejected("malformed prompt/completion")
+        if not c.strip():
+            raise RowRejected("empty")
+        pi = list(self.tok(p, add_special_tokens=False)["input_ids"])
+        ci = list(self.tok(c, add_special_tokens=False)["input_ids"])
+        return pi + ci, [0] * len(pi) + [1] * len(ci)
 
 
-def _chat_tokens(tok: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
-    if "{% generation %}" in (tok.chat_template or "") or "{%- generation %}" in (tok.chat_template or ""):
-        out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-        return list(out["input_ids"]), list(out["assistant_masks"])
-    # templates without generation markers: an assistant turn is what rendering it adds to the prefix
-    ids = list(tok.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
-    mask = [0] * len(ids)
-    for k, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        start = len(tok.apply_chat_template(messages[:k], tokenize=True, add_generation_prompt=True,
-                                            return_dict=True)["input_ids"]) if k else 0
-        end = len(tok.apply_chat_template(messages[: k + 1], tokenize=True, return_dict=True)["input_ids"])
-        for i in range(start, min(end, len(ids))):
-            mask[i] = 1
-    return ids, mask
+def _numbered(rows: Iterable[tuple]) -> Iterable[tuple[str, int, Any]]:
+    """(file, number, row) from (file, number, row) or (file, row) items (numbered per file from 1)."""
+    count: Counter = Counter()
+    for item in rows:
+        if len(item) == 3:
+            yield item
+        else:
+            count[item[0]] += 1
+            yield item[0], count[item[0]], item[1]
 
 
 def tokenize_rows(
-    rows: Iterable[tuple[str, dict[str, Any]]],
+    rows: Iterable[tuple],
     tok: Any,
     tokenizer_fingerprint: str,
     fmt: str = "auto",
@@ -122,82 +118,45 @@ def tokenize_rows(
     too_long: str = "truncate",
     limit: int | None = None,
 ) -> tuple[list[SampleTokens], InputReport]:
-    """Samples (deduplicated by key, input order kept) and a report of what was rejected and why."""
+    """Samples (deduplicated by key, input order kept) and a report of what was not taken as it was, and why.
+
+    ``rows`` are (file, row number, row) as ``load_rows`` yields them, or (file, row).
+    """
     report = InputReport()
     samples: list[SampleTokens] = []
-    seen: set[str] = set()
-    checked_template = False
-    for _, row in rows:
+    first_seen: dict[str, str] = {}
+    tokens = _Tokens(tok, fmt)
+    for file, n, row in _numbered(rows):
         if limit is not None and report.usable >= limit:
             break
         report.rows += 1
-        f = detect_format(row) if fmt == "auto" else fmt
-        if f is None:
-            report.rejected["unknown format (no conversations/messages/text/prompt+completion)"] += 1
-            continue
-        if f in ("sharegpt", "openai"):
-            if not checked_template:
-                if not getattr(tok, "chat_template", None):
-                    raise BadInput("the tokenizer has no chat template, but the data is chat (conversations/messages); "
-                                   "add chat_template.jinja to the model folder or use text/prompt_completion data")
-                checked_template = True
-            msgs = to_messages(row, f)
-            if msgs is None:
-                report.rejected["malformed chat"] += 1
-                continue
-            if not msgs or all(not m["content"].strip() for m in msgs):
-                report.rejected["empty"] += 1
-                continue
-            if not any(m["role"] == "assistant" for m in msgs):
-                report.rejected["no assistant turn"] += 1
-                continue
-            try:
-                ids, mask = _chat_tokens(tok, msgs)
-            except Exception as e:
-                report.rejected[f"chat template failed ({type(e).__name__})"] += 1
-                continue
-        elif f == "text":
-            text = row.get("text")
-            if not isinstance(text, str):
-                report.rejected["malformed text"] += 1
-                continue
-            if not text.strip():
-                report.rejected["empty"] += 1
-                continue
-            ids = list(tok(text, add_special_tokens=False)["input_ids"])
-            mask = [1] * len(ids)
-        elif f == "prompt_completion":
-            p, c = row.get("prompt"), row.get("completion")
-            if not isinstance(p, str) or not isinstance(c, str):
-                report.rejected["malformed prompt/completion"] += 1
-                continue
-            if not c.strip():
-                report.rejected["empty"] += 1
-                continue
-            pi = list(tok(p, add_special_tokens=False)["input_ids"])
-            ci = list(tok(c, add_special_tokens=False)["input_ids"])
-            ids, mask = pi + ci, [0] * len(pi) + [1] * len(ci)
-        else:
-            raise BadInput(f"unknown data format {f!r}")
-        if len(ids) > max_length:
-            if too_long == "skip":
-                report.rejected[f"longer than max_length={max_length}"] += 1
-                continue
-            ids, mask = ids[:max_length], mask[:max_length]
-            report.truncated += 1
-        if not any(mask):
-            report.rejected["no trainable tokens (loss mask empty)"] += 1
+        try:
+            ids, mask = tokens(row)
+            if len(ids) > max_length:
+                if too_long == "skip":
+                    raise RowRejected(f"longer than max_length={max_length}", f"{len(ids)} tokens")
+                report.note("truncated", file, n, f"truncated to max_length={max_length}", f"{len(ids)} tokens")
+                ids, mask = ids[:max_length], mask[:max_length]
+                report.truncated += 1
+            if not any(mask):
+                raise RowRejected("no trainable tokens (loss mask empty)")
+        except RowRejected as r:
+            report.rejected[r.reason] += 1
+            report.note("rejected", file, n, r.reason, r.detail)
             continue
         a = np.asarray(ids, dtype=np.int32)
         m = np.asarray(mask, dtype=np.uint8)
         key = sample_key(tokenizer_fingerprint, a, m)
-        if key in seen:
+        if key in first_seen:
             report.duplicates += 1
+            report.note("duplicate", file, n, "duplicate of an earlier row", first_seen[key])
             continue
-        seen.add(key)
+        first_seen[key] = f"{file} row {n}"
         samples.append(SampleTokens(key, a, m))
         report.usable += 1
     if not samples:
         reasons = ", ".join(f"{k}: {v}" for k, v in report.rejected.items()) or "no rows"
-        raise BadInput(f"no usable rows in the data files ({report.rows} rows read; {reasons}); check [data] files and format")
+        first = next((f"; first: {i.file} row {i.row}" for i in report.issues if i.kind == "rejected"), "")
+        raise BadInput(f"no usable rows in the data files ({report.rows} rows read; {reasons}{first}); "
+                       "check [data] files and format")
     return samples, report

@@ -1,0 +1,139 @@
+"""Rows of the data files, each with its file and 1-based row number, read exactly as written.
+
+JSON and JSON Lines are read with the ``json`` module, not through Arrow: Arrow unifies a column's type
+across rows, so a tool call's ``arguments`` object would gain every other row's keys as nulls and the
+template would render them. Parquet files and ``save_to_disk`` folders are Arrow by nature and are read
+with ``datasets``. A file that holds no rows — empty, not UTF-8, one JSON object or scalar — is refused
+with one line naming it; a single bad line of a JSON Lines file is a rejected row, named with its line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hsstore.core.errors import BadInput
+
+BOM = b"\xef\xbb\xbf"
+
+
+class BadRow:
+    """Stands in for a row that could not be parsed; ``reason`` says why."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        self.reason, self.detail = reason, detail
+
+
+def _decode(raw: bytes, f: str, line: int | None = None) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        where = f"line {line}" if line is not None else f"offset {e.start}"
+        raise BadInput(f"data file {f!r} is not UTF-8 text (byte 0x{raw[e.start]:02x} at {where}); "
+                       "re-encode it as UTF-8") from None
+
+
+def _kind(value: Any) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")
+
+
+def _first_byte(path: Path) -> bytes:
+    """The first non-whitespace byte after an optional UTF-8 BOM (b"" for an empty file)."""
+    with open(path, "rb") as fh:
+        head = fh.read(3)
+        if head != BOM:
+            fh.seek(0)
+        while chunk := fh.read(1 << 16):
+            stripped = chunk.lstrip()
+            if stripped:
+                return stripped[:1]
+    return b""
+
+
+def _whole(path: Path, f: str) -> Any:
+    raw = path.read_bytes()
+    text = _decode(raw[3:] if raw.startswith(BOM) else raw, f)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadInput(f"data file {f!r} is neither JSON nor JSON Lines ({e.msg} at line {e.lineno}, "
+                       f"column {e.colno})") from None
+
+
+def json_rows(path: Path, f: str) -> Iterator[tuple[int, Any]]:
+    """(row number, row) of a .json/.jsonl file: a JSON list of rows, or one JSON object per line."""
+    first = _first_byte(path)
+    if not first:
+        raise BadInput(f"data file {f!r} is empty; it needs rows (one JSON object per line, or a JSON list)")
+    if first != b"{":
+        doc = _whole(path, f)
+        if not isinstance(doc, list):
+            raise BadInput(f"data file {f!r} holds a JSON {_kind(doc)}, not rows; write one JSON object per line "
+                           "(.jsonl) or a JSON list of objects")
+        yield from enumerate(doc, 1)
+        return
+    first_row = True
+    with open(path, "rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            text = _decode(raw[3:] if n == 1 and raw.startswith(BOM) else raw, f, n)
+            if not text.strip():
+                continue
+            try:
+                yield n, json.loads(text)
+            except json.JSONDecodeError as e:
+                if first_row:
+                    _refuse_pretty_object(path, f)
+                yield n, BadRow("invalid JSON line", f"{e.msg} at column {e.colno}")
+            first_row = False
+
+
+def _refuse_pretty_object(path: Path, f: str) -> None:
+    """A file that is one JSON object spread over lines holds no rows: say so instead of rejecting each line."""
+    try:
+        doc = json.loads(_decode(path.read_bytes().removeprefix(BOM), f))
+    except json.JSONDecodeError:
+        return
+    keys = sorted(doc)[:8] if isinstance(doc, dict) else []
+    raise BadInput(f"data file {f!r} holds one JSON {_kind(doc)} (keys {keys}), not rows; write one JSON object "
+                   "per line (.jsonl) or a JSON list of objects")
+
+
+def arrow_rows(path: Path, f: str) -> Iterator[tuple[int, Any]]:
+    """(row number, row) of a parquet file or an HF ``save_to_disk`` folder, through ``datasets``."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        if path.is_dir():
+            ds = datasets.load_from_disk(str(path))
+            if isinstance(ds, datasets.DatasetDict):
+                ds = ds[next(iter(ds))]
+        else:
+            ds = datasets.load_dataset("parquet", data_files=str(path), split="train")
+    except Exception as e:
+        raise BadInput(f"data file {f!r} cannot be read: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
+    if len(ds) == 0:
+        raise BadInput(f"data file {f!r} is empty; it needs rows")
+    yield from enumerate(ds, 1)
+
+
+def load_rows(files: list[str]) -> Iterator[tuple[str, int, Any]]:
+    """(file, row number, row) for every row of every file: .jsonl/.json/.parquet or save_to_disk folders."""
+    for f in files:
+        p = Path(f)
+        if not p.exists():
+            raise BadInput(f"data file {f!r} does not exist; check [data] files (relative to the manifest)")
+        if p.is_dir() or p.suffix == ".parquet":
+            rows = arrow_rows(p, f)
+        elif p.suffix in (".jsonl", ".json"):
+            if not p.is_file():
+                raise BadInput(f"data file {f!r} is not a regular file")
+            rows = json_rows(p, f)
+        else:
+            raise BadInput(f"data file {f!r}: unknown file type {p.suffix!r}; use .jsonl, .json, .parquet "
+                           "or an HF save_to_disk folder")
+        for n, row in rows:
+            yield f, n, row

@@ -1,0 +1,262 @@
+"""Loss masks of chat rows, right by construction: every assistant reply located in one full rendering.
+
+The conversation is rendered once as it is and once with unique marker strings around each message's text
+(content, reasoning, tool-call names and string arguments). With the markers removed the marked rendering
+must equal the plain one — else another placement is tried, and the row is refused when none round-trips —
+so the markers say exactly where each message's text landed, whatever the template reorders, trims or drops.
+
+Assistant turn k's reply starts where its generation prompt ends (what the model is given, not trained on):
+  1. the end of the rendering of messages[:k] with ``add_generation_prompt=True``, when that rendering is a
+     prefix of the full one;
+  2. else the generation prompt (or its longest token prefix present) found between the previous message's
+     text and turn k's first marker — templates like Qwen3 render earlier turns differently once later ones
+     exist, so the prefix rendering of (1) is not a prefix;
+  3. else, for a template without a generation prompt (Mistral), turn k's first marker, if a control token
+     precedes it.
+It ends with the end-of-turn token: the first token after turn k's last marker that is the eos token or the
+token the template writes after a reply (learned once per template). The mask is every token from start to
+that token inclusive; what follows it (e.g. ``\\n``) is not trained on, nor is a token that crosses the
+start (a tokenizer that merges the header's last newline with a reply's first one). A row is refused, with
+its reason, when the span would hold any other message's marker or a message contains a special token's text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import Any
+
+from hsstore.build.messages import RowRejected
+from hsstore.core.errors import BadInput
+
+METHOD = "reply+eot/v1"  # recorded with every input report; bump when masks of the same rows change
+PROBE = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+PINNED_DATE = "26 Jul 2024"  # what Llama-3 templates print when no date is given
+PLACEMENTS = (("all", "edges"), ("all", "inner"), ("assistant", "inner"))  # tried in order
+
+
+@dataclass(frozen=True)
+class Marked:
+    """A marked rendering mapped onto the plain one: where each message's markers land in plain text."""
+
+    text: str
+    starts: list[int]  # marked-text start of each marker, in order
+    removed: list[int]  # marker characters before marker j (removed[j]); removed[-1] = all of them
+    where: dict[int, list[int]]  # message index -> plain positions of its markers
+    placement: tuple[str, str]  # (who, how) of PLACEMENTS that produced it
+
+    def plain_pos(self, pos: int) -> int:
+        """Plain position of a marked position that lies outside markers."""
+        return pos - self.removed[bisect_left(self.starts, pos)]
+
+
+def _mark(text: str, start: str, end: str, how: str) -> str:
+    if not text.strip():
+        return text
+    if how == "edges":
+        return start + text + end
+    lead, trail = len(text) - len(text.lstrip()), len(text.rstrip())
+    return text[:lead] + start + text[lead:trail] + end + text[trail:]
+
+
+def _marked_messages(msgs: list[dict[str, Any]], nonce: str, who: str, how: str) -> list[dict[str, Any]]:
+    out = []
+    for i, m in enumerate(msgs):
+        m = dict(m)
+        if who == "all" or m["role"] == "assistant":
+            def tag(part: int, end: bool, i: int = i) -> str:
+                return f"@{nonce}{i}.{part}{'E' if end else 'S'}@"
+
+            m["content"] = _mark(m["content"], tag(0, False), tag(0, True), how)
+            if "reasoning_content" in m:
+                m["reasoning_content"] = _mark(m["reasoning_content"], tag(1, False), tag(1, True), how)
+            calls = []
+            for j, c in enumerate(m.get("tool_calls", ())):
+                fn = dict(c["function"])
+                fn["name"] = _mark(fn["name"], tag(2 + 2 * j, False), tag(2 + 2 * j, True), "edges")
+                if isinstance(fn["arguments"], str):
+                    fn["arguments"] = _mark(fn["arguments"], tag(3 + 2 * j, False), tag(3 + 2 * j, True), how)
+                calls.append({**c, "function": fn})
+            if calls:
+                m["tool_calls"] = calls
+        out.append(m)
+    return out
+
+
+class ChatMasker:
+    """Token ids and loss mask of chat rows under one tokenizer's chat template (see the module docstring)."""
+
+    def __init__(self, tok: Any) -> None:
+        self.tok = tok
+        template = tok.chat_template
+        if not template:
+            raise BadInput("the tokenizer has no chat template, but the data is chat (conversations/messages); "
+                           "add chat_template.jinja to the model folder or use text/prompt_completion data")
+        if not getattr(tok, "is_fast", False):
+            raise BadInput("the tokenizer is a slow (Python) tokenizer; hsstore locates assistant replies through a "
+                           "fast tokenizer's offsets — add tokenizer.json to the model folder")
+        self.template = template if isinstance(template, str) else json.dumps(template)
+        self.kwargs: dict[str, Any] = {}
+        if "strftime_now" in self.template:
+            if "date_string" not in self.template:
+                raise BadInput("the chat template prints today's date (strftime_now), so the same row would tokenize "
+                               "differently on another day and its sample keys would change; use a template with a "
+                               "fixed date")
+            self.kwargs["date_string"] = PINNED_DATE  # a fixed date keeps keys stable across days
+        added = tok.added_tokens_decoder
+        self.added_ids = frozenset(added)
+        special = {t.content for t in added.values() if t.special} | set(tok.all_special_tokens)
+        self.special_re = re.compile("|".join(map(re.escape, sorted(special, key=len, reverse=True)))) if special else None
+        self.control_texts = tuple(t.content for t in added.values())
+        self.eot_ids = self._end_tokens()
+
+    def _render(self, msgs: list[dict[str, Any]], tools: Any, gen: bool) -> str:
+        return self.tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=gen,
+                                            **self.kwargs)
+
+    def _end_tokens(self) -> frozenset[int]:
+        """{eos, the first added token the template writes after a reply}; the build is refused without one."""
+        try:
+            plain = self._render(PROBE, None, False)
+            mk = self._marked(PROBE, None, "hsq", plain)
+        except Exception as e:
+            raise BadInput(f"the chat template cannot render a plain user/assistant exchange ({_why(e)}); "
+                           "check the tokenizer's chat template") from None
+        plain_end = max(mk.where[1])
+        enc = self.tok(plain, add_special_tokens=False, return_offsets_mapping=True)
+        for tid, (s, _) in zip(enc["input_ids"], enc["offset_mapping"]):
+            if s >= plain_end and tid in self.added_ids:
+                eos = self.tok.eos_token_id
+                return frozenset({tid} | ({eos} if isinstance(eos, int) else set()))
+        raise BadInput("the chat template writes no special token after an assistant reply, so hsstore cannot tell "
+                       f"where a reply ends (probe rendering {plain!r})")
+
+    def _check_text(self, msgs: list[dict[str, Any]], tools: Any) -> None:
+        if self.special_re is None:
+            return
+        for i, m in enumerate(msgs):
+            found = self.special_re.search(json.dumps(m, ensure_ascii=False))
+            if found:
+                raise RowRejected("a message contains a special token's text (it would tokenize as a control token)",
+                                  f"message {i}: {found.group()!r}")
+        if tools and self.special_re.search(json.dumps(tools, ensure_ascii=False)):
+            raise RowRejected("the tools contain a special token's text")
+
+    def _marked(self, msgs: list[dict[str, Any]], tools: Any, nonce: str, plain: str) -> Marked:
+        """The first marker placement whose rendering round-trips to ``plain``; RowRejected if none does."""
+        pattern = re.compile(rf"@{nonce}(\d+)\.(\d+)([SE])@")
+        for who, how in PLACEMENTS:
+            text = self._render(_marked_messages(msgs, nonce, who, how), tools, False)
+            found = list(pattern.finditer(text))
+            if pattern.sub("", text) != plain or len({m.group() for m in found}) != len(found):
+                continue
+            starts, removed, where, total = [], [], {}, 0
+            for m in found:
+                starts.append(m.start())
+                removed.append(total)
+                where.setdefault(int(m.group(1)), []).append(m.start() - total)
+                total += len(m.group())
+            removed.append(total)
+            return Marked(text, starts, removed, where, (who, how))
+        raise RowRejected("the chat template alters message text in a way that hides where replies are")
+
+    def __call__(self, msgs: list[dict[str, Any]], tools: Any = None) -> tuple[list[int], list[int]]:
+        """(input_ids, loss_mask) of one conversation; raises RowRejected with the reason."""
+        self._check_text(msgs, tools)
+        try:
+            plain = self._render(msgs, tools, False)
+        except Exception as e:
+            raise RowRejected("the chat template refused the row", _why(e)) from None
+        blob = json.dumps([msgs, tools], ensure_ascii=False) + self.template
+        nonce = next(f"hsq{n}x" for n in range(10**6) if f"@hsq{n}x" not in blob)
+        mk = self._marked(msgs, tools, nonce, plain)
+        enc = self.tok(plain, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+        mask = [0] * len(ids)
+        for k, m in enumerate(msgs):
+            if m["role"] != "assistant":
+                continue
+            start = self._reply_start(k, msgs, tools, nonce, mk, plain)
+            own = mk.where.get(k, [])
+            foreign = [q for i, qs in mk.where.items() if i != k for q in qs]
+            end = self._reply_end(max(own, default=start), foreign, ids, offsets, len(plain))
+            if any(start < q < end for q in foreign):
+                raise RowRejected("an assistant reply would cover another message's text", f"message {k}")
+            for t, (s, e) in enumerate(offsets):
+                if s >= start and e <= end:  # a token crossing the start (header + reply text) is prompt
+                    mask[t] = 1
+        return ids, mask
+
+    def _reply_start(self, k: int, msgs: list[dict[str, Any]], tools: Any, nonce: str, mk: Marked, plain: str) -> int:
+        """Plain position where assistant turn k's reply starts (see the module docstring)."""
+        own = mk.where.get(k, [])
+        first = min(own) if own else None
+        try:
+            prefix = self._render(_marked_messages(msgs[:k], nonce, *mk.placement), tools, True)
+        except Exception:
+            prefix = None
+        if prefix is not None and mk.text.startswith(prefix):  # 1. the prompt is a prefix of the whole
+            start = mk.plain_pos(len(prefix))
+            if first is None or start <= first:
+                return start
+        if first is None:
+            raise RowRejected("an assistant turn renders none of its text and its start cannot be found",
+                              f"message {k}")
+        lo = max((q for i, qs in mk.where.items() if i != k for q in qs if q <= first), default=0)
+        if prefix is not None:  # 2. after the previous message's text comes the prompt's very text
+            start = self._after_same_tail(prefix, nonce, mk, plain, lo, first)
+            if start is not None:
+                return start
+        gen = self._generation_prompt(msgs[:k], tools)
+        if gen:  # 3. after the generation prompt (or its longest token prefix present)
+            ends = sorted({e for _, e in self.tok(gen, add_special_tokens=False,
+                                                  return_offsets_mapping=True)["offset_mapping"] if e > 0},
+                          reverse=True)
+            for cut in ends:
+                at = plain.rfind(gen[:cut], lo, first)
+                if at >= 0:
+                    return at + cut
+        elif gen == "" and (first == 0 or any(plain.endswith(t, 0, first) for t in self.control_texts)):
+            return first  # 4. no generation prompt: the reply starts with its text, after a control token
+        raise RowRejected("cannot tell where an assistant reply starts", f"message {k}")
+
+    @staticmethod
+    def _after_same_tail(prefix: str, nonce: str, mk: Marked, plain: str, lo: int, first: int) -> int | None:
+        """End of the prompt's tail (its text after its last marker) if the whole rendering has the same text
+        right after that marker, which must be the last one before turn k's text."""
+        found = list(re.finditer(rf"@{nonce}\d+\.\d+[SE]@", prefix))
+        if not found:
+            return None
+        at = mk.text.find(found[-1].group())
+        if at < 0:
+            return None
+        after = mk.plain_pos(at + len(found[-1].group()))
+        tail = prefix[found[-1].end():]
+        if after == lo and plain.startswith(tail, after) and after + len(tail) <= first:
+            return after + len(tail)
+        return None
+
+    def _generation_prompt(self, msgs: list[dict[str, Any]], tools: Any) -> str | None:
+        try:
+            with_prompt, without = self._render(msgs, tools, True), self._render(msgs, tools, False)
+        except Exception:
+            return None
+        return with_prompt[len(without):] if with_prompt.startswith(without) else None
+
+    def _reply_end(self, anchor: int, foreign: list[int], ids: list[int], offsets: list[tuple[int, int]],
+                   n: int) -> int:
+        """End (plain position) of the end-of-turn token that closes the reply whose text ends at ``anchor``."""
+        limit = min((q for q in foreign if q >= anchor), default=n)
+        for tid, (s, e) in zip(ids, offsets):
+            if s >= anchor and tid in self.eot_ids:
+                if e <= limit:
+                    return e
+                break
+        raise RowRejected("no end-of-turn token after an assistant reply")
+
+
+def _why(e: Exception) -> str:
+    """One line naming an exception raised while rendering."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}".rstrip(": ")

@@ -1,0 +1,153 @@
+"""Chat rows in the one message shape chat templates read: roles, text content, tool calls, reasoning.
+
+Datasets spell one conversation many ways: ShareGPT ``from``/``value`` with ``human``/``gpt``, OpenAI
+``role``/``content`` with content as a list of parts, tool calls and tool results, reasoning in a field of
+its own. Each is mapped onto the OpenAI/transformers shape (``role``, ``content``, ``reasoning_content``,
+``tool_calls``, ``tool_call_id``, ``name``). Nothing is guessed: a row that cannot be mapped exactly is
+rejected with a reason; values such as tool-call arguments are passed on as given (a JSON string stays a
+string — templates differ in which they expect).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# lower-cased role names seen in public datasets -> the role chat templates know
+ROLES = {
+    "user": "user", "human": "user",
+    "assistant": "assistant", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
+    "model": "assistant", "bot": "assistant", "ai": "assistant",
+    "system": "system", "developer": "system",
+    "tool": "tool", "function": "tool", "observation": "tool", "ipython": "tool", "tool_response": "tool",
+}
+TOOL_CALL_ROLES = ("function_call", "tool_call", "tool_calls")  # ShareGPT turns that hold an assistant's call(s)
+TEXT_PARTS = ("text", "input_text", "output_text")
+REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+
+
+class RowRejected(Exception):
+    """A row hsstore will not train on. ``reason`` is stable (it is counted); ``detail`` names the spot."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's content as one string: a string as is, a list of parts joined (text parts only)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise RowRejected("content is neither text nor a list of parts", f"{where}: {type(content).__name__}")
+    out = []
+    for part in content:
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        if not isinstance(part, dict):
+            raise RowRejected("content part is neither text nor an object", where)
+        kind = part.get("type", "text" if "text" in part else None)
+        if kind in TEXT_PARTS and isinstance(part.get("text"), str):
+            out.append(part["text"])
+        elif kind == "refusal" and isinstance(part.get("refusal"), str):
+            out.append(part["refusal"])
+        else:
+            raise RowRejected("non-text content part (only text is supported)", f"{where}: type {kind!r}")
+    return "".join(out)
+
+
+def _tool_calls(raw: Any, where: str) -> list[dict[str, Any]]:
+    """OpenAI-shaped tool calls from either ``{"function": {...}}`` or flat ``{"name", "arguments"}`` items."""
+    calls = raw if isinstance(raw, list) else [raw]
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function", call) if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise RowRejected("tool call without a function name", f"{where}, call {j}")
+        args = fn.get("arguments", fn.get("parameters", {}))
+        if not isinstance(args, (str, dict)):
+            raise RowRejected("tool call arguments are neither a JSON string nor an object", f"{where}, call {j}")
+        item: dict[str, Any] = {"type": call.get("type") or "function", "function": {"name": fn["name"], "arguments": args}}
+        if call.get("id") is not None:
+            item["id"] = str(call["id"])
+        out.append(item)
+    return out
+
+
+def _parsed_calls(value: Any, where: str) -> list[dict[str, Any]]:
+    """A ShareGPT ``function_call`` turn's value (JSON text of one call or a list of calls)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise RowRejected("function_call turn is not JSON", where) from None
+    if not value:
+        raise RowRejected("function_call turn holds no call", where)
+    return _tool_calls(value, where)
+
+
+def _message(turn: dict[str, Any], i: int) -> dict[str, Any]:
+    raw_role = turn.get("role", turn.get("from"))
+    if not isinstance(raw_role, str):
+        raise RowRejected("message without a role", f"message {i}")
+    name = raw_role.strip().lower()
+    content = turn.get("content", turn.get("value"))
+    where = f"message {i} ({raw_role})"
+    if name in TOOL_CALL_ROLES:
+        return {"role": "assistant", "content": "", "tool_calls": _parsed_calls(content, where)}
+    role = ROLES.get(name)
+    if role is None:
+        raise RowRejected("unknown role", f"message {i}: {raw_role!r}")
+    msg: dict[str, Any] = {"role": role}
+    calls = turn.get("tool_calls") if turn.get("tool_calls") is not None else turn.get("function_call")
+    if role == "assistant" and calls is not None:
+        msg["tool_calls"] = _tool_calls(calls, where)
+    if content is None and msg.get("tool_calls"):
+        content = ""  # OpenAI writes content: null beside tool calls; templates expect a string
+    if content is None:
+        raise RowRejected("message without content", where)
+    msg["content"] = _text(content, where)
+    if role == "assistant":
+        reasoning = next((turn[k] for k in REASONING_KEYS if turn.get(k) is not None), None)
+        if reasoning is not None:
+            if not isinstance(reasoning, str):
+                raise RowRejected("reasoning is not text", where)
+            msg["reasoning_content"] = reasoning
+    if role == "tool":
+        for key in ("tool_call_id", "name"):
+            if turn.get(key) is not None:
+                msg[key] = str(turn[key])
+    return msg
+
+
+def to_messages(turns: Any) -> list[dict[str, Any]]:
+    """The normalized messages of a ``conversations``/``messages`` value; raises RowRejected."""
+    if not isinstance(turns, list):
+        raise RowRejected("malformed chat", "messages are not a list")
+    out = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise RowRejected("malformed chat", f"message {i} is not an object")
+        out.append(_message(turn, i))
+    if not out or all(not m["content"].strip() and not m.get("tool_calls") for m in out):
+        raise RowRejected("empty")
+    if not any(m["role"] == "assistant" for m in out):
+        raise RowRejected("no assistant turn")
+    return out
+
+
+def row_tools(row: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The row's tool schemas (``tools``, a list or its JSON text), passed to the template as ``tools``."""
+    tools = row.get("tools")
+    if tools is None or tools == "":
+        return None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except ValueError:
+            raise RowRejected("tools is not JSON") from None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise RowRejected("tools is not a list of objects")
+    return tools or None
