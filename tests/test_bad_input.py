@@ -11,6 +11,7 @@ import pytest
 
 from hsstore.storage.writer import UnitWriter
 from hsstore import Store
+from hsstore.build.builtin import CHAT_TEMPLATE
 from hsstore.cli.main import main
 
 from helpers import DATA, REPO, make_samples, make_states, new_variant, write_manifest
@@ -25,7 +26,7 @@ def _raw(tmp: Path, text: str) -> list[str]:
     return ["build", str(tmp / "m.toml")]
 
 
-def _local_model(tmp: Path, chat_template: bool) -> str:
+def _local_model(tmp: Path, chat_template: bool | str) -> str:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -33,7 +34,9 @@ def _local_model(tmp: Path, chat_template: bool) -> str:
 
     d = tmp / "model"
     tok = builtin_tokenizer()
-    if not chat_template:
+    if isinstance(chat_template, str):
+        tok.chat_template = chat_template
+    elif not chat_template:
         tok.chat_template = None
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(builtin_config("tiny-llama", vocab_size=len(tok))).save_pretrained(d)
@@ -115,6 +118,18 @@ CASES = {
     "data-file-type-unknown": (lambda t: (t / "d.csv").write_text("a\n") and _m(t, files=[str(t / "d.csv")]), "unknown file type '.csv'"),
     "data-format-unknown": (lambda t: _m(t, extra_data='format = "alpaca"'), "unknown data format 'alpaca'"),
     "data-no-usable-rows": (lambda t: (t / "e.jsonl").write_text('{"text": ""}\n{"foo": 1}\n') and _m(t, files=[str(t / "e.jsonl")]), "no usable rows"),
+    "data-file-empty": (lambda t: (t / "e.jsonl").write_bytes(b"") or _m(t, files=[str(t / "e.jsonl")]), r"data file '.*e\.jsonl' is empty"),
+    "data-file-not-utf8": (lambda t: (t / "l.jsonl").write_bytes('{"text": "caf\xe9"}\n'.encode("latin-1")) and _m(t, files=[str(t / "l.jsonl")]),
+                           r"data file '.*l\.jsonl' is not UTF-8 text \(byte 0xe9 at line 1\)"),
+    "data-file-not-rows": (lambda t: (t / "o.json").write_text('{"data": [{"text": "a"}]}') and _m(t, files=[str(t / "o.json")]),
+                           r"data file '.*o\.json' holds one JSON object \(keys \['data'\]\), not rows"),
+    "chat-template-no-end-of-turn": (lambda t: _m(t, model=_local_model(t, chat_template="{% for m in messages %}{{ m.content }}\n{% endfor %}"),
+                                                  layers="{ aux = [1], target = [2] }"), "writes no special token after an assistant reply"),
+    "chat-template-date": (lambda t: _m(t, model=_local_model(t, chat_template="{{ strftime_now('%d %b %Y') }}" + CHAT_TEMPLATE),
+                                        layers="{ aux = [1], target = [2] }"), r"prints today's date \(strftime_now\)"),
+    "chat-template-cannot-render": (lambda t: _m(t, model=_local_model(t, chat_template="{{ raise_exception('only tools') }}"),
+                                                 layers="{ aux = [1], target = [2] }"),
+                                    r"cannot render a plain user/assistant exchange \(TemplateError: only tools\)"),
     "chat-without-template": (lambda t: _m(t, model=_local_model(t, chat_template=False), layers="{ aux = [1], target = [2] }"), "no chat template"),
     "backend-unknown": (lambda t: _m(t) + ["--backend", "triton"], "unknown backend 'triton'"),
     "dtype-unknown": (lambda t: _m(t) + ["--dtype", "int8"], "unknown dtype 'int8'"),

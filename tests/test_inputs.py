@@ -9,6 +9,7 @@ from hsstore.build.builtin import builtin_tokenizer
 from hsstore.core.errors import BadInput
 from hsstore.build.inputs import load_rows, tokenize_rows
 
+from chat_fixtures import make_tokenizer, spans
 from helpers import DATA
 
 TOK = builtin_tokenizer()
@@ -99,3 +100,128 @@ def test_reordered_or_filtered_input_keeps_keys():
     a, _ = _tok(rows)
     b, _ = _tok(list(reversed(rows))[::2])
     assert {s.key for s in b} <= {s.key for s in a}
+
+
+# --- real-world row shapes -------------------------------------------------------------------------------
+
+QTOK = make_tokenizer("qwen3")
+
+
+def _q(rows, **kw):
+    return tokenize_rows((("f", r) for r in rows), QTOK, "fp", **kw)
+
+
+def _key(row) -> str:
+    (s,), _ = _q([row])
+    return s.key
+
+
+def test_content_parts_are_joined_and_non_text_parts_refused():
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": "there"}]},
+                          {"role": "assistant", "content": [{"type": "text", "text": "Hi"}]}]}
+    flat = {"messages": [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "Hi"}]}
+    assert _key(parts) == _key(flat)
+    image = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}},
+                                                      {"type": "text", "text": "what is it?"}]},
+                          {"role": "assistant", "content": "a cat"}]}
+    samples, rep = _q([image, flat])
+    assert len(samples) == 1 and rep.rejected == {"non-text content part (only text is supported)": 1}
+    assert rep.issues[0].detail == "message 0 (user): type 'image_url'"
+
+
+def test_role_names_in_any_case_and_common_aliases():
+    want = _key({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"},
+                              {"role": "assistant", "content": "A"}]})
+    for sys_, user, bot in [("SYSTEM", "Human", "GPT"), ("developer", "user", "ChatGPT"), ("System", "HUMAN", "bing"),
+                            ("system", "human", "model"), ("system", "user", "Assistant"), ("system", "human", "bard")]:
+        row = {"conversations": [{"from": sys_, "value": "S"}, {"from": user, "value": "Q"}, {"from": bot, "value": "A"}]}
+        assert _key(row) == want, (sys_, user, bot)
+    samples, rep = _q([{"messages": [{"role": "narrator", "content": "x"}, {"role": "assistant", "content": "A"}]}, {"text": "t"}])
+    assert rep.rejected == {"unknown role": 1} and rep.issues[0].detail == "message 0: 'narrator'"
+
+
+def test_tool_calls_and_results_in_openai_and_sharegpt_shapes():
+    call = {"name": "get_weather", "arguments": {"city": "Paris"}}
+    openai = {"messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": call}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "assistant", "content": "Sunny."}]}
+    flat = json.loads(json.dumps(openai))
+    flat["messages"][1]["tool_calls"] = [call]  # {"name", "arguments"} without the "function" wrapper
+    sharegpt = {"conversations": [{"from": "human", "value": "Weather?"},
+                                  {"from": "function_call", "value": json.dumps(call)},
+                                  {"from": "observation", "value": "sunny"}, {"from": "gpt", "value": "Sunny."}]}
+    (s,), _ = _q([openai])
+    assert _key(flat) == _key(sharegpt) == s.key
+    got = spans(QTOK, s.input_ids, s.loss_mask)
+    assert got[0] == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
+    assert got[1] == "<think>\n\n</think>\n\nSunny.<|im_end|>" and "sunny" not in "".join(got)
+
+
+def test_tool_call_arguments_keep_their_own_keys():
+    """Read through Arrow, the first row's arguments would gain the second row's key as null."""
+    rows = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "",
+             "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {k: "v"}}}]}]}
+            for k in ("city", "query")]
+    (tmp := Path(__import__("tempfile").mkdtemp()) / "tools.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    samples, _ = tokenize_rows(load_rows([str(tmp)]), QTOK, "fp")
+    first = QTOK.decode(samples[0].input_ids)
+    assert '"arguments": {"city": "v"}' in first and "query" not in first
+
+
+def test_reasoning_field_names_and_row_tools():
+    base = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "A"}]
+    keys = {_key({"messages": [base[0], {**base[1], name: "because"}]}) for name in ("reasoning_content", "reasoning", "thinking")}
+    assert len(keys) == 1
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    assert _key({"messages": base, "tools": tools}) == _key({"messages": base, "tools": json.dumps(tools)})
+    assert _key({"messages": base, "tools": tools}) != _key({"messages": base})
+
+
+def test_rejected_duplicate_and_truncated_rows_are_named(tmp_path: Path):
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"text": "hello"}\n\n{"text": ""}\n{"text": "hello"}\nnot json\n{"text": "' + "x" * 40 + '"}\n')
+    samples, rep = tokenize_rows(load_rows([str(f)]), TOK, "fp", max_length=10)
+    assert len(samples) == 2
+    named = [(i.row, i.kind, i.reason, i.to_dict().get("detail")) for i in rep.issues]
+    assert named == [(3, "rejected", "empty", None),
+                     (4, "duplicate", "duplicate of an earlier row", f"{f} row 1"),
+                     (5, "rejected", "invalid JSON line", "Expecting value at column 1"),
+                     (6, "truncated", "truncated to max_length=10", "40 tokens")]
+    assert {i.file for i in rep.issues} == {str(f)}
+    d = rep.to_dict()
+    assert {"rows", "usable", "truncated", "duplicates", "rejected"} <= set(d) and d["issue_count"] == 4
+
+
+# --- data files that hold no rows ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, content, message", [
+    ("empty.jsonl", b"", "is empty"),
+    ("blank.json", b" \n\n\t\n", "is empty"),
+    ("latin1.jsonl", '{"text": "ok"}\n{"text": "caf\xe9"}\n'.encode("latin-1"), r"is not UTF-8 text \(byte 0xe9 at line 2\)"),
+    ("latin1.json", '[{"text": "caf\xe9"}]'.encode("latin-1"), r"is not UTF-8 text \(byte 0xe9 at offset 14\)"),
+    ("object.json", b'{"data": [{"text": "a"}]}', r"holds one JSON object \(keys \['data'\]\), not rows"),
+    ("pretty.jsonl", b'{\n  "version": 1,\n  "rows": []\n}\n', r"holds one JSON object \(keys \['rows', 'version'\]\)"),
+    ("scalar.json", b"42", "holds a JSON number, not rows"),
+    ("string.json", b'"text"', "holds a JSON string, not rows"),
+    ("garbage.json", b"\x00\x01binary", "is neither JSON nor JSON Lines"),
+])
+def test_files_without_rows_are_one_line_bad_input(tmp_path: Path, name: str, content: bytes, message: str):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(BadInput, match=message) as e:
+        list(load_rows([str(tmp_path / name)]))
+    assert name in str(e.value) and "\n" not in str(e.value)
+
+
+def test_json_variants_that_are_rows(tmp_path: Path):
+    row = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + json.dumps(row).encode() + b"\n")
+    (tmp_path / "one.json").write_text(json.dumps(row, indent=2))  # a single row, pretty-printed
+    (tmp_path / "lines.json").write_text(json.dumps(row) + "\n" + json.dumps({"text": "t"}) + "\n")
+    (tmp_path / "list.json").write_text(json.dumps([row, 7]))
+    got = list(load_rows([str(tmp_path / n) for n in ("bom.jsonl", "one.json", "lines.json", "list.json")]))
+    assert [(Path(f).name, n) for f, n, _ in got] == [("bom.jsonl", 1), ("one.json", 1), ("lines.json", 1),
+                                                      ("lines.json", 2), ("list.json", 1), ("list.json", 2)]
+    _, rep = tokenize_rows(got, TOK, "fp")
+    assert rep.rejected == {"row is not a JSON object": 1}

@@ -17,6 +17,7 @@ from typing import Any
 from hsstore.core.errors import BadInput
 
 BOM = b"\xef\xbb\xbf"
+ROW_KEYS = {"conversations", "messages", "text", "prompt", "completion"}  # keys that make an object a row
 
 
 class BadRow:
@@ -54,13 +55,37 @@ def _first_byte(path: Path) -> bytes:
 
 
 def _whole(path: Path, f: str) -> Any:
-    raw = path.read_bytes()
-    text = _decode(raw[3:] if raw.startswith(BOM) else raw, f)
+    text = _decode(path.read_bytes().removeprefix(BOM), f)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise BadInput(f"data file {f!r} is neither JSON nor JSON Lines ({e.msg} at line {e.lineno}, "
                        f"column {e.colno})") from None
+
+
+def _lines(path: Path, f: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) of the non-blank lines, each checked to be UTF-8."""
+    with open(path, "rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            text = _decode(raw.removeprefix(BOM) if n == 1 else raw, f, n)
+            if text.strip():
+                yield n, text
+
+
+def _parsed(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        return BadRow("invalid JSON line", f"{e.msg} at column {e.colno}")
+
+
+def _one_object(doc: Any, f: str) -> Any:
+    """A file holding a single JSON object is one row only if it looks like one."""
+    if isinstance(doc, dict) and ROW_KEYS & set(doc):
+        return doc
+    keys = sorted(doc)[:8] if isinstance(doc, dict) else []
+    raise BadInput(f"data file {f!r} holds one JSON object (keys {keys}), not rows; write one JSON object per "
+                   "line (.jsonl) or a JSON list of objects")
 
 
 def json_rows(path: Path, f: str) -> Iterator[tuple[int, Any]]:
@@ -75,30 +100,25 @@ def json_rows(path: Path, f: str) -> Iterator[tuple[int, Any]]:
                            "(.jsonl) or a JSON list of objects")
         yield from enumerate(doc, 1)
         return
-    first_row = True
-    with open(path, "rb") as fh:
-        for n, raw in enumerate(fh, 1):
-            text = _decode(raw[3:] if n == 1 and raw.startswith(BOM) else raw, f, n)
-            if not text.strip():
-                continue
-            try:
-                yield n, json.loads(text)
-            except json.JSONDecodeError as e:
-                if first_row:
-                    _refuse_pretty_object(path, f)
-                yield n, BadRow("invalid JSON line", f"{e.msg} at column {e.colno}")
-            first_row = False
-
-
-def _refuse_pretty_object(path: Path, f: str) -> None:
-    """A file that is one JSON object spread over lines holds no rows: say so instead of rejecting each line."""
-    try:
-        doc = json.loads(_decode(path.read_bytes().removeprefix(BOM), f))
-    except json.JSONDecodeError:
+    lines = _lines(path, f)
+    n1, text1 = next(lines)
+    row1 = _parsed(text1)
+    if isinstance(row1, BadRow):  # one object spread over lines, or a bad first line
+        try:
+            doc = json.loads(_decode(path.read_bytes().removeprefix(BOM), f))
+        except json.JSONDecodeError:
+            doc = None
+        if doc is not None:
+            yield 1, _one_object(doc, f)
+            return
+    second = next(lines, None)
+    if second is None:
+        yield n1, row1 if isinstance(row1, BadRow) else _one_object(row1, f)
         return
-    keys = sorted(doc)[:8] if isinstance(doc, dict) else []
-    raise BadInput(f"data file {f!r} holds one JSON {_kind(doc)} (keys {keys}), not rows; write one JSON object "
-                   "per line (.jsonl) or a JSON list of objects")
+    yield n1, row1
+    yield second[0], _parsed(second[1])
+    for n, text in lines:
+        yield n, _parsed(text)
 
 
 def arrow_rows(path: Path, f: str) -> Iterator[tuple[int, Any]]:
