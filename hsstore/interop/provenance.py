@@ -6,8 +6,9 @@ Shape (same keys as a native build, so selectors, ``info`` and ``require=`` work
 - ``recipe.layers``: hsstore ids (output of decoder layer i; ``num_layers`` = final norm) when the capture
   convention was stated, else the ids as written; ``recipe.capture``: ``decoder_layer_output`` or
   ``unknown`` (then ``hsstore diff --align`` finds which native layer each id matches);
-  ``recipe.final_norm``: true / false / ``unknown``.
-- ``environment``: ``dtype`` from the files; device, kernels, backend, versions, flags: ``unknown``.
+  ``recipe.final_norm``: true / false, absent when unknown; ``max_length`` absent, ``truncation`` unknown.
+- ``environment``: ``dtype`` from the files; device, kernels, backend, versions, flags: ``unknown``;
+  ``batching`` absent. Every field fits the typed ``Provenance`` record (checked when built).
 - ``source``: an ``ImportSource`` record (tool, format, path, stated layers and convention, claims).
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.imported import UNKNOWN, ImportSource
+from hsstore.core.schema.provenance import Provenance
 from hsstore.interop.layers import FINAL_NORM
 
 KERNEL_FAMILIES = ("chunk_gated_delta_rule", "causal_conv1d", "attention")
@@ -25,7 +27,6 @@ KERNEL_FAMILIES = ("chunk_gated_delta_rule", "causal_conv1d", "attention")
 # reader of native provenance reads these too)
 VERSIONS = ("python", "torch", "cuda", "transformers", "fla", "causal_conv1d")
 FLAGS = ("tf32_matmul", "tf32_cudnn", "float32_matmul_precision", "deterministic_algorithms")
-BATCHING = ("padding_side", "token_budget", "attention_mask", "order")
 
 
 def tokenizer_identity(path: str) -> tuple[dict[str, Any], int]:
@@ -49,7 +50,7 @@ def model_identity(model: str | None, num_layers: int | None, hidden_size: int) 
             raise BadInput("the number of decoder layers is unknown: pass --model DIR (the target's folder with "
                            "config.json) or --num-layers N")
         return {"name": UNKNOWN, "model_type": UNKNOWN, "num_layers": int(num_layers), "hidden_size": hidden_size,
-                "config_fingerprint": UNKNOWN, "weights": UNKNOWN, "fingerprint": UNKNOWN}
+                "config_fingerprint": UNKNOWN, "fingerprint": UNKNOWN}
     from hsstore.build.models import WEIGHT_SUFFIXES, ModelSpec, config_fingerprint, text_config
 
     spec = ModelSpec(model)
@@ -67,7 +68,7 @@ def model_identity(model: str | None, num_layers: int | None, hidden_size: int) 
         return spec.identity(config)  # exactly a native build's: require= and diff match it
     return {"path": model, "name": Path(model).resolve().name, "model_type": tc.model_type,
             "num_layers": int(tc.num_hidden_layers), "hidden_size": int(tc.hidden_size),
-            "config_fingerprint": config_fingerprint(config), "weights": UNKNOWN, "fingerprint": UNKNOWN}
+            "config_fingerprint": config_fingerprint(config), "fingerprint": UNKNOWN}  # no weights: unknown
 
 
 def unknown_environment(dtype: str) -> dict[str, Any]:
@@ -77,20 +78,17 @@ def unknown_environment(dtype: str) -> dict[str, Any]:
     return {"device": UNKNOWN, "device_name": UNKNOWN, "dtype": dtype, "backend": UNKNOWN,
             "kernels": {k: UNKNOWN for k in KERNEL_FAMILIES},
             "versions": {**{k: UNKNOWN for k in VERSIONS}, "hsstore": __version__},  # hsstore: the importer's
-            "flags": {k: UNKNOWN for k in FLAGS}, "batching": {k: UNKNOWN for k in BATCHING}, "host": UNKNOWN}
+            "flags": {k: UNKNOWN for k in FLAGS}, "host": UNKNOWN}  # batching: absent (not known)
 
 
 def imported_provenance(source: ImportSource, tokenizer: dict[str, Any], model: dict[str, Any],
                         layers: dict[str, list[int]], dtype: str) -> dict[str, Any]:
     """The whole provenance dict of an imported variant (its id hashes every field but ``source.path``)."""
     known = source.capture != "unknown"
-    if FINAL_NORM in source.layers:
-        final_norm: bool | str = True
-    else:
-        final_norm = False if known else UNKNOWN
-    recipe = {
-        "model": model, "tokenizer": tokenizer, "layers": layers,
-        "capture": "decoder_layer_output" if known else UNKNOWN,
-        "final_norm": final_norm, "max_length": UNKNOWN, "truncation": UNKNOWN,
-    }
-    return {"recipe": recipe, "environment": unknown_environment(dtype), "source": source.to_dict()}
+    recipe: dict[str, Any] = {"model": model, "tokenizer": tokenizer, "layers": layers,
+                              "capture": "decoder_layer_output" if known else UNKNOWN, "truncation": UNKNOWN}
+    if known or FINAL_NORM in source.layers:  # absent = unknown (an int id under unknown may be either)
+        recipe["final_norm"] = FINAL_NORM in source.layers
+    prov = {"recipe": recipe, "environment": unknown_environment(dtype), "source": source.to_dict()}
+    Provenance.from_dict(prov, "imported provenance")  # the typed schema every reader decodes with
+    return prov

@@ -10,6 +10,7 @@ variant ids (a hash of that dict, hsstore.core.provenance) never change by a rou
 from __future__ import annotations
 
 from hsstore.core.schema.base import UNSET, Record, UnsetType
+from hsstore.core.schema.imported import ImportSource
 
 
 class WeightFile(Record):
@@ -122,3 +123,4 @@ class Provenance(Record):
 
     recipe: Recipe
     environment: Environment
+    source: ImportSource | UnsetType = UNSET  # imported variants: where from, and what the user stated
