@@ -22,7 +22,8 @@ def diff(
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write a PNG plot here.")] = None,
     max_rel: Annotated[Optional[float], typer.Option("--max-rel", help="Exit 1 if any layer's rel-L2 exceeds this.")] = None,
     noise: Annotated[float, typer.Option("--noise", help="Divergence up to this multiple of the floor is noise.")] = 2.0,
-    device: Annotated[str, typer.Option("--device", help="Where to do the arithmetic (cpu | cuda).")] = "cpu",
+    device: Annotated[str, typer.Option("--device", help="Where to do the arithmetic (cpu | cuda | cuda:N).")] = "cpu",
+    threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="Worker threads (default: every core).")] = None,
 ) -> None:
     """Per-layer divergence of two variants over all shared samples, with a verdict against a floor.
 
@@ -31,7 +32,7 @@ def diff(
     from hsstore.compare.diff import diff_targets
     from hsstore.cli.report import diff_text
 
-    report = diff_targets(a, b, floor, layers or None, loss_only, noise, device)
+    report = diff_targets(a, b, floor, layers or None, loss_only, noise, device, threads)
     if json_path == "-":
         typer.echo(json.dumps(report, indent=2, sort_keys=True))
     else:

@@ -1,99 +1,126 @@
-"""Streaming divergence statistics between two sets of hidden states (pure math, bounded memory).
+"""Divergence statistics between two sets of hidden states: per-sample sums and what is reported.
 
-One ``LayerDivergence`` per layer takes ``[T, H]`` pairs sample by sample and keeps only running sums,
-a max, and a fixed log-scale histogram of per-token (1 - cosine), from which the 1st percentile of
-cosine is read (accurate to one bin, ~1% relative). Memory does not grow with the number of samples.
+A sample's ``[T, L, H]`` states reduce (``hsstore.compare.kernel``) to per-token sums; ``summarize``
+turns those into one float64 row of additive sums per layer (``COLUMNS``: tokens, values, sum |d|,
+exact values, |d|², |b|², sum of 1 - cos, ULP buckets), two maxima (``MAXES``) and a fixed log-scale
+histogram of per-token 1 - cos. Every reported statistic is a function of sums over samples
+(``layer_stats``): a full diff adds every sample's row, a sampled one weights them
+(``hsstore.compare.sampling``). Memory does not grow with the number of samples. The 1st percentile
+of cosine is read from the histogram (accurate to one bin, ~1% relative).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
-_EDGES = torch.logspace(-12, math.log10(2.0), 1201, dtype=torch.float64)  # bins of (1 - cos)
-ULP_BUCKETS = ("0", "1", "2", "3-4", "5-8", "9-16", ">16")
-_ULP_EDGES = torch.tensor([0, 1, 2, 4, 8, 16], dtype=torch.int64)
+from hsstore.compare.kernel import ULP_BUCKETS, TokenSums
+
+EDGES = torch.logspace(-12, math.log10(2.0), 1201, dtype=torch.float64)  # bins of (1 - cos)
+N_BINS = len(EDGES) + 1
+COLUMNS = ("tokens", "values", "sum_abs", "exact", "sq_diff", "sq_ref", "cos1m_sum") + tuple(
+    f"ulp_{b}" for b in ULP_BUCKETS)
+MAXES = ("max_abs", "cos1m_max")
+C = {name: i for i, name in enumerate(COLUMNS)}
+M = {name: i for i, name in enumerate(MAXES)}
 
 
-def bf16_ordered(x: torch.Tensor) -> torch.Tensor:
-    """bf16 values as integers whose order and differences count ULPs (sign-magnitude -> two's complement)."""
-    bits = x.contiguous().view(torch.int16).to(torch.int64)
-    return torch.where(bits < 0, -(bits & 0x7FFF), bits)
+@dataclass
+class SampleSums:
+    """One sample's sums: ``sums [L, len(COLUMNS)]`` float64, ``maxes [L, 2]``, ``hist [L, N_BINS]`` int64."""
+
+    key: str
+    sums: np.ndarray
+    maxes: np.ndarray
+    hist: np.ndarray
+
+    def rel_l2(self, layer_index: int = -1) -> float:
+        d, r = self.sums[layer_index, C["sq_diff"]], self.sums[layer_index, C["sq_ref"]]
+        return math.sqrt(d / r) if r > 0 else (0.0 if d == 0 else math.inf)
 
 
-class LayerDivergence:
-    def __init__(self, ulps: bool, device: str = "cpu") -> None:
-        self.device = torch.device(device)
-        self.n_tokens = 0
-        self.n_values = 0
-        self.sum_abs = 0.0
-        self.max_abs = 0.0
-        self.sum_sq_diff = 0.0
-        self.sum_sq_ref = 0.0
-        self.cos_sum = 0.0
-        self.cos_min = 1.0
-        self.bit_exact = 0
-        self.hist = torch.zeros(len(_EDGES) + 1, dtype=torch.int64)
-        self.ulp = torch.zeros(len(ULP_BUCKETS), dtype=torch.int64) if ulps else None
+def one_minus_cos(dd: torch.Tensor, aa: torch.Tensor, bb: torch.Tensor, ad: torch.Tensor) -> torch.Tensor:
+    """Per-token 1 - cos(a, b) in float64 from float32 sums, without cancellation (see kernel).
+    Two zero vectors agree (0); one zero vector does not (1)."""
+    dd, aa, bb, ad = dd.double(), aa.double(), bb.double(), ad.double()
+    na, nb = aa.sqrt(), bb.sqrt()
+    norm_gap = (2 * ad - dd) / (na + nb).clamp_min(1e-300)  # |a| - |b|
+    num = (dd - norm_gap * norm_gap).clamp_min(0.0)
+    den = 2 * na * nb
+    degenerate = torch.where(na == nb, 0.0, 1.0).to(dd.dtype)
+    return torch.where(den > 0, num / den.clamp_min(1e-300), degenerate).clamp(0.0, 2.0)
 
-    def add(self, a: torch.Tensor, b: torch.Tensor) -> float:
-        """Add one sample's ``[T, H]`` states (B is the reference); returns this sample's rel-L2."""
-        if a.numel() == 0:
-            return 0.0
-        a, b = a.to(self.device, non_blocking=True), b.to(self.device, non_blocking=True)
-        self.bit_exact += int((a == b).sum()) if a.dtype == b.dtype else int((a.float() == b.float()).sum())
-        if self.ulp is not None:
-            d = (bf16_ordered(a) - bf16_ordered(b)).abs()
-            idx = torch.bucketize(d, _ULP_EDGES.to(self.device), right=False)
-            self.ulp += torch.bincount(idx.flatten(), minlength=len(ULP_BUCKETS))[: len(ULP_BUCKETS)].cpu()
-        a64, b64 = a.double(), b.double()
-        d = a64 - b64
-        sq_d, sq_b = float((d * d).sum()), float((b64 * b64).sum())
-        self.sum_abs += float(d.abs().sum())
-        self.max_abs = max(self.max_abs, float(d.abs().max()))
-        self.sum_sq_diff += sq_d
-        self.sum_sq_ref += sq_b
-        na, nb = a64.norm(dim=1), b64.norm(dim=1)
-        denom = na * nb
-        cos = torch.where(denom > 0, (a64 * b64).sum(dim=1) / denom.clamp_min(1e-300),
-                          (na == nb).double())  # two zero vectors agree; one zero vector does not
-        cos = cos.clamp(-1.0, 1.0)
-        self.cos_sum += float(cos.sum())
-        self.cos_min = min(self.cos_min, float(cos.min()))
-        edges = _EDGES.to(self.device)
-        self.hist += torch.bincount(torch.bucketize(1.0 - cos, edges), minlength=len(_EDGES) + 1).cpu()
-        self.n_tokens += a.shape[0]
-        self.n_values += a.numel()
-        return math.sqrt(sq_d / sq_b) if sq_b > 0 else (0.0 if sq_d == 0 else math.inf)
 
-    def cos_p01(self) -> float:
-        """1st percentile of per-token cosine (upper edge of the bin holding the 99th pct of 1-cos)."""
-        if self.n_tokens == 0:
-            return 1.0
-        target = math.ceil(0.99 * self.n_tokens)
-        idx = int(torch.searchsorted(torch.cumsum(self.hist, 0), torch.tensor(target)))
-        if idx == 0:
-            return 1.0
-        return 1.0 - float(_EDGES[min(idx, len(_EDGES) - 1)])
+def summarize(key: str, ts: TokenSums, hidden: int) -> SampleSums:
+    """The per-layer sums of one sample from its per-token sums ``[T, L]``."""
+    T, L = ts.dd.shape
+    omc = one_minus_cos(ts.dd, ts.aa, ts.bb, ts.ad)  # [T, L]
+    cols = torch.zeros((L, len(COLUMNS)), dtype=torch.float64, device=omc.device)
+    cols[:, C["tokens"]] = T
+    cols[:, C["values"]] = T * hidden
+    cols[:, C["sum_abs"]] = ts.sum_abs.double().sum(0)
+    cols[:, C["exact"]] = T * hidden - ts.differing.double().sum(0)
+    cols[:, C["sq_diff"]] = ts.dd.double().sum(0)
+    cols[:, C["sq_ref"]] = ts.bb.double().sum(0)
+    cols[:, C["cos1m_sum"]] = omc.sum(0)
+    if ts.ulp is not None:  # counts above 0, 1, 2, 4, 8, 16 ULPs -> the buckets of ULP_BUCKETS
+        above = torch.cat([ts.ulp, torch.zeros((L, 1), dtype=torch.float64, device=ts.ulp.device)], dim=1)
+        below = torch.cat([cols[:, C["values"]:C["values"] + 1], ts.ulp], dim=1)
+        cols[:, C["ulp_0"]:] = below - above
+    maxes = torch.stack([ts.max_abs.amax(0).double(), omc.amax(0)], dim=1) if T else torch.zeros((L, 2))
+    bins = torch.bucketize(omc, EDGES.to(omc.device)) + N_BINS * torch.arange(L, device=omc.device)
+    hist = torch.bincount(bins.view(-1), minlength=N_BINS * L).view(L, N_BINS)
+    return SampleSums(key, cols.cpu().numpy(), maxes.cpu().numpy(), hist.cpu().numpy())
 
-    def result(self) -> dict[str, Any]:
-        n = max(1, self.n_values)
-        out: dict[str, Any] = {
-            "tokens": self.n_tokens,
-            "mean_abs": self.sum_abs / n,
-            "max_abs": self.max_abs,
-            "rel_l2": math.sqrt(self.sum_sq_diff / self.sum_sq_ref) if self.sum_sq_ref > 0 else 0.0,
-            "cos_mean": self.cos_sum / max(1, self.n_tokens),
-            "cos_min": self.cos_min,
-            "cos_p01": self.cos_p01(),
-            "bit_exact": self.bit_exact / n,
-        }
-        if self.ulp is not None:
-            total = max(1, int(self.ulp.sum()))
-            out["ulp_distribution"] = {k: int(v) / total for k, v in zip(ULP_BUCKETS, self.ulp.tolist())}
-        return out
+
+class Totals:
+    """Running sums over samples (optionally weighted): the full diff's accumulator."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.sums = np.zeros((n_layers, len(COLUMNS)))
+        self.maxes = np.zeros((n_layers, len(MAXES)))
+        self.hist = np.zeros((n_layers, N_BINS), dtype=np.int64)
+
+    def add(self, s: SampleSums) -> None:
+        self.sums += s.sums
+        np.maximum(self.maxes, s.maxes, out=self.maxes)
+        self.hist += s.hist
+
+
+def cos_p01(hist: np.ndarray, tokens: float) -> float:
+    """1st percentile of per-token cosine: upper edge of the bin holding the 99th percentile of 1-cos."""
+    if tokens <= 0:
+        return 1.0
+    target = math.ceil(0.99 * tokens)
+    idx = int(np.searchsorted(np.cumsum(hist), target))
+    if idx == 0:
+        return 1.0
+    return 1.0 - float(EDGES[min(idx, len(EDGES) - 1)])
+
+
+def layer_stats(sums: np.ndarray, maxes: np.ndarray, hist: np.ndarray, ulps: bool) -> dict[str, Any]:
+    """The reported statistics of one layer from its sums ``[len(COLUMNS)]``, maxima and histogram."""
+    s = {name: float(sums[i]) for name, i in C.items()}
+    n = max(1.0, s["values"])
+    out: dict[str, Any] = {
+        "tokens": int(round(s["tokens"])),
+        "mean_abs": s["sum_abs"] / n,
+        "max_abs": float(maxes[M["max_abs"]]),
+        "rel_l2": math.sqrt(s["sq_diff"] / s["sq_ref"]) if s["sq_ref"] > 0 else 0.0,
+        "cos_mean": 1.0 - s["cos1m_sum"] / max(1.0, s["tokens"]),
+        "cos_min": 1.0 - float(maxes[M["cos1m_max"]]),
+        "cos_p01": cos_p01(hist, s["tokens"]),
+        "bit_exact": s["exact"] / n,
+    }
+    if ulps:
+        counts = [s[f"ulp_{b}"] for b in ULP_BUCKETS]
+        total = max(1.0, sum(counts))
+        out["ulp_distribution"] = {b: c / total for b, c in zip(ULP_BUCKETS, counts)}
+    return out
 
 
 def verdict(ratio: float, dtype: str, noise_factor: float) -> str:

@@ -1,0 +1,151 @@
+"""Per-token divergence sums of one sample's states, computed in cache-sized blocks (torch, any device).
+
+For each token and layer this reduces the hidden dimension to seven float32 numbers: sum |a-b|,
+max |a-b|, the count of values that differ, |a-b|², |a|², |b|² and a·(a-b) (|a|² derived from the others). Everything the diff
+reports is derived from these per-token sums (``hsstore.compare.divergence``), so the pass over the
+``[T, L, H]`` values is a handful of vectorized torch reductions on blocks that stay in cache, with
+no float64 copy of the states and no per-value temporaries beyond one block.
+
+Where float32 is exact enough and where float64 is needed:
+- bf16 and fp16 values convert to float32 exactly, and a-b of two fp32 values is exact when they
+  are close (Sterbenz) and otherwise rounds once; every later float32 step is one sum over the hidden
+  dimension (at most a few thousand terms, which torch sums pairwise: relative error ~1e-7 of the
+  sum of the terms' magnitudes). That is far below any divergence worth reporting.
+- What float32 cannot do is cancel: ``1 - a·b/(|a||b|)`` for two nearly equal vectors (fp32 vs fp32
+  diffs reach 1 - cos ~ 1e-12) and ``|a|² + |b|² - 2a·b``. Neither is ever formed. 1 - cos comes from
+  the exact identity ``1 - cos = (|d|² - (|a|-|b|)²) / (2|a||b|)`` with ``|a|-|b| = (2a·d - |d|²) /
+  (|a|+|b|)`` (d = a-b), whose terms are all of the size of d: its error is ~1e-7 * (|d|/|a|)², smaller
+  than float64's for the direct formula. Those per-token formulas are evaluated in float64 (they cost
+  T·L numbers, not T·L·H).
+- Sums across tokens and samples are float64 and counts int64 (``divergence``): a diff adds up 1e9+
+  values, which float32 would round to ~1e-4 and counts it would stop at 2^24.
+Overflow: squares are float32, so a state above ~1e19 in magnitude would overflow; hidden states are
+orders of magnitude below that (build health stats flag anything near it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# values per block (rows x hidden): on a CPU the block buffers (~1 MiB each) stay in L2/L3 cache; on a
+# GPU a block is a whole sample up to this many values (each op is one kernel launch)
+BLOCK_VALUES = 1 << 18
+GPU_BLOCK_VALUES = 1 << 26
+ULP_BUCKETS = ("0", "1", "2", "3-4", "5-8", "9-16", ">16")
+# a value pair in bucket k of ULP_BUCKETS is more than _ULP_STEPS[k-1] ULPs apart, at most _ULP_STEPS[k]
+_ULP_STEPS = (0, 1, 2, 4, 8, 16)
+
+
+@dataclass
+class TokenSums:
+    """Per-token sums over the hidden dimension, each ``[T, L]`` float32 (``differing``: a count),
+    and for two bf16 variants the counts of values more than 0, 1, 2, 4, 8, 16 ULPs apart per layer
+    ``[L, 6]`` float64 (exact integers)."""
+
+    sum_abs: torch.Tensor
+    max_abs: torch.Tensor
+    differing: torch.Tensor
+    dd: torch.Tensor
+    aa: torch.Tensor
+    bb: torch.Tensor
+    ad: torch.Tensor
+    ulp: torch.Tensor | None
+
+
+def bf16_ordered(bits: torch.Tensor, out: torch.Tensor | None = None,
+                 scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """bf16 bit patterns (int16) as int16 whose differences count ULPs: sign-magnitude to two's
+    complement, +0 and -0 both 0 (``(x ^ (s & 0x7FFF)) - s`` with s = x >> 15, in [-32767, 32767])."""
+    out = torch.empty_like(bits) if out is None else out
+    s = torch.bitwise_right_shift(bits, 15, out=scratch)
+    torch.bitwise_and(s, 0x7FFF, out=out)
+    torch.bitwise_xor(bits, out, out=out)
+    return out.sub_(s)
+
+
+def _ulp_counts(a: torch.Tensor, b: torch.Tensor, n_layers: int, ws: Workspace) -> torch.Tensor:
+    """``[L, 6]`` counts of value pairs more than 0, 1, 2, 4, 8 and 16 ULPs apart, of two bf16 blocks
+    of rows ``[r, H]`` (row j belongs to layer j % L).
+
+    Float sums instead of a histogram (torch's bincount is ~50x slower per value): with e = ULP
+    distance - 1 clamped to [-1, 16], the count above t is sum(clamp(e, t-1, t)) - (t-1)·n, exact in
+    float32 per row. The int16 difference may wrap, but for finite bf16 values (|bits| <= 0x7F7F)
+    a wrapped difference is never within 16 of 0, so every bucket is right.
+    """
+    r, H = a.shape
+    i16 = [ws.buf(f"i{k}", r, H, torch.int16) for k in range(3)]
+    e = bf16_ordered(a.view(torch.int16), i16[0], i16[2])
+    e.sub_(bf16_ordered(b.view(torch.int16), i16[1], i16[2])).abs_().sub_(1).clamp_(-1, 16)  # abs(-32768) stays negative; minus 1 wraps it to 32767
+    f, s = ws.buf("e", r, H), ws.buf("s", r, H)
+    f.copy_(e)
+    above = torch.empty((len(_ULP_STEPS), r), dtype=torch.float32, device=a.device)
+    for k, t in enumerate(_ULP_STEPS):
+        torch.sum(torch.clamp(f, t - 1, t, out=s), dim=1, out=above[k])
+        above[k] -= (t - 1) * H
+    return above.view(len(_ULP_STEPS), r // n_layers, n_layers).double().sum(1).T
+
+
+class Workspace:
+    """Reused block buffers on one device (a fresh temporary per block costs page faults)."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self._bufs: dict[str, torch.Tensor] = {}
+
+    def buf(self, name: str, rows: int, hidden: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        t = self._bufs.get(name)
+        if t is None or t.shape[0] < rows or t.shape[1] != hidden:
+            t = torch.empty((max(rows, 1), hidden), dtype=dtype, device=self.device)
+            self._bufs[name] = t
+        return t[:rows]
+
+
+def _as_f32(x: torch.Tensor, ws: Workspace, name: str) -> torch.Tensor:
+    if x.dtype == torch.float32:
+        return x
+    out = ws.buf(name, x.shape[0], x.shape[1])
+    out.copy_(x)
+    return out
+
+
+def token_sums(a: torch.Tensor, b: torch.Tensor, ws: Workspace, ulps: bool = False) -> TokenSums:
+    """Per-token sums of one sample's states ``a``, ``b`` ``[T, L, H]`` (B is the reference)."""
+    if a.shape != b.shape:
+        raise ValueError(f"states of shape {tuple(a.shape)} and {tuple(b.shape)} cannot be compared")
+    T, L, H = a.shape
+    a, b = a.to(ws.device, non_blocking=True), b.to(ws.device, non_blocking=True)
+    a2, b2 = a.reshape(T * L, H), b.reshape(T * L, H)
+    out = torch.empty((7, T * L), dtype=torch.float32, device=ws.device)
+    ulp = torch.zeros((L, len(_ULP_STEPS)), dtype=torch.float64, device=ws.device) if ulps else None
+    block = BLOCK_VALUES if ws.device.type == "cpu" else GPU_BLOCK_VALUES
+    step = max(1, block // (L * H)) * L  # whole tokens per block
+    for r0 in range(0, T * L, step):
+        r1 = min(T * L, r0 + step)
+        _block(a2[r0:r1], b2[r0:r1], out[:, r0:r1], ws)
+        if ulp is not None:
+            ulp += _ulp_counts(a2[r0:r1], b2[r0:r1], L, ws)
+    o = out.view(7, T, L)
+    return TokenSums(o[0], o[1], o[2], o[3], o[4], o[5], o[6], ulp)
+
+
+def _block(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, ws: Workspace) -> None:
+    """The seven per-row sums of one block of rows ``[r, H]`` into ``out [7, r]`` (every op writes into
+    a reused buffer: a fresh temporary per block would cost page faults)."""
+    r, H = a.shape
+    af, bf = _as_f32(a, ws, "a"), _as_f32(b, ws, "b")
+    d, s = ws.buf("d", r, H), ws.buf("s", r, H)
+    torch.sub(af, bf, out=d)
+    torch.linalg.vector_norm(d, dim=1, out=out[3])
+    torch.linalg.vector_norm(bf, dim=1, out=out[5])
+    torch.sum(torch.mul(af, d, out=s), dim=1, out=out[6])
+    torch.abs(d, out=s)
+    torch.sum(s, dim=1, out=out[0])
+    torch.amax(s, dim=1, out=out[1])
+    torch.sum(torch.sign(s, out=s), dim=1, out=out[2])  # 1 where a value differs, else 0
+    out[3].square_()
+    out[5].square_()
+    # |a|^2 = |b|^2 + 2 a.d - |d|^2 (exactly 0 for a zero vector a: then d = -b and a.d = 0)
+    torch.add(out[5], out[6], alpha=2, out=out[4])
+    out[4].sub_(out[3])

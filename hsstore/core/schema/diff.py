@@ -1,0 +1,84 @@
+"""The ``hsstore diff --json`` and ``hsstore check --json`` reports as typed records.
+
+The JSON keys are the documented, stable schema (README "JSON output"): fields are only ever added.
+Optional fields are ``UNSET`` (left out of the JSON) where they do not apply.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hsstore.core.schema.base import UNSET, Record, UnsetType
+
+
+class LayerDiff(Record):
+    """One layer of A against B (B is the reference)."""
+
+    layer: int
+    tokens: int
+    mean_abs: float
+    max_abs: float
+    rel_l2: float
+    cos_mean: float
+    cos_min: float
+    cos_p01: float
+    bit_exact: float
+    ulp_distribution: dict[str, float] | UnsetType = UNSET  # both variants bf16
+    floor_rel_l2: float | UnsetType = UNSET
+    floor_ratio: float | UnsetType = UNSET
+    verdict: str | UnsetType = UNSET
+    roundoff_ratio: float | UnsetType = UNSET  # no floor: rel-L2 / the dtype's unit roundoff
+    # sampled diffs: statistic -> [low, high] confidence interval (``bounds`` for maxima, see Sampling)
+    ci: dict[str, tuple[float, float]] | UnsetType = UNSET
+
+
+class WorstSample(Record):
+    key: str
+    rel_l2: float
+
+
+class FieldDifference(Record):
+    """A provenance field whose value differs between A, B (and the floor C)."""
+
+    field: str
+    a: Any
+    b: Any
+    c: Any = UNSET
+    informational: bool = False  # cannot change a number (a path, a host, a tool version)
+
+
+class Sampling(Record):
+    """How a sampled diff chose its samples and computed its intervals."""
+
+    method: str
+    seed: int
+    population: int  # shared samples
+    samples: int  # compared
+    fraction: float
+    strata: int
+    confidence: float
+    interval: str
+    notes: list[str]
+
+
+class DiffReport(Record):
+    a: str
+    b: str
+    shared_samples: int
+    only_a: int
+    only_b: int
+    tokens: int
+    loss_only: bool
+    layers: list[LayerDiff]
+    worst_samples: list[WorstSample]
+    verdict: str
+    # identical | within_noise | beyond_noise | no_floor (inconclusive: a sampled interval straddles the bound)
+    verdict_kind: str = "no_floor"
+    a_target: str = ""  # A, B and C as the user named them (STORE#SELECTOR)
+    b_target: str = ""
+    floor: str | UnsetType = UNSET
+    floor_target: str | UnsetType = UNSET
+    floor_layers: list[LayerDiff] | UnsetType = UNSET
+    provenance_differences: list[FieldDifference] = []
+    sampling: Sampling | UnsetType = UNSET
+    seconds: float | UnsetType = UNSET
