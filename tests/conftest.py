@@ -28,3 +28,18 @@ def tiny_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     r = run_cli("build", str(m), "--limit", "40", "--quiet")
     assert r.returncode == 0, r.stderr
     return d / "store.zarr"
+
+
+@pytest.fixture(scope="session")
+def attn_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real store of one tiny llama in three variants: bf16 with sdpa and with eager attention (two
+    kernels of one recipe, the kind of pair diff exists for) and the fp32 sdpa floor."""
+    d = tmp_path_factory.mktemp("attn")
+    layers = "{ aux = [0, 1], target = [3] }"
+    sdpa = write_manifest(d / "sdpa.toml", model="builtin:tiny-llama", dtypes='["bf16", "fp32"]', layers=layers)
+    eager = write_manifest(d / "eager.toml", model="builtin:tiny-llama", dtypes='["bf16"]', layers=layers,
+                           extra_model='attn_implementation = "eager"')
+    for m in (sdpa, eager):
+        r = run_cli("build", str(m), "--limit", "40", "--quiet")
+        assert r.returncode == 0, r.stderr
+    return d / "store.zarr"

@@ -1,4 +1,4 @@
-"""Human-readable text for ``info`` and ``diff`` (the JSON is the data; this is only its rendering)."""
+"""Human-readable text for ``info`` (the JSON is the data; this is only its rendering; diff: diff_render)."""
 
 from __future__ import annotations
 
@@ -40,30 +40,4 @@ def info_text(d: dict[str, Any]) -> str:
                          + ("  (final norm)" if int(layer) == norm_id else ""))
         if v["unreadable_commits"]:
             lines.append(f"  WARNING: {v['unreadable_commits']} unreadable commit record(s); run hsstore verify")
-    return "\n".join(lines)
-
-
-def diff_text(r: dict[str, Any]) -> str:
-    lines = [
-        f"A: {r['a']}", f"B: {r['b']}",
-        f"shared samples {r['shared_samples']:,} ({r['tokens']:,} tokens), only in A {r['only_a']:,}, "
-        f"only in B {r['only_b']:,}",
-    ]
-    if r.get("floor"):
-        lines.append(f"floor: {r['floor']}")
-    head = " layer   mean_abs    max_abs    rel_l2  cos_mean   cos_min   cos_p01  bit_exact"
-    head += "  floor_x" if r.get("floor") else ""
-    lines.append(head)
-    for L in r["layers"]:
-        row = (f"{L['layer']:6d} {L['mean_abs']:10.3e} {L['max_abs']:10.3e} {L['rel_l2']:9.3e} {L['cos_mean']:9.6f} "
-               f"{L['cos_min']:9.6f} {L['cos_p01']:9.6f} {L['bit_exact']:10.4f}")
-        if r.get("floor"):
-            row += f"  {L['floor_ratio']:7.2f}" if L.get("floor_ratio") is not None else "        -"
-        lines.append(row)
-        if L.get("verdict"):
-            lines.append(f"        {L['verdict']}")
-    if r.get("worst_samples"):
-        lines.append("worst samples (rel-L2 at the deepest layer): " +
-                     ", ".join(f"{w['key'][:12]}… {w['rel_l2']:.2e}" for w in r["worst_samples"][:5]))
-    lines.append(f"verdict: {r['verdict']}")
     return "\n".join(lines)

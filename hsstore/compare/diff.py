@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import heapq
 import time
+from dataclasses import dataclass
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
-from hsstore.compare.divergence import SampleSums, Totals, layer_stats, summarize, verdict
+from hsstore.compare.divergence import SampleSums, Totals, summarize
+from hsstore.compare.estimate import Estimate, full_layers, sampled_layers, with_floor, without_floor
 from hsstore.compare.kernel import Workspace, token_sums
+from hsstore.compare.sampling import SampleTable
+from hsstore.compare.sample_plan import SamplePlan, plan_samples
 from hsstore.compare.stream import ThreadLocal, map_samples
-from hsstore.core.dtypes import UNIT_ROUNDOFF
 from hsstore.core.errors import BadInput
-from hsstore.core.schema.diff import DiffReport, LayerDiff, WorstSample
+from hsstore.core.schema.diff import DiffReport, WorstSample
 from hsstore.storage.store import Store, VariantReader, split_target
 
 NOISE_FACTOR = 2.0  # a divergence up to this multiple of the floor is precision noise
@@ -87,103 +90,94 @@ def sample_sums(a: VariantReader, others: Sequence[VariantReader], keys: Sequenc
     ulps = [both_bf16(a, o) for o in others]
     workspaces = ThreadLocal(lambda: Workspace(device))
 
-    def reduce(key: str, states: list[torch.Tensor]) -> tuple[SampleSums, ...]:
+    def reduce(key: str, states: list[list[torch.Tensor]]) -> tuple[SampleSums, ...]:
         ws = workspaces.get()
         return tuple(summarize(key, token_sums(states[0], s, ws, u), hidden) for s, u in zip(states[1:], ulps))
 
     yield from map_samples([a, *others], keys, layers, reduce, loss_only, threads)
 
 
-def layer_reports(layers: list[int], totals: Totals, ulps: bool) -> list[LayerDiff]:
-    return [LayerDiff(layer=i, **layer_stats(totals.sums[j], totals.maxes[j], totals.hist[j], ulps))
-            for j, i in enumerate(layers)]
+@dataclass
+class PassResult:
+    """One streaming pass: A against each of the others (full sums, or the sampled table)."""
+
+    totals: list[Totals]
+    tables: list[SampleTable]
+    worst: list[WorstSample]
+    tokens: int
 
 
-def with_floor(layers: list[LayerDiff], floor: list[LayerDiff], dtype: str,
-               noise_factor: float) -> tuple[list[LayerDiff], str, str]:
-    """Layers with floor ratios and verdicts, the overall verdict and its kind."""
-    out = []
-    for L, F in zip(layers, floor):
-        ratio = L.rel_l2 / F.rel_l2 if F.rel_l2 > 0 else (0.0 if L.rel_l2 == 0 else float("inf"))
-        v = "identical (bit-exact)" if L.bit_exact == 1.0 else verdict(ratio, dtype, noise_factor)
-        out.append(L.replace(floor_rel_l2=F.rel_l2, floor_ratio=ratio, verdict=v))
-    worst = max(out, key=lambda L: L.floor_ratio)
-    worst_ratio, worst_layer = max(0.0, worst.floor_ratio), worst.layer
-    within = worst_ratio <= noise_factor
-    text = (f"A and B differ {'within' if within else 'beyond'} precision noise: worst layer {worst_layer} at "
-            f"{worst_ratio:.2f}x the floor (noise up to {noise_factor:g}x)")
-    return out, text, "within_noise" if within else "beyond_noise"
-
-
-def without_floor(layers: list[LayerDiff], dtype: str) -> tuple[list[LayerDiff], str]:
-    u = UNIT_ROUNDOFF.get(dtype)
-    out = [L.replace(roundoff_ratio=L.rel_l2 / u) if u else L for L in layers]
-    worst = max(out, key=lambda L: L.rel_l2)
-    scale = f" = {worst.roundoff_ratio:.1f}x the {dtype} unit roundoff" if u else ""
-    return out, (f"no floor given (pass --floor STORE#fp32-variant for a verdict); worst rel-L2 "
-                 f"{worst.rel_l2:.3g} at layer {worst.layer}{scale}")
+def stream_pass(a: VariantReader, others: list[VariantReader], keys: Sequence[str], layers: list[int],
+                loss_only: bool, device: str, threads: int | None, keep: bool) -> PassResult:
+    """Stream ``keys``; ``keep`` the per-sample sums (a sampled diff) instead of only adding them up."""
+    res = PassResult([Totals(len(layers)) for _ in others], [SampleTable() for _ in others] if keep else [], [], 0)
+    heap: list[tuple[float, str]] = []
+    for sums in sample_sums(a, others, keys, layers, loss_only, device, threads):
+        for j, s in enumerate(sums):
+            res.totals[j].add(s)
+            if keep:
+                res.tables[j].add(s)
+        res.tokens += int(sums[0].sums[0, 0]) if layers else 0
+        heapq.heappush(heap, (sums[0].rel_l2(), sums[0].key))
+        if len(heap) > WORST:
+            heapq.heappop(heap)
+    res.worst = [WorstSample(key=k, rel_l2=r) for r, k in sorted(heap, reverse=True)]
+    return res
 
 
 def run_diff(a_t: str, b_t: str, floor_t: str | None = None, layers: list[int] | None = None,
              loss_only: bool = False, noise_factor: float = NOISE_FACTOR, device: str = "cpu",
-             threads: int | None = None) -> DiffReport:
-    """Per-layer divergence of A against B over every shared sample (and of A against the floor)."""
+             threads: int | None = None, samples: int | None = None, fraction: float | None = None,
+             seed: int = 0, confidence: float = 0.95) -> DiffReport:
+    """Per-layer divergence of A against B (and of A against the floor C) over every shared sample,
+    or over a seeded length-stratified choice of them (``samples`` / ``fraction``) with intervals."""
     t0 = time.perf_counter()
     device = check_device(device)
     a, b = open_target(a_t), open_target(b_t)
     use = check_layers(a, b, layers)
     keys = shared_keys(a, b)
     c = open_target(floor_t) if floor_t else None
-    others = [b]
     if c is not None:
         check_layers(a, c, use)
-        others.append(c)
-        floor_keys = shared_keys(a, c)
-        if floor_keys != keys:  # other samples: the floor gets its own pass
-            others.pop()
-    totals = [Totals(len(use)) for _ in others]
-    heap: list[tuple[float, str]] = []
-    tokens = 0
-    for sums in sample_sums(a, others, keys, use, loss_only, device, threads):
-        for t, s in zip(totals, sums):
-            t.add(s)
-        tokens += int(sums[0].sums[0, 0]) if len(use) else 0
-        heapq.heappush(heap, (sums[0].rel_l2(), sums[0].key))
-        if len(heap) > WORST:
-            heapq.heappop(heap)
-    reps = layer_reports(use, totals[0], both_bf16(a, b))
+    plan = plan_samples(a, b, c, keys, samples, fraction, seed, confidence)
+    others = [b] if c is None or (plan is None and shared_keys(a, c) != keys) else [b, c]
+    res = stream_pass(a, others, plan.keys if plan else keys, use, loss_only, device, threads, plan is not None)
+    ests = [estimate(use, res, j, plan, both_bf16(a, o)) for j, o in enumerate(others)]
     report: dict[str, Any] = {
         "a": f"{a.store.location}#{a.id}", "b": f"{b.store.location}#{b.id}", "a_target": a_t, "b_target": b_t,
         "shared_samples": len(keys), "only_a": sum(1 for k in a.keys if k not in b.refs),
-        "only_b": sum(1 for k in b.keys if k not in a.refs), "tokens": tokens, "loss_only": loss_only,
-        "worst_samples": [WorstSample(key=k, rel_l2=r) for r, k in sorted(heap, reverse=True)],
+        "only_b": sum(1 for k in b.keys if k not in a.refs), "tokens": res.tokens, "loss_only": loss_only,
+        "worst_samples": res.worst,
     }
-    dtype = a.record.dtype
+    if plan is not None:
+        report["sampling"] = plan.record
     if c is not None:
-        if len(totals) > 1:
-            floor = layer_reports(use, totals[1], both_bf16(a, c))
-        else:
-            floor = _floor_pass(a, c, use, loss_only, device, threads)
-        reps, text, kind = with_floor(reps, floor, dtype, noise_factor)
-        report.update(floor=f"{c.store.location}#{c.id}", floor_target=floor_t, floor_layers=floor)
+        floor = ests[1] if len(ests) > 1 else _floor_pass(a, c, use, loss_only, device, threads)
+        reps, text, kind = with_floor(ests[0], floor, a.record.dtype, noise_factor, confidence)
+        report.update(floor=f"{c.store.location}#{c.id}", floor_target=floor_t, floor_layers=floor.layers)
     else:
-        reps, text = without_floor(reps, dtype)
-        kind = "no_floor"
+        (reps, text), kind = without_floor(ests[0], a.record.dtype), "no_floor"
     if all(L.bit_exact == 1.0 for L in reps):
         text, kind = "identical: every shared value is bit-exact", "identical"
+        if plan is not None:
+            text = f"identical: every value of the {len(plan.keys)} sampled samples is bit-exact"
     return DiffReport(layers=reps, verdict=text, verdict_kind=kind, seconds=time.perf_counter() - t0, **report)
 
 
+def estimate(layers: list[int], res: PassResult, j: int, plan: SamplePlan | None, ulps: bool) -> Estimate:
+    if plan is None:
+        return full_layers(layers, res.totals[j], ulps)
+    return sampled_layers(layers, res.tables[j], plan.choice, ulps, plan.record.confidence, plan.record.seed)
+
+
 def _floor_pass(a: VariantReader, c: VariantReader, layers: list[int], loss_only: bool, device: str,
-                threads: int | None) -> list[LayerDiff]:
-    totals = Totals(len(layers))
-    for (s,) in sample_sums(a, [c], shared_keys(a, c), layers, loss_only, device, threads):
-        totals.add(s)
-    return layer_reports(layers, totals, both_bf16(a, c))
+                threads: int | None) -> Estimate:
+    res = stream_pass(a, [c], shared_keys(a, c), layers, loss_only, device, threads, keep=False)
+    return full_layers(layers, res.totals[0], both_bf16(a, c))
 
 
 def diff_targets(a_t: str, b_t: str, floor_t: str | None = None, layers: list[int] | None = None,
                  loss_only: bool = False, noise_factor: float = NOISE_FACTOR, device: str = "cpu",
-                 threads: int | None = None) -> dict[str, Any]:
+                 threads: int | None = None, **sampling: Any) -> dict[str, Any]:
     """The ``hsstore diff --json`` report as a plain dict."""
-    return run_diff(a_t, b_t, floor_t, layers, loss_only, noise_factor, device, threads).to_dict()
+    return run_diff(a_t, b_t, floor_t, layers, loss_only, noise_factor, device, threads, **sampling).to_dict()

@@ -1,6 +1,6 @@
 """Divergence statistics between two sets of hidden states: per-sample sums and what is reported.
 
-A sample's ``[T, L, H]`` states reduce (``hsstore.compare.kernel``) to per-token sums; ``summarize``
+A sample's ``[T, H]`` states of each layer reduce (``hsstore.compare.kernel``) to per-token sums; ``summarize``
 turns those into one float64 row of additive sums per layer (``COLUMNS``: tokens, values, sum |d|,
 exact values, |d|², |b|², sum of 1 - cos, ULP buckets), two maxima (``MAXES``) and a fixed log-scale
 histogram of per-token 1 - cos. Every reported statistic is a function of sums over samples
@@ -56,23 +56,23 @@ def one_minus_cos(dd: torch.Tensor, aa: torch.Tensor, bb: torch.Tensor, ad: torc
 
 
 def summarize(key: str, ts: TokenSums, hidden: int) -> SampleSums:
-    """The per-layer sums of one sample from its per-token sums ``[T, L]``."""
-    T, L = ts.dd.shape
-    omc = one_minus_cos(ts.dd, ts.aa, ts.bb, ts.ad)  # [T, L]
+    """The per-layer sums of one sample from its per-token sums ``[L, T]``."""
+    L, T = ts.dd.shape
+    omc = one_minus_cos(ts.dd, ts.aa, ts.bb, ts.ad)  # [L, T]
     cols = torch.zeros((L, len(COLUMNS)), dtype=torch.float64, device=omc.device)
     cols[:, C["tokens"]] = T
     cols[:, C["values"]] = T * hidden
-    cols[:, C["sum_abs"]] = ts.sum_abs.double().sum(0)
-    cols[:, C["exact"]] = T * hidden - ts.differing.double().sum(0)
-    cols[:, C["sq_diff"]] = ts.dd.double().sum(0)
-    cols[:, C["sq_ref"]] = ts.bb.double().sum(0)
-    cols[:, C["cos1m_sum"]] = omc.sum(0)
+    cols[:, C["sum_abs"]] = ts.sum_abs.double().sum(1)
+    cols[:, C["exact"]] = T * hidden - ts.differing.double().sum(1)
+    cols[:, C["sq_diff"]] = ts.dd.double().sum(1)
+    cols[:, C["sq_ref"]] = ts.bb.double().sum(1)
+    cols[:, C["cos1m_sum"]] = omc.sum(1)
     if ts.ulp is not None:  # counts above 0, 1, 2, 4, 8, 16 ULPs -> the buckets of ULP_BUCKETS
         above = torch.cat([ts.ulp, torch.zeros((L, 1), dtype=torch.float64, device=ts.ulp.device)], dim=1)
         below = torch.cat([cols[:, C["values"]:C["values"] + 1], ts.ulp], dim=1)
         cols[:, C["ulp_0"]:] = below - above
-    maxes = torch.stack([ts.max_abs.amax(0).double(), omc.amax(0)], dim=1) if T else torch.zeros((L, 2))
-    bins = torch.bucketize(omc, EDGES.to(omc.device)) + N_BINS * torch.arange(L, device=omc.device)
+    maxes = torch.stack([ts.max_abs.amax(1).double(), omc.amax(1)], dim=1) if T else torch.zeros((L, 2))
+    bins = torch.bucketize(omc, EDGES.to(omc.device)) + N_BINS * torch.arange(L, device=omc.device)[:, None]
     hist = torch.bincount(bins.view(-1), minlength=N_BINS * L).view(L, N_BINS)
     return SampleSums(key, cols.cpu().numpy(), maxes.cpu().numpy(), hist.cpu().numpy())
 

@@ -2,8 +2,8 @@
 
 For each token and layer this reduces the hidden dimension to seven float32 numbers: sum |a-b|,
 max |a-b|, the count of values that differ, |a-b|², |a|², |b|² and a·(a-b) (|a|² derived from the others). Everything the diff
-reports is derived from these per-token sums (``hsstore.compare.divergence``), so the pass over the
-``[T, L, H]`` values is a handful of vectorized torch reductions on blocks that stay in cache, with
+reports is derived from these per-token sums (``hsstore.compare.divergence``), so the pass over a
+sample's ``[T, H]`` values of each layer is a handful of vectorized torch reductions on blocks that stay in cache, with
 no float64 copy of the states and no per-value temporaries beyond one block.
 
 Where float32 is exact enough and where float64 is needed:
@@ -25,6 +25,7 @@ orders of magnitude below that (build health stats flag anything near it).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +41,7 @@ _ULP_STEPS = (0, 1, 2, 4, 8, 16)
 
 @dataclass
 class TokenSums:
-    """Per-token sums over the hidden dimension, each ``[T, L]`` float32 (``differing``: a count),
+    """Per-token sums over the hidden dimension, each ``[L, T]`` float32 (``differing``: a count),
     and for two bf16 variants the counts of values more than 0, 1, 2, 4, 8, 16 ULPs apart per layer
     ``[L, 6]`` float64 (exact integers)."""
 
@@ -65,9 +66,9 @@ def bf16_ordered(bits: torch.Tensor, out: torch.Tensor | None = None,
     return out.sub_(s)
 
 
-def _ulp_counts(a: torch.Tensor, b: torch.Tensor, n_layers: int, ws: Workspace) -> torch.Tensor:
-    """``[L, 6]`` counts of value pairs more than 0, 1, 2, 4, 8 and 16 ULPs apart, of two bf16 blocks
-    of rows ``[r, H]`` (row j belongs to layer j % L).
+def _ulp_counts(a: torch.Tensor, b: torch.Tensor, ws: Workspace) -> torch.Tensor:
+    """``[6]`` counts of value pairs more than 0, 1, 2, 4, 8 and 16 ULPs apart, of two bf16 blocks
+    ``[r, H]``.
 
     Float sums instead of a histogram (torch's bincount is ~50x slower per value): with e = ULP
     distance - 1 clamped to [-1, 16], the count above t is sum(clamp(e, t-1, t)) - (t-1)·n, exact in
@@ -84,7 +85,7 @@ def _ulp_counts(a: torch.Tensor, b: torch.Tensor, n_layers: int, ws: Workspace) 
     for k, t in enumerate(_ULP_STEPS):
         torch.sum(torch.clamp(f, t - 1, t, out=s), dim=1, out=above[k])
         above[k] -= (t - 1) * H
-    return above.view(len(_ULP_STEPS), r // n_layers, n_layers).double().sum(1).T
+    return above.double().sum(1)
 
 
 class Workspace:
@@ -110,24 +111,24 @@ def _as_f32(x: torch.Tensor, ws: Workspace, name: str) -> torch.Tensor:
     return out
 
 
-def token_sums(a: torch.Tensor, b: torch.Tensor, ws: Workspace, ulps: bool = False) -> TokenSums:
-    """Per-token sums of one sample's states ``a``, ``b`` ``[T, L, H]`` (B is the reference)."""
-    if a.shape != b.shape:
-        raise ValueError(f"states of shape {tuple(a.shape)} and {tuple(b.shape)} cannot be compared")
-    T, L, H = a.shape
-    a, b = a.to(ws.device, non_blocking=True), b.to(ws.device, non_blocking=True)
-    a2, b2 = a.reshape(T * L, H), b.reshape(T * L, H)
-    out = torch.empty((7, T * L), dtype=torch.float32, device=ws.device)
+def token_sums(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], ws: Workspace,
+               ulps: bool = False) -> TokenSums:
+    """Per-token sums of one sample's states: ``a``, ``b`` hold one ``[T, H]`` tensor per layer
+    (B is the reference)."""
+    L = len(a)
+    T, H = a[0].shape
+    out = torch.empty((7, L, T), dtype=torch.float32, device=ws.device)
     ulp = torch.zeros((L, len(_ULP_STEPS)), dtype=torch.float64, device=ws.device) if ulps else None
-    block = BLOCK_VALUES if ws.device.type == "cpu" else GPU_BLOCK_VALUES
-    step = max(1, block // (L * H)) * L  # whole tokens per block
-    for r0 in range(0, T * L, step):
-        r1 = min(T * L, r0 + step)
-        _block(a2[r0:r1], b2[r0:r1], out[:, r0:r1], ws)
-        if ulp is not None:
-            ulp += _ulp_counts(a2[r0:r1], b2[r0:r1], L, ws)
-    o = out.view(7, T, L)
-    return TokenSums(o[0], o[1], o[2], o[3], o[4], o[5], o[6], ulp)
+    step = max(1, (BLOCK_VALUES if ws.device.type == "cpu" else GPU_BLOCK_VALUES) // H)  # tokens per block
+    for j, (x, y) in enumerate(zip(a, b)):
+        if x.shape != y.shape or x.shape != (T, H):
+            raise ValueError(f"states of shape {tuple(x.shape)} and {tuple(y.shape)} cannot be compared")
+        x, y = x.to(ws.device, non_blocking=True), y.to(ws.device, non_blocking=True)
+        for r0 in range(0, T, step):
+            _block(x[r0 : r0 + step], y[r0 : r0 + step], out[:, j, r0 : r0 + step], ws)
+            if ulp is not None:
+                ulp[j] += _ulp_counts(x[r0 : r0 + step], y[r0 : r0 + step], ws)
+    return TokenSums(out[0], out[1], out[2], out[3], out[4], out[5], out[6], ulp)
 
 
 def _block(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, ws: Workspace) -> None:

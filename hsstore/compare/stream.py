@@ -59,20 +59,21 @@ def _sample_bytes(readers: Sequence[VariantReader], length: int, n_layers: int) 
 
 
 def map_samples(readers: Sequence[VariantReader], keys: Sequence[str], layers: list[int],
-                fn: Callable[[str, list[torch.Tensor]], R], loss_only: bool = False,
+                fn: Callable[[str, list[list[torch.Tensor]]], R], loss_only: bool = False,
                 threads: int | None = None, budget_bytes: int | None = None) -> Iterator[R]:
-    """``fn(key, [states [T, L, H] of each reader])`` for every key, in order; T counts the first
-    reader's loss-masked tokens only when ``loss_only``. Reading and ``fn`` run on worker threads."""
+    """``fn(key, [[states [T, H] of each layer] of each reader])`` for every key, in order; T counts the
+    first reader's loss-masked tokens only when ``loss_only``. Reading and ``fn`` run on worker threads,
+    each reading its sample's layers one after the other (no nested pools: one thread per core)."""
     threads = threads or cpu_threads()
     budget = budget_bytes or BYTES_PER_THREAD * threads
     window = 2 * threads
 
     def task(key: str) -> R:
-        states = [r.read_stacked(r.refs[key], layers) for r in readers]
+        states = [r.read_layers(r.refs[key], layers) for r in readers]
         if loss_only:
             _, mask = readers[0].read_tokens(readers[0].refs[key])
             sel = torch.from_numpy(mask.astype(np.bool_))
-            states = [s[sel] for s in states]
+            states = [[t[sel] for t in per_layer] for per_layer in states]
         return fn(key, states)
 
     pending: deque[tuple[Future[R], int]] = deque()

@@ -1,0 +1,61 @@
+"""Human-readable text of a ``diff`` report (the JSON is the data; this is only its rendering)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _value(v: Any) -> str:
+    text = repr(v) if not isinstance(v, str) else v
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def provenance_lines(r: dict[str, Any]) -> list[str]:
+    """The provenance fields in which A, B (and C) differ, numeric ones first."""
+    diffs = r.get("provenance_differences") or []
+    if not diffs:
+        return ["provenance: A and B agree on every recorded field"]
+    floor = any("c" in d for d in diffs)
+    lines = ["provenance differences (A | B" + (" | C" if floor else "") + "):"]
+    for d in sorted(diffs, key=lambda d: (d.get("informational", False), d["field"])):
+        cols = [_value(d.get("a")), _value(d.get("b"))] + ([_value(d.get("c", "-"))] if floor else [])
+        note = "  (informational)" if d.get("informational") else ""
+        lines.append(f"  {d['field']}: " + " | ".join(cols) + note)
+    return lines
+
+
+def _ci(L: dict[str, Any], name: str, fmt: str) -> str:
+    lo, hi = L.get("ci", {}).get(name, (None, None))
+    return "" if lo is None else f" [{lo:{fmt}}, {hi:{fmt}}]"
+
+
+def diff_text(r: dict[str, Any]) -> str:
+    lines = [f"A: {r.get('a_target') or r['a']}  ({r['a']})", f"B: {r.get('b_target') or r['b']}  ({r['b']})"]
+    if r.get("floor"):
+        lines.append(f"C (floor): {r.get('floor_target') or r['floor']}  ({r['floor']})")
+    lines += provenance_lines(r)
+    s = r.get("sampling")
+    if s:
+        lines.append(f"SAMPLED: {s['samples']:,} of {s['population']:,} shared samples ({s['fraction']:.2%}, seed "
+                     f"{s['seed']}, {s['strata']} length strata); [lo, hi] = {s['confidence']:.0%} intervals")
+    lines.append(f"shared samples {r['shared_samples']:,} ({r['tokens']:,} tokens compared), only in A "
+                 f"{r['only_a']:,}, only in B {r['only_b']:,}")
+    head = " layer   mean_abs    max_abs    rel_l2  cos_mean   cos_min   cos_p01  bit_exact"
+    head += "  floor_x" if r.get("floor") else ""
+    lines.append(head)
+    for L in r["layers"]:
+        row = (f"{L['layer']:6d} {L['mean_abs']:10.3e} {L['max_abs']:10.3e} {L['rel_l2']:9.3e} {L['cos_mean']:9.6f} "
+               f"{L['cos_min']:9.6f} {L['cos_p01']:9.6f} {L['bit_exact']:10.4f}")
+        if r.get("floor"):
+            row += f"  {L['floor_ratio']:7.2f}" if L.get("floor_ratio") is not None else "        -"
+        lines.append(row)
+        if L.get("ci"):
+            lines.append(f"        rel_l2{_ci(L, 'rel_l2', '.3e')}" + (f"  floor_x{_ci(L, 'floor_ratio', '.2f')}"
+                                                                      if "floor_ratio" in L["ci"] else ""))
+        if L.get("verdict"):
+            lines.append(f"        {L['verdict']}")
+    if r.get("worst_samples"):
+        lines.append("worst samples (rel-L2 at the deepest layer): " +
+                     ", ".join(f"{w['key'][:12]}… {w['rel_l2']:.2e}" for w in r["worst_samples"][:5]))
+    lines.append(f"verdict: {r['verdict']}")
+    return "\n".join(lines)

@@ -1,0 +1,182 @@
+"""Sampled diffs: a seeded choice of shared samples stratified by length, and confidence intervals.
+
+Choice: the shared samples sorted by (length, key) are cut into strata of equal count; each stratum
+gets its proportional share of the n samples (at least 2, so its variance can be estimated) drawn
+without replacement by ``numpy.random.default_rng(seed)``. The same keys and seed give the same choice.
+
+Estimates: every reported statistic is a function of per-sample sums (``divergence``), so the point
+estimate weights each chosen sample by N_h / n_h (its stratum's population over its sample count) —
+a stratified ratio estimator (e.g. rel-L2 = sqrt(sum w·|d|² / sum w·|b|²)).
+
+Intervals: Rao-Wu rescaling bootstrap over samples within strata (``BOOTSTRAP`` replicates, percentile
+intervals). Why a bootstrap rather than the delta method: the statistics are nonlinear (a square root
+of a ratio; the floor ratio is a ratio of two such, computed on the same samples; the 1st percentile of
+cosine is a quantile), per-sample contributions are heavy-tailed (one long or broken sample can carry a
+layer), and resampling whole samples keeps the strong correlation of tokens within a sample. Rao-Wu
+draws n_h - 1 of n_h with replacement and rescales, which keeps the variance right for small strata and
+applies the finite-population correction (an interval shrinks to the point as the fraction nears 1).
+Maxima (max |d|, min cosine) have no interval: the sampled value bounds the store's from one side.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from statistics import NormalDist
+
+from hsstore.compare.divergence import C, COLUMNS, N_BINS, SampleSums, cos_p01
+
+BOOTSTRAP = 1000
+MAX_STRATA = 10
+MIN_PER_STRATUM = 5  # samples per stratum: fewer leave its variance estimate too coarse to trust
+CHUNK = 512  # samples per dense histogram block in the bootstrap
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Chosen samples (indices into the shared keys, in their order), their weights and strata."""
+
+    indices: np.ndarray
+    weights: np.ndarray  # N_h / n_h of each chosen sample
+    strata: np.ndarray  # stratum of each chosen sample
+    population: np.ndarray  # N_h
+    sampled: np.ndarray  # n_h
+
+
+def sample_count(population: int, samples: int | None, fraction: float | None) -> int:
+    n = samples if samples is not None else math.ceil((fraction or 1.0) * population)
+    return max(1, min(population, n))
+
+
+def choose(lengths: Sequence[int], keys: Sequence[str], n: int, seed: int) -> Choice:
+    """A seeded, length-stratified choice of ``n`` of the samples."""
+    N = len(lengths)
+    order = sorted(range(N), key=lambda i: (lengths[i], keys[i]))
+    n_strata = max(1, min(MAX_STRATA, n // MIN_PER_STRATUM))
+    bounds = [round(h * N / n_strata) for h in range(n_strata + 1)]
+    pops = np.diff(bounds)
+    alloc = _allocate(pops, n)
+    rng = np.random.default_rng(seed)
+    idx, w, st = [], [], []
+    for h in range(n_strata):
+        members = order[bounds[h] : bounds[h + 1]]
+        picked = rng.choice(len(members), size=alloc[h], replace=False)
+        idx += [members[int(p)] for p in picked]
+        w += [pops[h] / alloc[h]] * int(alloc[h])
+        st += [h] * int(alloc[h])
+    o = np.argsort(idx, kind="stable")
+    return Choice(np.asarray(idx)[o], np.asarray(w, dtype=float)[o], np.asarray(st)[o], pops, alloc)
+
+
+def _allocate(pops: np.ndarray, n: int) -> np.ndarray:
+    """Proportional allocation of ``n`` over strata of ``pops``, at least min(2, N_h) each."""
+    share = pops * n / pops.sum()
+    alloc = np.minimum(pops, np.maximum(np.minimum(2, pops), np.floor(share))).astype(int)
+    while alloc.sum() < n:  # largest remainders first, never above a stratum's population
+        room = np.where(alloc < pops, share - alloc, -np.inf)
+        alloc[int(np.argmax(room))] += 1
+    while alloc.sum() > n:
+        room = np.where(alloc > np.minimum(2, pops), alloc - share, -np.inf)
+        alloc[int(np.argmax(room))] -= 1
+    return alloc
+
+
+def replicate_weights(choice: Choice, replicates: int, seed: int) -> np.ndarray:
+    """Rao-Wu rescaled bootstrap weights ``[replicates, n]`` (each row: one replicate's weights)."""
+    rng = np.random.default_rng([seed, 1])
+    out = np.tile(choice.weights, (replicates, 1))
+    for h, (N_h, n_h) in enumerate(zip(choice.population, choice.sampled)):
+        if n_h < 2:
+            continue  # a stratum of one sample carries no variance estimate: held fixed
+        cols = np.flatnonzero(choice.strata == h)
+        m = n_h - 1
+        lam = math.sqrt(m * (1 - n_h / N_h) / (n_h - 1))
+        draws = rng.integers(0, n_h, size=(replicates, m))
+        counts = np.zeros((replicates, n_h))
+        np.add.at(counts, (np.arange(replicates)[:, None], draws), 1)
+        out[:, cols] *= 1 - lam + lam * (n_h / m) * counts
+    return out
+
+
+class SampleTable:
+    """Per-sample sums of the chosen samples (sums dense, histograms sparse: O(samples) memory)."""
+
+    def __init__(self) -> None:
+        self.sums: list[np.ndarray] = []
+        self.hists: list[list[tuple[np.ndarray, np.ndarray]]] = []
+        self.maxes: list[np.ndarray] = []
+
+    def add(self, s: SampleSums) -> None:
+        self.sums.append(s.sums)
+        self.maxes.append(s.maxes)
+        self.hists.append([(np.flatnonzero(h), h[h > 0]) for h in s.hist])
+
+    def weighted(self, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Sums ``[R, L, K]`` and histograms ``[R, L, N_BINS]`` under ``weights [R, n]``."""
+        sums = np.einsum("rn,nlk->rlk", weights, np.stack(self.sums))
+        n_layers = self.sums[0].shape[0]
+        hist = np.zeros((weights.shape[0], n_layers, N_BINS))
+        for c0 in range(0, len(self.hists), CHUNK):
+            block = np.zeros((min(CHUNK, len(self.hists) - c0), n_layers, N_BINS))
+            for i, layers in enumerate(self.hists[c0 : c0 + CHUNK]):
+                for j, (bins, counts) in enumerate(layers):
+                    block[i, j, bins] = counts
+            hist += np.einsum("rn,nlb->rlb", weights[:, c0 : c0 + CHUNK], block)
+        return sums, hist
+
+
+def ratio_stats(sums: np.ndarray, hist: np.ndarray) -> dict[str, np.ndarray]:
+    """The interval-bearing statistics from weighted sums ``[..., K]`` and histograms ``[..., N_BINS]``."""
+    s = {name: sums[..., i] for name, i in C.items()}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = {
+            "mean_abs": s["sum_abs"] / s["values"],
+            "rel_l2": np.sqrt(s["sq_diff"] / s["sq_ref"]),
+            "cos_mean": 1.0 - s["cos1m_sum"] / s["tokens"],
+            "bit_exact": s["exact"] / s["values"],
+        }
+    flat_h, flat_t = hist.reshape(-1, hist.shape[-1]), s["tokens"].reshape(-1)
+    out["cos_p01"] = np.array([cos_p01(h, t) for h, t in zip(flat_h, flat_t)]).reshape(s["tokens"].shape)
+    return out
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Student-t quantile (Cornish-Fisher expansion, Abramowitz & Stegun 26.7.5; ~1e-3 for df >= 3)."""
+    z = NormalDist().inv_cdf(p)
+    df = max(df, 1.0)
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+    return z + g1 / df + g2 / df**2 + g3 / df**3
+
+
+def interval(point: float, replicates: np.ndarray, confidence: float, df: float) -> tuple[float, float]:
+    """``point`` +- t(df) x the bootstrap standard error, on a log scale for positive statistics
+    (rel-L2 and friends are ratios: skewed, bounded below by 0). Percentile intervals of a bootstrap
+    under-cover with few samples (90% for a nominal 95% at 10-20 samples in tests); the t quantile
+    with df = samples - strata widens them as the sample shrinks."""
+    v = replicates[np.isfinite(replicates)]
+    if v.size < 2 or not math.isfinite(point):
+        return (point, point)
+    t = t_quantile((1 + confidence) / 2, df)
+    if point > 0 and np.all(v > 0):
+        se = float(np.std(np.log(v), ddof=1))
+        return (point * math.exp(-t * se), point * math.exp(t * se))
+    se = float(np.std(v, ddof=1))
+    return (point - t * se, point + t * se)
+
+
+def percentile_interval(replicates: np.ndarray, confidence: float) -> tuple[float, float]:
+    """Percentile interval (for a quantile such as the 1st percentile of cosine, read from bins)."""
+    v = replicates[np.isfinite(replicates)]
+    if v.size == 0:
+        return (math.nan, math.nan)
+    lo, hi = np.quantile(v, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return (float(lo), float(hi))
+
+
+__all__ = ["BOOTSTRAP", "COLUMNS", "Choice", "SampleTable", "choose", "interval", "percentile_interval",
+           "ratio_stats", "replicate_weights", "sample_count", "t_quantile"]
