@@ -1,0 +1,162 @@
+"""FP8 storage precision: hidden states as float8 e4m3 codes with one power-of-two float32 scale per
+token (per layer, or per block of channels), quantized and dequantized by pure tensor math.
+
+Why these choices (measured in docs/benchmarks.md, "FP8 storage: which scale"):
+- e4m3 (3 mantissa bits) rather than e5m2: a scale per token removes the need for e5m2's range, and
+  e4m3 rounds half as coarsely.
+- One scale per token and layer: its cost is 4 bytes per token and layer (0.08 % at hidden 5120) and
+  it keeps each layer's own range; one scale over all layers together (speculators' anchor) lets a
+  large layer push a small one's values into e4m3's subnormals.
+- Scales are powers of two (``amax / scale`` in [224, 448)): dividing by one is exact, so a value is
+  rounded exactly once (to the e4m3 grid), and dequantizing is exact in bf16 (an e4m3 value times a
+  power of two is a bf16 value). The same codes and the same bf16 values come out on any device.
+  Where the scale were ``amax / 448`` exactly, the error would not change measurably (e4m3 is a
+  floating-point format: the scale only moves where subnormals start).
+
+Non-finite inputs: a row's scale is taken over its finite values; NaN and +-Inf are stored as NaN
+(e4m3 "fn" has no infinity). Health checks refuse such states before they are stored unless asked not to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+PRECISIONS = ("fp8-e4m3",)
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+NAN_CODE = 0x7F
+SCALE_SCHEME = "per-token-pow2"  # what provenance records as environment.storage.scale
+
+
+def parse_precision(name: str) -> str:
+    if name not in PRECISIONS:
+        raise ValueError(f"unknown storage precision {name!r}; choose one of {', '.join(PRECISIONS)}")
+    return name
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """FP8 states: ``codes`` uint8 ``[T, H]`` (e4m3 bit patterns) and ``scales`` float32 ``[T, G]``
+    (one per token and block of ``H // G`` channels); value = e4m3(code) * scale."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)  # type: ignore[return-value]
+
+    @property
+    def fp8(self) -> torch.Tensor:
+        """The codes as a ``torch.float8_e4m3fn`` view (no copy)."""
+        return self.codes.view(FP8)
+
+
+def pow2_scales(amax: torch.Tensor) -> torch.Tensor:
+    """The power of two ``s`` with ``amax / s`` in [224, 448) for each (finite, >= 0) ``amax``; 1 for 0."""
+    _, exp = torch.frexp(amax.float() / FP8_MAX)
+    return torch.ldexp(torch.ones_like(amax, dtype=torch.float32), exp)
+
+
+def _row_amax(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(amax over finite values per block, mask of non-finite values or None if there are none).
+    On a GPU nothing syncs with the host: the mask is always built."""
+    mag = blocks.abs()
+    amax = mag.amax(dim=-1)
+    if blocks.device.type == "cpu" and bool(torch.isfinite(amax).all()):
+        return amax, None
+    finite = torch.isfinite(mag)
+    return torch.where(finite, mag, 0).amax(dim=-1), ~finite
+
+
+def quantize(x: torch.Tensor, block: int | None = None) -> Quantized:
+    """``x`` ``[T, H]`` (any float dtype, any device) as e4m3 codes with power-of-two scales, one per
+    token and ``block`` channels (default: the whole row). Runs where ``x`` is, without a host sync on GPUs."""
+    if x.dim() != 2:
+        raise ValueError(f"quantize takes [tokens, hidden] states, got shape {tuple(x.shape)}")
+    T, H = x.shape
+    b = H if block is None else int(block)
+    if b <= 0 or H % b:
+        raise ValueError(f"block {block} does not divide hidden size {H}")
+    blocks = x.detach().reshape(T, H // b, b)  # (tokens, blocks per token, channels per block)
+    amax, bad = _row_amax(blocks)
+    scales = pow2_scales(amax)  # (tokens, blocks)
+    codes = (blocks.float() / scales[..., None]).to(FP8).view(torch.uint8)
+    if bad is not None:
+        codes = torch.where(bad, NAN_CODE, codes)
+    return Quantized(codes.reshape(T, H), scales)
+
+
+def dequantize(q: Quantized, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """The states ``[T, H]`` in ``dtype``, exact for bf16/fp32 (any device; on the CPU, bf16 output
+    takes the table-driven path, ~10x faster than torch's float8 conversion)."""
+    codes, scales = q.codes, q.scales
+    if codes.device.type == "cpu" and dtype == torch.bfloat16:
+        bits = dequantize_bf16_bits(codes.numpy(), scales.numpy())
+        return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+    T, H = codes.shape
+    G = scales.shape[-1]
+    vals = codes.view(FP8).reshape(T, G, H // G).float() * scales[..., None]
+    return vals.reshape(T, H).to(dtype)
+
+
+# ---- CPU dequantization to bf16: one table lookup per pair of codes --------------------------------
+# torch converts float8 to bf16 on the CPU one value at a time (~0.1 GB/s here). An e4m3 code times
+# 2**k is a bf16 value, so a table per k maps two codes (a uint16) to their two bf16 bit patterns (a
+# uint32): one numpy ``take`` per distinct k, GIL released, ~1.5 GB/s of bf16 per core.
+_E4M3_F32 = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(FP8).float()
+_PAIR_TABLES: dict[int, np.ndarray] = {}
+_SINGLE_TABLES: dict[int, np.ndarray] = {}
+
+
+def _single_table(k: int) -> np.ndarray:
+    t = _SINGLE_TABLES.get(k)
+    if t is None:
+        vals = (_E4M3_F32.double() * 2.0**k).to(torch.bfloat16)
+        t = _SINGLE_TABLES[k] = vals.view(torch.int16).numpy().view(np.uint16).copy()
+    return t
+
+
+def _pair_table(k: int) -> np.ndarray:
+    t = _PAIR_TABLES.get(k)
+    if t is None:
+        one = _single_table(k).astype(np.uint32)
+        pairs = np.arange(1 << 16, dtype=np.uint32)
+        # little-endian: the first code of a pair is the low byte and its bf16 the low half
+        t = _PAIR_TABLES[k] = one[pairs & 0xFF] | (one[pairs >> 8] << 16)
+    return t
+
+
+def scale_exponents(scales: np.ndarray) -> np.ndarray:
+    """k with ``scales == 2**k`` (int32); raises ValueError if a scale is not a positive power of two."""
+    mant, exp = np.frexp(scales.astype(np.float32, copy=False))
+    if not np.all(mant == 0.5):
+        raise ValueError("FP8 scales must be positive powers of two")
+    return (exp - 1).astype(np.int32)
+
+
+def dequantize_bf16_bits(codes: np.ndarray, scales: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """bf16 bit patterns (uint16, shape of ``codes``) of e4m3 ``codes`` (uint8 ``[..., H]``) times
+    ``scales`` (``[..., G]``, powers of two, one per block of ``H // G`` codes). Exact."""
+    H, G = codes.shape[-1], scales.shape[-1]
+    b = H // G
+    rows = np.ascontiguousarray(codes).reshape(-1, b)  # one row per scale
+    ks = scale_exponents(scales).reshape(-1)
+    if out is None:
+        out = np.empty(codes.shape, dtype=np.uint16)
+    dest = out.reshape(-1, b)
+    paired = b % 2 == 0
+    src = rows.view(np.uint16) if paired else rows
+    dst = dest.view(np.uint32) if paired else dest
+    table = _pair_table if paired else _single_table
+    uniq = np.unique(ks)
+    if len(uniq) == 1:
+        np.take(table(int(uniq[0])), src, out=dst)
+        return out
+    for k in uniq:
+        sel = np.flatnonzero(ks == k)
+        dst[sel] = np.take(table(int(k)), src[sel])
+    return out

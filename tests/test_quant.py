@@ -1,0 +1,149 @@
+"""FP8 quantization (hsstore.core.quant) and its error statistics (hsstore.core.quant_error): round-trip
+bounds, exactness of dequantization, the fast CPU path against torch, edge values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from hsstore.core import quant, quant_error
+
+# e4m3 has 3 mantissa bits: round to nearest is within half a step, 2**-4 of the value, for normal values
+HALF_STEP = 2.0**-4
+
+
+def residual_like(T: int = 64, H: int = 256, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    channel = torch.exp(torch.randn(H, generator=g) * 1.5)  # per-channel scales, like a residual stream
+    token = torch.exp(torch.randn(T, 1, generator=g))
+    return (torch.randn(T, H, generator=g) * channel * token).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_round_trip_error_is_within_half_an_e4m3_step_of_each_normal_value(dtype: torch.dtype) -> None:
+    x = residual_like(dtype=dtype)
+    q = quant.quantize(x)
+    assert q.codes.dtype == torch.uint8 and q.codes.shape == x.shape and q.scales.shape == (x.shape[0], 1)
+    y = quant.dequantize(q, torch.float32)
+    xf = x.float()
+    # values whose scaled magnitude is an e4m3 normal (>= 2**-6) are rounded relatively; the rest absolutely
+    normal = xf.abs() / q.scales >= 2.0**-6
+    rel = ((y - xf).abs() / xf.abs())[normal]
+    assert rel.max() <= HALF_STEP
+    tiny_err = (y - xf).abs()[~normal] / q.scales.expand_as(xf)[~normal]
+    assert tiny_err.numel() == 0 or tiny_err.max() <= 2.0**-10  # half of e4m3's subnormal step
+    s = quant_error.summary(quant_error.from_error_tensor(quant_error.error_tensor(xf, y).tolist()))
+    assert 0.005 < s["rel_l2"] < 0.04 and s["cos_min"] > 0.999
+
+
+def test_scales_are_powers_of_two_that_put_the_row_maximum_in_the_top_binade() -> None:
+    x = residual_like()
+    q = quant.quantize(x)
+    mant, _ = torch.frexp(q.scales)
+    assert torch.all(mant == 0.5)
+    top = x.abs().amax(dim=1, keepdim=True) / q.scales
+    assert torch.all((top >= 224) & (top < 448))
+
+
+def test_dequantized_bf16_is_exact_and_the_cpu_table_path_equals_torch() -> None:
+    x = residual_like(T=100, H=96, dtype=torch.bfloat16)
+    q = quant.quantize(x)
+    fast = quant.dequantize(q, torch.bfloat16)  # the CPU table path
+    slow = (q.fp8.float() * q.scales).to(torch.bfloat16)
+    assert torch.equal(fast.view(torch.int16), slow.view(torch.int16))
+    # exact: the bf16 values equal the fp32 products (no rounding on the way back)
+    assert torch.equal(fast.float(), q.fp8.float() * q.scales)
+
+
+@pytest.mark.parametrize("H,block", [(96, None), (96, 32), (95, None), (9, 3)])
+def test_table_path_handles_blocks_and_odd_widths(H: int, block: int | None) -> None:
+    x = residual_like(T=37, H=H, seed=3)
+    q = quant.quantize(x, block=block)
+    assert q.scales.shape == (37, H // (block or H))
+    bits = quant.dequantize_bf16_bits(q.codes.numpy(), q.scales.numpy())
+    G = q.scales.shape[1]
+    want = (q.fp8.float().reshape(37, G, -1) * q.scales[..., None]).reshape(37, H).to(torch.bfloat16)
+    assert np.array_equal(bits, want.view(torch.int16).numpy().view(np.uint16))
+
+
+def test_stacked_layers_dequantize_in_one_call() -> None:
+    xs = [residual_like(T=20, H=64, seed=s) for s in range(3)]
+    qs = [quant.quantize(x) for x in xs]
+    codes = np.stack([q.codes.numpy() for q in qs], axis=1)  # [T, n_layers, H]
+    scales = np.stack([q.scales.numpy() for q in qs], axis=1)  # [T, n_layers, 1]
+    bits = quant.dequantize_bf16_bits(codes, scales)
+    for j, q in enumerate(qs):
+        assert np.array_equal(bits[:, j], quant.dequantize(q).view(torch.int16).numpy().view(np.uint16))
+
+
+def test_zero_rows_and_exact_zeros_stay_zero() -> None:
+    x = residual_like(T=4, H=32)
+    x[1] = 0.0
+    x[2, 5] = 0.0
+    q = quant.quantize(x)
+    assert q.scales[1, 0] == 1.0
+    y = quant.dequantize(q)
+    assert torch.all(y[1] == 0) and y[2, 5] == 0
+
+
+def test_non_finite_values_become_nan_and_do_not_spoil_the_row_scale() -> None:
+    x = residual_like(T=3, H=16)
+    x[0, 3], x[1, 4], x[1, 5] = float("nan"), float("inf"), -float("inf")
+    q = quant.quantize(x)
+    y = quant.dequantize(q, torch.float32)
+    assert torch.isnan(y[0, 3]) and torch.isnan(y[1, 4]) and torch.isnan(y[1, 5])
+    finite = torch.isfinite(x)
+    assert torch.isfinite(q.scales).all()
+    rel = ((y - x).abs() / x.abs())[finite & (x.abs() / q.scales >= 2.0**-6)]
+    assert rel.max() <= HALF_STEP
+
+
+def test_quantization_is_deterministic_and_the_same_from_bf16_or_its_fp32_copy() -> None:
+    x = residual_like(dtype=torch.bfloat16)
+    a, b = quant.quantize(x), quant.quantize(x.float())
+    assert torch.equal(a.codes, b.codes) and torch.equal(a.scales, b.scales)
+
+
+def test_scales_that_are_not_powers_of_two_are_refused() -> None:
+    codes = np.zeros((2, 4), np.uint8)
+    with pytest.raises(ValueError, match="powers of two"):
+        quant.dequantize_bf16_bits(codes, np.array([[1.0], [0.3]], np.float32))
+    with pytest.raises(ValueError, match="powers of two"):
+        quant.dequantize_bf16_bits(codes, np.array([[1.0], [0.0]], np.float32))
+
+
+def test_bad_shapes_and_precisions_are_refused() -> None:
+    with pytest.raises(ValueError, match="does not divide"):
+        quant.quantize(torch.ones(2, 10), block=3)
+    with pytest.raises(ValueError, match=r"\[tokens, hidden\]"):
+        quant.quantize(torch.ones(2, 3, 4))
+    with pytest.raises(ValueError, match="fp8-e4m3"):
+        quant.parse_precision("fp4")
+
+
+def test_error_records_add_up_to_the_error_of_the_whole() -> None:
+    x = residual_like(T=50, H=64)
+    y = quant.dequantize(quant.quantize(x), torch.float32)
+    whole = quant_error.summary(quant_error.from_error_tensor(quant_error.error_tensor(x, y).tolist()))
+    parts = [quant_error.from_error_tensor(quant_error.error_tensor(x[a:b], y[a:b]).tolist())
+             for a, b in [(0, 7), (7, 31), (31, 50)]]
+    merged = quant_error.summary(quant_error.merge(parts))
+    assert merged["tokens"] == 50
+    for k in ("rel_l2", "cos_mean", "cos_min", "max_abs"):
+        assert math.isclose(merged[k], whole[k], rel_tol=1e-6), k
+    direct = float(torch.linalg.vector_norm(y - x) / torch.linalg.vector_norm(x))
+    assert math.isclose(whole["rel_l2"], direct, rel_tol=1e-5)
+
+
+def test_error_of_identical_and_of_zero_states() -> None:
+    x = residual_like(T=5, H=8)
+    same = quant_error.summary(quant_error.from_error_tensor(quant_error.error_tensor(x, x).tolist()))
+    assert same["rel_l2"] == 0 and same["cos_min"] == pytest.approx(1.0) and same["max_abs"] == 0
+    z = torch.zeros(3, 8)
+    zero = quant_error.summary(quant_error.from_error_tensor(quant_error.error_tensor(z, z).tolist()))
+    assert zero["rel_l2"] == 0 and zero["cos_mean"] == 1.0
+    empty = quant_error.from_error_tensor(quant_error.error_tensor(z[:0], z[:0]).tolist())
+    assert empty["tokens"] == 0
