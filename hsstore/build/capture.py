@@ -83,9 +83,11 @@ class LayerCapture:
             h.remove()
 
 
-def pad_batch(seqs: Sequence[torch.Tensor], pad_id: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ``input_ids [B, T]`` and ``attention_mask [B, T]`` (1 = real token)."""
-    width = max(int(s.shape[0]) for s in seqs)
+def pad_batch(seqs: Sequence[torch.Tensor], pad_id: int, device: str,
+              width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids [B, T]`` and ``attention_mask [B, T]`` (1 = real token); ``T`` is the
+    longest sequence, or ``width`` if given (at least the longest: batching.padded_length)."""
+    width = max([int(s.shape[0]) for s in seqs] + [int(width or 0)])
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for b, s in enumerate(seqs):

@@ -16,6 +16,9 @@ import torch
 
 from hsstore.build.capture import LayerCapture, pad_batch
 from hsstore.build.progress import Progress
+from hsstore.core.batching import padded_length
+from hsstore.core.quant import Quantized, dequantize, quantize
+from hsstore.core.quant_error import error_tensor
 from hsstore.storage.stats import stats_tensor
 
 
@@ -128,13 +131,14 @@ class BackgroundWriter:
             if item is None:
                 self.q.task_done()
                 return
-            samples, states, events, bufs, health = item
+            samples, states, events, bufs, health, quant_error = item
             try:
                 if self.error is None:
                     for event in events:
                         event.synchronize()  # the async device-to-host copies have landed
                     t0 = time.time()
-                    commit = self.writer.write(samples, states, health=health)
+                    extra = {} if quant_error is None else {"quant_error": quant_error}
+                    commit = self.writer.write(samples, states, health=health, **extra)
                     with self.stats_lock:
                         self.write_seconds += time.time() - t0
                         if commit is not None:
@@ -147,10 +151,11 @@ class BackgroundWriter:
                     self.pool.give(b)
                 self.q.task_done()
 
-    def put(self, samples: list, states: dict, events: list, bufs: list, health: Any = None) -> None:
+    def put(self, samples: list, states: dict, events: list, bufs: list, health: Any = None,
+            quant_error: Any = None) -> None:
         if self.error is not None:
             raise self.error
-        self.q.put((samples, states, events, bufs, health))
+        self.q.put((samples, states, events, bufs, health, quant_error))
 
     def close(self) -> None:
         if not self.closed:
@@ -163,52 +168,89 @@ class BackgroundWriter:
             raise self.error
 
 
+def unit_payload(states: dict[int, torch.Tensor], lengths: list[int], precision: str | None,
+                 on_gpu: bool) -> tuple[dict[int, Any], dict[int, torch.Tensor] | None, dict[int, torch.Tensor] | None]:
+    """What a unit's writer gets, computed where the states are (on a GPU: no host sync): the states
+    (as computed, or quantized to ``precision``), their health statistics (of the states as computed;
+    None on the CPU as computed: the writer computes them) and, when quantized, the storage error
+    (``quant_error.error_tensor`` per layer)."""
+    health = {i: stats_tensor(t, lengths) for i, t in states.items()} if (on_gpu or precision) else None
+    if not precision:
+        return states, health, None
+    out, err = {}, {}
+    for i, t in states.items():
+        q = quantize(t)
+        err[i] = error_tensor(t, dequantize(q, torch.float32))
+        out[i] = q
+    return out, health, err
+
+
+def copy_to_host(states: dict[int, Any], pool: PinnedPool) -> tuple[dict[int, Any], list, list]:
+    """Asynchronous device-to-host copies of a unit's states (tensors or Quantized) into pinned
+    buffers from ``pool``. Returns (host states, the buffers to give back, one event per GPU)."""
+    bufs: list = []
+
+    def host(t: torch.Tensor) -> torch.Tensor:
+        nbytes = t.numel() * t.element_size()
+        buf = pool.take(nbytes)
+        bufs.append(buf)
+        h = buf[:nbytes].view(t.dtype).view(t.shape)
+        h.copy_(t, non_blocking=True)
+        return h
+
+    out: dict[int, Any] = {}
+    devices = set()
+    for i, t in states.items():
+        if isinstance(t, Quantized):
+            out[i] = Quantized(host(t.codes), host(t.scales))
+            devices.add(t.codes.device)
+        else:
+            out[i] = host(t)
+            devices.add(t.device)
+    events = []
+    for dev in devices:  # copies run on the stream of each state's own GPU: one event per GPU
+        with torch.cuda.device(dev):
+            events.append(torch.cuda.Event())
+            events[-1].record(torch.cuda.current_stream(dev))
+    return out, bufs, events
+
+
 def capture_to_store(
     model: Any, num_layers: int, layers: Sequence[int], samples: Sequence[Any], batches: Sequence[Sequence[int]],
     writer: Any, device: str, pad_id: int, unit_tokens: int, skip: set[str] | frozenset[str] = frozenset(),
-    progress: Progress | None = None, writer_threads: int = 2,
+    progress: Progress | None = None, writer_threads: int = 2, precision: str | None = None, bucketed: bool = True,
 ) -> dict[str, Any]:
     """Run ``batches`` (lists of indices into ``samples``), capture ``layers``, write units of about
     ``unit_tokens`` tokens through ``writer``. Samples whose key is in ``skip`` are computed (their
     batch needs them) but not written. ``device`` takes the inputs; captured layers may live on other
-    GPUs (a model spread over several). Returns counts and the wall time of the whole loop."""
+    GPUs (a model spread over several). ``precision``: store quantized (e.g. "fp8-e4m3", quantized
+    on the device before the copy) with the error measured per unit. ``bucketed``: pad each batch to
+    ``batching.padded_length`` of its longest sample, as the plan was made. Returns counts and timings."""
     layers = sorted(set(layers))
     cap = LayerCapture(model, num_layers, layers)
     cuda = device.startswith("cuda")
     pool = PINNED_POOL if cuda else None
     bg = BackgroundWriter(writer, threads=writer_threads, pool=pool)
-    unit_samples: list = []
-    unit_states: dict[int, list] = {i: [] for i in layers}
-    n_unit = 0
+    unit: dict[str, Any] = {"samples": [], "states": {i: [] for i in layers}, "tokens": 0}
 
     def flush() -> None:
-        nonlocal unit_samples, unit_states, n_unit
-        if not unit_samples:
+        if not unit["samples"]:
             return
-        states = {i: torch.cat(unit_states[i]) for i in layers}
-        events, bufs, health = [], [], None
-        if cuda:  # health stats where the states are, with no host sync; they travel with the states
-            lengths = [s.length for s in unit_samples]
-            health = {i: stats_tensor(t, lengths).to("cpu", non_blocking=True) for i, t in states.items()}
-            host = {}
-            for i, t in states.items():
-                buf = pool.take(t.numel() * t.element_size())
-                bufs.append(buf)
-                host[i] = buf[: t.numel() * t.element_size()].view(t.dtype).view(t.shape)
-                host[i].copy_(t, non_blocking=True)
-            # copies run on the stream of each state's own GPU: one event per GPU holding states
-            for dev in {t.device for t in states.values()}:
-                with torch.cuda.device(dev):
-                    events.append(torch.cuda.Event())
-                    events[-1].record(torch.cuda.current_stream(dev))
-            states = host
-        bg.put(unit_samples, states, events, bufs, health)
-        unit_samples, unit_states, n_unit = [], {i: [] for i in layers}, 0
+        states = {i: torch.cat(unit["states"][i]) for i in layers}
+        payload, health, err = unit_payload(states, [s.length for s in unit["samples"]], precision, cuda)
+        events, bufs = [], []
+        if cuda:  # health and error stats travel with the states
+            health = {i: h.to("cpu", non_blocking=True) for i, h in health.items()}
+            err = None if err is None else {i: e.to("cpu", non_blocking=True) for i, e in err.items()}
+            payload, bufs, events = copy_to_host(payload, pool)
+        bg.put(unit["samples"], payload, events, bufs, health, err)
+        unit.update(samples=[], states={i: [] for i in layers}, tokens=0)
 
     t0 = time.time()
-    timing = {"first_batch_seconds": None, "tail_seconds": None}
+    timing: dict[str, Any] = {"first_batch_seconds": None, "tail_seconds": None}
     # steady state: from the end of the first batch (one-off JIT, allocator growth) to the last forward
     steady = {"steady_tokens": 0, "steady_seconds": 0.0}
+    shapes: set[tuple[int, int]] = set()  # padded batch shapes run so far: a new one compiles kernels
     t_first = None
     alloc0 = pool.alloc_seconds if pool is not None else 0.0
     gpus: set = set()  # the input GPU and the GPUs holding captured layers
@@ -220,17 +262,22 @@ def capture_to_store(
     try:
         for batch in batches:
             seqs = [torch.from_numpy(samples[i].input_ids.astype("int64")) for i in batch]
-            ids, mask = pad_batch(seqs, pad_id, device)
+            longest = max(int(x.shape[0]) for x in seqs)
+            width = padded_length(longest) if bucketed else longest
+            if cuda and (len(batch), width) not in shapes and progress is not None:
+                progress.note(f"compiling kernels for batch shape {len(batch)}x{width} (first batch of this shape)")
+            shapes.add((len(batch), width))
+            ids, mask = pad_batch(seqs, pad_id, device, width)
             out = cap.run(ids, mask)
             for b, i in enumerate(batch):
                 if samples[i].key in skip:
                     continue
                 n = samples[i].length
                 for layer in layers:
-                    unit_states[layer].append(out[layer][b, :n])
-                unit_samples.append(samples[i])
-                n_unit += n
-            if n_unit >= unit_tokens:
+                    unit["states"][layer].append(out[layer][b, :n])
+                unit["samples"].append(samples[i])
+                unit["tokens"] += n
+            if unit["tokens"] >= unit_tokens:
                 flush()
             batch_tokens = sum(samples[i].length for i in batch)
             if progress is not None:
@@ -256,5 +303,5 @@ def capture_to_store(
         if progress is not None:
             progress.close()
     return {"samples_written": bg.written, "bytes": bg.bytes, "loop_seconds": time.time() - t0,
-            "writer_busy_seconds": bg.write_seconds, **timing, **steady,
+            "writer_busy_seconds": bg.write_seconds, **timing, **steady, "batch_shapes": len(shapes),
             "pinned_alloc_seconds": (pool.alloc_seconds - alloc0) if pool is not None else 0.0}

@@ -37,7 +37,9 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
 
     from hsstore.build.backends import bound_kernels
     from hsstore.build.pipeline import PINNED_POOL, capture_to_store
+    from hsstore.core.batching import POLICY as PADDING_POLICY
     from hsstore.core.dtypes import STORED, TORCH
+    from hsstore.core.quant import SCALE_SCHEME
     from hsstore.build.environment import environment
     from hsstore.core.errors import BuildFailed
     from hsstore.build.progress import Progress
@@ -48,7 +50,8 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
     torch.manual_seed(0)
     rec = plan["recipe"]
     hidden = rec["model"]["hidden_size"]
-    itemsize = STORED[dtype].itemsize
+    precision = plan.get("precision")  # None: stored as computed; "fp8-e4m3": quantized on the device
+    itemsize = 1 if precision else STORED[dtype].itemsize
     layers = sorted({i for ids in rec["layers"].values() for i in ids})
     unit_tokens = plan["unit_tokens"] or max(1, UNIT_BYTES // (hidden * itemsize * len(layers)))
     devices = device.split("+")  # several: one model spread over a group of GPUs
@@ -66,8 +69,10 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
         raise BuildFailed(f"backend 'fla' was requested but transformers bound {kernels['chunk_gated_delta_rule']!r} "
                           "for the gated delta rule; check the fla installation (`hsstore env --model ...`)")
     batching = {"padding_side": "right", "token_budget": plan["token_budget"], "attention_mask": True,
-                "order": "length-descending"}
+                "order": "length-descending", "padded_lengths": PADDING_POLICY}
     env = environment(devices[0], dtype, plan["backend"], kernels, batching)
+    if precision:  # absent when stored as computed: the ids of such variants do not change
+        env["storage"] = {"precision": precision, "scale": SCALE_SCHEME}
     if len(devices) > 1:
         env["model_parallel"] = model_parallel(model, rec["model"]["num_layers"], devices)
     provenance = {"recipe": rec, "environment": env}
@@ -87,7 +92,7 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
                         plan.get("quiet", False))
     reserved = reservation.wait() if reservation is not None else {}
     out = capture_to_store(model, rec["model"]["num_layers"], layers, samples, batches, writer, devices[0],
-                           plan["pad_id"], unit_tokens, skip=done, progress=progress)
+                           plan["pad_id"], unit_tokens, skip=done, progress=progress, precision=precision)
     loop_s = out["loop_seconds"]
     return {
         "variant": vid, "backend": plan["backend"], "dtype": dtype, "device": device, "kernels": kernels,
@@ -95,6 +100,7 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
         "bytes": out["bytes"], "seconds": time.time() - t0, "loop_seconds": loop_s,
         "writer_busy_seconds": out["writer_busy_seconds"], "first_batch_seconds": out["first_batch_seconds"],
         "tail_seconds": out["tail_seconds"], "pinned_alloc_seconds": out["pinned_alloc_seconds"],
+        "batch_shapes": out["batch_shapes"],
         "steady_tokens": out["steady_tokens"], "steady_seconds": out["steady_seconds"], **reserved,
         "tokens_per_second": total_tokens / loop_s if loop_s > 0 and total_tokens else None,
         "peak_gpu_memory_gb": {d: round(torch.cuda.max_memory_allocated(d) / 1e9, 2)
