@@ -1,21 +1,31 @@
 #!/usr/bin/env bash
-# Prepares .whl/ for scripts/gpu_run.sh on a GPU machine that has no network (run it here, with PyPI):
-# Python 3.12 wheels of what that machine lacks, and causal-conv1d's source distribution patched so
-# that CC1D_ONLY_SM90=1 builds for sm_90 (H100/H200) only (~6 minutes instead of every architecture).
+# Prepares .whl/ for scripts/gpu_run.sh and scripts/gpu_fp8.sh on a GPU machine that has no network (run
+# it here, with PyPI, from a fresh clone): Python 3.12 wheels of what that machine lacks, and
+# causal-conv1d's source distribution patched so that CC1D_ONLY_SM90=1 builds for sm_90 (H100/H200) only
+# (~6 minutes instead of every architecture).
+#
+# pip can only download a source distribution after running its setup.py, and causal-conv1d's imports
+# torch: that step runs in the project's .venv (made by scripts/setup.sh if it is missing; it holds the
+# CPU torch), never in whatever python3 is on PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude 2>/dev/null || echo .git/info/exclude)  # worktrees too
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.whl/' "$exclude" 2>/dev/null || echo /.whl/ >> "$exclude"
 mkdir -p .whl
 plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
       --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_34_x86_64)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" -d .whl \
   zarr numcodecs donfig msgspec crc32c google-crc32c fla-core==0.6.0 flash-linear-attention==0.6.0 \
   transformers==5.24.0 datasets==5.2.0 dill multiprocess xxhash
+[ -x .venv/bin/python ] && .venv/bin/python -c "import torch" 2>/dev/null || bash scripts/setup.sh
+.venv/bin/python -m pip install -q --disable-pip-version-check wheel setuptools  # setup.py's bdist_wheel
 tmp=$(mktemp -d)
-CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE python3 -m pip download -q --no-deps --no-binary :all: --no-build-isolation \
-  -d "$tmp" causal-conv1d==1.7.0
+trap 'rm -rf "$tmp"' EXIT
+CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE .venv/bin/python -m pip download -q --no-deps --no-binary :all: \
+  --no-build-isolation -d "$tmp" causal-conv1d==1.7.0
 tar xzf "$tmp"/causal_conv1d-1.7.0.tar.gz -C "$tmp"
-python3 - "$tmp/causal_conv1d-1.7.0/setup.py" <<'PY'
+.venv/bin/python - "$tmp/causal_conv1d-1.7.0/setup.py" <<'PY'
 import sys
 path = sys.argv[1]
 s = open(path).read()
@@ -26,5 +36,5 @@ s = s.replace(marker, marker + '        if os.getenv("CC1D_ONLY_SM90"):\n'
 open(path, "w").write(s)
 PY
 tar czf .whl/cc1d-src-sm90.tar.gz -C "$tmp" causal_conv1d-1.7.0
-rm -rf "$tmp"
 du -sh .whl
+ls .whl
