@@ -115,3 +115,15 @@ def test_layer_conventions_map_both_ways(capture: str, stated, hsstore_id: int):
 
     assert to_hsstore(stated, capture, 4) == hsstore_id
     assert from_hsstore(hsstore_id, capture, 4) == (stated if capture != "unknown" else hsstore_id)
+
+
+def test_per_sample_health_merges_into_the_units_stats():
+    from hsstore.interop.importer import merge_health
+    from hsstore.storage.stats import stats_tensor
+
+    g = torch.Generator().manual_seed(0)
+    parts = [torch.randn(n, 8, generator=g).bfloat16() for n in (3, 5, 2)]
+    parts[1][0, 0] = 0.0
+    whole = stats_tensor(torch.cat(parts), [3, 5, 2])
+    merged = merge_health([stats_tensor(p, [p.shape[0]]) for p in parts])
+    assert merged.shape == whole.shape and torch.allclose(merged, whole, rtol=1e-6, atol=1e-6)

@@ -86,6 +86,20 @@ def _check_claims(stmt: Statement, claims: dict[str, bool], item: str) -> None:
                        f"but --layers names the target {stmt.layers[-1]!r}; state the target layer that matches")
 
 
+def merge_health(parts: list) -> object:
+    """One ``stats_tensor`` of concatenated samples from each sample's own (``[head..., absmax]``)."""
+    import torch
+
+    from hsstore.storage.stats import FIELDS
+
+    head = torch.stack([p[: len(FIELDS)] for p in parts])  # (samples, fields)
+    out = head.sum(0)
+    out[FIELDS.index("absmax")] = head[:, FIELDS.index("absmax")].max()
+    out[FIELDS.index("max")] = head[:, FIELDS.index("max")].max()
+    out[FIELDS.index("min")] = head[:, FIELDS.index("min")].min()
+    return torch.cat([out, *[p[len(FIELDS):] for p in parts]])
+
+
 def _check_vocab(s: SourceSample, vocab: int) -> None:
     top = int(s.input_ids.max())
     if top >= vocab:
@@ -148,7 +162,8 @@ class _Run:
         self.log = ImportLog(store, vid, fmt, root, self.run_id)
         self.done = set(self.writer.committed_keys())
         self.seen: set[str] = set()
-        self.pending: list[tuple[SampleTokens, SourceSample]] = []
+        self.pending: list[tuple[SampleTokens, list, list]] = []
+        self.pending_tokens = 0
         self.entries: list[tuple[str, str, list]] = []
         self.counts = {"written": 0, "present": 0, "duplicates": 0, "tokens_written": 0}
         self.bad: list[dict[str, str]] = []
@@ -166,9 +181,9 @@ class _Run:
                         raise got
                     self.bad.append({"item": item, "why": str(got)})
                     continue
-                self._take(item, got)
-                progress.advance(1, got.length)
-                if sum(s.length for s, _ in self.pending) >= self.unit_tokens:
+                self._take(item, *got)
+                progress.advance(1, got[0].length)
+                if self.pending_tokens >= self.unit_tokens:
                     self._flush()
             self._flush()
         finally:
@@ -180,15 +195,19 @@ class _Run:
                 "tokens_written": self.counts["tokens_written"], "skipped_bad": len(self.bad),
                 "bad": self.bad[:20], "missing_states": getattr(self.fmt, "missing", 0), "run": self.run_id}
 
-    def _read(self, item: str) -> SourceSample | BadInput:
-        if item == self.probe_item:
-            return self.probe
+    def _read(self, item: str) -> tuple[SourceSample, list, list] | BadInput:
+        """The sample, its states per slot (contiguous, aux slots then target) and their health stats —
+        done here, on the reader threads, so the writing thread only concatenates."""
+        from hsstore.storage.stats import stats_tensor
+
         try:
-            return self.fmt.read(self.root, item)
+            s = self.probe if item == self.probe_item else self.fmt.read(self.root, item)
         except BadInput as e:
             return e
+        slots = [s.aux[:, j].contiguous() for j in range(s.n_aux)] + [s.target]
+        return s, slots, [stats_tensor(t, [s.length]) for t in slots]
 
-    def _stream(self, items: list[str]) -> Iterator[tuple[str, SourceSample | BadInput]]:
+    def _stream(self, items: list[str]) -> Iterator[tuple[str, Any]]:
         """Samples in item order; up to ``4 * jobs`` files are read ahead, in parallel."""
         jobs = max(1, self.req.jobs)
         with ThreadPoolExecutor(jobs, thread_name_prefix="hsstore-import") as pool:
@@ -212,7 +231,7 @@ class _Run:
                            "the folder mixes two caches (pre-norm and post-norm targets?)")
         _check_vocab(s, self.vocab)
 
-    def _take(self, item: str, s: SourceSample) -> None:
+    def _take(self, item: str, s: SourceSample, slots: list, health: list) -> None:
         try:
             self._check(s)
         except BadInput as e:
@@ -227,22 +246,23 @@ class _Run:
             self.seen.add(key)
             return
         self.seen.add(key)
-        self.pending.append((SampleTokens(key, s.input_ids, s.loss_mask), s))
+        self.pending.append((SampleTokens(key, s.input_ids, s.loss_mask), slots, health))
+        self.pending_tokens += s.length
 
     def _flush(self) -> None:
         import torch
 
         commit = None
         if self.pending:
-            samples = [t for t, _ in self.pending]
-            states = {layer: torch.cat([s.aux[:, j] for _, s in self.pending])
-                      for j, layer in enumerate(self.layers["aux"])}
-            states[self.layers["target"][0]] = torch.cat([s.target for _, s in self.pending])
-            commit = self.writer.write(samples, states)
+            samples = [t for t, _, _ in self.pending]
+            ids = [*self.layers["aux"], *self.layers["target"]]  # slot j holds layer ids[j]
+            states = {layer: torch.cat([p[1][j] for p in self.pending]) for j, layer in enumerate(ids)}
+            health = {layer: merge_health([p[2][j] for p in self.pending]) for j, layer in enumerate(ids)}
+            commit = self.writer.write(samples, states, health=health)
             if commit is not None:
                 self.counts["written"] += len(commit.samples)
                 self.counts["tokens_written"] += commit.n_tokens
                 self.counts["present"] += len(samples) - len(commit.samples)  # a racing import wrote them
         if self.entries:
             self.log.chunk(self.entries, None if commit is None else commit.unit)
-        self.pending, self.entries = [], []
+        self.pending, self.entries, self.pending_tokens = [], [], 0
