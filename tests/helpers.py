@@ -88,3 +88,21 @@ path = "{store}"
 """.replace("'", '"')
     path.write_text(text)
     return path
+
+
+def save_local_model(d: Path, arch: str = "tiny-llama", seed: int = 0, chat_template: bool = True) -> Path:
+    """A real ``save_pretrained`` model directory (safetensors weights, tokenizer) of a tiny builtin."""
+    from transformers import AutoModelForCausalLM
+
+    from hsstore.build.builtin import builtin_config, builtin_tokenizer
+
+    tok = builtin_tokenizer()
+    if not chat_template:
+        tok.chat_template = None
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(builtin_config(arch, vocab_size=len(tok))).save_pretrained(d)
+    tok.save_pretrained(d)
+    if not chat_template:
+        for f in d.glob("chat_template*"):
+            f.unlink()
+    return d

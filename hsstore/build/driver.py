@@ -64,8 +64,9 @@ def _check_devices(m: Manifest, local_rank: int, world: int) -> list[str]:
     return out
 
 
-def plan_inputs(m: Manifest, limit: int | None) -> tuple[ModelSpec, dict[str, Any], list, Any, int]:
-    """Validate the model and layers, tokenize the inputs. Returns (spec, recipe, samples, report, pad id)."""
+def plan_inputs(m: Manifest, limit: int | None) -> tuple[ModelSpec, dict[str, Any], dict[str, Any], list, Any, int]:
+    """Validate the model and layers, tokenize the inputs, hash the weights. Returns (spec, recipe,
+    weight stamps, samples, report, pad id)."""
     from hsstore.build.inputs import load_rows, tokenize_rows
 
     spec = ModelSpec(m.model_path, m.config_overrides, m.seed, m.trust_remote_code, m.init_device)
@@ -76,11 +77,12 @@ def plan_inputs(m: Manifest, limit: int | None) -> tuple[ModelSpec, dict[str, An
     n_layers = int(tc.num_hidden_layers)
     layers = resolve_layers(m.layers, n_layers, m.model_path)
     tok_id = spec.tokenizer_identity(tok)
-    samples, report = tokenize_rows(load_rows(m.data_files), tok, tok_id["fingerprint"], m.data_format,
+    samples, report = tokenize_rows(load_rows(m.data_files), tok, tok_id.fingerprint, m.data_format,
                                     m.max_length, m.too_long, limit)
+    weights = spec.hash_weights()  # every build: a variant only gets states of weights hashed for it
     recipe = {
-        "model": spec.identity(config),
-        "tokenizer": tok_id,
+        "model": spec.identity(config, weights).to_dict(),
+        "tokenizer": tok_id.to_dict(),
         "layers": layers,
         "capture": "decoder_layer_output",  # layer i = raw output of decoder layer i (pre final norm)
         # layer num_layers, when listed, is the final norm's output (a named capture, see manifest.FINAL_NORM)
@@ -89,7 +91,8 @@ def plan_inputs(m: Manifest, limit: int | None) -> tuple[ModelSpec, dict[str, An
         "truncation": m.too_long,
     }
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    return spec, recipe, samples, report, int(pad)
+    stamps = {n: h.stamp.to_dict() for n, h in weights.items()}
+    return spec, recipe, stamps, samples, report, int(pad)
 
 
 def _run_worker(plan: dict[str, Any], tmp: str, name: str) -> list[dict[str, Any]]:
@@ -122,7 +125,7 @@ def build(m: Manifest, limit: int | None = None, quiet: bool = False) -> dict[st
     m = validate(m)
     rank, world, local_rank = _dist()
     devices = _check_devices(m, local_rank, world)
-    spec, recipe, samples, report, pad_id = plan_inputs(m, limit)
+    spec, recipe, stamps, samples, report, pad_id = plan_inputs(m, limit)
     Store.create(m.store_path)  # fail early on a bad store path, before any model runs
     group = None
     if world > 1:
@@ -153,6 +156,7 @@ def build(m: Manifest, limit: int | None = None, quiet: bool = False) -> dict[st
             for backend in m.backends:
                 plan = {
                     "backend": backend, "store": m.store_path, "recipe": recipe,
+                    "weight_stamps": stamps,
                     "model_spec": asdict(spec), "samples_file": samples_file,
                     "runs": [(d, dev) for d in m.dtypes for dev in devices],
                     "attn_implementation": m.attn_implementation, "token_budget": m.token_budget,

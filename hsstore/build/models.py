@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hsstore.build.builtin import GENERATOR_VERSION, builtin_config, builtin_tokenizer
 from hsstore.core.canonical import fingerprint
-from hsstore.core.errors import BadInput
-from hsstore.core.filehash import file_hash
+from hsstore.core.errors import BadInput, BuildFailed
+from hsstore.core.filehash import file_hash, hash_files, stamp
+from hsstore.core.schema.files import FileStamp, HashedFile
+from hsstore.core.schema.provenance import ModelIdentity, TokenizerIdentity
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+# weight files and the index that maps tensors to them: all of it decides what gets loaded
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json")
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
     "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json",
@@ -89,32 +92,55 @@ class ModelSpec:
         except Exception as e:
             raise BadInput(f"cannot read the config of {self.path!r}: {e}") from None
 
-    def identity(self, config: Any) -> dict[str, Any]:
-        """What makes the weights these weights: config, and weight files' names, sizes and content hashes."""
+    def weight_files(self) -> list[Path]:
+        """The weight files (and their index) of a local model directory, by name; [] for builtins."""
+        if self.builtin is not None:
+            return []
+        files = sorted((p for p in Path(self.path).iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES)),
+                       key=lambda p: p.name)
+        if not any(not p.name.endswith(".index.json") for p in files):
+            raise BadInput(f"model directory {self.path!r} holds no weight files ({', '.join(WEIGHT_SUFFIXES[:-1])})")
+        return files
+
+    def hash_weights(self) -> dict[str, HashedFile]:
+        """Every weight file's content hash, computed now (hsstore.core.filehash: never cached)."""
+        files = self.weight_files()
+        hashed = hash_files(files)
+        return {p.name: hashed[str(p)] for p in files}
+
+    def identity(self, config: Any, weights: Mapping[str, HashedFile] | None = None) -> ModelIdentity:
+        """What makes the weights these weights. Builtins: name, seed, generator and config. Local
+        directories: config and the weight files' names, sizes and content hashes (``weights``, from
+        ``hash_weights``; hashed here when not given) — the path is informational and the name is made
+        from the content, so a byte-identical copy anywhere is the same model."""
         tc = text_config(config)
         ident: dict[str, Any] = {
-            "path": self.path,
             "model_type": tc.model_type,
             "num_layers": int(tc.num_hidden_layers),
             "hidden_size": int(tc.hidden_size),
             "config_fingerprint": config_fingerprint(config),
         }
-        if self.builtin is not None:
+        if self.builtin is not None:  # unchanged since format 1.0: builtin variant ids stay the same
             ident.update(name=self.path, seed=self.seed, generator_version=GENERATOR_VERSION,
                          init_device=self.init_device)
+            ident["fingerprint"] = fingerprint(ident)
         else:
-            files = sorted(
-                (p for p in Path(self.path).iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES)),
-                key=lambda p: p.name,
-            )
-            if not files:
-                raise BadInput(f"model directory {self.path!r} holds no weight files ({', '.join(WEIGHT_SUFFIXES)})")
-            ident["name"] = Path(self.path).resolve().name
-            ident["weights"] = {p.name: {"size": p.stat().st_size, "xxh3_128": file_hash(p)} for p in files}
-        ident["fingerprint"] = fingerprint({k: v for k, v in ident.items() if k != "path"})
-        return ident
+            hashed = self.hash_weights() if weights is None else weights
+            ident["weights"] = {n: {"size": h.size, "xxh3_128": h.xxh3_128} for n, h in sorted(hashed.items())}
+            ident["fingerprint"] = fingerprint(ident)
+            ident["name"] = f"{ident['model_type']}-{ident['fingerprint'][:12]}"
+        return ModelIdentity.from_dict({"path": self.path, **ident}, "model identity", BuildFailed)
 
-    def tokenizer_identity(self, tokenizer: Any) -> dict[str, Any]:
+    def check_unchanged(self, stamps: Mapping[str, FileStamp]) -> None:
+        """BuildFailed unless the weight files are still those hashed (``stamps`` from ``hash_weights``):
+        called after loading, so the loaded bytes are the hashed ones."""
+        now = {p.name: stamp(p) for p in self.weight_files()}
+        changed = sorted(n for n in set(now) | set(stamps) if now.get(n) != stamps.get(n))
+        if changed:
+            raise BuildFailed(f"model file(s) {changed} in {self.path!r} changed after they were hashed for this build "
+                              "(a copy or download running?); nothing was written — re-run when the model is complete")
+
+    def tokenizer_identity(self, tokenizer: Any) -> TokenizerIdentity:
         if self.builtin is not None:
             parts = {"tokenizer_json": tokenizer.backend_tokenizer.to_str(), "builtin": True}
         else:
@@ -125,8 +151,8 @@ class ModelSpec:
             }
         parts["chat_template"] = getattr(tokenizer, "chat_template", None) or ""
         parts["special_tokens"] = json.loads(json.dumps(tokenizer.special_tokens_map, default=str))
-        return {"fingerprint": fingerprint(parts), "vocab_size": len(tokenizer),
-                "has_chat_template": bool(parts["chat_template"])}
+        return TokenizerIdentity(fingerprint=fingerprint(parts), vocab_size=len(tokenizer),
+                                 has_chat_template=bool(parts["chat_template"]))
 
     def load(self, dtype: Any, device: str | Sequence[str], attn_implementation: str | None) -> Any:
         """The model in eval mode on ``device`` in ``dtype``; given several devices, its decoder layers

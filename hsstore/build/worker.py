@@ -42,6 +42,7 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
     from hsstore.core.quant import SCALE_SCHEME
     from hsstore.build.environment import environment
     from hsstore.core.errors import BuildFailed
+    from hsstore.core.schema.files import FileStamp
     from hsstore.build.progress import Progress
     from hsstore.storage.store import Store
     from hsstore.storage.writer import UnitWriter
@@ -64,6 +65,7 @@ def run_variant(plan: dict[str, Any], model_spec: Any, samples: list, dtype: str
         layer_bytes = (unit_tokens + plan["token_budget"]) * hidden * itemsize
         reservation = PINNED_POOL.reserve_in_background([layer_bytes] * len(layers) * RESERVED_UNITS, devices[0])
     model = model_spec.load(TORCH[dtype], devices, plan["attn_implementation"])
+    model_spec.check_unchanged({n: FileStamp.from_dict(st, "weight stamp") for n, st in plan["weight_stamps"].items()})
     kernels = bound_kernels(model)
     if plan["backend"] == "fla" and kernels["chunk_gated_delta_rule"] not in ("fla", "n/a"):
         raise BuildFailed(f"backend 'fla' was requested but transformers bound {kernels['chunk_gated_delta_rule']!r} "

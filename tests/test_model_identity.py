@@ -1,0 +1,121 @@
+"""Model identity is content: a variant never mixes two weight files, and a moved model is the same model."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from hsstore import HiddenStateDataset, ProvenanceMismatch, Store
+from hsstore.build.models import ModelSpec
+from hsstore.core.errors import BuildFailed
+from hsstore.core.filehash import hash_files, stamp
+
+from helpers import run_cli, save_local_model, write_manifest
+
+LAYERS = "{ aux = [1], target = [2] }"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_local_model(tmp_path_factory.mktemp("models") / "my-model")
+
+
+def _build(model: Path, store: Path, limit: int, env: dict) -> dict:
+    m = write_manifest(store.parent / f"{store.stem}-{model.name}.toml", model=str(model), layers=LAYERS,
+                       store=str(store), dtypes='["fp32"]')
+    r = run_cli("build", str(m), "--limit", str(limit), "--quiet", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _flip_a_weight_byte_keeping_times(path: Path) -> None:
+    """Change one weight (the low mantissa byte of the first tensor's first value), then put the file's
+    access and modification times back, as `rsync -a`, `cp -p` or a re-download with kept times do."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        header = struct.unpack("<Q", f.read(8))[0]
+        f.seek(8 + header)
+        b = f.read(1)
+        f.seek(8 + header)
+        f.write(bytes([b[0] ^ 1]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_mtime_ns == st.st_mtime_ns and path.stat().st_size == st.st_size
+
+
+def test_changed_weights_with_restored_mtime_never_mix_into_the_old_variant(model_dir: Path, tmp_path: Path):
+    env = {"HSSTORE_CACHE": str(tmp_path / "cache")}  # a private hash cache, where a build keeps one
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    store = tmp_path / "s.zarr"
+    (first,) = _build(model, store, 4, env)["variants"]
+    _flip_a_weight_byte_keeping_times(model / "model.safetensors")
+    (second,) = _build(model, store, 4, env)["variants"]
+    assert second["variant"] != first["variant"] and second["samples_written"] == 4
+    (third,) = _build(model, store, 8, env)["variants"]  # more rows: they go to the new weights' variant
+    assert third["variant"] == second["variant"] and third["samples_written"] == 4
+    counts = {v.id: v.n_samples for v in Store.open(store).variants}
+    assert counts == {first["variant"]: 4, second["variant"]: 8}
+    weights = {v.id: v.provenance["recipe"]["model"]["weights"]["model.safetensors"]["xxh3_128"]
+               for v in Store.open(store).variants}
+    assert weights[first["variant"]] != weights[second["variant"]]
+    with pytest.raises(ProvenanceMismatch, match="recipe.model.fingerprint"):  # other weights: another model
+        HiddenStateDataset(store, variant=second["variant"], require=HiddenStateDataset(store, variant=first["variant"]))
+
+
+def test_a_copied_model_directory_is_the_same_variant_and_satisfies_require(model_dir: Path, tmp_path: Path):
+    copy = tmp_path / "elsewhere" / "renamed-copy"
+    shutil.copytree(model_dir, copy)  # new path, new directory name, new mtimes; the same bytes
+    store = tmp_path / "s.zarr"
+    (a,) = _build(model_dir, store, 4, {})["variants"]
+    (b,) = _build(copy, store, 6, {})["variants"]
+    assert b["variant"] == a["variant"] and b["samples_present"] == 4 and b["samples_written"] == 2
+    (v,) = Store.open(store).variants
+    assert v.provenance["recipe"]["model"]["path"] == str(model_dir)  # where it first ran: informational
+    other = tmp_path / "other.zarr"
+    _build(copy, other, 4, {})
+    ds = HiddenStateDataset(other, require=HiddenStateDataset(store).provenance)
+    assert len(ds) == 4
+
+
+def test_weights_changed_after_hashing_are_refused_before_anything_is_written(model_dir: Path, tmp_path: Path):
+    """The worker compares the stamps after loading: a file rewritten (times restored) in between is caught."""
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    spec = ModelSpec(str(model))
+    hashed = spec.hash_weights()
+    spec.check_unchanged({n: h.stamp for n, h in hashed.items()})  # untouched: fine
+    _flip_a_weight_byte_keeping_times(model / "model.safetensors")
+    with pytest.raises(BuildFailed, match=r"model file\(s\) \['model.safetensors'\] .* changed after they were hashed"):
+        spec.check_unchanged({n: h.stamp for n, h in hashed.items()})
+    (model / "extra.safetensors").write_bytes((model / "model.safetensors").read_bytes())
+    with pytest.raises(BuildFailed, match="extra.safetensors"):  # a weight file that appeared counts too
+        spec.check_unchanged({n: h.stamp for n, h in spec.hash_weights().items() if n != "extra.safetensors"})
+
+
+def test_hashes_are_of_the_bytes_in_parallel(tmp_path: Path):
+    files = []
+    for i, n in enumerate([0, 1, (16 << 20) + 3, 5000]):  # empty, tiny, over one read chunk, small
+        p = tmp_path / f"f{i}"
+        p.write_bytes(os.urandom(n))
+        files.append(p)
+    got = hash_files(files, threads=3)
+    for p in files:
+        assert got[str(p)].xxh3_128 == xxhash.xxh3_128_hexdigest(p.read_bytes())
+        assert got[str(p)].size == p.stat().st_size and got[str(p)].stamp == stamp(p)
+
+
+def test_builtin_model_identity_is_unchanged_so_old_stores_resume():
+    """Builtins have no directory: their name is content. Their identity (and so their variant ids) is
+    pinned to what format 1.0 stores hold."""
+    spec = ModelSpec("builtin:tiny-qwen3_5")
+    ident = spec.identity(spec.config(len(spec.tokenizer()))).to_dict()
+    assert ident == {"path": "builtin:tiny-qwen3_5", "name": "builtin:tiny-qwen3_5", "model_type": "qwen3_5_text",
+                     "num_layers": 4, "hidden_size": 64, "config_fingerprint": "d91acfed2e87d34111e258ee237930af",
+                     "seed": 0, "generator_version": 1, "init_device": "cpu",
+                     "fingerprint": "bb22bad149ccfc4e27f711b17aac8dbb"}
