@@ -38,7 +38,7 @@ def tokenizer_identity(path: str) -> tuple[dict[str, Any], int]:
         raise BadInput(f"tokenizer {path!r} is not a folder; pass the target model's folder (tokenizer.json, "
                        "tokenizer_config.json) or builtin:NAME")
     tok = spec.tokenizer()
-    ident = spec.tokenizer_identity(tok)
+    ident = spec.tokenizer_identity(tok).to_dict()
     return ident, len(tok)
 
 
@@ -65,7 +65,7 @@ def model_identity(model: str | None, num_layers: int | None, hidden_size: int) 
     has_weights = spec.builtin is not None or any(
         p.is_file() and p.name.endswith(WEIGHT_SUFFIXES) for p in Path(model).iterdir())
     if has_weights:
-        return spec.identity(config)  # exactly a native build's: require= and diff match it
+        return spec.identity(config).to_dict()  # exactly a native build's: require= and diff match it
     return {"path": model, "name": Path(model).resolve().name, "model_type": tc.model_type,
             "num_layers": int(tc.num_hidden_layers), "hidden_size": int(tc.hidden_size),
             "config_fingerprint": config_fingerprint(config), "fingerprint": UNKNOWN}  # no weights: unknown
