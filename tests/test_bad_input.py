@@ -76,6 +76,20 @@ def _disjoint_store(tmp: Path) -> tuple[str, str]:
     return f"{tmp / 'd.zarr'}#{a}", f"{tmp / 'd.zarr'}#{b}"
 
 
+def _two_model_store(tmp: Path) -> tuple[str, str]:
+    from helpers import LAYERS, provenance
+
+    s = Store.create(tmp / "two-models.zarr")
+    samples = make_samples([4])
+    vids = []
+    for name in ("model-a", "model-b"):
+        prov = provenance("bf16")
+        prov["recipe"]["model"] = {"name": name, "fingerprint": f"{name}-fingerprint"}
+        vids.append(s.create_variant(prov, LAYERS, 16, "bf16", "zstd", 64))
+        UnitWriter(s, vids[-1]).write(samples, make_states(samples, 16, "bf16", [0, 1, 2]))
+    return f"{tmp / 'two-models.zarr'}#{vids[0]}", f"{tmp / 'two-models.zarr'}#{vids[1]}"
+
+
 def _future_store(tmp: Path) -> str:
     p = tmp / "f.zarr"
     Store.create(p)
@@ -158,6 +172,15 @@ CASES = {
     "selector-traversal": (lambda t: ["diff", _two_variant_store(t) + "#../../etc", _two_variant_store(t)], "neither a variant id prefix"),
     "diff-layer-sets-differ": (lambda t: ["diff", *_other_layers_store(t)], "layer sets differ"),
     "diff-no-shared-samples": (lambda t: ["diff", *_disjoint_store(t)], "share no samples"),
+    "diff-floor-is-a-or-b": (lambda t: ["diff", _two_variant_store(t) + "#dtype=bf16", _two_variant_store(t) + "#dtype=fp32",
+                                        "--floor", _two_variant_store(t) + "/#dtype=fp32"], "is B itself"),
+    "diff-different-models": (lambda t: ["diff", *_two_model_store(t)], "states of different models: recipe.model.fingerprint"),
+    "diff-device-unknown": (lambda t: ["diff", _two_variant_store(t) + "#dtype=bf16", _two_variant_store(t) + "#dtype=fp32",
+                                       "--device", "tpu"], "unknown device 'tpu'"),
+    "diff-cuda-without-gpu": (lambda t: ["diff", _two_variant_store(t) + "#dtype=bf16", _two_variant_store(t) + "#dtype=fp32",
+                                         "--device", "cuda"], "no CUDA GPU is visible"),
+    "diff-samples-and-fraction": (lambda t: ["diff", _two_variant_store(t) + "#dtype=bf16", _two_variant_store(t) + "#dtype=fp32",
+                                             "--samples", "2", "--fraction", "0.5"], "not both"),
 }
 
 

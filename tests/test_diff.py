@@ -10,7 +10,7 @@ import pytest
 from hsstore.storage.writer import UnitWriter
 from hsstore import Store
 
-from helpers import make_samples, make_states, new_variant, run_cli
+from helpers import LAYERS, make_samples, make_states, new_variant, provenance, run_cli
 
 
 def _diff(*args: str) -> tuple[int, dict]:
@@ -30,19 +30,66 @@ def test_diff_with_itself_is_bit_exact(tiny_store: Path):
 
 def test_bf16_vs_fp32_grows_with_depth_and_plots(tiny_store: Path, tmp_path: Path):
     png, js = tmp_path / "d.png", tmp_path / "d.json"
-    r = run_cli("diff", f"{tiny_store}#dtype=bf16", f"{tiny_store}#dtype=fp32", "--floor", f"{tiny_store}#dtype=fp32",
-                "--plot", str(png), "--json", str(js))
+    r = run_cli("diff", f"{tiny_store}#dtype=bf16", f"{tiny_store}#dtype=fp32", "--plot", str(png), "--json", str(js))
     assert r.returncode == 0, r.stderr
     rep = json.loads(js.read_text())
     rel = [L["rel_l2"] for L in rep["layers"]]
     assert all(x > 0 for x in rel) and rel == sorted(rel), rel
-    assert all(L["bit_exact"] < 1 and L["floor_ratio"] == pytest.approx(1.0) for L in rep["layers"])
-    assert "within precision noise" in rep["verdict"]
+    assert all(L["bit_exact"] < 1 for L in rep["layers"]) and rep["verdict_kind"] == "no_floor"
     assert "rel_l2" in r.stdout and "verdict" in r.stdout
+    assert "environment.dtype: bf16 | fp32" in r.stdout  # the provenance difference, spelled out
     import matplotlib.image
 
     img = matplotlib.image.imread(png)
     assert img.shape[0] > 100 and img.shape[1] > 100
+
+
+def test_kernel_pair_against_the_fp32_floor(attn_store: Path, tmp_path: Path):
+    """Two bf16 kernels of one recipe judged against the fp32 floor: a verdict, the one provenance field
+    that differs between A and B, and the floor's differences too."""
+    a, b, c = (f"{attn_store}#attention=eager,dtype=bf16", f"{attn_store}#attention=sdpa,dtype=bf16",
+               f"{attn_store}#dtype=fp32")
+    r = run_cli("diff", a, b, "--floor", c, "--json", "-")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["verdict_kind"] == "within_noise" and "within precision noise" in rep["verdict"]
+    assert all(0 < L["floor_ratio"] < 2 for L in rep["layers"])
+    numeric = {d["field"]: d for d in rep["provenance_differences"] if not d["informational"]}
+    assert numeric["environment.kernels.attention"] == {"field": "environment.kernels.attention", "a": "eager",
+                                                        "b": "sdpa", "c": "sdpa", "informational": False}
+    assert numeric["environment.dtype"]["c"] == "fp32" and numeric["environment.dtype"]["a"] == "bf16"
+    assert rep["a_target"] == a and rep["floor_target"] == c
+
+
+@pytest.mark.parametrize("spelling", ["{s}#dtype=bf16", "{s}/#dtype=bf16", "{s}/../{name}#{vid}", "{s}#{vid}"])
+def test_floor_that_is_a_or_b_is_refused(tiny_store: Path, spelling: str):
+    vid = Store.open(tiny_store).select("dtype=bf16")
+    floor = spelling.format(s=tiny_store, name=tiny_store.name, vid=vid[:6])
+    for a, b in ((f"{tiny_store}#dtype=bf16", f"{tiny_store}#dtype=fp32"), (f"{tiny_store}#dtype=fp32", f"{tiny_store}#dtype=bf16")):
+        r = run_cli("diff", a, b, "--floor", floor)
+        assert r.returncode == 2, r.stdout
+        assert "is A itself" in r.stderr or "is B itself" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_states_of_different_models_are_refused_unless_allowed(tmp_path: Path):
+    s = Store.create(tmp_path / "m.zarr")
+    samples = make_samples([30, 40])
+    vids = []
+    for name in ("model-a", "model-b"):
+        prov = provenance("bf16")
+        prov["recipe"]["model"] = {"name": name, "fingerprint": name + "-fp", "path": "/x"}
+        vid = s.create_variant(prov, LAYERS, 16, "bf16", "zstd", 64)
+        UnitWriter(s, vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2], seed=len(vids)))
+        vids.append(vid)
+    a, b = f"{tmp_path / 'm.zarr'}#{vids[0]}", f"{tmp_path / 'm.zarr'}#{vids[1]}"
+    r = run_cli("diff", a, b)
+    assert r.returncode == 2 and "states of different models" in r.stderr and "--allow-different-models" in r.stderr
+    ok = run_cli("diff", a, b, "--allow-different-models", "--json", "-")
+    assert ok.returncode == 0, ok.stderr
+    rep = json.loads(ok.stdout)
+    assert rep["verdict"].startswith("A and B are states of DIFFERENT MODELS")
+    assert any(d["field"] == "recipe.model.fingerprint" for d in rep["provenance_differences"])
 
 
 def test_max_rel_bound(tiny_store: Path):

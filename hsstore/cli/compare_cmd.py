@@ -28,6 +28,7 @@ def diff(
     fraction: Annotated[Optional[float], typer.Option("--fraction", help="Like --samples, as a fraction of the shared samples (e.g. 0.01).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sample choice.")] = 0,
     confidence: Annotated[float, typer.Option("--confidence", help="Confidence level of the intervals.")] = 0.95,
+    allow_different_models: Annotated[bool, typer.Option("--allow-different-models", help="Compare states of different models or tokenizers (refused by default: their divergence says nothing about precision).")] = False,
 ) -> None:
     """Per-layer divergence of two variants over all shared samples, with a verdict against a floor.
 
@@ -39,7 +40,8 @@ def diff(
     from hsstore.compare.diff import diff_targets
 
     report = diff_targets(a, b, floor, layers or None, loss_only, noise, device, threads, samples=samples,
-                          fraction=fraction, seed=seed, confidence=confidence)
+                          fraction=fraction, seed=seed, confidence=confidence,
+                          allow_different_models=allow_different_models)
     if json_path == "-":
         typer.echo(json.dumps(report, indent=2, sort_keys=True))
     else:

@@ -57,5 +57,6 @@ def diff_text(r: dict[str, Any]) -> str:
     if r.get("worst_samples"):
         lines.append("worst samples (rel-L2 at the deepest layer): " +
                      ", ".join(f"{w['key'][:12]}… {w['rel_l2']:.2e}" for w in r["worst_samples"][:5]))
+    lines += [f"note: {n}" for n in r.get("notes", [])]
     lines.append(f"verdict: {r['verdict']}")
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from hsstore.compare.divergence import SampleSums, Totals, summarize
+from hsstore.compare.explain import check_floor, check_same_model, provenance_differences
 from hsstore.compare.estimate import Estimate, full_layers, sampled_layers, with_floor, without_floor
 from hsstore.compare.kernel import Workspace, token_sums
 from hsstore.compare.sampling import SampleTable
@@ -125,20 +126,44 @@ def stream_pass(a: VariantReader, others: list[VariantReader], keys: Sequence[st
     return res
 
 
+@dataclass
+class Targets:
+    """A, B (and the floor C) opened and checked: the layers and samples they share, and what the
+    report must say about them."""
+
+    a: VariantReader
+    b: VariantReader
+    c: VariantReader | None
+    layers: list[int]
+    keys: list[str]
+    notes: list[str]
+
+
+def open_targets(a_t: str, b_t: str, floor_t: str | None, layers: list[int] | None,
+                 allow_different_models: bool = False) -> Targets:
+    """Open and check: refuses a floor that is A or B and (unless allowed) states of different models."""
+    a, b = open_target(a_t), open_target(b_t)
+    notes = check_same_model(a, b, ("A", "B"), allow_different_models)
+    c = open_target(floor_t) if floor_t else None
+    if c is not None:
+        check_floor(a, b, c, floor_t)
+        notes += check_same_model(a, c, ("A", "the floor C"), allow_different_models)
+    use = check_layers(a, b, layers)
+    if c is not None:
+        check_layers(a, c, use)
+    return Targets(a, b, c, use, shared_keys(a, b), notes)
+
+
 def run_diff(a_t: str, b_t: str, floor_t: str | None = None, layers: list[int] | None = None,
              loss_only: bool = False, noise_factor: float = NOISE_FACTOR, device: str = "cpu",
              threads: int | None = None, samples: int | None = None, fraction: float | None = None,
-             seed: int = 0, confidence: float = 0.95) -> DiffReport:
+             seed: int = 0, confidence: float = 0.95, allow_different_models: bool = False) -> DiffReport:
     """Per-layer divergence of A against B (and of A against the floor C) over every shared sample,
     or over a seeded length-stratified choice of them (``samples`` / ``fraction``) with intervals."""
     t0 = time.perf_counter()
     device = check_device(device)
-    a, b = open_target(a_t), open_target(b_t)
-    use = check_layers(a, b, layers)
-    keys = shared_keys(a, b)
-    c = open_target(floor_t) if floor_t else None
-    if c is not None:
-        check_layers(a, c, use)
+    t = open_targets(a_t, b_t, floor_t, layers, allow_different_models)
+    a, b, c, use, keys = t.a, t.b, t.c, t.layers, t.keys
     plan = plan_samples(a, b, c, keys, samples, fraction, seed, confidence)
     others = [b] if c is None or (plan is None and shared_keys(a, c) != keys) else [b, c]
     res = stream_pass(a, others, plan.keys if plan else keys, use, loss_only, device, threads, plan is not None)
@@ -147,7 +172,9 @@ def run_diff(a_t: str, b_t: str, floor_t: str | None = None, layers: list[int] |
         "a": f"{a.store.location}#{a.id}", "b": f"{b.store.location}#{b.id}", "a_target": a_t, "b_target": b_t,
         "shared_samples": len(keys), "only_a": sum(1 for k in a.keys if k not in b.refs),
         "only_b": sum(1 for k in b.keys if k not in a.refs), "tokens": res.tokens, "loss_only": loss_only,
-        "worst_samples": res.worst,
+        "worst_samples": res.worst, "notes": t.notes,
+        "provenance_differences": provenance_differences(a.record.provenance, b.record.provenance,
+                                                         c.record.provenance if c is not None else None),
     }
     if plan is not None:
         report["sampling"] = plan.record
@@ -161,6 +188,8 @@ def run_diff(a_t: str, b_t: str, floor_t: str | None = None, layers: list[int] |
         text, kind = "identical: every shared value is bit-exact", "identical"
         if plan is not None:
             text = f"identical: every value of the {len(plan.keys)} sampled samples is bit-exact"
+    if any("different model" in n or "different tokenizer" in n for n in t.notes):
+        text = "A and B are states of DIFFERENT MODELS (--allow-different-models); " + text
     return DiffReport(layers=reps, verdict=text, verdict_kind=kind, seconds=time.perf_counter() - t0, **report)
 
 

@@ -1,10 +1,28 @@
-"""``hsstore diff --plot``: per-layer rel-L2 and cosine for A<->B and the floor, as a PNG (matplotlib)."""
+"""``hsstore diff --plot``: per-layer rel-L2 and 1 - cosine of A against B and against the floor C,
+on log axes (a cosine of 0.999994 vs 0.999987 is unreadable; 6e-6 vs 1.3e-5 is not), legends naming
+A, B and C by the selectors the user gave, sampled intervals as error bars (matplotlib)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from hsstore.core.errors import BadInput
+
+
+def _name(report: dict[str, Any], which: str) -> str:
+    target = report.get(f"{which}_target") or report.get(which if which != "floor" else "floor") or which
+    return target if len(target) <= 48 else "…" + target[-47:]
+
+
+def _series(ax: Any, layers: list[int], rows: list[dict[str, Any]], key: str, label: str, style: str,
+            color: str) -> None:
+    values = [max(float(L[key] if key != "1-cos" else 1.0 - L["cos_mean"]), 1e-16) for L in rows]
+    err = None
+    ci_key = "cos_mean" if key == "1-cos" else key
+    if all("ci" in L and ci_key in L["ci"] for L in rows):
+        bounds = [sorted(1.0 - x for x in L["ci"][ci_key]) if key == "1-cos" else L["ci"][ci_key] for L in rows]
+        err = [[max(0.0, v - lo) for v, (lo, _) in zip(values, bounds)], [max(0.0, hi - v) for v, (_, hi) in zip(values, bounds)]]
+    ax.errorbar(layers, values, yerr=err, fmt=style, label=label, capsize=3, color=color)
 
 
 def plot_diff(report: dict[str, Any], path: str) -> None:
@@ -16,23 +34,28 @@ def plot_diff(report: dict[str, Any], path: str) -> None:
     except ImportError:
         raise BadInput("--plot needs matplotlib: pip install matplotlib") from None
     layers = [L["layer"] for L in report["layers"]]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    ax1.plot(layers, [L["rel_l2"] for L in report["layers"]], "o-", label="A vs B")
-    ax2.plot(layers, [L["cos_mean"] for L in report["layers"]], "o-", label="A vs B (mean)")
-    ax2.plot(layers, [L["cos_p01"] for L in report["layers"]], "x--", label="A vs B (1st pct)")
+    a, b = _name(report, "a"), _name(report, "b")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    _series(ax1, layers, report["layers"], "rel_l2", f"A vs B\nA = {a}\nB = {b}", "o-", "C0")
+    _series(ax2, layers, report["layers"], "1-cos", "A vs B (mean over tokens)", "o-", "C0")
+    ax2.plot(layers, [max(1.0 - L["cos_p01"], 1e-16) for L in report["layers"]], "x:", color="C0",
+             label="A vs B (99th percentile)")
     if report.get("floor_layers"):
-        ax1.plot(layers, [L["rel_l2"] for L in report["floor_layers"]], "s--", label="floor (A vs C)")
-        ax2.plot(layers, [L["cos_mean"] for L in report["floor_layers"]], "s--", label="floor (mean)")
-    ax1.set_xlabel("layer")
-    ax1.set_ylabel("relative L2")
-    values = [L["rel_l2"] for L in report["layers"]] + [L["rel_l2"] for L in report.get("floor_layers", [])]
-    if values and min(values) > 0:
-        ax1.set_yscale("log")
-    ax1.legend()
-    ax2.set_xlabel("layer")
-    ax2.set_ylabel("cosine similarity")
-    ax2.legend()
-    fig.suptitle(report["verdict"][:110], fontsize=9)
+        c = _name(report, "floor")
+        _series(ax1, layers, report["floor_layers"], "rel_l2", f"floor: A vs C\nC = {c}", "s--", "C1")
+        _series(ax2, layers, report["floor_layers"], "1-cos", "floor: A vs C (mean)", "s--", "C1")
+    for ax, label in ((ax1, "relative L2  ‖A−B‖ / ‖B‖"), (ax2, "1 − cosine(A, B) per token")):
+        ax.set_xlabel("layer")
+        ax.set_ylabel(label)
+        ax.set_yscale("log")
+        ax.set_xticks(layers)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    title = report["verdict"][:140]
+    if report.get("sampling"):
+        s = report["sampling"]
+        title += f"\nsampled {s['samples']} of {s['population']} samples (seed {s['seed']}); bars: {s['confidence']:.0%} intervals"
+    fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -80,5 +80,6 @@ class DiffReport(Record):
     floor_target: str | UnsetType = UNSET
     floor_layers: list[LayerDiff] | UnsetType = UNSET
     provenance_differences: list[FieldDifference] = []
+    notes: list[str] = []  # what the reader must know: models allowed to differ, identities not recorded
     sampling: Sampling | UnsetType = UNSET
     seconds: float | UnsetType = UNSET
