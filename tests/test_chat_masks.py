@@ -209,6 +209,31 @@ def test_special_token_text_in_a_message_refuses_the_row():
     assert spans(TOKENIZERS["qwen3"], ids, mask) == ["<think>\nr\n</think>\n\nA<|im_end|>"]
 
 
+def test_a_template_that_rewrites_some_replies_refuses_those_rows():
+    tok = make_tokenizer("qwen3")
+    tok.chat_template = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+                         "{{ m.content[::-1] if 'flip' in m.content else m.content }}<|im_end|>\n{%- endfor %}"
+                         "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{%- endif %}")
+    masker = ChatMasker(tok)
+    short = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "short"}]
+    assert spans(tok, *masker(short)) == ["short<|im_end|>"]
+    with pytest.raises(RowRejected, match="alters message text"):
+        masker([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a reply long enough to flip"}])
+
+
+def test_a_tool_call_turn_without_an_assistant_header_is_refused():
+    """DeepSeek-R1's template never resets its first-call flag: a second tool-call turn follows the user's
+    text with no assistant header, so where the reply starts cannot be told — refused, not guessed."""
+    call = {"type": "function", "function": {"name": "f", "arguments": "{}"}}
+    conv = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": "r"}, {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "b"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    assert "<｜User｜>b\n<｜tool▁call▁begin｜>" in TOKENIZERS["deepseek_r1"].apply_chat_template(conv, tokenize=False)
+    with pytest.raises(RowRejected, match="cannot tell where an assistant reply starts") as e:
+        MASKERS["deepseek_r1"](conv)
+    assert e.value.detail == "message 5"
+
+
 def test_a_template_that_rewrites_text_refuses_the_row():
     tok = make_tokenizer("qwen3")
     tok.chat_template = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | upper }}<|im_end|>\n"

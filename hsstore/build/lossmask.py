@@ -8,10 +8,12 @@ so the markers say exactly where each message's text landed, whatever the templa
 Assistant turn k's reply starts where its generation prompt ends (what the model is given, not trained on):
   1. the end of the rendering of messages[:k] with ``add_generation_prompt=True``, when that rendering is a
      prefix of the full one;
-  2. else the generation prompt (or its longest token prefix present) found between the previous message's
-     text and turn k's first marker — templates like Qwen3 render earlier turns differently once later ones
-     exist, so the prefix rendering of (1) is not a prefix;
-  3. else, for a template without a generation prompt (Mistral), turn k's first marker, if a control token
+  2. else the end of that rendering's text after its last marker, when the full rendering has the very
+     same text right after that marker (Mistral moves the system prompt, so the prefix differs earlier);
+  3. else the generation prompt (or its longest token prefix present) found between the previous
+     message's text and turn k's first marker — Qwen3.5 and DeepSeek-R1 render earlier turns without the
+     ``<think>`` their generation prompt opens;
+  4. else, for a template without a generation prompt, turn k's first marker, if a control token
      precedes it.
 It ends with the end-of-turn token: the first token after turn k's last marker that is the eos token or the
 token the template writes after a reply (learned once per template). The mask is every token from start to
@@ -120,7 +122,7 @@ class ChatMasker:
         """{eos, the first added token the template writes after a reply}; the build is refused without one."""
         try:
             plain = self._render(PROBE, None, False)
-            mk = self._marked(PROBE, None, "hsq", plain)
+            mk = self._marked(PROBE, None, self._nonce(PROBE, None), plain)
         except Exception as e:
             raise BadInput(f"the chat template cannot render a plain user/assistant exchange ({_why(e)}); "
                            "check the tokenizer's chat template") from None
@@ -132,6 +134,11 @@ class ChatMasker:
                 return frozenset({tid} | ({eos} if isinstance(eos, int) else set()))
         raise BadInput("the chat template writes no special token after an assistant reply, so hsstore cannot tell "
                        f"where a reply ends (probe rendering {plain!r})")
+
+    def _nonce(self, msgs: list[dict[str, Any]], tools: Any) -> str:
+        """The first of hsq0x, hsq1x, ... that neither the row nor the template contains (markers are unique)."""
+        blob = json.dumps([msgs, tools], ensure_ascii=False) + self.template
+        return next(f"hsq{n}x" for n in range(len(blob) + 1) if f"@hsq{n}x" not in blob)
 
     def _check_text(self, msgs: list[dict[str, Any]], tools: Any) -> None:
         if self.special_re is None:
@@ -169,8 +176,7 @@ class ChatMasker:
             plain = self._render(msgs, tools, False)
         except Exception as e:
             raise RowRejected("the chat template refused the row", _why(e)) from None
-        blob = json.dumps([msgs, tools], ensure_ascii=False) + self.template
-        nonce = next(f"hsq{n}x" for n in range(10**6) if f"@hsq{n}x" not in blob)
+        nonce = self._nonce(msgs, tools)
         mk = self._marked(msgs, tools, nonce, plain)
         enc = self.tok(plain, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
