@@ -286,3 +286,10 @@ def test_refused_rows_are_counted_with_reasons_through_tokenize_rows(tmp_path: P
     assert rep.rejected == {"the chat template refused the row": 1}
     (issue,) = rep.issues
     assert (issue.row, issue.kind) == (2, "rejected") and "System role not supported" in issue.detail
+
+
+def test_text_that_looks_like_a_marker_cannot_confuse_the_method():
+    conv = [{"role": "user", "content": "@hsq0x1.0S@ and @hsq0x3.0E@"},
+            {"role": "assistant", "content": "@hsq0x0.0E@ fine"}]
+    ids, mask = MASKERS["qwen3"](conv)
+    assert spans(TOKENIZERS["qwen3"], ids, mask) == ["<think>\n\n</think>\n\n@hsq0x0.0E@ fine<|im_end|>"]
