@@ -90,6 +90,19 @@ def _two_model_store(tmp: Path) -> tuple[str, str]:
     return f"{tmp / 'two-models.zarr'}#{vids[0]}", f"{tmp / 'two-models.zarr'}#{vids[1]}"
 
 
+def _fla_kernels_variant(tmp: Path) -> str:
+    from helpers import LAYERS, provenance
+
+    s = Store.create(tmp / "fla.zarr")
+    prov = provenance("bf16")
+    prov["environment"]["kernels"] = {"chunk_gated_delta_rule": "fla", "causal_conv1d": "causal_conv1d", "attention": "sdpa"}
+    prov["environment"]["batching"] = {"padding_side": "right", "token_budget": 512, "attention_mask": True}
+    vid = s.create_variant(prov, LAYERS, 64, "bf16", "zstd", 64)
+    samples = make_samples([8])
+    UnitWriter(s, vid).write(samples, make_states(samples, 64, "bf16", [0, 1, 2]))
+    return f"{tmp / 'fla.zarr'}#{vid}"
+
+
 def _future_store(tmp: Path) -> str:
     p = tmp / "f.zarr"
     Store.create(p)
@@ -179,6 +192,10 @@ CASES = {
                                        "--device", "tpu"], "unknown device 'tpu'"),
     "diff-cuda-without-gpu": (lambda t: ["diff", _two_variant_store(t) + "#dtype=bf16", _two_variant_store(t) + "#dtype=fp32",
                                          "--device", "cuda"], "no CUDA GPU is visible"),
+    "check-floor-is-target": (lambda t: ["check", "builtin:tiny-llama", _two_variant_store(t) + "#dtype=bf16", "--floor",
+                                         _two_variant_store(t) + "#dtype=bf16"], "is the checked variant itself"),
+    "check-kernels-not-bound": (lambda t: ["check", "builtin:tiny-qwen3_5", _fla_kernels_variant(t)],
+                                "binds other kernels than variant .*'torch' here, 'fla' recorded"),
     "diff-samples-and-fraction": (lambda t: ["diff", _two_variant_store(t) + "#dtype=bf16", _two_variant_store(t) + "#dtype=fp32",
                                              "--samples", "2", "--fraction", "0.5"], "not both"),
 }

@@ -57,3 +57,40 @@ def diff(
         worst = max(layer["rel_l2"] for layer in report["layers"])
         if worst > max_rel:
             raise CheckFailed(f"rel-L2 {worst:.3g} exceeds --max-rel {max_rel:g}")
+
+
+@app.command()
+def check(
+    model: Annotated[str, typer.Argument(help="The model: a local HF model directory, builtin:NAME, or the build manifest (.toml).")],
+    target: Annotated[str, typer.Argument(help="STORE#SELECTOR of the variant to check.")],
+    samples: Annotated[int, typer.Option("--samples", min=1, help="Stored samples to recompute (a seeded, length-stratified choice).")] = 8,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the sample choice.")] = 0,
+    device: Annotated[Optional[str], typer.Option("--device", help="Where to run the model (default: the recorded device type).")] = None,
+    floor: Annotated[Optional[str], typer.Option("--floor", help="STORE#SELECTOR of a precision floor (e.g. the fp32 variant).")] = None,
+    noise: Annotated[float, typer.Option("--noise", help="Divergence up to this multiple of the floor is noise.")] = 2.0,
+    max_rel: Annotated[Optional[float], typer.Option("--max-rel", help="Pass when every layer's rel-L2 is at most this (instead of the verdict).")] = None,
+    json_path: Annotated[Optional[str], typer.Option("--json", help="Write the JSON report here ('-' = stdout).")] = None,
+) -> None:
+    """Recompute stored samples with a model in this process, in the batches they were built in, and
+    compare per layer (bit-exact fraction, rel-L2, verdict against a floor). Exit 1 unless identical or
+    within the floor's noise (or within --max-rel).
+
+    Example: hsstore check builtin:tiny-qwen3_5 'out/tiny.zarr#dtype=bf16' --samples 8
+    """
+    from hsstore.cli.diff_render import check_text
+    from hsstore.compare.check import run_check
+
+    report = run_check(model, target, samples, seed, device, floor, noise).to_dict()
+    if json_path == "-":
+        typer.echo(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        typer.echo(check_text(report))
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump(report, f, indent=2, sort_keys=True)
+    worst = max(layer["rel_l2"] for layer in report["layers"])
+    if max_rel is not None:
+        if worst > max_rel:
+            raise CheckFailed(f"rel-L2 {worst:.3g} exceeds --max-rel {max_rel:g}")
+    elif report["verdict_kind"] not in ("identical", "within_noise"):
+        raise CheckFailed(f"live states do not match the store: {report['verdict']}")

@@ -60,3 +60,22 @@ def diff_text(r: dict[str, Any]) -> str:
     lines += [f"note: {n}" for n in r.get("notes", [])]
     lines.append(f"verdict: {r['verdict']}")
     return "\n".join(lines)
+
+
+def check_text(r: dict[str, Any]) -> str:
+    lines = [f"model: {r['model']}  (fingerprint {r['model_fingerprint'][:16]}"
+             + (", as recorded)" if r["same_model"] else f", recorded {r['recorded_model_fingerprint'][:16]}: OTHER WEIGHTS)"),
+             f"variant: {r['target']}  ({r['variant']}), {r['dtype']} on {r['device']}",
+             f"recomputed {r['samples']} samples ({r['tokens']:,} tokens) in their {r['batches']} recorded batch(es): "
+             f"{r['batching']}"]
+    for d in r.get("environment_differences", []):
+        lines.append(f"  differs from the record: {d['field']}: {_value(d['a'])} here, {_value(d['b'])} recorded")
+    lines.append(" layer    rel_l2   bit_exact   max_abs   cos_min" + ("  floor_x" if r.get("floor") else ""))
+    for L in r["layers"]:
+        row = f"{L['layer']:6d} {L['rel_l2']:9.3e} {L['bit_exact']:10.6f} {L['max_abs']:9.3e} {L['cos_min']:9.6f}"
+        if r.get("floor"):
+            row += f"  {L['floor_ratio']:7.2f}" if L.get("floor_ratio") is not None else "        -"
+        lines.append(row)
+    lines += [f"note: {n}" for n in r.get("notes", [])]
+    lines.append(f"verdict: {r['verdict']}")
+    return "\n".join(lines)

@@ -83,3 +83,30 @@ class DiffReport(Record):
     notes: list[str] = []  # what the reader must know: models allowed to differ, identities not recorded
     sampling: Sampling | UnsetType = UNSET
     seconds: float | UnsetType = UNSET
+
+
+class CheckReport(Record):
+    """``hsstore check``: a live model's states of stored samples against the stored ones (A = live,
+    B = stored, the reference), per layer."""
+
+    model: str  # as given (a model directory, builtin:NAME or a build manifest)
+    target: str  # STORE#SELECTOR as given
+    variant: str  # STORE#VARIANT_ID
+    device: str
+    dtype: str
+    model_fingerprint: str
+    recorded_model_fingerprint: str
+    same_model: bool
+    samples: int
+    tokens: int
+    keys: list[str]
+    batches: int  # recomputed batches (each chosen sample in its recorded batch)
+    batching: str
+    layers: list[LayerDiff]
+    environment_differences: list[FieldDifference]
+    verdict: str
+    verdict_kind: str  # identical | within_noise | beyond_noise | differs
+    notes: list[str] = []
+    floor: str | UnsetType = UNSET
+    floor_layers: list[LayerDiff] | UnsetType = UNSET
+    seconds: float | UnsetType = UNSET

@@ -1,0 +1,240 @@
+"""``hsstore check``: recompute stored samples with a model in this process and compare them with the
+store, layer by layer — what an eval harness runs to prove its live states are the cached ones.
+
+Like with like: stored states are those of the build's batch plan (right-padded, attention-masked
+batches from ``hsstore.core.batching.token_budget_batches`` over every sample of the variant, longest
+first, each padded to its recorded width policy). check rebuilds that plan from the variant's committed
+samples and ``environment.batching`` and recomputes the *whole batch* each chosen sample was in, with
+the recorded dtype, attention implementation and kernels, on the recorded device type. Then the same
+kernels, shapes and inputs give the same bits: on the CPU, fp32 and bf16 agree bit-exactly (tested).
+What differs and is expected to: a sample run alone (unpadded) instead of in its batch differs within
+roundoff in bf16 (attention over another padded width sums in another order; the linear-attention
+chunking likewise) — check never does that; a variant filled by several builds over growing inputs
+holds samples of several plans, and the ones whose batch changed differ within roundoff (the report's
+``batches`` says which plan was assumed); GPU kernels that are not deterministic differ run to run.
+Backends: transformers binds the gated-delta and conv1d kernels when its modeling modules are
+imported, so check forces the recorded backend before that and refuses (exit 2) when this process
+already bound others (run it in a fresh process, as the CLI does).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hsstore.build.backends import bound_kernels, force_backend
+from hsstore.build.capture import LayerCapture, pad_batch
+from hsstore.build.models import ModelSpec, text_config
+from hsstore.compare.diff import NOISE_FACTOR, check_device, open_target
+from hsstore.compare.divergence import Totals, summarize
+from hsstore.compare.estimate import Estimate, full_layers, with_floor, without_floor
+from hsstore.compare.explain import provenance_differences, same_variant
+from hsstore.compare.kernel import Workspace, token_sums
+from hsstore.compare.sampling import choose, sample_count
+from hsstore.core.batching import POLICY, padded_length, token_budget_batches
+from hsstore.core.dtypes import TORCH
+from hsstore.core.errors import BadInput
+from hsstore.core.schema.diff import CheckReport, FieldDifference, LayerDiff
+from hsstore.storage.store import VariantReader
+
+DEFAULT_SAMPLES = 8
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The build's batches over the variant's committed samples (keys), and how they were padded."""
+
+    batches: list[list[str]]
+    bucketed: bool
+    token_budget: int
+
+
+def batch_plan(reader: VariantReader) -> BatchPlan:
+    """Rebuild the build's batch plan from ``environment.batching`` and the committed samples (in
+    commit order: the order the build ran them, which keeps ties among equal lengths as they were)."""
+    batching = reader.record.provenance.get("environment", {}).get("batching") or {}
+    if batching.get("padding_side", "right") != "right" or not batching.get("attention_mask", True):
+        raise BadInput(f"variant {reader.id} records batching {batching}; check recomputes right-padded, "
+                       "attention-masked batches only")
+    budget = batching.get("token_budget")
+    if not isinstance(budget, int) or budget < 1:
+        raise BadInput(f"variant {reader.id} records no token budget (environment.batching = {batching}); "
+                       "check cannot rebuild the batches its states were computed in")
+    policy = batching.get("padded_lengths")
+    if policy not in (None, POLICY):
+        raise BadInput(f"variant {reader.id} was padded by policy {policy!r}, which this hsstore does not know "
+                       f"(it knows {POLICY!r}); upgrade hsstore")
+    keys = reader.keys
+    plan = token_budget_batches([reader.refs[k].length for k in keys], budget, bucketed=policy is not None)
+    return BatchPlan([[keys[i] for i in b] for b in plan], policy is not None, budget)
+
+
+def model_spec(model: str, recipe: dict[str, Any]) -> ModelSpec:
+    """MODEL as a ModelSpec: a build manifest (its [model] table), a builtin (seeded as recorded) or a
+    local HF model directory."""
+    if model.endswith(".toml"):
+        from hsstore.build.manifest import load_manifest
+
+        m = load_manifest(model)
+        return ModelSpec(m.model_path, m.config_overrides, m.seed, m.trust_remote_code, m.init_device)
+    rec = recipe.get("model", {})
+    if model.startswith("builtin:"):
+        return ModelSpec(model, seed=int(rec.get("seed", 0)), init_device=str(rec.get("init_device", "cpu")))
+    return ModelSpec(model)
+
+
+def bind_backend(reader: VariantReader) -> None:
+    """Make this process bind the recorded backend's kernels (before transformers' modeling modules
+    load); if they already loaded, the bound kernels are compared after loading instead."""
+    backend = reader.record.provenance.get("environment", {}).get("backend", "torch")
+    try:
+        force_backend(backend)
+    except RuntimeError:
+        pass  # already imported: load_model compares what is bound with what was recorded
+
+
+def load_model(spec: ModelSpec, reader: VariantReader, device: str) -> Any:
+    env = reader.record.provenance.get("environment", {})
+    recorded = env.get("kernels", {})
+    dtype = reader.record.dtype if reader.record.dtype in TORCH else env.get("dtype", "bf16")
+    model = spec.load(TORCH[dtype], device, recorded.get("attention"))
+    bound = bound_kernels(model)
+    wrong = {k: (bound.get(k), v) for k, v in recorded.items() if bound.get(k) != v}
+    if wrong:
+        what = ", ".join(f"{k}: {b!r} here, {v!r} recorded" for k, (b, v) in wrong.items())
+        raise BadInput(f"this process binds other kernels than variant {reader.id} was computed with ({what}); run "
+                       "`hsstore check` in a fresh process with the recorded backend's packages installed "
+                       f"(backend {env.get('backend')!r})")
+    return model
+
+
+def recompute(model: Any, reader: VariantReader, plan: BatchPlan, chosen: list[str], layers: list[int],
+              device: str, pad_id: int) -> dict[str, list[torch.Tensor]]:
+    """The live states ``[T, H]`` per layer of each chosen sample, computed in its recorded batch."""
+    want = set(chosen)
+    num_layers = int(text_config(model.config).num_hidden_layers)
+    cap = LayerCapture(model, num_layers, layers)
+    out: dict[str, list[torch.Tensor]] = {}
+    try:
+        for batch in plan.batches:
+            if not want.intersection(batch):
+                continue
+            seqs = [torch.from_numpy(reader.read_tokens(reader.refs[k])[0].astype("int64")) for k in batch]
+            longest = max(int(s.shape[0]) for s in seqs)
+            width = padded_length(longest) if plan.bucketed else longest
+            ids, mask = pad_batch(seqs, pad_id, device, width)
+            states = cap.run(ids, mask)
+            for b, key in enumerate(batch):
+                if key in want:
+                    n = int(seqs[b].shape[0])
+                    out[key] = [states[i][b, :n].to("cpu") for i in layers]
+    finally:
+        cap.close()
+    return out
+
+
+def compare_live(reader: VariantReader, live: dict[str, list[torch.Tensor]], keys: list[str],
+                 layers: list[int], floor: VariantReader | None = None) -> tuple[Totals, Totals | None]:
+    """Sums of live (A) against stored (B) states, and of stored against the floor's, per layer."""
+    ws = Workspace("cpu")
+    ulps = reader.record.dtype == "bf16"
+    totals, ftotals = Totals(len(layers)), (Totals(len(layers)) if floor is not None else None)
+    for key in keys:
+        stored = reader.read_layers(reader.refs[key], layers)
+        totals.add(summarize(key, token_sums(live[key], stored, ws, ulps), reader.record.hidden_size))
+        if floor is not None and ftotals is not None:
+            ref = floor.read_layers(floor.refs[key], layers)
+            fulps = ulps and floor.record.dtype == "bf16"
+            ftotals.add(summarize(key, token_sums(stored, ref, ws, fulps), reader.record.hidden_size))
+    return totals, ftotals
+
+
+def choose_keys(reader: VariantReader, samples: int | None, seed: int) -> list[str]:
+    keys = reader.keys
+    n = sample_count(len(keys), samples or DEFAULT_SAMPLES, None)
+    choice = choose([reader.refs[k].length for k in keys], keys, n, seed)
+    return [keys[int(i)] for i in choice.indices]
+
+
+def pad_id(spec: ModelSpec) -> int:
+    """The pad id the build used (it pads after every real token and is masked: any id gives the same
+    states, but like with like)."""
+    tok = spec.tokenizer()
+    return int(tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0))
+
+
+def live_differences(model: Any, reader: VariantReader, identity: dict[str, Any]) -> list[FieldDifference]:
+    """Fields of the live model's fingerprint that differ from the variant's provenance."""
+    from hsstore.compare.live import LIVE_FIELDS, _restrict, live_fingerprint
+
+    have = live_fingerprint(model)
+    have["recipe"]["model"]["fingerprint"] = identity["fingerprint"]
+    fields = (*LIVE_FIELDS, "recipe.model.fingerprint")
+    diffs = provenance_differences(_restrict(have, fields), _restrict(reader.record.provenance, fields))
+    return [d for d in diffs if not d.informational]
+
+
+def run_check(model: str, target: str, samples: int | None = None, seed: int = 0, device: str | None = None,
+              floor_t: str | None = None, noise_factor: float = NOISE_FACTOR) -> CheckReport:
+    """Recompute ``samples`` stored samples of ``target`` with ``model`` here and compare, per layer."""
+    t0 = time.perf_counter()
+    reader = open_target(target)
+    floor = open_target(floor_t) if floor_t else None
+    if floor is not None and same_variant(floor, reader):
+        raise BadInput(f"the floor {floor_t!r} is the checked variant itself; pass another variant of the same "
+                       "recipe, e.g. the fp32 one")
+    env = reader.record.provenance.get("environment", {})
+    device = check_device(device or env.get("device", "cpu"))
+    bind_backend(reader)
+    spec = model_spec(model, reader.record.provenance.get("recipe", {}))
+    live_model = load_model(spec, reader, device)
+    identity = spec.identity(live_model.config).to_dict()
+    check_geometry(identity, reader)
+    plan, keys, layers = batch_plan(reader), choose_keys(reader, samples, seed), reader.record.all_layers
+    live = recompute(live_model, reader, plan, keys, layers, device, pad_id(spec))
+    totals, ftotals = compare_live(reader, live, keys, layers, floor)
+    recorded_fp = str(reader.record.provenance.get("recipe", {}).get("model", {}).get("fingerprint", ""))
+    est = full_layers(layers, totals, reader.record.dtype == "bf16")
+    reps, text, kind, extra = check_verdict(est, ftotals, layers, reader, floor, noise_factor)
+    notes = [] if identity["fingerprint"] == recorded_fp else [
+        f"the model's fingerprint {identity['fingerprint']} is not the recorded {recorded_fp}: these are other "
+        "weights (or another config), so the states are expected to differ"]
+    n_batches = sum(1 for b in plan.batches if set(b) & set(keys))
+    return CheckReport(
+        model=model, target=target, variant=f"{reader.store.location}#{reader.id}", device=device,
+        dtype=reader.record.dtype, model_fingerprint=identity["fingerprint"], recorded_model_fingerprint=recorded_fp,
+        same_model=identity["fingerprint"] == recorded_fp, samples=len(keys), keys=keys,
+        tokens=sum(reader.refs[k].length for k in keys), batches=n_batches,
+        batching=(f"{len(plan.batches)} batches of at most {plan.token_budget} padded tokens over the variant's "
+                  f"{len(reader.keys)} samples, longest first, right-padded "
+                  f"{'to ' + POLICY if plan.bucketed else 'to the longest sample'}, attention-masked"),
+        layers=reps, environment_differences=live_differences(live_model, reader, identity), verdict=text,
+        verdict_kind=kind, notes=notes, seconds=time.perf_counter() - t0, **extra)
+
+
+def check_geometry(identity: dict[str, Any], reader: VariantReader) -> None:
+    rec = reader.record.provenance.get("recipe", {}).get("model", {})
+    for field in ("num_layers", "hidden_size"):
+        if field in rec and rec[field] != identity[field]:
+            raise BadInput(f"the model has {field} = {identity[field]}, variant {reader.id} was computed by a model "
+                           f"with {rec[field]}: these are different models; pass the model (or build manifest) "
+                           "the variant was built from")
+
+
+def check_verdict(est: Estimate, ftotals: Totals | None, layers: list[int], reader: VariantReader,
+                  floor: VariantReader | None, noise_factor: float) -> tuple[list[LayerDiff], str, str, dict[str, Any]]:
+    dtype, extra = reader.record.dtype, {}
+    if all(L.bit_exact == 1.0 for L in est.layers):
+        return est.layers, "identical: the live model reproduces every stored value bit-exactly", "identical", extra
+    if floor is not None and ftotals is not None:
+        fest = full_layers(layers, ftotals, dtype == "bf16" and floor.record.dtype == "bf16")
+        reps, text, kind = with_floor(est, fest, dtype, noise_factor, 0.95)
+        extra = {"floor": f"{floor.store.location}#{floor.id}", "floor_layers": fest.layers}
+        return reps, text.replace("A and B differ", "live and stored states differ"), kind, extra
+    reps, text = without_floor(est, dtype)
+    worst = max(reps, key=lambda L: L.rel_l2)
+    return reps, (f"differs: the live model does not reproduce the stored states bit-exactly (worst rel-L2 "
+                  f"{worst.rel_l2:.3g} at layer {worst.layer}); pass --floor STORE#fp32-variant to judge it"), "differs", extra
