@@ -14,13 +14,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from hsstore.storage import layout
-from hsstore.core.errors import BadInput, BuildFailed
 from hsstore.build.manifest import FINAL_NORM, Manifest, resolve_layers, validate
 from hsstore.build.models import ModelSpec, text_config
+from hsstore.core.errors import BadInput, BuildFailed
+from hsstore.core.keys import SampleTokens
+from hsstore.core.schema.build import BuildResult, InputCounts, ModelSource, VariantResult, WorkerOutcome, WorkerPlan
+from hsstore.core.schema.files import HashedFile
+from hsstore.core.schema.provenance import LayerRoles, Recipe
+from hsstore.storage import layout
 
 
 def _dist() -> tuple[int, int, int]:
@@ -64,119 +70,134 @@ def _check_devices(m: Manifest, local_rank: int, world: int) -> list[str]:
     return out
 
 
-def plan_inputs(m: Manifest, limit: int | None) -> tuple[ModelSpec, dict[str, Any], dict[str, Any], list, Any, int]:
-    """Validate the model and layers, tokenize the inputs, hash the weights. Returns (spec, recipe,
-    weight stamps, samples, report, pad id)."""
+@dataclass(frozen=True)
+class Inputs:
+    """What a build computes from: the model, its recipe and hashed weights, the tokenized samples."""
+
+    spec: ModelSpec
+    recipe: Recipe
+    weights: dict[str, HashedFile]  # weight file name -> content hash and stamp ({} for builtins)
+    samples: list[SampleTokens]
+    report: Any  # hsstore.build.inputs.InputReport
+    pad_id: int
+
+
+def plan_inputs(m: Manifest, limit: int | None) -> Inputs:
+    """Validate the model and layers, tokenize the inputs, hash the weights."""
     from hsstore.build.inputs import load_rows, tokenize_rows
 
     spec = ModelSpec(m.model_path, m.config_overrides, m.seed, m.trust_remote_code, m.init_device)
     spec.check()
     tok = spec.tokenizer()
     config = spec.config(len(tok))
-    tc = text_config(config)
-    n_layers = int(tc.num_hidden_layers)
-    layers = resolve_layers(m.layers, n_layers, m.model_path)
+    layers = resolve_layers(m.layers, int(text_config(config).num_hidden_layers), m.model_path)
     tok_id = spec.tokenizer_identity(tok)
     samples, report = tokenize_rows(load_rows(m.data_files), tok, tok_id.fingerprint, m.data_format,
                                     m.max_length, m.too_long, limit)
     weights = spec.hash_weights()  # every build: a variant only gets states of weights hashed for it
-    recipe = {
-        "model": spec.identity(config, weights).to_dict(),
-        "tokenizer": tok_id.to_dict(),
-        "layers": layers,
-        "capture": "decoder_layer_output",  # layer i = raw output of decoder layer i (pre final norm)
+    recipe = Recipe(
+        model=spec.identity(config, weights), tokenizer=tok_id, layers=LayerRoles(**layers),
+        capture="decoder_layer_output",  # layer i = raw output of decoder layer i (pre final norm)
         # layer num_layers, when listed, is the final norm's output (a named capture, see manifest.FINAL_NORM)
-        "final_norm": any(i == FINAL_NORM for ids in m.layers.values() for i in ids),
-        "max_length": m.max_length,
-        "truncation": m.too_long,
-    }
+        final_norm=any(i == FINAL_NORM for ids in m.layers.values() for i in ids),
+        max_length=m.max_length, truncation=m.too_long,
+    )
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    stamps = {n: h.stamp.to_dict() for n, h in weights.items()}
-    return spec, recipe, stamps, samples, report, int(pad)
+    return Inputs(spec, recipe, weights, samples, report, int(pad))
 
 
-def _run_worker(plan: dict[str, Any], tmp: str, name: str) -> list[dict[str, Any]]:
-    plan_path = os.path.join(tmp, f"{name}.plan.json")
-    plan["result"] = os.path.join(tmp, f"{name}.result.json")
-    with open(plan_path, "w") as f:
-        json.dump(plan, f)
+def share(lengths: Sequence[int], token_budget: int, rank: int, world: int) -> tuple[list[int], list[list[int]]]:
+    """This rank's samples (indices into ``lengths``) and its batches (indices into those samples).
+
+    One global batch plan, then whole batches per rank: a sample is always computed in the same batch,
+    so states are bit-identical whatever the world size or however often a build resumed."""
+    from hsstore.core.batching import token_budget_batches
+    from hsstore.core.partition import balanced_by_tokens
+
+    batches = token_budget_batches(lengths, token_budget)
+    mine = balanced_by_tokens([sum(lengths[i] for i in b) for b in batches], world)[rank]
+    samples = [i for b in mine for i in batches[b]]
+    local, pos = [], 0
+    for b in mine:
+        local.append(list(range(pos, pos + len(batches[b]))))
+        pos += len(batches[b])
+    return samples, local
+
+
+def worker_plan(m: Manifest, inp: Inputs, backend: str, devices: list[str], batches: list[list[int]],
+                tmp: str, rank: int, quiet: bool) -> WorkerPlan:
+    """The plan of the ``backend`` worker of this rank (its files live in ``tmp``)."""
+    name = os.path.join(tmp, f"{backend}-r{rank}")
+    return WorkerPlan(
+        backend=backend, store=m.store_path, recipe=inp.recipe, model=ModelSource(**asdict(inp.spec)),
+        weight_stamps={n: h.stamp for n, h in inp.weights.items()}, samples_file=os.path.join(tmp, "samples.npz"),
+        batches=batches, runs=[(d, dev) for d in m.dtypes for dev in devices],
+        attn_implementation=m.attn_implementation, token_budget=m.token_budget, unit_tokens=m.unit_tokens,
+        codec=m.codec, allow_unhealthy=m.allow_unhealthy, pad_id=inp.pad_id, writer_prefix=f"r{rank}-",
+        quiet=quiet, result=f"{name}.result.json", progress=f"{name}.variants", parent_pid=os.getpid(),
+    )
+
+
+def _run_worker(plan: WorkerPlan) -> list[VariantResult]:
+    plan_path = plan.result.replace(".result.json", ".plan.json")
+    Path(plan_path).write_text(json.dumps(plan.to_dict()))
     env = dict(os.environ)
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE",
               "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID"):
         env.pop(k, None)  # the worker is a plain process, not a member of the process group
     proc = subprocess.run([sys.executable, "-m", "hsstore.build.worker", plan_path], env=env)
     try:
-        with open(plan["result"]) as f:
-            result = json.load(f)
-    except (OSError, ValueError):
-        raise BuildFailed(f"the {plan['backend']} worker died (exit {proc.returncode}) before reporting; "
+        raw = Path(plan.result).read_bytes()
+    except OSError:
+        raise BuildFailed(f"the {plan.backend} worker died (exit {proc.returncode}) before reporting; "
                           "committed units are intact — re-run the same command to resume") from None
-    if "error" in result:
-        err = BadInput if result["exit_code"] == 2 else BuildFailed
-        raise err(result["error"])
-    return result["results"]
+    outcome = WorkerOutcome.from_json(raw, f"the {plan.backend} worker's result", BuildFailed)
+    if outcome.error is not None:
+        raise (BadInput if outcome.exit_code == 2 else BuildFailed)(outcome.error)
+    return outcome.results
 
 
-def build(m: Manifest, limit: int | None = None, quiet: bool = False) -> dict[str, Any]:
+def build(m: Manifest, limit: int | None = None, quiet: bool = False) -> BuildResult:
     """Run the whole build; returns the summary printed at the end."""
+    from hsstore.build.samples_file import save_samples
     from hsstore.storage.store import Store
 
     t0 = time.time()
     m = validate(m)
     rank, world, local_rank = _dist()
     devices = _check_devices(m, local_rank, world)
-    spec, recipe, stamps, samples, report, pad_id = plan_inputs(m, limit)
+    inp = plan_inputs(m, limit)
     Store.create(m.store_path)  # fail early on a bad store path, before any model runs
-    group = None
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo")
-        group = dist
-    from hsstore.core.batching import token_budget_batches
-    from hsstore.core.partition import balanced_by_tokens
-
-    # One global batch plan, then whole batches per rank: a sample is always computed in the same
-    # batch, so states are bit-identical whatever the world size or however often a build resumed.
-    lengths = [s.length for s in samples]
-    batches = token_budget_batches(lengths, m.token_budget)
-    share = balanced_by_tokens([sum(lengths[i] for i in b) for b in batches], world)[rank]
-    mine = [samples[i] for b in share for i in batches[b]]
-    local_batches, pos = [], 0
-    for b in share:
-        local_batches.append(list(range(pos, pos + len(batches[b]))))
-        pos += len(batches[b])
-    results: list[dict[str, Any]] = []
+    group = _process_group(world)
+    mine, batches = share([s.length for s in inp.samples], m.token_budget, rank, world)
+    results: list[VariantResult] = []
     try:
         with tempfile.TemporaryDirectory(prefix="hsstore-build-") as tmp:
-            from hsstore.build.samples_file import save_samples
-
-            samples_file = os.path.join(tmp, "samples.npz")
-            save_samples(samples_file, mine)
+            save_samples(os.path.join(tmp, "samples.npz"), [inp.samples[i] for i in mine])
             for backend in m.backends:
-                plan = {
-                    "backend": backend, "store": m.store_path, "recipe": recipe,
-                    "weight_stamps": stamps,
-                    "model_spec": asdict(spec), "samples_file": samples_file,
-                    "runs": [(d, dev) for d in m.dtypes for dev in devices],
-                    "attn_implementation": m.attn_implementation, "token_budget": m.token_budget,
-                    "unit_tokens": m.unit_tokens, "codec": m.codec, "allow_unhealthy": m.allow_unhealthy,
-                    "pad_id": pad_id, "writer_prefix": f"r{rank}-", "quiet": quiet, "batches": local_batches,
-                }
-                results += _run_worker(plan, tmp, f"{backend}-r{rank}")
+                results += _run_worker(worker_plan(m, inp, backend, devices, batches, tmp, rank, quiet))
         if group is not None:
             group.barrier()
-        complete = _record_complete(m, samples, results) if rank == 0 else None
+        complete = _record_complete(m, inp.samples, results) if rank == 0 else None
     finally:
         if group is not None:
             group.destroy_process_group()
-    return {
-        "store": m.store_path, "rank": rank, "world_size": world, "inputs": report.to_dict(),
-        "variants": results, "complete": complete, "seconds": time.time() - t0,
-    }
+    return BuildResult(store=m.store_path, rank=rank, world_size=world,
+                       inputs=InputCounts.from_dict(inp.report.to_dict(), "input report", BuildFailed),
+                       variants=results, complete=complete, seconds=time.time() - t0)
 
 
-def _record_complete(m: Manifest, samples: list, results: list[dict[str, Any]]) -> dict[str, bool]:
+def _process_group(world: int) -> Any:
+    """torch.distributed over gloo when under torchrun (it carries only barriers), else None."""
+    if world == 1:
+        return None
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    return dist
+
+
+def _record_complete(m: Manifest, samples: list[SampleTokens], results: list[VariantResult]) -> dict[str, bool]:
     """Check every input sample is committed for every variant built; record the build as complete."""
     from hsstore.core.canonical import fingerprint
     from hsstore.storage.store import Store
@@ -184,7 +205,7 @@ def _record_complete(m: Manifest, samples: list, results: list[dict[str, Any]]) 
     store = Store.open(m.store_path, mode="a")
     keys = sorted(s.key for s in samples)
     out = {}
-    for vid in sorted({r["variant"] for r in results}):
+    for vid in sorted({r.variant for r in results}):
         have = store.reader(vid, refresh=True).refs
         missing = [k for k in keys if k not in have]
         if missing:
@@ -195,4 +216,3 @@ def _record_complete(m: Manifest, samples: list, results: list[dict[str, Any]]) 
         store.blobs.put_atomic(f"{layout.builds_prefix(vid)}{fingerprint(keys)[:16]}.json", json.dumps(record).encode())
         out[vid] = True
     return out
-

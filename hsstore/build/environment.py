@@ -8,6 +8,7 @@ import socket
 from typing import Any
 
 from hsstore.build.backends import installed
+from hsstore.core.schema.provenance import Batching, Environment, Kernels
 
 
 def _version(dist: str) -> str | None:
@@ -24,7 +25,7 @@ def versions() -> dict[str, Any]:
 
     return {
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # a str subclass that JSON encoders refuse
         "cuda": torch.version.cuda,
         "transformers": _version("transformers"),
         "fla": _version("flash-linear-attention") or _version("fla-core"),
@@ -56,20 +57,10 @@ def flags() -> dict[str, Any]:
     }
 
 
-def environment(
-    device: str, dtype: str, backend: str, kernels: dict[str, str], batching: dict[str, Any]
-) -> dict[str, Any]:
+def environment(device: str, dtype: str, backend: str, kernels: Kernels, batching: Batching) -> Environment:
     """The ``environment`` half of a provenance (DESIGN §1). ``device`` is the type; the index is informational."""
-    return {
-        **device_info(device),
-        "dtype": dtype,
-        "backend": backend,
-        "kernels": kernels,
-        "versions": versions(),
-        "flags": flags(),
-        "batching": batching,
-        "host": socket.gethostname(),
-    }
+    return Environment(**device_info(device), dtype=dtype, backend=backend, kernels=kernels, versions=versions(),
+                       flags=flags(), batching=batching, host=socket.gethostname())
 
 
 def machine_report() -> dict[str, Any]:

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from hsstore.cli.app import app, emit
+from hsstore.core.schema.build import BuildResult
 
 
 @app.command()
@@ -38,21 +39,26 @@ def build(
         allow_unhealthy=allow_unhealthy or None,
     )
     summary = run_build(m, limit=limit, quiet=quiet)
-    lines = [f"store {summary['store']}  (rank {summary['rank']}/{summary['world_size']})"]
-    inp = summary["inputs"]
-    rej = ", ".join(f"{k}: {v}" for k, v in inp["rejected"].items()) or "none"
-    lines.append(f"inputs: {inp['rows']} rows, {inp['usable']} usable, {inp['truncated']} truncated, "
-                 f"{inp['duplicates']} duplicate; rejected: {rej}")
-    for r in summary["variants"]:
-        what = "nothing new (all present)" if r["samples_written"] == 0 else f"{r['samples_written']} samples written"
-        k = r["kernels"]
+    emit(summary.to_dict(), json_out, "\n".join(_lines(summary)))
+
+
+def _lines(summary: BuildResult) -> list[str]:
+    """The text summary of a build."""
+    lines = [f"store {summary.store}  (rank {summary.rank}/{summary.world_size})"]
+    inp = summary.inputs
+    rej = ", ".join(f"{k}: {v}" for k, v in inp.rejected.items()) or "none"
+    lines.append(f"inputs: {inp.rows} rows, {inp.usable} usable, {inp.truncated} truncated, "
+                 f"{inp.duplicates} duplicate; rejected: {rej}")
+    for r in summary.variants:
+        what = "nothing new (all present)" if r.samples_written == 0 else f"{r.samples_written} samples written"
+        k = r.kernels
         lines.append(
-            f"variant {r['variant']} {r['backend']}/{r['dtype']}/{r['device']}: {what}, {r['samples_present']} "
-            f"already present; {r['tokens']:,} tokens, {r['bytes'] / 1e6:.1f} MB, {r['seconds']:.1f}s; kernels: "
-            f"gated-delta={k['chunk_gated_delta_rule']} conv1d={k['causal_conv1d']} attention={k['attention']}"
+            f"variant {r.variant} {r.backend}/{r.dtype}/{r.device}: {what}, {r.samples_present} "
+            f"already present; {r.tokens:,} tokens, {r.bytes / 1e6:.1f} MB, {r.seconds:.1f}s; kernels: "
+            f"gated-delta={k.chunk_gated_delta_rule} conv1d={k.causal_conv1d} attention={k.attention}"
         )
-    lines.append(f"done in {summary['seconds']:.1f}s")
-    emit(summary, json_out, "\n".join(lines))
+    lines.append(f"done in {summary.seconds:.1f}s")
+    return lines
 
 
 @app.command()

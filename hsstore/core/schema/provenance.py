@@ -85,6 +85,7 @@ class Batching(Record):
     token_budget: int
     attention_mask: bool
     order: str
+    padded_lengths: str | UnsetType = UNSET  # how padded lengths are bucketed (hsstore.core.batching.POLICY)
 
 
 class Stage(Record):
@@ -99,6 +100,21 @@ class ModelParallel(Record):
 
     devices: list[str]
     stages: list[Stage]
+
+
+class StorageSource(Record):
+    """The variant a converted one was derived from (informational)."""
+
+    variant: str
+    store: str
+
+
+class Storage(Record):
+    """How the states are stored when not as computed (absent: stored as computed, bit-exact)."""
+
+    precision: str  # e.g. "fp8-e4m3"
+    scale: str  # the scaling scheme (hsstore.core.quant.SCALE_SCHEME)
+    source: StorageSource | UnsetType = UNSET
 
 
 class Environment(Record):
@@ -116,6 +132,7 @@ class Environment(Record):
     batching: Batching | UnsetType = UNSET
     host: str | UnsetType = UNSET
     model_parallel: ModelParallel | UnsetType = UNSET
+    storage: Storage | UnsetType = UNSET
 
 
 class Provenance(Record):
