@@ -196,6 +196,8 @@ CASES = {
                                          _two_variant_store(t) + "#dtype=bf16"], "is the checked variant itself"),
     "check-kernels-not-bound": (lambda t: ["check", "builtin:tiny-qwen3_5", _fla_kernels_variant(t)],
                                 "binds other kernels than variant .*'torch' here, 'fla' recorded"),
+    "diff-align-b-not-native": (lambda t: ["diff", _two_variant_store(t) + "#dtype=bf16", _two_variant_store(t) + "#dtype=fp32",
+                                           "--align"], "has no known capture point"),
     "diff-samples-and-fraction": (lambda t: ["diff", _two_variant_store(t) + "#dtype=bf16", _two_variant_store(t) + "#dtype=fp32",
                                              "--samples", "2", "--fraction", "0.5"], "not both"),
 }

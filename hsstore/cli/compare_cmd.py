@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from hsstore.cli.app import app
 from hsstore.core.errors import CheckFailed
+
+
+def _emit(report: dict, json_path: Optional[str], render: Any) -> None:
+    """The report as JSON on stdout (``-``), or as text (and JSON to a file)."""
+    if json_path == "-":
+        typer.echo(json.dumps(report, indent=2, sort_keys=True))
+        return
+    typer.echo(render(report))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=2, sort_keys=True)
 
 
 @app.command()
@@ -29,6 +40,7 @@ def diff(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sample choice.")] = 0,
     confidence: Annotated[float, typer.Option("--confidence", help="Confidence level of the intervals.")] = 0.95,
     allow_different_models: Annotated[bool, typer.Option("--allow-different-models", help="Compare states of different models or tokenizers (refused by default: their divergence says nothing about precision).")] = False,
+    align: Annotated[bool, typer.Option("--align", help="Match each of A's layers against B's layers and capture points (output of i, input of i = output of i-1, pre/post final norm) and name off-by-one and pre/post-norm mismatches. Automatic when A's capture point is unknown.")] = False,
 ) -> None:
     """Per-layer divergence of two variants over all shared samples, with a verdict against a floor.
 
@@ -36,19 +48,20 @@ def diff(
 
     A 10 TB pair in minutes: add --fraction 0.01 (every statistic then gets a confidence interval).
     """
-    from hsstore.cli.diff_render import diff_text
+    from hsstore.cli.diff_render import align_text, diff_text
+    from hsstore.compare.align import run_align, should_align
     from hsstore.compare.diff import diff_targets
 
+    if align or should_align(a):
+        rep = run_align(a, b, samples, fraction, seed, threads, device, allow_different_models, auto=not align).to_dict()
+        _emit(rep, json_path, align_text)
+        if not rep["ok"]:  # a layer that is not what its label says is a failed check (exit 1)
+            raise CheckFailed(f"A's layers are not what their labels say: {rep['summary']}")
+        return
     report = diff_targets(a, b, floor, layers or None, loss_only, noise, device, threads, samples=samples,
                           fraction=fraction, seed=seed, confidence=confidence,
                           allow_different_models=allow_different_models)
-    if json_path == "-":
-        typer.echo(json.dumps(report, indent=2, sort_keys=True))
-    else:
-        typer.echo(diff_text(report))
-        if json_path:
-            with open(json_path, "w") as f:
-                json.dump(report, f, indent=2, sort_keys=True)
+    _emit(report, json_path, diff_text)
     if plot:
         from hsstore.compare.plot import plot_diff
 
@@ -81,13 +94,7 @@ def check(
     from hsstore.compare.check import run_check
 
     report = run_check(model, target, samples, seed, device, floor, noise).to_dict()
-    if json_path == "-":
-        typer.echo(json.dumps(report, indent=2, sort_keys=True))
-    else:
-        typer.echo(check_text(report))
-        if json_path:
-            with open(json_path, "w") as f:
-                json.dump(report, f, indent=2, sort_keys=True)
+    _emit(report, json_path, check_text)
     worst = max(layer["rel_l2"] for layer in report["layers"])
     if max_rel is not None:
         if worst > max_rel:

@@ -79,3 +79,19 @@ def check_text(r: dict[str, Any]) -> str:
     lines += [f"note: {n}" for n in r.get("notes", [])]
     lines.append(f"verdict: {r['verdict']}")
     return "\n".join(lines)
+
+
+def align_text(r: dict[str, Any]) -> str:
+    lines = [f"A: {r['a_target']}  ({r['a']}), capture {r['a_capture']}", f"B: {r['b_target']}  ({r['b']})",
+             f"matched each of A's layers against B's on {r['samples']} shared samples ({r['tokens']:,} tokens):"]
+    lines += [f"  B's layer {j}: {p}" for j, p in r["b_points"].items()]
+    head = "  A layer  " + " ".join(f"B{j:>9}" for j in r["b_layers"]) + "   best"
+    lines.append("rel-L2 of A's layer against each of B's:")
+    lines.append(head)
+    for L in r["layers"]:
+        cells = " ".join(f"{L['rel_l2_by_b_layer'][str(j)]:10.3e}" for j in r["b_layers"])
+        lines.append(f"  {L['layer']:7d}  {cells}   B{L['match']}")
+    lines += [f"- {L['message']}" for L in r["layers"]]
+    lines += [f"note: {n}" for n in r.get("notes", [])]
+    lines.append(f"verdict: {r['summary']}")
+    return "\n".join(lines)

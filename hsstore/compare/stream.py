@@ -53,23 +53,25 @@ def torch_single_threaded() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _sample_bytes(readers: Sequence[VariantReader], length: int, n_layers: int) -> int:
-    per_value = sum(STORED[r.record.dtype].itemsize for r in readers) + 16  # + float32 block work
-    return length * n_layers * readers[0].record.hidden_size * per_value
+def _sample_bytes(readers: Sequence[VariantReader], length: int, layers: Sequence[list[int]]) -> int:
+    per_token = sum(STORED.get(r.record.dtype, STORED["fp32"]).itemsize * len(ls) for r, ls in zip(readers, layers))
+    return length * readers[0].record.hidden_size * (per_token + 16)  # + float32 block work
 
 
-def map_samples(readers: Sequence[VariantReader], keys: Sequence[str], layers: list[int],
+def map_samples(readers: Sequence[VariantReader], keys: Sequence[str], layers: list[int] | list[list[int]],
                 fn: Callable[[str, list[list[torch.Tensor]]], R], loss_only: bool = False,
                 threads: int | None = None, budget_bytes: int | None = None) -> Iterator[R]:
     """``fn(key, [[states [T, H] of each layer] of each reader])`` for every key, in order; T counts the
     first reader's loss-masked tokens only when ``loss_only``. Reading and ``fn`` run on worker threads,
-    each reading its sample's layers one after the other (no nested pools: one thread per core)."""
+    each reading its sample's layers one after the other (no nested pools: one thread per core).
+    ``layers``: the same layer ids for every reader, or one list per reader."""
+    per_reader = layers if layers and isinstance(layers[0], list) else [layers] * len(readers)
     threads = threads or cpu_threads()
     budget = budget_bytes or BYTES_PER_THREAD * threads
     window = 2 * threads
 
     def task(key: str) -> R:
-        states = [r.read_layers(r.refs[key], layers) for r in readers]
+        states = [r.read_layers(r.refs[key], ls) for r, ls in zip(readers, per_reader)]
         if loss_only:
             _, mask = readers[0].read_tokens(readers[0].refs[key])
             sel = torch.from_numpy(mask.astype(np.bool_))
@@ -81,7 +83,7 @@ def map_samples(readers: Sequence[VariantReader], keys: Sequence[str], layers: l
     with torch_single_threaded(), ThreadPoolExecutor(threads, thread_name_prefix="hsstore-diff") as pool:
         try:
             for key in keys:
-                size = _sample_bytes(readers, readers[0].refs[key].length, len(layers))
+                size = _sample_bytes(readers, readers[0].refs[key].length, per_reader)
                 while pending and (len(pending) >= window or in_flight + size > budget):
                     fut, n = pending.popleft()
                     in_flight -= n

@@ -110,3 +110,35 @@ class CheckReport(Record):
     floor: str | UnsetType = UNSET
     floor_layers: list[LayerDiff] | UnsetType = UNSET
     seconds: float | UnsetType = UNSET
+
+
+class AlignLayer(Record):
+    """What one of A's layers holds: its best match among B's layers, and what that means."""
+
+    layer: int  # A's label
+    match: int  # B's layer id (hsstore id: output of decoder layer j; num_layers = final norm)
+    rel_l2: float
+    cos_mean: float
+    runner_up: int | None
+    runner_up_rel_l2: float
+    relation: str  # as_labelled | off_by_one | pre_norm | post_norm | shifted | no_match
+    message: str
+    rel_l2_by_b_layer: dict[str, float]
+
+
+class AlignReport(Record):
+    """``hsstore diff A B --align``: each of A's layers matched against B's capture points."""
+
+    a: str
+    b: str
+    a_target: str
+    b_target: str
+    a_capture: str  # A's recipe.capture as recorded ("unknown" for a cache whose convention was not stated)
+    samples: int
+    tokens: int
+    b_layers: list[int]
+    b_points: dict[str, str]  # B's layer id -> the capture point it is, in words
+    layers: list[AlignLayer]
+    summary: str
+    ok: bool  # every layer of A is what its label says
+    notes: list[str] = []
