@@ -147,3 +147,12 @@ def test_error_of_identical_and_of_zero_states() -> None:
     assert zero["rel_l2"] == 0 and zero["cos_mean"] == 1.0
     empty = quant_error.from_error_tensor(quant_error.error_tensor(z[:0], z[:0]).tolist())
     assert empty["tokens"] == 0
+
+
+def test_dequantizes_into_one_layer_slot_of_a_stacked_buffer() -> None:
+    x = residual_like(T=30, H=64, seed=5)
+    q = quant.quantize(x)
+    out = np.zeros((30, 3, 64), np.uint16)
+    quant.dequantize_bf16_bits(q.codes.numpy(), q.scales.numpy(), out=out[:, 1])
+    assert np.array_equal(out[:, 1], quant.dequantize(q).view(torch.int16).numpy().view(np.uint16))
+    assert not out[:, 0].any() and not out[:, 2].any()

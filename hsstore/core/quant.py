@@ -147,16 +147,18 @@ def dequantize_bf16_bits(codes: np.ndarray, scales: np.ndarray, out: np.ndarray 
     ks = scale_exponents(scales).reshape(-1)
     if out is None:
         out = np.empty(codes.shape, dtype=np.uint16)
-    dest = out.reshape(-1, b)
+    dest = out.reshape(-1, b)  # ``out`` may be a strided view (e.g. one layer of [T, n, H]) with whole rows
+    if not np.shares_memory(dest, out) or dest.strides[-1] != 2:
+        raise ValueError("out must hold whole rows (its last axis contiguous)")
     paired = b % 2 == 0
     src = rows.view(np.uint16) if paired else rows
     dst = dest.view(np.uint32) if paired else dest
     table = _pair_table if paired else _single_table
     uniq = np.unique(ks)
-    if len(uniq) == 1:
-        np.take(table(int(uniq[0])), src, out=dst)
+    if len(uniq) == 1:  # (mode="clip": every index is in range; "raise" would buffer the output)
+        np.take(table(int(uniq[0])), src, out=dst, mode="clip")
         return out
     for k in uniq:
         sel = np.flatnonzero(ks == k)
-        dst[sel] = np.take(table(int(k)), src[sel])
+        dst[sel] = np.take(table(int(k)), src[sel], mode="clip")
     return out
