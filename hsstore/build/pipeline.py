@@ -259,6 +259,10 @@ def capture_to_store(
         for dev in gpus:
             torch.cuda.synchronize(dev)
 
+    # once fewer than a unit's tokens are left to compute, units flush at a quarter of the size: their
+    # writes overlap the last forwards, and the tail (the last unit's copy and write after the last
+    # forward, a fixed cost of every build) holds at most a quarter unit plus one batch
+    remaining = sum(samples[i].length for b in batches for i in b)
     try:
         for batch in batches:
             seqs = [torch.from_numpy(samples[i].input_ids.astype("int64")) for i in batch]
@@ -277,9 +281,10 @@ def capture_to_store(
                     unit["states"][layer].append(out[layer][b, :n])
                 unit["samples"].append(samples[i])
                 unit["tokens"] += n
-            if unit["tokens"] >= unit_tokens:
-                flush()
             batch_tokens = sum(samples[i].length for i in batch)
+            remaining -= batch_tokens
+            if unit["tokens"] >= (unit_tokens if remaining >= unit_tokens else max(1, unit_tokens // 4)):
+                flush()
             if progress is not None:
                 progress.advance(len(batch), batch_tokens)
             if timing["first_batch_seconds"] is None:  # one host sync per build: kernel JIT and autotuning
