@@ -225,3 +225,25 @@ def test_json_variants_that_are_rows(tmp_path: Path):
                                                       ("lines.json", 2), ("list.json", 1), ("list.json", 2)]
     _, rep = tokenize_rows(got, TOK, "fp")
     assert rep.rejected == {"row is not a JSON object": 1}
+
+
+def test_weight_zero_turns_stay_in_the_prompt_but_out_of_the_loss():
+    msgs = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "bad answer", "weight": 0},
+            {"role": "user", "content": "q2"}, {"role": "assistant", "content": "good answer", "weight": 1}]
+    (s,), _ = _q([{"messages": msgs}])
+    assert spans(QTOK, s.input_ids, s.loss_mask) == ["<think>\n\n</think>\n\ngood answer<|im_end|>"]
+    assert "bad answer" in QTOK.decode(s.input_ids)
+    bad = [{"messages": [msgs[0], {**msgs[1], "weight": 0.5}]}, {"messages": [{**msgs[0], "weight": 1}, msgs[3]]},
+           {"messages": [msgs[0], msgs[1]]}, {"text": "t"}]
+    _, rep = _q(bad)
+    assert rep.rejected == {"weight is neither 0 nor 1": 1, "weight on a message that is not the assistant's": 1,
+                            "no trainable tokens (loss mask empty)": 1}
+
+
+def test_a_system_field_of_the_row_is_its_system_prompt():
+    conv = [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}]
+    field = {"system": "Be brief.", "conversations": conv}
+    inline = {"conversations": [{"from": "system", "value": "Be brief."}, *conv]}
+    assert _key(field) == _key(inline)
+    _, rep = _q([{**inline, "system": "Other."}, {"text": "t"}])
+    assert rep.rejected == {"a system prompt both as the row's field and as its first message": 1}

@@ -18,7 +18,7 @@ import numpy as np
 
 from hsstore.build.datafiles import BadRow, load_rows
 from hsstore.build.lossmask import METHOD, ChatMasker
-from hsstore.build.messages import RowRejected, row_tools, to_messages
+from hsstore.build.messages import RowRejected, to_chat
 from hsstore.core.errors import BadInput
 from hsstore.core.keys import SampleTokens, sample_key
 from hsstore.core.schema.inputs import RowIssue
@@ -78,8 +78,8 @@ class _Tokens:
         if f in ("sharegpt", "openai"):
             if self.masker is None:
                 self.masker = ChatMasker(self.tok)  # BadInput here if the template cannot be handled at all
-            msgs = to_messages(row.get("conversations" if f == "sharegpt" else "messages"))
-            return self.masker(msgs, row_tools(row))
+            chat = to_chat(row, "conversations" if f == "sharegpt" else "messages")
+            return self.masker(chat.messages, chat.tools, chat.trained)
         if f == "text":
             text = row.get("text")
             if not isinstance(text, str):

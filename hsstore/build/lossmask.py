@@ -169,8 +169,10 @@ class ChatMasker:
             return Marked(text, starts, removed, where, (who, how))
         raise RowRejected("the chat template alters message text in a way that hides where replies are")
 
-    def __call__(self, msgs: list[dict[str, Any]], tools: Any = None) -> tuple[list[int], list[int]]:
-        """(input_ids, loss_mask) of one conversation; raises RowRejected with the reason."""
+    def __call__(self, msgs: list[dict[str, Any]], tools: Any = None,
+                 trained: list[bool] | None = None) -> tuple[list[int], list[int]]:
+        """(input_ids, loss_mask) of one conversation (only assistant turns with ``trained[k]`` are masked
+        in; all by default); raises RowRejected with the reason."""
         self._check_text(msgs, tools)
         try:
             plain = self._render(msgs, tools, False)
@@ -182,7 +184,7 @@ class ChatMasker:
         ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
         mask = [0] * len(ids)
         for k, m in enumerate(msgs):
-            if m["role"] != "assistant":
+            if m["role"] != "assistant" or (trained is not None and not trained[k]):
                 continue
             start = self._reply_start(k, msgs, tools, nonce, mk, plain)
             own = mk.where.get(k, [])

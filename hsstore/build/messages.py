@@ -3,7 +3,8 @@
 Datasets spell one conversation many ways: ShareGPT ``from``/``value`` with ``human``/``gpt``, OpenAI
 ``role``/``content`` with content as a list of parts, tool calls and tool results, reasoning in a field of
 its own. Each is mapped onto the OpenAI/transformers shape (``role``, ``content``, ``reasoning_content``,
-``tool_calls``, ``tool_call_id``, ``name``). Nothing is guessed: a row that cannot be mapped exactly is
+``tool_calls``, ``tool_call_id``, ``name``), with a row's ``system`` field as its first message and
+OpenAI's per-message ``weight`` (0: not trained on) kept aside. Nothing is guessed: a row that cannot be mapped exactly is
 rejected with a reason; values such as tool-call arguments are passed on as given (a JSON string stays a
 string — templates differ in which they expect).
 """
@@ -11,6 +12,7 @@ string — templates differ in which they expect).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 # lower-cased role names seen in public datasets -> the role chat templates know
@@ -122,20 +124,53 @@ def _message(turn: dict[str, Any], i: int) -> dict[str, Any]:
     return msg
 
 
-def to_messages(turns: Any) -> list[dict[str, Any]]:
-    """The normalized messages of a ``conversations``/``messages`` value; raises RowRejected."""
+def _trained(turn: dict[str, Any], role: str, i: int) -> bool:
+    """OpenAI fine-tuning's ``weight``: 0 keeps an assistant turn in the prompt but out of the loss."""
+    weight = turn.get("weight")
+    if weight is None:
+        return role == "assistant"
+    if role != "assistant":
+        raise RowRejected("weight on a message that is not the assistant's", f"message {i}")
+    if type(weight) is not int or weight not in (0, 1):
+        raise RowRejected("weight is neither 0 nor 1", f"message {i}: {weight!r}")
+    return weight == 1
+
+
+@dataclass(frozen=True)
+class Chat:
+    """A normalized conversation: the messages the template renders, which assistant turns are trained on
+    (``trained[i]``, False for every other role), and the row's tool schemas."""
+
+    messages: list[dict[str, Any]]
+    trained: list[bool]
+    tools: list[dict[str, Any]] | None
+
+
+def to_chat(row: dict[str, Any], key: str) -> Chat:
+    """The conversation under ``row[key]`` (with the row's ``system`` and ``tools`` fields); RowRejected if
+    it cannot be mapped exactly."""
+    turns = row.get(key)
     if not isinstance(turns, list):
         raise RowRejected("malformed chat", "messages are not a list")
-    out = []
+    msgs, trained = [], []
     for i, turn in enumerate(turns):
         if not isinstance(turn, dict):
             raise RowRejected("malformed chat", f"message {i} is not an object")
-        out.append(_message(turn, i))
-    if not out or all(not m["content"].strip() and not m.get("tool_calls") for m in out):
+        msgs.append(_message(turn, i))
+        trained.append(_trained(turn, msgs[-1]["role"], i))
+    system = row.get("system")
+    if system not in (None, ""):  # LLaMA-Factory's ShareGPT layout: the system prompt as a field of the row
+        if not isinstance(system, str):
+            raise RowRejected("system is not text")
+        if msgs and msgs[0]["role"] == "system":
+            raise RowRejected("a system prompt both as the row's field and as its first message")
+        msgs.insert(0, {"role": "system", "content": system})
+        trained.insert(0, False)
+    if not msgs or all(not m["content"].strip() and not m.get("tool_calls") for m in msgs):
         raise RowRejected("empty")
-    if not any(m["role"] == "assistant" for m in out):
+    if not any(m["role"] == "assistant" for m in msgs):
         raise RowRejected("no assistant turn")
-    return out
+    return Chat(msgs, trained, row_tools(row))
 
 
 def row_tools(row: dict[str, Any]) -> list[dict[str, Any]] | None:
