@@ -4,9 +4,9 @@ Datasets spell one conversation many ways: ShareGPT ``from``/``value`` with ``hu
 ``role``/``content`` with content as a list of parts, tool calls and tool results, reasoning in a field of
 its own. Each is mapped onto the OpenAI/transformers shape (``role``, ``content``, ``reasoning_content``,
 ``tool_calls``, ``tool_call_id``, ``name``), with a row's ``system`` field as its first message and
-OpenAI's per-message ``weight`` (0: not trained on) kept aside. Nothing is guessed: a row that cannot be mapped exactly is
-rejected with a reason; values such as tool-call arguments are passed on as given (a JSON string stays a
-string — templates differ in which they expect).
+OpenAI's per-message ``weight`` (0: not trained on) kept aside. Nothing is guessed: a row that cannot be
+mapped exactly is rejected with a reason; values such as tool-call arguments are passed on as given (a
+JSON string stays a string — templates differ in which they expect).
 """
 
 from __future__ import annotations
