@@ -106,3 +106,52 @@ def save_local_model(d: Path, arch: str = "tiny-llama", seed: int = 0, chat_temp
         for f in d.glob("chat_template*"):
             f.unlink()
     return d
+
+
+def children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (from /proc: no psutil)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, exited but not yet reaped, does not count)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def wait_for(condition, timeout: float = 120, what: str = "condition"):  # noqa: ANN001, ANN201
+    """Poll ``condition()`` until it returns something truthy; fail naming ``what`` after ``timeout`` s."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = condition()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def kill_build(proc: subprocess.Popen) -> None:
+    """SIGKILL a build started with ``start_new_session=True`` and its workers (each in its own process
+    group) at the same moment, and wait until none runs."""
+    import signal
+
+    groups = [proc.pid, *children(proc.pid)]
+    for g in groups:
+        try:
+            os.killpg(g, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+    wait_for(lambda: not any(alive(p) for p in groups), 60, "the killed build's processes to end")

@@ -73,3 +73,11 @@ def test_build_result_keeps_the_documented_keys(tiny_store):
                   "first_batch_seconds", "tail_seconds", "pinned_alloc_seconds", "steady_tokens", "steady_seconds",
                   "peak_gpu_memory_gb"}
     assert all(documented <= set(v) for v in out["variants"])
+
+
+def test_a_build_stopped_before_any_variant_says_nothing_was_committed():
+    from hsstore.build.driver import Context
+
+    msg = Context("/s.zarr", 0, 1, ["cpu"]).stopped("SIGINT")
+    assert msg == ("interrupted by SIGINT before any variant was written; nothing was committed — run the same "
+                   "command again to build")

@@ -119,3 +119,14 @@ def test_builtin_model_identity_is_unchanged_so_old_stores_resume():
                      "num_layers": 4, "hidden_size": 64, "config_fingerprint": "d91acfed2e87d34111e258ee237930af",
                      "seed": 0, "generator_version": 1, "init_device": "cpu",
                      "fingerprint": "bb22bad149ccfc4e27f711b17aac8dbb"}
+
+
+def test_a_file_that_changes_while_it_is_hashed_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import hsstore.core.filehash as fh
+
+    p = tmp_path / "model.safetensors"
+    p.write_bytes(b"x" * 1000)
+    stamps = iter([fh.stamp(p), fh.stamp(p).replace(mtime_ns=1)])  # as a copy still running would show
+    monkeypatch.setattr(fh, "stamp", lambda path: next(stamps))
+    with pytest.raises(BuildFailed, match=r"model.safetensors changed while it was hashed .* re-run when it is complete"):
+        fh.hash_file(p)

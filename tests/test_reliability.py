@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +14,7 @@ import pytest
 from hsstore import Store
 from hsstore.storage.verify import verify
 
-from helpers import DATA, REPO, run_cli, write_manifest
+from helpers import DATA, REPO, kill_build, run_cli, write_manifest
 
 LIMIT = "48"
 
@@ -70,8 +68,7 @@ def test_sigkill_at_ten_seeded_moments_then_resume(reference, tmp_path: Path):
     for delay in kills:
         p = _start_build(m)
         time.sleep(delay)
-        os.killpg(p.pid, signal.SIGKILL)  # the driver and its worker, mid-whatever
-        p.wait()
+        kill_build(p)  # the driver and its worker, mid-whatever
         store = tmp_path / "crash.zarr"
         if (store / "zarr.json").exists():
             s = Store.open(store)

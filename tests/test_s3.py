@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from torch.utils.data import DataLoader
 from hsstore import HiddenStateDataset, Store, StreamingHiddenStateDataset
 from hsstore.storage.verify import verify
 
-from helpers import REPO, run_cli
+from helpers import REPO, kill_build, run_cli
 
 pytest.importorskip("s3fs", reason="s3fs is part of the test extras (pip install -e '.[test]')")
 
@@ -119,8 +118,7 @@ def test_s3_concurrent_writers_and_a_killed_writer(s3: str, tiny_store: Path):
             pass
         time.sleep(0.05)
     assert p.poll() is None, "the build finished before it could be killed"
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
+    kill_build(p)  # the driver and its worker at once
     partial = Store.open(killed).variants[0].n_samples
     assert 0 < partial < 40 and verify(Store.open(killed))["ok"]
     resumed = _build(small, killed)

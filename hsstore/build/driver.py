@@ -10,18 +10,18 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hsstore.build.manifest import FINAL_NORM, Manifest, resolve_layers, validate
 from hsstore.build.models import ModelSpec, text_config
-from hsstore.core.errors import BadInput, BuildFailed
+from hsstore.build.signals import TEMP_PREFIX, Stopped, run_worker, stop_on_signals
+from hsstore.core.errors import BadInput, BuildFailed, BuildInterrupted, HsstoreError
 from hsstore.core.keys import SampleTokens
 from hsstore.core.schema.build import BuildResult, InputCounts, ModelSource, VariantResult, WorkerOutcome, WorkerPlan
 from hsstore.core.schema.files import HashedFile
@@ -138,18 +138,53 @@ def worker_plan(m: Manifest, inp: Inputs, backend: str, devices: list[str], batc
     )
 
 
-def _run_worker(plan: WorkerPlan) -> list[VariantResult]:
+@dataclass
+class Context:
+    """One rank's build: where it runs and what it has done so far (named when the build is stopped)."""
+
+    store: str
+    rank: int
+    world: int
+    devices: list[str]
+    keys: list[str] = field(default_factory=list)  # this rank's sample keys, once planned
+    variants: list[str] = field(default_factory=list)  # the variants its workers opened, in order
+
+    def stopped(self, sig: str) -> str:
+        """What a stopped build says: what is committed, and how to resume."""
+        if not self.variants:
+            return (f"interrupted by {sig} before any variant was written; nothing was committed — run the same "
+                    "command again to build")
+        share = " (this rank's share)" if self.world > 1 else ""
+        try:
+            from hsstore.storage.store import Store
+
+            store = Store.open(self.store)
+            done = [sum(1 for k in self.keys if k in store.reader(v, refresh=True).refs) for v in self.variants]
+            what = "; ".join(f"variant {v}: {n} of {len(self.keys)} samples{share} committed"
+                             for v, n in zip(self.variants, done))
+        except HsstoreError as e:
+            what = f"the store could not be read back ({e})"
+        return (f"interrupted by {sig}; the worker was stopped. {what} — committed units are intact; re-run the "
+                "same command to resume")
+
+
+def _run_worker(plan: WorkerPlan, ctx: Context) -> list[VariantResult]:
+    """Run one worker to its end (stopped with the build on a signal) and return its variants."""
     plan_path = plan.result.replace(".result.json", ".plan.json")
     Path(plan_path).write_text(json.dumps(plan.to_dict()))
     env = dict(os.environ)
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE",
               "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID"):
         env.pop(k, None)  # the worker is a plain process, not a member of the process group
-    proc = subprocess.run([sys.executable, "-m", "hsstore.build.worker", plan_path], env=env)
+    try:
+        code = run_worker([sys.executable, "-m", "hsstore.build.worker", plan_path], env)
+    finally:
+        opened = Path(plan.progress).read_text().split() if Path(plan.progress).exists() else []
+        ctx.variants += [v for v in opened if v not in ctx.variants]
     try:
         raw = Path(plan.result).read_bytes()
     except OSError:
-        raise BuildFailed(f"the {plan.backend} worker died (exit {proc.returncode}) before reporting; "
+        raise BuildFailed(f"the {plan.backend} worker died (exit {code}) before reporting; "
                           "committed units are intact — re-run the same command to resume") from None
     outcome = WorkerOutcome.from_json(raw, f"the {plan.backend} worker's result", BuildFailed)
     if outcome.error is not None:
@@ -158,33 +193,54 @@ def _run_worker(plan: WorkerPlan) -> list[VariantResult]:
 
 
 def build(m: Manifest, limit: int | None = None, quiet: bool = False) -> BuildResult:
-    """Run the whole build; returns the summary printed at the end."""
-    from hsstore.build.samples_file import save_samples
-    from hsstore.storage.store import Store
-
+    """Run the whole build; returns the summary printed at the end. SIGTERM, SIGINT or SIGHUP stop it
+    (and its worker) with BuildInterrupted, exit status 128 + the signal (hsstore.build.signals)."""
     t0 = time.time()
     m = validate(m)
     rank, world, local_rank = _dist()
-    devices = _check_devices(m, local_rank, world)
+    ctx = Context(m.store_path, rank, world, _check_devices(m, local_rank, world))
+    with stop_on_signals():
+        try:
+            return _build(m, limit, quiet, ctx, t0)
+        except Stopped as s:
+            raise BuildInterrupted(s.signum, ctx.stopped(str(s))) from None
+
+
+def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float) -> BuildResult:
+    from hsstore.build.samples_file import save_samples
+    from hsstore.storage.store import Store
+
     inp = plan_inputs(m, limit)
     Store.create(m.store_path)  # fail early on a bad store path, before any model runs
-    group = _process_group(world)
-    mine, batches = share([s.length for s in inp.samples], m.token_budget, rank, world)
+    group = _process_group(ctx.world)
+    mine, batches = share([s.length for s in inp.samples], m.token_budget, ctx.rank, ctx.world)
+    ctx.keys = [inp.samples[i].key for i in mine]
     results: list[VariantResult] = []
     try:
-        with tempfile.TemporaryDirectory(prefix="hsstore-build-") as tmp:
+        # a worker whose driver died removes the folder itself; a stray one may have done so already
+        with tempfile.TemporaryDirectory(prefix=TEMP_PREFIX, ignore_cleanup_errors=True) as tmp:
             save_samples(os.path.join(tmp, "samples.npz"), [inp.samples[i] for i in mine])
             for backend in m.backends:
-                results += _run_worker(worker_plan(m, inp, backend, devices, batches, tmp, rank, quiet))
-        if group is not None:
-            group.barrier()
-        complete = _record_complete(m, inp.samples, results) if rank == 0 else None
+                plan = worker_plan(m, inp, backend, ctx.devices, batches, tmp, ctx.rank, quiet)
+                results += _run_worker(plan, ctx)
+        _barrier(group)
+        complete = _record_complete(m, inp.samples, results) if ctx.rank == 0 else None
     finally:
         if group is not None:
             group.destroy_process_group()
-    return BuildResult(store=m.store_path, rank=rank, world_size=world,
+    return BuildResult(store=m.store_path, rank=ctx.rank, world_size=ctx.world,
                        inputs=InputCounts.from_dict(inp.report.to_dict(), "input report", BuildFailed),
                        variants=results, complete=complete, seconds=time.time() - t0)
+
+
+def _barrier(group: Any) -> None:
+    """Wait for every rank, letting stop signals through (a blocking gloo barrier holds them until it ends)."""
+    if group is None:
+        return
+    work = group.barrier(async_op=True)
+    while not work.is_completed():
+        time.sleep(0.05)
+    work.wait()
 
 
 def _process_group(world: int) -> Any:

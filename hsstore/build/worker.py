@@ -182,7 +182,10 @@ def _outcome(plan: WorkerPlan) -> WorkerOutcome:
 
 
 def main(argv: list[str]) -> int:
+    from hsstore.build.signals import exit_with_parent
+
     plan = WorkerPlan.from_json(Path(argv[0]).read_bytes(), f"worker plan {argv[0]}")
+    exit_with_parent(plan.parent_pid, Path(argv[0]).parent)  # never outlive the driver
     outcome = _outcome(plan)
     Path(plan.result).write_text(json.dumps(outcome.to_dict()))
     return outcome.exit_code

@@ -61,5 +61,14 @@ class BuildFailed(HsstoreError, RuntimeError):
     exit_code = 1
 
 
+class BuildInterrupted(BuildFailed):
+    """A build stopped by a signal (SIGTERM, SIGINT, SIGHUP): exit status 128 + the signal's number."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
 class WriteFailed(BuildFailed):
     """Writing to the store failed (a full disk, a file-size limit, an I/O error); nothing was committed."""

@@ -1,0 +1,135 @@
+"""Stopping a build on SIGTERM, SIGINT or SIGHUP without leaving a worker behind.
+
+The driver runs each worker in its own process group. The first stop signal raises ``Stopped`` in the
+driver's main thread (a BaseException, so no ``except Exception`` on the way swallows it; the driver
+turns it into BuildInterrupted with what was committed); on the way out the driver sends the worker's group SIGTERM, waits up to
+``HSSTORE_STOP_GRACE`` seconds (default 10), then sends SIGKILL — a second signal skips the wait.
+A worker whose driver is gone (even SIGKILLed) exits by itself: on Linux the kernel sends it SIGHUP
+when its parent dies (PR_SET_PDEATHSIG), and everywhere a watchdog thread notices the parent pid
+change within half a second; either way it removes the driver's temporary folder and exits.
+
+A build stopped by a signal exits with 128 + the signal's number (143 SIGTERM, 130 SIGINT, 129
+SIGHUP), as a shell reports a process killed by it. Committed units are never at risk: a worker
+killed at any moment loses only its uncommitted unit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+TEMP_PREFIX = "hsstore-build-"  # the driver's temporary folder (a worker removes only such a folder)
+WATCH_SECONDS = 0.5
+_PR_SET_PDEATHSIG = 1
+_state = {"stopping": False, "hurry": False}
+
+
+class Stopped(BaseException):
+    """Raised in the driver's main thread by the first stop signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def grace_seconds() -> float:
+    try:
+        return max(0.0, float(os.environ.get("HSSTORE_STOP_GRACE", "10")))
+    except ValueError:
+        return 10.0
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """While active: the first stop signal raises Stopped in the main thread; later ones make
+    ``stop_worker`` skip its grace period. Outside the main thread (a library caller's thread) it does
+    nothing: Python delivers signals to the main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if _state["stopping"]:
+            _state["hurry"] = True
+            return
+        _state["stopping"] = True
+        raise Stopped(signum)
+
+    _state.update(stopping=False, hurry=False)
+    old = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        _state.update(stopping=False, hurry=False)
+
+
+def run_worker(argv: Sequence[str], env: dict[str, str]) -> int:
+    """Run a worker in its own process group and wait for it; if the wait ends by an exception (a stop
+    signal, anything), stop the worker before passing the exception on."""
+    proc = subprocess.Popen(list(argv), env=env, start_new_session=True)
+    try:
+        return proc.wait()
+    finally:
+        if proc.returncode is None:
+            stop_worker(proc)
+
+
+def stop_worker(proc: subprocess.Popen) -> None:
+    """SIGTERM to the worker's group, the grace period (cut short by a second stop signal), then SIGKILL."""
+    _signal_group(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_seconds()
+    while proc.poll() is None and time.monotonic() < deadline and not _state["hurry"]:
+        try:
+            proc.wait(timeout=0.05)
+        except subprocess.TimeoutExpired:
+            pass
+    _signal_group(proc.pid, signal.SIGKILL)  # whatever is left of the group, the worker's children too
+    proc.wait()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def exit_with_parent(parent_pid: int, temp: str | os.PathLike[str] | None = None) -> None:
+    """In a worker: exit at once on SIGTERM (the driver stopping it), and exit removing the driver's
+    temporary folder ``temp`` when the driver is gone. The kernel reports the parent's death as SIGHUP
+    (PR_SET_PDEATHSIG), a signal of its own: it can come while the dying driver's other threads still
+    hold its pid, so the worker cannot tell it from a stop by asking for its parent's pid."""
+    def leave(code: int) -> None:
+        if temp is not None and Path(temp).name.startswith(TEMP_PREFIX):
+            shutil.rmtree(temp, ignore_errors=True)
+        os._exit(code)
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(128 + signum))
+    signal.signal(signal.SIGHUP, lambda signum, frame: leave(128 + signum))
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGHUP), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # the watchdog below still works
+    if os.getppid() != parent_pid:  # the driver died before the line above
+        leave(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(WATCH_SECONDS)
+        leave(1)
+
+    threading.Thread(target=watch, name="hsstore-parent-watchdog", daemon=True).start()

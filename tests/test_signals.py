@@ -1,0 +1,132 @@
+"""Stopping a build: SIGTERM/SIGINT/SIGHUP to the driver stop its worker; a worker outlives no driver.
+
+Real processes throughout: the driver is ``python -m hsstore build`` (or torchrun's ranks), its worker
+is found under it in /proc, and every check waits for a state (a commit, a worker's variant file), not
+for a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hsstore import Store
+from hsstore.storage.verify import verify
+
+from helpers import REPO, alive, children, kill_build, run_cli, wait_for, write_manifest
+
+LIMIT = 60
+
+
+def _manifest(tmp: Path) -> Path:
+    """A model wide enough (hidden 512) and units small enough (600 tokens) that a build of LIMIT samples
+    commits many units over several seconds: a signal always lands mid-build."""
+    m = write_manifest(tmp / "m.toml", model="builtin:tiny-llama", layers="{ aux = [1], target = [2] }",
+                       store=str(tmp / "s.zarr"), dtypes='["fp32"]',
+                       extra_model="config = { hidden_size = 512, intermediate_size = 2048 }")
+    m.write_text(m.read_text().replace("unit_tokens = 2048", "unit_tokens = 600").replace(
+        "token_budget = 2048", "token_budget = 600"))
+    return m
+
+
+def _start(cmd: list[str], tmp: Path) -> subprocess.Popen:
+    (tmp / "tmp").mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(tmp / "tmp")}  # the driver's temporary folder lands here
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _build(tmp: Path, *extra: str) -> subprocess.Popen:
+    return _start([sys.executable, "-m", "hsstore", "build", str(_manifest(tmp)), "--limit", str(LIMIT), "--quiet",
+                   *extra], tmp)
+
+
+def _temp_folders(tmp: Path) -> list[Path]:
+    return list((tmp / "tmp").glob("hsstore-build-*"))
+
+
+def _computing(driver: int, store: Path, rank: int = 0) -> int | None:
+    """The driver's worker, once it has committed a unit (so it is mid-build)."""
+    workers = children(driver)
+    return workers[0] if workers and any(store.glob(f"variants/*/commits/r{rank}-*.json")) else None
+
+
+def test_sigterm_stops_the_worker_cleans_up_and_a_rerun_resumes(tmp_path: Path):
+    p = _build(tmp_path)
+    try:
+        worker = wait_for(lambda: _computing(p.pid, tmp_path / "s.zarr") or p.poll() is not None,
+                          what="a first commit")
+        assert p.poll() is None, "the build ended before it could be stopped"
+        os.kill(p.pid, signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            kill_build(p)
+    assert p.returncode == 128 + signal.SIGTERM, err
+    (line,) = err.strip().splitlines()  # one line: what was committed and how to resume
+    assert line.startswith("error: interrupted by SIGTERM; the worker was stopped. variant ")
+    assert "samples committed" in line and "re-run the same command to resume" in line
+    assert not alive(worker) and not _temp_folders(tmp_path)
+    store = Store.open(tmp_path / "s.zarr")
+    assert 0 < store.variants[0].n_samples < LIMIT and verify(store)["ok"]
+    r = run_cli("build", str(tmp_path / "m.toml"), "--limit", str(LIMIT), "--quiet", "--json")
+    assert r.returncode == 0, r.stderr
+    (res,) = json.loads(r.stdout)["variants"]
+    assert res["samples_present"] > 0 and res["samples_present"] + res["samples_written"] == LIMIT
+    assert json.loads(r.stdout)["complete"] == {res["variant"]: True}
+    assert verify(Store.open(tmp_path / "s.zarr"))["ok"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_sigint_and_sighup_stop_the_build_too(sig: int, tmp_path: Path):
+    p = _build(tmp_path)
+    try:
+        worker = wait_for(lambda: _computing(p.pid, tmp_path / "s.zarr"), what="a first commit")
+        os.kill(p.pid, sig)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            kill_build(p)
+    assert p.returncode == 128 + sig, err
+    assert f"interrupted by {signal.Signals(sig).name}" in err and "re-run the same command" in err
+    assert not alive(worker) and not _temp_folders(tmp_path)
+
+
+def test_a_worker_whose_driver_is_sigkilled_exits_by_itself(tmp_path: Path):
+    p = _build(tmp_path)
+    try:
+        worker = wait_for(lambda: _computing(p.pid, tmp_path / "s.zarr"), what="a first commit")
+        os.kill(p.pid, signal.SIGKILL)  # the driver only: nothing can run in it any more
+        p.wait(timeout=60)
+        wait_for(lambda: not alive(worker), 60, "the orphaned worker to exit")
+        wait_for(lambda: not _temp_folders(tmp_path), 60, "the orphaned worker to remove the driver's folder")
+    finally:
+        kill_build(p)
+    assert verify(Store.open(tmp_path / "s.zarr"))["ok"]
+
+
+def test_sigterm_to_one_torchrun_rank_stops_every_rank_and_worker(tmp_path: Path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "hsstore", "build", str(_manifest(tmp_path)), "--limit", str(LIMIT), "--quiet"]
+    p = _start(cmd, tmp_path)
+    try:
+        ranks = wait_for(lambda: len(children(p.pid)) == 2 and children(p.pid), what="two rank drivers")
+        rank1 = next(r for r in ranks if b"RANK=1\0" in Path(f"/proc/{r}/environ").read_bytes())
+        rank0 = next(r for r in ranks if r != rank1)
+        workers = [wait_for(lambda: _computing(r, tmp_path / "s.zarr", rank), what=f"rank {rank}'s first commit")
+                   for rank, r in ((0, rank0), (1, rank1))]
+        os.kill(rank1, signal.SIGTERM)  # as torchrun, a scheduler or an operator would
+        _, err = p.communicate(timeout=180)
+    finally:
+        if p.poll() is None:
+            kill_build(p)
+    assert p.returncode != 0
+    assert err.count("interrupted by SIGTERM") == 2, err  # each rank: the operator's, then torchrun's
+    assert not any(alive(pid) for pid in [*ranks, *workers]) and not _temp_folders(tmp_path)
+    assert verify(Store.open(tmp_path / "s.zarr"))["ok"]
