@@ -117,6 +117,9 @@ def test_torchrun_two_rank_build_is_bit_exact_to_one_process(reference, tmp_path
     (vid,) = Store.open(tmp_path / "dist.zarr").variant_ids()
     builds = list((tmp_path / "dist.zarr" / "variants" / vid / "builds").glob("*.json"))
     assert len(builds) == 1 and json.loads(builds[0].read_text())["complete"] is True
+    (lineage,) = (tmp_path / "dist.zarr" / "builds").iterdir()  # one build id, agreed by both ranks
+    assert sorted(p.name for p in lineage.iterdir()) == ["r0-end.json", "r0-start.json", "r1-end.json",
+                                                         "r1-start.json", "rows.jsonl"]
     writers = {c.writer["writer"].split("-")[0] for c in Store.open(tmp_path / "dist.zarr").reader(vid).commits}
     assert writers == {"r0", "r1"}  # both ranks wrote units
 

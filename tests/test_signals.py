@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from hsstore import Store
+from hsstore.core.schema.build import BuildRecord
 from hsstore.storage.verify import verify
 
 from helpers import REPO, alive, children, kill_build, run_cli, wait_for, write_manifest
@@ -75,6 +76,9 @@ def test_sigterm_stops_the_worker_cleans_up_and_a_rerun_resumes(tmp_path: Path):
     assert not alive(worker) and not _temp_folders(tmp_path)
     store = Store.open(tmp_path / "s.zarr")
     assert 0 < store.variants[0].n_samples < LIMIT and verify(store)["ok"]
+    (end,) = (BuildRecord.from_json(f.read_bytes(), "record") for f in (tmp_path / "s.zarr").glob("builds/*/r0-end.json"))
+    assert end.outcome == "interrupted" and f"error: {end.error}" == line  # the lineage says how it ended
+    assert end.committed == {store.variants[0].id: store.variants[0].n_samples}
     r = run_cli("build", str(tmp_path / "m.toml"), "--limit", str(LIMIT), "--quiet", "--json")
     assert r.returncode == 0, r.stderr
     (res,) = json.loads(r.stdout)["variants"]
@@ -109,6 +113,8 @@ def test_a_worker_whose_driver_is_sigkilled_exits_by_itself(tmp_path: Path):
     finally:
         kill_build(p)
     assert verify(Store.open(tmp_path / "s.zarr"))["ok"]
+    (record,) = (tmp_path / "s.zarr").glob("builds/*/r*.json")  # killed outright: its start record stands alone
+    assert record.name == "r0-start.json" and json.loads(record.read_text())["outcome"] == "running"
 
 
 def test_sigterm_to_one_torchrun_rank_stops_every_rank_and_worker(tmp_path: Path):

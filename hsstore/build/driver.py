@@ -7,7 +7,6 @@ every sample is committed and records the build as complete.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import sys
@@ -18,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hsstore.build.devices import check_devices, dist
+from hsstore.build.lineage import Lineage, agree_build_id, now
 from hsstore.build.manifest import FINAL_NORM, Manifest, resolve_layers, validate
 from hsstore.build.models import ModelSpec, text_config
 from hsstore.build.signals import TEMP_PREFIX, Stopped, run_worker, stop_on_signals
@@ -27,47 +28,6 @@ from hsstore.core.schema.build import BuildResult, InputCounts, ModelSource, Var
 from hsstore.core.schema.files import HashedFile
 from hsstore.core.schema.provenance import LayerRoles, Recipe
 from hsstore.storage import layout
-
-
-def _dist() -> tuple[int, int, int]:
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
-
-
-def _check_devices(m: Manifest, local_rank: int, world: int) -> list[str]:
-    import torch
-
-    from hsstore.build.backends import installed
-
-    if "fla" in m.backends and not installed("fla"):
-        raise BadInput("backend 'fla' needs the flash-linear-attention kernels, which are not installed here: "
-                       "pip install flash-linear-attention fla-core (or use --backend torch)")
-    out = []
-    for dev in m.devices:
-        if dev.startswith("cuda"):
-            if not torch.cuda.is_available():
-                raise BadInput(f"device {dev!r} requested but no CUDA GPU is visible here; use --device cpu")
-            k, count = m.gpus_per_rank, torch.cuda.device_count()
-            if k > 1:
-                from hsstore.build.placement import require_accelerate
-
-                require_accelerate()
-                first = local_rank * k
-                if first + k > count:
-                    raise BadInput(f"gpus_per_rank = {k} on local rank {local_rank} needs GPUs {first}..{first + k - 1} "
-                                   f"but {count} are visible: run at most {count // k} rank(s) per node "
-                                   f"(torchrun --nproc-per-node {max(1, count // k)}) or lower gpus_per_rank")
-                group = [f"cuda:{first + i}" for i in range(k)]
-                names = {torch.cuda.get_device_name(d) for d in group}
-                if len(names) > 1:
-                    raise BadInput(f"the GPUs of one rank group differ ({', '.join(sorted(names))}); a model spread "
-                                   "over GPUs must run on one kind of GPU — set CUDA_VISIBLE_DEVICES to GPUs of one model")
-                dev = "+".join(group)
-            elif dev == "cuda":
-                dev = f"cuda:{local_rank % torch.cuda.device_count()}" if world > 1 else "cuda:0"
-            elif int(dev[5:]) >= torch.cuda.device_count():
-                raise BadInput(f"device {dev!r} requested but only {torch.cuda.device_count()} GPU(s) are visible")
-        out.append(dev)
-    return out
 
 
 @dataclass(frozen=True)
@@ -140,7 +100,7 @@ def worker_plan(m: Manifest, inp: Inputs, backend: str, devices: list[str], batc
 
 @dataclass
 class Context:
-    """One rank's build: where it runs and what it has done so far (named when the build is stopped)."""
+    """One rank's build: where it runs and what it has done so far (named when the build ends early)."""
 
     store: str
     rank: int
@@ -148,6 +108,14 @@ class Context:
     devices: list[str]
     keys: list[str] = field(default_factory=list)  # this rank's sample keys, once planned
     variants: list[str] = field(default_factory=list)  # the variants its workers opened, in order
+    lineage: Lineage | None = None  # its build records, once the store is open
+
+    def committed(self) -> dict[str, int]:
+        """Variant -> how many of this rank's samples are committed now."""
+        from hsstore.storage.store import Store
+
+        store = Store.open(self.store)
+        return {v: sum(1 for k in self.keys if k in store.reader(v, refresh=True).refs) for v in self.variants}
 
     def stopped(self, sig: str) -> str:
         """What a stopped build says: what is committed, and how to resume."""
@@ -156,16 +124,27 @@ class Context:
                     "command again to build")
         share = " (this rank's share)" if self.world > 1 else ""
         try:
-            from hsstore.storage.store import Store
-
-            store = Store.open(self.store)
-            done = [sum(1 for k in self.keys if k in store.reader(v, refresh=True).refs) for v in self.variants]
             what = "; ".join(f"variant {v}: {n} of {len(self.keys)} samples{share} committed"
-                             for v, n in zip(self.variants, done))
+                             for v, n in self.committed().items())
         except HsstoreError as e:
             what = f"the store could not be read back ({e})"
         return (f"interrupted by {sig}; the worker was stopped. {what} — committed units are intact; re-run the "
                 "same command to resume")
+
+    def ended(self, outcome: str, error: BaseException) -> None:
+        """Record a failed or interrupted build; never masks ``error`` (a record that cannot be written is
+        left unwritten: the start record then stands for a build that did not end cleanly)."""
+        if self.lineage is None:
+            return
+        try:
+            committed = self.committed()
+        except Exception:  # noqa: BLE001 - the store may be what failed
+            committed = {}
+        msg = str(error) if isinstance(error, HsstoreError) else f"{type(error).__name__}: {error}"
+        try:
+            self.lineage.end(outcome, committed=committed, error=msg)
+        except Exception:  # noqa: BLE001 - see above
+            pass
 
 
 def _run_worker(plan: WorkerPlan, ctx: Context) -> list[VariantResult]:
@@ -193,44 +172,65 @@ def _run_worker(plan: WorkerPlan, ctx: Context) -> list[VariantResult]:
 
 
 def build(m: Manifest, limit: int | None = None, quiet: bool = False) -> BuildResult:
-    """Run the whole build; returns the summary printed at the end. SIGTERM, SIGINT or SIGHUP stop it
+    """Run the whole build; returns the summary printed at the end. Every build started on an open store
+    leaves its records there (hsstore.build.lineage), whatever its end. SIGTERM, SIGINT or SIGHUP stop it
     (and its worker) with BuildInterrupted, exit status 128 + the signal (hsstore.build.signals)."""
     t0 = time.time()
     m = validate(m)
-    rank, world, local_rank = _dist()
-    ctx = Context(m.store_path, rank, world, _check_devices(m, local_rank, world))
+    rank, world, local_rank = dist()
+    ctx = Context(m.store_path, rank, world, check_devices(m, local_rank, world))
     with stop_on_signals():
         try:
             return _build(m, limit, quiet, ctx, t0)
         except Stopped as s:
-            raise BuildInterrupted(s.signum, ctx.stopped(str(s))) from None
+            err = BuildInterrupted(s.signum, ctx.stopped(str(s)))
+            ctx.ended("interrupted", err)
+            raise err from None
+        except BaseException as e:
+            ctx.ended("failed", e)
+            raise
 
 
 def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float) -> BuildResult:
-    from hsstore.build.samples_file import save_samples
     from hsstore.storage.store import Store
 
+    started = now()
     inp = plan_inputs(m, limit)
-    Store.create(m.store_path)  # fail early on a bad store path, before any model runs
+    store = Store.create(m.store_path)  # fail early on a bad store path, before any model runs
     group = _process_group(ctx.world)
-    mine, batches = share([s.length for s in inp.samples], m.token_budget, ctx.rank, ctx.world)
-    ctx.keys = [inp.samples[i].key for i in mine]
-    results: list[VariantResult] = []
     try:
-        # a worker whose driver died removes the folder itself; a stray one may have done so already
-        with tempfile.TemporaryDirectory(prefix=TEMP_PREFIX, ignore_cleanup_errors=True) as tmp:
-            save_samples(os.path.join(tmp, "samples.npz"), [inp.samples[i] for i in mine])
-            for backend in m.backends:
-                plan = worker_plan(m, inp, backend, ctx.devices, batches, tmp, ctx.rank, quiet)
-                results += _run_worker(plan, ctx)
+        mine, batches = share([s.length for s in inp.samples], m.token_budget, ctx.rank, ctx.world)
+        ctx.keys = [inp.samples[i].key for i in mine]
+        ctx.lineage = Lineage.begin(
+            store, m.store_path, m, build_id=agree_build_id(group, ctx.rank), rank=ctx.rank, world=ctx.world,
+            recipe=inp.recipe, report=inp.report, samples=len(inp.samples), share_samples=len(mine),
+            share_tokens=sum(inp.samples[i].length for i in mine), started_at=started)
+        results = _run_workers(m, inp, mine, batches, quiet, ctx)
         _barrier(group)
         complete = _record_complete(m, inp.samples, results) if ctx.rank == 0 else None
     finally:
         if group is not None:
             group.destroy_process_group()
+    ctx.lineage.end("succeeded", variants=results, committed=ctx.committed(), complete=complete)
     return BuildResult(store=m.store_path, rank=ctx.rank, world_size=ctx.world,
                        inputs=InputCounts.from_dict(inp.report.to_dict(), "input report", BuildFailed),
-                       variants=results, complete=complete, seconds=time.time() - t0)
+                       variants=results, complete=complete, seconds=time.time() - t0,
+                       build_id=ctx.lineage.start.build_id, build_record=ctx.lineage.where(ctx.lineage.record_key),
+                       rows_report=ctx.lineage.where(ctx.lineage.start.rows_report))
+
+
+def _run_workers(m: Manifest, inp: Inputs, mine: list[int], batches: list[list[int]], quiet: bool,
+                 ctx: Context) -> list[VariantResult]:
+    """This rank's samples through one worker per backend, from a temporary folder removed at the end."""
+    from hsstore.build.samples_file import save_samples
+
+    results: list[VariantResult] = []
+    # a worker whose driver died removes the folder itself; a stray one may have done so already
+    with tempfile.TemporaryDirectory(prefix=TEMP_PREFIX, ignore_cleanup_errors=True) as tmp:
+        save_samples(os.path.join(tmp, "samples.npz"), [inp.samples[i] for i in mine])
+        for backend in m.backends:
+            results += _run_worker(worker_plan(m, inp, backend, ctx.devices, batches, tmp, ctx.rank, quiet), ctx)
+    return results
 
 
 def _barrier(group: Any) -> None:
@@ -268,7 +268,7 @@ def _record_complete(m: Manifest, samples: list[SampleTokens], results: list[Var
             raise BuildFailed(f"variant {vid}: {len(missing)} of {len(keys)} samples are not committed after the "
                               f"build (first {missing[0]}); re-run the same command to complete it")
         record = {"complete": True, "n_samples": len(keys), "keys_fingerprint": fingerprint(keys),
-                  "manifest": m.source, "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+                  "manifest": m.source, "finished_at": now()}
         store.blobs.put_atomic(f"{layout.builds_prefix(vid)}{fingerprint(keys)[:16]}.json", json.dumps(record).encode())
         out[vid] = True
     return out

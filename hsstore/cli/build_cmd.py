@@ -39,7 +39,16 @@ def build(
         allow_unhealthy=allow_unhealthy or None,
     )
     summary = run_build(m, limit=limit, quiet=quiet)
+    if summary.rows_report is not None:  # on stderr, so --json output stays one document
+        typer.echo(_rows_line(summary), err=True)
     emit(summary.to_dict(), json_out, "\n".join(_lines(summary)))
+
+
+def _rows_line(summary: BuildResult) -> str:
+    inp = summary.inputs
+    n = sum(inp.rejected.values()) + inp.duplicates + inp.truncated
+    return (f"inputs: {n} row(s) not taken as they were ({sum(inp.rejected.values())} rejected, {inp.duplicates} "
+            f"duplicate, {inp.truncated} truncated), each named in {summary.rows_report}")
 
 
 def _lines(summary: BuildResult) -> list[str]:
@@ -57,6 +66,7 @@ def _lines(summary: BuildResult) -> list[str]:
             f"already present; {r.tokens:,} tokens, {r.bytes / 1e6:.1f} MB, {r.seconds:.1f}s; kernels: "
             f"gated-delta={k.chunk_gated_delta_rule} conv1d={k.causal_conv1d} attention={k.attention}"
         )
+    lines.append(f"build {summary.build_id} recorded in {summary.build_record}")
     lines.append(f"done in {summary.seconds:.1f}s")
     return lines
 

@@ -8,6 +8,9 @@
     variants/<vid>/units/<uid>/layer_<i>        [N, H] states of decoder layer i (one array per layer)
     variants/<vid>/commits/<uid>.json           commit record, written last and atomically
     variants/<vid>/builds/<build>.json          "build complete" records
+    builds/<build_id>/r<rank>-start.json        lineage: a build record written when a rank starts ...
+    builds/<build_id>/r<rank>-end.json          ... and one written when it ends (never replaced)
+    builds/<build_id>/rows.jsonl                lineage: every rejected, duplicate, truncated input row
 """
 
 from __future__ import annotations
@@ -45,6 +48,21 @@ def commits_prefix(vid: str) -> str:
 
 def builds_prefix(vid: str) -> str:
     return f"{variant_prefix(vid)}/builds/"
+
+
+def lineage_prefix(build_id: str) -> str:
+    return f"builds/{check_name(build_id, 'build id')}/"
+
+
+def lineage_record_key(build_id: str, rank: int, phase: str) -> str:
+    """A rank's build record, ``phase`` "start" or "end"."""
+    if phase not in ("start", "end"):
+        raise ValueError(f"build record phase {phase!r} is not start or end")
+    return f"{lineage_prefix(build_id)}r{int(rank)}-{phase}.json"
+
+
+def lineage_rows_key(build_id: str) -> str:
+    return f"{lineage_prefix(build_id)}rows.jsonl"
 
 
 def layer_array(layer: int) -> str:

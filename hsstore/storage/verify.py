@@ -19,6 +19,7 @@ _KNOWN = (
     re.compile(r"^variants/[^/]+/units/zarr\.json$"),
     re.compile(r"^variants/[^/]+/commits/[^/]+\.json$"),
     re.compile(r"^variants/[^/]+/builds/[^/]+\.json$"),
+    re.compile(r"^builds/[0-9A-Za-z_.-]+/(r[0-9]+-(start|end)\.json|rows\.jsonl)$"),  # build lineage
 )
 
 

@@ -1,12 +1,14 @@
-"""Records of a build: the plan the driver hands each worker, what a worker reports per variant, and the
-summary ``hsstore build --json`` prints (its keys are stable: extended, never renamed)."""
+"""Records of a build: the plan the driver hands each worker, what a worker reports per variant, the
+summary ``hsstore build --json`` prints (its keys are stable: extended, never renamed), and the build
+record each build leaves in the store (its lineage)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from hsstore.core.schema.base import UNSET, Record, UnsetType
 from hsstore.core.schema.files import FileStamp
+from hsstore.core.schema.manifest import Manifest
 from hsstore.core.schema.provenance import Kernels, Recipe
 
 
@@ -105,3 +107,43 @@ class BuildResult(Record):
     variants: list[VariantResult]
     complete: dict[str, bool] | None  # rank 0: variant -> every input sample committed
     seconds: float
+    build_id: str
+    build_record: str  # where this rank's record of the build is (store location + key)
+    rows_report: str | None  # where every rejected, duplicate and truncated row is named (None: no such row)
+
+
+class DataFile(Record):
+    """A data file as the build read it: its size and content hash (a folder: its files' listing)."""
+
+    path: str
+    size: int
+    xxh3_128: str  # a folder (save_to_disk): xxh3_128 of the canonical list of (relative path, size, hash)
+    files: int = 1
+
+
+class BuildRecord(Record, kw_only=True):
+    """One rank's record of one build, kept in the store (``builds/<build_id>/``): written when the build
+    starts (``outcome = "running"``) and again, under another key, when it ends — never replaced."""
+
+    build_id: str  # "<UTC start>-<random>", shared by every rank of one torchrun build
+    rank: int
+    world_size: int
+    outcome: Literal["running", "succeeded", "failed", "interrupted"]
+    started_at: str
+    finished_at: str | None = None
+    error: str | None = None  # the one-line message of a failed or interrupted build
+    host: str
+    pid: int
+    hsstore_version: str
+    command: list[str]
+    manifest: Manifest  # as resolved: absolute paths, CLI overrides applied
+    data_files: list[DataFile]
+    recipe: Recipe
+    inputs: InputCounts
+    samples: int  # usable samples of every rank
+    share_samples: int  # this rank's share ...
+    share_tokens: int  # ... and its tokens
+    rows_report: str | None = None  # key of the JSON-lines report naming every rejected/duplicate/truncated row
+    variants: list[VariantResult] = []  # what each worker reported (an ended build)
+    committed: dict[str, int] = {}  # variant -> this rank's samples committed when the build ended
+    complete: dict[str, bool] | None = None  # rank 0: every input sample committed, per variant
