@@ -37,8 +37,9 @@ def check_floor(a: VariantReader, b: VariantReader, c: VariantReader, floor_targ
     for name, x in (("A", a), ("B", b)):
         if same_variant(c, x):
             raise BadInput(f"the floor {floor_target!r} is {name} itself (variant {c.id} of {c.store.location}); a floor "
-                           "must be another variant of the same recipe whose divergence from A is pure precision, "
-                           f"e.g. the fp32 variant: {c.store.location}#dtype=fp32")
+                           "must be a third variant whose divergence from A is pure precision (A's recipe in fp32 "
+                           "when B is another kernel or device); to measure bf16 against fp32 itself, diff them "
+                           "without --floor")
 
 
 def _fingerprint(r: VariantReader, field: str) -> Any:
