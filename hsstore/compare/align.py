@@ -12,7 +12,6 @@ input convention), or pre- / post-norm swapped.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import torch

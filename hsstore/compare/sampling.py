@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from statistics import NormalDist
 
-from hsstore.compare.divergence import C, COLUMNS, N_BINS, SampleSums, cos_p01
+from hsstore.compare.divergence import C, N_BINS, SampleSums, cos_p01
 
 BOOTSTRAP = 1000
 MAX_STRATA = 10
@@ -178,5 +178,5 @@ def percentile_interval(replicates: np.ndarray, confidence: float) -> tuple[floa
     return (float(lo), float(hi))
 
 
-__all__ = ["BOOTSTRAP", "COLUMNS", "Choice", "SampleTable", "choose", "interval", "percentile_interval",
+__all__ = ["BOOTSTRAP", "Choice", "SampleTable", "choose", "interval", "percentile_interval",
            "ratio_stats", "replicate_weights", "sample_count", "t_quantile"]
