@@ -49,6 +49,9 @@ def plan_samples(a: VariantReader, b: VariantReader, c: VariantReader | None, ke
     n = sample_count(len(population), samples, fraction)
     choice = choose([a.refs[k].length for k in population], population, n, seed)
     chosen = [population[int(i)] for i in choice.indices]
+    if len(chosen) < 10:
+        notes.append(f"only {len(chosen)} samples: the intervals are wide and approximate (t with "
+                     f"{len(chosen) - len(choice.population)} degree(s) of freedom)")
     notes += ["max_abs and cos_min are over the sampled tokens: they bound the store's from below "
               "(max_abs) and above (cos_min); they have no interval",
               "worst_samples lists the worst of the sampled samples"]

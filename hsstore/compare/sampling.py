@@ -47,8 +47,9 @@ class Choice:
 
 
 def sample_count(population: int, samples: int | None, fraction: float | None) -> int:
+    """How many samples to compare: at least 2 (one sample has no variance to estimate an interval from)."""
     n = samples if samples is not None else math.ceil((fraction or 1.0) * population)
-    return max(1, min(population, n))
+    return max(min(2, population), min(population, n))
 
 
 def choose(lengths: Sequence[int], keys: Sequence[str], n: int, seed: int) -> Choice:
