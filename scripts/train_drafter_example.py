@@ -38,7 +38,7 @@ class DrafterHead(nn.Module):
     def forward(self, aux: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         B, T, n, H = aux.shape
         x = self.fc(aux.float().reshape(B, T, n * H))
-        causal = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+        causal = torch.triu(torch.ones(T, T, dtype=torch.bool, device=aux.device), diagonal=1)
         x = self.block(x, src_mask=causal, src_key_padding_mask=~attention_mask, is_causal=True)
         return self.lm_head(x), self.to_target(x)
 
@@ -54,11 +54,15 @@ def losses(model: nn.Module, batch: dict) -> torch.Tensor:
     return ce + mse
 
 
-def evaluate(model: nn.Module, ds: HiddenStateDataset, n: int = 32) -> float:
+def to_device(batch: dict, device: str) -> dict:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def evaluate(model: nn.Module, ds: HiddenStateDataset, n: int = 32, device: str = "cpu") -> float:
     model.eval()
     with torch.no_grad():
         items = [ds[i] for i in range(min(n, len(ds)))]
-        out = float(losses(model, pad_collate(items)))
+        out = float(losses(model, to_device(pad_collate(items), device)))
     model.train()
     return out
 
@@ -71,7 +75,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--json", default=None, help="write losses here (rank 0)")
+    ap.add_argument("--json", default=None, help="write losses here (rank 0), with the loss of every step")
+    ap.add_argument("--device", default="cpu", help="where the head trains (cuda: one GPU, single process)")
     args = ap.parse_args()
     distributed = "WORLD_SIZE" in os.environ
     if distributed:
@@ -83,11 +88,11 @@ def main() -> None:
     # everything about the layers comes from the store: fc width = n_aux x hidden
     n_aux, hidden = len(train.layer_roles["aux"]), train.hidden_size
     vocab = int(train.provenance["recipe"]["tokenizer"]["vocab_size"])
-    model = DrafterHead(n_aux, hidden, vocab)
+    model = DrafterHead(n_aux, hidden, vocab).to(args.device)
     ddp = nn.parallel.DistributedDataParallel(model) if distributed else model
     opt = torch.optim.AdamW(ddp.parameters(), lr=3e-3)
     held_out = HiddenStateDataset(args.eval, require=train.provenance)  # refuses other provenance
-    first_eval = evaluate(model, held_out)
+    first_eval = evaluate(model, held_out, device=args.device)
     step, epoch, history = 0, 0, []
     while step < args.steps:
         train.set_epoch(epoch)
@@ -95,7 +100,7 @@ def main() -> None:
         ctx = "spawn" if args.workers else None
         for batch in DataLoader(train, batch_size=None, num_workers=args.workers, multiprocessing_context=ctx,
                                 persistent_workers=False):
-            loss = losses(ddp, batch)
+            loss = losses(ddp, to_device(batch, args.device))
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -109,7 +114,7 @@ def main() -> None:
             t = torch.tensor([step], dtype=torch.long)
             dist.all_reduce(t, op=dist.ReduceOp.MIN)
             step = int(t)
-    last_eval = evaluate(model, held_out)
+    last_eval = evaluate(model, held_out, device=args.device)
     refusal = None
     if args.mismatched:
         try:
@@ -127,7 +132,8 @@ def main() -> None:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"train_first": first, "train_last": last, "eval_first": first_eval,
-                           "eval_last": last_eval, "steps": step, "refusal": refusal}, f)
+                           "eval_last": last_eval, "steps": step, "refusal": refusal, "train": args.train,
+                           "provenance": train.provenance, "losses": history}, f)
     if distributed:
         dist.destroy_process_group()
 
