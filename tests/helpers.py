@@ -143,8 +143,8 @@ def wait_for(condition, timeout: float = 120, what: str = "condition"):  # noqa:
 
 
 def kill_build(proc: subprocess.Popen) -> None:
-    """SIGKILL a build started with ``start_new_session=True`` and its workers (each in its own process
-    group) at the same moment, and wait until none runs."""
+    """SIGKILL a build started in its own process group (``start_new_session`` or ``process_group=0``)
+    and its workers (each in its own group) at the same moment, and wait until none runs."""
     import signal
 
     groups = [proc.pid, *children(proc.pid)]

@@ -39,8 +39,10 @@ def _manifest(tmp: Path) -> Path:
 def _start(cmd: list[str], tmp: Path) -> subprocess.Popen:
     (tmp / "tmp").mkdir(exist_ok=True)
     env = {**os.environ, "TMPDIR": str(tmp / "tmp")}  # the driver's temporary folder lands here
+    # its own process group in this session, as a shell runs a job (a new session's group would be
+    # orphaned, and the kernel ignores Ctrl-Z's SIGTSTP for orphaned groups)
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            process_group=0)
 
 
 def _build(tmp: Path, *extra: str) -> subprocess.Popen:
@@ -100,6 +102,27 @@ def test_sigint_and_sighup_stop_the_build_too(sig: int, tmp_path: Path):
     assert p.returncode == 128 + sig, err
     assert f"interrupted by {signal.Signals(sig).name}" in err and "re-run the same command" in err
     assert not alive(worker) and not _temp_folders(tmp_path)
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
+def test_ctrl_z_suspends_the_worker_with_the_driver_and_continuing_resumes_both(tmp_path: Path):
+    p = _build(tmp_path)
+    try:
+        worker = wait_for(lambda: _computing(p.pid, tmp_path / "s.zarr"), what="a first commit")
+        os.kill(p.pid, signal.SIGTSTP)  # what Ctrl-Z sends the foreground job
+        wait_for(lambda: _state(p.pid) == "T" and _state(worker) == "T", what="driver and worker stopped")
+        os.kill(p.pid, signal.SIGCONT)  # fg / bg
+        wait_for(lambda: _state(worker) != "T", what="the worker to continue")
+        os.kill(p.pid, signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            kill_build(p)
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert not alive(worker)
 
 
 def test_a_worker_whose_driver_is_sigkilled_exits_by_itself(tmp_path: Path):

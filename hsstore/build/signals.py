@@ -8,6 +8,8 @@ A worker whose driver is gone (even SIGKILLed) exits by itself: on Linux the ker
 when its parent dies (PR_SET_PDEATHSIG), and everywhere a watchdog thread notices the parent pid
 change within half a second; either way it removes the driver's temporary folder and exits.
 
+Ctrl-Z (SIGTSTP) suspends the worker with the driver, and continuing the driver continues it.
+
 A build stopped by a signal exits with 128 + the signal's number (143 SIGTERM, 130 SIGINT, 129
 SIGHUP), as a shell reports a process killed by it. Committed units are never at risk: a worker
 killed at any moment loses only its uncommitted unit.
@@ -32,7 +34,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 TEMP_PREFIX = "hsstore-build-"  # the driver's temporary folder (a worker removes only such a folder)
 WATCH_SECONDS = 0.5
 _PR_SET_PDEATHSIG = 1
-_state = {"stopping": False, "hurry": False}
+_state: dict = {"stopping": False, "hurry": False, "worker": None}
 
 
 class Stopped(BaseException):
@@ -68,6 +70,7 @@ def stop_on_signals() -> Iterator[None]:
 
     _state.update(stopping=False, hurry=False)
     old = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    old[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, _suspend)
     try:
         yield
     finally:
@@ -76,15 +79,30 @@ def stop_on_signals() -> Iterator[None]:
         _state.update(stopping=False, hurry=False)
 
 
+def _suspend(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-Z: the worker (in its own process group, out of the terminal's reach) is stopped with the
+    driver, and continued when the driver is (``fg``, ``bg``, SIGCONT)."""
+    worker = _state["worker"]
+    if worker is not None:
+        _signal_group(worker, signal.SIGSTOP)
+    signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTSTP)  # the driver stops here until it is continued
+    signal.signal(signal.SIGTSTP, _suspend)
+    if worker is not None:
+        _signal_group(worker, signal.SIGCONT)
+
+
 def run_worker(argv: Sequence[str], env: dict[str, str]) -> int:
     """Run a worker in its own process group and wait for it; if the wait ends by an exception (a stop
     signal, anything), stop the worker before passing the exception on."""
     proc = subprocess.Popen(list(argv), env=env, start_new_session=True)
+    _state["worker"] = proc.pid
     try:
         return proc.wait()
     finally:
         if proc.returncode is None:
             stop_worker(proc)
+        _state["worker"] = None
 
 
 def stop_worker(proc: subprocess.Popen) -> None:
