@@ -38,7 +38,7 @@ def main() -> None:
     from numcodecs import Blosc
 
     from hsstore.storage.codecs import CHOICES
-    from hsstore.storage.shardio import compressor
+    from hsstore.storage.codecs import REGISTRY
 
     numcodecs.blosc.set_nthreads(1)  # the store codes chunks on its own threads, one chunk per call
     if args.source == "synthetic":
@@ -47,7 +47,7 @@ def main() -> None:
         sets = {"synthetic": (torch.randn(args.tokens, args.hidden, generator=g) * scale).to(torch.bfloat16)}
     else:
         sets = model_states(args.tokens)
-    codecs = {name: compressor(name, 2) for name in CHOICES if name != "none"}
+    codecs = {name: REGISTRY[name].numcodec(2) for name in CHOICES if name != "none"}
     codecs["shuffle-zstd, blosc auto block size"] = Blosc(cname="zstd", clevel=1, shuffle=Blosc.SHUFFLE, typesize=2)
     codecs["shuffle-zstd with bitshuffle"] = Blosc(cname="zstd", clevel=1, shuffle=Blosc.BITSHUFFLE, typesize=2,
                                                    blocksize=1 << 20)

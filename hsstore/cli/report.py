@@ -41,3 +41,13 @@ def info_text(d: dict[str, Any]) -> str:
         if v["unreadable_commits"]:
             lines.append(f"  WARNING: {v['unreadable_commits']} unreadable commit record(s); run hsstore verify")
     return "\n".join(lines)
+
+
+def gc_text(r: dict[str, Any]) -> str:
+    verb = "would remove" if r["dry_run"] else "removed"
+    lines = [f"{verb} {len(r['removed_units'])} uncommitted unit(s) ({r['removed_files']} files); "
+             f"kept {len(r['kept_in_progress'])} that may still be in progress"]
+    if r["dry_run"]:
+        lines += [f"  {u}" for u in r["removed_units"]]
+    lines += [f"  not removed: {s['what']}: {s['why']}" for s in r["skipped"]]
+    return "\n".join(lines)

@@ -19,7 +19,8 @@ def info(
     Example: hsstore info out/tiny.zarr --json
     """
     from hsstore.cli.report import info_text
-    from hsstore.storage.store import Store, info_dict, split_target
+    from hsstore.storage.info import info_dict
+    from hsstore.storage.store import Store, split_target
 
     d = info_dict(Store.open(split_target(store)[0]))
     emit(d, json_out, info_text(d))
@@ -52,15 +53,17 @@ def gc(
     store: Annotated[str, typer.Argument(help="Store path or URL.")],
     grace: Annotated[float, typer.Option("--grace", help="Seconds before another host's uncommitted unit is debris.")] = 3600.0,
     force: Annotated[bool, typer.Option("--force", help="Remove every uncommitted unit (no writer may be running).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
     json_out: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Remove uncommitted debris of crashed writers; committed data is never touched.
+    """Remove uncommitted debris of crashed writers; committed data is never touched, symlinks are never
+    followed.
 
-    Example: hsstore gc out/tiny.zarr
+    Example: hsstore gc out/tiny.zarr --dry-run
     """
+    from hsstore.cli.report import gc_text
     from hsstore.storage.gc import collect_garbage
     from hsstore.storage.store import Store, split_target
 
-    r = collect_garbage(Store.open(split_target(store)[0], mode="a"), grace, force)
-    emit(r, json_out, f"removed {len(r['removed_units'])} uncommitted unit(s) ({r['removed_files']} files); "
-                       f"kept {len(r['kept_in_progress'])} that may still be in progress")
+    r = collect_garbage(Store.open(split_target(store)[0], mode="a"), grace, force, dry_run)
+    emit(r, json_out, gc_text(r))

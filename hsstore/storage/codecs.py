@@ -1,6 +1,7 @@
-"""Per-variant compression choices, as names recorded in metadata, and their zarr v3 codec chains.
+"""The codec registry: each compression choice once, with its zarr v3 chain, its numcodecs implementation
+(what the direct shard I/O encodes and decodes with) and the matcher that recognises it in metadata.
 
-Every chain ends in crc32c, so each chunk carries a checksum whatever the compression.
+Every chain is ``bytes -> [compressor] -> crc32c``, so each chunk carries a checksum whatever the codec.
 
 ``shuffle-zstd`` (the default) is blosc: each chunk's bytes split into planes by byte position (a bf16
 value's sign and exponent byte apart from its noisy low mantissa byte), then zstd-1, one blosc block per
@@ -11,37 +12,71 @@ fast one (2-3x zstd's speeds, 1.14-1.22x smaller).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from numcodecs import Blosc, Zstd
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
-CHOICES = ("none", "zstd", "shuffle-zstd", "blosc-lz4", "blosc-zstd")
 # a blosc block of at least one chunk (chunks hold ~1 MiB, see chunk_tokens): blosc shuffles and
 # compresses per block, and smaller blocks lose most of the gain (1.24x instead of 1.42x smaller)
 SHUFFLE_BLOCK_BYTES = 1 << 20
 DEFAULT = "shuffle-zstd"  # the smallest on bf16 states: caches run to 10+ TB (docs/benchmarks.md)
 
 
+@dataclass(frozen=True)
+class Codec:
+    """One compression choice. ``chain``: the zarr codecs between ``bytes`` and ``crc32c`` (empty for
+    none); ``numcodec(itemsize)``: what encodes/decodes a chunk (None: raw bytes); ``matches(middle)``:
+    whether zarr metadata's codecs between ``bytes`` and ``crc32c`` are this choice."""
+
+    name: str
+    chain: Callable[[], list[Any]]
+    numcodec: Callable[[int], Any]
+    matches: Callable[[list[tuple[str, dict[str, Any]]]], bool]
+
+
+def _blosc(cname: str, byte_shuffle: bool | None) -> Callable[[list[tuple[str, dict[str, Any]]]], bool]:
+    """Blosc with ``cname``; ``byte_shuffle`` True/False tells the zstd pair apart (None: any shuffle;
+    blosc decoding is self-describing, so the shuffle never changes how a chunk is read)."""
+    return lambda m: len(m) == 1 and m[0][0] == "blosc" and m[0][1].get("cname") == cname \
+        and (byte_shuffle is None or (m[0][1].get("shuffle") == "shuffle") == byte_shuffle)
+
+
+REGISTRY: dict[str, Codec] = {c.name: c for c in (
+    Codec("none", lambda: [], lambda itemsize: None, lambda m: m == []),
+    Codec("zstd", lambda: [ZstdCodec(level=1)], lambda itemsize: Zstd(level=1),
+          lambda m: len(m) == 1 and m[0][0] == "zstd"),
+    Codec("shuffle-zstd",
+          lambda: [BloscCodec(cname="zstd", clevel=1, shuffle="shuffle", blocksize=SHUFFLE_BLOCK_BYTES)],
+          lambda itemsize: Blosc(cname="zstd", clevel=1, shuffle=Blosc.SHUFFLE, blocksize=SHUFFLE_BLOCK_BYTES,
+                                 typesize=itemsize),
+          _blosc("zstd", True)),
+    Codec("blosc-lz4", lambda: [BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle")],
+          lambda itemsize: Blosc(cname="lz4", clevel=5, shuffle=Blosc.BITSHUFFLE, blocksize=0, typesize=itemsize),
+          _blosc("lz4", None)),
+    Codec("blosc-zstd", lambda: [BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle")],
+          lambda itemsize: Blosc(cname="zstd", clevel=1, shuffle=Blosc.BITSHUFFLE, blocksize=0, typesize=itemsize),
+          _blosc("zstd", False)),
+)}
+CHOICES = tuple(REGISTRY)
+
+
 def parse_codec(name: str) -> str:
-    if name not in CHOICES:
+    if name not in REGISTRY:
         raise ValueError(f"unknown compression {name!r}; choose one of {', '.join(CHOICES)}")
     return name
 
 
 def compressors(name: str) -> list[Any]:
     """The bytes-to-bytes chain for ``name``: compression (if any) then crc32c."""
-    name = parse_codec(name)
-    chain: list[Any] = []
-    if name == "zstd":
-        chain.append(ZstdCodec(level=1))
-    elif name == "shuffle-zstd":
-        chain.append(BloscCodec(cname="zstd", clevel=1, shuffle="shuffle", blocksize=SHUFFLE_BLOCK_BYTES))
-    elif name == "blosc-lz4":
-        chain.append(BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle"))
-    elif name == "blosc-zstd":
-        chain.append(BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle"))
-    chain.append(Crc32cCodec())
-    return chain
+    return [*REGISTRY[parse_codec(name)].chain(), Crc32cCodec()]
+
+
+def codec_of(middle: list[tuple[str, dict[str, Any]]]) -> str | None:
+    """The registered codec whose zarr chain is ``middle`` (name, configuration pairs), or None."""
+    return next((c.name for c in REGISTRY.values() if c.matches(middle)), None)
 
 
 def chunk_tokens(hidden_size: int, itemsize: int, target_bytes: int = 1 << 20) -> int:

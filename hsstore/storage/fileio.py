@@ -58,15 +58,16 @@ def write_all(fd: int, parts: Sequence[Any]) -> int:
     return total
 
 
-def write_file(path: str, parts: Sequence[Any], exclusive: bool = False) -> Written:
-    """Create (or with ``exclusive``, create only if absent) ``path`` holding ``parts``, fsync'd.
+def write_file(path: str, parts: Sequence[Any], exclusive: bool = False, dir_fd: int | None = None) -> Written:
+    """Create (or with ``exclusive``, create only if absent) ``path`` (relative to ``dir_fd`` if given)
+    holding ``parts``, fsync'd. Never writes through a symlink.
 
     Raises OSError if any write, the fsync or the close fails, or if the file's size afterwards is not
     the size of ``parts``.
     """
     want = digest(parts)
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
-    fd = os.open(path, flags, 0o644)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
+    fd = os.open(path, flags, 0o644, dir_fd=dir_fd)
     try:
         write_all(fd, parts)
         os.fsync(fd)
@@ -80,10 +81,6 @@ def write_file(path: str, parts: Sequence[Any], exclusive: bool = False) -> Writ
     return want
 
 
-def fsync_dir(path: str) -> None:
-    """Make a rename or a new entry in directory ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def fsync_dir(fd: int) -> None:
+    """Make a rename or a new entry in the directory open as ``fd`` durable."""
+    os.fsync(fd)

@@ -1,4 +1,10 @@
-"""gc: remove uncommitted units (debris of crashed writers) without ever touching committed data."""
+"""gc: remove uncommitted units (debris of crashed writers) without ever touching committed data.
+
+A unit is kept if any commit record names it or is named after it (hsstore.storage.commits), if its
+writer may still run, or if it cannot be removed safely: on a local disk gc never follows a symlink
+and never leaves the store's root (hsstore.storage.localfs); such entries are reported, not removed.
+``dry_run`` reports what would be removed and removes nothing.
+"""
 
 from __future__ import annotations
 
@@ -7,65 +13,88 @@ import os
 import socket
 from typing import Any
 
-from hsstore.storage import layout
-from hsstore.storage.blobs import TMP_PREFIX
-from hsstore.storage.records import parse_json
-from hsstore.storage.store import Store
+from hsstore.core.errors import CorruptData
+from hsstore.core.schema.store import UnitInfo
+from hsstore.storage import commits, layout
+from hsstore.storage.backend import Backend
+from hsstore.storage.store import Store, group_attributes
+
+TEMP_GRACE_SECONDS = 600.0  # an atomic put renames its temp file within moments; older ones are debris
 
 
-def _writer_alive(info: dict[str, Any]) -> bool | None:
-    """True/False for a writer on this host, None if it ran elsewhere (unknown)."""
-    if info.get("host") != socket.gethostname():
+def _writer_alive(info: UnitInfo | None) -> bool | None:
+    """True/False for a writer on this host, None if it ran elsewhere or is unknown."""
+    if info is None or info.host != socket.gethostname():
         return None
     try:
-        os.kill(int(info["pid"]), 0)
-    except (ProcessLookupError, KeyError, ValueError, TypeError):
+        os.kill(info.pid, 0)
+    except (ProcessLookupError, ValueError, OverflowError):
         return False
     except PermissionError:
         return True
     return True
 
 
-def collect_garbage(store: Store, grace_seconds: float = 3600.0, force: bool = False) -> dict[str, Any]:
-    """Delete uncommitted units whose writer is dead (this host) or older than ``grace_seconds``.
+def _unit_info(io: Backend, vid: str, uid: str) -> UnitInfo | None:
+    """The unit's writer record (None if absent or unreadable: then only age and --force decide)."""
+    try:
+        raw = io.get(layout.unit_key(vid, uid, layout.META))
+        attrs = group_attributes(raw, f"unit {uid}") if raw is not None else {}
+        return UnitInfo.from_dict(attrs[layout.UNIT_ATTR], f"unit {uid}") if layout.UNIT_ATTR in attrs else None
+    except CorruptData:
+        return None
 
-    ``force`` deletes every uncommitted unit: only when no writer is running anywhere.
-    """
-    now = _dt.datetime.now(_dt.timezone.utc)
-    removed, kept, nfiles = [], [], 0
-    for vid in store.blobs.list_dir("variants"):
-        if vid == "zarr.json":
+
+def _is_debris(info: UnitInfo | None, grace_seconds: float, force: bool) -> bool:
+    """Whether an uncommitted unit is a crashed writer's: its writer is dead, or it is older than the grace."""
+    alive = _writer_alive(info)
+    if force or alive is False:
+        return True
+    try:
+        started = _dt.datetime.fromisoformat(info.started_at) if info is not None else None
+        age = (_dt.datetime.now(_dt.timezone.utc) - started).total_seconds() if started else float("inf")
+    except (ValueError, TypeError):
+        age = float("inf")
+    return alive is None and age > grace_seconds
+
+
+def collect_garbage(store: Store, grace_seconds: float = 3600.0, force: bool = False,
+                    dry_run: bool = False) -> dict[str, Any]:
+    """Delete uncommitted units whose writer is dead (this host) or older than ``grace_seconds``, and old
+    temporary files. ``force`` deletes every uncommitted unit: only when no writer is running anywhere."""
+    io = store.io
+    out: dict[str, Any] = {"removed_units": [], "removed_files": 0, "kept_in_progress": [], "skipped": [],
+                           "dry_run": dry_run}
+    for vid in io.list_dir(layout.variants_dir()):
+        if vid == layout.META or not layout.is_name(vid):
+            continue  # not a variant hsstore wrote: verify reports it, gc leaves it alone
+        try:
+            _collect_variant(io, vid, grace_seconds, force, dry_run, out)
+        except (CorruptData, OSError) as e:
+            out["skipped"].append({"what": f"variant {vid}", "why": str(e)})
+    for key, age in io.temp_files():
+        if force or age > min(grace_seconds, TEMP_GRACE_SECONDS):
+            if not dry_run:
+                io.remove(key)
+            out["removed_files"] += 1
+    return out
+
+
+def _collect_variant(io: Backend, vid: str, grace_seconds: float, force: bool, dry_run: bool,
+                     out: dict[str, Any]) -> None:
+    keep = commits.scan(io, vid).protected
+    for uid in io.list_dir(layout.units_dir(vid)):
+        if uid == layout.META or not layout.is_name(uid) or uid in keep:
             continue
-        committed = {k.rsplit("/", 1)[-1][: -len(".json")] for k in store.blobs.list(layout.commits_prefix(vid))}
-        for uid in store.blobs.list_dir(f"{layout.variant_prefix(vid)}/units"):
-            if uid == "zarr.json" or uid in committed:
-                continue
-            prefix = f"{layout.variant_prefix(vid)}/units/{uid}"
-            raw = store.blobs.get(f"{prefix}/zarr.json")
-            info: dict[str, Any] = {}
-            if raw is not None:
-                try:
-                    info = parse_json(raw, prefix).get("attributes", {}).get("hsstore_unit", {})
-                except Exception:
-                    info = {}
-            alive = _writer_alive(info)
-            try:
-                started = _dt.datetime.fromisoformat(info["started_at"])
-                age = (now - started).total_seconds()
-            except (KeyError, ValueError, TypeError):
-                age = float("inf")
-            if force or alive is False or (alive is None and age > grace_seconds):
-                # re-check: the writer may have committed since we listed
-                if store.blobs.get(layout.commit_key(vid, uid)) is not None:
-                    continue
-                nfiles += store.blobs.delete_prefix(prefix)
-                removed.append(f"{vid}/{uid}")
-            else:
-                kept.append(f"{vid}/{uid}")
-    root = store.blobs.root
-    if root is not None:  # temporary files of atomic puts a killed writer never renamed
-        for tmp in root.rglob(f"{TMP_PREFIX}*"):
-            if force or now.timestamp() - tmp.stat().st_mtime > min(grace_seconds, 600):
-                tmp.unlink(missing_ok=True)
-                nfiles += 1
-    return {"removed_units": removed, "removed_files": nfiles, "kept_in_progress": kept}
+        if not _is_debris(_unit_info(io, vid, uid), grace_seconds, force):
+            out["kept_in_progress"].append(f"{vid}/{uid}")
+            continue
+        if io.exists(layout.commit_key(vid, uid)):
+            continue  # its writer committed since we looked
+        try:
+            prefix = layout.unit_prefix(vid, uid)
+            out["removed_files"] += len(io.list(prefix + "/")) if dry_run else io.remove_tree(prefix)
+        except (CorruptData, OSError) as e:
+            out["skipped"].append({"what": f"unit {vid}/{uid}", "why": str(e)})
+            continue
+        out["removed_units"].append(f"{vid}/{uid}")

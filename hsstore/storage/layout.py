@@ -1,7 +1,10 @@
-"""Where everything lives inside a store: key names only, no I/O.
+"""Where everything lives inside a store: key names only, no I/O. Every key hsstore reads or writes is
+built here, and ``parse_key`` names what a key is (verify checks a tree against it).
 
     zarr.json                                   root group; attributes.hsstore = {format_version, ...}
+    variants/zarr.json                          group of variants
     variants/<vid>/zarr.json                    variant group; attributes.hsstore_variant = {provenance, ...}
+    variants/<vid>/units/zarr.json              group of units
     variants/<vid>/units/<uid>/zarr.json        one unit of work (one writer), attributes = writer info
     variants/<vid>/units/<uid>/input_ids        int32  [N]      tokens of all samples, concatenated
     variants/<vid>/units/<uid>/loss_mask        uint8  [N]
@@ -11,16 +14,25 @@
     builds/<build_id>/r<rank>-start.json        lineage: a build record written when a rank starts ...
     builds/<build_id>/r<rank>-end.json          ... and one written when it ends (never replaced)
     builds/<build_id>/rows.jsonl                lineage: every rejected, duplicate, truncated input row
+
+An array ``a`` of ``ndim`` dimensions is two files: ``a/zarr.json`` and its one shard ``a/c/0[/0...]``.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 FORMAT_VERSION = "1.0"
 ROOT_ATTR = "hsstore"
 VARIANT_ATTR = "hsstore_variant"
+UNIT_ATTR = "hsstore_unit"
+META = "zarr.json"
+TOKEN_ARRAYS = ("input_ids", "loss_mask")
+TMP_PREFIX = ".tmp-"  # temporary files of atomic puts, renamed or removed by the writer (gc sweeps old ones)
 _SAFE = re.compile(r"^[0-9a-zA-Z_.-]{1,128}$")
+_LAYER = re.compile(r"^layer_(0|[1-9][0-9]{0,5})$")
+_LINEAGE = re.compile(r"^r(0|[1-9][0-9]{0,6})-(start|end)\.json$")  # lineage_record_key's names
 
 
 def check_name(name: str, what: str) -> str:
@@ -30,24 +42,65 @@ def check_name(name: str, what: str) -> str:
     return name
 
 
+def is_name(name: str) -> bool:
+    try:
+        check_name(name, "name")
+    except ValueError:
+        return False
+    return True
+
+
+def root_meta() -> str:
+    return META
+
+
+def variants_meta() -> str:
+    return f"variants/{META}"
+
+
+def variants_dir() -> str:
+    return "variants"
+
+
 def variant_prefix(vid: str) -> str:
     return f"variants/{check_name(vid, 'variant id')}"
 
 
+def variant_meta(vid: str) -> str:
+    return f"{variant_prefix(vid)}/{META}"
+
+
+def units_dir(vid: str) -> str:
+    return f"{variant_prefix(vid)}/units"
+
+
+def units_meta(vid: str) -> str:
+    return f"{units_dir(vid)}/{META}"
+
+
 def unit_prefix(vid: str, uid: str) -> str:
-    return f"{variant_prefix(vid)}/units/{check_name(uid, 'unit id')}"
+    return f"{units_dir(vid)}/{check_name(uid, 'unit id')}"
 
 
-def commit_key(vid: str, uid: str) -> str:
-    return f"{variant_prefix(vid)}/commits/{check_name(uid, 'unit id')}.json"
+def unit_key(vid: str, uid: str, rel: str) -> str:
+    """A file of a unit, ``rel`` relative to the unit (as commit records list them)."""
+    return f"{unit_prefix(vid, uid)}/{rel}"
 
 
 def commits_prefix(vid: str) -> str:
     return f"{variant_prefix(vid)}/commits/"
 
 
+def commit_key(vid: str, uid: str) -> str:
+    return f"{commits_prefix(vid)}{check_name(uid, 'unit id')}.json"
+
+
 def builds_prefix(vid: str) -> str:
     return f"{variant_prefix(vid)}/builds/"
+
+
+def build_key(vid: str, name: str) -> str:
+    return f"{builds_prefix(vid)}{check_name(name, 'build record name')}.json"
 
 
 def lineage_prefix(build_id: str) -> str:
@@ -67,3 +120,60 @@ def lineage_rows_key(build_id: str) -> str:
 
 def layer_array(layer: int) -> str:
     return f"layer_{int(layer)}"
+
+
+def array_files(name: str, ndim: int) -> tuple[str, str]:
+    """(metadata, shard) keys of array ``name`` relative to its unit."""
+    return f"{name}/{META}", f"{name}/c/" + "/".join(["0"] * ndim)
+
+
+def unit_files(layers: list[int]) -> set[str]:
+    """Every file of a unit that stores ``layers``, relative to the unit."""
+    out = {META}
+    for name, ndim in [(a, 1) for a in TOKEN_ARRAYS] + [(layer_array(i), 2) for i in layers]:
+        out.update(array_files(name, ndim))
+    return out
+
+
+@dataclass(frozen=True)
+class Key:
+    """What a key is: ``kind`` and the names in it (``rel`` is a unit file relative to its unit)."""
+
+    kind: str  # root-meta variants-meta variant-meta units-meta unit-file commit build lineage lineage-rows temp unknown
+    vid: str | None = None
+    uid: str | None = None
+    rel: str | None = None
+
+
+def parse_key(key: str) -> Key:
+    """The inverse of the builders above; ``Key("unknown")`` for anything hsstore does not write."""
+    parts = key.split("/")
+    if parts[-1].startswith(TMP_PREFIX):
+        return Key("temp")
+    fixed = {root_meta(): "root-meta", variants_meta(): "variants-meta"}
+    if key in fixed:
+        return Key(fixed[key])
+    if len(parts) == 3 and parts[0] == "builds" and is_name(parts[1]):
+        if parts[2] == lineage_rows_key(parts[1]).rsplit("/", 1)[-1]:
+            return Key("lineage-rows")
+        if _LINEAGE.match(parts[2]):
+            return Key("lineage")
+    if len(parts) < 3 or parts[0] != variants_dir() or not is_name(parts[1]):
+        return Key("unknown")
+    vid, rest = parts[1], parts[2:]
+    if rest == [META]:
+        return Key("variant-meta", vid)
+    if rest == ["units", META]:
+        return Key("units-meta", vid)
+    if len(rest) == 2 and rest[0] in ("commits", "builds") and rest[1].endswith(".json") and is_name(rest[1][:-5]):
+        return Key("commit" if rest[0] == "commits" else "build", vid, rest[1][:-5] if rest[0] == "commits" else None)
+    if len(rest) >= 3 and rest[0] == "units" and is_name(rest[1]) and _is_unit_file(rest[2:]):
+        return Key("unit-file", vid, rest[1], "/".join(rest[2:]))
+    return Key("unknown", vid)
+
+
+def _is_unit_file(rel: list[str]) -> bool:
+    if rel == [META]:
+        return True
+    name, ndim = rel[0], 1 if rel[0] in TOKEN_ARRAYS else 2 if _LAYER.match(rel[0]) else 0
+    return ndim > 0 and "/".join(rel) in array_files(name, ndim)

@@ -1,12 +1,27 @@
-"""The JSON records a store holds (root, variant, commit), as frozen dataclasses with to/from dict."""
+"""Reading and writing a store's JSON metadata: bounded parsing, zarr group documents, the typed records.
+
+Every metadata file is read with a size cap (``MAX_RECORD_BYTES``) and parsed with bounded nesting
+(``MAX_DEPTH``), so a damaged or hostile store gives a one-line CorruptData, never a hang, an unbounded
+read or a RecursionError traceback. The records themselves are typed in hsstore.core.schema.store.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import msgspec
+
 from hsstore.core.errors import CorruptData
+from hsstore.core.schema.store import CommitRecord, HealthStats, UnitInfo, VariantRecord, WriterInfo
+
+__all__ = ["MAX_DEPTH", "MAX_RECORD_BYTES", "CommitRecord", "HealthStats", "UnitInfo", "VariantRecord",
+           "WriterInfo", "group_json", "parse_json"]
+
+# the largest metadata file hsstore writes is a commit record: ~50 bytes per sample, so a unit of
+# 100,000 short samples is ~5 MB; 64 MiB leaves room and still bounds what a reader takes in
+MAX_RECORD_BYTES = 64 << 20
+MAX_DEPTH = 32  # deepest hsstore writes: provenance, about 6 levels
 
 
 def group_json(attributes: dict[str, Any]) -> bytes:
@@ -15,74 +30,16 @@ def group_json(attributes: dict[str, Any]) -> bytes:
 
 
 def parse_json(data: bytes, what: str) -> Any:
-    """JSON only (never pickle); a clear CorruptData naming ``what`` otherwise."""
+    """JSON only (never pickle), nested at most ``MAX_DEPTH`` deep; a one-line CorruptData naming ``what``."""
     try:
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CorruptData(f"{what} is not valid JSON ({e}); run `hsstore verify` and `hsstore gc`") from None
-
-
-@dataclass(frozen=True)
-class VariantRecord:
-    """What every unit of one variant shares: provenance, layers by role, geometry and codec."""
-
-    id: str
-    provenance: dict[str, Any]
-    layers: dict[str, list[int]]
-    hidden_size: int
-    dtype: str
-    codec: str
-    chunk_tokens: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> VariantRecord:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
-
-    @property
-    def all_layers(self) -> list[int]:
-        return sorted({i for ids in self.layers.values() for i in ids})
-
-
-@dataclass(frozen=True)
-class CommitRecord:
-    """One committed unit: which samples it holds where, its files and sizes, and health stats."""
-
-    unit: str
-    samples: list[tuple[str, int, int]]  # (key, offset, length) in the unit's token arrays
-    layers: list[int]
-    files: dict[str, int]  # key relative to the unit -> size in bytes
-    stats: dict[str, dict[str, float]]  # str(layer) -> additive stats (hsstore.storage.stats)
-    writer: dict[str, Any] = field(default_factory=dict)
-    committed_at: str = ""
-    crc32c: dict[str, str] = field(default_factory=dict)  # key relative to the unit -> crc32c (hex) of its bytes
-
-    @property
-    def n_tokens(self) -> int:
-        return sum(n for _, _, n in self.samples)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["samples"] = [list(s) for s in self.samples]
-        if not self.crc32c:
-            del d["crc32c"]  # (records written before files had checksums)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any], what: str) -> CommitRecord:
-        try:
-            rec = cls(
-                unit=str(d["unit"]),
-                samples=[(str(k), int(o), int(n)) for k, o, n in d["samples"]],
-                layers=[int(i) for i in d["layers"]],
-                files={str(k): int(v) for k, v in d["files"].items()},
-                stats={str(k): dict(v) for k, v in d["stats"].items()},
-                writer=dict(d.get("writer", {})),
-                committed_at=str(d.get("committed_at", "")),
-                crc32c={str(k): str(v) for k, v in d.get("crc32c", {}).items()},
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise CorruptData(f"{what} is not a valid commit record ({e!r}); run `hsstore verify`") from None
-        return rec
+        value = msgspec.json.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as e:
+        raise CorruptData(f"{what} is not valid JSON ({str(e)[:120]}); run `hsstore verify`") from None
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise CorruptData(f"{what} nests deeper than {MAX_DEPTH} levels; hsstore never writes that")
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return value

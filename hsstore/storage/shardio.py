@@ -1,44 +1,37 @@
-"""Direct I/O of single-shard zarr v3 arrays: the hot path of building and reading, same bytes as zarr.
+"""Direct I/O of hsstore's zarr v3 arrays: the hot path of building and reading, same bytes as zarr.
 
 hsstore stores each unit's arrays as one zarr ``sharding_indexed`` shard (inner chunks of ``c`` rows,
-codecs ``bytes(little) -> [zstd | blosc] -> crc32c``, index ``bytes -> crc32c`` at the end). zarr-python
+codecs ``bytes(little) -> [compressor] -> crc32c``, index ``bytes -> crc32c`` at the end). zarr-python
 reads and writes that format through a general async pipeline that costs milliseconds per call; this
-module writes and reads exactly the same bytes with plain ``pwrite``/``preadv`` and one codec call per
-chunk, checking every crc32c. Any zarr v3 reader opens what it writes (a test checks both ways).
+module writes and reads exactly the same bytes with one codec call per chunk, checking every crc32c,
+through any back end (a local file by ``pread``, an object store by ranged GETs). Any zarr v3 reader
+opens what it writes (a test checks both ways). Format 1.0 token arrays (one plain chunk,
+``bytes -> crc32c``) are read here too.
 """
 
 from __future__ import annotations
 
-import json
-import os
+from dataclasses import dataclass
 from typing import Any
 
 import crc32c
+import msgspec
 import numpy as np
 import zarr
-from numcodecs import Blosc, Zstd
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import MemoryStore
 
-from hsstore.storage.codecs import SHUFFLE_BLOCK_BYTES, compressors
 from hsstore.core.errors import CorruptData
+from hsstore.core.schema.array import ArrayMeta, ShardingConfig, ZarrCodec
+from hsstore.core.schema.base import explain
+from hsstore.storage import layout
+from hsstore.storage.backend import Backend
+from hsstore.storage.codecs import REGISTRY, codec_of, compressors
+from hsstore.storage.records import parse_json
 
 EMPTY = np.uint64(2**64 - 1)
-
-
-def compressor(codec: str, itemsize: int) -> Any:
-    if codec == "none":
-        return None
-    if codec == "zstd":
-        return Zstd(level=1)
-    if codec == "shuffle-zstd":
-        return Blosc(cname="zstd", clevel=1, shuffle=Blosc.SHUFFLE, blocksize=SHUFFLE_BLOCK_BYTES, typesize=itemsize)
-    if codec == "blosc-lz4":
-        return Blosc(cname="lz4", clevel=5, shuffle=Blosc.BITSHUFFLE, blocksize=0, typesize=itemsize)
-    if codec == "blosc-zstd":
-        return Blosc(cname="zstd", clevel=1, shuffle=Blosc.BITSHUFFLE, blocksize=0, typesize=itemsize)
-    raise ValueError(f"unknown compression {codec!r}")
+DATA_TYPES = ("int32", "uint8", "uint16", "float16", "float32")  # what hsstore writes (bf16: uint16 bits)
 
 
 def _crc(data: Any) -> bytes:
@@ -50,7 +43,7 @@ def encode_shard(data: np.ndarray, chunk_rows: int, codec: str) -> list[Any]:
     data = np.ascontiguousarray(data)
     if data.dtype.byteorder == ">":
         data = data.astype(data.dtype.newbyteorder("<"))
-    comp = compressor(codec, data.dtype.itemsize)
+    comp = REGISTRY[codec].numcodec(data.dtype.itemsize)
     n = data.shape[0]
     n_chunks = max(1, -(-n // chunk_rows))
     index = np.empty((n_chunks, 2), dtype="<u8")
@@ -84,109 +77,134 @@ def array_metadata(shape: tuple[int, ...], chunk_rows: int, dtype: np.dtype, cod
     return sync(mem.get("a/zarr.json", prototype=default_buffer_prototype())).to_bytes()
 
 
-def shard_layout(meta: dict[str, Any]) -> tuple[int, str] | None:
-    """(inner chunk rows, codec name) if the array's zarr.json is a single-shard array this module reads."""
-    codecs = meta.get("codecs", [])
-    shape = meta.get("shape", [])
-    if len(codecs) != 1 or codecs[0].get("name") != "sharding_indexed" or not shape:
+@dataclass(frozen=True)
+class ArrayLayout:
+    """How an array's one chunk file is laid out: ``sharded`` (chunks of ``chunk_rows`` and an index at
+    the end) or one plain chunk of all rows (format 1.0 token arrays)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    chunk_rows: int
+    codec: str
+    sharded: bool
+
+
+def _middle(chain: list[ZarrCodec]) -> list[tuple[str, dict[str, Any]]] | None:
+    """The codecs between ``bytes`` (little-endian) and ``crc32c``; None if the chain is not that shape."""
+    if len(chain) < 2 or chain[0].name != "bytes" or chain[-1].name != "crc32c":
         return None
-    grid = meta.get("chunk_grid", {}).get("configuration", {}).get("chunk_shape", [])
-    cfg = codecs[0]["configuration"]
-    inner = [c["name"] for c in cfg["codecs"]]
-    if not grid or grid[0] < shape[0] or list(grid[1:]) != list(shape[1:]) or cfg.get("index_location", "end") != "end":
+    if chain[0].configuration.get("endian", "little") != "little":
         return None
-    if [c["name"] for c in cfg["index_codecs"]] != ["bytes", "crc32c"] or inner[0] != "bytes" or inner[-1] != "crc32c":
-        return None
-    middle = cfg["codecs"][1:-1]
-    if not middle:
-        codec = "none"
-    elif len(middle) == 1 and middle[0]["name"] == "zstd":
-        codec = "zstd"
-    elif len(middle) == 1 and middle[0]["name"] == "blosc":
-        conf = middle[0]["configuration"]
-        codec = "shuffle-zstd" if conf["cname"] == "zstd" and conf.get("shuffle") == "shuffle" else \
-            {"lz4": "blosc-lz4", "zstd": "blosc-zstd"}.get(conf["cname"], "")  # (blosc decoding is self-describing)
+    return [(c.name, c.configuration) for c in chain[1:-1]]
+
+
+def array_layout(raw: bytes, what: str) -> ArrayLayout:
+    """The layout of the array whose ``zarr.json`` is ``raw``; CorruptData for anything hsstore never writes."""
+    data = parse_json(raw, what)
+    try:
+        meta = msgspec.convert(data, ArrayMeta, strict=True)
+    except msgspec.ValidationError as e:
+        raise CorruptData(f"{what}: {explain(e, data)}") from None
+    shape, grid = meta.shape, meta.chunk_grid.configuration.chunk_shape
+    if meta.node_type != "array" or meta.zarr_format != 3 or not 1 <= len(shape) <= 2 or shape[0] < 1 \
+            or min(shape) < 1 or meta.data_type not in DATA_TYPES or len(grid) != len(shape):
+        raise CorruptData(f"{what}: not an array hsstore writes (shape {shape}, {meta.data_type})")
+    dtype = np.dtype(meta.data_type).newbyteorder("<")
+    if len(meta.codecs) == 1 and meta.codecs[0].name == "sharding_indexed":
+        try:
+            cfg = msgspec.convert(meta.codecs[0].configuration, ShardingConfig, strict=True)
+        except msgspec.ValidationError as e:
+            raise CorruptData(f"{what}: sharding configuration: {explain(e, meta.codecs[0].configuration)}") from None
+        middle, index = _middle(cfg.codecs), _middle(cfg.index_codecs)
+        codec = codec_of(middle) if middle is not None else None
+        rows = cfg.chunk_shape[0] if cfg.chunk_shape else 0
+        if codec and index == [] and cfg.index_location == "end" and grid[0] >= shape[0] and rows >= 1 \
+                and grid[1:] == shape[1:] and cfg.chunk_shape[1:] == shape[1:]:
+            return ArrayLayout(tuple(shape), dtype, rows, codec, True)
     else:
-        return None
-    if not codec or list(cfg["chunk_shape"][1:]) != list(shape[1:]):
-        return None
-    return int(cfg["chunk_shape"][0]), codec
+        middle = _middle(meta.codecs)
+        codec = codec_of(middle) if middle is not None else None
+        if codec and grid == shape:
+            return ArrayLayout(tuple(shape), dtype, shape[0], codec, False)
+    raise CorruptData(f"{what}: its codecs or chunking are not a layout hsstore writes")
 
 
 class ShardReader:
-    """Reads row ranges of one single-shard array, verifying every chunk's crc32c."""
+    """Reads row ranges of one array, verifying every chunk's crc32c (and the shard index's)."""
 
-    def __init__(self, array_dir: str, what: str) -> None:
-        with open(os.path.join(array_dir, "zarr.json"), "rb") as f:
-            meta = json.loads(f.read())
-        layout = shard_layout(meta)
-        if layout is None:
-            raise ValueError(f"{array_dir} is not a single-shard array of a known layout")
-        self.chunk_rows, codec = layout
-        self.shape = tuple(meta["shape"])
-        self.dtype = np.dtype(meta["data_type"]).newbyteorder("<")
+    def __init__(self, io: Backend, key: str, what: str) -> None:
         self.what = what
+        raw = io.get(f"{key}/{layout.META}")
+        if raw is None:
+            raise CorruptData(f"{what}: {key}/{layout.META} is missing")
+        lay = array_layout(raw, f"{what}: {key}/{layout.META}")
+        self.layout, self.shape, self.dtype, self.chunk_rows = lay, lay.shape, lay.dtype, lay.chunk_rows
         self.row_width = int(np.prod(self.shape[1:], dtype=np.int64)) if len(self.shape) > 1 else 1
-        self.comp = compressor(codec, self.dtype.itemsize)
-        self.fd = os.open(os.path.join(array_dir, "c", *["0"] * len(self.shape)), os.O_RDONLY)
-        size = os.fstat(self.fd).st_size
+        self.comp = REGISTRY[lay.codec].numcodec(self.dtype.itemsize)
+        try:
+            self.src = io.open_range(layout.array_files(key, len(self.shape))[1])
+        except FileNotFoundError:
+            raise CorruptData(f"{what}: its chunk file is missing") from None
+        self.size = self.src.size
+        self.bytes_read = 0
+        self.index = self._index() if lay.sharded else np.array([[0, self.size]], dtype="<u8")
+
+    def _index(self) -> np.ndarray:
         n_chunks = max(1, -(-self.shape[0] // self.chunk_rows))
         n_idx = 16 * n_chunks + 4
-        raw = os.pread(self.fd, n_idx, size - n_idx) if size >= n_idx else b""
+        raw = self.src.read(self.size - n_idx, n_idx) if self.size >= n_idx else b""
+        self.bytes_read += len(raw)
         if len(raw) != n_idx or _crc(raw[:-4]) != raw[-4:]:
-            raise CorruptData(f"{what}: shard index is corrupt (checksum mismatch or truncated file)")
-        self.index = np.frombuffer(raw[:-4], dtype="<u8").reshape(n_chunks, 2)
-        self.size = size
-        self.bytes_read = n_idx
+            raise CorruptData(f"{self.what}: shard index is corrupt (checksum mismatch or truncated file)")
+        return np.frombuffer(raw[:-4], dtype="<u8").reshape(n_chunks, 2)
 
     def close(self) -> None:
-        os.close(self.fd)
-
-    def __del__(self) -> None:
-        try:
-            os.close(self.fd)
-        except (OSError, AttributeError):
-            pass
+        self.src.close()
 
     def rows(self, a: int, b: int, out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``[a, b)`` of shape ``(b - a, *shape[1:])``, into ``out`` if given (it may be a strided
         view, e.g. one layer's slot of a ``[T, n_layers, H]`` buffer: rows land there directly)."""
+        if not 0 <= a <= b <= self.shape[0]:
+            raise CorruptData(f"{self.what}: rows [{a}, {b}) are outside the array's {self.shape[0]} rows")
         c, w = self.chunk_rows, self.row_width
         if out is None:
             out = np.empty((b - a, *self.shape[1:]), dtype=self.dtype)
         flat = out.reshape(b - a, w) if out.ndim != 2 else out  # a view: rows stay where they are
-        row_bytes = w * self.dtype.itemsize
-        rows_contiguous = flat.strides[-1] == self.dtype.itemsize
-        tail = bytearray(4)
         for k in range(a // c, (b - 1) // c + 1 if b > a else a // c):
             off, nbytes = (int(x) for x in self.index[k])
-            if self.index[k][0] == EMPTY or off + nbytes > self.size:
+            if self.index[k][0] == EMPTY or nbytes < 4 or off + nbytes > self.size:
                 raise CorruptData(f"{self.what}: chunk {k} is missing or beyond the end of the shard")
             lo, hi = max(a, k * c), min(b, (k + 1) * c)
-            whole = lo == k * c and hi == (k + 1) * c
-            if self.comp is None and whole and rows_contiguous and nbytes == c * row_bytes + 4:
-                dest = flat[lo - a : hi - a]
-                if dest.flags.c_contiguous:
-                    views = [memoryview(dest).cast("B")]
-                else:  # one iovec per row: straight into a strided destination
-                    views = [memoryview(r).cast("B") for r in dest]
-                got = os.preadv(self.fd, [*views, tail], off)
-                self.bytes_read += got
-                crc = 0
-                for v in views:
-                    crc = crc32c.crc32c(v, crc)
-                if got != nbytes or crc.to_bytes(4, "little") != bytes(tail):
-                    raise CorruptData(f"{self.what}: chunk {k} fails its crc32c checksum")
-                continue
-            buf = os.pread(self.fd, nbytes, off)
-            self.bytes_read += len(buf)
-            payload = memoryview(buf)[:-4]
-            if len(buf) != nbytes or _crc(payload) != buf[-4:]:
-                raise CorruptData(f"{self.what}: chunk {k} fails its crc32c checksum")
-            try:
-                raw = payload if self.comp is None else self.comp.decode(payload)
-                chunk = np.frombuffer(raw, dtype=self.dtype).reshape(c, w)
-            except Exception as e:  # noqa: BLE001 - a decoder error on checksummed data is corruption too
-                raise CorruptData(f"{self.what}: chunk {k} does not decode ({e})") from None
-            flat[lo - a : hi - a] = chunk[lo - k * c : hi - k * c]
+            if not self._read_in_place(flat[lo - a : hi - a], k, off, nbytes, lo == k * c and hi == (k + 1) * c):
+                flat[lo - a : hi - a] = self._chunk(k, off, nbytes)[lo - k * c : hi - k * c]
         return out
+
+    def _read_in_place(self, dest: np.ndarray, k: int, off: int, nbytes: int, whole: bool) -> bool:
+        """An uncompressed whole chunk read straight into ``dest`` (one iovec per row if strided)."""
+        row_bytes = self.row_width * self.dtype.itemsize
+        if self.comp is not None or not whole or dest.strides[-1] != self.dtype.itemsize \
+                or nbytes != self.chunk_rows * row_bytes + 4:
+            return False
+        views = [memoryview(dest).cast("B")] if dest.flags.c_contiguous else [memoryview(r).cast("B") for r in dest]
+        tail = bytearray(4)
+        got = self.src.readinto([*views, memoryview(tail)], off)
+        self.bytes_read += got
+        crc = 0
+        for v in views:
+            crc = crc32c.crc32c(v, crc)
+        if got != nbytes or crc.to_bytes(4, "little") != bytes(tail):
+            raise CorruptData(f"{self.what}: chunk {k} fails its crc32c checksum")
+        return True
+
+    def _chunk(self, k: int, off: int, nbytes: int) -> np.ndarray:
+        """Chunk ``k`` decoded, ``[chunk_rows, row_width]``."""
+        buf = self.src.read(off, nbytes)
+        self.bytes_read += len(buf)
+        payload = memoryview(buf)[:-4]
+        if len(buf) != nbytes or _crc(payload) != buf[-4:]:
+            raise CorruptData(f"{self.what}: chunk {k} fails its crc32c checksum")
+        try:
+            raw = payload if self.comp is None else self.comp.decode(payload)
+            return np.frombuffer(raw, dtype=self.dtype).reshape(self.chunk_rows, self.row_width)
+        except Exception as e:  # noqa: BLE001 - a decoder error on checksummed data is corruption too
+            raise CorruptData(f"{self.what}: chunk {k} does not decode ({str(e)[:100]})") from None

@@ -71,7 +71,7 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> dict[
             notes.append(f"variant {vid}: {dups} sample(s) committed by more than one unit (racing writers); "
                          "readers use the first unit, the rest is wasted space")
     uncommitted = 0
-    for key in store.blobs.list(""):
+    for key in store.io.list(""):
         m = _UNIT_FILE.match(key)
         if m:
             if (m.group(1), m.group(2)) in units_committed:

@@ -7,20 +7,21 @@ import json
 import os
 import socket
 import threading
-from concurrent.futures import ThreadPoolExecutor
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from hsstore.storage import layout
 from hsstore.core.dtypes import TORCH, to_stored
-from hsstore.core.errors import BuildFailed, CorruptData, WriteFailed
+from hsstore.core.errors import BuildFailed, HsstoreError, WriteFailed
 from hsstore.core.keys import SampleTokens
+from hsstore.core.schema.store import CommitRecord, HealthStats, UnitInfo, WriterInfo
+from hsstore.storage import commits, layout
 from hsstore.storage.fileio import Written, digest
-from hsstore.storage.records import CommitRecord, group_json, parse_json
+from hsstore.storage.records import group_json
 from hsstore.storage.shardio import array_metadata, encode_shard
 from hsstore.storage.stats import from_stats_tensor, problems, stats_tensor
 
@@ -42,7 +43,7 @@ class UnitWriter:
         self.writer_id = layout.check_name(writer_id or uuid.uuid4().hex[:12], "writer id")
         self.check_health = check_health
         self.seq = 0
-        self.info = {"host": socket.gethostname(), "pid": os.getpid(), "writer": self.writer_id}
+        self.info = WriterInfo(host=socket.gethostname(), pid=os.getpid(), writer=self.writer_id)
         self._seen_commits: set[str] = set()
         self._done: set[str] = set()
         self._lock = threading.Lock()  # writes may come from several threads
@@ -51,25 +52,13 @@ class UnitWriter:
         self.io_threads = min(8, os.cpu_count() or 1)
 
     def committed_keys(self) -> set[str]:
-        """Keys committed by anyone so far (reads only commit records not seen before)."""
-        blobs = self.store.blobs
+        """Keys committed by anyone so far (judges only commit records not seen committed before)."""
         with self._lock:
-            return self._refresh(blobs)
-
-    def _refresh(self, blobs: object) -> set[str]:
-        for key in blobs.list(layout.commits_prefix(self.vid)):
-            if key in self._seen_commits or not key.endswith(".json"):
-                continue
-            raw = blobs.get(key)
-            if raw is None:
-                continue
-            try:
-                commit = CommitRecord.from_dict(parse_json(raw, key), key)
-            except CorruptData:
-                continue  # verify reports it; its samples will be written again
-            self._done.update(k for k, _, _ in commit.samples)
-            self._seen_commits.add(key)
-        return self._done
+            found = commits.scan(self.store.io, self.vid, skip=self._seen_commits)
+            for uid, commit in found.committed.items():  # records that commit nothing are written over
+                self._done.update(k for k, _, _ in commit.samples)
+                self._seen_commits.add(layout.commit_key(self.vid, uid))
+            return self._done
 
     def write(
         self,
@@ -145,9 +134,9 @@ class UnitWriter:
                            "raise the file-size limit) and re-run the same command: the build resumes from "
                            "its committed units")
 
-    def _write_arrays(self, prefix: str, samples: Sequence[SampleTokens],
+    def _write_arrays(self, uid: str, samples: Sequence[SampleTokens],
                       states: dict[int, torch.Tensor]) -> dict[str, Written]:
-        """The unit's token arrays and one array per layer, written side by side."""
+        """The unit's token arrays and one array per layer, written side by side; keys relative to the unit."""
         rec = self.record
         n = sum(s.length for s in samples)
         ids = np.concatenate([s.input_ids.astype(np.int32) for s in samples])
@@ -159,54 +148,55 @@ class UnitWriter:
                     {"hsstore_dtype": rec.dtype, "layer": int(layer)}) for layer, t in states.items()]
         out: dict[str, Written] = {}
         with ThreadPoolExecutor(max(1, min(self.io_threads, len(arrays)))) as pool:
-            for part in pool.map(lambda a: self._write_array(f"{prefix}/{a[0]}", *a[1:]), arrays):
+            for part in pool.map(lambda a: self._write_array(uid, *a), arrays):
                 out.update(part)
         return out
 
-    def _write_array(self, key: str, data: np.ndarray, chunk: int, codec: str, attrs: dict) -> dict[str, Written]:
+    def _write_array(self, uid: str, name: str, data: np.ndarray, chunk: int, codec: str,
+                     attrs: dict) -> dict[str, Written]:
         """One single-shard zarr v3 array: zarr's own metadata, the shard encoded here (the same bytes
         zarr writes); both written through the checked put. Returns what each file holds."""
-        meta = array_metadata(data.shape, chunk, data.dtype, codec, attrs)
-        chunk_file = "c/" + "/".join(["0"] * data.ndim)
-        blobs = self.store.blobs
-        return {f"{key}/zarr.json": blobs.put_parts(f"{key}/zarr.json", [meta]),
-                f"{key}/{chunk_file}": blobs.put_parts(f"{key}/{chunk_file}", encode_shard(data, chunk, codec))}
+        meta_rel, shard_rel = layout.array_files(name, data.ndim)
+        put = self.store.io.put
+        return {meta_rel: put(layout.unit_key(self.vid, uid, meta_rel),
+                              [array_metadata(data.shape, chunk, data.dtype, codec, attrs)]),
+                shard_rel: put(layout.unit_key(self.vid, uid, shard_rel), encode_shard(data, chunk, codec))}
 
-    def _write_unit(
-        self, samples: Sequence[SampleTokens], states: dict[int, torch.Tensor], stats: dict[str, dict]
-    ) -> CommitRecord:
+    def _write_unit(self, samples: Sequence[SampleTokens], states: dict[int, torch.Tensor],
+                    stats: dict[str, dict]) -> CommitRecord:
+        """Claim a new unit id, write its files, then its commit record (last, atomically)."""
         with self._lock:
             uid = f"{self.writer_id}-{self.seq:06d}"
             self.seq += 1
-        prefix = layout.unit_prefix(self.vid, uid)
-        blobs = self.store.blobs
-        unit_meta = group_json({"hsstore_unit": {**self.info, "started_at": _now()}})
+        io = self.store.io
+        info = UnitInfo(**self.info.to_dict(), started_at=_now())
+        unit_meta = group_json({layout.UNIT_ATTR: info.to_dict()})
         try:
-            created = blobs.put_if_absent(f"{prefix}/zarr.json", unit_meta)
+            created = io.put_if_absent(layout.unit_key(self.vid, uid, layout.META), unit_meta)
         except WriteFailed as e:
             raise self._failed(uid, e) from None
         if not created:
             raise BuildFailed(f"unit {uid} of variant {self.vid} exists already: two writers share the id "
                               f"{self.writer_id!r}; give each writer its own")
         try:
-            written = {f"{prefix}/zarr.json": digest([unit_meta]), **self._write_arrays(prefix, samples, states)}
+            written = {layout.META: digest([unit_meta]), **self._write_arrays(uid, samples, states)}
         except WriteFailed as e:
-            blobs.delete_prefix(prefix + "/")  # best effort: on a full disk the debris would take space too
+            try:  # on a full disk the debris would take space too
+                io.remove_tree(layout.unit_prefix(self.vid, uid))
+            except (OSError, HsstoreError):
+                pass  # gc removes it later
             raise self._failed(uid, e) from None
-        files = {k[len(prefix) + 1 :]: w.size for k, w in sorted(written.items())}
-        crcs = {k[len(prefix) + 1 :]: w.crc32c for k, w in sorted(written.items())}
-        off, rows = 0, []
-        for s in samples:
-            rows.append((s.key, off, s.length))
-            off += s.length
+        offsets = np.cumsum([0] + [s.length for s in samples]).tolist()
         commit = CommitRecord(
-            unit=uid, samples=rows, layers=sorted(states), files=files, stats=stats,
-            writer=self.info, committed_at=_now(), crc32c=crcs,
+            unit=uid, samples=[(s.key, offsets[i], s.length) for i, s in enumerate(samples)], layers=sorted(states),
+            files={rel: w.size for rel, w in sorted(written.items())},
+            stats={k: HealthStats(**v) for k, v in stats.items()}, writer=self.info, committed_at=_now(),
+            crc32c={rel: w.crc32c for rel, w in sorted(written.items())},
         )
         try:  # (a failed commit leaves the unit's files to gc: the record may be visible already)
-            blobs.put_atomic(layout.commit_key(self.vid, uid), json.dumps(commit.to_dict()).encode())
+            io.put_atomic(layout.commit_key(self.vid, uid), json.dumps(commit.to_dict()).encode())
         except WriteFailed as e:
             raise self._failed(uid, e) from None
         with self._lock:
-            self._done.update(k for k, _, _ in rows)
+            self._done.update(s.key for s in samples)
         return commit

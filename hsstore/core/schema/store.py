@@ -1,0 +1,124 @@
+"""The records a store holds: a variant's record, a unit's writer info and its commit record.
+
+JSON stays byte-compatible with format 1.0 (tests/data/format-v1.zarr): field order is the order the
+writer always used, optional fields that older records lack are ``UNSET`` and left out again. Beyond
+types, each record refuses values that would make a reader go wrong (a negative offset, a file key
+that leaves its unit, a non-positive size); where a record sits in the store is checked by storage.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+import msgspec
+
+from hsstore.core.schema.base import UNSET, Record, UnsetType
+
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+# a key inside a unit: "zarr.json", "layer_3/zarr.json", "layer_3/c/0/0" (no "..", no leading "/")
+_REL_KEY = re.compile(r"^[0-9A-Za-z_][0-9A-Za-z_.-]*(/[0-9A-Za-z_][0-9A-Za-z_.-]*)*$")
+_CRC = re.compile(r"^[0-9a-f]{8}$")
+ROLES = ("aux", "target")
+
+
+class VariantRecord(Record):
+    """What every unit of one variant shares: provenance, layers by role, geometry and codec."""
+
+    id: str
+    provenance: dict[str, Any]  # typed as hsstore.core.schema.provenance.Provenance where it is read
+    layers: dict[str, list[NonNegative]]
+    hidden_size: Positive
+    dtype: str
+    codec: str
+    chunk_tokens: Positive
+
+    def __post_init__(self) -> None:
+        for path in (("recipe",), ("environment",), ("recipe", "model"), ("recipe", "tokenizer"),
+                     ("recipe", "layers"), ("environment", "kernels")):  # the tables readers look into
+            node: Any = self.provenance
+            for i, name in enumerate(path):
+                node = node.get(name) if isinstance(node, dict) else None
+                if node is not None and not isinstance(node, dict):
+                    raise ValueError(f"`provenance.{'.'.join(path[: i + 1])}` must be a table, got {node!r:.60}")
+        if sorted(self.layers) != sorted(ROLES):
+            raise ValueError(f"`layers` must have the roles {list(ROLES)}, got {sorted(self.layers)}")
+        if not self.layers["target"]:
+            raise ValueError("`layers.target` is empty")
+
+    @property
+    def all_layers(self) -> list[int]:
+        return sorted({i for ids in self.layers.values() for i in ids})
+
+
+class WriterInfo(Record):
+    """Who wrote a unit: host and process (gc asks whether it still runs) and the writer id."""
+
+    host: str
+    pid: int
+    writer: str
+
+
+class UnitInfo(Record):
+    """A unit's own metadata (``units/<uid>/zarr.json`` attributes ``hsstore_unit``): its writer and start."""
+
+    host: str
+    pid: int
+    writer: str
+    started_at: str
+
+
+class HealthStats(Record):
+    """Additive per-layer statistics of a unit's states (hsstore.storage.stats)."""
+
+    n: NonNegative
+    sum: float
+    sumsq: float
+    absmax: float
+    min: float
+    max: float
+    nan: NonNegative
+    inf: NonNegative
+    zeros: NonNegative
+
+
+class CommitRecord(Record):
+    """One committed unit: which samples it holds where, its files with sizes (and crc32c), health stats."""
+
+    unit: str
+    samples: list[tuple[str, NonNegative, NonNegative]]  # (key, offset, length) in the unit's token arrays
+    layers: list[NonNegative]
+    files: dict[str, NonNegative]  # key relative to the unit -> size in bytes
+    stats: dict[str, HealthStats]  # str(layer) -> additive stats
+    writer: WriterInfo | UnsetType = UNSET
+    committed_at: str | UnsetType = UNSET
+    crc32c: dict[str, str] | UnsetType = UNSET  # key relative to the unit -> crc32c (8 hex digits)
+
+    def __post_init__(self) -> None:
+        for rel in self.files:
+            if not _REL_KEY.match(rel) or ".." in rel.split("/"):
+                raise ValueError(f"file key {rel!r} is not a path inside the unit")
+        for rel, crc in self.checksums.items():
+            if rel not in self.files or not _CRC.match(crc):
+                raise ValueError(f"crc32c of {rel!r} = {crc!r} does not name a recorded file with 8 hex digits")
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(n for _, _, n in self.samples)
+
+    @property
+    def checksums(self) -> dict[str, str]:
+        """crc32c per file ({} for records written before files had checksums)."""
+        return self.crc32c if isinstance(self.crc32c, dict) else {}
+
+    def coverage_problem(self) -> str | None:
+        """Why the samples do not tile the token range ``[0, n_tokens)`` exactly, in order (None if they do)."""
+        end = 0
+        for key, off, n in self.samples:
+            if off != end:
+                return f"sample {key} starts at {off}, the previous one ends at {end}"
+            if n == 0:
+                return f"sample {key} is empty"
+            end = off + n
+        return None

@@ -1,0 +1,125 @@
+"""The storage seam: one interface for a store's bytes, chosen once when a store opens.
+
+Everything above this (store, reader, writer, verify, gc) asks a ``Backend`` for objects by key and
+never asks which kind it is. Two implementations: ``LocalBackend`` (hsstore.storage.local: a directory,
+``pwrite``/``pread`` with checked writes, no symlink ever followed) and ``ZarrBackend``
+(hsstore.storage.remote: any zarr v3 store, e.g. fsspec URLs such as ``s3://`` or ``memory://``).
+Keys are built by hsstore.storage.layout. One conformance suite (tests/storage/test_conformance.py)
+runs against each.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from crc32c import crc32c as crc32c_of
+
+from hsstore.storage.fileio import Written
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of a store's tree: its key and what it is (``file``, ``dir``, ``symlink``, ``fifo``,
+    ``socket``, ``device``, ``other``); ``executable`` for a file with an execute bit."""
+
+    key: str
+    kind: str
+    executable: bool = False
+
+
+class RangeSource(ABC):
+    """Byte ranges of one object (a shard): what the direct shard reader reads through."""
+
+    size: int
+
+    @abstractmethod
+    def read(self, offset: int, n: int) -> bytes:
+        """Up to ``n`` bytes at ``offset`` (fewer only at the end of the object)."""
+
+    def readinto(self, views: Sequence[memoryview], offset: int) -> int:
+        """Fill ``views`` in order from ``offset``; returns the bytes placed."""
+        data = self.read(offset, sum(v.nbytes for v in views))
+        pos = 0
+        for v in views:
+            part = data[pos : pos + v.nbytes]
+            v[: len(part)] = part
+            pos += len(part)
+        return pos
+
+    def crc32c(self) -> str:
+        """crc32c of the whole object, read in 8 MiB blocks (8 hex digits)."""
+        crc, off = 0, 0
+        while off < self.size and (block := self.read(off, min(1 << 23, self.size - off))):
+            crc = crc32c_of(block, crc)
+            off += len(block)
+        return f"{crc:08x}"
+
+    def close(self) -> None:  # noqa: B027 - nothing to release by default
+        """Release what the source holds."""
+
+
+class Backend(ABC):
+    """A store's bytes: whole objects by key, shards by range, listing, sizes, removal."""
+
+    location: str
+    is_local: bool = False
+
+    @abstractmethod
+    def get(self, key: str, cap: int | None = None) -> bytes | None:
+        """The object's bytes (None if absent); CorruptData if it is larger than ``cap`` or not a plain
+        object (a symlink, FIFO or device on a local disk)."""
+
+    @abstractmethod
+    def put(self, key: str, parts: Sequence[Any]) -> Written:
+        """Write a new object from buffers in order, every byte checked (not atomic: for the files of a
+        unit, which no reader looks at before its commit). WriteFailed on any failure."""
+
+    @abstractmethod
+    def put_atomic(self, key: str, data: bytes) -> None:
+        """Write or replace an object so a reader sees the old bytes or the new, never part."""
+
+    @abstractmethod
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Write ``key`` only if nothing is there yet; True if this call wrote it."""
+
+    @abstractmethod
+    def open_range(self, key: str) -> RangeSource:
+        """A reader of byte ranges of the object (FileNotFoundError if absent)."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Keys under ``prefix``, recursively, temporary files excluded, sorted."""
+
+    @abstractmethod
+    def list_dir(self, prefix: str) -> list[str]:
+        """Names of the immediate children of ``prefix`` (objects and sub-prefixes), sorted."""
+
+    @abstractmethod
+    def entries(self) -> Iterator[Entry]:
+        """Every entry of the store (directories and special files too, where a back end has them)."""
+
+    @abstractmethod
+    def size(self, key: str) -> int | None:
+        """The object's size in bytes (None if absent)."""
+
+    @abstractmethod
+    def crc32c(self, key: str) -> str | None:
+        """crc32c of the object's bytes, 8 hex digits (None if absent)."""
+
+    @abstractmethod
+    def remove_tree(self, prefix: str) -> int:
+        """Remove every object under ``prefix`` (never anything outside the store); returns how many."""
+
+    @abstractmethod
+    def remove(self, key: str) -> None:
+        """Remove one object (absent is fine)."""
+
+    @abstractmethod
+    def temp_files(self) -> list[tuple[str, float]]:
+        """Temporary objects of atomic puts, with their age in seconds."""
+
+    def exists(self, key: str) -> bool:
+        return self.size(key) is not None

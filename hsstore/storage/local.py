@@ -1,0 +1,163 @@
+"""The local-directory back end: checked writes (storage.fileio), reads and removals that never follow a
+symlink or leave the root (storage.localfs), atomic puts by rename or link of an fsync'd temp file."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from hsstore.core.errors import WriteFailed
+from hsstore.storage import localfs
+from hsstore.storage.backend import Backend, Entry, RangeSource
+from hsstore.storage.fileio import Written, write_file
+from hsstore.storage.layout import TMP_PREFIX
+from hsstore.storage.records import MAX_RECORD_BYTES
+
+
+def write_failed(key: str, e: BaseException) -> WriteFailed:
+    """One line naming the key and the operating system's reason."""
+    why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
+    return WriteFailed(f"writing {key} failed: {why}")
+
+
+class LocalRange(RangeSource):
+    """``pread``/``preadv`` on one open regular file."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.size = os.fstat(fd).st_size
+
+    def read(self, offset: int, n: int) -> bytes:
+        return os.pread(self.fd, n, offset)
+
+    def readinto(self, views: Sequence[memoryview], offset: int) -> int:
+        return os.preadv(self.fd, list(views), offset)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except OSError:
+            pass
+
+
+class LocalBackend(Backend):
+    """A store in a local directory."""
+
+    is_local = True
+
+    def __init__(self, path: str) -> None:
+        self.location = path
+        self.root = os.path.realpath(path)  # a link to the store is the user's choice; nothing inside is followed
+
+    def get(self, key: str, cap: int | None = None) -> bytes | None:
+        return localfs.read_file(self.root, key, MAX_RECORD_BYTES if cap is None else cap)
+
+    def put(self, key: str, parts: Sequence[Any]) -> Written:
+        head, _, name = key.rpartition("/")
+        try:
+            dfd = localfs.open_dir(self.root, head, create=True)
+            try:
+                return write_file(name, parts, dir_fd=dfd)
+            finally:
+                os.close(dfd)
+        except OSError as e:
+            raise write_failed(key, e) from None
+
+    def put_atomic(self, key: str, data: bytes) -> None:
+        self._put_via_temp(key, data, replace=True)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        return self._put_via_temp(key, data, replace=False)
+
+    def _put_via_temp(self, key: str, data: bytes, replace: bool) -> bool:
+        """An fsync'd temporary file, then renamed over (``replace``) or linked to (if absent) ``key``."""
+        head, _, name = key.rpartition("/")
+        tmp = f"{TMP_PREFIX}{uuid.uuid4().hex}"
+        try:
+            dfd = localfs.open_dir(self.root, head, create=True)
+        except OSError as e:
+            raise write_failed(key, e) from None
+        try:
+            write_file(tmp, [data], exclusive=True, dir_fd=dfd)
+            if replace:
+                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            else:
+                try:  # atomic, fails if the target exists
+                    os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+                except FileExistsError:
+                    return False
+            os.fsync(dfd)
+            return True
+        except OSError as e:
+            raise write_failed(key, e) from None
+        finally:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except FileNotFoundError:
+                pass
+            os.close(dfd)
+
+    def open_range(self, key: str) -> LocalRange:
+        return LocalRange(localfs.open_file(self.root, key))
+
+    def list(self, prefix: str) -> list[str]:
+        base = prefix.rstrip("/")
+        return sorted(k for k, st in localfs.walk(self.root, base)
+                      if not stat.S_ISDIR(st.st_mode) and not k.rsplit("/", 1)[-1].startswith(TMP_PREFIX))
+
+    def list_dir(self, prefix: str) -> list[str]:
+        return [name for name, _ in localfs.entries(self.root, prefix.rstrip("/"))]
+
+    def entries(self) -> Iterator[Entry]:
+        for key, st in localfs.walk(self.root):
+            kind = localfs.kind_of(st.st_mode)
+            yield Entry(key, kind, kind == "file" and bool(st.st_mode & 0o111))
+
+    def size(self, key: str) -> int | None:
+        try:
+            fd = localfs.open_file(self.root, key)
+        except FileNotFoundError:
+            return None
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
+    def crc32c(self, key: str) -> str | None:
+        try:
+            src = self.open_range(key)
+        except FileNotFoundError:
+            return None
+        try:
+            return src.crc32c()
+        finally:
+            src.close()
+
+    def remove_tree(self, prefix: str) -> int:
+        base = prefix.rstrip("/")
+        try:
+            n = localfs.count_files(self.root, base)
+        except FileNotFoundError:
+            return 0
+        localfs.remove_tree(self.root, base)
+        return n
+
+    def remove(self, key: str) -> None:
+        try:
+            localfs.remove_file(self.root, key)
+        except FileNotFoundError:
+            pass
+
+    def temp_files(self) -> list[tuple[str, float]]:
+        now = time.time()
+        return [(k, now - st.st_mtime) for k, st in localfs.walk(self.root)
+                if stat.S_ISREG(st.st_mode) and k.rsplit("/", 1)[-1].startswith(TMP_PREFIX)]

@@ -1,0 +1,189 @@
+"""Local filesystem access that never follows a symlink, never leaves the store's root, never blocks.
+
+Every path is walked from the root one component at a time with ``O_NOFOLLOW`` directory descriptors,
+so a symlink anywhere inside the store (``variants/x -> /elsewhere``) stops the walk instead of leading
+out of it. Files are opened ``O_NONBLOCK | O_NOFOLLOW`` and must be regular files (a FIFO, socket or
+device never hangs or floods a reader); reads are capped.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+from collections.abc import Iterator
+
+from hsstore.core.errors import CorruptData
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class UnsafePath(CorruptData):
+    """A path inside the store that is a symlink, or not the kind of entry the format puts there."""
+
+
+def _kind(mode: int) -> str:
+    for test, word in ((stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return word
+    return "a regular file" if stat.S_ISREG(mode) else "a special file"
+
+
+def open_dir(root: str, key: str, create: bool = False) -> int:
+    """A descriptor of directory ``root/key`` reached without following any symlink (caller closes it),
+    made if missing with ``create``. FileNotFoundError if a component is missing; UnsafePath if one is a
+    symlink or not a directory."""
+    fd = os.open(root, _DIR_FLAGS & ~os.O_NOFOLLOW)  # the root itself may be a symlink the user chose
+    try:
+        for part in [p for p in key.split("/") if p]:
+            if part in (".", ".."):
+                raise UnsafePath(f"{key!r} leaves the store")
+            nxt = _open_child(fd, part, key, create)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_child(fd: int, part: str, key: str, create: bool) -> int:
+    for attempt in (0, 1):
+        try:
+            return os.open(part, _DIR_FLAGS, dir_fd=fd)
+        except FileNotFoundError:
+            if not create or attempt:
+                raise
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass  # a racing writer made it
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            mode = os.lstat(part, dir_fd=fd).st_mode
+            raise UnsafePath(f"{key}: {part} is {_kind(mode)}, where the format has a directory") from None
+    raise AssertionError("unreachable")
+
+
+def kind_of(mode: int) -> str:
+    """``file``, ``dir``, ``symlink``, ``fifo``, ``socket``, ``device`` or ``other``."""
+    for test, word in ((stat.S_ISREG, "file"), (stat.S_ISDIR, "dir"), (stat.S_ISLNK, "symlink"),
+                       (stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "device"),
+                       (stat.S_ISBLK, "device")):
+        if test(mode):
+            return word
+    return "other"
+
+
+def open_file(root: str, key: str) -> int:
+    """A read descriptor of regular file ``root/key`` (FileNotFoundError if missing), never blocking
+    (a FIFO opens and is refused), never through a symlink."""
+    head, _, name = key.rpartition("/")
+    dfd = open_dir(root, head)
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dfd)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise UnsafePath(f"{key} is a symlink; hsstore writes only regular files") from None
+    finally:
+        os.close(dfd)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise UnsafePath(f"{key} is {_kind(mode)}; hsstore writes only regular files")
+    return fd
+
+
+def read_file(root: str, key: str, cap: int) -> bytes | None:
+    """The bytes of regular file ``root/key`` (None if missing), at most ``cap`` bytes, never blocking."""
+    try:
+        fd = open_file(root, key)
+    except FileNotFoundError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        if size > cap:
+            raise CorruptData(f"{key} holds {size} bytes, more than the {cap} a record of this kind may hold")
+        data = b""
+        while len(data) <= cap and (more := os.read(fd, cap + 1 - len(data))):
+            data += more
+        if len(data) > cap:
+            raise CorruptData(f"{key} grew past {cap} bytes while being read")
+        return data
+    finally:
+        os.close(fd)
+
+
+def entries(root: str, key: str) -> list[tuple[str, int]]:
+    """``(name, st_mode)`` of each entry of directory ``root/key`` (lstat: links are not followed);
+    [] if it does not exist."""
+    try:
+        fd = open_dir(root, key)
+    except FileNotFoundError:
+        return []
+    try:
+        return sorted((name, os.lstat(name, dir_fd=fd).st_mode) for name in os.listdir(fd))
+    finally:
+        os.close(fd)
+
+
+def walk(root: str, key: str = "") -> Iterator[tuple[str, os.stat_result]]:
+    """``(key, lstat)`` of every entry under ``root/key`` (directories too), never following a symlink."""
+    try:
+        top = open_dir(root, key)
+    except FileNotFoundError:
+        return
+    try:
+        for dirpath, dirnames, filenames, dfd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+            rel = os.path.normpath(os.path.join(key, dirpath)).replace(os.sep, "/")
+            for name in dirnames + filenames:
+                try:
+                    yield (name if rel == "." else f"{rel}/{name}"), os.lstat(name, dir_fd=dfd)
+                except FileNotFoundError:
+                    continue
+    finally:
+        os.close(top)
+
+
+def count_files(root: str, key: str) -> int:
+    """Entries other than directories under ``root/key`` (links counted, never followed)."""
+    fd = open_dir(root, key)
+    try:
+        n = 0
+        for _, dirs, files, dfd in os.fwalk(".", dir_fd=fd, follow_symlinks=False):
+            n += len(files) + sum(1 for d in dirs if stat.S_ISLNK(os.lstat(d, dir_fd=dfd).st_mode))
+        return n
+    finally:
+        os.close(fd)
+
+
+def remove_tree(root: str, key: str) -> None:
+    """Remove directory ``root/key`` and everything in it, never following a symlink (shutil.rmtree with a
+    directory descriptor: a link inside is removed as a link, its target untouched)."""
+    head, _, name = key.rstrip("/").rpartition("/")
+    dfd = open_dir(root, head)
+    try:
+        mode = os.lstat(name, dir_fd=dfd).st_mode
+        if not stat.S_ISDIR(mode):
+            raise UnsafePath(f"{key} is {_kind(mode)}, not a directory; not removed")
+        shutil.rmtree(name, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+def remove_file(root: str, key: str) -> None:
+    """Unlink ``root/key`` (a link itself, never its target)."""
+    head, _, name = key.rpartition("/")
+    dfd = open_dir(root, head)
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(dfd)

@@ -1,0 +1,203 @@
+"""VariantReader: committed samples of one variant, by key or index, any layer subset, verified on the way."""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from hsstore.core.dtypes import STORED, from_stored
+from hsstore.core.errors import BadInput, CorruptData
+from hsstore.core.keys import sample_key
+from hsstore.storage import commits, layout
+from hsstore.storage.shardio import ShardReader
+from hsstore.storage.stats import merge
+
+if TYPE_CHECKING:
+    from hsstore.storage.store import Store
+
+
+@dataclass(frozen=True)
+class SampleRef:
+    """Where one committed sample lives: its unit and the token range inside it."""
+
+    key: str
+    unit: str
+    offset: int
+    length: int
+
+
+class VariantReader:
+    """Reads committed samples of one variant (units committed as hsstore.storage.commits defines)."""
+
+    def __init__(self, store: Store, vid: str) -> None:
+        self.store = store
+        self.io = store.io
+        self.id = vid
+        self.record = store.variant_record(vid)
+        found = commits.scan(self.io, vid)
+        self.units = found.committed
+        self.commits = list(found.committed.values())
+        self.bad_commits = found.bad
+        refs: dict[str, SampleRef] = {}
+        # units sorted by id: the first unit to hold a key wins, so racing writers never show a key twice
+        for c in self.commits:
+            for key, off, n in c.samples:
+                refs.setdefault(key, SampleRef(key, c.unit, off, n))
+        self.refs = refs
+        self.keys = list(refs)  # unit order, then offset: reading in this order is chunk-local
+        self._shards: dict[tuple[str, str], ShardReader] = {}
+        self._checked_units: set[str] = set()
+        self._lock = threading.Lock()
+        self.read_threads = min(8, os.cpu_count() or 1)  # layers of one sample read in parallel
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid: int | None = None
+        tok = self.record.provenance.get("recipe", {}).get("tokenizer", {}) if isinstance(
+            self.record.provenance.get("recipe"), dict) else {}
+        self.tokenizer_fingerprint = tok.get("fingerprint", "") if isinstance(tok, dict) else ""
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(r.length for r in self.refs.values())
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes this reader has read from its arrays' chunk files."""
+        return sum(s.bytes_read for s in self._shards.values())
+
+    def stats(self) -> dict[int, dict[str, float]]:
+        """Per-layer additive health stats over all committed units."""
+        return {layer: merge(c.stats[str(layer)].to_dict() for c in self.commits if str(layer) in c.stats)
+                for layer in self.record.all_layers}
+
+    def check_corrupt_commits(self) -> None:
+        if self.bad_commits:
+            key, why = self.bad_commits[0]
+            raise CorruptData(
+                f"variant {self.id} has {len(self.bad_commits)} unreadable commit record(s), first {key}: {why}. "
+                "Run `hsstore verify` to list them"
+            )
+
+    def check_unit(self, uid: str, checksums: bool = False) -> None:
+        """Every file the commit recorded is there with its recorded size (a missing shard would read as
+        zeros); with ``checksums``, its bytes also match the crc32c the writer recorded (a full read)."""
+        if uid in self._checked_units and not checksums:
+            return
+        c = self.units[uid]
+        for rel, size in c.files.items():
+            key = layout.unit_key(self.id, uid, rel)
+            got = self.io.size(key)
+            what = None if got == size else "is missing" if got is None else f"has {got} bytes, {size} were committed"
+            if what is None and checksums and rel in c.checksums:
+                crc = self.io.crc32c(key)
+                what = None if crc == c.checksums[rel] else f"has crc32c {crc}, {c.checksums[rel]} was committed"
+            if what is not None:
+                first = c.samples[0][0] if c.samples else "?"
+                raise CorruptData(
+                    f"unit {uid} of variant {self.id}: file {rel} {what}; its {len(c.samples)} samples "
+                    f"(first key {first}) are unreadable. Run `hsstore verify`"
+                )
+        self._checked_units.add(uid)
+
+    def shard(self, uid: str, name: str) -> ShardReader:
+        """The reader of array ``name`` of committed unit ``uid``, checked against its commit and variant."""
+        key = (uid, name)
+        reader = self._shards.get(key)
+        if reader is None:
+            with self._lock:
+                reader = self._shards.get(key)
+                if reader is None:
+                    self.check_unit(uid)
+                    reader = ShardReader(self.io, f"{layout.unit_prefix(self.id, uid)}/{name}",
+                                         f"unit {uid} of variant {self.id}, {name}")
+                    self._check_geometry(reader, uid, name)
+                    self._shards[key] = reader
+        return reader
+
+    def _check_geometry(self, reader: ShardReader, uid: str, name: str) -> None:
+        rec, n = self.record, self.units[uid].n_tokens
+        if name in layout.TOKEN_ARRAYS:
+            want = ((n,), np.dtype("<i4") if name == "input_ids" else np.dtype("u1"))
+        else:
+            want = ((n, rec.hidden_size), STORED[rec.dtype].newbyteorder("<"))
+        if (reader.shape, reader.dtype) != want:
+            raise CorruptData(f"unit {uid} of variant {self.id}: {name} is {reader.shape} {reader.dtype}, its commit "
+                              f"and variant record say {want[0]} {want[1]}. Run `hsstore verify`")
+
+    def _slice(self, ref: SampleRef, name: str, out: np.ndarray | None = None) -> np.ndarray:
+        try:
+            return self.shard(ref.unit, name).rows(ref.offset, ref.offset + ref.length, out=out)
+        except CorruptData as e:
+            raise CorruptData(str(e) if ref.key in str(e) else f"sample {ref.key}: {e}") from None
+
+    def ref(self, key_or_index: str | int) -> SampleRef:
+        if isinstance(key_or_index, (int, np.integer)):
+            return self.refs[self.keys[int(key_or_index)]]
+        try:
+            return self.refs[key_or_index]
+        except KeyError:
+            raise KeyError(f"sample {key_or_index!r} is not committed in variant {self.id}") from None
+
+    def read_tokens(self, ref: SampleRef) -> tuple[np.ndarray, np.ndarray]:
+        """(input_ids int32 [T], loss_mask uint8 [T]) of one sample, checked against its key."""
+        ids = self._slice(ref, "input_ids")
+        mask = self._slice(ref, "loss_mask")
+        if sample_key(self.tokenizer_fingerprint, ids, mask) != ref.key:
+            raise CorruptData(
+                f"sample {ref.key} (unit {ref.unit}, variant {self.id}): stored tokens do not hash to the key. "
+                "Run `hsstore verify`"
+            )
+        return ids, mask
+
+    def read_stacked(self, ref: SampleRef, layers: list[int]) -> torch.Tensor:
+        """States of ``layers`` as one ``[T, len(layers), H]`` tensor in the stored dtype, each layer read
+        straight into its slot (no second copy to stack them)."""
+        self._check_layers(layers)
+        rec = self.record
+        buf = np.empty((ref.length, len(layers), rec.hidden_size), dtype=STORED[rec.dtype])
+        names = [layout.layer_array(layer) for layer in layers]
+        pool = self._layer_pool() if len(layers) > 1 else None
+        if pool is None:
+            for j, name in enumerate(names):
+                self._slice(ref, name, out=buf[:, j])
+        else:  # layers decode side by side (the codecs, pread and crc32c release the GIL)
+            for f in [pool.submit(self._slice, ref, name, buf[:, j]) for j, name in enumerate(names)]:
+                f.result()
+        return from_stored(buf, rec.dtype)
+
+    def _layer_pool(self) -> ThreadPoolExecutor | None:
+        """Threads that read the layers of one sample in parallel; one pool per process (a forked
+        DataLoader worker gets its own: threads do not survive a fork)."""
+        if self.read_threads < 2:
+            return None
+        if self._pool_pid != os.getpid():
+            self._pool = ThreadPoolExecutor(self.read_threads, thread_name_prefix="hsstore-read")
+            self._pool_pid = os.getpid()
+        return self._pool
+
+    def _check_layers(self, layers: list[int]) -> None:
+        missing = [i for i in layers if i not in self.record.all_layers]
+        if missing:
+            raise BadInput(f"layer(s) {missing} are not stored in variant {self.id}; stored: {self.record.all_layers}")
+
+    def read_layers(self, ref: SampleRef, layers: list[int]) -> list[torch.Tensor]:
+        """States ``[T, H]`` of each requested layer, in the stored dtype (bf16 as torch.bfloat16)."""
+        self._check_layers(layers)
+        return [from_stored(self._slice(ref, layout.layer_array(i)), self.record.dtype) for i in layers]
+
+    def read(self, key_or_index: str | int, layers: list[int] | None = None) -> dict[str, Any]:
+        ref = self.ref(key_or_index)
+        ids, mask = self.read_tokens(ref)
+        layers = self.record.all_layers if layers is None else list(layers)
+        states = self.read_layers(ref, layers)
+        return {
+            "key": ref.key,
+            "input_ids": torch.from_numpy(ids.astype(np.int64)),
+            "loss_mask": torch.from_numpy(mask.astype(np.bool_)),
+            "layers": dict(zip(layers, states)),
+        }
