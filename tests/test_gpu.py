@@ -66,5 +66,5 @@ def test_two_ranks_on_two_gpus_match_one_rank(tmp_path: Path):
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     commits = Store.open(tmp_path / "two.zarr").reader(Store.open(tmp_path / "two.zarr").variant_ids()[0]).commits
-    assert {c.writer["writer"].split("-")[0] for c in commits} == {"r0", "r1"}
+    assert {c.writer.writer.split("-")[0] for c in commits} == {"r0", "r1"}
     _identical(tmp_path / "one.zarr", tmp_path / "two.zarr")

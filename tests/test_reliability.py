@@ -120,7 +120,7 @@ def test_torchrun_two_rank_build_is_bit_exact_to_one_process(reference, tmp_path
     (lineage,) = (tmp_path / "dist.zarr" / "builds").iterdir()  # one build id, agreed by both ranks
     assert sorted(p.name for p in lineage.iterdir()) == ["r0-end.json", "r0-start.json", "r1-end.json",
                                                          "r1-start.json", "rows.jsonl"]
-    writers = {c.writer["writer"].split("-")[0] for c in Store.open(tmp_path / "dist.zarr").reader(vid).commits}
+    writers = {c.writer.writer.split("-")[0] for c in Store.open(tmp_path / "dist.zarr").reader(vid).commits}
     assert writers == {"r0", "r1"}  # both ranks wrote units
 
 
@@ -143,7 +143,7 @@ def test_two_node_torchrun_build_is_bit_exact_to_one_process(reference, tmp_path
     assert codes == [0, 0], [log.read_text()[-2000:] for log in logs]
     _bit_exact_and_complete(tmp_path / "nodes.zarr", ref_store, int(LIMIT))
     (vid,) = Store.open(tmp_path / "nodes.zarr").variant_ids()
-    writers = {c.writer["writer"].split("-")[0] for c in Store.open(tmp_path / "nodes.zarr").reader(vid).commits}
+    writers = {c.writer.writer.split("-")[0] for c in Store.open(tmp_path / "nodes.zarr").reader(vid).commits}
     assert writers == {"r0", "r1"}  # the global rank names the writer, not the local one
 
 

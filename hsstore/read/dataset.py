@@ -93,7 +93,7 @@ class _Base:
         """The reader, reopened after a fork for remote stores (their clients are bound to the parent's
         event loop; local files are safe to share)."""
         pid = os.getpid()
-        if getattr(self, "_pid", pid) != pid and self.reader.store.blobs.root is None:
+        if getattr(self, "_pid", pid) != pid and not self.reader.store.is_local:
             self.reader = Store.open(self.reader.store.location).reader(self.reader.id)
         self._pid = pid
         return self.reader
@@ -183,7 +183,7 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
         self._setup(store, variant, layers, require, allow_drift)
         self.seed, self.shuffle, self.batch_tokens, self.remainder = seed, shuffle, batch_tokens, remainder
         self._rank, self._world = rank, world_size
-        self.prefetch = prefetch if prefetch is not None else (0 if self.reader.store.blobs.root else 8)
+        self.prefetch = prefetch if prefetch is not None else (0 if self.reader.store.is_local else 8)
         self.epoch = 0
         self.unit_sizes = self._unit_sizes()
         self.n = int(sum(self.unit_sizes))
