@@ -269,6 +269,6 @@ def _record_complete(m: Manifest, samples: list[SampleTokens], results: list[Var
                               f"build (first {missing[0]}); re-run the same command to complete it")
         record = {"complete": True, "n_samples": len(keys), "keys_fingerprint": fingerprint(keys),
                   "manifest": m.source, "finished_at": now()}
-        store.blobs.put_atomic(f"{layout.builds_prefix(vid)}{fingerprint(keys)[:16]}.json", json.dumps(record).encode())
+        store.io.put_atomic(layout.build_key(vid, fingerprint(keys)[:16]), json.dumps(record).encode())
         out[vid] = True
     return out

@@ -172,6 +172,11 @@ def parse_key(key: str) -> Key:
     return Key("unknown", vid)
 
 
+def is_dir_key(key: str) -> bool:
+    """Whether the format has a directory at ``key``: some key the format has lies inside it."""
+    return any(parse_key(f"{key}/{leaf}").kind not in ("unknown", "temp") for leaf in (META, "0", "0/0", "x.json"))
+
+
 def _is_unit_file(rel: list[str]) -> bool:
     if rel == [META]:
         return True

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from hsstore.core.errors import WriteFailed
+from hsstore.core.errors import CorruptData, WriteFailed
 from hsstore.storage import localfs
 from hsstore.storage.backend import Backend, Entry, RangeSource
 from hsstore.storage.fileio import Written, write_file
@@ -27,15 +27,17 @@ def write_failed(key: str, e: BaseException) -> WriteFailed:
 class LocalRange(RangeSource):
     """``pread``/``preadv`` on one open regular file."""
 
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
+    def __init__(self, fd: int, key: str) -> None:
+        self.fd, self.key = fd, key
         self.size = os.fstat(fd).st_size
 
     def read(self, offset: int, n: int) -> bytes:
-        return os.pread(self.fd, n, offset)
+        with localfs.reading(self.key):
+            return os.pread(self.fd, n, offset)
 
     def readinto(self, views: Sequence[memoryview], offset: int) -> int:
-        return os.preadv(self.fd, list(views), offset)
+        with localfs.reading(self.key):
+            return os.preadv(self.fd, list(views), offset)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -59,7 +61,8 @@ class LocalBackend(Backend):
         self.root = os.path.realpath(path)  # a link to the store is the user's choice; nothing inside is followed
 
     def get(self, key: str, cap: int | None = None) -> bytes | None:
-        return localfs.read_file(self.root, key, MAX_RECORD_BYTES if cap is None else cap)
+        with localfs.reading(key):
+            return localfs.read_file(self.root, key, MAX_RECORD_BYTES if cap is None else cap)
 
     def put(self, key: str, parts: Sequence[Any]) -> Written:
         head, _, name = key.rpartition("/")
@@ -69,7 +72,7 @@ class LocalBackend(Backend):
                 return write_file(name, parts, dir_fd=dfd)
             finally:
                 os.close(dfd)
-        except OSError as e:
+        except (OSError, CorruptData) as e:
             raise write_failed(key, e) from None
 
     def put_atomic(self, key: str, data: bytes) -> None:
@@ -84,7 +87,7 @@ class LocalBackend(Backend):
         tmp = f"{TMP_PREFIX}{uuid.uuid4().hex}"
         try:
             dfd = localfs.open_dir(self.root, head, create=True)
-        except OSError as e:
+        except (OSError, CorruptData) as e:
             raise write_failed(key, e) from None
         try:
             write_file(tmp, [data], exclusive=True, dir_fd=dfd)
@@ -107,30 +110,36 @@ class LocalBackend(Backend):
             os.close(dfd)
 
     def open_range(self, key: str) -> LocalRange:
-        return LocalRange(localfs.open_file(self.root, key))
+        with localfs.reading(key):
+            return LocalRange(localfs.open_file(self.root, key), key)
 
     def list(self, prefix: str) -> list[str]:
         base = prefix.rstrip("/")
-        return sorted(k for k, st in localfs.walk(self.root, base)
-                      if not stat.S_ISDIR(st.st_mode) and not k.rsplit("/", 1)[-1].startswith(TMP_PREFIX))
+        with localfs.reading(base):
+            return sorted(k for k, st in localfs.walk(self.root, base)
+                          if not stat.S_ISDIR(st.st_mode) and not k.rsplit("/", 1)[-1].startswith(TMP_PREFIX))
 
     def list_dir(self, prefix: str) -> list[str]:
-        return [name for name, _ in localfs.entries(self.root, prefix.rstrip("/"))]
+        with localfs.reading(prefix):
+            return [name for name, _ in localfs.entries(self.root, prefix.rstrip("/"))]
 
     def entries(self) -> Iterator[Entry]:
-        for key, st in localfs.walk(self.root):
+        with localfs.reading(""):
+            found = list(localfs.walk(self.root))
+        for key, st in found:
             kind = localfs.kind_of(st.st_mode)
             yield Entry(key, kind, kind == "file" and bool(st.st_mode & 0o111))
 
     def size(self, key: str) -> int | None:
-        try:
-            fd = localfs.open_file(self.root, key)
-        except FileNotFoundError:
-            return None
-        try:
-            return os.fstat(fd).st_size
-        finally:
-            os.close(fd)
+        with localfs.reading(key):
+            try:
+                fd = localfs.open_file(self.root, key)
+            except FileNotFoundError:
+                return None
+            try:
+                return os.fstat(fd).st_size
+            finally:
+                os.close(fd)
 
     def crc32c(self, key: str) -> str | None:
         try:
@@ -143,13 +152,10 @@ class LocalBackend(Backend):
             src.close()
 
     def remove_tree(self, prefix: str) -> int:
-        base = prefix.rstrip("/")
         try:
-            n = localfs.count_files(self.root, base)
+            return localfs.remove_tree(self.root, prefix.rstrip("/"))
         except FileNotFoundError:
             return 0
-        localfs.remove_tree(self.root, base)
-        return n
 
     def remove(self, key: str) -> None:
         try:

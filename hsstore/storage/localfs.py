@@ -13,8 +13,9 @@ import os
 import shutil
 import stat
 from collections.abc import Iterator
+from contextlib import contextmanager
 
-from hsstore.core.errors import CorruptData
+from hsstore.core.errors import BadInput, CorruptData
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -22,6 +23,20 @@ _FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 
 class UnsafePath(CorruptData):
     """A path inside the store that is a symlink, or not the kind of entry the format puts there."""
+
+
+@contextmanager
+def reading(key: str) -> Iterator[None]:
+    """Operating-system errors of a read as hsstore's one-line errors (a missing file stays
+    FileNotFoundError: callers decide what absence means)."""
+    try:
+        yield
+    except (FileNotFoundError, CorruptData):
+        raise
+    except PermissionError:
+        raise BadInput(f"cannot read {key or 'the store'}: permission denied; check the store's permissions") from None
+    except OSError as e:
+        raise CorruptData(f"reading {key or 'the store'} failed: {e.strerror or e}") from None
 
 
 def _kind(mode: int) -> str:
@@ -66,6 +81,8 @@ def _open_child(fd: int, part: str, key: str, create: bool) -> int:
             if e.errno not in (errno.ELOOP, errno.ENOTDIR):
                 raise
             mode = os.lstat(part, dir_fd=fd).st_mode
+            if e.errno == errno.ENOTDIR and not create:  # nothing lies under a file (as on object stores)
+                raise FileNotFoundError(errno.ENOENT, f"{key}: {part} is {_kind(mode)}") from None
             raise UnsafePath(f"{key}: {part} is {_kind(mode)}, where the format has a directory") from None
     raise AssertionError("unreachable")
 
@@ -128,7 +145,13 @@ def entries(root: str, key: str) -> list[tuple[str, int]]:
     except FileNotFoundError:
         return []
     try:
-        return sorted((name, os.lstat(name, dir_fd=fd).st_mode) for name in os.listdir(fd))
+        out = []
+        for name in os.listdir(fd):
+            try:
+                out.append((name, os.lstat(name, dir_fd=fd).st_mode))
+            except FileNotFoundError:
+                continue  # removed while listing
+        return sorted(out)
     finally:
         os.close(fd)
 
@@ -151,28 +174,25 @@ def walk(root: str, key: str = "") -> Iterator[tuple[str, os.stat_result]]:
         os.close(top)
 
 
-def count_files(root: str, key: str) -> int:
-    """Entries other than directories under ``root/key`` (links counted, never followed)."""
-    fd = open_dir(root, key)
-    try:
-        n = 0
-        for _, dirs, files, dfd in os.fwalk(".", dir_fd=fd, follow_symlinks=False):
-            n += len(files) + sum(1 for d in dirs if stat.S_ISLNK(os.lstat(d, dir_fd=dfd).st_mode))
-        return n
-    finally:
-        os.close(fd)
-
-
-def remove_tree(root: str, key: str) -> None:
-    """Remove directory ``root/key`` and everything in it, never following a symlink (shutil.rmtree with a
-    directory descriptor: a link inside is removed as a link, its target untouched)."""
+def remove_tree(root: str, key: str) -> int:
+    """Remove directory ``root/key`` and everything in it; returns how many entries other than directories
+    it held. Never follows a symlink (shutil.rmtree with a directory descriptor: a link inside is removed
+    as a link, its target untouched); UnsafePath if ``key`` itself is not a directory."""
     head, _, name = key.rstrip("/").rpartition("/")
     dfd = open_dir(root, head)
     try:
         mode = os.lstat(name, dir_fd=dfd).st_mode
         if not stat.S_ISDIR(mode):
             raise UnsafePath(f"{key} is {_kind(mode)}, not a directory; not removed")
+        top = os.open(name, _DIR_FLAGS, dir_fd=dfd)
+        try:
+            n = 0
+            for _, dirs, files, sub in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+                n += len(files) + sum(1 for d in dirs if stat.S_ISLNK(os.lstat(d, dir_fd=sub).st_mode))
+        finally:
+            os.close(top)
         shutil.rmtree(name, dir_fd=dfd)
+        return n
     finally:
         os.close(dfd)
 

@@ -6,7 +6,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -14,12 +14,21 @@ import torch
 from hsstore.core.dtypes import STORED, from_stored
 from hsstore.core.errors import BadInput, CorruptData
 from hsstore.core.keys import sample_key
+from hsstore.core.schema.store import CommitRecord, VariantRecord
 from hsstore.storage import commits, layout
+from hsstore.storage.backend import Backend
 from hsstore.storage.shardio import ShardReader
 from hsstore.storage.stats import merge
 
-if TYPE_CHECKING:
-    from hsstore.storage.store import Store
+
+
+class StoreLike(Protocol):
+    """What a reader needs of its store (hsstore.storage.store.Store)."""
+
+    io: Backend
+    location: str
+
+    def variant_record(self, vid: str) -> VariantRecord: ...
 
 
 @dataclass(frozen=True)
@@ -35,7 +44,7 @@ class SampleRef:
 class VariantReader:
     """Reads committed samples of one variant (units committed as hsstore.storage.commits defines)."""
 
-    def __init__(self, store: Store, vid: str) -> None:
+    def __init__(self, store: StoreLike, vid: str) -> None:
         self.store = store
         self.io = store.io
         self.id = vid
@@ -89,6 +98,9 @@ class VariantReader:
         if uid in self._checked_units and not checksums:
             return
         c = self.units[uid]
+        why = self.commit_shape_problem(c)
+        if why:
+            raise CorruptData(f"{why}; its {len(c.samples)} samples are unreadable. Run `hsstore verify`")
         for rel, size in c.files.items():
             key = layout.unit_key(self.id, uid, rel)
             got = self.io.size(key)
@@ -103,6 +115,17 @@ class VariantReader:
                     f"(first key {first}) are unreadable. Run `hsstore verify`"
                 )
         self._checked_units.add(uid)
+
+    def commit_shape_problem(self, c: CommitRecord) -> str | None:
+        """Why a committed unit's record does not fit its variant and the format (None if it does)."""
+        if c.layers != self.record.all_layers:
+            return f"commit record of unit {c.unit} lists layers {c.layers}, the variant stores {self.record.all_layers}"
+        want = layout.unit_files(c.layers)
+        if set(c.files) != want:
+            odd = sorted(set(c.files) ^ want)
+            return f"commit record of unit {c.unit} does not list exactly the unit's files (differs in {odd[:4]})"
+        cover = c.coverage_problem()
+        return f"commit record of unit {c.unit}: {cover}" if cover else None
 
     def shard(self, uid: str, name: str) -> ShardReader:
         """The reader of array ``name`` of committed unit ``uid``, checked against its commit and variant."""

@@ -6,6 +6,7 @@ ranged GET; shards are read by byte range."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from zarr.abc.store import RangeByteRequest
@@ -14,11 +15,22 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import FsspecStore
 
-from hsstore.core.errors import CorruptData, WriteFailed
+from hsstore.core.errors import CorruptData, HsstoreError, WriteFailed
 from hsstore.storage.backend import Backend, Entry, RangeSource
 from hsstore.storage.fileio import Written, digest
 from hsstore.storage.layout import TMP_PREFIX
 from hsstore.storage.records import MAX_RECORD_BYTES
+
+
+@contextmanager
+def reading(key: str, location: str) -> Iterator[None]:
+    """A back end's failure to read as one line (absence stays FileNotFoundError)."""
+    try:
+        yield
+    except (FileNotFoundError, HsstoreError):
+        raise
+    except Exception as e:  # noqa: BLE001 - any client's error (network, permissions), named in one line
+        raise CorruptData(f"reading {key or 'the store'} from {location} failed: {type(e).__name__}: {e}") from None
 
 
 class ZarrRange(RangeSource):
@@ -57,8 +69,9 @@ class ZarrBackend(Backend):
         return data
 
     def get_range(self, key: str, offset: int, n: int) -> bytes | None:
-        buf = sync(self.zstore.get(key, prototype=default_buffer_prototype(),
-                                   byte_range=RangeByteRequest(offset, offset + n)))
+        with reading(key, self.location):
+            buf = sync(self.zstore.get(key, prototype=default_buffer_prototype(),
+                                       byte_range=RangeByteRequest(offset, offset + n)))
         return None if buf is None else buf.to_bytes()
 
     def put(self, key: str, parts: Sequence[Any]) -> Written:
@@ -92,22 +105,26 @@ class ZarrBackend(Backend):
         async def collect() -> list[str]:
             return [k async for k in self.zstore.list_prefix(prefix)]
 
-        return sorted(k for k in sync(collect()) if not k.rsplit("/", 1)[-1].startswith(TMP_PREFIX))
+        with reading(prefix, self.location):
+            keys = sync(collect())
+        return sorted(k for k in keys if not k.rsplit("/", 1)[-1].startswith(TMP_PREFIX))
 
     def list_dir(self, prefix: str) -> list[str]:
         async def collect() -> list[str]:
             return [k async for k in self.zstore.list_dir(prefix.rstrip("/") + "/" if prefix else "")]
 
-        return sorted(k.rstrip("/") for k in sync(collect()))
+        with reading(prefix, self.location):
+            return sorted(k.rstrip("/") for k in sync(collect()))
 
     def entries(self) -> Iterator[Entry]:
         for key in self.list(""):
             yield Entry(key, "file")
 
     def size(self, key: str) -> int | None:
-        if not sync(self.zstore.exists(key)):
-            return None
-        return int(sync(self.zstore.getsize(key)))
+        with reading(key, self.location):
+            if not sync(self.zstore.exists(key)):
+                return None
+            return int(sync(self.zstore.getsize(key)))
 
     def crc32c(self, key: str) -> str | None:
         try:

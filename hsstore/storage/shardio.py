@@ -74,7 +74,7 @@ def array_metadata(shape: tuple[int, ...], chunk_rows: int, dtype: np.dtype, cod
         mem, name="a", shape=shape, chunks=(chunk_rows, *shape[1:]), shards=(shard, *shape[1:]), dtype=dtype,
         compressors=compressors(codec), fill_value=0, config={"write_empty_chunks": True}, attributes=attributes,
     )
-    return sync(mem.get("a/zarr.json", prototype=default_buffer_prototype())).to_bytes()
+    return sync(mem.get(layout.array_files("a", len(shape))[0], prototype=default_buffer_prototype())).to_bytes()
 
 
 @dataclass(frozen=True)

@@ -1,89 +1,146 @@
-"""verify: every checksum, every committed sample readable, tokens match keys, states sane, no stray files."""
+"""verify: the whole tree against the format, every committed file's size and crc32c, every committed
+sample readable with tokens matching its key and sane states.
+
+The tree check asks hsstore.storage.layout what each key is: anything hsstore does not write (a stray
+or temporary file, a symlink, a FIFO, socket or device, an executable, a directory the format has no
+place for, non-JSON under builds/) is a problem, as is a committed unit whose record lists other files
+than the format gives its layers, or whose samples do not tile its arrays exactly.
+"""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
+from hsstore.core.errors import CorruptData, HsstoreError
+from hsstore.core.schema.store import CommitRecord
 from hsstore.storage import layout
-from hsstore.core.errors import CorruptData
+from hsstore.storage.reader import VariantReader
+from hsstore.storage.records import parse_json
 from hsstore.storage.stats import layer_stats, problems
-from hsstore.storage.store import Store
+from hsstore.storage.store import Store, group_attributes
 
-_UNIT_FILE = re.compile(r"^variants/([^/]+)/units/([^/]+)/(.+)$")
-_KNOWN = (
-    re.compile(r"^zarr\.json$"),
-    re.compile(r"^variants/zarr\.json$"),
-    re.compile(r"^variants/[^/]+/zarr\.json$"),
-    re.compile(r"^variants/[^/]+/units/zarr\.json$"),
-    re.compile(r"^variants/[^/]+/commits/[^/]+\.json$"),
-    re.compile(r"^variants/[^/]+/builds/[^/]+\.json$"),
-    re.compile(r"^builds/[0-9A-Za-z_.-]+/(r[0-9]+-(start|end)\.json|rows\.jsonl)$"),  # build lineage
-)
+_ODD = {"symlink": "a symlink (hsstore writes none: a link can lead reads out of the store)", "fifo": "a FIFO",
+        "socket": "a socket", "device": "a device file", "other": "a special file"}
+
+
+@dataclass
+class Report:
+    """Problems found so far, notes, and what was committed (for the tree check)."""
+
+    problems: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    committed: dict[tuple[str, str], CommitRecord] = field(default_factory=dict)
+    checked: int = 0
+
+    def add(self, what: str, vid: str | None = None, key: str | None = None, unit: str | None = None) -> None:
+        self.problems.append({"variant": vid, "key": key, "unit": unit, "what": what})
+
+    def for_samples(self, c: CommitRecord, vid: str, what: str) -> None:
+        for k, _, _ in c.samples:
+            self.add(what, vid, k, c.unit)
 
 
 def verify(store: Store, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Check the whole store; returns ``{"ok", "problems": [{"variant", "key", "unit", "what"}], ...}``."""
-    found: list[dict[str, Any]] = []
-    notes: list[str] = []
-    checked = 0
-    committed_files: set[str] = set()
-    units_committed: set[tuple[str, str]] = set()
+    """Check the whole store; returns ``{"ok", "samples_checked", "problems": [{"variant", "key", "unit",
+    "what"}], "notes"}``."""
+    report = Report()
+    try:
+        vids = store.variant_ids()
+    except HsstoreError as e:
+        report.add(str(e))
+        vids = []
+    for vid in vids:
+        try:
+            reader = store.reader(vid, refresh=True)
+        except HsstoreError as e:
+            report.add(str(e), vid)
+            continue
+        _verify_variant(reader, report, progress)
+    _verify_tree(store, report)
+    return {"ok": not report.problems, "samples_checked": report.checked, "problems": report.problems,
+            "notes": report.notes}
 
-    def problem(vid: str | None, key: str | None, unit: str | None, what: str) -> None:
-        found.append({"variant": vid, "key": key, "unit": unit, "what": what})
 
-    for vid in store.variant_ids():
-        reader = store.reader(vid, refresh=True)
-        for ckey, why in reader.bad_commits:
-            problem(vid, None, None, f"commit record {ckey} unreadable: {why}")
-        owners: dict[str, list[str]] = {}
-        for c in reader.commits:
-            units_committed.add((vid, c.unit))
-            prefix = layout.unit_prefix(vid, c.unit)
-            committed_files.update(f"{prefix}/{rel}" for rel in c.files)
-            for k, _, _ in c.samples:
-                owners.setdefault(k, []).append(c.unit)
-            try:
-                reader.check_unit(c.unit, checksums=True)
-            except CorruptData as e:
-                for k, _, _ in c.samples:
-                    problem(vid, k, c.unit, str(e))
-                continue
-            for k, off, n in c.samples:
-                ref = reader.refs[k]
-                if ref.unit != c.unit:
-                    continue  # a duplicate written by a racing writer; the winner is checked
-                try:
-                    reader.read_tokens(ref)
-                    for layer, t in zip(reader.record.all_layers, reader.read_layers(ref, reader.record.all_layers)):
-                        bad = problems(layer_stats(t)) if n > 0 else ["empty sample"]
-                        if bad:
-                            problem(vid, k, c.unit, f"layer {layer}: {'; '.join(bad)}")
-                except CorruptData as e:
-                    problem(vid, k, c.unit, str(e))
-                checked += 1
+def _verify_variant(reader: VariantReader, report: Report, progress: Callable[[int], None] | None) -> None:
+    vid = reader.id
+    for ckey, why in reader.bad_commits:
+        report.add(f"commit record {ckey} unreadable (it commits nothing): {why}", vid)
+    owners: dict[str, int] = {}
+    for c in reader.commits:
+        report.committed[(vid, c.unit)] = c
+        for k, _, _ in c.samples:
+            owners[k] = owners.get(k, 0) + 1
+        try:
+            reader.check_unit(c.unit, checksums=True)
+        except CorruptData as e:
+            report.for_samples(c, vid, str(e))
+            continue
+        for k, _, n in c.samples:
+            if reader.refs[k].unit == c.unit:  # a duplicate of a racing writer is skipped; the winner is read
+                _verify_sample(reader, reader.refs[k], report)
                 if progress:
                     progress(n)
-        dups = sum(1 for v in owners.values() if len(v) > 1)
-        if dups:
-            notes.append(f"variant {vid}: {dups} sample(s) committed by more than one unit (racing writers); "
-                         "readers use the first unit, the rest is wasted space")
+    dups = sum(1 for n in owners.values() if n > 1)
+    if dups:
+        report.notes.append(f"variant {vid}: {dups} sample(s) committed by more than one unit (racing writers); "
+                            "readers use the first unit, the rest is wasted space")
+
+
+def _verify_sample(reader: VariantReader, ref: Any, report: Report) -> None:
+    layers = reader.record.all_layers
+    try:
+        reader.read_tokens(ref)
+        for layer, t in zip(layers, reader.read_layers(ref, layers)):
+            bad = problems(layer_stats(t)) if ref.length > 0 else ["empty sample"]
+            if bad:
+                report.add(f"layer {layer}: {'; '.join(bad)}", reader.id, ref.key, ref.unit)
+    except CorruptData as e:
+        report.add(str(e), reader.id, ref.key, ref.unit)
+    report.checked += 1
+
+
+def _verify_tree(store: Store, report: Report) -> None:
+    """Every entry of the store against the format."""
     uncommitted = 0
-    for key in store.io.list(""):
-        m = _UNIT_FILE.match(key)
-        if m:
-            if (m.group(1), m.group(2)) in units_committed:
-                if key not in committed_files:
-                    problem(m.group(1), None, m.group(2), f"file {key} was not recorded by the unit's commit")
-            else:
-                uncommitted += 1
+    try:
+        entries = list(store.io.entries())
+    except HsstoreError as e:
+        report.add(f"the store's tree cannot be listed: {e}")
+        return
+    for e in entries:
+        if e.kind == "dir":
+            if not layout.is_dir_key(e.key):
+                report.add(f"directory {e.key} has no place in the format (not written by hsstore)")
             continue
-        if not any(p.match(key) for p in _KNOWN):
-            problem(None, None, None, f"file {key} was not written by hsstore")
+        if e.kind in _ODD:
+            report.add(f"{e.key} is {_ODD[e.kind]}; hsstore writes only regular files")
+            continue
+        if e.executable:
+            report.add(f"file {e.key} is executable; hsstore writes none")
+        uncommitted += _verify_file(store, e.key, report)
     if uncommitted:
-        notes.append(f"{uncommitted} file(s) of uncommitted units (a build in progress, or debris: `hsstore gc`)")
-    return {"ok": not found, "samples_checked": checked, "problems": found, "notes": notes}
+        report.notes.append(f"{uncommitted} file(s) of uncommitted units (a build in progress, or debris: `hsstore gc`)")
 
 
+def _verify_file(store: Store, key: str, report: Report) -> int:
+    """Problems of one regular file; returns 1 if it belongs to an uncommitted unit."""
+    k = layout.parse_key(key)
+    if k.kind == "unknown":
+        report.add(f"file {key} was not written by hsstore", k.vid)
+    elif k.kind == "temp":
+        report.add(f"file {key} is a temporary file of a write that never finished (`hsstore gc` removes it)")
+    elif k.kind == "unit-file":
+        c = report.committed.get((k.vid, k.uid))
+        if c is None:
+            return 1
+        if k.rel not in c.files:
+            report.add(f"file {key} was not recorded by the unit's commit", k.vid, None, k.uid)
+    elif k.kind in ("build", "lineage", "variants-meta", "units-meta"):
+        try:
+            raw = store.io.get(key)
+            parse_json(raw or b"", key) if k.kind in ("build", "lineage") else group_attributes(raw or b"", key)
+        except CorruptData as e:
+            report.add(str(e), k.vid)
+    return 0

@@ -1,0 +1,245 @@
+"""Damaged, odd and hostile stores: verify checks the whole tree against the format, and every reading
+entry point (info, verify, gc, Store.open, readers, datasets) answers with one line naming the file —
+never a traceback, a hang or an unbounded read."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from hsstore import HiddenStateDataset, Store
+from hsstore.cli.main import main
+from hsstore.core.errors import HsstoreError
+from hsstore.storage.verify import verify
+from hsstore.storage.writer import UnitWriter
+
+from helpers import make_samples, make_states, new_variant
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> tuple[Path, str, Path]:
+    """A store with one committed unit (writer ``w``) and one uncommitted unit (writer ``crashed``)."""
+    path = tmp_path / "s.zarr"
+    s = Store.create(path)
+    vid = new_variant(s, hidden=16, chunk=8)
+    samples = make_samples([6, 9, 4], seed=4)
+    UnitWriter(s, vid, writer_id="w").write(samples, make_states(samples, 16, "bf16", [0, 1, 2]))
+    debris = make_samples([3], seed=5)
+    UnitWriter(s, vid, writer_id="crashed").write(debris, make_states(debris, 16, "bf16", [0, 1, 2]))
+    (path / "variants" / vid / "commits" / "crashed-000000.json").unlink()
+    return path, vid, path / "variants" / vid / "units" / "w-000000"
+
+
+def _problems(path: Path) -> list[str]:
+    result = verify(Store.open(path))
+    assert result["ok"] is (not result["problems"])
+    return [p["what"] for p in result["problems"]]
+
+
+def _cli(*args: str, capsys: pytest.CaptureFixture) -> tuple[int, str]:
+    """``hsstore ARGS`` in this process: (exit code, stderr)."""
+    capsys.readouterr()
+    old = sys.argv
+    sys.argv = ["hsstore", *args]
+    try:
+        with pytest.raises(SystemExit) as e:
+            main()
+    finally:
+        sys.argv = old
+    return e.value.code, capsys.readouterr().err
+
+
+def _assert_one_line(code: int, err: str, want_code: int, pattern: str) -> None:
+    lines = [x for x in err.strip().splitlines() if x]
+    assert code == want_code and len(lines) == 1 and lines[0].startswith("error: "), (code, err[-2000:])
+    assert pattern in lines[0], lines[0]
+
+
+# ---- verify: the whole tree against the format ------------------------------------------------------
+
+ODD_FILES = {
+    "symlink-file": (lambda p, v, u: (u / "layer_9").symlink_to(u / "layer_0"), "is a symlink"),
+    "symlink-dir-out": (lambda p, v, u: (p / "variants" / v / "builds").symlink_to("/etc"), "is a symlink"),
+    "fifo": (lambda p, v, u: os.mkfifo(p / "variants" / v / "commits" / "w-000001.json"), "is a FIFO"),
+    "socket": (lambda p, v, u: socket.socket(socket.AF_UNIX).bind(str(p / "variants" / "s")), "is a socket"),
+    "executable-in-uncommitted-unit": (  # a file of a name the format has, but with an execute bit
+        lambda p, v, u: (p / "variants" / v / "units" / "crashed-000000" / "layer_0" / "c" / "0" / "0").chmod(0o755),
+        "layer_0/c/0/0 is executable"),
+    "temp-file": (lambda p, v, u: (p / "variants" / v / "commits" / ".tmp-abc").write_bytes(b"half"), "temporary file"),
+    "non-json-build-record": (lambda p, v, u: (p / "variants" / v / "builds").mkdir() or
+                              (p / "variants" / v / "builds" / "x.json").write_bytes(b"\x7fELF"), "not valid JSON"),
+    "stray-directory": (lambda p, v, u: (u / "layer_0" / "extra").mkdir(), "has no place in the format"),
+    "ds-store": (lambda p, v, u: (p / "variants" / ".DS_Store").write_bytes(b"\x00\x01Bud1"), "not written by hsstore"),
+    "thumbs-db": (lambda p, v, u: (p / "variants" / v / "units" / "Thumbs.db").write_bytes(b"\xd0\xcf"),
+                  "not written by hsstore"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ODD_FILES))
+def test_verify_flags_what_hsstore_never_writes(store, case: str, capsys):
+    path, vid, unit = store
+    make, pattern = ODD_FILES[case]
+    make(path, vid, unit)
+    problems = _problems(path)
+    assert any(pattern in p for p in problems), problems
+    code, _ = _cli("verify", str(path), capsys=capsys)
+    assert code == 1
+    # the committed data itself still reads, and gc leaves the odd entry alone
+    assert len(Store.open(path).reader(vid).keys) == 3
+    assert _cli("gc", str(path), "--dry-run", capsys=capsys)[0] == 0
+
+
+def _edit_commit(path: Path, vid: str, change) -> None:
+    f = path / "variants" / vid / "commits" / "w-000000.json"
+    d = json.loads(f.read_text())
+    change(d)
+    f.write_text(json.dumps(d))
+
+
+BAD_COMMITS = {
+    "file-path-leaves-the-store": (lambda d: d["files"].update({"../../../../etc/passwd": 10}), "not a path inside"),
+    "file-path-absolute": (lambda d: d["files"].update({"/etc/passwd": 10}), "not a path inside"),
+    "covers-part-of-its-arrays": (lambda d: d["samples"].pop(), "is (19,"),
+    "samples-overlap": (lambda d: d["samples"][1].__setitem__(1, 2), "starts at 2"),
+    "offset-past-the-arrays": (lambda d: d["samples"][2].__setitem__(1, 40), "starts at 40"),
+    "a-file-missing-from-the-record": (lambda d: d["files"].pop("layer_1/zarr.json") and
+                                       d["crc32c"].pop("layer_1/zarr.json"), "not list exactly"),
+    "wrong-type": (lambda d: d["samples"][0].__setitem__(2, "6"), "expected an integer"),
+    "negative-length": (lambda d: d["samples"][0].__setitem__(2, -6), ">= 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_COMMITS))
+def test_commit_records_must_fit_the_store_and_cover_their_arrays_exactly(store, case: str):
+    path, vid, _ = store
+    change, pattern = BAD_COMMITS[case]
+    _edit_commit(path, vid, change)
+    problems = _problems(path)
+    assert any(pattern in p for p in problems), problems
+    with pytest.raises(HsstoreError):  # and no reader serves the unit's samples as if nothing were wrong
+        r = Store.open(path).reader(vid)
+        r.check_corrupt_commits()
+        for k in r.keys:
+            r.read(k)
+
+
+# ---- every entry point: one line, no hang, no traceback ---------------------------------------------
+
+def _fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+SPECIAL = {
+    "root-meta-fifo": (lambda p, v, u: _fifo(p / "zarr.json"), "zarr.json is a FIFO"),
+    "root-meta-to-dev-zero": (lambda p, v, u: (p / "zarr.json").unlink() or (p / "zarr.json").symlink_to("/dev/zero"),
+                              "zarr.json is a symlink"),
+    "variant-meta-fifo": (lambda p, v, u: _fifo(p / "variants" / v / "zarr.json"), "is a FIFO"),
+    "commit-fifo": (lambda p, v, u: _fifo(p / "variants" / v / "commits" / "w-000000.json"), "is a FIFO"),
+    "chunk-fifo": (lambda p, v, u: _fifo(u / "layer_2" / "c" / "0" / "0"), "is a FIFO"),
+    "array-meta-fifo": (lambda p, v, u: _fifo(u / "input_ids" / "zarr.json"), "is a FIFO"),
+    "units-is-a-file": (lambda p, v, u: os.rename(p / "variants" / v / "units", p / "u") or
+                        (p / "variants" / v / "units").write_text("x"), "missing"),
+}
+
+
+class Hang(Exception):
+    pass
+
+
+def _within(seconds: int, fn, *args):
+    """``fn(*args)``, or Hang if it blocks longer (SIGALRM interrupts a blocking open of a FIFO too)."""
+    def alarm(*_):
+        raise Hang(f"{fn.__name__}{args} blocked for {seconds}s")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(seconds)
+    try:
+        return fn(*args)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _read_dataset(path: str) -> int:
+    ds = HiddenStateDataset(path)
+    return len([ds[i] for i in range(len(ds))])
+
+
+@pytest.mark.parametrize("case", sorted(SPECIAL))
+def test_special_files_never_hang_a_reader(store, case: str, capsys):
+    path, vid, unit = store
+    make, pattern = SPECIAL[case]
+    make(path, vid, unit)
+    for cmd in (["info"], ["verify"], ["gc", "--dry-run"]):
+        code, err = _within(60, lambda: _cli(cmd[0], str(path), *cmd[1:], capsys=capsys))
+        assert "Traceback" not in err
+        errs = [x for x in err.splitlines() if x.startswith("error:")]
+        if errs or code:
+            assert code in (1, 2) and len(errs) <= 1 and (errs or cmd[0] == "verify"), (cmd, code, err)
+            assert not errs or pattern in errs[0] or cmd[0] != "verify", errs
+    try:
+        _within(60, _read_dataset, str(path))
+    except HsstoreError as e:
+        assert "\n" not in str(e)
+    if not case.startswith("root-meta"):
+        assert any(pattern in p for p in _problems(path)), _problems(path)
+
+
+def test_deep_json_and_huge_records_are_refused_with_one_line(store, capsys):
+    path, vid, _ = store
+    meta = path / "variants" / vid / "zarr.json"
+    good = meta.read_bytes()
+    meta.write_text("[" * 100_000 + "]" * 100_000)
+    _assert_one_line(*_cli("info", str(path), capsys=capsys), 1, "is not valid JSON")
+    meta.write_text(json.dumps({"a": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}))
+    _assert_one_line(*_cli("info", str(path), capsys=capsys), 1, "nests deeper than 32")
+    meta.write_bytes(good)
+    commit = path / "variants" / vid / "commits" / "w-000000.json"
+    with open(commit, "r+b") as f:
+        f.truncate(65 << 20)  # sparse: 65 MiB of zeros, above the cap of any record
+    problems = verify(Store.open(path))["problems"]
+    assert any("more than the" in p["what"] for p in problems), problems
+
+
+@pytest.mark.parametrize("field,value,pattern", [
+    ("hidden_size", "16", "hidden_size = '16': expected an integer"),
+    ("hidden_size", 0, "hidden_size = 0"),
+    ("layers", {"aux": [0, 1]}, "layers"),
+    ("layers", {"aux": [0, 1], "target": ["2"]}, "expected an integer"),
+    ("provenance", {"recipe": [1], "environment": {}}, "provenance.recipe` must be a table"),
+    ("id", "0123456789ab", "names variant '0123456789ab', not its directory"),
+    ("codec", "lzma", "codec 'lzma'"),
+    ("chunk_tokens", True, "expected an integer"),
+])
+def test_wrong_types_in_variant_attributes_are_one_line(store, capsys, field: str, value, pattern: str):
+    path, vid, _ = store
+    f = path / "variants" / vid / "zarr.json"
+    d = json.loads(f.read_text())
+    d["attributes"]["hsstore_variant"][field] = value
+    f.write_text(json.dumps(d))
+    _assert_one_line(*_cli("info", str(path), capsys=capsys), 1, pattern)
+    with pytest.raises(HsstoreError, match="variant"):
+        HiddenStateDataset(path)
+    assert not verify(Store.open(path))["ok"]
+
+
+def test_a_store_path_with_a_hash_works_end_to_end(tmp_path: Path, capsys):
+    path = tmp_path / "runs#3" / "s#1.zarr"
+    s = Store.create(path)
+    vid = new_variant(s)
+    samples = make_samples([5, 7])
+    UnitWriter(s, vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2]))
+    code, err = _cli("verify", str(path), capsys=capsys)
+    assert code == 0, err
+    assert _cli("info", str(path), "--json", capsys=capsys)[0] == 0
+    assert len(HiddenStateDataset(str(path))) == 2
+    assert len(HiddenStateDataset(f"{path}#dtype=bf16")) == 2  # a selector after the last '#'
+    assert len(HiddenStateDataset(f"{path}#{vid[:6]}")) == 2
+    assert Store.open(path).variants[0].n_samples == 2
