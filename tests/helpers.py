@@ -155,3 +155,20 @@ def kill_build(proc: subprocess.Popen) -> None:
             pass
     proc.wait()
     wait_for(lambda: not any(alive(p) for p in groups), 60, "the killed build's processes to end")
+
+
+def run_main(argv: list[str], capsys: object) -> tuple[int, str]:
+    """``hsstore ARGV`` in this process through the real entry point: (exit code, stderr). What setting
+    the case up printed is dropped first."""
+    import pytest
+
+    from hsstore.cli.main import main
+
+    capsys.readouterr()
+    old, sys.argv = sys.argv, ["hsstore", *argv]
+    try:
+        with pytest.raises(SystemExit) as e:
+            main()
+    finally:
+        sys.argv = old
+    return e.value.code, capsys.readouterr().err

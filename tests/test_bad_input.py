@@ -14,7 +14,7 @@ from hsstore import Store
 from hsstore.build.builtin import CHAT_TEMPLATE
 from hsstore.cli.main import main
 
-from helpers import DATA, REPO, make_samples, make_states, new_variant, write_manifest
+from helpers import DATA, REPO, make_samples, make_states, new_variant, run_main, write_manifest
 
 
 def _m(tmp: Path, **kw) -> list[str]:
@@ -203,16 +203,7 @@ CASES = {
 }
 
 
-def _run(argv: list[str], capsys) -> tuple[int, str]:
-    capsys.readouterr()  # drop what setting the case up printed
-    old = sys.argv
-    sys.argv = ["hsstore", *argv]
-    try:
-        with pytest.raises(SystemExit) as e:
-            main()
-    finally:
-        sys.argv = old
-    return e.value.code, capsys.readouterr().err
+_run = run_main
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import pickle
 import re
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from hsstore import Store
-from hsstore.cli.main import main
 
-from helpers import REPO
+from helpers import REPO, run_main
 from interop_files import TOKENIZER, WRITERS, random_samples
 
 SF = ["--tokenizer", TOKENIZER, "--num-layers", "4", "--layers", "0,1,2,final_norm", "--capture", "output"]
@@ -153,15 +151,7 @@ CASES = {
 }
 
 
-def _run(argv: list[str], capsys) -> tuple[int, str]:
-    capsys.readouterr()
-    old, sys.argv = sys.argv, ["hsstore", *argv]
-    try:
-        with pytest.raises(SystemExit) as e:
-            main()
-    finally:
-        sys.argv = old
-    return e.value.code, capsys.readouterr().err
+_run = run_main
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -8,18 +8,16 @@ import json
 import os
 import signal
 import socket
-import sys
 from pathlib import Path
 
 import pytest
 
 from hsstore import HiddenStateDataset, Store
-from hsstore.cli.main import main
 from hsstore.core.errors import HsstoreError
 from hsstore.storage.verify import verify
 from hsstore.storage.writer import UnitWriter
 
-from helpers import make_samples, make_states, new_variant
+from helpers import make_samples, make_states, new_variant, run_main
 
 
 @pytest.fixture
@@ -43,16 +41,7 @@ def _problems(path: Path) -> list[str]:
 
 
 def _cli(*args: str, capsys: pytest.CaptureFixture) -> tuple[int, str]:
-    """``hsstore ARGS`` in this process: (exit code, stderr)."""
-    capsys.readouterr()
-    old = sys.argv
-    sys.argv = ["hsstore", *args]
-    try:
-        with pytest.raises(SystemExit) as e:
-            main()
-    finally:
-        sys.argv = old
-    return e.value.code, capsys.readouterr().err
+    return run_main(list(args), capsys)
 
 
 def _assert_one_line(code: int, err: str, want_code: int, pattern: str) -> None:
