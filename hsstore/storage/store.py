@@ -89,9 +89,14 @@ class Store:
 
     # ---- opening -------------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike[str], mode: str = "r", count_bytes: bool = False) -> Store:
-        """Open an existing store; ``mode="a"`` to write into it. (Readers always count the bytes they
-        read, ``VariantReader.bytes_read``; ``count_bytes`` is accepted for older callers.)"""
+    def open(cls, path: str | os.PathLike[str] | Backend, mode: str = "r", count_bytes: bool = False) -> Store:
+        """Open an existing store (a path, a URL or a back end); ``mode="a"`` to write into it. (Readers
+        always count the bytes they read, ``VariantReader.bytes_read``; ``count_bytes`` is accepted for
+        older callers.)"""
+        if isinstance(path, Backend):
+            store = cls(path, path.location)
+            store._check_root()
+            return store
         path = os.fspath(path)
         if not is_url(path):
             p = Path(path)
@@ -104,12 +109,15 @@ class Store:
         return store
 
     @classmethod
-    def create(cls, path: str | os.PathLike[str]) -> Store:
-        """Create a store (or open the existing hsstore store at ``path``) for writing."""
-        path = os.fspath(path)
-        if not is_url(path):
-            _prepare_directory(Path(path))
-        store = cls(open_backend(path, read_only=False), path)
+    def create(cls, path: str | os.PathLike[str] | Backend) -> Store:
+        """Create a store (or open the existing hsstore store at ``path``, a path, URL or back end) for writing."""
+        if isinstance(path, Backend):
+            store = cls(path, path.location)
+        else:
+            path = os.fspath(path)
+            if not is_url(path):
+                _prepare_directory(Path(path))
+            store = cls(open_backend(path, read_only=False), path)
         if store.io.get(layout.root_meta()) is None:
             root = {layout.ROOT_ATTR: {"format_version": layout.FORMAT_VERSION, "kind": "hidden-state store"}}
             store.io.put_if_absent(layout.root_meta(), group_json(root))
