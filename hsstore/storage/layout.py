@@ -172,9 +172,22 @@ def parse_key(key: str) -> Key:
     return Key("unknown", vid)
 
 
+def _examples() -> list[str]:
+    """One key of every kind the format has (placeholder names)."""
+    return [root_meta(), variants_meta(), variant_meta("v"), units_meta("v"), commit_key("v", "u"),
+            build_key("v", "b"), lineage_record_key("b", 0, "start"), lineage_rows_key("b"),
+            *(unit_key("v", "u", rel) for rel in unit_files([0]))]
+
+
 def is_dir_key(key: str) -> bool:
-    """Whether the format has a directory at ``key``: some key the format has lies inside it."""
-    return any(parse_key(f"{key}/{leaf}").kind not in ("unknown", "temp") for leaf in (META, "0", "0/0", "x.json"))
+    """Whether the format has a directory at ``key``: completed by the tail of some key of the format, it
+    is a key ``parse_key`` knows."""
+    parts = key.split("/")
+    for example in _examples():
+        tail = example.split("/")[len(parts):]
+        if tail and parse_key("/".join(parts + tail)).kind not in ("unknown", "temp"):
+            return True
+    return False
 
 
 def _is_unit_file(rel: list[str]) -> bool:

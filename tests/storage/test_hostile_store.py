@@ -206,7 +206,8 @@ def test_deep_json_and_huge_records_are_refused_with_one_line(store, capsys):
     ("id", "0123456789ab", "names variant '0123456789ab', not its directory"),
     ("codec", "lzma", "codec 'lzma'"),
     ("chunk_tokens", True, "expected an integer"),
-])
+], ids=["size-as-string", "size-zero", "role-missing", "layer-as-string", "provenance-not-a-table",
+        "record-of-another-variant", "codec-unknown", "bool-for-int"])
 def test_wrong_types_in_variant_attributes_are_one_line(store, capsys, field: str, value, pattern: str):
     path, vid, _ = store
     f = path / "variants" / vid / "zarr.json"
