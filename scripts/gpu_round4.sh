@@ -30,8 +30,9 @@ filehash_section() {
 signals_section() {
   local s=/tmp/sig.zarr
   python3 -m hsstore build manifests/tiny.toml --device cuda --store $s --quiet --dtype bf16 & local d=$!
-  for i in $(seq 1 600); do ls $s/variants/*/commits/*.json >/dev/null 2>&1 && break; sleep 0.1; done
-  kill -TERM $d; wait $d; local rc=$?
+  # stop it once its worker holds the GPU (a CUDA context), i.e. mid model load or mid capture
+  for i in $(seq 1 600); do [ -n "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)" ] && break; sleep 0.1; done
+  sleep 1; kill -TERM $d; wait $d; local rc=$?
   sleep 2
   { echo "driver exit $rc (expect 143)"; echo "processes on the GPU after 2 s:"
     nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader; echo "(end)"
