@@ -93,7 +93,8 @@ def worker_plan(m: Manifest, inp: Inputs, backend: str, devices: list[str], batc
         weight_stamps={n: h.stamp for n, h in inp.weights.items()}, samples_file=os.path.join(tmp, "samples.npz"),
         batches=batches, runs=[(d, dev) for d in m.dtypes for dev in devices],
         attn_implementation=m.attn_implementation, token_budget=m.token_budget, unit_tokens=m.unit_tokens,
-        codec=m.codec, allow_unhealthy=m.allow_unhealthy, pad_id=inp.pad_id, writer_prefix=f"r{rank}-",
+        codec=m.codec, precision=m.precision, allow_unhealthy=m.allow_unhealthy, pad_id=inp.pad_id,
+        writer_prefix=f"r{rank}-",
         quiet=quiet, result=f"{name}.result.json", progress=f"{name}.variants", parent_pid=os.getpid(),
     )
 

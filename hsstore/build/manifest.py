@@ -10,6 +10,7 @@ from typing import Any
 
 from hsstore.core.dtypes import parse_dtype
 from hsstore.core.errors import BadInput
+from hsstore.core.quant import PRECISIONS
 from hsstore.core.schema.manifest import FINAL_NORM, TABLES, Manifest, ManifestFile
 from hsstore.storage.codecs import CHOICES as CODECS
 
@@ -140,7 +141,7 @@ def load_manifest(path: str | Path) -> Manifest:
         max_length=data.max_length, too_long=data.too_long, backends=list(build.backends),
         dtypes=list(build.dtypes), devices=list(build.devices), gpus_per_rank=build.gpus_per_rank,
         token_budget=build.token_budget, unit_tokens=build.unit_tokens, allow_unhealthy=build.allow_unhealthy,
-        codec=store.codec,
+        codec=store.codec, precision=store.precision,
     )
     return validate(m, need_store=False)
 
@@ -160,6 +161,9 @@ def validate(m: Manifest, need_store: bool = True) -> Manifest:
         raise BadInput(f"[model] init_device = {m.init_device!r}; choose cpu or device")
     if m.codec not in CODECS:
         raise BadInput(f"unknown compression {m.codec!r}; choose one of {', '.join(CODECS)}")
+    if m.precision is not None and m.precision not in PRECISIONS:
+        raise BadInput(f"[store] precision = {m.precision!r}; choose one of {', '.join(PRECISIONS)} (or leave it out "
+                       "to store the states as computed)")
     if m.token_budget < m.max_length:
         raise BadInput(f"[build] token_budget ({m.token_budget}) must be at least [data] max_length ({m.max_length})")
     for b in m.backends:

@@ -18,7 +18,7 @@ from hsstore.build.capture import LayerCapture, pad_batch
 from hsstore.build.progress import Progress
 from hsstore.core.batching import padded_length
 from hsstore.core.quant import Quantized, dequantize, quantize
-from hsstore.core.quant_error import error_tensor
+from hsstore.core.quant_error import error_tensor, from_error_tensor
 from hsstore.storage.stats import stats_tensor
 
 
@@ -137,7 +137,8 @@ class BackgroundWriter:
                     for event in events:
                         event.synchronize()  # the async device-to-host copies have landed
                     t0 = time.time()
-                    extra = {} if quant_error is None else {"quant_error": quant_error}
+                    extra = {} if quant_error is None else {
+                        "quant_error": {i: from_error_tensor(t.tolist()) for i, t in quant_error.items()}}
                     commit = self.writer.write(samples, states, health=health, **extra)
                     with self.stats_lock:
                         self.write_seconds += time.time() - t0

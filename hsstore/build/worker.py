@@ -101,8 +101,11 @@ def _open_variant(plan: WorkerPlan, provenance: Provenance, g: Geometry, dtype: 
     from hsstore.storage.writer import UnitWriter
 
     store = Store.create(plan.store)
-    vid = store.create_variant(provenance.to_dict(), plan.recipe.layers.to_dict(), g.hidden, dtype, plan.codec,
-                               chunk_tokens(g.hidden, g.itemsize))
+    from hsstore.core.quant import codec_for_codes
+
+    codec = codec_for_codes(plan.codec) if plan.precision else plan.codec
+    vid = store.create_variant(provenance.to_dict(), plan.recipe.layers.to_dict(), g.hidden, dtype, codec,
+                               chunk_tokens(g.hidden, g.itemsize), precision=plan.precision)
     with open(plan.progress, "a") as f:  # the driver names it if the build is stopped
         f.write(vid + "\n")
     # unique per process (two builds started in the same millisecond once shared a time-based id)

@@ -21,6 +21,8 @@ def build(
         "--gpus-per-rank", help="Spread the model over this many GPUs per rank (needs accelerate).")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="Use only the first N usable samples.")] = None,
     codec: Annotated[Optional[str], typer.Option("--codec", help="none | zstd | shuffle-zstd (default) | blosc-lz4 | blosc-zstd.")] = None,
+    precision: Annotated[Optional[str], typer.Option(
+        "--precision", help="Store quantized: fp8-e4m3 (default: as computed; overrides [store] precision).")] = None,
     allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf/all-zero states.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
@@ -36,7 +38,7 @@ def build(
 
     m = load_manifest(manifest).with_overrides(
         store_path=store, backends=backend, dtypes=dtype, devices=device, codec=codec, gpus_per_rank=gpus_per_rank,
-        allow_unhealthy=allow_unhealthy or None,
+        allow_unhealthy=allow_unhealthy or None, precision=precision,
     )
     summary = run_build(m, limit=limit, quiet=quiet)
     if summary.rows_report is not None:  # on stderr, so --json output stays one document

@@ -23,7 +23,7 @@ def info_text(d: dict[str, Any]) -> str:
         lines += [
             "",
             f"variant {v['id']}: backend={env.get('backend')} dtype={env.get('dtype')} device={env.get('device')} "
-            f"({env.get('device_name')})",
+            f"({env.get('device_name')})" + (f" precision={v['precision']}" if v.get("precision") else ""),
             f"  model {rec.get('model', {}).get('name')}  layers aux={rec.get('layers', {}).get('aux')} "
             f"target={rec.get('layers', {}).get('target')}  hidden={v['hidden_size']}",
             f"  kernels: gated-delta={k.get('chunk_gated_delta_rule')} conv1d={k.get('causal_conv1d')} "
@@ -38,6 +38,8 @@ def info_text(d: dict[str, Any]) -> str:
             lines.append(f"  {int(layer):5d} {h['mean']:9.4f} {h['std']:9.4f} {h['absmax']:9.3f} {h['nan']:4d} "
                          f"{h['inf']:4d} {100 * h['zero_fraction']:6.2f}"
                          + ("  (final norm)" if int(layer) == norm_id else ""))
+        if v.get("storage"):
+            lines += storage_lines(v["storage"])
         if v["unreadable_commits"]:
             lines.append(f"  WARNING: {v['unreadable_commits']} unreadable commit record(s); run hsstore verify")
     return "\n".join(lines)
@@ -51,3 +53,24 @@ def gc_text(r: dict[str, Any]) -> str:
         lines += [f"  {u}" for u in r["removed_units"]]
     lines += [f"  not removed: {s['what']}: {s['why']}" for s in r["skipped"]]
     return "\n".join(lines)
+
+
+def storage_lines(st: dict[str, Any]) -> list[str]:
+    """How an FP8 variant is stored and what it costs, against the bf16-vs-fp32 floor when there is one."""
+    src = st.get("source") or {}
+    lines = [f"  stored as {st['precision']} (scales {st['scale']}), computed in {st['computed_dtype']}"
+             + (f"; converted from {src.get('variant')}" if src else "; quantized at build time")]
+    floor = st.get("floor")
+    head = "  layer  fp8 rel-L2  cos mean    cos min"
+    if floor:
+        head += f"  bf16-vs-fp32 floor  (floor on {floor['samples']} samples, {floor['tokens']:,} tokens)"
+    lines.append(head)
+    for layer, e in sorted(st["error"].items(), key=lambda x: int(x[0])):
+        row = f"  {int(layer):5d} {e['rel_l2']:11.3e} {e['cos_mean']:9.6f} {e['cos_min']:10.6f}"
+        ratio = (st.get("error_vs_floor") or {}).get(layer)
+        if floor and ratio is not None:
+            row += f"  {floor['rel_l2'][layer]:.3e} -> FP8 error {ratio:.2f}x the bf16-vs-fp32 floor"
+        lines.append(row)
+    if not floor:
+        lines.append("  (no bf16 and fp32 variants of this recipe in the store: no floor to compare with)")
+    return lines

@@ -19,6 +19,9 @@ INFORMATIONAL = (
     "environment.versions.hsstore",
     "environment.created",
     "source.path",  # an imported cache moved to another folder is the same cache
+    # the variant a converted one was derived from: quantizing it gives the same codes as quantizing
+    # at build time (the precision and scale, which change numbers, are matched)
+    "environment.storage.source",
 )
 VARIANT_ID_LENGTH = 12
 
@@ -123,9 +126,15 @@ def matches(provenance: Mapping[str, Any], pairs: Mapping[str, str]) -> bool:
 def describe(provenance: Mapping[str, Any]) -> str:
     """One short line: backend, dtype, device, attention."""
     env = provenance.get("environment", {})
-    return "backend={} dtype={} device={} attention={}".format(
-        env.get("backend"), env.get("dtype"), env.get("device"), env.get("kernels", {}).get("attention")
+    precision = env.get("storage", {}).get("precision") if isinstance(env.get("storage"), Mapping) else None
+    return "backend={} dtype={} device={} attention={}{}".format(
+        env.get("backend"), env.get("dtype"), env.get("device"), env.get("kernels", {}).get("attention"),
+        f" precision={precision}" if precision else "",
     )
+
+
+def _stored_as_computed(provenance: Mapping[str, Any]) -> bool:
+    return "storage" not in provenance.get("environment", {})
 
 
 def select(variants: Mapping[str, Mapping[str, Any]], selector: str | None, where: str = "store") -> str:
@@ -145,6 +154,12 @@ def select(variants: Mapping[str, Mapping[str, Any]], selector: str | None, wher
         hits = [vid for vid in variants if vid.startswith(parsed)]
     else:
         hits = [vid for vid, p in variants.items() if matches(p, parsed)]
+        if len(hits) > 1 and not any(k == "precision" or k.endswith("storage.precision") or k == "storage"
+                                     for k in parsed):
+            # a selector that names no storage precision means the states as computed (#dtype=bf16 keeps
+            # naming the bf16 variant when an FP8 one is derived from it); FP8 ones are named by precision=
+            computed = [vid for vid in hits if _stored_as_computed(variants[vid])]
+            hits = computed if len(computed) == 1 else hits
     if len(hits) == 1:
         return hits[0]
     what = "no variant" if not hits else f"{len(hits)} variants"

@@ -2,7 +2,10 @@
 
 Items: ``key``, ``input_ids`` [T] int64, ``loss_mask`` [T] bool, ``aux_hidden`` [T, n_aux, H] and
 ``target_hidden`` [T, n_target, H] in the stored dtype (bf16 stays torch.bfloat16). Only the requested
-layers are read from disk.
+layers are read from disk. Variants stored in FP8 (``precision`` "fp8-e4m3") come back dequantized to
+bf16 (exactly: hsstore.core.quant), or with ``raw=True`` as ``float8_e4m3fn`` codes plus ``aux_scales``
+[T, n_aux, 1] and ``target_scales`` [T, n_target, 1] (float32; value = code * scale) for trainers that
+dequantize on the GPU.
 """
 
 from __future__ import annotations
@@ -51,10 +54,14 @@ class _Base:
     """Shared opening, provenance check and item assembly."""
 
     def _setup(self, store: Any, variant: str | None, layers: Sequence[int] | None, require: Any,
-               allow_drift: Iterable[str]) -> None:
+               allow_drift: Iterable[str], raw: bool = False) -> None:
         self.reader = _open(store, variant)
         self._pid = os.getpid()
         rec = self.reader.record
+        if raw and not rec.stored_precision:
+            raise BadInput(f"raw=True reads FP8 codes and scales; variant {self.reader.id} is stored as computed "
+                           f"({rec.dtype}): read it without raw=True")
+        self.raw = raw
         if require is not None:
             require_match(rec.provenance, resolve_provenance(require), allow_drift)
         stored = rec.all_layers
@@ -68,6 +75,11 @@ class _Base:
     @property
     def provenance(self) -> dict[str, Any]:
         return self.reader.record.provenance
+
+    @property
+    def precision(self) -> str | None:
+        """How the states are stored when not as computed (e.g. "fp8-e4m3"), else None."""
+        return self.reader.record.stored_precision
 
     def __getstate__(self) -> dict[str, Any]:
         # picklable for spawn/forkserver DataLoader workers: reopen the store there, not a copy of caches
@@ -102,15 +114,19 @@ class _Base:
         self._reader_here()
         ref = self.reader.ref(index)
         ids, mask = self.reader.read_tokens(ref)
-        aux, target = self.layer_roles.get("aux", []), self.layer_roles.get("target", [])
-        return {
+        item = {
             "key": ref.key,
             "index": index,
             "input_ids": torch.from_numpy(ids.astype(np.int64)),
             "loss_mask": torch.from_numpy(mask.astype(np.bool_)),
-            "aux_hidden": self.reader.read_stacked(ref, aux),
-            "target_hidden": self.reader.read_stacked(ref, target),
         }
+        for role in ("aux", "target"):
+            states = self.reader.read_stacked(ref, self.layer_roles.get(role, []), raw=getattr(self, "raw", False))
+            if isinstance(states, tuple):  # raw FP8: codes and their scales
+                item[f"{role}_hidden"], item[f"{role}_scales"] = states
+            else:
+                item[f"{role}_hidden"] = states
+        return item
 
 
 class HiddenStateDataset(_Base, Dataset):
@@ -120,8 +136,8 @@ class HiddenStateDataset(_Base, Dataset):
     """
 
     def __init__(self, store: Any, variant: str | None = None, layers: Sequence[int] | None = None,
-                 require: Any = None, allow_drift: Iterable[str] = ()) -> None:
-        self._setup(store, variant, layers, require, allow_drift)
+                 require: Any = None, allow_drift: Iterable[str] = (), raw: bool = False) -> None:
+        self._setup(store, variant, layers, require, allow_drift, raw)
 
     def __len__(self) -> int:
         return len(self.reader.keys)
@@ -147,16 +163,21 @@ def pad_collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "input_ids": torch.zeros((B, T), dtype=torch.long),
         "loss_mask": torch.zeros((B, T), dtype=torch.bool),
         "attention_mask": torch.zeros((B, T), dtype=torch.bool),
-        "aux_hidden": torch.zeros((B, T, *first["aux_hidden"].shape[1:]), dtype=first["aux_hidden"].dtype),
-        "target_hidden": torch.zeros((B, T, *first["target_hidden"].shape[1:]), dtype=first["target_hidden"].dtype),
     }
+    padded = [k for k in ("aux_hidden", "target_hidden", "aux_scales", "target_scales") if k in first]
+    for k in padded:  # (float8 codes are padded through their bytes: zeros either way)
+        x = first[k].view(torch.uint8) if first[k].dtype == torch.float8_e4m3fn else first[k]
+        out[k] = torch.zeros((B, T, *x.shape[1:]), dtype=x.dtype)
     for b, it in enumerate(items):
         n = it["input_ids"].shape[0]
         out["input_ids"][b, :n] = it["input_ids"]
         out["loss_mask"][b, :n] = it["loss_mask"]
         out["attention_mask"][b, :n] = True
-        out["aux_hidden"][b, :n] = it["aux_hidden"]
-        out["target_hidden"][b, :n] = it["target_hidden"]
+        for k in padded:
+            out[k][b, :n] = it[k].view(torch.uint8) if it[k].dtype == torch.float8_e4m3fn else it[k]
+    for k in padded:
+        if first[k].dtype == torch.float8_e4m3fn:
+            out[k] = out[k].view(torch.float8_e4m3fn)
     return out
 
 
@@ -177,10 +198,10 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
     def __init__(self, store: Any, variant: str | None = None, layers: Sequence[int] | None = None,
                  require: Any = None, allow_drift: Iterable[str] = (), seed: int = 0, shuffle: bool = True,
                  batch_tokens: int | None = None, remainder: str = "keep", rank: int | None = None,
-                 world_size: int | None = None, prefetch: int | None = None) -> None:
+                 world_size: int | None = None, prefetch: int | None = None, raw: bool = False) -> None:
         if remainder not in ("keep", "drop"):
             raise BadInput(f"remainder={remainder!r}; choose 'keep' or 'drop'")
-        self._setup(store, variant, layers, require, allow_drift)
+        self._setup(store, variant, layers, require, allow_drift, raw)
         self.seed, self.shuffle, self.batch_tokens, self.remainder = seed, shuffle, batch_tokens, remainder
         self._rank, self._world = rank, world_size
         self.prefetch = prefetch if prefetch is not None else (0 if self.reader.store.is_local else 8)

@@ -33,6 +33,11 @@ def info_dict(store: Store) -> dict[str, Any]:
                 "layers": rec.layers,
                 "health": {str(k): summary(v) for k, v in r.stats().items()},
                 "unreadable_commits": len(r.bad_commits),
+                "precision": rec.stored_precision,  # null: stored as computed (raw_state_bytes: computed dtype)
             }
         )
+        if rec.stored_precision:
+            from hsstore.storage.precision import storage_report
+
+            out["variants"][-1]["storage"] = storage_report(store, vid)
     return out

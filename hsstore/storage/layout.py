@@ -8,7 +8,9 @@ built here, and ``parse_key`` names what a key is (verify checks a tree against 
     variants/<vid>/units/<uid>/zarr.json        one unit of work (one writer), attributes = writer info
     variants/<vid>/units/<uid>/input_ids        int32  [N]      tokens of all samples, concatenated
     variants/<vid>/units/<uid>/loss_mask        uint8  [N]
-    variants/<vid>/units/<uid>/layer_<i>        [N, H] states of decoder layer i (one array per layer)
+    variants/<vid>/units/<uid>/layer_<i>        [N, H] states of decoder layer i (one array per layer);
+                                                uint8 e4m3 codes in variants stored as fp8-e4m3
+    variants/<vid>/units/<uid>/scale_<i>        float32 [N, 1] per-token scales of layer i (fp8-e4m3 only)
     variants/<vid>/commits/<uid>.json           commit record, written last and atomically
     variants/<vid>/builds/<build>.json          "build complete" records
     builds/<build_id>/r<rank>-start.json        lineage: a build record written when a rank starts ...
@@ -32,6 +34,7 @@ TOKEN_ARRAYS = ("input_ids", "loss_mask")
 TMP_PREFIX = ".tmp-"  # temporary files of atomic puts, renamed or removed by the writer (gc sweeps old ones)
 _SAFE = re.compile(r"^[0-9a-zA-Z_.-]{1,128}$")
 _LAYER = re.compile(r"^layer_(0|[1-9][0-9]{0,5})$")
+_SCALE = re.compile(r"^scale_(0|[1-9][0-9]{0,5})$")  # per-token scales of a quantized layer
 _LINEAGE = re.compile(r"^r(0|[1-9][0-9]{0,6})-(start|end)\.json$")  # lineage_record_key's names
 
 
@@ -122,15 +125,23 @@ def layer_array(layer: int) -> str:
     return f"layer_{int(layer)}"
 
 
+def scale_array(layer: int) -> str:
+    """The per-token scales of a quantized layer (hsstore.core.quant)."""
+    return f"scale_{int(layer)}"
+
+
 def array_files(name: str, ndim: int) -> tuple[str, str]:
     """(metadata, shard) keys of array ``name`` relative to its unit."""
     return f"{name}/{META}", f"{name}/c/" + "/".join(["0"] * ndim)
 
 
-def unit_files(layers: list[int]) -> set[str]:
-    """Every file of a unit that stores ``layers``, relative to the unit."""
+def unit_files(layers: list[int], quantized: bool = False) -> set[str]:
+    """Every file of a unit that stores ``layers`` (``quantized``: with their per-token scale arrays),
+    relative to the unit."""
     out = {META}
-    for name, ndim in [(a, 1) for a in TOKEN_ARRAYS] + [(layer_array(i), 2) for i in layers]:
+    arrays = [(a, 1) for a in TOKEN_ARRAYS] + [(layer_array(i), 2) for i in layers]
+    arrays += [(scale_array(i), 2) for i in layers] if quantized else []
+    for name, ndim in arrays:
         out.update(array_files(name, ndim))
     return out
 
@@ -176,7 +187,7 @@ def _examples() -> list[str]:
     """One key of every kind the format has (placeholder names)."""
     return [root_meta(), variants_meta(), variant_meta("v"), units_meta("v"), commit_key("v", "u"),
             build_key("v", "b"), lineage_record_key("b", 0, "start"), lineage_rows_key("b"),
-            *(unit_key("v", "u", rel) for rel in unit_files([0]))]
+            *(unit_key("v", "u", rel) for rel in unit_files([0], quantized=True))]
 
 
 def is_dir_key(key: str) -> bool:
@@ -193,5 +204,5 @@ def is_dir_key(key: str) -> bool:
 def _is_unit_file(rel: list[str]) -> bool:
     if rel == [META]:
         return True
-    name, ndim = rel[0], 1 if rel[0] in TOKEN_ARRAYS else 2 if _LAYER.match(rel[0]) else 0
+    name, ndim = rel[0], 1 if rel[0] in TOKEN_ARRAYS else 2 if (_LAYER.match(rel[0]) or _SCALE.match(rel[0])) else 0
     return ndim > 0 and "/".join(rel) in array_files(name, ndim)

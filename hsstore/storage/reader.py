@@ -120,7 +120,7 @@ class VariantReader:
         """Why a committed unit's record does not fit its variant and the format (None if it does)."""
         if c.layers != self.record.all_layers:
             return f"commit record of unit {c.unit} lists layers {c.layers}, the variant stores {self.record.all_layers}"
-        want = layout.unit_files(c.layers)
+        want = layout.unit_files(c.layers, quantized=bool(self.record.stored_precision))
         if set(c.files) != want:
             odd = sorted(set(c.files) ^ want)
             return f"commit record of unit {c.unit} does not list exactly the unit's files (differs in {odd[:4]})"
@@ -146,6 +146,10 @@ class VariantReader:
         rec, n = self.record, self.units[uid].n_tokens
         if name in layout.TOKEN_ARRAYS:
             want = ((n,), np.dtype("<i4") if name == "input_ids" else np.dtype("u1"))
+        elif rec.stored_precision and name.startswith("scale_"):  # per-token scales of FP8 codes
+            want = ((n, 1), np.dtype("<f4"))
+        elif rec.stored_precision:  # e4m3 codes
+            want = ((n, rec.hidden_size), np.dtype("u1"))
         else:
             want = ((n, rec.hidden_size), STORED[rec.dtype].newbyteorder("<"))
         if (reader.shape, reader.dtype) != want:
@@ -177,11 +181,30 @@ class VariantReader:
             )
         return ids, mask
 
-    def read_stacked(self, ref: SampleRef, layers: list[int]) -> torch.Tensor:
+    def read_array(self, ref: SampleRef, name: str, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows of one of ``ref``'s unit arrays (e.g. ``layer_3``), into ``out`` if given (it may be a
+        strided view such as one layer's slot of a stacked buffer)."""
+        return self._slice(ref, name, out=out)
+
+    def quant_error(self) -> dict[int, dict[str, float]]:
+        """Per-layer storage error over all committed units of a quantized variant ({} otherwise)."""
+        from hsstore.core.quant_error import merge as merge_errors
+
+        if not self.record.stored_precision:
+            return {}
+        return {layer: merge_errors(e[str(layer)] for e in (c.storage_errors for c in self.commits) if str(layer) in e)
+                for layer in self.record.all_layers}
+
+    def read_stacked(self, ref: SampleRef, layers: list[int], raw: bool = False) -> Any:
         """States of ``layers`` as one ``[T, len(layers), H]`` tensor in the stored dtype, each layer read
-        straight into its slot (no second copy to stack them)."""
+        straight into its slot (no second copy to stack them). Variants stored in FP8 come back
+        dequantized to bf16, or with ``raw`` as (float8_e4m3fn codes, float32 scales [T, n, 1])."""
         self._check_layers(layers)
         rec = self.record
+        if rec.stored_precision:
+            from hsstore.storage.quantized_read import read_quantized
+
+            return read_quantized(self, ref, layers, raw)
         buf = np.empty((ref.length, len(layers), rec.hidden_size), dtype=STORED[rec.dtype])
         names = [layout.layer_array(layer) for layer in layers]
         pool = self._layer_pool() if len(layers) > 1 else None
@@ -211,6 +234,9 @@ class VariantReader:
     def read_layers(self, ref: SampleRef, layers: list[int]) -> list[torch.Tensor]:
         """States ``[T, H]`` of each requested layer, in the stored dtype (bf16 as torch.bfloat16)."""
         self._check_layers(layers)
+        if self.record.stored_precision:  # dequantized bf16, one [T, H] tensor per layer
+            stacked = self.read_stacked(ref, layers)
+            return [stacked[:, j] for j in range(len(layers))]
         return [from_stored(self._slice(ref, layout.layer_array(i)), self.record.dtype) for i in layers]
 
     def read(self, key_or_index: str | int, layers: list[int] | None = None) -> dict[str, Any]:

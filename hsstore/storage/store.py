@@ -181,16 +181,22 @@ class Store:
         return select(provs, selector, where=self.location)
 
     def create_variant(self, provenance: dict[str, Any], layers: dict[str, list[int]], hidden_size: int, dtype: str,
-                       codec: str, chunk_tokens: int) -> str:
-        """Record a variant (idempotent: the same provenance gives the same id and keeps the first record)."""
+                       codec: str, chunk_tokens: int, precision: str | None = None) -> str:
+        """Record a variant (idempotent: the same provenance gives the same id and keeps the first record).
+        ``precision``: how states are stored when not as computed (e.g. "fp8-e4m3"); the provenance must
+        say so too (``environment.storage``), so it is part of the id."""
+        stored = provenance.get("environment", {}).get("storage", {}).get("precision")
+        if stored != precision:
+            raise ValueError(f"precision {precision!r} but the provenance records environment.storage.precision {stored!r}")
         vid = variant_id(provenance)
         plain = json.loads(json.dumps(provenance))  # plain JSON values (a version string may be a str subclass)
-        rec = VariantRecord.from_dict({"id": vid, "provenance": plain, "layers": layers, "hidden_size": hidden_size,
-                                       "dtype": dtype, "codec": codec, "chunk_tokens": chunk_tokens},
-                                      f"variant {vid}", BadInput)
+        fields = {"id": vid, "provenance": plain, "layers": layers, "hidden_size": hidden_size, "dtype": dtype,
+                  "codec": codec, "chunk_tokens": chunk_tokens, **({"precision": precision} if precision else {})}
+        rec = VariantRecord.from_dict(fields, f"variant {vid}", BadInput)
         if not self.io.put_if_absent(layout.variant_meta(vid), group_json({layout.VARIANT_ATTR: rec.to_dict()})):
             have = self.variant_record(vid)
-            if have.layers != layers or have.hidden_size != hidden_size or have.dtype != dtype:
+            if (have.layers != layers or have.hidden_size != hidden_size or have.dtype != dtype
+                    or have.stored_precision != precision):
                 raise CorruptData(f"variant {vid} exists with other layers/geometry; the store is inconsistent")
         self.io.put_if_absent(layout.units_meta(vid), group_json({}))
         return vid

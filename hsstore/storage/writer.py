@@ -8,7 +8,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -16,9 +16,10 @@ import numpy as np
 import torch
 
 from hsstore.core.dtypes import TORCH, to_stored
+from hsstore.core.quant import Quantized, dequantize
 from hsstore.core.errors import BuildFailed, HsstoreError, WriteFailed
 from hsstore.core.keys import SampleTokens
-from hsstore.core.schema.store import CommitRecord, HealthStats, UnitInfo, WriterInfo
+from hsstore.core.schema.store import CommitRecord, HealthStats, QuantError, UnitInfo, WriterInfo
 from hsstore.storage import commits, layout
 from hsstore.storage.fileio import Written, digest
 from hsstore.storage.records import group_json
@@ -27,6 +28,15 @@ from hsstore.storage.stats import from_stats_tensor, problems, stats_tensor
 
 if TYPE_CHECKING:
     from hsstore.storage.store import Store
+
+
+SCALE_CHUNK = 4096  # rows of per-token scales per chunk (16 KB): a sample's read touches one or two
+
+
+def _rows(t: torch.Tensor | Quantized, idx: torch.Tensor) -> torch.Tensor | Quantized:
+    if isinstance(t, Quantized):
+        return Quantized(t.codes.index_select(0, idx), t.scales.index_select(0, idx))
+    return t.index_select(0, idx)
 
 
 def _now() -> str:
@@ -66,12 +76,14 @@ class UnitWriter:
         states: dict[int, torch.Tensor],
         skip_committed: bool = True,
         health: dict[int, torch.Tensor] | None = None,
+        quant_error: dict[int, Mapping[str, float]] | None = None,
     ) -> CommitRecord | None:
         """Write ``samples`` and their states (``layer -> [sum of lengths, H]``, in sample order) as one unit.
 
         Samples already committed are dropped first (re-writing is a no-op). ``health`` = ``layer ->
         stats_tensor(states, lengths)`` computed by the caller (on the GPU, copied back with the states)
-        saves recomputing them here.
+        saves recomputing them here. A variant stored quantized takes ``Quantized`` states, the health of
+        the states as computed and ``quant_error`` (layer -> hsstore.core.quant_error record).
         Returns the commit, or None if nothing was left to write.
         """
         rec = self.record
@@ -79,10 +91,7 @@ class UnitWriter:
             raise ValueError(f"states for layers {sorted(states)}, variant {self.vid} stores {rec.all_layers}")
         total = sum(s.length for s in samples)
         for layer, t in states.items():
-            if tuple(t.shape) != (total, rec.hidden_size) or t.dtype != TORCH[rec.dtype]:
-                raise ValueError(
-                    f"layer {layer} states {tuple(t.shape)} {t.dtype}; expected {(total, rec.hidden_size)} {TORCH[rec.dtype]}"
-                )
+            self._check_states(layer, t, total)
         keep = list(range(len(samples)))
         if skip_committed:
             done = self.committed_keys()
@@ -97,17 +106,32 @@ class UnitWriter:
         if len(keep) < len(samples):
             starts = np.cumsum([0] + [s.length for s in samples])
             idx = torch.from_numpy(np.concatenate([np.arange(starts[i], starts[i + 1]) for i in keep]))
-            states = {k: v.index_select(0, idx) for k, v in states.items()}
+            states = {k: _rows(v, idx) for k, v in states.items()}
             samples = [samples[i] for i in keep]
-            health = None  # computed over other rows
+            health = quant_error = None  # computed over other rows (the error record is then left out)
         stats = self._health(samples, states, health)
-        return self._write_unit(samples, states, stats)
+        errors = {str(k): QuantError(**v) for k, v in (quant_error or {}).items()}
+        return self._write_unit(samples, states, stats, errors)
 
-    def _health(self, samples: Sequence[SampleTokens], states: dict[int, torch.Tensor],
+    def _check_states(self, layer: int, t: torch.Tensor | Quantized, total: int) -> None:
+        rec = self.record
+        if rec.stored_precision:
+            ok = (isinstance(t, Quantized) and tuple(t.codes.shape) == (total, rec.hidden_size)
+                  and t.codes.dtype == torch.uint8 and tuple(t.scales.shape) == (total, 1)
+                  and t.scales.dtype == torch.float32)
+            if not ok:
+                raise ValueError(f"layer {layer}: variant {self.vid} is stored as {rec.stored_precision} and takes "
+                                 f"Quantized codes [{total}, {rec.hidden_size}] uint8 with scales [{total}, 1] float32")
+        elif not isinstance(t, torch.Tensor) or tuple(t.shape) != (total, rec.hidden_size) or t.dtype != TORCH[rec.dtype]:
+            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"layer {layer} states {got}; expected {(total, rec.hidden_size)} {TORCH[rec.dtype]}")
+
+    def _health(self, samples: Sequence[SampleTokens], states: dict[int, torch.Tensor | Quantized],
                 health: dict[int, torch.Tensor] | None) -> dict[str, dict]:
-        if health is None:
+        if health is None:  # (of quantized states: their dequantized values; callers pass the computed ones)
             lengths = [s.length for s in samples]
-            health = {layer: stats_tensor(t, lengths) for layer, t in states.items()}
+            health = {layer: stats_tensor(dequantize(t, torch.float32) if isinstance(t, Quantized) else t, lengths)
+                      for layer, t in states.items()}
         stats, absmax = {}, {}
         for layer, t in health.items():
             stats[str(layer)], absmax[layer] = from_stats_tensor(t.tolist())
@@ -144,8 +168,15 @@ class UnitWriter:
         c = min(rec.chunk_tokens, max(1, n))
         tok_c = min(1 << 16, max(1, n))
         arrays = [("input_ids", ids, tok_c, "none", {}), ("loss_mask", mask, tok_c, "none", {})]
-        arrays += [(layout.layer_array(layer), to_stored(t.cpu()), c, rec.codec,
-                    {"hsstore_dtype": rec.dtype, "layer": int(layer)}) for layer, t in states.items()]
+        for layer, t in states.items():
+            if isinstance(t, Quantized):  # e4m3 codes (uint8) and their per-token float32 scales
+                arrays.append((layout.layer_array(layer), t.codes.cpu().numpy(), c, rec.codec,
+                               {"hsstore_dtype": rec.stored_precision, "computed_dtype": rec.dtype, "layer": int(layer)}))
+                arrays.append((layout.scale_array(layer), t.scales.cpu().numpy(), min(SCALE_CHUNK, max(1, n)),
+                               rec.codec, {"hsstore_dtype": "float32", "scales_of": layout.layer_array(layer)}))
+            else:
+                arrays.append((layout.layer_array(layer), to_stored(t.cpu()), c, rec.codec,
+                               {"hsstore_dtype": rec.dtype, "layer": int(layer)}))
         out: dict[str, Written] = {}
         with ThreadPoolExecutor(max(1, min(self.io_threads, len(arrays)))) as pool:
             for part in pool.map(lambda a: self._write_array(uid, *a), arrays):
@@ -163,7 +194,7 @@ class UnitWriter:
                 shard_rel: put(layout.unit_key(self.vid, uid, shard_rel), encode_shard(data, chunk, codec))}
 
     def _write_unit(self, samples: Sequence[SampleTokens], states: dict[int, torch.Tensor],
-                    stats: dict[str, dict]) -> CommitRecord:
+                    stats: dict[str, dict], quant_error: dict[str, QuantError] | None = None) -> CommitRecord:
         """Claim a new unit id, write its files, then its commit record (last, atomically)."""
         with self._lock:
             uid = f"{self.writer_id}-{self.seq:06d}"
@@ -192,6 +223,7 @@ class UnitWriter:
             files={rel: w.size for rel, w in sorted(written.items())},
             stats={k: HealthStats(**v) for k, v in stats.items()}, writer=self.info, committed_at=_now(),
             crc32c={rel: w.crc32c for rel, w in sorted(written.items())},
+            **({"quant_error": quant_error} if quant_error else {}),
         )
         try:  # (a failed commit leaves the unit's files to gc: the record may be visible already)
             io.put_atomic(layout.commit_key(self.vid, uid), json.dumps(commit.to_dict()).encode())

@@ -59,6 +59,7 @@ class BuildTable(Record):
 class StoreTable(Record):
     path: str = ""
     codec: str = "shuffle-zstd"
+    precision: str | None = None  # None: states stored as computed; "fp8-e4m3": quantized (hsstore.core.quant)
 
 
 class ManifestFile(Record):
@@ -99,6 +100,7 @@ class Manifest(Record):
     unit_tokens: int | None
     allow_unhealthy: bool
     codec: str
+    precision: str | None = None
 
     def with_overrides(self, **changes: Any) -> Manifest:
         """CLI options override the manifest; None (or an empty list) means "not given"."""

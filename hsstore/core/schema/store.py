@@ -33,6 +33,7 @@ class VariantRecord(Record):
     dtype: str
     codec: str
     chunk_tokens: Positive
+    precision: str | UnsetType = UNSET  # how states are stored when not as computed: "fp8-e4m3" (core.quant)
 
     def __post_init__(self) -> None:
         for path in (("recipe",), ("environment",), ("recipe", "model"), ("recipe", "tokenizer"),
@@ -50,6 +51,11 @@ class VariantRecord(Record):
     @property
     def all_layers(self) -> list[int]:
         return sorted({i for ids in self.layers.values() for i in ids})
+
+    @property
+    def stored_precision(self) -> str | None:
+        """The precision the states are stored in when not as computed (e.g. "fp8-e4m3"), else None."""
+        return self.precision if isinstance(self.precision, str) else None
 
 
 class WriterInfo(Record):
@@ -83,6 +89,17 @@ class HealthStats(Record):
     zeros: NonNegative
 
 
+class QuantError(Record):
+    """Additive storage error of one unit and layer of a quantized variant (hsstore.core.quant_error)."""
+
+    tokens: NonNegative
+    sum_sq_err: float
+    sum_sq_ref: float
+    cos_sum: float
+    cos_min: float
+    max_abs: float
+
+
 class CommitRecord(Record):
     """One committed unit: which samples it holds where, its files with sizes (and crc32c), health stats."""
 
@@ -94,6 +111,7 @@ class CommitRecord(Record):
     writer: WriterInfo | UnsetType = UNSET
     committed_at: str | UnsetType = UNSET
     crc32c: dict[str, str] | UnsetType = UNSET  # key relative to the unit -> crc32c (8 hex digits)
+    quant_error: dict[str, QuantError] | UnsetType = UNSET  # str(layer) -> storage error (quantized variants)
 
     def __post_init__(self) -> None:
         for rel in self.files:
@@ -106,6 +124,11 @@ class CommitRecord(Record):
     @property
     def n_tokens(self) -> int:
         return sum(n for _, _, n in self.samples)
+
+    @property
+    def storage_errors(self) -> dict[str, dict[str, float]]:
+        """str(layer) -> additive storage-error record ({} for variants stored as computed)."""
+        return {k: v.to_dict() for k, v in self.quant_error.items()} if isinstance(self.quant_error, dict) else {}
 
     @property
     def checksums(self) -> dict[str, str]:

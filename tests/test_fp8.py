@@ -1,0 +1,205 @@
+"""FP8 storage end to end: built and converted FP8 variants, raw and dequantized reads, provenance
+refusal, convert resumability after SIGKILL, verify, info's error against the bf16-vs-fp32 floor."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import REPO, make_samples, make_states, new_variant, run_cli, write_manifest
+
+from hsstore import HiddenStateDataset, ProvenanceMismatch, Store, StreamingHiddenStateDataset
+from hsstore.core import quant
+from hsstore.read.dataset import pad_collate
+from hsstore.storage.convert import convert
+from hsstore.storage.verify import verify
+from hsstore.storage.writer import UnitWriter
+
+FP8 = "precision=fp8-e4m3"
+
+
+@pytest.fixture
+def converted(tiny_store: Path, tmp_path: Path) -> Path:
+    """A copy of the tiny store (bf16 and fp32 variants) with an FP8 variant derived from the bf16 one."""
+    s = tmp_path / "s.zarr"
+    shutil.copytree(tiny_store, s)
+    r = run_cli("convert", f"{s}#dtype=bf16", "--precision", "fp8-e4m3", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["complete"] and out["samples_converted"] == 40 and out["samples_present"] == 0
+    return s
+
+
+def test_convert_quantizes_every_sample_exactly_as_the_quantizer_does(converted: Path) -> None:
+    src = HiddenStateDataset(converted, variant="dtype=bf16")
+    fp8 = HiddenStateDataset(converted, variant=FP8)
+    raw = HiddenStateDataset(converted, variant=FP8, raw=True)
+    assert fp8.keys == src.keys and fp8.precision == "fp8-e4m3" and src.precision is None
+    for i in (0, 7, len(src) - 1):
+        a, b, r = src[i], fp8[i], raw[i]
+        assert b["aux_hidden"].dtype == torch.bfloat16 and b["aux_hidden"].shape == a["aux_hidden"].shape
+        assert r["aux_hidden"].dtype == torch.float8_e4m3fn and r["aux_scales"].shape == (*a["aux_hidden"].shape[:2], 1)
+        for role in ("aux", "target"):
+            x = a[f"{role}_hidden"]
+            T, n, H = x.shape
+            q = quant.quantize(x.reshape(T * n, H))
+            assert torch.equal(r[f"{role}_hidden"].view(torch.uint8).reshape(T * n, H), q.codes)
+            assert torch.equal(r[f"{role}_scales"].reshape(T * n, 1), q.scales)
+            # default reads are the exact dequantization of the raw codes
+            assert torch.equal(b[f"{role}_hidden"].float(), r[f"{role}_hidden"].float() * r[f"{role}_scales"])
+        assert torch.equal(b["input_ids"], a["input_ids"]) and torch.equal(b["loss_mask"], a["loss_mask"])
+
+
+def test_requiring_the_bf16_provenance_refuses_fp8_unless_storage_may_drift(converted: Path) -> None:
+    train = HiddenStateDataset(converted, variant="dtype=bf16")
+    with pytest.raises(ProvenanceMismatch, match=r"environment\.storage\.precision: 'fp8-e4m3' \(store\) != '<absent>'"):
+        HiddenStateDataset(converted, variant=FP8, require=train)
+    HiddenStateDataset(converted, variant=FP8, require=train, allow_drift=["storage"])
+    fp8 = HiddenStateDataset(converted, variant=FP8)
+    HiddenStateDataset(converted, variant=FP8, require=fp8)  # its own provenance matches
+    with pytest.raises(ProvenanceMismatch, match="storage"):
+        HiddenStateDataset(converted, variant="dtype=bf16", require=fp8)
+
+
+def test_a_selector_that_does_not_name_a_precision_still_picks_the_variant_stored_as_computed(converted: Path) -> None:
+    assert HiddenStateDataset(converted, variant="dtype=bf16").precision is None
+    assert HiddenStateDataset(converted, variant="dtype=bf16,precision=fp8-e4m3").precision == "fp8-e4m3"
+
+
+def test_fp8_variant_is_verify_clean_smaller_and_info_states_its_error_against_the_floor(converted: Path) -> None:
+    v = verify(Store.open(converted))
+    assert v["ok"], v["problems"]
+    r = run_cli("info", str(converted), "--json")
+    assert r.returncode == 0, r.stderr
+    variants = {(x["provenance"]["environment"]["dtype"], x.get("precision")): x for x in json.loads(r.stdout)["variants"]}
+    fp8, bf16 = variants[("bf16", "fp8-e4m3")], variants[("bf16", None)]
+    st = fp8["storage"]
+    assert st["source"]["variant"] == bf16["id"] and st["scale"] == quant.SCALE_SCHEME
+    assert set(st["error"]) == {"0", "1", "3"} and st["floor"]["samples"] > 0
+    for layer, e in st["error"].items():
+        assert 0.005 < e["rel_l2"] < 0.05 and e["tokens"] == fp8["n_tokens"]
+        assert st["error_vs_floor"][layer] == pytest.approx(e["rel_l2"] / st["floor"]["rel_l2"][layer])
+    assert fp8["raw_state_bytes"] == bf16["raw_state_bytes"]  # raw = the states as computed (bf16)
+    text = run_cli("info", str(converted)).stdout
+    assert "fp8-e4m3" in text and "x the bf16-vs-fp32 floor" in text
+
+
+def test_diff_reads_fp8_dequantized_against_its_source(converted: Path) -> None:
+    r = run_cli("diff", f"{converted}#{FP8}", f"{converted}#dtype=bf16", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["shared_samples"] == 40
+    for layer in rep["layers"]:
+        assert 0.005 < layer["rel_l2"] < 0.05
+
+
+def test_converting_twice_is_a_no_op_and_converting_fp8_is_refused(converted: Path) -> None:
+    again = convert(f"{converted}#dtype=bf16", "fp8-e4m3")
+    assert again["samples_converted"] == 0 and again["samples_present"] == 40 and again["complete"]
+    r = run_cli("convert", f"{converted}#{FP8}", "--precision", "fp8-e4m3")
+    assert r.returncode == 2 and "already stored as fp8-e4m3" in r.stderr
+    r = run_cli("convert", f"{converted}#dtype=bf16", "--precision", "fp4")
+    assert r.returncode == 2 and "unknown storage precision 'fp4'" in r.stderr
+
+
+def _many_units(tmp_path: Path, n: int = 60) -> Path:
+    """A bf16 store of ``n`` one-sample units (so a convert has many commits to be killed between)."""
+    s = tmp_path / "many.zarr"
+    store = Store.create(s)
+    vid = new_variant(store, "bf16", hidden=256, codec="zstd", chunk=64)
+    w = UnitWriter(store, vid, check_health=False)
+    samples = make_samples([64 + 7 * i for i in range(n)], seed=1)
+    for i, smp in enumerate(samples):
+        w.write([smp], make_states([smp], 256, "bf16", [0, 1, 2], seed=i))
+    return s
+
+
+def test_convert_killed_mid_way_resumes_to_the_same_variant(tmp_path: Path) -> None:
+    src = _many_units(tmp_path)
+    dst = tmp_path / "fp8.zarr"
+    cmd = [sys.executable, "-m", "hsstore", "convert", f"{src}", "--precision", "fp8-e4m3", "--store", str(dst),
+           "--workers", "1", "--quiet"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    commits: list[Path] = []
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        commits = list(dst.glob("variants/*/commits/*.json")) if dst.exists() else []
+        if commits:
+            break
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGSTOP)  # freeze it, count, then kill it
+    n_before = len(list(dst.glob("variants/*/commits/*.json")))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert 1 <= n_before < 60, f"the convert was not stopped mid-way ({n_before} of 60 units committed)"
+    r = run_cli("convert", str(src), "--precision", "fp8-e4m3", "--store", str(dst), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["complete"] and out["samples_present"] >= n_before - 1 and out["samples_converted"] + out["samples_present"] == 60
+    clean = convert(str(src), "fp8-e4m3", dest=str(tmp_path / "clean.zarr"))
+    assert clean["variant"] == out["variant"]  # same provenance, same id
+    resumed = HiddenStateDataset(dst, raw=True)
+    fresh = HiddenStateDataset(tmp_path / "clean.zarr", raw=True)
+    assert sorted(resumed.keys) == sorted(fresh.keys) and len(resumed) == 60
+    for k in resumed.keys[:: 7]:
+        a, b = resumed[resumed.keys.index(k)], fresh[fresh.keys.index(k)]
+        assert torch.equal(a["aux_hidden"].view(torch.uint8), b["aux_hidden"].view(torch.uint8))
+        assert torch.equal(a["target_scales"], b["target_scales"])
+    r = run_cli("gc", str(dst), "--force")
+    assert r.returncode == 0, r.stderr
+    assert verify(Store.open(dst))["ok"]
+    # the error recorded over the resumed units equals the error of the clean convert
+    for layer, e in clean["error"].items():
+        assert out["error"][layer]["rel_l2"] == pytest.approx(e["rel_l2"], rel=1e-9)
+
+
+def test_fp8_build_on_cpu_equals_converting_its_bf16_twin(tmp_path: Path) -> None:
+    m = write_manifest(tmp_path / "m.toml", dtypes='["bf16"]', store="built.zarr")
+    r = run_cli("build", str(m), "--limit", "12", "--quiet", "--precision", "fp8-e4m3", "--json")
+    assert r.returncode == 0, r.stderr
+    r = run_cli("build", str(m), "--limit", "12", "--quiet", "--store", str(tmp_path / "bf16.zarr"))
+    assert r.returncode == 0, r.stderr
+    conv = convert(str(tmp_path / "bf16.zarr"), "fp8-e4m3", dest=str(tmp_path / "conv.zarr"))
+    built = HiddenStateDataset(tmp_path / "built.zarr", raw=True)
+    derived = HiddenStateDataset(tmp_path / "conv.zarr", raw=True)
+    assert built.variant_id == conv["variant"]  # the source is informational: same numbers, same id
+    assert sorted(built.keys) == sorted(derived.keys)
+    for k in built.keys:
+        a, b = built[built.keys.index(k)], derived[derived.keys.index(k)]
+        for role in ("aux", "target"):
+            assert torch.equal(a[f"{role}_hidden"].view(torch.uint8), b[f"{role}_hidden"].view(torch.uint8))
+            assert torch.equal(a[f"{role}_scales"], b[f"{role}_scales"])
+    info = Store.open(tmp_path / "built.zarr").reader(built.variant_id).quant_error()
+    assert set(info) == {0, 1, 2} and all(e["tokens"] > 0 for e in info.values())
+
+
+def test_raw_streaming_batches_pad_codes_and_scales(converted: Path) -> None:
+    ds = StreamingHiddenStateDataset(converted, variant=FP8, raw=True, batch_tokens=1024, shuffle=False)
+    batch = next(iter(ds))
+    assert batch["aux_hidden"].dtype == torch.float8_e4m3fn and batch["aux_scales"].dtype == torch.float32
+    B, T = batch["input_ids"].shape
+    assert batch["aux_scales"].shape == (B, T, 2, 1) and batch["target_scales"].shape == (B, T, 1, 1)
+    one = HiddenStateDataset(converted, variant=FP8, raw=True)[int(batch["index"][0])]
+    n = one["input_ids"].shape[0]
+    assert torch.equal(batch["aux_hidden"][0, :n].view(torch.uint8), one["aux_hidden"].view(torch.uint8))
+    assert not batch["aux_hidden"][0, n:].view(torch.uint8).any()
+    with pytest.raises(Exception, match="raw=True"):
+        HiddenStateDataset(converted, variant="dtype=bf16", raw=True)
+
+
+def test_a_damaged_scale_file_is_named_by_verify(converted: Path) -> None:
+    fp8 = HiddenStateDataset(converted, variant=FP8)
+    scale = sorted(p for p in converted.glob(f"variants/{fp8.variant_id}/units/*/scale_0/c/**/*") if p.is_file())[0]
+    data = bytearray(scale.read_bytes())
+    data[5] ^= 0xFF
+    scale.write_bytes(bytes(data))
+    v = verify(Store.open(converted))
+    assert not v["ok"] and any("scale_0" in p["what"] or "crc32c" in p["what"] for p in v["problems"])
