@@ -3,12 +3,19 @@
     python scripts/bench_build.py --shape 27b --device cuda --rows 32 --length 2048   # on a GPU
     python scripts/bench_build.py --shape tiny --device cpu                           # anywhere
 
-Measured in one process on one model and the same batches, each after a warm-up:
+    python scripts/bench_build.py --shape 27b --device cuda --rows 76 --length 2048 \
+        --codecs shuffle-zstd,fp8:shuffle-zstd --repeat 2                      # FP8 and bf16, passes alternating
+
+Measured in one process on one model and the same batches (padded as a build pads them), after a warm-up:
   bare      the full decoder stack (all layers, no lm_head) — what any extractor pays at least;
   capture   hsstore's hooks, stopping after the deepest captured layer, no copy or write;
   build     hsstore's pipeline: capture, async device-to-host copy, background write to a store
-            (per codec given), waiting for the last write to land.
-Prints tokens/s, GB/s of states and the ratio build/bare as JSON (and a table).
+            (per codec given; ``fp8:CODEC`` quantizes to FP8 e4m3 on the device before the copy),
+            waiting for the last write to land.
+``--repeat N`` runs the sequence bare, each build, N times (alternating order; the table shows the
+fastest of each and the JSON every run). Prints tokens/s, GB/s of states, bytes against raw states in
+the computed dtype and the ratio build/bare as JSON (and a table); FP8 builds also report the storage
+error per layer that the build measured.
 """
 
 from __future__ import annotations
@@ -46,7 +53,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=32)
     ap.add_argument("--length", type=int, default=512)
     ap.add_argument("--token-budget", type=int, default=16384)
-    ap.add_argument("--codecs", default="none,zstd,shuffle-zstd")
+    ap.add_argument("--codecs", default="none,zstd,shuffle-zstd", help="CODEC or fp8:CODEC, comma-separated")
+    ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--unit-tokens", type=int, default=32768)
     ap.add_argument("--store-dir", default=None, help="where the benchmark stores go (default: a temp dir)")
     ap.add_argument("--json", default=None)
@@ -55,25 +63,19 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from hsstore.core.batching import token_budget_batches
-    from hsstore.build.capture import LayerCapture, decoder_layers, pad_batch
-    from hsstore.storage.codecs import chunk_tokens
-    from hsstore.core.dtypes import TORCH
-    from hsstore.core.keys import sample_key
+    from hsstore.build.backends import bound_kernels
+    from hsstore.build.capture import LayerCapture, pad_batch
     from hsstore.build.models import ModelSpec
-    from hsstore.build.pipeline import capture_to_store
-    from hsstore.storage.store import Store
-    from hsstore.storage.writer import UnitWriter
-    from hsstore.core.keys import SampleTokens
+    from hsstore.core.batching import padded_length, token_budget_batches
+    from hsstore.core.dtypes import TORCH
+    from hsstore.core.keys import SampleTokens, sample_key
 
     overrides, aux, target = SHAPES[args.shape]
     init = "device" if args.device.startswith("cuda") else "cpu"
-    spec = ModelSpec("builtin:tiny-qwen3_5", overrides, init_device=init)
     t0 = time.time()
-    model = spec.load(TORCH[args.dtype], args.device, "sdpa")
+    model = ModelSpec("builtin:tiny-qwen3_5", overrides, init_device=init).load(TORCH[args.dtype], args.device, "sdpa")
     load_s = time.time() - t0
-    cfg = model.config
-    n_layers, hidden = cfg.num_hidden_layers, cfg.hidden_size
+    n_layers, hidden = model.config.num_hidden_layers, model.config.hidden_size
     rng = np.random.default_rng(0)
     samples = []
     for _ in range(args.rows):
@@ -89,19 +91,20 @@ def main() -> None:
         if cuda:
             torch.cuda.synchronize()
 
+    def padded(b: list[int]) -> tuple:
+        seqs = [torch.from_numpy(samples[i].input_ids.astype("int64")) for i in b]
+        return pad_batch(seqs, 0, args.device, padded_length(max(len(x) for x in seqs)))
+
     def bare() -> None:
-        stack = decoder_layers(model, n_layers)
         with torch.inference_mode():
             for b in batches:
-                ids, mask = pad_batch([torch.from_numpy(samples[i].input_ids.astype("int64")) for i in b], 0, args.device)
+                ids, mask = padded(b)
                 model.model(input_ids=ids, attention_mask=mask, use_cache=False)
-        _ = stack
 
     def capture_only() -> None:
         cap = LayerCapture(model, n_layers, layers)
         for b in batches:
-            ids, mask = pad_batch([torch.from_numpy(samples[i].input_ids.astype("int64")) for i in b], 0, args.device)
-            cap.run(ids, mask)
+            cap.run(*padded(b))
         cap.close()
 
     def timed(fn) -> float:
@@ -111,41 +114,75 @@ def main() -> None:
         sync()
         return time.time() - t
 
-    timed(lambda: capture_only())  # warm-up (kernels, autotuning)
-    from hsstore.build.backends import bound_kernels
-
-    results = {"kernels": bound_kernels(model), "shape": args.shape, "device": args.device, "dtype": args.dtype, "tokens": tokens,
-               "rows": args.rows, "length": args.length, "layers": layers, "hidden": hidden,
-               "model_load_seconds": load_s, "device_name": torch.cuda.get_device_name() if cuda else "cpu"}
+    timed(capture_only)  # warm-up (kernels, autotuning)
     itemsize = 2 if args.dtype != "fp32" else 4
-    state_bytes = tokens * hidden * itemsize * len(layers)
-    results["bare_seconds"] = timed(bare)
-    results["capture_seconds"] = timed(capture_only)
+    results = {"kernels": bound_kernels(model), "shape": args.shape, "device": args.device, "dtype": args.dtype,
+               "tokens": tokens, "rows": args.rows, "length": args.length, "layers": layers, "hidden": hidden,
+               "model_load_seconds": load_s, "device_name": torch.cuda.get_device_name() if cuda else "cpu",
+               "state_bytes": tokens * hidden * itemsize * len(layers), "runs": []}
     base = Path(args.store_dir or tempfile.mkdtemp(prefix="hsstore-bench-"))
-    for codec in args.codecs.split(","):
-        path = base / f"bench-{codec}.zarr"
-        shutil.rmtree(path, ignore_errors=True)
-        store = Store.create(path)
-        vid = store.create_variant({"recipe": {"bench": codec}, "environment": {"dtype": args.dtype}},
-                                   {"aux": aux, "target": target}, hidden, args.dtype, codec,
-                                   chunk_tokens(hidden, itemsize))
-        out = {}
+    results["capture_seconds"] = timed(capture_only)
+    for rep in range(args.repeat):
+        results["runs"].append({"pass": "bare", "rep": rep, "seconds": timed(bare)})
+        for name in args.codecs.split(","):
+            run = build_pass(model, n_layers, aux, target, samples, batches, name, args, base, timed)
+            results["runs"].append({"pass": f"build_{name}", "rep": rep, **run})
+    report(results, args)
 
-        def run() -> None:
-            out.update(capture_to_store(model, n_layers, layers, samples, batches, UnitWriter(store, vid), args.device,
-                                        0, args.unit_tokens))
 
-        secs = timed(run)
-        results[f"build_{codec}_seconds"] = secs
-        results[f"build_{codec}_writer_busy_seconds"] = out["writer_busy_seconds"]
-        results[f"build_{codec}_bytes"] = out["bytes"]
-        shutil.rmtree(path, ignore_errors=True)
-    results["state_bytes"] = state_bytes
-    print(f"{args.shape} on {results['device_name']}: {tokens:,} tokens, {state_bytes / 1e9:.2f} GB of states")
-    print(f"{'pass':<18}{'seconds':>9}{'tokens/s':>12}{'GB/s states':>13}{'vs bare':>9}")
-    for key in ["bare", "capture"] + [f"build_{c}" for c in args.codecs.split(",")]:
-        s = results[f"{key}_seconds"]
-        print(f"{key:<18}{s:9.2f}{tokens / s:12,.0f}{state_bytes / s / 1e9:13.2f}{s / results['bare_seconds']:9.3f}")
+def build_pass(model, n_layers: int, aux: list, target: list, samples: list, batches: list, name: str,
+               args: argparse.Namespace, base: Path, timed) -> dict:
+    """One build into a fresh store with codec (and precision) ``name``; its time, bytes and FP8 error."""
+    from hsstore.build.pipeline import capture_to_store
+    from hsstore.storage.codecs import chunk_tokens
+    from hsstore.storage.store import Store
+    from hsstore.storage.writer import UnitWriter
+
+    precision, _, codec = name.rpartition(":")
+    precision = {"": None, "fp8": "fp8-e4m3"}[precision]
+    hidden = model.config.hidden_size
+    path = base / f"bench-{name.replace(':', '-')}.zarr"
+    shutil.rmtree(path, ignore_errors=True)
+    store = Store.create(path)
+    env = {"dtype": args.dtype, **({"storage": {"precision": precision}} if precision else {})}
+    itemsize = 1 if precision else (2 if args.dtype != "fp32" else 4)
+    vid = store.create_variant({"recipe": {"bench": codec}, "environment": env}, {"aux": aux, "target": target},
+                               hidden, args.dtype, codec, chunk_tokens(hidden, itemsize), precision=precision)
+    out: dict = {}
+    secs = timed(lambda: out.update(capture_to_store(model, n_layers, aux + target, samples, batches,
+                                                     UnitWriter(store, vid), args.device, 0, args.unit_tokens,
+                                                     precision=precision)))
+    run = {"seconds": secs, "writer_busy_seconds": out["writer_busy_seconds"], "bytes": out["bytes"],
+           "tail_seconds": out["tail_seconds"], "first_batch_seconds": out["first_batch_seconds"]}
+    if precision:
+        from hsstore.core.quant_error import summary
+
+        run["fp8_error"] = {str(i): summary(e) for i, e in store.reader(vid, refresh=True).quant_error().items()}
+    shutil.rmtree(path, ignore_errors=True)
+    return run
+
+
+def report(results: dict, args: argparse.Namespace) -> None:
+    tokens, state_bytes = results["tokens"], results["state_bytes"]
+    best: dict[str, dict] = {}
+    for r in results["runs"]:
+        if r["pass"] not in best or r["seconds"] < best[r["pass"]]["seconds"]:
+            best[r["pass"]] = r
+    bare = best["bare"]["seconds"]
+    results["best"] = {k: {**v, "x_bare": v["seconds"] / bare,
+                           "smaller_than_raw": (state_bytes / v["bytes"]) if v.get("bytes") else None}
+                       for k, v in best.items()}
+    print(f"{args.shape} on {results['device_name']}: {tokens:,} tokens, {state_bytes / 1e9:.2f} GB of states "
+          f"({args.dtype}); fastest of {args.repeat} alternating run(s)")
+    print(f"{'pass':<26}{'seconds':>9}{'tokens/s':>12}{'GB/s states':>13}{'vs bare':>9}{'x smaller':>11}")
+    print(f"{'capture':<26}{results['capture_seconds']:9.2f}{tokens / results['capture_seconds']:12,.0f}"
+          f"{state_bytes / results['capture_seconds'] / 1e9:13.2f}{results['capture_seconds'] / bare:9.3f}")
+    for key, r in results["best"].items():
+        small = f"{r['smaller_than_raw']:11.2f}" if r["smaller_than_raw"] else ""
+        print(f"{key:<26}{r['seconds']:9.2f}{tokens / r['seconds']:12,.0f}{state_bytes / r['seconds'] / 1e9:13.2f}"
+              f"{r['x_bare']:9.3f}{small}")
+        for layer, e in sorted(r.get("fp8_error", {}).items(), key=lambda x: int(x[0])):
+            print(f"    fp8 layer {layer}: rel-L2 {e['rel_l2']:.3e}, cos mean {e['cos_mean']:.6f}, min {e['cos_min']:.6f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

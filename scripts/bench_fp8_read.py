@@ -1,0 +1,152 @@
+"""FP8 storage: bytes on disk and read speed through HiddenStateDataset against bf16, one run.
+
+    python scripts/bench_fp8_read.py --dir /tmp/fp8bench --samples 32 --hidden 4096 --reps 3 --workers 0,2
+
+One store: a bf16 variant with the default codec (written by the store's UnitWriter from the same
+synthetic states as scripts/bench_read.py: 5 layers, gaussian x per-channel scales), and an FP8 variant
+derived from it by ``hsstore convert`` (the library call), so both hold the same samples in the same
+units. Each read pass goes through a torch DataLoader with W workers over HiddenStateDataset and
+materializes ``aux [T, 4, H]`` and ``target [T, 1, H]`` per sample; FP8 is read dequantized (bf16, the
+default) and raw (``raw=True``: e4m3 codes + scales). "cold" evicts the variant's files from the page
+cache first (os.sync, then posix_fadvise(DONTNEED) on every file: no root needed, no O_DIRECT), "warm"
+does not. Passes alternate between the variants, repeated ``--reps`` times (medians). Also times the
+CPU dequantization alone (one thread, bf16 out). Prints tokens/s and the FP8 / bf16 ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from bench_read import AUX, LAYERS, TARGET, make_data  # the script folder is on sys.path when run as a script
+from hsstore import HiddenStateDataset, Store
+from hsstore.core import quant
+from hsstore.storage.codecs import DEFAULT, chunk_tokens
+from hsstore.storage.convert import convert
+from hsstore.storage.writer import UnitWriter
+
+
+def evict(path: Path) -> None:
+    """Drop ``path``'s files from the page cache (they are clean after os.sync)."""
+    os.sync()
+    for f in path.rglob("*"):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def build(path: Path, samples, states, codec: str, unit_samples: int = 8) -> tuple[str, str]:
+    """The bf16 variant (written as a build writes) and its FP8 derivative; returns their ids."""
+    store = Store.create(path)
+    H = states[0].shape[-1]
+    prov = {"recipe": {"tokenizer": {"fingerprint": "bench"}}, "environment": {"dtype": "bf16"}}
+    vid = store.create_variant(prov, {"aux": AUX, "target": TARGET}, H, "bf16", codec, chunk_tokens(H, 2))
+    w = UnitWriter(store, vid, check_health=False)
+    for a in range(0, len(samples), unit_samples):
+        part = states[a: a + unit_samples]
+        w.write(samples[a: a + unit_samples], {layer: torch.cat([s[:, j] for s in part]) for j, layer in enumerate(LAYERS)})
+    r = convert(f"{path}#{vid}", "fp8-e4m3")
+    return vid, r["variant"]
+
+
+def read_pass(path: Path, vid: str, workers: int, raw: bool) -> float:
+    ds = HiddenStateDataset(path, variant=vid, raw=raw)
+    loader = DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=False)
+    t0 = time.perf_counter()
+    for item in loader:
+        for k in ("aux_hidden", "target_hidden"):  # touch every page
+            item[k].reshape(-1)[::2048].view(torch.uint8).sum()
+    return time.perf_counter() - t0
+
+
+def dequant_speed(states: list[torch.Tensor], reps: int) -> float:
+    """GB/s of bf16 produced by the CPU dequantization, one thread, [T, 5, H] per sample."""
+    torch.set_num_threads(1)
+    qs = []
+    for st in states:
+        T, n, H = st.shape
+        q = quant.quantize(st.reshape(T * n, H))
+        qs.append((q.codes.numpy().reshape(T, n, H), q.scales.numpy().reshape(T, n, 1)))
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for codes, scales in qs:
+            quant.dequantize_bf16_bits(codes, scales)
+        best = min(best, time.perf_counter() - t0)
+    return sum(st.numel() * 2 for st in states) / best / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default="/tmp/hsstore-fp8-bench")
+    ap.add_argument("--samples", type=int, default=32)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--workers", default="0,2")
+    ap.add_argument("--codec", default=DEFAULT)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    base = Path(args.dir)
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    samples, states = make_data(args.samples, args.hidden)
+    tokens = sum(s.length for s in samples)
+    logical = sum(st.numel() * 2 for st in states)
+    path = base / "s.zarr"
+    t0 = time.perf_counter()
+    bf16, fp8 = build(path, samples, states, args.codec)
+    res: dict = {"samples": args.samples, "hidden": args.hidden, "tokens": tokens, "logical_bf16_bytes": logical,
+                 "codec": args.codec, "build_seconds": time.perf_counter() - t0, "cpus": os.cpu_count(),
+                 "bytes": {name: du(path / "variants" / v) for name, v in (("bf16", bf16), ("fp8", fp8))}}
+    res["smaller_than_raw_bf16"] = {k: logical / b for k, b in res["bytes"].items()}
+    res["dequant_GBps_one_thread"] = dequant_speed(states, args.reps)
+    passes = [("bf16", bf16, False), ("fp8", fp8, False), ("fp8-raw", fp8, True)]
+    for w in [int(x) for x in args.workers.split(",")]:
+        for cache in ("cold", "warm"):
+            times: dict[str, list[float]] = {name: [] for name, _, _ in passes}
+            for _ in range(args.reps):  # alternating order, repeated
+                for name, vid, raw in passes:
+                    if cache == "cold":
+                        evict(path / "variants" / vid)
+                    times[name].append(read_pass(path, vid, w, raw))
+            for name in times:
+                res[f"{name}_{cache}_w{w}_tokens_per_s"] = tokens / statistics.median(times[name])
+            for name in ("fp8", "fp8-raw"):
+                res[f"{name}_over_bf16_{cache}_w{w}"] = res[f"{name}_{cache}_w{w}_tokens_per_s"] / res[f"bf16_{cache}_w{w}_tokens_per_s"]
+    report(res, args)
+
+
+def report(res: dict, args: argparse.Namespace) -> None:
+    print(f"{res['samples']} samples, {res['tokens']:,} tokens, hidden {res['hidden']}, 5 layers; codec {res['codec']}; "
+          f"{res['cpus']} CPUs; medians of {args.reps}")
+    print(f"bytes on disk: bf16 {res['bytes']['bf16'] / 1e6:,.0f} MB ({res['smaller_than_raw_bf16']['bf16']:.2f}x smaller "
+          f"than raw bf16), fp8 {res['bytes']['fp8'] / 1e6:,.0f} MB ({res['smaller_than_raw_bf16']['fp8']:.2f}x)")
+    print(f"CPU dequantization, one thread: {res['dequant_GBps_one_thread']:.2f} GB/s of bf16")
+    print(f"{'workers':>8}{'cache':>7}{'bf16 tok/s':>13}{'fp8 tok/s':>12}{'x bf16':>8}{'fp8 raw':>12}{'x bf16':>8}")
+    for w in [int(x) for x in args.workers.split(",")]:
+        for cache in ("cold", "warm"):
+            print(f"{w:8d}{cache:>7}{res[f'bf16_{cache}_w{w}_tokens_per_s']:13,.0f}{res[f'fp8_{cache}_w{w}_tokens_per_s']:12,.0f}"
+                  f"{res[f'fp8_over_bf16_{cache}_w{w}']:8.2f}{res[f'fp8-raw_{cache}_w{w}_tokens_per_s']:12,.0f}"
+                  f"{res[f'fp8-raw_over_bf16_{cache}_w{w}']:8.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
