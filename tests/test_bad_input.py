@@ -103,6 +103,14 @@ def _fla_kernels_variant(tmp: Path) -> str:
     return f"{tmp / 'fla.zarr'}#{vid}"
 
 
+def _fp8_store(tmp: Path) -> str:
+    """A store with a bf16 variant and its FP8 twin (convert)."""
+    from hsstore.storage.convert import convert
+
+    convert(_two_variant_store(tmp) + "#dtype=bf16", "fp8-e4m3")
+    return str(tmp / "v.zarr")
+
+
 def _future_store(tmp: Path) -> str:
     p = tmp / "f.zarr"
     Store.create(p)
@@ -200,6 +208,11 @@ CASES = {
                                            "--align"], "has no known capture point"),
     "diff-samples-and-fraction": (lambda t: ["diff", _two_variant_store(t) + "#dtype=bf16", _two_variant_store(t) + "#dtype=fp32",
                                              "--samples", "2", "--fraction", "0.5"], "not both"),
+    "precision-unknown": (lambda t: _m(t) + ["--precision", "fp4"], r"\[store\] precision = 'fp4'; choose one of fp8-e4m3"),
+    "convert-unknown-precision": (lambda t: ["convert", _two_variant_store(t) + "#dtype=bf16", "--precision", "int8"],
+                                  "unknown storage precision 'int8'"),
+    "convert-already-quantized": (lambda t: ["convert", _fp8_store(t) + "#precision=fp8-e4m3", "--precision", "fp8-e4m3"],
+                                  "already stored as fp8-e4m3"),
 }
 
 
