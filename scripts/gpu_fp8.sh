@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The H200 runs behind docs/benchmarks.md "FP8 storage" and docs/gpu-report.md "FP8 storage on the seed
+# model" (one nvidia-h200, no network; .whl/ made by scripts/prepare_gpu_wheels.sh and carried). Two
+# phases, each well inside one 10-minute call; results as JSON/text under $OUT:
+#   bash scripts/gpu_fp8.sh build   # ~5 min: 27B-shaped build vs bare forward (bf16 default codec, FP8),
+#                                   #   passes alternating, repeated; FP8 size and error; kernel shapes on a
+#                                   #   fresh triton cache with and without bucketed padding
+#   bash scripts/gpu_fp8.sh seed    # ~5 min: the 1.6 B seed model: torch bf16/fp32, fla bf16 and fla FP8
+#                                   #   builds, convert, diffs with verdicts, info, GPU vs CPU quantization
+#                                   #   bit-identity, bf16-vs-FP8 training, FP8 reads on 16 cores
+set -u
+OUT=${OUT:-out/gpu-fp8}
+mkdir -p "$OUT"
+[ -d /tmp/site/zarr ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc; df -h /tmp;
+  python3 -m pip list 2>/dev/null | grep -iE "^(torch|transformers|fla-core|flash-linear|zarr|numcodecs|triton) ";
+  git log --oneline -1; } > "$OUT/machine-$1.txt" 2>&1
+if [ "$1" = build ]; then
+  # 76 rows x 2048 = 155,648 tokens; bare, bf16 shuffle-zstd, fp8 shuffle-zstd, fp8 none; twice, alternating
+  timeout 330 python3 scripts/bench_build.py --shape 27b --device cuda --rows 76 --length 2048 \
+    --codecs shuffle-zstd,fp8:shuffle-zstd,fp8:none --repeat 2 --store-dir /tmp/bench \
+    --json "$OUT/bench-27b-fp8.json" > "$OUT/bench-27b-fp8.txt" 2>&1
+  echo "exit $?" >> "$OUT/bench-27b-fp8.txt"
+  timeout $((570 - SECONDS)) python3 scripts/bench_shapes.py --rows 96 --json "$OUT/shapes.json" \
+    > "$OUT/shapes.txt" 2>&1
+  echo "exit $? after ${SECONDS}s" >> "$OUT/shapes.txt"
+elif [ "$1" = seed ]; then
+  timeout 420 python3 scripts/gpu_fp8_seed.py --out /tmp/seed8 --rows 40 > "$OUT/seed.txt" 2>&1
+  echo "exit $? after ${SECONDS}s" >> "$OUT/seed.txt"
+  cp /tmp/seed8/summary.json "$OUT/seed-fp8-summary.json" 2>/dev/null
+  tar czf "$OUT/seed-fp8.tgz" -C /tmp/seed8 --exclude '*.zarr' . 2>/dev/null
+  (cd scripts && timeout $((585 - SECONDS)) python3 bench_fp8_read.py --dir /tmp/fp8read --samples 48 --hidden 5120 \
+    --reps 3 --workers 0,4,8 --json "$OUT/read-fp8-16cores.json" > "$OUT/read-fp8-16cores.txt" 2>&1)
+  echo "exit $? after ${SECONDS}s" >> "$OUT/read-fp8-16cores.txt"
+fi

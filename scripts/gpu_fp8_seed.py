@@ -1,0 +1,111 @@
+"""FP8 storage on the seed experiment's 1.6 B hybrid (GPU): its error against the bf16-vs-fp32 floor and
+the fla-vs-torch divergence, diff's verdicts, GPU vs CPU quantization, and bf16 vs FP8 training.
+
+    python scripts/gpu_fp8_seed.py --out /tmp/seed8 --rows 40          # on one GPU with fla installed
+
+One store (OUT/store.zarr) of ``--rows`` long text rows (~2,000 tokens each): torch-fallback bf16 and
+fp32, fla bf16, and fla bf16 stored as FP8 at build time (quantized on the GPU); the torch bf16 variant
+converted to FP8 (``hsstore convert``, on the CPU); the fla bf16 variant converted into a second store,
+whose codes must equal the GPU-quantized variant's (``hsstore diff``: identical). Diffs against the
+torch fp32 floor, ``hsstore info --json``, and scripts/train_drafter_example.py on the torch bf16 variant
+and its FP8 twin (same seed, same samples in the same units: the storage precision is the only
+difference). Everything lands in OUT/summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from seed_experiment import SIZES, hs, long_rows, sh  # the script folder is on sys.path when run as a script
+
+REPO = Path(__file__).resolve().parents[1]
+FP8 = "precision=fp8-e4m3"
+
+
+def manifest(out: Path, data: Path) -> Path:
+    config, layers, max_len = SIZES["gpu"]
+    m = out / "seed.toml"
+    m.write_text(f"""[model]
+path = "builtin:tiny-qwen3_5"
+{config}
+layers = {layers}
+[data]
+files = ["{data}"]
+max_length = {max_len}
+[build]
+backends = ["torch"]
+dtypes = ["bf16"]
+devices = ["cuda"]
+token_budget = 16384
+[store]
+path = "{out / 'store.zarr'}"
+""")
+    return m
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="/tmp/seed8")
+    ap.add_argument("--rows", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=200)
+    args = ap.parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    data = out / "long.jsonl"
+    data.write_text(long_rows(args.rows, 0, SIZES["gpu"][2]))
+    m = manifest(out, data)
+    S = out / "store.zarr"
+    summary: dict = {"rows": args.rows}
+    builds = {"torch": ["--backend", "torch", "--dtype", "bf16", "--dtype", "fp32"],
+              "fla": ["--backend", "fla", "--dtype", "bf16"],
+              "fla-fp8": ["--backend", "fla", "--dtype", "bf16", "--precision", "fp8-e4m3"]}
+    for name, extra in builds.items():
+        r = sh(hs("build", str(m), "--quiet", "--json", *extra))
+        summary[f"build_{name}"] = json.loads(r.stdout)
+    torch_bf16, torch_fp32 = f"{S}#backend=torch,dtype=bf16", f"{S}#backend=torch,dtype=fp32"
+    fla_bf16, fla_fp8 = f"{S}#backend=fla,dtype=bf16", f"{S}#backend=fla,{FP8}"
+    summary["convert_torch"] = json.loads(sh(hs("convert", torch_bf16, "--precision", "fp8-e4m3", "--json",
+                                                "--quiet")).stdout)
+    conv = out / "conv.zarr"
+    summary["convert_fla"] = json.loads(sh(hs("convert", fla_bf16, "--precision", "fp8-e4m3", "--store", str(conv),
+                                              "--json", "--quiet")).stdout)
+    diffs = {"fp8_vs_torch_bf16": (f"{S}#backend=torch,{FP8}", torch_bf16),
+             "fla_vs_torch_bf16": (fla_bf16, torch_bf16),
+             "fla_fp8_vs_fla_bf16": (fla_fp8, fla_bf16)}
+    for name, (a, b) in diffs.items():
+        r = sh(hs("diff", a, b, "--floor", torch_fp32, "--device", "cuda", "--json", "-"), check=False)
+        summary[f"diff_{name}"] = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {"error": r.stderr[-800:]}
+    # GPU-quantized (build) vs CPU-quantized (convert) codes of the same fla bf16 states
+    r = sh(hs("diff", fla_fp8, str(conv), "--json", "-"), check=False)
+    summary["diff_gpu_vs_cpu_quantization"] = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {"error": r.stderr[-800:]}
+    summary["info"] = json.loads(sh(hs("info", str(S), "--json")).stdout)
+    for name, target in (("bf16", torch_bf16), ("fp8", f"{S}#backend=torch,{FP8}")):
+        js = out / f"train-{name}.json"
+        sh([sys.executable, str(REPO / "scripts" / "train_drafter_example.py"), "--train", target, "--eval", target,
+            "--steps", str(args.steps), "--batch-tokens", "8192", "--workers", "2", "--device", "cuda",
+            "--json", str(js)])
+        summary[f"train_{name}"] = json.loads(js.read_text())
+        summary[f"train_{name}"].pop("provenance", None)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    report(summary)
+
+
+def report(s: dict) -> None:
+    for name in ("fp8_vs_torch_bf16", "fla_vs_torch_bf16", "fla_fp8_vs_fla_bf16"):
+        d = s[f"diff_{name}"]
+        print(f"\n{name}: {d.get('verdict', d.get('error'))}")
+        for L in d.get("layers", []):
+            print(f"  layer {L['layer']:3d} rel-L2 {L['rel_l2']:.3e}  floor {L.get('floor_rel_l2', float('nan')):.3e}"
+                  f"  x{L.get('floor_ratio', float('nan')):.2f}  cos_mean {L['cos_mean']:.6f}  {L.get('verdict', '')}")
+    print(f"\nGPU vs CPU quantization: {s['diff_gpu_vs_cpu_quantization'].get('verdict')}")
+    for name in ("bf16", "fp8"):
+        t = s[f"train_{name}"]
+        print(f"train {name}: loss {t['train_first']:.3f} -> {t['train_last']:.3f}; eval {t['eval_first']:.3f} -> "
+              f"{t['eval_last']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
