@@ -138,8 +138,11 @@ def build_pass(model, n_layers: int, aux: list, target: list, samples: list, bat
     from hsstore.storage.store import Store
     from hsstore.storage.writer import UnitWriter
 
+    from hsstore.core.quant import codec_for_codes
+
     precision, _, codec = name.rpartition(":")
     precision = {"": None, "fp8": "fp8-e4m3"}[precision]
+    codec = codec_for_codes(codec) if precision else codec  # as a build stores FP8 codes
     hidden = model.config.hidden_size
     path = base / f"bench-{name.replace(':', '-')}.zarr"
     shutil.rmtree(path, ignore_errors=True)

@@ -5,7 +5,7 @@
 One store: a bf16 variant with the default codec (written by the store's UnitWriter from the same
 synthetic states as scripts/bench_read.py: 5 layers, gaussian x per-channel scales), and an FP8 variant
 derived from it by ``hsstore convert`` (the library call), so both hold the same samples in the same
-units. Each read pass goes through a torch DataLoader with W workers over HiddenStateDataset and
+units (and an uncompressed FP8 twin in a second store). Each read pass goes through a torch DataLoader with W workers over HiddenStateDataset and
 materializes ``aux [T, 4, H]`` and ``target [T, 1, H]`` per sample; FP8 is read dequantized (bf16, the
 default) and raw (``raw=True``: e4m3 codes + scales). "cold" evicts the variant's files from the page
 cache first (os.sync, then posix_fadvise(DONTNEED) on every file: no root needed, no O_DIRECT), "warm"
@@ -52,7 +52,8 @@ def du(path: Path) -> int:
 
 
 def build(path: Path, samples, states, codec: str, unit_samples: int = 8) -> tuple[str, str]:
-    """The bf16 variant (written as a build writes) and its FP8 derivative; returns their ids."""
+    """The bf16 variant (written as a build writes) and its FP8 derivative (same store, the codec FP8
+    codes get for ``codec``), plus an uncompressed FP8 twin in ``path``-none; returns the two ids."""
     store = Store.create(path)
     H = states[0].shape[-1]
     prov = {"recipe": {"tokenizer": {"fingerprint": "bench"}}, "environment": {"dtype": "bf16"}}
@@ -62,10 +63,11 @@ def build(path: Path, samples, states, codec: str, unit_samples: int = 8) -> tup
         part = states[a: a + unit_samples]
         w.write(samples[a: a + unit_samples], {layer: torch.cat([s[:, j] for s in part]) for j, layer in enumerate(LAYERS)})
     r = convert(f"{path}#{vid}", "fp8-e4m3")
+    convert(f"{path}#{vid}", "fp8-e4m3", dest=str(path.with_name(path.name + "-none")), codec="none")
     return vid, r["variant"]
 
 
-def read_pass(path: Path, vid: str, workers: int, raw: bool) -> float:
+def read_pass(path: Path, vid: str | None, workers: int, raw: bool) -> float:
     ds = HiddenStateDataset(path, variant=vid, raw=raw)
     loader = DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=False)
     t0 = time.perf_counter()
@@ -111,23 +113,26 @@ def main() -> None:
     path = base / "s.zarr"
     t0 = time.perf_counter()
     bf16, fp8 = build(path, samples, states, args.codec)
+    none = path.with_name(path.name + "-none")
     res: dict = {"samples": args.samples, "hidden": args.hidden, "tokens": tokens, "logical_bf16_bytes": logical,
                  "codec": args.codec, "build_seconds": time.perf_counter() - t0, "cpus": os.cpu_count(),
                  "bytes": {name: du(path / "variants" / v) for name, v in (("bf16", bf16), ("fp8", fp8))}}
+    res["bytes"]["fp8-none"] = du(none / "variants")
     res["smaller_than_raw_bf16"] = {k: logical / b for k, b in res["bytes"].items()}
     res["dequant_GBps_one_thread"] = dequant_speed(states, args.reps)
-    passes = [("bf16", bf16, False), ("fp8", fp8, False), ("fp8-raw", fp8, True)]
+    passes = [("bf16", path, bf16, False), ("fp8", path, fp8, False), ("fp8-raw", path, fp8, True),
+              ("fp8-none", none, None, False), ("fp8-none-raw", none, None, True)]
     for w in [int(x) for x in args.workers.split(",")]:
         for cache in ("cold", "warm"):
-            times: dict[str, list[float]] = {name: [] for name, _, _ in passes}
+            times: dict[str, list[float]] = {p[0]: [] for p in passes}
             for _ in range(args.reps):  # alternating order, repeated
-                for name, vid, raw in passes:
+                for name, where, vid, raw in passes:
                     if cache == "cold":
-                        evict(path / "variants" / vid)
-                    times[name].append(read_pass(path, vid, w, raw))
+                        evict(where)
+                    times[name].append(read_pass(where, vid, w, raw))
             for name in times:
                 res[f"{name}_{cache}_w{w}_tokens_per_s"] = tokens / statistics.median(times[name])
-            for name in ("fp8", "fp8-raw"):
+            for name in ("fp8", "fp8-raw", "fp8-none", "fp8-none-raw"):
                 res[f"{name}_over_bf16_{cache}_w{w}"] = res[f"{name}_{cache}_w{w}_tokens_per_s"] / res[f"bf16_{cache}_w{w}_tokens_per_s"]
     report(res, args)
 
@@ -135,15 +140,17 @@ def main() -> None:
 def report(res: dict, args: argparse.Namespace) -> None:
     print(f"{res['samples']} samples, {res['tokens']:,} tokens, hidden {res['hidden']}, 5 layers; codec {res['codec']}; "
           f"{res['cpus']} CPUs; medians of {args.reps}")
-    print(f"bytes on disk: bf16 {res['bytes']['bf16'] / 1e6:,.0f} MB ({res['smaller_than_raw_bf16']['bf16']:.2f}x smaller "
-          f"than raw bf16), fp8 {res['bytes']['fp8'] / 1e6:,.0f} MB ({res['smaller_than_raw_bf16']['fp8']:.2f}x)")
+    sizes = ", ".join(f"{k} {b / 1e6:,.0f} MB ({res['smaller_than_raw_bf16'][k]:.2f}x smaller than raw bf16)"
+                      for k, b in res["bytes"].items())
+    print(f"bytes on disk: {sizes}")
     print(f"CPU dequantization, one thread: {res['dequant_GBps_one_thread']:.2f} GB/s of bf16")
-    print(f"{'workers':>8}{'cache':>7}{'bf16 tok/s':>13}{'fp8 tok/s':>12}{'x bf16':>8}{'fp8 raw':>12}{'x bf16':>8}")
+    names = ("fp8", "fp8-raw", "fp8-none", "fp8-none-raw")
+    print(f"{'workers':>8}{'cache':>7}{'bf16 tok/s':>12}" + "".join(f"{n + ' (x)':>20}" for n in names))
     for w in [int(x) for x in args.workers.split(",")]:
         for cache in ("cold", "warm"):
-            print(f"{w:8d}{cache:>7}{res[f'bf16_{cache}_w{w}_tokens_per_s']:13,.0f}{res[f'fp8_{cache}_w{w}_tokens_per_s']:12,.0f}"
-                  f"{res[f'fp8_over_bf16_{cache}_w{w}']:8.2f}{res[f'fp8-raw_{cache}_w{w}_tokens_per_s']:12,.0f}"
-                  f"{res[f'fp8-raw_over_bf16_{cache}_w{w}']:8.2f}")
+            cells = "".join(f"{res[f'{n}_{cache}_w{w}_tokens_per_s']:12,.0f} ({res[f'{n}_over_bf16_{cache}_w{w}']:4.2f})"
+                            for n in names)
+            print(f"{w:8d}{cache:>7}{res[f'bf16_{cache}_w{w}_tokens_per_s']:12,.0f}{cells}")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
 

@@ -2,6 +2,7 @@
 the fla-vs-torch divergence, diff's verdicts, GPU vs CPU quantization, and bf16 vs FP8 training.
 
     python scripts/gpu_fp8_seed.py --out /tmp/seed8 --rows 40          # on one GPU with fla installed
+    python scripts/gpu_fp8_seed.py --out /tmp/s8 --size tiny --device cpu --no-fla --rows 8 --steps 5   # dry run
 
 One store (OUT/store.zarr) of ``--rows`` long text rows (~2,000 tokens each): torch-fallback bf16 and
 fp32, fla bf16, and fla bf16 stored as FP8 at build time (quantized on the GPU); the torch bf16 variant
@@ -25,8 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 FP8 = "precision=fp8-e4m3"
 
 
-def manifest(out: Path, data: Path) -> Path:
-    config, layers, max_len = SIZES["gpu"]
+def manifest(out: Path, data: Path, size: str, device: str) -> Path:
+    config, layers, max_len = SIZES[size]
     m = out / "seed.toml"
     m.write_text(f"""[model]
 path = "builtin:tiny-qwen3_5"
@@ -38,7 +39,7 @@ max_length = {max_len}
 [build]
 backends = ["torch"]
 dtypes = ["bf16"]
-devices = ["cuda"]
+devices = ["{device}"]
 token_budget = 16384
 [store]
 path = "{out / 'store.zarr'}"
@@ -51,22 +52,27 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/seed8")
     ap.add_argument("--rows", type=int, default=40)
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--size", choices=sorted(SIZES), default="gpu")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--no-fla", action="store_true", help="torch fallback only (a dry run where fla cannot run)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     data = out / "long.jsonl"
-    data.write_text(long_rows(args.rows, 0, SIZES["gpu"][2]))
-    m = manifest(out, data)
+    data.write_text(long_rows(args.rows, 0, SIZES[args.size][2]))
+    m = manifest(out, data, args.size, args.device)
+    dev = ["--device", args.device]
     S = out / "store.zarr"
     summary: dict = {"rows": args.rows}
+    kernel = "torch" if args.no_fla else "fla"  # the backend of the "other kernels" variants
     builds = {"torch": ["--backend", "torch", "--dtype", "bf16", "--dtype", "fp32"],
-              "fla": ["--backend", "fla", "--dtype", "bf16"],
-              "fla-fp8": ["--backend", "fla", "--dtype", "bf16", "--precision", "fp8-e4m3"]}
+              "kernels": ["--backend", kernel, "--dtype", "bf16"],
+              "kernels-fp8": ["--backend", kernel, "--dtype", "bf16", "--precision", "fp8-e4m3"]}
     for name, extra in builds.items():
         r = sh(hs("build", str(m), "--quiet", "--json", *extra))
         summary[f"build_{name}"] = json.loads(r.stdout)
     torch_bf16, torch_fp32 = f"{S}#backend=torch,dtype=bf16", f"{S}#backend=torch,dtype=fp32"
-    fla_bf16, fla_fp8 = f"{S}#backend=fla,dtype=bf16", f"{S}#backend=fla,{FP8}"
+    fla_bf16, fla_fp8 = f"{S}#backend={kernel},dtype=bf16", f"{S}#backend={kernel},{FP8}"
     summary["convert_torch"] = json.loads(sh(hs("convert", torch_bf16, "--precision", "fp8-e4m3", "--json",
                                                 "--quiet")).stdout)
     conv = out / "conv.zarr"
@@ -76,7 +82,7 @@ def main() -> None:
              "fla_vs_torch_bf16": (fla_bf16, torch_bf16),
              "fla_fp8_vs_fla_bf16": (fla_fp8, fla_bf16)}
     for name, (a, b) in diffs.items():
-        r = sh(hs("diff", a, b, "--floor", torch_fp32, "--device", "cuda", "--json", "-"), check=False)
+        r = sh(hs("diff", a, b, "--floor", torch_fp32, *dev, "--json", "-"), check=False)
         summary[f"diff_{name}"] = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {"error": r.stderr[-800:]}
     # GPU-quantized (build) vs CPU-quantized (convert) codes of the same fla bf16 states
     r = sh(hs("diff", fla_fp8, str(conv), "--json", "-"), check=False)
@@ -85,7 +91,7 @@ def main() -> None:
     for name, target in (("bf16", torch_bf16), ("fp8", f"{S}#backend=torch,{FP8}")):
         js = out / f"train-{name}.json"
         sh([sys.executable, str(REPO / "scripts" / "train_drafter_example.py"), "--train", target, "--eval", target,
-            "--steps", str(args.steps), "--batch-tokens", "8192", "--workers", "2", "--device", "cuda",
+            "--steps", str(args.steps), "--batch-tokens", "8192", "--workers", "2", *dev,
             "--json", str(js)])
         summary[f"train_{name}"] = json.loads(js.read_text())
         summary[f"train_{name}"].pop("provenance", None)

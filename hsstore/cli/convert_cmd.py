@@ -10,7 +10,7 @@ from hsstore.cli.app import app, emit
 
 
 def convert_text(r: dict[str, Any]) -> str:
-    lines = [f"{r['source']} -> {r['store']}#{r['variant']} ({r['precision']})",
+    lines = [f"{r['source']} -> {r['store']}#{r['variant']} ({r['precision']}, codec {r['codec']})",
              f"converted {r['samples_converted']:,} samples ({r['tokens']:,} tokens, {r['bytes'] / 1e6:,.1f} MB) in "
              f"{r['seconds']:.1f} s on {r['workers']} thread(s); {r['samples_present']:,} were there already"
              + ("" if r["complete"] else "; NOT complete: re-run the same command to finish"),
@@ -26,6 +26,7 @@ def convert(
     precision: Annotated[str, typer.Option("--precision", help="Storage precision of the new variant: fp8-e4m3.")],
     store: Annotated[str | None, typer.Option("--store", help="Write the new variant here (default: the same store).")] = None,
     workers: Annotated[int | None, typer.Option("--workers", min=1, help="Units converted side by side (default: up to 4).")] = None,
+    codec: Annotated[str | None, typer.Option("--codec", help="Compression of the new variant (default: the source's).")] = None,
     allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf/all-zero states anyway.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
@@ -43,7 +44,7 @@ def convert(
     with bar:
         task = bar.add_task("convert", total=None)
         r = run_convert(target, precision, store, workers, allow_unhealthy,
-                        on_progress=lambda done, total: bar.update(task, completed=done, total=total))
+                        on_progress=lambda done, total: bar.update(task, completed=done, total=total), codec=codec)
     emit(r, json_out, convert_text(r))
     if not r["complete"]:
         raise typer.Exit(1)

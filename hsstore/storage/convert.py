@@ -26,9 +26,9 @@ import torch
 
 from hsstore.core.errors import BadInput
 from hsstore.core.keys import SampleTokens
-from hsstore.core.quant import SCALE_SCHEME, Quantized, dequantize, parse_precision, quantize
+from hsstore.core.quant import SCALE_SCHEME, Quantized, codec_for_codes, dequantize, parse_precision, quantize
 from hsstore.core.quant_error import error_tensor, from_error_tensor, merge, summary
-from hsstore.storage.codecs import chunk_tokens
+from hsstore.storage.codecs import chunk_tokens, parse_codec
 from hsstore.storage.records import CommitRecord
 from hsstore.storage.stats import stats_tensor
 from hsstore.storage.store import Store, VariantReader, split_target
@@ -81,9 +81,11 @@ def _unit_payload(reader: VariantReader, commit: CommitRecord, skip: set[str]) -
 
 
 def convert(target: str, precision: str, dest: str | None = None, workers: int | None = None,
-            allow_unhealthy: bool = False, on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+            allow_unhealthy: bool = False, on_progress: Callable[[int, int], None] | None = None,
+            codec: str | None = None) -> dict[str, Any]:
     """Derive a ``precision`` variant of ``target`` ("STORE#SELECTOR") into ``dest`` (default: the same
-    store). ``on_progress(samples done, samples in all)`` is called at the start and as units finish.
+    store), compressed with ``codec`` (default: the source's; see quant.codec_for_codes).
+    ``on_progress(samples done, samples in all)`` is called at the start and as units finish.
     Returns the summary ``--json`` prints."""
     t0 = time.time()
     try:
@@ -101,7 +103,11 @@ def convert(target: str, precision: str, dest: str | None = None, workers: int |
                        f"({rec.dtype}) instead")
     out = Store.create(dest) if dest else Store.open(path, mode="a")
     prov = derived_provenance(rec.provenance, precision, vid, source.location)
-    dvid = out.create_variant(prov, rec.layers, rec.hidden_size, rec.dtype, rec.codec,
+    try:
+        codec = codec_for_codes(parse_codec(codec or rec.codec))
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    dvid = out.create_variant(prov, rec.layers, rec.hidden_size, rec.dtype, codec,
                               chunk_tokens(rec.hidden_size, 1), precision=precision)
     writer = UnitWriter(out, dvid, writer_id=f"convert-{uuid.uuid4().hex[:12]}", check_health=not allow_unhealthy)
     done = set(writer.committed_keys())
@@ -132,6 +138,7 @@ def convert(target: str, precision: str, dest: str | None = None, workers: int |
             f.result()
     derived = out.reader(dvid, refresh=True)
     return {"source": f"{source.location}#{vid}", "variant": dvid, "store": out.location, "precision": precision,
+            "codec": codec,
             "samples_converted": written["samples"], "samples_present": present, "tokens": written["tokens"],
             "bytes": written["bytes"], "seconds": time.time() - t0, "workers": n,
             "complete": all(k in derived.refs for k in reader.keys),
