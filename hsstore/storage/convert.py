@@ -109,20 +109,23 @@ def convert(target: str, precision: str, dest: str | None = None, workers: int |
         raise BadInput(str(e)) from None
     dvid = out.create_variant(prov, rec.layers, rec.hidden_size, rec.dtype, codec,
                               chunk_tokens(rec.hidden_size, 1), precision=precision)
-    writer = UnitWriter(out, dvid, writer_id=f"convert-{uuid.uuid4().hex[:12]}", check_health=not allow_unhealthy)
-    done = set(writer.committed_keys())
+    run = uuid.uuid4().hex[:8]
+    done = set(UnitWriter(out, dvid, writer_id=f"convert-{run}").committed_keys())
     present = sum(1 for k in reader.keys if k in done)
     written = {"samples": 0, "tokens": 0, "bytes": 0}
     lock = threading.Lock()
     if on_progress is not None:
         on_progress(present, len(reader.keys))
 
-    def one(commit: CommitRecord) -> None:
+    def one(index: int, commit: CommitRecord) -> None:
         payload = _unit_payload(reader, commit, done)
         if payload is None:
             return
         samples, states, health, errors = payload
-        c = writer.write(samples, states, health=health, quant_error=errors)
+        # unit ids sort like the source's units whatever order the threads finish in (and across resumes):
+        # a dataset over the derived variant sees the source's sample order
+        writer = UnitWriter(out, dvid, writer_id=f"c{index:06d}-{run}", check_health=not allow_unhealthy)
+        c = writer.write(samples, states, skip_committed=False, health=health, quant_error=errors)
         if c is None:
             return
         with lock:
@@ -134,7 +137,7 @@ def convert(target: str, precision: str, dest: str | None = None, workers: int |
 
     n = workers or min(4, os.cpu_count() or 1)
     with ThreadPoolExecutor(max(1, n), thread_name_prefix="hsstore-convert") as pool:
-        for f in [pool.submit(one, c) for c in reader.commits]:
+        for f in [pool.submit(one, i, c) for i, c in enumerate(reader.commits)]:
             f.result()
     derived = out.reader(dvid, refresh=True)
     return {"source": f"{source.location}#{vid}", "variant": dvid, "store": out.location, "precision": precision,
