@@ -78,9 +78,11 @@ def main() -> None:
     conv = out / "conv.zarr"
     summary["convert_fla"] = json.loads(sh(hs("convert", fla_bf16, "--precision", "fp8-e4m3", "--store", str(conv),
                                               "--json", "--quiet")).stdout)
-    diffs = {"fp8_vs_torch_bf16": (f"{S}#backend=torch,{FP8}", torch_bf16),
-             "fla_vs_torch_bf16": (fla_bf16, torch_bf16),
-             "fla_fp8_vs_fla_bf16": (fla_fp8, fla_bf16)}
+    # A is the variant as computed and B the one judged: diff's floor is A against C, so with A = the bf16
+    # states it is the bf16-vs-fp32 floor (with A = the FP8 states it would include the FP8 error itself)
+    diffs = {"fp8_vs_torch_bf16": (torch_bf16, f"{S}#backend=torch,{FP8}"),
+             "fla_vs_torch_bf16": (torch_bf16, fla_bf16),
+             "fla_fp8_vs_fla_bf16": (fla_bf16, fla_fp8)}
     for name, (a, b) in diffs.items():
         r = sh(hs("diff", a, b, "--floor", torch_fp32, *dev, "--json", "-"), check=False)
         summary[f"diff_{name}"] = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {"error": r.stderr[-800:]}
