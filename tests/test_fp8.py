@@ -101,6 +101,30 @@ def test_diff_reads_fp8_dequantized_against_its_source(converted: Path) -> None:
         assert 0.005 < layer["rel_l2"] < 0.05
 
 
+def test_a_floor_measured_on_fp8_states_is_refused(converted: Path) -> None:
+    """A against C is the floor; with A (or C) stored as FP8 it would be FP8 error, and every divergence
+    below twice that would read "within precision noise"."""
+    for a, c in ((FP8, "dtype=fp32"), ("dtype=bf16", FP8)):
+        r = run_cli("diff", f"{converted}#{a}", f"{converted}#dtype=bf16" if a == FP8 else f"{converted}#dtype=fp32",
+                    "--floor", f"{converted}#{c}")
+        assert r.returncode == 2, r.stdout
+        assert "stored as fp8-e4m3" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("diff", f"{converted}#dtype=bf16", f"{converted}#{FP8}", "--floor", f"{converted}#dtype=fp32", "--json", "-")
+    assert r.returncode == 0, r.stderr  # B stored as FP8: A against C is still the bf16-vs-fp32 floor
+    assert json.loads(r.stdout)["verdict_kind"] == "beyond_noise"  # FP8 error is ~10x the bf16 floor
+
+
+def test_check_recomputes_an_fp8_variant_bit_exactly_and_refuses_a_floor(converted: Path) -> None:
+    """Live states go through the build's quantizer, so a correct FP8 store reads identical; a floor on
+    FP8 states would measure storage error and is refused."""
+    r = run_cli("check", "builtin:tiny-qwen3_5", f"{converted}#{FP8}", "--samples", "4", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["verdict_kind"] == "identical" and all(L["bit_exact"] == 1.0 for L in rep["layers"])
+    r = run_cli("check", "builtin:tiny-qwen3_5", f"{converted}#{FP8}", "--floor", f"{converted}#dtype=fp32")
+    assert r.returncode == 2 and "stored as fp8-e4m3" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_converting_twice_is_a_no_op_and_converting_fp8_is_refused(converted: Path) -> None:
     again = convert(f"{converted}#dtype=bf16", "fp8-e4m3")
     assert again["samples_converted"] == 0 and again["samples_present"] == 40 and again["complete"]

@@ -34,6 +34,7 @@ from hsstore.compare.estimate import Estimate, full_layers, with_floor, without_
 from hsstore.compare.explain import provenance_differences, same_variant
 from hsstore.compare.kernel import Workspace, token_sums
 from hsstore.compare.sampling import choose, sample_count
+from hsstore.core import quant
 from hsstore.core.batching import POLICY, padded_length, token_budget_batches
 from hsstore.core.dtypes import TORCH
 from hsstore.core.errors import BadInput
@@ -130,10 +131,18 @@ def recompute(model: Any, reader: VariantReader, plan: BatchPlan, chosen: list[s
             for b, key in enumerate(batch):
                 if key in want:
                     n = int(seqs[b].shape[0])
-                    out[key] = [states[i][b, :n].to("cpu") for i in layers]
+                    out[key] = [as_stored(states[i][b, :n], reader).to("cpu") for i in layers]
     finally:
         cap.close()
     return out
+
+
+def as_stored(x: torch.Tensor, reader: VariantReader) -> torch.Tensor:
+    """Live states as the variant stores them: through the same quantizer (on the same device, where the
+    build quantized them) for a variant stored at a reduced precision, else unchanged."""
+    if reader.record.stored_precision is None:
+        return x
+    return quant.dequantize(quant.quantize(x), torch.float32).to(x.dtype)
 
 
 def compare_live(reader: VariantReader, live: dict[str, list[torch.Tensor]], keys: list[str],
@@ -186,6 +195,11 @@ def run_check(model: str, target: str, samples: int | None = None, seed: int = 0
     if floor is not None and same_variant(floor, reader):
         raise BadInput(f"the floor {floor_t!r} is the checked variant itself; pass another variant of the same "
                        "recipe, e.g. the fp32 one")
+    for name, x in ((("the checked variant", reader), ("the floor", floor)) if floor is not None else ()):
+        if x.record.stored_precision:
+            raise BadInput(f"{name} ({x.id}) is stored as {x.record.stored_precision}: its divergence from the floor "
+                           "would be storage error, not precision noise; check it without --floor (live states are "
+                           "quantized as the build did, so a correct store reads identical)")
     env = reader.record.provenance.get("environment", {})
     device = check_device(device or env.get("device", "cpu"))
     bind_backend(reader)

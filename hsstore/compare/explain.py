@@ -32,14 +32,22 @@ def same_variant(x: VariantReader, y: VariantReader) -> bool:
 
 
 def check_floor(a: VariantReader, b: VariantReader, c: VariantReader, floor_target: str) -> None:
-    """Refuse a floor that is A or B: its divergence from A would be 0 (or B's own), and every layer
-    would read "within precision noise" by construction."""
+    """Refuse a floor that is A or B (its divergence from A would be 0, or B's own: every layer would read
+    "within precision noise" by construction), and A or C stored at a reduced precision (A against C would
+    then measure storage error, not precision noise)."""
     for name, x in (("A", a), ("B", b)):
         if same_variant(c, x):
             raise BadInput(f"the floor {floor_target!r} is {name} itself (variant {c.id} of {c.store.location}); a floor "
                            "must be a third variant whose divergence from A is pure precision (A's recipe in fp32 "
                            "when B is another kernel or device); to measure bf16 against fp32 itself, diff them "
                            "without --floor")
+    for name, x in (("A", a), ("the floor C", c)):
+        stored = x.record.stored_precision
+        if stored:
+            raise BadInput(f"{name} ({floor_target if x is c else 'variant ' + x.id}) is stored as {stored}: A against "
+                           f"the floor would measure {stored} storage error, not precision noise, and hide "
+                           "divergences up to that size; make A and C variants stored as computed (e.g. diff the "
+                           f"{stored} variant as B against its source as A), or diff without --floor")
 
 
 def _fingerprint(r: VariantReader, field: str) -> Any:
