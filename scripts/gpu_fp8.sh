@@ -8,6 +8,8 @@
 #   bash scripts/gpu_fp8.sh seed    # ~5 min: the 1.6 B seed model: torch bf16/fp32, fla bf16 and fla FP8
 #                                   #   builds, convert, diffs with verdicts, info, GPU vs CPU quantization
 #                                   #   bit-identity, bf16-vs-FP8 training, FP8 reads on 16 cores
+#   bash scripts/gpu_fp8.sh sampled # ~4 min: 1,000 rows of the seed model, fla vs torch: full diff against
+#                                   #   1 % sampled diffs with five seeds (verdicts, interval coverage)
 set -u
 OUT=${OUT:-out/gpu-fp8}
 mkdir -p "$OUT"
@@ -34,4 +36,9 @@ elif [ "$1" = seed ]; then
   (cd scripts && timeout $((585 - SECONDS)) python3 bench_fp8_read.py --dir /tmp/fp8read --samples 48 --hidden 5120 \
     --reps 3 --workers 0,4,8 --json "$OUT/read-fp8-16cores.json" > "$OUT/read-fp8-16cores.txt" 2>&1)
   echo "exit $? after ${SECONDS}s" >> "$OUT/read-fp8-16cores.txt"
+elif [ "$1" = sampled ]; then
+  # issue 20: a 1 % sampled diff against the full diff on the seed model's fla-vs-torch stores
+  timeout 560 python3 scripts/gpu_sampled_diff.py --out /tmp/sampled --rows 1000 > "$OUT/sampled.txt" 2>&1
+  echo "exit $? after ${SECONDS}s" >> "$OUT/sampled.txt"
+  cp /tmp/sampled/sampled-summary.json "$OUT/" 2>/dev/null
 fi
