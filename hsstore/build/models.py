@@ -61,6 +61,9 @@ class ModelSpec:
     def check(self) -> None:
         if self.builtin is None:
             p = Path(self.path)
+            if p.exists() and not p.is_dir():
+                raise BadInput(f"model path {self.path!r} is a file, not a model directory; set [model] path to the "
+                               "folder that holds config.json and the weights")
             if not p.is_dir():
                 raise BadInput(f"model directory {self.path!r} does not exist; set [model] path to a local HF model "
                                "directory or a builtin (builtin:tiny-qwen3_5, builtin:tiny-llama)")
@@ -191,10 +194,16 @@ class ModelSpec:
                 with torch.device("meta"):  # names and sizes only: no memory, no weights read
                     skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=self.trust_remote_code)
                 dmap = placement.device_map(skeleton, int(text_config(config).num_hidden_layers), devices)
-            model = AutoModelForCausalLM.from_pretrained(
-                self.path, dtype=dtype, trust_remote_code=self.trust_remote_code,
-                attn_implementation=attn_implementation, device_map=dmap,
-            )
+            self.check()
+            try:
+                model = AutoModelForCausalLM.from_pretrained(
+                    self.path, dtype=dtype, trust_remote_code=self.trust_remote_code,
+                    attn_implementation=attn_implementation, device_map=dmap,
+                )
+            except (OSError, ValueError, KeyError) as e:  # not a model folder, damaged or foreign weights
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise BadInput(f"cannot load a model from {self.path!r}: {first}; pass a save_pretrained folder "
+                               "(config.json and its weights)") from None
             if not spread:
                 model = model.to(devices[0])
         if spread:

@@ -19,7 +19,7 @@ def build(
     device: Annotated[Optional[list[str]], typer.Option("--device", help="cpu | cuda | cuda:N (repeatable).")] = None,
     gpus_per_rank: Annotated[Optional[int], typer.Option(
         "--gpus-per-rank", help="Spread the model over this many GPUs per rank (needs accelerate).")] = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", help="Use only the first N usable samples.")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="Use only the first N usable samples.")] = None,
     codec: Annotated[Optional[str], typer.Option("--codec", help="none | zstd | shuffle-zstd (default) | blosc-lz4 | blosc-zstd.")] = None,
     precision: Annotated[Optional[str], typer.Option(
         "--precision", help="Store quantized: fp8-e4m3 (default: as computed; overrides [store] precision).")] = None,

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Annotated, Any, Optional
 
 import typer
 
 from hsstore.cli.app import app
-from hsstore.core.errors import CheckFailed
+from hsstore.core.errors import BadInput, CheckFailed, WriteFailed
+from hsstore.core.outputs import PLOT_SUFFIXES, check_output_file, write_output_text
 
 
 def _emit(report: dict, json_path: Optional[str], render: Any) -> None:
@@ -18,8 +20,17 @@ def _emit(report: dict, json_path: Optional[str], render: Any) -> None:
         return
     typer.echo(render(report))
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(report, f, indent=2, sort_keys=True)
+        write_output_text(json_path, json.dumps(report, indent=2, sort_keys=True), "--json")
+
+
+def _check_numbers(json_path: Optional[str], noise: float, max_rel: Optional[float]) -> None:
+    """Refuse, before any work, a report path that cannot be written and thresholds that compare nothing."""
+    if json_path and json_path != "-":
+        check_output_file(json_path, "--json")
+    if not (math.isfinite(noise) and noise > 0):
+        raise BadInput(f"--noise {noise}: must be a positive number (a multiple of the floor), e.g. 2")
+    if max_rel is not None and not (math.isfinite(max_rel) and max_rel >= 0):
+        raise BadInput(f"--max-rel {max_rel}: must be a number >= 0 (a relative L2 bound), e.g. 0.01")
 
 
 @app.command()
@@ -52,6 +63,9 @@ def diff(
     from hsstore.compare.align import run_align, should_align
     from hsstore.compare.diff import diff_targets
 
+    _check_numbers(json_path, noise, max_rel)
+    if plot:
+        check_output_file(plot, "--plot", PLOT_SUFFIXES)
     if align or should_align(a):
         rep = run_align(a, b, samples, fraction, seed, threads, device, allow_different_models, auto=not align).to_dict()
         _emit(rep, json_path, align_text)
@@ -65,7 +79,10 @@ def diff(
     if plot:
         from hsstore.compare.plot import plot_diff
 
-        plot_diff(report, plot)
+        try:
+            plot_diff(report, plot)
+        except OSError as e:
+            raise WriteFailed(f"writing --plot {plot!r} failed: {e.strerror or e}; free space or write it elsewhere") from None
     if max_rel is not None:
         worst = max(layer["rel_l2"] for layer in report["layers"])
         if worst > max_rel:
@@ -93,6 +110,7 @@ def check(
     from hsstore.cli.diff_render import check_text
     from hsstore.compare.check import run_check
 
+    _check_numbers(json_path, noise, max_rel)
     report = run_check(model, target, samples, seed, device, floor, noise).to_dict()
     _emit(report, json_path, check_text)
     worst = max(layer["rel_l2"] for layer in report["layers"])

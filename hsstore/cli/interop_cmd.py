@@ -36,12 +36,12 @@ def import_(
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="The target's tokenizer folder (default: --model).")] = None,
     model: Annotated[Optional[str], typer.Option(
         "--model", help="The target model's folder: config (layers, width) and, if present, weights identity.")] = None,
-    num_layers: Annotated[Optional[int], typer.Option("--num-layers", help="Decoder layers of the target (without --model).")] = None,
-    jobs: Annotated[Optional[int], typer.Option("--jobs", help="Files read in parallel (default: cores, max 8).")] = None,
+    num_layers: Annotated[Optional[int], typer.Option("--num-layers", min=1, help="Decoder layers of the target (without --model).")] = None,
+    jobs: Annotated[Optional[int], typer.Option("--jobs", min=1, help="Files read in parallel (default: cores, max 8).")] = None,
     codec: Annotated[Optional[str], typer.Option("--codec", help="Compression of the imported states.")] = None,
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip unreadable or foreign files (counted) instead of stopping.")] = False,
     allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf or all-zero states anyway.")] = False,
-    limit: Annotated[Optional[int], typer.Option("--limit", help="Only the first N files.")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="Only the first N files.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
 ) -> None:
@@ -66,8 +66,8 @@ def export(
     aux: Annotated[Optional[str], typer.Option("--aux", help="Stored layers for the aux slots, in order (default: the aux role).")] = None,
     target_layer: Annotated[Optional[int], typer.Option("--target", help="Stored layer for the target slot (default: the target role).")] = None,
     compress: Annotated[bool, typer.Option("--compress", help="specforge: write .ckpt.gz files.")] = False,
-    jobs: Annotated[Optional[int], typer.Option("--jobs", help="Samples written in parallel.")] = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", help="Only the first N samples.")] = None,
+    jobs: Annotated[Optional[int], typer.Option("--jobs", min=1, help="Samples written in parallel.")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="Only the first N samples.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
 ) -> None:
     """Write a variant as another tool's cache, read unchanged by that tool's own loader.
@@ -88,7 +88,7 @@ def vocab_map(
     size: Annotated[int, typer.Option("--size", help="Draft vocabulary size, e.g. 32000.")],
     out: Annotated[Optional[str], typer.Option("--out", help="Output folder (default: vocab-map-VARIANT-SIZE).")] = None,
     target_vocab_size: Annotated[Optional[int], typer.Option(
-        "--target-vocab-size", help="The target model's vocabulary (default: its config, else the tokenizer's).")] = None,
+        "--target-vocab-size", min=1, help="The target model's vocabulary (default: its config, else the tokenizer's).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
 ) -> None:
     """EAGLE-3 draft vocabulary (d2t/t2d) from a variant's loss-masked token frequencies.

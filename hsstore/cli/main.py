@@ -29,6 +29,12 @@ def main() -> None:
         typer.echo("aborted", err=True)
         sys.exit(130)
     except Exception as e:  # click (as vendored by typer) usage errors carry their own exit code
+        if callable(getattr(e, "format_message", None)) and getattr(e, "exit_code", None) == 2:
+            ctx = getattr(e, "ctx", None)  # one line, as every other error: what is wrong and where help is
+            sub = f" {ctx.info_name}" if ctx is not None and ctx.parent is not None else ""
+            where = f" (see hsstore{sub} --help)"
+            typer.echo(f"error: {e.format_message()}{where}", err=True)
+            sys.exit(2)
         if callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int):
             e.show()
             sys.exit(e.exit_code)

@@ -101,6 +101,8 @@ def parse_selector(selector: str) -> dict[str, str] | str:
         key, sep, value = part.partition("=")
         if not sep or not key.strip():
             raise SelectorError(f"selector part {part!r} is not key=value (e.g. 'dtype=bf16')")
+        if key.strip() in pairs:  # the last would silently win: 'dtype=bf16,dtype=fp32' names fp32
+            raise SelectorError(f"selector {selector!r} names {key.strip()!r} twice; give each key once")
         pairs[key.strip()] = value.strip()
     return pairs
 

@@ -110,7 +110,10 @@ def export_cache(req: ExportRequest) -> dict[str, Any]:
     dest = Path(req.dest)
     _check_dest(fmt, dest, path, reader.id)
     keys = reader.keys[: req.limit] if req.limit is not None else list(reader.keys)
-    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadInput(f"cannot create export folder {str(dest)!r}: {e.strerror or e}; choose a writable path") from None
     for stale in list(dest.rglob(f"*{TMP_SUFFIX}")):  # a killed export's temporary files
         shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
     write_sidecar(fmt.sidecar(dest), _record(fmt, reader, path, aux, target, len(keys), 0, complete=False))

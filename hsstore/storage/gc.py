@@ -9,11 +9,12 @@ and never leaves the store's root (hsstore.storage.localfs); such entries are re
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 import socket
 from typing import Any
 
-from hsstore.core.errors import CorruptData
+from hsstore.core.errors import BadInput, CorruptData
 from hsstore.core.schema.store import UnitInfo
 from hsstore.storage import commits, layout
 from hsstore.storage.backend import Backend
@@ -62,6 +63,9 @@ def collect_garbage(store: Store, grace_seconds: float = 3600.0, force: bool = F
                     dry_run: bool = False) -> dict[str, Any]:
     """Delete uncommitted units whose writer is dead (this host) or older than ``grace_seconds``, and old
     temporary files. ``force`` deletes every uncommitted unit: only when no writer is running anywhere."""
+    if not (isinstance(grace_seconds, (int, float)) and math.isfinite(grace_seconds) and grace_seconds >= 0):
+        raise BadInput(f"--grace {grace_seconds}: must be a number of seconds >= 0 (a shorter grace can remove a "
+                       "running writer's unit; use --force when no writer runs)")
     io = store.io
     out: dict[str, Any] = {"removed_units": [], "removed_files": 0, "kept_in_progress": [], "skipped": [],
                            "dry_run": dry_run}

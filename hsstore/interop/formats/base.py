@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 from pathlib import Path
@@ -19,14 +20,15 @@ TMP_SUFFIX = ".hsstore-tmp"  # never matches a tool's suffix (.ckpt, .pt, .safet
 def atomic_write(root: Path, rel: str, data: bytes) -> FileDigest:
     """Write ``data`` to ``root/rel`` through a temporary file and a rename: a reader sees all or nothing."""
     path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # its folder may not exist (or be a file)
+            tmp.unlink(missing_ok=True)
         raise BadInput(f"cannot write {path}: {e.strerror or e}; choose a writable folder with free space") from None
     return FileDigest(rel, len(data), xxhash.xxh3_128_hexdigest(data))
 
