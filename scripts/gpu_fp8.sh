@@ -38,7 +38,10 @@ elif [ "$1" = seed ]; then
   echo "exit $? after ${SECONDS}s" >> "$OUT/read-fp8-16cores.txt"
 elif [ "$1" = sampled ]; then
   # issue 20: a 1 % sampled diff against the full diff on the seed model's fla-vs-torch stores
-  timeout 560 python3 scripts/gpu_sampled_diff.py --out /tmp/sampled --rows 1000 > "$OUT/sampled.txt" 2>&1
+  timeout 400 python3 scripts/gpu_sampled_diff.py --out /tmp/sampled --rows "${ROWS:-600}" --fp8 > "$OUT/sampled.txt" 2>&1
   echo "exit $? after ${SECONDS}s" >> "$OUT/sampled.txt"
   cp /tmp/sampled/sampled-summary.json "$OUT/" 2>/dev/null
+  (cd scripts && timeout $((570 - SECONDS)) python3 bench_fp8_read.py --dir /tmp/fp8read --samples 32 --hidden 5120 \
+    --reps 2 --workers 0,8 --json "$OUT/read-fp8-16cores.json" > "$OUT/read-fp8-16cores.txt" 2>&1)
+  echo "exit $? after ${SECONDS}s" >> "$OUT/read-fp8-16cores.txt"
 fi

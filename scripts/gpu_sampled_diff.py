@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--size", choices=sorted(SIZES), default="gpu")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--fp8", action="store_true", help="also convert A to FP8 and diff it against A with the floor")
     ap.add_argument("--no-fla", action="store_true", help="torch fallback only (a dry run where fla cannot run)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
@@ -66,17 +67,27 @@ def main() -> None:
     base = "attention=sdpa," if args.no_fla else "backend=torch,"
     b_sel = "attention=eager," if args.no_fla else "backend=fla,"
     a, b, c = f"{S}#{base}dtype=bf16", f"{S}#{b_sel}dtype=bf16", f"{S}#{base}dtype=fp32"
+    save = lambda: (out / "sampled-summary.json").write_text(json.dumps(summary, indent=1, default=str))  # noqa: E731
+    save()
     full, secs = diff(a, b, c, "--device", args.device)
     summary["full"] = {"seconds": secs, "report": full}
-    runs = []
+    save()
+    runs = summary["sampled"] = []
     for seed in [int(s) for s in args.seeds.split(",")]:
         rep, secs = diff(a, b, c, "--device", args.device, "--fraction", str(args.fraction), "--seed", str(seed))
         same = rep.get("verdict_kind") == full.get("verdict_kind")
         runs.append({"seed": seed, "seconds": secs, "samples": rep.get("sampling", {}).get("samples"),
                      "verdict_kind": rep.get("verdict_kind"), "same_verdict": same,
                      "covers": covers(full, rep) if "layers" in rep else None, "report": rep})
-    summary["sampled"] = runs
-    (out / "sampled-summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        save()
+    if args.fp8:  # the torch bf16 states converted to FP8: their error against the bf16-vs-fp32 floor
+        t0 = time.perf_counter()
+        summary["convert"] = json.loads(sh(hs("convert", a, "--precision", "fp8-e4m3", "--json", "--quiet")).stdout)
+        summary["convert"]["seconds"] = time.perf_counter() - t0
+        fp8 = a.replace("dtype=bf16", "precision=fp8-e4m3")
+        summary["fp8_diff"] = diff(a, fp8, c, "--device", args.device)[0]
+        summary["info"] = json.loads(sh(hs("info", str(S), "--json")).stdout)
+        save()
     print(f"full diff: {full.get('verdict_kind')} in {summary['full']['seconds']:.1f} s "
           f"({full.get('shared_samples')} samples)")
     for r in runs:
