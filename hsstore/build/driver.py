@@ -20,7 +20,7 @@ from typing import Any
 from hsstore.build.devices import check_devices, dist
 from hsstore.build.lineage import Lineage, agree_build_id, now
 from hsstore.build.manifest import FINAL_NORM, Manifest, resolve_layers, validate
-from hsstore.build.models import ModelSpec, text_config
+from hsstore.build.models import ModelSpec, check_vocabulary, text_config
 from hsstore.build.signals import TEMP_PREFIX, Stopped, run_worker, stop_on_signals
 from hsstore.core.errors import BadInput, BuildFailed, BuildInterrupted, HsstoreError
 from hsstore.core.keys import SampleTokens
@@ -63,6 +63,7 @@ def plan_inputs(m: Manifest, limit: int | None) -> Inputs:
         max_length=m.max_length, truncation=m.too_long,
     )
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    check_vocabulary(config, max([int(pad), *(int(s.input_ids.max()) for s in samples if s.length)]), m.model_path)
     return Inputs(spec, recipe, weights, samples, report, int(pad))
 
 

@@ -177,6 +177,10 @@ def validate(m: Manifest, need_store: bool = True) -> Manifest:
         parse_device(dev)
     if not (m.backends and m.dtypes and m.devices):
         raise BadInput("[build] backends, dtypes and devices must each name at least one value")
+    for key, values in (("backends", m.backends), ("dtypes", [parse_dtype(d) for d in m.dtypes]), ("devices", m.devices)):
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:  # one variant would be built twice over (bf16 and bfloat16 are one dtype)
+            raise BadInput(f"[build] {key} names {twice[0]!r} twice ({values}); list each once")
     if m.gpus_per_rank < 1:
         raise BadInput(f"[build] gpus_per_rank = {m.gpus_per_rank}; it must be 1 or more")
     if m.gpus_per_rank > 1 and m.devices != ["cuda"]:

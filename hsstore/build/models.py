@@ -41,6 +41,16 @@ def text_config(config: Any) -> Any:
     return getattr(config, "text_config", None) or config
 
 
+def check_vocabulary(config: Any, top_id: int, model: str) -> None:
+    """BadInput when a token id (or the pad id) is beyond the model's embedding: the tokenizer is not this
+    model's (or a ``vocab_size`` override is too small), which would fail deep in the forward pass."""
+    vocab = getattr(text_config(config), "vocab_size", None)
+    if isinstance(vocab, int) and not isinstance(vocab, bool) and top_id >= vocab:
+        raise BadInput(f"the tokenizer gives token id {top_id}, but {model} embeds only {vocab} tokens (config "
+                       "vocab_size): the tokenizer is not this model's, or a vocab_size override is too small; "
+                       "pass the model's own tokenizer (or a vocab_size of at least the tokenizer's size)")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """What the manifest's [model] table names."""
