@@ -31,9 +31,11 @@ class Entry:
 
 
 class RangeSource(ABC):
-    """Byte ranges of one object (a shard): what the direct shard reader reads through."""
+    """Byte ranges of one object (a shard): what the direct shard reader reads through. ``coalesce``:
+    each read is a round trip (an object store), so a reader fetches neighbouring chunks in one read."""
 
     size: int
+    coalesce: bool = False
 
     @abstractmethod
     def read(self, offset: int, n: int) -> bytes:
@@ -59,6 +61,16 @@ class RangeSource(ABC):
 
     def close(self) -> None:  # noqa: B027 - nothing to release by default
         """Release what the source holds."""
+
+
+class BufferRange(RangeSource):
+    """Bytes already fetched, standing for the object range ``[base, base + len(data))``."""
+
+    def __init__(self, data: bytes, base: int) -> None:
+        self.data, self.base, self.size = data, base, base + len(data)
+
+    def read(self, offset: int, n: int) -> bytes:
+        return self.data[offset - self.base : offset - self.base + n]
 
 
 class Backend(ABC):

@@ -36,6 +36,7 @@ def reading(key: str, location: str) -> Iterator[None]:
 class ZarrRange(RangeSource):
     """Ranged GETs of one object."""
 
+    coalesce = True
     def __init__(self, backend: ZarrBackend, key: str, size: int) -> None:
         self.backend, self.key, self.size = backend, key, size
 

@@ -26,7 +26,7 @@ from hsstore.core.errors import CorruptData
 from hsstore.core.schema.array import ArrayMeta, ShardingConfig, ZarrCodec
 from hsstore.core.schema.base import explain
 from hsstore.storage import layout
-from hsstore.storage.backend import Backend
+from hsstore.storage.backend import Backend, BufferRange, RangeSource
 from hsstore.storage.codecs import REGISTRY, codec_of, compressors
 from hsstore.storage.records import parse_json
 
@@ -170,16 +170,30 @@ class ShardReader:
         if out is None:
             out = np.empty((b - a, *self.shape[1:]), dtype=self.dtype)
         flat = out.reshape(b - a, w) if out.ndim != 2 else out  # a view: rows stay where they are
-        for k in range(a // c, (b - 1) // c + 1 if b > a else a // c):
+        ks = range(a // c, (b - 1) // c + 1 if b > a else a // c)
+        for k in ks:
             off, nbytes = (int(x) for x in self.index[k])
             if self.index[k][0] == EMPTY or nbytes < 4 or off + nbytes > self.size:
                 raise CorruptData(f"{self.what}: chunk {k} is missing or beyond the end of the shard")
+        src = self._span(ks) if self.src.coalesce and len(ks) > 1 else self.src
+        for k in ks:
+            off, nbytes = (int(x) for x in self.index[k])
             lo, hi = max(a, k * c), min(b, (k + 1) * c)
-            if not self._read_in_place(flat[lo - a : hi - a], k, off, nbytes, lo == k * c and hi == (k + 1) * c):
-                flat[lo - a : hi - a] = self._chunk(k, off, nbytes)[lo - k * c : hi - k * c]
+            if not self._read_in_place(src, flat[lo - a : hi - a], k, off, nbytes, lo == k * c and hi == (k + 1) * c):
+                flat[lo - a : hi - a] = self._chunk(src, k, off, nbytes)[lo - k * c : hi - k * c]
         return out
 
-    def _read_in_place(self, dest: np.ndarray, k: int, off: int, nbytes: int, whole: bool) -> bool:
+    def _span(self, ks: range) -> RangeSource:
+        """The chunks ``ks`` fetched in one read (one round trip on an object store), if they lie together."""
+        spans = [(int(self.index[k][0]), int(self.index[k][1])) for k in ks]
+        lo, hi = min(o for o, _ in spans), max(o + n for o, n in spans)
+        if hi - lo > 2 * sum(n for _, n in spans):
+            return self.src  # scattered chunks (another writer's layout): read one by one
+        data = self.src.read(lo, hi - lo)
+        self.bytes_read += len(data)
+        return BufferRange(data, lo)
+
+    def _read_in_place(self, src: RangeSource, dest: np.ndarray, k: int, off: int, nbytes: int, whole: bool) -> bool:
         """An uncompressed whole chunk read straight into ``dest`` (one iovec per row if strided)."""
         row_bytes = self.row_width * self.dtype.itemsize
         if self.comp is not None or not whole or dest.strides[-1] != self.dtype.itemsize \
@@ -187,8 +201,8 @@ class ShardReader:
             return False
         views = [memoryview(dest).cast("B")] if dest.flags.c_contiguous else [memoryview(r).cast("B") for r in dest]
         tail = bytearray(4)
-        got = self.src.readinto([*views, memoryview(tail)], off)
-        self.bytes_read += got
+        got = src.readinto([*views, memoryview(tail)], off)
+        self.bytes_read += got if src is self.src else 0
         crc = 0
         for v in views:
             crc = crc32c.crc32c(v, crc)
@@ -196,10 +210,10 @@ class ShardReader:
             raise CorruptData(f"{self.what}: chunk {k} fails its crc32c checksum")
         return True
 
-    def _chunk(self, k: int, off: int, nbytes: int) -> np.ndarray:
+    def _chunk(self, src: RangeSource, k: int, off: int, nbytes: int) -> np.ndarray:
         """Chunk ``k`` decoded, ``[chunk_rows, row_width]``."""
-        buf = self.src.read(off, nbytes)
-        self.bytes_read += len(buf)
+        buf = src.read(off, nbytes)
+        self.bytes_read += len(buf) if src is self.src else 0
         payload = memoryview(buf)[:-4]
         if len(buf) != nbytes or _crc(payload) != buf[-4:]:
             raise CorruptData(f"{self.what}: chunk {k} fails its crc32c checksum")

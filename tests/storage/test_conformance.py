@@ -130,3 +130,20 @@ def test_a_store_round_trips_verifies_and_detects_damage(io: Backend):
     io.put(key, [bytes(raw)])  # same size, other bytes: the chunk crc32c and the commit's crc32c catch it
     result = verify(Store.open(io))
     assert not result["ok"] and {p["key"] for p in result["problems"]} == {s.key for s in samples}
+
+
+def test_an_object_store_reads_a_samples_chunks_in_one_request(monkeypatch: pytest.MonkeyPatch):
+    """Each GET is a round trip: the chunks of one sample's layer come in one ranged GET, not one each."""
+    io = ZarrBackend(MemoryStore(), "zarr MemoryStore")
+    store = Store.create(io)
+    vid = new_variant(store, hidden=16, chunk=4, codec="zstd")
+    samples = make_samples([40, 37], seed=3)
+    states = make_states(samples, 16, "bf16", [0, 1, 2])
+    UnitWriter(store, vid).write(samples, states)
+    reader = Store.open(io).reader(vid)
+    reader.read_layers(reader.ref(0), [1])  # opens the array: metadata and shard index
+    calls = []
+    real = io.get_range
+    monkeypatch.setattr(io, "get_range", lambda *a: calls.append(a) or real(*a))
+    got = reader.read_layers(reader.ref(1), [1])[0]  # rows 40..77: 11 chunks of 4 rows
+    assert len(calls) == 1 and torch.equal(got, states[1][40:])

@@ -1,0 +1,114 @@
+"""Reading from an object store: hsstore's ranged reads (one GET per sample and layer) against zarr-python
+reading the same arrays (how hsstore read remote stores before 2026-12-01), in one run, on an S3 server
+on loopback (moto; needs the test extras).
+
+    python scripts/bench_remote_read.py --samples 64 --tokens 512 --hidden 2048 --reps 3
+
+A variant of 3 bf16 layers with the build's chunking (~1 MiB chunks) is written to s3:// once; each rep
+reads every sample's layers in key order through both paths, alternating which goes first. Prints
+median seconds and MB/s of state bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import zarr
+
+
+def moto() -> subprocess.Popen:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.environ.update({"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1",
+                       "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"})
+    import boto3
+
+    for _ in range(100):
+        try:
+            boto3.client("s3").create_bucket(Bucket="bench")
+            return server
+        except Exception:  # noqa: BLE001 - still starting
+            time.sleep(0.1)
+    raise SystemExit("moto did not start")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    server = moto()
+    try:
+        run(args)
+    finally:
+        server.terminate()
+
+
+def run(args: argparse.Namespace) -> None:
+    import torch
+
+    from hsstore import Store
+    from hsstore.core.keys import SampleTokens, sample_key
+    from hsstore.storage import layout
+    from hsstore.storage.codecs import chunk_tokens
+    from hsstore.storage.writer import UnitWriter
+
+    url = f"s3://bench/{uuid.uuid4().hex[:8]}/s.zarr"
+    store = Store.create(url)
+    layers = {"aux": [0, 1], "target": [2]}
+    prov = {"recipe": {"model": {"name": "bench"}, "tokenizer": {"fingerprint": "t"}, "layers": layers},
+            "environment": {"device": "cpu", "dtype": "bf16", "backend": "torch", "kernels": {}}}
+    vid = store.create_variant(prov, layers, args.hidden, "bf16", "shuffle-zstd", chunk_tokens(args.hidden, 2))
+    rng = np.random.default_rng(0)
+    samples = []
+    for _ in range(args.samples):
+        ids, mask = rng.integers(0, 250, args.tokens).astype(np.int32), np.ones(args.tokens, np.uint8)
+        samples.append(SampleTokens(sample_key("t", ids, mask), ids, mask))
+    states = {i: torch.randn(args.tokens * args.samples, args.hidden).to(torch.bfloat16) for i in (0, 1, 2)}
+    UnitWriter(store, vid, writer_id="w").write(samples, states)
+    reader = Store.open(url).reader(vid)
+    refs = [reader.refs[k] for k in reader.keys]
+    unit = f"{url}/{layout.unit_prefix(vid, refs[0].unit)}"
+
+    def hsstore_reads() -> None:
+        for ref in refs:
+            reader.read_layers(ref, [0, 1, 2])
+
+    arrays = {i: zarr.open_array(f"{unit}/{layout.layer_array(i)}", mode="r") for i in (0, 1, 2)}
+
+    def zarr_reads() -> None:
+        for ref in refs:
+            for a in arrays.values():
+                a[ref.offset : ref.offset + ref.length]
+
+    hsstore_reads(), zarr_reads()  # open everything once
+    times: dict[str, list[float]] = {"hsstore ranged reads": [], "zarr-python": []}
+    for rep in range(args.reps):
+        order = list(times.items()) if rep % 2 == 0 else list(times.items())[::-1]
+        for name, ts in order:
+            t0 = time.perf_counter()
+            (hsstore_reads if name.startswith("hsstore") else zarr_reads)()
+            ts.append(time.perf_counter() - t0)
+    mb = args.samples * args.tokens * args.hidden * 2 * 3 / 1e6
+    print(f"{args.samples} samples x {args.tokens} tokens x 3 layers x {args.hidden} bf16 ({mb:.0f} MB), "
+          f"chunks of {chunk_tokens(args.hidden, 2)} tokens, moto S3 on loopback; medians of {args.reps}")
+    for name, ts in times.items():
+        m = statistics.median(ts)
+        print(f"{name:>22}: {m:.2f} s, {mb / m:.0f} MB/s")
+
+
+if __name__ == "__main__":
+    main()
