@@ -144,6 +144,8 @@ def mutate(store: Path, outside: Path, rng: random.Random) -> str:
     if kind == "odd-file":
         where = rng.choice([p for p in store.rglob("*") if p.is_dir() and not p.is_symlink()] + [store])
         name = rng.choice([".DS_Store", "Thumbs.db", ".tmp-dead", "evil.py", "zarr.json.bak", "0"])
+        while (where / name).exists():
+            name += "x"
         (where / name).write_bytes(rng.randbytes(16))
         return f"odd-file {where.relative_to(store) / name}"
     if kind == "dir-for-file":

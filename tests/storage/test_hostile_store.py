@@ -220,6 +220,20 @@ def test_wrong_types_in_variant_attributes_are_one_line(store, capsys, field: st
     assert not verify(Store.open(path))["ok"]
 
 
+@pytest.mark.parametrize("value", [None, 5, True, ["x"]])
+def test_a_tokenizer_fingerprint_of_another_type_is_one_line(store, capsys, value):
+    """Found by the long fuzz run (scripts/fuzz_store.sh): every sample key hashes this string."""
+    path, vid, _ = store
+    f = path / "variants" / vid / "zarr.json"
+    d = json.loads(f.read_text())
+    d["attributes"]["hsstore_variant"]["provenance"]["recipe"]["tokenizer"]["fingerprint"] = value
+    f.write_text(json.dumps(d))
+    _assert_one_line(*_cli("info", str(path), capsys=capsys), 1, "tokenizer.fingerprint` must be a string")
+    with pytest.raises(HsstoreError, match="fingerprint"):
+        HiddenStateDataset(path)
+    assert not verify(Store.open(path))["ok"]
+
+
 def test_a_store_path_with_a_hash_works_end_to_end(tmp_path: Path, capsys):
     path = tmp_path / "runs#3" / "s#1.zarr"
     s = Store.create(path)

@@ -43,6 +43,9 @@ class VariantRecord(Record):
                 node = node.get(name) if isinstance(node, dict) else None
                 if node is not None and not isinstance(node, dict):
                     raise ValueError(f"`provenance.{'.'.join(path[: i + 1])}` must be a table, got {node!r:.60}")
+        fingerprint = self.provenance.get("recipe", {}).get("tokenizer", {}).get("fingerprint", "")
+        if not isinstance(fingerprint, str):  # every sample key hashes it (hsstore.core.keys)
+            raise ValueError(f"`provenance.recipe.tokenizer.fingerprint` must be a string, got {fingerprint!r:.60}")
         if sorted(self.layers) != sorted(ROLES):
             raise ValueError(f"`layers` must have the roles {list(ROLES)}, got {sorted(self.layers)}")
         if not self.layers["target"]:
