@@ -36,6 +36,11 @@ elif [ "$1" = seed ]; then
   (cd scripts && timeout $((585 - SECONDS)) python3 bench_fp8_read.py --dir /tmp/fp8read --samples 48 --hidden 5120 \
     --reps 3 --workers 0,4,8 --json "$OUT/read-fp8-16cores.json" > "$OUT/read-fp8-16cores.txt" 2>&1)
   echo "exit $? after ${SECONDS}s" >> "$OUT/read-fp8-16cores.txt"
+elif [ "$1" = quant ]; then
+  # GPU-quantized codes against the same states quantized on the CPU, and hsstore check on the FP8 variant
+  timeout 240 python3 scripts/gpu_fp8_seed.py --out /tmp/seedq --rows 24 --quant-only > "$OUT/quant.txt" 2>&1
+  echo "exit $? after ${SECONDS}s" >> "$OUT/quant.txt"
+  cp /tmp/seedq/summary.json "$OUT/quant-summary.json" 2>/dev/null
 elif [ "$1" = sampled ]; then
   # issue 20: a 1 % sampled diff against the full diff on the seed model's fla-vs-torch stores
   timeout 400 python3 scripts/gpu_sampled_diff.py --out /tmp/sampled --rows "${ROWS:-600}" --fp8 > "$OUT/sampled.txt" 2>&1

@@ -54,6 +54,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--size", choices=sorted(SIZES), default="gpu")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--quant-only", action="store_true",
+                    help="only fla bf16 and FP8 builds: GPU vs CPU quantization, and check on the FP8 variant")
     ap.add_argument("--no-fla", action="store_true", help="torch fallback only (a dry run where fla cannot run)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
@@ -68,11 +70,26 @@ def main() -> None:
     builds = {"torch": ["--backend", "torch", "--dtype", "bf16", "--dtype", "fp32"],
               "kernels": ["--backend", kernel, "--dtype", "bf16"],
               "kernels-fp8": ["--backend", kernel, "--dtype", "bf16", "--precision", "fp8-e4m3"]}
+    if args.quant_only:  # GPU-quantized (build) against CPU-quantized (convert) codes, and check on FP8
+        builds.pop("torch")
     for name, extra in builds.items():
         r = sh(hs("build", str(m), "--quiet", "--json", *extra))
         summary[f"build_{name}"] = json.loads(r.stdout)
     torch_bf16, torch_fp32 = f"{S}#backend=torch,dtype=bf16", f"{S}#backend=torch,dtype=fp32"
     fla_bf16, fla_fp8 = f"{S}#backend={kernel},dtype=bf16", f"{S}#backend={kernel},{FP8}"
+    if args.quant_only:
+        conv = out / "conv.zarr"
+        summary["convert_fla"] = json.loads(sh(hs("convert", fla_bf16, "--precision", "fp8-e4m3", "--store", str(conv),
+                                                  "--json", "--quiet")).stdout)
+        r = sh(hs("diff", fla_fp8, str(conv), "--json", "-"), check=False)
+        summary["diff_gpu_vs_cpu_quantization"] = r.stdout.strip().startswith("{") and json.loads(r.stdout) or r.stderr[-800:]
+        r = sh(hs("check", str(m), fla_fp8, "--samples", "4", *dev, "--json", "-"), check=False)
+        summary["check_fp8"] = r.stdout.strip().startswith("{") and json.loads(r.stdout) or r.stderr[-800:]
+        (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        for name in ("diff_gpu_vs_cpu_quantization", "check_fp8"):
+            v = summary[name]
+            print(name, v.get("verdict_kind"), [L["bit_exact"] for L in v["layers"]] if isinstance(v, dict) else v)
+        return
     summary["convert_torch"] = json.loads(sh(hs("convert", torch_bf16, "--precision", "fp8-e4m3", "--json",
                                                 "--quiet")).stdout)
     conv = out / "conv.zarr"
