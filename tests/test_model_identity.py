@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -130,3 +131,46 @@ def test_a_file_that_changes_while_it_is_hashed_is_refused(tmp_path: Path, monke
     monkeypatch.setattr(fh, "stamp", lambda path: next(stamps))
     with pytest.raises(BuildFailed, match=r"model.safetensors changed while it was hashed .* re-run when it is complete"):
         fh.hash_file(p)
+
+
+def _refused_before_a_store(model: Path, tmp_path: Path, pattern: str) -> None:
+    store = tmp_path / "s.zarr"
+    m = write_manifest(tmp_path / "m.toml", model=str(model), layers=LAYERS, store=str(store), dtypes='["fp32"]')
+    r = run_cli("build", str(m), "--limit", "2", "--quiet")
+    lines = [x for x in r.stderr.splitlines() if x.startswith("error:") or "Traceback" in x]
+    assert r.returncode == 2 and len(lines) == 1 and re.search(pattern, lines[0]), r.stderr[-2000:]
+    assert not store.exists()  # found while planning: no store, no variant, nothing to clean up
+
+
+def test_a_sharded_checkpoint_missing_a_shard_is_refused_before_a_store_is_made(tmp_path: Path):
+    from transformers import AutoModelForCausalLM
+
+    model = tmp_path / "sharded"
+    shutil.copytree(save_local_model(tmp_path / "one"), model)
+    AutoModelForCausalLM.from_pretrained(model).save_pretrained(model, max_shard_size="200KB")
+    (model / "model.safetensors").unlink(missing_ok=True)
+    shards = sorted(model.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1 and (model / "model.safetensors.index.json").is_file()
+    shards[1].unlink()  # an interrupted download
+    _refused_before_a_store(model, tmp_path, rf"names weight shard\(s\) \['{shards[1].name}'\] that are not in")
+
+
+def test_a_truncated_weight_file_is_refused_before_a_store_is_made(model_dir: Path, tmp_path: Path):
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    data = (model / "model.safetensors").read_bytes()
+    (model / "model.safetensors").write_bytes(data[: len(data) // 2])  # a download cut short
+    _refused_before_a_store(model, tmp_path, r"model\.safetensors' is not a whole safetensors file")
+
+
+def test_a_hub_cache_snapshot_of_symlinks_is_the_same_model(model_dir: Path, tmp_path: Path):
+    """The HF cache layout (snapshots/REV/* -> ../../blobs/HASH): the links are followed, the content is the model."""
+    blobs, snap = tmp_path / "blobs", tmp_path / "snapshots" / "rev"
+    blobs.mkdir()
+    snap.mkdir(parents=True)
+    for f in model_dir.iterdir():
+        shutil.copy2(f, blobs / xxhash.xxh3_64_hexdigest(f.read_bytes()))
+        (snap / f.name).symlink_to(Path("../../blobs") / xxhash.xxh3_64_hexdigest(f.read_bytes()))
+    (a,) = _build(model_dir, tmp_path / "s.zarr", 2, {})["variants"]
+    (b,) = _build(snap, tmp_path / "s.zarr", 2, {})["variants"]
+    assert a["variant"] == b["variant"] and b["samples_written"] == 0

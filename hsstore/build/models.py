@@ -10,7 +10,7 @@ from typing import Any
 
 from hsstore.build.builtin import GENERATOR_VERSION, builtin_config, builtin_tokenizer
 from hsstore.core.canonical import fingerprint
-from hsstore.core.errors import BadInput, BuildFailed
+from hsstore.core.errors import BadInput, BuildFailed, HsstoreError
 from hsstore.core.filehash import file_hash, hash_files, stamp
 from hsstore.core.schema.files import FileStamp, HashedFile
 from hsstore.core.schema.provenance import ModelIdentity, TokenizerIdentity
@@ -39,6 +39,34 @@ def config_fingerprint(config: Any) -> str:
 def text_config(config: Any) -> Any:
     """The language-model part of a (possibly multimodal) config."""
     return getattr(config, "text_config", None) or config
+
+
+def _index_shards(index: Path) -> list[str]:
+    """The shard file names a sharded checkpoint's ``*.index.json`` maps its weights to."""
+    try:
+        wmap = json.loads(index.read_bytes()[: 64 << 20]).get("weight_map", {})
+    except (OSError, ValueError, AttributeError) as e:
+        raise BadInput(f"{index} is not a readable weight index ({type(e).__name__}); re-download the checkpoint") from None
+    if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
+        raise BadInput(f"{index}: weight_map is not a table of tensor name -> shard file; re-download the checkpoint")
+    return sorted(set(wmap.values()))
+
+
+def check_safetensors(path: Path) -> None:
+    """BadInput unless ``path`` is a whole safetensors file: its header parses and its tensors end exactly
+    where the file does (a truncated download or a foreign file is named here, before any store is made)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            header = json.loads(f.read(n)) if 0 < n <= min(size - 8, 100 << 20) else None
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"] if isinstance(header, dict) else None
+    except (OSError, ValueError, TypeError, KeyError, IndexError):
+        ends = None
+    if ends is None or 8 + n + max(ends, default=0) != size:
+        raise BadInput(f"weight file {str(path)!r} is not a whole safetensors file (truncated or damaged?); "
+                       "re-download or re-save the checkpoint")
 
 
 def check_vocabulary(config: Any, top_id: int, model: str) -> None:
@@ -113,6 +141,14 @@ class ModelSpec:
                        key=lambda p: p.name)
         if not any(not p.name.endswith(".index.json") for p in files):
             raise BadInput(f"model directory {self.path!r} holds no weight files ({', '.join(WEIGHT_SUFFIXES[:-1])})")
+        for p in files:
+            if p.name.endswith(".safetensors"):
+                check_safetensors(p)
+        for index in (p for p in files if p.name.endswith(".index.json")):
+            missing = sorted(set(_index_shards(index)) - {p.name for p in files})
+            if missing:  # an interrupted download or copy: found now, not by the worker after the store is made
+                raise BadInput(f"{index} names weight shard(s) {missing[:3]} that are not in {self.path!r} (a download "
+                               "or copy not finished?); complete the checkpoint and re-run")
         return files
 
     def hash_weights(self) -> dict[str, HashedFile]:
@@ -210,7 +246,9 @@ class ModelSpec:
                     self.path, dtype=dtype, trust_remote_code=self.trust_remote_code,
                     attn_implementation=attn_implementation, device_map=dmap,
                 )
-            except (OSError, ValueError, KeyError) as e:  # not a model folder, damaged or foreign weights
+            except Exception as e:  # not a model folder, damaged or foreign weights (safetensors' own errors too)
+                if isinstance(e, HsstoreError):
+                    raise
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise BadInput(f"cannot load a model from {self.path!r}: {first}; pass a save_pretrained folder "
                                "(config.json and its weights)") from None
