@@ -1,6 +1,6 @@
 """The ``hsstore diff --json`` and ``hsstore check --json`` reports as typed records.
 
-The JSON keys are the documented, stable schema (README "JSON output"): fields are only ever added.
+The JSON keys are the documented, stable schema (docs/json.md): fields are only ever added.
 Optional fields are ``UNSET`` (left out of the JSON) where they do not apply.
 """
 
