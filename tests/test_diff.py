@@ -26,6 +26,7 @@ def test_diff_with_itself_is_bit_exact(tiny_store: Path):
         assert L["rel_l2"] == 0 and L["bit_exact"] == 1.0 and L["cos_min"] == pytest.approx(1.0)
         assert L["ulp_distribution"]["0"] == 1.0
     assert rep["verdict"].startswith("identical")
+    assert any("A and B are one variant" in n and "by construction" in n for n in rep["notes"]), rep["notes"]
 
 
 def test_bf16_vs_fp32_grows_with_depth_and_plots(tiny_store: Path, tmp_path: Path):

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from hsstore.compare.divergence import SampleSums, Totals, summarize
-from hsstore.compare.explain import check_floor, check_same_model, provenance_differences
+from hsstore.compare.explain import check_floor, check_same_model, provenance_differences, same_variant
 from hsstore.compare.estimate import Estimate, full_layers, sampled_layers, with_floor, without_floor
 from hsstore.compare.kernel import Workspace, token_sums
 from hsstore.compare.sampling import SampleTable
@@ -144,6 +144,9 @@ def open_targets(a_t: str, b_t: str, floor_t: str | None, layers: list[int] | No
     """Open and check: refuses a floor that is A or B and (unless allowed) states of different models."""
     a, b = open_target(a_t), open_target(b_t)
     notes = check_same_model(a, b, ("A", "B"), allow_different_models)
+    if same_variant(a, b):  # every layer reads "bit-exact" by construction: say so, it is not a finding
+        notes.append(f"A and B are one variant ({a.id} of {a.store.location}): the diff compares its states with "
+                     "themselves, so 'identical' is by construction (a self-test of diff, not a comparison)")
     c = open_target(floor_t) if floor_t else None
     if c is not None:
         check_floor(a, b, c, floor_t)
