@@ -139,6 +139,7 @@ def build_pass(model, n_layers: int, aux: list, target: list, samples: list, bat
     from hsstore.storage.writer import UnitWriter
 
     from hsstore.core.quant import codec_for_codes
+    from hsstore.testing.factories import provenance
 
     precision, _, codec = name.rpartition(":")
     precision = {"": None, "fp8": "fp8-e4m3"}[precision]
@@ -147,9 +148,10 @@ def build_pass(model, n_layers: int, aux: list, target: list, samples: list, bat
     path = base / f"bench-{name.replace(':', '-')}.zarr"
     shutil.rmtree(path, ignore_errors=True)
     store = Store.create(path)
-    env = {"dtype": args.dtype, **({"storage": {"precision": precision}} if precision else {})}
+    layers = {"aux": aux, "target": target}
+    prov = provenance(args.dtype, layers=layers, model=f"bench-{codec}", precision=precision)
     itemsize = 1 if precision else (2 if args.dtype != "fp32" else 4)
-    vid = store.create_variant({"recipe": {"bench": codec}, "environment": env}, {"aux": aux, "target": target},
+    vid = store.create_variant(prov, layers,
                                hidden, args.dtype, codec, chunk_tokens(hidden, itemsize), precision=precision)
     out: dict = {}
     secs = timed(lambda: out.update(capture_to_store(model, n_layers, aux + target, samples, batches,

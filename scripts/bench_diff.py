@@ -28,12 +28,11 @@ from hsstore.compare.diff import diff_targets
 from hsstore.core.keys import SampleTokens, sample_key
 from hsstore.storage.codecs import DEFAULT, chunk_tokens
 from hsstore.storage.writer import UnitWriter
+from hsstore.testing.factories import provenance
 
 
 def _provenance(dtype: str, layers: list[int]) -> dict:
-    return {"recipe": {"model": {"name": "bench", "fingerprint": "bench"}, "tokenizer": {"fingerprint": "bench"},
-                       "layers": {"aux": layers[:-1], "target": layers[-1:]}},
-            "environment": {"dtype": dtype, "backend": "torch", "device": "cpu"}}
+    return provenance(dtype, tok="bench", layers={"aux": layers[:-1], "target": layers[-1:]}, model="bench")
 
 
 def make_store(path: Path, n: int, hidden: int, n_layers: int, mean_len: int, codec: str, seed: int = 0) -> str:

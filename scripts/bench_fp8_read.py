@@ -33,6 +33,7 @@ from hsstore.core import quant
 from hsstore.storage.codecs import DEFAULT, chunk_tokens
 from hsstore.storage.convert import convert
 from hsstore.storage.writer import UnitWriter
+from hsstore.testing.factories import provenance
 
 
 def evict(path: Path) -> None:
@@ -56,7 +57,7 @@ def build(path: Path, samples, states, codec: str, unit_samples: int = 8) -> tup
     codes get for ``codec``), plus an uncompressed FP8 twin in ``path``-none; returns the two ids."""
     store = Store.create(path)
     H = states[0].shape[-1]
-    prov = {"recipe": {"tokenizer": {"fingerprint": "bench"}}, "environment": {"dtype": "bf16"}}
+    prov = provenance("bf16", tok="bench", layers={"aux": AUX, "target": TARGET}, model="bench")
     vid = store.create_variant(prov, {"aux": AUX, "target": TARGET}, H, "bf16", codec, chunk_tokens(H, 2))
     w = UnitWriter(store, vid, check_health=False)
     for a in range(0, len(samples), unit_samples):

@@ -34,6 +34,7 @@ from hsstore import HiddenStateDataset, Store  # noqa: E402
 from hsstore.storage.codecs import chunk_tokens  # noqa: E402
 from hsstore.core.keys import sample_key  # noqa: E402
 from hsstore.core.keys import SampleTokens  # noqa: E402
+from hsstore.testing.factories import provenance  # noqa: E402
 
 AUX, TARGET = [1, 16, 31, 46], [61]
 LAYERS = AUX + TARGET
@@ -98,8 +99,9 @@ def write_safetensors(d: Path, samples, states) -> None:
 def write_hsstore(d: Path, samples, states, codec: str, unit_samples: int = 8) -> None:
     store = Store.create(d / "s.zarr")
     H = states[0].shape[-1]
-    vid = store.create_variant({"recipe": {"tokenizer": {"fingerprint": "bench"}}, "environment": {"codec": codec}},
-                               {"aux": AUX, "target": TARGET}, H, "bf16", codec, chunk_tokens(H, 2))
+    layers = {"aux": AUX, "target": TARGET}
+    vid = store.create_variant(provenance("bf16", tok="bench", layers=layers, model=f"bench-{codec}"),
+                               layers, H, "bf16", codec, chunk_tokens(H, 2))
     w = UnitWriter(store, vid, check_health=False)
     for a in range(0, len(samples), unit_samples):
         chunk = states[a: a + unit_samples]

@@ -40,6 +40,7 @@ def main() -> None:
     from hsstore.storage.store import Store
     from hsstore.storage.writer import UnitWriter
     from hsstore.core.keys import SampleTokens
+    from hsstore.testing.factories import provenance
 
     layers = {"aux": [1, 16, 31, 46], "target": [61]}
     rng = np.random.default_rng(0)
@@ -59,7 +60,7 @@ def main() -> None:
             for serial in (True, False) if rep % 2 == 0 else (False, True):
                 d = tempfile.mkdtemp(prefix="hsstore-unit-", dir=args.dir)
                 store = Store.create(Path(d) / "s.zarr")
-                prov = {"recipe": {"bench": rep}, "environment": {"dtype": "bf16"}}
+                prov = provenance("bf16", tok="bench", layers=layers, model=f"bench-{rep}")
                 # the chunk a build uses for this hidden size
                 vid = store.create_variant(prov, layers, args.hidden, "bf16", codec, chunk_tokens(args.hidden, 2))
                 w = UnitWriter(store, vid)

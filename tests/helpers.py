@@ -7,52 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from hsstore import Store
 from hsstore.build.backends import installed
-from hsstore.core.keys import sample_key
-from hsstore.core.keys import SampleTokens
+from hsstore.testing.factories import LAYERS, TORCH_DTYPES, make_samples, make_states, new_variant, provenance  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "hsstore" / "data" / "conversations.jsonl"
-LAYERS = {"aux": [0, 1], "target": [2]}
 # read before conftest blocks the kernel packages in this process: GPU tests build with fla in subprocesses
 FLA_INSTALLED = installed("fla")
-
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def make_samples(lengths: list[int], seed: int = 0, tok: str = "tok") -> list[SampleTokens]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for n in lengths:
-        ids = rng.integers(0, 250, n).astype(np.int32)
-        mask = (rng.random(n) > 0.3).astype(np.uint8)
-        out.append(SampleTokens(sample_key(tok, ids, mask), ids, mask))
-    return out
-
-
-def make_states(samples: list[SampleTokens], hidden: int, dtype: str, layers: list[int], seed: int = 0) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    n = sum(s.length for s in samples)
-    return {i: torch.randn(n, hidden, generator=g).to(TORCH_DTYPES[dtype]) for i in layers}
-
-
-def provenance(dtype: str = "bf16", backend: str = "torch", tok: str = "tok", layers: dict | None = None) -> dict:
-    return {
-        "recipe": {"model": {"name": "test", "path": "/x"}, "tokenizer": {"fingerprint": tok},
-                   "layers": layers or LAYERS},
-        "environment": {"dtype": dtype, "backend": backend, "device": "cpu", "host": "h",
-                        "kernels": {"chunk_gated_delta_rule": backend, "causal_conv1d": backend, "attention": "sdpa"}},
-    }
-
-
-def new_variant(store: Store, dtype: str = "bf16", hidden: int = 16, codec: str = "zstd", chunk: int = 64,
-                backend: str = "torch", layers: dict | None = None) -> str:
-    layers = layers or LAYERS
-    return store.create_variant(provenance(dtype, backend, layers=layers), layers, hidden, dtype, codec, chunk)
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -96,7 +96,8 @@ def _fla_kernels_variant(tmp: Path) -> str:
     s = Store.create(tmp / "fla.zarr")
     prov = provenance("bf16")
     prov["environment"]["kernels"] = {"chunk_gated_delta_rule": "fla", "causal_conv1d": "causal_conv1d", "attention": "sdpa"}
-    prov["environment"]["batching"] = {"padding_side": "right", "token_budget": 512, "attention_mask": True}
+    prov["environment"]["batching"] = {"padding_side": "right", "token_budget": 512, "attention_mask": True,
+                                         "order": "length-descending"}
     vid = s.create_variant(prov, LAYERS, 64, "bf16", "zstd", 64)
     samples = make_samples([8])
     UnitWriter(s, vid).write(samples, make_states(samples, 64, "bf16", [0, 1, 2]))

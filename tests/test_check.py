@@ -96,7 +96,8 @@ def _variant_recording(tmp: Path, kernels: dict, backend: str = "torch") -> str:
     s = Store.create(tmp / "k.zarr")
     prov = provenance("bf16", backend=backend)
     prov["environment"]["kernels"] = kernels
-    prov["environment"]["batching"] = {"padding_side": "right", "token_budget": 512, "attention_mask": True}
+    prov["environment"]["batching"] = {"padding_side": "right", "token_budget": 512, "attention_mask": True,
+                                         "order": "length-descending"}
     vid = s.create_variant(prov, LAYERS, 64, "bf16", "zstd", 64)
     samples = make_samples([8, 12])
     UnitWriter(s, vid).write(samples, make_states(samples, 64, "bf16", [0, 1, 2]))

@@ -10,11 +10,12 @@ import torch
 
 from hsstore.storage.writer import UnitWriter
 from hsstore import Store
-from hsstore.core.errors import BadInput, StoreNotFound, UnsupportedFormat
+from hsstore.core.errors import BadInput, CorruptData, StoreNotFound, UnsupportedFormat
+from hsstore.core.provenance import variant_id
 from hsstore.storage.codecs import compressors
 from hsstore.storage.verify import verify
 
-from helpers import REPO, make_samples, make_states, new_variant
+from helpers import LAYERS, REPO, make_samples, make_states, new_variant, provenance
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
@@ -217,6 +218,27 @@ def test_format_v1_fixture_still_reads():
             for layer, total in sums.items():
                 assert float(got["layers"][int(layer)].double().sum()) == total
     assert verify(store)["ok"]
+    for vid in expected:  # the typed view reads old provenance and leaves the stored dict (the id hashes it) alone
+        rec = store.variant_record(vid)
+        assert rec.prov.environment.dtype == rec.dtype and rec.prov.recipe.layers.target == [2]
+        assert rec.prov.to_dict() == rec.provenance and variant_id(rec.provenance) == vid
+
+
+def test_provenance_that_does_not_fit_the_schema_is_one_line(tmp_path: Path):
+    """Written: refused before anything is stored (BadInput). Read: CorruptData naming the variant and field."""
+    store = Store.create(tmp_path / "s.zarr")
+    bad = provenance()
+    bad["recipe"]["tokenizer"]["fingerprint"] = 7
+    with pytest.raises(BadInput, match=r"^variant provenance: recipe.tokenizer.fingerprint = 7: expected a string"):
+        store.create_variant(bad, LAYERS, 16, "bf16", "zstd", 64)
+    assert store.variant_ids() == []
+    vid = new_variant(store)
+    meta = tmp_path / "s.zarr" / "variants" / vid / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"]["hsstore_variant"]["provenance"]["environment"]["kernels"]["attention"] = ["sdpa"]
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(CorruptData, match=rf"^variant {vid}: provenance: environment.kernels.attention = \['sdpa'\]"):
+        Store.open(tmp_path / "s.zarr").variant_record(vid).prov
 
 
 def test_nan_inf_and_all_zero_states_are_refused_before_commit(tmp_path: Path):

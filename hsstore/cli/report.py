@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hsstore.core.schema.base import or_none
+from hsstore.core.schema.provenance import Provenance
+
 
 def _fmt_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
@@ -16,24 +19,21 @@ def _fmt_bytes(n: float) -> str:
 def info_text(d: dict[str, Any]) -> str:
     lines = [f"store {d['location']}  (format {d['format_version']}, {len(d['variants'])} variant(s))"]
     for v in d["variants"]:
-        env = v["provenance"].get("environment", {})
-        rec = v["provenance"].get("recipe", {})
-        k = env.get("kernels", {})
+        prov = Provenance.from_dict(v["provenance"], f"variant {v['id']}: provenance")
+        env, rec, k = prov.environment, prov.recipe, prov.environment.kernels
         ratio = f"{v['compression_ratio']:.2f}x" if v["compression_ratio"] else "-"
         lines += [
             "",
-            f"variant {v['id']}: backend={env.get('backend')} dtype={env.get('dtype')} device={env.get('device')} "
-            f"({env.get('device_name')})" + (f" precision={v['precision']}" if v.get("precision") else ""),
-            f"  model {rec.get('model', {}).get('name')}  layers aux={rec.get('layers', {}).get('aux')} "
-            f"target={rec.get('layers', {}).get('target')}  hidden={v['hidden_size']}",
-            f"  kernels: gated-delta={k.get('chunk_gated_delta_rule')} conv1d={k.get('causal_conv1d')} "
-            f"attention={k.get('attention')}",
-            "  versions: " + ", ".join(f"{a}={b}" for a, b in env.get("versions", {}).items() if b),
+            f"variant {v['id']}: backend={env.backend} dtype={env.dtype} device={env.device} "
+            f"({or_none(env.device_name)})" + (f" precision={v['precision']}" if v.get("precision") else ""),
+            f"  model {rec.model.name}  layers aux={rec.layers.aux} target={rec.layers.target}  hidden={v['hidden_size']}",
+            f"  kernels: gated-delta={k.chunk_gated_delta_rule} conv1d={k.causal_conv1d} attention={k.attention}",
+            "  versions: " + ", ".join(f"{a}={b}" for a, b in (or_none(env.versions) or {}).items() if b),
             f"  {v['n_samples']:,} samples, {v['n_tokens']:,} tokens, {v['n_units']} units, "
             f"{_fmt_bytes(v['bytes'])} on disk, compression {ratio} ({v['codec']})",
             "  layer      mean       std    absmax  nan  inf  zero%",
         ]
-        norm_id = rec.get("model", {}).get("num_layers") if rec.get("final_norm") else None
+        norm_id = or_none(rec.model.num_layers) if rec.final_norm is True else None
         for layer, h in sorted(v["health"].items(), key=lambda x: int(x[0])):
             lines.append(f"  {int(layer):5d} {h['mean']:9.4f} {h['std']:9.4f} {h['absmax']:9.3f} {h['nan']:4d} "
                          f"{h['inf']:4d} {100 * h['zero_fraction']:6.2f}"

@@ -21,6 +21,7 @@ from hsstore.compare.kernel import Workspace, token_sums
 from hsstore.compare.sampling import choose, sample_count
 from hsstore.compare.stream import ThreadLocal, map_samples
 from hsstore.core.errors import BadInput
+from hsstore.core.schema.base import or_none
 from hsstore.core.schema.diff import AlignLayer, AlignReport
 from hsstore.storage.store import VariantReader
 
@@ -30,11 +31,11 @@ MARGIN = 2.0  # the runner-up must be this many times further for a clear match
 
 
 def capture_known(r: VariantReader) -> bool:
-    return r.record.provenance.get("recipe", {}).get("capture") == "decoder_layer_output"
+    return r.record.prov.recipe.capture == "decoder_layer_output"
 
 
 def num_layers(b: VariantReader) -> int:
-    n = b.record.provenance.get("recipe", {}).get("model", {}).get("num_layers")
+    n = b.record.prov.recipe.model.num_layers
     if not isinstance(n, int):
         raise BadInput(f"B ({b.id}) does not record recipe.model.num_layers; --align needs a native variant as B")
     return n
@@ -93,7 +94,7 @@ def align(a: VariantReader, b: VariantReader, keys: list[str], a_target: str, b_
     """Match each of A's layers against B's layers and capture points on shared samples."""
     if not capture_known(b):
         raise BadInput(f"B ({b.id}) has no known capture point (recipe.capture = "
-                       f"{b.record.provenance.get('recipe', {}).get('capture')!r}); --align matches A against a native "
+                       f"{or_none(b.record.prov.recipe.capture)!r}); --align matches A against a native "
                        "variant: pass one built by hsstore as B")
     if a.record.hidden_size != b.record.hidden_size:
         raise BadInput(f"hidden sizes differ: {a.record.hidden_size} (A) vs {b.record.hidden_size} (B): these are "
@@ -107,7 +108,7 @@ def align(a: VariantReader, b: VariantReader, keys: list[str], a_target: str, b_
     wrong = [L for L in layers if L.relation != "as_labelled"]
     summary = summarize_layers(layers)
     return AlignReport(a=f"{a.store.location}#{a.id}", b=f"{b.store.location}#{b.id}", a_target=a_target,
-                       b_target=b_target, a_capture=str(a.record.provenance.get("recipe", {}).get("capture")),
+                       b_target=b_target, a_capture=str(or_none(a.record.prov.recipe.capture)),
                        samples=len(chosen), tokens=tokens, b_layers=lb,
                        b_points={str(j): point(j, n_layers) for j in lb}, layers=layers, summary=summary,
                        ok=not wrong)
@@ -177,4 +178,4 @@ def should_align(a_t: str) -> bool:
     """True when A records its capture point as unknown (a cache imported with --capture unknown)."""
     from hsstore.compare.diff import open_target
 
-    return open_target(a_t).record.provenance.get("recipe", {}).get("capture") == "unknown"
+    return open_target(a_t).record.prov.recipe.capture == "unknown"

@@ -38,7 +38,9 @@ from hsstore.core import quant
 from hsstore.core.batching import POLICY, padded_length, token_budget_batches
 from hsstore.core.dtypes import TORCH
 from hsstore.core.errors import BadInput
+from hsstore.core.schema.base import is_set, or_none
 from hsstore.core.schema.diff import CheckReport, FieldDifference, LayerDiff
+from hsstore.core.schema.provenance import Batching, Recipe
 from hsstore.storage.store import VariantReader
 
 DEFAULT_SAMPLES = 8
@@ -56,15 +58,16 @@ class BatchPlan:
 def batch_plan(reader: VariantReader) -> BatchPlan:
     """Rebuild the build's batch plan from ``environment.batching`` and the committed samples (in
     commit order: the order the build ran them, which keeps ties among equal lengths as they were)."""
-    batching = reader.record.provenance.get("environment", {}).get("batching") or {}
-    if batching.get("padding_side", "right") != "right" or not batching.get("attention_mask", True):
-        raise BadInput(f"variant {reader.id} records batching {batching}; check recomputes right-padded, "
+    batching = reader.record.prov.environment.batching
+    shown = batching.to_dict() if isinstance(batching, Batching) else {}
+    if isinstance(batching, Batching) and (batching.padding_side != "right" or not batching.attention_mask):
+        raise BadInput(f"variant {reader.id} records batching {shown}; check recomputes right-padded, "
                        "attention-masked batches only")
-    budget = batching.get("token_budget")
-    if not isinstance(budget, int) or budget < 1:
-        raise BadInput(f"variant {reader.id} records no token budget (environment.batching = {batching}); "
+    if not isinstance(batching, Batching) or batching.token_budget < 1:
+        raise BadInput(f"variant {reader.id} records no token budget (environment.batching = {shown}); "
                        "check cannot rebuild the batches its states were computed in")
-    policy = batching.get("padded_lengths")
+    budget = batching.token_budget
+    policy = or_none(batching.padded_lengths)
     if policy not in (None, POLICY):
         raise BadInput(f"variant {reader.id} was padded by policy {policy!r}, which this hsstore does not know "
                        f"(it knows {POLICY!r}); upgrade hsstore")
@@ -73,7 +76,7 @@ def batch_plan(reader: VariantReader) -> BatchPlan:
     return BatchPlan([[keys[i] for i in b] for b in plan], policy is not None, budget)
 
 
-def model_spec(model: str, recipe: dict[str, Any]) -> ModelSpec:
+def model_spec(model: str, recipe: Recipe) -> ModelSpec:
     """MODEL as a ModelSpec: a build manifest (its [model] table), a builtin (seeded as recorded) or a
     local HF model directory."""
     if model.endswith(".toml"):
@@ -81,16 +84,17 @@ def model_spec(model: str, recipe: dict[str, Any]) -> ModelSpec:
 
         m = load_manifest(model)
         return ModelSpec(m.model_path, m.config_overrides, m.seed, m.trust_remote_code, m.init_device)
-    rec = recipe.get("model", {})
+    rec = recipe.model
     if model.startswith("builtin:"):
-        return ModelSpec(model, seed=int(rec.get("seed", 0)), init_device=str(rec.get("init_device", "cpu")))
+        seed, init_device = or_none(rec.seed), or_none(rec.init_device)
+        return ModelSpec(model, seed=seed if seed is not None else 0, init_device=init_device or "cpu")
     return ModelSpec(model)
 
 
 def bind_backend(reader: VariantReader) -> None:
     """Make this process bind the recorded backend's kernels (before transformers' modeling modules
     load); if they already loaded, the bound kernels are compared after loading instead."""
-    backend = reader.record.provenance.get("environment", {}).get("backend", "torch")
+    backend = reader.record.prov.environment.backend
     try:
         force_backend(backend)
     except RuntimeError:
@@ -98,17 +102,17 @@ def bind_backend(reader: VariantReader) -> None:
 
 
 def load_model(spec: ModelSpec, reader: VariantReader, device: str) -> Any:
-    env = reader.record.provenance.get("environment", {})
-    recorded = env.get("kernels", {})
-    dtype = reader.record.dtype if reader.record.dtype in TORCH else env.get("dtype", "bf16")
-    model = spec.load(TORCH[dtype], device, recorded.get("attention"))
+    env = reader.record.prov.environment
+    recorded = env.kernels.to_dict()
+    dtype = reader.record.dtype if reader.record.dtype in TORCH else env.dtype
+    model = spec.load(TORCH[dtype], device, env.kernels.attention)
     bound = bound_kernels(model)
     wrong = {k: (bound.get(k), v) for k, v in recorded.items() if bound.get(k) != v}
     if wrong:
         what = ", ".join(f"{k}: {b!r} here, {v!r} recorded" for k, (b, v) in wrong.items())
         raise BadInput(f"this process binds other kernels than variant {reader.id} was computed with ({what}); run "
                        "`hsstore check` in a fresh process with the recorded backend's packages installed "
-                       f"(backend {env.get('backend')!r})")
+                       f"(backend {env.backend!r})")
     return model
 
 
@@ -200,17 +204,17 @@ def run_check(model: str, target: str, samples: int | None = None, seed: int = 0
             raise BadInput(f"{name} ({x.id}) is stored as {x.record.stored_precision}: its divergence from the floor "
                            "would be storage error, not precision noise; check it without --floor (live states are "
                            "quantized as the build did, so a correct store reads identical)")
-    env = reader.record.provenance.get("environment", {})
-    device = check_device(device or env.get("device", "cpu"))
+    prov = reader.record.prov
+    device = check_device(device or prov.environment.device)
     bind_backend(reader)
-    spec = model_spec(model, reader.record.provenance.get("recipe", {}))
+    spec = model_spec(model, prov.recipe)
     live_model = load_model(spec, reader, device)
     identity = spec.identity(live_model.config).to_dict()
     check_geometry(identity, reader)
     plan, keys, layers = batch_plan(reader), choose_keys(reader, samples, seed), reader.record.all_layers
     live = recompute(live_model, reader, plan, keys, layers, device, pad_id(spec))
     totals, ftotals = compare_live(reader, live, keys, layers, floor)
-    recorded_fp = str(reader.record.provenance.get("recipe", {}).get("model", {}).get("fingerprint", ""))
+    recorded_fp = str(or_none(prov.recipe.model.fingerprint) or "")
     est = full_layers(layers, totals, reader.record.dtype == "bf16")
     reps, text, kind, extra = check_verdict(est, ftotals, layers, reader, floor, noise_factor)
     notes = [] if identity["fingerprint"] == recorded_fp else [
@@ -230,11 +234,11 @@ def run_check(model: str, target: str, samples: int | None = None, seed: int = 0
 
 
 def check_geometry(identity: dict[str, Any], reader: VariantReader) -> None:
-    rec = reader.record.provenance.get("recipe", {}).get("model", {})
-    for field in ("num_layers", "hidden_size"):
-        if field in rec and rec[field] != identity[field]:
+    rec = reader.record.prov.recipe.model
+    for field, recorded in (("num_layers", rec.num_layers), ("hidden_size", rec.hidden_size)):
+        if is_set(recorded) and recorded != identity[field]:
             raise BadInput(f"the model has {field} = {identity[field]}, variant {reader.id} was computed by a model "
-                           f"with {rec[field]}: these are different models; pass the model (or build manifest) "
+                           f"with {recorded}: these are different models; pass the model (or build manifest) "
                            "the variant was built from")
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from hsstore.core.errors import BadInput
+from hsstore.core.schema.base import or_none
 from hsstore.core.schema.imported import ExportRecord
 from hsstore.interop.formats import get_format
 from hsstore.interop.formats.base import TMP_SUFFIX, Format
@@ -76,9 +77,9 @@ def _check_dest(fmt: Format, dest: Path, store: str, vid: str) -> None:
 def _record(fmt: Format, reader: Any, store: str, aux: list[int], target: int, n: int, files: int,
             complete: bool) -> ExportRecord:
     prov = reader.record.provenance
-    recipe = prov.get("recipe", {})
-    num_layers = recipe.get("model", {}).get("num_layers")
-    known = recipe.get("capture") == "decoder_layer_output" and isinstance(num_layers, int)
+    recipe = reader.record.prov.recipe
+    num_layers = or_none(recipe.model.num_layers)
+    known = recipe.capture == "decoder_layer_output" and isinstance(num_layers, int)
     capture = TOOL_CAPTURE[fmt.name] if known else "unknown"
     tool_layers = [from_hsstore(i, capture, num_layers if known else -1) for i in [*aux, target]]
     return ExportRecord(kind="hsstore-export", complete=complete, format=fmt.name, store=store, variant=reader.id,
@@ -89,9 +90,9 @@ def _record(fmt: Format, reader: Any, store: str, aux: list[int], target: int, n
 
 def _claims(reader: Any, target: int) -> dict[str, bool]:
     """Whether the target slot is pre-norm, when the provenance says (Model-Optimizer records it)."""
-    recipe = reader.record.provenance.get("recipe", {})
-    n = recipe.get("model", {}).get("num_layers")
-    if recipe.get("capture") != "decoder_layer_output" or not isinstance(n, int):
+    recipe = reader.record.prov.recipe
+    n = recipe.model.num_layers
+    if recipe.capture != "decoder_layer_output" or not isinstance(n, int):
         return {}
     return {"prenorm": False} if target == n else ({"prenorm": True} if target == n - 1 else {})
 

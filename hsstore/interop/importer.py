@@ -135,14 +135,14 @@ def import_cache(req: ImportRequest) -> dict[str, Any]:
     prov = imported_provenance(source, tok, model, layers, probe.dtype)
     store = Store.create(req.store)
     itemsize = probe.target.element_size()
-    vid = store.create_variant(prov, layers, probe.hidden_size, probe.dtype, req.codec or DEFAULT_CODEC,
+    vid = store.create_variant(prov.to_dict(), layers, probe.hidden_size, probe.dtype, req.codec or DEFAULT_CODEC,
                                chunk_tokens(probe.hidden_size, itemsize))
     per_token = probe.hidden_size * itemsize * (probe.n_aux + 1)
     run = _Run(req, fmt, root, store, vid, layers, stmt, probe, items[0], tok["fingerprint"], vocab,
                req.unit_tokens or max(1, UNIT_BYTES // per_token))
     report = run.go(items)
     report.update(store=req.store, variant=vid, format=fmt.name, source=str(root), layers=layers,
-                  capture=prov["recipe"]["capture"], stated=source.to_dict(), seconds=time.time() - t0)
+                  capture=prov.recipe.capture, stated=source.to_dict(), seconds=time.time() - t0)
     return report
 
 

@@ -19,7 +19,9 @@ from typing import Any
 
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.imported import UNKNOWN, ImportSource
-from hsstore.core.schema.provenance import Provenance
+from hsstore.core.schema.base import UNSET
+from hsstore.core.schema.provenance import (Environment, Kernels, LayerRoles, ModelIdentity, Provenance, Recipe,
+                                            TokenizerIdentity)
 from hsstore.interop.layers import FINAL_NORM
 
 KERNEL_FAMILIES = ("chunk_gated_delta_rule", "causal_conv1d", "attention")
@@ -71,24 +73,24 @@ def model_identity(model: str | None, num_layers: int | None, hidden_size: int) 
             "config_fingerprint": config_fingerprint(config), "fingerprint": UNKNOWN}  # no weights: unknown
 
 
-def unknown_environment(dtype: str) -> dict[str, Any]:
+def unknown_environment(dtype: str) -> Environment:
     """How the states were computed, as far as a foreign cache tells: only the dtype."""
     from hsstore import __version__
 
-    return {"device": UNKNOWN, "device_name": UNKNOWN, "dtype": dtype, "backend": UNKNOWN,
-            "kernels": {k: UNKNOWN for k in KERNEL_FAMILIES},
-            "versions": {**{k: UNKNOWN for k in VERSIONS}, "hsstore": __version__},  # hsstore: the importer's
-            "flags": {k: UNKNOWN for k in FLAGS}, "host": UNKNOWN}  # batching: absent (not known)
+    return Environment(device=UNKNOWN, device_name=UNKNOWN, dtype=dtype, backend=UNKNOWN,
+                       kernels=Kernels(**{k: UNKNOWN for k in KERNEL_FAMILIES}),
+                       versions={**{k: UNKNOWN for k in VERSIONS}, "hsstore": __version__},  # hsstore: the importer's
+                       flags={k: UNKNOWN for k in FLAGS}, host=UNKNOWN)  # batching: absent (not known)
 
 
 def imported_provenance(source: ImportSource, tokenizer: dict[str, Any], model: dict[str, Any],
-                        layers: dict[str, list[int]], dtype: str) -> dict[str, Any]:
-    """The whole provenance dict of an imported variant (its id hashes every field but ``source.path``)."""
+                        layers: dict[str, list[int]], dtype: str) -> Provenance:
+    """The whole provenance of an imported variant (its id hashes every field but ``source.path``)."""
     known = source.capture != "unknown"
-    recipe: dict[str, Any] = {"model": model, "tokenizer": tokenizer, "layers": layers,
-                              "capture": "decoder_layer_output" if known else UNKNOWN, "truncation": UNKNOWN}
-    if known or FINAL_NORM in source.layers:  # absent = unknown (an int id under unknown may be either)
-        recipe["final_norm"] = FINAL_NORM in source.layers
-    prov = {"recipe": recipe, "environment": unknown_environment(dtype), "source": source.to_dict()}
-    Provenance.from_dict(prov, "imported provenance")  # the typed schema every reader decodes with
-    return prov
+    # final_norm absent = unknown (an int id under an unknown capture may be either)
+    final_norm = FINAL_NORM in source.layers if known or FINAL_NORM in source.layers else UNSET
+    recipe = Recipe(model=ModelIdentity.from_dict(model, "imported model identity"),
+                    tokenizer=TokenizerIdentity.from_dict(tokenizer, "imported tokenizer identity"),
+                    layers=LayerRoles(aux=layers["aux"], target=layers["target"]),
+                    capture="decoder_layer_output" if known else UNKNOWN, final_norm=final_norm, truncation=UNKNOWN)
+    return Provenance(recipe=recipe, environment=unknown_environment(dtype), source=source)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from hsstore.core.errors import BadInput
+from hsstore.core.schema.base import or_none
 from hsstore.interop.formats.base import atomic_write, torch_bytes
 
 
@@ -51,15 +52,15 @@ def target_vocab(reader: Any, override: int | None) -> tuple[int, str]:
     """The target model's vocabulary size and where it was read (t2d must have exactly this length)."""
     if override is not None:
         return int(override), "--target-vocab-size"
-    recipe = reader.record.provenance.get("recipe", {})
-    path = recipe.get("model", {}).get("path")
+    recipe = reader.record.prov.recipe
+    path = or_none(recipe.model.path)
     cfg = Path(str(path)) / "config.json" if path else None
     if cfg is not None and cfg.is_file():
         data = json.loads(cfg.read_text())
         v = data.get("vocab_size") or (data.get("text_config") or {}).get("vocab_size")
         if isinstance(v, int):
             return v, str(cfg)
-    v = recipe.get("tokenizer", {}).get("vocab_size")
+    v = or_none(recipe.tokenizer.vocab_size)
     if not isinstance(v, int):
         raise BadInput(f"variant {reader.id} records no vocabulary size; pass --target-vocab-size N")
     return v, "recipe.tokenizer.vocab_size"
@@ -85,7 +86,7 @@ def write_vocab_map(target: str, size: int, out: str, target_vocab_size: int | N
     total = int(counts.sum())
     record = {
         "store": path, "variant": reader.id,
-        "tokenizer_fingerprint": reader.record.provenance.get("recipe", {}).get("tokenizer", {}).get("fingerprint"),
+        "tokenizer_fingerprint": reader.record.prov.recipe.tokenizer.fingerprint,
         "draft_vocab_size": size, "target_vocab_size": vocab, "target_vocab_from": vocab_from,
         "samples": n_samples, "loss_tokens": total, "distinct_tokens": int((counts > 0).sum()),
         "coverage": float(counts[t2d.numpy()].sum() / total) if total else 0.0, "files": files,

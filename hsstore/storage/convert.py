@@ -13,7 +13,6 @@ the source it came from; the source is informational: it does not change a numbe
 
 from __future__ import annotations
 
-import copy
 import os
 import threading
 import time
@@ -28,6 +27,7 @@ from hsstore.core.errors import BadInput
 from hsstore.core.keys import SampleTokens
 from hsstore.core.quant import SCALE_SCHEME, Quantized, codec_for_codes, dequantize, parse_precision, quantize
 from hsstore.core.quant_error import error_tensor, from_error_tensor, merge, summary
+from hsstore.core.schema.provenance import Provenance, Storage, StorageSource
 from hsstore.storage.codecs import chunk_tokens, parse_codec
 from hsstore.storage.records import CommitRecord
 from hsstore.storage.stats import stats_tensor
@@ -37,13 +37,11 @@ from hsstore.storage.writer import UnitWriter
 QUANT_ROWS = 4096  # rows quantized at a time: bounds the float32 temporaries (80 MB at hidden 5120)
 
 
-def derived_provenance(provenance: dict[str, Any], precision: str, source_id: str, source_store: str) -> dict[str, Any]:
+def derived_provenance(provenance: Provenance, precision: str, source_id: str, source_store: str) -> Provenance:
     """The source's provenance with ``environment.storage`` describing the stored precision."""
-    prov = copy.deepcopy(provenance)
-    prov.setdefault("environment", {})["storage"] = {
-        "precision": precision, "scale": SCALE_SCHEME, "source": {"variant": source_id, "store": source_store},
-    }
-    return prov
+    storage = Storage(precision=precision, scale=SCALE_SCHEME,
+                      source=StorageSource(variant=source_id, store=source_store))
+    return provenance.replace(environment=provenance.environment.replace(storage=storage))
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[Quantized, dict[str, float]]:
@@ -102,7 +100,7 @@ def convert(target: str, precision: str, dest: str | None = None, workers: int |
         raise BadInput(f"variant {vid} is already stored as {rec.stored_precision}; convert a variant stored as computed "
                        f"({rec.dtype}) instead")
     out = Store.create(dest) if dest else Store.open(path, mode="a")
-    prov = derived_provenance(rec.provenance, precision, vid, source.location)
+    prov = derived_provenance(rec.prov, precision, vid, source.location).to_dict()
     try:
         codec = codec_for_codes(parse_codec(codec or rec.codec))
     except ValueError as e:

@@ -17,6 +17,8 @@ import torch
 
 from hsstore.core.provenance import numeric_fields
 from hsstore.core.quant_error import summary
+from hsstore.core.schema.base import is_set, or_none
+from hsstore.core.schema.provenance import Storage
 
 FLOOR_TOKENS = 8192  # tokens of shared samples the floor is measured on (a few seconds of reading)
 _DIFFERS = ("environment.dtype", "environment.storage")
@@ -32,14 +34,14 @@ def _recipe_key(provenance: dict[str, Any]) -> dict[str, Any]:
 def floor_pair(store: Any, vid: str) -> tuple[str, str] | None:
     """(bf16 variant, fp32 variant) stored as computed with the same recipe and environment as ``vid``
     but for the dtype, or None. The bf16 one is the variant ``vid`` was computed as, when it is bf16."""
-    provs = {v: store.variant_record(v).provenance for v in store.variant_ids()}
-    want = _recipe_key(provs[vid])
+    records = {v: store.variant_record(v) for v in store.variant_ids()}
+    want = _recipe_key(records[vid].provenance)
     found: dict[str, str] = {}
-    for other, p in sorted(provs.items()):
-        env = p.get("environment", {})
-        if "storage" in env or _recipe_key(p) != want:
+    for other, rec in sorted(records.items()):
+        env = rec.prov.environment
+        if is_set(env.storage) or _recipe_key(rec.provenance) != want:
             continue
-        found.setdefault(str(env.get("dtype")), other)
+        found.setdefault(env.dtype, other)
     if "bf16" in found and "fp32" in found:
         return found["bf16"], found["fp32"]
     return None
@@ -75,9 +77,11 @@ def storage_report(store: Any, vid: str, floor_tokens: int = FLOOR_TOKENS) -> di
     rec = reader.record
     if not rec.stored_precision:
         return None
-    spec = dict(rec.provenance.get("environment", {}).get("storage", {}))
+    storage = rec.prov.environment.storage
+    scale, source = (storage.scale, or_none(storage.source)) if isinstance(storage, Storage) else (None, None)
     error = {str(i): summary(e) for i, e in reader.quant_error().items()}
-    out: dict[str, Any] = {"precision": rec.stored_precision, "scale": spec.get("scale"), "source": spec.get("source"),
+    out: dict[str, Any] = {"precision": rec.stored_precision, "scale": scale,
+                           "source": source.to_dict() if source is not None else None,
                            "computed_dtype": rec.dtype, "error": error, "floor": None, "error_vs_floor": None}
     pair = floor_pair(store, vid) if floor_tokens > 0 else None
     if pair is not None:

@@ -66,9 +66,7 @@ class VariantReader:
         self.read_threads = min(8, os.cpu_count() or 1)  # layers of one sample read in parallel
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid: int | None = None
-        tok = self.record.provenance.get("recipe", {}).get("tokenizer", {}) if isinstance(
-            self.record.provenance.get("recipe"), dict) else {}
-        self.tokenizer_fingerprint = tok.get("fingerprint", "") if isinstance(tok, dict) else ""
+        self.tokenizer_fingerprint = self.record.prov.recipe.tokenizer.fingerprint
 
     @property
     def n_tokens(self) -> int:

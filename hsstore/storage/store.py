@@ -15,6 +15,7 @@ from hsstore.core.errors import BadInput, CorruptData, StoreNotFound, Unsupporte
 from hsstore.core.provenance import select, variant_id
 from hsstore.core.schema.array import GroupMeta
 from hsstore.core.schema.base import explain
+from hsstore.core.schema.provenance import Provenance, Storage
 from hsstore.core.schema.store import CommitRecord, VariantRecord
 from hsstore.storage import commits, layout
 from hsstore.storage.backend import Backend
@@ -184,8 +185,10 @@ class Store:
                        codec: str, chunk_tokens: int, precision: str | None = None) -> str:
         """Record a variant (idempotent: the same provenance gives the same id and keeps the first record).
         ``precision``: how states are stored when not as computed (e.g. "fp8-e4m3"); the provenance must
-        say so too (``environment.storage``), so it is part of the id."""
-        stored = provenance.get("environment", {}).get("storage", {}).get("precision")
+        say so too (``environment.storage``), so it is part of the id. ``provenance`` must decode as a
+        ``Provenance`` record (BadInput naming the field if not): every reader reads it typed."""
+        storage = Provenance.from_dict(provenance, "variant provenance", BadInput).environment.storage
+        stored = storage.precision if isinstance(storage, Storage) else None
         if stored != precision:
             raise ValueError(f"precision {precision!r} but the provenance records environment.storage.precision {stored!r}")
         vid = variant_id(provenance)

@@ -21,7 +21,7 @@ from msgspec import UNSET, UnsetType
 
 from hsstore.core.errors import CorruptData, HsstoreError
 
-__all__ = ["UNSET", "Record", "UnsetType", "decode_json", "explain", "is_set"]
+__all__ = ["UNSET", "Record", "UnsetType", "decode_json", "explain", "is_set", "or_none"]
 
 R = TypeVar("R", bound="Record")
 _PATH = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]|\[['\"]?([^\]'\"]*)['\"]?\]")
@@ -57,6 +57,11 @@ class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
 
 def is_set(value: Any) -> bool:
     return value is not UNSET
+
+
+def or_none(value: Any) -> Any:
+    """An optional field's value, None where the record lacks it (``UNSET``)."""
+    return None if value is UNSET else value
 
 
 def decode_json(raw: bytes, type_: Any, what: str, error: type[HsstoreError] = CorruptData) -> Any:

@@ -9,11 +9,14 @@ that leaves its unit, a non-positive size); where a record sits in the store is 
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from typing import Annotated, Any
 
 import msgspec
 
+from hsstore.core.errors import CorruptData
 from hsstore.core.schema.base import UNSET, Record, UnsetType
+from hsstore.core.schema.provenance import Provenance
 
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
@@ -23,11 +26,14 @@ _CRC = re.compile(r"^[0-9a-f]{8}$")
 ROLES = ("aux", "target")
 
 
-class VariantRecord(Record):
-    """What every unit of one variant shares: provenance, layers by role, geometry and codec."""
+class VariantRecord(Record, dict=True):
+    """What every unit of one variant shares: provenance, layers by role, geometry and codec.
+
+    ``provenance`` stays the plain dict the record was decoded from (the variant id hashes it, and its
+    JSON bytes never change); readers use ``prov``, the same provenance decoded once as a typed record."""
 
     id: str
-    provenance: dict[str, Any]  # typed as hsstore.core.schema.provenance.Provenance where it is read
+    provenance: dict[str, Any]  # the stored dict; read it through ``prov``
     layers: dict[str, list[NonNegative]]
     hidden_size: Positive
     dtype: str
@@ -50,6 +56,11 @@ class VariantRecord(Record):
             raise ValueError(f"`layers` must have the roles {list(ROLES)}, got {sorted(self.layers)}")
         if not self.layers["target"]:
             raise ValueError("`layers.target` is empty")
+
+    @cached_property
+    def prov(self) -> Provenance:
+        """The provenance as a typed record (decoded on first use; CorruptData if it does not fit)."""
+        return Provenance.from_dict(self.provenance, f"variant {self.id}: provenance", CorruptData)
 
     @property
     def all_layers(self) -> list[int]:

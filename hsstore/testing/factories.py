@@ -1,0 +1,57 @@
+"""Small real objects for tests and benchmarks: token samples, random states, a valid provenance, a variant."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from hsstore.core.keys import SampleTokens, sample_key
+from hsstore.core.quant import SCALE_SCHEME
+from hsstore.storage.store import Store
+
+LAYERS = {"aux": [0, 1], "target": [2]}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+BATCHING = {"padding_side": "right", "token_budget": 512, "attention_mask": True, "order": "length-descending"}
+
+
+def make_samples(lengths: list[int], seed: int = 0, tok: str = "tok") -> list[SampleTokens]:
+    """One sample per length: random token ids in [0, 250) and a loss mask of about 70% ones."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in lengths:
+        ids = rng.integers(0, 250, n).astype(np.int32)
+        mask = (rng.random(n) > 0.3).astype(np.uint8)
+        out.append(SampleTokens(sample_key(tok, ids, mask), ids, mask))
+    return out
+
+
+def make_states(samples: list[SampleTokens], hidden: int, dtype: str, layers: list[int],
+                seed: int = 0) -> dict[int, torch.Tensor]:
+    """layer -> [total tokens, hidden] standard-normal states in ``dtype``."""
+    g = torch.Generator().manual_seed(seed)
+    n = sum(s.length for s in samples)
+    return {i: torch.randn(n, hidden, generator=g).to(TORCH_DTYPES[dtype]) for i in layers}
+
+
+def provenance(dtype: str = "bf16", backend: str = "torch", tok: str = "tok", layers: dict | None = None,
+               model: str = "test", precision: str | None = None) -> dict[str, Any]:
+    """The smallest provenance that fits the ``Provenance`` schema (what a 1.0 store records);
+    ``precision`` (e.g. "fp8-e4m3"): the states are stored quantized (``environment.storage``)."""
+    prov: dict[str, Any] = {
+        "recipe": {"model": {"name": model, "path": "/x"}, "tokenizer": {"fingerprint": tok},
+                   "layers": layers or LAYERS},
+        "environment": {"dtype": dtype, "backend": backend, "device": "cpu", "host": "h",
+                        "kernels": {"chunk_gated_delta_rule": backend, "causal_conv1d": backend, "attention": "sdpa"}},
+    }
+    if precision:
+        prov["environment"]["storage"] = {"precision": precision, "scale": SCALE_SCHEME}
+    return prov
+
+
+def new_variant(store: Store, dtype: str = "bf16", hidden: int = 16, codec: str = "zstd", chunk: int = 64,
+                backend: str = "torch", layers: dict | None = None) -> str:
+    """A variant of ``provenance(dtype, backend)`` in ``store``; returns its id."""
+    layers = layers or LAYERS
+    return store.create_variant(provenance(dtype, backend, layers=layers), layers, hidden, dtype, codec, chunk)
