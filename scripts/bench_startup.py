@@ -1,5 +1,6 @@
-"""Start-up cost of the CLI and of reading metadata: `hsstore --help` and `hsstore info STORE`, this tree
-against a baseline commit, timed in the same run (median of repeats; the machine is noisy).
+"""Start-up cost of the CLI, of reading metadata and of checking a small store: `hsstore --help`,
+`hsstore info STORE` and `hsstore verify STORE`, this tree against a baseline commit, timed in the same
+run (median of repeats; the machine is noisy), with the heavy packages each command really imports.
 
 The baseline is checked out into a temporary git worktree and run with the same interpreter (its package
 on PYTHONPATH), so both sides see the same installed torch/zarr/transformers.
@@ -51,7 +52,8 @@ def main() -> None:
                        check=True, capture_output=True)
         try:
             print(f"median of {args.repeats} runs; baseline {args.baseline}")
-            for name, argv in (("hsstore --help", ["--help"]), ("hsstore info", ["info", store])):
+            for name, argv in (("hsstore --help", ["--help"]), ("hsstore info", ["info", store]),
+                               ("hsstore verify", ["verify", store])):
                 row = []
                 for label, tree in (("baseline", base), ("this tree", REPO)):
                     env = {**os.environ, "PYTHONPATH": str(tree)}

@@ -131,3 +131,23 @@ def test_entry_points_load_only_what_they_need(entry: str, banned: set[str]):
     loaded = _loaded_after(entry)
     assert not banned & loaded, f"{entry!r} loads {sorted(banned & loaded)}"
     assert not any(m.startswith("hsstore.build") for m in loaded) or "build" in entry
+
+
+def test_info_and_verify_of_a_local_store_load_neither_torch_nor_transformers(tmp_path: Path):
+    """Reading metadata and checking every stored value is numpy's work: a real store, the real entry point."""
+    from hsstore import Store
+    from hsstore.storage.writer import UnitWriter
+    from hsstore.testing.factories import make_samples, make_states, new_variant
+
+    store = Store.create(tmp_path / "s.zarr")
+    for dtype in ("bf16", "fp32"):
+        samples = make_samples([5, 9])
+        UnitWriter(store, new_variant(store, dtype)).write(samples, make_states(samples, 16, dtype, [0, 1, 2]))
+    for argv in (["info", "--json"], ["verify"]):
+        code = ("import sys, json; from hsstore.cli.main import main\n"
+                f"sys.argv = ['hsstore', {argv[0]!r}, {str(tmp_path / 's.zarr')!r}, *{argv[1:]!r}]\n"
+                "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+                "print(json.dumps([m for m in ('torch', 'transformers') if m in sys.modules]))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == [], f"hsstore {argv[0]} loads torch/transformers"
+        assert "2 variant" in out.stdout or "OK: 4 samples checked" in out.stdout or '"variants"' in out.stdout

@@ -6,10 +6,12 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 from hsstore.core.dtypes import STORED, from_stored
 from hsstore.core.errors import BadInput, CorruptData
@@ -238,6 +240,8 @@ class VariantReader:
         return [from_stored(self._slice(ref, layout.layer_array(i)), self.record.dtype) for i in layers]
 
     def read(self, key_or_index: str | int, layers: list[int] | None = None) -> dict[str, Any]:
+        import torch  # the states come back as tensors; metadata and raw reads need numpy only
+
         ref = self.ref(key_or_index)
         ids, mask = self.read_tokens(ref)
         layers = self.record.all_layers if layers is None else list(layers)

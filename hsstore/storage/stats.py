@@ -1,11 +1,19 @@
-"""Per-layer health statistics: computed at write time, aggregated by adding, judged by rules."""
+"""Per-layer health statistics: computed at write time, aggregated by adding, judged by rules.
+
+Writers compute them with torch on the states' device (``stats_tensor``); ``array_stats`` computes the
+same statistics of stored values with numpy alone, so verifying a store never loads torch.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 FIELDS = ("n", "sum", "sumsq", "absmax", "min", "max", "nan", "inf", "zeros")
 _MIN_MAX = {"absmax": max, "max": max, "min": min}
@@ -21,6 +29,8 @@ def stats_tensor(states: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     On a GPU it never syncs with the host (it runs before the device-to-host copy and travels with the
     states). On the CPU it takes six passes: NaN/Inf are counted only when min/max say there are any.
     """
+    import torch
+
     x = states.detach()
     xf = x.float()
     if xf.numel() == 0:
@@ -58,6 +68,20 @@ def from_stats_tensor(values: list[float]) -> tuple[dict[str, float], list[float
 def layer_stats(states: torch.Tensor) -> dict[str, float]:
     """Additive statistics of one layer's states ``[T, H]``."""
     return from_stats_tensor(stats_tensor(states, [int(states.shape[0])]).tolist())[0]
+
+
+def array_stats(x: np.ndarray) -> dict[str, float]:
+    """``layer_stats`` of float32 values ``[T, H]`` with numpy: NaN and Inf are counted, then read as 0
+    (so a NaN counts as a zero, as on the torch path); sums in float64."""
+    nan, inf = int(np.isnan(x).sum()), int(np.isinf(x).sum())
+    if nan or inf:
+        x = np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+    if x.size == 0:
+        return {k: 0 if k in ("n", "nan", "inf", "zeros") else 0.0 for k in FIELDS}
+    lo, hi = float(x.min()), float(x.max())
+    return {"n": int(x.size), "sum": float(x.sum(dtype=np.float64)),
+            "sumsq": float(np.square(x, dtype=np.float64).sum()), "absmax": max(abs(lo), abs(hi)),
+            "min": lo, "max": hi, "nan": nan, "inf": inf, "zeros": int((x == 0).sum())}
 
 
 def merge(parts: Iterable[Mapping[str, float]]) -> dict[str, float]:

@@ -13,12 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hsstore.core.dtypes import as_float32
 from hsstore.core.errors import CorruptData, HsstoreError
 from hsstore.core.schema.store import CommitRecord
 from hsstore.storage import layout
 from hsstore.storage.reader import VariantReader
 from hsstore.storage.records import parse_json
-from hsstore.storage.stats import layer_stats, problems
+from hsstore.storage.stats import array_stats, problems
 from hsstore.storage.store import Store, group_attributes
 
 _ODD = {"symlink": "a symlink (hsstore writes none: a link can lead reads out of the store)", "fifo": "a FIFO",
@@ -88,12 +89,23 @@ def _verify_variant(reader: VariantReader, report: Report, progress: Callable[[i
                             "readers use the first unit, the rest is wasted space")
 
 
+def _layer_health(reader: VariantReader, ref: Any, layers: list[int]) -> list[dict[str, float]]:
+    """Health statistics of each layer of one sample: states stored as computed are read with numpy
+    alone; FP8 variants are dequantized first (the one path that needs torch)."""
+    rec = reader.record
+    if rec.stored_precision:
+        from hsstore.storage.stats import layer_stats
+
+        return [layer_stats(t) for t in reader.read_layers(ref, layers)]
+    return [array_stats(as_float32(reader.read_array(ref, layout.layer_array(i)), rec.dtype)) for i in layers]
+
+
 def _verify_sample(reader: VariantReader, ref: Any, report: Report) -> None:
     layers = reader.record.all_layers
     try:
         reader.read_tokens(ref)
-        for layer, t in zip(layers, reader.read_layers(ref, layers)):
-            bad = problems(layer_stats(t)) if ref.length > 0 else ["empty sample"]
+        for layer, stats in zip(layers, _layer_health(reader, ref, layers)):
+            bad = problems(stats) if ref.length > 0 else ["empty sample"]
             if bad:
                 report.add(f"layer {layer}: {'; '.join(bad)}", reader.id, ref.key, ref.unit)
     except CorruptData as e:
