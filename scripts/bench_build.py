@@ -23,26 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-SHAPES = {
-    "tiny": ({}, [0, 1, 2], [3]),
-    # Qwen3.5/3.6-27B-shaped decoder (64 layers, hidden 5120; the builtin byte tokenizer keeps the
-    # embedding small, so the model has ~24.5 B decoder parameters rather than 26.9 B in total)
-    "27b": ({"hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 64, "num_attention_heads": 24,
-             "num_key_value_heads": 4, "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
-             "linear_key_head_dim": 128, "linear_value_head_dim": 128}, [1, 16, 31, 46], [61]),
-    # the 1.6 B hybrid of the seed experiment (hidden 2048, 24 layers): small enough to draw on a CPU
-    "1.6b": ({"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 24, "num_attention_heads": 16,
-              "num_key_value_heads": 4, "head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
-              "linear_key_head_dim": 128, "linear_value_head_dim": 128}, [1, 8, 15], [22]),
-}
+from hsstore.testing.shapes import SHAPES
 
 
 def main() -> None:

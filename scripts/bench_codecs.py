@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main() -> None:
@@ -62,7 +59,7 @@ def main() -> None:
 def model_states(tokens: int) -> dict:
     import torch
 
-    from bench_build import SHAPES
+    from hsstore.testing.shapes import SHAPES
     from hsstore.build.capture import LayerCapture
     from hsstore.build.models import ModelSpec
 

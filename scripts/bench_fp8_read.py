@@ -27,13 +27,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from bench_read import AUX, LAYERS, TARGET, make_data  # the script folder is on sys.path when run as a script
 from hsstore import HiddenStateDataset, Store
 from hsstore.core import quant
 from hsstore.storage.codecs import DEFAULT, chunk_tokens
 from hsstore.storage.convert import convert
 from hsstore.storage.writer import UnitWriter
-from hsstore.testing.factories import provenance
+from hsstore.testing.factories import AUX, TARGET, make_data, provenance
+from hsstore.testing.factories import BENCH_LAYERS as LAYERS
 
 
 def evict(path: Path) -> None:

@@ -50,7 +50,7 @@ def synthetic(tokens: int, hidden: int, seed: int = 0) -> dict[str, torch.Tensor
 
 
 def model_states(shape: str, tokens: int) -> dict[str, torch.Tensor]:
-    from bench_build import SHAPES  # the script folder is on sys.path when run as a script
+    from hsstore.testing.shapes import SHAPES
 
     from hsstore.build.capture import LayerCapture
     from hsstore.build.models import ModelSpec

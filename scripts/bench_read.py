@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -27,33 +26,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from hsstore.storage.writer import UnitWriter
 from hsstore import HiddenStateDataset, Store  # noqa: E402
 from hsstore.storage.codecs import chunk_tokens  # noqa: E402
 from hsstore.core.keys import sample_key  # noqa: E402
 from hsstore.core.keys import SampleTokens  # noqa: E402
-from hsstore.testing.factories import provenance  # noqa: E402
-
-AUX, TARGET = [1, 16, 31, 46], [61]
-LAYERS = AUX + TARGET
-
-
-def make_data(n: int, hidden: int, seed: int = 0) -> tuple[list[SampleTokens], list[torch.Tensor]]:
-    """Samples and their states [T, 5, H] in bf16, shaped like real hidden states (heavy-tailed)."""
-    rng = np.random.default_rng(seed)
-    g = torch.Generator().manual_seed(seed)
-    samples, states = [], []
-    scale = torch.exp(torch.randn(hidden, generator=g))  # per-channel scales, like a residual stream
-    for _ in range(n):
-        t = int(rng.integers(400, 1200))
-        ids = rng.integers(0, 150000, t).astype(np.int32)
-        mask = np.ones(t, np.uint8)
-        samples.append(SampleTokens(sample_key("bench", ids, mask), ids, mask))
-        states.append((torch.randn(t, len(LAYERS), hidden, generator=g) * scale).to(torch.bfloat16))
-    return samples, states
-
+from hsstore.testing.factories import AUX, TARGET, make_data, provenance  # noqa: E402
+from hsstore.testing.factories import BENCH_LAYERS as LAYERS  # noqa: E402
 
 def evict(path: Path) -> None:
     os.sync()

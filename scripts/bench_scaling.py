@@ -31,10 +31,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_build import SHAPES  # noqa: E402
+from hsstore.testing.shapes import SHAPES  # noqa: E402
 
 
 def write_inputs(out: Path, rows: int, min_len: int, max_len: int) -> Path:

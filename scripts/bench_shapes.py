@@ -26,7 +26,7 @@ def child(bucketed: bool, rows: int, budget: int) -> dict:
     import numpy as np
     import torch
 
-    from bench_build import SHAPES  # the script folder is on sys.path when run as a script
+    from hsstore.testing.shapes import SHAPES
     from hsstore.build.backends import bound_kernels
     from hsstore.build.capture import LayerCapture, pad_batch
     from hsstore.build.models import ModelSpec

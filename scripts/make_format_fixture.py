@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
 
-from helpers import make_samples, make_states, new_variant  # noqa: E402
+from hsstore.testing.factories import make_samples, make_states, new_variant  # noqa: E402
 
 from hsstore.storage.writer import UnitWriter
 from hsstore import Store  # noqa: E402

@@ -13,6 +13,9 @@ from hsstore.storage.store import Store
 
 LAYERS = {"aux": [0, 1], "target": [2]}
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# the benchmarks' reads: 27B-shaped layer choice (hsstore.testing.shapes "27b")
+AUX, TARGET = [1, 16, 31, 46], [61]
+BENCH_LAYERS = AUX + TARGET
 BATCHING = {"padding_side": "right", "token_budget": 512, "attention_mask": True, "order": "length-descending"}
 
 
@@ -55,3 +58,18 @@ def new_variant(store: Store, dtype: str = "bf16", hidden: int = 16, codec: str 
     """A variant of ``provenance(dtype, backend)`` in ``store``; returns its id."""
     layers = layers or LAYERS
     return store.create_variant(provenance(dtype, backend, layers=layers), layers, hidden, dtype, codec, chunk)
+
+
+def make_data(n: int, hidden: int, seed: int = 0) -> tuple[list[SampleTokens], list[torch.Tensor]]:
+    """Samples and their states [T, 5, H] in bf16, shaped like real hidden states (heavy-tailed)."""
+    rng = np.random.default_rng(seed)
+    g = torch.Generator().manual_seed(seed)
+    samples, states = [], []
+    scale = torch.exp(torch.randn(hidden, generator=g))  # per-channel scales, like a residual stream
+    for _ in range(n):
+        t = int(rng.integers(400, 1200))
+        ids = rng.integers(0, 150000, t).astype(np.int32)
+        mask = np.ones(t, np.uint8)
+        samples.append(SampleTokens(sample_key("bench", ids, mask), ids, mask))
+        states.append((torch.randn(t, len(BENCH_LAYERS), hidden, generator=g) * scale).to(torch.bfloat16))
+    return samples, states
