@@ -99,7 +99,6 @@ path = "{store}"
     import torch
 
     gpu = torch.cuda.is_available()
-    sys.path.insert(0, str(REPO))
     from hsstore.build.backends import installed
 
     fla = installed("fla")
