@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,21 +26,44 @@ from hsstore.build.backends import force_backend  # noqa: E402
 force_backend("torch")
 
 
-@pytest.fixture(scope="session")
-def tiny_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real store built by the CLI from the bundled data: tiny hybrid model, bf16 and fp32 variants."""
-    d = tmp_path_factory.mktemp("tiny")
+def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """A directory made once per test run by ``build``, shared by every xdist worker of the run (the first
+    to ask builds it under a file lock, the others wait for it): session stores are built once, not once
+    per worker. Tests must treat it as read-only (copy it to change it)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's directory, above each worker's own
+    d = root / f"shared-{name}"
+    with open(root / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (d / ".done").exists():
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir()
+            build(d)
+            (d / ".done").write_text("")
+    return d
+
+
+def _build_tiny(d: Path) -> None:
     m = write_manifest(d / "m.toml", dtypes='["bf16", "fp32"]', layers="{ aux = [0, 1], target = [3] }")
     r = run_cli("build", str(m), "--limit", "40", "--quiet")
     assert r.returncode == 0, r.stderr
-    return d / "store.zarr"
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real store built by the CLI from the bundled data: tiny hybrid model, bf16 and fp32 variants."""
+    return shared_dir(tmp_path_factory, "tiny", _build_tiny) / "store.zarr"
 
 
 @pytest.fixture(scope="session")
 def attn_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real store of one tiny llama in three variants: bf16 with sdpa and with eager attention (two
     kernels of one recipe, the kind of pair diff exists for) and the fp32 sdpa floor."""
-    d = tmp_path_factory.mktemp("attn")
+    return shared_dir(tmp_path_factory, "attn", _build_attn) / "store.zarr"
+
+
+def _build_attn(d: Path) -> None:
     layers = "{ aux = [0, 1], target = [3] }"
     sdpa = write_manifest(d / "sdpa.toml", model="builtin:tiny-llama", dtypes='["bf16", "fp32"]', layers=layers)
     eager = write_manifest(d / "eager.toml", model="builtin:tiny-llama", dtypes='["bf16"]', layers=layers,
@@ -45,7 +71,6 @@ def attn_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for m in (sdpa, eager):
         r = run_cli("build", str(m), "--limit", "40", "--quiet")
         assert r.returncode == 0, r.stderr
-    return d / "store.zarr"
 
 
 def _free_port() -> int:

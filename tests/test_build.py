@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -15,7 +16,9 @@ from helpers import REPO, run_cli, write_manifest
 STANDIN = str(REPO / "tests" / "standin")
 
 
-def test_tiny_build_records_bound_kernels_and_rerun_writes_nothing(tiny_store: Path):
+def test_tiny_build_records_bound_kernels_and_rerun_writes_nothing(tiny_store: Path, tmp_path: Path):
+    shutil.copytree(tiny_store.parent, tmp_path / "tiny")  # a rerun appends build records: not in the shared store
+    tiny_store = tmp_path / "tiny" / "store.zarr"
     info = json.loads(run_cli("info", str(tiny_store), "--json").stdout)
     assert sorted(v["provenance"]["environment"]["dtype"] for v in info["variants"]) == ["bf16", "fp32"]
     for v in info["variants"]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -59,10 +60,11 @@ def test_share_gives_every_sample_to_one_rank_in_whole_global_batches(world: int
     assert sorted(seen) == list(range(len(lengths)))  # every sample on exactly one rank
 
 
-def test_build_result_keeps_the_documented_keys(tiny_store):
+def test_build_result_keeps_the_documented_keys(tiny_store, tmp_path):
     from helpers import run_cli
 
-    r = run_cli("build", str(tiny_store.parent / "m.toml"), "--limit", "40", "--quiet", "--json")
+    shutil.copytree(tiny_store.parent, tmp_path / "tiny")  # a rerun appends build records: not in the shared store
+    r = run_cli("build", str(tmp_path / "tiny" / "m.toml"), "--limit", "40", "--quiet", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     BuildResult.from_dict(out, "build --json")  # strict: every key typed, none unknown

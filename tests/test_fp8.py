@@ -26,15 +26,23 @@ from hsstore.storage.writer import UnitWriter
 FP8 = "precision=fp8-e4m3"
 
 
-@pytest.fixture
-def converted(tiny_store: Path, tmp_path: Path) -> Path:
-    """A copy of the tiny store (bf16 and fp32 variants) with an FP8 variant derived from the bf16 one."""
-    s = tmp_path / "s.zarr"
+@pytest.fixture(scope="module")
+def converted_once(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny store (bf16 and fp32 variants) with an FP8 variant converted from the bf16 one, made once."""
+    s = tmp_path_factory.mktemp("fp8") / "s.zarr"
     shutil.copytree(tiny_store, s)
     r = run_cli("convert", f"{s}#dtype=bf16", "--precision", "fp8-e4m3", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["complete"] and out["samples_converted"] == 40 and out["samples_present"] == 0
+    return s
+
+
+@pytest.fixture
+def converted(converted_once: Path, tmp_path: Path) -> Path:
+    """A test's own copy of the converted store (tests may change it)."""
+    s = tmp_path / "s.zarr"
+    shutil.copytree(converted_once, s)
     return s
 
 
