@@ -9,7 +9,8 @@ from hsstore.storage.writer import UnitWriter
 from hsstore import Store
 from hsstore.build.capture import LayerCapture
 from hsstore.build.models import ModelSpec
-from hsstore.build.pipeline import PinnedPool, capture_to_store, pinned_size
+from hsstore.build.pinned import PinnedPool, pinned_size
+from hsstore.build.pipeline import capture_to_store
 
 from helpers import make_samples, new_variant
 

@@ -52,7 +52,7 @@ def _reserve_pinned(plan: WorkerPlan, g: Geometry, devices: list[str]) -> Any:
     """On CUDA: bind our GPU and start pinning the first units' host buffers while the model loads."""
     import torch
 
-    from hsstore.build.pipeline import PINNED_POOL
+    from hsstore.build.pinned import PINNED_POOL
 
     if not devices[0].startswith("cuda"):
         return None
