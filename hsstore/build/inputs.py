@@ -109,6 +109,21 @@ def _numbered(rows: Iterable[tuple]) -> Iterable[tuple[str, int, Any]]:
             yield item[0], count[item[0]], item[1]
 
 
+def _fit(ids: list[int], mask: list[int], max_length: int, too_long: str, report: InputReport, file: str,
+         n: int) -> tuple[list[int], list[int]]:
+    """A tokenized row within ``max_length`` (truncated, and noted, unless ``too_long`` is "skip");
+    RowRejected when it is too long to keep or has no trainable token."""
+    if len(ids) > max_length:
+        if too_long == "skip":
+            raise RowRejected(f"longer than max_length={max_length}", f"{len(ids)} tokens")
+        report.note("truncated", file, n, f"truncated to max_length={max_length}", f"{len(ids)} tokens")
+        ids, mask = ids[:max_length], mask[:max_length]
+        report.truncated += 1
+    if not any(mask):
+        raise RowRejected("no trainable tokens (loss mask empty)")
+    return ids, mask
+
+
 def tokenize_rows(
     rows: Iterable[tuple],
     tok: Any,
@@ -131,15 +146,7 @@ def tokenize_rows(
             break
         report.rows += 1
         try:
-            ids, mask = tokens(row)
-            if len(ids) > max_length:
-                if too_long == "skip":
-                    raise RowRejected(f"longer than max_length={max_length}", f"{len(ids)} tokens")
-                report.note("truncated", file, n, f"truncated to max_length={max_length}", f"{len(ids)} tokens")
-                ids, mask = ids[:max_length], mask[:max_length]
-                report.truncated += 1
-            if not any(mask):
-                raise RowRejected("no trainable tokens (loss mask empty)")
+            ids, mask = _fit(*tokens(row), max_length, too_long, report, file, n)
         except RowRejected as r:
             report.rejected[r.reason] += 1
             report.note("rejected", file, n, r.reason, r.detail)

@@ -206,54 +206,70 @@ class ModelSpec:
     def load(self, dtype: Any, device: str | Sequence[str], attn_implementation: str | None) -> Any:
         """The model in eval mode on ``device`` in ``dtype``; given several devices, its decoder layers
         are spread over them in contiguous stages (see hsstore.build.placement)."""
-        import torch
-        from transformers import AutoModelForCausalLM
-
         devices = [device] if isinstance(device, str) else list(device)
         spread = len(devices) > 1
         if spread:
             from hsstore.build import placement
 
-            accelerate = placement.require_accelerate()
+            placement.require_accelerate()
         if self.builtin is not None:
-            config = self.config(len(builtin_tokenizer()))
-            if attn_implementation:
-                config._attn_implementation = attn_implementation
-            torch.manual_seed(self.seed)
-            if self.init_device == "device":
-                if spread:
-                    raise BadInput("[model] init_device = \"device\" draws weights on one GPU; a model spread over "
-                                   "several GPUs is drawn on the CPU: set init_device = \"cpu\"")
-                with torch.device(devices[0]):
-                    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-            else:
-                with torch.device("cpu"):
-                    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-                model = model.to(dtype=dtype, device="cpu" if spread else devices[0])
-            if spread:
-                dmap = placement.device_map(model, int(text_config(config).num_hidden_layers), devices)
-                model = accelerate.dispatch_model(model, device_map=dmap, force_hooks=True)
+            model = self._draw_builtin(dtype, devices, attn_implementation)
         else:
-            dmap = None
-            if spread:
-                config = self.config()
-                with torch.device("meta"):  # names and sizes only: no memory, no weights read
-                    skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=self.trust_remote_code)
-                dmap = placement.device_map(skeleton, int(text_config(config).num_hidden_layers), devices)
-            self.check()
-            try:
-                model = AutoModelForCausalLM.from_pretrained(
-                    self.path, dtype=dtype, trust_remote_code=self.trust_remote_code,
-                    attn_implementation=attn_implementation, device_map=dmap,
-                )
-            except Exception as e:  # not a model folder, damaged or foreign weights (safetensors' own errors too)
-                if isinstance(e, HsstoreError):
-                    raise
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise BadInput(f"cannot load a model from {self.path!r}: {first}; pass a save_pretrained folder "
-                               "(config.json and its weights)") from None
-            if not spread:
-                model = model.to(devices[0])
+            model = self._from_folder(dtype, devices, attn_implementation)
         if spread:
             placement.follow_current_device(model, int(text_config(model.config).num_hidden_layers))
         return model.eval()
+
+    def _draw_builtin(self, dtype: Any, devices: list[str], attn_implementation: str | None) -> Any:
+        """A builtin model's weights drawn from its seed (on the CPU or the device), placed on ``devices``."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        spread = len(devices) > 1
+        config = self.config(len(builtin_tokenizer()))
+        if attn_implementation:
+            config._attn_implementation = attn_implementation
+        torch.manual_seed(self.seed)
+        if self.init_device == "device":
+            if spread:
+                raise BadInput("[model] init_device = \"device\" draws weights on one GPU; a model spread over "
+                               "several GPUs is drawn on the CPU: set init_device = \"cpu\"")
+            with torch.device(devices[0]):
+                return AutoModelForCausalLM.from_config(config, dtype=dtype)
+        with torch.device("cpu"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = model.to(dtype=dtype, device="cpu" if spread else devices[0])
+        if spread:
+            from hsstore.build import placement
+
+            dmap = placement.device_map(model, int(text_config(config).num_hidden_layers), devices)
+            model = placement.require_accelerate().dispatch_model(model, device_map=dmap, force_hooks=True)
+        return model
+
+    def _from_folder(self, dtype: Any, devices: list[str], attn_implementation: str | None) -> Any:
+        """A save_pretrained folder's weights (checked first) loaded onto ``devices``; a folder that does
+        not load is one line naming it."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        dmap = None
+        if len(devices) > 1:
+            from hsstore.build import placement
+
+            config = self.config()
+            with torch.device("meta"):  # names and sizes only: no memory, no weights read
+                skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=self.trust_remote_code)
+            dmap = placement.device_map(skeleton, int(text_config(config).num_hidden_layers), devices)
+        self.check()
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                self.path, dtype=dtype, trust_remote_code=self.trust_remote_code,
+                attn_implementation=attn_implementation, device_map=dmap,
+            )
+        except Exception as e:  # not a model folder, damaged or foreign weights (safetensors' own errors too)
+            if isinstance(e, HsstoreError):
+                raise
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise BadInput(f"cannot load a model from {self.path!r}: {first}; pass a save_pretrained folder "
+                           "(config.json and its weights)") from None
+        return model if dmap is not None else model.to(devices[0])

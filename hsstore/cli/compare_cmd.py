@@ -76,6 +76,11 @@ def diff(
                           fraction=fraction, seed=seed, confidence=confidence,
                           allow_different_models=allow_different_models)
     _emit(report, json_path, diff_text)
+    _plot_and_bound(report, plot, max_rel)
+
+
+def _plot_and_bound(report: dict, plot: Optional[str], max_rel: Optional[float]) -> None:
+    """After the report is out: write ``--plot``, then fail (exit 1) when a layer's rel-L2 exceeds ``--max-rel``."""
     if plot:
         from hsstore.compare.plot import plot_diff
 

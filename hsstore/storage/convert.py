@@ -78,6 +78,62 @@ def _unit_payload(reader: VariantReader, commit: CommitRecord, skip: set[str]) -
     return samples, states, health, errors
 
 
+def _source(target: str) -> tuple[str, Store, str, VariantReader]:
+    """(path, store, variant id, reader) of the variant to convert; refused when it holds a damaged
+    commit or is already stored quantized."""
+    path, selector = split_target(target)
+    source = Store.open(path)
+    vid = source.select(selector)
+    reader = source.reader(vid)
+    reader.check_corrupt_commits()
+    rec = reader.record
+    if rec.stored_precision:
+        raise BadInput(f"variant {vid} is already stored as {rec.stored_precision}; convert a variant stored as computed "
+                       f"({rec.dtype}) instead")
+    return path, source, vid, reader
+
+
+class _Units:
+    """Converts the source's units into the derived variant, side by side on threads; counts what it wrote."""
+
+    def __init__(self, reader: VariantReader, out: Store, dvid: str, allow_unhealthy: bool,
+                 on_progress: Callable[[int, int], None] | None) -> None:
+        self.reader, self.out, self.dvid, self.on_progress = reader, out, dvid, on_progress
+        self.check_health = not allow_unhealthy
+        self.run = uuid.uuid4().hex[:8]
+        self.done = set(UnitWriter(out, dvid, writer_id=f"convert-{self.run}").committed_keys())
+        self.present = sum(1 for k in reader.keys if k in self.done)
+        self.written = {"samples": 0, "tokens": 0, "bytes": 0}
+        self.lock = threading.Lock()
+
+    def one(self, index: int, commit: CommitRecord) -> None:
+        payload = _unit_payload(self.reader, commit, self.done)
+        if payload is None:
+            return
+        samples, states, health, errors = payload
+        # unit ids sort like the source's units whatever order the threads finish in (and across resumes):
+        # a dataset over the derived variant sees the source's sample order
+        writer = UnitWriter(self.out, self.dvid, writer_id=f"c{index:06d}-{self.run}", check_health=self.check_health)
+        c = writer.write(samples, states, skip_committed=False, health=health, quant_error=errors)
+        if c is None:
+            return
+        with self.lock:
+            self.written["samples"] += len(c.samples)
+            self.written["tokens"] += c.n_tokens
+            self.written["bytes"] += sum(c.files.values())
+            self._progress()
+
+    def _progress(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self.present + self.written["samples"], len(self.reader.keys))
+
+    def all(self, workers: int) -> None:
+        self._progress()
+        with ThreadPoolExecutor(max(1, workers), thread_name_prefix="hsstore-convert") as pool:
+            for f in [pool.submit(self.one, i, c) for i, c in enumerate(self.reader.commits)]:
+                f.result()
+
+
 def convert(target: str, precision: str, dest: str | None = None, workers: int | None = None,
             allow_unhealthy: bool = False, on_progress: Callable[[int, int], None] | None = None,
             codec: str | None = None) -> dict[str, Any]:
@@ -90,15 +146,8 @@ def convert(target: str, precision: str, dest: str | None = None, workers: int |
         precision = parse_precision(precision)
     except ValueError as e:
         raise BadInput(str(e)) from None
-    path, selector = split_target(target)
-    source = Store.open(path)
-    vid = source.select(selector)
-    reader = source.reader(vid)
-    reader.check_corrupt_commits()
+    path, source, vid, reader = _source(target)
     rec = reader.record
-    if rec.stored_precision:
-        raise BadInput(f"variant {vid} is already stored as {rec.stored_precision}; convert a variant stored as computed "
-                       f"({rec.dtype}) instead")
     out = Store.create(dest) if dest else Store.open(path, mode="a")
     prov = derived_provenance(rec.prov, precision, vid, source.location).to_dict()
     try:
@@ -107,40 +156,13 @@ def convert(target: str, precision: str, dest: str | None = None, workers: int |
         raise BadInput(str(e)) from None
     dvid = out.create_variant(prov, rec.layers, rec.hidden_size, rec.dtype, codec,
                               chunk_tokens(rec.hidden_size, 1), precision=precision)
-    run = uuid.uuid4().hex[:8]
-    done = set(UnitWriter(out, dvid, writer_id=f"convert-{run}").committed_keys())
-    present = sum(1 for k in reader.keys if k in done)
-    written = {"samples": 0, "tokens": 0, "bytes": 0}
-    lock = threading.Lock()
-    if on_progress is not None:
-        on_progress(present, len(reader.keys))
-
-    def one(index: int, commit: CommitRecord) -> None:
-        payload = _unit_payload(reader, commit, done)
-        if payload is None:
-            return
-        samples, states, health, errors = payload
-        # unit ids sort like the source's units whatever order the threads finish in (and across resumes):
-        # a dataset over the derived variant sees the source's sample order
-        writer = UnitWriter(out, dvid, writer_id=f"c{index:06d}-{run}", check_health=not allow_unhealthy)
-        c = writer.write(samples, states, skip_committed=False, health=health, quant_error=errors)
-        if c is None:
-            return
-        with lock:
-            written["samples"] += len(c.samples)
-            written["tokens"] += c.n_tokens
-            written["bytes"] += sum(c.files.values())
-            if on_progress is not None:
-                on_progress(present + written["samples"], len(reader.keys))
-
+    units = _Units(reader, out, dvid, allow_unhealthy, on_progress)
     n = workers or min(4, os.cpu_count() or 1)
-    with ThreadPoolExecutor(max(1, n), thread_name_prefix="hsstore-convert") as pool:
-        for f in [pool.submit(one, i, c) for i, c in enumerate(reader.commits)]:
-            f.result()
+    units.all(n)
     derived = out.reader(dvid, refresh=True)
     return {"source": f"{source.location}#{vid}", "variant": dvid, "store": out.location, "precision": precision,
             "codec": codec,
-            "samples_converted": written["samples"], "samples_present": present, "tokens": written["tokens"],
-            "bytes": written["bytes"], "seconds": time.time() - t0, "workers": n,
-            "complete": all(k in derived.refs for k in reader.keys),
+            "samples_converted": units.written["samples"], "samples_present": units.present,
+            "tokens": units.written["tokens"], "bytes": units.written["bytes"], "seconds": time.time() - t0,
+            "workers": n, "complete": all(k in derived.refs for k in reader.keys),
             "error": {str(i): summary(e) for i, e in derived.quant_error().items()}}
