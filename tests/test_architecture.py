@@ -151,3 +151,23 @@ def test_info_and_verify_of_a_local_store_load_neither_torch_nor_transformers(tm
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         assert json.loads(out.stdout.strip().splitlines()[-1]) == [], f"hsstore {argv[0]} loads torch/transformers"
         assert "2 variant" in out.stdout or "OK: 4 samples checked" in out.stdout or '"variants"' in out.stdout
+
+
+MAX_MODULE_LINES = 300
+MAX_FUNCTION_LINES = 50
+
+
+def test_modules_and_functions_stay_small():
+    """One concept a module (<= 300 lines), one job a function (<= 50 lines, signature and docstring
+    included): past that, split by concept and name the pieces after what they do."""
+    wrong = []
+    for path in sorted(PKG.rglob("*.py")):
+        text = path.read_text()
+        rel = path.relative_to(PKG.parent)
+        if (n := len(text.splitlines())) > MAX_MODULE_LINES:
+            wrong.append(f"{rel}: {n} lines (at most {MAX_MODULE_LINES})")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if (n := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES:
+                    wrong.append(f"{rel}:{node.lineno} {node.name}: {n} lines (at most {MAX_FUNCTION_LINES})")
+    assert not wrong, "\n".join(wrong)
