@@ -158,7 +158,8 @@ class _Run:
         self.tok_fp, self.vocab, self.unit_tokens = tok_fp, vocab, unit_tokens
         self.probe_item = probe_item
         self.run_id = uuid.uuid4().hex[:12]
-        self.writer = UnitWriter(store, vid, writer_id=f"imp-{self.run_id}", check_health=not req.allow_unhealthy)
+        self.writer = UnitWriter(store, vid, writer_id=f"imp-{self.run_id}", check_health=not req.allow_unhealthy,
+                                 command="import")
         self.log = ImportLog(store, vid, fmt, root, self.run_id)
         self.done = set(self.writer.committed_keys())
         self.seen: set[str] = set()

@@ -14,6 +14,7 @@ the source it came from; the source is informational: it does not change a numbe
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -25,13 +26,15 @@ import torch
 
 from hsstore.core.errors import BadInput
 from hsstore.core.keys import SampleTokens
+from hsstore.core.provenance import variant_id
 from hsstore.core.quant import SCALE_SCHEME, Quantized, codec_for_codes, dequantize, parse_precision, quantize
 from hsstore.core.quant_error import error_tensor, from_error_tensor, merge, summary
 from hsstore.core.schema.provenance import Provenance, Storage, StorageSource
+from hsstore.storage import layout
 from hsstore.storage.codecs import chunk_tokens, parse_codec
 from hsstore.storage.records import CommitRecord
 from hsstore.storage.stats import stats_tensor
-from hsstore.storage.store import Store, VariantReader, split_target
+from hsstore.storage.store import Store, VariantReader, is_url, split_target
 from hsstore.storage.writer import UnitWriter
 
 QUANT_ROWS = 4096  # rows quantized at a time: bounds the float32 temporaries (80 MB at hidden 5120)
@@ -94,14 +97,22 @@ def _source(target: str) -> tuple[str, Store, str, VariantReader]:
 
 
 class _Units:
-    """Converts the source's units into the derived variant, side by side on threads; counts what it wrote."""
+    """Converts the source's units into the derived variant, side by side on threads; counts what it wrote.
 
-    def __init__(self, reader: VariantReader, out: Store, dvid: str, allow_unhealthy: bool,
+    The derived variant (``variant``: create_variant's arguments) is recorded when its first unit is ready
+    to commit: a convert that fails before (a damaged source) leaves no empty variant behind; one recorded
+    before (a killed convert) is resumed."""
+
+    def __init__(self, reader: VariantReader, out: Store, variant: tuple, precision: str, allow_unhealthy: bool,
                  on_progress: Callable[[int, int], None] | None) -> None:
-        self.reader, self.out, self.dvid, self.on_progress = reader, out, dvid, on_progress
+        self.reader, self.out, self.on_progress = reader, out, on_progress
+        self.variant, self.precision, self.dvid = variant, precision, variant_id(variant[0])
+        self.made = out.io.exists(layout.variant_meta(self.dvid))
+        if self.made:
+            out.create_variant(*variant, precision=precision)  # checks the recorded geometry
         self.check_health = not allow_unhealthy
         self.run = uuid.uuid4().hex[:8]
-        self.done = set(UnitWriter(out, dvid, writer_id=f"convert-{self.run}").committed_keys())
+        self.done = set(UnitWriter(out, self.dvid, writer_id=f"convert-{self.run}").committed_keys()) if self.made else set()
         self.present = sum(1 for k in reader.keys if k in self.done)
         self.written = {"samples": 0, "tokens": 0, "bytes": 0}
         self.lock = threading.Lock()
@@ -111,9 +122,11 @@ class _Units:
         if payload is None:
             return
         samples, states, health, errors = payload
+        self.record()
         # unit ids sort like the source's units whatever order the threads finish in (and across resumes):
         # a dataset over the derived variant sees the source's sample order
-        writer = UnitWriter(self.out, self.dvid, writer_id=f"c{index:06d}-{self.run}", check_health=self.check_health)
+        writer = UnitWriter(self.out, self.dvid, writer_id=f"c{index:06d}-{self.run}", check_health=self.check_health,
+                            command="convert")
         c = writer.write(samples, states, skip_committed=False, health=health, quant_error=errors)
         if c is None:
             return
@@ -122,6 +135,13 @@ class _Units:
             self.written["tokens"] += c.n_tokens
             self.written["bytes"] += sum(c.files.values())
             self._progress()
+
+    def record(self) -> None:
+        """Record the derived variant (once)."""
+        with self.lock:
+            if not self.made:
+                self.out.create_variant(*self.variant, precision=self.precision)
+                self.made = True
 
     def _progress(self) -> None:
         if self.on_progress is not None:
@@ -148,17 +168,24 @@ def convert(target: str, precision: str, dest: str | None = None, workers: int |
         raise BadInput(str(e)) from None
     path, source, vid, reader = _source(target)
     rec = reader.record
+    new_store = bool(dest) and not is_url(dest) and not os.path.lexists(dest)
     out = Store.create(dest) if dest else Store.open(path, mode="a")
     prov = derived_provenance(rec.prov, precision, vid, source.location).to_dict()
     try:
         codec = codec_for_codes(parse_codec(codec or rec.codec))
     except ValueError as e:
         raise BadInput(str(e)) from None
-    dvid = out.create_variant(prov, rec.layers, rec.hidden_size, rec.dtype, codec,
-                              chunk_tokens(rec.hidden_size, 1), precision=precision)
-    units = _Units(reader, out, dvid, allow_unhealthy, on_progress)
+    variant = (prov, rec.layers, rec.hidden_size, rec.dtype, codec, chunk_tokens(rec.hidden_size, 1))
+    units = _Units(reader, out, variant, precision, allow_unhealthy, on_progress)
     n = workers or min(4, os.cpu_count() or 1)
-    units.all(n)
+    try:
+        units.all(n)
+    except BaseException:
+        if new_store and not units.made:  # the store this convert made holds nothing: leave no trace
+            shutil.rmtree(dest, ignore_errors=True)
+        raise
+    units.record()  # an empty source: the variant is recorded, as a build of nothing records it
+    dvid = units.dvid
     derived = out.reader(dvid, refresh=True)
     return {"source": f"{source.location}#{vid}", "variant": dvid, "store": out.location, "precision": precision,
             "codec": codec,

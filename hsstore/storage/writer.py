@@ -46,8 +46,10 @@ def _now() -> str:
 class UnitWriter:
     """Writes units of one variant. Exactly one writer owns a unit id; nothing is visible until commit."""
 
-    def __init__(self, store: Store, vid: str, writer_id: str | None = None, check_health: bool = True) -> None:
+    def __init__(self, store: Store, vid: str, writer_id: str | None = None, check_health: bool = True,
+                 command: str = "build") -> None:
         self.store = store
+        self.command = command  # the hsstore command that resumes this writer's work (named in failures)
         self.vid = vid
         self.record = store.variant_record(vid)
         self.writer_id = layout.check_name(writer_id or uuid.uuid4().hex[:12], "writer id")
@@ -155,8 +157,8 @@ class UnitWriter:
 
     def _failed(self, uid: str, e: WriteFailed) -> WriteFailed:
         return WriteFailed(f"unit {uid} of variant {self.vid}: {e}; the unit is not committed. Free space (or "
-                           "raise the file-size limit) and re-run the same command: the build resumes from "
-                           "its committed units")
+                           f"raise the file-size limit) and re-run the same command: `hsstore {self.command}` resumes "
+                           "from its committed units")
 
     def _write_arrays(self, uid: str, samples: Sequence[SampleTokens],
                       states: dict[int, torch.Tensor]) -> dict[str, Written]:

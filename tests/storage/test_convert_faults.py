@@ -1,0 +1,84 @@
+"""convert under faults: a damaged source leaves no empty variant (or store) behind, a convert that
+stopped after committing units resumes, and a write fault names the command that resumes it."""
+
+from __future__ import annotations
+
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import REPO, make_samples, make_states, new_variant
+
+from hsstore import Store
+from hsstore.storage.verify import verify
+from hsstore.storage.writer import UnitWriter
+
+
+def _source(tmp: Path, n: int = 6) -> Path:
+    """A bf16 store of ``n`` one-sample units."""
+    s = tmp / "src.zarr"
+    store = Store.create(s)
+    vid = new_variant(store, "bf16", hidden=256, codec="zstd", chunk=64)
+    w = UnitWriter(store, vid, check_health=False)
+    for i, smp in enumerate(make_samples([64 + 5 * i for i in range(n)], seed=1)):
+        w.write([smp], make_states([smp], 256, "bf16", [0, 1, 2], seed=i))
+    return s
+
+
+def _damage(src: Path, unit_index: int | None = None) -> None:
+    """Flip a byte in every layer shard of the ``unit_index``-th unit (in unit-id order; None: of all)."""
+    units = sorted(src.glob("variants/*/units/*/"))
+    for f in (f for u in (units if unit_index is None else [units[unit_index]]) for f in u.glob("layer_*/c/**/*")):
+        if f.is_file():
+            b = bytearray(f.read_bytes())
+            b[len(b) // 2] ^= 0xFF
+            f.write_bytes(bytes(b))
+
+
+def _convert(src: Path, *extra: str, preexec=None) -> subprocess.CompletedProcess:  # noqa: ANN001
+    return subprocess.run([sys.executable, "-m", "hsstore", "convert", str(src), "--precision", "fp8-e4m3",
+                           "--quiet", *extra], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          preexec_fn=preexec)
+
+
+def test_a_damaged_source_leaves_no_empty_variant_and_no_new_store(tmp_path: Path) -> None:
+    src = _source(tmp_path)
+    _damage(src)  # every unit: not one converts
+    before = sorted(p.name for p in (src / "variants").iterdir())
+    r = _convert(src, "--workers", "1")  # into the source's own store
+    assert r.returncode == 1 and "crc32c" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert sorted(p.name for p in (src / "variants").iterdir()) == before  # no derived variant directory
+    dst = tmp_path / "dst.zarr"
+    r = _convert(src, "--workers", "1", "--store", str(dst))
+    assert r.returncode == 1 and "crc32c" in r.stderr, r.stderr
+    assert not dst.exists()  # the store it would have made is not left behind
+
+
+def test_a_convert_stopped_after_committing_units_keeps_them_and_resumes(tmp_path: Path) -> None:
+    src = _source(tmp_path)
+    _damage(src, 3)  # unit 3 fails, the others convert
+    dst = tmp_path / "dst.zarr"
+    r = _convert(src, "--workers", "1", "--store", str(dst))
+    assert r.returncode == 1 and "crc32c" in r.stderr, r.stderr
+    [v] = Store.open(dst).variants
+    assert v.n_samples == 5 and verify(Store.open(dst))["ok"]  # what it committed is there and sound
+    fixed = _source(tmp_path / "again")  # the same samples, undamaged
+    r = _convert(fixed, "--store", str(dst), "--json")
+    assert r.returncode == 0, r.stderr
+    assert '"samples_present": 5' in r.stdout and '"samples_converted": 1' in r.stdout
+    assert [x.n_samples for x in Store.open(dst).variants] == [6]
+
+
+def test_a_write_fault_in_convert_names_convert_as_what_resumes(tmp_path: Path) -> None:
+    src = _source(tmp_path)
+
+    def limit() -> None:  # writes past 8 KiB fail with EFBIG (SIGXFSZ ignored) instead of killing it
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8 << 10, 8 << 10))
+
+    r = _convert(src, "--workers", "1", "--store", str(tmp_path / "dst.zarr"), preexec=limit)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert r.returncode == 1 and len(errors) == 1 and "File too large" in errors[0], r.stderr
+    assert "`hsstore convert` resumes" in errors[0] and "build" not in errors[0]
