@@ -112,7 +112,8 @@ class _Units:
             out.create_variant(*variant, precision=precision)  # checks the recorded geometry
         self.check_health = not allow_unhealthy
         self.run = uuid.uuid4().hex[:8]
-        self.done = set(UnitWriter(out, self.dvid, writer_id=f"convert-{self.run}").committed_keys()) if self.made else set()
+        done = UnitWriter(out, self.dvid, writer_id=f"convert-{self.run}").committed_keys() if self.made else set()
+        self.done = set(done)
         self.present = sum(1 for k in reader.keys if k in self.done)
         self.written = {"samples": 0, "tokens": 0, "bytes": 0}
         self.lock = threading.Lock()
