@@ -13,7 +13,7 @@ import pytest
 import xxhash
 
 from hsstore import HiddenStateDataset, ProvenanceMismatch, Store
-from hsstore.build.models import ModelSpec
+from hsstore.build.models import ModelSpec, check_torch_file
 from hsstore.core.errors import BuildFailed
 from hsstore.core.filehash import hash_files, stamp
 
@@ -161,6 +161,24 @@ def test_a_truncated_weight_file_is_refused_before_a_store_is_made(model_dir: Pa
     data = (model / "model.safetensors").read_bytes()
     (model / "model.safetensors").write_bytes(data[: len(data) // 2])  # a download cut short
     _refused_before_a_store(model, tmp_path, r"model\.safetensors' is not a whole safetensors file")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped"])
+def test_a_damaged_bin_checkpoint_is_refused_before_a_store_is_made(model_dir: Path, tmp_path: Path, damage: str):
+    import torch
+    from safetensors.torch import load_file
+
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model, ignore=shutil.ignore_patterns("*.safetensors"))
+    torch.save(load_file(model_dir / "model.safetensors"), model / "pytorch_model.bin")  # the pre-safetensors format
+    data = bytearray((model / "pytorch_model.bin").read_bytes())
+    check_torch_file(model / "pytorch_model.bin")  # whole: accepted
+    if damage == "truncated":
+        data = data[: len(data) // 2]  # a download cut short
+    else:
+        data[len(data) // 2] ^= 0xFF  # a bad sector or a bad copy, size kept
+    (model / "pytorch_model.bin").write_bytes(bytes(data))
+    _refused_before_a_store(model, tmp_path, r"pytorch_model\.bin' is not a whole torch checkpoint")
 
 
 def test_a_hub_cache_snapshot_of_symlinks_is_the_same_model(model_dir: Path, tmp_path: Path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,25 @@ def check_safetensors(path: Path) -> None:
         ends = None
     if ends is None or 8 + n + max(ends, default=0) != size:
         raise BadInput(f"weight file {str(path)!r} is not a whole safetensors file (truncated or damaged?); "
+                       "re-download or re-save the checkpoint")
+
+
+def check_torch_file(path: Path) -> None:
+    """BadInput unless ``path`` is a whole torch checkpoint: the zip torch.save writes (since 1.6) with its
+    pickle, every member's CRC checked (one read, like hashing it), or a legacy pickle (not checkable
+    without loading it: accepted). Found here, before any store is made, not by the worker."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if head != b"PK\x03\x04":
+            ok = head[:1] == b"\x80"  # a pickle of protocol 2 or later: the legacy format
+        else:
+            with zipfile.ZipFile(path) as z:
+                ok = any(n.endswith("data.pkl") for n in z.namelist()) and z.testzip() is None
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError):
+        ok = False
+    if not ok:
+        raise BadInput(f"weight file {str(path)!r} is not a whole torch checkpoint (truncated or damaged?); "
                        "re-download or re-save the checkpoint")
 
 
@@ -144,6 +164,8 @@ class ModelSpec:
         for p in files:
             if p.name.endswith(".safetensors"):
                 check_safetensors(p)
+            elif p.name.endswith((".bin", ".pt", ".pth")):
+                check_torch_file(p)
         for index in (p for p in files if p.name.endswith(".index.json")):
             missing = sorted(set(_index_shards(index)) - {p.name for p in files})
             if missing:  # an interrupted download or copy: found now, not by the worker after the store is made
