@@ -88,3 +88,28 @@ def test_bad_builtin_config_overrides_are_one_line(tmp_path: Path, override: str
     r = run_cli("build", str(m), "--quiet")
     assert r.returncode == 2, r.stderr
     assert words in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_tilde_in_manifest_paths_and_store_arguments_is_the_home_folder(tmp_path: Path) -> None:
+    """``~`` means the home folder as in a shell (a manifest value and a quoted argument reach hsstore
+    unexpanded): model path, data files and store path of the manifest, ``--store`` and a store argument."""
+    import json
+    import shutil
+
+    from helpers import DATA, save_local_model
+
+    home = tmp_path / "home"
+    save_local_model(home / "models" / "llama")
+    shutil.copy(DATA, home / "data.jsonl")
+    (tmp_path / "elsewhere").mkdir()
+    m = write_manifest(tmp_path / "elsewhere" / "m.toml", model="~/models/llama", files=["~/data.jsonl"],
+                       store="~/out/s.zarr")
+    env = {"HOME": str(home)}
+    r = run_cli("build", str(m), "--limit", "4", "--quiet", "--json", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (home / "out" / "s.zarr" / "zarr.json").is_file() and not (tmp_path / "elsewhere" / "~").exists()
+    r = run_cli("build", str(m), "--limit", "4", "--quiet", "--store", "~/other.zarr", env=env)
+    assert r.returncode == 0 and (home / "other.zarr" / "zarr.json").is_file(), r.stderr[-2000:]
+    r = run_cli("info", "~/out/s.zarr", "--json", env=env)
+    assert r.returncode == 0 and [v["n_samples"] for v in json.loads(r.stdout)["variants"]] == [4], r.stdout
+    assert load_manifest(m).data_files == [str(Path.home() / "data.jsonl")]

@@ -10,6 +10,7 @@ from typing import Any
 
 from hsstore.core.dtypes import parse_dtype
 from hsstore.core.errors import BadInput
+from hsstore.core.paths import expand_user
 from hsstore.core.quant import PRECISIONS
 from hsstore.core.schema.manifest import FINAL_NORM, TABLES, Manifest, ManifestFile
 from hsstore.storage.codecs import CHOICES as CODECS
@@ -121,7 +122,7 @@ def _require(source: str, raw: dict[str, Any]) -> None:
 
 def load_manifest(path: str | Path) -> Manifest:
     """The resolved manifest at ``path``: strict types, unknown keys refused, paths made absolute."""
-    p, source = Path(path), str(path)
+    p, source = Path(expand_user(str(path))), str(path)
     raw = _read_toml(p, source)
     _check_keys(source, raw)
     _require(source, raw)
@@ -129,6 +130,7 @@ def load_manifest(path: str | Path) -> Manifest:
     base = p.resolve().parent
 
     def resolve(x: str) -> str:
+        x = expand_user(x)  # "~/data.jsonl" is the home folder's, as in a shell, not "<manifest dir>/~"
         return x if ("://" in x or Path(x).is_absolute() or not x) else os.path.normpath(base / x)
 
     files = f.data.files if isinstance(f.data.files, list) else [f.data.files]

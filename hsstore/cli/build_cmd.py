@@ -35,9 +35,10 @@ def build(
     """
     from hsstore.build.driver import build as run_build
     from hsstore.build.manifest import load_manifest
+    from hsstore.core.paths import expand_user
 
     m = load_manifest(manifest).with_overrides(
-        store_path=store, backends=backend, dtypes=dtype, devices=device, codec=codec, gpus_per_rank=gpus_per_rank,
+        store_path=expand_user(store) if store else store, backends=backend, dtypes=dtype, devices=device, codec=codec, gpus_per_rank=gpus_per_rank,
         allow_unhealthy=allow_unhealthy or None, precision=precision,
     )
     summary = run_build(m, limit=limit, quiet=quiet)

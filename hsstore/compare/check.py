@@ -38,6 +38,7 @@ from hsstore.core import quant
 from hsstore.core.batching import POLICY, padded_length, token_budget_batches
 from hsstore.core.dtypes import TORCH
 from hsstore.core.errors import BadInput
+from hsstore.core.paths import expand_user
 from hsstore.core.schema.base import is_set, or_none
 from hsstore.core.schema.diff import CheckReport, FieldDifference, LayerDiff
 from hsstore.core.schema.provenance import Batching, Recipe
@@ -88,7 +89,7 @@ def model_spec(model: str, recipe: Recipe) -> ModelSpec:
     if model.startswith("builtin:"):
         seed, init_device = or_none(rec.seed), or_none(rec.init_device)
         return ModelSpec(model, seed=seed if seed is not None else 0, init_device=init_device or "cpu")
-    return ModelSpec(model)
+    return ModelSpec(expand_user(model))
 
 
 def bind_backend(reader: VariantReader) -> None:

@@ -12,6 +12,7 @@ import msgspec
 
 from hsstore.core.dtypes import STORED
 from hsstore.core.errors import BadInput, CorruptData, StoreNotFound, UnsupportedFormat
+from hsstore.core.paths import expand_user
 from hsstore.core.provenance import select, variant_id
 from hsstore.core.schema.array import GroupMeta
 from hsstore.core.schema.base import explain
@@ -98,7 +99,7 @@ class Store:
             store = cls(path, path.location)
             store._check_root()
             return store
-        path = os.fspath(path)
+        path = expand_user(os.fspath(path))
         if not is_url(path):
             p = Path(path)
             if not p.exists():
@@ -115,7 +116,7 @@ class Store:
         if isinstance(path, Backend):
             store = cls(path, path.location)
         else:
-            path = os.fspath(path)
+            path = expand_user(os.fspath(path))
             if not is_url(path):
                 _prepare_directory(Path(path))
             store = cls(open_backend(path, read_only=False), path)
