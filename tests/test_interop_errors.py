@@ -173,3 +173,27 @@ def test_interop_catalogue_documents_every_case():
     doc = (REPO / "docs" / "errors.md").read_text()
     missing = [c for c in CASES if f"`{c}`" not in doc]
     assert not missing, f"docs/errors.md lacks rows for {missing}"
+
+
+@pytest.mark.parametrize("fmt", ["specforge", "modelopt"])
+def test_export_on_a_full_disk_is_an_io_fault_exit_1_naming_the_os_error(fmt: str, tmp_path: Path) -> None:
+    """Running out of space (here: a file-size limit, EFBIG) mid-export is exit 1 naming the OS error, not
+    exit 2 "choose a writable folder": the folder was writable; no temporary file is left."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    store = _exported(tmp_path)
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 10, 4 << 10))
+
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "hsstore", "export", store, fmt, str(out)], cwd=REPO,
+                       capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert r.returncode == 1 and len(errors) == 1 and "File too large" in errors[0], r.stderr[-2000:]
+    assert "writable" not in errors[0] and "Traceback" not in r.stderr
+    assert not [p for p in out.rglob("*") if "tmp" in p.name]

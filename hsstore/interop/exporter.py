@@ -115,6 +115,8 @@ def export_cache(req: ExportRequest) -> dict[str, Any]:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise BadInput(f"cannot create export folder {str(dest)!r}: {e.strerror or e}; choose a writable path") from None
+    if not os.access(dest, os.W_OK | os.X_OK):
+        raise BadInput(f"export folder {str(dest)!r} is not writable; choose a writable folder")
     for stale in list(dest.rglob(f"*{TMP_SUFFIX}")):  # a killed export's temporary files
         shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
     write_sidecar(fmt.sidecar(dest), _record(fmt, reader, path, aux, target, len(keys), 0, complete=False))

@@ -18,7 +18,7 @@ from typing import Any
 import xxhash
 
 from hsstore.core.canonical import fingerprint
-from hsstore.core.errors import BadInput, CorruptData
+from hsstore.core.errors import BadInput, CorruptData, WriteFailed
 from hsstore.core.schema.imported import ExportRecord, ImportChunk, ImportDone, ImportEntry
 from hsstore.interop.formats.base import Format
 from hsstore.interop.sample import FileDigest, read_bytes
@@ -135,5 +135,10 @@ def read_sidecar(path: Path, fmt: str) -> ExportRecord | None:
 
 def write_sidecar(path: Path, record: ExportRecord) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record.to_dict(), indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(record.to_dict(), indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise WriteFailed(f"writing {path} failed: {e.strerror or e}; the export is not complete. Free space and "
+                          "re-run the same command") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 from pathlib import Path
@@ -11,10 +12,23 @@ from typing import Any
 import torch
 import xxhash
 
-from hsstore.core.errors import BadInput
+from hsstore.core.errors import BadInput, WriteFailed
 from hsstore.interop.sample import FileDigest, SourceSample
 
 TMP_SUFFIX = ".hsstore-tmp"  # never matches a tool's suffix (.ckpt, .pt, .safetensors), removed on failure
+
+
+# errors that say the place is wrong (a file where a folder belongs, no permission), not that writing failed
+PLACE_ERRORS = frozenset({errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def write_failed(path: Path, e: OSError) -> BadInput | WriteFailed:
+    """The error for a failed write to ``path``: a place that cannot take the file is bad input (exit 2);
+    an I/O fault (a full disk, a quota, a failing device) is exit 1, the OS error named."""
+    if e.errno in PLACE_ERRORS:
+        return BadInput(f"cannot write {path}: {e.strerror or e}; choose a writable folder")
+    return WriteFailed(f"writing {path} failed: {e.strerror or e}; the export is not complete (no partial file is "
+                       "left). Free space and re-run the same command")
 
 
 def atomic_write(root: Path, rel: str, data: bytes) -> FileDigest:
@@ -29,7 +43,7 @@ def atomic_write(root: Path, rel: str, data: bytes) -> FileDigest:
     except OSError as e:
         with contextlib.suppress(OSError):  # its folder may not exist (or be a file)
             tmp.unlink(missing_ok=True)
-        raise BadInput(f"cannot write {path}: {e.strerror or e}; choose a writable folder with free space") from None
+        raise write_failed(path, e) from None
     return FileDigest(rel, len(data), xxhash.xxh3_128_hexdigest(data))
 
 
