@@ -117,3 +117,13 @@ def test_check_refuses_a_backend_whose_kernels_are_missing(tmp_path: Path):
                                            "attention": "sdpa"}, backend="fla")
     r = run_cli("check", "builtin:tiny-qwen3_5", target)
     assert r.returncode == 2 and "backend 'fla' needs the flash-linear-attention kernels" in r.stderr
+
+
+def test_check_with_another_builtin_model_says_the_model_differs(tiny_store: Path):
+    """A model of another architecture binds other kernels too; the refusal names the models, not the kernels."""
+    r = run_cli("check", "builtin:tiny-llama", f"{tiny_store}#dtype=bf16", "--samples", "2")
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert r.returncode == 2 and len(errors) == 1, r.stderr[-2000:]
+    rec = Store.open(tiny_store).reader(Store.open(tiny_store).select("dtype=bf16")).record.prov.recipe.model
+    assert "another model" in errors[0] and "builtin:tiny-llama" in errors[0] and "builtin:tiny-qwen3_5" in errors[0]
+    assert rec.fingerprint in errors[0] and "fresh process" not in errors[0]

@@ -111,6 +111,7 @@ def load_model(spec: ModelSpec, reader: VariantReader, device: str) -> Any:
     wrong = {k: (bound.get(k), v) for k, v in recorded.items() if bound.get(k) != v}
     if wrong:
         what = ", ".join(f"{k}: {b!r} here, {v!r} recorded" for k, (b, v) in wrong.items())
+        refuse_other_model(spec.identity(model.config).to_dict(), reader, f"it binds other kernels ({what})")
         raise BadInput(f"this process binds other kernels than variant {reader.id} was computed with ({what}); run "
                        "`hsstore check` in a fresh process with the recorded backend's packages installed "
                        f"(backend {env.backend!r})")
@@ -234,10 +235,23 @@ def run_check(model: str, target: str, samples: int | None = None, seed: int = 0
         verdict_kind=kind, notes=notes, seconds=time.perf_counter() - t0, **extra)
 
 
+def refuse_other_model(identity: dict[str, Any], reader: VariantReader, why: str) -> None:
+    """BadInput (exit 2, as for a geometry mismatch) when the model is not the one the variant recorded
+    and ``why`` says it cannot recompute the stored states at all: both models are named."""
+    rec = reader.record.prov.recipe.model
+    recorded = str(or_none(rec.fingerprint) or "")
+    if recorded and identity["fingerprint"] != recorded:  # (a variant that recorded none cannot tell)
+        raise BadInput(f"the model is another model than variant {reader.id} was computed by: {identity['name']} "
+                       f"(fingerprint {identity['fingerprint']}) here, {rec.name} (fingerprint {recorded}) "
+                       f"recorded, and {why}; pass the model (or build manifest) the variant was built from")
+
+
 def check_geometry(identity: dict[str, Any], reader: VariantReader) -> None:
     rec = reader.record.prov.recipe.model
     for field, recorded in (("num_layers", rec.num_layers), ("hidden_size", rec.hidden_size)):
         if is_set(recorded) and recorded != identity[field]:
+            why = f"it has {field} = {identity[field]}, not {recorded}"
+            refuse_other_model(identity, reader, why)
             raise BadInput(f"the model has {field} = {identity[field]}, variant {reader.id} was computed by a model "
                            f"with {recorded}: these are different models; pass the model (or build manifest) "
                            "the variant was built from")
