@@ -74,6 +74,16 @@ def _check_dest(fmt: Format, dest: Path, store: str, vid: str) -> None:
         raise BadInput(f"export folder {str(dest)!r} exists and is not empty; choose a new or empty folder")
 
 
+def _make_dest(dest: Path) -> None:
+    """Create the export folder; BadInput (before anything is written) if it cannot be made or written."""
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadInput(f"cannot create export folder {str(dest)!r}: {e.strerror or e}; choose a writable path") from None
+    if not os.access(dest, os.W_OK | os.X_OK):
+        raise BadInput(f"export folder {str(dest)!r} is not writable; choose a writable folder")
+
+
 def _record(fmt: Format, reader: Any, store: str, aux: list[int], target: int, n: int, files: int,
             complete: bool) -> ExportRecord:
     prov = reader.record.provenance
@@ -111,12 +121,7 @@ def export_cache(req: ExportRequest) -> dict[str, Any]:
     dest = Path(req.dest)
     _check_dest(fmt, dest, path, reader.id)
     keys = reader.keys[: req.limit] if req.limit is not None else list(reader.keys)
-    try:
-        dest.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise BadInput(f"cannot create export folder {str(dest)!r}: {e.strerror or e}; choose a writable path") from None
-    if not os.access(dest, os.W_OK | os.X_OK):
-        raise BadInput(f"export folder {str(dest)!r} is not writable; choose a writable folder")
+    _make_dest(dest)
     for stale in list(dest.rglob(f"*{TMP_SUFFIX}")):  # a killed export's temporary files
         shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
     write_sidecar(fmt.sidecar(dest), _record(fmt, reader, path, aux, target, len(keys), 0, complete=False))
