@@ -164,3 +164,41 @@ def test_write_error_stops_build_and_keeps_committed_data(reference, tmp_path: P
     blocker.rename(units)
     s = Store.open(tmp_path / "full.zarr")
     assert s.variants[0].n_samples == before and verify(s)["ok"]
+
+
+def test_a_build_overtaken_by_a_concurrent_build_reports_the_truth(tmp_path: Path):
+    """Build B commits a unit and is frozen; build A fills the variant; B resumes and finds every sample it
+    computes committed already. B's counts must add up: written + present + committed by another writer."""
+    import os
+    import signal
+
+    from helpers import children
+
+    m = write_manifest(tmp_path / "m.toml", layers="{ aux = [0, 1], target = [3] }")
+    m.write_text(m.read_text().replace("unit_tokens = 2048", "unit_tokens = 256").replace("token_budget = 2048",
+                                                                                          "token_budget = 256"))
+    cmd = [sys.executable, "-m", "hsstore", "build", str(m), "--limit", "40", "--quiet", "--json"]
+    b = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    store = tmp_path / "store.zarr"
+    deadline = time.time() + 120
+    while time.time() < deadline and b.poll() is None and not list(store.glob("variants/*/commits/*.json")):
+        time.sleep(0.005)
+    group = [b.pid, *children(b.pid)]
+    for pid in group:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        n_before = sum(len(json.loads(c.read_text())["samples"]) for c in store.glob("variants/*/commits/*.json"))
+        assert b.poll() is None and 0 < n_before < 40, "build B was not stopped mid-way"
+        a = run_cli("build", str(m), "--limit", "40", "--quiet", "--json")
+        assert a.returncode == 0, a.stderr[-2000:]
+    finally:
+        for pid in reversed(group):
+            os.kill(pid, signal.SIGCONT)
+    out, err = b.communicate(timeout=300)
+    assert b.returncode == 0, err[-2000:]
+    (va,) = json.loads(a.stdout)["variants"]
+    (vb,) = json.loads(out)["variants"]
+    total = va["samples_written"] + va["samples_present"]
+    assert total == Store.open(store).variants[0].n_samples
+    assert vb["samples_by_others"] > 0 and vb["samples_written"] >= n_before
+    assert vb["samples_written"] + vb["samples_present"] + vb["samples_by_others"] == total

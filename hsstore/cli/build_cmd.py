@@ -62,7 +62,10 @@ def _lines(summary: BuildResult) -> list[str]:
     lines.append(f"inputs: {inp.rows} rows, {inp.usable} usable, {inp.truncated} truncated, "
                  f"{inp.duplicates} duplicate; rejected: {rej}")
     for r in summary.variants:
-        what = "nothing new (all present)" if r.samples_written == 0 else f"{r.samples_written} samples written"
+        what = "nothing new (all present)" if r.samples_written == r.samples_by_others == 0 else \
+            f"{r.samples_written} samples written"
+        if r.samples_by_others:  # computed here, committed first by a concurrent build
+            what += f", {r.samples_by_others} committed meanwhile by another writer"
         k = r.kernels
         lines.append(
             f"variant {r.variant} {r.backend}/{r.dtype}/{r.device}: {what}, {r.samples_present} "

@@ -71,6 +71,8 @@ class VariantResult(Record):
     steady_seconds: float  # ... and the time from its end to the last forward
     peak_gpu_memory_gb: dict[str, float]
     # CUDA only: the pinned host buffers reserved while the model loaded
+    # this build computed them, but another writer (a concurrent build of the store) committed them first
+    samples_by_others: int = 0
     pinned_reserve_seconds: float | UnsetType = UNSET
     pinned_reserve_wait_seconds: float | UnsetType = UNSET
     pinned_reserve_bytes: int | UnsetType = UNSET
