@@ -20,31 +20,10 @@ import json
 import sys
 from pathlib import Path
 
-from seed_experiment import SIZES, hs, long_rows, sh  # the script folder is on sys.path when run as a script
+from hsstore.testing.seed import SIZES, hs, long_rows, manifest, sh
 
 REPO = Path(__file__).resolve().parents[1]
 FP8 = "precision=fp8-e4m3"
-
-
-def manifest(out: Path, data: Path, size: str, device: str) -> Path:
-    config, layers, max_len = SIZES[size]
-    m = out / "seed.toml"
-    m.write_text(f"""[model]
-path = "builtin:tiny-qwen3_5"
-{config}
-layers = {layers}
-[data]
-files = ["{data}"]
-max_length = {max_len}
-[build]
-backends = ["torch"]
-dtypes = ["bf16"]
-devices = ["{device}"]
-token_budget = 16384
-[store]
-path = "{out / 'store.zarr'}"
-""")
-    return m
 
 
 def main() -> None:

@@ -16,8 +16,7 @@ import json
 import time
 from pathlib import Path
 
-from gpu_fp8_seed import manifest  # the script folder is on sys.path when run as a script
-from seed_experiment import SIZES, hs, long_rows, sh
+from hsstore.testing.seed import SIZES, hs, long_rows, manifest, sh
 
 
 def diff(a: str, b: str, c: str, *extra: str) -> tuple[dict, float]:

@@ -11,54 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "hsstore" / "data" / "conversations.jsonl"
-SIZES = {
-    "tiny": ("", "{ aux = [0, 1, 2], target = [3] }", 512),
-    "gpu": ("config = { hidden_size = 2048, intermediate_size = 6144, num_hidden_layers = 24, num_attention_heads = 16, "
-            "num_key_value_heads = 4, head_dim = 128, linear_num_key_heads = 16, linear_num_value_heads = 32, "
-            "linear_key_head_dim = 128, linear_value_head_dim = 128 }",
-            "{ aux = [1, 8, 15], target = [22] }", 2048),
-}
-
-
-def sh(args: list[str], out: Path | None = None, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
-    print("+", " ".join(args), flush=True)
-    r = subprocess.run(args, capture_output=True, text=True, env={**os.environ, **(env or {})})
-    if out is not None:
-        out.write_text(r.stdout)
-    if r.returncode != 0 and check:
-        print(r.stdout[-2000:], r.stderr[-4000:], file=sys.stderr)
-        raise SystemExit(f"failed: {' '.join(args)}")
-    return r
-
-
-def long_rows(n: int, short: int, max_len: int) -> str:
-    """N text rows: the first ``short`` of ~max_len/8 bytes, the rest just under max_len bytes."""
-    texts = []
-    for line in DATA.read_text().splitlines():
-        row = json.loads(line)
-        turns = row.get("messages") or [{"content": t["value"]} for t in row["conversations"]]
-        texts.append("\n".join(t["content"] for t in turns))
-    blob = "\n\n".join(texts).encode()
-    rows, pos = [], 0
-    for i in range(n):
-        size = max_len // 8 if i < short else max_len - 16
-        chunk = blob[pos: pos + size]
-        if len(chunk) < size:
-            pos, chunk = 0, blob[:size]
-        pos += size
-        rows.append(json.dumps({"text": chunk.decode("utf-8", "ignore") + f" #{i}"}))
-    return "\n".join(rows) + "\n"
-
-
-def hs(*args: str) -> list[str]:
-    return [sys.executable, "-m", "hsstore", *args]
+from hsstore.testing.seed import DATA, SIZES, hs, long_rows, manifest, sh
 
 
 def main() -> None:
@@ -74,28 +30,12 @@ def main() -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     store = out / "store.zarr"
-    config, layers, max_len = SIZES[args.size]
+    max_len = SIZES[args.size][2]
     data = DATA
     if args.long_rows:
         data = out / "long.jsonl"
         data.write_text(long_rows(args.long_rows, args.cpu_limit, max_len))
-    manifest = out / "seed.toml"
-    manifest.write_text(f"""[model]
-path = "builtin:tiny-qwen3_5"
-{config}
-layers = {layers}
-[data]
-files = ["{data}"]
-max_length = {max_len}
-[build]
-backends = ["torch"]
-dtypes = ["bf16"]
-devices = ["cpu"]
-token_budget = 16384
-unit_tokens = 65536
-[store]
-path = "{store}"
-""")
+    manifest_path = manifest(out, data, args.size, "cpu", unit_tokens=65536)
     import torch
 
     gpu = torch.cuda.is_available()
@@ -106,7 +46,7 @@ path = "{store}"
 
     def build(name: str, *opts: str, limit: int | None) -> None:
         lim = ["--limit", str(limit)] if limit else []
-        sh(hs("build", str(manifest), *opts, *lim, "--quiet", "--json"), out / f"build-{name}.json")
+        sh(hs("build", str(manifest_path), *opts, *lim, "--quiet", "--json"), out / f"build-{name}.json")
         builds[name] = json.loads((out / f"build-{name}.json").read_text())
 
     build("cpu-torch-bf16", "--device", "cpu", "--dtype", "bf16", limit=args.cpu_limit)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -170,4 +171,18 @@ def test_modules_and_functions_stay_small():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 if (n := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES:
                     wrong.append(f"{rel}:{node.lineno} {node.name}: {n} lines (at most {MAX_FUNCTION_LINES})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_scripts_import_the_package_not_each_other():
+    """A script runs as ``python scripts/X.py`` with the repo root on PYTHONPATH: what scripts share lives
+    in hsstore.testing, so no script imports a sibling script or edits sys.path."""
+    scripts = PKG.parent / "scripts"
+    names = {p.stem for p in scripts.glob("*.py")}
+    wrong = []
+    for path in sorted(scripts.glob("*.py")):
+        text = path.read_text()
+        wrong += [f"{path.name} imports the script {n}" for n in sorted(_imports(path) & names)]
+        if re.search(r"sys\.path\s*(\.|\[|=|\+=)", text):
+            wrong.append(f"{path.name} edits sys.path")
     assert not wrong, "\n".join(wrong)
