@@ -13,7 +13,8 @@ import torch
 import xxhash
 
 from hsstore.core.errors import BadInput, WriteFailed
-from hsstore.interop.sample import FileDigest, SourceSample
+from hsstore.interop.sample import (FileDigest, SourceSample, load_torch, read_bytes, split_aux, states, tensor, tokens,
+                                    walk)
 
 TMP_SUFFIX = ".hsstore-tmp"  # never matches a tool's suffix (.ckpt, .pt, .safetensors), removed on failure
 
@@ -103,3 +104,35 @@ class Format:
     def check_dir(self, root: Path) -> None:
         if not root.is_dir():
             raise BadInput(f"{self.name} cache folder {str(root)!r} does not exist or is not a folder")
+
+
+class TorchDictFormat(Format):
+    """A layout of one ``torch.save`` dict per sample file (EAGLE, Model-Optimizer, SpecForge): the files
+    ending in ``suffixes``, each read with ``torch.load(weights_only=True)``; the dict holds ``input_ids``,
+    ``loss_mask``, the target under ``target_key`` and (when the layout has them) the aux states
+    concatenated along the last axis under ``aux_key``."""
+
+    suffixes: tuple[str, ...] = ()
+    target_key = ""
+    aux_key: str | None = None
+
+    def items(self, root: Path) -> list[str]:
+        self.check_dir(root)
+        return walk(root, self.suffixes)
+
+    def load(self, root: Path, item: str) -> tuple[dict[str, Any], FileDigest]:
+        """The sample file's dict and the digest of its bytes."""
+        data, digest = read_bytes(root, item)
+        return load_torch(data, item), digest
+
+    def sample_states(self, obj: dict[str, Any], item: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
+                                                                     torch.Tensor]:
+        """(input ids, loss mask, aux states [T, n, H] or None, target [T, H]) of a loaded dict, checked."""
+        ids, mask = tokens(tensor(obj, "input_ids", item), tensor(obj, "loss_mask", item), item)
+        target = states(tensor(obj, self.target_key, item), len(ids), item, self.target_key)
+        if self.aux_key is None:
+            return ids, mask, None, target
+        aux = states(tensor(obj, self.aux_key, item), len(ids), item, self.aux_key)
+        if aux.dtype != target.dtype:
+            raise BadInput(f"{item}: {self.aux_key} is {aux.dtype} but {self.target_key} {target.dtype}")
+        return ids, mask, split_aux(aux, target.shape[-1], item, self.aux_key), target

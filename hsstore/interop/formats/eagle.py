@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from hsstore.interop.formats.base import Format, FormatWriter, atomic_write, torch_bytes
-from hsstore.interop.sample import FileDigest, SourceSample, load_torch, read_bytes, states, tensor, tokens, walk
+from hsstore.interop.formats.base import FormatWriter, TorchDictFormat, atomic_write, torch_bytes
+from hsstore.interop.sample import FileDigest, SourceSample
 
 
 class EagleWriter(FormatWriter):
@@ -27,22 +27,18 @@ class EagleWriter(FormatWriter):
         return atomic_write(self.root, self.rel(index, key), torch_bytes(record))
 
 
-class Eagle(Format):
+class Eagle(TorchDictFormat):
     name = "eagle"
     tool = "EAGLE"
     has_aux = False
     layout = "{index}/data_{i}.ckpt: torch.save dict input_ids, hidden_state, loss_mask (ge_data)"
     loader = "eagle/train/main.py CustomDataset"
-
-    def items(self, root: Path) -> list[str]:
-        self.check_dir(root)
-        return walk(root, (".ckpt",))
+    suffixes = (".ckpt",)
+    target_key = "hidden_state"
 
     def read(self, root: Path, item: str) -> SourceSample:
-        data, digest = read_bytes(root, item)
-        obj = load_torch(data, item)
-        ids, mask = tokens(tensor(obj, "input_ids", item), tensor(obj, "loss_mask", item), item)
-        target = states(tensor(obj, "hidden_state", item), len(ids), item, "hidden_state")
+        obj, digest = self.load(root, item)
+        ids, mask, _, target = self.sample_states(obj, item)
         return SourceSample(item, ids, mask, None, target, [digest])
 
     def writer(self, root: Path, compress: bool = False) -> FormatWriter:

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from hsstore.core.errors import BadInput
-from hsstore.interop.formats.base import Format, FormatWriter, atomic_write, torch_bytes
-from hsstore.interop.sample import FileDigest, SourceSample, load_torch, read_bytes, split_aux, states, tensor, tokens, walk
+from hsstore.interop.formats.base import FormatWriter, TorchDictFormat, atomic_write, torch_bytes
+from hsstore.interop.sample import FileDigest, SourceSample
 
 
 class ModelOptWriter(FormatWriter):
@@ -38,32 +38,24 @@ class ModelOptWriter(FormatWriter):
         return atomic_write(self.root, self.rel(index, key), torch_bytes(record))
 
 
-class ModelOpt(Format):
+class ModelOpt(TorchDictFormat):
     name = "modelopt"
     tool = "Model-Optimizer"
     layout = "{conversation_id}.pt: torch.save dict input_ids, hidden_states, aux_hidden_states, loss_mask"
     loader = "modelopt.torch.speculative.eagle.utils.OfflineSupervisedDataset"
-
-    def items(self, root: Path) -> list[str]:
-        self.check_dir(root)
-        return walk(root, (".pt",))
+    suffixes = (".pt",)
+    target_key, aux_key = "hidden_states", "aux_hidden_states"
 
     def read(self, root: Path, item: str) -> SourceSample:
-        data, digest = read_bytes(root, item)
-        obj = load_torch(data, item)
+        obj, digest = self.load(root, item)
         if "loss_mask" not in obj:
             raise BadInput(f"{item}: no 'loss_mask' (dumped without --answer-only-loss); hsstore keys samples by "
                            "their mask and will not guess one — re-dump with --answer-only-loss")
-        ids, mask = tokens(tensor(obj, "input_ids", item), tensor(obj, "loss_mask", item), item)
-        target = states(tensor(obj, "hidden_states", item), len(ids), item, "hidden_states")
-        aux = states(tensor(obj, "aux_hidden_states", item), len(ids), item, "aux_hidden_states")
-        if aux.dtype != target.dtype:
-            raise BadInput(f"{item}: aux_hidden_states is {aux.dtype} but hidden_states {target.dtype}")
+        ids, mask, aux, target = self.sample_states(obj, item)
         claims: dict[str, Any] = {}
         if "hidden_states_prenorm" in obj:
             claims["prenorm"] = bool(obj["hidden_states_prenorm"])
-        return SourceSample(item, ids, mask, split_aux(aux, target.shape[-1], item, "aux_hidden_states"), target,
-                            [digest], claims)
+        return SourceSample(item, ids, mask, aux, target, [digest], claims)
 
     def writer(self, root: Path, compress: bool = False) -> FormatWriter:
         if compress:

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from hsstore.core.errors import BadInput
-from hsstore.interop.formats.base import Format, FormatWriter, atomic_write, torch_bytes
-from hsstore.interop.sample import FileDigest, SourceSample, load_torch, read_bytes, split_aux, states, tensor, tokens, walk
+from hsstore.interop.formats.base import FormatWriter, TorchDictFormat, atomic_write, torch_bytes
+from hsstore.interop.sample import FileDigest, SourceSample
 
 GROUP = 2000  # SpecForge's default --file-group-size: files per rows_* folder
 
@@ -41,29 +41,21 @@ class SpecForgeWriter(FormatWriter):
         return atomic_write(self.root, self.rel(index, key), data)
 
 
-class SpecForge(Format):
+class SpecForge(TorchDictFormat):
     name = "specforge"
     tool = "SpecForge"
     layout = "rows_*/data_{i}.ckpt[.gz]: torch.save dict input_ids, loss_mask, hidden_state, aux_hidden_state"
     loader = "specforge.data.preprocessing.OfflineEagle3Dataset"
-
-    def items(self, root: Path) -> list[str]:
-        self.check_dir(root)
-        return walk(root, (".ckpt", ".ckpt.gz"))
+    suffixes = (".ckpt", ".ckpt.gz")
+    target_key, aux_key = "hidden_state", "aux_hidden_state"
 
     def read(self, root: Path, item: str) -> SourceSample:
-        data, digest = read_bytes(root, item)
-        obj = load_torch(data, item)
+        obj, digest = self.load(root, item)
         if "aux_hidden_state" not in obj and "hidden_states" in obj:
             raise BadInput(f"{item}: a DFlash-family feature file (hidden_states); only SpecForge's EAGLE-3 files "
                            "(hidden_state + aux_hidden_state) are imported")
-        ids, mask = tokens(tensor(obj, "input_ids", item), tensor(obj, "loss_mask", item), item)
-        target = states(tensor(obj, "hidden_state", item), len(ids), item, "hidden_state")
-        aux = states(tensor(obj, "aux_hidden_state", item), len(ids), item, "aux_hidden_state")
-        if aux.dtype != target.dtype:
-            raise BadInput(f"{item}: aux_hidden_state is {aux.dtype} but hidden_state {target.dtype}")
-        return SourceSample(item, ids, mask, split_aux(aux, target.shape[-1], item, "aux_hidden_state"), target,
-                            [digest])
+        ids, mask, aux, target = self.sample_states(obj, item)
+        return SourceSample(item, ids, mask, aux, target, [digest])
 
     def writer(self, root: Path, compress: bool = False) -> FormatWriter:
         return SpecForgeWriter(root, compress)
