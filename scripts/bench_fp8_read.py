@@ -34,22 +34,7 @@ from hsstore.storage.convert import convert
 from hsstore.storage.writer import UnitWriter
 from hsstore.testing.factories import AUX, TARGET, make_data, provenance
 from hsstore.testing.factories import BENCH_LAYERS as LAYERS
-
-
-def evict(path: Path) -> None:
-    """Drop ``path``'s files from the page cache (they are clean after os.sync)."""
-    os.sync()
-    for f in path.rglob("*"):
-        if f.is_file():
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
-def du(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+from hsstore.testing.disk import du, evict
 
 
 def build(path: Path, samples, states, codec: str, unit_samples: int = 8) -> tuple[str, str]:

@@ -34,20 +34,7 @@ from hsstore.core.keys import sample_key  # noqa: E402
 from hsstore.core.keys import SampleTokens  # noqa: E402
 from hsstore.testing.factories import AUX, TARGET, make_data, provenance  # noqa: E402
 from hsstore.testing.factories import BENCH_LAYERS as LAYERS  # noqa: E402
-
-def evict(path: Path) -> None:
-    os.sync()
-    for f in [path] if path.is_file() else path.rglob("*"):
-        if f.is_file():
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
-def du(path: Path) -> int:
-    return sum(f.stat().st_size for f in ([path] if path.is_file() else path.rglob("*")) if f.is_file())
+from hsstore.testing.disk import du, evict  # noqa: E402
 
 
 # ---- writers ---------------------------------------------------------------------------------------

@@ -29,6 +29,20 @@ class Commit(Record):
     committed_at: str = ""
 
 
+def _pydantic_twin(pydantic: Any, record: type) -> type:
+    """A strict, frozen pydantic model with the fields (names, types, defaults) of the msgspec ``record``."""
+    fields = {}
+    for f in msgspec.structs.fields(record):
+        if f.required:
+            fields[f.name] = (f.type, ...)
+        elif f.default_factory is not msgspec.NODEFAULT:  # e.g. {}: pydantic copies mutable defaults itself
+            fields[f.name] = (f.type, f.default_factory())
+        else:
+            fields[f.name] = (f.type, f.default)
+    config = pydantic.ConfigDict(strict=True, frozen=True, extra="forbid")
+    return pydantic.create_model(f"{record.__name__}Pydantic", __config__=config, **fields)
+
+
 def _record(n: int) -> bytes:
     return json.dumps({
         "unit": "w-000001", "samples": [[f"{i:032x}", i * 100, 100] for i in range(n)], "layers": [1, 16, 31, 46, 61],
@@ -60,15 +74,7 @@ def main() -> None:
     try:
         import pydantic
 
-        class P(pydantic.BaseModel):
-            model_config = pydantic.ConfigDict(strict=True, frozen=True, extra="forbid")
-            unit: str
-            samples: list[tuple[str, int, int]]
-            layers: list[int]
-            files: dict[str, int]
-            stats: dict[str, dict[str, float]]
-            writer: dict[str, Any] = {}
-            committed_at: str = ""
+        P = _pydantic_twin(pydantic, Commit)
 
         rows["pydantic v2 strict (from JSON)"] = _best(lambda: P.model_validate_json(raw), args.repeats)
     except ImportError:
