@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,6 +25,29 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "hsstore", *args], capture_output=True, text=True,
                           cwd=cwd or REPO, env=e, timeout=timeout)
+
+
+def start_build(manifest: Path, *args: str) -> subprocess.Popen:
+    """``hsstore build MANIFEST --quiet ARGS`` started in a session of its own (``kill_build`` stops it with
+    its worker); stdout dropped, stderr piped."""
+    return subprocess.Popen([sys.executable, "-m", "hsstore", "build", str(manifest), "--quiet", *args], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def diff_report(a: str, b: str, *args: str) -> dict:
+    """``hsstore diff A B ARGS --json -`` in a real subprocess, which must succeed: its report."""
+    r = run_cli("diff", a, b, *args, "--json", "-")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def assert_bit_exact(a: str, b: str, n: int) -> dict:
+    """``hsstore diff A B`` finds exactly ``n`` shared samples, none on one side only, and every layer
+    bit-exact: the report."""
+    rep = diff_report(a, b)
+    assert rep["shared_samples"] == n and rep["only_a"] == rep["only_b"] == 0
+    assert all(L["bit_exact"] == 1.0 and L["rel_l2"] == 0.0 for L in rep["layers"]), rep["layers"]
+    return rep
 
 
 def write_manifest(path: Path, *, model: str = "builtin:tiny-qwen3_5", layers: str = "{ aux = [0, 1], target = [2] }",
@@ -120,18 +144,25 @@ def kill_build(proc: subprocess.Popen) -> None:
     wait_for(lambda: not any(alive(p) for p in groups), 60, "the killed build's processes to end")
 
 
-def run_main(argv: list[str], capsys: object) -> tuple[int, str]:
-    """``hsstore ARGV`` in this process through the real entry point: (exit code, stderr). What setting
-    the case up printed is dropped first."""
+def main_exit(argv: list[str]) -> int:
+    """``hsstore ARGV`` in this process through the real entry point: its exit code (what it printed
+    stays for capsys)."""
     import pytest
 
     from hsstore.cli.main import main
 
-    capsys.readouterr()
     old, sys.argv = sys.argv, ["hsstore", *argv]
     try:
         with pytest.raises(SystemExit) as e:
             main()
     finally:
         sys.argv = old
-    return e.value.code, capsys.readouterr().err
+    return e.value.code
+
+
+def run_main(argv: list[str], capsys: object) -> tuple[int, str]:
+    """``hsstore ARGV`` in this process through the real entry point: (exit code, stderr). What setting
+    the case up printed is dropped first."""
+    capsys.readouterr()
+    code = main_exit(argv)
+    return code, capsys.readouterr().err

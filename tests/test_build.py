@@ -11,7 +11,7 @@ import torch
 from hsstore import HiddenStateDataset, Store
 from hsstore.build.models import ModelSpec
 
-from helpers import REPO, run_cli, write_manifest
+from helpers import REPO, assert_bit_exact, run_cli, write_manifest
 
 STANDIN = str(REPO / "tests" / "standin")
 
@@ -37,11 +37,7 @@ def test_tiny_build_records_bound_kernels_and_rerun_writes_nothing(tiny_store: P
 def test_same_environment_build_is_bit_identical(tiny_store: Path, tmp_path: Path):
     m = write_manifest(tmp_path / "m.toml", dtypes='["bf16"]', layers="{ aux = [0, 1], target = [3] }")
     assert run_cli("build", str(m), "--limit", "40", "--quiet").returncode == 0
-    r = run_cli("diff", f"{tmp_path / 'store.zarr'}", f"{tiny_store}#dtype=bf16", "--json", "-")
-    assert r.returncode == 0, r.stderr
-    report = json.loads(r.stdout)
-    assert report["shared_samples"] == 40
-    assert all(L["bit_exact"] == 1.0 and L["rel_l2"] == 0.0 for L in report["layers"])
+    assert_bit_exact(f"{tmp_path / 'store.zarr'}", f"{tiny_store}#dtype=bf16", 40)
 
 
 def test_torch_backend_is_forced_even_when_kernel_packages_import(tmp_path: Path):

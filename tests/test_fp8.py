@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, make_samples, make_states, new_variant, run_cli, write_manifest
+from helpers import REPO, diff_report, make_samples, make_states, new_variant, run_cli, write_manifest
 
 from hsstore import HiddenStateDataset, ProvenanceMismatch, Store, StreamingHiddenStateDataset
 from hsstore.core import quant
@@ -101,9 +101,7 @@ def test_fp8_variant_is_verify_clean_smaller_and_info_states_its_error_against_t
 
 
 def test_diff_reads_fp8_dequantized_against_its_source(converted: Path) -> None:
-    r = run_cli("diff", f"{converted}#{FP8}", f"{converted}#dtype=bf16", "--json", "-")
-    assert r.returncode == 0, r.stderr
-    rep = json.loads(r.stdout)
+    rep = diff_report(f"{converted}#{FP8}", f"{converted}#dtype=bf16")
     assert rep["shared_samples"] == 40
     for layer in rep["layers"]:
         assert 0.005 < layer["rel_l2"] < 0.05

@@ -19,7 +19,7 @@ from hsstore.interop.importer import ImportRequest, import_cache
 from hsstore.interop.provenance import tokenizer_identity
 from hsstore.storage.verify import verify
 
-from helpers import run_cli
+from helpers import assert_bit_exact, main_exit, run_cli
 from interop_files import TOKENIZER, WRITERS, random_samples
 
 STATED = {"specforge": "0,1,2,final_norm", "modelopt": "0,1,2,final_norm", "speculators": "1,2,3,4",
@@ -163,24 +163,7 @@ def test_vllm_convention_lines_up_with_a_native_build(tiny_store: Path, tmp_path
     imported = _reader(tmp_path / "s.zarr")
     assert imported.record.provenance["recipe"]["model"] == native.record.provenance["recipe"]["model"]
     assert sorted(imported.keys) == sorted(native.keys)
-    d = run_cli("diff", str(tmp_path / "s.zarr"), f"{tiny_store}#dtype=bf16", "--json", "-")
-    assert d.returncode == 0, d.stderr
-    report = json.loads(d.stdout)
-    assert report["shared_samples"] == len(native.keys) and all(L["bit_exact"] == 1.0 for L in report["layers"])
-
-
-def _main(capsys, *argv: str) -> int:
-    import sys
-
-    from hsstore.cli.main import main
-
-    old, sys.argv = sys.argv, ["hsstore", *argv]
-    try:
-        with pytest.raises(SystemExit) as e:
-            main()
-    finally:
-        sys.argv = old
-    return e.value.code
+    assert_bit_exact(str(tmp_path / "s.zarr"), f"{tiny_store}#dtype=bf16", len(native.keys))
 
 
 def test_cli_import_export_vocab_map_round_trip(tmp_path: Path, capsys):
@@ -190,11 +173,11 @@ def test_cli_import_export_vocab_map_round_trip(tmp_path: Path, capsys):
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep["samples_written"] == 3 and rep["stated"]["claims"] == {"prenorm": False}
-    assert _main(capsys, "export", str(tmp_path / "s.zarr"), "modelopt", str(tmp_path / "out")) == 0
+    assert main_exit(["export", str(tmp_path / "s.zarr"), "modelopt", str(tmp_path / "out")]) == 0
     assert "slots: aux=[0, 1, 2] target=[4]" in capsys.readouterr().out
     pt = torch.load(next((tmp_path / "out").glob("*.pt")), weights_only=True)
     assert pt["hidden_states_prenorm"] is False and set(pt) >= {"input_ids", "hidden_states", "aux_hidden_states"}
-    assert _main(capsys, "vocab-map", str(tmp_path / "s.zarr"), "--size", "16", "--out", str(tmp_path / "vm")) == 0
+    assert main_exit(["vocab-map", str(tmp_path / "s.zarr"), "--size", "16", "--out", str(tmp_path / "vm")]) == 0
     d2t, t2d = np.load(tmp_path / "vm" / "d2t-16.npy"), np.load(tmp_path / "vm" / "t2d-16.npy")
     assert d2t.dtype == np.int64 and t2d.dtype == np.bool_ and t2d.sum() == 16
     assert np.array_equal(np.arange(16) + d2t, np.flatnonzero(t2d))

@@ -14,7 +14,7 @@ import pytest
 from hsstore import Store
 from hsstore.storage.verify import verify
 
-from helpers import DATA, REPO, kill_build, run_cli, write_manifest
+from helpers import DATA, REPO, assert_bit_exact, kill_build, run_cli, start_build, write_manifest
 
 LIMIT = "48"
 
@@ -33,8 +33,7 @@ def _small_units(path: Path) -> Path:
 
 
 def _start_build(manifest: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "hsstore", "build", str(manifest), "--limit", LIMIT, "--quiet", *extra],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    return start_build(manifest, "--limit", LIMIT, *extra)
 
 
 def _bit_exact_and_complete(store: Path, reference: Path, n: int) -> None:
@@ -43,11 +42,7 @@ def _bit_exact_and_complete(store: Path, reference: Path, n: int) -> None:
     reader = Store.open(store).reader(v.id)
     assert len(reader.keys) == len(set(reader.keys)) == n
     assert verify(Store.open(store))["ok"]
-    r = run_cli("diff", str(store), str(reference), "--json", "-")
-    assert r.returncode == 0, r.stderr
-    rep = json.loads(r.stdout)
-    assert rep["shared_samples"] == n and rep["only_a"] == rep["only_b"] == 0
-    assert all(L["bit_exact"] == 1.0 for L in rep["layers"]), rep["layers"]
+    assert_bit_exact(str(store), str(reference), n)
 
 
 @pytest.fixture(scope="module")

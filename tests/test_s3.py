@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -17,23 +16,13 @@ from torch.utils.data import DataLoader
 from hsstore import HiddenStateDataset, Store, StreamingHiddenStateDataset
 from hsstore.storage.verify import verify
 
-from helpers import REPO, kill_build, run_cli
+from helpers import assert_bit_exact, kill_build, run_cli, start_build
 
 pytest.importorskip("s3fs", reason="s3fs is part of the test extras (pip install -e '.[test]')")
 
 
 def _build(manifest: Path, store: str, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "hsstore", "build", str(manifest), "--store", store, "--limit", "40",
-                             "--dtype", "bf16", "--quiet", *extra], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
-
-
-def _bit_exact(a: str, b: str, n: int) -> None:
-    r = run_cli("diff", a, b, "--json", "-")
-    assert r.returncode == 0, r.stderr
-    rep = json.loads(r.stdout)
-    assert rep["shared_samples"] == n and rep["only_a"] == rep["only_b"] == 0
-    assert all(L["bit_exact"] == 1.0 for L in rep["layers"])
+    return start_build(manifest, "--store", store, "--limit", "40", "--dtype", "bf16", *extra)
 
 
 def test_s3_build_verify_read_diff(s3: str, tiny_store: Path):
@@ -43,7 +32,7 @@ def test_s3_build_verify_read_diff(s3: str, tiny_store: Path):
     assert run_cli("verify", url).returncode == 0
     info = json.loads(run_cli("info", url, "--json").stdout)
     assert info["variants"][0]["n_samples"] == 40
-    _bit_exact(url, f"{tiny_store}#dtype=bf16", 40)  # the same states as the local build
+    assert_bit_exact(url, f"{tiny_store}#dtype=bf16", 40)  # the same states as the local build
     ds = HiddenStateDataset(url, require=f"{tiny_store}#dtype=bf16")
     local = HiddenStateDataset(tiny_store, variant="dtype=bf16")
     item = ds[3]
@@ -59,7 +48,7 @@ def test_s3_concurrent_writers_and_a_killed_writer(s3: str, tiny_store: Path):
     url = f"{s3}/{uuid.uuid4().hex[:8]}/conc.zarr"
     procs = [_build(manifest, url), _build(manifest, url)]
     assert [p.wait(timeout=300) for p in procs] == [0, 0], [p.stderr.read().decode()[-1000:] for p in procs]
-    _bit_exact(url, f"{tiny_store}#dtype=bf16", 40)
+    assert_bit_exact(url, f"{tiny_store}#dtype=bf16", 40)
     assert verify(Store.open(url))["ok"]
 
     # a writer killed after its first commit (small units, so it is mid-build), then resumed

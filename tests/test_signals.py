@@ -7,11 +7,13 @@ for a time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -60,18 +62,30 @@ def _computing(driver: int, store: Path, rank: int = 0) -> int | None:
     return workers[0] if workers and any(store.glob(f"variants/*/commits/r{rank}-*.json")) else None
 
 
-def test_sigterm_stops_the_worker_cleans_up_and_a_rerun_resumes(tmp_path: Path):
-    p = _build(tmp_path)
+@contextlib.contextmanager
+def _reaped(p: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """The build ``p``, killed outright (its whole process group) on the way out if it is still running."""
     try:
-        worker = wait_for(lambda: _computing(p.pid, tmp_path / "s.zarr") or p.poll() is not None,
-                          what="a first commit")
-        assert p.poll() is None, "the build ended before it could be stopped"
-        os.kill(p.pid, signal.SIGTERM)
-        _, err = p.communicate(timeout=120)
+        yield p
     finally:
         if p.poll() is None:
             kill_build(p)
-    assert p.returncode == 128 + signal.SIGTERM, err
+
+
+def _stop(p: subprocess.Popen, sig: int) -> str:
+    """Send the build's driver ``sig``; its stderr, once it has ended with exit code 128 + ``sig``."""
+    os.kill(p.pid, sig)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + sig, err
+    return err
+
+
+def test_sigterm_stops_the_worker_cleans_up_and_a_rerun_resumes(tmp_path: Path):
+    with _reaped(_build(tmp_path)) as p:
+        worker = wait_for(lambda: _computing(p.pid, tmp_path / "s.zarr") or p.poll() is not None,
+                          what="a first commit")
+        assert p.poll() is None, "the build ended before it could be stopped"
+        err = _stop(p, signal.SIGTERM)
     (line,) = err.strip().splitlines()  # one line: what was committed and how to resume
     assert line.startswith("error: interrupted by SIGTERM; the worker was stopped. variant ")
     assert "samples committed" in line and "re-run the same command to resume" in line
@@ -91,15 +105,9 @@ def test_sigterm_stops_the_worker_cleans_up_and_a_rerun_resumes(tmp_path: Path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
 def test_sigint_and_sighup_stop_the_build_too(sig: int, tmp_path: Path):
-    p = _build(tmp_path)
-    try:
+    with _reaped(_build(tmp_path)) as p:
         worker = wait_for(lambda: _computing(p.pid, tmp_path / "s.zarr"), what="a first commit")
-        os.kill(p.pid, sig)
-        _, err = p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            kill_build(p)
-    assert p.returncode == 128 + sig, err
+        err = _stop(p, sig)
     assert f"interrupted by {signal.Signals(sig).name}" in err and "re-run the same command" in err
     assert not alive(worker) and not _temp_folders(tmp_path)
 
@@ -109,19 +117,13 @@ def _state(pid: int) -> str:
 
 
 def test_ctrl_z_suspends_the_worker_with_the_driver_and_continuing_resumes_both(tmp_path: Path):
-    p = _build(tmp_path)
-    try:
+    with _reaped(_build(tmp_path)) as p:
         worker = wait_for(lambda: _computing(p.pid, tmp_path / "s.zarr"), what="a first commit")
         os.kill(p.pid, signal.SIGTSTP)  # what Ctrl-Z sends the foreground job
         wait_for(lambda: _state(p.pid) == "T" and _state(worker) == "T", what="driver and worker stopped")
         os.kill(p.pid, signal.SIGCONT)  # fg / bg
         wait_for(lambda: _state(worker) != "T", what="the worker to continue")
-        os.kill(p.pid, signal.SIGTERM)
-        _, err = p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            kill_build(p)
-    assert p.returncode == 128 + signal.SIGTERM, err
+        _stop(p, signal.SIGTERM)
     assert not alive(worker)
 
 
@@ -143,8 +145,7 @@ def test_a_worker_whose_driver_is_sigkilled_exits_by_itself(tmp_path: Path):
 def test_sigterm_to_one_torchrun_rank_stops_every_rank_and_worker(tmp_path: Path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "hsstore", "build", str(_manifest(tmp_path)), "--limit", str(LIMIT), "--quiet"]
-    p = _start(cmd, tmp_path)
-    try:
+    with _reaped(_start(cmd, tmp_path)) as p:
         ranks = wait_for(lambda: len(children(p.pid)) == 2 and children(p.pid), what="two rank drivers")
         rank1 = next(r for r in ranks if b"RANK=1\0" in Path(f"/proc/{r}/environ").read_bytes())
         rank0 = next(r for r in ranks if r != rank1)
@@ -152,9 +153,6 @@ def test_sigterm_to_one_torchrun_rank_stops_every_rank_and_worker(tmp_path: Path
                    for rank, r in ((0, rank0), (1, rank1))]
         os.kill(rank1, signal.SIGTERM)  # as torchrun, a scheduler or an operator would
         _, err = p.communicate(timeout=180)
-    finally:
-        if p.poll() is None:
-            kill_build(p)
     assert p.returncode != 0
     assert err.count("interrupted by SIGTERM") == 2, err  # each rank: the operator's, then torchrun's
     assert not any(alive(pid) for pid in [*ranks, *workers]) and not _temp_folders(tmp_path)
