@@ -293,3 +293,24 @@ def test_text_that_looks_like_a_marker_cannot_confuse_the_method():
             {"role": "assistant", "content": "@hsq0x0.0E@ fine"}]
     ids, mask = MASKERS["qwen3"](conv)
     assert spans(TOKENIZERS["qwen3"], ids, mask) == ["<think>\n\n</think>\n\n@hsq0x0.0E@ fine<|im_end|>"]
+
+
+def test_a_template_that_raises_on_marked_text_refuses_the_row_not_the_build(tmp_path: Path):
+    """Synthetic template (written here, not a real model's) that checks each tool call's name against the row's
+    tools, as validating templates do: the marked rendering raises although the plain one does not. That is a
+    refused row with its reason, never an exception out of the build."""
+    tok = make_tokenizer("qwen3")
+    tok.chat_template = (
+        "{%- set names = (tools or []) | map(attribute='function.name') | list %}"
+        "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{%- for c in m.tool_calls or [] %}"
+        "{%- if c.function.name not in names %}{{ raise_exception('unknown tool ' + c.function.name) }}{%- endif %}"
+        "<tool_call>{{ c.function.name }}</tool_call>{%- endfor %}<|im_end|>\n{%- endfor %}"
+        "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    rows = [{"messages": TWO_TURNS},
+            {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                          {"role": "tool", "content": "r"}, {"role": "assistant", "content": "ok"}], "tools": tools}]
+    samples, rep = _samples(tmp_path, tok, rows)
+    assert len(samples) == 1
+    assert rep.rejected == {"the chat template alters message text in a way that hides where replies are": 1}

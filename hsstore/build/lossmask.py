@@ -154,8 +154,13 @@ class ChatMasker:
     def _marked(self, msgs: list[dict[str, Any]], tools: Any, nonce: str, plain: str) -> Marked:
         """The first marker placement whose rendering round-trips to ``plain``; RowRejected if none does."""
         pattern = re.compile(rf"@{nonce}(\d+)\.(\d+)([SE])@")
+        raised = ""
         for who, how in PLACEMENTS:
-            text = self._render(_marked_messages(msgs, nonce, who, how), tools, False)
+            try:  # a template may validate text (e.g. tool names against the tools) and reject the marked one
+                text = self._render(_marked_messages(msgs, nonce, who, how), tools, False)
+            except Exception as e:
+                raised = f"the marked rendering raised {_why(e)}"
+                continue
             found = list(pattern.finditer(text))
             if pattern.sub("", text) != plain or len({m.group() for m in found}) != len(found):
                 continue
@@ -167,7 +172,7 @@ class ChatMasker:
                 total += len(m.group())
             removed.append(total)
             return Marked(text, starts, removed, where, (who, how))
-        raise RowRejected("the chat template alters message text in a way that hides where replies are")
+        raise RowRejected("the chat template alters message text in a way that hides where replies are", raised)
 
     def __call__(self, msgs: list[dict[str, Any]], tools: Any = None,
                  trained: list[bool] | None = None) -> tuple[list[int], list[int]]:
