@@ -314,3 +314,12 @@ def test_a_template_that_raises_on_marked_text_refuses_the_row_not_the_build(tmp
     samples, rep = _samples(tmp_path, tok, rows)
     assert len(samples) == 1
     assert rep.rejected == {"the chat template alters message text in a way that hides where replies are": 1}
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_5", "llama3", "deepseek_r1"])
+def test_a_conversation_that_opens_with_the_assistant_is_masked(name: str):
+    """A greeting before the first user turn (ShareGPT rows often start with 'gpt'): transformers will not render
+    the empty prefix, so the reply starts after the template's generation prompt, found before the greeting."""
+    conv = [{"role": "assistant", "content": "ans0q hello"}, {"role": "user", "content": "usr1q hi"},
+            {"role": "assistant", "content": "ans2q bye"}]
+    check_masks(name, conv)
