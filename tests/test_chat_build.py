@@ -23,6 +23,7 @@ TWO_TURN_REPLIES = {
     "qwen3": ["It is four.<|im_end|>", "<think>\n\n</think>\n\nIt is six.<|im_end|>"],
     # the prompt ends in "<think>\n" and the empty think block adds "\n": the trained vocabulary merges the two
     # newlines into one token that is half prompt, so it is not trained on (docs/inputs.md)
+    "qwen2_5": ["It is four.<|im_end|>", "It is six.<|im_end|>"],
     "qwen3_5": ["It is four.<|im_end|>", "</think>\n\nIt is six.<|im_end|>"],
     "llama3": ["It is four.<|eot_id|>", "It is six.<|eot_id|>"],
     "mistral_nemo": ["It is four.</s>", "It is six.</s>"],

@@ -71,6 +71,9 @@ def _rich(sup: dict) -> list[dict]:
 GOLDEN = {
     "qwen3": ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
               "It is sunny.<|im_end|>", "<think>\nNo tool.\n</think>\n\nI cannot know.<|im_end|>"],
+    # a default system prompt when the row has none; tool calls as JSON inside the assistant turn
+    "qwen2_5": ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+                "It is sunny.<|im_end|>", "I cannot know.<|im_end|>"],
     # the generation prompt ends in "<think>\n": that much of a think block is prompt, not reply
     "qwen3_5": ["<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
                 "</tool_call><|im_end|>", "The tool said sunny.\n</think>\n\nIt is sunny.<|im_end|>",
