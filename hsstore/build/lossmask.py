@@ -20,7 +20,8 @@ It ends with the end-of-turn token: the first token after turn k's last marker t
 token the template writes after a reply (learned once per template). The mask is every token from start to
 that token inclusive; what follows it (e.g. ``\\n``) is not trained on, nor is a token that crosses the
 start (a tokenizer that merges the header's last newline with a reply's first one). A row is refused, with
-its reason, when the span would hold any other message's marker or a message contains a special token's text.
+its reason, when the span would hold any other message's marker or a message contains a special token's text
+(the end-of-turn and turn-opening tokens count as special whatever their flag).
 """
 
 from __future__ import annotations
@@ -110,10 +111,20 @@ class ChatMasker:
             self.kwargs["date_string"] = PINNED_DATE  # a fixed date keeps keys stable across days
         added = tok.added_tokens_decoder
         self.added_ids = frozenset(added)
-        special = {t.content for t in added.values() if t.special} | set(tok.all_special_tokens)
-        self.special_re = re.compile("|".join(map(re.escape, sorted(special, key=len, reverse=True)))) if special else None
         self.control_texts = tuple(t.content for t in added.values())
         self.eot_ids = self._end_tokens()
+        special = self._turn_tokens() | {t.content for t in added.values() if t.special} | set(tok.all_special_tokens)
+        self.special_re = re.compile("|".join(map(re.escape, sorted(special, key=len, reverse=True)))) if special else None
+
+    def _turn_tokens(self) -> set[str]:
+        """Texts of the end-of-turn tokens and of the added token that opens the generation prompt: refused in
+        message text like special tokens, whatever their flag (a fine-tune may add <|im_end|> as an ordinary token,
+        and typed in a message it still tokenizes as one)."""
+        added = self.tok.added_tokens_decoder
+        out = {added[i].content for i in self.eot_ids if i in added}
+        gen = self._generation_prompt(PROBE[:1], None)
+        first = self.tok(gen, add_special_tokens=False)["input_ids"][:1] if gen else []
+        return out | {added[i].content for i in first if i in added}
 
     def _render(self, msgs: list[dict[str, Any]], tools: Any, gen: bool) -> str:
         return self.tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=gen,
