@@ -319,13 +319,15 @@ def test_a_template_that_raises_on_marked_text_refuses_the_row_not_the_build(tmp
     assert rep.rejected == {"the chat template alters message text in a way that hides where replies are": 1}
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_5", "llama3", "deepseek_r1"])
-def test_a_conversation_that_opens_with_the_assistant_is_masked(name: str):
-    """A greeting before the first user turn (ShareGPT rows often start with 'gpt'): transformers will not render
-    the empty prefix, so the reply starts after the template's generation prompt, found before the greeting."""
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_5", "qwen2_5", "llama3", "deepseek_r1"])
+@pytest.mark.parametrize("system", [False, True])
+def test_a_conversation_that_opens_with_the_assistant_is_masked(name: str, system: bool):
+    """A greeting before the first user turn (ShareGPT rows often start with 'gpt', support bots greet after the
+    system prompt): transformers will not render the empty prefix and Qwen3.5 refuses a prefix with no user query,
+    so the reply starts after the template's generation prompt, found between the previous message and the reply."""
     conv = [{"role": "assistant", "content": "ans0q hello"}, {"role": "user", "content": "usr1q hi"},
             {"role": "assistant", "content": "ans2q bye"}]
-    check_masks(name, conv)
+    check_masks(name, [{"role": "system", "content": "sys9q be kind"}, *conv] if system else conv)
 
 
 def test_turn_tokens_added_as_ordinary_tokens_are_still_refused_in_text():

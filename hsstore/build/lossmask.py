@@ -12,8 +12,9 @@ Assistant turn k's reply starts where its generation prompt ends (what the model
      same text right after that marker (Mistral moves the system prompt, so the prefix differs earlier);
   3. else the generation prompt (or its longest token prefix present) found between the previous
      message's text and turn k's first marker — Qwen3.5 and DeepSeek-R1 render earlier turns without the
-     ``<think>`` their generation prompt opens; a conversation that opens with the assistant uses the prompt
-     that follows one user message (transformers renders no empty conversation);
+     ``<think>`` their generation prompt opens; where the earlier messages cannot be rendered with a prompt
+     (none: transformers renders no empty conversation; Qwen3.5 refuses one without a user query), the prompt
+     that follows one user message;
   4. else, for a template without a generation prompt, turn k's first marker, if a control token
      precedes it.
 It ends with the end-of-turn token: the first token after turn k's last marker that is the eos token or the
@@ -234,7 +235,9 @@ class ChatMasker:
             start = self._after_same_tail(prefix, nonce, mk, plain, lo, first)
             if start is not None:
                 return start
-        gen = self._generation_prompt(msgs[:k] or PROBE[:1], tools)  # transformers renders no empty prefix
+        gen = self._generation_prompt(msgs[:k], tools) if k else None  # transformers renders no empty prefix
+        if gen is None:  # nor Qwen3.5 one without a user query: the prompt that follows one user message
+            gen = self._generation_prompt(PROBE[:1], tools)
         if gen:  # 3. after the generation prompt (or its longest token prefix present)
             ends = sorted({e for _, e in self.tok(gen, add_special_tokens=False,
                                                   return_offsets_mapping=True)["offset_mapping"] if e > 0},
