@@ -68,7 +68,10 @@ def test_sigkill_at_ten_seeded_moments_then_resume(reference, tmp_path: Path):
         if (store / "zarr.json").exists():
             s = Store.open(store)
             committed_after_kill.append(sum(v.n_samples for v in s.variants))
-            assert verify(s)["ok"]  # committed data is intact after every kill
+            # committed data is intact after every kill; the only problem allowed is the temporary file of a
+            # write the kill cut short (e.g. a build record), which verify names and gc removes
+            problems = [q["what"] for q in verify(s)["problems"]]
+            assert all("temporary file of a write that never finished" in w for w in problems), problems
     assert committed_after_kill and committed_after_kill == sorted(committed_after_kill)
     assert _start_build(m).wait(timeout=300) == 0
     _bit_exact_and_complete(tmp_path / "crash.zarr", ref_store, int(LIMIT))
