@@ -41,7 +41,8 @@ def _bit_exact_and_complete(store: Path, reference: Path, n: int) -> None:
     assert v.n_samples == n
     reader = Store.open(store).reader(v.id)
     assert len(reader.keys) == len(set(reader.keys)) == n
-    assert verify(Store.open(store))["ok"]
+    result = verify(Store.open(store))
+    assert result["ok"], result["problems"]
     assert_bit_exact(str(store), str(reference), n)
 
 
@@ -68,10 +69,9 @@ def test_sigkill_at_ten_seeded_moments_then_resume(reference, tmp_path: Path):
         if (store / "zarr.json").exists():
             s = Store.open(store)
             committed_after_kill.append(sum(v.n_samples for v in s.variants))
-            # committed data is intact after every kill; the only problem allowed is the temporary file of a
-            # write the kill cut short (e.g. a build record), which verify names and gc removes
-            problems = [q["what"] for q in verify(s)["problems"]]
-            assert all("temporary file of a write that never finished" in w for w in problems), problems
+            # committed data is intact after every kill (a cut-short put's temporary file is debris: a note)
+            result = verify(s)
+            assert result["ok"], result["problems"]
     assert committed_after_kill and committed_after_kill == sorted(committed_after_kill)
     assert _start_build(m).wait(timeout=300) == 0
     _bit_exact_and_complete(tmp_path / "crash.zarr", ref_store, int(LIMIT))

@@ -2,9 +2,11 @@
 sample readable with tokens matching its key and sane states.
 
 The tree check asks hsstore.storage.layout what each key is: anything hsstore does not write (a stray
-or temporary file, a symlink, a FIFO, socket or device, an executable, a directory the format has no
+file, a symlink, a FIFO, socket or device, an executable, a directory the format has no
 place for, non-JSON under builds/) is a problem, as is a committed unit whose record lists other files
-than the format gives its layers, or whose samples do not tile its arrays exactly.
+than the format gives its layers, or whose samples do not tile its arrays exactly. Debris of writes that
+never finished (files of uncommitted units, temporary files of cut-short puts) is a note, not a problem:
+no reader looks at it, and ``hsstore gc`` removes it.
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ def _verify_sample(reader: VariantReader, ref: Any, report: Report) -> None:
 
 def _verify_tree(store: Store, report: Report) -> None:
     """Every entry of the store against the format."""
-    uncommitted = 0
+    uncommitted = temporary = 0
     try:
         entries = list(store.io.entries())
     except HsstoreError as e:
@@ -131,7 +133,13 @@ def _verify_tree(store: Store, report: Report) -> None:
             continue
         if e.executable:
             report.add(f"file {e.key} is executable; hsstore writes none")
+        if layout.parse_key(e.key).kind == "temp":
+            temporary += 1
+            continue
         uncommitted += _verify_file(store, e.key, report)
+    if temporary:
+        report.notes.append(f"{temporary} temporary file(s) of writes that never finished (a write in progress, or "
+                            "debris of a killed one: `hsstore gc` removes them)")
     if uncommitted:
         report.notes.append(f"{uncommitted} file(s) of uncommitted units (a build in progress, or debris: `hsstore gc`)")
 
@@ -141,8 +149,6 @@ def _verify_file(store: Store, key: str, report: Report) -> int:
     k = layout.parse_key(key)
     if k.kind == "unknown":
         report.add(f"file {key} was not written by hsstore", k.vid)
-    elif k.kind == "temp":
-        report.add(f"file {key} is a temporary file of a write that never finished (`hsstore gc` removes it)")
     elif k.kind == "unit-file":
         c = report.committed.get((k.vid, k.uid))
         if c is None:

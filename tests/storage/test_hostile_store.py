@@ -60,7 +60,6 @@ ODD_FILES = {
     "executable-in-uncommitted-unit": (  # a file of a name the format has, but with an execute bit
         lambda p, v, u: (p / "variants" / v / "units" / "crashed-000000" / "layer_0" / "c" / "0" / "0").chmod(0o755),
         "layer_0/c/0/0 is executable"),
-    "temp-file": (lambda p, v, u: (p / "variants" / v / "commits" / ".tmp-abc").write_bytes(b"half"), "temporary file"),
     "non-json-build-record": (lambda p, v, u: (p / "variants" / v / "builds").mkdir() or
                               (p / "variants" / v / "builds" / "x.json").write_bytes(b"\x7fELF"), "not valid JSON"),
     "stray-directory": (lambda p, v, u: (u / "layer_0" / "extra").mkdir(), "has no place in the format"),
@@ -82,6 +81,24 @@ def test_verify_flags_what_hsstore_never_writes(store, case: str, capsys):
     # the committed data itself still reads, and gc leaves the odd entry alone
     assert len(Store.open(path).reader(vid).keys) == 3
     assert _cli("gc", str(path), "--dry-run", capsys=capsys)[0] == 0
+
+
+@pytest.mark.parametrize("where", ["builds/b1", "variants/{v}/commits", "variants/{v}/units/w-000000/layer_0",
+                                   "variants/{v}/builds"])
+def test_a_killed_writes_temporary_file_is_debris_not_damage(store, where: str, capsys):
+    """A kill can cut any atomic put short (a build record, a commit, a chunk) and leave its temporary file.
+    Committed data is intact, so verify stays ok and names the file as debris; gc --force removes it."""
+    path, vid, _ = store
+    d = path / where.format(v=vid)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / ".tmp-3f2a9c").write_bytes(b"half a put")
+    result = verify(Store.open(path))
+    assert result["ok"], result["problems"]
+    assert any("1 temporary file" in n and "gc" in n for n in result["notes"]), result["notes"]
+    assert _cli("verify", str(path), capsys=capsys)[0] == 0
+    assert _cli("gc", str(path), "--force", capsys=capsys)[0] == 0
+    assert not (d / ".tmp-3f2a9c").exists()
+    assert len(Store.open(path).reader(vid).keys) == 3
 
 
 def _edit_commit(path: Path, vid: str, change) -> None:
