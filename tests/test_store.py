@@ -241,6 +241,18 @@ def test_provenance_that_does_not_fit_the_schema_is_one_line(tmp_path: Path):
         Store.open(tmp_path / "s.zarr").variant_record(vid).prov
 
 
+@pytest.mark.parametrize("codec,dtype,words", [("x", "bf16", "codec 'x'"), ("zstd", "int8", "dtype 'int8'")])
+def test_a_variant_no_reader_could_open_is_refused_before_anything_is_written(tmp_path: Path, codec, dtype, words):
+    """create_variant checks codec and dtype as reading does, so it never leaves a variant record behind
+    that every reader then refuses as corrupt."""
+    path = tmp_path / "s.zarr"
+    store = Store.create(path)
+    with pytest.raises(BadInput, match=words):
+        store.create_variant(provenance(), LAYERS, 16, dtype, codec, 64)
+    assert [c for c in (path / "variants").iterdir() if c.is_dir()] == []
+    assert verify(Store.open(path))["ok"]
+
+
 def test_nan_inf_and_all_zero_states_are_refused_before_commit(tmp_path: Path):
     from hsstore.core.errors import BuildFailed
 

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from hsstore.core.dtypes import STORED
-from hsstore.core.errors import BadInput, CorruptData, StoreNotFound, UnsupportedFormat
+from hsstore.core.errors import BadInput, CorruptData, HsstoreError, StoreNotFound, UnsupportedFormat
 from hsstore.core.paths import expand_user
 from hsstore.core.provenance import select, variant_id
 from hsstore.core.schema.array import GroupMeta
@@ -165,8 +165,7 @@ class Store:
         rec = VariantRecord.from_dict(attrs[layout.VARIANT_ATTR], what)
         if rec.id != vid:
             raise CorruptData(f"{what} names variant {rec.id!r}, not its directory {vid!r} (renamed or copied?)")
-        if rec.codec not in REGISTRY or rec.dtype not in STORED:
-            raise CorruptData(f"{what}: codec {rec.codec!r} / dtype {rec.dtype!r} is not one this hsstore reads")
+        _check_readable(rec, what, CorruptData)
         return rec
 
     @property
@@ -197,6 +196,7 @@ class Store:
         fields = {"id": vid, "provenance": plain, "layers": layers, "hidden_size": hidden_size, "dtype": dtype,
                   "codec": codec, "chunk_tokens": chunk_tokens, **({"precision": precision} if precision else {})}
         rec = VariantRecord.from_dict(fields, f"variant {vid}", BadInput)
+        _check_readable(rec, f"variant {vid}", BadInput)
         if not self.io.put_if_absent(layout.variant_meta(vid), group_json({layout.VARIANT_ATTR: rec.to_dict()})):
             have = self.variant_record(vid)
             if (have.layers != layers or have.hidden_size != hidden_size or have.dtype != dtype
@@ -214,6 +214,13 @@ class Store:
         """The variant's committed units' records (by unit id) and the records that commit nothing (key, why)."""
         found = commits.scan(self.io, vid)
         return list(found.committed.values()), found.bad
+
+
+def _check_readable(rec: VariantRecord, what: str, error: type[HsstoreError]) -> None:
+    """The codec and dtype a variant record names must be ones this hsstore reads (written and read alike)."""
+    if rec.codec not in REGISTRY or rec.dtype not in STORED:
+        raise error(f"{what}: codec {rec.codec!r} / dtype {rec.dtype!r} is not one this hsstore reads "
+                    f"(codecs: {', '.join(REGISTRY)}; dtypes: {', '.join(STORED)})")
 
 
 def _prepare_directory(p: Path) -> None:
