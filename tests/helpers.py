@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 from hsstore.build.backends import installed
-from hsstore.testing.factories import LAYERS, TORCH_DTYPES, make_samples, make_states, new_variant, provenance  # noqa: F401
+from hsstore.testing.factories import (LAYERS, TORCH_DTYPES, crashed_unit, make_samples, make_states,  # noqa: F401
+                                       new_variant, provenance, write_unit)
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "hsstore" / "data" / "conversations.jsonl"

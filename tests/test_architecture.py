@@ -137,13 +137,11 @@ def test_entry_points_load_only_what_they_need(entry: str, banned: set[str]):
 def test_info_and_verify_of_a_local_store_load_neither_torch_nor_transformers(tmp_path: Path):
     """Reading metadata and checking every stored value is numpy's work: a real store, the real entry point."""
     from hsstore import Store
-    from hsstore.storage.writer import UnitWriter
-    from hsstore.testing.factories import make_samples, make_states, new_variant
+    from hsstore.testing.factories import new_variant, write_unit
 
     store = Store.create(tmp_path / "s.zarr")
     for dtype in ("bf16", "fp32"):
-        samples = make_samples([5, 9])
-        UnitWriter(store, new_variant(store, dtype)).write(samples, make_states(samples, 16, dtype, [0, 1, 2]))
+        write_unit(store, new_variant(store, dtype), [5, 9])
     for argv in (["info", "--json"], ["verify"]):
         code = ("import sys, json; from hsstore.cli.main import main\n"
                 f"sys.argv = ['hsstore', {argv[0]!r}, {str(tmp_path / 's.zarr')!r}, *{argv[1:]!r}]\n"

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from hsstore.storage.writer import UnitWriter
 from hsstore import Store
 from hsstore.build.builtin import CHAT_TEMPLATE
 from hsstore.cli.main import main
 
-from helpers import DATA, REPO, make_samples, make_states, new_variant, run_main, write_manifest
+from helpers import DATA, REPO, new_variant, run_main, write_manifest, write_unit
 
 
 def _m(tmp: Path, **kw) -> list[str]:
@@ -50,9 +49,7 @@ def _local_model(tmp: Path, chat_template: bool | str) -> str:
 def _two_variant_store(tmp: Path) -> str:
     s = Store.create(tmp / "v.zarr")
     for dtype in ("bf16", "fp32"):
-        vid = new_variant(s, dtype=dtype)
-        samples = make_samples([4])
-        UnitWriter(s, vid).write(samples, make_states(samples, 16, dtype, [0, 1, 2]))
+        write_unit(s, new_variant(s, dtype=dtype), [4])
     return str(tmp / "v.zarr")
 
 
@@ -60,19 +57,16 @@ def _other_layers_store(tmp: Path) -> tuple[str, str]:
     s = Store.create(tmp / "l.zarr")
     a = new_variant(s, dtype="bf16", layers={"aux": [0], "target": [2]})
     b = new_variant(s, dtype="fp32", layers={"aux": [1], "target": [2]})
-    for vid, dtype in ((a, "bf16"), (b, "fp32")):
-        samples = make_samples([4])
-        layers = s.variant_record(vid).all_layers
-        UnitWriter(s, vid).write(samples, make_states(samples, 16, dtype, layers))
+    for vid in (a, b):
+        write_unit(s, vid, [4])
     return f"{tmp / 'l.zarr'}#{a}", f"{tmp / 'l.zarr'}#{b}"
 
 
 def _disjoint_store(tmp: Path) -> tuple[str, str]:
     s = Store.create(tmp / "d.zarr")
     a, b = new_variant(s, dtype="bf16"), new_variant(s, dtype="fp32")
-    for vid, dtype, seed in ((a, "bf16", 1), (b, "fp32", 2)):
-        samples = make_samples([4], seed=seed)
-        UnitWriter(s, vid).write(samples, make_states(samples, 16, dtype, [0, 1, 2]))
+    for vid, seed in ((a, 1), (b, 2)):
+        write_unit(s, vid, [4], seed=seed)
     return f"{tmp / 'd.zarr'}#{a}", f"{tmp / 'd.zarr'}#{b}"
 
 
@@ -80,13 +74,12 @@ def _two_model_store(tmp: Path) -> tuple[str, str]:
     from helpers import LAYERS, provenance
 
     s = Store.create(tmp / "two-models.zarr")
-    samples = make_samples([4])
     vids = []
     for name in ("model-a", "model-b"):
         prov = provenance("bf16")
         prov["recipe"]["model"] = {"name": name, "fingerprint": f"{name}-fingerprint"}
         vids.append(s.create_variant(prov, LAYERS, 16, "bf16", "zstd", 64))
-        UnitWriter(s, vids[-1]).write(samples, make_states(samples, 16, "bf16", [0, 1, 2]))
+        write_unit(s, vids[-1], [4])
     return f"{tmp / 'two-models.zarr'}#{vids[0]}", f"{tmp / 'two-models.zarr'}#{vids[1]}"
 
 
@@ -99,8 +92,7 @@ def _fla_kernels_variant(tmp: Path) -> str:
     prov["environment"]["batching"] = {"padding_side": "right", "token_budget": 512, "attention_mask": True,
                                          "order": "length-descending"}
     vid = s.create_variant(prov, LAYERS, 64, "bf16", "zstd", 64)
-    samples = make_samples([8])
-    UnitWriter(s, vid).write(samples, make_states(samples, 64, "bf16", [0, 1, 2]))
+    write_unit(s, vid, [8])
     return f"{tmp / 'fla.zarr'}#{vid}"
 
 

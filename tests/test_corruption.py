@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from hsstore.storage.writer import UnitWriter
 from hsstore import Store
 from hsstore.core.errors import CorruptData
 from hsstore.storage.verify import verify
 
-from helpers import make_samples, make_states, new_variant, run_cli
+from helpers import new_variant, run_cli, write_unit
 
 
 @pytest.fixture
@@ -21,8 +20,7 @@ def store_path(tmp_path: Path) -> tuple[Path, str, list]:
     path = tmp_path / "s.zarr"
     store = Store.create(path)
     vid = new_variant(store, hidden=32, chunk=16)
-    samples = make_samples([40, 25, 60], seed=3)
-    UnitWriter(store, vid, writer_id="w").write(samples, make_states(samples, 32, "bf16", [0, 1, 2]))
+    samples, _ = write_unit(store, vid, [40, 25, 60], seed=3, writer_id="w")
     return path, vid, samples
 
 
@@ -131,8 +129,7 @@ def test_flipped_byte_in_an_uncompressed_chunk_read_straight_into_the_output(tmp
     path = tmp_path / "s.zarr"
     store = Store.create(path)
     vid = new_variant(store, hidden=32, chunk=16, codec="none")
-    samples = make_samples([64], seed=5)
-    UnitWriter(store, vid, writer_id="w").write(samples, make_states(samples, 32, "bf16", [0, 1, 2]))
+    samples, _ = write_unit(store, vid, [64], seed=5, writer_id="w")
     f = _unit_dir(path, vid) / "layer_0/c/0/0"
     data = bytearray(f.read_bytes())
     data[40 * 64 + 7] ^= 0x01  # inside the third whole chunk of 16 rows x 64 bytes (+4 crc each)

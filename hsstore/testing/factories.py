@@ -1,4 +1,5 @@
-"""Small real objects for tests and benchmarks: token samples, random states, a valid provenance, a variant."""
+"""Small real objects for tests and benchmarks: token samples, random states, a valid provenance, a variant,
+committed (and crashed writers' uncommitted) units of it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import torch
 
 from hsstore.core.keys import SampleTokens, sample_key
 from hsstore.core.quant import SCALE_SCHEME
+from hsstore.core.schema.store import CommitRecord
+from hsstore.storage import layout
 from hsstore.storage.store import Store
+from hsstore.storage.writer import UnitWriter
 
 LAYERS = {"aux": [0, 1], "target": [2]}
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -58,6 +62,33 @@ def new_variant(store: Store, dtype: str = "bf16", hidden: int = 16, codec: str 
     """A variant of ``provenance(dtype, backend)`` in ``store``; returns its id."""
     layers = layers or LAYERS
     return store.create_variant(provenance(dtype, backend, layers=layers), layers, hidden, dtype, codec, chunk)
+
+
+def _unit(store: Store, vid: str, lengths: list[int], seed: int,
+          writer_id: str | None) -> tuple[list[SampleTokens], dict[int, torch.Tensor], CommitRecord | None]:
+    rec = store.variant_record(vid)
+    samples = make_samples(lengths, seed=seed)
+    states = make_states(samples, rec.hidden_size, rec.dtype, rec.all_layers)
+    return samples, states, UnitWriter(store, vid, writer_id=writer_id).write(samples, states)
+
+
+def write_unit(store: Store, vid: str, lengths: list[int], seed: int = 0,
+               writer_id: str | None = None) -> tuple[list[SampleTokens], dict[int, torch.Tensor]]:
+    """One committed unit of variant ``vid`` (stored as computed): samples of ``lengths`` (token seed
+    ``seed``) with random states of the variant's width, dtype and layers (samples committed already
+    are skipped, as by any writer). Returns (samples, states)."""
+    samples, states, _ = _unit(store, vid, lengths, seed, writer_id)
+    return samples, states
+
+
+def crashed_unit(store: Store, vid: str, lengths: list[int], seed: int = 0, writer_id: str = "crashed") -> str:
+    """A unit of ``vid`` whose writer died before committing it: its files are there, its commit record
+    is not. Returns its id."""
+    commit = _unit(store, vid, lengths, seed, writer_id)[2]
+    if commit is None:
+        raise ValueError(f"samples of lengths {lengths} (seed {seed}) are committed in variant {vid} already")
+    store.io.remove(layout.commit_key(vid, commit.unit))
+    return commit.unit
 
 
 def make_data(n: int, hidden: int, seed: int = 0) -> tuple[list[SampleTokens], list[torch.Tensor]]:

@@ -20,9 +20,8 @@ from hsstore.storage.gc import collect_garbage
 from hsstore.storage.local import LocalBackend
 from hsstore.storage.remote import ZarrBackend
 from hsstore.storage.verify import verify
-from hsstore.storage.writer import UnitWriter
 
-from helpers import make_samples, make_states, new_variant
+from helpers import new_variant, write_unit
 
 KINDS = ["local", "zarr-memory", "fsspec-memory", "s3"]
 
@@ -115,9 +114,7 @@ def test_removal_stays_inside_its_prefix(io: Backend):
 def test_a_store_round_trips_verifies_and_detects_damage(io: Backend):
     store = Store.create(io)
     vid = new_variant(store, hidden=16, chunk=8, codec="shuffle-zstd")
-    samples = make_samples([9, 20, 3], seed=7)
-    states = make_states(samples, 16, "bf16", [0, 1, 2])
-    UnitWriter(store, vid, writer_id="w").write(samples, states)
+    samples, states = write_unit(store, vid, [9, 20, 3], seed=7, writer_id="w")
     reader = Store.open(io).reader(vid)
     assert reader.keys == [s.key for s in samples]
     got = reader.read_stacked(reader.ref(samples[1].key), [0, 2])
@@ -137,9 +134,7 @@ def test_an_object_store_reads_a_samples_chunks_in_one_request(monkeypatch: pyte
     io = ZarrBackend(MemoryStore(), "zarr MemoryStore")
     store = Store.create(io)
     vid = new_variant(store, hidden=16, chunk=4, codec="zstd")
-    samples = make_samples([40, 37], seed=3)
-    states = make_states(samples, 16, "bf16", [0, 1, 2])
-    UnitWriter(store, vid).write(samples, states)
+    _, states = write_unit(store, vid, [40, 37], seed=3)
     reader = Store.open(io).reader(vid)
     reader.read_layers(reader.ref(0), [1])  # opens the array: metadata and shard index
     calls = []

@@ -17,10 +17,9 @@ import pytest
 
 from hsstore import Store
 from hsstore.storage import layout
-from hsstore.storage.writer import UnitWriter
 
 from fuzzing import run
-from helpers import REPO, make_samples, make_states, new_variant
+from helpers import REPO, crashed_unit, new_variant, write_unit
 
 CASES = int(os.environ.get("HSSTORE_FUZZ_CASES", "60"))
 SEED = int(os.environ.get("HSSTORE_FUZZ_SEED", "0"))
@@ -37,12 +36,9 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     for dtype, codec in (("bf16", "shuffle-zstd"), ("fp32", "none")):
         vid = new_variant(store, dtype=dtype, hidden=8, chunk=4, codec=codec)
         for seed in (1, 2):
-            samples = make_samples([3, 6], seed=seed)
-            UnitWriter(store, vid, writer_id=f"w{seed}").write(samples, make_states(samples, 8, dtype, [0, 1, 2]))
+            write_unit(store, vid, [3, 6], seed=seed, writer_id=f"w{seed}")
         store.io.put_atomic(layout.build_key(vid, "0123456789abcdef"), b'{"complete": true}')
-    debris = make_samples([2], seed=3)
-    UnitWriter(store, vid, writer_id="crashed").write(debris, make_states(debris, 8, "fp32", [0, 1, 2]))
-    (path / layout.commit_key(vid, "crashed-000000")).unlink()
+    crashed_unit(store, vid, [2], seed=3)
     shutil.copytree(REPO / "tests" / "data" / "format-v1.zarr", d / "v1.zarr")
     return [path, d / "v1.zarr"]
 

@@ -13,9 +13,8 @@ import torch
 from hsstore import Store
 from hsstore.core.errors import CorruptData
 from hsstore.storage.verify import verify
-from hsstore.storage.writer import UnitWriter
 
-from helpers import make_samples, make_states, new_variant, run_cli
+from helpers import crashed_unit, new_variant, run_cli, write_unit
 
 
 def _store(tmp: Path) -> tuple[Path, str, list, dict]:
@@ -23,12 +22,8 @@ def _store(tmp: Path) -> tuple[Path, str, list, dict]:
     path = tmp / "s.zarr"
     store = Store.create(path)
     vid = new_variant(store)
-    samples = make_samples([5, 9], seed=1)
-    states = make_states(samples, 16, "bf16", [0, 1, 2])
-    UnitWriter(store, vid, writer_id="w").write(samples, states)
-    debris = make_samples([4], seed=2)
-    UnitWriter(store, vid, writer_id="crashed").write(debris, make_states(debris, 16, "bf16", [0, 1, 2]))
-    (path / "variants" / vid / "commits" / "crashed-000000.json").unlink()  # it died before committing
+    samples, states = write_unit(store, vid, [5, 9], seed=1, writer_id="w")
+    crashed_unit(store, vid, [4], seed=2)
     return path, vid, samples, states
 
 

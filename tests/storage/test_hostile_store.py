@@ -15,9 +15,8 @@ import pytest
 from hsstore import HiddenStateDataset, Store
 from hsstore.core.errors import HsstoreError
 from hsstore.storage.verify import verify
-from hsstore.storage.writer import UnitWriter
 
-from helpers import make_samples, make_states, new_variant, run_main
+from helpers import crashed_unit, new_variant, run_main, write_unit
 
 
 @pytest.fixture
@@ -26,11 +25,8 @@ def store(tmp_path: Path) -> tuple[Path, str, Path]:
     path = tmp_path / "s.zarr"
     s = Store.create(path)
     vid = new_variant(s, hidden=16, chunk=8)
-    samples = make_samples([6, 9, 4], seed=4)
-    UnitWriter(s, vid, writer_id="w").write(samples, make_states(samples, 16, "bf16", [0, 1, 2]))
-    debris = make_samples([3], seed=5)
-    UnitWriter(s, vid, writer_id="crashed").write(debris, make_states(debris, 16, "bf16", [0, 1, 2]))
-    (path / "variants" / vid / "commits" / "crashed-000000.json").unlink()
+    write_unit(s, vid, [6, 9, 4], seed=4, writer_id="w")
+    crashed_unit(s, vid, [3], seed=5)
     return path, vid, path / "variants" / vid / "units" / "w-000000"
 
 
@@ -255,8 +251,7 @@ def test_a_store_path_with_a_hash_works_end_to_end(tmp_path: Path, capsys):
     path = tmp_path / "runs#3" / "s#1.zarr"
     s = Store.create(path)
     vid = new_variant(s)
-    samples = make_samples([5, 7])
-    UnitWriter(s, vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2]))
+    write_unit(s, vid, [5, 7])
     code, err = _cli("verify", str(path), capsys=capsys)
     assert code == 0, err
     assert _cli("info", str(path), "--json", capsys=capsys)[0] == 0
