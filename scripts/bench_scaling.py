@@ -32,7 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-from hsstore.testing.shapes import SHAPES  # noqa: E402
+from hsstore.testing.shapes import SHAPES, config_toml, layers_toml  # noqa: E402
 
 
 def write_inputs(out: Path, rows: int, min_len: int, max_len: int) -> Path:
@@ -51,13 +51,11 @@ def write_inputs(out: Path, rows: int, min_len: int, max_len: int) -> Path:
 
 def write_manifest(out: Path, data: Path, store: Path, shape: str, backend: str, device: str, codec: str,
                    max_len: int, token_budget: int, init: str) -> Path:
-    overrides, aux, target = SHAPES[shape]
-    cfg = ", ".join(f"{k} = {json.dumps(v)}" for k, v in overrides.items())
     text = f"""[model]
 path = "builtin:tiny-qwen3_5"
-config = {{ {cfg} }}
+{config_toml(shape)}
 init_device = "{init}"
-layers = {{ aux = {aux}, target = {target} }}
+layers = {layers_toml(shape)}
 
 [data]
 files = ["{data}"]

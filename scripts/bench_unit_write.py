@@ -38,9 +38,9 @@ def main() -> None:
     from hsstore.storage.store import Store
     from hsstore.storage.writer import UnitWriter
     from hsstore.core.keys import SampleTokens
-    from hsstore.testing.factories import provenance
+    from hsstore.testing.factories import AUX, TARGET, provenance
 
-    layers = {"aux": [1, 16, 31, 46], "target": [61]}
+    layers = {"aux": AUX, "target": TARGET}
     rng = np.random.default_rng(0)
     lengths = [args.tokens // 8] * 8
     default_threads = None  # the writer's own default, read from the first writer

@@ -40,7 +40,7 @@ def main() -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     data = out / "long.jsonl"
-    data.write_text(long_rows(args.rows, 0, SIZES[args.size][2]))
+    data.write_text(long_rows(args.rows, 0, SIZES[args.size][1]))
     m = manifest(out, data, args.size, args.device)
     dev = ["--device", args.device]
     S = out / "store.zarr"

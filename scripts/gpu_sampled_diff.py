@@ -50,7 +50,7 @@ def main() -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     data = out / "rows.jsonl"
-    data.write_text(long_rows(args.rows, args.rows - args.rows // 10, SIZES[args.size][2]))
+    data.write_text(long_rows(args.rows, args.rows - args.rows // 10, SIZES[args.size][1]))
     m = manifest(out, data, args.size, args.device)
     # the pair of kernels: fla against the torch fallback; in a dry run (no fla), eager against sdpa attention
     other = m.with_name("other.toml")

@@ -30,7 +30,7 @@ def main() -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     store = out / "store.zarr"
-    max_len = SIZES[args.size][2]
+    max_len = SIZES[args.size][1]
     data = DATA
     if args.long_rows:
         data = out / "long.jsonl"

@@ -14,11 +14,11 @@ from hsstore.core.schema.store import CommitRecord
 from hsstore.storage import layout
 from hsstore.storage.store import Store
 from hsstore.storage.writer import UnitWriter
+from hsstore.testing.shapes import SHAPES
 
 LAYERS = {"aux": [0, 1], "target": [2]}
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-# the benchmarks' reads: 27B-shaped layer choice (hsstore.testing.shapes "27b")
-AUX, TARGET = [1, 16, 31, 46], [61]
+_, AUX, TARGET = SHAPES["27b"]  # the benchmarks' layer choice: the 27B-shaped model's
 BENCH_LAYERS = AUX + TARGET
 BATCHING = {"padding_side": "right", "token_budget": 512, "attention_mask": True, "order": "length-descending"}
 

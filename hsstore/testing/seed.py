@@ -10,15 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hsstore.testing.shapes import config_toml, layers_toml
+
 DATA = Path(__file__).resolve().parents[1] / "data" / "conversations.jsonl"
-# size -> (the [model] config line, the layers, max_length)
-SIZES = {
-    "tiny": ("", "{ aux = [0, 1, 2], target = [3] }", 512),
-    "gpu": ("config = { hidden_size = 2048, intermediate_size = 6144, num_hidden_layers = 24, num_attention_heads = 16, "
-            "num_key_value_heads = 4, head_dim = 128, linear_num_key_heads = 16, linear_num_value_heads = 32, "
-            "linear_key_head_dim = 128, linear_value_head_dim = 128 }",
-            "{ aux = [1, 8, 15], target = [22] }", 2048),
-}
+# size -> (its model shape in hsstore.testing.shapes, max_length)
+SIZES = {"tiny": ("tiny", 512), "gpu": ("1.6b", 2048)}
 
 
 def sh(args: list[str], out: Path | None = None, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -59,13 +55,13 @@ def long_rows(n: int, short: int, max_len: int) -> str:
 
 def manifest(out: Path, data: Path, size: str, device: str, unit_tokens: int | None = None) -> Path:
     """OUT/seed.toml: the seed model of ``size`` over ``data``, torch bf16 on ``device``, into OUT/store.zarr."""
-    config, layers, max_len = SIZES[size]
+    shape, max_len = SIZES[size]
     units = f"unit_tokens = {unit_tokens}\n" if unit_tokens else ""
     m = out / "seed.toml"
     m.write_text(f"""[model]
 path = "builtin:tiny-qwen3_5"
-{config}
-layers = {layers}
+{config_toml(shape)}
+layers = {layers_toml(shape)}
 [data]
 files = ["{data}"]
 max_length = {max_len}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 SHAPES: dict[str, tuple[dict[str, Any], list[int], list[int]]] = {
@@ -16,3 +17,17 @@ SHAPES: dict[str, tuple[dict[str, Any], list[int], list[int]]] = {
               "num_key_value_heads": 4, "head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
               "linear_key_head_dim": 128, "linear_value_head_dim": 128}, [1, 8, 15], [22]),
 }
+
+
+def config_toml(shape: str) -> str:
+    """The manifest's ``config = { ... }`` line of ``shape`` ("" for a shape that overrides nothing)."""
+    overrides = SHAPES[shape][0]
+    if not overrides:
+        return ""
+    return "config = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in overrides.items()) + " }"
+
+
+def layers_toml(shape: str) -> str:
+    """The manifest's ``layers`` table of ``shape``: ``{ aux = [...], target = [...] }``."""
+    _, aux, target = SHAPES[shape]
+    return f"{{ aux = {aux}, target = {target} }}"
