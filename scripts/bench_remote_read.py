@@ -12,35 +12,13 @@ median seconds and MB/s of state bytes.
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
 import uuid
 
-import numpy as np
 import zarr
 
-
-def moto() -> subprocess.Popen:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    os.environ.update({"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1",
-                       "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"})
-    import boto3
-
-    for _ in range(100):
-        try:
-            boto3.client("s3").create_bucket(Bucket="bench")
-            return server
-        except Exception:  # noqa: BLE001 - still starting
-            time.sleep(0.1)
-    raise SystemExit("moto did not start")
+from hsstore.testing.s3 import moto_s3
 
 
 def main() -> None:
@@ -50,35 +28,20 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
-    server = moto()
-    try:
-        run(args)
-    finally:
-        server.terminate()
+    with moto_s3("bench") as bucket:
+        run(args, bucket)
 
 
-def run(args: argparse.Namespace) -> None:
-    import torch
-
+def run(args: argparse.Namespace, bucket: str) -> None:
     from hsstore import Store
-    from hsstore.core.keys import SampleTokens, sample_key
     from hsstore.storage import layout
     from hsstore.storage.codecs import chunk_tokens
-    from hsstore.storage.writer import UnitWriter
+    from hsstore.testing.factories import new_variant, write_unit  # layers 0, 1 (aux) and 2 (target)
 
-    url = f"s3://bench/{uuid.uuid4().hex[:8]}/s.zarr"
+    url = f"{bucket}/{uuid.uuid4().hex[:8]}/s.zarr"
     store = Store.create(url)
-    layers = {"aux": [0, 1], "target": [2]}
-    prov = {"recipe": {"model": {"name": "bench"}, "tokenizer": {"fingerprint": "t"}, "layers": layers},
-            "environment": {"device": "cpu", "dtype": "bf16", "backend": "torch", "kernels": {}}}
-    vid = store.create_variant(prov, layers, args.hidden, "bf16", "shuffle-zstd", chunk_tokens(args.hidden, 2))
-    rng = np.random.default_rng(0)
-    samples = []
-    for _ in range(args.samples):
-        ids, mask = rng.integers(0, 250, args.tokens).astype(np.int32), np.ones(args.tokens, np.uint8)
-        samples.append(SampleTokens(sample_key("t", ids, mask), ids, mask))
-    states = {i: torch.randn(args.tokens * args.samples, args.hidden).to(torch.bfloat16) for i in (0, 1, 2)}
-    UnitWriter(store, vid, writer_id="w").write(samples, states)
+    vid = new_variant(store, hidden=args.hidden, codec="shuffle-zstd", chunk=chunk_tokens(args.hidden, 2))
+    write_unit(store, vid, [args.tokens] * args.samples, writer_id="w")
     reader = Store.open(url).reader(vid)
     refs = [reader.refs[k] for k in reader.keys]
     unit = f"{url}/{layout.unit_prefix(vid, refs[0].unit)}"

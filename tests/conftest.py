@@ -3,10 +3,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +17,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from helpers import run_cli, write_manifest  # noqa: E402
 
 from hsstore.build.backends import force_backend  # noqa: E402
+from hsstore.testing.s3 import moto_s3  # noqa: E402
 
 # models loaded in this process run on the CPU, where fla's triton kernels cannot: bind transformers'
 # reference kernels even where fla is installed (backend-specific tests build in subprocesses)
@@ -73,41 +71,10 @@ def _build_attn(d: Path) -> None:
         assert r.returncode == 0, r.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def s3(tmp_path_factory: pytest.TempPathFactory):
     """A moto S3 server on 127.0.0.1 and a bucket (tests need s3fs and moto, the test extras); AWS_*
     variables point every client (and child) at it."""
     pytest.importorskip("s3fs", reason="s3fs is part of the test extras (pip install -e '.[test]')")
-    port = _free_port()
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    import boto3
-
-    for _ in range(100):
-        try:
-            boto3.client("s3").create_bucket(Bucket="hsstore-test")
-            break
-        except Exception:  # noqa: BLE001 - the server is still starting
-            time.sleep(0.1)
-    else:
-        server.kill()
-        pytest.fail(f"moto server did not start: {log.read_text()[-2000:]}")
-    yield "s3://hsstore-test"
-    server.terminate()
-    server.wait(timeout=30)
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with moto_s3("hsstore-test", tmp_path_factory.mktemp("moto") / "moto.log") as url:
+        yield url
