@@ -100,7 +100,7 @@ class Lineage:
         )
         lineage = cls(store, location, start, issues)
         if rank == 0 and rows is not None:
-            store.blobs.put_if_absent(rows, "".join(json.dumps(i.to_dict()) + "\n" for i in issues).encode())
+            store.io.put_if_absent(rows, "".join(json.dumps(i.to_dict()) + "\n" for i in issues).encode())
         lineage._put("start", start)
         return lineage
 
@@ -120,7 +120,7 @@ class Lineage:
 
     def _put(self, phase: str, record: BuildRecord) -> None:
         key = layout.lineage_record_key(record.build_id, record.rank, phase)
-        if not self.store.blobs.put_if_absent(key, json.dumps(record.to_dict(), indent=1).encode()):
+        if not self.store.io.put_if_absent(key, json.dumps(record.to_dict(), indent=1).encode()):
             raise BuildFailed(f"build record {key} exists already; build ids are unique, so the store holds "
                                "another build's record under this one's id")
 

@@ -56,11 +56,11 @@ class ImportLog:
             self.files_sum = add_hash(self.files_sum, entry_hash(d.rel, d.size, d.xxh3))
 
     def _chunks(self) -> Iterable[ImportChunk]:
-        for key in self.store.blobs.list(self.prefix):
+        for key in self.store.io.list(self.prefix):
             name = key.rsplit("/", 1)[-1]
             if not name.startswith(PREFIX) or not name.endswith(".json"):
                 continue
-            raw = self.store.blobs.get(key)
+            raw = self.store.io.get(key)
             if raw is None:
                 continue
             try:
@@ -90,7 +90,7 @@ class ImportLog:
         return todo, known
 
     def _put(self, name: str, record: Any) -> None:
-        self.store.blobs.put_atomic(f"{self.prefix}{name}", json.dumps(record.to_dict()).encode())
+        self.store.io.put_atomic(f"{self.prefix}{name}", json.dumps(record.to_dict()).encode())
 
     def chunk(self, entries: list[tuple[str, str, list[FileDigest]]], unit: str | None) -> None:
         out = []

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from hsstore.core.errors import CorruptData
 from hsstore.core.schema.store import CommitRecord
 from hsstore.storage import layout
+from hsstore.storage.backend import Backend
 from hsstore.storage.records import MAX_RECORD_BYTES, parse_json
 
 
@@ -26,13 +27,13 @@ class Commits:
     protected: frozenset[str]
 
 
-def read_commit(blobs: object, vid: str, key: str) -> CommitRecord:
+def read_commit(io: Backend, vid: str, key: str) -> CommitRecord:
     """The record at commit key ``key`` if it commits the unit it is named after; CorruptData otherwise."""
     what = f"commit record {key}"
     k = layout.parse_key(key)
     if k.kind != "commit" or k.vid != vid:
         raise CorruptData(f"{what}: not a commit record key of variant {vid}")
-    raw = blobs.get(key, cap=MAX_RECORD_BYTES)
+    raw = io.get(key, cap=MAX_RECORD_BYTES)
     if raw is None:
         raise CorruptData(f"{what} vanished while being read")
     rec = CommitRecord.from_dict(parse_json(raw, what), what)
@@ -45,27 +46,27 @@ def read_commit(blobs: object, vid: str, key: str) -> CommitRecord:
     return rec
 
 
-def commit_keys(blobs: object, vid: str) -> list[str]:
+def commit_keys(io: Backend, vid: str) -> list[str]:
     """Every key under the variant's commits/ (temporary files excluded), sorted."""
-    return blobs.list(layout.commits_prefix(vid))
+    return io.list(layout.commits_prefix(vid))
 
 
-def scan(blobs: object, vid: str, skip: set[str] | frozenset[str] = frozenset()) -> Commits:
+def scan(io: Backend, vid: str, skip: set[str] | frozenset[str] = frozenset()) -> Commits:
     """Judge every commit record of ``vid`` (keys in ``skip`` are left out: already seen by the caller)."""
     committed: dict[str, CommitRecord] = {}
     bad: list[tuple[str, str]] = []
     protected: set[str] = set()
-    for key in commit_keys(blobs, vid):
+    for key in commit_keys(io, vid):
         if key in skip:
             continue
         k = layout.parse_key(key)
         if k.uid:
             protected.add(k.uid)
         try:
-            rec = read_commit(blobs, vid, key)
+            rec = read_commit(io, vid, key)
         except CorruptData as e:
             bad.append((key, str(e)))
-            named = _named_unit(blobs, key)
+            named = _named_unit(io, key)
             if named:
                 protected.add(named)
             continue
@@ -73,10 +74,10 @@ def scan(blobs: object, vid: str, skip: set[str] | frozenset[str] = frozenset())
     return Commits(dict(sorted(committed.items())), bad, frozenset(protected))
 
 
-def _named_unit(blobs: object, key: str) -> str | None:
+def _named_unit(io: Backend, key: str) -> str | None:
     """The ``unit`` a record that fails judgement still names, if it can be read at all."""
     try:
-        raw = blobs.get(key, cap=MAX_RECORD_BYTES)
+        raw = io.get(key, cap=MAX_RECORD_BYTES)
         d = parse_json(raw, key) if raw is not None else None
     except CorruptData:
         return None

@@ -79,8 +79,3 @@ def write_file(path: str, parts: Sequence[Any], exclusive: bool = False, dir_fd:
     if size != want.size:
         raise OSError(errno.EIO, f"the file holds {size} bytes after writing {want.size}")
     return want
-
-
-def fsync_dir(fd: int) -> None:
-    """Make a rename or a new entry in the directory open as ``fd`` durable."""
-    os.fsync(fd)

@@ -81,11 +81,6 @@ class Store:
         self._readers: dict[str, VariantReader] = {}
 
     @property
-    def blobs(self) -> Backend:
-        """The back end (the name before it was one interface)."""
-        return self.io
-
-    @property
     def is_local(self) -> bool:
         return self.io.is_local
 

@@ -20,7 +20,6 @@ LAYERS = {"aux": [0, 1], "target": [2]}
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _, AUX, TARGET = SHAPES["27b"]  # the benchmarks' layer choice: the 27B-shaped model's
 BENCH_LAYERS = AUX + TARGET
-BATCHING = {"padding_side": "right", "token_budget": 512, "attention_mask": True, "order": "length-descending"}
 
 
 def make_samples(lengths: list[int], seed: int = 0, tok: str = "tok") -> list[SampleTokens]:
