@@ -16,10 +16,9 @@ if TYPE_CHECKING:
     import torch
 
 FIELDS = ("n", "sum", "sumsq", "absmax", "min", "max", "nan", "inf", "zeros")
+COUNTS = ("n", "nan", "inf", "zeros")  # the fields that are counts (integers)
 _MIN_MAX = {"absmax": max, "max": max, "min": min}
-
-
-_HEAD = 9  # n, sum, sumsq, absmax, min, max, nan, inf, zeros
+_HEAD = len(FIELDS)  # stats_tensor's leading values, one per field
 
 
 def stats_tensor(states: torch.Tensor, lengths: list[int]) -> torch.Tensor:
@@ -59,8 +58,8 @@ def stats_tensor(states: torch.Tensor, lengths: list[int]) -> torch.Tensor:
 
 def from_stats_tensor(values: list[float]) -> tuple[dict[str, float], list[float]]:
     """(additive stats, per-sample abs-max) from ``stats_tensor(...).tolist()``."""
-    head = dict(zip(("n", "sum", "sumsq", "absmax", "min", "max", "nan", "inf", "zeros"), values[:_HEAD]))
-    for k in ("n", "nan", "inf", "zeros"):
+    head = dict(zip(FIELDS, values[:_HEAD]))
+    for k in COUNTS:
         head[k] = int(head[k])
     return head, values[_HEAD:]
 
@@ -77,7 +76,7 @@ def array_stats(x: np.ndarray) -> dict[str, float]:
     if nan or inf:
         x = np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
     if x.size == 0:
-        return {k: 0 if k in ("n", "nan", "inf", "zeros") else 0.0 for k in FIELDS}
+        return {k: 0 if k in COUNTS else 0.0 for k in FIELDS}
     lo, hi = float(x.min()), float(x.max())
     return {"n": int(x.size), "sum": float(x.sum(dtype=np.float64)),
             "sumsq": float(np.square(x, dtype=np.float64).sum()), "absmax": max(abs(lo), abs(hi)),
