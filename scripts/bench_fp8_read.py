@@ -23,7 +23,6 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader
 

@@ -25,16 +25,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-REPO = Path(__file__).resolve().parents[1]
-
+from hsstore import HiddenStateDataset, Store
+from hsstore.storage.codecs import chunk_tokens
 from hsstore.storage.writer import UnitWriter
-from hsstore import HiddenStateDataset, Store  # noqa: E402
-from hsstore.storage.codecs import chunk_tokens  # noqa: E402
-from hsstore.core.keys import sample_key  # noqa: E402
-from hsstore.core.keys import SampleTokens  # noqa: E402
-from hsstore.testing.factories import AUX, TARGET, make_data, provenance  # noqa: E402
-from hsstore.testing.factories import BENCH_LAYERS as LAYERS  # noqa: E402
-from hsstore.testing.disk import du, evict  # noqa: E402
+from hsstore.testing.disk import du, evict
+from hsstore.testing.factories import AUX, TARGET, make_data, provenance
+from hsstore.testing.factories import BENCH_LAYERS as LAYERS
 
 
 # ---- writers ---------------------------------------------------------------------------------------

@@ -30,9 +30,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from hsstore.testing.shapes import SHAPES, config_toml, layers_toml
 
-from hsstore.testing.shapes import SHAPES, config_toml, layers_toml  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def write_inputs(out: Path, rows: int, min_len: int, max_len: int) -> Path:

@@ -9,12 +9,11 @@ import json
 import shutil
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-from hsstore.testing.factories import make_samples, make_states, new_variant  # noqa: E402
-
+from hsstore import Store
 from hsstore.storage.writer import UnitWriter
-from hsstore import Store  # noqa: E402
+from hsstore.testing.factories import make_samples, make_states, new_variant
+
+REPO = Path(__file__).resolve().parents[1]
 
 if __name__ == "__main__":
     out = REPO / "tests" / "data" / "format-v1.zarr"

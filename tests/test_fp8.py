@@ -18,7 +18,6 @@ from helpers import REPO, diff_report, make_samples, make_states, new_variant, r
 
 from hsstore import HiddenStateDataset, ProvenanceMismatch, Store, StreamingHiddenStateDataset
 from hsstore.core import quant
-from hsstore.read.dataset import pad_collate
 from hsstore.storage.convert import convert
 from hsstore.storage.verify import verify
 from hsstore.storage.writer import UnitWriter

@@ -184,7 +184,7 @@ def test_direct_shards_and_zarr_agree(tmp_path: Path):
         unit = next((tmp_path / f"{codec}.zarr" / "variants" / vid / "units").glob("*-*"))
         via_zarr = zarr.open_array(str(unit / "layer_1"), mode="r")[:]
         assert np.array_equal(via_zarr, states[1].view(torch.int16).numpy().view(np.uint16)), codec
-        direct = ShardReader(LocalBackend(str(unit)), "layer_1", codec).rows(3, 20)
+        direct = ShardReader(LocalBackend(str(unit)), "layer_1", f"{codec} layer_1").rows(3, 20)
         assert np.array_equal(direct, via_zarr[3:20])
         assert np.array_equal(zarr.open_array(str(unit / "input_ids"), mode="r")[:],
                               np.concatenate([s.input_ids for s in samples]))
@@ -192,7 +192,8 @@ def test_direct_shards_and_zarr_agree(tmp_path: Path):
         z = zarr.create_array(str(tmp_path / f"z-{codec}"), shape=(23, 24), chunks=(7, 24), shards=(28, 24),
                               dtype="uint16", compressors=compressors(codec))
         z[:] = via_zarr
-        assert np.array_equal(ShardReader(LocalBackend(str(tmp_path)), f"z-{codec}", codec).rows(0, 23), via_zarr)
+        assert np.array_equal(ShardReader(LocalBackend(str(tmp_path)), f"z-{codec}", f"zarr's {codec} array").rows(0, 23),
+                              via_zarr)
 
 
 def test_store_holds_only_json_and_numeric_chunks(tiny_store: Path):
