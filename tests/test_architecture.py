@@ -134,6 +134,21 @@ def test_entry_points_load_only_what_they_need(entry: str, banned: set[str]):
     assert not any(m.startswith("hsstore.build") for m in loaded) or "build" in entry
 
 
+def test_help_of_every_command_loads_neither_torch_nor_transformers():
+    """``hsstore --help`` and each command's ``--help`` through the real entry point, in a fresh
+    interpreter: help is rendered from the commands' signatures, before any of their work is imported."""
+    code = ("import sys, json, typer\nfrom hsstore.cli.main import main\nfrom hsstore.cli.app import app\n"
+            "names = sorted(typer.main.get_command(app).commands)\n"
+            "for argv in [[], *([n] for n in names)]:\n"
+            "    sys.argv = ['hsstore', *argv, '--help']\n"
+            "    try:\n        main()\n    except SystemExit as e:\n        assert not e.code, (argv, e.code)\n"
+            "print(json.dumps([names, [m for m in ('torch', 'transformers') if m in sys.modules]]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    names, loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {"build", "convert", "diff", "info", "verify"} <= set(names), names
+    assert loaded == [], f"hsstore --help loads {loaded}"
+
+
 def test_info_and_verify_of_a_local_store_load_neither_torch_nor_transformers(tmp_path: Path):
     """Reading metadata and checking every stored value is numpy's work: a real store, the real entry point."""
     from hsstore import Store
