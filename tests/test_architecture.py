@@ -149,22 +149,49 @@ def test_help_of_every_command_loads_neither_torch_nor_transformers():
     assert loaded == [], f"hsstore --help loads {loaded}"
 
 
-def test_info_and_verify_of_a_local_store_load_neither_torch_nor_transformers(tmp_path: Path):
-    """Reading metadata and checking every stored value is numpy's work: a real store, the real entry point."""
+def _two_variant_store(path: Path) -> Path:
     from hsstore import Store
     from hsstore.testing.factories import new_variant, write_unit
 
-    store = Store.create(tmp_path / "s.zarr")
+    store = Store.create(path)
     for dtype in ("bf16", "fp32"):
         write_unit(store, new_variant(store, dtype), [5, 9])
-    for argv in (["info", "--json"], ["verify"]):
-        code = ("import sys, json; from hsstore.cli.main import main\n"
-                f"sys.argv = ['hsstore', {argv[0]!r}, {str(tmp_path / 's.zarr')!r}, *{argv[1:]!r}]\n"
-                "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-                "print(json.dumps([m for m in ('torch', 'transformers') if m in sys.modules]))")
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-        assert json.loads(out.stdout.strip().splitlines()[-1]) == [], f"hsstore {argv[0]} loads torch/transformers"
-        assert "2 variant" in out.stdout or "OK: 4 samples checked" in out.stdout or '"variants"' in out.stdout
+    return path
+
+
+def _cli_loads(argv: list[str], modules: tuple[str, ...]) -> tuple[list[str], str]:
+    """(which of ``modules`` ``hsstore ARGV`` loads, its stdout), run through the real entry point in a
+    fresh interpreter."""
+    code = ("import sys, json; from hsstore.cli.main import main\n"
+            f"sys.argv = ['hsstore', *{argv!r}]\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            f"print(json.dumps([m for m in {modules!r} if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stdout
+
+
+def test_info_and_verify_of_a_local_store_load_neither_torch_nor_transformers(tmp_path: Path):
+    """Reading metadata and checking every stored value is numpy's work: a real store, the real entry point."""
+    store = str(_two_variant_store(tmp_path / "s.zarr"))
+    for argv in (["info", store, "--json"], ["verify", store]):
+        loaded, stdout = _cli_loads(argv, ("torch", "transformers"))
+        assert loaded == [], f"hsstore {argv[0]} loads {loaded}"
+        assert '"variants"' in stdout or "OK: 4 samples checked" in stdout, stdout
+
+
+def test_a_local_store_is_read_without_zarr(tmp_path: Path):
+    """zarr-python writes arrays' metadata and reaches object stores; a local store is read by hsstore's
+    own shard reader, so info, verify and a dataset's items never import zarr (~0.1 s a process)."""
+    store = str(_two_variant_store(tmp_path / "s.zarr"))
+    for argv in (["info", store, "--json"], ["verify", store]):
+        loaded, _ = _cli_loads(argv, ("zarr",))
+        assert loaded == [], f"hsstore {argv[0]} of a local store loads zarr"
+    code = ("import sys; from hsstore import HiddenStateDataset\n"
+            f"item = HiddenStateDataset({store!r}, variant='dtype=bf16')[1]\n"
+            "assert item['aux_hidden'].shape == (9, 2, 16), item['aux_hidden'].shape\n"
+            "print('zarr' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False", "reading a dataset item of a local store loads zarr"
 
 
 MAX_MODULE_LINES = 300

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from numcodecs import Blosc, Zstd
-from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 # a blosc block of at least one chunk (chunks hold ~1 MiB, see chunk_tokens): blosc shuffles and
 # compresses per block, and smaller blocks lose most of the gain (1.24x instead of 1.42x smaller)
@@ -37,6 +36,14 @@ class Codec:
     matches: Callable[[list[tuple[str, dict[str, Any]]]], bool]
 
 
+def _zarr(name: str, **configuration: Any) -> Any:
+    """zarr's codec class ``name`` configured: zarr is imported only to write an array's metadata (reading
+    a local store never needs it)."""
+    import zarr.codecs
+
+    return getattr(zarr.codecs, name)(**configuration)
+
+
 def _blosc(cname: str, byte_shuffle: bool | None) -> Callable[[list[tuple[str, dict[str, Any]]]], bool]:
     """Blosc with ``cname``; ``byte_shuffle`` True/False tells the zstd pair apart (None: any shuffle;
     blosc decoding is self-describing, so the shuffle never changes how a chunk is read)."""
@@ -46,17 +53,17 @@ def _blosc(cname: str, byte_shuffle: bool | None) -> Callable[[list[tuple[str, d
 
 REGISTRY: dict[str, Codec] = {c.name: c for c in (
     Codec("none", lambda: [], lambda itemsize: None, lambda m: m == []),
-    Codec("zstd", lambda: [ZstdCodec(level=1)], lambda itemsize: Zstd(level=1),
+    Codec("zstd", lambda: [_zarr("ZstdCodec", level=1)], lambda itemsize: Zstd(level=1),
           lambda m: len(m) == 1 and m[0][0] == "zstd"),
     Codec("shuffle-zstd",
-          lambda: [BloscCodec(cname="zstd", clevel=1, shuffle="shuffle", blocksize=SHUFFLE_BLOCK_BYTES)],
+          lambda: [_zarr("BloscCodec", cname="zstd", clevel=1, shuffle="shuffle", blocksize=SHUFFLE_BLOCK_BYTES)],
           lambda itemsize: Blosc(cname="zstd", clevel=1, shuffle=Blosc.SHUFFLE, blocksize=SHUFFLE_BLOCK_BYTES,
                                  typesize=itemsize),
           _blosc("zstd", True)),
-    Codec("blosc-lz4", lambda: [BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle")],
+    Codec("blosc-lz4", lambda: [_zarr("BloscCodec", cname="lz4", clevel=5, shuffle="bitshuffle")],
           lambda itemsize: Blosc(cname="lz4", clevel=5, shuffle=Blosc.BITSHUFFLE, blocksize=0, typesize=itemsize),
           _blosc("lz4", None)),
-    Codec("blosc-zstd", lambda: [BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle")],
+    Codec("blosc-zstd", lambda: [_zarr("BloscCodec", cname="zstd", clevel=1, shuffle="bitshuffle")],
           lambda itemsize: Blosc(cname="zstd", clevel=1, shuffle=Blosc.BITSHUFFLE, blocksize=0, typesize=itemsize),
           _blosc("zstd", False)),
 )}
@@ -71,7 +78,7 @@ def parse_codec(name: str) -> str:
 
 def compressors(name: str) -> list[Any]:
     """The bytes-to-bytes chain for ``name``: compression (if any) then crc32c."""
-    return [*REGISTRY[parse_codec(name)].chain(), Crc32cCodec()]
+    return [*REGISTRY[parse_codec(name)].chain(), _zarr("Crc32cCodec")]
 
 
 def codec_of(middle: list[tuple[str, dict[str, Any]]]) -> str | None:

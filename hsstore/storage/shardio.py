@@ -17,10 +17,6 @@ from typing import Any
 import crc32c
 import msgspec
 import numpy as np
-import zarr
-from zarr.core.buffer import default_buffer_prototype
-from zarr.core.sync import sync
-from zarr.storage import MemoryStore
 
 from hsstore.core.errors import CorruptData
 from hsstore.core.schema.array import ArrayMeta, ShardingConfig, ZarrCodec
@@ -67,7 +63,13 @@ def encode_shard(data: np.ndarray, chunk_rows: int, codec: str) -> list[Any]:
 def array_metadata(shape: tuple[int, ...], chunk_rows: int, dtype: np.dtype, codec: str,
                    attributes: dict[str, Any]) -> bytes:
     """The ``zarr.json`` zarr-python writes for a single-shard array of ``shape`` (rendered in memory by
-    zarr itself, so it is the metadata of whichever zarr version is installed)."""
+    zarr itself, so it is the metadata of whichever zarr version is installed; zarr is imported here, on
+    the write path only)."""
+    import zarr
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+    from zarr.storage import MemoryStore
+
     mem = MemoryStore()
     shard = -(-shape[0] // chunk_rows) * chunk_rows
     zarr.create_array(

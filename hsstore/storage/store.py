@@ -24,7 +24,6 @@ from hsstore.storage.codecs import REGISTRY
 from hsstore.storage.local import LocalBackend
 from hsstore.storage.reader import VariantReader
 from hsstore.storage.records import group_json, parse_json
-from hsstore.storage.remote import ZarrBackend
 
 
 @dataclass(frozen=True)
@@ -54,8 +53,11 @@ def split_target(target: str) -> tuple[str, str | None]:
 
 def open_backend(location: str, read_only: bool) -> Backend:
     """The back end for ``location``, chosen once: a local directory (a path or ``file://``) or a
-    zarr/fsspec URL (``s3://``, ``memory://``, ...)."""
+    zarr/fsspec URL (``s3://``, ``memory://``, ...). zarr is imported only for a URL: a local store is
+    read without it."""
     if is_url(location):
+        from hsstore.storage.remote import ZarrBackend
+
         return ZarrBackend.from_url(location, read_only)
     return LocalBackend(location[len("file://") :] if location.startswith("file://") else location)
 
