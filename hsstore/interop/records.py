@@ -18,9 +18,9 @@ from typing import Any
 import xxhash
 
 from hsstore.core.canonical import fingerprint
-from hsstore.core.errors import BadInput, CorruptData, WriteFailed
+from hsstore.core.errors import BadInput, CorruptData
 from hsstore.core.schema.imported import ExportRecord, ImportChunk, ImportDone, ImportEntry
-from hsstore.interop.formats.base import Format
+from hsstore.interop.formats.base import Format, atomic_write
 from hsstore.interop.sample import FileDigest, read_bytes
 
 PREFIX = "import-"
@@ -134,11 +134,6 @@ def read_sidecar(path: Path, fmt: str) -> ExportRecord | None:
 
 
 def write_sidecar(path: Path, record: ExportRecord) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(json.dumps(record.to_dict(), indent=1, sort_keys=True))
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise WriteFailed(f"writing {path} failed: {e.strerror or e}; the export is not complete. Free space and "
-                          "re-run the same command") from None
+    """Write the export record beside the files, all or nothing, as the files are written (atomic_write:
+    its temporary file is one a re-run cleans up, its failure the export's one-line error)."""
+    atomic_write(path.parent, path.name, json.dumps(record.to_dict(), indent=1, sort_keys=True).encode())
