@@ -39,13 +39,15 @@ def reading(key: str) -> Iterator[None]:
         raise CorruptData(f"reading {key or 'the store'} failed: {e.strerror or e}") from None
 
 
+# each kind of entry: (its test, its name in Entry.kind, how an error names it)
+_KINDS = ((stat.S_ISREG, "file", "a regular file"), (stat.S_ISDIR, "dir", "a directory"),
+          (stat.S_ISLNK, "symlink", "a symlink"), (stat.S_ISFIFO, "fifo", "a FIFO"),
+          (stat.S_ISSOCK, "socket", "a socket"), (stat.S_ISCHR, "device", "a character device"),
+          (stat.S_ISBLK, "device", "a block device"))
+
+
 def _kind(mode: int) -> str:
-    for test, word in ((stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return word
-    return "a regular file" if stat.S_ISREG(mode) else "a special file"
+    return next((words for test, _, words in _KINDS if test(mode)), "a special file")
 
 
 def open_dir(root: str, key: str, create: bool = False) -> int:
@@ -89,12 +91,7 @@ def _open_child(fd: int, part: str, key: str, create: bool) -> int:
 
 def kind_of(mode: int) -> str:
     """``file``, ``dir``, ``symlink``, ``fifo``, ``socket``, ``device`` or ``other``."""
-    for test, word in ((stat.S_ISREG, "file"), (stat.S_ISDIR, "dir"), (stat.S_ISLNK, "symlink"),
-                       (stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "device"),
-                       (stat.S_ISBLK, "device")):
-        if test(mode):
-            return word
-    return "other"
+    return next((kind for test, kind, _ in _KINDS if test(mode)), "other")
 
 
 def open_file(root: str, key: str) -> int:
