@@ -121,7 +121,7 @@ class _Base:
             "loss_mask": torch.from_numpy(mask.astype(np.bool_)),
         }
         for role in ("aux", "target"):
-            states = self.reader.read_stacked(ref, self.layer_roles.get(role, []), raw=getattr(self, "raw", False))
+            states = self.reader.read_stacked(ref, self.layer_roles.get(role, []), raw=self.raw)
             if isinstance(states, tuple):  # raw FP8: codes and their scales
                 item[f"{role}_hidden"], item[f"{role}_scales"] = states
             else:

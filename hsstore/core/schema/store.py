@@ -80,12 +80,9 @@ class WriterInfo(Record):
     writer: str
 
 
-class UnitInfo(Record):
+class UnitInfo(WriterInfo):
     """A unit's own metadata (``units/<uid>/zarr.json`` attributes ``hsstore_unit``): its writer and start."""
 
-    host: str
-    pid: int
-    writer: str
     started_at: str
 
 
