@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -14,9 +13,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from hsstore import HiddenStateDataset, Store, StreamingHiddenStateDataset
+from hsstore.core.errors import StoreNotFound
 from hsstore.storage.verify import verify
 
-from helpers import assert_bit_exact, kill_build, run_cli, start_build
+from helpers import assert_bit_exact, kill_build, run_cli, start_build, wait_for
 
 pytest.importorskip("s3fs", reason="s3fs is part of the test extras (pip install -e '.[test]')")
 
@@ -43,7 +43,15 @@ def test_s3_build_verify_read_diff(s3: str, tiny_store: Path):
     assert sorted(keys) == sorted(ds.keys)
 
 
-def test_s3_concurrent_writers_and_a_killed_writer(s3: str, tiny_store: Path):
+def _committed(url: str) -> int:
+    """Samples committed in the store at ``url`` so far (0 while it does not exist yet)."""
+    try:
+        return sum(v.n_samples for v in Store.open(url).variants)
+    except StoreNotFound:
+        return 0
+
+
+def test_s3_concurrent_writers_and_a_killed_writer(s3: str, tiny_store: Path, tmp_path: Path):
     manifest = tiny_store.parent / "m.toml"
     url = f"{s3}/{uuid.uuid4().hex[:8]}/conc.zarr"
     procs = [_build(manifest, url), _build(manifest, url)]
@@ -52,20 +60,12 @@ def test_s3_concurrent_writers_and_a_killed_writer(s3: str, tiny_store: Path):
     assert verify(Store.open(url))["ok"]
 
     # a writer killed after its first commit (small units, so it is mid-build), then resumed
-    small = tiny_store.parent / "m-small-units.toml"
+    small = tmp_path / "m-small-units.toml"  # (the session's tiny store is shared: nothing is written there)
     small.write_text(manifest.read_text().replace("token_budget = 2048", "token_budget = 600")
                      .replace("unit_tokens = 2048", "unit_tokens = 300"))
     killed = f"{s3}/{uuid.uuid4().hex[:8]}/killed.zarr"
     p = _build(small, killed)
-    deadline = time.time() + 120
-    while time.time() < deadline and p.poll() is None:
-        try:
-            s = Store.open(killed)
-            if s.variants and s.variants[0].n_samples > 0:
-                break
-        except Exception:  # noqa: BLE001 - the store may not exist yet
-            pass
-        time.sleep(0.05)
+    wait_for(lambda: _committed(killed) > 0 or p.poll() is not None, what="the build's first commit")
     assert p.poll() is None, "the build finished before it could be killed"
     kill_build(p)  # the driver and its worker at once
     partial = Store.open(killed).variants[0].n_samples
