@@ -101,7 +101,6 @@ class PinnedReservation:
 PINNED_POOL = PinnedPool()  # shared by every capture in this process: buffers outlive one variant
 
 
-
 def copy_to_host(states: dict[int, Any], pool: PinnedPool) -> tuple[dict[int, Any], list, list]:
     """Asynchronous device-to-host copies of a unit's states (tensors or Quantized) into pinned
     buffers from ``pool``. Returns (host states, the buffers to give back, one event per GPU)."""

@@ -17,7 +17,7 @@ def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) ->
     path is a folder, or its suffix is not one of ``suffixes`` (when given)."""
     p = Path(path).expanduser()
     if not path.strip():
-        raise BadInput(f"{option} is empty; name a file to write, e.g. {option} report{suffixes[:1] and suffixes[0] or '.json'}")
+        raise BadInput(f"{option} is empty; name a file to write, e.g. {option} report{(suffixes or ('.json',))[0]}")
     if p.is_dir():
         raise BadInput(f"{option} {path!r} is a folder; name a file inside it")
     if suffixes and p.suffix.lower() not in suffixes:
