@@ -13,10 +13,11 @@ from typing import Any
 import msgspec
 
 from hsstore.core.errors import CorruptData
+from hsstore.core.schema.base import explain
 from hsstore.core.schema.store import CommitRecord, HealthStats, UnitInfo, VariantRecord, WriterInfo
 
 __all__ = ["MAX_DEPTH", "MAX_RECORD_BYTES", "CommitRecord", "HealthStats", "UnitInfo", "VariantRecord",
-           "WriterInfo", "group_json", "parse_json"]
+           "WriterInfo", "convert_strict", "group_json", "parse_json"]
 
 # the largest metadata file hsstore writes is a commit record: ~50 bytes per sample, so a unit of
 # 100,000 short samples is ~5 MB; 64 MiB leaves room and still bounds what a reader takes in
@@ -43,3 +44,12 @@ def parse_json(data: bytes, what: str) -> Any:
         children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
         stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
     return value
+
+
+def convert_strict(value: Any, type_: Any, what: str) -> Any:
+    """Parsed JSON ``value`` as ``type_`` (a zarr document: unknown keys allowed, known ones typed strictly);
+    a one-line CorruptData naming ``what`` and the offending key otherwise."""
+    try:
+        return msgspec.convert(value, type_, strict=True)
+    except msgspec.ValidationError as e:
+        raise CorruptData(f"{what}: {explain(e, value)}") from None

@@ -15,16 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import crc32c
-import msgspec
 import numpy as np
 
 from hsstore.core.errors import CorruptData
 from hsstore.core.schema.array import ArrayMeta, ShardingConfig, ZarrCodec
-from hsstore.core.schema.base import explain
 from hsstore.storage import layout
 from hsstore.storage.backend import Backend, BufferRange, RangeSource
 from hsstore.storage.codecs import REGISTRY, codec_of, compressors
-from hsstore.storage.records import parse_json
+from hsstore.storage.records import convert_strict, parse_json
 
 EMPTY = np.uint64(2**64 - 1)
 DATA_TYPES = ("int32", "uint8", "uint16", "float16", "float32")  # what hsstore writes (bf16: uint16 bits)
@@ -102,21 +100,14 @@ def _middle(chain: list[ZarrCodec]) -> list[tuple[str, dict[str, Any]]] | None:
 
 def array_layout(raw: bytes, what: str) -> ArrayLayout:
     """The layout of the array whose ``zarr.json`` is ``raw``; CorruptData for anything hsstore never writes."""
-    data = parse_json(raw, what)
-    try:
-        meta = msgspec.convert(data, ArrayMeta, strict=True)
-    except msgspec.ValidationError as e:
-        raise CorruptData(f"{what}: {explain(e, data)}") from None
+    meta = convert_strict(parse_json(raw, what), ArrayMeta, what)
     shape, grid = meta.shape, meta.chunk_grid.configuration.chunk_shape
     if meta.node_type != "array" or meta.zarr_format != 3 or not 1 <= len(shape) <= 2 or shape[0] < 1 \
             or min(shape) < 1 or meta.data_type not in DATA_TYPES or len(grid) != len(shape):
         raise CorruptData(f"{what}: not an array hsstore writes (shape {shape}, {meta.data_type})")
     dtype = np.dtype(meta.data_type).newbyteorder("<")
     if len(meta.codecs) == 1 and meta.codecs[0].name == "sharding_indexed":
-        try:
-            cfg = msgspec.convert(meta.codecs[0].configuration, ShardingConfig, strict=True)
-        except msgspec.ValidationError as e:
-            raise CorruptData(f"{what}: sharding configuration: {explain(e, meta.codecs[0].configuration)}") from None
+        cfg = convert_strict(meta.codecs[0].configuration, ShardingConfig, f"{what}: sharding configuration")
         middle, index = _middle(cfg.codecs), _middle(cfg.index_codecs)
         codec = codec_of(middle) if middle is not None else None
         rows = cfg.chunk_shape[0] if cfg.chunk_shape else 0

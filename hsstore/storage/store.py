@@ -8,14 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from hsstore.core.dtypes import STORED
 from hsstore.core.errors import BadInput, CorruptData, HsstoreError, StoreNotFound, UnsupportedFormat
 from hsstore.core.paths import expand_user
 from hsstore.core.provenance import select, variant_id
 from hsstore.core.schema.array import GroupMeta
-from hsstore.core.schema.base import explain
 from hsstore.core.schema.provenance import Provenance, Storage
 from hsstore.core.schema.store import CommitRecord, VariantRecord
 from hsstore.storage import commits, layout
@@ -23,7 +20,7 @@ from hsstore.storage.backend import Backend
 from hsstore.storage.codecs import REGISTRY
 from hsstore.storage.local import LocalBackend
 from hsstore.storage.reader import VariantReader
-from hsstore.storage.records import group_json, parse_json
+from hsstore.storage.records import convert_strict, group_json, parse_json
 
 
 @dataclass(frozen=True)
@@ -64,11 +61,7 @@ def open_backend(location: str, read_only: bool) -> Backend:
 
 def group_attributes(raw: bytes, what: str) -> dict[str, Any]:
     """The attributes of a zarr group document; CorruptData if it is not one."""
-    data = parse_json(raw, what)
-    try:
-        meta = msgspec.convert(data, GroupMeta, strict=True)
-    except msgspec.ValidationError as e:
-        raise CorruptData(f"{what}: {explain(e, data)}") from None
+    meta = convert_strict(parse_json(raw, what), GroupMeta, what)
     if meta.node_type != "group":
         raise CorruptData(f"{what}: a zarr {meta.node_type!r} where the format has a group")
     return meta.attributes
