@@ -12,7 +12,8 @@ import torch
 
 from hsstore.build.backends import installed
 from hsstore.testing.factories import (LAYERS, TORCH_DTYPES, crashed_unit, make_samples, make_states,  # noqa: F401
-                                       new_variant, provenance, write_unit)
+                                       new_variant, one_sample_units, provenance, store_with_unit,
+                                       write_unit)
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "hsstore" / "data" / "conversations.jsonl"

@@ -12,15 +12,13 @@ from hsstore import Store
 from hsstore.core.errors import CorruptData
 from hsstore.storage.verify import verify
 
-from helpers import new_variant, run_cli, write_unit
+from helpers import run_cli, store_with_unit
 
 
 @pytest.fixture
 def store_path(tmp_path: Path) -> tuple[Path, str, list]:
     path = tmp_path / "s.zarr"
-    store = Store.create(path)
-    vid = new_variant(store, hidden=32, chunk=16)
-    samples, _ = write_unit(store, vid, [40, 25, 60], seed=3, writer_id="w")
+    _, vid, samples, _ = store_with_unit(path, [40, 25, 60], seed=3, hidden=32, chunk=16)
     return path, vid, samples
 
 
@@ -127,9 +125,7 @@ def test_flipped_byte_in_an_uncompressed_chunk_read_straight_into_the_output(tmp
     from hsstore import HiddenStateDataset
 
     path = tmp_path / "s.zarr"
-    store = Store.create(path)
-    vid = new_variant(store, hidden=32, chunk=16, codec="none")
-    samples, _ = write_unit(store, vid, [64], seed=5, writer_id="w")
+    _, vid, samples, _ = store_with_unit(path, [64], seed=5, hidden=32, chunk=16, codec="none")
     f = _unit_dir(path, vid) / "layer_0/c/0/0"
     data = bytearray(f.read_bytes())
     data[40 * 64 + 7] ^= 0x01  # inside the third whole chunk of 16 rows x 64 bytes (+4 crc each)

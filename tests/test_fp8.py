@@ -14,13 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, diff_report, make_samples, make_states, new_variant, run_cli, write_manifest
+from helpers import REPO, diff_report, one_sample_units, run_cli, write_manifest
 
 from hsstore import HiddenStateDataset, ProvenanceMismatch, Store, StreamingHiddenStateDataset
 from hsstore.core import quant
 from hsstore.storage.convert import convert
 from hsstore.storage.verify import verify
-from hsstore.storage.writer import UnitWriter
 
 FP8 = "precision=fp8-e4m3"
 
@@ -141,14 +140,8 @@ def test_converting_twice_is_a_no_op_and_converting_fp8_is_refused(converted: Pa
 
 def _many_units(tmp_path: Path, n: int = 60) -> Path:
     """A bf16 store of ``n`` one-sample units (so a convert has many commits to be killed between)."""
-    s = tmp_path / "many.zarr"
-    store = Store.create(s)
-    vid = new_variant(store, "bf16", hidden=256, codec="zstd", chunk=64)
-    w = UnitWriter(store, vid, check_health=False)
-    samples = make_samples([64 + 7 * i for i in range(n)], seed=1)
-    for i, smp in enumerate(samples):
-        w.write([smp], make_states([smp], 256, "bf16", [0, 1, 2], seed=i))
-    return s
+    one_sample_units(tmp_path / "many.zarr", [64 + 7 * i for i in range(n)], seed=1, hidden=256, chunk=64)
+    return tmp_path / "many.zarr"
 
 
 def test_convert_killed_mid_way_resumes_to_the_same_variant(tmp_path: Path) -> None:

@@ -90,6 +90,29 @@ def crashed_unit(store: Store, vid: str, lengths: list[int], seed: int = 0, writ
     return commit.unit
 
 
+def store_with_unit(path: Any, lengths: list[int], seed: int = 0, writer_id: str = "w",
+                    **variant: Any) -> tuple[Store, str, list[SampleTokens], dict[int, torch.Tensor]]:
+    """A new store at ``path`` (a path or a back end) with one variant (``new_variant(store, **variant)``)
+    holding one committed unit by ``writer_id`` (``write_unit``). Returns (store, variant id, samples, states)."""
+    store = Store.create(path)
+    vid = new_variant(store, **variant)
+    samples, states = write_unit(store, vid, lengths, seed, writer_id)
+    return store, vid, samples, states
+
+
+def one_sample_units(path: Any, lengths: list[int], seed: int = 0, **variant: Any) -> tuple[Store, str]:
+    """A new store at ``path`` with one variant (``new_variant(store, **variant)``) holding one committed
+    unit per sample of ``lengths`` (the i-th with states of seed i), by one writer: many small commits,
+    e.g. for a convert to be stopped between. Returns (store, variant id)."""
+    store = Store.create(path)
+    vid = new_variant(store, **variant)
+    rec = store.variant_record(vid)
+    writer = UnitWriter(store, vid)
+    for i, sample in enumerate(make_samples(lengths, seed=seed)):
+        writer.write([sample], make_states([sample], rec.hidden_size, rec.dtype, rec.all_layers, seed=i))
+    return store, vid
+
+
 def make_data(n: int, hidden: int, seed: int = 0) -> tuple[list[SampleTokens], list[torch.Tensor]]:
     """Samples and their states [T, 5, H] in bf16, shaped like real hidden states (heavy-tailed)."""
     rng = np.random.default_rng(seed)

@@ -9,22 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import REPO, make_samples, make_states, new_variant
+from helpers import REPO, one_sample_units
 
 from hsstore import Store
 from hsstore.storage.verify import verify
-from hsstore.storage.writer import UnitWriter
 
 
 def _source(tmp: Path, n: int = 6) -> Path:
     """A bf16 store of ``n`` one-sample units."""
-    s = tmp / "src.zarr"
-    store = Store.create(s)
-    vid = new_variant(store, "bf16", hidden=256, codec="zstd", chunk=64)
-    w = UnitWriter(store, vid, check_health=False)
-    for i, smp in enumerate(make_samples([64 + 5 * i for i in range(n)], seed=1)):
-        w.write([smp], make_states([smp], 256, "bf16", [0, 1, 2], seed=i))
-    return s
+    one_sample_units(tmp / "src.zarr", [64 + 5 * i for i in range(n)], seed=1, hidden=256, chunk=64)
+    return tmp / "src.zarr"
 
 
 def _damage(src: Path, unit_index: int | None = None) -> None:

@@ -14,15 +14,13 @@ from hsstore import Store
 from hsstore.core.errors import CorruptData
 from hsstore.storage.verify import verify
 
-from helpers import crashed_unit, new_variant, run_cli, write_unit
+from helpers import crashed_unit, run_cli, store_with_unit
 
 
 def _store(tmp: Path) -> tuple[Path, str, list, dict]:
     """A store with one committed unit (writer ``w``) and one crashed writer's uncommitted unit."""
     path = tmp / "s.zarr"
-    store = Store.create(path)
-    vid = new_variant(store)
-    samples, states = write_unit(store, vid, [5, 9], seed=1, writer_id="w")
+    store, vid, samples, states = store_with_unit(path, [5, 9], seed=1)
     crashed_unit(store, vid, [4], seed=2)
     return path, vid, samples, states
 

@@ -16,16 +16,14 @@ from hsstore import HiddenStateDataset, Store
 from hsstore.core.errors import HsstoreError
 from hsstore.storage.verify import verify
 
-from helpers import crashed_unit, new_variant, run_main, write_unit
+from helpers import crashed_unit, run_main, store_with_unit
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> tuple[Path, str, Path]:
     """A store with one committed unit (writer ``w``) and one uncommitted unit (writer ``crashed``)."""
     path = tmp_path / "s.zarr"
-    s = Store.create(path)
-    vid = new_variant(s, hidden=16, chunk=8)
-    write_unit(s, vid, [6, 9, 4], seed=4, writer_id="w")
+    s, vid, _, _ = store_with_unit(path, [6, 9, 4], seed=4, hidden=16, chunk=8)
     crashed_unit(s, vid, [3], seed=5)
     return path, vid, path / "variants" / vid / "units" / "w-000000"
 
@@ -249,9 +247,7 @@ def test_a_tokenizer_fingerprint_of_another_type_is_one_line(store, capsys, valu
 
 def test_a_store_path_with_a_hash_works_end_to_end(tmp_path: Path, capsys):
     path = tmp_path / "runs#3" / "s#1.zarr"
-    s = Store.create(path)
-    vid = new_variant(s)
-    write_unit(s, vid, [5, 7])
+    _, vid, _, _ = store_with_unit(path, [5, 7])
     code, err = _cli("verify", str(path), capsys=capsys)
     assert code == 0, err
     assert _cli("info", str(path), "--json", capsys=capsys)[0] == 0
