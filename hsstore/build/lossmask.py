@@ -29,65 +29,15 @@ from __future__ import annotations
 
 import json
 import re
-from bisect import bisect_left
-from dataclasses import dataclass
 from typing import Any
 
+from hsstore.build.chatmarks import PLACEMENTS, Marked, marked_messages, read_markers
 from hsstore.build.messages import RowRejected
 from hsstore.core.errors import BadInput
 
 METHOD = "reply+eot/v1"  # recorded with every input report; bump when masks of the same rows change
 PROBE = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
 PINNED_DATE = "26 Jul 2024"  # what Llama-3 templates print when no date is given
-PLACEMENTS = (("all", "edges"), ("all", "inner"), ("assistant", "inner"))  # tried in order
-
-
-@dataclass(frozen=True)
-class Marked:
-    """A marked rendering mapped onto the plain one: where each message's markers land in plain text."""
-
-    text: str
-    starts: list[int]  # marked-text start of each marker, in order
-    removed: list[int]  # marker characters before marker j (removed[j]); removed[-1] = all of them
-    where: dict[int, list[int]]  # message index -> plain positions of its markers
-    placement: tuple[str, str]  # (who, how) of PLACEMENTS that produced it
-
-    def plain_pos(self, pos: int) -> int:
-        """Plain position of a marked position that lies outside markers."""
-        return pos - self.removed[bisect_left(self.starts, pos)]
-
-
-def _mark(text: str, start: str, end: str, how: str) -> str:
-    if not text.strip():
-        return text
-    if how == "edges":
-        return start + text + end
-    lead, trail = len(text) - len(text.lstrip()), len(text.rstrip())
-    return text[:lead] + start + text[lead:trail] + end + text[trail:]
-
-
-def _marked_messages(msgs: list[dict[str, Any]], nonce: str, who: str, how: str) -> list[dict[str, Any]]:
-    out = []
-    for i, m in enumerate(msgs):
-        m = dict(m)
-        if who == "all" or m["role"] == "assistant":
-            def tag(part: int, end: bool, i: int = i) -> str:
-                return f"@{nonce}{i}.{part}{'E' if end else 'S'}@"
-
-            m["content"] = _mark(m["content"], tag(0, False), tag(0, True), how)
-            if "reasoning_content" in m:
-                m["reasoning_content"] = _mark(m["reasoning_content"], tag(1, False), tag(1, True), how)
-            calls = []
-            for j, c in enumerate(m.get("tool_calls", ())):
-                fn = dict(c["function"])
-                fn["name"] = _mark(fn["name"], tag(2 + 2 * j, False), tag(2 + 2 * j, True), "edges")
-                if isinstance(fn["arguments"], str):
-                    fn["arguments"] = _mark(fn["arguments"], tag(3 + 2 * j, False), tag(3 + 2 * j, True), how)
-                calls.append({**c, "function": fn})
-            if calls:
-                m["tool_calls"] = calls
-        out.append(m)
-    return out
 
 
 class ChatMasker:
@@ -166,25 +116,16 @@ class ChatMasker:
 
     def _marked(self, msgs: list[dict[str, Any]], tools: Any, nonce: str, plain: str) -> Marked:
         """The first marker placement whose rendering round-trips to ``plain``; RowRejected if none does."""
-        pattern = re.compile(rf"@{nonce}(\d+)\.(\d+)([SE])@")
         raised = ""
         for who, how in PLACEMENTS:
             try:  # a template may validate text (e.g. tool names against the tools) and reject the marked one
-                text = self._render(_marked_messages(msgs, nonce, who, how), tools, False)
+                text = self._render(marked_messages(msgs, nonce, who, how), tools, False)
             except Exception as e:
                 raised = f"the marked rendering raised {_why(e)}"
                 continue
-            found = list(pattern.finditer(text))
-            if pattern.sub("", text) != plain or len({m.group() for m in found}) != len(found):
-                continue
-            starts, removed, where, total = [], [], {}, 0
-            for m in found:
-                starts.append(m.start())
-                removed.append(total)
-                where.setdefault(int(m.group(1)), []).append(m.start() - total)
-                total += len(m.group())
-            removed.append(total)
-            return Marked(text, starts, removed, where, (who, how))
+            found = read_markers(text, nonce, plain, (who, how))
+            if found is not None:
+                return found
         raise RowRejected("the chat template alters message text in a way that hides where replies are", raised)
 
     def __call__(self, msgs: list[dict[str, Any]], tools: Any = None,
@@ -220,7 +161,7 @@ class ChatMasker:
         own = mk.where.get(k, [])
         first = min(own) if own else None
         try:
-            prefix = self._render(_marked_messages(msgs[:k], nonce, *mk.placement), tools, True)
+            prefix = self._render(marked_messages(msgs[:k], nonce, *mk.placement), tools, True)
         except Exception:
             prefix = None
         if prefix is not None and mk.text.startswith(prefix):  # 1. the prompt is a prefix of the whole
