@@ -3,11 +3,16 @@
 Each fixture holds a model family's chat template verbatim and the family's special tokens; the tokenizer
 is a byte-level BPE trained in-process on a small corpus, with those tokens added as the family marks them
 (special, or added but not special). Nothing is downloaded.
+
+Templates that print today's date (``strftime_now``) are rendered by the oracle with each call replaced by
+the pinned day's text (``undated``): the same day hsstore pins, reached another way.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -20,6 +25,9 @@ WORDS = ("the a of to and is it four six what plus two three tool call result we
          "user assistant system hello world data model train loss mask token").split()
 CORPUS = [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(12)) + " 0123456789 {}[]():;,.\"'\n\n"
           for i in range(200)]
+
+
+PINNED_DAY = datetime(2024, 7, 26)  # hsstore.build.chatdate.PINNED, written out: the oracle does not import it
 
 
 def load(name: str) -> dict[str, Any]:
@@ -73,3 +81,16 @@ def spans(tok: Any, ids: Any, mask: Any) -> list[str]:
             out.append(tok.decode(run))
             run = []
     return out
+
+
+def undated(template: str) -> str:
+    """``template`` with each ``strftime_now('<format>')`` call replaced by the pinned day's text (Python's
+    strftime), so the reference rendering does not depend on the day the tests run."""
+    return re.sub(r"strftime_now\((['\"])([^'\"]*)\1\)", lambda m: json.dumps(PINNED_DAY.strftime(m.group(2))),
+                  template)
+
+
+def reference_ids(tok: Any, conv: list[dict[str, Any]], **kwargs: Any) -> list[int]:
+    """Token ids of ``conv`` rendered by transformers itself, the date (if any) pinned by ``undated``."""
+    return list(tok.apply_chat_template(conv, chat_template=undated(tok.chat_template), tokenize=True,
+                                        return_dict=True, **kwargs)["input_ids"])

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from hsstore import Store
-from hsstore.build.builtin import CHAT_TEMPLATE
 from hsstore.cli.main import main
 
 from helpers import DATA, REPO, new_variant, run_main, write_manifest, write_unit
@@ -153,8 +152,6 @@ CASES = {
                            r"data file '.*o\.json' holds one JSON object \(keys \['data'\]\), not rows"),
     "chat-template-no-end-of-turn": (lambda t: _m(t, model=_local_model(t, chat_template="{% for m in messages %}{{ m.content }}\n{% endfor %}"),
                                                   layers="{ aux = [1], target = [2] }"), "writes no special token after an assistant reply"),
-    "chat-template-date": (lambda t: _m(t, model=_local_model(t, chat_template="{{ strftime_now('%d %b %Y') }}" + CHAT_TEMPLATE),
-                                        layers="{ aux = [1], target = [2] }"), r"prints today's date \(strftime_now\)"),
     "chat-template-cannot-render": (lambda t: _m(t, model=_local_model(t, chat_template="{{ raise_exception('only tools') }}"),
                                                  layers="{ aux = [1], target = [2] }"),
                                     r"cannot render a plain user/assistant exchange \(TemplateError: only tools\)"),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from chat_fixtures import FIXTURES, load, make_tokenizer, spans
+from chat_fixtures import FIXTURES, load, make_tokenizer, reference_ids, spans
 from helpers import run_cli, write_manifest
 from test_chat_masks import GOLDEN, TWO_TURNS, _rich
 
@@ -29,6 +29,8 @@ TWO_TURN_REPLIES = {
     "mistral_nemo": ["It is four.</s>", "It is six.</s>"],
     "gemma2": ["It is four.<end_of_turn>", "It is six.<end_of_turn>"],
     "deepseek_r1": ["It is four.<｜end▁of▁sentence｜>", "It is six.<｜end▁of▁sentence｜>"],
+    "granite3_3": ["It is four.<|end_of_text|>", "It is six.<|end_of_text|>"],
+    "mistral_small3_2": ["It is four.</s>", "It is six.</s>"],
 }
 
 
@@ -50,7 +52,8 @@ def test_build_from_saved_model_stores_masks_of_exactly_the_replies(tmp_path: Pa
     rows = [{"messages": rich}, {"messages": TWO_TURNS}, {"messages": user_mistake}, {"messages": TWO_TURNS}]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     manifest = write_manifest(tmp_path / "m.toml", model=str(tmp_path / "model"), files=[str(tmp_path / "rows.jsonl")],
-                              store=str(tmp_path / "s.zarr"), layers="{ aux = [0, 1], target = [3] }", dtypes='["fp32"]')
+                              store=str(tmp_path / "s.zarr"), layers="{ aux = [0, 1], target = [3] }", dtypes='["fp32"]',
+                              max_length=2048)  # Mistral-Small-3.2's default system prompt is 1,673 tokens here
     out = run_cli("build", str(manifest), "--quiet", "--json")
     assert out.returncode == 0, out.stderr[-2000:]
     inputs = json.loads(out.stdout)["inputs"]
@@ -61,7 +64,7 @@ def test_build_from_saved_model_stores_masks_of_exactly_the_replies(tmp_path: Pa
     for i in range(len(ds)):
         item = ds[i]
         ids = item["input_ids"].tolist()
-        assert ids in (tok.apply_chat_template(c, tokenize=True, return_dict=True)["input_ids"] for c in (rich, TWO_TURNS))
-        got["rich" if "Paris" in tok.decode(ids) else "two"] = spans(tok, ids, item["loss_mask"].tolist())
+        assert ids in (reference_ids(tok, c) for c in (rich, TWO_TURNS))
+        got["rich" if "Weather in Paris?" in tok.decode(ids) else "two"] = spans(tok, ids, item["loss_mask"].tolist())
         assert item["target_hidden"].shape[0] == len(ids)
     assert got == {"rich": GOLDEN[name], "two": TWO_TURN_REPLIES[name]}

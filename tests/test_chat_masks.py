@@ -10,13 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
+import subprocess
+import sys
+from datetime import date, datetime
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chat_fixtures import FIXTURES, load, make_tokenizer, spans
+from chat_fixtures import FIXTURES, load, make_tokenizer, reference_ids, spans
 
 from hsstore.build.builtin import CHAT_TEMPLATE, builtin_tokenizer
 from hsstore.build.inputs import load_rows, tokenize_rows
@@ -83,6 +87,11 @@ GOLDEN = {
     "mistral_nemo": ['[TOOL_CALLS][{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}", "id": '
                      '"call00001"}]</s>', "It is sunny.</s>", "I cannot know.</s>"],
     "gemma2": ["It is sunny.<end_of_turn>", "I cannot know.<end_of_turn>"],
+    # a default system prompt with the pinned date when the row has none; the template renders no tool calls
+    "granite3_3": ["It is sunny.<|end_of_text|>", "I cannot know.<|end_of_text|>"],
+    # no generation prompt: a reply starts after [/INST] or [/TOOL_RESULTS]; tool calls are reply
+    "mistral_small3_2": ['[TOOL_CALLS]get_weather[CALL_ID]call00001[ARGS]{"city": "Paris"}</s>', "It is sunny.</s>",
+                         "I cannot know.</s>"],
     "deepseek_r1": ["<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
                     '{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>',
                     "It is sunny.<｜end▁of▁sentence｜>", "I cannot know.<｜end▁of▁sentence｜>"],
@@ -93,7 +102,7 @@ GOLDEN = {
 def test_golden_replies_per_family(name: str):
     tok, conv = TOKENIZERS[name], _rich(load(name)["supports"])
     ids, mask = MASKERS[name](conv)
-    assert ids == list(tok.apply_chat_template(conv, tokenize=True, return_dict=True)["input_ids"])
+    assert ids == reference_ids(tok, conv)
     assert spans(tok, ids, mask) == GOLDEN[name]
 
 
@@ -166,7 +175,7 @@ def check_masks(name: str, conv: list[dict]) -> None:
     """The method-independent oracle (see the module docstring)."""
     tok, expect = TOKENIZERS[name], load(name)["expect"]
     ids, mask = MASKERS[name](conv)
-    assert ids == list(tok.apply_chat_template(conv, tokenize=True, return_dict=True)["input_ids"])
+    assert ids == reference_ids(tok, conv)
     rendered = tok.decode(ids)
     runs, start = [], None
     for i, m in enumerate(mask + [0]):
@@ -268,7 +277,64 @@ def test_a_token_crossing_the_reply_start_is_prompt_not_reply():
     assert tok.decode(ids).count("assistant\n\nthe answer") == 1
 
 
-def test_templates_that_print_todays_date_are_pinned_or_refused():
+# --- templates that print today's date -------------------------------------------------------------------
+
+DATED = {"granite3_3": "%B %d, %Y", "mistral_small3_2": "%Y-%m-%d"}  # strftime_now's format in each
+
+
+@pytest.mark.parametrize("name", sorted(DATED))
+def test_a_template_that_prints_todays_date_renders_the_pinned_day(name: str):
+    """Under transformers these templates print the wall clock's date; hsstore renders the pinned day instead,
+    and the day is hsstore's parameter, not the clock's."""
+    tok, fmt = TOKENIZERS[name], DATED[name]
+    days = {datetime.now().strftime(fmt)}
+    raw = tok.apply_chat_template(TWO_TURNS, tokenize=False)
+    days.add(datetime.now().strftime(fmt))  # both sides of a midnight
+    assert any(d in raw for d in days), "the template prints today's date"
+    ids, mask = MASKERS[name](TWO_TURNS)
+    text = tok.decode(ids)
+    assert date(2024, 7, 26).strftime(fmt) in text and not any(d in text for d in days)
+    assert ChatMasker(make_tokenizer(name))(TWO_TURNS) == (ids, mask)
+    other = tok.decode(ChatMasker(tok, today=date(2031, 2, 3))(TWO_TURNS)[0])
+    assert date(2031, 2, 3).strftime(fmt) in other and date(2024, 7, 26).strftime(fmt) not in other
+
+
+KEYS_SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from chat_fixtures import make_tokenizer
+from hsstore.build.inputs import tokenize_rows
+conv = json.loads(sys.argv[2])
+out = {}
+for name in sys.argv[3:]:
+    tok = make_tokenizer(name)
+    samples, _ = tokenize_rows([("rows.jsonl", {"messages": conv})], tok, "fp")
+    out[name] = [[s.key for s in samples], tok.apply_chat_template(conv, tokenize=False)]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(shutil.which("faketime") is None, reason="faketime (apt install faketime) sets a process's clock")
+def test_sample_keys_of_dated_templates_do_not_change_with_the_wall_clock():
+    """The same rows tokenized in processes whose clocks read two different days give the same sample keys,
+    although transformers' own rendering in those processes prints the two days."""
+    tests = str(Path(__file__).resolve().parent)
+    runs = {}
+    for day in ("2031-02-03 12:00:00", "2033-11-30 12:00:00"):
+        out = subprocess.run(["faketime", day, sys.executable, "-c", KEYS_SCRIPT, tests, json.dumps(TWO_TURNS),
+                              *sorted(DATED)],
+                             capture_output=True, text=True, check=True)
+        runs[day[:10]] = json.loads(out.stdout.splitlines()[-1])
+    a, b = runs
+    for name, fmt in DATED.items():
+        assert runs[a][name][0] == runs[b][name][0]
+        assert datetime.fromisoformat(a).strftime(fmt) in runs[a][name][1]  # the clock really moved
+        assert datetime.fromisoformat(b).strftime(fmt) in runs[b][name][1]
+
+
+def test_llama3_date_string_is_pinned_as_before():
+    """A template that takes date_string (Llama-3.2 falls back to strftime_now without one) gets the pinned day
+    through it, as it did before dated templates were rendered with a pinned strftime_now."""
     tok = make_tokenizer("llama3")
     dated = tok.chat_template.replace('{%- set date_string = "26 Jul 2024" %}',
                                       '{%- set date_string = strftime_now("%d %b %Y") %}')
@@ -276,9 +342,10 @@ def test_templates_that_print_todays_date_are_pinned_or_refused():
     tok.chat_template = dated
     ids, _ = ChatMasker(tok)(TWO_TURNS)
     assert f"Today Date: {PINNED_DATE}" in tok.decode(ids)  # pinned: keys do not change with the day
-    tok.chat_template = "{{ strftime_now('%Y') }}" + load("qwen3")["chat_template"]
-    with pytest.raises(BadInput, match="prints today's date"):
-        ChatMasker(tok)
+    tok = make_tokenizer("qwen3")
+    tok.chat_template = "{{ strftime_now('%Y') }}" + tok.chat_template
+    ids, _ = ChatMasker(tok)(TWO_TURNS)  # once refused (no date_string): now pinned
+    assert tok.decode(ids).startswith("2024<|im_start|>user")
 
 
 def test_refused_rows_are_counted_with_reasons_through_tokenize_rows(tmp_path: Path):

@@ -22,28 +22,31 @@ token the template writes after a reply (learned once per template). The mask is
 that token inclusive; what follows it (e.g. ``\\n``) is not trained on, nor is a token that crosses the
 start (a tokenizer that merges the header's last newline with a reply's first one). A row is refused, with
 its reason, when the span would hold any other message's marker or a message contains a special token's text
-(the end-of-turn and turn-opening tokens count as special whatever their flag).
+(the end-of-turn and turn-opening tokens count as special whatever their flag). Every rendering of a
+template that prints today's date uses one pinned day (hsstore.build.chatdate).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from datetime import date
 from typing import Any
 
+from hsstore.build.chatdate import PINNED, date_string, pinned_template, prints_date
 from hsstore.build.chatmarks import PLACEMENTS, Marked, marked_messages, read_markers
 from hsstore.build.messages import RowRejected
 from hsstore.core.errors import BadInput
 
 METHOD = "reply+eot/v1"  # recorded with every input report; bump when masks of the same rows change
 PROBE = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
-PINNED_DATE = "26 Jul 2024"  # what Llama-3 templates print when no date is given
+PINNED_DATE = date_string(PINNED)  # "26 Jul 2024": what Llama-3 templates print when no date is given
 
 
 class ChatMasker:
     """Token ids and loss mask of chat rows under one tokenizer's chat template (see the module docstring)."""
 
-    def __init__(self, tok: Any) -> None:
+    def __init__(self, tok: Any, today: date = PINNED) -> None:
         self.tok = tok
         template = tok.chat_template
         if not template:
@@ -53,13 +56,12 @@ class ChatMasker:
             raise BadInput("the tokenizer is a slow (Python) tokenizer; hsstore locates assistant replies through a "
                            "fast tokenizer's offsets — add tokenizer.json to the model folder")
         self.template = template if isinstance(template, str) else json.dumps(template)
+        # a template that prints today's date renders with a pinned day (hsstore.build.chatdate): the same row
+        # gives the same tokens, hence the same sample keys, on every day
+        self.today = today
         self.kwargs: dict[str, Any] = {}
-        if "strftime_now" in self.template:
-            if "date_string" not in self.template:
-                raise BadInput("the chat template prints today's date (strftime_now), so the same row would tokenize "
-                               "differently on another day and its sample keys would change; use a template with a "
-                               "fixed date")
-            self.kwargs["date_string"] = PINNED_DATE  # a fixed date keeps keys stable across days
+        if prints_date(self.template) and "date_string" in self.template:
+            self.kwargs["date_string"] = date_string(today)  # Llama-3.2: the date it is given beats strftime_now
         added = tok.added_tokens_decoder
         self.added_ids = frozenset(added)
         self.control_texts = tuple(t.content for t in added.values())
@@ -78,8 +80,11 @@ class ChatMasker:
         return out | {added[i].content for i in first if i in added}
 
     def _render(self, msgs: list[dict[str, Any]], tools: Any, gen: bool) -> str:
-        return self.tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=gen,
-                                            **self.kwargs)
+        """Every rendering (plain, marked, generation prompt probes) comes from here, with the same pinned day."""
+        kwargs = dict(self.kwargs)
+        if prints_date(self.template):  # the template that applies (of a dict of templates, the one for tools)
+            kwargs["chat_template"] = pinned_template(self.tok.get_chat_template(None, tools), self.today)
+        return self.tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=gen, **kwargs)
 
     def _end_tokens(self) -> frozenset[int]:
         """{eos, the first added token the template writes after a reply}; the build is refused without one."""
