@@ -68,3 +68,6 @@ def test_build_from_saved_model_stores_masks_of_exactly_the_replies(tmp_path: Pa
         got["rich" if "Weather in Paris?" in tok.decode(ids) else "two"] = spans(tok, ids, item["loss_mask"].tolist())
         assert item["target_hidden"].shape[0] == len(ids)
     assert got == {"rich": GOLDEN[name], "two": TWO_TURN_REPLIES[name]}
+    # a template that prints today's date was rendered with the pinned day, and the recipe says so
+    day = "2024-07-26" if "strftime_now" in load(name)["chat_template"] else None
+    assert ds.provenance["recipe"]["tokenizer"].get("chat_date") == day

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hsstore import Store
+from hsstore.build.models import ModelSpec
 from hsstore.core.keys import sample_key
 from hsstore.core.schema.provenance import Provenance
 from hsstore.interop.exporter import ExportRequest, export_cache
@@ -19,7 +20,7 @@ from hsstore.interop.importer import ImportRequest, import_cache
 from hsstore.interop.provenance import tokenizer_identity
 from hsstore.storage.verify import verify
 
-from helpers import assert_bit_exact, main_exit, run_cli
+from helpers import assert_bit_exact, main_exit, run_cli, save_local_model
 from interop_files import TOKENIZER, WRITERS, random_samples
 
 STATED = {"specforge": "0,1,2,final_norm", "modelopt": "0,1,2,final_norm", "speculators": "1,2,3,4",
@@ -181,3 +182,15 @@ def test_cli_import_export_vocab_map_round_trip(tmp_path: Path, capsys):
     d2t, t2d = np.load(tmp_path / "vm" / "d2t-16.npy"), np.load(tmp_path / "vm" / "t2d-16.npy")
     assert d2t.dtype == np.int64 and t2d.dtype == np.bool_ and t2d.sum() == 16
     assert np.array_equal(np.arange(16) + d2t, np.flatnonzero(t2d))
+
+
+def test_an_imported_cache_records_no_pinned_chat_date(tmp_path: Path):
+    """Its tokens were rendered by another tool, on a day hsstore does not know: the tokenizer's identity says
+    no chat_date even when its template prints one (a native build of it records 2024-07-26)."""
+    folder = save_local_model(tmp_path / "dated")
+    template = folder / "chat_template.jinja"
+    template.write_text("{{ strftime_now('%Y-%m-%d') }}" + template.read_text())
+    ident, _ = tokenizer_identity(str(folder))
+    assert "chat_date" not in ident and ident["has_chat_template"] is True
+    spec = ModelSpec(str(folder))
+    assert spec.tokenizer_identity(spec.tokenizer()).chat_date == "2024-07-26"  # what a native build records

@@ -192,3 +192,18 @@ def test_a_hub_cache_snapshot_of_symlinks_is_the_same_model(model_dir: Path, tmp
     (a,) = _build(model_dir, tmp_path / "s.zarr", 2, {})["variants"]
     (b,) = _build(snap, tmp_path / "s.zarr", 2, {})["variants"]
     assert a["variant"] == b["variant"] and b["samples_written"] == 0
+
+
+def test_the_pinned_chat_date_is_part_of_the_tokenizer_identity_only_where_a_template_prints_a_date():
+    """How the tokens were made includes the day a dated template printed: recorded with the tokenizer (so
+    it is in the recipe, hence the variant id); a template that prints no date records none, so such
+    tokenizers' identities, and the variant ids built on them, are what they were."""
+    spec = ModelSpec("builtin:tiny-qwen3_5")
+    tok = spec.tokenizer()
+    plain, template = spec.tokenizer_identity(tok).to_dict(), tok.chat_template
+    assert set(plain) == {"fingerprint", "vocab_size", "has_chat_template"}
+    tok.chat_template = "{{ strftime_now('%Y-%m-%d') }}" + template
+    dated = spec.tokenizer_identity(tok).to_dict()
+    assert dated["chat_date"] == "2024-07-26" and dated["fingerprint"] != plain["fingerprint"]
+    tok.chat_template = {"default": template, "tool_use": tok.chat_template}
+    assert spec.tokenizer_identity(tok).to_dict()["chat_date"] == "2024-07-26"  # one of its named templates

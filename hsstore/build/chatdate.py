@@ -25,9 +25,11 @@ def prints_date(template: str) -> bool:
     return "strftime_now" in template
 
 
-def chat_date(template: str) -> str | None:
-    """The day recorded with the tokenizer (ISO 8601) when the template prints a date; else None."""
-    return PINNED.isoformat() if prints_date(template) else None
+def chat_date(template: str | dict[str, str]) -> str | None:
+    """The day recorded with the tokenizer (ISO 8601) when its template (or one of its named templates)
+    prints a date; else None, and the tokenizer's identity is what it was before dates were pinned."""
+    text = template if isinstance(template, str) else json.dumps(template)
+    return PINNED.isoformat() if prints_date(text) else None
 
 
 def date_string(day: date = PINNED) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hsstore.build.builtin import GENERATOR_VERSION, builtin_config, builtin_tokenizer
+from hsstore.build.chatdate import chat_date
 from hsstore.core.canonical import fingerprint
 from hsstore.core.errors import BadInput, BuildFailed, HsstoreError
 from hsstore.core.filehash import file_hash, hash_files, stamp
@@ -222,8 +223,9 @@ class ModelSpec:
             }
         parts["chat_template"] = getattr(tokenizer, "chat_template", None) or ""
         parts["special_tokens"] = json.loads(json.dumps(tokenizer.special_tokens_map, default=str))
+        day = chat_date(parts["chat_template"])  # the pinned day its chat rows are rendered with, if it prints one
         return TokenizerIdentity(fingerprint=fingerprint(parts), vocab_size=len(tokenizer),
-                                 has_chat_template=bool(parts["chat_template"]))
+                                 has_chat_template=bool(parts["chat_template"]), **({"chat_date": day} if day else {}))
 
     def load(self, dtype: Any, device: str | Sequence[str], attn_implementation: str | None) -> Any:
         """The model in eval mode on ``device`` in ``dtype``; given several devices, its decoder layers

@@ -44,6 +44,9 @@ class TokenizerIdentity(Record):
     fingerprint: str
     vocab_size: int | UnsetType = UNSET
     has_chat_template: bool | UnsetType = UNSET
+    # the day chat rows were rendered with, when the template prints today's date (hsstore.build.chatdate);
+    # absent for templates that print none, so their variant ids are what they were
+    chat_date: str | UnsetType = UNSET
 
 
 class LayerRoles(Record):
