@@ -29,6 +29,7 @@ TWO_TURN_REPLIES = {
     "mistral_nemo": ["It is four.</s>", "It is six.</s>"],
     "gemma2": ["It is four.<end_of_turn>", "It is six.<end_of_turn>"],
     "deepseek_r1": ["It is four.<｜end▁of▁sentence｜>", "It is six.<｜end▁of▁sentence｜>"],
+    "gpt_oss": ["<|channel|>final<|message|>It is four.<|end|>", "<|channel|>final<|message|>It is six.<|return|>"],
     "granite3_3": ["It is four.<|end_of_text|>", "It is six.<|end_of_text|>"],
     "mistral_small3_2": ["It is four.</s>", "It is six.</s>"],
 }

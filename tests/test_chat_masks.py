@@ -87,6 +87,12 @@ GOLDEN = {
     "mistral_nemo": ['[TOOL_CALLS][{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}", "id": '
                      '"call00001"}]</s>', "It is sunny.</s>", "I cannot know.</s>"],
     "gemma2": ["It is sunny.<end_of_turn>", "I cannot know.<end_of_turn>"],
+    # harmony: the generation prompt is "<|start|>assistant", so the channel is reply; the last turn's analysis
+    # (reasoning) is written and trained on, earlier turns' is dropped by the template; <|end|> closes earlier
+    # turns, <|return|> the last
+    "gpt_oss": ["<|channel|>final<|message|>It is sunny.<|end|>",
+                "<|channel|>analysis<|message|>No tool.<|end|><|start|>assistant<|channel|>final<|message|>"
+                "I cannot know.<|return|>"],
     # a default system prompt with the pinned date when the row has none; the template renders no tool calls
     "granite3_3": ["It is sunny.<|end_of_text|>", "I cannot know.<|end_of_text|>"],
     # no generation prompt: a reply starts after [/INST] or [/TOOL_RESULTS]; tool calls are reply
@@ -189,7 +195,8 @@ def check_masks(name: str, conv: list[dict]) -> None:
     offsets = tok(rendered, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     for (a, b), msg in zip(runs, replies):
         text = tok.decode(ids[a:b])
-        assert text.endswith(expect["end_of_turn"]), text
+        last = msg is conv[-1] and "last_end_of_turn" in expect  # gpt-oss ends the last reply with <|return|>
+        assert text.endswith(expect["last_end_of_turn"] if last else expect["end_of_turn"]), text
         # the run starts with the first token that starts at or after the end of an assistant header
         lo, cut = offsets[a - 1][0] + 1, offsets[a][0]
         assert any(rendered.endswith(h, 0, hp) for h in expect["headers"] for hp in range(lo, cut + 1)), \
@@ -279,7 +286,7 @@ def test_a_token_crossing_the_reply_start_is_prompt_not_reply():
 
 # --- templates that print today's date -------------------------------------------------------------------
 
-DATED = {"granite3_3": "%B %d, %Y", "mistral_small3_2": "%Y-%m-%d"}  # strftime_now's format in each
+DATED = {"gpt_oss": "%Y-%m-%d", "granite3_3": "%B %d, %Y", "mistral_small3_2": "%Y-%m-%d"}  # strftime_now's format
 
 
 @pytest.mark.parametrize("name", sorted(DATED))
@@ -346,6 +353,19 @@ def test_llama3_date_string_is_pinned_as_before():
     tok.chat_template = "{{ strftime_now('%Y') }}" + tok.chat_template
     ids, _ = ChatMasker(tok)(TWO_TURNS)  # once refused (no date_string): now pinned
     assert tok.decode(ids).startswith("2024<|im_start|>user")
+
+
+def test_gpt_oss_rows_with_tool_calls_are_refused_never_masked_wrongly():
+    """gpt-oss writes a tool call's name again in the header of its result ("<|start|>functions.NAME to=assistant"),
+    so where the call's text is cannot be told: such rows are refused with that reason. A call with no result
+    after it ends with <|call|>, which no reply of a plain exchange ends with: refused too, not guessed."""
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    asks = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    with pytest.raises(RowRejected, match="hides where replies are") as e:
+        MASKERS["gpt_oss"]([*asks, {"role": "tool", "content": "sunny"}, {"role": "assistant", "content": "Sunny."}])
+    assert e.value.detail.startswith("the template writes message 1's text twice")
+    with pytest.raises(RowRejected, match="no end-of-turn token after an assistant reply"):
+        MASKERS["gpt_oss"](asks)
 
 
 def test_refused_rows_are_counted_with_reasons_through_tokenize_rows(tmp_path: Path):

@@ -80,3 +80,13 @@ def read_markers(text: str, nonce: str, plain: str, placement: tuple[str, str]) 
         total += len(m.group())
     removed.append(total)
     return Marked(text, starts, removed, where, placement)
+
+
+def repeated_message(text: str, nonce: str) -> int | None:
+    """The first message whose marker occurs more than once in ``text`` (the template writes its text twice)."""
+    seen: set[str] = set()
+    for m in re.finditer(rf"@{nonce}(\d+)\.(\d+)([SE])@", text):
+        if m.group() in seen:
+            return int(m.group(1))
+        seen.add(m.group())
+    return None

@@ -18,7 +18,8 @@ Assistant turn k's reply starts where its generation prompt ends (what the model
   4. else, for a template without a generation prompt, turn k's first marker, if a control token
      precedes it.
 It ends with the end-of-turn token: the first token after turn k's last marker that is the eos token or the
-token the template writes after a reply (learned once per template). The mask is every token from start to
+token the template writes after a reply (learned once per template, after the last reply and after an earlier
+one: gpt-oss ends the last with <|return|>, earlier ones with <|end|>). The mask is every token from start to
 that token inclusive; what follows it (e.g. ``\\n``) is not trained on, nor is a token that crosses the
 start (a tokenizer that merges the header's last newline with a reply's first one). A row is refused, with
 its reason, when the span would hold any other message's marker or a message contains a special token's text
@@ -34,12 +35,13 @@ from datetime import date
 from typing import Any
 
 from hsstore.build.chatdate import PINNED, date_string, pinned_template, prints_date
-from hsstore.build.chatmarks import PLACEMENTS, Marked, marked_messages, read_markers
+from hsstore.build.chatmarks import PLACEMENTS, Marked, marked_messages, read_markers, repeated_message
 from hsstore.build.messages import RowRejected
 from hsstore.core.errors import BadInput
 
 METHOD = "reply+eot/v1"  # recorded with every input report; bump when masks of the same rows change
 PROBE = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+AGAIN = [{"role": "user", "content": "Again"}, {"role": "assistant", "content": "Sure"}]  # a second exchange
 PINNED_DATE = date_string(PINNED)  # "26 Jul 2024": what Llama-3 templates print when no date is given
 
 
@@ -87,21 +89,38 @@ class ChatMasker:
         return self.tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=gen, **kwargs)
 
     def _end_tokens(self) -> frozenset[int]:
-        """{eos, the first added token the template writes after a reply}; the build is refused without one."""
+        """{eos, the first added token the template writes after a reply}, and the token that closes an earlier
+        reply where that differs (gpt-oss: <|end|>, the last reply <|return|>) if it closes a user message too and
+        does not open the generation prompt (it ends messages, it does not open the next turn). The build is
+        refused without an end token."""
         try:
-            plain = self._render(PROBE, None, False)
-            mk = self._marked(PROBE, None, self._nonce(PROBE, None), plain)
+            plain, (_, last) = self._closers(PROBE)
         except Exception as e:
             raise BadInput(f"the chat template cannot render a plain user/assistant exchange ({_why(e)}); "
                            "check the tokenizer's chat template") from None
-        plain_end = max(mk.where[1])
+        if last is None:
+            raise BadInput("the chat template writes no special token after an assistant reply, so hsstore cannot "
+                           f"tell where a reply ends (probe rendering {plain!r})")
+        eos = self.tok.eos_token_id
+        out = {last} | ({eos} if isinstance(eos, int) else set())
+        try:
+            _, (user, earlier, *_) = self._closers(PROBE + AGAIN)
+        except Exception:  # a template that renders one exchange only: the last reply's token is all there is
+            return frozenset(out)
+        gen = self._generation_prompt(PROBE[:1], None)
+        opener = self.tok(gen, add_special_tokens=False)["input_ids"][:1] if gen else []
+        if earlier is not None and earlier == user and earlier not in opener:
+            out.add(earlier)
+        return frozenset(out)
+
+    def _closers(self, msgs: list[dict[str, Any]]) -> tuple[str, list[int | None]]:
+        """(plain rendering of ``msgs``, for each message the first added token after its text, None if none)."""
+        plain = self._render(msgs, None, False)
+        mk = self._marked(msgs, None, self._nonce(msgs, None), plain)
         enc = self.tok(plain, add_special_tokens=False, return_offsets_mapping=True)
-        for tid, (s, _) in zip(enc["input_ids"], enc["offset_mapping"]):
-            if s >= plain_end and tid in self.added_ids:
-                eos = self.tok.eos_token_id
-                return frozenset({tid} | ({eos} if isinstance(eos, int) else set()))
-        raise BadInput("the chat template writes no special token after an assistant reply, so hsstore cannot tell "
-                       f"where a reply ends (probe rendering {plain!r})")
+        added = [(s, t) for t, (s, _) in zip(enc["input_ids"], enc["offset_mapping"]) if t in self.added_ids]
+        return plain, [next((t for s, t in added if s >= max(mk.where[i])), None) if i in mk.where else None
+                       for i in range(len(msgs))]
 
     def _nonce(self, msgs: list[dict[str, Any]], tools: Any) -> str:
         """The first of hsq0x, hsq1x, ... that neither the row nor the template contains (markers are unique)."""
@@ -131,6 +150,10 @@ class ChatMasker:
             found = read_markers(text, nonce, plain, (who, how))
             if found is not None:
                 return found
+            twice = repeated_message(text, nonce)
+            if twice is not None:
+                raised = (f"the template writes message {twice}'s text twice (e.g. gpt-oss: a tool call's name "
+                          "again in its result's header)")
         raise RowRejected("the chat template alters message text in a way that hides where replies are", raised)
 
     def __call__(self, msgs: list[dict[str, Any]], tools: Any = None,
