@@ -12,12 +12,15 @@ is printed as written, as glibc prints a directive it does not know.
 from __future__ import annotations
 
 import json
+import re
 from datetime import date
+from functools import lru_cache
 
 PINNED = date(2024, 7, 26)  # the day Llama-3 templates print when no date_string is given
 DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December")
+LITERAL = re.compile(r"""strftime_now\(\s*(['"])([A-Za-z0-9%\-:,./ ]*)\1\s*\)""")  # a format written as a literal
 
 
 def prints_date(template: str) -> bool:
@@ -58,12 +61,24 @@ def directives(day: date) -> dict[str, str]:
     return {f"%{k}": v for k, v in {**out, **unpadded}.items()}
 
 
+def formatted(fmt: str, day: date = PINNED) -> str:
+    """``fmt`` with its directives replaced as the macro does: split at ``%%``, replace in each piece (no
+    replacement holds a ``%``, so none can form another directive), join with ``%``."""
+    pieces = fmt.split("%%")
+    for k, v in directives(day).items():
+        pieces = [p.replace(k, v) for p in pieces]
+    return "%".join(pieces)
+
+
+@lru_cache(maxsize=16)  # built once per template: a row is rendered several times
 def pinned_template(template: str, day: date = PINNED) -> str:
     """``template`` opened by a ``strftime_now`` macro that formats ``day`` (the template itself unchanged).
 
-    The macro splits the format at ``%%`` and replaces each directive in the pieces (no replacement holds a
-    ``%``, so none can form another directive). The newline after the macro is eaten by transformers'
+    The formats the template writes as literals are looked up, formatted here once (``formatted``); any
+    other is formatted by the macro the same way. The newline after the macro is eaten by transformers'
     ``trim_blocks``, so the template's own first character, a newline included, renders as before."""
+    literal = {m.group(2): formatted(m.group(2), day) for m in LITERAL.finditer(template)}
     chain = "".join(f" | map('replace', {json.dumps(k)}, {json.dumps(v)})" for k, v in directives(day).items())
-    return "{%- macro strftime_now(format) -%}{{- format.split('%%')" + chain + " | join('%') -}}{%- endmacro %}\n" \
-        + template
+    return ("{%- macro strftime_now(format) -%}{%- set known = " + json.dumps(literal) + " -%}"
+            "{%- if format in known -%}{{- known[format] -}}{%- else -%}"
+            "{{- format.split('%%')" + chain + " | join('%') -}}{%- endif -%}{%- endmacro %}\n" + template)
