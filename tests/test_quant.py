@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hsstore.core import quant, quant_error
+from hsstore.core import fp8_cpu, quant, quant_error
 
 # e4m3 has 3 mantissa bits: round to nearest is within half a step, 2**-4 of the value, for normal values
 HALF_STEP = 2.0**-4
@@ -63,7 +63,7 @@ def test_table_path_handles_blocks_and_odd_widths(H: int, block: int | None) -> 
     x = residual_like(T=37, H=H, seed=3)
     q = quant.quantize(x, block=block)
     assert q.scales.shape == (37, H // (block or H))
-    bits = quant.dequantize_bf16_bits(q.codes.numpy(), q.scales.numpy())
+    bits = fp8_cpu.dequantize_bf16_bits(q.codes.numpy(), q.scales.numpy())
     G = q.scales.shape[1]
     want = (q.fp8.float().reshape(37, G, -1) * q.scales[..., None]).reshape(37, H).to(torch.bfloat16)
     assert np.array_equal(bits, want.view(torch.int16).numpy().view(np.uint16))
@@ -74,7 +74,7 @@ def test_stacked_layers_dequantize_in_one_call() -> None:
     qs = [quant.quantize(x) for x in xs]
     codes = np.stack([q.codes.numpy() for q in qs], axis=1)  # [T, n_layers, H]
     scales = np.stack([q.scales.numpy() for q in qs], axis=1)  # [T, n_layers, 1]
-    bits = quant.dequantize_bf16_bits(codes, scales)
+    bits = fp8_cpu.dequantize_bf16_bits(codes, scales)
     for j, q in enumerate(qs):
         assert np.array_equal(bits[:, j], quant.dequantize(q).view(torch.int16).numpy().view(np.uint16))
 
@@ -110,9 +110,9 @@ def test_quantization_is_deterministic_and_the_same_from_bf16_or_its_fp32_copy()
 def test_scales_that_are_not_powers_of_two_are_refused() -> None:
     codes = np.zeros((2, 4), np.uint8)
     with pytest.raises(ValueError, match="powers of two"):
-        quant.dequantize_bf16_bits(codes, np.array([[1.0], [0.3]], np.float32))
+        fp8_cpu.dequantize_bf16_bits(codes, np.array([[1.0], [0.3]], np.float32))
     with pytest.raises(ValueError, match="powers of two"):
-        quant.dequantize_bf16_bits(codes, np.array([[1.0], [0.0]], np.float32))
+        fp8_cpu.dequantize_bf16_bits(codes, np.array([[1.0], [0.0]], np.float32))
 
 
 def test_bad_shapes_and_precisions_are_refused() -> None:
@@ -153,6 +153,53 @@ def test_dequantizes_into_one_layer_slot_of_a_stacked_buffer() -> None:
     x = residual_like(T=30, H=64, seed=5)
     q = quant.quantize(x)
     out = np.zeros((30, 3, 64), np.uint16)
-    quant.dequantize_bf16_bits(q.codes.numpy(), q.scales.numpy(), out=out[:, 1])
+    fp8_cpu.dequantize_bf16_bits(q.codes.numpy(), q.scales.numpy(), out=out[:, 1])
     assert np.array_equal(out[:, 1], quant.dequantize(q).view(torch.int16).numpy().view(np.uint16))
     assert not out[:, 0].any() and not out[:, 2].any()
+
+
+def _torch_bits(codes: np.ndarray, ks: np.ndarray) -> np.ndarray:
+    """The reference: torch's own float8 -> float64 conversion times 2**k, rounded once to bf16."""
+    vals = torch.from_numpy(codes).view(quant.FP8).double() * torch.from_numpy(2.0 ** ks.astype(np.float64))[:, None]
+    return vals.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_every_code_at_every_exponent_dequantizes_to_torchs_bits(compiled: bool) -> None:
+    # all 256 codes (zeros, subnormals, NaN, both signs) in every row; one row per exponent from far below
+    # the compiled loop's range to far above it, where results are bf16 subnormals, zeros or infinities
+    ks = np.arange(fp8_cpu.K_MIN - 20, 128, dtype=np.int32)  # up to float32's largest power of two
+    codes = np.tile(np.arange(256, dtype=np.uint8), (len(ks), 1))
+    scales = np.ldexp(np.ones((len(ks), 1), np.float64), ks[:, None]).astype(np.float32)
+    assert np.array_equal(fp8_cpu.scale_exponents(scales).ravel(), ks)  # every scale is representable
+    got = fp8_cpu.dequantize_bf16_bits(codes, scales, compiled=compiled)
+    want = _torch_bits(codes, ks)
+    nan = np.isnan(torch.from_numpy(want.view(np.int16)).view(torch.bfloat16).float().numpy())
+    assert nan.sum() == 2 * len(ks)  # the two NaN codes; any NaN pattern is a NaN
+    assert np.isnan(torch.from_numpy(got.view(np.int16)).view(torch.bfloat16).float().numpy()[nan]).all()
+    assert np.array_equal(got[~nan], want[~nan])
+
+
+def test_the_compiled_loop_and_the_table_path_agree_on_model_like_states_in_every_layout() -> None:
+    x = residual_like(T=257, H=96, seed=11)  # exponents spread over ~20 values, an odd row count
+    for block in (None, 32, 3):
+        q = quant.quantize(x, block=block)
+        c, s = q.codes.numpy(), q.scales.numpy()
+        fast, table = fp8_cpu.dequantize_bf16_bits(c, s), fp8_cpu.dequantize_bf16_bits(c, s, compiled=False)
+        assert len(np.unique(fp8_cpu.scale_exponents(s))) > 5
+        assert np.array_equal(fast, table)
+    q = quant.quantize(x)
+    out = np.zeros((257, 2, 96), np.uint16)  # a strided destination: one layer of a stacked buffer
+    fp8_cpu.dequantize_bf16_bits(q.codes.numpy(), q.scales.numpy(), out=out[:, 1])
+    assert np.array_equal(out[:, 1], fp8_cpu.dequantize_bf16_bits(q.codes.numpy(), q.scales.numpy(), compiled=False))
+    assert not out[:, 0].any()
+
+
+def test_one_row_out_of_the_compiled_range_sends_the_call_to_the_exact_table_path() -> None:
+    codes = np.tile(np.arange(256, dtype=np.uint8), (3, 1))
+    ks = np.array([0, fp8_cpu.K_MIN - 1, 5], np.int32)  # row 1's results underflow into bf16 subnormals
+    scales = np.ldexp(np.ones((3, 1), np.float64), ks[:, None]).astype(np.float32)
+    got = fp8_cpu.dequantize_bf16_bits(codes, scales)
+    want = _torch_bits(codes, ks)
+    finite = ~np.isnan(torch.from_numpy(want.view(np.int16)).view(torch.bfloat16).float().numpy())
+    assert np.array_equal(got[finite], want[finite])

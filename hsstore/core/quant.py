@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hsstore.core.fp8_cpu import dequantize_bf16_bits
+
 PRECISIONS = ("fp8-e4m3",)
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -98,7 +100,7 @@ def quantize(x: torch.Tensor, block: int | None = None) -> Quantized:
 
 def dequantize(q: Quantized, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """The states ``[T, H]`` in ``dtype``, exact for bf16/fp32 (any device; on the CPU, bf16 output
-    takes the table-driven path, ~10x faster than torch's float8 conversion)."""
+    takes hsstore.core.fp8_cpu's compiled path, ~60x faster than torch's float8 conversion)."""
     codes, scales = q.codes, q.scales
     if codes.device.type == "cpu" and dtype == torch.bfloat16:
         bits = dequantize_bf16_bits(codes.numpy(), scales.numpy())
@@ -107,64 +109,3 @@ def dequantize(q: Quantized, dtype: torch.dtype = torch.bfloat16) -> torch.Tenso
     G = scales.shape[-1]
     vals = codes.view(FP8).reshape(T, G, H // G).float() * scales[..., None]
     return vals.reshape(T, H).to(dtype)
-
-
-# ---- CPU dequantization to bf16: one table lookup per pair of codes --------------------------------
-# torch converts float8 to bf16 on the CPU one value at a time (~0.1 GB/s here). An e4m3 code times
-# 2**k is a bf16 value, so a table per k maps two codes (a uint16) to their two bf16 bit patterns (a
-# uint32): one numpy ``take`` per distinct k, GIL released, ~1.5 GB/s of bf16 per core.
-_E4M3_F32 = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(FP8).float()
-_PAIR_TABLES: dict[int, np.ndarray] = {}
-_SINGLE_TABLES: dict[int, np.ndarray] = {}
-
-
-def _single_table(k: int) -> np.ndarray:
-    t = _SINGLE_TABLES.get(k)
-    if t is None:
-        vals = (_E4M3_F32.double() * 2.0**k).to(torch.bfloat16)
-        t = _SINGLE_TABLES[k] = vals.view(torch.int16).numpy().view(np.uint16).copy()
-    return t
-
-
-def _pair_table(k: int) -> np.ndarray:
-    t = _PAIR_TABLES.get(k)
-    if t is None:
-        one = _single_table(k).astype(np.uint32)
-        pairs = np.arange(1 << 16, dtype=np.uint32)
-        # little-endian: the first code of a pair is the low byte and its bf16 the low half
-        t = _PAIR_TABLES[k] = one[pairs & 0xFF] | (one[pairs >> 8] << 16)
-    return t
-
-
-def scale_exponents(scales: np.ndarray) -> np.ndarray:
-    """k with ``scales == 2**k`` (int32); raises ValueError if a scale is not a positive power of two."""
-    mant, exp = np.frexp(scales.astype(np.float32, copy=False))
-    if not np.all(mant == 0.5):
-        raise ValueError("FP8 scales must be positive powers of two")
-    return (exp - 1).astype(np.int32)
-
-
-def dequantize_bf16_bits(codes: np.ndarray, scales: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """bf16 bit patterns (uint16, shape of ``codes``) of e4m3 ``codes`` (uint8 ``[..., H]``) times
-    ``scales`` (``[..., G]``, powers of two, one per block of ``H // G`` codes). Exact."""
-    H, G = codes.shape[-1], scales.shape[-1]
-    b = H // G
-    rows = np.ascontiguousarray(codes).reshape(-1, b)  # one row per scale
-    ks = scale_exponents(scales).reshape(-1)
-    if out is None:
-        out = np.empty(codes.shape, dtype=np.uint16)
-    dest = out.reshape(-1, b)  # ``out`` may be a strided view (e.g. one layer of [T, n, H]) with whole rows
-    if not np.shares_memory(dest, out) or dest.strides[-1] != 2:
-        raise ValueError("out must hold whole rows (its last axis contiguous)")
-    paired = b % 2 == 0
-    src = rows.view(np.uint16) if paired else rows
-    dst = dest.view(np.uint32) if paired else dest
-    table = _pair_table if paired else _single_table
-    uniq = np.unique(ks)
-    if len(uniq) == 1:  # (mode="clip": every index is in range; "raise" would buffer the output)
-        np.take(table(int(uniq[0])), src, out=dst, mode="clip")
-        return out
-    for k in uniq:
-        sel = np.flatnonzero(ks == k)
-        dst[sel] = np.take(table(int(k)), src[sel], mode="clip")
-    return out

@@ -9,7 +9,8 @@ import numpy as np
 import torch
 
 from hsstore.core.errors import CorruptData
-from hsstore.core.quant import FP8, dequantize_bf16_bits
+from hsstore.core.fp8_cpu import dequantize_bf16_bits
+from hsstore.core.quant import FP8
 from hsstore.storage import layout
 
 
@@ -37,7 +38,7 @@ def read_quantized(reader: Any, ref: Any, layers: list[int], raw: bool = False) 
         if pool is None:
             for j in range(n):
                 one(j)
-        else:  # read, decode and dequantize layers side by side (numpy's take releases the GIL)
+        else:  # read, decode and dequantize layers side by side (the dequantizing loop releases the GIL)
             for f in [pool.submit(one, j) for j in range(n)]:
                 f.result()
     except CorruptData as e:
