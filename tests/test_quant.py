@@ -4,6 +4,10 @@ bounds, exactness of dequantization, the fast CPU path against torch, edge value
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -203,3 +207,20 @@ def test_one_row_out_of_the_compiled_range_sends_the_call_to_the_exact_table_pat
     want = _torch_bits(codes, ks)
     finite = ~np.isnan(torch.from_numpy(want.view(np.int16)).view(torch.bfloat16).float().numpy())
     assert np.array_equal(got[finite], want[finite])
+
+
+def test_without_numba_the_table_path_serves_with_one_warning(tmp_path) -> None:
+    # a real interpreter where ``import numba`` fails (as it does when numba does not support the numpy)
+    code = ("import sys, warnings; sys.modules['numba'] = None\n"
+            "import numpy as np\n"
+            "from hsstore.core import fp8_cpu\n"
+            "c = np.tile(np.arange(256, dtype=np.uint8), (4, 1)); s = np.ones((4, 1), np.float32) * 8\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    a = fp8_cpu.dequantize_bf16_bits(c, s); b = fp8_cpu.dequantize_bf16_bits(c, s)\n"
+            "assert (a == fp8_cpu.dequantize_bf16_bits(c, s, compiled=False)).all() and (a == b).all()\n"
+            "print(len(w), w[0].message)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("1 ") and "numba cannot be imported" in r.stdout and "pip install -U numba" in r.stdout

@@ -14,6 +14,7 @@ table path, which rounds through float64 like torch does. Both paths give the sa
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -70,12 +71,18 @@ def _exponent_add(rows, ks, table, add_mask, dest):  # pragma: no cover (runs co
 
 def _compiled_kernel() -> Any:
     """``_exponent_add`` compiled on first use (numba caches the machine code on disk where it can write,
-    so later processes load it: ~0.5-1 s once per process instead of ~2 s)."""
+    so later processes load it: ~0.5-1 s once per process instead of ~2 s); False where numba cannot be
+    imported (e.g. a numpy newer than it supports): the table path then serves, with one warning."""
     global _kernel
     with _kernel_lock:  # layer threads call this together on a sample's first read
         if _kernel is None:
-            import numba
-
+            try:
+                import numba
+            except ImportError as e:
+                warnings.warn(f"hsstore: numba cannot be imported ({e}); FP8 states are dequantized by the "
+                              "numpy table path, ~3x slower (pip install -U numba to restore it)", stacklevel=3)
+                _kernel = False
+                return _kernel
             try:
                 _kernel = numba.njit(nogil=True, cache=True)(_exponent_add)
             except RuntimeError:  # no writable cache folder (read-only install and home): compile each time
@@ -114,8 +121,9 @@ def dequantize_bf16_bits(codes: np.ndarray, scales: np.ndarray, out: np.ndarray 
         raise ValueError("out must hold whole rows (its last axis contiguous)")
     if rows.size == 0:
         return out
-    if compiled and K_MIN <= int(ks.min()) and int(ks.max()) <= K_MAX:
-        _compiled_kernel()(rows, ks.astype(np.int64), single_table(0), _ADD_MASK, dest)
+    kernel = compiled and K_MIN <= int(ks.min()) and int(ks.max()) <= K_MAX and _compiled_kernel()
+    if kernel:
+        kernel(rows, ks.astype(np.int64), single_table(0), _ADD_MASK, dest)
     else:
         _table_path(rows, ks, dest)
     return out
