@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from hsstore import HiddenStateDataset, Store
-from hsstore.core import quant
+from hsstore.core import fp8_cpu, quant
 from hsstore.storage.codecs import DEFAULT, chunk_tokens
 from hsstore.storage.convert import convert
 from hsstore.storage.writer import UnitWriter
@@ -62,8 +62,9 @@ def read_pass(path: Path, vid: str | None, workers: int, raw: bool) -> float:
     return time.perf_counter() - t0
 
 
-def dequant_speed(states: list[torch.Tensor], reps: int) -> float:
-    """GB/s of bf16 produced by the CPU dequantization, one thread, [T, 5, H] per sample."""
+def dequant_speed(states: list[torch.Tensor], reps: int, compiled: bool = True) -> float:
+    """GB/s of bf16 produced by the CPU dequantization, one thread, [T, 5, H] per sample
+    (``compiled=False``: the numpy table path the compiled loop replaced)."""
     torch.set_num_threads(1)
     qs = []
     for st in states:
@@ -74,7 +75,7 @@ def dequant_speed(states: list[torch.Tensor], reps: int) -> float:
     for _ in range(reps):
         t0 = time.perf_counter()
         for codes, scales in qs:
-            quant.dequantize_bf16_bits(codes, scales)
+            fp8_cpu.dequantize_bf16_bits(codes, scales, compiled=compiled)
         best = min(best, time.perf_counter() - t0)
     return sum(st.numel() * 2 for st in states) / best / 1e9
 
@@ -105,6 +106,7 @@ def main() -> None:
     res["bytes"]["fp8-none"] = du(none / "variants")
     res["smaller_than_raw_bf16"] = {k: logical / b for k, b in res["bytes"].items()}
     res["dequant_GBps_one_thread"] = dequant_speed(states, args.reps)
+    res["dequant_table_path_GBps_one_thread"] = dequant_speed(states, args.reps, compiled=False)
     passes = [("bf16", path, bf16, False), ("fp8", path, fp8, False), ("fp8-raw", path, fp8, True),
               ("fp8-none", none, None, False), ("fp8-none-raw", none, None, True)]
     for w in [int(x) for x in args.workers.split(",")]:
@@ -128,7 +130,8 @@ def report(res: dict, args: argparse.Namespace) -> None:
     sizes = ", ".join(f"{k} {b / 1e6:,.0f} MB ({res['smaller_than_raw_bf16'][k]:.2f}x smaller than raw bf16)"
                       for k, b in res["bytes"].items())
     print(f"bytes on disk: {sizes}")
-    print(f"CPU dequantization, one thread: {res['dequant_GBps_one_thread']:.2f} GB/s of bf16")
+    print(f"CPU dequantization, one thread: {res['dequant_GBps_one_thread']:.2f} GB/s of bf16 "
+          f"(the numpy table path: {res['dequant_table_path_GBps_one_thread']:.2f})")
     names = ("fp8", "fp8-raw", "fp8-none", "fp8-none-raw")
     print(f"{'workers':>8}{'cache':>7}{'bf16 tok/s':>12}" + "".join(f"{n + ' (x)':>20}" for n in names))
     for w in [int(x) for x in args.workers.split(",")]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from hsstore.testing.seed import SIZES, hs, long_rows, manifest, sh
@@ -35,6 +36,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--quant-only", action="store_true",
                     help="only fla bf16 and FP8 builds: GPU vs CPU quantization, and check on the FP8 variant")
+    ap.add_argument("--train-only", action="store_true",
+                    help="only the torch bf16 build, its FP8 conversion and the bf16-vs-FP8 training comparison")
     ap.add_argument("--no-fla", action="store_true", help="torch fallback only (a dry run where fla cannot run)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
@@ -51,9 +54,13 @@ def main() -> None:
               "kernels-fp8": ["--backend", kernel, "--dtype", "bf16", "--precision", "fp8-e4m3"]}
     if args.quant_only:  # GPU-quantized (build) against CPU-quantized (convert) codes, and check on FP8
         builds.pop("torch")
+    if args.train_only:
+        builds = {"torch": ["--backend", "torch", "--dtype", "bf16"]}
     for name, extra in builds.items():
+        t0 = time.perf_counter()
         r = sh(hs("build", str(m), "--quiet", "--json", *extra))
         summary[f"build_{name}"] = json.loads(r.stdout)
+        print(f"build {name}: {time.perf_counter() - t0:.1f} s", flush=True)
     torch_bf16, torch_fp32 = f"{S}#backend=torch,dtype=bf16", f"{S}#backend=torch,dtype=fp32"
     fla_bf16, fla_fp8 = f"{S}#backend={kernel},dtype=bf16", f"{S}#backend={kernel},{FP8}"
     if args.quant_only:
@@ -71,6 +78,10 @@ def main() -> None:
         return
     summary["convert_torch"] = json.loads(sh(hs("convert", torch_bf16, "--precision", "fp8-e4m3", "--json",
                                                 "--quiet")).stdout)
+    if args.train_only:
+        train_both(out, S, torch_bf16, dev, args.steps, summary)
+        (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        return
     conv = out / "conv.zarr"
     summary["convert_fla"] = json.loads(sh(hs("convert", fla_bf16, "--precision", "fp8-e4m3", "--store", str(conv),
                                               "--json", "--quiet")).stdout)
@@ -86,15 +97,24 @@ def main() -> None:
     r = sh(hs("diff", fla_fp8, str(conv), "--json", "-"), check=False)
     summary["diff_gpu_vs_cpu_quantization"] = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {"error": r.stderr[-800:]}
     summary["info"] = json.loads(sh(hs("info", str(S), "--json")).stdout)
-    for name, target in (("bf16", torch_bf16), ("fp8", f"{S}#backend=torch,{FP8}")):
-        js = out / f"train-{name}.json"
-        sh([sys.executable, str(REPO / "scripts" / "train_drafter_example.py"), "--train", target, "--eval", target,
-            "--steps", str(args.steps), "--batch-tokens", "8192", "--workers", "2", *dev,
-            "--json", str(js)])
-        summary[f"train_{name}"] = json.loads(js.read_text())
-        summary[f"train_{name}"].pop("provenance", None)
+    train_both(out, S, torch_bf16, dev, args.steps, summary)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     report(summary)
+
+
+def train_both(out: Path, S: Path, torch_bf16: str, dev: list[str], steps: int, summary: dict) -> None:
+    """scripts/train_drafter_example.py on the torch bf16 variant and on its FP8 conversion, same seed."""
+    for name, target in (("bf16", torch_bf16), ("fp8", f"{S}#backend=torch,{FP8}")):
+        js = out / f"train-{name}.json"
+        t0 = time.perf_counter()
+        sh([sys.executable, str(REPO / "scripts" / "train_drafter_example.py"), "--train", target, "--eval", target,
+            "--steps", str(steps), "--batch-tokens", "8192", "--workers", "2", *dev, "--json", str(js)])
+        summary[f"train_{name}"] = json.loads(js.read_text())
+        summary[f"train_{name}"].pop("provenance", None)
+        summary[f"train_{name}_seconds"] = time.perf_counter() - t0
+        t = summary[f"train_{name}"]
+        print(f"train {name}: {summary[f'train_{name}_seconds']:.1f} s; loss {t['train_first']:.3f} -> "
+              f"{t['train_last']:.3f}; eval {t['eval_first']:.3f} -> {t['eval_last']:.3f}", flush=True)
 
 
 def report(s: dict) -> None:
