@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -173,6 +174,16 @@ def report(results: dict, args: argparse.Namespace) -> None:
               f"{r['x_bare']:9.3f}{small}")
         for layer, e in sorted(r.get("fp8_error", {}).items(), key=lambda x: int(x[0])):
             print(f"    fp8 layer {layer}: rel-L2 {e['rel_l2']:.3e}, cos mean {e['cos_mean']:.6f}, min {e['cos_min']:.6f}")
+    if args.repeat > 1:  # each round against its own bare pass, and the median over rounds
+        rounds: dict[str, list[float]] = {}
+        for rep in range(args.repeat):
+            runs = {r["pass"]: r["seconds"] for r in results["runs"] if r["rep"] == rep}
+            ratios = {k: v / runs["bare"] for k, v in runs.items() if k != "bare"}
+            for k, v in ratios.items():
+                rounds.setdefault(k, []).append(v)
+            print(f"round {rep + 1}: " + ", ".join(f"{k} {v:.3f}x" for k, v in ratios.items()))
+        results["median_x_bare"] = {k: statistics.median(v) for k, v in rounds.items()}
+        print("median over rounds: " + ", ".join(f"{k} {v:.3f}x" for k, v in results["median_x_bare"].items()))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

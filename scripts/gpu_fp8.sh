@@ -8,6 +8,10 @@
 #   bash scripts/gpu_fp8.sh seed    # ~5 min: the 1.6 B seed model: torch bf16/fp32, fla bf16 and fla FP8
 #                                   #   builds, convert, diffs with verdicts, info, GPU vs CPU quantization
 #                                   #   bit-identity, bf16-vs-FP8 training, FP8 reads on 16 cores
+#   bash scripts/gpu_fp8.sh build4  # ~9 min: bare, bf16 default codec and FP8 builds, 4 alternating rounds
+#                                   #   (the first round of a fresh disk apart), then FP8 reads on 16 cores
+#   bash scripts/gpu_fp8.sh train   # ~6 min: the seed model's torch bf16 variant and its FP8 conversion:
+#                                   #   bf16-vs-FP8 drafter training, same seed (loss curves)
 #   bash scripts/gpu_fp8.sh sampled # ~4 min: 1,000 rows of the seed model, fla vs torch: full diff against
 #                                   #   1 % sampled diffs with five seeds (verdicts, interval coverage)
 set -u
@@ -28,6 +32,20 @@ if [ "$1" = build ]; then
   timeout $((570 - SECONDS)) python3 scripts/bench_shapes.py --rows 96 --json "$OUT/shapes.json" \
     > "$OUT/shapes.txt" 2>&1
   echo "exit $? after ${SECONDS}s" >> "$OUT/shapes.txt"
+elif [ "$1" = build4 ]; then
+  timeout 380 python3 scripts/bench_build.py --shape 27b --device cuda --rows 76 --length 2048 \
+    --codecs shuffle-zstd,fp8:shuffle-zstd --repeat 4 --store-dir /tmp/bench \
+    --json "$OUT/bench-27b-repeat4.json" > "$OUT/bench-27b-repeat4.txt" 2>&1
+  echo "exit $? after ${SECONDS}s" >> "$OUT/bench-27b-repeat4.txt"
+  rm -rf /tmp/bench
+  (cd scripts && timeout $((585 - SECONDS)) python3 bench_fp8_read.py --dir /tmp/fp8read --samples 24 --hidden 5120 \
+    --reps 2 --workers 0,8 --json "$OUT/read-fp8-16cores.json" > "$OUT/read-fp8-16cores.txt" 2>&1)
+  echo "exit $? after ${SECONDS}s" >> "$OUT/read-fp8-16cores.txt"
+elif [ "$1" = train ]; then
+  timeout 560 python3 scripts/gpu_fp8_seed.py --out /tmp/seedt --rows 40 --steps 200 --train-only > "$OUT/train.txt" 2>&1
+  echo "exit $? after ${SECONDS}s" >> "$OUT/train.txt"
+  cp /tmp/seedt/summary.json "$OUT/train-summary.json" 2>/dev/null
+  cp /tmp/seedt/train-*.json "$OUT/" 2>/dev/null
 elif [ "$1" = seed ]; then
   timeout 420 python3 scripts/gpu_fp8_seed.py --out /tmp/seed8 --rows 40 > "$OUT/seed.txt" 2>&1
   echo "exit $? after ${SECONDS}s" >> "$OUT/seed.txt"
