@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from hsstore.cli.app import app, emit
+from hsstore.storage.layout import UNIT_GRACE_SECONDS
 
 
 @app.command()
@@ -51,7 +52,7 @@ def verify(
 @app.command()
 def gc(
     store: Annotated[str, typer.Argument(help="Store path or URL.")],
-    grace: Annotated[float, typer.Option("--grace", help="Seconds before another host's uncommitted unit is debris.")] = 3600.0,
+    grace: Annotated[float, typer.Option("--grace", help="Seconds before another host's uncommitted unit is debris.")] = UNIT_GRACE_SECONDS,
     force: Annotated[bool, typer.Option("--force", help="Remove every uncommitted unit (no writer may be running).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
     json_out: Annotated[bool, typer.Option("--json")] = False,

@@ -59,7 +59,7 @@ def _is_debris(info: UnitInfo | None, grace_seconds: float, force: bool) -> bool
     return alive is None and age > grace_seconds
 
 
-def collect_garbage(store: Store, grace_seconds: float = 3600.0, force: bool = False,
+def collect_garbage(store: Store, grace_seconds: float = layout.UNIT_GRACE_SECONDS, force: bool = False,
                     dry_run: bool = False) -> dict[str, Any]:
     """Delete uncommitted units whose writer is dead (this host) or older than ``grace_seconds``, and old
     temporary files. ``force`` deletes every uncommitted unit: only when no writer is running anywhere."""

@@ -1,5 +1,6 @@
-"""Where everything lives inside a store: key names only, no I/O. Every key hsstore reads or writes is
-built here, and ``parse_key`` names what a key is (verify checks a tree against it).
+"""Where everything lives inside a store: key names only (and gc's grace for a writer's leftovers), no I/O.
+Every key hsstore reads or writes is built here, and ``parse_key`` names what a key is (verify checks a
+tree against it).
 
     zarr.json                                   root group; attributes.hsstore = {format_version, ...}
     variants/zarr.json                          group of variants
@@ -32,6 +33,7 @@ UNIT_ATTR = "hsstore_unit"
 META = "zarr.json"
 TOKEN_ARRAYS = ("input_ids", "loss_mask")
 TMP_PREFIX = ".tmp-"  # temporary files of atomic puts, renamed or removed by the writer (gc sweeps old ones)
+UNIT_GRACE_SECONDS = 3600.0  # gc's default: another host's uncommitted unit older than this is debris
 _SAFE = re.compile(r"^[0-9a-zA-Z_.-]{1,128}$")
 _LAYER = re.compile(r"^layer_(0|[1-9][0-9]{0,5})$")
 _SCALE = re.compile(r"^scale_(0|[1-9][0-9]{0,5})$")  # per-token scales of a quantized layer
