@@ -10,7 +10,7 @@ import typer
 
 from hsstore.cli.app import app
 from hsstore.core.errors import BadInput, CheckFailed, WriteFailed
-from hsstore.core.outputs import PLOT_SUFFIXES, check_output_file, write_output_text
+from hsstore.core.outputs import PLOT_SUFFIXES, check_output_file
 
 
 def _emit(report: dict, json_path: Optional[str], render: Any) -> None:
@@ -20,6 +20,8 @@ def _emit(report: dict, json_path: Optional[str], render: Any) -> None:
         return
     typer.echo(render(report))
     if json_path:
+        from hsstore.storage.fileio import write_output_text
+
         write_output_text(json_path, json.dumps(report, indent=2, sort_keys=True), "--json")
 
 

@@ -1,12 +1,12 @@
 """Output files the user names on the command line (``--json FILE``, ``--plot PNG``): checked before any
-work starts, so a typo in a path costs one line, not a finished diff; written with one-line errors."""
+work starts, so a typo in a path costs one line, not a finished diff (storage.fileio writes them)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from hsstore.core.errors import BadInput, WriteFailed
+from hsstore.core.errors import BadInput
 
 # what matplotlib's Agg canvas writes (the plot's suffix picks the format)
 PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".svgz", ".eps", ".ps", ".jpg", ".jpeg", ".tif", ".tiff", ".webp")
@@ -28,17 +28,3 @@ def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) ->
         raise BadInput(f"{option} {path!r}: folder {str(parent)!r} {what}; create it or write the file elsewhere")
     if not os.access(parent, os.W_OK):
         raise BadInput(f"{option} {path!r}: folder {str(parent)!r} is not writable; write the file elsewhere")
-
-
-def write_output_text(path: str, text: str, option: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename (no half-written report); a
-    failing write (full disk, file-size limit) is one line, exit 1."""
-    p = Path(path).expanduser()
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, p)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise WriteFailed(f"writing {option} {path!r} failed: {e.strerror or e}; free space or write it elsewhere") from None

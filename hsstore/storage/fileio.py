@@ -1,4 +1,5 @@
-"""Checked local file writes: every byte reaches the file or the call raises; size and crc32c confirmed.
+"""Checked local file writes: every byte reaches the file or the call raises; size and crc32c confirmed;
+and the one atomic replace (an fsync'd temporary file renamed over the name) every local writer uses.
 
 ``os.writev`` may write fewer bytes than asked (a file-size limit, a full disk, a signal): the rest is
 written by further calls, and an error on any call raises. The file is fsync'd before it is reported
@@ -10,13 +11,17 @@ computed from the buffers as they are handed to the kernel (no second read: docs
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import crc32c
+
+from hsstore.core.errors import WriteFailed
 
 _IOV_MAX = 512  # writev takes a bounded number of buffers
 
@@ -79,3 +84,45 @@ def write_file(path: str, parts: Sequence[Any], exclusive: bool = False, dir_fd:
     if size != want.size:
         raise OSError(errno.EIO, f"the file holds {size} bytes after writing {want.size}")
     return want
+
+
+def install_file(dir_fd: int, name: str, parts: Sequence[Any], tmp: str, replace: bool = True) -> bool:
+    """Give ``name`` in the folder ``dir_fd`` the bytes of ``parts`` all at once: they are written to the
+    temporary file ``tmp`` beside it (write_file: checked, fsync'd), which is then renamed over ``name``
+    (``replace``) or linked to it only if it is absent (returns False if it exists); the folder is fsync'd
+    so the new name outlives a crash. The temporary file never remains. Raises OSError."""
+    try:
+        write_file(tmp, parts, exclusive=True, dir_fd=dir_fd)
+        if replace:
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        else:
+            try:  # atomic, fails if the target exists
+                os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+            except FileExistsError:
+                return False
+        os.fsync(dir_fd)
+        return True
+    finally:
+        with contextlib.suppress(OSError):  # gone once renamed; any other failure is the error to report
+            os.unlink(tmp, dir_fd=dir_fd)
+
+
+def replace_file(path: str | os.PathLike, data: bytes, tmp: str) -> None:
+    """Write ``data`` to ``path`` all or nothing (install_file in its folder, through the temporary file
+    named ``tmp`` there): a reader sees the old file or the new one. Raises OSError."""
+    folder, name = os.path.split(os.fspath(path))
+    dfd = os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        install_file(dfd, name, [data], tmp)
+    finally:
+        os.close(dfd)
+
+
+def write_output_text(path: str, text: str, option: str) -> None:
+    """Write ``text`` to the file the user named with ``option`` (``--json FILE``) all or nothing
+    (replace_file); a failing write (a full disk, a file-size limit) is one line, exit 1."""
+    p = os.path.expanduser(path)
+    try:
+        replace_file(p, text.encode("utf-8"), f".{os.path.basename(p)}.{uuid.uuid4().hex[:12]}.tmp")
+    except OSError as e:
+        raise WriteFailed(f"writing {option} {path!r} failed: {e.strerror or e}; free space or write it elsewhere") from None

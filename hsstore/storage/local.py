@@ -13,7 +13,7 @@ from typing import Any
 from hsstore.core.errors import CorruptData, WriteFailed
 from hsstore.storage import localfs
 from hsstore.storage.backend import Backend, Entry, RangeSource
-from hsstore.storage.fileio import Written, write_file
+from hsstore.storage.fileio import Written, install_file, write_file
 from hsstore.storage.layout import TMP_PREFIX
 from hsstore.storage.records import MAX_RECORD_BYTES
 
@@ -84,29 +84,15 @@ class LocalBackend(Backend):
     def _put_via_temp(self, key: str, data: bytes, replace: bool) -> bool:
         """An fsync'd temporary file, then renamed over (``replace``) or linked to (if absent) ``key``."""
         head, _, name = key.rpartition("/")
-        tmp = f"{TMP_PREFIX}{uuid.uuid4().hex}"
         try:
             dfd = localfs.open_dir(self.root, head, create=True)
         except (OSError, CorruptData) as e:
             raise write_failed(key, e) from None
         try:
-            write_file(tmp, [data], exclusive=True, dir_fd=dfd)
-            if replace:
-                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            else:
-                try:  # atomic, fails if the target exists
-                    os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
-                except FileExistsError:
-                    return False
-            os.fsync(dfd)
-            return True
+            return install_file(dfd, name, [data], f"{TMP_PREFIX}{uuid.uuid4().hex}", replace)
         except OSError as e:
             raise write_failed(key, e) from None
         finally:
-            try:
-                os.unlink(tmp, dir_fd=dfd)
-            except FileNotFoundError:
-                pass
             os.close(dfd)
 
     def open_range(self, key: str) -> LocalRange:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import io
-import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import xxhash
 from hsstore.core.errors import BadInput, WriteFailed
 from hsstore.interop.sample import (FileDigest, SourceSample, load_torch, read_bytes, split_aux, states, tensor, tokens,
                                     walk)
+from hsstore.storage.fileio import replace_file
 
 TMP_SUFFIX = ".hsstore-tmp"  # never matches a tool's suffix (.ckpt, .pt, .safetensors), removed on failure
 
@@ -33,17 +33,13 @@ def write_failed(path: Path, e: OSError) -> BadInput | WriteFailed:
 
 
 def atomic_write(root: Path, rel: str, data: bytes) -> FileDigest:
-    """Write ``data`` to ``root/rel`` through a temporary file and a rename: a reader sees all or nothing."""
+    """Write ``data`` to ``root/rel`` all or nothing (storage.fileio.replace_file: an fsync'd temporary
+    file renamed over it): a reader sees the whole file or none."""
     path = root / rel
-    tmp = path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        replace_file(path, data, f".{path.name}.{uuid.uuid4().hex[:12]}{TMP_SUFFIX}")
     except OSError as e:
-        with contextlib.suppress(OSError):  # its folder may not exist (or be a file)
-            tmp.unlink(missing_ok=True)
         raise write_failed(path, e) from None
     return FileDigest(rel, len(data), xxhash.xxh3_128_hexdigest(data))
 
