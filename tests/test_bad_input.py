@@ -11,6 +11,7 @@ import pytest
 
 from hsstore import Store
 from hsstore.cli.main import main
+from hsstore.core.errors import StoreNotFound
 
 from helpers import DATA, REPO, new_variant, run_main, write_manifest, write_unit
 
@@ -259,7 +260,7 @@ def test_debug_flag_shows_the_traceback(tmp_path: Path, capsys):
     old = sys.argv
     sys.argv = ["hsstore", "--debug", "info", str(tmp_path / "missing")]
     try:
-        with pytest.raises(Exception, match="no store at"):
+        with pytest.raises(StoreNotFound, match="no store at"):
             main()
     finally:
         sys.argv = old

@@ -18,6 +18,7 @@ from helpers import REPO, diff_report, one_sample_units, run_cli, write_manifest
 
 from hsstore import HiddenStateDataset, ProvenanceMismatch, Store, StreamingHiddenStateDataset
 from hsstore.core import quant
+from hsstore.core.errors import BadInput
 from hsstore.storage.convert import convert
 from hsstore.storage.verify import verify
 
@@ -213,7 +214,7 @@ def test_raw_streaming_batches_pad_codes_and_scales(converted: Path) -> None:
     n = one["input_ids"].shape[0]
     assert torch.equal(batch["aux_hidden"][0, :n].view(torch.uint8), one["aux_hidden"].view(torch.uint8))
     assert not batch["aux_hidden"][0, n:].view(torch.uint8).any()
-    with pytest.raises(Exception, match="raw=True"):
+    with pytest.raises(BadInput, match="raw=True reads FP8 codes and scales; variant .* read it without raw=True"):
         HiddenStateDataset(converted, variant="dtype=bf16", raw=True)
 
 

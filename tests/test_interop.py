@@ -13,6 +13,7 @@ import torch
 
 from hsstore import Store
 from hsstore.build.models import ModelSpec
+from hsstore.core.errors import BadInput
 from hsstore.core.keys import sample_key
 from hsstore.core.schema.provenance import Provenance
 from hsstore.interop.exporter import ExportRequest, export_cache
@@ -121,7 +122,7 @@ def test_resume_skips_unchanged_files_without_reading_them(tmp_path: Path):
     assert len(_reader(tmp_path / "s.zarr").keys) == 6
     # a file that changed (new mtime) is read again: the damaged one is now refused by name
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    with pytest.raises(Exception, match="data_2.ckpt: not a plain torch.save file"):
+    with pytest.raises(BadInput, match="data_2.ckpt: not a plain torch.save file"):
         _import("specforge", tmp_path / "src", tmp_path / "s.zarr")
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from hsstore.core.errors import BadInput
 from hsstore.interop.adapters import SpecForgeCollate, SpecForgeDataset, SpeculatorsCollate, SpeculatorsDataset
 from hsstore.interop.importer import ImportRequest, import_cache
 from hsstore.interop.vocab import vocab_mapping, write_vocab_map
@@ -78,7 +79,7 @@ def test_adapter_refuses_variant_without_aux(tmp_path: Path):
     WRITERS["eagle"](tmp_path / "src", random_samples(n=2, n_aux=0))
     import_cache(ImportRequest("eagle", str(tmp_path / "src"), str(tmp_path / "s.zarr"), tokenizer=TOKENIZER,
                                num_layers=4, layers="final_norm", capture="output"))
-    with pytest.raises(Exception, match="need aux layers and exactly one target layer"):
+    with pytest.raises(BadInput, match="EAGLE-3 trainers need aux layers and exactly one target layer"):
         SpeculatorsDataset(str(tmp_path / "s.zarr"))
 
 
