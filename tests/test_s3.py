@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from hsstore import HiddenStateDataset, Store, StreamingHiddenStateDataset
 from hsstore.core.errors import StoreNotFound
+from hsstore.storage import layout
 from hsstore.storage.verify import verify
 
 from helpers import assert_bit_exact, kill_build, run_cli, start_build, wait_for
@@ -51,6 +52,18 @@ def _committed(url: str) -> int:
         return 0
 
 
+def _uncommitted(url: str) -> set[str]:
+    """Units (``vid/uid``) in the store at ``url`` without a commit record: writes in progress, or a killed
+    writer's debris (none while the store does not exist yet)."""
+    try:
+        io = Store.open(url).io
+    except StoreNotFound:
+        return set()
+    vids = [v for v in io.list_dir(layout.variants_dir()) if v != layout.META]
+    return {f"{v}/{u}" for v in vids for u in io.list_dir(layout.units_dir(v))
+            if u != layout.META and not io.exists(layout.commit_key(v, u))}
+
+
 def test_s3_concurrent_writers_and_a_killed_writer(s3: str, tiny_store: Path, tmp_path: Path):
     manifest = tiny_store.parent / "m.toml"
     url = f"{s3}/{uuid.uuid4().hex[:8]}/conc.zarr"
@@ -65,9 +78,12 @@ def test_s3_concurrent_writers_and_a_killed_writer(s3: str, tiny_store: Path, tm
                      .replace("unit_tokens = 2048", "unit_tokens = 300"))
     killed = f"{s3}/{uuid.uuid4().hex[:8]}/killed.zarr"
     p = _build(small, killed)
-    wait_for(lambda: _committed(killed) > 0 or p.poll() is not None, what="the build's first commit")
+    wait_for(lambda: (_committed(killed) > 0 and _uncommitted(killed)) or p.poll() is not None,
+             what="the build's first commit while its next unit is being written")
     assert p.poll() is None, "the build finished before it could be killed"
     kill_build(p)  # the driver and its worker at once
+    debris = _uncommitted(killed)  # the units the killed writer left half-written
+    assert debris, "the build was killed between units: no debris for gc to remove"
     partial = Store.open(killed).variants[0].n_samples
     assert 0 < partial < 40 and verify(Store.open(killed))["ok"]
     resumed = _build(small, killed)
@@ -75,5 +91,6 @@ def test_s3_concurrent_writers_and_a_killed_writer(s3: str, tiny_store: Path, tm
     reader = Store.open(killed).reader(Store.open(killed).variant_ids()[0])
     assert len(reader.keys) == len(set(reader.keys)) == 40
     gc = json.loads(run_cli("gc", killed, "--json").stdout)
-    assert all("/" in u for u in gc["removed_units"])
+    assert sorted(gc["removed_units"]) == sorted(debris)  # the killed writer's units: none committed, none missed
+    assert not _uncommitted(killed)
     assert verify(Store.open(killed))["ok"] and Store.open(killed).variants[0].n_samples == 40
