@@ -48,6 +48,7 @@ def assert_bit_exact(a: str, b: str, n: int) -> dict:
     bit-exact: the report."""
     rep = diff_report(a, b)
     assert rep["shared_samples"] == n and rep["only_a"] == rep["only_b"] == 0
+    assert rep["layers"], "the diff compared no layers"
     assert all(L["bit_exact"] == 1.0 and L["rel_l2"] == 0.0 for L in rep["layers"]), rep["layers"]
     return rep
 

@@ -82,6 +82,7 @@ def test_final_norm_is_a_named_capture_stored_beside_the_layers(tmp_path: Path):
     assert "(final norm)" in run_cli("info", str(tmp_path / "store.zarr")).stdout
     model = ModelSpec("builtin:tiny-qwen3_5").load(torch.float32, "cpu", None)
     ds = HiddenStateDataset(tmp_path / "store.zarr")
+    assert len(ds) == 6
     for i in range(len(ds)):
         item = ds[i]
         with torch.no_grad():

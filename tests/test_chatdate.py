@@ -23,6 +23,8 @@ def test_directives_are_the_c_locales_strftime_on_every_weekday_month_and_year_e
     assert locale.setlocale(locale.LC_TIME) == "C"  # the reference below: Python's strftime in the C locale
     days = [date(1999, 12, 20) + timedelta(days=i) for i in range(0, 12000, 5)]
     days += [date(y, m, d) for y in (2020, 2021, 2024, 2027) for m, d in ((1, 1), (1, 3), (12, 31), (2, 28))]
+    # (what the fixtures' templates and the formats below use, at least)
+    assert {"%Y", "%m", "%d", "%B", "%b", "%A", "%a", "%j", "%U", "%W", "%V", "%c", "%x", "%X", "%-d"} <= set(directives(PINNED))
     for day in days:
         for directive, text in directives(day).items():
             assert text == datetime(day.year, day.month, day.day).strftime(directive), (day, directive)

@@ -28,6 +28,7 @@ def test_check_matches_the_store_bit_exactly_on_cpu(tiny_store: Path, dtype: str
     code, rep, err = _check("builtin:tiny-qwen3_5", f"{tiny_store}#dtype={dtype}", "--samples", "6", "--seed", "1")
     assert code == 0, err
     assert rep["verdict_kind"] == "identical" and rep["same_model"] and rep["samples"] == 6
+    assert [L["layer"] for L in rep["layers"]] == [0, 1, 3]
     assert all(L["bit_exact"] == 1.0 and L["rel_l2"] == 0.0 for L in rep["layers"])
     assert rep["environment_differences"] == []
     assert 1 <= rep["batches"] <= 6 and "padded" in rep["batching"]

@@ -88,6 +88,7 @@ def test_torchrun_two_ranks_two_workers_each_key_once_per_epoch(tiny_store: Path
     _torchrun(2, tiny_store, out, "full")
     ranks = _load(out, 2)
     all_keys = set(HiddenStateDataset(tiny_store, variant="dtype=bf16").keys)
+    assert len(all_keys) == 40
     for epoch in ("epoch0", "epoch1"):
         seen = [k for r in ranks for k in r[epoch]]
         assert len(seen) == len(all_keys) and set(seen) == all_keys
@@ -121,6 +122,7 @@ def test_items_read_layers_straight_into_their_slots(tmp_path: Path, codec: str)
     states = make_states(samples, 16, "bf16", [0, 1, 2])
     UnitWriter(store, vid).write(samples, states)
     ds = HiddenStateDataset(tmp_path / "s.zarr")
+    assert sorted(ds.keys) == sorted(s.key for s in samples)
     off = {s.key: o for s, o in zip(samples, np.cumsum([0] + [s.length for s in samples]))}
     for i in range(len(ds)):
         it = ds[i]

@@ -22,6 +22,7 @@ def test_diff_with_itself_is_bit_exact(tiny_store: Path):
     code, rep = _diff(f"{tiny_store}#dtype=bf16", f"{tiny_store}#dtype=bf16")
     assert code == 0
     assert rep["shared_samples"] == 40 and rep["only_a"] == rep["only_b"] == 0
+    assert [L["layer"] for L in rep["layers"]] == [0, 1, 3]
     for L in rep["layers"]:
         assert L["rel_l2"] == 0 and L["bit_exact"] == 1.0 and L["cos_min"] == pytest.approx(1.0)
         assert L["ulp_distribution"]["0"] == 1.0
@@ -35,6 +36,7 @@ def test_bf16_vs_fp32_grows_with_depth_and_plots(tiny_store: Path, tmp_path: Pat
     assert r.returncode == 0, r.stderr
     rep = json.loads(js.read_text())
     rel = [L["rel_l2"] for L in rep["layers"]]
+    assert [L["layer"] for L in rep["layers"]] == [0, 1, 3]
     assert all(x > 0 for x in rel) and rel == sorted(rel), rel
     assert all(L["bit_exact"] < 1 for L in rep["layers"]) and rep["verdict_kind"] == "no_floor"
     assert "rel_l2" in r.stdout and "verdict" in r.stdout
@@ -54,6 +56,7 @@ def test_kernel_pair_against_the_fp32_floor(attn_store: Path, tmp_path: Path):
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep["verdict_kind"] == "within_noise" and "within precision noise" in rep["verdict"]
+    assert [L["layer"] for L in rep["layers"]] == [0, 1, 3]
     assert all(0 < L["floor_ratio"] < 2 for L in rep["layers"])
     numeric = {d["field"]: d for d in rep["provenance_differences"] if not d["informational"]}
     assert numeric["environment.kernels.attention"] == {"field": "environment.kernels.attention", "a": "eager",

@@ -63,6 +63,7 @@ def reference(a_t: str, b_t: str) -> list[dict]:
 def _check(a_t: str, b_t: str, threads: int) -> None:
     ref = reference(a_t, b_t)
     rep = run_diff(a_t, b_t, threads=threads)
+    assert [L.layer for L in rep.layers] == open_target(a_t).record.all_layers and len(ref) == len(rep.layers) > 0
     for L, R in zip(rep.layers, ref):
         assert L.rel_l2 == pytest.approx(R["rel_l2"], rel=1e-5), (L.layer, L.rel_l2, R["rel_l2"])
         assert L.mean_abs == pytest.approx(R["mean_abs"], rel=1e-5)
@@ -116,5 +117,5 @@ def test_results_do_not_depend_on_thread_count(tiny_store: Path):
     a_t, b_t = f"{tiny_store}#dtype=bf16", f"{tiny_store}#dtype=fp32"
     one, many = run_diff(a_t, b_t, threads=1).to_dict(), run_diff(a_t, b_t, threads=4).to_dict()
     one.pop("seconds"), many.pop("seconds")
-    assert one == many
+    assert one == many and [L["layer"] for L in one["layers"]] == [0, 1, 3]
     assert np.isfinite([L["rel_l2"] for L in one["layers"]]).all()

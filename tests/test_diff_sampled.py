@@ -27,6 +27,7 @@ def test_sampled_interval_covers_full_values_and_verdict_matches(attn_store: Pat
     assert sampled.sampling.samples == 16 and sampled.sampling.population == full.shared_samples == 40
     assert sampled.tokens < full.tokens
     assert sampled.verdict_kind == full.verdict_kind
+    assert [L.layer for L in sampled.layers] == [L.layer for L in full.layers] == [0, 1, 3]
     for F, S in zip(full.layers, sampled.layers):
         for name in ("rel_l2", "mean_abs", "cos_mean", "floor_ratio"):
             lo, hi = S.ci[name]
@@ -42,12 +43,14 @@ def test_sampled_cli_says_it_was_sampled(attn_store: Path):
     j = run_cli("diff", a, b, "--floor", c, "--fraction", "0.25", "--seed", "7", "--json", "-")
     rep = json.loads(j.stdout)
     assert rep["sampling"]["seed"] == 7 and "bootstrap" in rep["sampling"]["interval"]
+    assert [L["layer"] for L in rep["layers"]] == [0, 1, 3]
     assert all(len(L["ci"]["rel_l2"]) == 2 for L in rep["layers"])
 
 
 def test_whole_population_sampled_equals_full_diff(tiny_store: Path):
     a, b = f"{tiny_store}#dtype=bf16", f"{tiny_store}#dtype=fp32"
     full, every = run_diff(a, b), run_diff(a, b, fraction=1.0)
+    assert [L.layer for L in every.layers] == [L.layer for L in full.layers] == [0, 1, 3]
     for F, S in zip(full.layers, every.layers):
         assert S.rel_l2 == pytest.approx(F.rel_l2, rel=1e-12) and S.bit_exact == pytest.approx(F.bit_exact)
         lo, hi = S.ci["rel_l2"]

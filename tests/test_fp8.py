@@ -101,7 +101,7 @@ def test_fp8_variant_is_verify_clean_smaller_and_info_states_its_error_against_t
 
 def test_diff_reads_fp8_dequantized_against_its_source(converted: Path) -> None:
     rep = diff_report(f"{converted}#{FP8}", f"{converted}#dtype=bf16")
-    assert rep["shared_samples"] == 40
+    assert rep["shared_samples"] == 40 and [L["layer"] for L in rep["layers"]] == [0, 1, 3]
     for layer in rep["layers"]:
         assert 0.005 < layer["rel_l2"] < 0.05
 
@@ -125,7 +125,8 @@ def test_check_recomputes_an_fp8_variant_bit_exactly_and_refuses_a_floor(convert
     r = run_cli("check", "builtin:tiny-qwen3_5", f"{converted}#{FP8}", "--samples", "4", "--json", "-")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
-    assert rep["verdict_kind"] == "identical" and all(L["bit_exact"] == 1.0 for L in rep["layers"])
+    assert rep["verdict_kind"] == "identical" and [L["layer"] for L in rep["layers"]] == [0, 1, 3]
+    assert all(L["bit_exact"] == 1.0 for L in rep["layers"])
     r = run_cli("check", "builtin:tiny-qwen3_5", f"{converted}#{FP8}", "--floor", f"{converted}#dtype=fp32")
     assert r.returncode == 2 and "stored as fp8-e4m3" in r.stderr and "Traceback" not in r.stderr
 
@@ -180,6 +181,7 @@ def test_convert_killed_mid_way_resumes_to_the_same_variant(tmp_path: Path) -> N
     assert r.returncode == 0, r.stderr
     assert verify(Store.open(dst))["ok"]
     # the error recorded over the resumed units equals the error of the clean convert
+    assert set(out["error"]) == set(clean["error"]) and clean["error"]
     for layer, e in clean["error"].items():
         assert out["error"][layer]["rel_l2"] == pytest.approx(e["rel_l2"], rel=1e-9)
 
@@ -194,7 +196,7 @@ def test_fp8_build_on_cpu_equals_converting_its_bf16_twin(tmp_path: Path) -> Non
     built = HiddenStateDataset(tmp_path / "built.zarr", raw=True)
     derived = HiddenStateDataset(tmp_path / "conv.zarr", raw=True)
     assert built.variant_id == conv["variant"]  # the source is informational: same numbers, same id
-    assert sorted(built.keys) == sorted(derived.keys)
+    assert sorted(built.keys) == sorted(derived.keys) and len(built.keys) == 12
     for k in built.keys:
         a, b = built[built.keys.index(k)], derived[derived.keys.index(k)]
         for role in ("aux", "target"):

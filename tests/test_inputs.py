@@ -45,7 +45,7 @@ def test_multi_turn_loss_mask_covers_assistant_turns_only():
 
 def test_text_and_prompt_completion_masks():
     (t,), _ = _tok([{"text": "hello world"}])
-    assert t.loss_mask.all()
+    assert len(t.loss_mask) == len(t.input_ids) > 0 and t.loss_mask.all()
     (p,), _ = _tok([{"prompt": "PROMPT ", "completion": "COMPLETION"}])
     assert _text(p.input_ids, p.loss_mask) == "COMPLETION"
 
@@ -99,7 +99,7 @@ def test_reordered_or_filtered_input_keeps_keys():
     rows = [json.loads(line) for line in DATA.read_text().splitlines()[:10]]
     a, _ = _tok(rows)
     b, _ = _tok(list(reversed(rows))[::2])
-    assert {s.key for s in b} <= {s.key for s in a}
+    assert (len(a), len(b)) == (10, 5) and {s.key for s in b} <= {s.key for s in a}
 
 
 # --- real-world row shapes -------------------------------------------------------------------------------

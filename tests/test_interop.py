@@ -27,6 +27,7 @@ from interop_files import TOKENIZER, WRITERS, random_samples
 STATED = {"specforge": "0,1,2,final_norm", "modelopt": "0,1,2,final_norm", "speculators": "1,2,3,4",
           "eagle": "final_norm"}
 CAPTURE = {"specforge": "output", "modelopt": "output", "speculators": "input", "eagle": "output"}
+TOOL = {"specforge": "SpecForge", "modelopt": "Model-Optimizer", "speculators": "speculators", "eagle": "EAGLE"}
 HSSTORE = {"specforge": ([0, 1, 2], [4]), "modelopt": ([0, 1, 2], [4]), "speculators": ([0, 1, 2], [3]),
            "eagle": ([], [4])}
 
@@ -63,7 +64,7 @@ def test_import_keys_states_and_provenance(fmt: str, tmp_path: Path):
             assert torch.equal(_bits(got["layers"][layer]), _bits(s.aux[:, j]))
         assert torch.equal(_bits(got["layers"][target_ids[0]]), _bits(s.target))
     prov = r.record.provenance
-    assert prov["source"]["tool"] and prov["source"]["format"] == fmt
+    assert prov["source"]["tool"] == TOOL[fmt] and prov["source"]["format"] == fmt
     assert prov["source"]["layers"] == [int(x) if x.isdigit() else x for x in STATED[fmt].split(",")]
     assert prov["source"]["capture"] == CAPTURE[fmt] and prov["source"]["stated_by"] == "user"
     assert prov["recipe"]["capture"] == "decoder_layer_output"

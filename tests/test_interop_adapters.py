@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from hsstore import Store
 from hsstore.core.errors import BadInput
 from hsstore.interop.adapters import SpecForgeCollate, SpecForgeDataset, SpeculatorsCollate, SpeculatorsDataset
 from hsstore.interop.importer import ImportRequest, import_cache
+from hsstore.interop.provenance import tokenizer_identity
 from hsstore.interop.vocab import vocab_mapping, write_vocab_map
 
 from interop_files import TOKENIZER, WRITERS, random_samples
@@ -97,7 +99,9 @@ def test_vocab_map_files_load_as_the_peers_load_them(imported, tmp_path: Path):
     rec = write_vocab_map(str(store), 10, str(tmp_path / "vm"))
     masked = torch.cat([s.ids[s.mask.bool()] for s in samples])
     assert rec["loss_tokens"] == masked.numel() and rec["target_vocab_size"] == 259
-    assert rec["tokenizer_fingerprint"] and rec["variant"]
+    (vid,) = Store.open(store).variant_ids()
+    assert rec["variant"] == vid
+    assert rec["tokenizer_fingerprint"] == tokenizer_identity(TOKENIZER)[0]["fingerprint"]
     cache = torch.load(tmp_path / "vm" / "vocab_mapping-10.pt", weights_only=True)  # SpecForge / EAGLE-3
     d2t, t2d = torch.from_numpy(np.load(tmp_path / "vm" / "d2t-10.npy")), torch.from_numpy(np.load(tmp_path / "vm" / "t2d-10.npy"))
     assert torch.equal(cache["d2t"], d2t) and torch.equal(cache["t2d"], t2d) and t2d.shape == (259,)

@@ -30,7 +30,7 @@ def test_sample_key_changes_with_tokens_mask_and_tokenizer():
 def test_canonical_json_is_order_and_float_stable():
     assert canonical_json({"b": 1.0, "a": [1, 2.5]}) == canonical_json({"a": (1, 2.5), "b": 1})
     assert fingerprint({"x": 1}) != fingerprint({"x": 2})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="canonical JSON refuses non-finite float nan"):
         canonical_json({"x": float("nan")})
 
 
@@ -68,5 +68,5 @@ def test_selectors():
     with pytest.raises(SelectorError, match="holds 3 variants"):
         select(variants, None)
     assert select({"aaa111": provenance()}, None) == "aaa111"
-    with pytest.raises(SelectorError):
+    with pytest.raises(SelectorError, match="'../etc' is neither a variant id prefix"):
         parse_selector("../etc")

@@ -68,12 +68,13 @@ def test_spread_builtin_model_captures_the_same_states(name: str):
     whole = spec.load(torch.float32, "cpu", None)
     spread = spec.load(torch.float32, ["cpu", "cpu"], None)
     layers = decoder_layers(spread, 4)
-    assert all(hasattr(layer, "_hf_hook") for layer in layers), "accelerate's device hooks must be in the path"
+    assert len(layers) == 4 and all(hasattr(layer, "_hf_hook") for layer in layers), "accelerate's hooks must be in the path"
     ids = torch.randint(3, 250, (2, 40), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[1, 25:] = 0
     a = LayerCapture(whole, 4, [0, 1, 3]).run(ids, mask)
     b = LayerCapture(spread, 4, [0, 1, 3]).run(ids, mask)
+    assert sorted(a) == sorted(b) == [0, 1, 3]
     for i in a:
         assert torch.equal(a[i], b[i]), f"layer {i} differs once the model is spread"
 
@@ -90,7 +91,7 @@ def test_spread_local_model_loads_with_a_device_map_and_matches(tmp_path: Path):
     ids = torch.randint(3, 250, (1, 30), generator=torch.Generator().manual_seed(2))
     a = LayerCapture(whole, 4, [1, 3]).run(ids, torch.ones_like(ids))
     b = LayerCapture(spread, 4, [1, 3]).run(ids, torch.ones_like(ids))
-    assert all(torch.equal(a[i], b[i]) for i in a)
+    assert sorted(a) == sorted(b) == [1, 3] and all(torch.equal(a[i], b[i]) for i in a)
 
 
 def test_missing_accelerate_is_a_clear_error():

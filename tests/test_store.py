@@ -197,12 +197,13 @@ def test_direct_shards_and_zarr_agree(tmp_path: Path):
 
 
 def test_store_holds_only_json_and_numeric_chunks(tiny_store: Path):
-    for f in tiny_store.rglob("*"):
-        if f.is_file():
-            data = f.read_bytes()
-            assert not data.startswith(b"\x80"), f"{f} looks like a pickle"
-            if f.suffix == ".json" or f.name == "zarr.json":
-                json.loads(data)
+    files = [f for f in tiny_store.rglob("*") if f.is_file()]
+    assert {f.name for f in files} >= {"zarr.json", "0"}  # records and chunk shards, of a store that exists
+    for f in files:
+        data = f.read_bytes()
+        assert not data.startswith(b"\x80"), f"{f} looks like a pickle"
+        if f.suffix == ".json" or f.name == "zarr.json":
+            json.loads(data)
 
 
 def test_format_v1_fixture_still_reads():
@@ -211,6 +212,7 @@ def test_format_v1_fixture_still_reads():
     expected = json.loads((REPO / "tests" / "data" / "format-v1.expected.json").read_text())
     store = Store.open(fixture)
     assert store.format_version == "1.0"
+    assert sorted(expected) == sorted(store.variant_ids()) and len(expected) == 2  # every variant is checked
     for vid, want in expected.items():
         r = store.reader(vid)
         assert len(r.keys) == want["n_samples"]
