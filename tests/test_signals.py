@@ -142,13 +142,29 @@ def test_a_worker_whose_driver_is_sigkilled_exits_by_itself(tmp_path: Path):
     assert record.name == "r0-start.json" and json.loads(record.read_text())["outcome"] == "running"
 
 
+def _rank_drivers(pid: int) -> dict[int, int] | None:
+    """{rank: pid} of torchrun ``pid``'s two children, once both carry RANK in their environment."""
+    found = {}
+    for child in children(pid):
+        try:
+            env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return None  # gone meanwhile
+        for rank in (0, 1):
+            if f"RANK={rank}".encode() in env:
+                found[rank] = child
+    return found if len(found) == 2 else None
+
+
 def test_sigterm_to_one_torchrun_rank_stops_every_rank_and_worker(tmp_path: Path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "hsstore", "build", str(_manifest(tmp_path)), "--limit", str(LIMIT), "--quiet"]
     with _reaped(_start(cmd, tmp_path)) as p:
-        ranks = wait_for(lambda: len(children(p.pid)) == 2 and children(p.pid), what="two rank drivers")
-        rank1 = next(r for r in ranks if b"RANK=1\0" in Path(f"/proc/{r}/environ").read_bytes())
-        rank0 = next(r for r in ranks if r != rank1)
+        # a child is a rank driver once it has exec'd with its RANK (between fork and exec it shows
+        # torchrun's own environment: on a loaded machine that window is long enough to be seen)
+        by_rank = wait_for(lambda: _rank_drivers(p.pid), what="two rank drivers")
+        rank0, rank1 = by_rank[0], by_rank[1]
+        ranks = [rank0, rank1]
         workers = [wait_for(lambda: _computing(r, tmp_path / "s.zarr", rank), what=f"rank {rank}'s first commit")
                    for rank, r in ((0, rank0), (1, rank1))]
         os.kill(rank1, signal.SIGTERM)  # as torchrun, a scheduler or an operator would
