@@ -12,6 +12,8 @@
 #                                   #   (the first round of a fresh disk apart), then FP8 reads on 16 cores
 #   bash scripts/gpu_fp8.sh train   # ~6 min: the seed model's torch bf16 variant and its FP8 conversion:
 #                                   #   bf16-vs-FP8 drafter training, same seed (loss curves)
+#   bash scripts/gpu_fp8.sh read    # ~4 min: FP8 and bf16 reads on 16 cores: DataLoader with 0 and 8 workers,
+#                                   #   and the streaming dataset reading 8 samples ahead on threads
 #   bash scripts/gpu_fp8.sh sampled # ~4 min: 1,000 rows of the seed model, fla vs torch: full diff against
 #                                   #   1 % sampled diffs with five seeds (verdicts, interval coverage)
 set -u
@@ -41,6 +43,10 @@ elif [ "$1" = build4 ]; then
   (cd scripts && timeout $((585 - SECONDS)) python3 bench_fp8_read.py --dir /tmp/fp8read --samples 24 --hidden 5120 \
     --reps 2 --workers 0,8 --json "$OUT/read-fp8-16cores.json" > "$OUT/read-fp8-16cores.txt" 2>&1)
   echo "exit $? after ${SECONDS}s" >> "$OUT/read-fp8-16cores.txt"
+elif [ "$1" = read ]; then
+  (cd scripts && timeout 560 python3 bench_fp8_read.py --dir /tmp/fp8read --samples 48 --hidden 5120 \
+    --reps 2 --workers 0,8 --prefetch 8 --json "$OUT/read-fp8-16cores-prefetch.json" > "$OUT/read-fp8-16cores-prefetch.txt" 2>&1)
+  echo "exit $? after ${SECONDS}s" >> "$OUT/read-fp8-16cores-prefetch.txt"
 elif [ "$1" = train ]; then
   timeout 560 python3 scripts/gpu_fp8_seed.py --out /tmp/seedt --rows 40 --steps 200 --train-only > "$OUT/train.txt" 2>&1
   echo "exit $? after ${SECONDS}s" >> "$OUT/train.txt"
