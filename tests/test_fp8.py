@@ -17,7 +17,7 @@ import torch
 from helpers import REPO, diff_report, one_sample_units, run_cli, write_manifest
 
 from hsstore import HiddenStateDataset, ProvenanceMismatch, Store, StreamingHiddenStateDataset
-from hsstore.core import quant
+from hsstore.core import precision, quant
 from hsstore.core.errors import BadInput
 from hsstore.storage.convert import convert
 from hsstore.storage.verify import verify
@@ -89,7 +89,7 @@ def test_fp8_variant_is_verify_clean_smaller_and_info_states_its_error_against_t
     variants = {(x["provenance"]["environment"]["dtype"], x.get("precision")): x for x in json.loads(r.stdout)["variants"]}
     fp8, bf16 = variants[("bf16", "fp8-e4m3")], variants[("bf16", None)]
     st = fp8["storage"]
-    assert st["source"]["variant"] == bf16["id"] and st["scale"] == quant.SCALE_SCHEME
+    assert st["source"]["variant"] == bf16["id"] and st["scale"] == precision.SCALE_SCHEME
     assert set(st["error"]) == {"0", "1", "3"} and st["floor"]["samples"] > 0
     for layer, e in st["error"].items():
         assert 0.005 < e["rel_l2"] < 0.05 and e["tokens"] == fp8["n_tokens"]

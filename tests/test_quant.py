@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from hsstore.core import fp8_cpu, quant, quant_error
+from hsstore.core import fp8_cpu, precision, quant, quant_error
 
 # e4m3 has 3 mantissa bits: round to nearest is within half a step, 2**-4 of the value, for normal values
 HALF_STEP = 2.0**-4
@@ -125,7 +125,7 @@ def test_bad_shapes_and_precisions_are_refused() -> None:
     with pytest.raises(ValueError, match=r"\[tokens, hidden\]"):
         quant.quantize(torch.ones(2, 3, 4))
     with pytest.raises(ValueError, match="fp8-e4m3"):
-        quant.parse_precision("fp4")
+        precision.parse_precision("fp4")
 
 
 def test_error_records_add_up_to_the_error_of_the_whole() -> None:

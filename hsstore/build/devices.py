@@ -16,9 +16,8 @@ def dist() -> tuple[int, int, int]:
 
 def check_devices(m: Manifest, local_rank: int, world: int) -> list[str]:
     """The devices this rank builds on: ``cuda`` becomes this local rank's GPU, a GPU group is
-    ``cuda:i+cuda:j``; BadInput when the machine lacks them (or the fla kernels a build asks for)."""
-    import torch
-
+    ``cuda:i+cuda:j``; BadInput when the machine lacks them (or the fla kernels a build asks for). A CPU
+    build never imports torch here: the driver of a build only plans and waits (its worker runs the model)."""
     from hsstore.build.backends import installed
 
     if "fla" in m.backends and not installed("fla"):
@@ -27,6 +26,8 @@ def check_devices(m: Manifest, local_rank: int, world: int) -> list[str]:
     out = []
     for dev in m.devices:
         if dev.startswith("cuda"):
+            import torch
+
             if not torch.cuda.is_available():
                 raise BadInput(f"device {dev!r} requested but no CUDA GPU is visible here; use --device cpu")
             k, count = m.gpus_per_rank, torch.cuda.device_count()

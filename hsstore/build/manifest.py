@@ -11,7 +11,7 @@ from typing import Any
 from hsstore.core.dtypes import parse_dtype
 from hsstore.core.errors import BadInput
 from hsstore.core.paths import expand_user
-from hsstore.core.quant import PRECISIONS
+from hsstore.core.precision import PRECISIONS
 from hsstore.core.schema.manifest import FINAL_NORM, TABLES, Manifest, ManifestFile
 from hsstore.storage.codecs import CHOICES as CODECS
 

@@ -82,7 +82,7 @@ def _load(plan: WorkerPlan, spec: Any, dtype: str, devices: list[str]) -> tuple[
 def _provenance(plan: WorkerPlan, model: Any, dtype: str, devices: list[str], kernels: Kernels) -> Provenance:
     from hsstore.build.environment import environment
     from hsstore.core.batching import POLICY as PADDING_POLICY
-    from hsstore.core.quant import SCALE_SCHEME
+    from hsstore.core.precision import SCALE_SCHEME
 
     batching = Batching(padding_side="right", token_budget=plan.token_budget, attention_mask=True,
                         order="length-descending", padded_lengths=PADDING_POLICY)
@@ -101,7 +101,7 @@ def _open_variant(plan: WorkerPlan, provenance: Provenance, g: Geometry, dtype: 
     from hsstore.storage.writer import UnitWriter
 
     store = Store.create(plan.store)
-    from hsstore.core.quant import codec_for_codes
+    from hsstore.core.precision import codec_for_codes
 
     codec = codec_for_codes(plan.codec) if plan.precision else plan.codec
     vid = store.create_variant(provenance.to_dict(), plan.recipe.layers.to_dict(), g.hidden, dtype, codec,

@@ -26,23 +26,9 @@ import torch
 
 from hsstore.core.fp8_cpu import dequantize_bf16_bits
 
-PRECISIONS = ("fp8-e4m3",)
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 NAN_CODE = 0x7F
-SCALE_SCHEME = "per-token-pow2"  # what provenance records as environment.storage.scale
-
-
-def codec_for_codes(codec: str) -> str:
-    """The codec FP8 codes are stored with when ``codec`` is asked for: a byte shuffle does nothing to
-    1-byte values, so "shuffle-zstd" becomes plain "zstd" (the same size, ~1.7x faster to decode)."""
-    return "zstd" if codec == "shuffle-zstd" else codec
-
-
-def parse_precision(name: str) -> str:
-    if name not in PRECISIONS:
-        raise ValueError(f"unknown storage precision {name!r}; choose one of {', '.join(PRECISIONS)}")
-    return name
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ import torch
 from hsstore.core.errors import BadInput
 from hsstore.core.keys import SampleTokens
 from hsstore.core.provenance import variant_id
-from hsstore.core.quant import SCALE_SCHEME, Quantized, codec_for_codes, dequantize, parse_precision, quantize
+from hsstore.core.precision import SCALE_SCHEME, codec_for_codes, parse_precision
+from hsstore.core.quant import Quantized, dequantize, quantize
 from hsstore.core.quant_error import error_tensor, from_error_tensor, merge, summary
 from hsstore.core.schema.provenance import Provenance, Storage, StorageSource
 from hsstore.storage import layout
@@ -159,7 +160,7 @@ def convert(target: str, precision: str, dest: str | None = None, workers: int |
             allow_unhealthy: bool = False, on_progress: Callable[[int, int], None] | None = None,
             codec: str | None = None) -> dict[str, Any]:
     """Derive a ``precision`` variant of ``target`` ("STORE#SELECTOR") into ``dest`` (default: the same
-    store), compressed with ``codec`` (default: the source's; see quant.codec_for_codes).
+    store), compressed with ``codec`` (default: the source's; see precision.codec_for_codes).
     ``on_progress(samples done, samples in all)`` is called at the start and as units finish.
     Returns the summary ``--json`` prints."""
     t0 = time.time()

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from hsstore.core.keys import SampleTokens, sample_key
-from hsstore.core.quant import SCALE_SCHEME
+from hsstore.core.precision import SCALE_SCHEME
 from hsstore.core.schema.store import CommitRecord
 from hsstore.storage import layout
 from hsstore.storage.store import Store

@@ -116,7 +116,7 @@ class Storage(Record):
     """How the states are stored when not as computed (absent: stored as computed, bit-exact)."""
 
     precision: str  # e.g. "fp8-e4m3"
-    scale: str  # the scaling scheme (hsstore.core.quant.SCALE_SCHEME)
+    scale: str  # the scaling scheme (hsstore.core.precision.SCALE_SCHEME)
     source: StorageSource | UnsetType = UNSET
 
 
