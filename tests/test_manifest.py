@@ -66,16 +66,6 @@ def test_defaults_come_from_the_schema_tables(tmp_path: Path) -> None:
     assert m.codec == StoreTable().codec
 
 
-def test_store_path_may_come_from_the_cli_alone(tmp_path: Path) -> None:
-    text = write_manifest(tmp_path / "m.toml").read_text().replace('path = "store.zarr"', "")
-    (tmp_path / "n.toml").write_text(text)
-    r = run_cli("build", str(tmp_path / "n.toml"), "--quiet")
-    assert r.returncode == 2 and "[store] path is missing" in r.stderr, r.stderr
-    r = run_cli("build", str(tmp_path / "n.toml"), "--store", str(tmp_path / "cli.zarr"), "--quiet", "--limit", "2")
-    assert r.returncode == 0, r.stderr
-    assert (tmp_path / "cli.zarr" / "zarr.json").is_file()
-
-
 @pytest.mark.parametrize("override,words", [
     ("{ hidden_size = -64 }", "hidden_size = -64"),
     ("{ num_hidden_layers = 0 }", "num_hidden_layers = 0"),
@@ -90,7 +80,7 @@ def test_bad_builtin_config_overrides_are_one_line(tmp_path: Path, override: str
     assert words in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
-def test_tilde_in_manifest_paths_and_store_arguments_is_the_home_folder(tmp_path: Path) -> None:
+def test_tilde_in_paths_is_the_home_folder_and_the_store_may_come_from_the_cli_alone(tmp_path: Path) -> None:
     """``~`` means the home folder as in a shell (a manifest value and a quoted argument reach hsstore
     unexpanded): model path, data files and store path of the manifest, ``--store`` and a store argument."""
     import json
@@ -108,7 +98,12 @@ def test_tilde_in_manifest_paths_and_store_arguments_is_the_home_folder(tmp_path
     r = run_cli("build", str(m), "--limit", "4", "--quiet", "--json", env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (home / "out" / "s.zarr" / "zarr.json").is_file() and not (tmp_path / "elsewhere" / "~").exists()
-    r = run_cli("build", str(m), "--limit", "4", "--quiet", "--store", "~/other.zarr", env=env)
+    # a manifest without a store path takes it from --store alone (and refuses to run without one)
+    bare = tmp_path / "elsewhere" / "bare.toml"
+    bare.write_text(m.read_text().replace('path = "~/out/s.zarr"', ""))
+    r = run_cli("build", str(bare), "--quiet", env=env)
+    assert r.returncode == 2 and "[store] path is missing" in r.stderr, r.stderr
+    r = run_cli("build", str(bare), "--limit", "4", "--quiet", "--store", "~/other.zarr", env=env)
     assert r.returncode == 0 and (home / "other.zarr" / "zarr.json").is_file(), r.stderr[-2000:]
     r = run_cli("info", "~/out/s.zarr", "--json", env=env)
     assert r.returncode == 0 and [v["n_samples"] for v in json.loads(r.stdout)["variants"]] == [4], r.stdout
