@@ -69,13 +69,24 @@ def test_changed_weights_with_restored_mtime_never_mix_into_the_old_variant(mode
         HiddenStateDataset(store, variant=second["variant"], require=HiddenStateDataset(store, variant=first["variant"]))
 
 
-def test_a_copied_model_directory_is_the_same_variant_and_satisfies_require(model_dir: Path, tmp_path: Path):
+def test_a_copied_or_hub_cache_symlinked_model_directory_is_the_same_variant_and_satisfies_require(
+        model_dir: Path, tmp_path: Path):
+    """Identity is content, not location: a copy under a new path and name (new mtimes), and the HF cache
+    layout (snapshots/REV/* -> ../../blobs/HASH, the links followed), are the model that first ran."""
     copy = tmp_path / "elsewhere" / "renamed-copy"
     shutil.copytree(model_dir, copy)  # new path, new directory name, new mtimes; the same bytes
+    blobs, snap = tmp_path / "blobs", tmp_path / "snapshots" / "rev"
+    blobs.mkdir()
+    snap.mkdir(parents=True)
+    for f in model_dir.iterdir():
+        shutil.copy2(f, blobs / xxhash.xxh3_64_hexdigest(f.read_bytes()))
+        (snap / f.name).symlink_to(Path("../../blobs") / xxhash.xxh3_64_hexdigest(f.read_bytes()))
     store = tmp_path / "s.zarr"
     (a,) = _build(model_dir, store, 4, {})["variants"]
     (b,) = _build(copy, store, 6, {})["variants"]
     assert b["variant"] == a["variant"] and b["samples_present"] == 4 and b["samples_written"] == 2
+    (c,) = _build(snap, store, 6, {})["variants"]
+    assert c["variant"] == a["variant"] and c["samples_present"] == 6 and c["samples_written"] == 0
     (v,) = Store.open(store).variants
     assert v.provenance["recipe"]["model"]["path"] == str(model_dir)  # where it first ran: informational
     other = tmp_path / "other.zarr"
@@ -179,19 +190,6 @@ def test_a_damaged_bin_checkpoint_is_refused_before_a_store_is_made(model_dir: P
         data[len(data) // 2] ^= 0xFF  # a bad sector or a bad copy, size kept
     (model / "pytorch_model.bin").write_bytes(bytes(data))
     _refused_before_a_store(model, tmp_path, r"pytorch_model\.bin' is not a whole torch checkpoint")
-
-
-def test_a_hub_cache_snapshot_of_symlinks_is_the_same_model(model_dir: Path, tmp_path: Path):
-    """The HF cache layout (snapshots/REV/* -> ../../blobs/HASH): the links are followed, the content is the model."""
-    blobs, snap = tmp_path / "blobs", tmp_path / "snapshots" / "rev"
-    blobs.mkdir()
-    snap.mkdir(parents=True)
-    for f in model_dir.iterdir():
-        shutil.copy2(f, blobs / xxhash.xxh3_64_hexdigest(f.read_bytes()))
-        (snap / f.name).symlink_to(Path("../../blobs") / xxhash.xxh3_64_hexdigest(f.read_bytes()))
-    (a,) = _build(model_dir, tmp_path / "s.zarr", 2, {})["variants"]
-    (b,) = _build(snap, tmp_path / "s.zarr", 2, {})["variants"]
-    assert a["variant"] == b["variant"] and b["samples_written"] == 0
 
 
 def test_the_pinned_chat_date_is_part_of_the_tokenizer_identity_only_where_a_template_prints_a_date():
