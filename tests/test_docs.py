@@ -1,0 +1,106 @@
+"""The documentation is checked: the README stays short and its Python example runs, every test that
+docs/guarantees.md names exists, every relative link in README and docs/ points at a file."""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README_MAX_LINES = 150
+README_MAX_WORDS = 1500
+
+
+def test_readme_is_short() -> None:
+    text = (REPO / "README.md").read_text()
+    lines, words = len(text.splitlines()), len(text.split())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES}); move detail to docs/"
+    assert words <= README_MAX_WORDS, f"README.md has {words} words (at most {README_MAX_WORDS}); move detail to docs/"
+
+
+def _named_tests(doc: str) -> list[tuple[str, str | None]]:
+    """(file, function pattern or None) for every test named in the table's test column; a ``::name``
+    without a file continues the file named before it in the same cell."""
+    out: list[tuple[str, str | None]] = []
+    for row in doc.splitlines():
+        if not row.startswith("|") or row.startswith("|---"):
+            continue
+        cell = row.rstrip().rstrip("|").rsplit("|", 1)[-1]
+        current: str | None = None
+        for ref in re.findall(r"`([^`]+)`", cell):
+            path, _, func = ref.partition("::")
+            if path:
+                if not re.fullmatch(r"(tests/)?[\w/]*test_\w+\.py", path):
+                    continue  # a script or another file, not a test
+                current = path
+            if current is None:
+                continue
+            out.append((current, func or None))
+    return out
+
+
+def _resolve(name: str) -> Path:
+    if name.startswith("tests/"):
+        return REPO / name
+    hits = sorted((REPO / "tests").rglob(Path(name).name))
+    assert len(hits) == 1, f"docs/guarantees.md names {name!r}: {len(hits)} files of that name under tests/"
+    return hits[0]
+
+
+def _test_functions(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.name.startswith("test")}
+
+
+def test_every_test_named_in_the_guarantees_exists() -> None:
+    named = _named_tests((REPO / "docs" / "guarantees.md").read_text())
+    assert len(named) >= 40, f"parsed only {len(named)} test references: the table's format changed?"
+    missing = []
+    for file, func in named:
+        path = _resolve(file)
+        if not path.is_file():
+            missing.append(file)
+        elif func is not None and not fnmatch.filter(_test_functions(path), func):
+            missing.append(f"{file}::{func}")
+    assert not missing, f"docs/guarantees.md names tests that do not exist: {missing}"
+
+
+def test_the_guarantee_check_catches_a_renamed_test(tmp_path: Path) -> None:
+    """The parser reads continuation cells, so a name that no longer exists is found."""
+    doc = "| g | t |\n|---|---|\n| x | `tests/test_docs.py::test_readme_is_short`, `::test_not_there` |\n"
+    named = _named_tests(doc)
+    assert named == [("tests/test_docs.py", "test_readme_is_short"), ("tests/test_docs.py", "test_not_there")]
+    assert not fnmatch.filter(_test_functions(_resolve(named[1][0])), named[1][1])
+
+
+@pytest.mark.parametrize("doc", ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))])
+def test_relative_links_point_at_files(doc: str) -> None:
+    path = REPO / doc
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue
+        if not (path.parent / target.split("#", 1)[0]).exists():
+            broken.append(target)
+    assert not broken, f"{doc} links to files that do not exist: {broken}"
+
+
+def _readme_python() -> str:
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    assert len(blocks) == 1, "the README has one Python example"
+    return blocks[0]
+
+
+def test_the_readme_python_example_runs(tiny_store: Path) -> None:
+    """The README's Python API block, run as written on a real store of the same shape (bf16 + fp32)."""
+    code = _readme_python().replace('"out/tiny.zarr"', repr(str(tiny_store)))
+    assert repr(str(tiny_store)) in code
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert scope["batch"]["attention_mask"].shape == scope["batch"]["input_ids"].shape
+    assert scope["evals"].provenance != scope["train"].provenance  # fp32 beside bf16, allowed by allow_drift
