@@ -181,6 +181,8 @@ CASES = {
     "store-unknown-format": (lambda t: ["info", _future_store(t)], "format version 9.0"),
     "selector-no-match": (lambda t: ["diff", _two_variant_store(t) + "#dtype=fp16", _two_variant_store(t) + "#dtype=bf16"], "matches no variant"),
     "selector-ambiguous": (lambda t: ["diff", _two_variant_store(t), _two_variant_store(t) + "#dtype=bf16"], "holds 2 variants"),
+    "selector-unknown-key": (lambda t: ["diff", _two_variant_store(t) + "#dtyp=bf16", _two_variant_store(t) + "#dtype=fp32"],
+                             r"selector 'dtyp=bf16': unknown key 'dtyp'; did you mean 'dtype'\? valid keys: .*backend.*dtype"),
     "selector-traversal": (lambda t: ["diff", _two_variant_store(t) + "#../../etc", _two_variant_store(t)], "neither a variant id prefix"),
     "diff-layer-sets-differ": (lambda t: ["diff", *_other_layers_store(t)], "layer sets differ"),
     "diff-no-shared-samples": (lambda t: ["diff", *_disjoint_store(t)], "share no samples"),

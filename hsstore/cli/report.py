@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hsstore.core.provenance import MAX_SHOWN, distinguishing
 from hsstore.core.schema.base import or_none
 from hsstore.core.schema.provenance import Provenance
 
@@ -18,6 +19,7 @@ def _fmt_bytes(n: float) -> str:
 
 def info_text(d: dict[str, Any]) -> str:
     lines = [f"store {d['location']}  (format {d['format_version']}, {len(d['variants'])} variant(s))"]
+    apart = distinguishing({v["id"]: v["provenance"] for v in d["variants"]})
     for v in d["variants"]:
         prov = Provenance.from_dict(v["provenance"], f"variant {v['id']}: provenance")
         env, rec, k = prov.environment, prov.recipe, prov.environment.kernels
@@ -25,7 +27,8 @@ def info_text(d: dict[str, Any]) -> str:
         lines += [
             "",
             f"variant {v['id']}: backend={env.backend} dtype={env.dtype} device={env.device} "
-            f"({or_none(env.device_name)})" + (f" precision={v['precision']}" if v.get("precision") else ""),
+            f"({or_none(env.device_name)})" + (f" precision={v['precision']}" if v.get("precision") else "")
+            + _apart(apart[v["id"]]),
             f"  model {rec.model.name}  layers aux={rec.layers.aux} target={rec.layers.target}  hidden={v['hidden_size']}",
             f"  kernels: gated-delta={k.chunk_gated_delta_rule} conv1d={k.causal_conv1d} attention={k.attention}",
             "  versions: " + ", ".join(f"{a}={b}" for a, b in (or_none(env.versions) or {}).items() if b),
@@ -43,6 +46,13 @@ def info_text(d: dict[str, Any]) -> str:
         if v["unreadable_commits"]:
             lines.append(f"  WARNING: {v['unreadable_commits']} unreadable commit record(s); run hsstore verify")
     return "\n".join(lines)
+
+
+def _apart(fields: dict[str, str]) -> str:
+    """The fields that tell a variant from those with the same backend/dtype/device line."""
+    shown = " ".join(f"{k}={v}" for k, v in list(fields.items())[:MAX_SHOWN])
+    more = f" +{len(fields) - MAX_SHOWN} more" if len(fields) > MAX_SHOWN else ""
+    return f" {shown}{more}" if fields else ""
 
 
 def gc_text(r: dict[str, Any]) -> str:

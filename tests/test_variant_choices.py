@@ -1,0 +1,101 @@
+"""Variants a person can tell apart: selectors, `info` and builds name the fields that differ between
+variants sharing a backend/dtype/device line; ambiguous selectors are still refused, unknown keys named."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hsstore import HiddenStateDataset, SelectorError
+from hsstore.core.provenance import distinguishing, fork_note, select
+from hsstore.testing.factories import provenance
+
+from helpers import run_cli, write_manifest
+
+
+def _with_budget(budget: int, dtype: str = "bf16", max_length: int = 256) -> dict:
+    p = provenance(dtype)
+    p["environment"]["batching"] = {"padding_side": "right", "token_budget": budget, "attention_mask": True,
+                                    "order": "length-descending"}
+    p["recipe"]["max_length"] = max_length
+    return p
+
+
+def test_variants_sharing_a_line_are_told_apart_by_the_fields_that_differ():
+    variants = {"aaa": _with_budget(4096), "bbb": _with_budget(2048), "ccc": _with_budget(2048, max_length=512),
+                "ddd": _with_budget(4096, dtype="fp32")}
+    apart = distinguishing(variants)
+    assert apart["aaa"] == {"token_budget": "4096", "max_length": "256"}
+    assert apart["ccc"] == {"token_budget": "2048", "max_length": "512"}
+    assert apart["ddd"] == {}  # its line (dtype=fp32) is its own
+    for vid in ("aaa", "bbb", "ccc"):  # the shown fields, as written, are a selector naming that variant
+        assert select(variants, "dtype=bf16," + ",".join(f"{k}={v}" for k, v in apart[vid].items())) == vid
+
+
+def test_an_ambiguous_selector_is_refused_with_what_tells_the_candidates_apart():
+    variants = {"aaa": _with_budget(4096), "bbb": _with_budget(2048), "ddd": _with_budget(4096, dtype="fp32")}
+    with pytest.raises(SelectorError) as e:
+        select(variants, "dtype=bf16")
+    msg = str(e.value)
+    assert "matches 2 variants" in msg and "they differ in token_budget" in msg
+    assert "aaa (backend=torch dtype=bf16 device=cpu attention=sdpa token_budget=4096)" in msg
+    assert "bbb (backend=torch dtype=bf16 device=cpu attention=sdpa token_budget=2048)" in msg
+    suggested = msg.split("e.g. #", 1)[1].split(".", 1)[0]
+    assert select(variants, suggested) in ("aaa", "bbb")  # the suggestion names one variant
+    assert select(variants, "dtype=bf16,token_budget=2048") == "bbb"
+
+
+def test_a_selector_key_that_names_no_field_is_an_unknown_key_with_the_valid_ones():
+    variants = {"aaa": _with_budget(4096), "bbb": _with_budget(2048, dtype="fp32")}
+    with pytest.raises(SelectorError) as e:
+        select(variants, "dtyp=bf16")
+    msg = str(e.value)
+    assert "unknown key 'dtyp'" in msg and "did you mean 'dtype'" in msg
+    assert "valid keys:" in msg and all(k in msg for k in ("backend", "dtype", "device", "token_budget", "precision"))
+    with pytest.raises(SelectorError, match="matches no variant"):  # a known key, a value no variant has
+        select(variants, "precision=fp8-e4m3")
+
+
+def test_a_new_variant_beside_one_of_the_same_line_says_which_settings_made_it_new():
+    old, new = _with_budget(4096), _with_budget(2048)
+    note = fork_note("bbb", new, {"aaa": old})
+    assert note is not None and note.startswith("new variant bbb beside aaa (backend=torch dtype=bf16")
+    assert "token_budget 2048 (was 4096): batch shapes" in note and "#token_budget=2048" in note
+    assert "max_length" not in note  # equal on both sides
+    assert fork_note("bbb", new, {"aaa": old, "bbb": new}) is None  # resuming it: not new
+    assert fork_note("ccc", _with_budget(2048, dtype="fp32"), {"aaa": old}) is None  # its own line
+
+
+def test_a_build_forking_a_variant_by_its_token_budget_is_named_everywhere(tiny_store: Path, tmp_path: Path):
+    """One real build beside the session store's bf16 variant, differing only in token_budget (and in
+    the codec and unit size, which are not provenance and so fork nothing)."""
+    shutil.copytree(tiny_store.parent, tmp_path / "tiny")
+    store = tmp_path / "tiny" / "store.zarr"
+    m = write_manifest(tmp_path / "tiny" / "b.toml", dtypes='["bf16"]', layers="{ aux = [0, 1], target = [3] }")
+    m.write_text(m.read_text().replace("token_budget = 2048", "token_budget = 1024").replace("unit_tokens = 2048", "unit_tokens = 512"))
+    r = run_cli("build", str(m), "--limit", "6", "--quiet", "--codec", "zstd")
+    assert r.returncode == 0, r.stderr
+    note = [line for line in r.stderr.splitlines() if line.startswith("new variant ")]
+    assert len(note) == 1 and "it differs in token_budget 1024 (was 2048): batch shapes" in note[0], r.stderr
+    assert "codec" not in note[0] and "unit_tokens" not in note[0]
+
+    info = run_cli("info", str(store))
+    heads = [line for line in info.stdout.splitlines() if line.startswith("variant ") and "dtype=bf16" in line]
+    assert len(heads) == 2 and sorted(h.rsplit(" ", 1)[1] for h in heads) == ["token_budget=1024", "token_budget=2048"]
+
+    cli = run_cli("diff", f"{store}#dtype=bf16", f"{store}#dtype=fp32")
+    assert cli.returncode == 2 and "they differ in token_budget" in cli.stderr
+    with pytest.raises(SelectorError) as e:
+        HiddenStateDataset(str(store), variant="dtype=bf16")
+    assert cli.stderr.strip() == f"error: {e.value}"  # Python says what the CLI says
+    assert len(HiddenStateDataset(str(store), variant="dtype=bf16,token_budget=1024")) == 6
+
+    unknown = run_cli("diff", f"{store}#dtyp=bf16", f"{store}#dtype=fp32")
+    with pytest.raises(SelectorError) as e:
+        HiddenStateDataset(str(store), variant="dtyp=bf16")
+    assert unknown.returncode == 2 and unknown.stderr.strip() == f"error: {e.value}"
+    assert "unknown key 'dtyp'" in str(e.value)
+    assert json.loads(run_cli("info", str(store), "--json").stdout)["variants"]  # JSON unchanged in shape
