@@ -247,3 +247,20 @@ def test_a_system_field_of_the_row_is_its_system_prompt():
     assert _key(field) == _key(inline)
     _, rep = _q([{**inline, "system": "Other."}, {"text": "t"}])
     assert rep.rejected == {"a system prompt both as the row's field and as its first message": 1}
+
+
+def test_truncation_that_drops_whole_replies_counts_them():
+    turns = [{"role": r, "content": f"{r} turn {i}"} for i in range(4) for r in ("user", "assistant")]
+    row = {"messages": turns}
+    (full,), _ = _tok([row], max_length=10_000)
+    mask = list(full.loss_mask)
+    runs = [i for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1])]  # where each reply starts
+    assert len(runs) == 4
+    cut = runs[1] + 1  # keeps the first reply and one token of the second: two dropped whole
+    (s,), rep = _tok([row], max_length=cut)
+    assert s.length == cut and rep.truncated == 1 and rep.replies_dropped == len(runs) - 2
+    (issue,) = rep.issues
+    assert issue.detail == f"{len(mask)} tokens; {len(runs) - 2} of {len(runs)} trained replies dropped whole"
+    assert rep.to_dict()["replies_dropped"] == len(runs) - 2
+    (s,), rep = _tok([row], max_length=runs[-1] + 1)  # only the last reply cut, none dropped whole
+    assert rep.truncated == 1 and rep.replies_dropped == 0 and "dropped" not in rep.issues[0].detail

@@ -49,6 +49,17 @@ def test_each_build_appends_its_records_and_names_every_row_it_did_not_take(tmp_
     assert named == {(7, "duplicate"), (8, "rejected"), (9, "rejected")}
     assert all(x["file"] == str(data) and x["reason"] for x in rows)
     assert sum(x["kind"] == "truncated" for x in rows) == out["inputs"]["truncated"] > 0
+    # replies that truncation dropped whole: counted on the summary line and named per row
+    dropped = sum(int(x["detail"].split("; ")[1].split()[0]) for x in rows if "dropped whole" in x.get("detail", ""))
+    assert out["inputs"]["replies_dropped"] == dropped
+    from hsstore.cli.build_cmd import _lines, _rows_line
+    from hsstore.core.schema.build import BuildResult
+
+    for n in {dropped, dropped + 3}:  # the summary as the CLI renders it, for this build and one that dropped more
+        summary = BuildResult.from_dict({**out, "inputs": {**out["inputs"], "replies_dropped": n}}, "summary")
+        said = f"({n} repl{'y' if n == 1 else 'ies'} dropped whole: raise [data] max_length to keep them)"
+        assert (said in _lines(summary)[1] and said in _rows_line(summary)) == (n > 0)
+        assert (said in r.stdout + r.stderr) == (n == dropped > 0)
 
     recs = _records(tmp_path / "s.zarr")[build_id]
     start, end = recs["r0-start"], recs["r0-end"]

@@ -33,6 +33,7 @@ class InputReport:
     rows: int = 0
     usable: int = 0
     truncated: int = 0
+    replies_dropped: int = 0  # trained replies (loss-mask runs) that truncation cut off whole
     duplicates: int = 0
     rejected: Counter = field(default_factory=Counter)
     issues: list[RowIssue] = field(default_factory=list)  # every rejected, duplicate and truncated row, in order
@@ -42,6 +43,7 @@ class InputReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": self.rows, "usable": self.usable, "truncated": self.truncated,
+                "replies_dropped": self.replies_dropped,
                 "duplicates": self.duplicates, "rejected": dict(self.rejected), "issue_count": len(self.issues),
                 "loss_mask": METHOD}
 
@@ -109,6 +111,11 @@ def _numbered(rows: Iterable[tuple]) -> Iterable[tuple[str, int, Any]]:
             yield item[0], count[item[0]], item[1]
 
 
+def _runs(mask: list[int]) -> int:
+    """How many maximal runs of 1s (trained replies) ``mask`` holds."""
+    return sum(1 for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1]))
+
+
 def _fit(ids: list[int], mask: list[int], max_length: int, too_long: str, report: InputReport, file: str,
          n: int) -> tuple[list[int], list[int]]:
     """A tokenized row within ``max_length`` (truncated, and noted, unless ``too_long`` is "skip");
@@ -116,9 +123,12 @@ def _fit(ids: list[int], mask: list[int], max_length: int, too_long: str, report
     if len(ids) > max_length:
         if too_long == "skip":
             raise RowRejected(f"longer than max_length={max_length}", f"{len(ids)} tokens")
-        report.note("truncated", file, n, f"truncated to max_length={max_length}", f"{len(ids)} tokens")
+        runs, dropped = _runs(mask), _runs(mask[max_length - 1:]) - (mask[max_length - 1] == 1)
+        lost = f"; {dropped} of {runs} trained replies dropped whole" if dropped else ""
+        report.note("truncated", file, n, f"truncated to max_length={max_length}", f"{len(ids)} tokens{lost}")
         ids, mask = ids[:max_length], mask[:max_length]
         report.truncated += 1
+        report.replies_dropped += dropped
     if not any(mask):
         raise RowRejected("no trainable tokens (loss mask empty)")
     return ids, mask

@@ -36,7 +36,7 @@ from typing import Any
 
 from hsstore.build.chatdate import PINNED, date_string, pinned_template, prints_date
 from hsstore.build.chatmarks import PLACEMENTS, Marked, marked_messages, read_markers, repeated_message
-from hsstore.build.messages import RowRejected
+from hsstore.build.messages import THINK_CLOSE, THINK_OPEN, RowRejected, inline_reasoning
 from hsstore.core.errors import BadInput
 
 METHOD = "reply+eot/v1"  # recorded with every input report; bump when masks of the same rows change
@@ -70,6 +70,7 @@ class ChatMasker:
         self.eot_ids = self._end_tokens()
         special = self._turn_tokens() | {t.content for t in added.values() if t.special} | set(tok.all_special_tokens)
         self.special_re = re.compile("|".join(map(re.escape, sorted(special, key=len, reverse=True)))) if special else None
+        self.renders_reasoning = "reasoning_content" in self.template
 
     def _turn_tokens(self) -> set[str]:
         """Texts of the end-of-turn tokens and of the added token that opens the generation prompt: refused in
@@ -127,14 +128,35 @@ class ChatMasker:
         blob = json.dumps([msgs, tools], ensure_ascii=False) + self.template
         return next(f"hsq{n}x" for n in range(len(blob) + 1) if f"@hsq{n}x" not in blob)
 
-    def _check_text(self, msgs: list[dict[str, Any]], tools: Any) -> None:
+    def _inline_reasoning(self, msgs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], set[int]]:
+        """Replies that begin with a ``<think>…</think>`` block whose tags are special tokens here: moved to
+        ``reasoning_content`` when the template renders that (so the block is written as the template writes
+        reasoning), else kept as written (the tags then tokenize as the tokenizer's own think tokens). Returns
+        the messages and the indices of replies whose leading block is allowed to hold the tags."""
+        if self.special_re is None or not (self.special_re.fullmatch(THINK_OPEN) or self.special_re.fullmatch(THINK_CLOSE)):
+            return msgs, set()
+        out, kept = [], set()
+        for i, m in enumerate(msgs):
+            split = inline_reasoning(m["content"]) if m["role"] == "assistant" and "reasoning_content" not in m else None
+            if split is not None and self.renders_reasoning:
+                m = {**m, "reasoning_content": split[0], "content": split[1]}
+            elif split is not None:
+                kept.add(i)
+            out.append(m)
+        return out, kept
+
+    def _check_text(self, msgs: list[dict[str, Any]], tools: Any, inline: set[int] = frozenset()) -> None:
         if self.special_re is None:
             return
         for i, m in enumerate(msgs):
+            if i in inline:  # its leading think block's tags are the reply's own; the rest is checked
+                m = {**m, "content": "\n".join(inline_reasoning(m["content"]) or ())}
             found = self.special_re.search(json.dumps(m, ensure_ascii=False))
             if found:
+                hint = (" (a <think>…</think> block is taken only at the very start of an assistant reply, once)"
+                        if found.group() in (THINK_OPEN, THINK_CLOSE) else "")
                 raise RowRejected("a message contains a special token's text (it would tokenize as a control token)",
-                                  f"message {i}: {found.group()!r}")
+                                  f"message {i}: {found.group()!r}{hint}")
         if tools and self.special_re.search(json.dumps(tools, ensure_ascii=False)):
             raise RowRejected("the tools contain a special token's text")
 
@@ -160,7 +182,8 @@ class ChatMasker:
                  trained: list[bool] | None = None) -> tuple[list[int], list[int]]:
         """(input_ids, loss_mask) of one conversation (only assistant turns with ``trained[k]`` are masked
         in; all by default); raises RowRejected with the reason."""
-        self._check_text(msgs, tools)
+        msgs, inline = self._inline_reasoning(msgs)
+        self._check_text(msgs, tools, inline)
         try:
             plain = self._render(msgs, tools, False)
         except Exception as e:

@@ -26,6 +26,7 @@ ROLES = {
 TOOL_CALL_ROLES = ("function_call", "tool_call", "tool_calls")  # ShareGPT turns that hold an assistant's call(s)
 TEXT_PARTS = ("text", "input_text", "output_text")
 REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # distilled reasoning written inline, at the start of a reply
 
 
 class RowRejected(Exception):
@@ -122,6 +123,17 @@ def _message(turn: dict[str, Any], i: int) -> dict[str, Any]:
             if turn.get(key) is not None:
                 msg[key] = str(turn[key])
     return msg
+
+
+def inline_reasoning(content: str) -> tuple[str, str] | None:
+    """(reasoning, reply) of assistant content that begins with one ``<think>…</think>`` block, split as
+    Qwen3's template splits it (newlines inside the tags and before the reply dropped); None for any
+    other content (no block, a block not at the start, or a tag twice)."""
+    head = content.lstrip()
+    if not head.startswith(THINK_OPEN) or content.count(THINK_OPEN) != 1 or content.count(THINK_CLOSE) != 1:
+        return None
+    reasoning, found, reply = head[len(THINK_OPEN):].partition(THINK_CLOSE)
+    return (reasoning.strip("\n"), reply.lstrip("\n")) if found else None
 
 
 def _trained(turn: dict[str, Any], role: str, i: int) -> bool:

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from hsstore.cli.app import app, emit
+from hsstore.core.schema.base import or_none
 from hsstore.core.schema.build import BuildResult
 
 
@@ -51,7 +52,13 @@ def _rows_line(summary: BuildResult) -> str:
     inp = summary.inputs
     n = sum(inp.rejected.values()) + inp.duplicates + inp.truncated
     return (f"inputs: {n} row(s) not taken as they were ({sum(inp.rejected.values())} rejected, {inp.duplicates} "
-            f"duplicate, {inp.truncated} truncated), each named in {summary.rows_report}")
+            f"duplicate, {inp.truncated} truncated{_dropped(summary)}), each named in {summary.rows_report}")
+
+
+def _dropped(summary: BuildResult) -> str:
+    """How many trained replies truncation cut off whole (the rows lose them; raise max_length to keep them)."""
+    n = or_none(summary.inputs.replies_dropped) or 0
+    return f" ({n} repl{'y' if n == 1 else 'ies'} dropped whole: raise [data] max_length to keep them)" if n else ""
 
 
 def _lines(summary: BuildResult) -> list[str]:
@@ -59,7 +66,7 @@ def _lines(summary: BuildResult) -> list[str]:
     lines = [f"store {summary.store}  (rank {summary.rank}/{summary.world_size})"]
     inp = summary.inputs
     rej = ", ".join(f"{k}: {v}" for k, v in inp.rejected.items()) or "none"
-    lines.append(f"inputs: {inp.rows} rows, {inp.usable} usable, {inp.truncated} truncated, "
+    lines.append(f"inputs: {inp.rows} rows, {inp.usable} usable, {inp.truncated} truncated{_dropped(summary)}, "
                  f"{inp.duplicates} duplicate; rejected: {rej}")
     for r in summary.variants:
         what = "nothing new (all present)" if r.samples_written == r.samples_by_others == 0 else \

@@ -97,6 +97,7 @@ class InputCounts(Record):
     rejected: dict[str, int]  # reason -> rows
     issue_count: int | UnsetType = UNSET  # rejected + duplicate + truncated rows, each named in the rows report
     loss_mask: str | UnsetType = UNSET  # how chat loss masks were made (hsstore.build.lossmask.METHOD)
+    replies_dropped: int | UnsetType = UNSET  # trained replies that truncation at max_length cut off whole
 
 
 class BuildResult(Record):
