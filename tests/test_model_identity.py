@@ -30,8 +30,16 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _build(model: Path, store: Path, limit: int, env: dict) -> dict:
     m = write_manifest(store.parent / f"{store.stem}-{model.name}.toml", model=str(model), layers=LAYERS,
                        store=str(store), dtypes='["fp32"]')
-    r = run_cli("build", str(m), "--limit", str(limit), "--quiet", "--json", env=env)
+    r = run_cli("build", str(m), "--limit", str(limit), "--json", env=env)
     assert r.returncode == 0, r.stderr
+    assert "Loading weights" not in r.stderr  # transformers' own progress bar is silenced: hsstore says what it does
+    # a status line from the start and at each phase, in order, before any other output
+    phases = ["planning", "loading the tokenizer", "tokenizing", "hashing the model's weights", "starting the torch worker",
+              "torch/fp32/cpu: loading the model"]
+    said = [line.removeprefix("hsstore build: ") for line in r.stderr.splitlines() if line.startswith("hsstore build: ")]
+    assert [next(i for i, s in enumerate(said) if s.startswith(p)) for p in phases] == sorted(
+        next(i for i, s in enumerate(said) if s.startswith(p)) for p in phases), said
+    assert r.stderr.startswith("hsstore build: planning "), r.stderr
     return json.loads(r.stdout)
 
 

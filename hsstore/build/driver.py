@@ -42,18 +42,25 @@ class Inputs:
     pad_id: int
 
 
-def plan_inputs(m: Manifest, limit: int | None) -> Inputs:
-    """Validate the model and layers, tokenize the inputs, hash the weights."""
+def plan_inputs(m: Manifest, limit: int | None, quiet: bool = True) -> Inputs:
+    """Validate the model and layers, tokenize the inputs, hash the weights (``quiet=False``: a status
+    line at each of those phases)."""
     from hsstore.build.inputs import load_rows, tokenize_rows
+    from hsstore.build.progress import status
 
     spec = ModelSpec(m.model_path, m.config_overrides, m.seed, m.trust_remote_code, m.init_device)
     spec.check()
+    status(f"loading the tokenizer and config of {m.model_path}", quiet)
     tok = spec.tokenizer()
     config = spec.config(len(tok))
     layers = resolve_layers(m.layers, int(text_config(config).num_hidden_layers), m.model_path)
     tok_id = spec.tokenizer_identity(tok)
+    status(f"tokenizing {len(m.data_files)} data file(s) ({_mb(m.data_files)})", quiet)
     samples, report = tokenize_rows(load_rows(m.data_files), tok, tok_id.fingerprint, m.data_format,
                                     m.max_length, m.too_long, limit)
+    files = spec.weight_files() if spec.builtin is None else []
+    if files:
+        status(f"hashing the model's weights ({len(files)} file(s), {_mb(files)})", quiet)
     weights = spec.hash_weights()  # every build: a variant only gets states of weights hashed for it
     recipe = Recipe(
         model=spec.identity(config, weights), tokenizer=tok_id, layers=LayerRoles(**layers),
@@ -65,6 +72,17 @@ def plan_inputs(m: Manifest, limit: int | None) -> Inputs:
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     check_vocabulary(config, max([int(pad), *(int(s.input_ids.max()) for s in samples if s.length)]), m.model_path)
     return Inputs(spec, recipe, weights, samples, report, int(pad))
+
+
+def _mb(paths: Sequence[Any]) -> str:
+    """The total size of the files (or folders) at ``paths``, e.g. "12.3 MB"."""
+    total = 0
+    for p in map(Path, paths):
+        try:
+            total += sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
+        except OSError:
+            continue
+    return f"{total / 1e6:,.1f} MB"
 
 
 def share(lengths: Sequence[int], token_budget: int, rank: int, world: int) -> tuple[list[int], list[list[int]]]:
@@ -177,7 +195,10 @@ def build(m: Manifest, limit: int | None = None, quiet: bool = False) -> BuildRe
     """Run the whole build; returns the summary printed at the end. Every build started on an open store
     leaves its records there (hsstore.build.lineage), whatever its end. SIGTERM, SIGINT or SIGHUP stop it
     (and its worker) with BuildInterrupted, exit status 128 + the signal (hsstore.build.signals)."""
+    from hsstore.build.progress import status
+
     t0 = time.time()
+    status(f"planning {m.source}: checking the manifest and devices", quiet)
     m = validate(m)
     rank, world, local_rank = dist()
     ctx = Context(m.store_path, rank, world, check_devices(m, local_rank, world))
@@ -197,7 +218,7 @@ def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float)
     from hsstore.storage.store import Store
 
     started = now()
-    inp = plan_inputs(m, limit)
+    inp = plan_inputs(m, limit, quiet or ctx.rank != 0)
     store = Store.create(m.store_path)  # fail early on a bad store path, before any model runs
     group = _process_group(ctx.world)
     try:
@@ -224,6 +245,7 @@ def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float)
 def _run_workers(m: Manifest, inp: Inputs, mine: list[int], batches: list[list[int]], quiet: bool,
                  ctx: Context) -> list[VariantResult]:
     """This rank's samples through one worker per backend, from a temporary folder removed at the end."""
+    from hsstore.build.progress import status
     from hsstore.build.samples_file import save_samples
 
     results: list[VariantResult] = []
@@ -231,6 +253,7 @@ def _run_workers(m: Manifest, inp: Inputs, mine: list[int], batches: list[list[i
     with tempfile.TemporaryDirectory(prefix=TEMP_PREFIX, ignore_cleanup_errors=True) as tmp:
         save_samples(os.path.join(tmp, "samples.npz"), [inp.samples[i] for i in mine])
         for backend in m.backends:
+            status(f"starting the {backend} worker (a fresh process: imports torch and transformers)", quiet or ctx.rank != 0)
             results += _run_worker(worker_plan(m, inp, backend, ctx.devices, batches, tmp, ctx.rank, quiet), ctx)
     return results
 

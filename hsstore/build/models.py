@@ -275,7 +275,9 @@ class ModelSpec:
         not load is one line naming it."""
         import torch
         from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # its "Loading weights" bar: the build's status line says it instead
         dmap = None
         if len(devices) > 1:
             from hsstore.build import placement

@@ -1,4 +1,5 @@
-"""A progress display for long work: samples, tokens/s and ETA (rich on a terminal, plain lines otherwise).
+"""A progress display for long work: samples, tokens/s and ETA (rich on a terminal, plain lines otherwise);
+``status(text)``: one line naming the phase a build is in where no bar moves (tokenizing, hashing, loading).
 
 ``note(text)`` says what the next step is doing when it is not the usual (e.g. "compiling kernels for
 batch shape 8x2048": on a fresh host the first batch of each new shape compiles and autotunes GPU
@@ -9,6 +10,12 @@ from __future__ import annotations
 
 import sys
 import time
+
+
+def status(text: str, quiet: bool = False) -> None:
+    """Say on stderr which phase the build is in (``--quiet``: nothing)."""
+    if not quiet:
+        print(f"hsstore build: {text}", file=sys.stderr, flush=True)
 
 
 class Progress:

@@ -137,13 +137,14 @@ def run_variant(plan: WorkerPlan, spec: Any, samples: list, dtype: str, device: 
     import torch
 
     from hsstore.build.pipeline import capture_to_store
-    from hsstore.build.progress import Progress
+    from hsstore.build.progress import Progress, status
 
     t0 = time.time()
     torch.manual_seed(0)
     g = Geometry.of(plan, dtype)
     devices = device.split("+")  # several: one model spread over a group of GPUs
     reservation = _reserve_pinned(plan, g, devices)
+    status(f"{plan.backend}/{dtype}/{device}: loading the model", plan.quiet or plan.writer_prefix != "r0-")
     model, kernels = _load(plan, spec, dtype, devices)
     vid, writer = _open_variant(plan, _provenance(plan, model, dtype, devices, kernels), g, dtype)
     done = set(writer.committed_keys())

@@ -9,7 +9,7 @@ import typer
 
 app = typer.Typer(
     help="Cached hidden states for speculative-decoding drafters, with provenance you can check.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
 )
 state = {"debug": False}
 

@@ -13,6 +13,18 @@ from hsstore.cli.app import app, state
 from hsstore.core.errors import HsstoreError
 
 
+def _whole_summaries() -> None:
+    """Each command's line in ``hsstore --help`` is the first paragraph of its docstring, whole (click would
+    cut it at ~45 characters with "...")."""
+    for cmd in app.registered_commands:
+        doc = cmd.help or (cmd.callback.__doc__ if cmd.callback else None) or ""
+        if cmd.short_help is None and doc:
+            cmd.short_help = " ".join(doc.strip().split("\n\n")[0].split())
+
+
+_whole_summaries()
+
+
 def main() -> None:
     """Entry point: errors become one line on stderr and an exit code (2 bad input, 1 failed check)."""
     try:
