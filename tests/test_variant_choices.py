@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from hsstore import HiddenStateDataset, SelectorError
-from hsstore.core.provenance import distinguishing, fork_note, select
+from hsstore.core.distinguish import distinguishing, fork_note
+from hsstore.core.selectors import select
 from hsstore.testing.factories import provenance
 
 from helpers import run_cli, write_manifest

@@ -274,8 +274,7 @@ class ModelSpec:
         """A save_pretrained folder's weights (checked first) loaded onto ``devices``; a folder that does
         not load is one line naming it."""
         import torch
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging as hf_logging
+        from transformers import AutoModelForCausalLM, logging as hf_logging
 
         hf_logging.disable_progress_bar()  # its "Loading weights" bar: the build's status line says it instead
         dmap = None

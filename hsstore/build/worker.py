@@ -102,7 +102,7 @@ def _open_variant(plan: WorkerPlan, provenance: Provenance, g: Geometry, dtype: 
 
     store = Store.create(plan.store)
     from hsstore.core.precision import codec_for_codes
-    from hsstore.core.provenance import fork_note
+    from hsstore.core.distinguish import fork_note
 
     codec = codec_for_codes(plan.codec) if plan.precision else plan.codec
     before = _committed_provenances(store)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hsstore.core.provenance import MAX_SHOWN, distinguishing
+from hsstore.core.distinguish import MAX_SHOWN, distinguishing
 from hsstore.core.schema.base import or_none
 from hsstore.core.schema.provenance import Provenance
 

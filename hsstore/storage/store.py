@@ -11,7 +11,8 @@ from typing import Any
 from hsstore.core.dtypes import STORED
 from hsstore.core.errors import BadInput, CorruptData, HsstoreError, StoreNotFound, UnsupportedFormat
 from hsstore.core.paths import expand_user
-from hsstore.core.provenance import select, variant_id
+from hsstore.core.provenance import variant_id
+from hsstore.core.selectors import select
 from hsstore.core.schema.array import GroupMeta
 from hsstore.core.schema.provenance import Provenance, Storage
 from hsstore.core.schema.store import CommitRecord, VariantRecord
