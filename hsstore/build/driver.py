@@ -198,8 +198,8 @@ def build(m: Manifest, limit: int | None = None, quiet: bool = False) -> BuildRe
     from hsstore.build.progress import status
 
     t0 = time.time()
-    status(f"planning {m.source}: checking the manifest and devices", quiet)
     m = validate(m)
+    status(f"planning {m.source}: checking devices", quiet)
     rank, world, local_rank = dist()
     ctx = Context(m.store_path, rank, world, check_devices(m, local_rank, world))
     with stop_on_signals():
