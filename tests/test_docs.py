@@ -104,3 +104,29 @@ def test_the_readme_python_example_runs(tiny_store: Path) -> None:
     exec(compile(code, "README.md", "exec"), scope)
     assert scope["batch"]["attention_mask"].shape == scope["batch"]["input_ids"].shape
     assert scope["evals"].provenance != scope["train"].provenance  # fp32 beside bf16, allowed by allow_drift
+
+
+def test_the_readme_manifest_is_a_valid_manifest(tmp_path: Path) -> None:
+    """The README's manifest, with its model and data pointed at the embedded default, loads and validates."""
+    from hsstore.build.manifest import load_manifest, validate
+
+    blocks = re.findall(r"```toml\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    assert len(blocks) == 1 and len(blocks[0].splitlines()) <= 10, "the README has one manifest of ten lines"
+    text = re.sub(r'^path = "/models/[^"]*"', 'path = "builtin:tiny-qwen3_5"', blocks[0], count=1, flags=re.M)
+    text = text.replace('"chats.jsonl"', repr(str(REPO / "hsstore" / "data" / "conversations.jsonl")).replace("'", '"'))
+    text = text.replace("aux = [1, 17, 32], target = [35]", "aux = [0, 1], target = [3]")  # the tiny model's 4 layers
+    (tmp_path / "m.toml").write_text(text)
+    m = validate(load_manifest(str(tmp_path / "m.toml")))
+    assert m.store_path == str(tmp_path / "out" / "qwen3-8b.zarr") and m.dtypes == ["bf16"] and m.max_length == 4096
+
+
+def test_every_command_is_in_the_guide() -> None:
+    import typer
+
+    from hsstore.cli.main import app
+
+    guide = (REPO / "docs" / "guide.md").read_text()
+    names = sorted(typer.main.get_command(app).commands)
+    assert len(names) >= 10
+    missing = [n for n in names if f"hsstore {n} " not in guide]
+    assert not missing, f"docs/guide.md does not show {missing}"
