@@ -42,9 +42,10 @@ class Inputs:
     pad_id: int
 
 
-def plan_inputs(m: Manifest, limit: int | None, quiet: bool = True) -> Inputs:
-    """Validate the model and layers, tokenize the inputs, hash the weights (``quiet=False``: a status
-    line at each of those phases)."""
+def plan_inputs(m: Manifest, limit: int | None, quiet: bool = True, rows: Any = None) -> Inputs:
+    """Validate the model and layers, tokenize the inputs (``rows``: these of the data files' rows, e.g. a
+    sample, as ``load_rows`` yields them; default all), hash the weights (``quiet=False``: a status line
+    at each of those phases)."""
     from hsstore.build.inputs import load_rows, tokenize_rows
     from hsstore.build.progress import status
 
@@ -56,8 +57,8 @@ def plan_inputs(m: Manifest, limit: int | None, quiet: bool = True) -> Inputs:
     layers = resolve_layers(m.layers, int(text_config(config).num_hidden_layers), m.model_path)
     tok_id = spec.tokenizer_identity(tok)
     status(f"tokenizing {len(m.data_files)} data file(s) ({_mb(m.data_files)})", quiet)
-    samples, report = tokenize_rows(load_rows(m.data_files), tok, tok_id.fingerprint, m.data_format,
-                                    m.max_length, m.too_long, limit)
+    samples, report = tokenize_rows(load_rows(m.data_files) if rows is None else rows, tok, tok_id.fingerprint,
+                                    m.data_format, m.max_length, m.too_long, limit)
     files = spec.weight_files() if spec.builtin is None else []
     if files:
         status(f"hashing the model's weights ({len(files)} file(s), {_mb(files)})", quiet)

@@ -20,6 +20,7 @@ from hsstore.build.progress import Progress
 from hsstore.core.batching import padded_length
 from hsstore.core.quant import dequantize, quantize
 from hsstore.core.quant_error import error_tensor, from_error_tensor
+from hsstore.core.unitplan import flush_due
 from hsstore.storage.stats import stats_tensor
 
 
@@ -127,7 +128,7 @@ class UnitBuffer:
         quarter of the size: their writes overlap the last forwards, and the tail (the last unit's copy
         and write after the last forward, a fixed cost of every build) holds at most a quarter unit plus
         one batch."""
-        return self.tokens >= (unit_tokens if remaining >= unit_tokens else max(1, unit_tokens // 4))
+        return flush_due(self.tokens, unit_tokens, remaining)
 
     def flush(self) -> None:
         if not self.samples:

@@ -19,10 +19,6 @@ from typing import Any
 from hsstore.core.schema.build import VariantResult, WorkerOutcome, WorkerPlan
 from hsstore.core.schema.provenance import Batching, Kernels, ModelParallel, Provenance, Stage, Storage
 
-# a unit (one writer's atomic piece of work) holds about this many bytes of states: large enough that
-# per-unit costs vanish, small enough that the pinned host buffers in flight and the work lost to a
-# crash stay bounded (a 27B target: ~20k tokens of 5 layers x 5120 x bf16)
-UNIT_BYTES = 1 << 30
 # pinned host buffers allocated while the model loads, in units: one unit copying while one is written
 # (more are allocated on demand when the writers fall behind)
 RESERVED_UNITS = 2
@@ -40,11 +36,12 @@ class Geometry:
     @classmethod
     def of(cls, plan: WorkerPlan, dtype: str) -> Geometry:
         from hsstore.core.dtypes import STORED
+        from hsstore.core.unitplan import default_unit_tokens
 
         hidden = int(plan.recipe.model.hidden_size)
         itemsize = 1 if plan.precision else STORED[dtype].itemsize  # fp8 codes: one byte
         layers = plan.recipe.layers.all
-        unit_tokens = plan.unit_tokens or max(1, UNIT_BYTES // (hidden * itemsize * len(layers)))
+        unit_tokens = plan.unit_tokens or default_unit_tokens(hidden, itemsize, len(layers))
         return cls(hidden, itemsize, layers, unit_tokens)
 
 
@@ -79,19 +76,28 @@ def _load(plan: WorkerPlan, spec: Any, dtype: str, devices: list[str]) -> tuple[
     return model, kernels
 
 
-def _provenance(plan: WorkerPlan, model: Any, dtype: str, devices: list[str], kernels: Kernels) -> Provenance:
+def planned_provenance(recipe: Any, token_budget: int, precision: str | None, backend: str, dtype: str,
+                       device: str, kernels: Kernels) -> Provenance:
+    """The provenance a variant of ``recipe`` computed on ``device`` gets (``hsstore plan`` calls it with
+    kernels not yet known: a plan matches store variants on every other field)."""
     from hsstore.build.environment import environment
     from hsstore.core.batching import POLICY as PADDING_POLICY
     from hsstore.core.precision import SCALE_SCHEME
 
-    batching = Batching(padding_side="right", token_budget=plan.token_budget, attention_mask=True,
+    batching = Batching(padding_side="right", token_budget=token_budget, attention_mask=True,
                         order="length-descending", padded_lengths=PADDING_POLICY)
-    env = environment(devices[0], dtype, plan.backend, kernels, batching)
-    if plan.precision:  # absent when stored as computed: the ids of such variants do not change
-        env = env.replace(storage=Storage(precision=plan.precision, scale=SCALE_SCHEME))
+    env = environment(device, dtype, backend, kernels, batching)
+    if precision:  # absent when stored as computed: the ids of such variants do not change
+        env = env.replace(storage=Storage(precision=precision, scale=SCALE_SCHEME))
+    return Provenance(recipe=recipe, environment=env)
+
+
+def _provenance(plan: WorkerPlan, model: Any, dtype: str, devices: list[str], kernels: Kernels) -> Provenance:
+    prov = planned_provenance(plan.recipe, plan.token_budget, plan.precision, plan.backend, dtype, devices[0], kernels)
     if len(devices) > 1:
-        env = env.replace(model_parallel=model_parallel(model, int(plan.recipe.model.num_layers), devices))
-    return Provenance(recipe=plan.recipe, environment=env)
+        mp = model_parallel(model, int(plan.recipe.model.num_layers), devices)
+        prov = prov.replace(environment=prov.environment.replace(model_parallel=mp))
+    return prov
 
 
 def _open_variant(plan: WorkerPlan, provenance: Provenance, g: Geometry, dtype: str) -> tuple[str, Any]:

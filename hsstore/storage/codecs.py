@@ -21,6 +21,8 @@ from numcodecs import Blosc, Zstd
 # a blosc block of at least one chunk (chunks hold ~1 MiB, see chunk_tokens): blosc shuffles and
 # compresses per block, and smaller blocks lose most of the gain (1.24x instead of 1.42x smaller)
 SHUFFLE_BLOCK_BYTES = 1 << 20
+TOKEN_CHUNK_ROWS = 1 << 16  # rows of input_ids / loss_mask per chunk (stored without a codec)
+SCALE_CHUNK_ROWS = 4096  # rows of FP8 per-token scales per chunk (16 KB): a sample's read touches one or two
 DEFAULT = "shuffle-zstd"  # the smallest on bf16 states: caches run to 10+ TB (docs/benchmarks.md)
 
 

@@ -21,6 +21,7 @@ from hsstore.core.errors import BuildFailed, HsstoreError, WriteFailed
 from hsstore.core.keys import SampleTokens
 from hsstore.core.schema.store import CommitRecord, HealthStats, QuantError, UnitInfo, WriterInfo
 from hsstore.storage import commits, layout
+from hsstore.storage.codecs import SCALE_CHUNK_ROWS, TOKEN_CHUNK_ROWS
 from hsstore.storage.fileio import Written, digest
 from hsstore.storage.records import group_json
 from hsstore.storage.shardio import array_metadata, encode_shard
@@ -28,9 +29,6 @@ from hsstore.storage.stats import from_stats_tensor, problems, stats_tensor
 
 if TYPE_CHECKING:
     from hsstore.storage.store import Store
-
-
-SCALE_CHUNK = 4096  # rows of per-token scales per chunk (16 KB): a sample's read touches one or two
 
 
 def _rows(t: torch.Tensor | Quantized, idx: torch.Tensor) -> torch.Tensor | Quantized:
@@ -168,13 +166,13 @@ class UnitWriter:
         ids = np.concatenate([s.input_ids.astype(np.int32) for s in samples])
         mask = np.concatenate([s.loss_mask.astype(np.uint8) for s in samples])
         c = min(rec.chunk_tokens, max(1, n))
-        tok_c = min(1 << 16, max(1, n))
+        tok_c = min(TOKEN_CHUNK_ROWS, max(1, n))
         arrays = [("input_ids", ids, tok_c, "none", {}), ("loss_mask", mask, tok_c, "none", {})]
         for layer, t in states.items():
             if isinstance(t, Quantized):  # e4m3 codes (uint8) and their per-token float32 scales
                 arrays.append((layout.layer_array(layer), t.codes.cpu().numpy(), c, rec.codec,
                                {"hsstore_dtype": rec.stored_precision, "computed_dtype": rec.dtype, "layer": int(layer)}))
-                arrays.append((layout.scale_array(layer), t.scales.cpu().numpy(), min(SCALE_CHUNK, max(1, n)),
+                arrays.append((layout.scale_array(layer), t.scales.cpu().numpy(), min(SCALE_CHUNK_ROWS, max(1, n)),
                                rec.codec, {"hsstore_dtype": "float32", "scales_of": layout.layer_array(layer)}))
             else:
                 arrays.append((layout.layer_array(layer), to_stored(t.cpu()), c, rec.codec,

@@ -1,0 +1,108 @@
+"""``hsstore plan``: what a build of a manifest will take before it runs — samples and tokens after the
+build's own filtering, bytes per variant and layer, what the store already holds, free space, and the
+forward's FLOPs and time — and the space check ``hsstore build`` runs before any model loads.
+
+Sizes follow the build's own batch and unit plan (hsstore.build.plan_sizes); codec ratios and tokens/s
+are measured on N batches of that plan with ``calibrate`` (hsstore.build.calibrate), else the stated
+assumptions of hsstore.storage.sizing and hsstore.core.flops are used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hsstore.build.datafiles import load_rows
+from hsstore.build.plan_sizes import VariantSize, needed_bytes, runs, size_variant
+from hsstore.core.errors import BadInput
+from hsstore.core.extrapolate import sample_indices, total_from_sample
+from hsstore.core.schema.build import InputCounts
+from hsstore.core.schema.plan import Space, Tokens
+
+SAMPLE_SEED = 0
+
+
+def sampled_rows(files: list[str], n: int, seed: int = SAMPLE_SEED) -> tuple[list[tuple[str, int, Any]], int]:
+    """``n`` rows of the data files drawn with ``seed`` (two passes: count, then pick) and how many there are."""
+    total = sum(1 for _ in load_rows(files))
+    want = set(sample_indices(total, n, seed))
+    return [r for k, r in enumerate(load_rows(files)) if k in want], total
+
+
+def tokens_of(inp: Any, population: int | None, m: Any) -> tuple[Tokens, float]:
+    """The samples and tokens the build keeps (an interval when ``population`` rows were sampled), and
+    the factor that scales the sample's sizes to the whole data."""
+    lengths = [s.length for s in inp.samples]
+    tokens = sum(lengths)
+    mean = tokens / max(1, len(lengths))
+    if population is None or population <= inp.report.rows:
+        return Tokens(samples=len(lengths), tokens=tokens, sampled_rows=None, tokens_low=None, tokens_high=None,
+                      confidence=None, max_length=max(lengths), mean_length=mean), 1.0
+    per_row = lengths + [0] * (inp.report.rows - len(lengths))  # rejected and duplicate rows keep nothing
+    t = total_from_sample(per_row, population)
+    kept = round(population * len(lengths) / inp.report.rows)
+    return Tokens(samples=kept, tokens=round(t.estimate), sampled_rows=inp.report.rows, tokens_low=round(t.low),
+                  tokens_high=round(t.high), confidence=t.confidence, max_length=max(lengths),
+                  mean_length=mean), t.estimate / max(1, tokens)
+
+
+def expected_provenances(m: Any, inp: Any) -> list[dict[str, Any]] | None:
+    """The provenance each run's variant will have, kernels unknown (None where the device is not here)."""
+    from hsstore.build.worker import planned_provenance
+    from hsstore.core.schema.provenance import Kernels
+
+    unknown = Kernels(chunk_gated_delta_rule="?", causal_conv1d="?", attention="?")
+    try:
+        return [planned_provenance(inp.recipe, m.token_budget, r.precision, r.backend, r.dtype, r.device,
+                                   unknown).to_dict() for r in runs(m)]
+    except (RuntimeError, AssertionError, ValueError):  # e.g. a cuda device on a host without one
+        return None
+
+
+def sizes(m: Any, inp: Any, ratios: dict[str, Any] | None = None, scale: float = 1.0) -> list[VariantSize]:
+    """Every run's size (``ratios``: dtype -> form -> measured Ratios; None: assumed)."""
+    from hsstore.build.plan_store import Committed, committed
+    from hsstore.core.batching import token_budget_batches
+
+    lengths = [s.length for s in inp.samples]
+    keys = [s.key for s in inp.samples]
+    batches = token_budget_batches(lengths, m.token_budget)
+    expected = expected_provenances(m, inp)
+    done = committed(m.store_path, expected, dict(zip(keys, lengths))) if expected else None
+    geometry = (int(inp.recipe.model.hidden_size), inp.recipe.layers.all)
+    out = []
+    for k, run in enumerate(runs(m)):
+        form = run.precision or run.dtype
+        measured = ratios[run.dtype][form] if ratios else None
+        out.append(size_variant(m, run, lengths, keys, batches, geometry,
+                                done[k] if done else Committed(None, 0, 0), measured, scale))
+    return out
+
+
+def space(m: Any, found: list[VariantSize], samples: int) -> Space:
+    """Free space at the store's place against what the build still writes (never known for object stores)."""
+    from hsstore.storage.space import free_space
+
+    free = free_space(m.store_path)
+    if free is None:
+        return Space(path=m.store_path, local=False, free_bytes=None,
+                     needed_bytes=needed_bytes(found, samples, 0), fits=None)
+    need = needed_bytes(found, samples, free.block)
+    return Space(path=free.path, local=True, free_bytes=free.free_bytes, needed_bytes=need,
+                 fits=need <= free.free_bytes)
+
+
+def check_space(m: Any, inp: Any) -> None:
+    """BadInput (exit 2) when the filesystem under a local store cannot hold what the build still writes
+    at the assumed codec ratios; object stores are not checked (their free space is not known)."""
+    found = sizes(m, inp)
+    s = space(m, found, len(inp.samples))
+    if s.fits is False:
+        ratio = ", ".join(sorted({f"{v.form.form}/{v.form.codec} {v.ratio:.2f}x" for v in found}))
+        raise BadInput(f"store {m.store_path!r}: the build needs ~{s.needed_bytes / 1e9:.3g} GB ({len(found)} "
+                       f"variant(s), {sum(x.length for x in inp.samples):,} tokens, assumed codec ratio {ratio}) "
+                       f"but {s.path} has {s.free_bytes / 1e9:.3g} GB free; free space, choose another --store, "
+                       "or pass --no-space-check (see hsstore plan MANIFEST)")
+
+
+def counts(inp: Any) -> InputCounts:
+    return InputCounts.from_dict(inp.report.to_dict(), "input report", BadInput)

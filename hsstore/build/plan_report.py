@@ -1,0 +1,132 @@
+"""Assembles ``hsstore plan``'s report (hsstore.core.schema.plan.PlanReport): inputs, sizes, calibration,
+space and time. Time is forward time: the FLOPs of the batches still to run at the calibration's measured
+rate, else at an assumed MFU of the device's peak (hsstore.core.flops); the build's writing adds to it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hsstore.build.plan import counts, sampled_rows, sizes, space, tokens_of
+from hsstore.build.plan_sizes import VariantSize, batch_shapes
+from hsstore.core.errors import BadInput
+from hsstore.core.flops import ASSUMED_MFU, ForwardShape, batch_flops, mfu, peak_flops, seconds_at
+from hsstore.core.schema.plan import FormSize, PlanReport, Ratio, VariantPlan
+from hsstore.storage.sizing import FORMS, Ratios, StoredForm, assumed_ratio, variant_bytes
+
+DEFAULT_GPU = "H200"  # whose peak an uncalibrated plan of a cuda build assumes when no GPU is visible here
+
+
+def _peak(device: str, dtype: str, cal: Any, peak_tflops: float | None) -> tuple[float | None, str]:
+    """(peak FLOP/s, which device it is of) for a run on ``device``."""
+    if peak_tflops:
+        return peak_tflops * 1e12, f"--peak-tflops {peak_tflops:g}"
+    if cal is not None and device.startswith("cuda"):
+        return peak_flops(cal.device_name, dtype), cal.device_name
+    if not device.startswith("cuda"):
+        return None, device
+    import torch
+
+    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else DEFAULT_GPU
+    why = name if torch.cuda.is_available() else f"{DEFAULT_GPU} (no GPU visible here; --peak-tflops to set)"
+    return peak_flops(name, dtype), why
+
+
+def _timing(v: VariantSize, shape: ForwardShape, lengths: list[int], cal: Any, scale: float,
+            peak_tflops: float | None) -> dict[str, Any]:
+    flops = batch_flops(shape, batch_shapes(lengths, v.remaining_batches)) * scale
+    peak, where = _peak(v.run.device, v.run.dtype, cal, peak_tflops)
+    if cal is not None and cal.seconds > 0:
+        rate = batch_flops(shape, cal.shapes) / cal.seconds
+        return {"flops": flops, "seconds": flops / rate, "mfu": rate / peak if peak else None,
+                "tokens_per_second": cal.tokens / cal.seconds,
+                "seconds_source": f"measured: {cal.tokens:,} tokens in {cal.seconds:.3g} s on {cal.device_name} "
+                                  f"({len(cal.shapes)} timed batch(es); MFU {'n/a: no peak known' if not peak else f'{rate / peak:.2f}'})"}
+    if peak is None:
+        return {"flops": flops, "seconds": None, "mfu": None, "tokens_per_second": None,
+                "seconds_source": f"unknown: no peak FLOP/s for {where}; run with --calibrate N (or --peak-tflops)"}
+    secs = seconds_at(flops, peak, ASSUMED_MFU)
+    tokens = sum(lengths[i] for b in v.remaining_batches for i in b) * scale
+    return {"flops": flops, "seconds": secs, "mfu": ASSUMED_MFU, "tokens_per_second": tokens / secs if secs else None,
+            "seconds_source": f"assumed: MFU {ASSUMED_MFU} (27B-shaped bare forward on an H200, docs/benchmarks.md) "
+                              f"of {where}'s {peak / 1e12:g} TFLOP/s {v.run.dtype} peak; forward only"}
+
+
+def _variant(v: VariantSize, timing: dict[str, Any], scale: float) -> VariantPlan:
+    return VariantPlan(
+        backend=v.run.backend, dtype=v.run.dtype, device=v.run.device, form=v.form.form, codec=v.form.codec,
+        samples=0, tokens=0, units=v.units, bytes=v.bytes,
+        bytes_per_layer={k[len("layer_"):]: b for k, b in v.parts.items() if k.startswith("layer_")},
+        token_bytes=v.parts["tokens"], ratio=Ratio(value=v.ratio, source=v.ratio_source, measured=v.measured),
+        committed_variant=v.committed.variant, committed_samples=round(v.committed.samples * scale),
+        committed_tokens=round(v.committed.tokens * scale), remaining_bytes=v.remaining_bytes, **timing)
+
+
+def _forms(m: Any, inp: Any, cal: dict[str, Any], scale: float) -> list[FormSize]:
+    """The whole sample set stored in each form with the manifest's codec: the choices side by side
+    (measured on the first dtype's calibration states when calibrated)."""
+    from hsstore.core.batching import token_budget_batches
+    from hsstore.core.unitplan import default_unit_tokens, unit_sizes
+
+    hidden, layers = int(inp.recipe.model.hidden_size), inp.recipe.layers.all
+    lengths = [s.length for s in inp.samples]
+    per_batch = [sum(lengths[i] for i in b) for b in token_budget_batches(lengths, m.token_budget)]
+    out = []
+    for name in FORMS:
+        # the form's own dtype's states when calibrated (bf16 cast to fp32 would compress as no fp32 does)
+        first = cal.get(name if name in cal else m.dtypes[0])
+        form = StoredForm.of("bf16" if name == "fp8-e4m3" else name, "fp8-e4m3" if name == "fp8-e4m3" else None, m.codec)
+        if first is not None:
+            ratios, src = first.ratios[name], f"measured on {first.dtype} states of the calibration batches"
+        else:
+            value, src = assumed_ratio(form.form, form.codec)
+            ratios = Ratios(value)
+        units = unit_sizes(per_batch, m.unit_tokens or default_unit_tokens(hidden, form.itemsize, len(layers)))
+        total = int(sum(variant_bytes(units, hidden, layers, form, ratios).values()) * scale)
+        out.append(FormSize(form=name, codec=form.codec, bytes=total,
+                            ratio=Ratio(value=ratios.default, source=src, measured=first is not None)))
+    return out
+
+
+def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calibrate: int = 0,
+              peak_tflops: float | None = None) -> PlanReport:
+    """The plan of building ``m`` (``sample``: tokenize that many seeded rows, not all; ``calibrate``:
+    measure ratios and tokens/s on that many batches per dtype)."""
+    from hsstore.build.driver import plan_inputs
+    from hsstore.build.forward_shape import forward_shape
+    from hsstore.build.manifest import validate
+
+    m = validate(m)
+    if calibrate:
+        from hsstore.build.backends import force_backend
+
+        force_backend(m.backends[0])  # before transformers loads a model module (tokenizing does not)
+    if sample is not None and limit is not None:
+        raise BadInput("--sample and --limit do not combine: --limit plans the first N usable rows exactly")
+    rows, population = sampled_rows(m.data_files, sample) if sample else (None, None)
+    inp = plan_inputs(m, limit, rows)
+    tokens, scale = tokens_of(inp, population, m)
+    cal = _calibrations(m, inp, calibrate)
+    found = sizes(m, inp, {d: c.ratios for d, c in cal.items()} if cal else None, scale)
+    config = inp.spec.config(inp.recipe.tokenizer.vocab_size)
+    shape = forward_shape(config, max(inp.recipe.layers.all), m.trust_remote_code)
+    lengths = [s.length for s in inp.samples]
+    variants = [_variant(v, _timing(v, shape, lengths, cal.get(v.run.dtype), scale, peak_tflops), scale)
+                .replace(samples=tokens.samples, tokens=tokens.tokens) for v in found]
+    return PlanReport(
+        manifest=m.source, store=m.store_path, model=m.model_path, hidden_size=int(inp.recipe.model.hidden_size),
+        layers=inp.recipe.layers.all, inputs=counts(inp), tokens=tokens,
+        flops_per_token=shape.sequence_flops(round(tokens.mean_length)) / max(1.0, tokens.mean_length),
+        variants=variants, forms=_forms(m, inp, cal, scale), space=space(m, found, tokens.samples),
+        calibration_batches=calibrate)
+
+
+def _calibrations(m: Any, inp: Any, n: int) -> dict[str, Any]:
+    """dtype -> Calibration on the first ``n`` batches of the build's plan (first backend and device)."""
+    if not n:
+        return {}
+    from hsstore.build.calibrate import calibrate
+    from hsstore.core.batching import token_budget_batches
+
+    batches = token_budget_batches([s.length for s in inp.samples], m.token_budget)
+    return {d: calibrate(inp, batches, n, d, m.devices[0], m.attn_implementation, m.codec, m.unit_tokens)
+            for d in m.dtypes}

@@ -1,0 +1,95 @@
+"""`hsstore plan`: what a build will take, before it runs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from hsstore.cli.app import app, emit
+from hsstore.core.schema.plan import PlanReport
+
+
+@app.command()
+def plan(
+    manifest: Annotated[str, typer.Argument(help="Build manifest (TOML), e.g. manifests/tiny.toml.")],
+    store: Annotated[Optional[str], typer.Option("--store", help="Store path or URL (overrides [store] path).")] = None,
+    backend: Annotated[Optional[list[str]], typer.Option("--backend", help="torch | fla (repeatable).")] = None,
+    dtype: Annotated[Optional[list[str]], typer.Option("--dtype", help="bf16 | fp16 | fp32 (repeatable).")] = None,
+    device: Annotated[Optional[list[str]], typer.Option("--device", help="cpu | cuda | cuda:N (repeatable).")] = None,
+    codec: Annotated[Optional[str], typer.Option("--codec", help="none | zstd | shuffle-zstd | blosc-lz4 | blosc-zstd.")] = None,
+    precision: Annotated[Optional[str], typer.Option("--precision", help="fp8-e4m3 to plan a quantized store.")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="Plan only the first N usable samples.")] = None,
+    sample: Annotated[Optional[int], typer.Option(
+        "--sample", min=2, help="Tokenize N seeded rows, not all, and extrapolate (with a 95% interval).")] = None,
+    calibrate: Annotated[int, typer.Option(
+        "--calibrate", min=0, help="Run N batches through the model to measure codec ratios and tokens/s.")] = 0,
+    peak_tflops: Annotated[Optional[float], typer.Option(
+        "--peak-tflops", min=0.001, help="The device's dense peak TFLOP/s for the time estimate.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+) -> None:
+    """Tokens, bytes per variant and layer, what the store holds already, free space and time of a build.
+
+    Without --calibrate, codec ratios and the MFU are stated assumptions (docs/plan.md).
+
+    Example: hsstore plan manifests/tiny.toml --calibrate 2
+    """
+    from hsstore.build.manifest import load_manifest
+    from hsstore.build.plan_report import make_plan
+    from hsstore.core.paths import expand_user
+
+    m = load_manifest(manifest).with_overrides(
+        store_path=expand_user(store) if store else store, backends=backend, dtypes=dtype, devices=device,
+        codec=codec, precision=precision)
+    report = make_plan(m, limit=limit, sample=sample, calibrate=calibrate, peak_tflops=peak_tflops)
+    emit(report.to_dict(), json_out, "\n".join(_lines(report)))
+
+
+def _size(n: float | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit, f in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= f:
+            return f"{n / f:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def _time(s: float | None) -> str:
+    if s is None:
+        return "unknown"
+    return f"{s / 3600:.3g} h" if s >= 3600 else f"{s:.3g} s"
+
+
+def _lines(r: PlanReport) -> list[str]:
+    """The text form of a plan."""
+    inp, t = r.inputs, r.tokens
+    rej = ", ".join(f"{k}: {v}" for k, v in inp.rejected.items()) or "none"
+    lines = [f"plan of {r.manifest} into {r.store}",
+             f"inputs: {inp.rows} rows read, {inp.usable} usable, {inp.truncated} truncated, {inp.duplicates} "
+             f"duplicate; rejected: {rej}"]
+    tok = f"tokens: {t.tokens:,} in {t.samples:,} samples (mean length {t.mean_length:.0f}, max {t.max_length})"
+    if t.sampled_rows is not None:
+        tok += (f"; estimated from {t.sampled_rows:,} sampled rows, {t.confidence:.0%} interval "
+                f"{t.tokens_low:,}-{t.tokens_high:,}")
+    lines += [tok, f"model {r.model}: hidden {r.hidden_size}, layers {r.layers}; forward {r.flops_per_token:.3g} "
+                   f"FLOPs/token"]
+    for v in r.variants:
+        per_layer = _size(max(v.bytes_per_layer.values()) if v.bytes_per_layer else 0)
+        done = (f"{v.committed_samples:,} samples committed in {v.committed_variant}" if v.committed_variant
+                else "nothing committed")
+        how = "measured" if v.ratio.measured else f"assumed ({v.ratio.source})"
+        mfu = f", MFU {v.mfu:.2f}" if v.mfu is not None else ""
+        lines += [f"variant {v.backend}/{v.dtype}/{v.device} stored {v.form}/{v.codec}: {_size(v.bytes)} in {v.units} "
+                  f"units ({per_layer} per layer, {v.ratio.value:.2f}x {how}); {done}; to write {_size(v.remaining_bytes)}",
+                  f"  time: {_time(v.seconds)} for {v.flops:.3g} FLOPs{mfu} — {v.seconds_source}"]
+    lines.append("storage forms, all samples: " + "; ".join(
+        f"{f.form}/{f.codec} {_size(f.bytes)} ({f.ratio.value:.2f}x{'' if f.ratio.measured else ' assumed'})"
+        for f in r.forms))
+    s = r.space
+    if not s.local:
+        lines.append(f"space: {s.path} is an object store: free space unknown (not checked); "
+                     f"the build writes {_size(s.needed_bytes)}")
+    else:
+        verdict = "fits" if s.fits else "does NOT fit (hsstore build will refuse; free space or use another --store)"
+        lines.append(f"space: {s.path} has {_size(s.free_bytes)} free; the build needs {_size(s.needed_bytes)}: {verdict}")
+    return lines

@@ -1,0 +1,90 @@
+"""Records of ``hsstore plan``: what a build of a manifest will take (its keys are stable: extended, never
+renamed; ``hsstore plan --json`` prints a ``PlanReport``)."""
+
+from __future__ import annotations
+
+from hsstore.core.schema.base import Record
+from hsstore.core.schema.build import InputCounts
+
+
+class Tokens(Record):
+    """Samples and tokens after the build's filtering; sampled inputs give an interval."""
+
+    samples: int
+    tokens: int
+    sampled_rows: int | None  # rows tokenized to estimate these (None: every row was)
+    tokens_low: int | None  # the interval of ``tokens`` (None: counted, not estimated)
+    tokens_high: int | None
+    confidence: float | None  # of the interval (0.95)
+    max_length: int
+    mean_length: float
+
+
+class Ratio(Record):
+    """Raw / stored bytes of states with a codec, and where the figure comes from."""
+
+    value: float
+    source: str  # "measured: ..." on calibration batches, else the assumption's source
+    measured: bool
+
+
+class VariantPlan(Record):
+    """One variant the build will write: its size, what is committed already, and its time."""
+
+    backend: str
+    dtype: str  # computed in
+    device: str
+    form: str  # stored as: the dtype, or "fp8-e4m3"
+    codec: str  # of its layer arrays
+    samples: int
+    tokens: int
+    units: int
+    bytes: int  # every unit file: what ``hsstore info`` reports for the variant
+    bytes_per_layer: dict[str, int]  # layer id -> bytes (FP8: codes and scales)
+    token_bytes: int  # input_ids, loss_mask and unit metadata
+    ratio: Ratio
+    committed_variant: str | None  # the store's variant of this recipe and environment, if any
+    committed_samples: int
+    committed_tokens: int
+    remaining_bytes: int  # what the build still writes (bytes of what is not committed)
+    flops: float  # executed by the forwards still to run
+    seconds: float | None  # of those forwards (None: unknown; see seconds_source)
+    seconds_source: str
+    mfu: float | None  # measured or assumed (None: no peak known for the device)
+    tokens_per_second: float | None
+
+
+class FormSize(Record):
+    """The whole sample set stored in one form with the manifest's codec: the choices side by side."""
+
+    form: str
+    codec: str
+    bytes: int
+    ratio: Ratio
+
+
+class Space(Record):
+    """Free space where the store goes, against what the build still writes."""
+
+    path: str
+    local: bool  # False: an object store (free space not known: never checked)
+    free_bytes: int | None
+    needed_bytes: int  # remaining bytes of every variant, commit records, a block per file
+    fits: bool | None
+
+
+class PlanReport(Record):
+    """What ``hsstore plan --json`` prints."""
+
+    manifest: str
+    store: str
+    model: str
+    hidden_size: int
+    layers: list[int]  # every stored layer id
+    inputs: InputCounts  # rows as read (of the sample when sampled)
+    tokens: Tokens
+    flops_per_token: float  # executed by the capture forward at the mean padded length
+    variants: list[VariantPlan]
+    forms: list[FormSize]
+    space: Space
+    calibration_batches: int  # 0: sizes and times rest on stated assumptions

@@ -1,0 +1,30 @@
+"""Free space where a store lives: ``statvfs`` of the store's directory, or of its nearest existing parent
+when the store is not made yet. Local stores only: an object store (``s3://``...) has no free space to ask."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from hsstore.storage.store import is_url
+
+
+@dataclass(frozen=True)
+class FreeSpace:
+    """What the filesystem that will hold ``path`` has left for this user; ``block``: its allocation unit."""
+
+    path: str  # the directory asked (the store, or its nearest existing parent)
+    free_bytes: int
+    block: int
+
+
+def free_space(location: str) -> FreeSpace | None:
+    """Free space for a store at ``location``; None for an object store URL."""
+    if is_url(location):
+        return None
+    p = Path(location[len("file://"):] if location.startswith("file://") else location).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    st = os.statvfs(p)
+    return FreeSpace(str(p), st.f_bavail * st.f_frsize, st.f_frsize or 4096)
