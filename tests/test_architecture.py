@@ -130,6 +130,13 @@ def _loaded_after(code: str) -> set[str]:
     # a manifest error is reported before torch loads (0.5 s, not 2.3 s); a CPU build's driver loads
     # torch only through transformers' AutoConfig, when it reads the model's config
     ("import hsstore.build.driver, hsstore.build.manifest, hsstore.core.precision", {"torch", "transformers", "zarr"}),
+    # planning is arithmetic: sizes, units, FLOPs and intervals need none of the model stack (hsstore plan
+    # loads transformers to tokenize, torch only to count parameters on the meta device or to calibrate)
+    ("import hsstore.core.flops, hsstore.core.unitplan, hsstore.core.extrapolate, hsstore.core.schema.plan",
+     {"torch", "zarr", "transformers", "numpy"}),
+    ("import hsstore.storage.sizing, hsstore.storage.space", {"torch", "transformers", "zarr"}),
+    ("import hsstore.build.plan, hsstore.build.plan_sizes, hsstore.build.plan_report, hsstore.build.plan_store",
+     {"torch", "transformers", "zarr"}),
 ])
 def test_entry_points_load_only_what_they_need(entry: str, banned: set[str]):
     loaded = _loaded_after(entry)

@@ -1,6 +1,9 @@
-"""``hsstore plan --calibrate N``: the first N batches of the build's own plan run through the real model,
-per dtype, to measure what a plan otherwise assumes: how well each codec compresses these states (per
-layer, in every storage form, FP8 scales included) and the forward's tokens/s.
+"""``hsstore plan --calibrate N``: N batches of the build's own plan run through the real model, per dtype,
+to measure what a plan otherwise assumes: how well each codec compresses these states (per layer, in
+every storage form, FP8 scales included) and the forward's tokens/s.
+
+The N batches are spread evenly over the plan (the plan runs longest samples first, and how well states
+compress depends on the samples: the first batch alone misjudged the tiny model's ratio by 20 %).
 
 States are encoded exactly as the writer encodes them (hsstore.storage.shardio.encode_shard, the same
 chunking); nothing is written. The first batch of several is a warm-up (kernel compilation, allocator
@@ -15,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from hsstore.core.unitplan import default_unit_tokens
 from hsstore.storage.codecs import SCALE_CHUNK_ROWS, chunk_tokens
 from hsstore.storage.sizing import FORMS, Ratios, StoredForm
 
@@ -33,40 +37,47 @@ class Calibration:
     device_name: str
 
 
-def _payload_ratio(data: np.ndarray, chunk: int, codec: str, unit: int) -> float:
-    """Raw bytes of ``data`` / the bytes its chunks encode to with ``codec``, cut into units of ``unit``
-    rows and chunked as the writer chunks them (a chunk never spans two units)."""
+def _payload_ratio(pieces: list[np.ndarray], chunk: int, codec: str) -> float:
+    """Raw bytes of ``pieces`` (one per unit) / the bytes their chunks encode to with ``codec``, chunked as
+    the writer chunks a unit (a chunk never spans two units)."""
     from hsstore.storage.shardio import encode_shard
 
-    payload = 0
-    for start in range(0, data.shape[0], unit):
-        piece = data[start:start + unit]
+    payload = raw = 0
+    for piece in pieces:
         parts = encode_shard(piece, min(chunk, max(1, piece.shape[0])), codec)
         payload += sum(len(memoryview(p).cast("B")) for p in parts[0:-2:2])
-    return data.nbytes / max(1, payload)
+        raw += piece.nbytes
+    return raw / max(1, payload)
 
 
-def form_ratios(states: dict[int, Any], codec: str, unit_tokens: Any) -> dict[str, Ratios]:
-    """Per storage form, the ratio of each layer's ``states`` (``layer -> [T, H]`` tensor) with ``codec``;
-    ``unit_tokens(itemsize)``: the tokens of the build's units in a form of that value size."""
+def _by_unit(batches: list[dict[int, Any]], units: list[int], layer: int, convert: Any) -> list[np.ndarray]:
+    """Layer ``layer`` of the calibration ``batches`` joined per unit (``units``: each batch's unit)."""
+    import torch
+
+    return [convert(torch.cat([b[layer] for b, u in zip(batches, units) if u == unit])) for unit in sorted(set(units))]
+
+
+def form_ratios(batches: list[dict[int, Any]], codec: str, units: Any) -> dict[str, Ratios]:
+    """Per storage form, each layer's ratio with ``codec`` over the states of ``batches`` (per batch: layer
+    -> ``[T, H]``), grouped in units as the build groups them: ``units(itemsize)``, each batch's unit."""
     from hsstore.core.dtypes import TORCH, to_stored
     from hsstore.core.quant import quantize
 
     out = {}
     for name in FORMS:
         form = StoredForm.of(name if name in TORCH else "bf16", name if name not in TORCH else None, codec)
+        where = units(form.itemsize)
         layers, scales = {}, []
-        for i, t in states.items():
-            hidden = int(t.shape[1])
+        for i in batches[0]:
+            hidden = int(batches[0][i].shape[1])
             if form.quantized:
-                q = quantize(t)
-                data = q.codes.cpu().numpy()
-                scales.append(_payload_ratio(q.scales.cpu().numpy(), SCALE_CHUNK_ROWS, form.codec, unit_tokens(1)))
+                scales.append(_payload_ratio(_by_unit(batches, where, i, lambda t: quantize(t).scales.cpu().numpy()),
+                                             SCALE_CHUNK_ROWS, form.codec))
+                pieces = _by_unit(batches, where, i, lambda t: quantize(t).codes.cpu().numpy())
             else:
-                data = to_stored(t.to(TORCH[name]).cpu())
-            layers[i] = _payload_ratio(data, chunk_tokens(hidden, form.itemsize), form.codec, unit_tokens(form.itemsize))
-        mean = sum(layers.values()) / len(layers)
-        out[name] = Ratios(mean, layers, min(scales) if scales else 1.0)
+                pieces = _by_unit(batches, where, i, lambda t: to_stored(t.to(TORCH[name]).cpu()))
+            layers[i] = _payload_ratio(pieces, chunk_tokens(hidden, form.itemsize), form.codec)
+        out[name] = Ratios(sum(layers.values()) / len(layers), layers, min(scales) if scales else 1.0)
     return out
 
 
@@ -84,22 +95,44 @@ def _states(cap: Any, samples: list, batch: list[int], pad_id: int, device: str)
     return {k: torch.cat([v[r, :n] for r, n in enumerate(lengths)]) for k, v in out.items()}, width
 
 
+def spread(count: int, n: int) -> list[int]:
+    """``n`` indices of ``range(count)`` spread evenly (the middle one for n = 1); all of them if n >= count."""
+    if n >= count:
+        return list(range(count))
+    return sorted({int((k + 0.5) * count / n) for k in range(n)})
+
+
 def calibrate(inp: Any, batches: list[list[int]], n: int, dtype: str, device: str, attn: str, codec: str,
               unit_tokens: int | None) -> Calibration:
-    """Run the first ``n`` of ``batches`` (indices into ``inp.samples``) in ``dtype`` on ``device``;
-    ``unit_tokens``: the manifest's (None: the build's default for each form)."""
+    """Run ``n`` of ``batches`` (indices into ``inp.samples``; ``spread`` over them) in ``dtype`` on
+    ``device``; ``unit_tokens``: the manifest's (None: the build's default for each form)."""
+    from hsstore.core.unitplan import batch_units
+
+    picked = spread(len(batches), n)
+    hidden, layers = int(inp.recipe.model.hidden_size), inp.recipe.layers.all
+    per_batch = [sum(inp.samples[i].length for i in b) for b in batches]
+
+    def units(itemsize: int) -> list[int]:
+        every = batch_units(per_batch, unit_tokens or default_unit_tokens(hidden, itemsize, len(layers)))
+        return [every[k] for k in picked]
+
+    states, (tokens, seconds, shapes, name) = _forwards(inp, [batches[k] for k in picked], dtype, device, attn)
+    return Calibration(dtype=dtype, batches=len(picked), tokens=tokens, seconds=seconds, shapes=shapes,
+                       ratios=form_ratios(states, codec, units), device_name=name)
+
+
+def _forwards(inp: Any, run: list[list[int]], dtype: str, device: str, attn: str) -> tuple[list, tuple]:
+    """The captured states of each batch of ``run`` and (tokens, seconds, shapes, device name) of the timed
+    ones (the first of several is the warm-up)."""
     import torch
 
     from hsstore.build.capture import LayerCapture
     from hsstore.build.environment import device_info
     from hsstore.core.dtypes import TORCH
-    from hsstore.core.unitplan import default_unit_tokens
 
     model = inp.spec.load(TORCH[dtype], [device], attn)
-    layers = inp.recipe.layers.all
-    cap = LayerCapture(model, int(inp.recipe.model.num_layers), layers)
-    run = batches[:n]
-    kept: dict[int, list] = {i: [] for i in layers}
+    cap = LayerCapture(model, int(inp.recipe.model.num_layers), inp.recipe.layers.all)
+    kept: list[dict[int, Any]] = []
     tokens, seconds, shapes = 0, 0.0, []
     try:
         for k, batch in enumerate(run):
@@ -111,12 +144,7 @@ def calibrate(inp: Any, batches: list[list[int]], n: int, dtype: str, device: st
                 seconds += time.perf_counter() - t0
                 tokens += sum(inp.samples[i].length for i in batch)
                 shapes.append((len(batch), width))
-            for i, t in states.items():
-                kept[i].append(t)
+            kept.append(states)
     finally:
         cap.close()
-    hidden = int(inp.recipe.model.hidden_size)
-    ratios = form_ratios({i: torch.cat(v) for i, v in kept.items()}, codec,
-                         lambda itemsize: unit_tokens or default_unit_tokens(hidden, itemsize, len(layers)))
-    del model
-    return Calibration(dtype, len(run), tokens, seconds, shapes, ratios, str(device_info(device)["device_name"]))
+    return kept, (tokens, seconds, shapes, str(device_info(device)["device_name"]))

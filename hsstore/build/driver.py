@@ -192,10 +192,12 @@ def _run_worker(plan: WorkerPlan, ctx: Context) -> list[VariantResult]:
     return outcome.results
 
 
-def build(m: Manifest, limit: int | None = None, quiet: bool = False) -> BuildResult:
+def build(m: Manifest, limit: int | None = None, quiet: bool = False, space_check: bool = True) -> BuildResult:
     """Run the whole build; returns the summary printed at the end. Every build started on an open store
     leaves its records there (hsstore.build.lineage), whatever its end. SIGTERM, SIGINT or SIGHUP stop it
-    (and its worker) with BuildInterrupted, exit status 128 + the signal (hsstore.build.signals)."""
+    (and its worker) with BuildInterrupted, exit status 128 + the signal (hsstore.build.signals).
+    ``space_check``: refuse, before the store is made and any model loads, a build whose estimated size
+    exceeds the free space of a local store's filesystem (hsstore.build.plan.check_space)."""
     from hsstore.build.progress import status
 
     t0 = time.time()
@@ -205,7 +207,7 @@ def build(m: Manifest, limit: int | None = None, quiet: bool = False) -> BuildRe
     ctx = Context(m.store_path, rank, world, check_devices(m, local_rank, world))
     with stop_on_signals():
         try:
-            return _build(m, limit, quiet, ctx, t0)
+            return _build(m, limit, quiet, ctx, t0, space_check)
         except Stopped as s:
             err = BuildInterrupted(s.signum, ctx.stopped(str(s)))
             ctx.ended("interrupted", err)
@@ -215,11 +217,15 @@ def build(m: Manifest, limit: int | None = None, quiet: bool = False) -> BuildRe
             raise
 
 
-def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float) -> BuildResult:
+def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float, space_check: bool) -> BuildResult:
     from hsstore.storage.store import Store
 
     started = now()
     inp = plan_inputs(m, limit, quiet or ctx.rank != 0)
+    if space_check:
+        from hsstore.build.plan import check_space
+
+        check_space(m, inp)  # before the store is made, a model loads or a worker starts
     store = Store.create(m.store_path)  # fail early on a bad store path, before any model runs
     group = _process_group(ctx.world)
     try:

@@ -98,10 +98,10 @@ def check_space(m: Any, inp: Any) -> None:
     s = space(m, found, len(inp.samples))
     if s.fits is False:
         ratio = ", ".join(sorted({f"{v.form.form}/{v.form.codec} {v.ratio:.2f}x" for v in found}))
-        raise BadInput(f"store {m.store_path!r}: the build needs ~{s.needed_bytes / 1e9:.3g} GB ({len(found)} "
+        raise BadInput(f"store {m.store_path!r}: the build needs ~{s.needed_bytes / 1e6:,.1f} MB ({len(found)} "
                        f"variant(s), {sum(x.length for x in inp.samples):,} tokens, assumed codec ratio {ratio}) "
-                       f"but {s.path} has {s.free_bytes / 1e9:.3g} GB free; free space, choose another --store, "
-                       "or pass --no-space-check (see hsstore plan MANIFEST)")
+                       f"but {s.path} has {s.free_bytes / 1e6:,.1f} MB free; free space, choose another --store, "
+                       "or pass --no-space-check (local stores only; see hsstore plan MANIFEST)")
 
 
 def counts(inp: Any) -> InputCounts:

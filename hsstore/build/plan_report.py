@@ -94,14 +94,15 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
     from hsstore.build.driver import plan_inputs
     from hsstore.build.forward_shape import forward_shape
     from hsstore.build.manifest import validate
+    from hsstore.core.batching import token_budget_batches
 
     m = validate(m)
+    if sample is not None and limit is not None:
+        raise BadInput("--sample and --limit do not combine: --limit plans the first N usable rows exactly")
     if calibrate:
         from hsstore.build.backends import force_backend
 
         force_backend(m.backends[0])  # before transformers loads a model module (tokenizing does not)
-    if sample is not None and limit is not None:
-        raise BadInput("--sample and --limit do not combine: --limit plans the first N usable rows exactly")
     rows, population = sampled_rows(m.data_files, sample) if sample else (None, None)
     inp = plan_inputs(m, limit, rows)
     tokens, scale = tokens_of(inp, population, m)
@@ -117,7 +118,8 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
         layers=inp.recipe.layers.all, inputs=counts(inp), tokens=tokens,
         flops_per_token=shape.sequence_flops(round(tokens.mean_length)) / max(1.0, tokens.mean_length),
         variants=variants, forms=_forms(m, inp, cal, scale), space=space(m, found, tokens.samples),
-        calibration_batches=calibrate)
+        batches=len(token_budget_batches(lengths, m.token_budget)),
+        calibration_batches=max((c.batches for c in cal.values()), default=0))
 
 
 def _calibrations(m: Any, inp: Any, n: int) -> dict[str, Any]:

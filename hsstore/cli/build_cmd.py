@@ -25,6 +25,8 @@ def build(
     precision: Annotated[Optional[str], typer.Option(
         "--precision", help="Store quantized: fp8-e4m3 (default: as computed; overrides [store] precision).")] = None,
     allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf/all-zero states.")] = False,
+    no_space_check: Annotated[bool, typer.Option(
+        "--no-space-check", help="Start even if the estimate exceeds the free space of a local store's disk.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
@@ -42,7 +44,7 @@ def build(
         store_path=expand_user(store) if store else store, backends=backend, dtypes=dtype, devices=device, codec=codec, gpus_per_rank=gpus_per_rank,
         allow_unhealthy=allow_unhealthy or None, precision=precision,
     )
-    summary = run_build(m, limit=limit, quiet=quiet)
+    summary = run_build(m, limit=limit, quiet=quiet, space_check=not no_space_check)
     if summary.rows_report is not None:  # on stderr, so --json output stays one document
         typer.echo(_rows_line(summary), err=True)
     emit(summary.to_dict(), json_out, "\n".join(_lines(summary)))

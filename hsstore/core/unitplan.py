@@ -26,17 +26,23 @@ def flush_due(tokens: int, unit_tokens: int, remaining: int) -> bool:
     return tokens >= (unit_tokens if remaining >= unit_tokens else max(1, unit_tokens // 4))
 
 
-def unit_sizes(batch_tokens: Sequence[int], unit_tokens: int) -> list[int]:
-    """The tokens of each unit a build writes from batches of ``batch_tokens`` tokens (in run order)."""
+def batch_units(batch_tokens: Sequence[int], unit_tokens: int) -> list[int]:
+    """The unit each batch of ``batch_tokens`` tokens (in run order) is written in: unit indices, ascending."""
     remaining = sum(batch_tokens)
-    units: list[int] = []
-    held = 0
+    out: list[int] = []
+    unit = held = 0
     for n in batch_tokens:
+        out.append(unit)
         held += n
         remaining -= n
         if flush_due(held, unit_tokens, remaining):
-            units.append(held)
-            held = 0
-    if held:
-        units.append(held)
-    return units
+            unit, held = unit + 1, 0
+    return out
+
+
+def unit_sizes(batch_tokens: Sequence[int], unit_tokens: int) -> list[int]:
+    """The tokens of each unit a build writes from batches of ``batch_tokens`` tokens (in run order)."""
+    sizes: dict[int, int] = {}
+    for unit, n in zip(batch_units(batch_tokens, unit_tokens), batch_tokens):
+        sizes[unit] = sizes.get(unit, 0) + n
+    return [sizes[u] for u in sorted(sizes)]

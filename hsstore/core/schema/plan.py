@@ -87,4 +87,5 @@ class PlanReport(Record):
     variants: list[VariantPlan]
     forms: list[FormSize]
     space: Space
-    calibration_batches: int  # 0: sizes and times rest on stated assumptions
+    batches: int  # the build's batches (of the tokenized rows: of the sample when sampled)
+    calibration_batches: int  # run through the model per dtype (0: sizes and times rest on stated assumptions)

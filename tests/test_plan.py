@@ -1,0 +1,114 @@
+"""``hsstore plan``: tokens, bytes per variant and form, committed remainder, free space and time, checked
+against the real builds it predicts; and ``hsstore build``'s refusal of a build its disk cannot hold."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import REPO, run_cli, write_manifest
+from typer.testing import CliRunner
+
+from hsstore.cli.main import app
+from hsstore.core.flops import ASSUMED_MFU
+from hsstore.testing.shapes import config_toml, layers_toml
+
+# the plan's bytes vs the build's, calibrated on every batch of the same model: what docs/plan.md states
+TOLERANCE = 0.02
+
+
+def _plan(*args: str) -> dict:
+    r = CliRunner().invoke(app, ["plan", *args, "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def _info(store: Path) -> dict:
+    r = run_cli("info", str(store), "--json")
+    assert r.returncode == 0, r.stderr
+    return {v["dtype"]: v for v in json.loads(r.stdout)["variants"]}
+
+
+def test_a_calibrated_plan_predicts_the_build_it_plans(tiny_store: Path):
+    """The session store's own manifest (its bf16 variant), calibrated on every batch of its plan: the same
+    tokens and units, bytes within TOLERANCE of what the build wrote, every sample found committed."""
+    manifest = tiny_store.parent / "m.toml"
+    r = run_cli("plan", str(manifest), "--limit", "40", "--dtype", "bf16", "--calibrate", "1000", "--json")
+    assert r.returncode == 0, r.stderr
+    plan, built = json.loads(r.stdout), _info(tiny_store)
+    assert plan["calibration_batches"] == plan["batches"] > 1 and plan["tokens"]["samples"] == 40
+    assert [v["dtype"] for v in plan["variants"]] == ["bf16"]
+    for v in plan["variants"]:
+        real = built[v["dtype"]]
+        assert v["tokens"] == real["n_tokens"] and v["units"] == real["n_units"], (v, real)
+        assert abs(v["bytes"] / real["bytes"] - 1) <= TOLERANCE, (v["dtype"], v["bytes"], real["bytes"])
+        assert v["ratio"]["measured"] and v["committed_variant"] == real["id"]
+        assert v["committed_samples"] == 40 and v["remaining_bytes"] == 0
+        assert v["tokens_per_second"] > 0 and v["seconds"] == 0 and "measured" in v["seconds_source"]
+    assert plan["space"]["local"] and plan["space"]["fits"] and plan["space"]["needed_bytes"] == 0
+
+
+def test_plan_of_the_tiny_manifest_prints_tokens_bytes_space_and_time(tmp_path: Path):
+    store = tmp_path / "t.zarr"
+    r = CliRunner().invoke(app, ["plan", str(REPO / "manifests" / "tiny.toml"), "--store", str(store),
+                                 "--peak-tflops", "1"])
+    assert r.exit_code == 0, r.output
+    text = r.output
+    for what in ("tokens: ", "variant torch/bf16/cpu stored bf16/shuffle-zstd", "variant torch/fp32/cpu",
+                 "fp8-e4m3/zstd", "free; the build needs", "time: ", "nothing committed"):
+        assert what in text, (what, text)
+    assert "unknown" not in text.split("time: ")[1].split(" for ")[0], text
+    assert not store.exists(), "planning made the store"
+
+
+def test_a_sampled_plan_brackets_the_counted_tokens(tmp_path: Path):
+    m = write_manifest(tmp_path / "m.toml", store=str(tmp_path / "s.zarr"))
+    full, part = _plan(str(m)), _plan(str(m), "--sample", "60")
+    t = part["tokens"]
+    assert t["sampled_rows"] == 60 and full["tokens"]["sampled_rows"] is None
+    assert t["tokens_low"] <= full["tokens"]["tokens"] <= t["tokens_high"], (t, full["tokens"])
+    assert part["inputs"]["rows"] == 60
+
+
+def test_plan_of_a_27b_shaped_builtin_states_bf16_and_fp8_sizes_and_an_assumed_time(tmp_path: Path):
+    """27B shape on a machine without its GPU: nothing is instantiated, the bf16 default codec and FP8 sizes
+    follow from tokens x hidden x bytes / ratio, and the time rests on the stated MFU of an H200's peak."""
+    m = write_manifest(tmp_path / "m.toml", layers=layers_toml("27b"), extra_model=config_toml("27b"),
+                       store=str(tmp_path / "s.zarr"), max_length=512)
+    m.write_text(m.read_text().replace('devices = ["cpu"]', 'devices = ["cuda"]'))
+    plan = _plan(str(m), "--limit", "24")
+    (v,) = plan["variants"]
+    tokens, hidden = plan["tokens"]["tokens"], plan["hidden_size"]
+    assert hidden == 5120 and plan["layers"] == [1, 16, 31, 46, 61]
+    forms = {f["form"]: f for f in plan["forms"]}
+    for form, itemsize in (("bf16", 2), ("fp8-e4m3", 1)):
+        f = forms[form]
+        states = tokens * hidden * itemsize / f["ratio"]["value"] * len(plan["layers"])
+        assert states <= f["bytes"] <= states * 1.05 + 100_000, (form, f, states)
+    assert v["form"] == "bf16" and v["codec"] == "shuffle-zstd" and v["bytes"] == forms["bf16"]["bytes"]
+    assert forms["fp8-e4m3"]["bytes"] < v["bytes"] / 1.5
+    assert v["mfu"] == ASSUMED_MFU and v["seconds"] > 0 and "assumed" in v["seconds_source"]
+    assert plan["flops_per_token"] > 2 * 20e9  # two FLOPs per weight of ~24 B run
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (user namespaces) for a small tmpfs")
+def test_a_build_its_filesystem_cannot_hold_is_refused_before_any_model_loads(tmp_path: Path):
+    """A real 1 MiB tmpfs (mounted in a user namespace, no root needed): the build exits 2 with one line
+    naming the numbers and the fix, and leaves the filesystem empty — no store, no worker, no model."""
+    small = tmp_path / "small"
+    small.mkdir()
+    m = write_manifest(tmp_path / "m.toml", store=str(small / "s.zarr"))
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"user namespaces are not allowed here: {probe.stderr.decode().strip()}")
+    script = (f"mount -t tmpfs -o size=1m none {small} && {sys.executable} -m hsstore build {m} --limit 40 --quiet; "
+              f"echo rc=$?; ls -A {small}")
+    r = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, cwd=REPO)
+    assert "rc=2" in r.stdout and r.stdout.strip().endswith("rc=2"), (r.stdout, r.stderr)
+    err = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "MB free" in err[0] and "--no-space-check" in err[0], r.stderr
+    assert "falling back" not in r.stderr, "a model was loaded before the refusal"
