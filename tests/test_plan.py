@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO, run_cli, write_manifest
+from helpers import REPO, run_cli, run_main, write_manifest
 from typer.testing import CliRunner
 
 from hsstore.cli.main import app
@@ -112,3 +112,37 @@ def test_a_build_its_filesystem_cannot_hold_is_refused_before_any_model_loads(tm
     err = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and "MB free" in err[0] and "--no-space-check" in err[0], r.stderr
     assert "falling back" not in r.stderr, "a model was loaded before the refusal"
+
+
+def test_a_resumed_build_plans_only_its_remainder(tiny_store: Path):
+    """60 rows into the session store that holds the first 40: those are found committed (by key, in the
+    variant of the same recipe and environment), and only the rest is left to write."""
+    plan = _plan(str(tiny_store.parent / "m.toml"), "--limit", "60")
+    built = _info(tiny_store)
+    for v in plan["variants"]:
+        assert v["committed_variant"] == built[v["dtype"]]["id"] and v["committed_samples"] == 40, v
+        assert v["committed_tokens"] == built[v["dtype"]]["n_tokens"]
+        assert 0 < v["remaining_bytes"] < v["bytes"], v
+    assert plan["space"]["needed_bytes"] >= sum(v["remaining_bytes"] for v in plan["variants"])
+
+
+def test_plan_refuses_sample_with_limit_and_calibration_on_an_absent_gpu(tmp_path: Path, capsys):
+    import torch
+
+    m = str(write_manifest(tmp_path / "m.toml", store=str(tmp_path / "s.zarr")))
+    code, err = run_main(["plan", m, "--sample", "10", "--limit", "5"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "--sample and --limit" in err, err
+    if torch.cuda.is_available():
+        return
+    code, err = run_main(["plan", m, "--device", "cuda", "--calibrate", "1"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "no CUDA GPU is visible" in err, err
+
+
+def test_a_whole_sample_is_the_total_and_a_part_brackets_it():
+    from hsstore.core.extrapolate import sample_indices, total_from_sample
+
+    values = [float((7 * i) % 13) for i in range(200)]
+    whole = total_from_sample(values, len(values))
+    assert whole.estimate == whole.low == whole.high == sum(values)
+    part = total_from_sample([values[i] for i in sample_indices(len(values), 80, seed=1)], len(values))
+    assert part.low < sum(values) < part.high and part.low < part.estimate < part.high

@@ -28,7 +28,7 @@ def sampled_rows(files: list[str], n: int, seed: int = SAMPLE_SEED) -> tuple[lis
     return [r for k, r in enumerate(load_rows(files)) if k in want], total
 
 
-def tokens_of(inp: Any, population: int | None, m: Any) -> tuple[Tokens, float]:
+def tokens_of(inp: Any, population: int | None) -> tuple[Tokens, float]:
     """The samples and tokens the build keeps (an interval when ``population`` rows were sampled), and
     the factor that scales the sample's sizes to the whole data."""
     lengths = [s.length for s in inp.samples]
@@ -60,21 +60,21 @@ def expected_provenances(m: Any, inp: Any) -> list[dict[str, Any]] | None:
 
 def sizes(m: Any, inp: Any, ratios: dict[str, Any] | None = None, scale: float = 1.0) -> list[VariantSize]:
     """Every run's size (``ratios``: dtype -> form -> measured Ratios; None: assumed)."""
-    from hsstore.build.plan_store import Committed, committed
+    from hsstore.build.plan_store import NOTHING, committed
     from hsstore.core.batching import token_budget_batches
 
     lengths = [s.length for s in inp.samples]
     keys = [s.key for s in inp.samples]
     batches = token_budget_batches(lengths, m.token_budget)
     expected = expected_provenances(m, inp)
-    done = committed(m.store_path, expected, dict(zip(keys, lengths))) if expected else None
+    done = committed(m.store_path, expected, keys) if expected else None
     geometry = (int(inp.recipe.model.hidden_size), inp.recipe.layers.all)
     out = []
     for k, run in enumerate(runs(m)):
         form = run.precision or run.dtype
         measured = ratios[run.dtype][form] if ratios else None
         out.append(size_variant(m, run, lengths, keys, batches, geometry,
-                                done[k] if done else Committed(None, 0, 0), measured, scale))
+                                done[k] if done else NOTHING, measured, scale))
     return out
 
 

@@ -54,11 +54,11 @@ def _timing(v: VariantSize, shape: ForwardShape, lengths: list[int], cal: Any, s
 def _variant(v: VariantSize, timing: dict[str, Any], scale: float) -> VariantPlan:
     return VariantPlan(
         backend=v.run.backend, dtype=v.run.dtype, device=v.run.device, form=v.form.form, codec=v.form.codec,
-        samples=0, tokens=0, units=v.units, bytes=v.bytes,
+        samples=0, tokens=0, units=max(1, round(v.units * scale)), bytes=v.bytes,
         bytes_per_layer={k[len("layer_"):]: b for k, b in v.parts.items() if k.startswith("layer_")},
         token_bytes=v.parts["tokens"], ratio=Ratio(value=v.ratio, source=v.ratio_source, measured=v.measured),
         committed_variant=v.committed.variant, committed_samples=round(v.committed.samples * scale),
-        committed_tokens=round(v.committed.tokens * scale), remaining_bytes=v.remaining_bytes, **timing)
+        committed_tokens=round(v.committed_tokens * scale), remaining_bytes=v.remaining_bytes, **timing)
 
 
 def _forms(m: Any, inp: Any, cal: dict[str, Any], scale: float) -> list[FormSize]:
@@ -100,12 +100,13 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
     if sample is not None and limit is not None:
         raise BadInput("--sample and --limit do not combine: --limit plans the first N usable rows exactly")
     if calibrate:
+        _check_calibration_device(m.devices[0])
         from hsstore.build.backends import force_backend
 
         force_backend(m.backends[0])  # before transformers loads a model module (tokenizing does not)
     rows, population = sampled_rows(m.data_files, sample) if sample else (None, None)
     inp = plan_inputs(m, limit, rows)
-    tokens, scale = tokens_of(inp, population, m)
+    tokens, scale = tokens_of(inp, population)
     cal = _calibrations(m, inp, calibrate)
     found = sizes(m, inp, {d: c.ratios for d, c in cal.items()} if cal else None, scale)
     config = inp.spec.config(inp.recipe.tokenizer.vocab_size)
@@ -120,6 +121,16 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
         variants=variants, forms=_forms(m, inp, cal, scale), space=space(m, found, tokens.samples),
         batches=len(token_budget_batches(lengths, m.token_budget)),
         calibration_batches=max((c.batches for c in cal.values()), default=0))
+
+
+def _check_calibration_device(device: str) -> None:
+    """BadInput when calibration would run on a GPU this machine does not have."""
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise BadInput(f"--calibrate runs the model on {device!r}, but no CUDA GPU is visible here; plan without "
+                           "--calibrate (stated assumptions), calibrate on the GPU host, or pass --device cpu")
 
 
 def _calibrations(m: Any, inp: Any, n: int) -> dict[str, Any]:

@@ -34,6 +34,7 @@ class VariantSize:
     ratio_source: str
     measured: bool
     committed: Committed
+    committed_tokens: int  # of the tokenized samples (unscaled)
     remaining_bytes: int
     remaining_batches: list[list[int]]  # batches with a sample not committed: what the build still runs
 
@@ -73,31 +74,24 @@ def size_variant(m: Any, run: Run, lengths: list[int], keys: list[str], batches:
     unit_tokens = m.unit_tokens or default_unit_tokens(hidden, form.itemsize, len(layers))
     units = unit_sizes(batch_tokens(lengths, batches), unit_tokens)
     parts = {k: int(v * scale) for k, v in variant_bytes(units, hidden, layers, form, ratios).items()}
-    done = set(keys[:0])
-    if committed.samples:
-        done = _committed_keys(m.store_path, committed.variant, keys)
+    done = committed.keys
     left = [b for b in batches if any(keys[i] not in done for i in b)]
     left_units = unit_sizes([sum(lengths[i] for i in b if keys[i] not in done) for b in left], unit_tokens)
     remaining = int(sum(variant_bytes(left_units, hidden, layers, form, ratios).values()) * scale) if left_units else 0
-    return VariantSize(run, form, len(units), parts, value, source, measured, committed, remaining, left)
-
-
-def _committed_keys(store_path: str, vid: str | None, keys: list[str]) -> set[str]:
-    from hsstore.storage.store import Store
-
-    refs = Store.open(store_path).reader(vid).refs
-    return {k for k in keys if k in refs}
+    tokens_done = sum(n for n, k in zip(lengths, keys) if k in done)
+    return VariantSize(run, form, len(units), parts, value, source, measured, committed, tokens_done, remaining, left)
 
 
 def needed_bytes(sizes: list[VariantSize], samples: int, block: int) -> int:
-    """What the build still writes to disk: the remaining bytes of every variant, their commit records and,
-    per file, up to one allocation block of rounding."""
+    """What the build still writes to disk (``samples``: of the whole data): the remaining bytes of every
+    variant, their commit records and, per file, up to one allocation block of rounding."""
     total = 0
     for v in sizes:
         if not v.remaining_bytes:
             continue
         n_layers = sum(1 for k in v.parts if k.startswith("layer_"))
-        units = max(1, round(v.units * v.remaining_bytes / max(1, v.bytes)))
-        total += v.remaining_bytes + commit_bytes(samples, units, n_layers)
+        share = v.remaining_bytes / max(1, v.bytes)
+        units = max(1, round(v.units * share))
+        total += v.remaining_bytes + commit_bytes(round(samples * share), units, n_layers)
         total += units * files_per_unit(n_layers, v.form.quantized) * block
     return total

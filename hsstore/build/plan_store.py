@@ -9,7 +9,7 @@ batching and storage precision), so a store variant computed with other versions
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,34 +25,40 @@ class Committed:
     """The store's variant for one planned run and its committed share of the planned samples."""
 
     variant: str | None
-    samples: int
-    tokens: int
+    keys: frozenset[str]  # the planned samples it has committed
+
+    @property
+    def samples(self) -> int:
+        return len(self.keys)
 
 
 def _key(provenance: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in numeric_fields(provenance).items() if not k.startswith(_UNKNOWABLE)}
 
 
-def committed(store_path: str, expected: list[dict[str, Any]], lengths: Mapping[str, int]) -> list[Committed]:
+NOTHING = Committed(None, frozenset())
+
+
+def committed(store_path: str, expected: list[dict[str, Any]], keys: Collection[str]) -> list[Committed]:
     """For each ``expected`` provenance (kernels left as planned), the store variant whose knowable fields
-    match and how many of the samples in ``lengths`` (key -> tokens) it has committed. A store that does
-    not exist yet holds nothing."""
+    match and which of the planned ``keys`` it has committed (the variant with most of them). A store that
+    does not exist yet holds nothing."""
     from hsstore.core.errors import StoreNotFound
     from hsstore.storage.store import Store
 
     try:
         store = Store.open(store_path)
     except StoreNotFound:
-        return [Committed(None, 0, 0) for _ in expected]
-    keys = {vid: _key(store.variant_record(vid).provenance) for vid in store.variant_ids()}
+        return [NOTHING for _ in expected]
+    fields = {vid: _key(store.variant_record(vid).provenance) for vid in store.variant_ids()}
     out = []
     for prov in expected:
         want = _key(prov)
-        best = Committed(None, 0, 0)
-        for vid in sorted(v for v, k in keys.items() if k == want):
+        best = NOTHING
+        for vid in sorted(v for v, k in fields.items() if k == want):
             refs = store.reader(vid).refs
-            done = [k for k in lengths if k in refs]
+            done = frozenset(k for k in keys if k in refs)
             if best.variant is None or len(done) > best.samples:
-                best = Committed(vid, len(done), sum(lengths[k] for k in done))
+                best = Committed(vid, done)
         out.append(best)
     return out
