@@ -77,6 +77,8 @@ def test_a_sampled_plan_brackets_the_counted_tokens(tmp_path: Path):
 def test_plan_of_a_27b_shaped_builtin_states_bf16_and_fp8_sizes_and_an_assumed_time(tmp_path: Path):
     """27B shape on a machine without its GPU: nothing is instantiated, the bf16 default codec and FP8 sizes
     follow from tokens x hidden x bytes / ratio, and the time rests on the stated MFU of an H200's peak."""
+    import resource
+
     m = write_manifest(tmp_path / "m.toml", layers=layers_toml("27b"), extra_model=config_toml("27b"),
                        store=str(tmp_path / "s.zarr"), max_length=512)
     m.write_text(m.read_text().replace('devices = ["cpu"]', 'devices = ["cuda"]'))
@@ -92,7 +94,14 @@ def test_plan_of_a_27b_shaped_builtin_states_bf16_and_fp8_sizes_and_an_assumed_t
     assert v["form"] == "bf16" and v["codec"] == "shuffle-zstd" and v["bytes"] == forms["bf16"]["bytes"]
     assert forms["fp8-e4m3"]["bytes"] < v["bytes"] / 1.5
     assert v["mfu"] == ASSUMED_MFU and v["seconds"] > 0 and "assumed" in v["seconds_source"]
-    assert plan["flops_per_token"] > 2 * 20e9  # two FLOPs per weight of ~24 B run
+    assert plan["space"]["local"] and plan["space"]["free_bytes"] > 0
+    # two FLOPs per weight: the bf16 weights of the layers run would take flops_per_token bytes
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert peak_rss < plan["flops_per_token"] / 4, "planning instantiated the 27B weights"
+    r = CliRunner().invoke(app, ["plan", str(m), "--limit", "24", "--precision", "fp8-e4m3"])
+    assert r.exit_code == 0, r.output
+    for what in ("tokens: ", "variant torch/bf16/cuda stored fp8-e4m3/zstd", "time: ", "MFU 0.46", "free;"):
+        assert what in r.output, (what, r.output)
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (user namespaces) for a small tmpfs")

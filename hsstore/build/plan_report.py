@@ -27,7 +27,7 @@ def _peak(device: str, dtype: str, cal: Any, peak_tflops: float | None) -> tuple
     import torch
 
     name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else DEFAULT_GPU
-    why = name if torch.cuda.is_available() else f"{DEFAULT_GPU} (no GPU visible here; --peak-tflops to set)"
+    why = name if torch.cuda.is_available() else f"an {DEFAULT_GPU}, assumed: no GPU is visible here (--peak-tflops sets it)"
     return peak_flops(name, dtype), why
 
 
@@ -48,7 +48,7 @@ def _timing(v: VariantSize, shape: ForwardShape, lengths: list[int], cal: Any, s
     tokens = sum(lengths[i] for b in v.remaining_batches for i in b) * scale
     return {"flops": flops, "seconds": secs, "mfu": ASSUMED_MFU, "tokens_per_second": tokens / secs if secs else None,
             "seconds_source": f"assumed: MFU {ASSUMED_MFU} (27B-shaped bare forward on an H200, docs/benchmarks.md) "
-                              f"of {where}'s {peak / 1e12:g} TFLOP/s {v.run.dtype} peak; forward only"}
+                              f"of the {peak / 1e12:g} TFLOP/s {v.run.dtype} peak of {where}; forward only"}
 
 
 def _variant(v: VariantSize, timing: dict[str, Any], scale: float) -> VariantPlan:
@@ -81,8 +81,9 @@ def _forms(m: Any, inp: Any, cal: dict[str, Any], scale: float) -> list[FormSize
             value, src = assumed_ratio(form.form, form.codec)
             ratios = Ratios(value)
         units = unit_sizes(per_batch, m.unit_tokens or default_unit_tokens(hidden, form.itemsize, len(layers)))
-        total = int(sum(variant_bytes(units, hidden, layers, form, ratios).values()) * scale)
-        out.append(FormSize(form=name, codec=form.codec, bytes=total,
+        parts = {k: int(b * scale) for k, b in variant_bytes(units, hidden, layers, form, ratios).items()}
+        out.append(FormSize(form=name, codec=form.codec, bytes=sum(parts.values()),
+                            bytes_per_layer={k[len("layer_"):]: b for k, b in parts.items() if k.startswith("layer_")},
                             ratio=Ratio(value=ratios.default, source=src, measured=first is not None)))
     return out
 

@@ -77,10 +77,11 @@ def _lines(r: PlanReport) -> list[str]:
         per_layer = _size(max(v.bytes_per_layer.values()) if v.bytes_per_layer else 0)
         done = (f"{v.committed_samples:,} samples committed in {v.committed_variant}" if v.committed_variant
                 else "nothing committed")
-        how = "measured" if v.ratio.measured else f"assumed ({v.ratio.source})"
+        how = "measured" if v.ratio.measured else f"assumed: {v.ratio.source}"
         mfu = f", MFU {v.mfu:.2f}" if v.mfu is not None else ""
         lines += [f"variant {v.backend}/{v.dtype}/{v.device} stored {v.form}/{v.codec}: {_size(v.bytes)} in {v.units} "
-                  f"units ({per_layer} per layer, {v.ratio.value:.2f}x {how}); {done}; to write {_size(v.remaining_bytes)}",
+                  f"units, {per_layer} per layer; {done}; to write {_size(v.remaining_bytes)}",
+                  f"  codec ratio {v.ratio.value:.2f}x ({how})",
                   f"  time: {_time(v.seconds)} for {v.flops:.3g} FLOPs{mfu} — {v.seconds_source}"]
     lines.append("storage forms, all samples: " + "; ".join(
         f"{f.form}/{f.codec} {_size(f.bytes)} ({f.ratio.value:.2f}x{'' if f.ratio.measured else ' assumed'})"

@@ -60,6 +60,7 @@ class FormSize(Record):
     form: str
     codec: str
     bytes: int
+    bytes_per_layer: dict[str, int]  # layer id -> bytes (FP8: codes and scales)
     ratio: Ratio
 
 
