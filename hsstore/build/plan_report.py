@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from hsstore.build.plan import counts, sampled_rows, sizes, space, tokens_of
-from hsstore.build.plan_sizes import VariantSize, batch_shapes
+from hsstore.build.plan_sizes import Run, VariantSize, batch_shapes, size_variant
 from hsstore.core.errors import BadInput
 from hsstore.core.flops import ASSUMED_MFU, ForwardShape, batch_flops, mfu, peak_flops, seconds_at
-from hsstore.core.schema.plan import FormSize, PlanReport, Ratio, VariantPlan
-from hsstore.storage.sizing import FORMS, Ratios, StoredForm, assumed_ratio, variant_bytes
+from hsstore.core.schema.plan import FormSize, PlanReport, Ratio, Tokens, VariantPlan
+from hsstore.storage.sizing import FORMS
 
 DEFAULT_GPU = "H200"  # whose peak an uncalibrated plan of a cuda build assumes when no GPU is visible here
 
@@ -27,20 +27,24 @@ def _peak(device: str, dtype: str, cal: Any, peak_tflops: float | None) -> tuple
     import torch
 
     name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else DEFAULT_GPU
-    why = name if torch.cuda.is_available() else f"an {DEFAULT_GPU}, assumed: no GPU is visible here (--peak-tflops sets it)"
+    why = name if torch.cuda.is_available() else \
+        f"an {DEFAULT_GPU}, assumed: no GPU is visible here (--peak-tflops sets it)"
     return peak_flops(name, dtype), why
 
 
 def _timing(v: VariantSize, shape: ForwardShape, lengths: list[int], cal: Any, scale: float,
             peak_tflops: float | None) -> dict[str, Any]:
+    """FLOPs of the forwards ``v`` still runs, their seconds, MFU and tokens/s, and where those come from."""
     flops = batch_flops(shape, batch_shapes(lengths, v.remaining_batches)) * scale
     peak, where = _peak(v.run.device, v.run.dtype, cal, peak_tflops)
     if cal is not None and cal.seconds > 0:
-        rate = batch_flops(shape, cal.shapes) / cal.seconds
-        return {"flops": flops, "seconds": flops / rate, "mfu": rate / peak if peak else None,
+        done = batch_flops(shape, cal.shapes)
+        used = mfu(done, cal.seconds, peak) if peak else None
+        return {"flops": flops, "seconds": flops * cal.seconds / done, "mfu": used,
                 "tokens_per_second": cal.tokens / cal.seconds,
                 "seconds_source": f"measured: {cal.tokens:,} tokens in {cal.seconds:.3g} s on {cal.device_name} "
-                                  f"({len(cal.shapes)} timed batch(es); MFU {'n/a: no peak known' if not peak else f'{rate / peak:.2f}'})"}
+                                  f"({len(cal.shapes)} timed batch(es); MFU "
+                                  f"{'n/a: no peak known' if used is None else f'{used:.2f}'})"}
     if peak is None:
         return {"flops": flops, "seconds": None, "mfu": None, "tokens_per_second": None,
                 "seconds_source": f"unknown: no peak FLOP/s for {where}; run with --calibrate N (or --peak-tflops)"}
@@ -51,41 +55,42 @@ def _timing(v: VariantSize, shape: ForwardShape, lengths: list[int], cal: Any, s
                               f"of the {peak / 1e12:g} TFLOP/s {v.run.dtype} peak of {where}; forward only"}
 
 
-def _variant(v: VariantSize, timing: dict[str, Any], scale: float) -> VariantPlan:
+def _variant(v: VariantSize, tokens: Tokens, timing: dict[str, Any], scale: float) -> VariantPlan:
+    """The report's record of one variant's size, committed share and time."""
     return VariantPlan(
         backend=v.run.backend, dtype=v.run.dtype, device=v.run.device, form=v.form.form, codec=v.form.codec,
-        samples=0, tokens=0, units=max(1, round(v.units * scale)), bytes=v.bytes,
-        bytes_per_layer={k[len("layer_"):]: b for k, b in v.parts.items() if k.startswith("layer_")},
+        samples=tokens.samples, tokens=tokens.tokens, units=max(1, round(v.units * scale)), bytes=v.bytes,
+        bytes_per_layer=_layers(v.parts),
         token_bytes=v.parts["tokens"], ratio=Ratio(value=v.ratio, source=v.ratio_source, measured=v.measured),
         committed_variant=v.committed.variant, committed_samples=round(v.committed.samples * scale),
         committed_tokens=round(v.committed_tokens * scale), remaining_bytes=v.remaining_bytes, **timing)
 
 
 def _forms(m: Any, inp: Any, cal: dict[str, Any], scale: float) -> list[FormSize]:
-    """The whole sample set stored in each form with the manifest's codec: the choices side by side
-    (measured on the first dtype's calibration states when calibrated)."""
+    """The whole sample set stored in each form with the manifest's codec: the choices side by side,
+    measured on the form's own dtype's calibration states (else the first dtype's: bf16 states cast to
+    fp32 compress as no fp32 states do, so a dtype not built is best calibrated by building it)."""
+    from hsstore.build.plan_store import NOTHING
     from hsstore.core.batching import token_budget_batches
-    from hsstore.core.unitplan import default_unit_tokens, unit_sizes
 
-    hidden, layers = int(inp.recipe.model.hidden_size), inp.recipe.layers.all
-    lengths = [s.length for s in inp.samples]
-    per_batch = [sum(lengths[i] for i in b) for b in token_budget_batches(lengths, m.token_budget)]
+    lengths, keys = [s.length for s in inp.samples], [s.key for s in inp.samples]
+    batches = token_budget_batches(lengths, m.token_budget)
+    geometry = (int(inp.recipe.model.hidden_size), inp.recipe.layers.all)
     out = []
     for name in FORMS:
-        # the form's own dtype's states when calibrated (bf16 cast to fp32 would compress as no fp32 does)
-        first = cal.get(name if name in cal else m.dtypes[0])
-        form = StoredForm.of("bf16" if name == "fp8-e4m3" else name, "fp8-e4m3" if name == "fp8-e4m3" else None, m.codec)
-        if first is not None:
-            ratios, src = first.ratios[name], f"measured on {first.dtype} states of the calibration batches"
-        else:
-            value, src = assumed_ratio(form.form, form.codec)
-            ratios = Ratios(value)
-        units = unit_sizes(per_batch, m.unit_tokens or default_unit_tokens(hidden, form.itemsize, len(layers)))
-        parts = {k: int(b * scale) for k, b in variant_bytes(units, hidden, layers, form, ratios).items()}
-        out.append(FormSize(form=name, codec=form.codec, bytes=sum(parts.values()),
-                            bytes_per_layer={k[len("layer_"):]: b for k, b in parts.items() if k.startswith("layer_")},
-                            ratio=Ratio(value=ratios.default, source=src, measured=first is not None)))
+        fp8 = name == "fp8-e4m3"
+        c = cal.get(name if name in cal else m.dtypes[0])
+        run = Run("", "bf16" if fp8 else name, "", name if fp8 else None)
+        v = size_variant(m, run, lengths, keys, batches, geometry, NOTHING, c.ratios[name] if c else None, scale)
+        source = f"measured on {c.dtype} states of the calibration batches" if c else v.ratio_source
+        out.append(FormSize(form=name, codec=v.form.codec, bytes=v.bytes, bytes_per_layer=_layers(v.parts),
+                            ratio=Ratio(value=v.ratio, source=source, measured=v.measured)))
     return out
+
+
+def _layers(parts: dict[str, int]) -> dict[str, int]:
+    """Layer id -> bytes of a size's parts."""
+    return {k[len("layer_"):]: b for k, b in parts.items() if k.startswith("layer_")}
 
 
 def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calibrate: int = 0,
@@ -113,8 +118,8 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
     config = inp.spec.config(inp.recipe.tokenizer.vocab_size)
     shape = forward_shape(config, max(inp.recipe.layers.all), m.trust_remote_code)
     lengths = [s.length for s in inp.samples]
-    variants = [_variant(v, _timing(v, shape, lengths, cal.get(v.run.dtype), scale, peak_tflops), scale)
-                .replace(samples=tokens.samples, tokens=tokens.tokens) for v in found]
+    variants = [_variant(v, tokens, _timing(v, shape, lengths, cal.get(v.run.dtype), scale, peak_tflops), scale)
+                for v in found]
     return PlanReport(
         manifest=m.source, store=m.store_path, model=m.model_path, hidden_size=int(inp.recipe.model.hidden_size),
         layers=inp.recipe.layers.all, inputs=counts(inp), tokens=tokens,

@@ -92,5 +92,6 @@ def _lines(r: PlanReport) -> list[str]:
                      f"the build writes {_size(s.needed_bytes)}")
     else:
         verdict = "fits" if s.fits else "does NOT fit (hsstore build will refuse; free space or use another --store)"
-        lines.append(f"space: {s.path} has {_size(s.free_bytes)} free; the build needs {_size(s.needed_bytes)}: {verdict}")
+        lines.append(f"space: {s.path} has {_size(s.free_bytes)} free; the build needs {_size(s.needed_bytes)}: "
+                     f"{verdict}")
     return lines

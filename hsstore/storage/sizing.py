@@ -27,11 +27,13 @@ DOCS = "docs/benchmarks.md, \"Codecs\" and \"FP8 storage\""
 # (form, codec) -> (raw bytes / stored bytes of the states, where the figure comes from); the low end of
 # what was measured, so the size check errs towards refusing; unmeasured pairs assume no compression
 ASSUMED_RATIOS: dict[tuple[str, str], tuple[float, str]] = {
-    ("bf16", "shuffle-zstd"): (1.42, f"{DOCS}: 1.42-1.48x on bf16 model states (1.47x in a 27B-shaped build on an H200)"),
+    ("bf16", "shuffle-zstd"): (1.42, f"{DOCS}: 1.42-1.48x on bf16 model states "
+                                     "(1.47x in a 27B-shaped build on an H200)"),
     ("bf16", "zstd"): (1.24, f"{DOCS}: 1.24-1.30x on bf16 model states"),
     ("bf16", "blosc-lz4"): (1.14, f"{DOCS}: 1.14-1.22x on bf16 model states"),
     ("bf16", "blosc-zstd"): (1.04, f"{DOCS}: 1.04-1.13x on bf16 model states"),
-    ("fp8-e4m3", "zstd"): (1.11, f"{DOCS}: e4m3 codes and scales 2.22x smaller than raw bf16 with zstd-1, 2.00x without"),
+    ("fp8-e4m3", "zstd"): (1.11, f"{DOCS}: e4m3 codes and scales 2.22x smaller than raw bf16 with zstd-1, "
+                                 "2.00x without"),
 }
 
 
