@@ -1,9 +1,12 @@
 """Where each rank of a build runs: its rank numbers under torchrun and the devices it binds, checked
-against what this machine has (one line naming the fix when a device is missing)."""
+against what this machine has (one line naming the fix when a device is missing), and the process group
+the ranks meet in."""
 
 from __future__ import annotations
 
 import os
+import time
+from typing import Any
 
 from hsstore.build.manifest import Manifest
 from hsstore.core.errors import BadInput
@@ -52,3 +55,23 @@ def check_devices(m: Manifest, local_rank: int, world: int) -> list[str]:
                 raise BadInput(f"device {dev!r} requested but only {torch.cuda.device_count()} GPU(s) are visible")
         out.append(dev)
     return out
+
+
+def barrier(group: Any) -> None:
+    """Wait for every rank, letting stop signals through (a blocking gloo barrier holds them until it ends)."""
+    if group is None:
+        return
+    work = group.barrier(async_op=True)
+    while not work.is_completed():
+        time.sleep(0.05)
+    work.wait()
+
+
+def process_group(world: int) -> Any:
+    """torch.distributed over gloo when under torchrun (it carries only barriers), else None."""
+    if world == 1:
+        return None
+    import torch.distributed
+
+    torch.distributed.init_process_group("gloo")
+    return torch.distributed

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hsstore.build.devices import check_devices, dist
+from hsstore.build.devices import barrier, check_devices, dist, process_group
 from hsstore.build.lineage import Lineage, agree_build_id, now
 from hsstore.build.manifest import FINAL_NORM, Manifest, resolve_layers, validate
 from hsstore.build.models import ModelSpec, check_vocabulary, text_config
@@ -227,7 +227,7 @@ def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float,
 
         check_space(m, inp)  # before the store is made, a model loads or a worker starts
     store = Store.create(m.store_path)  # fail early on a bad store path, before any model runs
-    group = _process_group(ctx.world)
+    group = process_group(ctx.world)
     try:
         mine, batches = share([s.length for s in inp.samples], m.token_budget, ctx.rank, ctx.world)
         ctx.keys = [inp.samples[i].key for i in mine]
@@ -236,7 +236,7 @@ def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float,
             recipe=inp.recipe, report=inp.report, samples=len(inp.samples), share_samples=len(mine),
             share_tokens=sum(inp.samples[i].length for i in mine), started_at=started)
         results = _run_workers(m, inp, mine, batches, quiet, ctx)
-        _barrier(group)
+        barrier(group)
         complete = _record_complete(m, inp.samples, results) if ctx.rank == 0 else None
     finally:
         if group is not None:
@@ -263,26 +263,6 @@ def _run_workers(m: Manifest, inp: Inputs, mine: list[int], batches: list[list[i
             status(f"starting the {backend} worker (a fresh process: imports torch and transformers)", quiet or ctx.rank != 0)
             results += _run_worker(worker_plan(m, inp, backend, ctx.devices, batches, tmp, ctx.rank, quiet), ctx)
     return results
-
-
-def _barrier(group: Any) -> None:
-    """Wait for every rank, letting stop signals through (a blocking gloo barrier holds them until it ends)."""
-    if group is None:
-        return
-    work = group.barrier(async_op=True)
-    while not work.is_completed():
-        time.sleep(0.05)
-    work.wait()
-
-
-def _process_group(world: int) -> Any:
-    """torch.distributed over gloo when under torchrun (it carries only barriers), else None."""
-    if world == 1:
-        return None
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo")
-    return dist
 
 
 def _record_complete(m: Manifest, samples: list[SampleTokens], results: list[VariantResult]) -> dict[str, bool]:

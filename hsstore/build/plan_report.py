@@ -111,7 +111,7 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
 
         force_backend(m.backends[0])  # before transformers loads a model module (tokenizing does not)
     rows, population = sampled_rows(m.data_files, sample) if sample else (None, None)
-    inp = plan_inputs(m, limit, rows)
+    inp = plan_inputs(m, limit, rows=rows)
     tokens, scale = tokens_of(inp, population)
     cal = _calibrations(m, inp, calibrate)
     found = sizes(m, inp, {d: c.ratios for d, c in cal.items()} if cal else None, scale)
