@@ -46,11 +46,12 @@ def tokens_of(inp: Any, population: int | None) -> tuple[Tokens, float]:
 
 
 def expected_provenances(m: Any, inp: Any) -> list[dict[str, Any]] | None:
-    """The provenance each run's variant will have, kernels unknown (None where the device is not here)."""
+    """The provenance each run's variant will have, the kernels a loaded model binds unknown but for the
+    attention asked for (None where the device is not here)."""
     from hsstore.build.worker import planned_provenance
     from hsstore.core.schema.provenance import Kernels
 
-    unknown = Kernels(chunk_gated_delta_rule="?", causal_conv1d="?", attention="?")
+    unknown = Kernels(chunk_gated_delta_rule="?", causal_conv1d="?", attention=m.attn_implementation)
     try:
         return [planned_provenance(inp.recipe, m.token_budget, r.precision, r.backend, r.dtype, r.device,
                                    unknown).to_dict() for r in runs(m)]

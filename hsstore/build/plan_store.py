@@ -1,10 +1,11 @@
 """What a store already holds of a planned build: for each (backend, dtype, device, precision) the variant
 of the same recipe and environment, and which of the planned samples it has committed.
 
-A variant's id also hashes the kernels the loaded model binds, which only a loaded model tells; a plan
-matches every other field that changes numbers (the recipe, the device type, dtype, backend, versions,
-batching and storage precision), so a store variant computed with other versions is not counted as done
-(the build would write a new variant).
+A variant's id also hashes the gated-delta and conv1d kernels the loaded model binds, which only a loaded
+model tells (the backend asked for decides them); a plan matches every other field that changes numbers
+(the recipe, the device type, dtype, backend, attention implementation, versions, batching and storage
+precision), so a store variant computed with other versions is not counted as done (the build would
+write a new variant).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 from hsstore.core.provenance import numeric_fields
 
 # environment fields a plan cannot know before a model is loaded (or that name this host)
-_UNKNOWABLE = ("environment.kernels.", "environment.device_name", "environment.device_index",
+_UNKNOWABLE = ("environment.kernels.chunk_gated_delta_rule", "environment.kernels.causal_conv1d",
+               "environment.device_name", "environment.device_index",
                "environment.compute_capability", "environment.model_parallel")
 
 
