@@ -57,9 +57,12 @@ def flags() -> dict[str, Any]:
     }
 
 
-def environment(device: str, dtype: str, backend: str, kernels: Kernels, batching: Batching) -> Environment:
-    """The ``environment`` half of a provenance (DESIGN §1). ``device`` is the type; the index is informational."""
-    return Environment(**device_info(device), dtype=dtype, backend=backend, kernels=kernels, versions=versions(),
+def environment(device: str, dtype: str, backend: str, kernels: Kernels, batching: Batching,
+                probe: bool = True) -> Environment:
+    """The ``environment`` half of a provenance (DESIGN §1). ``device`` is the type; the index is informational.
+    ``probe=False``: the device's type only, its name and index not asked (no CUDA context is made: a plan)."""
+    where = device_info(device) if probe else {"device": device.split(":")[0]}
+    return Environment(**where, dtype=dtype, backend=backend, kernels=kernels, versions=versions(),
                        flags=flags(), batching=batching, host=socket.gethostname())
 
 

@@ -45,37 +45,34 @@ def tokens_of(inp: Any, population: int | None) -> tuple[Tokens, float]:
                   mean_length=mean), t.estimate / max(1, tokens)
 
 
-def expected_provenances(m: Any, inp: Any) -> list[dict[str, Any]] | None:
+def expected_provenances(m: Any, inp: Any) -> list[dict[str, Any]]:
     """The provenance each run's variant will have, the kernels a loaded model binds unknown but for the
-    attention asked for (None where the device is not here)."""
+    attention asked for; the device by its type (no CUDA context is made in a build's driver)."""
     from hsstore.build.worker import planned_provenance
     from hsstore.core.schema.provenance import Kernels
 
     unknown = Kernels(chunk_gated_delta_rule="?", causal_conv1d="?", attention=m.attn_implementation)
-    try:
-        return [planned_provenance(inp.recipe, m.token_budget, r.precision, r.backend, r.dtype, r.device,
-                                   unknown).to_dict() for r in runs(m)]
-    except (RuntimeError, AssertionError, ValueError):  # e.g. a cuda device on a host without one
-        return None
+    return [planned_provenance(inp.recipe, m.token_budget, r.precision, r.backend, r.dtype, r.device, unknown,
+                               probe=False).to_dict() for r in runs(m)]
 
 
 def sizes(m: Any, inp: Any, ratios: dict[str, Any] | None = None, scale: float = 1.0) -> list[VariantSize]:
     """Every run's size (``ratios``: dtype -> form -> measured Ratios; None: assumed)."""
-    from hsstore.build.plan_store import NOTHING, committed
+    from hsstore.build.plan_store import committed
     from hsstore.core.batching import token_budget_batches
 
     lengths = [s.length for s in inp.samples]
     keys = [s.key for s in inp.samples]
     batches = token_budget_batches(lengths, m.token_budget)
     expected = expected_provenances(m, inp)
-    done = committed(m.store_path, expected, keys) if expected else None
+    done = committed(m.store_path, expected, keys)
     geometry = (int(inp.recipe.model.hidden_size), inp.recipe.layers.all)
     out = []
     for k, run in enumerate(runs(m)):
         form = run.precision or run.dtype
         measured = ratios[run.dtype][form] if ratios else None
         out.append(size_variant(m, run, lengths, keys, batches, geometry,
-                                done[k] if done else NOTHING, measured, scale))
+                                done[k], measured, scale))
     return out
 
 

@@ -77,16 +77,16 @@ def _load(plan: WorkerPlan, spec: Any, dtype: str, devices: list[str]) -> tuple[
 
 
 def planned_provenance(recipe: Any, token_budget: int, precision: str | None, backend: str, dtype: str,
-                       device: str, kernels: Kernels) -> Provenance:
+                       device: str, kernels: Kernels, probe: bool = True) -> Provenance:
     """The provenance a variant of ``recipe`` computed on ``device`` gets (``hsstore plan`` calls it with
-    kernels not yet known: a plan matches store variants on every other field)."""
+    kernels not yet known and ``probe=False``: a plan matches store variants on every other field)."""
     from hsstore.build.environment import environment
     from hsstore.core.batching import POLICY as PADDING_POLICY
     from hsstore.core.precision import SCALE_SCHEME
 
     batching = Batching(padding_side="right", token_budget=token_budget, attention_mask=True,
                         order="length-descending", padded_lengths=PADDING_POLICY)
-    env = environment(device, dtype, backend, kernels, batching)
+    env = environment(device, dtype, backend, kernels, batching, probe)
     if precision:  # absent when stored as computed: the ids of such variants do not change
         env = env.replace(storage=Storage(precision=precision, scale=SCALE_SCHEME))
     return Provenance(recipe=recipe, environment=env)
