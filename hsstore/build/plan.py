@@ -15,6 +15,7 @@ from hsstore.build.datafiles import load_rows
 from hsstore.build.plan_sizes import VariantSize, needed_bytes, runs, size_variant
 from hsstore.core.errors import BadInput
 from hsstore.core.extrapolate import sample_indices, total_from_sample
+from hsstore.core.humanize import byte_size
 from hsstore.core.schema.build import InputCounts
 from hsstore.core.schema.plan import Space, Tokens
 
@@ -96,9 +97,9 @@ def check_space(m: Any, inp: Any) -> None:
     s = space(m, found, len(inp.samples))
     if s.fits is False:
         ratio = ", ".join(sorted({f"{v.form.form}/{v.form.codec} {v.ratio:.2f}x" for v in found}))
-        raise BadInput(f"store {m.store_path!r}: the build needs ~{s.needed_bytes / 1e6:,.1f} MB ({len(found)} "
+        raise BadInput(f"store {m.store_path!r}: the build needs ~{byte_size(s.needed_bytes)} ({len(found)} "
                        f"variant(s), {sum(x.length for x in inp.samples):,} tokens, assumed codec ratio {ratio}) "
-                       f"but {s.path} has {s.free_bytes / 1e6:,.1f} MB free; free space, choose another --store, "
+                       f"but {s.path} has {byte_size(s.free_bytes)} free; free space, choose another --store, "
                        "or pass --no-space-check (local stores only; see hsstore plan MANIFEST)")
 
 

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from hsstore.cli.app import app, emit
+from hsstore.core.humanize import byte_size, duration
 from hsstore.core.schema.plan import PlanReport
 
 
@@ -45,21 +46,6 @@ def plan(
     emit(report.to_dict(), json_out, "\n".join(_lines(report)))
 
 
-def _size(n: float | None) -> str:
-    if n is None:
-        return "unknown"
-    for unit, f in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= f:
-            return f"{n / f:.3g} {unit}"
-    return f"{n:.0f} B"
-
-
-def _time(s: float | None) -> str:
-    if s is None:
-        return "unknown"
-    return f"{s / 3600:.3g} h" if s >= 3600 else f"{s:.3g} s"
-
-
 def _lines(r: PlanReport) -> list[str]:
     """The text form of a plan."""
     inp, t = r.inputs, r.tokens
@@ -74,24 +60,24 @@ def _lines(r: PlanReport) -> list[str]:
     lines += [tok, f"model {r.model}: hidden {r.hidden_size}, layers {r.layers}; forward {r.flops_per_token:.3g} "
                    f"FLOPs/token"]
     for v in r.variants:
-        per_layer = _size(max(v.bytes_per_layer.values()) if v.bytes_per_layer else 0)
+        per_layer = byte_size(max(v.bytes_per_layer.values()) if v.bytes_per_layer else 0)
         done = (f"{v.committed_samples:,} samples committed in {v.committed_variant}" if v.committed_variant
                 else "nothing committed")
         how = "measured" if v.ratio.measured else f"assumed: {v.ratio.source}"
         mfu = f", MFU {v.mfu:.2f}" if v.mfu is not None else ""
-        lines += [f"variant {v.backend}/{v.dtype}/{v.device} stored {v.form}/{v.codec}: {_size(v.bytes)} in {v.units} "
-                  f"units, {per_layer} per layer; {done}; to write {_size(v.remaining_bytes)}",
+        lines += [f"variant {v.backend}/{v.dtype}/{v.device} stored {v.form}/{v.codec}: {byte_size(v.bytes)} in "
+                  f"{v.units} units, {per_layer} per layer; {done}; to write {byte_size(v.remaining_bytes)}",
                   f"  codec ratio {v.ratio.value:.2f}x ({how})",
-                  f"  time: {_time(v.seconds)} for {v.flops:.3g} FLOPs{mfu} — {v.seconds_source}"]
+                  f"  time: {duration(v.seconds)} for {v.flops:.3g} FLOPs{mfu} — {v.seconds_source}"]
     lines.append("storage forms, all samples: " + "; ".join(
-        f"{f.form}/{f.codec} {_size(f.bytes)} ({f.ratio.value:.2f}x{'' if f.ratio.measured else ' assumed'})"
+        f"{f.form}/{f.codec} {byte_size(f.bytes)} ({f.ratio.value:.2f}x{'' if f.ratio.measured else ' assumed'})"
         for f in r.forms))
     s = r.space
     if not s.local:
         lines.append(f"space: {s.path} is an object store: free space unknown (not checked); "
-                     f"the build writes {_size(s.needed_bytes)}")
+                     f"the build writes {byte_size(s.needed_bytes)}")
     else:
         verdict = "fits" if s.fits else "does NOT fit (hsstore build will refuse; free space or use another --store)"
-        lines.append(f"space: {s.path} has {_size(s.free_bytes)} free; the build needs {_size(s.needed_bytes)}: "
-                     f"{verdict}")
+        lines.append(f"space: {s.path} has {byte_size(s.free_bytes)} free; the build needs "
+                     f"{byte_size(s.needed_bytes)}: {verdict}")
     return lines
