@@ -132,7 +132,8 @@ def _loaded_after(code: str) -> set[str]:
     ("import hsstore.build.driver, hsstore.build.manifest, hsstore.core.precision", {"torch", "transformers", "zarr"}),
     # planning is arithmetic: sizes, units, FLOPs and intervals need none of the model stack (hsstore plan
     # loads transformers to tokenize, torch only to count parameters on the meta device or to calibrate)
-    ("import hsstore.core.flops, hsstore.core.unitplan, hsstore.core.extrapolate, hsstore.core.schema.plan",
+    ("import hsstore.core.flops, hsstore.core.unitplan, hsstore.core.extrapolate, hsstore.core.humanize, "
+     "hsstore.core.schema.plan",
      {"torch", "zarr", "transformers", "numpy"}),
     ("import hsstore.storage.sizing, hsstore.storage.space", {"torch", "transformers", "zarr"}),
     ("import hsstore.build.plan, hsstore.build.plan_sizes, hsstore.build.plan_report, hsstore.build.plan_store",
