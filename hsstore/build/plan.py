@@ -104,4 +104,5 @@ def check_space(m: Any, inp: Any) -> None:
 
 
 def counts(inp: Any) -> InputCounts:
+    """The input report as the build reports it."""
     return InputCounts.from_dict(inp.report.to_dict(), "input report", BadInput)

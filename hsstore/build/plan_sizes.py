@@ -26,6 +26,8 @@ class Run:
 
 @dataclass(frozen=True)
 class VariantSize:
+    """One variant's planned size: by part, with the ratio it rests on, its committed share and remainder."""
+
     run: Run
     form: StoredForm
     units: int
@@ -40,6 +42,7 @@ class VariantSize:
 
     @property
     def bytes(self) -> int:
+        """Every unit file of the variant: what ``hsstore info`` reports."""
         return sum(self.parts.values())
 
 
@@ -49,6 +52,7 @@ def runs(m: Any) -> list[Run]:
 
 
 def batch_tokens(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> list[int]:
+    """Tokens of each batch (indices into ``lengths``)."""
     return [sum(lengths[i] for i in b) for b in batches]
 
 
