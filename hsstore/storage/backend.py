@@ -18,6 +18,7 @@ from typing import Any
 from crc32c import crc32c as crc32c_of
 
 from hsstore.storage.fileio import Written
+from hsstore.storage.leases import Lease
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,17 @@ class Backend(ABC):
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """Write ``key`` only if nothing is there yet; True if this call wrote it."""
 
+    def claim(self, key: str, data: bytes) -> Lease | None:
+        """Write a unit's writer record ``key`` (``units/<uid>/zarr.json``) if the unit does not exist yet,
+        as the unit's first file, and hold the unit's lease until the returned Lease is released (None if
+        the unit exists). Here, without locks: ``put_if_absent``; gc judges by the record's pid and age."""
+        return Lease() if self.put_if_absent(key, data) else None
+
+    def lease_if_free(self, key: str) -> Lease | None:
+        """The lease of the unit whose writer record is ``key`` if no live writer holds it, else None.
+        Here, without locks: always an empty lease."""
+        return Lease()
+
     @abstractmethod
     def open_range(self, key: str) -> RangeSource:
         """A reader of byte ranges of the object (FileNotFoundError if absent)."""
@@ -131,7 +143,8 @@ class Backend(ABC):
 
     @abstractmethod
     def temp_files(self) -> list[tuple[str, float]]:
-        """Temporary objects of atomic puts, with their age in seconds."""
+        """Temporary objects of atomic puts (locally also unit folders whose claim never finished), with
+        their age in seconds."""
 
     def exists(self, key: str) -> bool:
         return self.size(key) is not None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import uuid
 from collections.abc import Sequence
@@ -88,11 +89,18 @@ def write_file(path: str, parts: Sequence[Any], exclusive: bool = False, dir_fd:
 
 def install_file(dir_fd: int, name: str, parts: Sequence[Any], tmp: str, replace: bool = True) -> bool:
     """Give ``name`` in the folder ``dir_fd`` the bytes of ``parts`` all at once: they are written to the
-    temporary file ``tmp`` beside it (write_file: checked, fsync'd), which is then renamed over ``name``
-    (``replace``) or linked to it only if it is absent (returns False if it exists); the folder is fsync'd
-    so the new name outlives a crash. The temporary file never remains. Raises OSError."""
+    temporary file ``tmp`` beside it (checked, fsync'd, and ``flock``-ed until it is renamed: gc leaves a
+    temporary file alone while its writer holds it, hsstore.storage.leases), which is then renamed over
+    ``name`` (``replace``) or linked to it only if it is absent (returns False if it exists); the folder is
+    fsync'd so the new name outlives a crash. The temporary file never remains. Raises OSError."""
+    want = digest(parts)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
     try:
-        write_file(tmp, parts, exclusive=True, dir_fd=dir_fd)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        write_all(fd, parts)
+        os.fsync(fd)
+        if os.fstat(fd).st_size != want.size:
+            raise OSError(errno.EIO, f"the file holds {os.fstat(fd).st_size} bytes after writing {want.size}")
         if replace:
             os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         else:
@@ -105,6 +113,7 @@ def install_file(dir_fd: int, name: str, parts: Sequence[Any], tmp: str, replace
     finally:
         with contextlib.suppress(OSError):  # gone once renamed; any other failure is the error to report
             os.unlink(tmp, dir_fd=dir_fd)
+        os.close(fd)
 
 
 def replace_file(path: str | os.PathLike, data: bytes, tmp: str) -> None:

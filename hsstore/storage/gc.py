@@ -1,7 +1,8 @@
 """gc: remove uncommitted units (debris of crashed writers) without ever touching committed data.
 
 A unit is kept if any commit record names it or is named after it (hsstore.storage.commits), if its
-writer may still run, or if it cannot be removed safely: on a local disk gc never follows a symlink
+writer holds its lease (hsstore.storage.leases: on a local disk a running writer's unit is kept even
+with ``--force``), if its writer may still run, or if it cannot be removed safely: on a local disk gc never follows a symlink
 and never leaves the store's root (hsstore.storage.localfs); such entries are reported, not removed.
 ``dry_run`` reports what would be removed and removes nothing.
 """
@@ -78,8 +79,14 @@ def collect_garbage(store: Store, grace_seconds: float = layout.UNIT_GRACE_SECON
             out["skipped"].append({"what": f"variant {vid}", "why": str(e)})
     for key, age in io.temp_files():
         if force or age > min(grace_seconds, TEMP_GRACE_SECONDS):
-            if not dry_run:
-                io.remove(key)
+            lease = io.lease_if_free(key)  # held while its writer writes it
+            if lease is None:
+                continue
+            try:
+                if not dry_run:
+                    io.remove(key)
+            finally:
+                lease.release()
             out["removed_files"] += 1
     return out
 
@@ -90,15 +97,18 @@ def _collect_variant(io: Backend, vid: str, grace_seconds: float, force: bool, d
     for uid in io.list_dir(layout.units_dir(vid)):
         if uid == layout.META or not layout.is_name(uid) or uid in keep:
             continue
-        if not _is_debris(_unit_info(io, vid, uid), grace_seconds, force):
-            out["kept_in_progress"].append(f"{vid}/{uid}")
+        lease = io.lease_if_free(layout.unit_key(vid, uid, layout.META))
+        if lease is None or not _is_debris(_unit_info(io, vid, uid), grace_seconds, force):
+            out["kept_in_progress"].append(f"{vid}/{uid}")  # its writer holds the lease, or may still run
             continue
-        if io.exists(layout.commit_key(vid, uid)):
-            continue  # its writer committed since we looked
-        try:
+        try:  # (holding the lease: no writer can claim the unit while it goes)
+            if io.exists(layout.commit_key(vid, uid)):
+                continue  # its writer committed since we looked
             prefix = layout.unit_prefix(vid, uid)
             out["removed_files"] += len(io.list(prefix + "/")) if dry_run else io.remove_tree(prefix)
         except (CorruptData, OSError) as e:
             out["skipped"].append({"what": f"unit {vid}/{uid}", "why": str(e)})
             continue
+        finally:
+            lease.release()
         out["removed_units"].append(f"{vid}/{uid}")

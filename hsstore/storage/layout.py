@@ -32,7 +32,7 @@ VARIANT_ATTR = "hsstore_variant"
 UNIT_ATTR = "hsstore_unit"
 META = "zarr.json"
 TOKEN_ARRAYS = ("input_ids", "loss_mask")
-TMP_PREFIX = ".tmp-"  # temporary files of atomic puts, renamed or removed by the writer (gc sweeps old ones)
+TMP_PREFIX = ".tmp-"  # temporary files of atomic puts and unit folders being claimed (gc sweeps old ones)
 UNIT_GRACE_SECONDS = 3600.0  # gc's default: another host's uncommitted unit older than this is debris
 _SAFE = re.compile(r"^[0-9a-zA-Z_.-]{1,128}$")
 _LAYER = re.compile(r"^layer_(0|[1-9][0-9]{0,5})$")
@@ -161,7 +161,7 @@ class Key:
 def parse_key(key: str) -> Key:
     """The inverse of the builders above; ``Key("unknown")`` for anything hsstore does not write."""
     parts = key.split("/")
-    if parts[-1].startswith(TMP_PREFIX):
+    if any(p.startswith(TMP_PREFIX) for p in parts):  # a temporary file, or a unit folder being claimed
         return Key("temp")
     fixed = {root_meta(): "root-meta", variants_meta(): "variants-meta"}
     if key in fixed:

@@ -11,10 +11,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from hsstore.core.errors import CorruptData, WriteFailed
-from hsstore.storage import localfs
+from hsstore.storage import leases, localfs
 from hsstore.storage.backend import Backend, Entry, RangeSource
 from hsstore.storage.fileio import Written, install_file, write_file
-from hsstore.storage.layout import TMP_PREFIX
+from hsstore.storage.layout import META, TMP_PREFIX
 from hsstore.storage.records import MAX_RECORD_BYTES
 
 
@@ -95,6 +95,39 @@ class LocalBackend(Backend):
         finally:
             os.close(dfd)
 
+    def claim(self, key: str, data: bytes) -> leases.Lease | None:
+        head, _, name = key.rpartition("/")
+        parent, _, uid = head.rpartition("/")
+        try:
+            pfd = localfs.open_dir(self.root, parent, create=True)
+        except (OSError, CorruptData) as e:
+            raise write_failed(key, e) from None
+        try:
+            return leases.claim(pfd, uid, name, data, TMP_PREFIX)
+        except OSError as e:
+            raise write_failed(key, e) from None
+        finally:
+            os.close(pfd)
+
+    def lease_if_free(self, key: str) -> leases.Lease | None:
+        """(A folder's lease is its writer record's: a unit folder being claimed.)"""
+        head, _, name = key.rpartition("/")
+        try:
+            dfd = localfs.open_dir(self.root, head)
+        except (OSError, CorruptData):
+            return leases.Lease()  # no unit folder (or not one): nothing to guard
+        try:
+            try:
+                sub = localfs.open_dir(self.root, key)
+            except (OSError, CorruptData):
+                return leases.take_if_free(dfd, name)
+            try:
+                return leases.take_if_free(sub, META)
+            finally:
+                os.close(sub)
+        finally:
+            os.close(dfd)
+
     def open_range(self, key: str) -> LocalRange:
         with localfs.reading(key):
             return LocalRange(localfs.open_file(self.root, key), key)
@@ -148,8 +181,10 @@ class LocalBackend(Backend):
             localfs.remove_file(self.root, key)
         except FileNotFoundError:
             pass
+        except IsADirectoryError:  # a unit folder whose claim never finished (leases.claim)
+            self.remove_tree(key)
 
     def temp_files(self) -> list[tuple[str, float]]:
         now = time.time()
         return [(k, now - st.st_mtime) for k, st in localfs.walk(self.root)
-                if stat.S_ISREG(st.st_mode) and k.rsplit("/", 1)[-1].startswith(TMP_PREFIX)]
+                if (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)) and k.rsplit("/", 1)[-1].startswith(TMP_PREFIX)]

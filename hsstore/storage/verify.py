@@ -125,7 +125,9 @@ def _verify_tree(store: Store, report: Report) -> None:
         return
     for e in entries:
         if e.kind == "dir":
-            if not layout.is_dir_key(e.key):
+            if layout.parse_key(e.key).kind == "temp":
+                temporary += 1
+            elif not layout.is_dir_key(e.key):
                 report.add(f"directory {e.key} has no place in the format (not written by hsstore)")
             continue
         if e.kind in _ODD:

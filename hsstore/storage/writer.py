@@ -158,6 +158,18 @@ class UnitWriter:
                            f"raise the file-size limit) and re-run the same command: `hsstore {self.command}` resumes "
                            "from its committed units")
 
+    def _check_written(self, uid: str, written: Mapping[str, Written]) -> None:
+        """Every file the commit will name is there with the size written (a commit never names a missing
+        file: something outside the lease rule, such as a hand-run ``rm`` or gc on an object store while this
+        writer ran, removed it)."""
+        for rel, w in written.items():
+            got = self.store.io.size(layout.unit_key(self.vid, uid, rel))
+            if got != w.size:
+                what = "is gone" if got is None else f"holds {got} bytes, not the {w.size} written"
+                raise WriteFailed(f"unit {uid} of variant {self.vid}: file {rel} {what} before its commit (removed by "
+                                  f"another command while this writer ran?); the unit is not committed. Re-run the "
+                                  f"same command: `hsstore {self.command}` resumes from its committed units")
+
     def _write_arrays(self, uid: str, samples: Sequence[SampleTokens],
                       states: dict[int, torch.Tensor]) -> dict[str, Written]:
         """The unit's token arrays and one array per layer, written side by side; keys relative to the unit."""
@@ -202,33 +214,37 @@ class UnitWriter:
         io = self.store.io
         info = UnitInfo(**self.info.to_dict(), started_at=_now())
         unit_meta = group_json({layout.UNIT_ATTR: info.to_dict()})
-        try:
-            created = io.put_if_absent(layout.unit_key(self.vid, uid, layout.META), unit_meta)
+        try:  # the unit's folder appears with its record in it, leased until committed (storage.leases)
+            lease = io.claim(layout.unit_key(self.vid, uid, layout.META), unit_meta)
         except WriteFailed as e:
             raise self._failed(uid, e) from None
-        if not created:
+        if lease is None:
             raise BuildFailed(f"unit {uid} of variant {self.vid} exists already: two writers share the id "
                               f"{self.writer_id!r}; give each writer its own")
         try:
-            written = {layout.META: digest([unit_meta]), **self._write_arrays(uid, samples, states)}
-        except WriteFailed as e:
-            try:  # on a full disk the debris would take space too
-                io.remove_tree(layout.unit_prefix(self.vid, uid))
-            except (OSError, HsstoreError):
-                pass  # gc removes it later
-            raise self._failed(uid, e) from None
-        offsets = np.cumsum([0] + [s.length for s in samples]).tolist()
-        commit = CommitRecord(
-            unit=uid, samples=[(s.key, offsets[i], s.length) for i, s in enumerate(samples)], layers=sorted(states),
-            files={rel: w.size for rel, w in sorted(written.items())},
-            stats={k: HealthStats(**v) for k, v in stats.items()}, writer=self.info, committed_at=_now(),
-            crc32c={rel: w.crc32c for rel, w in sorted(written.items())},
-            **({"quant_error": quant_error} if quant_error else {}),
-        )
-        try:  # (a failed commit leaves the unit's files to gc: the record may be visible already)
-            io.put_atomic(layout.commit_key(self.vid, uid), json.dumps(commit.to_dict()).encode())
-        except WriteFailed as e:
-            raise self._failed(uid, e) from None
+            try:
+                written = {layout.META: digest([unit_meta]), **self._write_arrays(uid, samples, states)}
+            except WriteFailed as e:
+                try:  # on a full disk the debris would take space too
+                    io.remove_tree(layout.unit_prefix(self.vid, uid))
+                except (OSError, HsstoreError):
+                    pass  # gc removes it later
+                raise self._failed(uid, e) from None
+            self._check_written(uid, written)
+            offsets = np.cumsum([0] + [s.length for s in samples]).tolist()
+            commit = CommitRecord(
+                unit=uid, samples=[(s.key, offsets[i], s.length) for i, s in enumerate(samples)], layers=sorted(states),
+                files={rel: w.size for rel, w in sorted(written.items())},
+                stats={k: HealthStats(**v) for k, v in stats.items()}, writer=self.info, committed_at=_now(),
+                crc32c={rel: w.crc32c for rel, w in sorted(written.items())},
+                **({"quant_error": quant_error} if quant_error else {}),
+            )
+            try:  # (a failed commit leaves the unit's files to gc: the record may be visible already)
+                io.put_atomic(layout.commit_key(self.vid, uid), json.dumps(commit.to_dict()).encode())
+            except WriteFailed as e:
+                raise self._failed(uid, e) from None
+        finally:
+            lease.release()
         with self._lock:
             self._done.update(s.key for s in samples)
         return commit

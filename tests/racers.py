@@ -1,0 +1,82 @@
+"""Commands racing each other in real processes: ``python tests/racers.py ROLE STORE ARGS...``.
+
+Each role runs until its work is done or a file named ``stop`` appears beside the store, then exits
+0; any hsstore error ends it with the error on stderr and exit 1. ``start`` starts one in a process of
+its own; ``stop_all`` ends them and returns their (exit code, stderr)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _stopped(store: Path) -> bool:
+    return (store.parent / "stop").exists()
+
+
+def writer(store: Path, units: int, seed: int) -> None:
+    """Write ``units`` one-sample units of fresh samples into the store's first variant."""
+    from hsstore import Store
+    from hsstore.testing.factories import make_samples, make_states
+    from hsstore.storage.writer import UnitWriter
+
+    s = Store.open(store, mode="a")
+    vid = s.io.list_dir("variants")[0]
+    rec = s.variant_record(vid)
+    w = UnitWriter(s, vid)
+    for i in range(units):
+        if _stopped(store):
+            return
+        samples = make_samples([8 + i % 5], seed=seed * 100_000 + i)
+        w.write(samples, make_states(samples, rec.hidden_size, rec.dtype, rec.all_layers, seed=i))
+
+
+def gc(store: Path, force: bool, grace: float) -> None:
+    """gc in a loop until stopped."""
+    from hsstore import Store
+    from hsstore.storage.gc import collect_garbage
+
+    s = Store.open(store, mode="a")
+    while not _stopped(store):
+        collect_garbage(s, grace_seconds=grace, force=force)
+
+
+def start(role: str, store: Path, *args: object) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
+    return subprocess.Popen([sys.executable, __file__, role, str(store), *map(str, args)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def stop_all(store: Path, procs: list[subprocess.Popen], timeout: float = 120) -> list[tuple[int, str]]:
+    """Ask every racer to stop (they finish the step they are in) and collect (exit code, stderr)."""
+    (store.parent / "stop").touch()
+    out = []
+    for p in procs:
+        _, err = p.communicate(timeout=timeout)
+        out.append((p.returncode, err))
+    return out
+
+
+def wait(procs: list[subprocess.Popen], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.wait(timeout=max(1.0, deadline - time.monotonic()))
+
+
+if __name__ == "__main__":
+    role, path, *rest = sys.argv[1:]
+    try:
+        if role == "writer":
+            writer(Path(path), int(rest[0]), int(rest[1]))
+        elif role == "gc":
+            gc(Path(path), rest[0] == "force", float(rest[1]))
+        else:
+            raise SystemExit(f"unknown role {role}")
+    except Exception as e:  # noqa: BLE001 - the race's outcome, reported to the test
+        print(f"{type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,99 @@
+"""Commands side by side (docs/concurrency.md): gc racing writers, in real processes. A unit's writer
+holds its lease from the moment the unit's folder appears until its commit; gc removes only units
+whose lease it takes itself; a commit never names a file that is not there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import racers
+from hsstore import Store
+from hsstore.core.errors import WriteFailed
+from hsstore.storage import layout
+from hsstore.storage.gc import collect_garbage
+from hsstore.storage.verify import verify
+from hsstore.storage.writer import UnitWriter
+from hsstore.testing.factories import make_samples, make_states
+
+from helpers import store_with_unit
+
+
+def assert_all_readable(path: Path, vid: str) -> int:
+    """Every committed sample of ``vid`` reads (tokens and every layer) and verify is clean; returns how many."""
+    reader = Store.open(path).reader(vid)
+    for key in reader.keys:
+        ref = reader.ref(key)
+        reader.read_tokens(ref)
+        reader.read_layers(ref, reader.record.all_layers)
+    report = verify(Store.open(path))
+    assert report["ok"], report["problems"][:5]
+    return len(reader.keys)
+
+
+@pytest.mark.parametrize("force,grace", [(True, 0.0), (False, 3600.0)], ids=["gc-force-grace-0", "plain-gc"])
+def test_gc_racing_a_writer_never_removes_its_units(tmp_path: Path, force: bool, grace: float):
+    """gc in a loop (``--force --grace 0``, or plain) while another process writes 12 units: the writer
+    finishes, every unit it committed is whole, verify is clean."""
+    path = tmp_path / "s.zarr"
+    _, vid, _, _ = store_with_unit(path, [5], seed=1)
+    gc = racers.start("gc", path, "force" if force else "plain", grace)
+    writer = racers.start("writer", path, 12, 7)
+    racers.wait([writer])
+    (gc_rc, gc_err), (w_rc, w_err) = racers.stop_all(path, [gc, writer])
+    assert w_rc == 0, w_err[-2000:]
+    assert gc_rc == 0, gc_err[-2000:]
+    assert assert_all_readable(path, vid) == 13
+
+
+def test_gc_force_keeps_a_unit_whose_writer_holds_its_lease(tmp_path: Path):
+    """A unit being written (its lease held) survives ``gc --force --grace 0``; once its writer has
+    committed, the unit is whole."""
+    path = tmp_path / "s.zarr"
+    store, vid, _, _ = store_with_unit(path, [5], seed=1)
+    lease = store.io.claim(layout.unit_key(vid, "busy-000000", layout.META), b'{"zarr_format": 3, "node_type": "group"}')
+    assert lease is not None
+    try:
+        out = collect_garbage(Store.open(path, mode="a"), grace_seconds=0, force=True)
+        assert out["kept_in_progress"] == [f"{vid}/busy-000000"]
+        assert (path / "variants" / vid / "units" / "busy-000000" / "zarr.json").exists()
+    finally:
+        lease.release()
+    out = collect_garbage(Store.open(path, mode="a"), grace_seconds=0, force=True)
+    assert out["removed_units"] == [f"{vid}/busy-000000"]  # released by a writer that never committed
+
+
+def test_a_unit_folder_never_exists_without_its_writer_record(tmp_path: Path):
+    """The claim makes the folder and its record in one rename: no moment when gc could take the folder
+    for a crashed writer's debris."""
+    path = tmp_path / "s.zarr"
+    store, vid, _, _ = store_with_unit(path, [5], seed=1)
+    lease = store.io.claim(layout.unit_key(vid, "u-000000", layout.META), b"{}")
+    assert lease is not None
+    assert store.io.claim(layout.unit_key(vid, "u-000000", layout.META), b"{}") is None  # taken
+    lease.release()
+    units = path / "variants" / vid / "units"
+    assert sorted(p.name for p in units.iterdir()) == ["u-000000", "w-000000", "zarr.json"]  # no temporary left
+
+
+def test_a_commit_never_names_a_file_that_is_gone(tmp_path: Path):
+    """A file of the unit removed before its commit (here: by hand, between the writer's last write and
+    its commit) fails the write with one line; nothing is committed."""
+    path = tmp_path / "s.zarr"
+    store, vid, _, _ = store_with_unit(path, [5], seed=1)
+    rec = store.variant_record(vid)
+    samples = make_samples([6], seed=3)
+    w = UnitWriter(store, vid, writer_id="x")
+    arrays = w._write_arrays
+
+    def write_then_lose_one(uid, *args):  # noqa: ANN001, ANN202 - what a hand-run rm does meanwhile
+        out = arrays(uid, *args)
+        (path / "variants" / vid / "units" / uid / "layer_0" / "c" / "0" / "0").unlink()
+        return out
+
+    w._write_arrays = write_then_lose_one
+    with pytest.raises(WriteFailed, match=r"file layer_0/c/0/0 is gone before its commit"):
+        w.write(samples, make_states(samples, rec.hidden_size, rec.dtype, rec.all_layers))
+    assert not (path / "variants" / vid / "commits" / "x-000000.json").exists()
+    assert verify(Store.open(path))["ok"]
