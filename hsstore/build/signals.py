@@ -30,19 +30,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
+from hsstore.core.interrupt import Stopped  # noqa: F401  (the driver catches it: one class for every command)
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 TEMP_PREFIX = "hsstore-build-"  # the driver's temporary folder (a worker removes only such a folder)
 WATCH_SECONDS = 0.5
 _PR_SET_PDEATHSIG = 1
 _state: dict = {"stopping": False, "hurry": False, "worker": None}
-
-
-class Stopped(BaseException):
-    """Raised in the driver's main thread by the first stop signal."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 def grace_seconds() -> float:

@@ -62,7 +62,8 @@ class BuildFailed(HsstoreError, RuntimeError):
 
 
 class BuildInterrupted(BuildFailed):
-    """A build stopped by a signal (SIGTERM, SIGINT, SIGHUP): exit status 128 + the signal's number."""
+    """A build, convert, export or import stopped by a signal (SIGTERM, SIGINT, SIGHUP): exit status 128 +
+    the signal's number."""
 
     def __init__(self, signum: int, message: str) -> None:
         super().__init__(message)

@@ -14,7 +14,6 @@ the source it came from; the source is informational: it does not change a numbe
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -24,9 +23,10 @@ from typing import Any
 
 import torch
 
-from hsstore.core.errors import BadInput
+from hsstore.core.errors import BadInput, BuildInterrupted
+from hsstore.core.interrupt import Stopped, stop_on_signals
 from hsstore.core.keys import SampleTokens
-from hsstore.core.provenance import variant_id
+from hsstore.core.provenance import select, variant_id
 from hsstore.core.precision import SCALE_SCHEME, codec_for_codes, parse_precision
 from hsstore.core.quant import Quantized, dequantize, quantize
 from hsstore.core.quant_error import error_tensor, from_error_tensor, merge, summary
@@ -35,7 +35,7 @@ from hsstore.storage import layout
 from hsstore.storage.codecs import chunk_tokens, parse_codec
 from hsstore.storage.records import CommitRecord
 from hsstore.storage.stats import stats_tensor
-from hsstore.storage.store import Store, VariantReader, is_url, split_target
+from hsstore.storage.store import Store, VariantReader, split_target
 from hsstore.storage.writer import UnitWriter
 
 QUANT_ROWS = 4096  # rows quantized at a time: bounds the float32 temporaries (80 MB at hidden 5120)
@@ -87,7 +87,12 @@ def _source(target: str) -> tuple[str, Store, str, VariantReader]:
     commit or is already stored quantized."""
     path, selector = split_target(target)
     source = Store.open(path)
-    vid = source.select(selector)
+    if selector:
+        vid = source.select(selector)
+    else:  # only a variant stored as computed can be a source: a derived one (even half done) is not a choice
+        computed = {v: source.variant_record(v).provenance for v in source.variant_ids()
+                    if not source.variant_record(v).stored_precision}
+        vid = select(computed, None, where=source.location) if computed else source.select(None)
     reader = source.reader(vid)
     reader.check_corrupt_commits()
     rec = reader.record
@@ -118,10 +123,13 @@ class _Units:
         self.present = sum(1 for k in reader.keys if k in self.done)
         self.written = {"samples": 0, "tokens": 0, "bytes": 0}
         self.lock = threading.Lock()
+        self.stopping = False  # set when the command is stopped: units not yet written are not started
 
     def one(self, index: int, commit: CommitRecord) -> None:
+        if self.stopping:
+            return
         payload = _unit_payload(self.reader, commit, self.done)
-        if payload is None:
+        if payload is None or self.stopping:
             return
         samples, states, health, errors = payload
         self.record()
@@ -150,10 +158,19 @@ class _Units:
             self.on_progress(self.present + self.written["samples"], len(self.reader.keys))
 
     def all(self, workers: int) -> None:
+        """Every unit. Stopped by a signal, queued units are dropped and the ones being written finish or stop
+        before their commit, then the exception goes on."""
         self._progress()
-        with ThreadPoolExecutor(max(1, workers), thread_name_prefix="hsstore-convert") as pool:
+        pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="hsstore-convert")
+        try:
             for f in [pool.submit(self.one, i, c) for i, c in enumerate(self.reader.commits)]:
                 f.result()
+        except (Stopped, KeyboardInterrupt):
+            self.stopping = True
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:  # (after an error in one unit the others still run: a re-run has less to do)
+            pool.shutdown()
 
 
 def convert(target: str, precision: str, dest: str | None = None, workers: int | None = None,
@@ -170,7 +187,6 @@ def convert(target: str, precision: str, dest: str | None = None, workers: int |
         raise BadInput(str(e)) from None
     path, source, vid, reader = _source(target)
     rec = reader.record
-    new_store = bool(dest) and not is_url(dest) and not os.path.lexists(dest)
     out = Store.create(dest) if dest else Store.open(path, mode="a")
     prov = derived_provenance(rec.prov, precision, vid, source.location).to_dict()
     try:
@@ -181,10 +197,16 @@ def convert(target: str, precision: str, dest: str | None = None, workers: int |
     units = _Units(reader, out, variant, precision, allow_unhealthy, on_progress)
     n = workers or min(4, os.cpu_count() or 1)
     try:
-        units.all(n)
-    except BaseException:
-        if new_store and not units.made:  # the store this convert made holds nothing: leave no trace
-            shutil.rmtree(dest, ignore_errors=True)
+        with stop_on_signals():
+            units.all(n)
+    except BaseException as e:
+        if not units.made:  # a store this convert made, still empty and used by no other command: no trace
+            out.discard_if_unused()
+        if isinstance(e, Stopped):
+            done = units.present + units.written["samples"]
+            raise BuildInterrupted(e.signum, f"convert interrupted by {e}; {done} of {len(reader.keys)} samples of "
+                                   f"variant {units.dvid} are committed and kept: re-run the same command to "
+                                   "finish") from None
         raise
     units.record()  # an empty source: the variant is recorded, as a build of nothing records it
     dvid = units.dvid

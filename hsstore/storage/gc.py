@@ -105,7 +105,13 @@ def _collect_variant(io: Backend, vid: str, grace_seconds: float, force: bool, d
             if io.exists(layout.commit_key(vid, uid)):
                 continue  # its writer committed since we looked
             prefix = layout.unit_prefix(vid, uid)
-            out["removed_files"] += len(io.list(prefix + "/")) if dry_run else io.remove_tree(prefix)
+            files = io.list(prefix + "/")
+            foreign = [k for k in files if layout.parse_key(k).kind not in ("unit-file", "temp")]
+            if foreign:  # gc removes only what a writer of this store writes (not, say, a store put here)
+                out["skipped"].append({"what": f"unit {vid}/{uid}", "why": f"it holds {len(foreign)} file(s) hsstore "
+                                       f"does not write there, first {foreign[0]}; move them out, then re-run gc"})
+                continue
+            out["removed_files"] += len(files) if dry_run else io.remove_tree(prefix)
         except (CorruptData, OSError) as e:
             out["skipped"].append({"what": f"unit {vid}/{uid}", "why": str(e)})
             continue

@@ -105,3 +105,31 @@ def _exists(dir_fd: int, name: str) -> bool:
 def _remove_quietly(dir_fd: int, name: str) -> None:
     with contextlib.suppress(OSError):
         shutil.rmtree(name, dir_fd=dir_fd)
+
+
+def hold_folder(path: str) -> Lease:
+    """A shared lock on folder ``path`` (a local store), held while this process writes into it: a command
+    that made the store removes it on failure only while no one else holds it (``take_folder_alone``).
+    A folder removed by such a command while this call waited is made again. Raises OSError."""
+    for _ in range(3):
+        os.makedirs(path, exist_ok=True)
+        fd = os.open(path, _DIR_FLAGS & ~os.O_NOFOLLOW)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except OSError:
+            return Lease(fd)  # a file system without flock: nothing to hold
+        if os.fstat(fd).st_nlink > 0:
+            return Lease(fd)
+        os.close(fd)  # removed while we waited for the lock
+    raise OSError(errno.ENOENT, f"{path} keeps being removed by another command")
+
+
+def take_folder_alone(held: Lease) -> bool:
+    """Turn the shared lock ``held`` into an exclusive one if no other process holds the folder."""
+    if held.fd < 0:
+        return False
+    try:
+        fcntl.flock(held.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,10 @@ from hsstore.core.selectors import select
 from hsstore.core.schema.array import GroupMeta
 from hsstore.core.schema.provenance import Provenance, Storage
 from hsstore.core.schema.store import CommitRecord, VariantRecord
-from hsstore.storage import commits, layout
+from hsstore.storage import commits, layout, leases
 from hsstore.storage.backend import Backend
 from hsstore.storage.codecs import REGISTRY
+from hsstore.storage.leases import Lease
 from hsstore.storage.local import LocalBackend
 from hsstore.storage.reader import VariantReader
 from hsstore.storage.records import convert_strict, group_json, parse_json
@@ -75,6 +77,8 @@ class Store:
         self.io = io
         self.location = location
         self._readers: dict[str, VariantReader] = {}
+        self.created = False  # this Store object wrote the store's root record (it made the store)
+        self._held: Lease | None = None  # a local store written into: held until this object goes
 
     @property
     def is_local(self) -> bool:
@@ -99,6 +103,8 @@ class Store:
                 raise BadInput(f"store path {path!r} is a file, not a store directory; pass the store's folder")
         store = cls(open_backend(path, read_only=(mode == "r")), path)
         store._check_root()
+        if mode != "r" and not is_url(path):
+            store._hold(path)
         return store
 
     @classmethod
@@ -108,15 +114,33 @@ class Store:
             store = cls(path, path.location)
         else:
             path = expand_user(os.fspath(path))
+            store = cls(open_backend(path, read_only=False), path)
             if not is_url(path):
                 _prepare_directory(Path(path))
-            store = cls(open_backend(path, read_only=False), path)
+                store._hold(path)
         if store.io.get(layout.root_meta()) is None:
             root = {layout.ROOT_ATTR: {"format_version": layout.FORMAT_VERSION, "kind": "hidden-state store"}}
-            store.io.put_if_absent(layout.root_meta(), group_json(root))
+            store.created = store.io.put_if_absent(layout.root_meta(), group_json(root))
             store.io.put_if_absent(layout.variants_meta(), group_json({}))
         store._check_root()
         return store
+
+    def _hold(self, path: str) -> None:
+        try:
+            self._held = leases.hold_folder(path)
+        except OSError as e:
+            raise BadInput(f"cannot open store directory {path!r}: {e.strerror or e}; choose a writable path") from None
+
+    def discard_if_unused(self) -> bool:
+        """Remove the store if this object made it, it holds no variant, and no other command has it open
+        for writing (a failed command's cleanup: it never removes what another command wrote). Returns
+        whether it was removed."""
+        if not (self.created and self._held is not None and leases.take_folder_alone(self._held)):
+            return False
+        if [v for v in self.io.list_dir(layout.variants_dir()) if v != layout.META]:
+            return False
+        shutil.rmtree(self.location, ignore_errors=True)
+        return True
 
     def _check_root(self) -> None:
         raw = self.io.get(layout.root_meta())
@@ -214,9 +238,31 @@ def _check_readable(rec: VariantRecord, what: str, error: type[HsstoreError]) ->
                     f"(codecs: {', '.join(REGISTRY)}; dtypes: {', '.join(STORED)})")
 
 
+def enclosing_store(p: Path) -> Path | None:
+    """The hsstore store a folder at ``p`` would lie inside (a folder above it holding an hsstore root
+    record), if any."""
+    for up in Path(os.path.realpath(p)).parents:
+        try:
+            raw = (up / layout.root_meta()).read_bytes() if (up / layout.root_meta()).is_file() else None
+        except OSError:
+            continue
+        if raw is not None and b'"' + layout.ROOT_ATTR.encode() + b'"' in raw:
+            try:
+                if isinstance(group_attributes(raw, str(up)).get(layout.ROOT_ATTR), dict):
+                    return up
+            except CorruptData:
+                continue
+    return None
+
+
 def _prepare_directory(p: Path) -> None:
-    """Refuse a file or a foreign non-empty directory as a new store's place; make the directory."""
+    """Refuse a file, a foreign non-empty directory or a place inside another store as a new store's
+    place; make the directory."""
     path = str(p)
+    outer = enclosing_store(p)
+    if outer is not None:
+        raise BadInput(f"store path {path!r} is inside the hsstore store {str(outer)!r} (stores do not nest: gc "
+                       "of the outer one would count the inner one as its debris); choose a path outside it")
     if p.exists() and not p.is_dir():
         raise BadInput(f"store path {path!r} is a file; choose a directory path for the store")
     others = [c for c in p.iterdir() if not c.name.startswith(layout.TMP_PREFIX)] if p.is_dir() else []

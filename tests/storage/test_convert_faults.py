@@ -9,7 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import REPO, one_sample_units
+import pytest
+
+from helpers import REPO, one_sample_units, wait_for
 
 from hsstore import Store
 from hsstore.storage.verify import verify
@@ -76,3 +78,68 @@ def test_a_write_fault_in_convert_names_convert_as_what_resumes(tmp_path: Path) 
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert r.returncode == 1 and len(errors) == 1 and "File too large" in errors[0], r.stderr
     assert "`hsstore convert` resumes" in errors[0] and "build" not in errors[0]
+
+
+def test_a_failing_convert_never_removes_what_another_command_wrote(tmp_path: Path) -> None:
+    """Two converts into one new --store: the one that fails (a damaged source) removes the store only if
+    it made it, holds no variant and no other command has it open. Here the other convert finishes its
+    variant while the failing one runs (its progress callback), and a third command holds the store."""
+    from hsstore.core.errors import CorruptData
+    from hsstore.storage.convert import convert
+
+    good, bad = _source(tmp_path / "good", 2), _source(tmp_path / "bad", 2)
+    _damage(bad)
+    dst = tmp_path / "dst.zarr"
+    ran: list[dict] = []
+
+    def other_finishes(done: int, total: int) -> None:
+        if not ran:
+            ran.append(convert(str(good), "fp8-e4m3", str(dst), workers=1))
+
+    with pytest.raises(CorruptData, match="crc32c"):
+        convert(str(bad), "fp8-e4m3", str(dst), workers=1, on_progress=other_finishes)
+    assert ran and ran[0]["complete"]
+    [v] = Store.open(dst).variants
+    assert v.id == ran[0]["variant"] and v.n_samples == 2 and verify(Store.open(dst))["ok"]
+
+    held = tmp_path / "held.zarr"
+    holders: list[Store] = []
+    with pytest.raises(CorruptData, match="crc32c"):  # another command has the new store open, no variant yet
+        convert(str(bad), "fp8-e4m3", str(held), workers=1,
+                on_progress=lambda d, t: holders.append(Store.create(held)) if not holders else None)
+    assert Store.open(held).variants == []  # still there for the command that holds it
+    holders.clear()
+    with pytest.raises(CorruptData, match="crc32c"):  # alone, a failing convert leaves no store behind
+        convert(str(bad), "fp8-e4m3", str(tmp_path / "alone.zarr"), workers=1)
+    assert not (tmp_path / "alone.zarr").exists()
+
+
+def _commits(store: Path) -> int:
+    return sum(1 for _ in store.glob("variants/*/commits/*.json"))
+
+
+def test_ctrl_c_stops_convert_promptly_and_the_same_command_resumes(tmp_path: Path) -> None:
+    """SIGINT mid-convert: queued units are not started, exit 130 with one line saying what is kept; the
+    same command run again finishes (into the source's own store, which then holds two variants: the
+    half-made one is no source, so the command needs no selector it did not need before)."""
+    n = 20
+    one_sample_units(tmp_path / "src.zarr", [48 + i % 7 for i in range(n)], seed=2, hidden=256, chunk=64)
+    src = out = tmp_path / "src.zarr"
+    before = _commits(src)
+    cmd = [sys.executable, "-m", "hsstore", "convert", str(src), "--precision", "fp8-e4m3", "--quiet",
+           "--workers", "1"]
+    p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: out.exists() and _commits(out) > before, timeout=120, what="a converted unit")
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "convert interrupted by SIGINT" in lines[0] and "re-run the same command" in lines[0], err
+    assert _commits(out) - before < n  # stopped: not every queued unit ran
+    assert verify(Store.open(out))["ok"]
+    r = subprocess.run(cmd + ["--json"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert '"complete": true' in r.stdout

@@ -113,3 +113,24 @@ def test_gc_through_a_store_path_that_is_a_link_works(tmp_path: Path):
     link = tmp_path / "link.zarr"
     os.symlink(path, link)
     assert _gc(link)["removed_units"] == [f"{vid}/crashed-000000"]
+
+
+def test_stores_do_not_nest_and_gc_never_removes_a_store_inside_another(tmp_path: Path):
+    """A store cannot be created inside another (at any depth, e.g. in a variant's units/), and a store
+    put there by hand is not a crashed writer's unit: gc, even forced, leaves it and says why."""
+    from hsstore.core.errors import BadInput
+
+    path, vid, _, _ = _store(tmp_path)
+    units = path / "variants" / vid / "units"
+    for inside in (units / "inner.zarr", path / "sub" / "deeper.zarr"):
+        with pytest.raises(BadInput, match="is inside the hsstore store"):
+            Store.create(inside)
+        assert not inside.exists()
+    r = run_cli("convert", str(path), "--precision", "fp8-e4m3", "--store", str(units / "inner.zarr"))
+    assert r.returncode == 2 and "is inside the hsstore store" in r.stderr and len(r.stderr.splitlines()) == 1
+    inner, inner_vid, _, _ = store_with_unit(tmp_path / "inner.zarr", [6], seed=5)
+    os.rename(tmp_path / "inner.zarr", units / "inner")  # moved in by hand
+    out = _gc(path)
+    assert out["removed_units"] == [f"{vid}/crashed-000000"]
+    assert [s["what"] for s in out["skipped"]] == [f"unit {vid}/inner"]
+    assert len(Store.open(units / "inner").reader(inner_vid).keys) == 1
