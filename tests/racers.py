@@ -1,7 +1,7 @@
 """Commands racing each other in real processes: ``python tests/racers.py ROLE STORE ARGS...``.
 
 Each role runs until its work is done or a file named ``stop`` appears beside the store, then exits
-0; any hsstore error ends it with the error on stderr and exit 1. ``start`` starts one in a process of
+0 (a report, if it has one, on stdout); any error ends it with the error on stderr and exit 1. ``start`` starts one in a process of
 its own; ``stop_all`` ends them and returns their (exit code, stderr)."""
 
 from __future__ import annotations
@@ -46,20 +46,28 @@ def gc(store: Path, force: bool, grace: float) -> None:
         collect_garbage(s, grace_seconds=grace, force=force)
 
 
+def import_folder(store: Path, fmt: str, folder: str, layers: str, capture: str) -> None:
+    """One ``hsstore import`` of ``folder`` in units of one sample each; prints its report as JSON."""
+    import json
+
+    from hsstore.interop.importer import ImportRequest, import_cache
+    from interop_files import TOKENIZER
+
+    r = import_cache(ImportRequest(fmt, folder, str(store), tokenizer=TOKENIZER, num_layers=4, layers=layers,
+                                   capture=capture, unit_tokens=1, jobs=1))
+    print(json.dumps({k: r[k] for k in ("samples", "samples_written", "samples_present", "duplicates")}))
+
+
 def start(role: str, store: Path, *args: object) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
     return subprocess.Popen([sys.executable, __file__, role, str(store), *map(str, args)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def stop_all(store: Path, procs: list[subprocess.Popen], timeout: float = 120) -> list[tuple[int, str]]:
     """Ask every racer to stop (they finish the step they are in) and collect (exit code, stderr)."""
     (store.parent / "stop").touch()
-    out = []
-    for p in procs:
-        _, err = p.communicate(timeout=timeout)
-        out.append((p.returncode, err))
-    return out
+    return [(p.returncode, p.communicate(timeout=timeout)[1]) for p in procs]
 
 
 def wait(procs: list[subprocess.Popen], timeout: float = 120) -> None:
@@ -75,6 +83,8 @@ if __name__ == "__main__":
             writer(Path(path), int(rest[0]), int(rest[1]))
         elif role == "gc":
             gc(Path(path), rest[0] == "force", float(rest[1]))
+        elif role == "import":
+            import_folder(Path(path), *rest)
         else:
             raise SystemExit(f"unknown role {role}")
     except Exception as e:  # noqa: BLE001 - the race's outcome, reported to the test

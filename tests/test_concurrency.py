@@ -4,6 +4,7 @@ whose lease it takes itself; a commit never names a file that is not there."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,25 @@ def test_a_commit_never_names_a_file_that_is_gone(tmp_path: Path):
         w.write(samples, make_states(samples, rec.hidden_size, rec.dtype, rec.all_layers))
     assert not (path / "variants" / vid / "commits" / "x-000000.json").exists()
     assert verify(Store.open(path))["ok"]
+
+
+def test_two_imports_of_one_folder_at_once_account_for_every_sample(tmp_path: Path):
+    """Two imports of one folder into one store, side by side, one sample per unit: each reports every
+    sample as written by it or already there (a unit the other committed first is "already there", not
+    lost from the count), and the store holds each sample once."""
+    from interop_files import WRITERS, random_samples
+
+    n = 16
+    WRITERS["specforge"](tmp_path / "src", random_samples(n=n))
+    path = tmp_path / "s.zarr"
+    procs = [racers.start("import", path, "specforge", tmp_path / "src", "0,1,2,final_norm", "output") for _ in "ab"]
+    reports = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    for r in reports:
+        assert r["samples"] == n and r["samples_written"] + r["samples_present"] == n, reports
+    assert sum(r["samples_written"] for r in reports) >= n  # (both may write one sample: readers show it once)
+    [vid] = Store.open(path).variant_ids()
+    assert assert_all_readable(path, vid) == n

@@ -196,3 +196,36 @@ def test_an_imported_cache_records_no_pinned_chat_date(tmp_path: Path):
     assert "chat_date" not in ident and ident["has_chat_template"] is True
     spec = ModelSpec(str(folder))
     assert spec.tokenizer_identity(spec.tokenizer()).chat_date == "2024-07-26"  # what a native build records
+
+
+def test_a_re_export_with_other_options_replaces_the_folder_whole(tmp_path: Path):
+    """Re-exporting into an earlier export's folder with another target layer and --limit leaves exactly
+    the new export: no file of the earlier one stays to be imported under the new record's layers."""
+    WRITERS["specforge"](tmp_path / "src", random_samples(n=6))
+    _import("specforge", tmp_path / "src", tmp_path / "a.zarr")
+    out = tmp_path / "out"
+    export_cache(ExportRequest(str(tmp_path / "a.zarr"), "specforge", str(out)))
+    r = export_cache(ExportRequest(str(tmp_path / "a.zarr"), "specforge", str(out), aux=[0, 1], target_layer=2, limit=3))
+    assert r["samples"] == 3 and len(list(out.rglob("*.ckpt"))) == 3
+    back = import_cache(ImportRequest("specforge", str(out), str(tmp_path / "b.zarr"), tokenizer=TOKENIZER))
+    assert back["samples"] == 3
+    a, b = _reader(tmp_path / "a.zarr"), _reader(tmp_path / "b.zarr")
+    assert b.record.layers == {"aux": [0, 1], "target": [2]}
+    for key in b.keys:
+        assert torch.equal(_bits(a.read(key)["layers"][2]), _bits(b.read(key)["layers"][2]))
+
+
+def test_an_export_that_never_finished_is_refused_by_import(tmp_path: Path):
+    """A killed export leaves its record saying ``complete: false``: import refuses the folder in one line
+    naming the fix, rather than importing a part of a variant as if whole."""
+    WRITERS["modelopt"](tmp_path / "src", random_samples(n=3))
+    _import("modelopt", tmp_path / "src", tmp_path / "a.zarr")
+    out = tmp_path / "out"
+    export_cache(ExportRequest(str(tmp_path / "a.zarr"), "modelopt", str(out)))
+    record = json.loads((out / "hsstore-export.json").read_text())
+    (out / "hsstore-export.json").write_text(json.dumps({**record, "complete": False}))  # as a SIGKILL leaves it
+    next(out.rglob("*.pt")).unlink()
+    r = run_cli("import", "modelopt", str(out), "--store", str(tmp_path / "b.zarr"), "--tokenizer", TOKENIZER)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "never finished (complete: false" in r.stderr and "Re-run the same `hsstore export`" in r.stderr
+    assert not (tmp_path / "b.zarr").exists()

@@ -3,8 +3,11 @@
 Files are written atomically (temporary name, then rename), ``jobs`` samples at a time. The folder gets
 an export record (``hsstore-export.json``; beside the folder for EAGLE, whose loader opens every file in
 it) with the variant's provenance and each slot's layer in hsstore's and in the tool's numbering, so
-``hsstore import`` of the folder restores the statement without the user repeating it. Re-running an
-export into its own folder rewrites the same files.
+``hsstore import`` of the folder restores the statement without the user repeating it. The record says
+``complete: false`` until every file is written. Re-running an export into the folder of an earlier
+export of the variant (with any options) makes the folder exactly this export: files of the layout's
+kinds this export did not write (an earlier export's samples, layers, compression) are removed before
+the record says complete, so a folder never mixes two exports.
 """
 
 from __future__ import annotations
@@ -74,6 +77,13 @@ def _check_dest(fmt: Format, dest: Path, store: str, vid: str) -> None:
         raise BadInput(f"export folder {str(dest)!r} exists and is not empty; choose a new or empty folder")
 
 
+def _stale_files(fmt: Format, dest: Path, written: set[str]) -> list[Path]:
+    """Files of the layout's kinds under ``dest`` that this export did not write (an earlier export's)."""
+    sidecar = fmt.sidecar(dest)
+    return [p for p in dest.rglob("*") if p.is_file() and not p.is_symlink() and p.name.endswith(fmt.suffixes)
+            and p != sidecar and p.relative_to(dest).as_posix() not in written]
+
+
 def _make_dest(dest: Path) -> None:
     """Create the export folder; BadInput (before anything is written) if it cannot be made or written."""
     try:
@@ -135,8 +145,10 @@ def export_cache(req: ExportRequest) -> dict[str, Any]:
         tgt = reader.read_stacked(ref, [target])[:, 0]
         d = writer.write(i, ref.key, torch.from_numpy(ids.astype("int64")), torch.from_numpy(mask.astype("int64")),
                          aux_t, tgt, claims)
+        written.add(d.rel)
         return entry_hash(d.rel, d.size, d.xxh3), ref.length
 
+    written: set[str] = set()
     files, tokens = 0, 0
     jobs = max(1, req.jobs)
     with ThreadPoolExecutor(jobs, thread_name_prefix="hsstore-export") as pool:
@@ -148,6 +160,9 @@ def export_cache(req: ExportRequest) -> dict[str, Any]:
                 files, tokens = add_hash(files, h), tokens + n
     for d in writer.finish(len(keys)):
         files = add_hash(files, entry_hash(d.rel, d.size, d.xxh3))
+        written.add(d.rel)
+    for stale in _stale_files(fmt, dest, written):
+        stale.unlink(missing_ok=True)
     record = _record(fmt, reader, path, aux, target, len(keys), files, complete=True)
     write_sidecar(fmt.sidecar(dest), record)
     return {"store": path, "variant": reader.id, "format": fmt.name, "dest": str(dest), "samples": len(keys),

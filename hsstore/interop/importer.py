@@ -64,6 +64,10 @@ class Statement:
 
 def _statement(req: ImportRequest, fmt: Format, root: Path) -> Statement:
     sidecar = read_sidecar(fmt.sidecar(root), fmt.name)
+    if sidecar is not None and not sidecar.complete:
+        raise BadInput(f"{fmt.sidecar(root)} records an export that never finished (complete: false; it was stopped, "
+                       f"or is still running): its files may be a part of variant {sidecar.variant}, or a mix. Re-run "
+                       "the same `hsstore export` to finish the folder, then import it")
     if req.layers is not None and req.capture is not None:
         return Statement(parse_layer_list(req.layers), parse_capture(req.capture), "user", req.num_layers)
     if sidecar is not None and req.layers is None and req.capture is None:
@@ -260,10 +264,10 @@ class _Run:
             states = {layer: torch.cat([p[1][j] for p in self.pending]) for j, layer in enumerate(ids)}
             health = {layer: merge_health([p[2][j] for p in self.pending]) for j, layer in enumerate(ids)}
             commit = self.writer.write(samples, states, health=health)
-            if commit is not None:
-                self.counts["written"] += len(commit.samples)
-                self.counts["tokens_written"] += commit.n_tokens
-                self.counts["present"] += len(samples) - len(commit.samples)  # a racing import wrote them
+            wrote = commit.samples if commit is not None else []
+            self.counts["written"] += len(wrote)
+            self.counts["tokens_written"] += commit.n_tokens if commit is not None else 0
+            self.counts["present"] += len(samples) - len(wrote)  # a racing import committed them meanwhile
         if self.entries:
             self.log.chunk(self.entries, None if commit is None else commit.unit)
         self.pending, self.entries, self.pending_tokens = [], [], 0

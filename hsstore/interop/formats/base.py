@@ -78,6 +78,7 @@ class Format:
     has_aux = True
     layout = ""  # one line for --help and the README: where the files are and what they hold
     loader = ""  # the tool's code that reads this layout
+    suffixes: tuple[str, ...] = ()  # how the names of the files of this layout end (an export owns those)
 
     def items(self, root: Path) -> list[str]:
         """The samples under ``root``, in the tool's own order (sorted paths or row indices)."""

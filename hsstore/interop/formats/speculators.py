@@ -113,6 +113,7 @@ class Speculators(Format):
     tool = "speculators"
     layout = "save_to_disk Arrow dataset (input_ids, loss_mask, seq_len) + hidden_states/hs_{i}.safetensors"
     loader = "speculators.train.data.ArrowDataset + hs_connectors.FileTransfer"
+    suffixes = (".safetensors", ".arrow", ".json")
 
     def __init__(self) -> None:
         self.rows: Any = None
