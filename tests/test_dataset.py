@@ -130,3 +130,23 @@ def test_items_read_layers_straight_into_their_slots(tmp_path: Path, codec: str)
         assert torch.equal(it["aux_hidden"], torch.stack([states[0][a:a + n], states[1][a:a + n]], dim=1))
         assert torch.equal(it["target_hidden"][:, 0], states[2][a:a + n])
         assert it["aux_hidden"].is_contiguous()
+
+
+def test_a_pickled_dataset_reads_the_snapshot_its_parent_opened(tmp_path: Path):
+    """A dataset pickled for spawn workers while a writer keeps committing (here units whose ids sort
+    before the first ones, so indices would shift): the copy has the parent's length and the parent's
+    sample at every index."""
+    import pickle
+
+    from hsstore.read.dataset import HiddenStateDataset, StreamingHiddenStateDataset
+    from hsstore.testing.factories import store_with_unit, write_unit
+
+    path = tmp_path / "s.zarr"
+    store, vid, _, _ = store_with_unit(path, [5, 6, 7], seed=1, writer_id="w")
+    ds, stream = HiddenStateDataset(str(path)), StreamingHiddenStateDataset(str(path), seed=3)
+    keys = [ds[i]["key"] for i in range(len(ds))]
+    write_unit(store, vid, [4, 9], seed=2, writer_id="a")  # the store grows after the datasets opened
+    copy, stream_copy = pickle.loads(pickle.dumps(ds)), pickle.loads(pickle.dumps(stream))
+    assert len(copy) == len(ds) == 3 and [copy[i]["key"] for i in range(len(copy))] == keys
+    assert len(stream_copy) == len(stream) and [it["key"] for it in stream_copy] == [it["key"] for it in stream]
+    assert len(HiddenStateDataset(str(path))) == 5  # a dataset opened now sees the new units

@@ -82,15 +82,16 @@ class _Base:
         return self.reader.record.stored_precision
 
     def __getstate__(self) -> dict[str, Any]:
-        # picklable for spawn/forkserver DataLoader workers: reopen the store there, not a copy of caches
+        # picklable for spawn/forkserver DataLoader workers: reopen the store there, not a copy of caches,
+        # reading the units committed when this dataset opened (a store that grows meanwhile changes nothing)
         state = self.__dict__.copy()
-        state["reader"] = (self.reader.store.location, self.reader.id)
+        state["reader"] = (self.reader.store.location, self.reader.id, list(self.reader.units))
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        location, vid = state["reader"]
+        location, vid, units = state["reader"]
         self.__dict__.update(state)
-        self.reader = Store.open(location).reader(vid)
+        self.reader = VariantReader(Store.open(location), vid, units=units)
         self._pid = os.getpid()
 
     @property
@@ -106,7 +107,7 @@ class _Base:
         event loop; local files are safe to share)."""
         pid = os.getpid()
         if getattr(self, "_pid", pid) != pid and not self.reader.store.is_local:
-            self.reader = Store.open(self.reader.store.location).reader(self.reader.id)
+            self.reader = VariantReader(Store.open(self.reader.store.location), self.reader.id, units=list(self.reader.units))
         self._pid = pid
         return self.reader
 

@@ -6,6 +6,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -46,14 +47,22 @@ class SampleRef:
 class VariantReader:
     """Reads committed samples of one variant (units committed as hsstore.storage.commits defines)."""
 
-    def __init__(self, store: StoreLike, vid: str) -> None:
+    def __init__(self, store: StoreLike, vid: str, units: Collection[str] | None = None) -> None:
+        """``units``: read exactly these committed units (a snapshot another reader took, e.g. a dataset's
+        parent process for its workers), not every unit committed now; CorruptData if one is not committed."""
         self.store = store
         self.io = store.io
         self.id = vid
         self.record = store.variant_record(vid)
         found = commits.scan(self.io, vid)
         self.units = found.committed
-        self.commits = list(found.committed.values())
+        if units is not None:
+            gone = sorted(set(units) - set(self.units))
+            if gone:
+                raise CorruptData(f"unit {gone[0]} of variant {vid} was committed when this reader's snapshot was "
+                                  f"taken and is not now ({len(gone)} such unit(s)); run `hsstore verify`")
+            self.units = {u: c for u, c in self.units.items() if u in units}
+        self.commits = list(self.units.values())
         self.bad_commits = found.bad
         refs: dict[str, SampleRef] = {}
         # units sorted by id: the first unit to hold a key wins, so racing writers never show a key twice
