@@ -19,6 +19,11 @@ def _stopped(store: Path) -> bool:
     return (store.parent / "stop").exists()
 
 
+def _pause(rng: object) -> None:
+    """A seeded pause between a soak role's passes (the soak shares the CPU with the build it races)."""
+    time.sleep(rng.uniform(0.05, 0.3))  # type: ignore[attr-defined]
+
+
 def writer(store: Path, units: int, seed: int) -> None:
     """Write ``units`` one-sample units of fresh samples into the store's first variant."""
     from hsstore import Store
@@ -58,6 +63,63 @@ def import_folder(store: Path, fmt: str, folder: str, layers: str, capture: str)
     print(json.dumps({k: r[k] for k in ("samples", "samples_written", "samples_present", "duplicates")}))
 
 
+def soak_gc(store: Path, seed: int) -> None:
+    """gc until stopped, each pass plain or ``--force --grace 0`` by the seed."""
+    import random
+
+    from hsstore import Store
+    from hsstore.storage.gc import collect_garbage
+
+    rng = random.Random(seed)
+    s = Store.open(store, mode="a")
+    while not _stopped(store):
+        force = rng.random() < 0.5
+        collect_garbage(s, grace_seconds=0.0 if force else rng.choice([0.0, 3600.0]), force=force)
+        _pause(rng)
+
+
+def soak_reader(store: Path, seed: int) -> None:
+    """Open every variant afresh and read a few of its committed samples (every layer), until stopped."""
+    import random
+
+    from hsstore import Store
+
+    rng = random.Random(seed)
+    while not _stopped(store):
+        s = Store.open(store)
+        for vid in s.variant_ids():
+            r = s.reader(vid)
+            r.check_corrupt_commits()
+            for key in rng.sample(r.keys, min(4, len(r.keys))):
+                r.read(key)
+        _pause(rng)
+
+
+def soak_convert(store: Path, seed: int) -> None:
+    """Derive (and keep resuming) the FP8 variant of the bf16 one, until stopped."""
+    import random
+
+    from hsstore.storage.convert import convert
+
+    rng = random.Random(seed)
+    while not _stopped(store):
+        convert(f"{store}#dtype=bf16", "fp8-e4m3", workers=1 + seed % 2)
+        _pause(rng)
+
+
+def soak_export(store: Path, seed: int, folder: str) -> None:
+    """Export the fp32 variant into one folder again and again with options drawn from the seed."""
+    import random
+
+    from hsstore.interop.exporter import ExportRequest, export_cache
+
+    rng = random.Random(seed)
+    while not _stopped(store):
+        export_cache(ExportRequest(f"{store}#dtype=fp32", "specforge", folder, target_layer=rng.choice([None, 1]),
+                                   limit=rng.choice([None, 3, 12]), compress=rng.random() < 0.3, jobs=2))
+        _pause(rng)
+
+
 def start(role: str, store: Path, *args: object) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
     return subprocess.Popen([sys.executable, __file__, role, str(store), *map(str, args)], env=env,
@@ -67,7 +129,11 @@ def start(role: str, store: Path, *args: object) -> subprocess.Popen:
 def stop_all(store: Path, procs: list[subprocess.Popen], timeout: float = 120) -> list[tuple[int, str]]:
     """Ask every racer to stop (they finish the step they are in) and collect (exit code, stderr)."""
     (store.parent / "stop").touch()
-    return [(p.returncode, p.communicate(timeout=timeout)[1]) for p in procs]
+    out = []
+    for p in procs:
+        err = p.communicate(timeout=timeout)[1]
+        out.append((p.returncode, err))
+    return out
 
 
 def wait(procs: list[subprocess.Popen], timeout: float = 120) -> None:
@@ -85,6 +151,10 @@ if __name__ == "__main__":
             gc(Path(path), rest[0] == "force", float(rest[1]))
         elif role == "import":
             import_folder(Path(path), *rest)
+        elif role in ("soak_gc", "soak_reader", "soak_convert"):
+            globals()[role](Path(path), int(rest[0]))
+        elif role == "soak_export":
+            soak_export(Path(path), int(rest[0]), rest[1])
         else:
             raise SystemExit(f"unknown role {role}")
     except Exception as e:  # noqa: BLE001 - the race's outcome, reported to the test
