@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from hsstore.core.errors import BadInput
+from hsstore.core.errors import BadInput, BuildInterrupted
+from hsstore.core.interrupt import Stopped, stop_on_signals
 from hsstore.core.schema.base import or_none
 from hsstore.core.schema.imported import ExportRecord
 from hsstore.interop.formats import get_format
@@ -151,13 +152,18 @@ def export_cache(req: ExportRequest) -> dict[str, Any]:
     written: set[str] = set()
     files, tokens = 0, 0
     jobs = max(1, req.jobs)
-    with ThreadPoolExecutor(jobs, thread_name_prefix="hsstore-export") as pool:
+    with stop_on_signals(), ThreadPoolExecutor(jobs, thread_name_prefix="hsstore-export") as pool:
         window: deque = deque()
-        for i in range(len(keys)):
-            window.append(pool.submit(one, i))
-            while window and (len(window) >= 4 * jobs or i == len(keys) - 1):
-                h, n = window.popleft().result()
-                files, tokens = add_hash(files, h), tokens + n
+        try:
+            for i in range(len(keys)):
+                window.append(pool.submit(one, i))
+                while window and (len(window) >= 4 * jobs or i == len(keys) - 1):
+                    h, n = window.popleft().result()
+                    files, tokens = add_hash(files, h), tokens + n
+        except Stopped as e:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise BuildInterrupted(e.signum, f"export interrupted by {e}; {str(dest)!r} is not complete (its record says "
+                                   "complete: false, and import refuses it): re-run the same command to finish") from None
     for d in writer.finish(len(keys)):
         files = add_hash(files, entry_hash(d.rel, d.size, d.xxh3))
         written.add(d.rel)

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hsstore.core.errors import BadInput
+from hsstore.core.errors import BadInput, BuildInterrupted
+from hsstore.core.interrupt import Stopped, stop_on_signals
 from hsstore.core.keys import SampleTokens, sample_key
 from hsstore.core.schema.imported import ImportSource
 from hsstore.interop.formats import get_format
@@ -180,17 +181,11 @@ class _Run:
         self.counts["present"] += len(known)
         progress = Progress(f"import {self.fmt.name}", len(todo), self.probe.length * len(todo), self.req.quiet)
         try:
-            for item, got in self._stream(todo):
-                if isinstance(got, BadInput):
-                    if not self.req.skip_bad:
-                        raise got
-                    self.bad.append({"item": item, "why": str(got)})
-                    continue
-                self._take(item, *got)
-                progress.advance(1, got[0].length)
-                if self.pending_tokens >= self.unit_tokens:
-                    self._flush()
-            self._flush()
+            with stop_on_signals():
+                self._all(todo, progress)
+        except Stopped as e:
+            raise BuildInterrupted(e.signum, f"import interrupted by {e}; {self.counts['written']} samples written by "
+                                   "this run are committed and kept: re-run the same command to finish") from None
         finally:
             progress.close()
         keys = self.seen | {k for _, k in known}
@@ -199,6 +194,20 @@ class _Run:
                 "samples_present": self.counts["present"], "duplicates": self.counts["duplicates"],
                 "tokens_written": self.counts["tokens_written"], "skipped_bad": len(self.bad),
                 "bad": self.bad[:20], "missing_states": getattr(self.fmt, "missing", 0), "run": self.run_id}
+
+    def _all(self, todo: list[str], progress: Any) -> None:
+        """Read, check and write every item of ``todo``, in units."""
+        for item, got in self._stream(todo):
+            if isinstance(got, BadInput):
+                if not self.req.skip_bad:
+                    raise got
+                self.bad.append({"item": item, "why": str(got)})
+                continue
+            self._take(item, *got)
+            progress.advance(1, got[0].length)
+            if self.pending_tokens >= self.unit_tokens:
+                self._flush()
+        self._flush()
 
     def _read(self, item: str) -> tuple[SourceSample, list, list] | BadInput:
         """The sample, its states per slot (contiguous, aux slots then target) and their health stats —
@@ -217,14 +226,18 @@ class _Run:
         jobs = max(1, self.req.jobs)
         with ThreadPoolExecutor(jobs, thread_name_prefix="hsstore-import") as pool:
             window: deque = deque()
-            for item in items:
-                window.append((item, pool.submit(self._read, item)))
-                if len(window) >= 4 * jobs:
+            try:
+                for item in items:
+                    window.append((item, pool.submit(self._read, item)))
+                    if len(window) >= 4 * jobs:
+                        i, f = window.popleft()
+                        yield i, f.result()
+                while window:
                     i, f = window.popleft()
                     yield i, f.result()
-            while window:
-                i, f = window.popleft()
-                yield i, f.result()
+            except GeneratorExit:  # the consumer stopped (an error, a signal): reads not started are dropped
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
 
     def _check(self, s: SourceSample) -> None:
         p = self.probe
