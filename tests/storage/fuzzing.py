@@ -1,12 +1,14 @@
 """Seeded mutation fuzzing of stores: one mutation of a copy of a good store per case, then every reading
 entry point, each under a time limit. A case fails on a traceback (any exception that is not hsstore's
-own error), a hang, data that is not bit-identical to the original, or gc removing a committed unit or
-anything outside the store. Used by tests/storage/test_fuzz.py (a bounded run in CI and the long run of
+own error), a hang, data that is not bit-identical to the original, or gc removing a committed unit,
+anything outside the store, or what another command holds (concurrent mutations: a writer mid-unit or
+mid-claim keeps its lease through the checks; a store moved into units/ must survive ``gc --force``). Used by tests/storage/test_fuzz.py (a bounded run in CI and the long run of
 scripts/fuzz_store.sh)."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io as _io
 import json
 import os
@@ -26,7 +28,11 @@ from hsstore import HiddenStateDataset, Store
 import hsstore.cli.main  # noqa: F401  (registers every command on the app)
 from hsstore.cli.app import app
 from hsstore.core.errors import HsstoreError
+from hsstore.storage import layout
 from hsstore.storage.gc import collect_garbage
+from hsstore.storage.leases import Lease
+from hsstore.storage.local import LocalBackend
+from hsstore.storage.records import group_json
 from hsstore.storage.info import info_dict
 from hsstore.storage.verify import verify
 
@@ -117,7 +123,9 @@ def mutate(store: Path, outside: Path, rng: random.Random) -> str:
     rel = f.relative_to(store)
     kind = rng.choice(["flip", "flip", "truncate", "extend", "json-swap", "json-swap", "json-drop", "json-extra",
                        "fifo", "symlink", "delete", "odd-file", "dir-for-file", "file-for-dir", "rename-commit",
-                       "copy-commit", "chmod"])
+                       "copy-commit", "chmod", "in-flight-unit", "in-flight-claim", "nested-store"])
+    if kind in ("in-flight-unit", "in-flight-claim", "nested-store"):
+        return _concurrent(store, rng, kind)
     if kind == "flip":
         return f"{_flip(f, rng)} {rel}"
     if kind == "truncate":
@@ -166,6 +174,52 @@ def mutate(store: Path, outside: Path, rng: random.Random) -> str:
         return f"{kind} {c.relative_to(store)} -> {other.name}"
     f.chmod(f.stat().st_mode | stat.S_IXUSR)
     return f"chmod+x {rel}"
+
+
+# another command at work in the store while the checks run: each leaves a folder that must outlive them
+HELD: list[tuple[Path, Lease]] = []
+
+
+def _concurrent(store: Path, rng: random.Random, kind: str) -> str:
+    """A writer mid-unit (its lease held, some files written), a writer mid-claim (a locked temporary unit
+    folder), or a store moved into a variant's units/ by hand; the folder goes into HELD."""
+    units = sorted(p for p in store.glob("variants/*/units") if p.is_dir() and not p.is_symlink())
+    if not units:
+        return f"{_flip(rng.choice(_files(store)), rng)} (no units folder)"
+    where = rng.choice(units)
+    record = group_json({layout.UNIT_ATTR: {"host": "h", "pid": os.getpid(), "writer": "busy",
+                                            "started_at": "2000-01-01T00:00:00+00:00"}})
+    if kind == "in-flight-unit":
+        name = f"busy-{rng.randrange(10**6):06d}"
+        lease = LocalBackend(str(store)).claim(f"{where.relative_to(store)}/{name}/{layout.META}", record)
+        assert lease is not None
+        donor = next((u for u in sorted(where.iterdir()) if u.is_dir() and (u / "input_ids").is_dir()), None)
+        if donor is not None:  # the arrays written so far
+            shutil.copytree(donor / "input_ids", where / name / "input_ids")
+        HELD.append((where / name, lease))
+        return f"in-flight-unit {where.relative_to(store) / name}"
+    if kind == "in-flight-claim":
+        tmp = where / f"{layout.TMP_PREFIX}{rng.randrange(10**6):06d}"
+        tmp.mkdir()
+        fd = os.open(tmp / layout.META, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, record)
+        HELD.append((tmp, Lease(fd)))
+        return f"in-flight-claim {tmp.relative_to(store)}"
+    inner = where / "inner"
+    Store.create(store.parent / "inner.zarr")
+    os.rename(store.parent / "inner.zarr", inner)
+    HELD.append((inner / layout.META, Lease()))
+    return f"nested-store {inner.relative_to(store)}"
+
+
+def release_held() -> list[str]:
+    """Release what _concurrent holds; the folders (or files) that did not outlive the checks."""
+    gone = [str(p) for p, _ in HELD if not p.exists()]
+    for _, lease in HELD:
+        lease.release()
+    HELD.clear()
+    return gone
 
 
 # ---- checks -------------------------------------------------------------------------------------------
@@ -305,6 +359,9 @@ def run(bases: list[Path], work: Path, seed: int, cases: int) -> tuple[Counter, 
         (outside / "secret.bin").write_bytes(b"outside the store")
         what = mutate(store, outside, rng)
         outcome = check(store, outside, truths[base])
+        gone = release_held()
+        if gone and not outcome.startswith("FAIL"):
+            outcome = f"FAIL: gc removed what another command holds: {gone[0]}"
         counts[outcome.split(":")[0]] += 1
         if outcome.startswith("FAIL"):
             failures.append(f"seed {seed} case {i} ({what}): {outcome}")
