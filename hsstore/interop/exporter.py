@@ -16,6 +16,7 @@ import os
 import shutil
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,6 +119,25 @@ def _claims(reader: Any, target: int) -> dict[str, bool]:
     return {"prenorm": False} if target == n else ({"prenorm": True} if target == n - 1 else {})
 
 
+def _write_all(one: Callable[[int], tuple[int, int]], n: int, jobs: int, dest: Path) -> tuple[int, int]:
+    """``one(i)`` for every sample index on ``jobs`` threads, at most ``4 * jobs`` ahead; (files
+    fingerprint, tokens). A stop signal drops the samples not started and raises BuildInterrupted."""
+    files, tokens = 0, 0
+    with stop_on_signals(), ThreadPoolExecutor(jobs, thread_name_prefix="hsstore-export") as pool:
+        window: deque = deque()
+        try:
+            for i in range(n):
+                window.append(pool.submit(one, i))
+                while window and (len(window) >= 4 * jobs or i == n - 1):
+                    h, k = window.popleft().result()
+                    files, tokens = add_hash(files, h), tokens + k
+        except Stopped as e:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise BuildInterrupted(e.signum, f"export interrupted by {e}; {str(dest)!r} is not complete (its record says "
+                                   "complete: false, and import refuses it): re-run the same command to finish") from None
+    return files, tokens
+
+
 def export_cache(req: ExportRequest) -> dict[str, Any]:
     """Write the variant ``req.target`` as ``req.format`` files into ``req.dest``; returns the report."""
     from hsstore.storage.store import Store, split_target
@@ -150,20 +170,7 @@ def export_cache(req: ExportRequest) -> dict[str, Any]:
         return entry_hash(d.rel, d.size, d.xxh3), ref.length
 
     written: set[str] = set()
-    files, tokens = 0, 0
-    jobs = max(1, req.jobs)
-    with stop_on_signals(), ThreadPoolExecutor(jobs, thread_name_prefix="hsstore-export") as pool:
-        window: deque = deque()
-        try:
-            for i in range(len(keys)):
-                window.append(pool.submit(one, i))
-                while window and (len(window) >= 4 * jobs or i == len(keys) - 1):
-                    h, n = window.popleft().result()
-                    files, tokens = add_hash(files, h), tokens + n
-        except Stopped as e:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise BuildInterrupted(e.signum, f"export interrupted by {e}; {str(dest)!r} is not complete (its record says "
-                                   "complete: false, and import refuses it): re-run the same command to finish") from None
+    files, tokens = _write_all(one, len(keys), max(1, req.jobs), dest)
     for d in writer.finish(len(keys)):
         files = add_hash(files, entry_hash(d.rel, d.size, d.xxh3))
         written.add(d.rel)

@@ -82,8 +82,7 @@ class _Base:
         return self.reader.record.stored_precision
 
     def __getstate__(self) -> dict[str, Any]:
-        # picklable for spawn/forkserver DataLoader workers: reopen the store there, not a copy of caches,
-        # reading the units committed when this dataset opened (a store that grows meanwhile changes nothing)
+        # for spawn/forkserver workers: reopen the store there, reading the units this dataset opened with
         state = self.__dict__.copy()
         state["reader"] = (self.reader.store.location, self.reader.id, list(self.reader.units))
         return state
