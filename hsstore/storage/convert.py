@@ -26,7 +26,8 @@ import torch
 from hsstore.core.errors import BadInput, BuildInterrupted
 from hsstore.core.interrupt import Stopped, stop_on_signals
 from hsstore.core.keys import SampleTokens
-from hsstore.core.provenance import select, variant_id
+from hsstore.core.provenance import variant_id
+from hsstore.core.selectors import select
 from hsstore.core.precision import SCALE_SCHEME, codec_for_codes, parse_precision
 from hsstore.core.quant import Quantized, dequantize, quantize
 from hsstore.core.quant_error import error_tensor, from_error_tensor, merge, summary
