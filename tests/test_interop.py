@@ -229,3 +229,20 @@ def test_an_export_that_never_finished_is_refused_by_import(tmp_path: Path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "never finished (complete: false" in r.stderr and "Re-run the same `hsstore export`" in r.stderr
     assert not (tmp_path / "b.zarr").exists()
+
+
+def test_two_exports_into_one_folder_at_once_are_refused(tmp_path: Path):
+    """An export holds its folder while it writes; a second export into it meanwhile is refused in one line
+    (it would remove the first one's files as stale, or they its), and runs once the first is done."""
+    from hsstore.storage.leases import lock_folder_alone
+
+    WRITERS["modelopt"](tmp_path / "src", random_samples(n=2))
+    _import("modelopt", tmp_path / "src", tmp_path / "a.zarr")
+    out = tmp_path / "out"
+    out.mkdir()
+    first = lock_folder_alone(str(out))  # what a running export holds
+    assert first is not None
+    with pytest.raises(BadInput, match="being written by another export right now"):
+        export_cache(ExportRequest(str(tmp_path / "a.zarr"), "modelopt", str(out)))
+    first.release()
+    assert export_cache(ExportRequest(str(tmp_path / "a.zarr"), "modelopt", str(out)))["samples"] == 2

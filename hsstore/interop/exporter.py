@@ -32,6 +32,7 @@ from hsstore.interop.formats import get_format
 from hsstore.interop.formats.base import TMP_SUFFIX, Format
 from hsstore.interop.layers import from_hsstore
 from hsstore.interop.records import add_hash, entry_hash, now, read_sidecar, write_sidecar
+from hsstore.storage.leases import lock_folder_alone
 
 # the numbering each tool's own configuration uses for layer ids (see hsstore.interop.layers)
 TOOL_CAPTURE = {"specforge": "output", "modelopt": "output", "eagle": "output", "speculators": "input"}
@@ -153,6 +154,10 @@ def export_cache(req: ExportRequest) -> dict[str, Any]:
     _check_dest(fmt, dest, path, reader.id)
     keys = reader.keys[: req.limit] if req.limit is not None else list(reader.keys)
     _make_dest(dest)
+    alone = lock_folder_alone(str(dest))  # held until this export returns: two exports never mix one folder
+    if alone is None:
+        raise BadInput(f"export folder {str(dest)!r} is being written by another export right now; wait for it to "
+                       "finish, or choose another folder")
     for stale in list(dest.rglob(f"*{TMP_SUFFIX}")):  # a killed export's temporary files
         shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
     write_sidecar(fmt.sidecar(dest), _record(fmt, reader, path, aux, target, len(keys), 0, complete=False))
@@ -178,6 +183,7 @@ def export_cache(req: ExportRequest) -> dict[str, Any]:
         stale.unlink(missing_ok=True)
     record = _record(fmt, reader, path, aux, target, len(keys), files, complete=True)
     write_sidecar(fmt.sidecar(dest), record)
+    alone.release()
     return {"store": path, "variant": reader.id, "format": fmt.name, "dest": str(dest), "samples": len(keys),
             "tokens": tokens, "slots": record.slots, "tool_layers": record.tool_layers,
             "tool_capture": record.tool_capture, "record": str(fmt.sidecar(dest)), "loader": fmt.loader,

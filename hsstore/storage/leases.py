@@ -133,3 +133,15 @@ def take_folder_alone(held: Lease) -> bool:
     except OSError:
         return False
     return True
+
+
+def lock_folder_alone(path: str) -> Lease | None:
+    """An exclusive lock on the existing folder ``path`` (an export folder while an export writes it), or
+    None while another process holds one. Raises OSError if the folder cannot be opened."""
+    fd = os.open(path, _DIR_FLAGS & ~os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        return None if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else Lease()
+    return Lease(fd)
