@@ -120,3 +120,24 @@ def test_two_imports_of_one_folder_at_once_account_for_every_sample(tmp_path: Pa
     assert sum(r["samples_written"] for r in reports) >= n  # (both may write one sample: readers show it once)
     [vid] = Store.open(path).variant_ids()
     assert assert_all_readable(path, vid) == n
+
+
+def test_gc_sweeps_a_dead_claims_folder_and_only_that(tmp_path: Path):
+    """A claim cut short (its temporary unit folder left, its lock gone) is swept by gc; one still held is
+    kept; a folder named like a temporary one anywhere else is not gc's."""
+    path = tmp_path / "s.zarr"
+    _, vid, _, _ = store_with_unit(path, [5], seed=1)
+    units = path / "variants" / vid / "units"
+    dead, held = units / ".tmp-dead", units / ".tmp-held"
+    for d in (dead, held):
+        d.mkdir()
+        (d / "zarr.json").write_bytes(b"{}")
+    lease = Store.open(path).io.lease_if_free(f"variants/{vid}/units/.tmp-held")  # a live claimer's lock
+    other = path / "variants" / vid / ".tmp-notes"
+    other.mkdir()
+    (other / "mine.txt").write_bytes(b"not gc's")
+    try:
+        collect_garbage(Store.open(path, mode="a"), grace_seconds=0, force=True)
+        assert not dead.exists() and held.exists() and (other / "mine.txt").exists()
+    finally:
+        lease.release()

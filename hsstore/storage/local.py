@@ -24,6 +24,12 @@ def write_failed(key: str, e: BaseException) -> WriteFailed:
     return WriteFailed(f"writing {key} failed: {why}")
 
 
+def _is_claim_folder(key: str) -> bool:
+    """Whether ``key`` is where leases.claim builds a unit folder (``variants/<vid>/units/.tmp-…``)."""
+    parts = key.split("/")
+    return len(parts) == 4 and parts[0] == "variants" and parts[2] == "units"
+
+
 class LocalRange(RangeSource):
     """``pread``/``preadv`` on one open regular file."""
 
@@ -187,4 +193,5 @@ class LocalBackend(Backend):
     def temp_files(self) -> list[tuple[str, float]]:
         now = time.time()
         return [(k, now - st.st_mtime) for k, st in localfs.walk(self.root)
-                if (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)) and k.rsplit("/", 1)[-1].startswith(TMP_PREFIX)]
+                if k.rsplit("/", 1)[-1].startswith(TMP_PREFIX)
+                and (stat.S_ISREG(st.st_mode) or (stat.S_ISDIR(st.st_mode) and _is_claim_folder(k)))]
