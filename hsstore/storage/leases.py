@@ -37,7 +37,10 @@ class Lease:
             self.fd = -1
 
     def __del__(self) -> None:
-        self.release()
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - at interpreter exit; the kernel drops the lock with the process
+            pass
 
 
 def claim(units_fd: int, uid: str, record_name: str, data: bytes, tmp_prefix: str) -> Lease | None:
