@@ -63,7 +63,8 @@ def _is_debris(info: UnitInfo | None, grace_seconds: float, force: bool) -> bool
 def collect_garbage(store: Store, grace_seconds: float = layout.UNIT_GRACE_SECONDS, force: bool = False,
                     dry_run: bool = False) -> dict[str, Any]:
     """Delete uncommitted units whose writer is dead (this host) or older than ``grace_seconds``, and old
-    temporary files. ``force`` deletes every uncommitted unit: only when no writer is running anywhere."""
+    temporary files. ``force`` deletes every uncommitted unit whose lease is free (on a local disk a running
+    writer's unit is kept even so); on an object store, use it only when no writer runs anywhere."""
     if not (isinstance(grace_seconds, (int, float)) and math.isfinite(grace_seconds) and grace_seconds >= 0):
         raise BadInput(f"--grace {grace_seconds}: must be a number of seconds >= 0 (a shorter grace can remove a "
                        "running writer's unit; use --force when no writer runs)")
@@ -99,6 +100,8 @@ def _collect_variant(io: Backend, vid: str, grace_seconds: float, force: bool, d
             continue
         lease = io.lease_if_free(layout.unit_key(vid, uid, layout.META))
         if lease is None or not _is_debris(_unit_info(io, vid, uid), grace_seconds, force):
+            if lease is not None:
+                lease.release()
             out["kept_in_progress"].append(f"{vid}/{uid}")  # its writer holds the lease, or may still run
             continue
         try:  # (holding the lease: no writer can claim the unit while it goes)
