@@ -60,7 +60,7 @@ def claim(units_fd: int, uid: str, record_name: str, data: bytes, tmp_prefix: st
             os.fsync(dfd)
         finally:
             os.close(dfd)
-        if _exists(units_fd, uid):
+        if exists(units_fd, uid):
             raise FileExistsError(errno.EEXIST, uid)
         os.rename(tmp, uid, src_dir_fd=units_fd, dst_dir_fd=units_fd)  # fails if uid holds anything
         os.fsync(units_fd)
@@ -97,7 +97,8 @@ def take_if_free(dir_fd: int, name: str) -> Lease | None:
     return Lease(fd)
 
 
-def _exists(dir_fd: int, name: str) -> bool:
+def exists(dir_fd: int, name: str) -> bool:
+    """Whether ``name`` is an entry of the folder ``dir_fd`` (a link is not followed)."""
     try:
         os.lstat(name, dir_fd=dir_fd)
     except FileNotFoundError:

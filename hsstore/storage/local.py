@@ -128,6 +128,8 @@ class LocalBackend(Backend):
             except (OSError, CorruptData):
                 return leases.take_if_free(dfd, name)
             try:
+                if not leases.exists(sub, META) and time.time() - os.fstat(sub).st_mtime < leases.FRESH_SECONDS:
+                    return None  # a claim folder whose claimer has not made its record yet
                 return leases.take_if_free(sub, META)
             finally:
                 os.close(sub)
