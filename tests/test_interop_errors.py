@@ -94,6 +94,51 @@ def _mixed(t: Path) -> Path:
     return src
 
 
+def _stride_zero(rec: dict) -> None:
+    """Every tensor a view of a few bytes declaring 20 M tokens (a 2 KB file; 2.9 GB once copied)."""
+    n = 20_000_000
+    rec.update(input_ids=rec["input_ids"][:1].expand(n), loss_mask=rec["loss_mask"][:1].expand(n),
+               hidden_state=rec["hidden_state"][:, :1].expand(1, n, -1),
+               aux_hidden_state=rec["aux_hidden_state"][:, :1].expand(1, n, -1))
+
+
+def _gzip_bomb(t: Path) -> Path:
+    """A .ckpt.gz of a few hundred KB that inflates to 256 MiB (written a MiB at a time)."""
+    import zlib
+
+    src = t / "sf"
+    WRITERS["specforge"](src, random_samples(n=2), compress=True)
+    z = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(1 << 20)
+    with open(src / "rows_0-2000" / "data_0.ckpt.gz", "wb") as f:
+        for _ in range(256):
+            f.write(z.compress(zeros))
+        f.write(z.flush())
+    return src
+
+
+def _sparse(rec: dict) -> None:
+    rec["hidden_state"] = rec["hidden_state"].to(torch.float32).to_sparse()
+
+
+def _spec_rows(t: Path, rows: list[dict]) -> Path:
+    """A speculators folder whose Arrow table holds ``rows`` as written (strings, nulls), beside valid
+    hidden-states files."""
+    from datasets import Dataset
+
+    src = t / "sp"
+    WRITERS["speculators"](src, random_samples(n=len(rows)))
+    ds = Dataset.from_list(rows)
+    for f in src.iterdir():
+        if f.is_file():
+            f.unlink()
+    ds.save_to_disk(str(src))
+    return src
+
+
+SP = [*SF[:5], "1,2,3,4", "--capture", "input"]
+
+
 def _exported(t: Path) -> str:
     from hsstore.interop.importer import ImportRequest, import_cache
 
@@ -144,6 +189,15 @@ CASES = {
     "import-modelopt-no-mask": (lambda t: _imp(t, "modelopt", _modelopt(t, drop_mask=True)), "no 'loss_mask' .*will not guess"),
     "import-modelopt-prenorm-contradiction": (lambda t: _imp(t, "modelopt", _modelopt(t, prenorm=True)),
                                               "says its target is pre-norm .* but --layers names the target 'final_norm'"),
+    "import-stride-zero-view": (lambda t: _imp(t, "specforge", _sf(t, _stride_zero)),
+                                r"'input_ids' declares shape \(20000000,\) .* over only .*save it with .contiguous\(\)"),
+    "import-gzip-bomb": (lambda t: _imp(t, "specforge", _gzip_bomb(t)), r"data_0.ckpt.gz: inflates past .*decompression bomb"),
+    "import-sparse-tensor": (lambda t: _imp(t, "specforge", _sf(t, _sparse)), r"'hidden_state' is a sparse_coo tensor"),
+    "import-speculators-string-ids": (lambda t: _imp(t, "speculators", _spec_rows(t, [
+        {"input_ids": ["a", "b"], "loss_mask": [0, 1], "seq_len": 2}] * 2), opts=SP),
+        r"row 0: input_ids holds .* not integers"),
+    "import-speculators-null-row": (lambda t: _imp(t, "speculators", _spec_rows(t, [
+        {"input_ids": None, "loss_mask": None, "seq_len": None}] * 2), opts=SP), r"row 0: input_ids holds null"),
     "export-folder-not-empty": (lambda t: ["export", _exported(t), "speculators", str(t / "busy")], "exists and is not empty"),
     "export-layer-not-stored": (lambda t: ["export", _exported(t), "specforge", str(t / "x"), "--aux", "0,7"],
                                 r"layer\(s\) \[7\] are not stored"),

@@ -73,3 +73,21 @@ class BuildInterrupted(BuildFailed):
 
 class WriteFailed(BuildFailed):
     """Writing to the store failed (a full disk, a file-size limit, an I/O error); nothing was committed."""
+
+
+class ResourceLimit(BadInput):
+    """An input that would need more memory, time or output than hsstore allows itself (a size bomb, a
+    template that loops, a config that does not match its weights): refused before the work starts (exit 2)."""
+
+
+class OutputFailed(HsstoreError, OSError):
+    """Writing a report to stdout or a file failed (a full disk, a file-size limit, a closed pipe) (exit 1)."""
+
+    exit_code = 1
+
+
+class StoreUnreachable(HsstoreError, ConnectionError):
+    """A remote store did not answer (the connection dropped, timed out or was refused) after bounded
+    retries: the data is not known to be damaged, the network is (exit 1)."""
+
+    exit_code = 1

@@ -20,10 +20,14 @@ import numpy as np
 import torch
 import xxhash
 
+from hsstore.core.budget import check_fits, human, memory_budget
 from hsstore.core.dtypes import name_of
-from hsstore.core.errors import BadInput
+from hsstore.core.errors import BadInput, ResourceLimit
 
 MAX_FILE_BYTES = 64 << 30  # one sample's file; anything larger is not a per-sample cache file
+IN_FLIGHT = 4  # samples an import may hold at once per budget share (read-ahead, and a copy while written)
+MAX_INFLATE_RATIO = 64  # bf16/fp32 states compress ~1.1-3x; a gzip member inflating further is a bomb
+MIN_INFLATE_CAP = 64 << 20  # ... unless it stays this small (tiny files compress their zip headers well)
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,8 @@ def read_bytes(root: Path, rel: str) -> tuple[bytes, FileDigest]:
             raise BadInput(f"{rel}: not a regular file; an import folder holds only the tool's sample files")
         if st.st_size > MAX_FILE_BYTES:
             raise BadInput(f"{rel}: {st.st_size} bytes is not one sample's file (limit {MAX_FILE_BYTES})")
+        check_fits(st.st_size, f"{rel}: reading its {st.st_size} bytes", "import on a machine with more memory "
+                   "or raise the budget", share=IN_FLIGHT)
         data = path.read_bytes()
     except OSError as e:
         raise BadInput(f"{rel}: cannot read ({e.strerror or e}); check the folder's permissions") from None
@@ -85,10 +91,7 @@ def read_bytes(root: Path, rel: str) -> tuple[bytes, FileDigest]:
 def load_torch(data: bytes, rel: str) -> dict[str, Any]:
     """A ``torch.save``'d dict (``.gz``: gzip-compressed first) through ``torch.load(weights_only=True)``."""
     if rel.endswith(".gz"):
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as e:
-            raise BadInput(f"{rel}: not a gzip file ({e}); .gz files must be gzip-compressed torch.save files") from None
+        data = inflate(data, rel)
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols of foreign files: not for users
             warnings.simplefilter("ignore")
@@ -99,6 +102,40 @@ def load_torch(data: bytes, rel: str) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise BadInput(f"{rel}: holds a {type(obj).__name__}, not a dict of tensors; is this the right format?")
     return obj
+
+
+def inflate_cap(compressed: int) -> int:
+    """The most bytes a gzip file of ``compressed`` bytes may inflate to: a plausible ratio, within budget."""
+    return min(memory_budget() // IN_FLIGHT, max(MIN_INFLATE_CAP, MAX_INFLATE_RATIO * compressed))
+
+
+def inflate(data: bytes, rel: str) -> bytes:
+    """gzip ``data`` decompressed a bounded piece at a time: refused (ResourceLimit) as soon as it passes
+    ``inflate_cap`` — a 3 MB file that inflates to 3 GB never gets to allocate it."""
+    cap = inflate_cap(len(data))
+    out: list[bytes] = []
+    total = 0
+    rest = data
+    try:
+        while rest:
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)  # one gzip member; members may follow
+            while True:
+                piece = d.decompress(rest, 1 << 20)
+                total += len(piece)
+                if total > cap:
+                    raise ResourceLimit(f"{rel}: inflates past {human(cap)} from {human(len(data))} (more than "
+                                        f"{MAX_INFLATE_RATIO}x, or beyond the memory budget): a decompression bomb, "
+                                        "not a sample; remove it or import the uncompressed .ckpt")
+                out.append(piece)
+                rest = d.unconsumed_tail
+                if d.eof or not (rest or piece):
+                    break
+            if not d.eof:
+                raise EOFError("compressed file ended before the end-of-stream marker was reached")
+            rest = d.unused_data.lstrip(b"\0")
+    except (OSError, EOFError, zlib.error) as e:
+        raise BadInput(f"{rel}: not a gzip file ({e}); .gz files must be gzip-compressed torch.save files") from None
+    return b"".join(out)
 
 
 def _why(e: Exception) -> str:
@@ -121,17 +158,41 @@ def tensor(obj: dict[str, Any], key: str, rel: str, optional: bool = False) -> t
     t = obj[key]
     if not isinstance(t, torch.Tensor):
         raise BadInput(f"{rel}: {key!r} is a {type(t).__name__}, not a tensor")
+    check_declared(t, rel, key)
     return t
 
 
-def _flat(x: torch.Tensor | np.ndarray) -> torch.Tensor:
+def check_declared(t: torch.Tensor, rel: str, key: str) -> None:
+    """Refuse a tensor whose declared shape is not backed by its file's bytes, before anything copies it:
+    a sparse or other non-dense layout, a view with zero or overlapping strides (a 2 KB file declaring
+    20 M tokens), or more bytes than the memory budget."""
+    if t.layout != torch.strided:
+        raise BadInput(f"{rel}: {key!r} is a {str(t.layout).replace('torch.', '')} tensor; sample files hold dense "
+                       "tensors (save it with .to_dense())")
+    declared = t.numel() * t.element_size()
+    held = t.untyped_storage().nbytes()
+    if declared > held:
+        raise ResourceLimit(f"{rel}: {key!r} declares shape {tuple(t.shape)} ({human(declared)}) over only "
+                            f"{human(held)} of data (a view with repeated strides); save it with .contiguous()")
+    check_fits(declared, f"{rel}: {key!r} of shape {tuple(t.shape)}", "import on a machine with more memory or "
+               "raise the budget", share=IN_FLIGHT)
+
+
+def _flat(x: torch.Tensor | np.ndarray | None, what: str, rel: str) -> torch.Tensor:
+    """A tensor of integers or bools from a tensor or array (Arrow rows may hold strings or nulls)."""
+    if not isinstance(x, torch.Tensor):
+        a = np.asarray(x) if x is not None else None
+        if a is None or a.dtype.kind not in "iub":
+            kind = "null" if a is None else "mixed or null values" if a.dtype.kind == "O" else f"{a.dtype} values"
+            raise BadInput(f"{rel}: {what} holds {kind}, not integers; the row is not a tokenized sample")
+        x = a
     t = torch.as_tensor(x)
     return t.reshape(-1) if t.dim() == 2 and t.shape[0] == 1 else t  # tools add a batch dim of 1
 
 
-def tokens(ids: torch.Tensor | np.ndarray, mask: torch.Tensor | np.ndarray, rel: str) -> tuple[np.ndarray, np.ndarray]:
+def tokens(ids: torch.Tensor | np.ndarray | None, mask: torch.Tensor | np.ndarray | None, rel: str) -> tuple[np.ndarray, np.ndarray]:
     """Token ids (int32) and a 0/1 loss mask (uint8) from whatever integer/bool tensors a tool wrote."""
-    ids_t, mask_t = _flat(ids), _flat(mask)
+    ids_t, mask_t = _flat(ids, "input_ids", rel), _flat(mask, "loss_mask", rel)
     if ids_t.dim() != 1 or mask_t.dim() != 1 or ids_t.shape != mask_t.shape:
         raise BadInput(f"{rel}: input_ids {tuple(ids_t.shape)} and loss_mask {tuple(mask_t.shape)} must be one "
                        "sequence each, of equal length")

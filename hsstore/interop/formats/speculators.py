@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from hsstore.core.errors import BadInput
@@ -165,7 +164,7 @@ class Speculators(Format):
         if "hidden_states" not in obj or "token_ids" not in obj:
             raise BadInput(f"{rel}: no hidden_states/token_ids (keys: {', '.join(sorted(obj))}); is this a "
                            "speculators hidden-states file?")
-        ids, mask = tokens(np.asarray(row["input_ids"]), np.asarray(row["loss_mask"]), f"row {i}")
+        ids, mask = tokens(row["input_ids"], row["loss_mask"], f"row {i}")
         file_ids = obj["token_ids"].reshape(-1)
         if file_ids.numel() != len(ids) or not torch.equal(file_ids.to(torch.int64), torch.from_numpy(ids).to(torch.int64)):
             raise BadInput(f"{rel}: its token_ids do not match row {i} of the Arrow dataset; the hidden states "
