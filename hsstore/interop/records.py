@@ -24,6 +24,7 @@ from hsstore.interop.formats.base import Format, atomic_write
 from hsstore.interop.sample import FileDigest, read_bytes
 
 PREFIX = "import-"
+RECORD_BYTES = 1 << 20  # one import record's size: far below the record cap whatever the paths' lengths
 
 
 def now() -> str:
@@ -93,14 +94,25 @@ class ImportLog:
         self.store.io.put_atomic(f"{self.prefix}{name}", json.dumps(record.to_dict()).encode())
 
     def chunk(self, entries: list[tuple[str, str, list[FileDigest]]], unit: str | None) -> None:
-        out = []
+        """Record ``entries`` (written into ``unit``) in as many records as keep each near ``RECORD_BYTES``:
+        17k files under a 2,000-character folder are 70 MB of JSON, which no single record may hold."""
+        out: list[ImportEntry] = []
+        size = 0
         for item, key, files in entries:
             out.append(ImportEntry(item=item, key=key, files=[(f.rel, f.size, f.mtime_ns, f.xxh3) for f in files]))
+            size += len(item.encode()) + len(key) + sum(len(f.rel.encode()) + 80 for f in files) + 40
             for f in files:
                 self.files_sum = add_hash(self.files_sum, entry_hash(f.rel, f.size, f.xxh3))
+            if size >= RECORD_BYTES:
+                self._put_chunk(out, unit)
+                out, size = [], 0
+        if out:
+            self._put_chunk(out, unit)
+
+    def _put_chunk(self, entries: list[ImportEntry], unit: str | None) -> None:
         self._put(f"{PREFIX}{self.run}-{self.seq:06d}.json",
                   ImportChunk(kind="import-chunk", run=self.run, seq=self.seq, format=self.fmt.name,
-                              context=self.context, unit=unit, entries=out, created=now()))
+                              context=self.context, unit=unit, entries=entries, created=now()))
         self.seq += 1
 
     def finish(self, tool: str, n_items: int, keys: set[str], counts: dict[str, int], n_bad: int,
