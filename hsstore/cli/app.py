@@ -20,5 +20,7 @@ def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks f
 
 
 def emit(obj: object, json_out: bool, text: str) -> None:
-    """``obj`` as stable JSON with ``--json``, else ``text``."""
-    typer.echo(json.dumps(obj, indent=2, sort_keys=True, default=str) if json_out else text)
+    """``obj`` as stable JSON with ``--json``, else ``text`` (all of it, or one line and exit 1)."""
+    from hsstore.cli.output import write_stdout
+
+    write_stdout(json.dumps(obj, indent=2, sort_keys=True, default=str) if json_out else text)

@@ -15,10 +15,12 @@ from hsstore.core.outputs import PLOT_SUFFIXES, check_output_file
 
 def _emit(report: dict, json_path: Optional[str], render: Any) -> None:
     """The report as JSON on stdout (``-``), or as text (and JSON to a file)."""
+    from hsstore.cli.output import write_stdout
+
     if json_path == "-":
-        typer.echo(json.dumps(report, indent=2, sort_keys=True))
+        write_stdout(json.dumps(report, indent=2, sort_keys=True))
         return
-    typer.echo(render(report))
+    write_stdout(render(report))
     if json_path:
         from hsstore.storage.fileio import write_output_text
 

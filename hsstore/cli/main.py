@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import typer
@@ -27,6 +28,8 @@ _whole_summaries()
 
 def main() -> None:
     """Entry point: errors become one line on stderr and an exit code (2 bad input, 1 failed check)."""
+    if hasattr(signal, "SIGXFSZ"):  # past a file-size limit a write fails (EFBIG, one line), never kills us
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
         rc = app(standalone_mode=False)  # click returns typer.Exit's code here instead of raising
         sys.exit(rc if isinstance(rc, int) else 0)
