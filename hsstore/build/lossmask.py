@@ -37,7 +37,8 @@ from typing import Any
 from hsstore.build.chatdate import PINNED, date_string, pinned_template, prints_date
 from hsstore.build.chatmarks import PLACEMENTS, Marked, marked_messages, read_markers, repeated_message
 from hsstore.build.messages import THINK_CLOSE, THINK_OPEN, RowRejected, inline_reasoning
-from hsstore.core.errors import BadInput
+from hsstore.build.render_limits import bounded
+from hsstore.core.errors import BadInput, ResourceLimit
 
 METHOD = "reply+eot/v1"  # recorded with every input report; bump when masks of the same rows change
 PROBE = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
@@ -87,7 +88,9 @@ class ChatMasker:
         kwargs = dict(self.kwargs)
         if prints_date(self.template):  # the template that applies (of a dict of templates, the one for tools)
             kwargs["chat_template"] = pinned_template(self.tok.get_chat_template(None, tools), self.today)
-        return self.tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=gen, **kwargs)
+        what = f"a conversation of {len(msgs)} message(s)"
+        return bounded(lambda: self.tok.apply_chat_template(msgs, tools=tools, tokenize=False,
+                                                            add_generation_prompt=gen, **kwargs), what)
 
     def _end_tokens(self) -> frozenset[int]:
         """{eos, the first added token the template writes after a reply}, and the token that closes an earlier
@@ -96,6 +99,8 @@ class ChatMasker:
         refused without an end token."""
         try:
             plain, (_, last) = self._closers(PROBE)
+        except ResourceLimit:
+            raise
         except Exception as e:
             raise BadInput(f"the chat template cannot render a plain user/assistant exchange ({_why(e)}); "
                            "check the tokenizer's chat template") from None
@@ -106,6 +111,8 @@ class ChatMasker:
         out = {last} | ({eos} if isinstance(eos, int) else set())
         try:
             _, (user, earlier, *_) = self._closers(PROBE + AGAIN)
+        except ResourceLimit:
+            raise
         except Exception:  # a template that renders one exchange only: the last reply's token is all there is
             return frozenset(out)
         gen = self._generation_prompt(PROBE[:1], None)
@@ -166,6 +173,8 @@ class ChatMasker:
         for who, how in PLACEMENTS:
             try:  # a template may validate text (e.g. tool names against the tools) and reject the marked one
                 text = self._render(marked_messages(msgs, nonce, who, how), tools, False)
+            except ResourceLimit:
+                raise
             except Exception as e:
                 raised = f"the marked rendering raised {_why(e)}"
                 continue
@@ -186,6 +195,8 @@ class ChatMasker:
         self._check_text(msgs, tools, inline)
         try:
             plain = self._render(msgs, tools, False)
+        except ResourceLimit:
+            raise
         except Exception as e:
             raise RowRejected("the chat template refused the row", _why(e)) from None
         nonce = self._nonce(msgs, tools)
@@ -213,6 +224,8 @@ class ChatMasker:
         first = min(own) if own else None
         try:
             prefix = self._render(marked_messages(msgs[:k], nonce, *mk.placement), tools, True)
+        except ResourceLimit:
+            raise
         except Exception:
             prefix = None
         if prefix is not None and mk.text.startswith(prefix):  # 1. the prompt is a prefix of the whole
@@ -261,6 +274,8 @@ class ChatMasker:
     def _generation_prompt(self, msgs: list[dict[str, Any]], tools: Any) -> str | None:
         try:
             with_prompt, without = self._render(msgs, tools, True), self._render(msgs, tools, False)
+        except ResourceLimit:
+            raise
         except Exception:
             return None
         return with_prompt[len(without):] if with_prompt.startswith(without) else None
