@@ -73,12 +73,12 @@ def test_reordered_input_file_reuses_committed_states(tmp_path: Path):
 
 
 def test_final_norm_is_a_named_capture_stored_beside_the_layers(tmp_path: Path):
-    m = write_manifest(tmp_path / "m.toml", dtypes='["fp32"]', layers='{ aux = [0, 3], target = ["final_norm"] }')
+    m = write_manifest(tmp_path / "m.toml", dtypes='["fp32"]', layers='{ aux = [0, 2], target = [3, "final_norm"] }')
     r = run_cli("build", str(m), "--limit", "6", "--quiet")
     assert r.returncode == 0, r.stderr
     (v,) = Store.open(tmp_path / "store.zarr").variants
     rec = v.provenance["recipe"]
-    assert rec["final_norm"] is True and rec["layers"] == {"aux": [0, 3], "target": [4]}  # id 4 = num_layers
+    assert rec["final_norm"] is True and rec["layers"] == {"aux": [0, 2], "target": [3, 4]}  # id 4 = num_layers
     assert "(final norm)" in run_cli("info", str(tmp_path / "store.zarr")).stdout
     model = ModelSpec("builtin:tiny-qwen3_5").load(torch.float32, "cpu", None)
     ds = HiddenStateDataset(tmp_path / "store.zarr")
@@ -86,6 +86,6 @@ def test_final_norm_is_a_named_capture_stored_beside_the_layers(tmp_path: Path):
     for i in range(len(ds)):
         item = ds[i]
         with torch.no_grad():
-            post = model.model.norm(item["aux_hidden"][:, 1])  # the norm of the stored last decoder layer
-        assert torch.allclose(item["target_hidden"][:, 0], post, atol=1e-6, rtol=0)
-        assert not torch.allclose(item["target_hidden"][:, 0], item["aux_hidden"][:, 1])
+            post = model.model.norm(item["target_hidden"][:, 0])  # the norm of the stored last decoder layer
+        assert torch.allclose(item["target_hidden"][:, 1], post, atol=1e-6, rtol=0)
+        assert not torch.allclose(item["target_hidden"][:, 1], item["target_hidden"][:, 0])

@@ -164,6 +164,8 @@ CASES = {
                                 "layer 0 under --capture input is the embedding output"),
     "import-layer-out-of-range": (lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,1,2,4", *SF[6:]]),
                                   "layer 4 is out of range for a 4-layer model .*post-norm state is final_norm"),
+    "import-target-derives-from-aux": (lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,2,3,final_norm", *SF[6:]]),
+                                       r"target final_norm is RMSNorm of aux layer 3 .* check --layers"),
     "import-layer-twice": (lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,1,1,3", *SF[6:]]), "names one layer twice"),
     "import-no-num-layers": (lambda t: _imp(t, "specforge", _sf(t), opts=["--tokenizer", TOKENIZER, *SF[4:]]),
                              "pass --model DIR .* or --num-layers N"),

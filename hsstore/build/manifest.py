@@ -10,6 +10,7 @@ from typing import Any
 
 from hsstore.core.dtypes import parse_dtype
 from hsstore.core.errors import BadInput
+from hsstore.core.leakage import check_no_leak
 from hsstore.core.paths import expand_user
 from hsstore.core.precision import PRECISIONS
 from hsstore.core.schema.manifest import FINAL_NORM, TABLES, Manifest, ManifestFile
@@ -68,7 +69,10 @@ def parse_layers(source: str, layers: Any) -> dict[str, list[int]]:
 def resolve_layers(layers: dict[str, list], num_layers: int, model: str) -> dict[str, list[int]]:
     """Range-check decoder layer ids and give the final norm its stored id, ``num_layers``."""
     check_layers_in_model(layers, num_layers, model)
-    return {role: [num_layers if i == FINAL_NORM else i for i in ids] for role, ids in layers.items()}
+    out = {role: [num_layers if i == FINAL_NORM else i for i in ids] for role, ids in layers.items()}
+    check_no_leak(out.get("aux", []), out.get("target", []), num_layers,
+                  f"drop layer {num_layers - 1} from aux or target layer {num_layers - 1} instead of final_norm")
+    return out
 
 
 def check_layers_in_model(layers: dict[str, list], num_layers: int, model: str) -> None:

@@ -26,6 +26,7 @@ import torch
 
 from hsstore.core.errors import BadInput, BuildInterrupted
 from hsstore.core.interrupt import Stopped, stop_on_signals
+from hsstore.core.leakage import check_no_leak
 from hsstore.core.schema.base import or_none
 from hsstore.core.schema.imported import ExportRecord
 from hsstore.interop.formats import get_format
@@ -65,6 +66,9 @@ def _slots(fmt: Format, rec: Any, req: ExportRequest) -> tuple[list[int], int]:
         raise BadInput(f"layer(s) {missing} are not stored in variant {rec.id}; stored: {rec.all_layers}")
     if fmt.has_aux and not aux:
         raise BadInput(f"{fmt.name} files need aux layers and variant {rec.id} has none; pass --aux LAYER,...")
+    num_layers = or_none(rec.prov.recipe.model.num_layers)
+    if isinstance(num_layers, int):
+        check_no_leak(aux, targets, num_layers, "pass --aux and --target layers that do not derive from each other")
     return aux, targets[0]
 
 

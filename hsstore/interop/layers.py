@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hsstore.core.errors import BadInput
+from hsstore.core.leakage import check_no_leak
 
 CAPTURES = ("output", "input", "unknown")
 FINAL_NORM = "final_norm"
@@ -85,4 +86,6 @@ def slot_layers(stated: Sequence[Stated], n_aux: int, has_target: bool, capture:
     if len(set(ids)) != len(ids):
         raise BadInput(f"--layers {','.join(map(str, stated))} names one layer twice (as hsstore ids under "
                        f"--capture {capture}: {ids}); every slot holds a different layer")
+    check_no_leak(ids[:n_aux], ids[n_aux:], num_layers, "these files cannot train a drafter without the target "
+                  "leaking; check --layers (aux slots first, the target last) and --capture")
     return {"aux": ids[:n_aux], "target": ids[n_aux:]}
