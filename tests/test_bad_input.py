@@ -46,6 +46,17 @@ def _local_model(tmp: Path, chat_template: bool | str) -> str:
     return str(d)
 
 
+def _lying_config(tmp: Path, **fields: int) -> str:
+    """A tiny local checkpoint whose config.json states ``fields`` its weights do not have."""
+    import json
+
+    d = _local_model(tmp, True)
+    cfg = json.loads((Path(d) / "config.json").read_text())
+    cfg.update(fields)
+    (Path(d) / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
 def _two_variant_store(tmp: Path) -> str:
     s = Store.create(tmp / "v.zarr")
     for dtype in ("bf16", "fp32"):
@@ -140,6 +151,14 @@ CASES = {
                                       r"target final_norm is RMSNorm of aux layer 3 .* leaks into the conditioning layers; drop layer 3 from aux"),
     "layer-aux-is-norm-of-target": (lambda t: _m(t, layers='{ aux = [1, "final_norm"], target = [3] }'),
                                     r"aux final_norm is RMSNorm of target layer 3 .* leaks"),
+    "config-layers-not-in-weights": (lambda t: _m(t, model=_lying_config(t, num_hidden_layers=1000000), layers="{ aux = [1], target = [2] }"),
+                                     r"config.json says num_hidden_layers = 1000000, but the weight files hold 4 decoder layers"),
+    "config-hidden-not-in-weights": (lambda t: _m(t, model=_lying_config(t, hidden_size=4096), layers="{ aux = [1], target = [2] }"),
+                                     r"config.json says hidden_size = 4096, but the embedding in the weight files is \d+ x 64"),
+    "builtin-override-too-large": (lambda t: _m(t, extra_model="config = { hidden_size = 1000000000 }"),
+                                   r"builtin:tiny-qwen3_5 with these config overrides .* needs .*, more than the .* memory budget"),
+    "builtin-override-too-many-layers": (lambda t: _m(t, extra_model="config = { num_hidden_layers = 100000000 }"),
+                                         r"builtin:tiny-qwen3_5 with these config overrides .* more than the .* memory budget"),
     "layer-target-empty": (lambda t: _m(t, layers="{ aux = [1], target = [] }"), "layers.target is empty"),
     "layer-not-int": (lambda t: _m(t, layers='{ aux = ["1"], target = [2] }'), "must be a list of integers"),
     "layer-final-norm-typo": (lambda t: _m(t, layers='{ aux = [1], target = ["final_nrom"] }'),

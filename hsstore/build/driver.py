@@ -54,6 +54,7 @@ def plan_inputs(m: Manifest, limit: int | None, quiet: bool = True, rows: Any = 
     status(f"loading the tokenizer and config of {m.model_path}", quiet)
     tok = spec.tokenizer()
     config = spec.config(len(tok))
+    spec.check_config(config)
     layers = resolve_layers(m.layers, int(text_config(config).num_hidden_layers), m.model_path)
     tok_id = spec.tokenizer_identity(tok)
     status(f"tokenizing {len(m.data_files)} data file(s) ({_mb(m.data_files)})", quiet)

@@ -154,6 +154,17 @@ class ModelSpec:
         except Exception as e:
             raise BadInput(f"cannot read the config of {self.path!r}: {e}") from None
 
+    def check_config(self, config: Any) -> None:
+        """Refuse, before any model is built, a config that does not match the weight files (local folders)
+        or whose builtin weights would not fit in memory (hsstore.build.model_size)."""
+        from hsstore.build.model_size import check_builtin_fits, check_config_matches_weights
+
+        if self.builtin is not None:
+            if self.init_device == "cpu":
+                check_builtin_fits(text_config(config), self.path)
+            return
+        check_config_matches_weights(text_config(config), self.weight_files(), self.path)
+
     def weight_files(self) -> list[Path]:
         """The weight files (and their index) of a local model directory, by name; [] for builtins."""
         if self.builtin is not None:
