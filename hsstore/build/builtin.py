@@ -6,8 +6,10 @@ variants of one builtin recipe differ only by how they were computed.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
+from hsstore.build.model_size import check_builtin_fits
 from hsstore.core.errors import BadInput
 
 # ChatML. Its {% generation %} span (reply + <|im_end|>) is exactly what hsstore's own mask method marks
@@ -94,8 +96,10 @@ def check_overrides(name: str, defaults: dict[str, Any], overrides: dict[str, An
             raise BadInput(f"{where}: expected a list")
 
 
-def builtin_config(name: str, overrides: dict[str, Any] | None = None, vocab_size: int = 320) -> Any:
-    """The transformers config of builtin ``name`` with ``overrides`` applied (checked by key and kind)."""
+def builtin_config(name: str, overrides: dict[str, Any] | None = None, vocab_size: int = 320,
+                   drawn_in_memory: bool = True) -> Any:
+    """The transformers config of builtin ``name`` with ``overrides`` applied (checked by key and kind, and,
+    when its weights are drawn in CPU memory, by size against the memory budget)."""
     from transformers import AutoConfig
 
     if name not in BUILTINS:
@@ -106,6 +110,8 @@ def builtin_config(name: str, overrides: dict[str, Any] | None = None, vocab_siz
     if overrides:
         check_overrides(name, {**AutoConfig.for_model(model_type).to_dict(), **base}, overrides)
     kwargs = {**base, **overrides}
+    if drawn_in_memory:  # checked before a config of 1e8 layers is even made
+        check_builtin_fits(SimpleNamespace(**kwargs), f"builtin:{name}")
     if model_type == "qwen3_5_text" and "layer_types" not in overrides:
         n = int(kwargs["num_hidden_layers"])
         kwargs["layer_types"] = [

@@ -143,7 +143,7 @@ class ModelSpec:
 
     def config(self, vocab_size: int | None = None) -> Any:
         if self.builtin is not None:
-            return builtin_config(self.builtin, self.config_overrides, vocab_size or 320)
+            return builtin_config(self.builtin, self.config_overrides, vocab_size or 320, self.init_device == "cpu")
         from transformers import AutoConfig
 
         self.check()
@@ -153,17 +153,6 @@ class ModelSpec:
             return AutoConfig.from_pretrained(self.path, trust_remote_code=self.trust_remote_code)
         except Exception as e:
             raise BadInput(f"cannot read the config of {self.path!r}: {e}") from None
-
-    def check_config(self, config: Any) -> None:
-        """Refuse, before any model is built, a config that does not match the weight files (local folders)
-        or whose builtin weights would not fit in memory (hsstore.build.model_size)."""
-        from hsstore.build.model_size import check_builtin_fits, check_config_matches_weights
-
-        if self.builtin is not None:
-            if self.init_device == "cpu":
-                check_builtin_fits(text_config(config), self.path)
-            return
-        check_config_matches_weights(text_config(config), self.weight_files(), self.path)
 
     def weight_files(self) -> list[Path]:
         """The weight files (and their index) of a local model directory, by name; [] for builtins."""
