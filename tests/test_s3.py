@@ -88,3 +88,37 @@ def test_s3_concurrent_writers_verify_read_diff_and_a_killed_writer(s3: str, tin
     assert sorted(gc["removed_units"]) == sorted(debris)  # the killed writer's units: none committed, none missed
     assert not _uncommitted(killed)
     assert verify(Store.open(killed))["ok"] and Store.open(killed).variants[0].n_samples == 40
+
+
+def test_a_server_gone_mid_read_is_one_network_error_not_damage(tmp_path: Path) -> None:
+    """A server killed while a reader is open: reads raise StoreUnreachable (retried, bounded), never
+    CorruptData "fails a checksum"; `hsstore verify` stops at the first network error with one line, exit 1,
+    instead of reporting every sample as a problem."""
+    import s3fs
+
+    from hsstore.core.errors import CorruptData, StoreUnreachable
+    from hsstore.testing.factories import new_variant, write_unit
+    from hsstore.testing.s3 import kill_server, moto_s3
+
+    # fsspec caches clients by their options, not by the endpoint (read from the environment): this server
+    # gets clients of its own, and no later test gets one of the dead server's
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        with moto_s3("hsstore-gone", tmp_path / "moto.log") as bucket:
+            url = f"{bucket}/s.zarr"
+            s = Store.create(url)
+            vid = new_variant(s)
+            for seed in range(3):
+                write_unit(s, vid, [4, 5], seed=seed)
+            reader = Store.open(url).reader(vid)
+            assert verify(Store.open(url))["ok"]
+            kill_server(bucket)
+            with pytest.raises(StoreUnreachable, match="did not answer .* not known to be damaged") as e:
+                reader.read_tokens(reader.ref(0))
+            assert not isinstance(e.value, CorruptData)
+            r = run_cli("verify", url)
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+    errors = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 1 and len(errors) == 1 and "did not answer" in errors[0], r.stderr
+    assert "checksum" not in r.stderr and "problem" not in r.stdout + r.stderr

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hsstore.core.dtypes import as_float32
-from hsstore.core.errors import CorruptData, HsstoreError
+from hsstore.core.errors import CorruptData, HsstoreError, StoreUnreachable
 from hsstore.core.schema.store import CommitRecord
 from hsstore.storage import layout
 from hsstore.storage.reader import VariantReader
@@ -51,12 +51,16 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> dict[
     report = Report()
     try:
         vids = store.variant_ids()
+    except StoreUnreachable:
+        raise  # the network, not the data: one message, not a problem per sample
     except HsstoreError as e:
         report.add(str(e))
         vids = []
     for vid in vids:
         try:
             reader = store.reader(vid, refresh=True)
+        except StoreUnreachable:
+            raise
         except HsstoreError as e:
             report.add(str(e), vid)
             continue
@@ -120,6 +124,8 @@ def _verify_tree(store: Store, report: Report) -> None:
     uncommitted = temporary = 0
     try:
         entries = list(store.io.entries())
+    except StoreUnreachable:
+        raise
     except HsstoreError as e:
         report.add(f"the store's tree cannot be listed: {e}")
         return

@@ -13,6 +13,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 _ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL")
+_SERVERS: dict[str, subprocess.Popen] = {}  # s3://BUCKET -> its running server
+
+
+def kill_server(url: str) -> None:
+    """Kill the server behind ``url`` (a moto_s3 URL) now, mid-whatever: as a server that crashed or a
+    network that went away; the context's exit then has nothing left to stop."""
+    server = _SERVERS[url]
+    server.kill()
+    server.wait(timeout=30)
 
 
 def _free_port() -> int:
@@ -45,10 +54,12 @@ def moto_s3(bucket: str, log: Path | None = None) -> Iterator[str]:
                               stdout=out, stderr=subprocess.STDOUT)
     old = {k: os.environ.get(k) for k in _ENV}
     os.environ.update(dict(zip(_ENV, ("testing", "testing", "us-east-1", f"http://127.0.0.1:{port}"))))
+    _SERVERS[f"s3://{bucket}"] = server
     try:
         _create_bucket(bucket, log)
         yield f"s3://{bucket}"
     finally:
+        _SERVERS.pop(f"s3://{bucket}", None)
         server.terminate()
         server.wait(timeout=30)
         if log is not None:
