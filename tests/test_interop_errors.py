@@ -203,6 +203,8 @@ CASES = {
     "export-folder-not-empty": (lambda t: ["export", _exported(t), "speculators", str(t / "busy")], "exists and is not empty"),
     "export-layer-not-stored": (lambda t: ["export", _exported(t), "specforge", str(t / "x"), "--aux", "0,7"],
                                 r"layer\(s\) \[7\] are not stored"),
+    "vocab-map-vocab-beyond-int32": (lambda t: ["vocab-map", _exported(t), "--size", "4", "--target-vocab-size", "10000000000"],
+                                     r"target vocabulary 10000000000 \(from --target-vocab-size\) must be between 1 and 2147483648"),
     "vocab-map-size": (lambda t: ["vocab-map", _exported(t), "--size", "100000"], "--size 100000 must be between 1 and"),
 }
 
@@ -223,6 +225,16 @@ def test_interop_bad_input_is_one_line_exit_2(case: str, tmp_path: Path, capsys)
     assert not Path("/tmp/hsstore-interop-pwned").exists()  # nothing was unpickled
     if (tmp_path / "s.zarr").exists() and not case.startswith(("export", "vocab")):
         assert Store.open(tmp_path / "s.zarr").variants == []
+
+
+def test_vocab_map_prices_its_vocabulary_before_allocating(tmp_path: Path, capsys, monkeypatch) -> None:
+    """`vocab-map-vocab-too-large`: a vocabulary whose counting would not fit the memory budget is refused
+    before any array is made (the budget is set here, so the case holds on any machine)."""
+    monkeypatch.setenv("HSSTORE_MEMORY_BUDGET", "1G")
+    code, err = _run(["vocab-map", _exported(tmp_path), "--size", "4", "--target-vocab-size", "100000000"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert re.search(r"counting a target vocabulary of 100,000,000 .* needs .*, more than the 1 GiB memory budget", err)
+    assert not list(tmp_path.glob("vocab-map-*"))
 
 
 def test_interop_catalogue_documents_every_case():

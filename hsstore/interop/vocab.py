@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hsstore.core.budget import check_fits
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.base import or_none
 from hsstore.interop.formats.base import atomic_write, torch_bytes
@@ -48,8 +49,27 @@ def vocab_mapping(counts: np.ndarray, size: int) -> tuple[torch.Tensor, torch.Te
     return d2t, t2d
 
 
+MAX_VOCAB = 2**31  # token ids are stored as int32
+BYTES_PER_ID = 48  # counts, a bincount, the sort's keys and order (int64 each), t2d: what mapping costs per id
+
+
+def checked_vocab(vocab: int, source: str) -> int:
+    """``vocab`` if token ids can reach it and mapping it fits the memory budget; one line otherwise."""
+    if not 0 < vocab <= MAX_VOCAB:
+        raise BadInput(f"target vocabulary {vocab} (from {source}) must be between 1 and {MAX_VOCAB} (token ids "
+                       "are int32); pass the model's vocabulary with --target-vocab-size")
+    check_fits(vocab * BYTES_PER_ID, f"counting a target vocabulary of {vocab:,} (from {source})",
+               "pass the model's real vocabulary size with --target-vocab-size")
+    return vocab
+
+
 def target_vocab(reader: Any, override: int | None) -> tuple[int, str]:
     """The target model's vocabulary size and where it was read (t2d must have exactly this length)."""
+    vocab, source = _target_vocab(reader, override)
+    return checked_vocab(vocab, source), source
+
+
+def _target_vocab(reader: Any, override: int | None) -> tuple[int, str]:
     if override is not None:
         return int(override), "--target-vocab-size"
     recipe = reader.record.prov.recipe
