@@ -94,6 +94,14 @@ def _mixed(t: Path) -> Path:
     return src
 
 
+def _newline_name(t: Path) -> Path:
+    """An EAGLE folder whose first file's name holds a newline (and an escape sequence) and is not a torch file."""
+    src = t / "ea"
+    WRITERS["eagle"](src, random_samples(n=2))
+    (src / "0" / "data_\n\x1b[2J0.ckpt").write_bytes(b"not a torch file")
+    return src
+
+
 def _stride_zero(rec: dict) -> None:
     """Every tensor a view of a few bytes declaring 20 M tokens (a 2 KB file; 2.9 GB once copied)."""
     n = 20_000_000
@@ -191,6 +199,8 @@ CASES = {
     "import-modelopt-no-mask": (lambda t: _imp(t, "modelopt", _modelopt(t, drop_mask=True)), "no 'loss_mask' .*will not guess"),
     "import-modelopt-prenorm-contradiction": (lambda t: _imp(t, "modelopt", _modelopt(t, prenorm=True)),
                                               "says its target is pre-norm .* but --layers names the target 'final_norm'"),
+    "import-newline-in-name": (lambda t: _imp(t, "eagle", _newline_name(t), opts=[*SF[:5], "final_norm", *SF[6:]]),
+                               r"0/data_\\n\\x1b\[2J0.ckpt: not a plain torch.save file"),
     "import-stride-zero-view": (lambda t: _imp(t, "specforge", _sf(t, _stride_zero)),
                                 r"'input_ids' declares shape \(20000000,\) .* over only .*save it with .contiguous\(\)"),
     "import-gzip-bomb": (lambda t: _imp(t, "specforge", _gzip_bomb(t)), r"data_0.ckpt.gz: inflates past .*decompression bomb"),

@@ -11,7 +11,7 @@ import typer
 from hsstore.cli import build_cmd, compare_cmd, convert_cmd, store_cmd  # noqa: F401  (each registers its commands)
 from hsstore.cli import interop_cmd, plan_cmd  # noqa: F401
 from hsstore.cli.app import app, state
-from hsstore.core.errors import HsstoreError
+from hsstore.core.errors import HsstoreError, escape_controls
 
 
 def _whole_summaries() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
     except HsstoreError as e:
         if state["debug"] or os.environ.get("HSSTORE_DEBUG"):
             raise
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(f"error: {e.one_line()}", err=True)
         sys.exit(e.exit_code)
     except typer.Exit as e:
         sys.exit(e.exit_code)
@@ -48,7 +48,7 @@ def main() -> None:
             ctx = getattr(e, "ctx", None)  # one line, as every other error: what is wrong and where help is
             sub = f" {ctx.info_name}" if ctx is not None and ctx.parent is not None else ""
             where = f" (see hsstore{sub} --help)"
-            typer.echo(f"error: {e.format_message()}{where}", err=True)
+            typer.echo(f"error: {escape_controls(e.format_message())}{where}", err=True)
             sys.exit(2)
         if callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int):
             e.show()

@@ -7,6 +7,17 @@ class HsstoreError(Exception):
     """Root of every error hsstore raises on purpose."""
 
     exit_code = 2
+    multiline = False  # the CLI prints a message on one line (newlines in names escaped) unless this is set
+
+    def one_line(self) -> str:
+        """The message as the CLI prints it: a newline or carriage return in a path or a name is escaped, so
+        one error is one line (a multiline message, e.g. a provenance mismatch's table, is kept as it is)."""
+        return str(self) if self.multiline else escape_controls(str(self))
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with line breaks and other control characters written as escapes (``\\n``, ``\\x1b``)."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
 class BadInput(HsstoreError, ValueError):
@@ -32,6 +43,7 @@ class ProvenanceMismatch(HsstoreError):
     """
 
     exit_code = 1
+    multiline = True
 
     def __init__(self, differences: list[tuple[str, object, object]], what: str = "store") -> None:
         self.differences = differences
