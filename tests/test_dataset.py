@@ -150,3 +150,35 @@ def test_a_pickled_dataset_reads_the_snapshot_its_parent_opened(tmp_path: Path):
     assert len(copy) == len(ds) == 3 and [copy[i]["key"] for i in range(len(copy))] == keys
     assert len(stream_copy) == len(stream) and [it["key"] for it in stream_copy] == [it["key"] for it in stream]
     assert len(HiddenStateDataset(str(path))) == 5  # a dataset opened now sees the new units
+
+
+def test_a_non_integer_index_is_a_clear_type_error(tmp_path: Path):
+    """ds[1.5] and ds["3"] are TypeErrors naming the index (not a bare KeyError from inside the reader);
+    numpy integers and 0-d tensors still index."""
+    from hsstore.testing.factories import store_with_unit
+
+    store_with_unit(tmp_path / "s.zarr", [3, 4, 5])
+    ds = HiddenStateDataset(tmp_path / "s.zarr")
+    for bad in (1.5, "1", None):
+        with pytest.raises(TypeError, match=f"dataset indices must be integers, not {type(bad).__name__}"):
+            ds[bad]
+    assert ds[np.int64(1)]["key"] == ds[torch.tensor(1)]["key"] == ds[1]["key"] == ds[-2]["key"]
+    with pytest.raises(IndexError, match="out of range for 3 samples"):
+        ds[3]
+
+
+@pytest.mark.parametrize("state", [{}, {"epoch": 0}, [], {"epoch": "0", "seed": 0, "n": 3, "variant": "v", "consumed": ""},
+                                   "bad-hex"])
+def test_load_state_dict_refuses_what_state_dict_never_returns(state, tmp_path: Path):
+    from hsstore import StreamingHiddenStateDataset
+    from hsstore.core.errors import BadInput
+    from hsstore.testing.factories import store_with_unit
+
+    store_with_unit(tmp_path / "s.zarr", [3, 4, 5])
+    ds = StreamingHiddenStateDataset(tmp_path / "s.zarr")
+    good = ds.state_dict()
+    if state == "bad-hex":
+        state = {**good, "consumed": "zz"}
+    with pytest.raises(BadInput, match="state"):
+        ds.load_state_dict(state)
+    ds.load_state_dict(good)  # what state_dict returns still loads

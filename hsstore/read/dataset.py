@@ -10,6 +10,7 @@ dequantize on the GPU.
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -143,13 +144,38 @@ class HiddenStateDataset(_Base, Dataset):
         return len(self.reader.keys)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        if not -len(self) <= index < len(self):
-            raise IndexError(index)
-        return self._item(index % len(self))
+        try:
+            i = operator.index(index)  # ints, numpy integers, 0-d integer tensors; never 1.5 or "3"
+        except TypeError:
+            raise TypeError(f"dataset indices must be integers, not {type(index).__name__} ({index!r}); "
+                            "use ds.keys to look samples up by key") from None
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"index {i} is out of range for {len(self)} samples")
+        return self._item(i % len(self))
 
     @property
     def keys(self) -> list[str]:
         return list(self.reader.keys)
+
+
+_STATE_FIELDS = {"epoch": int, "seed": int, "n": int, "variant": str, "consumed": str}
+
+
+def _check_state(state: Any) -> None:
+    """BadInput unless ``state`` has state_dict()'s fields with their types (consumed: hex)."""
+    if not isinstance(state, Mapping):
+        raise BadInput(f"load_state_dict takes the dict state_dict() returned, not a {type(state).__name__}")
+    missing = sorted(set(_STATE_FIELDS) - set(state))
+    if missing:
+        raise BadInput(f"state lacks {missing} (has {sorted(map(str, state))}); pass the dict state_dict() returned")
+    for name, kind in _STATE_FIELDS.items():
+        if not isinstance(state[name], kind) or isinstance(state[name], bool):
+            raise BadInput(f"state[{name!r}] is a {type(state[name]).__name__}, not {kind.__name__}; pass the dict "
+                           "state_dict() returned")
+    try:
+        bytes.fromhex(state["consumed"])
+    except ValueError:
+        raise BadInput("state['consumed'] is not the hex string state_dict() writes") from None
 
 
 def pad_collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -241,11 +267,16 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
                 "consumed": np.packbits(consumed).tobytes().hex()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from ``state_dict()``'s output; anything else is one BadInput naming what is wrong."""
+        _check_state(state)
         if state["variant"] != self.variant_id or state["n"] != self.n or state["seed"] != self.seed:
             raise BadInput(f"state is for variant {state['variant']} with {state['n']} samples and seed "
                            f"{state['seed']}; this dataset is {self.variant_id} with {self.n} and seed {self.seed}")
         self.epoch = int(state["epoch"])
         bits = np.unpackbits(np.frombuffer(bytes.fromhex(state["consumed"]), dtype=np.uint8))[: self.n]
+        if bits.shape[0] != self.n:
+            raise BadInput(f"state's consumed field holds {bits.shape[0]} samples' marks, not {self.n}; pass the "
+                           "dict state_dict() returned")
         self.consumed = bits.astype(bool)
 
     def _world_and_rank(self) -> tuple[int, int]:
