@@ -57,6 +57,23 @@ def _lying_config(tmp: Path, **fields: int) -> str:
     return d
 
 
+def _empty_vocab_model(tmp: Path) -> str:
+    """A local model whose tokenizer is a BPE with no vocabulary: only its special tokens, and a chat template."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from hsstore.build.builtin import CHAT_TEMPLATE
+
+    d = _local_model(tmp, True)
+    for f in Path(d).glob("tokenizer*"):
+        f.unlink()
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE(vocab={}, merges=[])), eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+    tok.save_pretrained(d)
+    return d
+
+
 def _two_variant_store(tmp: Path) -> str:
     s = Store.create(tmp / "v.zarr")
     for dtype in ("bf16", "fp32"):
@@ -159,6 +176,8 @@ CASES = {
                                    r"builtin:tiny-qwen3_5 with these config overrides .* needs .*, more than the .* memory budget"),
     "builtin-override-too-many-layers": (lambda t: _m(t, extra_model="config = { num_hidden_layers = 100000000 }"),
                                          r"builtin:tiny-qwen3_5 with these config overrides .* more than the .* memory budget"),
+    "tokenizer-empty-vocabulary": (lambda t: _m(t, model=_empty_vocab_model(t), layers="{ aux = [1], target = [2] }"),
+                                   r"the tokenizer encodes plain text .* to 0 token\(s\), none of them an ordinary one"),
     "layer-target-empty": (lambda t: _m(t, layers="{ aux = [1], target = [] }"), "layers.target is empty"),
     "layer-not-int": (lambda t: _m(t, layers='{ aux = ["1"], target = [2] }'), "must be a list of integers"),
     "layer-final-norm-typo": (lambda t: _m(t, layers='{ aux = [1], target = ["final_nrom"] }'),

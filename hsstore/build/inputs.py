@@ -100,6 +100,21 @@ class _Tokens:
         return pi + ci, [0] * len(pi) + [1] * len(ci)
 
 
+PLAIN_TEXT = "The quick brown fox jumps over 13 lazy dogs."
+
+
+def check_encodes_text(tok: Any) -> None:
+    """BadInput when the tokenizer encodes plain text to nothing but special, added or unknown tokens (a BPE
+    with an empty vocabulary): every sample would be the chat template's control tokens, not the text."""
+    ids = list(tok(PLAIN_TEXT, add_special_tokens=False)["input_ids"])
+    control = set(getattr(tok, "added_tokens_decoder", {}) or {}) | set(getattr(tok, "all_special_ids", []) or [])
+    unk = getattr(tok, "unk_token_id", None)
+    if not [i for i in ids if i not in control and i != unk]:
+        raise BadInput(f"the tokenizer encodes plain text ({PLAIN_TEXT!r}) to {len(ids)} token(s), none of them an "
+                       f"ordinary one (its vocabulary has {len(tok)} entries, {len(control)} of them special or "
+                       "added): samples would hold control tokens only; use the model's complete tokenizer")
+
+
 def _numbered(rows: Iterable[tuple]) -> Iterable[tuple[str, int, Any]]:
     """(file, number, row) from (file, number, row) or (file, row) items (numbered per file from 1)."""
     count: Counter = Counter()
@@ -147,6 +162,7 @@ def tokenize_rows(
 
     ``rows`` are (file, row number, row) as ``load_rows`` yields them, or (file, row).
     """
+    check_encodes_text(tok)
     report = InputReport()
     samples: list[SampleTokens] = []
     first_seen: dict[str, str] = {}
