@@ -275,3 +275,44 @@ def test_export_on_a_full_disk_is_an_io_fault_exit_1_naming_the_os_error(fmt: st
     assert r.returncode == 1 and len(errors) == 1 and "File too large" in errors[0], r.stderr[-2000:]
     assert "writable" not in errors[0] and "Traceback" not in r.stderr
     assert not [p for p in out.rglob("*") if "tmp" in p.name]
+
+
+def _bomb(rec: dict, rng, key: str) -> str:
+    """One size-bomb or foreign-layout mutation of ``rec[key]``; returns what it did."""
+    t = rec[key]
+    n = rng.choice([2**20, 2**24, 10**8])
+    how = rng.choice(["expand-rows", "expand-last", "sparse", "as-strided", "complex", "list"])
+    if how == "expand-rows":
+        rec[key] = t.reshape(-1)[:1].expand(n) if t.dim() == 1 else t[..., :1, :].expand(*t.shape[:-2], n, t.shape[-1])
+    elif how == "expand-last":
+        rec[key] = t[..., :1].expand(*t.shape[:-1], n)
+    elif how == "sparse":
+        rec[key] = t.to(torch.float32).to_sparse()
+    elif how == "as-strided":
+        rec[key] = t.as_strided((n, *t.shape[1:]), (0, *t.stride()[1:]))
+    elif how == "complex":
+        rec[key] = t.to(torch.complex64)
+    else:
+        rec[key] = t.tolist()
+    return f"{how} {key} to {n}"
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_seeded_size_bombs_in_sample_files_are_refused_in_one_line(seed: int, tmp_path: Path) -> None:
+    """Seeded mutations of a SpecForge file's tensors into size bombs and foreign layouts (stride-0 views of
+    up to 10^8 rows, sparse, complex, plain lists): the import reads every other file or refuses with
+    hsstore's own one-line error — never another exception, never a multi-gigabyte allocation."""
+    import random
+
+    from hsstore.core.errors import HsstoreError
+    from hsstore.interop.importer import ImportRequest, import_cache
+
+    rng = random.Random(seed)
+    key = rng.choice(["input_ids", "loss_mask", "hidden_state", "aux_hidden_state"])
+    did: list[str] = []
+    src = _sf(tmp_path, lambda rec: did.append(_bomb(rec, rng, key)))
+    try:
+        import_cache(ImportRequest("specforge", str(src), str(tmp_path / "s.zarr"), tokenizer=TOKENIZER, num_layers=4,
+                                   layers="0,1,2,final_norm", capture="output", jobs=1))
+    except HsstoreError as e:
+        assert "\n" not in str(e), (did, str(e))

@@ -74,6 +74,32 @@ def _json_paths(node: Any, path: tuple = ()) -> list[tuple]:
 
 
 OTHER_TYPES: list[Any] = ["x", 7, -1, 2.5, True, None, [], {}, [1, "a"], {"k": 1}, 2**70, ""]
+HUGE: list[int] = [2**31, 2**40, 10**12, 2**62, 2**63 - 1]  # size bombs: shapes, lengths, offsets, sizes
+
+
+def _huge_json(f: Path, rng: random.Random) -> str:
+    """A size bomb: one integer of a record (a shape, a chunk size, a sample's length or offset, a file's
+    size) made huge, so a reader that trusts it would allocate terabytes."""
+    try:
+        doc = json.loads(f.read_bytes())
+    except (ValueError, UnicodeDecodeError):
+        return _flip(f, rng)
+    ints = []
+    for p in _json_paths(doc):
+        node = doc
+        for part in p:
+            node = node[part]
+        if p and isinstance(node, int) and not isinstance(node, bool):
+            ints.append(p)
+    if not ints:
+        return _mutate_json(f, rng, "swap")
+    path = rng.choice(ints)
+    parent = doc
+    for part in path[:-1]:
+        parent = parent[part]
+    parent[path[-1]] = rng.choice(HUGE)
+    f.write_text(json.dumps(doc))
+    return f"json-huge {'.'.join(map(str, path))}"
 
 
 def _mutate_json(f: Path, rng: random.Random, how: str) -> str:
@@ -123,7 +149,8 @@ def mutate(store: Path, outside: Path, rng: random.Random) -> str:
     rel = f.relative_to(store)
     kind = rng.choice(["flip", "flip", "truncate", "extend", "json-swap", "json-swap", "json-drop", "json-extra",
                        "fifo", "symlink", "delete", "odd-file", "dir-for-file", "file-for-dir", "rename-commit",
-                       "copy-commit", "chmod", "in-flight-unit", "in-flight-claim", "nested-store"])
+                       "copy-commit", "chmod", "in-flight-unit", "in-flight-claim", "nested-store", "json-huge",
+                       "json-huge"])
     if kind in ("in-flight-unit", "in-flight-claim", "nested-store"):
         return _concurrent(store, rng, kind)
     if kind == "flip":
@@ -136,6 +163,10 @@ def mutate(store: Path, outside: Path, rng: random.Random) -> str:
         with open(f, "ab") as fh:
             fh.write(rng.randbytes(rng.randint(1, 64)))
         return f"extend {rel}"
+    if kind == "json-huge":
+        jsons = [p for p in files if p.suffix == ".json"]
+        g = rng.choice(jsons) if jsons else f
+        return f"{_huge_json(g, rng)} in {g.relative_to(store)}"
     if kind.startswith("json-"):
         return f"{_mutate_json(f, rng, kind[5:])} in {rel}"
     if kind == "fifo":
