@@ -10,7 +10,6 @@ dequantize on the GPU.
 
 from __future__ import annotations
 
-import operator
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -22,6 +21,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from hsstore.core.errors import BadInput
 from hsstore.core.partition import epoch_sequence, split_for
 from hsstore.core.provenance import require_match
+from hsstore.read.resume_state import consumed_from_state
 from hsstore.storage.store import Store, VariantReader, split_target
 
 
@@ -145,10 +145,9 @@ class HiddenStateDataset(_Base, Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         try:
-            i = operator.index(index)  # ints, numpy integers, 0-d integer tensors; never 1.5 or "3"
-        except TypeError:
-            raise TypeError(f"dataset indices must be integers, not {type(index).__name__} ({index!r}); "
-                            "use ds.keys to look samples up by key") from None
+            i = index.__index__()  # ints, numpy integers, 0-d integer tensors; never 1.5 or "3"
+        except (AttributeError, TypeError):
+            raise TypeError(f"dataset indices must be integers, not {type(index).__name__} ({index!r})") from None
         if not -len(self) <= i < len(self):
             raise IndexError(f"index {i} is out of range for {len(self)} samples")
         return self._item(i % len(self))
@@ -156,26 +155,6 @@ class HiddenStateDataset(_Base, Dataset):
     @property
     def keys(self) -> list[str]:
         return list(self.reader.keys)
-
-
-_STATE_FIELDS = {"epoch": int, "seed": int, "n": int, "variant": str, "consumed": str}
-
-
-def _check_state(state: Any) -> None:
-    """BadInput unless ``state`` has state_dict()'s fields with their types (consumed: hex)."""
-    if not isinstance(state, Mapping):
-        raise BadInput(f"load_state_dict takes the dict state_dict() returned, not a {type(state).__name__}")
-    missing = sorted(set(_STATE_FIELDS) - set(state))
-    if missing:
-        raise BadInput(f"state lacks {missing} (has {sorted(map(str, state))}); pass the dict state_dict() returned")
-    for name, kind in _STATE_FIELDS.items():
-        if not isinstance(state[name], kind) or isinstance(state[name], bool):
-            raise BadInput(f"state[{name!r}] is a {type(state[name]).__name__}, not {kind.__name__}; pass the dict "
-                           "state_dict() returned")
-    try:
-        bytes.fromhex(state["consumed"])
-    except ValueError:
-        raise BadInput("state['consumed'] is not the hex string state_dict() writes") from None
 
 
 def pad_collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -266,18 +245,8 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
         return {"epoch": self.epoch, "seed": self.seed, "n": self.n, "variant": self.variant_id,
                 "consumed": np.packbits(consumed).tobytes().hex()}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from ``state_dict()``'s output; anything else is one BadInput naming what is wrong."""
-        _check_state(state)
-        if state["variant"] != self.variant_id or state["n"] != self.n or state["seed"] != self.seed:
-            raise BadInput(f"state is for variant {state['variant']} with {state['n']} samples and seed "
-                           f"{state['seed']}; this dataset is {self.variant_id} with {self.n} and seed {self.seed}")
-        self.epoch = int(state["epoch"])
-        bits = np.unpackbits(np.frombuffer(bytes.fromhex(state["consumed"]), dtype=np.uint8))[: self.n]
-        if bits.shape[0] != self.n:
-            raise BadInput(f"state's consumed field holds {bits.shape[0]} samples' marks, not {self.n}; pass the "
-                           "dict state_dict() returned")
-        self.consumed = bits.astype(bool)
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:  # anything but state_dict()'s: one BadInput
+        self.epoch, self.consumed = consumed_from_state(state, self.variant_id, self.n, self.seed)
 
     def _world_and_rank(self) -> tuple[int, int]:
         if self._world is not None:

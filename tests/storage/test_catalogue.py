@@ -10,7 +10,7 @@ CASES = {"write-file-too-large", "write-disk-full", "write-io-error", "file-chec
          "commit-record-renamed", "store-symlink", "store-special-file", "store-executable", "store-temp-file",
          "store-stray-file", "store-stray-directory", "build-record-not-json", "commit-path-leaves-store",
          "commit-covers-part", "commit-files-mismatch", "record-not-json", "variant-record-wrong-type",
-         "store-path-with-hash"}
+         "store-path-with-hash", "output-incomplete", "store-unreachable"}
 
 
 def test_every_store_fault_has_a_row_naming_a_real_test():
