@@ -20,7 +20,6 @@ from typing import Any
 from hsstore.build.devices import barrier, check_devices, dist, process_group
 from hsstore.build.lineage import Lineage, agree_build_id, now
 from hsstore.build.manifest import FINAL_NORM, Manifest, resolve_layers, validate
-from hsstore.build.model_size import check_config_matches_weights
 from hsstore.build.models import ModelSpec, check_vocabulary, text_config
 from hsstore.build.signals import TEMP_PREFIX, Stopped, run_worker, stop_on_signals
 from hsstore.core.errors import BadInput, BuildFailed, BuildInterrupted, HsstoreError
@@ -55,8 +54,6 @@ def plan_inputs(m: Manifest, limit: int | None, quiet: bool = True, rows: Any = 
     status(f"loading the tokenizer and config of {m.model_path}", quiet)
     tok = spec.tokenizer()
     config = spec.config(len(tok))
-    if spec.builtin is None:  # a builtin's size is checked as its config is made (builtin_config)
-        check_config_matches_weights(text_config(config), spec.weight_files(), m.model_path)
     layers = resolve_layers(m.layers, int(text_config(config).num_hidden_layers), m.model_path)
     tok_id = spec.tokenizer_identity(tok)
     status(f"tokenizing {len(m.data_files)} data file(s) ({_mb(m.data_files)})", quiet)

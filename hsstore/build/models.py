@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 
 from hsstore.build.builtin import GENERATOR_VERSION, builtin_config, builtin_tokenizer
 from hsstore.build.chatdate import chat_date
+from hsstore.build.weight_files import check_config_matches_weights, check_safetensors, check_torch_file, index_shards
 from hsstore.core.canonical import fingerprint
 from hsstore.core.errors import BadInput, BuildFailed, HsstoreError
 from hsstore.core.filehash import file_hash, hash_files, stamp
@@ -41,53 +41,6 @@ def config_fingerprint(config: Any) -> str:
 def text_config(config: Any) -> Any:
     """The language-model part of a (possibly multimodal) config."""
     return getattr(config, "text_config", None) or config
-
-
-def _index_shards(index: Path) -> list[str]:
-    """The shard file names a sharded checkpoint's ``*.index.json`` maps its weights to."""
-    try:
-        wmap = json.loads(index.read_bytes()[: 64 << 20]).get("weight_map", {})
-    except (OSError, ValueError, AttributeError) as e:
-        raise BadInput(f"{index} is not a readable weight index ({type(e).__name__}); re-download the checkpoint") from None
-    if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
-        raise BadInput(f"{index}: weight_map is not a table of tensor name -> shard file; re-download the checkpoint")
-    return sorted(set(wmap.values()))
-
-
-def check_safetensors(path: Path) -> None:
-    """BadInput unless ``path`` is a whole safetensors file: its header parses and its tensors end exactly
-    where the file does (a truncated download or a foreign file is named here, before any store is made)."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            n = int.from_bytes(head, "little") if len(head) == 8 else -1
-            header = json.loads(f.read(n)) if 0 < n <= min(size - 8, 100 << 20) else None
-        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"] if isinstance(header, dict) else None
-    except (OSError, ValueError, TypeError, KeyError, IndexError):
-        ends = None
-    if ends is None or 8 + n + max(ends, default=0) != size:
-        raise BadInput(f"weight file {str(path)!r} is not a whole safetensors file (truncated or damaged?); "
-                       "re-download or re-save the checkpoint")
-
-
-def check_torch_file(path: Path) -> None:
-    """BadInput unless ``path`` is a whole torch checkpoint: the zip torch.save writes (since 1.6) with its
-    pickle, every member's CRC checked (one read, like hashing it), or a legacy pickle (not checkable
-    without loading it: accepted). Found here, before any store is made, not by the worker."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-        if head != b"PK\x03\x04":
-            ok = head[:1] == b"\x80"  # a pickle of protocol 2 or later: the legacy format
-        else:
-            with zipfile.ZipFile(path) as z:
-                ok = any(n.endswith("data.pkl") for n in z.namelist()) and z.testzip() is None
-    except (OSError, zipfile.BadZipFile, ValueError, EOFError):
-        ok = False
-    if not ok:
-        raise BadInput(f"weight file {str(path)!r} is not a whole torch checkpoint (truncated or damaged?); "
-                       "re-download or re-save the checkpoint")
 
 
 def check_vocabulary(config: Any, top_id: int, model: str) -> None:
@@ -150,9 +103,12 @@ class ModelSpec:
         if self.config_overrides:
             raise BadInput("[model] config overrides only apply to builtin models; remove `config` or use builtin:")
         try:
-            return AutoConfig.from_pretrained(self.path, trust_remote_code=self.trust_remote_code)
+            config = AutoConfig.from_pretrained(self.path, trust_remote_code=self.trust_remote_code)
         except Exception as e:
             raise BadInput(f"cannot read the config of {self.path!r}: {e}") from None
+        files = [p for p in Path(self.path).iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES)]
+        check_config_matches_weights(text_config(config), files, self.path)  # before any model is built
+        return config
 
     def weight_files(self) -> list[Path]:
         """The weight files (and their index) of a local model directory, by name; [] for builtins."""
@@ -168,7 +124,7 @@ class ModelSpec:
             elif p.name.endswith((".bin", ".pt", ".pth")):
                 check_torch_file(p)
         for index in (p for p in files if p.name.endswith(".index.json")):
-            missing = sorted(set(_index_shards(index)) - {p.name for p in files})
+            missing = sorted(set(index_shards(index)) - {p.name for p in files})
             if missing:  # an interrupted download or copy: found now, not by the worker after the store is made
                 raise BadInput(f"{index} names weight shard(s) {missing[:3]} that are not in {self.path!r} (a download "
                                "or copy not finished?); complete the checkpoint and re-run")
