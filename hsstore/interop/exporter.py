@@ -67,7 +67,7 @@ def _slots(fmt: Format, rec: Any, req: ExportRequest) -> tuple[list[int], int]:
     if fmt.has_aux and not aux:
         raise BadInput(f"{fmt.name} files need aux layers and variant {rec.id} has none; pass --aux LAYER,...")
     num_layers = or_none(rec.prov.recipe.model.num_layers)
-    if isinstance(num_layers, int):
+    if isinstance(num_layers, int) and rec.prov.recipe.capture == "decoder_layer_output":
         check_no_leak(aux, targets, num_layers, "pass --aux and --target layers that do not derive from each other")
     return aux, targets[0]
 

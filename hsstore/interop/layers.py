@@ -86,6 +86,7 @@ def slot_layers(stated: Sequence[Stated], n_aux: int, has_target: bool, capture:
     if len(set(ids)) != len(ids):
         raise BadInput(f"--layers {','.join(map(str, stated))} names one layer twice (as hsstore ids under "
                        f"--capture {capture}: {ids}); every slot holds a different layer")
-    check_no_leak(ids[:n_aux], ids[n_aux:], num_layers, "these files cannot train a drafter without the target "
-                  "leaking; check --layers (aux slots first, the target last) and --capture")
+    if capture != "unknown":  # unknown: ids as written, not hsstore's layers (diff --align finds what they are)
+        check_no_leak(ids[:n_aux], ids[n_aux:], num_layers, "these files cannot train a drafter without the target "
+                      "leaking; check --layers (aux slots first, the target last) and --capture")
     return {"aux": ids[:n_aux], "target": ids[n_aux:]}
