@@ -297,6 +297,7 @@ def _bomb(rec: dict, rng, key: str) -> str:
     return f"{how} {key} to {n}"
 
 
+@pytest.mark.filterwarnings("error::UserWarning")  # e.g. torch casting a complex mask to int: silently wrong
 @pytest.mark.parametrize("seed", range(12))
 def test_seeded_size_bombs_in_sample_files_are_refused_in_one_line(seed: int, tmp_path: Path) -> None:
     """Seeded mutations of a SpecForge file's tensors into size bombs and foreign layouts (stride-0 views of

@@ -196,7 +196,8 @@ def tokens(ids: torch.Tensor | np.ndarray | None, mask: torch.Tensor | np.ndarra
     if ids_t.dim() != 1 or mask_t.dim() != 1 or ids_t.shape != mask_t.shape:
         raise BadInput(f"{rel}: input_ids {tuple(ids_t.shape)} and loss_mask {tuple(mask_t.shape)} must be one "
                        "sequence each, of equal length")
-    if ids_t.is_floating_point() or ids_t.dtype == torch.bool or mask_t.is_floating_point():
+    if (ids_t.is_floating_point() or ids_t.is_complex() or ids_t.dtype == torch.bool or mask_t.is_floating_point()
+            or mask_t.is_complex()):
         raise BadInput(f"{rel}: input_ids ({ids_t.dtype}) and loss_mask ({mask_t.dtype}) must be integer tensors")
     if ids_t.numel() == 0:
         raise BadInput(f"{rel}: an empty sample (0 tokens)")
