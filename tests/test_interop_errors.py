@@ -243,7 +243,7 @@ def test_vocab_map_prices_its_vocabulary_before_allocating(tmp_path: Path, capsy
     monkeypatch.setenv("HSSTORE_MEMORY_BUDGET", "1G")
     code, err = _run(["vocab-map", _exported(tmp_path), "--size", "4", "--target-vocab-size", "100000000"], capsys)
     assert code == 2 and err.count("\n") == 1, err
-    assert re.search(r"counting a target vocabulary of 100,000,000 .* needs .*, more than the 1 GiB memory budget", err)
+    assert re.search(r"counting a target vocabulary of 100,000,000 .* needs .*, more than the 1 GB memory budget", err)
     assert not list(tmp_path.glob("vocab-map-*"))
 
 

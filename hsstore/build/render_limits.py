@@ -16,13 +16,14 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from hsstore.core.budget import human, parse_bytes
+from hsstore.core.budget import parse_bytes
+from hsstore.core.humanize import byte_size
 from hsstore.core.errors import ResourceLimit
 
 T = TypeVar("T")
 SECONDS_ENV, BYTES_ENV = "HSSTORE_RENDER_SECONDS", "HSSTORE_RENDER_BYTES"
 RENDER_SECONDS = 10.0  # one conversation renders in milliseconds; seconds mean a loop
-RENDER_BYTES = 256 << 20  # memory one rendering may add, and characters its output may hold
+RENDER_BYTES = 256 * 10**6  # memory one rendering may add, and characters its output may hold
 POLL_SECONDS = 0.01
 
 
@@ -65,7 +66,7 @@ def bounded(render: Callable[[], str], what: str) -> str:
             if time.monotonic() - start > seconds:
                 why.append(f"ran for more than {seconds:g} s")
             elif _resident() - base > size:
-                why.append(f"grew memory by more than {human(size)}")
+                why.append(f"grew memory by more than {byte_size(size)}")
             if why:
                 _fire(ident, _Stop)
                 return
@@ -82,7 +83,7 @@ def bounded(render: Callable[[], str], what: str) -> str:
     except _Stop:
         out = None
     if out is None or len(out) > size:
-        reason = why[0] if why else f"wrote more than {human(size)} of text"
+        reason = why[0] if why else f"wrote more than {byte_size(size)} of text"
         raise ResourceLimit(f"the chat template {reason} rendering {what} (a loop, or text that doubles?); "
                             f"fix the template (limits: {SECONDS_ENV}, {BYTES_ENV})")
     return out

@@ -2,7 +2,7 @@
 sizes, configs and vocabularies are priced first, and refused in one line when they would not fit.
 
 The budget is half the memory the OS reports available (``MemAvailable``), or ``HSSTORE_MEMORY_BUDGET``
-(bytes, or with a K/M/G/T suffix) when set: the trade-off is a refusal of an input that might just have
+(bytes, or with a K/M/G/T suffix: decimal units, as core.humanize prints them) when set: the trade-off is a refusal of an input that might just have
 fit, against a machine driven into swap or the OOM killer by a file of a few kilobytes.
 """
 
@@ -12,14 +12,15 @@ import os
 import re
 
 from hsstore.core.errors import ResourceLimit
+from hsstore.core.humanize import byte_size
 
 ENV = "HSSTORE_MEMORY_BUDGET"
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 
 
 def parse_bytes(text: str, what: str = ENV) -> int:
-    """``"512M"`` -> 536870912; a one-line error for anything else."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text.upper())
+    """``"512M"`` -> 512000000; a one-line error for anything else."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*", text.upper())
     if m is None:
         raise ResourceLimit(f"{what}={text!r} is not a size; write bytes or a number with K, M, G or T (e.g. 8G)")
     return int(float(m.group(1)) * _UNITS[m.group(2)])
@@ -46,22 +47,12 @@ def memory_budget() -> int:
     return parse_bytes(env) if env else available_memory() // 2
 
 
-def human(n: int | float) -> str:
-    """``n`` bytes for an error message (binary units, 3 significant digits)."""
-    x = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(x) < 1024 or unit == "PiB":
-            return f"{x:.3g} {unit}"
-        x /= 1024
-    return f"{x:.3g} PiB"
-
-
 def check_fits(nbytes: int | float, what: str, fix: str, share: int = 1) -> None:
     """Refuse (ResourceLimit, exit 2) when ``what`` needs more than ``1/share`` of the memory budget;
     ``share`` is how many such allocations may be live at once (e.g. reader threads)."""
     budget = memory_budget() // max(1, share)
     if nbytes > budget:
-        raise ResourceLimit(f"{what} needs {human(nbytes)}, more than the {human(budget)} memory budget "
+        raise ResourceLimit(f"{what} needs {byte_size(nbytes)}, more than the {byte_size(budget)} memory budget "
                             f"({budget_source()}); {fix}")
 
 

@@ -20,14 +20,15 @@ import numpy as np
 import torch
 import xxhash
 
-from hsstore.core.budget import check_fits, human, memory_budget
+from hsstore.core.budget import check_fits, memory_budget
+from hsstore.core.humanize import byte_size
 from hsstore.core.dtypes import name_of
 from hsstore.core.errors import BadInput, ResourceLimit
 
 MAX_FILE_BYTES = 64 << 30  # one sample's file; anything larger is not a per-sample cache file
 IN_FLIGHT = 4  # samples an import may hold at once per budget share (read-ahead, and a copy while written)
 MAX_INFLATE_RATIO = 64  # bf16/fp32 states compress ~1.1-3x; a gzip member inflating further is a bomb
-MIN_INFLATE_CAP = 64 << 20  # ... unless it stays this small (tiny files compress their zip headers well)
+MIN_INFLATE_CAP = 64 * 10**6  # ... unless it stays this small (tiny files compress their zip headers well)
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def inflate(data: bytes, rel: str) -> bytes:
                 piece = d.decompress(rest, 1 << 20)
                 total += len(piece)
                 if total > cap:
-                    raise ResourceLimit(f"{rel}: inflates past {human(cap)} from {human(len(data))} (more than "
+                    raise ResourceLimit(f"{rel}: inflates past {byte_size(cap)} from {byte_size(len(data))} (more than "
                                         f"{MAX_INFLATE_RATIO}x, or beyond the memory budget): a decompression bomb, "
                                         "not a sample; remove it or import the uncompressed .ckpt")
                 out.append(piece)
@@ -172,8 +173,8 @@ def check_declared(t: torch.Tensor, rel: str, key: str) -> None:
     declared = t.numel() * t.element_size()
     held = t.untyped_storage().nbytes()
     if declared > held:
-        raise ResourceLimit(f"{rel}: {key!r} declares shape {tuple(t.shape)} ({human(declared)}) over only "
-                            f"{human(held)} of data (a view with repeated strides); save it with .contiguous()")
+        raise ResourceLimit(f"{rel}: {key!r} declares shape {tuple(t.shape)} ({byte_size(declared)}) over only "
+                            f"{byte_size(held)} of data (a view with repeated strides); save it with .contiguous()")
     check_fits(declared, f"{rel}: {key!r} of shape {tuple(t.shape)}", "import on a machine with more memory or "
                "raise the budget", share=IN_FLIGHT)
 
