@@ -20,11 +20,15 @@ class FreeSpace:
 
 
 def free_space(location: str) -> FreeSpace | None:
-    """Free space for a store at ``location``; None for an object store URL."""
+    """Free space for a store at ``location``; None where it is not known: an object store URL, or a
+    filesystem that reports no blocks at all (``/proc``, ``/sys``: no store can be made there, and the
+    store's own creation names that)."""
     if is_url(location):
         return None
     p = Path(location[len("file://"):] if location.startswith("file://") else location).absolute()
     while not p.exists() and p != p.parent:
         p = p.parent
     st = os.statvfs(p)
+    if st.f_blocks == 0:
+        return None
     return FreeSpace(str(p), st.f_bavail * st.f_frsize, st.f_frsize or 4096)
