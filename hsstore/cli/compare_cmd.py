@@ -101,30 +101,50 @@ def _plot_and_bound(report: dict, plot: Optional[str], max_rel: Optional[float])
 @app.command()
 def check(
     model: Annotated[str, typer.Argument(help="The model: a local HF model directory, builtin:NAME, or the build manifest (.toml).")],
-    target: Annotated[str, typer.Argument(help="STORE#SELECTOR of the variant to check.")],
-    samples: Annotated[int, typer.Option("--samples", min=1, help="Stored samples to recompute (a seeded, length-stratified choice).")] = 8,
+    target: Annotated[str, typer.Argument(help="STORE#SELECTOR of the variant to check (native or imported).")],
+    samples: Annotated[Optional[int], typer.Option("--samples", min=1, help="Stored samples to recompute (a seeded, length-stratified choice; default 8).")] = None,
+    fraction: Annotated[Optional[float], typer.Option("--fraction", help="Like --samples, as a fraction of the variant's samples (e.g. 0.01); an audit.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sample choice.")] = 0,
-    device: Annotated[Optional[str], typer.Option("--device", help="Where to run the model (default: the recorded device type).")] = None,
-    floor: Annotated[Optional[str], typer.Option("--floor", help="STORE#SELECTOR of a precision floor (e.g. the fp32 variant).")] = None,
+    device: Annotated[Optional[str], typer.Option("--device", help="Where to run the model (default: the recorded device type; unknown: cuda if visible, else cpu).")] = None,
+    floor: Annotated[Optional[str], typer.Option("--floor", help="STORE#SELECTOR of a precision floor (e.g. the fp32 variant), or 'live': recompute the samples in fp32 too (the default for an imported variant).")] = None,
+    backend: Annotated[Optional[str], typer.Option("--backend", help="torch | fla, where the provenance says unknown (default: fla on a GPU where installed, else torch).")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="bf16 | fp16 | fp32 to recompute in (default: the stored dtype).")] = None,
+    attn: Annotated[Optional[str], typer.Option("--attn", help="Attention implementation where unknown (default: sdpa).")] = None,
+    token_budget: Annotated[Optional[int], typer.Option("--token-budget", help="Recompute in hsstore's token-budget batches of N padded tokens (default for an import: each sample alone).")] = None,
     noise: Annotated[float, typer.Option("--noise", help="Divergence up to this multiple of the floor is noise.")] = 2.0,
     max_rel: Annotated[Optional[float], typer.Option("--max-rel", help="Pass when every layer's rel-L2 is at most this (instead of the verdict).")] = None,
     json_path: Annotated[Optional[str], typer.Option("--json", help="Write the JSON report here ('-' = stdout).")] = None,
 ) -> None:
-    """Recompute stored samples with a model in this process, in the batches they were built in, and
-    compare per layer (bit-exact fraction, rel-L2, verdict against a floor). Exit 1 unless identical or
-    within the floor's noise (or within --max-rel).
+    """Recompute stored samples with a model in this process and compare per layer. On an imported variant
+    (or with --floor live, --backend, --dtype, --attn, --token-budget, --fraction) it is an audit: every checked
+    sample and layer is named bit-exact, within noise, or by its defect (NaN/Inf/zero/constant rows, capture
+    point, token shift, suffix states, stale copy, aux = target, other weights, beyond noise), and the report
+    says what the n samples bound. Exit 1 unless every checked sample agrees (or within --max-rel).
 
     Example: hsstore check builtin:tiny-qwen3_5 'out/tiny.zarr#dtype=bf16' --samples 8
+
+    Example: hsstore check ./Qwen3-8B imported.zarr --fraction 0.01 --device cuda --json audit.json
     """
-    from hsstore.cli.diff_render import check_text
+    from hsstore.cli.diff_render import audit_text, check_text
+    from hsstore.compare.audit import run_audit, wants_audit
     from hsstore.compare.check import run_check
+    from hsstore.compare.diff import open_target
+    from hsstore.compare.sample_plan import check_sampling
 
     _check_numbers(json_path, noise, max_rel)
-    report = run_check(model, target, samples, seed, device, floor, noise).to_dict()
-    _emit(report, json_path, check_text)
-    worst = max(layer["rel_l2"] for layer in report["layers"])
+    check_sampling(samples, fraction, 0.95)
+    options = {"backend": backend, "dtype": dtype, "attn": attn, "token_budget": token_budget, "fraction": fraction}
+    if wants_audit(open_target(target), floor, options):
+        report = run_audit(model, target, samples, fraction, seed, floor, noise, backend, dtype, device, attn,
+                           token_budget).to_dict()
+        render = audit_text
+    else:
+        report = run_check(model, target, samples, seed, device, floor, noise).to_dict()
+        render = check_text
+    _emit(report, json_path, render)
+    worst = max((layer["rel_l2"] for layer in report["layers"]), default=0.0)
     if max_rel is not None:
-        if worst > max_rel:
+        if not worst <= max_rel:
             raise CheckFailed(f"rel-L2 {worst:.3g} exceeds --max-rel {max_rel:g}")
     elif report["verdict_kind"] not in ("identical", "within_noise"):
         raise CheckFailed(f"live states do not match the store: {report['verdict']}")

@@ -81,6 +81,30 @@ def check_text(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def audit_text(r: dict[str, Any]) -> str:
+    """The audit: one verdict line, how it recomputed (and what it assumed), the bound, a table of samples
+    by stored layer, then each finding."""
+    rc = r["recompute"]
+    lines = [f"verdict: {r['verdict']}",
+             f"variant: {r['target']}  ({r['variant']}); model {r['model']} (fingerprint {r['model_fingerprint'][:16]}"
+             + (", as recorded)" if r["same_model"] else f", recorded {r['recorded_model_fingerprint'][:16]})"),
+             f"recomputed {r['samples']} of {r['population']} samples ({r['tokens']:,} tokens) with backend "
+             f"{rc['backend']}, {rc['dtype']}, {rc['attention']} attention on {rc['device']}, {r['batching']}; floor: "
+             f"{r.get('floor', 'none')}"]
+    lines += [f"  assumed {k}: {v}" for k, v in r.get("assumed", {}).items()]
+    lines.append(f"bound: {r['bound']}")
+    labels = list(r["sample_verdicts"][0]["layers"]) if r["sample_verdicts"] else []
+    lines.append(f"{'sample':18} {'tokens':>6}  " + "  ".join(f"{'layer ' + L:>14}" for L in labels) + "  verdict")
+    for v in r["sample_verdicts"]:
+        cells = "  ".join(f"{v['layers'][L]:>14}" for L in labels)
+        lines.append(f"{v['key'][:16]:18} {v['tokens']:6d}  {cells}  {v['verdict']}")
+    lines += [f"- {f['key'][:16]}: {f['kind']}: {f['detail']}" for f in r.get("findings", [])[:50]]
+    if len(r.get("findings", [])) > 50:
+        lines.append(f"  ... {len(r['findings']) - 50} more findings in --json")
+    lines += [f"note: {n}" for n in r.get("notes", [])]
+    return "\n".join(lines)
+
+
 def align_text(r: dict[str, Any]) -> str:
     lines = [f"A: {r['a_target']}  ({r['a']}), capture {r['a_capture']}", f"B: {r['b_target']}  ({r['b']})",
              f"matched each of A's layers against B's on {r['samples']} shared samples ({r['tokens']:,} tokens):"]

@@ -85,6 +85,30 @@ class DiffReport(Record):
     seconds: float | UnsetType = UNSET
 
 
+class Finding(Record):
+    """One defect the audit names: its class, the sample, the stored layer (None: the whole sample) and
+    the rows (token positions) it concerns."""
+
+    kind: str  # hsstore.compare.defects.DEFECTS
+    key: str
+    layer: int | None
+    detail: str
+    rows: list[int] | UnsetType = UNSET  # up to MAX_ROWS of them
+    n_rows: int | UnsetType = UNSET
+    source: str | UnsetType = UNSET  # stale_copy: the sample the rows were copied from
+    match: int | UnsetType = UNSET  # capture_point: the live capture point held; token_shift: the shift k
+
+
+class SampleVerdict(Record):
+    """The audit's verdict on one checked sample: per stored layer its class."""
+
+    key: str
+    tokens: int
+    verdict: str  # bit_exact | within_noise | the defect classes found, joined by "+"
+    layers: dict[str, str]  # stored layer -> class
+    floor_ratio: dict[str, float] = {}  # stored layer -> rel-L2 against the floor / the floor's noise
+
+
 class CheckReport(Record):
     """``hsstore check``: a live model's states of stored samples against the stored ones (A = live,
     B = stored, the reference), per layer."""
@@ -110,6 +134,16 @@ class CheckReport(Record):
     floor: str | UnsetType = UNSET
     floor_layers: list[LayerDiff] | UnsetType = UNSET
     seconds: float | UnsetType = UNSET
+    # the audit (hsstore.compare.audit): how it recomputed, what it assumed, what it named, what n bounds
+    recompute: dict[str, Any] | UnsetType = UNSET
+    assumed: dict[str, str] = {}
+    population: int | UnsetType = UNSET
+    sample_verdicts: list[SampleVerdict] = []
+    findings: list[Finding] = []
+    defects: dict[str, int] = {}  # class -> number of samples with it
+    defective_samples: int | UnsetType = UNSET
+    defect_rate_upper: float | UnsetType = UNSET
+    bound: str | UnsetType = UNSET
 
 
 class AlignLayer(Record):

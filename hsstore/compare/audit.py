@@ -1,0 +1,275 @@
+"""``hsstore check`` as an audit: any variant — native, imported from another tool, written by an engine —
+recomputed with a model and judged per sample and per layer by the defect classifier.
+
+Taken when the variant's provenance leaves how it was computed unknown (an import), or when asked for
+(``--floor live``, ``--backend``/``--dtype``/``--attn``/``--token-budget``/``--fraction``). It:
+1. resolves how to recompute (``hsstore.compare.assume``: recorded, else the user's options, else defaults,
+   every assumption named in the report);
+2. chooses a seeded, length-stratified set of samples and refuses (exit 2), before any model runs, a
+   model that cannot produce the stored shapes (hidden size, layer count, vocabulary);
+3. recomputes each chosen sample (alone, or in the recorded or a token-budget batch plan) capturing every
+   decoder layer's output and the final norm's, at the recompute dtype and — the live floor — in fp32
+   (fp64 for an fp32 variant), so "within precision noise" has a meaning for a cache that came with no
+   floor; a stored ``--floor STORE#SEL`` serves instead where it holds the sample;
+4. classifies (``hsstore.compare.defects``) and says what the n checked samples bound.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from hsstore.compare.assume import Recompute, how_to_recompute
+from hsstore.compare.check import as_stored, model_spec, pad_id, BatchPlan, batch_plan
+from hsstore.compare.defects import DEFECTS, apply, judge_sample, other_weights, stale_copies, upper_bound
+from hsstore.compare.diff import NOISE_FACTOR, check_device, open_target
+from hsstore.compare.divergence import Totals, summarize
+from hsstore.compare.estimate import full_layers
+from hsstore.compare.evidence import health_rows, row_hash, sample_evidence
+from hsstore.compare.kernel import Workspace, token_sums
+from hsstore.compare.sampling import choose, sample_count
+from hsstore.core.batching import POLICY, padded_length, token_budget_batches
+from hsstore.core.dtypes import TORCH
+from hsstore.core.errors import BadInput
+from hsstore.core.schema.base import or_none
+from hsstore.core.schema.diff import CheckReport, Finding
+from hsstore.storage.store import VariantReader
+
+NEIGHBOURS = 4  # samples on each side (in commit order) searched for a stale slot's source rows
+CONFIDENCE = 0.95
+LIVE = "live"
+
+
+def wants_audit(reader: VariantReader, floor: str | None, options: dict[str, Any]) -> bool:
+    """True for a variant whose environment is not recorded (an import) or when an audit option is given."""
+    env = reader.record.prov.environment
+    unknown = "unknown" in (or_none(env.device), or_none(env.backend))
+    return unknown or floor == LIVE or any(v is not None for v in options.values())
+
+
+def choose_keys(reader: VariantReader, samples: int | None, fraction: float | None, seed: int) -> list[str]:
+    """A seeded, length-stratified choice (``hsstore.compare.sampling``), in commit order."""
+    keys = reader.keys
+    n = sample_count(len(keys), samples if samples is not None or fraction is not None else 8, fraction)
+    choice = choose([reader.refs[k].length for k in keys], keys, n, seed)
+    return [keys[int(i)] for i in choice.indices]
+
+
+def check_shapes(spec: Any, reader: VariantReader, keys: list[str]) -> tuple[int, int]:
+    """(num_layers, vocab) of the model's config; BadInput (exit 2) when it cannot produce the stored shapes
+    — read from the config alone, before any weights load."""
+    from hsstore.build.models import text_config
+
+    config = spec.config(len(spec.tokenizer())) if spec.builtin is not None else spec.config()
+    tc = text_config(config)
+    layers, hidden, vocab = int(tc.num_hidden_layers), int(tc.hidden_size), int(tc.vocab_size)
+    rec = reader.record
+    name = spec.path
+    if hidden != rec.hidden_size:
+        raise BadInput(f"{name} has hidden_size {hidden}, variant {reader.id} stores states of width {rec.hidden_size}: "
+                       "this model cannot produce them; pass the model the cache was made with")
+    recorded = or_none(rec.prov.recipe.model.num_layers)
+    if isinstance(recorded, int) and recorded != layers:
+        raise BadInput(f"{name} has {layers} decoder layers, variant {reader.id} was made by a model with {recorded}: "
+                       "pass the model the cache was made with")
+    if max(rec.all_layers) > layers:
+        raise BadInput(f"variant {reader.id} stores layer {max(rec.all_layers)}, {name} has layers 0..{layers - 1} "
+                       f"(and {layers} = after the final norm): pass the model the cache was made with")
+    top = max((int(reader.read_tokens(reader.refs[k])[0].max()) for k in keys), default=0)
+    if top >= vocab:
+        raise BadInput(f"variant {reader.id} holds token id {top}, {name} has a vocabulary of {vocab}: another "
+                       "tokenizer's cache; pass the model the cache was made with")
+    return layers, vocab
+
+
+def load(spec: Any, how: Recompute, dtype: str) -> Any:
+    """The model at ``dtype``; BadInput when this process binds other kernels than ``how.backend``'s."""
+    from hsstore.build.backends import bound_kernels, force_backend
+
+    try:
+        force_backend(how.backend)
+    except RuntimeError:
+        pass  # modeling modules already imported: compared below
+    model = spec.load(TORCH[dtype] if dtype in TORCH else torch.float64, how.device, how.attention)
+    bound = bound_kernels(model).get("chunk_gated_delta_rule")
+    if bound not in (None, "none", how.backend) and how.backend in ("torch", "fla") and bound in ("torch", "fla"):
+        raise BadInput(f"this process binds the {bound!r} gated-delta kernels, not {how.backend!r}; run `hsstore check` "
+                       f"in a fresh process (--backend {how.backend})")
+    return model
+
+
+def batches(reader: VariantReader, how: Recompute, keys: list[str]) -> BatchPlan:
+    """Each chosen sample alone, or the recorded / a token-budget plan over every sample of the variant."""
+    if how.batching == "recorded":
+        return batch_plan(reader)
+    if how.batching == "budget" and how.token_budget is not None:
+        allk = reader.keys
+        plan = token_budget_batches([reader.refs[k].length for k in allk], how.token_budget, bucketed=True)
+        return BatchPlan([[allk[i] for i in b] for b in plan], True, how.token_budget)
+    return BatchPlan([[k] for k in keys], False, 0)
+
+
+def live_states(models: list[Any], reader: VariantReader, plan: BatchPlan, keys: list[str], points: list[int],
+                device: str, pad: int) -> Iterator[tuple[str, list[dict[int, torch.Tensor]]]]:
+    """(key, [per model: capture point -> [T, H] on the device]) for each chosen sample, batch by batch."""
+    from hsstore.build.capture import LayerCapture, pad_batch
+    from hsstore.build.models import text_config
+
+    n_layers = int(text_config(models[0].config).num_hidden_layers)
+    caps = [LayerCapture(m, n_layers, points) for m in models]
+    want = set(keys)
+    try:
+        for batch in plan.batches:
+            if not want.intersection(batch):
+                continue
+            seqs = [torch.from_numpy(reader.read_tokens(reader.refs[k])[0].astype("int64")) for k in batch]
+            longest = max(int(s.shape[0]) for s in seqs)
+            ids, mask = pad_batch(seqs, pad, device, padded_length(longest) if plan.bucketed else longest)
+            outs = [c.run(ids, mask) for c in caps]
+            for b, key in enumerate(batch):
+                if key in want:
+                    n = int(seqs[b].shape[0])
+                    yield key, [{j: o[j][b, :n] for j in points} for o in outs]
+    finally:
+        for c in caps:
+            c.close()
+
+
+def row_index(reader: VariantReader, keys: list[str], labels: list[int]
+              ) -> tuple[dict[tuple[int, int], list[tuple[str, int]]], dict[str, Any]]:
+    """(layer, row hash) -> [(key, row)] over the chosen samples and their NEIGHBOURS in commit order (where a
+    stale slot's bytes come from: the previous requests), zero and constant rows left out; and each
+    candidate's token ids."""
+    order = {k: i for i, k in enumerate(reader.keys)}
+    cand = sorted({reader.keys[j] for k in keys for j in range(max(0, order[k] - NEIGHBOURS),
+                                                                  min(len(reader.keys), order[k] + NEIGHBOURS + 1))})
+    index: dict[tuple[int, int], list[tuple[str, int]]] = {}
+    tokens = {k: reader.read_tokens(reader.refs[k])[0] for k in cand}
+    for k in cand:
+        for label, s in zip(labels, reader.read_layers(reader.refs[k], labels)):
+            trivial = set(sum(health_rows(s)[2:], []))
+            for r in range(s.shape[0]):
+                if r not in trivial:
+                    index.setdefault((label, row_hash(s[r])), []).append((k, r))
+    return index, tokens
+
+
+def run_audit(model: str, target: str, samples: int | None = None, fraction: float | None = None, seed: int = 0,
+              floor_t: str | None = None, noise_factor: float = NOISE_FACTOR, backend: str | None = None,
+              dtype: str | None = None, device: str | None = None, attention: str | None = None,
+              token_budget: int | None = None) -> CheckReport:
+    """Audit ``samples`` (or a ``fraction``) of ``target``'s samples against ``model``: per sample and layer,
+    bit-exact / within noise / the defect it shows."""
+    t0 = time.perf_counter()
+    reader = open_target(target)
+    how = how_to_recompute(reader, backend, dtype, device, attention, token_budget)
+    dev = check_device(how.device)
+    how = Recompute(how.backend, how.dtype, dev, how.attention, how.batching, how.token_budget, how.assumed)
+    spec = model_spec(model, reader.record.prov.recipe)
+    keys = choose_keys(reader, samples, fraction, seed)
+    n_layers, _ = check_shapes(spec, reader, keys)
+    stored_floor = open_target(floor_t) if floor_t not in (None, LIVE) else None
+    use_live_floor = stored_floor is None and (floor_t == LIVE or floor_t is None)
+    floor_dtype = ("fp64" if how.dtype == "fp32" else "fp32") if use_live_floor else None
+    live_model = load(spec, how, how.dtype)
+    models = [live_model] + ([load(spec, how, floor_dtype)] if floor_dtype else [])
+    labels = reader.record.all_layers
+    aux, tgt = reader.record.layers.get("aux", []), reader.record.layers.get("target", [])
+    target_label = tgt[0] if len(tgt) == 1 else None
+    points = list(range(n_layers + 1))
+    plan = batches(reader, how, keys)
+    ws = Workspace("cpu")
+    in_live = [i for i in labels if i <= n_layers]
+    totals, ftotals = Totals(len(in_live)), Totals(len(in_live))
+    evidence, verdicts, findings = {}, [], []
+    for key, outs in live_states(models, reader, plan, keys, points, dev, pad_id(spec)):
+        live = {j: as_stored(x, reader) for j, x in outs[0].items()}
+        floor = outs[1] if len(outs) > 1 else _stored_floor(stored_floor, key, labels, dev)
+        stored = dict(zip(labels, reader.read_layers(reader.refs[key], labels)))
+        dev_stored = {i: s.to(dev) for i, s in stored.items()}
+        ev = sample_evidence(dev_stored, live, floor, target_label, noise_factor)
+        evidence[key] = ev
+        v, f = judge_sample(key, ev, aux, target_label, n_layers, noise_factor)
+        verdicts.append(v)
+        findings += f
+        cpu_live = [live[i].cpu() for i in in_live]
+        totals.add(summarize(key, token_sums(cpu_live, [stored[i] for i in in_live], ws,
+                                             reader.record.dtype == "bf16"), reader.record.hidden_size))
+        if floor is not None and all(i in floor for i in in_live):
+            ftotals.add(summarize(key, token_sums([stored[i] for i in in_live],
+                                                  [floor[i].float().cpu() for i in in_live], ws),
+                                  reader.record.hidden_size))
+    if any(f.kind in ("beyond_noise", "differs") for f in findings):
+        findings = stale_copies(findings, evidence, *row_index(reader, keys, labels))
+    findings = other_weights(apply(verdicts, findings), findings)
+    verdicts = apply(verdicts, findings)
+    return _report(model, target, reader, how, spec, live_model, keys, plan, in_live, totals, ftotals,
+                   verdicts, findings, floor_dtype, stored_floor, t0)
+
+
+def _stored_floor(floor: VariantReader | None, key: str, labels: list[int], dev: str) -> dict[int, torch.Tensor] | None:
+    if floor is None or key not in floor.refs:
+        return None
+    have = [i for i in labels if i in floor.record.all_layers]
+    return {i: s.to(dev) for i, s in zip(have, floor.read_layers(floor.refs[key], have))}
+
+
+def _report(model: str, target: str, reader: VariantReader, how: Recompute, spec: Any, live_model: Any,
+            keys: list[str], plan: BatchPlan, in_live: list[int], totals: Totals, ftotals: Totals,
+            verdicts: list, findings: list[Finding], floor_dtype: str | None, stored_floor: VariantReader | None,
+            t0: float) -> CheckReport:
+    from hsstore.compare.check import live_differences
+
+    identity = spec.identity(live_model.config).to_dict()
+    recorded_fp = str(or_none(reader.record.prov.recipe.model.fingerprint) or "")
+    est = full_layers(in_live, totals, reader.record.dtype == "bf16")
+    bad = [v for v in verdicts if v.verdict not in ("bit_exact", "within_noise")]
+    counts = {k: sum(1 for v in verdicts if k in v.verdict.split("+")) for k in DEFECTS}
+    counts = {k: n for k, n in counts.items() if n}
+    n, N = len(verdicts), len(reader.keys)
+    upper = upper_bound(len(bad), n, CONFIDENCE)
+    bound = (f"{len(bad)} defective of {n} samples chosen at random (seeded, length-stratified) from {N}: the "
+             f"variant's defect rate is below {upper:.3g} at {CONFIDENCE:.0%} confidence"
+             + (" (about 3/n: check more samples to bound it lower)" if not bad else ""))
+    if not bad:
+        kind = "identical" if all(v.verdict == "bit_exact" for v in verdicts) else "within_noise"
+        text = (f"AGREES: every one of the {n} checked samples is "
+                + ("bit-exact" if kind == "identical" else "bit-exact or within precision noise")
+                + " in every stored layer")
+    else:
+        kind = "beyond_noise"
+        text = (f"DEFECTS in {len(bad)} of {n} checked samples: "
+                + ", ".join(f"{k} ({c} sample{'s' if c > 1 else ''}, layer{_plural(findings, k)})"
+                            for k, c in counts.items()))
+    batching = {"recorded": "the recorded batch plan", "alone": "each sample alone, unpadded",
+                "budget": f"token-budget batches of {how.token_budget} over every sample"}[how.batching]
+    floor_words = (f"live: the same samples recomputed in {floor_dtype}" if floor_dtype else
+                   f"{stored_floor.store.location}#{stored_floor.id}" if stored_floor is not None else UNSET_FLOOR)
+    diffs = [d for d in live_differences(live_model, reader, identity) if d.b != "unknown"]
+    extra: dict[str, Any] = {}
+    if floor_words != UNSET_FLOOR:
+        extra["floor"] = floor_words
+        if ftotals.sums.any():
+            extra["floor_layers"] = full_layers(in_live, ftotals, False).layers
+    return CheckReport(
+        model=model, target=target, variant=f"{reader.store.location}#{reader.id}", device=how.device,
+        dtype=how.dtype, model_fingerprint=identity["fingerprint"], recorded_model_fingerprint=recorded_fp,
+        same_model=identity["fingerprint"] == recorded_fp, samples=n, tokens=sum(reader.refs[k].length for k in keys),
+        keys=keys, batches=sum(1 for b in plan.batches if set(b) & set(keys)), batching=batching, layers=est.layers,
+        environment_differences=diffs, verdict=text, verdict_kind=kind, seconds=time.perf_counter() - t0,
+        recompute={"backend": how.backend, "dtype": how.dtype, "device": how.device, "attention": how.attention,
+                   "batching": how.batching, "token_budget": how.token_budget, "floor_dtype": floor_dtype},
+        assumed=how.assumed, population=N, sample_verdicts=verdicts, findings=findings, defects=counts,
+        defective_samples=len(bad), defect_rate_upper=upper, bound=bound, **extra)
+
+
+UNSET_FLOOR = "none"
+
+
+def _plural(findings: list[Finding], kind: str) -> str:
+    layers = sorted({f.layer for f in findings if f.kind == kind and f.layer is not None})
+    return ("s " if len(layers) > 1 else " ") + ", ".join(map(str, layers)) if layers else "s -"

@@ -1,0 +1,222 @@
+"""The audit's defect classifier: from one sample's evidence (``hsstore.compare.evidence``), the class of
+each stored layer — pure rules, no I/O.
+
+Rules, in order (the first that holds names the layer):
+1. ``nan`` / ``inf``: rows holding NaN or Inf; ``all_zero`` / ``constant``: every row zero / constant.
+2. ``bit_exact``: every value equals the live recomputation; ``within_noise``: rel-L2 against the truth
+   (the fp32 floor) at most ``noise_factor`` x the precision noise of that capture point.
+3. ``suffix_states``: only a prefix of rows is beyond noise (rows 0..k-1), the rest is this sample's
+   states: states of a suffix (a prefix-cache hit that was not written). Otherwise zero or constant rows
+   among good ones are named as ``all_zero`` / ``constant`` rows.
+4. ``aux_equals_target``: an aux layer within noise of the stored target layer (the target leaking
+   into the conditioning layers).
+5. ``capture_point``: the layer is another live capture point j (output of i-1: the input convention;
+   pre vs post final norm; shifted by k) — named with ``hsstore.compare.align.relation``.
+6. ``token_shift``: the rows are the truth shifted by k tokens.
+7. ``beyond_noise`` (with a floor) or ``differs`` (without one: no noise to judge against).
+Across samples: ``stale_copy`` when the rows beyond noise are byte-for-byte rows of another sample (a
+state slot not cleared between requests); ``other_weights`` when every checked sample is beyond noise in
+two or more layers that no rule explains (states of another model or checkpoint).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+from hsstore.compare.align import MARGIN, MATCH_REL, relation
+from hsstore.compare.evidence import LayerEvidence
+from hsstore.core.schema.diff import Finding, SampleVerdict
+
+CLEAN = ("bit_exact", "within_noise")
+DEFECTS = ("nan", "inf", "all_zero", "constant", "suffix_states", "token_shift", "rows_vs_tokens", "capture_point",
+           "aux_equals_target", "stale_copy", "other_weights", "beyond_noise", "differs")
+MAX_ROWS = 32  # rows listed per finding (n_rows counts them all)
+
+
+def _rows(rows: Sequence[int]) -> dict:
+    return {"rows": list(rows[:MAX_ROWS]), "n_rows": len(rows)}
+
+
+def _span(rows: Sequence[int]) -> str:
+    if not rows:
+        return "no rows"
+    if list(rows) == list(range(rows[0], rows[0] + len(rows))):
+        return f"row {rows[0]}" if len(rows) == 1 else f"rows {rows[0]}..{rows[-1]}"
+    shown = ", ".join(map(str, rows[:6]))
+    return f"rows {shown}{', ...' if len(rows) > 6 else ''} ({len(rows)} rows)"
+
+
+def _within(rel: float, noise: float | None, factor: float) -> bool:
+    return noise is not None and math.isfinite(rel) and rel <= factor * noise
+
+
+def _matches(rel: float, noise: float | None, others: Sequence[float], factor: float) -> bool:
+    """Within noise of a point (with a floor); without one, a clear best match (as ``diff --align``)."""
+    if noise is not None:
+        return _within(rel, noise, factor)
+    rest = sorted(x for x in others if math.isfinite(x))
+    return math.isfinite(rel) and rel <= MATCH_REL and (rel == 0.0 or not rest or rest[0] >= MARGIN * rel)
+
+
+def judge_layer(ev: LayerEvidence, key: str, n_layers: int, is_aux: bool, target_noise: float | None,
+                factor: float) -> tuple[str, Finding | None]:
+    """The class of one stored layer of one sample, and the finding that names it (None when clean)."""
+    T, i = ev.rows, ev.label
+
+    def found(kind: str, detail: str, **kw: object) -> tuple[str, Finding]:
+        return kind, Finding(kind=kind, key=key, layer=i, detail=detail, **kw)
+
+    for kind, rows, what in (("nan", ev.nan_rows, "NaN"), ("inf", ev.inf_rows, "Inf")):
+        if rows:
+            whole = "every row" if len(rows) == T else _span(rows)
+            return found(kind, f"layer {i}: {whole} of {T} hold{'s' if len(rows) == 1 else ''} {what}", **_rows(rows))
+    for kind, rows, what in (("all_zero", ev.zero_rows, "zero"), ("constant", ev.const_rows, "constant")):
+        if len(rows) == T:
+            return found(kind, f"layer {i}: all {T} rows are {what} (a state slot never written)", **_rows(rows))
+    if ev.bit_exact == 1.0:
+        return "bit_exact", None
+    if _within(ev.rel, ev.noise, factor):
+        return "within_noise", None
+    bad = ev.bad_rows
+    if bad and len(bad) < T and bad == list(range(len(bad))) and ev.noise is not None:
+        return found("suffix_states", f"layer {i}: rows 0..{len(bad) - 1} of {T} are not this sample's states, rows "
+                     f"{len(bad)}..{T - 1} are: states of a suffix only (a prefix-cache hit not written)", **_rows(bad))
+    for kind, rows, what in (("all_zero", ev.zero_rows, "all zero"), ("constant", ev.const_rows, "constant")):
+        if rows:
+            return found(kind, f"layer {i}: {_span(rows)} of {T} are {what}", **_rows(rows))
+    if is_aux and ev.rel_to_target is not None and (
+            ev.rel_to_target == 0.0 or _within(ev.rel_to_target, target_noise, factor)):
+        return found("aux_equals_target", f"aux layer {i} equals the target layer (rel-L2 {ev.rel_to_target:.3g}): "
+                     "the target leaks into the conditioning layers")
+    points = {j: r for j, r in ev.rel_by_point.items() if j != i}
+    hits = [j for j, r in points.items()
+            if _matches(r, ev.noise_by_point.get(j), [x for k, x in ev.rel_by_point.items() if k != j], factor)]
+    if hits:
+        j = min(hits, key=lambda j: points[j] / max(ev.noise_by_point.get(j) or 1.0, 1e-30))
+        _, words = relation(i, j, n_layers)
+        return found("capture_point", f"layer {i} holds capture point {j} (rel-L2 {points[j]:.3g}): {words}", match=j)
+    shifts = [k for k, r in ev.rel_shifted.items()
+              if _matches(r, ev.noise, [x for q, x in ev.rel_shifted.items() if q != k] + [ev.rel], factor)]
+    if shifts:
+        k = min(shifts, key=lambda k: ev.rel_shifted[k])
+        way = f"row t holds the state of token t{'-' if k > 0 else '+'}{abs(k)}"
+        return found("token_shift", f"layer {i}: tokens and states are misaligned by {k:+d} ({way}; rel-L2 "
+                     f"{ev.rel_shifted[k]:.3g} shifted vs {ev.rel:.3g} as stored)", match=k)
+    if ev.noise is None:
+        return found("differs", f"layer {i}: rel-L2 {ev.rel:.3g} against the live states, no floor to judge it "
+                     "(pass --floor live)", **_rows(bad))
+    ratio = ev.rel / ev.noise if ev.noise else math.inf
+    return found("beyond_noise", f"layer {i}: rel-L2 {ev.rel:.3g} = {ratio:.3g} x the precision noise "
+                 f"({ev.noise:.3g}), in {_span(bad)}", **_rows(bad))
+
+
+def judge_sample(key: str, evidence: list[LayerEvidence], aux: Sequence[int], target: int | None, n_layers: int,
+                 factor: float) -> tuple[SampleVerdict, list[Finding]]:
+    """Every stored layer's class for one sample, its verdict and findings."""
+    tnoise = next((e.noise for e in evidence if e.label == target), None)
+    kinds: dict[str, str] = {}
+    findings: list[Finding] = []
+    ratios: dict[str, float] = {}
+    for ev in evidence:
+        kind, f = judge_layer(ev, key, n_layers, ev.label in aux, tnoise, factor)
+        kinds[str(ev.label)] = kind
+        if ev.noise and math.isfinite(ev.rel):
+            ratios[str(ev.label)] = ev.rel / ev.noise
+        if f is not None:
+            findings.append(f)
+    T = evidence[0].rows if evidence else 0
+    return SampleVerdict(key=key, tokens=T, verdict=verdict_of(kinds), layers=kinds, floor_ratio=ratios), findings
+
+
+def verdict_of(kinds: dict[str, str]) -> str:
+    found = [k for k in DEFECTS if k in kinds.values()]
+    if found:
+        return "+".join(found)
+    return "bit_exact" if all(k == "bit_exact" for k in kinds.values()) else "within_noise"
+
+
+def stale_copies(findings: list[Finding], evidence: dict[str, list[LayerEvidence]],
+                 index: dict[tuple[int, int], list[tuple[str, int]]], tokens: dict[str, Sequence[int]]) -> list[Finding]:
+    """Findings of unexplained divergence whose beyond-noise rows are byte-for-byte rows of another sample
+    (``index``: (layer, row hash) -> [(key, row)] over the candidates), rewritten as ``stale_copy``. Only rows
+    whose token differs from the source row's count: two rows of one token with the same recent context are
+    the same computation (samples share a system prompt; layers with short memory repeat bytes wherever a
+    phrase repeats), a state under another token is a copy."""
+
+    def copied(key: str, r: int, src: str, sr: int) -> bool:
+        a, b = tokens.get(key), tokens.get(src)
+        return src != key and a is not None and b is not None and int(a[r]) != int(b[sr])
+
+    out = []
+    for f in findings:
+        if f.kind not in ("beyond_noise", "differs", "other_weights") or f.layer is None:
+            out.append(f)
+            continue
+        ev = next(e for e in evidence[f.key] if e.label == f.layer)
+        hits = [(r, src) for r, h in ev.bad_row_hashes.items() for src, sr in index.get((f.layer, h), [])
+                if copied(f.key, r, src, sr)]
+        if not hits:
+            out.append(f)
+            continue
+        source = Counter(src for _, src in hits).most_common(1)[0][0]
+        rows = sorted({r for r, src in hits if src == source})
+        out.append(Finding(kind="stale_copy", key=f.key, layer=f.layer, source=source, **_rows(rows),
+                           detail=f"layer {f.layer}: {_span(rows)} are byte-for-byte rows of sample {source[:16]} "
+                                  "(a state slot holding a previous request's bytes)"))
+    return out
+
+
+def other_weights(verdicts: list[SampleVerdict], findings: list[Finding]) -> list[Finding]:
+    """When every checked sample (two or more) is beyond noise in two or more layers no rule explains, the
+    states are of other weights: those findings are rewritten as ``other_weights``."""
+    unexplained = {v.key: [L for L, k in v.layers.items() if k in ("beyond_noise", "differs")] for v in verdicts}
+    if len(verdicts) < 2 or not all(len(ls) >= 2 for ls in unexplained.values()):
+        return findings
+    out = []
+    for f in findings:
+        if f.kind in ("beyond_noise", "differs"):
+            f = Finding(kind="other_weights", key=f.key, layer=f.layer,
+                        detail=f"{f.detail}; every checked sample diverges so in 2+ layers: states of other "
+                               "weights (another checkpoint or config) than the model given")
+        out.append(f)
+    return out
+
+
+def apply(verdicts: list[SampleVerdict], findings: list[Finding]) -> list[SampleVerdict]:
+    """The sample verdicts with each layer's class taken from the (rewritten) findings."""
+    by = {(f.key, f.layer): f.kind for f in findings}
+    out = []
+    for v in verdicts:
+        kinds = {L: by.get((v.key, int(L)), k) for L, k in v.layers.items()}
+        out.append(v.replace(layers=kinds, verdict=verdict_of(kinds)))
+    return out
+
+
+def upper_bound(defective: int, n: int, confidence: float = 0.95) -> float:
+    """One-sided Clopper-Pearson upper bound on a defect rate after ``defective`` of ``n`` random samples
+    (0 of n: 1 - (1 - confidence)^(1/n), about 3/n at 95 %)."""
+    if n <= 0:
+        return 1.0
+    if defective >= n:
+        return 1.0
+    alpha = 1.0 - confidence
+    lo, hi = defective / n, 1.0
+    for _ in range(100):  # bisection on P(X <= defective | p) = alpha
+        mid = (lo + hi) / 2
+        if _binom_cdf(defective, n, mid) > alpha:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def _binom_cdf(k: int, n: int, p: float) -> float:
+    if p <= 0:
+        return 1.0
+    if p >= 1:
+        return 0.0 if k < n else 1.0
+    lp, lq = math.log(p), math.log1p(-p)
+    return sum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
+               for i in range(k + 1))
