@@ -239,6 +239,13 @@ CASES = {
                                          _two_variant_store(t) + "#dtype=bf16"], "is the checked variant itself"),
     "check-kernels-not-bound": (lambda t: ["check", "builtin:tiny-qwen3_5", _fla_kernels_variant(t)],
                                 "binds other kernels than variant .*'torch' here, 'fla' recorded"),
+    "check-audit-hidden-size": (lambda t: ["check", "builtin:tiny-llama", _two_variant_store(t) + "#dtype=bf16", "--floor",
+                                           "live"], r"builtin:tiny-llama has hidden_size \d+, variant .* stores states of "
+                                                    "width 16: this model cannot produce them"),
+    "check-audit-backend-unknown": (lambda t: ["check", "builtin:tiny-llama", _two_variant_store(t) + "#dtype=bf16",
+                                               "--backend", "jax"], "--backend 'jax': choose one of torch, fla"),
+    "check-audit-token-budget": (lambda t: ["check", "builtin:tiny-llama", _two_variant_store(t) + "#dtype=bf16",
+                                            "--token-budget", "0"], "--token-budget 0: must be 1 or more"),
     "diff-align-b-not-native": (lambda t: ["diff", _two_variant_store(t) + "#dtype=bf16", _two_variant_store(t) + "#dtype=fp32",
                                            "--align"], "has no known capture point"),
     "diff-samples-and-fraction": (lambda t: ["diff", _two_variant_store(t) + "#dtype=bf16", _two_variant_store(t) + "#dtype=fp32",

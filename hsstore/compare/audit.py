@@ -177,38 +177,47 @@ def run_audit(model: str, target: str, samples: int | None = None, fraction: flo
     floor_dtype = ("fp64" if how.dtype == "fp32" else "fp32") if use_live_floor else None
     live_model = load(spec, how, how.dtype)
     models = [live_model] + ([load(spec, how, floor_dtype)] if floor_dtype else [])
-    labels = reader.record.all_layers
-    aux, tgt = reader.record.layers.get("aux", []), reader.record.layers.get("target", [])
+    labels, tgt = reader.record.all_layers, reader.record.layers.get("target", [])
     target_label = tgt[0] if len(tgt) == 1 else None
     points = list(range(n_layers + 1))
     plan = batches(reader, how, keys)
-    ws = Workspace("cpu")
     in_live = [i for i in labels if i <= n_layers]
-    totals, ftotals = Totals(len(in_live)), Totals(len(in_live))
-    evidence, verdicts, findings = {}, [], []
-    for key, outs in live_states(models, reader, plan, keys, points, dev, pad_id(spec)):
-        live = {j: as_stored(x, reader) for j, x in outs[0].items()}
-        floor = outs[1] if len(outs) > 1 else _stored_floor(stored_floor, key, labels, dev)
-        stored = dict(zip(labels, reader.read_layers(reader.refs[key], labels)))
-        dev_stored = {i: s.to(dev) for i, s in stored.items()}
-        ev = sample_evidence(dev_stored, live, floor, target_label, noise_factor)
-        evidence[key] = ev
-        v, f = judge_sample(key, ev, aux, target_label, n_layers, noise_factor)
-        verdicts.append(v)
-        findings += f
-        cpu_live = [live[i].cpu() for i in in_live]
-        totals.add(summarize(key, token_sums(cpu_live, [stored[i] for i in in_live], ws,
-                                             reader.record.dtype == "bf16"), reader.record.hidden_size))
-        if floor is not None and all(i in floor for i in in_live):
-            ftotals.add(summarize(key, token_sums([stored[i] for i in in_live],
-                                                  [floor[i].float().cpu() for i in in_live], ws),
-                                  reader.record.hidden_size))
+    stream = live_states(models, reader, plan, keys, points, dev, pad_id(spec))
+    evidence, verdicts, findings, totals, ftotals = _judge_all(stream, reader, stored_floor, in_live, target_label,
+                                                               n_layers, noise_factor, dev)
     if any(f.kind in ("beyond_noise", "differs") for f in findings):
         findings = stale_copies(findings, evidence, *row_index(reader, keys, labels))
     findings = other_weights(apply(verdicts, findings), findings)
     verdicts = apply(verdicts, findings)
     return _report(model, target, reader, how, spec, live_model, keys, plan, in_live, totals, ftotals,
                    verdicts, findings, floor_dtype, stored_floor, t0)
+
+
+def _judge_all(stream: Iterator[tuple[str, list[dict[int, torch.Tensor]]]], reader: VariantReader,
+               stored_floor: VariantReader | None, in_live: list[int], target_label: int | None, n_layers: int,
+               noise_factor: float, dev: str) -> tuple[dict, list, list[Finding], Totals, Totals]:
+    """Evidence, verdicts and findings of every recomputed sample, and the per-layer sums of live against
+    stored states (and of stored against the floor)."""
+    labels, aux = reader.record.all_layers, reader.record.layers.get("aux", [])
+    ws = Workspace("cpu")
+    totals, ftotals = Totals(len(in_live)), Totals(len(in_live))
+    evidence, verdicts, findings = {}, [], []
+    for key, outs in stream:
+        live = {j: as_stored(x, reader) for j, x in outs[0].items()}
+        floor = outs[1] if len(outs) > 1 else _stored_floor(stored_floor, key, labels, dev)
+        stored = dict(zip(labels, reader.read_layers(reader.refs[key], labels)))
+        ev = sample_evidence({i: s.to(dev) for i, s in stored.items()}, live, floor, target_label, noise_factor)
+        evidence[key] = ev
+        v, f = judge_sample(key, ev, aux, target_label, n_layers, noise_factor)
+        verdicts.append(v)
+        findings += f
+        totals.add(summarize(key, token_sums([live[i].cpu() for i in in_live], [stored[i] for i in in_live], ws,
+                                             reader.record.dtype == "bf16"), reader.record.hidden_size))
+        if floor is not None and all(i in floor for i in in_live):
+            ftotals.add(summarize(key, token_sums([stored[i] for i in in_live],
+                                                  [floor[i].float().cpu() for i in in_live], ws),
+                                  reader.record.hidden_size))
+    return evidence, verdicts, findings, totals, ftotals
 
 
 def _stored_floor(floor: VariantReader | None, key: str, labels: list[int], dev: str) -> dict[int, torch.Tensor] | None:
