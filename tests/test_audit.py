@@ -228,3 +228,21 @@ def test_cli_exit_codes_and_json(other_weights_store: Path, tmp_path: Path, caps
     assert main_exit(["check", str(narrow), str(other_weights_store)]) == 2
     err = [e for e in capsys.readouterr().err.splitlines() if e.strip()]
     assert len(err) == 1 and "hidden_size" in err[0] and "cannot produce" in err[0]
+
+
+def test_import_audit_records_the_result_for_info(exports: dict[str, Path], source, tmp_path: Path, capsys):
+    """``import --audit N`` audits as the import finishes and keeps the result: ``info`` says when, against
+    which model, and what it found."""
+    folder = subset("eagle", exports["eagle"], tmp_path / "eagle", _shortest(source, 2))
+    store = str(tmp_path / "s.zarr")
+    assert main_exit(["import", "eagle", str(folder), "--store", store, "--model", MODEL, "--audit", "2",
+                      "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["audit"]["verdict_kind"] in ("identical", "within_noise") and rep["audit"]["samples"] == 2
+    assert main_exit(["info", store, "--json"]) == 0
+    (variant,) = json.loads(capsys.readouterr().out)["variants"]
+    (audit,) = variant["audits"]
+    assert audit["model"] == MODEL and audit["audited_at"] and audit["defects"] == {}
+    assert audit["model_fingerprint"] == variant["provenance"]["recipe"]["model"]["fingerprint"]
+    assert main_exit(["info", store]) == 0
+    assert f"audited {audit['audited_at']} against {MODEL}" in capsys.readouterr().out

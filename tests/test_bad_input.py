@@ -246,6 +246,8 @@ CASES = {
                                                "--backend", "jax"], "--backend 'jax': choose one of torch, fla"),
     "check-audit-token-budget": (lambda t: ["check", "builtin:tiny-llama", _two_variant_store(t) + "#dtype=bf16",
                                             "--token-budget", "0"], "--token-budget 0: must be 1 or more"),
+    "import-audit-no-model": (lambda t: ["import", "eagle", str(t), "--store", str(t / "s.zarr"), "--tokenizer",
+                                         "builtin:tiny-llama", "--audit", "2"], "--audit N recomputes samples with the model"),
     "diff-align-b-not-native": (lambda t: ["diff", _two_variant_store(t) + "#dtype=bf16", _two_variant_store(t) + "#dtype=fp32",
                                            "--align"], "has no known capture point"),
     "diff-samples-and-fraction": (lambda t: ["diff", _two_variant_store(t) + "#dtype=bf16", _two_variant_store(t) + "#dtype=fp32",

@@ -42,20 +42,41 @@ def import_(
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip unreadable or foreign files (counted) instead of stopping.")] = False,
     allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf or all-zero states anyway.")] = False,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="Only the first N files.")] = None,
+    audit: Annotated[Optional[int], typer.Option("--audit", min=1, help="When the import finishes, audit N samples against --model (as hsstore check does) and record the result for hsstore info.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
 ) -> None:
     """Import another tool's hidden-state cache as a variant, keyed by hsstore's content keys.
 
     Example: hsstore import speculators ./data --tokenizer ./Qwen3-8B --layers 2,18,33,36 --capture input --store s.zarr
+
+    Example: hsstore import eagle ./ge_data --model ./Qwen3-8B --layers final_norm --capture output --store s.zarr --audit 64
     """
+    from hsstore.core.errors import BadInput, CheckFailed
     from hsstore.interop.importer import ImportRequest, import_cache
 
+    if audit is not None and model is None:
+        raise BadInput("--audit N recomputes samples with the model: pass --model DIR (the target's folder with weights)")
     kw = {} if jobs is None else {"jobs": jobs}
     report = import_cache(ImportRequest(format, source, store, tokenizer, model, num_layers, layers, capture,
                                         codec=codec, skip_bad=skip_bad, allow_unhealthy=allow_unhealthy,
                                         limit=limit, quiet=quiet or json_out, **kw))
+    if audit is not None:
+        report["audit"] = _audit(str(model), store, report["variant"], audit)
     emit(report, json_out, _import_text(report))
+    if audit is not None and report["audit"]["verdict_kind"] not in ("identical", "within_noise"):
+        raise CheckFailed(f"imported, but the audit found defects: {report['audit']['verdict']} (hsstore check "
+                          f"{model} '{store}#{report['variant']}' names them)")
+
+
+def _audit(model: str, store: str, vid: str, n: int) -> dict:
+    """Audit ``n`` samples of the imported variant against ``model`` and record the result in the store."""
+    from hsstore.compare.audit import run_audit
+    from hsstore.storage.audits import record_audit
+    from hsstore.storage.store import Store
+
+    report = run_audit(model, f"{store}#{vid}", samples=n).to_dict()
+    return record_audit(Store.open(store, mode="a"), vid, report)
 
 
 @app.command("export")
@@ -122,6 +143,9 @@ def _import_text(r: dict) -> str:
              f"aux={r['layers']['aux']} target={r['layers']['target']} (recipe.capture={r['capture']})"]
     if r["capture"] == "unknown":
         lines.append("  capture convention unknown: find each layer's match with `hsstore diff IMPORTED NATIVE --align`")
+    if r.get("audit"):
+        a = r["audit"]
+        lines.append(f"  audit of {a['samples']} samples against {a['model']}: {a['verdict']}; {a['bound']}")
     if r["missing_states"]:
         lines.append(f"  {r['missing_states']} row(s) have no hidden-states file (not imported)")
     if r["skipped_bad"]:

@@ -43,6 +43,10 @@ def info_text(d: dict[str, Any]) -> str:
                          + ("  (final norm)" if int(layer) == norm_id else ""))
         if v.get("storage"):
             lines += storage_lines(v["storage"])
+        for a in v.get("audits", []):
+            lines.append(f"  audited {a['audited_at']} against {a['model']} ({str(a['model_fingerprint'])[:16]}): "
+                         f"{a['verdict']}; {a['samples']} of {a['population']} samples, defect rate < "
+                         f"{a['defect_rate_upper']:.3g} (95 %)")
         if v["unreadable_commits"]:
             lines.append(f"  WARNING: {v['unreadable_commits']} unreadable commit record(s); run hsstore verify")
     return "\n".join(lines)

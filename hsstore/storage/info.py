@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hsstore.core.dtypes import STORED
+from hsstore.storage.audits import audits
 from hsstore.storage.stats import summary
 from hsstore.storage.store import Store
 
@@ -34,6 +35,7 @@ def info_dict(store: Store) -> dict[str, Any]:
                 "health": {str(k): summary(v) for k, v in r.stats().items()},
                 "unreadable_commits": len(r.bad_commits),
                 "precision": rec.stored_precision,  # null: stored as computed (raw_state_bytes: computed dtype)
+                "audits": audits(store, vid),  # hsstore import --audit N: when, against what, what it found
             }
         )
         if rec.stored_precision:

@@ -1,0 +1,42 @@
+"""Audit records: what ``hsstore import --audit N`` found, kept beside the variant's build and import
+records (``variants/<vid>/builds/audit-<time>.json``) so ``hsstore info`` can say that a cache was
+audited, when, against which model, and with what result. JSON only; written atomically."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import uuid
+from typing import Any
+
+from hsstore.storage import layout
+from hsstore.storage.store import Store
+
+PREFIX = "audit-"
+FIELDS = ("model", "model_fingerprint", "samples", "population", "verdict", "verdict_kind", "defects",
+          "defective_samples", "defect_rate_upper", "bound", "recompute", "assumed")
+
+
+def record_audit(store: Store, vid: str, report: dict[str, Any]) -> dict[str, Any]:
+    """Keep the summary of an audit report (``hsstore check --json``'s fields in FIELDS) with the time."""
+    stamp = _dt.datetime.now(_dt.timezone.utc)
+    rec = {"kind": "audit", "audited_at": stamp.isoformat(timespec="seconds"),
+           **{k: report.get(k) for k in FIELDS}}
+    name = f"{PREFIX}{stamp.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
+    store.io.put_atomic(layout.build_key(vid, name), json.dumps(rec, sort_keys=True).encode())
+    return rec
+
+
+def audits(store: Store, vid: str) -> list[dict[str, Any]]:
+    """The variant's audit records, oldest first (an unreadable one is left out)."""
+    out = []
+    for key in sorted(store.io.list(layout.builds_prefix(vid))):
+        if not key.rsplit("/", 1)[-1].startswith(PREFIX):
+            continue
+        try:
+            rec = json.loads(store.io.get(key) or b"")
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("kind") == "audit":
+            out.append(rec)
+    return out
