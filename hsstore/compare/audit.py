@@ -31,6 +31,7 @@ from hsstore.compare.divergence import Totals, summarize
 from hsstore.compare.estimate import full_layers
 from hsstore.compare.evidence import health_rows, row_hash, sample_evidence
 from hsstore.compare.kernel import Workspace, token_sums
+from hsstore.compare.model_shapes import check_shapes
 from hsstore.compare.sampling import choose, sample_count
 from hsstore.core.batching import POLICY, padded_length, token_budget_batches
 from hsstore.core.dtypes import TORCH
@@ -57,33 +58,6 @@ def choose_keys(reader: VariantReader, samples: int | None, fraction: float | No
     n = sample_count(len(keys), samples if samples is not None or fraction is not None else 8, fraction)
     choice = choose([reader.refs[k].length for k in keys], keys, n, seed)
     return [keys[int(i)] for i in choice.indices]
-
-
-def check_shapes(spec: Any, reader: VariantReader, keys: list[str]) -> tuple[int, int]:
-    """(num_layers, vocab) of the model's config; BadInput (exit 2) when it cannot produce the stored shapes
-    — read from the config alone, before any weights load."""
-    from hsstore.build.models import text_config
-
-    config = spec.config(len(spec.tokenizer())) if spec.builtin is not None else spec.config()
-    tc = text_config(config)
-    layers, hidden, vocab = int(tc.num_hidden_layers), int(tc.hidden_size), int(tc.vocab_size)
-    rec = reader.record
-    name = spec.path
-    if hidden != rec.hidden_size:
-        raise BadInput(f"{name} has hidden_size {hidden}, variant {reader.id} stores states of width {rec.hidden_size}: "
-                       "this model cannot produce them; pass the model the cache was made with")
-    recorded = or_none(rec.prov.recipe.model.num_layers)
-    if isinstance(recorded, int) and recorded != layers:
-        raise BadInput(f"{name} has {layers} decoder layers, variant {reader.id} was made by a model with {recorded}: "
-                       "pass the model the cache was made with")
-    if max(rec.all_layers) > layers:
-        raise BadInput(f"variant {reader.id} stores layer {max(rec.all_layers)}, {name} has layers 0..{layers - 1} "
-                       f"(and {layers} = after the final norm): pass the model the cache was made with")
-    top = max((int(reader.read_tokens(reader.refs[k])[0].max()) for k in keys), default=0)
-    if top >= vocab:
-        raise BadInput(f"variant {reader.id} holds token id {top}, {name} has a vocabulary of {vocab}: another "
-                       "tokenizer's cache; pass the model the cache was made with")
-    return layers, vocab
 
 
 def load(spec: Any, how: Recompute, dtype: str) -> Any:

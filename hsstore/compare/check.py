@@ -33,6 +33,7 @@ from hsstore.compare.divergence import Totals, summarize
 from hsstore.compare.estimate import Estimate, full_layers, with_floor, without_floor
 from hsstore.compare.explain import provenance_differences, same_variant
 from hsstore.compare.kernel import Workspace, token_sums
+from hsstore.compare.model_shapes import check_shapes, model_config
 from hsstore.compare.sampling import choose, sample_count
 from hsstore.core import quant
 from hsstore.core.batching import POLICY, padded_length, token_budget_batches
@@ -210,6 +211,12 @@ def run_check(model: str, target: str, samples: int | None = None, seed: int = 0
     device = check_device(device or prov.environment.device)
     bind_backend(reader)
     spec = model_spec(model, prov.recipe)
+    try:
+        config = model_config(spec)
+    except BadInput:
+        config = None  # loading it names what is wrong with the model
+    if config is not None:
+        check_shapes(spec, reader, choose_keys(reader, samples, seed), config)  # before any weights load
     live_model = load_model(spec, reader, device)
     identity = spec.identity(live_model.config).to_dict()
     check_geometry(identity, reader)
