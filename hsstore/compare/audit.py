@@ -16,7 +16,6 @@ Taken when the variant's provenance leaves how it was computed unknown (an impor
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 import torch
 
 from hsstore.compare.assume import Recompute, how_to_recompute
-from hsstore.compare.check import as_stored, model_spec, pad_id, BatchPlan, batch_plan
+from hsstore.compare.check import BatchPlan, as_stored, batch_plan, model_spec, pad_id
 from hsstore.compare.defects import DEFECTS, apply, judge_sample, other_weights, stale_copies, upper_bound
 from hsstore.compare.diff import NOISE_FACTOR, check_device, open_target
 from hsstore.compare.divergence import Totals, summarize
@@ -33,7 +32,7 @@ from hsstore.compare.evidence import health_rows, row_hash, sample_evidence
 from hsstore.compare.kernel import Workspace, token_sums
 from hsstore.compare.model_shapes import check_shapes
 from hsstore.compare.sampling import choose, sample_count
-from hsstore.core.batching import POLICY, padded_length, token_budget_batches
+from hsstore.core.batching import padded_length, token_budget_batches
 from hsstore.core.dtypes import TORCH
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.base import or_none
@@ -206,14 +205,49 @@ def _report(model: str, target: str, reader: VariantReader, how: Recompute, spec
             verdicts: list, findings: list[Finding], floor_dtype: str | None, stored_floor: VariantReader | None,
             t0: float) -> CheckReport:
     from hsstore.compare.check import live_differences
+    from hsstore.storage.audits import import_gaps
 
     identity = spec.identity(live_model.config).to_dict()
     recorded_fp = str(or_none(reader.record.prov.recipe.model.fingerprint) or "")
     est = full_layers(in_live, totals, reader.record.dtype == "bf16")
+    bad, counts, upper, bound, kind, text = _verdict(verdicts, findings, len(reader.keys))
+    batching = {"recorded": "the recorded batch plan", "alone": "each sample alone, unpadded",
+                "budget": f"token-budget batches of {how.token_budget} over every sample"}[how.batching]
+    floor_words = (f"live: the same samples recomputed in {floor_dtype}" if floor_dtype else
+                   f"{stored_floor.store.location}#{stored_floor.id}" if stored_floor is not None else UNSET_FLOOR)
+    diffs = [d for d in live_differences(live_model, reader, identity) if d.b != "unknown"]
+    extra: dict[str, Any] = {}
+    if floor_words != UNSET_FLOOR:
+        extra["floor"] = floor_words
+        if ftotals.sums.any():
+            extra["floor_layers"] = full_layers(in_live, ftotals, False).layers
+    return CheckReport(
+        notes=import_gaps(reader.store, reader.id),
+        model=model, target=target, variant=f"{reader.store.location}#{reader.id}", device=how.device,
+        dtype=how.dtype, model_fingerprint=identity["fingerprint"], recorded_model_fingerprint=recorded_fp,
+        same_model=identity["fingerprint"] == recorded_fp, samples=len(verdicts), tokens=sum(reader.refs[k].length for k in keys),
+        keys=keys, batches=sum(1 for b in plan.batches if set(b) & set(keys)), batching=batching, layers=est.layers,
+        environment_differences=diffs, verdict=text, verdict_kind=kind, seconds=time.perf_counter() - t0,
+        recompute={"backend": how.backend, "dtype": how.dtype, "device": how.device, "attention": how.attention,
+                   "batching": how.batching, "token_budget": how.token_budget, "floor_dtype": floor_dtype},
+        assumed=how.assumed, population=len(reader.keys), sample_verdicts=verdicts, findings=findings, defects=counts,
+        defective_samples=len(bad), defect_rate_upper=upper, bound=bound, **extra)
+
+
+UNSET_FLOOR = "none"
+
+
+def _plural(findings: list[Finding], kind: str) -> str:
+    layers = sorted({f.layer for f in findings if f.kind == kind and f.layer is not None})
+    return ("s " if len(layers) > 1 else " ") + ", ".join(map(str, layers)) if layers else "s -"
+
+
+def _verdict(verdicts: list, findings: list[Finding], N: int) -> tuple[list, dict[str, int], float, str, str, str]:
+    """(defective verdicts, samples per class, the defect-rate bound and its words, verdict kind, verdict line)."""
     bad = [v for v in verdicts if v.verdict not in ("bit_exact", "within_noise")]
     counts = {k: sum(1 for v in verdicts if k in v.verdict.split("+")) for k in DEFECTS}
     counts = {k: n for k, n in counts.items() if n}
-    n, N = len(verdicts), len(reader.keys)
+    n = len(verdicts)
     upper = upper_bound(len(bad), n, CONFIDENCE)
     bound = (f"{len(bad)} defective of {n} samples chosen at random (seeded, length-stratified) from {N}: the "
              f"variant's defect rate is below {upper:.3g} at {CONFIDENCE:.0%} confidence"
@@ -228,31 +262,5 @@ def _report(model: str, target: str, reader: VariantReader, how: Recompute, spec
         text = (f"DEFECTS in {len(bad)} of {n} checked samples: "
                 + ", ".join(f"{k} ({c} sample{'s' if c > 1 else ''}, layer{_plural(findings, k)})"
                             for k, c in counts.items()))
-    batching = {"recorded": "the recorded batch plan", "alone": "each sample alone, unpadded",
-                "budget": f"token-budget batches of {how.token_budget} over every sample"}[how.batching]
-    floor_words = (f"live: the same samples recomputed in {floor_dtype}" if floor_dtype else
-                   f"{stored_floor.store.location}#{stored_floor.id}" if stored_floor is not None else UNSET_FLOOR)
-    diffs = [d for d in live_differences(live_model, reader, identity) if d.b != "unknown"]
-    extra: dict[str, Any] = {}
-    if floor_words != UNSET_FLOOR:
-        extra["floor"] = floor_words
-        if ftotals.sums.any():
-            extra["floor_layers"] = full_layers(in_live, ftotals, False).layers
-    return CheckReport(
-        model=model, target=target, variant=f"{reader.store.location}#{reader.id}", device=how.device,
-        dtype=how.dtype, model_fingerprint=identity["fingerprint"], recorded_model_fingerprint=recorded_fp,
-        same_model=identity["fingerprint"] == recorded_fp, samples=n, tokens=sum(reader.refs[k].length for k in keys),
-        keys=keys, batches=sum(1 for b in plan.batches if set(b) & set(keys)), batching=batching, layers=est.layers,
-        environment_differences=diffs, verdict=text, verdict_kind=kind, seconds=time.perf_counter() - t0,
-        recompute={"backend": how.backend, "dtype": how.dtype, "device": how.device, "attention": how.attention,
-                   "batching": how.batching, "token_budget": how.token_budget, "floor_dtype": floor_dtype},
-        assumed=how.assumed, population=N, sample_verdicts=verdicts, findings=findings, defects=counts,
-        defective_samples=len(bad), defect_rate_upper=upper, bound=bound, **extra)
+    return bad, counts, upper, bound, kind, text
 
-
-UNSET_FLOOR = "none"
-
-
-def _plural(findings: list[Finding], kind: str) -> str:
-    layers = sorted({f.layer for f in findings if f.kind == kind and f.layer is not None})
-    return ("s " if len(layers) > 1 else " ") + ", ".join(map(str, layers)) if layers else "s -"

@@ -30,7 +30,7 @@ from hsstore.compare.evidence import LayerEvidence
 from hsstore.core.schema.diff import Finding, SampleVerdict
 
 CLEAN = ("bit_exact", "within_noise")
-DEFECTS = ("nan", "inf", "all_zero", "constant", "suffix_states", "token_shift", "rows_vs_tokens", "capture_point",
+DEFECTS = ("nan", "inf", "all_zero", "constant", "suffix_states", "token_shift", "capture_point",
            "aux_equals_target", "stale_copy", "other_weights", "beyond_noise", "differs")
 MAX_ROWS = 32  # rows listed per finding (n_rows counts them all)
 

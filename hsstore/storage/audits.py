@@ -40,3 +40,25 @@ def audits(store: Store, vid: str) -> list[dict[str, Any]]:
         if isinstance(rec, dict) and rec.get("kind") == "audit":
             out.append(rec)
     return out
+
+
+def import_gaps(store: Store, vid: str) -> list[str]:
+    """What finished imports into the variant left out (files skipped as unreadable or misaligned, rows
+    without a states file), in words: an audit of the variant cannot see them."""
+    out = []
+    for key in sorted(store.io.list(layout.builds_prefix(vid))):
+        name = key.rsplit("/", 1)[-1]
+        if not name.startswith("import-"):
+            continue
+        try:
+            rec = json.loads(store.io.get(key) or b"")
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or rec.get("kind") != "import":
+            continue
+        bad, missing = int(rec.get("n_skipped_bad", 0)), int(rec.get("n_missing", 0))
+        if bad or missing:
+            out.append(f"the import of {rec.get('path')} ({rec.get('finished_at')}) left out {bad} file(s) it could not "
+                       f"read or whose states do not line up with their tokens (--skip-bad) and {missing} row(s) "
+                       "without a states file: they are not in this variant, so this audit cannot judge them")
+    return out
