@@ -93,7 +93,8 @@ def sample_evidence(stored: dict[int, torch.Tensor], live: dict[int, torch.Tenso
         ev.rel_by_point = {j: rel_l2(sf, truth[j][finite]) for j in points}
         ev.noise_by_point = dict(noise)
         if label in live:
-            ev.bit_exact = float((s == live[label].to(s.dtype)).float().mean())
+            # a count, not .mean(): CUDA's mean multiplies by 1/N, so all-equal reads 0.99999994 there
+            ev.bit_exact = int((s == live[label].to(s.dtype)).sum()) / max(1, s.numel())
             ev.rel = ev.rel_by_point[label]
             t = truth[label]
             for k in SHIFTS:
