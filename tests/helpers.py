@@ -1,4 +1,5 @@
-"""Small real objects for tests: stores with random states, manifests, CLI runs in real subprocesses."""
+"""Small real objects for tests: stores with random states, manifests, CLI runs (in this process, or in real
+subprocesses where the process is the subject)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,22 @@ DATA = REPO / "hsstore" / "data" / "conversations.jsonl"
 FLA_INSTALLED = installed("fla")
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``python -m hsstore ARGS`` in a real subprocess."""
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300,
+            process: bool = False) -> subprocess.CompletedProcess:
+    """``hsstore ARGS``: in this process through the real entry point, builds with inline workers
+    (hsstore.testing.cli.run_inline), answered as a subprocess would; in a real ``python -m hsstore``
+    subprocess with ``process=True`` or where ``env`` sets a ``PYTHON*`` variable (read at a process's
+    start). ``timeout`` bounds only the subprocess."""
+    if process or any(k.startswith("PYTHON") for k in env or {}):
+        return run_cli_process(*args, cwd=cwd, env=env, timeout=timeout)
+    from hsstore.testing.cli import run_inline
+
+    return run_inline(args, cwd=cwd or REPO, env=env)
+
+
+def run_cli_process(*args: str, cwd: Path | None = None, env: dict | None = None,
+                    timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m hsstore ARGS`` in a real subprocess (for tests where the process is the subject)."""
     e = dict(os.environ)
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "hsstore", *args], capture_output=True, text=True,
@@ -37,7 +52,7 @@ def start_build(manifest: Path, *args: str) -> subprocess.Popen:
 
 
 def diff_report(a: str, b: str, *args: str) -> dict:
-    """``hsstore diff A B ARGS --json -`` in a real subprocess, which must succeed: its report."""
+    """``hsstore diff A B ARGS --json -`` (run_cli), which must succeed: its report."""
     r = run_cli("diff", a, b, *args, "--json", "-")
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)

@@ -139,12 +139,14 @@ def _loaded_after(code: str) -> set[str]:
     ("import hsstore.build.plan, hsstore.build.plan_sizes, hsstore.build.plan_report, hsstore.build.plan_store",
      {"torch", "transformers", "zarr"}),
 ])
+@pytest.mark.process
 def test_entry_points_load_only_what_they_need(entry: str, banned: set[str]):
     loaded = _loaded_after(entry)
     assert not banned & loaded, f"{entry!r} loads {sorted(banned & loaded)}"
     assert not any(m.startswith("hsstore.build") for m in loaded) or "build" in entry
 
 
+@pytest.mark.process
 def test_help_of_every_command_loads_neither_torch_nor_transformers():
     """``hsstore --help`` and each command's ``--help`` through the real entry point, in a fresh
     interpreter: help is rendered from the commands' signatures, before any of their work is imported."""
@@ -181,6 +183,7 @@ def _cli_loads(argv: list[str], modules: tuple[str, ...]) -> tuple[list[str], st
     return json.loads(out.stdout.strip().splitlines()[-1]), out.stdout
 
 
+@pytest.mark.process
 def test_info_and_verify_of_a_local_store_load_neither_torch_nor_transformers(tmp_path: Path):
     """Reading metadata and checking every stored value is numpy's work: a real store, the real entry point."""
     store = str(_two_variant_store(tmp_path / "s.zarr"))
@@ -190,6 +193,7 @@ def test_info_and_verify_of_a_local_store_load_neither_torch_nor_transformers(tm
         assert '"variants"' in stdout or "OK: 4 samples checked" in stdout, stdout
 
 
+@pytest.mark.process
 def test_a_local_store_is_read_without_zarr(tmp_path: Path):
     """zarr-python writes arrays' metadata and reaches object stores; a local store is read by hsstore's
     own shard reader, so info, verify and a dataset's items never import zarr (~0.1 s a process)."""

@@ -1,4 +1,5 @@
-"""``hsstore build`` end to end through the real CLI in subprocesses, on the tiny builtin models."""
+"""``hsstore build`` end to end through the real CLI (in this process; backend isolation in subprocesses), on
+the tiny builtin models."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from hsstore import HiddenStateDataset, Store
@@ -40,6 +42,7 @@ def test_same_environment_build_is_bit_identical(tiny_store: Path, tmp_path: Pat
     assert_bit_exact(f"{tmp_path / 'store.zarr'}", f"{tiny_store}#dtype=bf16", 40)
 
 
+@pytest.mark.process
 def test_torch_backend_is_forced_even_when_kernel_packages_import(tmp_path: Path):
     env = {"PYTHONPATH": STANDIN}
     probe = json.loads(run_cli("env", "--model", "builtin:tiny-qwen3_5", "--json", env=env).stdout)

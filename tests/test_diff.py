@@ -130,6 +130,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
+@pytest.mark.process
 def test_diff_memory_does_not_grow_with_store_size(tmp_path: Path):
     small, large = _store(tmp_path / "small.zarr", 10), _store(tmp_path / "large.zarr", 100)
 

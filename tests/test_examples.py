@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers import REPO
+
+pytestmark = pytest.mark.process  # see docs/testing.md
 
 
 def test_train_drafter_example_learns_and_refuses_mismatched_eval(tiny_store: Path, tmp_path: Path):

@@ -146,6 +146,7 @@ def _many_units(tmp_path: Path, n: int = 60) -> Path:
     return tmp_path / "many.zarr"
 
 
+@pytest.mark.process
 def test_convert_killed_mid_way_resumes_to_the_same_variant(tmp_path: Path) -> None:
     src = _many_units(tmp_path)
     dst = tmp_path / "fp8.zarr"

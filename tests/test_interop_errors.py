@@ -253,6 +253,7 @@ def test_interop_catalogue_documents_every_case():
     assert not missing, f"docs/errors.md lacks rows for {missing}"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("fmt", ["specforge", "modelopt"])
 def test_export_on_a_full_disk_is_an_io_fault_exit_1_naming_the_os_error(fmt: str, tmp_path: Path) -> None:
     """Running out of space (here: a file-size limit, EFBIG) mid-export is exit 1 naming the OS error, not

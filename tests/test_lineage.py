@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import xxhash
 
 from hsstore import Store
@@ -82,6 +83,7 @@ def test_each_build_appends_its_records_and_names_every_row_it_did_not_take(tmp_
     assert verify(Store.open(tmp_path / "s.zarr"))["ok"]  # the records are files hsstore writes
 
 
+@pytest.mark.process
 def test_a_failed_build_records_how_it_ended(tmp_path: Path):
     m = write_manifest(tmp_path / "m.toml", store=str(tmp_path / "s.zarr"))
     r = run_cli("build", str(m), "--limit", "3", "--quiet", "--backend", "fla", env={"PYTHONPATH": STANDIN})

@@ -94,6 +94,7 @@ def test_spread_local_model_loads_with_a_device_map_and_matches(tmp_path: Path):
     assert sorted(a) == sorted(b) == [1, 3] and all(torch.equal(a[i], b[i]) for i in a)
 
 
+@pytest.mark.process
 def test_missing_accelerate_is_a_clear_error():
     code = ("import sys; sys.modules['accelerate'] = None\n"
             "from hsstore.build.placement import require_accelerate\n"

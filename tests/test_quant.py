@@ -209,6 +209,7 @@ def test_one_row_out_of_the_compiled_range_sends_the_call_to_the_exact_table_pat
     assert np.array_equal(got[finite], want[finite])
 
 
+@pytest.mark.process
 def test_without_numba_the_table_path_serves_with_one_warning(tmp_path) -> None:
     # a real interpreter where ``import numba`` fails (as it does when numba does not support the numpy)
     code = ("import sys, warnings; sys.modules['numba'] = None\n"

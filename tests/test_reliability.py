@@ -1,4 +1,5 @@
-"""Crash, concurrency and distributed-build suites: real processes, real SIGKILLs, real files."""
+"""Crash, concurrency and distributed-build suites: real processes, real SIGKILLs, real files (builds that are
+not killed, raced or distributed run in this process)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def _bit_exact_and_complete(store: Path, reference: Path, n: int) -> None:
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("ref")
     m = _small_units(_manifest(tmp, "ref"))
-    assert _start_build(m).wait(timeout=300) == 0
+    r = run_cli("build", str(m), "--limit", LIMIT, "--quiet")  # uninterrupted: no process needed
+    assert r.returncode == 0, r.stderr
     return tmp / "ref.zarr"
 
 
@@ -91,6 +93,7 @@ def _kill_moments(store: Path, units: int, rng: random.Random) -> list[tuple[str
     ]
 
 
+@pytest.mark.process
 def test_sigkill_at_seeded_moments_then_resume(reference: Path, tmp_path: Path):
     """SIGKILLs (driver and worker at once) at five seeded moments over a build's whole course: start-up,
     model loading, mid-unit and at commits early and late in the build, and while it completes. No kill
@@ -120,13 +123,15 @@ def test_sigkill_at_seeded_moments_then_resume(reference: Path, tmp_path: Path):
     counts = list(committed_after_kill.values())
     assert len(counts) >= 4 and counts == sorted(counts)
     assert all(0 < n < int(LIMIT) for w, n in committed_after_kill.items() if w.startswith("a unit"))
-    assert _start_build(m).wait(timeout=300) == 0
+    r = run_cli("build", str(m), "--limit", LIMIT, "--quiet")  # the resume (the kills were the processes')
+    assert r.returncode == 0, r.stderr
     _bit_exact_and_complete(store, reference, int(LIMIT))
     gc = run_cli("gc", str(store), "--json")
     assert gc.returncode == 0
     _bit_exact_and_complete(store, reference, int(LIMIT))  # still, after gc
 
 
+@pytest.mark.process
 def test_four_concurrent_builds_of_one_manifest(reference, tmp_path: Path):
     ref_store = reference
     m = _small_units(_manifest(tmp_path, "conc"))
@@ -136,6 +141,7 @@ def test_four_concurrent_builds_of_one_manifest(reference, tmp_path: Path):
     _bit_exact_and_complete(tmp_path / "conc.zarr", ref_store, int(LIMIT))
 
 
+@pytest.mark.process
 def test_concurrent_builds_of_overlapping_inputs(tmp_path: Path):
     rows = DATA.read_text().splitlines()
     (tmp_path / "a.jsonl").write_text("\n".join(rows[0:30]) + "\n")
@@ -151,6 +157,7 @@ def test_concurrent_builds_of_overlapping_inputs(tmp_path: Path):
     assert verify(Store.open(store))["ok"]
 
 
+@pytest.mark.process
 def test_torchrun_two_rank_build_is_bit_exact_to_one_process(reference, tmp_path: Path):
     ref_store = reference
     m = _small_units(_manifest(tmp_path, "dist"))
@@ -169,6 +176,7 @@ def test_torchrun_two_rank_build_is_bit_exact_to_one_process(reference, tmp_path
     assert writers == {"r0", "r1"}  # both ranks wrote units
 
 
+@pytest.mark.process
 def test_two_node_torchrun_build_is_bit_exact_to_one_process(reference, tmp_path: Path):
     """Two torchrun launchers (node ranks 0 and 1, one process each, rendezvous on loopback): both
     processes have LOCAL_RANK 0 and distinct RANKs, as on two real nodes sharing one store."""
@@ -210,6 +218,7 @@ def test_write_error_stops_build_and_keeps_committed_data(reference, tmp_path: P
     assert s.variants[0].n_samples == before and verify(s)["ok"]
 
 
+@pytest.mark.process
 def test_a_build_overtaken_by_a_concurrent_build_reports_the_truth(tmp_path: Path):
     """Build B commits a unit and is frozen; build A fills the variant; B resumes and finds every sample it
     computes committed already. B's counts must add up: written + present + committed by another writer."""

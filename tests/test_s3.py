@@ -19,6 +19,8 @@ from hsstore.storage.verify import verify
 
 from helpers import assert_bit_exact, kill_build, run_cli, start_build, wait_for
 
+pytestmark = pytest.mark.process  # see docs/testing.md
+
 pytest.importorskip("s3fs", reason="s3fs is part of the test extras (pip install -e '.[test]')")
 
 

@@ -24,6 +24,8 @@ from hsstore.storage.verify import verify
 
 from helpers import REPO, alive, children, kill_build, run_cli, wait_for, write_manifest
 
+pytestmark = pytest.mark.process  # see docs/testing.md
+
 LIMIT = 60
 
 

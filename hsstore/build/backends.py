@@ -50,6 +50,25 @@ def force_backend(backend: str) -> None:
         raise BadInput(f"unknown backend {backend!r}; choose torch or fla")
 
 
+def bind_backend(backend: str) -> None:
+    """``force_backend`` in a process that has chosen no backend yet (a fresh worker process); in one that
+    has (kernel packages blocked, or modeling modules imported: an inline worker after an earlier build),
+    check that its choice is ``backend``, since transformers binds kernels once per process."""
+    chose = any(m.startswith("transformers.models.") for m in sys.modules) or any(
+        p in sys.modules and sys.modules[p] is None for p in KERNEL_PACKAGES)
+    if not chose:
+        force_backend(backend)
+        return
+    if backend not in ("torch", "fla"):
+        raise BadInput(f"unknown backend {backend!r}; choose torch or fla")
+    importable = [p for p in KERNEL_PACKAGES if installed(p)]
+    have = "torch" if not importable else "fla" if "fla" in importable else f"mixed ({', '.join(importable)})"
+    if have != backend:
+        raise BadInput(f"backend {backend!r} cannot run in this process: it already binds {have} kernels "
+                       "(transformers binds them once per process); build with a worker process per backend "
+                       "(the `hsstore build` command, or hsstore.build.driver.build without inline=True)")
+
+
 def classify(fn: Any, torch_module: str) -> str:
     """'fla' / 'causal_conv1d' / 'torch' (transformers' reference code) / 'other:<module>'."""
     mod = getattr(fn, "__module__", "") or ""

@@ -3,6 +3,10 @@
 Under torchrun (WORLD_SIZE > 1) every rank tokenizes the same inputs deterministically, takes a
 disjoint token-balanced share, binds its local GPU and writes its own units; rank 0 then checks that
 every sample is committed and records the build as complete.
+
+``inline=True`` (or inside ``inline_workers()``) runs each worker's code (hsstore.build.worker.run) in
+this process instead of a fresh one: the same plan, result file and checks, without two interpreter
+starts; it needs this process to bind the backend's kernels (hsstore.build.backends.bind_backend).
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +34,19 @@ from hsstore.core.schema.build import BuildResult, InputCounts, ModelSource, Var
 from hsstore.core.schema.files import HashedFile
 from hsstore.core.schema.provenance import LayerRoles, Recipe
 from hsstore.storage import layout
+
+
+_INLINE: ContextVar[bool] = ContextVar("hsstore_inline_workers", default=False)
+
+
+@contextmanager
+def inline_workers() -> Iterator[None]:
+    """Builds started inside run their workers inline (``build``'s default becomes ``inline=True``)."""
+    token = _INLINE.set(True)
+    try:
+        yield
+    finally:
+        _INLINE.reset(token)
 
 
 @dataclass(frozen=True)
@@ -127,6 +146,7 @@ class Context:
     rank: int
     world: int
     devices: list[str]
+    inline: bool = False  # workers run in this process (hsstore.build.worker.run), not in their own
     keys: list[str] = field(default_factory=list)  # this rank's sample keys, once planned
     variants: list[str] = field(default_factory=list)  # the variants its workers opened, in order
     lineage: Lineage | None = None  # its build records, once the store is open
@@ -177,7 +197,12 @@ def _run_worker(plan: WorkerPlan, ctx: Context) -> list[VariantResult]:
               "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID"):
         env.pop(k, None)  # the worker is a plain process, not a member of the process group
     try:
-        code = run_worker([sys.executable, "-m", "hsstore.build.worker", plan_path], env)
+        if ctx.inline:
+            from hsstore.build.worker import run
+
+            code = run(WorkerPlan.from_json(Path(plan_path).read_bytes(), f"worker plan {plan_path}"))
+        else:
+            code = run_worker([sys.executable, "-m", "hsstore.build.worker", plan_path], env)
     finally:
         opened = Path(plan.progress).read_text().split() if Path(plan.progress).exists() else []
         ctx.variants += [v for v in opened if v not in ctx.variants]
@@ -192,19 +217,22 @@ def _run_worker(plan: WorkerPlan, ctx: Context) -> list[VariantResult]:
     return outcome.results
 
 
-def build(m: Manifest, limit: int | None = None, quiet: bool = False, space_check: bool = True) -> BuildResult:
+def build(m: Manifest, limit: int | None = None, quiet: bool = False, space_check: bool = True,
+          inline: bool | None = None) -> BuildResult:
     """Run the whole build; returns the summary printed at the end. Every build started on an open store
     leaves its records there (hsstore.build.lineage), whatever its end. SIGTERM, SIGINT or SIGHUP stop it
     (and its worker) with BuildInterrupted, exit status 128 + the signal (hsstore.build.signals).
     ``space_check``: refuse, before the store is made and any model loads, a build whose estimated size
-    exceeds the free space of a local store's filesystem (hsstore.build.plan.check_space)."""
+    exceeds the free space of a local store's filesystem (hsstore.build.plan.check_space).
+    ``inline``: run the workers in this process (default: as ``inline_workers()`` says, else not)."""
     from hsstore.build.progress import status
 
     t0 = time.time()
     m = validate(m)
     status(f"planning {m.source}: checking devices", quiet)
     rank, world, local_rank = dist()
-    ctx = Context(m.store_path, rank, world, check_devices(m, local_rank, world))
+    inline = _INLINE.get() if inline is None else inline
+    ctx = Context(m.store_path, rank, world, check_devices(m, local_rank, world), inline)
     with stop_on_signals():
         try:
             return _build(m, limit, quiet, ctx, t0, space_check)

@@ -4,6 +4,9 @@ runs the capture pipeline over its share of samples for each (dtype, device).
 Run as ``python -m hsstore.build.worker PLAN.json`` (a WorkerPlan); writes a WorkerOutcome to the
 plan's ``result`` path. It exits by itself when the driver that started it is gone
 (hsstore.build.signals), so a killed build never leaves a worker computing.
+
+``run(plan)`` is the whole worker but for the process around it: the driver calls it inline
+(``build(..., inline=True)``) where the process already binds the plan's backend (tests, Python callers).
 """
 
 from __future__ import annotations
@@ -194,9 +197,9 @@ def _outcome(plan: WorkerPlan) -> WorkerOutcome:
     from hsstore.core.errors import HsstoreError
 
     try:
-        from hsstore.build.backends import force_backend
+        from hsstore.build.backends import bind_backend
 
-        force_backend(plan.backend)  # before transformers is imported
+        bind_backend(plan.backend)  # before transformers is imported (inline: checks what is bound)
         from hsstore.build.models import ModelSpec
         from hsstore.build.samples_file import load_samples
 
@@ -212,14 +215,20 @@ def _outcome(plan: WorkerPlan) -> WorkerOutcome:
         return WorkerOutcome(error=f"{type(e).__name__}: {e}", exit_code=1)
 
 
+def run(plan: WorkerPlan) -> int:
+    """Run the plan and write its outcome to the plan's ``result`` path: the worker's exit code. The worker
+    process runs this; so does the driver itself with ``inline=True``."""
+    outcome = _outcome(plan)
+    Path(plan.result).write_text(json.dumps(outcome.to_dict()))
+    return outcome.exit_code
+
+
 def main(argv: list[str]) -> int:
     from hsstore.build.signals import exit_with_parent
 
     plan = WorkerPlan.from_json(Path(argv[0]).read_bytes(), f"worker plan {argv[0]}")
     exit_with_parent(plan.parent_pid, Path(argv[0]).parent)  # never outlive the driver
-    outcome = _outcome(plan)
-    Path(plan.result).write_text(json.dumps(outcome.to_dict()))
-    return outcome.exit_code
+    return run(plan)
 
 
 if __name__ == "__main__":

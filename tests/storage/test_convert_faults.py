@@ -16,6 +16,8 @@ from helpers import REPO, one_sample_units, wait_for
 from hsstore import Store
 from hsstore.storage.verify import verify
 
+pytestmark = pytest.mark.process  # see docs/testing.md
+
 
 def _source(tmp: Path, n: int = 6) -> Path:
     """A bf16 store of ``n`` one-sample units."""

@@ -11,10 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hsstore import Store
 from hsstore.storage.fileio import replace_file
 
 from helpers import REPO, new_variant, write_unit
+
+pytestmark = pytest.mark.process  # see docs/testing.md
 
 OLD = b'{"old": true}'
 

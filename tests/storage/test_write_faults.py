@@ -74,6 +74,7 @@ def _assert_resumed(manifest: Path, store: Path) -> None:
     assert len(list(store.glob("variants/*/builds/*.json"))) == 1
 
 
+@pytest.mark.process
 def test_file_size_limit_stops_the_build_and_it_resumes(tmp_path: Path):
     store = tmp_path / "s.zarr"
     m = _manifest(tmp_path, store)
@@ -98,6 +99,7 @@ def small_fs(tmp_path: Path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+@pytest.mark.process
 def test_full_filesystem_stops_the_build_and_it_resumes(tmp_path: Path, small_fs: Path):
     store = small_fs / "s.zarr"
     m = _manifest(tmp_path, store, unit_tokens=600)  # small units: some commit before the disk fills
