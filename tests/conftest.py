@@ -3,6 +3,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,49 @@ from hsstore.testing.s3 import moto_s3  # noqa: E402
 # models loaded in this process run on the CPU, where fla's triton kernels cannot: bind transformers'
 # reference kernels even where fla is installed (backend-specific tests build in subprocesses)
 force_backend("torch")
+
+
+_launched = {"n": 0}
+_popen_init = subprocess.Popen.__init__
+
+
+def _counting_init(self: subprocess.Popen, args: object, *a: object, **k: object) -> None:
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)  # type: ignore[call-overload]
+    if argv and os.path.basename(str(argv[0])).startswith(("python", "torchrun")):
+        _launched["n"] += 1
+    _popen_init(self, args, *a, **k)
+
+
+subprocess.Popen.__init__ = _counting_init  # type: ignore[method-assign]  # counted, see _count_launches
+
+
+@pytest.fixture(autouse=True)
+def _count_launches(request: pytest.FixtureRequest):
+    """How many Python processes each test started (its fixtures' included), for the summary below: the
+    suite's cost is mostly interpreter starts, and docs/testing.md says which tests need them."""
+    before = _launched["n"]
+    yield
+    request.node.user_properties.append(("python_launches", _launched["n"] - before))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line: the Python processes the tests started, and which tests not marked ``process`` did."""
+    counts: dict[str, int] = {}
+    marked: set[str] = set()
+    for reports in terminalreporter.stats.values():
+        for r in reports:
+            if getattr(r, "when", None) == "teardown":
+                counts[r.nodeid] = dict(r.user_properties).get("python_launches", 0)
+                if "process" in r.keywords:
+                    marked.add(r.nodeid)
+    if not counts:
+        return
+    unmarked = sorted((n, t) for t, n in counts.items() if n and t not in marked)
+    line = (f"python processes started by tests: {sum(counts.values())} ({sum(counts[t] for t in marked)} by "
+            f"tests marked process); unmarked tests that started some: {len(unmarked)}")
+    terminalreporter.write_line(line)
+    for n, t in unmarked[::-1][:20]:
+        terminalreporter.write_line(f"  {n:3d}  {t}")
 
 
 def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:

@@ -25,12 +25,12 @@ FLA_INSTALLED = installed("fla")
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300,
             process: bool = False) -> subprocess.CompletedProcess:
     """``hsstore ARGS``: in this process through the real entry point, builds with inline workers
-    (hsstore.testing.cli.run_inline), answered as a subprocess would; in a real ``python -m hsstore``
+    (inline_cli.run_inline), answered as a subprocess would; in a real ``python -m hsstore``
     subprocess with ``process=True`` or where ``env`` sets a ``PYTHON*`` variable (read at a process's
     start). ``timeout`` bounds only the subprocess."""
     if process or any(k.startswith("PYTHON") for k in env or {}):
         return run_cli_process(*args, cwd=cwd, env=env, timeout=timeout)
-    from hsstore.testing.cli import run_inline
+    from inline_cli import run_inline
 
     return run_inline(args, cwd=cwd or REPO, env=env)
 

@@ -4,9 +4,8 @@ Under torchrun (WORLD_SIZE > 1) every rank tokenizes the same inputs determinist
 disjoint token-balanced share, binds its local GPU and writes its own units; rank 0 then checks that
 every sample is committed and records the build as complete.
 
-``inline=True`` (or inside ``inline_workers()``) runs each worker's code (hsstore.build.worker.run) in
-this process instead of a fresh one: the same plan, result file and checks, without two interpreter
-starts; it needs this process to bind the backend's kernels (hsstore.build.backends.bind_backend).
+``inline=True`` runs each worker's own code (hsstore.build.worker.run) in this process, on the same plan
+and result file, where this process binds the backend's kernels (hsstore.build.backends.bind_backend).
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from hsstore.build.lineage import Lineage, agree_build_id, now
 from hsstore.build.manifest import FINAL_NORM, Manifest, resolve_layers, validate
 from hsstore.build.models import ModelSpec, check_vocabulary, text_config
 from hsstore.build.signals import TEMP_PREFIX, Stopped, run_worker, stop_on_signals
+from hsstore.build.worker import run as run_inline
 from hsstore.core.errors import BadInput, BuildFailed, BuildInterrupted, HsstoreError
 from hsstore.core.keys import SampleTokens
 from hsstore.core.schema.build import BuildResult, InputCounts, ModelSource, VariantResult, WorkerOutcome, WorkerPlan
@@ -197,12 +197,8 @@ def _run_worker(plan: WorkerPlan, ctx: Context) -> list[VariantResult]:
               "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID"):
         env.pop(k, None)  # the worker is a plain process, not a member of the process group
     try:
-        if ctx.inline:
-            from hsstore.build.worker import run
-
-            code = run(WorkerPlan.from_json(Path(plan_path).read_bytes(), f"worker plan {plan_path}"))
-        else:
-            code = run_worker([sys.executable, "-m", "hsstore.build.worker", plan_path], env)
+        code = (run_inline(WorkerPlan.from_json(Path(plan_path).read_bytes(), f"worker plan {plan_path}")) if ctx.inline
+                else run_worker([sys.executable, "-m", "hsstore.build.worker", plan_path], env))
     finally:
         opened = Path(plan.progress).read_text().split() if Path(plan.progress).exists() else []
         ctx.variants += [v for v in opened if v not in ctx.variants]
