@@ -42,6 +42,19 @@ def test_same_environment_build_is_bit_identical(tiny_store: Path, tmp_path: Pat
     assert_bit_exact(f"{tmp_path / 'store.zarr'}", f"{tiny_store}#dtype=bf16", 40)
 
 
+def test_an_inline_worker_runs_only_the_backend_this_process_binds():
+    """Inline workers share this process, which binds the torch kernels (conftest): a torch plan runs, an fla
+    plan must not record torch kernels as fla's and is refused naming why."""
+    from hsstore.build.backends import bind_backend
+    from hsstore.core.errors import BadInput
+
+    bind_backend("torch")
+    with pytest.raises(BadInput, match="backend 'fla' cannot run in this process: it already binds torch kernels"):
+        bind_backend("fla")
+    with pytest.raises(BadInput, match="unknown backend 'cuda'"):
+        bind_backend("cuda")
+
+
 @pytest.mark.process
 def test_torch_backend_is_forced_even_when_kernel_packages_import(tmp_path: Path):
     env = {"PYTHONPATH": STANDIN}
