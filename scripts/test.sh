@@ -4,6 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
-# two pytest workers (pytest-xdist): most tests wait on real build subprocesses, so two run side by side
-# even on a 2-core machine; HSSTORE_TEST_WORKERS=0 runs in one process
+# two pytest workers (pytest-xdist), one per core of a 2-core machine: builds and CLI calls run in the
+# test process (tests/inline_cli.py); tests marked `process` start real ones (docs/testing.md says which
+# and why, and how long the suite takes). HSSTORE_TEST_WORKERS=0 runs in one process; -m "not process"
+# leaves the real-process tests out (a quick local loop; CI runs everything)
 .venv/bin/python -m pytest -n "${HSSTORE_TEST_WORKERS:-2}" "$@"

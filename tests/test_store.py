@@ -98,6 +98,7 @@ def _in_two_processes(target, path: str, vid: str) -> None:
     assert [p.exitcode for p in procs] == [0, 0]
 
 
+@pytest.mark.process
 def test_two_processes_disjoint_units_lose_nothing(tmp_path: Path):
     path = str(tmp_path / "s.zarr")
     vid = new_variant(Store.create(path))
@@ -107,6 +108,7 @@ def test_two_processes_disjoint_units_lose_nothing(tmp_path: Path):
     assert verify(Store.open(path))["ok"]
 
 
+@pytest.mark.process
 def test_racing_writers_never_show_a_sample_twice(tmp_path: Path):
     path = str(tmp_path / "s.zarr")
     vid = new_variant(Store.create(path))
