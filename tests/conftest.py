@@ -31,7 +31,7 @@ _popen_init = subprocess.Popen.__init__
 
 def _counting_init(self: subprocess.Popen, args: object, *a: object, **k: object) -> None:
     argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)  # type: ignore[call-overload]
-    if argv and os.path.basename(str(argv[0])).startswith(("python", "torchrun")):
+    if argv and os.path.basename(str(argv[0])).startswith(("python", "torchrun")) and "moto.server" not in argv:
         _launched["n"] += 1
     _popen_init(self, args, *a, **k)
 
@@ -41,8 +41,9 @@ subprocess.Popen.__init__ = _counting_init  # type: ignore[method-assign]  # cou
 
 @pytest.fixture(autouse=True)
 def _count_launches(request: pytest.FixtureRequest):
-    """How many Python processes each test started (its fixtures' included), for the summary below: the
-    suite's cost is mostly interpreter starts, and docs/testing.md says which tests need them."""
+    """How many Python processes each test started through subprocess (its fixtures' included, the moto S3
+    server not), for the summary below: interpreter starts were most of the suite's cost, and
+    docs/testing.md says which tests need them."""
     before = _launched["n"]
     yield
     request.node.user_properties.append(("python_launches", _launched["n"] - before))

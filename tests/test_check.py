@@ -112,11 +112,12 @@ def test_check_refuses_kernels_this_process_does_not_bind(tmp_path: Path):
         run_check("builtin:tiny-qwen3_5", target, samples=1)
 
 
+@pytest.mark.process  # a fresh process binding the recorded backend: this one binds torch (conftest)
 @pytest.mark.skipif(FLA_INSTALLED, reason="refusal of a missing fla is only observable where fla is not installed")
 def test_check_refuses_a_backend_whose_kernels_are_missing(tmp_path: Path):
     target = _variant_recording(tmp_path, {"chunk_gated_delta_rule": "fla", "causal_conv1d": "causal_conv1d",
                                            "attention": "sdpa"}, backend="fla")
-    r = run_cli("check", "builtin:tiny-qwen3_5", target)
+    r = run_cli("check", "builtin:tiny-qwen3_5", target, process=True)
     assert r.returncode == 2 and "backend 'fla' needs the flash-linear-attention kernels" in r.stderr
 
 

@@ -83,6 +83,7 @@ def _load(out: str, n: int) -> list[dict]:
     return [json.loads(Path(f"{out}{r}.json").read_text()) for r in range(n)]
 
 
+@pytest.mark.process
 def test_torchrun_two_ranks_two_workers_each_key_once_per_epoch(tiny_store: Path, tmp_path: Path):
     out = str(tmp_path / "run-full-")
     _torchrun(2, tiny_store, out, "full")
@@ -96,6 +97,7 @@ def test_torchrun_two_ranks_two_workers_each_key_once_per_epoch(tiny_store: Path
     assert [r["epoch0"] for r in ranks] != [r["epoch1"] for r in ranks]
 
 
+@pytest.mark.process
 def test_torchrun_resume_mid_epoch_with_another_world_size(tiny_store: Path, tmp_path: Path):
     partial = str(tmp_path / "run-partial-")
     _torchrun(2, tiny_store, partial, "partial")
