@@ -14,6 +14,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# idle OpenMP threads sleep instead of spinning (read when torch loads: set before the first import of it, here
+# and in every child): two xdist workers' thread pools share two cores, and spinning threads burned ~20 % of a
+# build's CPU time under that load (docs/testing.md). How threads wait changes no result.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from helpers import run_cli, write_manifest  # noqa: E402
 
@@ -44,19 +48,24 @@ def _count_launches(request: pytest.FixtureRequest):
     """How many Python processes each test started through subprocess (its fixtures' included, the moto S3
     server not), for the summary below: interpreter starts were most of the suite's cost, and
     docs/testing.md says which tests need them."""
-    before = _launched["n"]
+    before, t0 = _launched["n"], os.times()
     yield
-    request.node.user_properties.append(("python_launches", _launched["n"] - before))
+    t1 = os.times()
+    cpu = sum(t1[:4]) - sum(t0[:4])  # this process's and its reaped children's user + system seconds
+    request.node.user_properties += [("python_launches", _launched["n"] - before), ("cpu_seconds", cpu)]
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """One line: the Python processes the tests started, and which tests not marked ``process`` did."""
+    """The Python processes the tests started, which tests not marked ``process`` did, and where the CPU
+    time went (not counting session fixtures, which are set up before any test's own fixtures)."""
     counts: dict[str, int] = {}
+    cpu: dict[str, float] = {}
     marked: set[str] = set()
     for reports in terminalreporter.stats.values():
         for r in reports:
             if getattr(r, "when", None) == "teardown":
                 counts[r.nodeid] = dict(r.user_properties).get("python_launches", 0)
+                cpu[r.nodeid] = dict(r.user_properties).get("cpu_seconds", 0.0)
                 if "process" in r.keywords:
                     marked.add(r.nodeid)
     if not counts:
@@ -67,6 +76,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(line)
     for n, t in unmarked[::-1][:20]:
         terminalreporter.write_line(f"  {n:3d}  {t}")
+    terminalreporter.write_line(f"CPU seconds of the tests (with their processes): {sum(cpu.values()):.0f}, "
+                                f"{sum(cpu[t] for t in marked):.0f} in tests marked process; the most:")
+    for t, c in sorted(cpu.items(), key=lambda kv: -kv[1])[:15]:
+        terminalreporter.write_line(f"  {c:6.1f}  {t}")
 
 
 def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
