@@ -11,8 +11,6 @@ import pytest
 
 from helpers import run_cli
 
-pytestmark = pytest.mark.process  # see docs/testing.md
-
 # command -> its arguments that are bad input ({tmp}: a fresh folder, {store}: the session's tiny store)
 BAD = {
     "build": ["{tmp}/missing.toml"],
@@ -48,6 +46,15 @@ def _same(argv: list[str]) -> subprocess.CompletedProcess:
     return real
 
 
+def test_every_command_has_its_real_process_case() -> None:
+    import typer
+
+    from hsstore.cli.main import app
+
+    assert set(BAD) == set(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+
+
+@pytest.mark.process  # see docs/testing.md
 @pytest.mark.parametrize("command", sorted(BAD))
 def test_a_real_process_exits_and_prints_as_the_inline_runner_reports(command: str, tiny_store: Path,
                                                                         tmp_path: Path) -> None:
@@ -56,6 +63,7 @@ def test_a_real_process_exits_and_prints_as_the_inline_runner_reports(command: s
     assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("error: "), r.stderr
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("command", sorted(GOOD))
 def test_a_real_process_succeeds_as_the_inline_runner_reports(command: str, tiny_store: Path, tmp_path: Path) -> None:
     r = _same([command, *_argv(GOOD[command], tmp_path, tiny_store)])
