@@ -4,8 +4,7 @@ Under torchrun (WORLD_SIZE > 1) every rank tokenizes the same inputs determinist
 disjoint token-balanced share, binds its local GPU and writes its own units; rank 0 then checks that
 every sample is committed and records the build as complete.
 
-``inline=True`` runs each worker's own code (hsstore.build.worker.run) in this process, on the same plan
-and result file, where this process binds the backend's kernels (hsstore.build.backends.bind_backend).
+``inline=True`` runs each worker's own code in this process (hsstore.build.inline).
 """
 
 from __future__ import annotations
@@ -15,9 +14,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,26 +24,13 @@ from hsstore.build.lineage import Lineage, agree_build_id, now
 from hsstore.build.manifest import FINAL_NORM, Manifest, resolve_layers, validate
 from hsstore.build.models import ModelSpec, check_vocabulary, text_config
 from hsstore.build.signals import TEMP_PREFIX, Stopped, run_worker, stop_on_signals
-from hsstore.build.worker import run as run_inline
+from hsstore.build.inline import inline_default, run_here
 from hsstore.core.errors import BadInput, BuildFailed, BuildInterrupted, HsstoreError
 from hsstore.core.keys import SampleTokens
 from hsstore.core.schema.build import BuildResult, InputCounts, ModelSource, VariantResult, WorkerOutcome, WorkerPlan
 from hsstore.core.schema.files import HashedFile
 from hsstore.core.schema.provenance import LayerRoles, Recipe
 from hsstore.storage import layout
-
-
-_INLINE: ContextVar[bool] = ContextVar("hsstore_inline_workers", default=False)
-
-
-@contextmanager
-def inline_workers() -> Iterator[None]:
-    """Builds started inside run their workers inline (``build``'s default becomes ``inline=True``)."""
-    token = _INLINE.set(True)
-    try:
-        yield
-    finally:
-        _INLINE.reset(token)
 
 
 @dataclass(frozen=True)
@@ -197,8 +181,8 @@ def _run_worker(plan: WorkerPlan, ctx: Context) -> list[VariantResult]:
               "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID"):
         env.pop(k, None)  # the worker is a plain process, not a member of the process group
     try:
-        code = (run_inline(WorkerPlan.from_json(Path(plan_path).read_bytes(), f"worker plan {plan_path}")) if ctx.inline
-                else run_worker([sys.executable, "-m", "hsstore.build.worker", plan_path], env))
+        code = run_here(plan_path) if ctx.inline else run_worker([sys.executable, "-m", "hsstore.build.worker",
+                                                                  plan_path], env)
     finally:
         opened = Path(plan.progress).read_text().split() if Path(plan.progress).exists() else []
         ctx.variants += [v for v in opened if v not in ctx.variants]
@@ -220,14 +204,14 @@ def build(m: Manifest, limit: int | None = None, quiet: bool = False, space_chec
     (and its worker) with BuildInterrupted, exit status 128 + the signal (hsstore.build.signals).
     ``space_check``: refuse, before the store is made and any model loads, a build whose estimated size
     exceeds the free space of a local store's filesystem (hsstore.build.plan.check_space).
-    ``inline``: run the workers in this process (default: as ``inline_workers()`` says, else not)."""
+    ``inline``: run the workers in this process (default: as ``inline.inline_workers()`` says, else not)."""
     from hsstore.build.progress import status
 
     t0 = time.time()
     m = validate(m)
     status(f"planning {m.source}: checking devices", quiet)
     rank, world, local_rank = dist()
-    inline = _INLINE.get() if inline is None else inline
+    inline = inline_default() if inline is None else inline
     ctx = Context(m.store_path, rank, world, check_devices(m, local_rank, world), inline)
     with stop_on_signals():
         try:
