@@ -14,6 +14,7 @@ from helpers import run_cli
 # command -> its arguments that are bad input ({tmp}: a fresh folder, {store}: the session's tiny store)
 BAD = {
     "build": ["{tmp}/missing.toml"],
+    "plan": ["{tmp}/missing.toml"],
     "env": ["--backend", "nope"],
     "diff": ["{tmp}/none.zarr", "{tmp}/none.zarr"],
     "check": ["builtin:tiny-qwen3_5", "{tmp}/none.zarr"],
