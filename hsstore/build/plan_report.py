@@ -107,9 +107,9 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
         raise BadInput("--sample and --limit do not combine: --limit plans the first N usable rows exactly")
     if calibrate:
         _check_calibration_device(m.devices[0])
-        from hsstore.build.backends import force_backend
+        from hsstore.build.backends import bind_backend
 
-        force_backend(m.backends[0])  # before transformers loads a model module (tokenizing does not)
+        bind_backend(m.backends[0])  # before transformers loads a model module (tokenizing does not)
     rows, population = sampled_rows(m.data_files, sample) if sample else (None, None)
     inp = plan_inputs(m, limit, rows=rows)
     tokens, scale = tokens_of(inp, population)
