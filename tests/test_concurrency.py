@@ -33,6 +33,7 @@ def assert_all_readable(path: Path, vid: str) -> int:
     return len(reader.keys)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("force,grace", [(True, 0.0), (False, 3600.0)], ids=["gc-force-grace-0", "plain-gc"])
 def test_gc_racing_a_writer_never_removes_its_units(tmp_path: Path, force: bool, grace: float):
     """gc in a loop (``--force --grace 0``, or plain) while another process writes 12 units: the writer
@@ -100,6 +101,7 @@ def test_a_commit_never_names_a_file_that_is_gone(tmp_path: Path):
     assert verify(Store.open(path))["ok"]
 
 
+@pytest.mark.process
 def test_two_imports_of_one_folder_at_once_account_for_every_sample(tmp_path: Path):
     """Two imports of one folder into one store, side by side, one sample per unit: each reports every
     sample as written by it or already there (a unit the other committed first is "already there", not
