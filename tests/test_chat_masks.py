@@ -321,6 +321,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("faketime") is None, reason="faketime (apt install faketime) sets a process's clock")
 def test_sample_keys_of_dated_templates_do_not_change_with_the_wall_clock():
     """The same rows tokenized in processes whose clocks read two different days give the same sample keys,

@@ -33,6 +33,7 @@ def _run(args: list[str], stdout: object, limit: int | None = None) -> subproces
                           text=True, timeout=300, preexec_fn=lower if limit is not None else None)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("cmd", sorted(COMMANDS))
 def test_a_file_size_limit_on_stdout_is_exit_1_not_a_cut_report(cmd: str, tmp_path: Path) -> None:
     whole = subprocess.run([sys.executable, "-m", "hsstore", *COMMANDS[cmd]], cwd=REPO, capture_output=True,
@@ -48,6 +49,7 @@ def test_a_file_size_limit_on_stdout_is_exit_1_not_a_cut_report(cmd: str, tmp_pa
     assert "File too large" in errors[0] and "Traceback" not in r.stderr
 
 
+@pytest.mark.process
 def test_a_full_disk_on_stdout_is_one_line_exit_1() -> None:
     with open("/dev/full", "w") as f:
         r = _run(COMMANDS["info"], f)

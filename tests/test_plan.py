@@ -107,6 +107,7 @@ def test_plan_of_a_27b_shaped_builtin_states_bf16_and_fp8_sizes_and_an_assumed_t
         assert what in r.output, (what, r.output)
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (user namespaces) for a small tmpfs")
 def test_a_build_its_filesystem_cannot_hold_is_refused_before_any_model_loads(tmp_path: Path):
     """A real 64 KiB tmpfs (mounted in a user namespace, no root needed): the build exits 2 with one line

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import racers
 from hsstore import Store
 
@@ -23,6 +24,7 @@ SECONDS = float(os.environ.get("HSSTORE_SOAK_SECONDS", "20"))
 SEED = int(os.environ.get("HSSTORE_SOAK_SEED", "0"))
 
 
+@pytest.mark.process
 def test_soak_build_gc_convert_export_and_readers_at_once(tiny_store: Path, tmp_path: Path):
     path = tmp_path / "s.zarr"
     shutil.copytree(tiny_store, path)
