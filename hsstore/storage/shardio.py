@@ -11,6 +11,9 @@ opens what it writes (a test checks both ways). Format 1.0 token arrays (one pla
 
 from __future__ import annotations
 
+import itertools
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,6 +143,7 @@ class ShardReader:
             raise CorruptData(f"{what}: its chunk file is missing") from None
         self.size = self.src.size
         self.bytes_read = 0
+        self.serial = next(_serials)  # names this reader's chunks in the decoded-chunk cache
         self.index = self._index() if lay.sharded else np.array([[0, self.size]], dtype="<u8")
 
     def _index(self) -> np.ndarray:
@@ -172,9 +176,21 @@ class ShardReader:
         for k in ks:
             off, nbytes = (int(x) for x in self.index[k])
             lo, hi = max(a, k * c), min(b, (k + 1) * c)
-            if not self._read_in_place(src, flat[lo - a : hi - a], k, off, nbytes, lo == k * c and hi == (k + 1) * c):
-                flat[lo - a : hi - a] = self._chunk(src, k, off, nbytes)[lo - k * c : hi - k * c]
+            dest = flat[lo - a : hi - a]
+            whole = lo == k * c and hi == (k + 1) * c
+            if not self._read_in_place(src, dest, k, off, nbytes, whole):
+                self._decode_into(src, dest, k, off, nbytes, lo - k * c)
         return out
+
+    def will_need(self, a: int, b: int) -> None:
+        """Ask the source to start reading the chunks that hold rows ``[a, b)`` (a hint; no checks)."""
+        if not 0 <= a < b <= self.shape[0]:
+            return
+        lo, hi = a // self.chunk_rows, (b - 1) // self.chunk_rows
+        spans = [(int(o), int(n)) for o, n in self.index[lo : hi + 1] if o != EMPTY and o + n <= self.size]
+        if spans:
+            start = min(o for o, _ in spans)
+            self.src.will_need(start, max(o + n for o, n in spans) - start)
 
     def _span(self, ks: range) -> RangeSource:
         """The chunks ``ks`` fetched in one read (one round trip on an object store), if they lie together."""
@@ -187,31 +203,107 @@ class ShardReader:
         return BufferRange(data, lo)
 
     def _read_in_place(self, src: RangeSource, dest: np.ndarray, k: int, off: int, nbytes: int, whole: bool) -> bool:
-        """An uncompressed whole chunk read straight into ``dest`` (one iovec per row if strided)."""
+        """An uncompressed whole chunk read straight into a contiguous ``dest`` (one ``preadv``)."""
         row_bytes = self.row_width * self.dtype.itemsize
-        if self.comp is not None or not whole or dest.strides[-1] != self.dtype.itemsize \
+        if self.comp is not None or not whole or not dest.flags.c_contiguous \
                 or nbytes != self.chunk_rows * row_bytes + 4:
             return False
-        views = [memoryview(dest).cast("B")] if dest.flags.c_contiguous else [memoryview(r).cast("B") for r in dest]
+        view = memoryview(dest).cast("B")
         tail = bytearray(4)
-        got = src.readinto([*views, memoryview(tail)], off)
+        got = src.readinto([view, memoryview(tail)], off)
         self.bytes_read += got if src is self.src else 0
-        crc = 0
-        for v in views:
-            crc = crc32c.crc32c(v, crc)
-        if got != nbytes or crc.to_bytes(4, "little") != bytes(tail):
+        if got != nbytes or crc32c.crc32c(view).to_bytes(4, "little") != bytes(tail):
             raise CorruptData(f"{self.what}: chunk {k} fails its crc32c checksum")
         return True
 
-    def _chunk(self, src: RangeSource, k: int, off: int, nbytes: int) -> np.ndarray:
-        """Chunk ``k`` decoded, ``[chunk_rows, row_width]``."""
-        buf = src.read(off, nbytes)
-        self.bytes_read += len(buf) if src is self.src else 0
-        payload = memoryview(buf)[:-4]
-        if len(buf) != nbytes or _crc(payload) != buf[-4:]:
-            raise CorruptData(f"{self.what}: chunk {k} fails its crc32c checksum")
+    def _decode_into(self, src: RangeSource, dest: np.ndarray, k: int, off: int, nbytes: int, first: int) -> None:
+        """Rows ``first .. first + len(dest)`` of chunk ``k`` into ``dest`` (any row stride): read into this
+        thread's scratch buffer, checked, then decoded straight into ``dest`` when it is the whole chunk
+        and contiguous, else decoded in scratch (or taken from the decoded-chunk cache) and copied."""
+        cached = DECODED.get((self.serial, k))
+        if cached is not None:
+            dest[...] = cached[first : first + dest.shape[0]]
+            return
+        scratch = _scratch()
+        payload = self._payload(src, k, off, nbytes, scratch)
+        rows = dest.shape[0]
+        if self.comp is None:
+            dest[...] = np.frombuffer(payload, dtype=self.dtype).reshape(self.chunk_rows, self.row_width)[first : first + rows]
+            return
         try:
-            raw = payload if self.comp is None else self.comp.decode(payload)
-            return np.frombuffer(raw, dtype=self.dtype).reshape(self.chunk_rows, self.row_width)
+            if rows == self.chunk_rows and dest.flags.c_contiguous:
+                self.comp.decode(payload, out=dest)
+                return
+            chunk = np.empty((self.chunk_rows, self.row_width), dtype=self.dtype)
+            self.comp.decode(payload, out=chunk)
         except Exception as e:  # noqa: BLE001 - a decoder error on checksummed data is corruption too
             raise CorruptData(f"{self.what}: chunk {k} does not decode ({str(e)[:100]})") from None
+        dest[...] = chunk[first : first + rows]
+        if rows < self.chunk_rows:  # the chunk holds other samples' rows too: the next read may want them
+            DECODED.put((self.serial, k), chunk)
+
+    def _payload(self, src: RangeSource, k: int, off: int, nbytes: int, scratch: _Scratch) -> memoryview:
+        """Chunk ``k``'s checked payload (without its crc32c), read into ``scratch``."""
+        view = scratch.view(nbytes)
+        got = src.readinto([view], off)
+        self.bytes_read += got if src is self.src else 0
+        payload = view[:-4]
+        if got != nbytes or _crc(payload) != bytes(view[-4:]):
+            raise CorruptData(f"{self.what}: chunk {k} fails its crc32c checksum")
+        return payload
+
+
+class _Scratch:
+    """A growable byte buffer one thread reuses for every chunk it reads (no allocation per chunk)."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray(0)
+
+    def view(self, n: int) -> memoryview:
+        if len(self.buf) < n:
+            self.buf = bytearray(max(n, 2 * len(self.buf)))
+        return memoryview(self.buf)[:n]
+
+
+_local = threading.local()
+
+
+def _scratch() -> _Scratch:
+    s = getattr(_local, "scratch", None)
+    if s is None:
+        s = _local.scratch = _Scratch()
+    return s
+
+
+class DecodedChunks:
+    """Recently decoded chunks that hold more rows than one read took (chunks of ~1 MiB hold many
+    short samples at a small hidden size: the next sample's read finds its chunk decoded). Bounded by
+    bytes, least recently used out first; committed chunks never change, so an entry never goes stale."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes, self.bytes = max_bytes, 0
+        self.items: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple[int, int]) -> np.ndarray | None:
+        with self.lock:
+            hit = self.items.get(key)
+            if hit is not None:
+                self.items.move_to_end(key)
+            return hit
+
+    def put(self, key: tuple[int, int], chunk: np.ndarray) -> None:
+        if chunk.nbytes > self.max_bytes // 4:
+            return
+        with self.lock:
+            if key in self.items:
+                return
+            self.items[key] = chunk
+            self.bytes += chunk.nbytes
+            while self.bytes > self.max_bytes:
+                _, old = self.items.popitem(last=False)
+                self.bytes -= old.nbytes
+
+
+DECODED = DecodedChunks(64 << 20)
+_serials = itertools.count()
