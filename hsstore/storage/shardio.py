@@ -28,6 +28,7 @@ from hsstore.storage.codecs import REGISTRY, codec_of, compressors
 from hsstore.storage.records import convert_strict, parse_json
 
 EMPTY = np.uint64(2**64 - 1)
+EMPTY_INT = 2**64 - 1
 DATA_TYPES = ("int32", "uint8", "uint16", "float16", "float32")  # what hsstore writes (bf16: uint16 bits)
 
 
@@ -145,6 +146,7 @@ class ShardReader:
         self.bytes_read = 0
         self.serial = next(_serials)  # names this reader's chunks in the decoded-chunk cache
         self.index = self._index() if lay.sharded else np.array([[0, self.size]], dtype="<u8")
+        self.spans = [(int(o), int(n)) for o, n in self.index]  # (offset, bytes) per chunk as Python ints
 
     def _index(self) -> np.ndarray:
         n_chunks = max(1, -(-self.shape[0] // self.chunk_rows))
@@ -169,12 +171,12 @@ class ShardReader:
         flat = out.reshape(b - a, w) if out.ndim != 2 else out  # a view: rows stay where they are
         ks = range(a // c, (b - 1) // c + 1 if b > a else a // c)
         for k in ks:
-            off, nbytes = (int(x) for x in self.index[k])
-            if self.index[k][0] == EMPTY or nbytes < 4 or off + nbytes > self.size:
+            off, nbytes = self.spans[k]
+            if off == EMPTY_INT or nbytes < 4 or off + nbytes > self.size:
                 raise CorruptData(f"{self.what}: chunk {k} is missing or beyond the end of the shard")
         src = self._span(ks) if self.src.coalesce and len(ks) > 1 else self.src
         for k in ks:
-            off, nbytes = (int(x) for x in self.index[k])
+            off, nbytes = self.spans[k]
             lo, hi = max(a, k * c), min(b, (k + 1) * c)
             dest = flat[lo - a : hi - a]
             whole = lo == k * c and hi == (k + 1) * c
@@ -187,14 +189,14 @@ class ShardReader:
         if not 0 <= a < b <= self.shape[0]:
             return
         lo, hi = a // self.chunk_rows, (b - 1) // self.chunk_rows
-        spans = [(int(o), int(n)) for o, n in self.index[lo : hi + 1] if o != EMPTY and o + n <= self.size]
+        spans = [(o, n) for o, n in self.spans[lo : hi + 1] if o != EMPTY_INT and o + n <= self.size]
         if spans:
             start = min(o for o, _ in spans)
             self.src.will_need(start, max(o + n for o, n in spans) - start)
 
     def _span(self, ks: range) -> RangeSource:
         """The chunks ``ks`` fetched in one read (one round trip on an object store), if they lie together."""
-        spans = [(int(self.index[k][0]), int(self.index[k][1])) for k in ks]
+        spans = [self.spans[k] for k in ks]
         lo, hi = min(o for o, _ in spans), max(o + n for o, n in spans)
         if hi - lo > 2 * sum(n for _, n in spans):
             return self.src  # scattered chunks (another writer's layout): read one by one
@@ -228,7 +230,10 @@ class ShardReader:
         payload = self._payload(src, k, off, nbytes, scratch)
         rows = dest.shape[0]
         if self.comp is None:
-            dest[...] = np.frombuffer(payload, dtype=self.dtype).reshape(self.chunk_rows, self.row_width)[first : first + rows]
+            chunk = np.frombuffer(payload, dtype=self.dtype).reshape(self.chunk_rows, self.row_width)
+            dest[...] = chunk[first : first + rows]
+            if 4 * rows <= self.chunk_rows:  # a chunk of many samples (small hidden sizes): worth a copy
+                DECODED.put((self.serial, k), chunk.copy())
             return
         try:
             if rows == self.chunk_rows and dest.flags.c_contiguous:
