@@ -200,7 +200,7 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
     - ``batch_tokens=N`` yields padded batches of at most N (padded) tokens instead of single items;
     - ``prefetch=K`` reads the next K samples on threads (default: 8 on remote stores such as ``s3://``,
       where every read is a round trip; 0 on local disks);
-    - ``readahead`` (local stores, default on): the kernel reads about 128 MiB of the coming samples'
+    - ``readahead`` (local stores, default on): the kernel reads about 192 MiB of the coming samples'
       bytes ahead while the current one decodes (hsstore.read.readahead).
     """
 

@@ -2,7 +2,7 @@
 
 A reader that asks for one sample at a time leaves the disk idle while it decodes, and one chunk read at
 a time keeps only a shallow queue on it. Given the order, ``Readahead`` keeps about ``READAHEAD_BYTES``
-of states ahead of the sample being read requested from the back end (``posix_fadvise(WILLNEED)`` on
+of stored states ahead of the sample being read requested from the back end (``posix_fadvise(WILLNEED)`` on
 local files: asynchronous, no copy, the data lands in the page cache), from one background thread so a
 request never blocks the reader. It is a hint: what is read is still checked when it is read.
 """
@@ -13,11 +13,12 @@ import queue
 import threading
 from collections.abc import Sequence
 
+from hsstore.core.dtypes import STORED
 from hsstore.storage.reader import SampleRef, VariantReader
 
-# states requested ahead of the sample being read: ~85 ms of a 1.5 GB/s disk, enough to keep its queue
-# full while a sample decodes, small against any page cache (per process: 8 ranks ask for 8x this)
-READAHEAD_BYTES = 128 << 20
+# stored bytes requested ahead of the sample being read: ~0.1 s of a 2 GB/s disk, enough to keep its
+# queue full while samples decode, small against a training host's page cache (8 ranks ask for 8x this)
+READAHEAD_BYTES = 192 << 20
 
 
 class Readahead:
@@ -27,7 +28,8 @@ class Readahead:
     def __init__(self, reader: VariantReader, refs: Sequence[SampleRef], layers: list[int],
                  budget: int = READAHEAD_BYTES) -> None:
         self.reader, self.refs, self.layers = reader, refs, layers
-        row = max(1, len(layers)) * reader.record.hidden_size * 2
+        itemsize = 1 if reader.record.stored_precision else STORED[reader.record.dtype].itemsize  # FP8: 1-byte codes
+        row = max(1, len(layers)) * reader.record.hidden_size * itemsize  # about the bytes a row reads
         self.sizes = [r.length * row for r in refs]
         self.budget, self.next, self.ahead, self.counted = budget, 0, 0, 0  # ahead: bytes of [counted, next)
         self.todo: queue.SimpleQueue[SampleRef | None] = queue.SimpleQueue()

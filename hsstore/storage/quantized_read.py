@@ -29,7 +29,9 @@ def quantized_groups(reader: Any, ref: Any, groups: list[list[int]], raw: bool =
         n = len(layers)
         scales, scales_t = outbuf.empty((T, n, 1), np.float32)
         data, data_t = outbuf.empty((T, n, H), np.uint8 if raw else np.uint16)
-        tasks += [(_one_layer, reader, ref, layer, scales[:, j], data[:, j], raw) for j, layer in enumerate(layers)]
+        for j, layer in enumerate(layers):
+            tasks += [(_one_piece, reader, ref, layer, a, b, scales[a:b, j], data[a:b, j], raw)
+                      for a, b in reader.pieces(ref, layout.layer_array(layer), 2 * H)]
         outs.append((data_t, scales_t))
         nbytes += T * n * H * 2  # the bf16 it becomes (or the codes' reads when raw)
     try:
@@ -41,13 +43,14 @@ def quantized_groups(reader: Any, ref: Any, groups: list[list[int]], raw: bool =
     return [d.view(torch.bfloat16) for d, _ in outs]
 
 
-def _one_layer(reader: Any, ref: Any, layer: int, scales: np.ndarray, dest: np.ndarray, raw: bool) -> None:
-    """One layer's scales into ``scales`` and its codes (``raw``) or their bf16 bits into ``dest``."""
-    reader.read_array(ref, layout.scale_array(layer), out=scales)
+def _one_piece(reader: Any, ref: Any, layer: int, a: int, b: int, scales: np.ndarray, dest: np.ndarray,
+               raw: bool) -> None:
+    """Rows ``[a, b)`` of one layer: scales into ``scales``, codes (``raw``) or their bf16 bits into ``dest``."""
+    reader.read_array(ref, layout.scale_array(layer), scales, a, b)
     if raw:
-        reader.read_array(ref, layout.layer_array(layer), out=dest)
+        reader.read_array(ref, layout.layer_array(layer), dest, a, b)
         return
-    codes = reader.read_array(ref, layout.layer_array(layer))
+    codes = reader.read_array(ref, layout.layer_array(layer), None, a, b)
     try:
         dequantize_bf16_bits(codes, scales, out=dest)
     except ValueError as e:  # a scale that is not a power of two: not what hsstore wrote

@@ -26,6 +26,7 @@ from hsstore.storage.stats import merge
 # a sample's layers go to the read threads only above this many bytes of states: below it the hand-offs
 # cost more than the parallel decode saves (a 2-core profile: ~55 % of a small read spent waiting on them)
 THREAD_MIN_BYTES = 4 << 20
+PIECE_BYTES = 2 << 20  # a large sample's layers are read in tasks of about this much output
 
 class StoreLike(Protocol):
     """What a reader needs of its store (hsstore.storage.store.Store)."""
@@ -167,9 +168,12 @@ class VariantReader:
             raise CorruptData(f"unit {uid} of variant {self.id}: {name} is {reader.shape} {reader.dtype}, its commit "
                               f"and variant record say {want[0]} {want[1]}. Run `hsstore verify`")
 
-    def _slice(self, ref: SampleRef, name: str, out: np.ndarray | None = None) -> np.ndarray:
+    def _slice(self, ref: SampleRef, name: str, out: np.ndarray | None = None, a: int = 0,
+               b: int | None = None) -> np.ndarray:
+        """Rows ``[a, b)`` of ``ref`` (default: all of them) of array ``name``, into ``out`` if given."""
+        b = ref.length if b is None else b
         try:
-            return self.shard(ref.unit, name).rows(ref.offset, ref.offset + ref.length, out=out)
+            return self.shard(ref.unit, name).rows(ref.offset + a, ref.offset + b, out=out)
         except CorruptData as e:
             raise CorruptData(str(e) if ref.key in str(e) else f"sample {ref.key}: {e}") from None
 
@@ -201,10 +205,20 @@ class VariantReader:
         for name in names:
             self.shard(ref.unit, name).will_need(ref.offset, ref.offset + ref.length)
 
-    def read_array(self, ref: SampleRef, name: str, out: np.ndarray | None = None) -> np.ndarray:
-        """Rows of one of ``ref``'s unit arrays (e.g. ``layer_3``), into ``out`` if given (it may be a
-        strided view such as one layer's slot of a stacked buffer)."""
-        return self._slice(ref, name, out=out)
+    def read_array(self, ref: SampleRef, name: str, out: np.ndarray | None = None, a: int = 0,
+                   b: int | None = None) -> np.ndarray:
+        """Rows ``[a, b)`` (default: all) of one of ``ref``'s unit arrays (e.g. ``layer_3``), into ``out`` if
+        given (it may be a strided view such as one layer's slot of a stacked buffer)."""
+        return self._slice(ref, name, out, a, b)
+
+    def pieces(self, ref: SampleRef, name: str, row_bytes: int) -> list[tuple[int, int]]:
+        """``ref``'s rows cut into ranges ``[a, b)`` of about ``PIECE_BYTES`` of output (``row_bytes`` a
+        row), on the chunk boundaries of array ``name``: the tasks one large sample is read in, so that
+        threads share a sample's layers and no chunk is decoded twice."""
+        c = self.shard(ref.unit, name).chunk_rows
+        step = c * max(1, PIECE_BYTES // max(1, c * row_bytes))
+        cuts = [0, *range(step - ref.offset % step, ref.length, step), ref.length]
+        return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
 
     def quant_error(self) -> dict[int, dict[str, float]]:
         """Per-layer storage error over all committed units of a quantized variant ({} otherwise)."""
@@ -237,7 +251,9 @@ class VariantReader:
         tasks, outs, nbytes = [], [], 0
         for layers in groups:
             buf, tensor = outbuf.empty((ref.length, len(layers), rec.hidden_size), STORED[rec.dtype])
-            tasks += [(self._slice, ref, layout.layer_array(layer), buf[:, j]) for j, layer in enumerate(layers)]
+            for j, layer in enumerate(layers):
+                name = layout.layer_array(layer)
+                tasks += [(self._slice, ref, name, buf[a:b, j], a, b) for a, b in self.pieces(ref, name, buf.strides[1])]
             outs.append(tensor)
             nbytes += buf.nbytes
         self.run_tasks(tasks, nbytes)
