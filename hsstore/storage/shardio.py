@@ -4,7 +4,9 @@ hsstore stores each unit's arrays as one zarr ``sharding_indexed`` shard (inner 
 codecs ``bytes(little) -> [compressor] -> crc32c``, index ``bytes -> crc32c`` at the end). zarr-python
 reads and writes that format through a general async pipeline that costs milliseconds per call; this
 module writes and reads exactly the same bytes with one codec call per chunk, checking every crc32c,
-through any back end (a local file by ``pread``, an object store by ranged GETs). Any zarr v3 reader
+through any back end (a local file by ``pread``, an object store by ranged GETs). A reader checks each
+chunk's crc32c on its first read; a chunk holding many samples (small hidden sizes) is then served from
+memory (compressed: ``DECODED``) or, uncompressed, by reading just the rows asked for. Any zarr v3 reader
 opens what it writes (a test checks both ways). Format 1.0 token arrays (one plain chunk,
 ``bytes -> crc32c``) are read here too.
 """
@@ -145,6 +147,7 @@ class ShardReader:
         self.size = self.src.size
         self.bytes_read = 0
         self.serial = next(_serials)  # names this reader's chunks in the decoded-chunk cache
+        self.verified: set[int] = set()  # uncompressed chunks whose crc32c this reader has checked whole
         self.index = self._index() if lay.sharded else np.array([[0, self.size]], dtype="<u8")
         self.spans = [(int(o), int(n)) for o, n in self.index]  # (offset, bytes) per chunk as Python ints
 
@@ -227,13 +230,14 @@ class ShardReader:
             dest[...] = cached[first : first + dest.shape[0]]
             return
         scratch = _scratch()
-        payload = self._payload(src, k, off, nbytes, scratch)
         rows = dest.shape[0]
+        if self.comp is None and k in self.verified:  # checked whole once: read just the rows wanted
+            self._raw_rows(src, dest, k, off, first, scratch)
+            return
+        payload = self._payload(src, k, off, nbytes, scratch)
         if self.comp is None:
-            chunk = np.frombuffer(payload, dtype=self.dtype).reshape(self.chunk_rows, self.row_width)
-            dest[...] = chunk[first : first + rows]
-            if 4 * rows <= self.chunk_rows:  # a chunk of many samples (small hidden sizes): worth a copy
-                DECODED.put((self.serial, k), chunk.copy())
+            dest[...] = np.frombuffer(payload, dtype=self.dtype).reshape(self.chunk_rows, self.row_width)[first : first + rows]
+            self.verified.add(k)
             return
         try:
             if rows == self.chunk_rows and dest.flags.c_contiguous:
@@ -246,6 +250,18 @@ class ShardReader:
         dest[...] = chunk[first : first + rows]
         if rows < self.chunk_rows:  # the chunk holds other samples' rows too: the next read may want them
             DECODED.put((self.serial, k), chunk)
+
+    def _raw_rows(self, src: RangeSource, dest: np.ndarray, k: int, off: int, first: int, scratch: _Scratch) -> None:
+        """Rows of uncompressed chunk ``k``, whose crc32c this reader has checked, read alone into ``dest``."""
+        row_bytes = self.row_width * self.dtype.itemsize
+        n = dest.shape[0] * row_bytes
+        view = memoryview(dest).cast("B") if dest.flags.c_contiguous else scratch.view(n)
+        got = src.readinto([view], off + first * row_bytes)
+        self.bytes_read += got if src is self.src else 0
+        if got != n:
+            raise CorruptData(f"{self.what}: chunk {k} is shorter than its index says")
+        if not dest.flags.c_contiguous:
+            dest[...] = np.frombuffer(view, dtype=self.dtype).reshape(dest.shape)
 
     def _payload(self, src: RangeSource, k: int, off: int, nbytes: int, scratch: _Scratch) -> memoryview:
         """Chunk ``k``'s checked payload (without its crc32c), read into ``scratch``."""
