@@ -5,7 +5,8 @@
 
 The same synthetic samples (scripts/bench_read.py's: 5 bf16 layers) written as one ``torch.save`` file per
 sample and as hsstore stores with the default codec and with ``codec = "none"``. Each round reads every
-sample once through each reader, in turn (torch.load first, then the stores), through a DataLoader with
+sample once through each reader (one dataset each for the whole run, as a training loop keeps it), in
+turn (torch.load first, then the stores), through a DataLoader with
 W workers, in sequential and in random order; "cold" evicts the files (os.sync, posix_fadvise DONTNEED)
 before each pass. On a machine other jobs share, a slow minute hits every reader of a round alike, so the
 per-round ratio (hsstore samples/s over torch.load's) is the figure; the median over rounds is reported,
@@ -21,6 +22,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,9 +49,8 @@ def prepare(base: Path, samples: int, hidden: int) -> None:
     (base / "ready").write_text("")
 
 
-def one_pass(base: Path, name: str, n: int, order: list[int], workers: int, cold: bool) -> float:
-    """Samples per second of one pass over ``order``."""
-    ds = TorchDS(base / name, n) if name == "torch" else HiddenStateDataset(base / name / "s.zarr")
+def one_pass(base: Path, name: str, ds: Any, order: list[int], workers: int, cold: bool) -> float:
+    """Samples per second of one pass of ``ds`` over ``order``."""
     if cold:
         evict(base / name)
     loader = DataLoader(Subset(ds, order), batch_size=None, num_workers=workers)
@@ -75,15 +76,17 @@ def main() -> None:
     n = args.samples
     orders = {"seq": list(range(n)), "random": [int(i) for i in np.random.default_rng(1).permutation(n)]}
     names = ["torch", DEFAULT, "none"]
+    # one dataset per reader for the whole run, as a training loop keeps it across epochs
+    sets = {name: TorchDS(base / name, n) if name == "torch" else HiddenStateDataset(base / name / "s.zarr") for name in names}
     rates: dict[str, list[float]] = {}
     for _ in range(args.rounds):
         for order in args.orders.split(","):
             for w in [int(x) for x in args.workers.split(",")]:
                 for name in names:
                     if args.cache == "warm":
-                        one_pass(base, name, n, orders[order][: min(n, 32)], w, False)  # warm the cache
+                        one_pass(base, name, sets[name], orders[order][: min(n, 32)], w, False)  # warm the cache
                     rates.setdefault(f"{name}|{order}|w{w}", []).append(
-                        one_pass(base, name, n, orders[order], w, args.cache == "cold"))
+                        one_pass(base, name, sets[name], orders[order], w, args.cache == "cold"))
     res = {"samples": n, "hidden": args.hidden, "cache": args.cache, "rounds": args.rounds, "rates": rates, "ratios": {}}
     print(f"{n} samples, hidden {args.hidden}, 5 bf16 layers, {args.cache}; {args.rounds} rounds, passes interleaved; "
           "samples/s (median) and hsstore / torch.load per round (median [min, max])")
