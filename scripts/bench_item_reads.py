@@ -19,7 +19,6 @@ import argparse
 import json
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,13 +27,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_read import TorchDS, write_hsstore, write_torch  # noqa: E402
-
-from hsstore import HiddenStateDataset  # noqa: E402
-from hsstore.storage.codecs import DEFAULT  # noqa: E402
-from hsstore.testing.disk import evict  # noqa: E402
-from hsstore.testing.factories import make_data  # noqa: E402
+from hsstore import HiddenStateDataset
+from hsstore.storage.codecs import DEFAULT
+from hsstore.testing.bench_stores import TorchDS, write_hsstore, write_torch
+from hsstore.testing.disk import evict
+from hsstore.testing.factories import make_data
 
 
 def prepare(base: Path, samples: int, hidden: int) -> None:

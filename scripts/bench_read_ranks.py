@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -36,15 +35,13 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_read import write_hsstore  # noqa: E402 (the same synthetic store writer as bench_read)
-
-from hsstore import HiddenStateDataset, StreamingHiddenStateDataset  # noqa: E402
-from hsstore.core import fp8_cpu  # noqa: E402
-from hsstore.storage.codecs import DEFAULT  # noqa: E402
-from hsstore.storage.convert import convert  # noqa: E402
-from hsstore.testing.disk import du, evict  # noqa: E402
-from hsstore.testing.factories import make_data  # noqa: E402
+from hsstore import HiddenStateDataset, StreamingHiddenStateDataset
+from hsstore.core import fp8_cpu
+from hsstore.storage.codecs import DEFAULT
+from hsstore.storage.convert import convert
+from hsstore.testing.bench_stores import write_hsstore
+from hsstore.testing.disk import du, evict
+from hsstore.testing.factories import make_data
 
 PROBE_READ = 16 << 20
 

@@ -22,6 +22,7 @@ from hsstore.storage import commits, layout
 from hsstore.storage.backend import Backend
 from hsstore.storage.shardio import ShardReader
 from hsstore.storage.stats import merge
+from hsstore.storage.tasks import run_shared
 
 # a sample's layers go to the read threads only above this many bytes of states: below it the hand-offs
 # cost more than the parallel decode saves (a 2-core profile: ~55 % of a small read spent waiting on them)
@@ -261,32 +262,9 @@ class VariantReader:
 
     def run_tasks(self, tasks: list[tuple[Any, ...]], nbytes: int) -> None:
         """Call each ``(function, *args)``: in this thread if there is one task or under ``THREAD_MIN_BYTES``
-        of output (a hand-off costs more than it saves), else this thread and up to ``read_threads - 1``
-        pool threads take tasks from one list until it is empty (the codecs, pread, crc32c and the FP8
-        loop release the GIL)."""
+        of output (a hand-off costs more than it saves), else shared with the pool (hsstore.storage.tasks)."""
         pool = self._layer_pool() if len(tasks) > 1 and nbytes >= THREAD_MIN_BYTES else None
-        if pool is None:
-            for fn, *args in tasks:
-                fn(*args)
-            return
-        todo, lock = iter(tasks), threading.Lock()
-
-        def drain() -> None:
-            while True:
-                with lock:
-                    task = next(todo, None)
-                if task is None:
-                    return
-                task[0](*task[1:])
-
-        helpers = [pool.submit(drain) for _ in range(min(len(tasks), self.read_threads) - 1)]
-        try:
-            drain()
-        finally:
-            for f in helpers:  # every task ends before its buffers are handed out (or an error is raised)
-                f.exception()
-        for f in helpers:
-            f.result()
+        run_shared(tasks, pool, self.read_threads)
 
     def _layer_pool(self) -> ThreadPoolExecutor | None:
         """Threads that read the layers of one sample in parallel; one pool per process (a forked

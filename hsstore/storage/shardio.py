@@ -13,9 +13,6 @@ opens what it writes (a test checks both ways). Format 1.0 token arrays (one pla
 
 from __future__ import annotations
 
-import itertools
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +23,7 @@ from hsstore.core.errors import CorruptData
 from hsstore.core.schema.array import ArrayMeta, ShardingConfig, ZarrCodec
 from hsstore.storage import layout
 from hsstore.storage.backend import Backend, BufferRange, RangeSource
+from hsstore.storage.chunkcache import DECODED, Scratch, next_serial, scratch
 from hsstore.storage.codecs import REGISTRY, codec_of, compressors
 from hsstore.storage.records import convert_strict, parse_json
 
@@ -146,7 +144,7 @@ class ShardReader:
             raise CorruptData(f"{what}: its chunk file is missing") from None
         self.size = self.src.size
         self.bytes_read = 0
-        self.serial = next(_serials)  # names this reader's chunks in the decoded-chunk cache
+        self.serial = next_serial()  # names this reader's chunks in the decoded-chunk cache
         self.verified: set[int] = set()  # uncompressed chunks whose crc32c this reader has checked whole
         self.index = self._index() if lay.sharded else np.array([[0, self.size]], dtype="<u8")
         self.spans = [(int(o), int(n)) for o, n in self.index]  # (offset, bytes) per chunk as Python ints
@@ -229,12 +227,12 @@ class ShardReader:
         if cached is not None:
             dest[...] = cached[first : first + dest.shape[0]]
             return
-        scratch = _scratch()
+        buf = scratch()
         rows = dest.shape[0]
         if self.comp is None and k in self.verified:  # checked whole once: read just the rows wanted
-            self._raw_rows(src, dest, k, off, first, scratch)
+            self._raw_rows(src, dest, k, off, first, buf)
             return
-        payload = self._payload(src, k, off, nbytes, scratch)
+        payload = self._payload(src, k, off, nbytes, buf)
         if self.comp is None:
             dest[...] = np.frombuffer(payload, dtype=self.dtype).reshape(self.chunk_rows, self.row_width)[first : first + rows]
             self.verified.add(k)
@@ -251,7 +249,7 @@ class ShardReader:
         if rows < self.chunk_rows:  # the chunk holds other samples' rows too: the next read may want them
             DECODED.put((self.serial, k), chunk)
 
-    def _raw_rows(self, src: RangeSource, dest: np.ndarray, k: int, off: int, first: int, scratch: _Scratch) -> None:
+    def _raw_rows(self, src: RangeSource, dest: np.ndarray, k: int, off: int, first: int, scratch: Scratch) -> None:
         """Rows of uncompressed chunk ``k``, whose crc32c this reader has checked, read alone into ``dest``."""
         row_bytes = self.row_width * self.dtype.itemsize
         n = dest.shape[0] * row_bytes
@@ -263,7 +261,7 @@ class ShardReader:
         if not dest.flags.c_contiguous:
             dest[...] = np.frombuffer(view, dtype=self.dtype).reshape(dest.shape)
 
-    def _payload(self, src: RangeSource, k: int, off: int, nbytes: int, scratch: _Scratch) -> memoryview:
+    def _payload(self, src: RangeSource, k: int, off: int, nbytes: int, scratch: Scratch) -> memoryview:
         """Chunk ``k``'s checked payload (without its crc32c), read into ``scratch``."""
         view = scratch.view(nbytes)
         got = src.readinto([view], off)
@@ -272,59 +270,3 @@ class ShardReader:
         if got != nbytes or _crc(payload) != bytes(view[-4:]):
             raise CorruptData(f"{self.what}: chunk {k} fails its crc32c checksum")
         return payload
-
-
-class _Scratch:
-    """A growable byte buffer one thread reuses for every chunk it reads (no allocation per chunk)."""
-
-    def __init__(self) -> None:
-        self.buf = bytearray(0)
-
-    def view(self, n: int) -> memoryview:
-        if len(self.buf) < n:
-            self.buf = bytearray(max(n, 2 * len(self.buf)))
-        return memoryview(self.buf)[:n]
-
-
-_local = threading.local()
-
-
-def _scratch() -> _Scratch:
-    s = getattr(_local, "scratch", None)
-    if s is None:
-        s = _local.scratch = _Scratch()
-    return s
-
-
-class DecodedChunks:
-    """Recently decoded chunks that hold more rows than one read took (chunks of ~1 MiB hold many
-    short samples at a small hidden size: the next sample's read finds its chunk decoded). Bounded by
-    bytes, least recently used out first; committed chunks never change, so an entry never goes stale."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes, self.bytes = max_bytes, 0
-        self.items: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
-        self.lock = threading.Lock()
-
-    def get(self, key: tuple[int, int]) -> np.ndarray | None:
-        with self.lock:
-            hit = self.items.get(key)
-            if hit is not None:
-                self.items.move_to_end(key)
-            return hit
-
-    def put(self, key: tuple[int, int], chunk: np.ndarray) -> None:
-        if chunk.nbytes > self.max_bytes // 4:
-            return
-        with self.lock:
-            if key in self.items:
-                return
-            self.items[key] = chunk
-            self.bytes += chunk.nbytes
-            while self.bytes > self.max_bytes:
-                _, old = self.items.popitem(last=False)
-                self.bytes -= old.nbytes
-
-
-DECODED = DecodedChunks(64 << 20)
-_serials = itertools.count()
