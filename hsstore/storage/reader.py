@@ -22,7 +22,7 @@ from hsstore.storage import commits, layout
 from hsstore.storage.backend import Backend
 from hsstore.storage.shardio import ShardReader
 from hsstore.storage.stats import merge
-from hsstore.storage.tasks import run_shared
+from hsstore.storage.tasks import pieces, run_shared
 
 # a sample's layers go to the read threads only above this many bytes of states: below it the hand-offs
 # cost more than the parallel decode saves (a 2-core profile: ~55 % of a small read spent waiting on them)
@@ -213,13 +213,8 @@ class VariantReader:
         return self._slice(ref, name, out, a, b)
 
     def pieces(self, ref: SampleRef, name: str, row_bytes: int) -> list[tuple[int, int]]:
-        """``ref``'s rows cut into ranges ``[a, b)`` of about ``PIECE_BYTES`` of output (``row_bytes`` a
-        row), on the chunk boundaries of array ``name``: the tasks one large sample is read in, so that
-        threads share a sample's layers and no chunk is decoded twice."""
-        c = self.shard(ref.unit, name).chunk_rows
-        step = c * max(1, PIECE_BYTES // max(1, c * row_bytes))
-        cuts = [0, *range(step - ref.offset % step, ref.length, step), ref.length]
-        return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+        """``ref``'s rows as the read tasks of one large sample (hsstore.storage.tasks.pieces)."""
+        return pieces(ref.offset, ref.length, self.shard(ref.unit, name).chunk_rows, row_bytes, PIECE_BYTES)
 
     def quant_error(self) -> dict[int, dict[str, float]]:
         """Per-layer storage error over all committed units of a quantized variant ({} otherwise)."""

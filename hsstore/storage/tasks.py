@@ -33,3 +33,12 @@ def run_shared(tasks: list[tuple[Any, ...]], pool: ThreadPoolExecutor | None, th
             f.exception()
     for f in helpers:
         f.result()
+
+
+def pieces(offset: int, length: int, chunk_rows: int, row_bytes: int, piece_bytes: int) -> list[tuple[int, int]]:
+    """Rows ``[0, length)`` of a sample starting at row ``offset`` cut into ranges ``[a, b)`` of about
+    ``piece_bytes`` of output (``row_bytes`` a row) on chunk boundaries: threads share a sample's layers
+    and no chunk is decoded twice."""
+    step = chunk_rows * max(1, piece_bytes // max(1, chunk_rows * row_bytes))
+    cuts = [0, *range(step - offset % step, length, step), length]
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
