@@ -21,7 +21,9 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from hsstore.core.errors import BadInput
 from hsstore.core.partition import epoch_sequence, split_for
 from hsstore.core.provenance import require_match
+from hsstore.read.collate import pad_collate
 from hsstore.read.resume_state import consumed_from_state
+from hsstore.read.readahead import Readahead
 from hsstore.storage.store import Store, VariantReader, split_target
 
 
@@ -121,8 +123,9 @@ class _Base:
             "input_ids": torch.from_numpy(ids.astype(np.int64)),
             "loss_mask": torch.from_numpy(mask.astype(np.bool_)),
         }
-        for role in ("aux", "target"):
-            states = self.reader.read_stacked(ref, self.layer_roles.get(role, []), raw=self.raw)
+        roles = ("aux", "target")
+        groups = self.reader.read_groups(ref, [self.layer_roles.get(role, []) for role in roles], raw=self.raw)
+        for role, states in zip(roles, groups):  # all layers of the sample read in one pass
             if isinstance(states, tuple):  # raw FP8: codes and their scales
                 item[f"{role}_hidden"], item[f"{role}_scales"] = states
             else:
@@ -157,35 +160,6 @@ class HiddenStateDataset(_Base, Dataset):
         return list(self.reader.keys)
 
 
-def pad_collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Right-pad items into a batch with ``attention_mask`` (True = real token)."""
-    T = max(it["input_ids"].shape[0] for it in items)
-    B = len(items)
-    first = items[0]
-    out = {
-        "key": [it["key"] for it in items],
-        "index": torch.tensor([it["index"] for it in items], dtype=torch.long),
-        "input_ids": torch.zeros((B, T), dtype=torch.long),
-        "loss_mask": torch.zeros((B, T), dtype=torch.bool),
-        "attention_mask": torch.zeros((B, T), dtype=torch.bool),
-    }
-    padded = [k for k in ("aux_hidden", "target_hidden", "aux_scales", "target_scales") if k in first]
-    for k in padded:  # (float8 codes are padded through their bytes: zeros either way)
-        x = first[k].view(torch.uint8) if first[k].dtype == torch.float8_e4m3fn else first[k]
-        out[k] = torch.zeros((B, T, *x.shape[1:]), dtype=x.dtype)
-    for b, it in enumerate(items):
-        n = it["input_ids"].shape[0]
-        out["input_ids"][b, :n] = it["input_ids"]
-        out["loss_mask"][b, :n] = it["loss_mask"]
-        out["attention_mask"][b, :n] = True
-        for k in padded:
-            out[k][b, :n] = it[k].view(torch.uint8) if it[k].dtype == torch.float8_e4m3fn else it[k]
-    for k in padded:
-        if first[k].dtype == torch.float8_e4m3fn:
-            out[k] = out[k].view(torch.float8_e4m3fn)
-    return out
-
-
 class StreamingHiddenStateDataset(_Base, IterableDataset):
     """Iterable dataset for DDP training: each (rank, worker) takes a contiguous part of the epoch order.
 
@@ -197,19 +171,23 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
       exactly, also with another number of ranks (the state is the set of consumed samples);
     - ``batch_tokens=N`` yields padded batches of at most N (padded) tokens instead of single items;
     - ``prefetch=K`` reads the next K samples on threads (default: 8 on remote stores such as ``s3://``,
-      where every read is a round trip; 0 on local disks).
+      where every read is a round trip; 0 on local disks);
+    - ``readahead`` (local stores, default on): the kernel reads about 192 MiB of the coming samples'
+      bytes ahead while the current one decodes (hsstore.read.readahead).
     """
 
     def __init__(self, store: Any, variant: str | None = None, layers: Sequence[int] | None = None,
                  require: Any = None, allow_drift: Iterable[str] = (), seed: int = 0, shuffle: bool = True,
                  batch_tokens: int | None = None, remainder: str = "keep", rank: int | None = None,
-                 world_size: int | None = None, prefetch: int | None = None, raw: bool = False) -> None:
+                 world_size: int | None = None, prefetch: int | None = None, raw: bool = False,
+                 readahead: bool = True) -> None:
         if remainder not in ("keep", "drop"):
             raise BadInput(f"remainder={remainder!r}; choose 'keep' or 'drop'")
         self._setup(store, variant, layers, require, allow_drift, raw)
         self.seed, self.shuffle, self.batch_tokens, self.remainder = seed, shuffle, batch_tokens, remainder
         self._rank, self._world = rank, world_size
         self.prefetch = prefetch if prefetch is not None else (0 if self.reader.store.is_local else 8)
+        self.readahead = readahead
         self.epoch = 0
         self.unit_sizes = self._unit_sizes()
         self.n = int(sum(self.unit_sizes))
@@ -265,9 +243,23 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
         return split_for(order, world, rank, workers, worker, drop_remainder=self.remainder == "drop")
 
     def _items(self, indices: np.ndarray) -> Iterator[dict[str, Any]]:
-        """Items in order; with ``prefetch`` the next ones are already being read on threads."""
+        """Items in order; the kernel reads the next ones' bytes ahead (local stores, ``readahead``), and
+        with ``prefetch`` the next ones are already being read on threads."""
+        ahead = None
+        if self.readahead and self.reader.store.is_local and len(indices):
+            layers = sorted({i for ids in self.layer_roles.values() for i in ids})
+            ahead = Readahead(self.reader, [self.reader.ref(int(i)) for i in indices], layers)
+        try:
+            yield from self._read_in_order(indices, ahead)
+        finally:
+            if ahead is not None:
+                ahead.close()
+
+    def _read_in_order(self, indices: np.ndarray, ahead: Readahead | None) -> Iterator[dict[str, Any]]:
         if not self.prefetch:
-            for i in indices:
+            for pos, i in enumerate(indices):
+                if ahead is not None:
+                    ahead.at(pos)
                 yield self._item(int(i))
             return
         from collections import deque
@@ -275,7 +267,9 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
 
         with ThreadPoolExecutor(self.prefetch) as pool:
             window: deque = deque()
-            for i in indices:
+            for pos, i in enumerate(indices):
+                if ahead is not None:
+                    ahead.at(pos)
                 window.append(pool.submit(self._item, int(i)))
                 if len(window) > self.prefetch:
                     yield window.popleft().result()

@@ -52,6 +52,9 @@ class RangeSource(ABC):
             pos += len(part)
         return pos
 
+    def will_need(self, offset: int, n: int) -> None:  # noqa: B027 - most sources cannot read ahead
+        """Start reading ``[offset, offset + n)`` in the background (a hint: local files ask the kernel)."""
+
     def crc32c(self) -> str:
         """crc32c of the whole object, read in 8 MiB blocks (8 hex digits)."""
         crc, off = 0, 0

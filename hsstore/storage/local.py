@@ -45,6 +45,10 @@ class LocalRange(RangeSource):
         with localfs.reading(self.key):
             return os.preadv(self.fd, list(views), offset)
 
+    def will_need(self, offset: int, n: int) -> None:
+        if self.fd >= 0 and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self.fd, offset, n, os.POSIX_FADV_WILLNEED)  # the kernel reads it asynchronously
+
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)

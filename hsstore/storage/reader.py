@@ -22,8 +22,12 @@ from hsstore.storage import commits, layout
 from hsstore.storage.backend import Backend
 from hsstore.storage.shardio import ShardReader
 from hsstore.storage.stats import merge
+from hsstore.storage.tasks import pieces, run_shared
 
-
+# a sample's layers go to the read threads only above this many bytes of states: below it the hand-offs
+# cost more than the parallel decode saves (a 2-core profile: ~55 % of a small read spent waiting on them)
+THREAD_MIN_BYTES = 4 << 20
+PIECE_BYTES = 2 << 20  # a large sample's layers are read in tasks of about this much output
 
 class StoreLike(Protocol):
     """What a reader needs of its store (hsstore.storage.store.Store)."""
@@ -165,9 +169,12 @@ class VariantReader:
             raise CorruptData(f"unit {uid} of variant {self.id}: {name} is {reader.shape} {reader.dtype}, its commit "
                               f"and variant record say {want[0]} {want[1]}. Run `hsstore verify`")
 
-    def _slice(self, ref: SampleRef, name: str, out: np.ndarray | None = None) -> np.ndarray:
+    def _slice(self, ref: SampleRef, name: str, out: np.ndarray | None = None, a: int = 0,
+               b: int | None = None) -> np.ndarray:
+        """Rows ``[a, b)`` of ``ref`` (default: all of them) of array ``name``, into ``out`` if given."""
+        b = ref.length if b is None else b
         try:
-            return self.shard(ref.unit, name).rows(ref.offset, ref.offset + ref.length, out=out)
+            return self.shard(ref.unit, name).rows(ref.offset + a, ref.offset + b, out=out)
         except CorruptData as e:
             raise CorruptData(str(e) if ref.key in str(e) else f"sample {ref.key}: {e}") from None
 
@@ -190,10 +197,24 @@ class VariantReader:
             )
         return ids, mask
 
-    def read_array(self, ref: SampleRef, name: str, out: np.ndarray | None = None) -> np.ndarray:
-        """Rows of one of ``ref``'s unit arrays (e.g. ``layer_3``), into ``out`` if given (it may be a
-        strided view such as one layer's slot of a stacked buffer)."""
-        return self._slice(ref, name, out=out)
+    def will_need(self, ref: SampleRef, layers: list[int]) -> None:
+        """Start reading ``ref``'s tokens and ``layers`` in the background where the back end can (local
+        files: the kernel reads them while earlier samples decode); a hint, checked when read."""
+        names = [*layout.TOKEN_ARRAYS, *(layout.layer_array(i) for i in layers)]
+        if self.record.stored_precision:
+            names += [layout.scale_array(i) for i in layers]
+        for name in names:
+            self.shard(ref.unit, name).will_need(ref.offset, ref.offset + ref.length)
+
+    def read_array(self, ref: SampleRef, name: str, out: np.ndarray | None = None, a: int = 0,
+                   b: int | None = None) -> np.ndarray:
+        """Rows ``[a, b)`` (default: all) of one of ``ref``'s unit arrays (e.g. ``layer_3``), into ``out`` if
+        given (it may be a strided view such as one layer's slot of a stacked buffer)."""
+        return self._slice(ref, name, out, a, b)
+
+    def pieces(self, ref: SampleRef, name: str, row_bytes: int) -> list[tuple[int, int]]:
+        """``ref``'s rows as the read tasks of one large sample (hsstore.storage.tasks.pieces)."""
+        return pieces(ref.offset, ref.length, self.shard(ref.unit, name).chunk_rows, row_bytes, PIECE_BYTES)
 
     def quant_error(self) -> dict[int, dict[str, float]]:
         """Per-layer storage error over all committed units of a quantized variant ({} otherwise)."""
@@ -208,22 +229,37 @@ class VariantReader:
         """States of ``layers`` as one ``[T, len(layers), H]`` tensor in the stored dtype, each layer read
         straight into its slot (no second copy to stack them). Variants stored in FP8 come back
         dequantized to bf16, or with ``raw`` as (float8_e4m3fn codes, float32 scales [T, n, 1])."""
-        self._check_layers(layers)
+        return self.read_groups(ref, [layers], raw)[0]
+
+    def read_groups(self, ref: SampleRef, groups: list[list[int]], raw: bool = False) -> list[Any]:
+        """``read_stacked`` of each group of layers (e.g. the aux and the target layers), all layers of
+        the sample read in one pass: side by side on the reader's threads when the sample is large
+        enough to pay for the hand-offs, else in this thread."""
+        for layers in groups:
+            self._check_layers(layers)
         rec = self.record
         if rec.stored_precision:
-            from hsstore.storage.quantized_read import read_quantized
+            from hsstore.storage.quantized_read import quantized_groups
 
-            return read_quantized(self, ref, layers, raw)
-        buf = np.empty((ref.length, len(layers), rec.hidden_size), dtype=STORED[rec.dtype])
-        names = [layout.layer_array(layer) for layer in layers]
-        pool = self._layer_pool() if len(layers) > 1 else None
-        if pool is None:
-            for j, name in enumerate(names):
-                self._slice(ref, name, out=buf[:, j])
-        else:  # layers decode side by side (the codecs, pread and crc32c release the GIL)
-            for f in [pool.submit(self._slice, ref, name, buf[:, j]) for j, name in enumerate(names)]:
-                f.result()
-        return from_stored(buf, rec.dtype)
+            return quantized_groups(self, ref, groups, raw)
+        from hsstore.storage import outbuf  # (torch: imported on the first read of states, not for metadata)
+
+        tasks, outs, nbytes = [], [], 0
+        for layers in groups:
+            buf, tensor = outbuf.empty((ref.length, len(layers), rec.hidden_size), STORED[rec.dtype])
+            for j, layer in enumerate(layers):
+                name = layout.layer_array(layer)
+                tasks += [(self._slice, ref, name, buf[a:b, j], a, b) for a, b in self.pieces(ref, name, buf.strides[1])]
+            outs.append(tensor)
+            nbytes += buf.nbytes
+        self.run_tasks(tasks, nbytes)
+        return [outbuf.as_dtype(t, rec.dtype) for t in outs]
+
+    def run_tasks(self, tasks: list[tuple[Any, ...]], nbytes: int) -> None:
+        """Call each ``(function, *args)``: in this thread if there is one task or under ``THREAD_MIN_BYTES``
+        of output (a hand-off costs more than it saves), else shared with the pool (hsstore.storage.tasks)."""
+        pool = self._layer_pool() if len(tasks) > 1 and nbytes >= THREAD_MIN_BYTES else None
+        run_shared(tasks, pool, self.read_threads)
 
     def _layer_pool(self) -> ThreadPoolExecutor | None:
         """Threads that read the layers of one sample in parallel; one pool per process (a forked
@@ -231,7 +267,7 @@ class VariantReader:
         if self.read_threads < 2:
             return None
         if self._pool_pid != os.getpid():
-            self._pool = ThreadPoolExecutor(self.read_threads, thread_name_prefix="hsstore-read")
+            self._pool = ThreadPoolExecutor(self.read_threads - 1, thread_name_prefix="hsstore-read")
             self._pool_pid = os.getpid()
         return self._pool
 

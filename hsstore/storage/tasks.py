@@ -1,0 +1,44 @@
+"""Running one sample's read tasks: in the calling thread, or shared between it and a thread pool."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+
+def run_shared(tasks: list[tuple[Any, ...]], pool: ThreadPoolExecutor | None, threads: int) -> None:
+    """Call each ``(function, *args)``; with a ``pool``, this thread and up to ``threads - 1`` pool threads
+    take tasks from one list until it is empty (the codecs, pread, crc32c and the FP8 loop release the
+    GIL). Every task has ended when this returns or raises."""
+    if pool is None:
+        for fn, *args in tasks:
+            fn(*args)
+        return
+    todo, lock = iter(tasks), threading.Lock()
+
+    def drain() -> None:
+        while True:
+            with lock:
+                task = next(todo, None)
+            if task is None:
+                return
+            task[0](*task[1:])
+
+    helpers = [pool.submit(drain) for _ in range(min(len(tasks), threads) - 1)]
+    try:
+        drain()
+    finally:
+        for f in helpers:  # every task ends before its buffers are handed out (or an error is raised)
+            f.exception()
+    for f in helpers:
+        f.result()
+
+
+def pieces(offset: int, length: int, chunk_rows: int, row_bytes: int, piece_bytes: int) -> list[tuple[int, int]]:
+    """Rows ``[0, length)`` of a sample starting at row ``offset`` cut into ranges ``[a, b)`` of about
+    ``piece_bytes`` of output (``row_bytes`` a row) on chunk boundaries: threads share a sample's layers
+    and no chunk is decoded twice."""
+    step = chunk_rows * max(1, piece_bytes // max(1, chunk_rows * row_bytes))
+    cuts = [0, *range(step - offset % step, length, step), length]
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]

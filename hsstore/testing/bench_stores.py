@@ -1,0 +1,50 @@
+"""The formats the read benchmarks compare, written from the same samples: one torch.save file per sample
+(and its map-style reader) and an hsstore store with a given codec (units of 8 samples)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from hsstore.core.keys import SampleTokens
+from hsstore.storage.codecs import chunk_tokens
+from hsstore.storage.store import Store
+from hsstore.storage.writer import UnitWriter
+from hsstore.testing.factories import AUX, BENCH_LAYERS, TARGET, provenance
+
+
+def write_torch(d: Path, samples: list[SampleTokens], states: list[torch.Tensor]) -> None:
+    """One ``i.pt`` per sample: input_ids, aux_hidden [T, 4, H], target_hidden [T, 1, H]."""
+    for i, (s, st) in enumerate(zip(samples, states)):
+        torch.save({"input_ids": torch.from_numpy(s.input_ids), "aux_hidden": st[:, :4].clone(),
+                    "target_hidden": st[:, 4:].clone()}, d / f"{i}.pt")
+
+
+def write_hsstore(d: Path, samples: list[SampleTokens], states: list[torch.Tensor], codec: str,
+                  unit_samples: int = 8) -> None:
+    """``d/s.zarr``: one bf16 variant with ``codec``, the samples in units of ``unit_samples``."""
+    store = Store.create(d / "s.zarr")
+    H = states[0].shape[-1]
+    layers = {"aux": AUX, "target": TARGET}
+    vid = store.create_variant(provenance("bf16", tok="bench", layers=layers, model=f"bench-{codec}"),
+                               layers, H, "bf16", codec, chunk_tokens(H, 2))
+    w = UnitWriter(store, vid, check_health=False)
+    for a in range(0, len(samples), unit_samples):
+        chunk = states[a: a + unit_samples]
+        w.write(samples[a: a + unit_samples], {layer: torch.cat([s[:, j] for s in chunk]) for j, layer in enumerate(BENCH_LAYERS)})
+
+
+class TorchDS(Dataset):
+    """Map-style reader of ``write_torch``'s files (``torch.load``, weights only)."""
+
+    def __init__(self, d: Path, n: int) -> None:
+        self.d, self.n = d, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.load(self.d / f"{i}.pt", weights_only=True)

@@ -1,0 +1,129 @@
+"""The read path's economy: readahead, one pass per sample, chunks read once, worker outputs in shared memory."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from hsstore import HiddenStateDataset, Store, StreamingHiddenStateDataset
+from hsstore.storage import layout, reader as reader_mod
+from hsstore.storage.writer import UnitWriter
+
+from helpers import make_samples, make_states, new_variant
+
+
+def _store(tmp_path: Path, lengths: list[list[int]], hidden: int = 16, codec: str = "zstd",
+           chunk: int = 4096) -> tuple[Path, dict[str, dict[int, torch.Tensor]]]:
+    """A store with one unit per list of lengths; returns its path and each key's states per layer."""
+    store = Store.create(tmp_path / "s.zarr")
+    vid = new_variant(store, codec=codec, chunk=chunk, hidden=hidden)
+    want: dict[str, dict[int, torch.Tensor]] = {}
+    for u, unit in enumerate(lengths):
+        samples = make_samples(unit, seed=u)
+        states = make_states(samples, hidden, "bf16", [0, 1, 2], seed=u)
+        UnitWriter(store, vid).write(samples, states)
+        a = 0
+        for s in samples:
+            want[s.key] = {i: states[i][a:a + s.length] for i in (0, 1, 2)}
+            a += s.length
+    return tmp_path / "s.zarr", want
+
+
+def _check(item: dict[str, Any], want: dict[str, dict[int, torch.Tensor]]) -> None:
+    w = want[item["key"]]
+    assert torch.equal(item["aux_hidden"], torch.stack([w[0], w[1]], dim=1))
+    assert torch.equal(item["target_hidden"][:, 0], w[2])
+
+
+def _readahead_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "hsstore-readahead"]
+
+
+def test_streaming_readahead_reads_the_same_epoch_and_stops_its_thread(tmp_path: Path):
+    path, want = _store(tmp_path, [[40, 70, 25], [90, 10], [60]])
+    epochs = {}
+    for readahead in (True, False):
+        items = list(StreamingHiddenStateDataset(path, seed=3, readahead=readahead))
+        for it in items:
+            _check(it, want)
+        epochs[readahead] = [it["key"] for it in items]
+    assert epochs[True] == epochs[False] and sorted(epochs[True]) == sorted(want)
+    it = iter(StreamingHiddenStateDataset(path, seed=3))
+    next(it)
+    assert len(_readahead_threads()) == 1
+    it.close()  # a training loop that stops mid-epoch
+    assert _readahead_threads() == []
+
+
+def test_a_chunk_holding_many_samples_is_read_and_decoded_once(tmp_path: Path):
+    """At a small hidden size one ~1 MiB chunk holds many samples: reading them in order reads its bytes
+    once, not once per sample (after its first, checked, read an uncompressed token chunk is read by
+    the rows wanted: a sample's own 5 bytes a token)."""
+    path, want = _store(tmp_path, [[30, 50, 20, 40, 60, 10]], chunk=4096)
+    ds = HiddenStateDataset(path)
+    for i in range(len(ds)):
+        _check(ds[i], want)
+    units = path / "variants" / ds.variant_id / "units"
+    on_disk = sum(f.stat().st_size for f in units.rglob("*") if f.is_file() and f.name != "zarr.json")
+    tokens = sum(ds.reader.ref(i).length for i in range(len(ds)))
+    assert 0 < ds.reader.bytes_read <= on_disk + 5 * tokens
+
+
+def test_small_samples_are_read_in_the_calling_thread_and_large_ones_side_by_side(tmp_path: Path):
+    rows = reader_mod.THREAD_MIN_BYTES // (3 * 256 * 2) + 8  # one sample of 3 layers at hidden 256 above it
+    path, want = _store(tmp_path, [[20, rows]], hidden=256, chunk=64)
+    ds = HiddenStateDataset(path)
+    small = next(i for i in range(len(ds)) if ds.reader.ref(i).length == 20)
+    _check(ds[small], want)
+    assert ds.reader._pool is None  # no thread was started for a small sample
+    _check(ds[1 - small], want)
+    assert ds.reader._pool is not None or ds.reader.read_threads < 2
+
+
+class _SharedFlag(Dataset):
+    """An item of ``ds`` plus whether its states were already in shared memory where it was read."""
+
+    def __init__(self, ds: HiddenStateDataset) -> None:
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        item = self.ds[i]
+        item["made_shared"] = all(item[k].is_shared() for k in ("aux_hidden", "target_hidden"))
+        return item
+
+
+def test_dataloader_workers_decode_into_shared_memory(tmp_path: Path):
+    """A worker's item reaches the main process without a copy into shared memory on the way."""
+    path, want = _store(tmp_path, [[40, 70], [25]])
+    ds = HiddenStateDataset(path)
+    assert not _SharedFlag(ds)[0]["made_shared"]  # in the main process: ordinary memory
+    got = list(DataLoader(_SharedFlag(ds), batch_size=None, num_workers=1))
+    assert len(got) == len(ds) and all(it["made_shared"] for it in got)
+    for it in got:
+        _check(it, want)
+
+
+@pytest.mark.parametrize("codec", ["none", "shuffle-zstd"])
+def test_a_flipped_byte_in_a_strided_layer_slot_is_still_caught(tmp_path: Path, codec: str):
+    """Chunks read through the scratch buffer are checked before they land in the [T, n, H] slot."""
+    path, _ = _store(tmp_path, [[40, 70]], codec=codec, chunk=32)
+    ds = HiddenStateDataset(path)
+    vid, unit = ds.variant_id, ds.reader.ref(0).unit
+    f = path / "variants" / vid / "units" / unit / layout.layer_array(1) / "c" / "0" / "0"
+    data = bytearray(f.read_bytes())
+    data[10] ^= 0x40
+    f.write_bytes(bytes(data))
+    from hsstore.core.errors import CorruptData
+
+    with pytest.raises(CorruptData, match="crc32c|checksum"):
+        for i in range(len(HiddenStateDataset(path))):
+            HiddenStateDataset(path)[i]
