@@ -25,11 +25,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from hsstore import HiddenStateDataset, Store
-from hsstore.storage.codecs import chunk_tokens
-from hsstore.storage.writer import UnitWriter
+from hsstore import HiddenStateDataset
+from hsstore.testing.bench_stores import write_hsstore
 from hsstore.testing.disk import du, evict
-from hsstore.testing.factories import AUX, TARGET, make_data, provenance
+from hsstore.testing.factories import make_data
 from hsstore.testing.factories import BENCH_LAYERS as LAYERS
 
 
@@ -57,18 +56,6 @@ def write_safetensors(d: Path, samples, states) -> None:
     for i, (s, st) in enumerate(zip(samples, states)):
         save_file({"input_ids": torch.from_numpy(s.input_ids), "aux_hidden": st[:, :4].contiguous(),
                    "target_hidden": st[:, 4:].contiguous()}, str(d / f"{i}.safetensors"))
-
-
-def write_hsstore(d: Path, samples, states, codec: str, unit_samples: int = 8) -> None:
-    store = Store.create(d / "s.zarr")
-    H = states[0].shape[-1]
-    layers = {"aux": AUX, "target": TARGET}
-    vid = store.create_variant(provenance("bf16", tok="bench", layers=layers, model=f"bench-{codec}"),
-                               layers, H, "bf16", codec, chunk_tokens(H, 2))
-    w = UnitWriter(store, vid, check_health=False)
-    for a in range(0, len(samples), unit_samples):
-        chunk = states[a: a + unit_samples]
-        w.write(samples[a: a + unit_samples], {layer: torch.cat([s[:, j] for s in chunk]) for j, layer in enumerate(LAYERS)})
 
 
 # ---- readers (map-style datasets returning the same materialized tensors) ------------------------

@@ -115,7 +115,9 @@ def soak_export(store: Path, seed: int, folder: str) -> None:
 
     rng = random.Random(seed)
     while not _stopped(store):
-        export_cache(ExportRequest(f"{store}#dtype=fp32", "specforge", folder, target_layer=rng.choice([None, 1]),
+        # two slot choices that differ in their files (layer 1 as target with aux [0]: no target in aux)
+        aux, target = rng.choice([(None, None), ([0], 1)])
+        export_cache(ExportRequest(f"{store}#dtype=fp32", "specforge", folder, aux=aux, target_layer=target,
                                    limit=rng.choice([None, 3, 12]), compress=rng.random() < 0.3, jobs=2))
         _pause(rng)
 

@@ -45,10 +45,10 @@ class Inputs:
     pad_id: int
 
 
-def plan_inputs(m: Manifest, limit: int | None, quiet: bool = True, rows: Any = None) -> Inputs:
+def plan_inputs(m: Manifest, limit: int | None, quiet: bool = True, rows: Any = None, drawn: bool = True) -> Inputs:
     """Validate the model and layers, tokenize the inputs (``rows``: these of the data files' rows, e.g. a
     sample, as ``load_rows`` yields them; default all), hash the weights (``quiet=False``: a status line
-    at each of those phases)."""
+    at each of those phases; ``drawn=False``: the model is only planned, never drawn here)."""
     from hsstore.build.inputs import load_rows, tokenize_rows
     from hsstore.build.progress import status
 
@@ -56,7 +56,7 @@ def plan_inputs(m: Manifest, limit: int | None, quiet: bool = True, rows: Any = 
     spec.check()
     status(f"loading the tokenizer and config of {m.model_path}", quiet)
     tok = spec.tokenizer()
-    config = spec.config(len(tok))
+    config = spec.config(len(tok), drawn)
     layers = resolve_layers(m.layers, int(text_config(config).num_hidden_layers), m.model_path)
     tok_id = spec.tokenizer_identity(tok)
     status(f"tokenizing {len(m.data_files)} data file(s) ({_mb(m.data_files)})", quiet)

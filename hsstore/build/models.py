@@ -94,9 +94,12 @@ class ModelSpec:
         except Exception as e:
             raise BadInput(f"cannot load a tokenizer from {self.path!r}: {e}") from None
 
-    def config(self, vocab_size: int | None = None) -> Any:
+    def config(self, vocab_size: int | None = None, drawn: bool = True) -> Any:
+        """The model's config (``drawn=False``: only read, never drawn into weights, e.g. by ``hsstore plan``,
+        so a builtin's size is not held against this machine's memory budget)."""
         if self.builtin is not None:
-            return builtin_config(self.builtin, self.config_overrides, vocab_size or 320, self.init_device == "cpu")
+            return builtin_config(self.builtin, self.config_overrides, vocab_size or 320,
+                                  drawn and self.init_device == "cpu")
         from transformers import AutoConfig
 
         self.check()

@@ -111,11 +111,11 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
 
         bind_backend(m.backends[0])  # before transformers loads a model module (tokenizing does not)
     rows, population = sampled_rows(m.data_files, sample) if sample else (None, None)
-    inp = plan_inputs(m, limit, rows=rows)
+    inp = plan_inputs(m, limit, rows=rows, drawn=bool(calibrate))  # a plan draws weights only to calibrate
     tokens, scale = tokens_of(inp, population)
     cal = _calibrations(m, inp, calibrate)
     found = sizes(m, inp, {d: c.ratios for d, c in cal.items()} if cal else None, scale)
-    config = inp.spec.config(inp.recipe.tokenizer.vocab_size)
+    config = inp.spec.config(inp.recipe.tokenizer.vocab_size, drawn=False)
     shape = forward_shape(config, max(inp.recipe.layers.all), m.trust_remote_code)
     lengths = [s.length for s in inp.samples]
     variants = [_variant(v, tokens, _timing(v, shape, lengths, cal.get(v.run.dtype), scale, peak_tflops), scale)
