@@ -49,9 +49,9 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from hsstore.build.backends import bound_kernels
-    from hsstore.build.capture import LayerCapture, pad_batch
-    from hsstore.build.models import ModelSpec
+    from hsstore.capture.model.backends import bound_kernels
+    from hsstore.capture.run.hooks import LayerCapture, pad_batch
+    from hsstore.capture.model.spec import ModelSpec
     from hsstore.core.batching import padded_length, token_budget_batches
     from hsstore.core.dtypes import TORCH
     from hsstore.core.keys import SampleTokens, sample_key
@@ -119,7 +119,7 @@ def main() -> None:
 def build_pass(model, n_layers: int, aux: list, target: list, samples: list, batches: list, name: str,
                args: argparse.Namespace, base: Path, timed) -> dict:
     """One build into a fresh store with codec (and precision) ``name``; its time, bytes and FP8 error."""
-    from hsstore.build.pipeline import capture_to_store
+    from hsstore.capture.run.pipeline import capture_to_store
     from hsstore.storage.codecs import chunk_tokens
     from hsstore.storage.store import Store
     from hsstore.storage.writer import UnitWriter

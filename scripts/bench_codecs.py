@@ -60,8 +60,8 @@ def model_states(tokens: int) -> dict:
     import torch
 
     from hsstore.testing.shapes import SHAPES
-    from hsstore.build.capture import LayerCapture
-    from hsstore.build.models import ModelSpec
+    from hsstore.capture.run.hooks import LayerCapture
+    from hsstore.capture.model.spec import ModelSpec
 
     config = {**SHAPES["27b"][0], "num_hidden_layers": 4}
     model = ModelSpec("builtin:tiny-qwen3_5", config_overrides=config).load(torch.bfloat16, "cpu", "sdpa")

@@ -52,8 +52,8 @@ def synthetic(tokens: int, hidden: int, seed: int = 0) -> dict[str, torch.Tensor
 def model_states(shape: str, tokens: int) -> dict[str, torch.Tensor]:
     from hsstore.testing.shapes import SHAPES
 
-    from hsstore.build.capture import LayerCapture
-    from hsstore.build.models import ModelSpec
+    from hsstore.capture.run.hooks import LayerCapture
+    from hsstore.capture.model.spec import ModelSpec
 
     overrides, aux, target = SHAPES[shape]
     if shape == "27b":

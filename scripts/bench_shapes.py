@@ -27,9 +27,9 @@ def child(bucketed: bool, rows: int, budget: int) -> dict:
     import torch
 
     from hsstore.testing.shapes import SHAPES
-    from hsstore.build.backends import bound_kernels
-    from hsstore.build.capture import LayerCapture, pad_batch
-    from hsstore.build.models import ModelSpec
+    from hsstore.capture.model.backends import bound_kernels
+    from hsstore.capture.run.hooks import LayerCapture, pad_batch
+    from hsstore.capture.model.spec import ModelSpec
     from hsstore.core.batching import batch_shapes, padded_length, token_budget_batches
 
     overrides, aux, target = SHAPES["1.6b"]

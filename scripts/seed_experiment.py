@@ -39,7 +39,7 @@ def main() -> None:
     import torch
 
     gpu = torch.cuda.is_available()
-    from hsstore.build.backends import installed
+    from hsstore.capture.model.backends import installed
 
     fla = installed("fla")
     skipped, builds = [], {}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from hsstore.build.backends import installed
+from hsstore.capture.model.backends import installed
 from hsstore.testing.factories import (LAYERS, TORCH_DTYPES, crashed_unit, make_samples, make_states,  # noqa: F401
                                        new_variant, one_sample_units, provenance, store_with_unit,
                                        write_unit)
@@ -99,7 +99,7 @@ def save_local_model(d: Path, arch: str = "tiny-llama", seed: int = 0, chat_temp
     """A real ``save_pretrained`` model directory (safetensors weights, tokenizer) of a tiny builtin."""
     from transformers import AutoModelForCausalLM
 
-    from hsstore.build.builtin import builtin_config, builtin_tokenizer
+    from hsstore.capture.model.builtin import builtin_config, builtin_tokenizer
 
     tok = builtin_tokenizer()
     if not chat_template:

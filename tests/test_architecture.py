@@ -15,7 +15,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "hsstore"
 # bottom to top; a module may import its own layer and the layers below it
-LAYERS = ["core", "storage", "testing", "read", "build", "compare", "interop", "cli"]
+LAYERS = ["core", "storage", "testing", "read", "capture", "compare", "interop", "cli"]
 # what only tests and scripts import: the shared factories sit on storage, and nothing is built on them
 APART = {"cli", "testing"}
 # third-party packages a layer must never import (the model stack stays out of storage and reading)
@@ -129,21 +129,21 @@ def _loaded_after(code: str) -> set[str]:
     ("import hsstore.read.dataset", {"transformers", "datasets"}),
     # a manifest error is reported before torch loads (0.5 s, not 2.3 s); a CPU build's driver loads
     # torch only through transformers' AutoConfig, when it reads the model's config
-    ("import hsstore.build.driver, hsstore.build.manifest, hsstore.core.precision", {"torch", "transformers", "zarr"}),
+    ("import hsstore.capture.run.driver, hsstore.capture.inputs.manifest_file, hsstore.core.precision", {"torch", "transformers", "zarr"}),
     # planning is arithmetic: sizes, units, FLOPs and intervals need none of the model stack (hsstore plan
     # loads transformers to tokenize, torch only to count parameters on the meta device or to calibrate)
     ("import hsstore.core.flops, hsstore.core.unitplan, hsstore.core.extrapolate, hsstore.core.humanize, "
      "hsstore.core.schema.plan",
      {"torch", "zarr", "transformers", "numpy"}),
     ("import hsstore.storage.sizing, hsstore.storage.space", {"torch", "transformers", "zarr"}),
-    ("import hsstore.build.plan, hsstore.build.plan_sizes, hsstore.build.plan_report, hsstore.build.plan_store",
+    ("import hsstore.capture.plan.space_check, hsstore.capture.plan.plan_sizes, hsstore.capture.plan.plan_report, hsstore.capture.plan.plan_store",
      {"torch", "transformers", "zarr"}),
 ])
 @pytest.mark.process
 def test_entry_points_load_only_what_they_need(entry: str, banned: set[str]):
     loaded = _loaded_after(entry)
     assert not banned & loaded, f"{entry!r} loads {sorted(banned & loaded)}"
-    assert not any(m.startswith("hsstore.build") for m in loaded) or "build" in entry
+    assert not any(m.startswith("hsstore.capture") for m in loaded) or "capture" in entry
 
 
 @pytest.mark.process

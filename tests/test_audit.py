@@ -54,8 +54,8 @@ def _audit(fmt: str, folder: Path, tmp: Path, n: int) -> dict:
 
 def _final_norm(x: torch.Tensor) -> torch.Tensor:
     """The model's final norm applied to stored states (what a post-norm capture stores)."""
-    from hsstore.build.capture import final_norm
-    from hsstore.build.models import ModelSpec
+    from hsstore.capture.run.hooks import final_norm
+    from hsstore.capture.model.spec import ModelSpec
 
     model = ModelSpec(MODEL).load(torch.float32, "cpu", "sdpa")
     with torch.no_grad():
@@ -177,8 +177,8 @@ def test_a_clean_export_audits_clean(fmt: str, exports: dict[str, Path], source,
 
 def _other_weights(fmt: str, folder: Path, picks: list[tuple[int, str]], tiny_store: Path) -> None:
     """Every sample's states recomputed by a model of other weights (the builtin drawn from seed 1)."""
-    from hsstore.build.capture import LayerCapture
-    from hsstore.build.models import ModelSpec
+    from hsstore.capture.run.hooks import LayerCapture
+    from hsstore.capture.model.spec import ModelSpec
 
     model = ModelSpec(MODEL, seed=1).load(torch.bfloat16, "cpu", "sdpa")
     cap = LayerCapture(model, 4, list(ALL))

@@ -29,7 +29,7 @@ def _local_model(tmp: Path, chat_template: bool | str) -> str:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hsstore.build.builtin import builtin_config, builtin_tokenizer
+    from hsstore.capture.model.builtin import builtin_config, builtin_tokenizer
 
     d = tmp / "model"
     tok = builtin_tokenizer()
@@ -62,7 +62,7 @@ def _empty_vocab_model(tmp: Path) -> str:
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from hsstore.build.builtin import CHAT_TEMPLATE
+    from hsstore.capture.model.builtin import CHAT_TEMPLATE
 
     d = _local_model(tmp, True)
     for f in Path(d).glob("tokenizer*"):

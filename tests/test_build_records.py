@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from hsstore.build.driver import share
+from hsstore.capture.run.driver import share
 from hsstore.core.batching import token_budget_batches
 from hsstore.core.errors import BuildFailed, CorruptData
 from hsstore.core.schema.build import BuildResult, WorkerOutcome, WorkerPlan
@@ -78,7 +78,7 @@ def test_build_result_keeps_the_documented_keys(tiny_store, tmp_path):
 
 
 def test_a_build_stopped_before_any_variant_says_nothing_was_committed():
-    from hsstore.build.driver import Context
+    from hsstore.capture.run.driver import Context
 
     msg = Context("/s.zarr", 0, 1, ["cpu"]).stopped("SIGINT")
     assert msg == ("interrupted by SIGINT before any variant was written; nothing was committed — run the same "

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hsstore.build.capture import LayerCapture, pad_batch
-from hsstore.build.models import ModelSpec
+from hsstore.capture.run.hooks import LayerCapture, pad_batch
+from hsstore.capture.model.spec import ModelSpec
 
 
 @pytest.fixture(scope="module")

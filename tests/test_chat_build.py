@@ -14,7 +14,7 @@ from helpers import run_cli, write_manifest
 from test_chat_masks import GOLDEN, TWO_TURNS, _rich
 
 from hsstore import HiddenStateDataset
-from hsstore.build.builtin import builtin_config
+from hsstore.capture.model.builtin import builtin_config
 
 # each template once, half on the hybrid Gated-DeltaNet model, half on the dense one (both kinds per family
 # would double the builds for no new path: the mask is computed before any model runs)

@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 
 from chat_fixtures import FIXTURES, load, make_tokenizer, reference_ids, spans
 
-from hsstore.build.builtin import CHAT_TEMPLATE, builtin_tokenizer
-from hsstore.build.inputs import load_rows, tokenize_rows
-from hsstore.build.lossmask import PINNED_DATE, ChatMasker
-from hsstore.build.messages import RowRejected
+from hsstore.capture.model.builtin import CHAT_TEMPLATE, builtin_tokenizer
+from hsstore.capture.inputs.tokenizing import load_rows, tokenize_rows
+from hsstore.capture.inputs.lossmask import PINNED_DATE, ChatMasker
+from hsstore.capture.inputs.messages import RowRejected
 from hsstore.core.errors import BadInput
 
 TWO_TURNS = [{"role": "user", "content": "What is two plus two?"}, {"role": "assistant", "content": "It is four."},
@@ -310,7 +310,7 @@ KEYS_SCRIPT = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from chat_fixtures import make_tokenizer
-from hsstore.build.inputs import tokenize_rows
+from hsstore.capture.inputs.tokenizing import tokenize_rows
 conv = json.loads(sys.argv[2])
 out = {}
 for name in sys.argv[3:]:

@@ -38,7 +38,7 @@ def _perturbed_model(tmp: Path, scale: float = 1.01) -> Path:
     """A save_pretrained copy of builtin:tiny-qwen3_5 (same seed) with decoder layer 2's MLP scaled."""
     from transformers import AutoModelForCausalLM
 
-    from hsstore.build.builtin import builtin_config, builtin_tokenizer
+    from hsstore.capture.model.builtin import builtin_config, builtin_tokenizer
 
     tok = builtin_tokenizer()
     torch.manual_seed(0)

@@ -13,7 +13,7 @@ from hsstore.storage.writer import UnitWriter
 from hsstore import HiddenStateDataset, ProvenanceMismatch, Store
 from hsstore.read.dataset import pad_collate
 from hsstore.compare.live import check_live_model
-from hsstore.build.models import ModelSpec
+from hsstore.capture.model.spec import ModelSpec
 
 from helpers import REPO, make_samples, make_states, new_variant
 

@@ -108,7 +108,7 @@ def test_the_readme_python_example_runs(tiny_store: Path) -> None:
 
 def test_the_readme_manifest_is_a_valid_manifest(tmp_path: Path) -> None:
     """The README's manifest, with its model and data pointed at the embedded default, loads and validates."""
-    from hsstore.build.manifest import load_manifest, validate
+    from hsstore.capture.inputs.manifest_file import load_manifest, validate
 
     blocks = re.findall(r"```toml\n(.*?)```", (REPO / "README.md").read_text(), re.S)
     assert len(blocks) == 1 and len(blocks[0].splitlines()) <= 10, "the README has one manifest of ten lines"

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from hsstore.build.builtin import builtin_tokenizer
+from hsstore.capture.model.builtin import builtin_tokenizer
 from hsstore.core.errors import BadInput
-from hsstore.build.inputs import load_rows, tokenize_rows
+from hsstore.capture.inputs.tokenizing import load_rows, tokenize_rows
 
 from chat_fixtures import make_tokenizer, spans
 from helpers import DATA

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hsstore import Store
-from hsstore.build.models import ModelSpec
+from hsstore.capture.model.spec import ModelSpec
 from hsstore.core.errors import BadInput
 from hsstore.core.keys import sample_key
 from hsstore.core.schema.provenance import Provenance

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hsstore.build.manifest import load_manifest
+from hsstore.capture.inputs.manifest_file import load_manifest
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.manifest import BuildTable, DataTable, ModelTable, StoreTable
 

@@ -13,8 +13,8 @@ import pytest
 import xxhash
 
 from hsstore import HiddenStateDataset, ProvenanceMismatch, Store
-from hsstore.build.models import ModelSpec
-from hsstore.build.weight_files import check_torch_file
+from hsstore.capture.model.spec import ModelSpec
+from hsstore.capture.model.weight_files import check_torch_file
 from hsstore.core.errors import BuildFailed
 from hsstore.core.filehash import hash_files, stamp
 

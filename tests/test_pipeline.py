@@ -7,10 +7,10 @@ import torch
 
 from hsstore.storage.writer import UnitWriter
 from hsstore import Store
-from hsstore.build.capture import LayerCapture
-from hsstore.build.models import ModelSpec
-from hsstore.build.pinned import PinnedPool, pinned_size
-from hsstore.build.pipeline import capture_to_store
+from hsstore.capture.run.hooks import LayerCapture
+from hsstore.capture.model.spec import ModelSpec
+from hsstore.capture.run.pinned import PinnedPool, pinned_size
+from hsstore.capture.run.pipeline import capture_to_store
 
 from helpers import make_samples, new_variant
 

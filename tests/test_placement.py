@@ -13,10 +13,10 @@ import pytest
 import torch
 from accelerate.utils import check_device_map
 
-from hsstore.build.builtin import builtin_config, builtin_tokenizer
-from hsstore.build.capture import LayerCapture, decoder_layers
-from hsstore.build.models import ModelSpec
-from hsstore.build.placement import contiguous_split, device_map, stages
+from hsstore.capture.model.builtin import builtin_config, builtin_tokenizer
+from hsstore.capture.run.hooks import LayerCapture, decoder_layers
+from hsstore.capture.model.spec import ModelSpec
+from hsstore.capture.model.placement import contiguous_split, device_map, stages
 
 from helpers import REPO
 
@@ -97,7 +97,7 @@ def test_spread_local_model_loads_with_a_device_map_and_matches(tmp_path: Path):
 @pytest.mark.process
 def test_missing_accelerate_is_a_clear_error():
     code = ("import sys; sys.modules['accelerate'] = None\n"
-            "from hsstore.build.placement import require_accelerate\n"
+            "from hsstore.capture.model.placement import require_accelerate\n"
             "try:\n    require_accelerate()\nexcept Exception as e:\n    print(type(e).__name__, e)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True).stdout
     assert out.startswith("BadInput") and "pip install 'hsstore[multi-gpu]'" in out, out

@@ -36,8 +36,8 @@ def build(
 
     Example: hsstore build manifests/tiny.toml --dtype bf16 --dtype fp32
     """
-    from hsstore.build.driver import build as run_build
-    from hsstore.build.manifest import load_manifest
+    from hsstore.capture.run.driver import build as run_build
+    from hsstore.capture.inputs.manifest_file import load_manifest
     from hsstore.core.paths import expand_user
 
     m = load_manifest(manifest).with_overrides(
@@ -97,7 +97,7 @@ def env(
 
     Example: hsstore env --model builtin:tiny-qwen3_5 --backend torch
     """
-    from hsstore.build.probe import probe
+    from hsstore.capture.model.probe import probe
 
     r = probe(model, backend, device)
     lines = [f"{k}: {v}" for k, v in r.items() if not isinstance(v, dict)]

@@ -35,8 +35,8 @@ def plan(
 
     Example: hsstore plan manifests/tiny.toml --calibrate 2
     """
-    from hsstore.build.manifest import load_manifest
-    from hsstore.build.plan_report import make_plan
+    from hsstore.capture.inputs.manifest_file import load_manifest
+    from hsstore.capture.plan.plan_report import make_plan
     from hsstore.core.paths import expand_user
 
     m = load_manifest(manifest).with_overrides(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hsstore.build.manifest import ATTENTION
+from hsstore.capture.inputs.manifest_file import ATTENTION
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.base import or_none
 from hsstore.core.schema.provenance import Batching
@@ -65,7 +65,7 @@ def how_to_recompute(reader: VariantReader, backend: str | None = None, dtype: s
                      device: str | None = None, attention: str | None = None,
                      token_budget: int | None = None) -> Recompute:
     """The recomputation settings for ``reader``'s variant, with every assumption named."""
-    from hsstore.build.backends import installed
+    from hsstore.capture.model.backends import installed
 
     env = reader.record.prov.environment
     assumed: dict[str, str] = {}

@@ -61,7 +61,7 @@ def choose_keys(reader: VariantReader, samples: int | None, fraction: float | No
 
 def load(spec: Any, how: Recompute, dtype: str) -> Any:
     """The model at ``dtype``; BadInput when this process binds other kernels than ``how.backend``'s."""
-    from hsstore.build.backends import bound_kernels, force_backend
+    from hsstore.capture.model.backends import bound_kernels, force_backend
 
     try:
         force_backend(how.backend)
@@ -89,8 +89,8 @@ def batches(reader: VariantReader, how: Recompute, keys: list[str]) -> BatchPlan
 def live_states(models: list[Any], reader: VariantReader, plan: BatchPlan, keys: list[str], points: list[int],
                 device: str, pad: int) -> Iterator[tuple[str, list[dict[int, torch.Tensor]]]]:
     """(key, [per model: capture point -> [T, H] on the device]) for each chosen sample, batch by batch."""
-    from hsstore.build.capture import LayerCapture, pad_batch
-    from hsstore.build.models import text_config
+    from hsstore.capture.run.hooks import LayerCapture, pad_batch
+    from hsstore.capture.model.spec import text_config
 
     n_layers = int(text_config(models[0].config).num_hidden_layers)
     caps = [LayerCapture(m, n_layers, points) for m in models]

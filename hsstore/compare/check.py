@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from hsstore.build.backends import bound_kernels, force_backend
-from hsstore.build.capture import LayerCapture, pad_batch
-from hsstore.build.models import ModelSpec, text_config
+from hsstore.capture.model.backends import bound_kernels, force_backend
+from hsstore.capture.run.hooks import LayerCapture, pad_batch
+from hsstore.capture.model.spec import ModelSpec, text_config
 from hsstore.compare.diff import NOISE_FACTOR, check_device, open_target
 from hsstore.compare.divergence import Totals, summarize
 from hsstore.compare.estimate import Estimate, full_layers, with_floor, without_floor
@@ -82,7 +82,7 @@ def model_spec(model: str, recipe: Recipe) -> ModelSpec:
     """MODEL as a ModelSpec: a build manifest (its [model] table), a builtin (seeded as recorded) or a
     local HF model directory."""
     if model.endswith(".toml"):
-        from hsstore.build.manifest import load_manifest
+        from hsstore.capture.inputs.manifest_file import load_manifest
 
         m = load_manifest(model)
         return ModelSpec(m.model_path, m.config_overrides, m.seed, m.trust_remote_code, m.init_device)

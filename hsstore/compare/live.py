@@ -20,10 +20,10 @@ def live_fingerprint(model: Any) -> dict[str, Any]:
     """Provenance-shaped dict of what this loaded model computes with (kernels bound, dtype, device, ...)."""
     import torch
 
-    from hsstore.build.backends import bound_kernels
+    from hsstore.capture.model.backends import bound_kernels
     from hsstore.core.dtypes import name_of
-    from hsstore.build.environment import device_info, flags, versions
-    from hsstore.build.models import config_fingerprint, text_config
+    from hsstore.capture.model.environment import device_info, flags, versions
+    from hsstore.capture.model.spec import config_fingerprint, text_config
 
     p = next(model.parameters())
     tc = text_config(model.config)

@@ -18,7 +18,7 @@ def model_config(spec: Any) -> Any:
 def check_shapes(spec: Any, reader: VariantReader, keys: list[str], config: Any = None) -> tuple[int, int]:
     """(num_layers, vocab) of the model's config; BadInput (exit 2) when it cannot produce the stored shapes
     — read from the config alone, before any weights load."""
-    from hsstore.build.models import text_config
+    from hsstore.capture.model.spec import text_config
 
     tc = text_config(config if config is not None else model_config(spec))
     layers, hidden, vocab = int(tc.num_hidden_layers), int(tc.hidden_size), int(tc.vocab_size)

@@ -175,7 +175,7 @@ class _Run:
         self.bad: list[dict[str, str]] = []
 
     def go(self, items: list[str]) -> dict[str, Any]:
-        from hsstore.build.progress import Progress
+        from hsstore.capture.run.progress import Progress
 
         todo, known = self.log.split_known(items, self.done)
         self.counts["present"] += len(known)

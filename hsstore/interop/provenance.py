@@ -33,7 +33,7 @@ FLAGS = ("tf32_matmul", "tf32_cudnn", "float32_matmul_precision", "deterministic
 
 def tokenizer_identity(path: str) -> tuple[dict[str, Any], int]:
     """(hsstore's tokenizer identity, vocabulary size) of a tokenizer folder or ``builtin:NAME``."""
-    from hsstore.build.models import ModelSpec
+    from hsstore.capture.model.spec import ModelSpec
 
     spec = ModelSpec(path)
     if spec.builtin is None and not Path(path).is_dir():
@@ -54,7 +54,7 @@ def model_identity(model: str | None, num_layers: int | None, hidden_size: int) 
                            "config.json) or --num-layers N")
         return {"name": UNKNOWN, "model_type": UNKNOWN, "num_layers": int(num_layers), "hidden_size": hidden_size,
                 "config_fingerprint": UNKNOWN, "fingerprint": UNKNOWN}
-    from hsstore.build.models import WEIGHT_SUFFIXES, ModelSpec, config_fingerprint, text_config
+    from hsstore.capture.model.spec import WEIGHT_SUFFIXES, ModelSpec, config_fingerprint, text_config
 
     spec = ModelSpec(model)
     spec.check()

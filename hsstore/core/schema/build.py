@@ -13,7 +13,7 @@ from hsstore.core.schema.provenance import Kernels, Recipe
 
 
 class ModelSource(Record):
-    """What ``[model]`` names: enough for a worker to load the model (hsstore.build.models.ModelSpec)."""
+    """What ``[model]`` names: enough for a worker to load the model (hsstore.capture.model.spec.ModelSpec)."""
 
     path: str
     config_overrides: dict[str, Any] = {}
@@ -30,7 +30,7 @@ class WorkerPlan(Record):
     recipe: Recipe
     model: ModelSource
     weight_stamps: dict[str, FileStamp]  # weight file -> its stamp when the driver hashed it (checked after load)
-    samples_file: str  # this rank's tokenized samples (hsstore.build.samples_file)
+    samples_file: str  # this rank's tokenized samples (hsstore.capture.inputs.samples_file)
     batches: list[list[int]]  # indices into the samples file, whole batches of the global plan
     runs: list[tuple[str, str]]  # (dtype, device): one variant each, in this order
     attn_implementation: str
@@ -88,7 +88,7 @@ class WorkerOutcome(Record):
 
 
 class InputCounts(Record):
-    """What tokenizing the data files gave (hsstore.build.inputs.InputReport)."""
+    """What tokenizing the data files gave (hsstore.capture.inputs.tokenizing.InputReport)."""
 
     rows: int
     usable: int
@@ -96,7 +96,7 @@ class InputCounts(Record):
     duplicates: int
     rejected: dict[str, int]  # reason -> rows
     issue_count: int | UnsetType = UNSET  # rejected + duplicate + truncated rows, each named in the rows report
-    loss_mask: str | UnsetType = UNSET  # how chat loss masks were made (hsstore.build.lossmask.METHOD)
+    loss_mask: str | UnsetType = UNSET  # how chat loss masks were made (hsstore.capture.inputs.lossmask.METHOD)
     replies_dropped: int | UnsetType = UNSET  # trained replies that truncation at max_length cut off whole
 
 

@@ -2,7 +2,7 @@
 resolved ``Manifest`` a build runs from (paths made absolute, CLI overrides applied).
 
 Types are checked here (``trust_remote_code = "false"`` is an error, not True); value rules (known
-backends, dtypes, devices, codecs, ranges) are checked by ``hsstore.build.manifest.validate``, which
+backends, dtypes, devices, codecs, ranges) are checked by ``hsstore.capture.inputs.manifest_file.validate``, which
 knows the registries.
 """
 

@@ -44,7 +44,7 @@ class TokenizerIdentity(Record):
     fingerprint: str
     vocab_size: int | UnsetType = UNSET
     has_chat_template: bool | UnsetType = UNSET
-    # the day chat rows were rendered with, when the template prints today's date (hsstore.build.chatdate);
+    # the day chat rows were rendered with, when the template prints today's date (hsstore.capture.inputs.chatdate);
     # absent for templates that print none, so their variant ids are what they were
     chat_date: str | UnsetType = UNSET
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hsstore.build.builtin import GENERATOR_VERSION, builtin_config, builtin_tokenizer
-from hsstore.build.chatdate import chat_date
-from hsstore.build.weight_files import check_config_matches_weights, check_safetensors, check_torch_file, index_shards
+from hsstore.capture.model.builtin import GENERATOR_VERSION, builtin_config, builtin_tokenizer
+from hsstore.capture.inputs.chatdate import chat_date
+from hsstore.capture.model.weight_files import check_config_matches_weights, check_safetensors, check_torch_file, index_shards
 from hsstore.core.canonical import fingerprint
 from hsstore.core.errors import BadInput, BuildFailed, HsstoreError
 from hsstore.core.filehash import file_hash, hash_files, stamp
@@ -188,11 +188,11 @@ class ModelSpec:
 
     def load(self, dtype: Any, device: str | Sequence[str], attn_implementation: str | None) -> Any:
         """The model in eval mode on ``device`` in ``dtype``; given several devices, its decoder layers
-        are spread over them in contiguous stages (see hsstore.build.placement)."""
+        are spread over them in contiguous stages (see hsstore.capture.model.placement)."""
         devices = [device] if isinstance(device, str) else list(device)
         spread = len(devices) > 1
         if spread:
-            from hsstore.build import placement
+            from hsstore.capture.model import placement
 
             placement.require_accelerate()
         if self.builtin is not None:
@@ -223,7 +223,7 @@ class ModelSpec:
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         model = model.to(dtype=dtype, device="cpu" if spread else devices[0])
         if spread:
-            from hsstore.build import placement
+            from hsstore.capture.model import placement
 
             dmap = placement.device_map(model, int(text_config(config).num_hidden_layers), devices)
             model = placement.require_accelerate().dispatch_model(model, device_map=dmap, force_hooks=True)
@@ -238,7 +238,7 @@ class ModelSpec:
         hf_logging.disable_progress_bar()  # its "Loading weights" bar: the build's status line says it instead
         dmap = None
         if len(devices) > 1:
-            from hsstore.build import placement
+            from hsstore.capture.model import placement
 
             config = self.config()
             with torch.device("meta"):  # names and sizes only: no memory, no weights read

@@ -2,8 +2,8 @@
 build's own filtering, bytes per variant and layer, what the store already holds, free space, and the
 forward's FLOPs and time — and the space check ``hsstore build`` runs before any model loads.
 
-Sizes follow the build's own batch and unit plan (hsstore.build.plan_sizes); codec ratios and tokens/s
-are measured on N batches of that plan with ``calibrate`` (hsstore.build.calibrate), else the stated
+Sizes follow the build's own batch and unit plan (hsstore.capture.plan.plan_sizes); codec ratios and tokens/s
+are measured on N batches of that plan with ``calibrate`` (hsstore.capture.plan.calibrate), else the stated
 assumptions of hsstore.storage.sizing and hsstore.core.flops are used.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hsstore.build.datafiles import load_rows
-from hsstore.build.plan_sizes import VariantSize, needed_bytes, runs, size_variant
+from hsstore.capture.inputs.datafiles import load_rows
+from hsstore.capture.plan.plan_sizes import VariantSize, needed_bytes, runs, size_variant
 from hsstore.core.errors import BadInput
 from hsstore.core.extrapolate import sample_indices, total_from_sample
 from hsstore.core.humanize import byte_size
@@ -49,7 +49,7 @@ def tokens_of(inp: Any, population: int | None) -> tuple[Tokens, float]:
 def expected_provenances(m: Any, inp: Any) -> list[dict[str, Any]]:
     """The provenance each run's variant will have, the kernels a loaded model binds unknown but for the
     attention asked for; the device by its type (no CUDA context is made in a build's driver)."""
-    from hsstore.build.worker import planned_provenance
+    from hsstore.capture.run.worker import planned_provenance
     from hsstore.core.schema.provenance import Kernels
 
     unknown = Kernels(chunk_gated_delta_rule="?", causal_conv1d="?", attention=m.attn_implementation)
@@ -59,7 +59,7 @@ def expected_provenances(m: Any, inp: Any) -> list[dict[str, Any]]:
 
 def sizes(m: Any, inp: Any, ratios: dict[str, Any] | None = None, scale: float = 1.0) -> list[VariantSize]:
     """Every run's size (``ratios``: dtype -> form -> measured Ratios; None: assumed)."""
-    from hsstore.build.plan_store import committed
+    from hsstore.capture.plan.plan_store import committed
     from hsstore.core.batching import token_budget_batches
 
     lengths = [s.length for s in inp.samples]

@@ -7,7 +7,7 @@ import platform
 import socket
 from typing import Any
 
-from hsstore.build.backends import installed
+from hsstore.capture.model.backends import installed
 from hsstore.core.schema.provenance import Batching, Environment, Kernels
 
 

@@ -1,9 +1,9 @@
 """The build worker: one fresh process per backend. Loads the model with that backend forced, then
 runs the capture pipeline over its share of samples for each (dtype, device).
 
-Run as ``python -m hsstore.build.worker PLAN.json`` (a WorkerPlan); writes a WorkerOutcome to the
+Run as ``python -m hsstore.capture.run.worker PLAN.json`` (a WorkerPlan); writes a WorkerOutcome to the
 plan's ``result`` path. It exits by itself when the driver that started it is gone
-(hsstore.build.signals), so a killed build never leaves a worker computing.
+(hsstore.capture.run.signals), so a killed build never leaves a worker computing.
 
 ``run(plan)`` is the whole worker but for the process around it: the driver calls it inline
 (``build(..., inline=True)``) where the process already binds the plan's backend (tests, Python callers).
@@ -52,7 +52,7 @@ def _reserve_pinned(plan: WorkerPlan, g: Geometry, devices: list[str]) -> Any:
     """On CUDA: bind our GPU and start pinning the first units' host buffers while the model loads."""
     import torch
 
-    from hsstore.build.pinned import PINNED_POOL
+    from hsstore.capture.run.pinned import PINNED_POOL
 
     if not devices[0].startswith("cuda"):
         return None
@@ -66,7 +66,7 @@ def _reserve_pinned(plan: WorkerPlan, g: Geometry, devices: list[str]) -> Any:
 
 def _load(plan: WorkerPlan, spec: Any, dtype: str, devices: list[str]) -> tuple[Any, Kernels]:
     """The model, checked to be the hashed weights and to run the requested backend's kernels."""
-    from hsstore.build.backends import bound_kernels
+    from hsstore.capture.model.backends import bound_kernels
     from hsstore.core.dtypes import TORCH
     from hsstore.core.errors import BuildFailed
 
@@ -83,7 +83,7 @@ def planned_provenance(recipe: Any, token_budget: int, precision: str | None, ba
                        device: str, kernels: Kernels, probe: bool = True) -> Provenance:
     """The provenance a variant of ``recipe`` computed on ``device`` gets (``hsstore plan`` calls it with
     kernels not yet known and ``probe=False``: a plan matches store variants on every other field)."""
-    from hsstore.build.environment import environment
+    from hsstore.capture.model.environment import environment
     from hsstore.core.batching import POLICY as PADDING_POLICY
     from hsstore.core.precision import SCALE_SCHEME
 
@@ -145,8 +145,8 @@ def run_variant(plan: WorkerPlan, spec: Any, samples: list, dtype: str, device: 
     """Load the model for (dtype, device), compute every batch with an uncommitted sample, write units."""
     import torch
 
-    from hsstore.build.pipeline import capture_to_store
-    from hsstore.build.progress import Progress, status
+    from hsstore.capture.run.pipeline import capture_to_store
+    from hsstore.capture.run.progress import Progress, status
 
     t0 = time.time()
     torch.manual_seed(0)
@@ -185,8 +185,8 @@ def run_variant(plan: WorkerPlan, spec: Any, samples: list, dtype: str, device: 
 def model_parallel(model: Any, num_layers: int, devices: list[str]) -> ModelParallel:
     """Where the layers of a model spread over a GPU group really are (informational: each layer runs
     whole on one GPU, and the driver allows only one kind of GPU in a group)."""
-    from hsstore.build.capture import decoder_layers
-    from hsstore.build.placement import stages
+    from hsstore.capture.run.hooks import decoder_layers
+    from hsstore.capture.model.placement import stages
 
     layer_devices = [str(next(layer.parameters()).device) for layer in decoder_layers(model, num_layers)]
     return ModelParallel(devices=devices, stages=[Stage(**s) for s in stages(layer_devices)])
@@ -197,11 +197,11 @@ def _outcome(plan: WorkerPlan) -> WorkerOutcome:
     from hsstore.core.errors import HsstoreError
 
     try:
-        from hsstore.build.backends import bind_backend
+        from hsstore.capture.model.backends import bind_backend
 
         bind_backend(plan.backend)  # before transformers is imported (inline: checks what is bound)
-        from hsstore.build.models import ModelSpec
-        from hsstore.build.samples_file import load_samples
+        from hsstore.capture.model.spec import ModelSpec
+        from hsstore.capture.inputs.samples_file import load_samples
 
         spec = ModelSpec(**plan.model.to_dict())
         samples = load_samples(plan.samples_file)
@@ -224,7 +224,7 @@ def run(plan: WorkerPlan) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from hsstore.build.signals import exit_with_parent
+    from hsstore.capture.run.signals import exit_with_parent
 
     plan = WorkerPlan.from_json(Path(argv[0]).read_bytes(), f"worker plan {argv[0]}")
     exit_with_parent(plan.parent_pid, Path(argv[0]).parent)  # never outlive the driver

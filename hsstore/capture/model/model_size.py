@@ -1,6 +1,6 @@
 """A builtin model's size from its config, checked against the memory budget before its config is even
 made: ``hidden_size = 1e9`` or 10^8 layers is one line, not a worker growing for minutes (a local
-checkpoint's config is checked against its weight files instead: hsstore.build.weight_files)."""
+checkpoint's config is checked against its weight files instead: hsstore.capture.model.weight_files)."""
 
 from __future__ import annotations
 

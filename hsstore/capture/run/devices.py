@@ -8,7 +8,7 @@ import os
 import time
 from typing import Any
 
-from hsstore.build.manifest import Manifest
+from hsstore.capture.inputs.manifest_file import Manifest
 from hsstore.core.errors import BadInput
 
 
@@ -21,7 +21,7 @@ def check_devices(m: Manifest, local_rank: int, world: int) -> list[str]:
     """The devices this rank builds on: ``cuda`` becomes this local rank's GPU, a GPU group is
     ``cuda:i+cuda:j``; BadInput when the machine lacks them (or the fla kernels a build asks for). A CPU
     build never imports torch here: the driver of a build only plans and waits (its worker runs the model)."""
-    from hsstore.build.backends import installed
+    from hsstore.capture.model.backends import installed
 
     if "fla" in m.backends and not installed("fla"):
         raise BadInput("backend 'fla' needs the flash-linear-attention kernels, which are not installed here: "
@@ -35,7 +35,7 @@ def check_devices(m: Manifest, local_rank: int, world: int) -> list[str]:
                 raise BadInput(f"device {dev!r} requested but no CUDA GPU is visible here; use --device cpu")
             k, count = m.gpus_per_rank, torch.cuda.device_count()
             if k > 1:
-                from hsstore.build.placement import require_accelerate
+                from hsstore.capture.model.placement import require_accelerate
 
                 require_accelerate()
                 first = local_rank * k

@@ -4,7 +4,7 @@ Under torchrun (WORLD_SIZE > 1) every rank tokenizes the same inputs determinist
 disjoint token-balanced share, binds its local GPU and writes its own units; rank 0 then checks that
 every sample is committed and records the build as complete.
 
-``inline=True`` runs each worker's own code in this process (hsstore.build.inline).
+``inline=True`` runs each worker's own code in this process (hsstore.capture.run.inline).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hsstore.build.devices import barrier, check_devices, dist, process_group
-from hsstore.build.lineage import Lineage, agree_build_id, now
-from hsstore.build.manifest import FINAL_NORM, Manifest, resolve_layers, validate
-from hsstore.build.models import ModelSpec, check_vocabulary, text_config
-from hsstore.build.signals import TEMP_PREFIX, Stopped, run_worker, stop_on_signals
-from hsstore.build.inline import inline_default, run_here
+from hsstore.capture.run.devices import barrier, check_devices, dist, process_group
+from hsstore.capture.run.lineage import Lineage, agree_build_id, now
+from hsstore.capture.inputs.manifest_file import FINAL_NORM, Manifest, resolve_layers, validate
+from hsstore.capture.model.spec import ModelSpec, check_vocabulary, text_config
+from hsstore.capture.run.signals import TEMP_PREFIX, Stopped, run_worker, stop_on_signals
+from hsstore.capture.run.inline import inline_default, run_here
 from hsstore.core.errors import BadInput, BuildFailed, BuildInterrupted, HsstoreError
 from hsstore.core.keys import SampleTokens
 from hsstore.core.schema.build import BuildResult, InputCounts, ModelSource, VariantResult, WorkerOutcome, WorkerPlan
@@ -41,7 +41,7 @@ class Inputs:
     recipe: Recipe
     weights: dict[str, HashedFile]  # weight file name -> content hash and stamp ({} for builtins)
     samples: list[SampleTokens]
-    report: Any  # hsstore.build.inputs.InputReport
+    report: Any  # hsstore.capture.inputs.tokenizing.InputReport
     pad_id: int
 
 
@@ -49,8 +49,8 @@ def plan_inputs(m: Manifest, limit: int | None, quiet: bool = True, rows: Any = 
     """Validate the model and layers, tokenize the inputs (``rows``: these of the data files' rows, e.g. a
     sample, as ``load_rows`` yields them; default all), hash the weights (``quiet=False``: a status line
     at each of those phases; ``drawn=False``: the model is only planned, never drawn here)."""
-    from hsstore.build.inputs import load_rows, tokenize_rows
-    from hsstore.build.progress import status
+    from hsstore.capture.inputs.tokenizing import load_rows, tokenize_rows
+    from hsstore.capture.run.progress import status
 
     spec = ModelSpec(m.model_path, m.config_overrides, m.seed, m.trust_remote_code, m.init_device)
     spec.check()
@@ -130,7 +130,7 @@ class Context:
     rank: int
     world: int
     devices: list[str]
-    inline: bool = False  # workers run in this process (hsstore.build.worker.run), not in their own
+    inline: bool = False  # workers run in this process (hsstore.capture.run.worker.run), not in their own
     keys: list[str] = field(default_factory=list)  # this rank's sample keys, once planned
     variants: list[str] = field(default_factory=list)  # the variants its workers opened, in order
     lineage: Lineage | None = None  # its build records, once the store is open
@@ -181,7 +181,7 @@ def _run_worker(plan: WorkerPlan, ctx: Context) -> list[VariantResult]:
               "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID"):
         env.pop(k, None)  # the worker is a plain process, not a member of the process group
     try:
-        code = run_here(plan_path) if ctx.inline else run_worker([sys.executable, "-m", "hsstore.build.worker",
+        code = run_here(plan_path) if ctx.inline else run_worker([sys.executable, "-m", "hsstore.capture.run.worker",
                                                                   plan_path], env)
     finally:
         opened = Path(plan.progress).read_text().split() if Path(plan.progress).exists() else []
@@ -200,12 +200,12 @@ def _run_worker(plan: WorkerPlan, ctx: Context) -> list[VariantResult]:
 def build(m: Manifest, limit: int | None = None, quiet: bool = False, space_check: bool = True,
           inline: bool | None = None) -> BuildResult:
     """Run the whole build; returns the summary printed at the end. Every build started on an open store
-    leaves its records there (hsstore.build.lineage), whatever its end. SIGTERM, SIGINT or SIGHUP stop it
-    (and its worker) with BuildInterrupted, exit status 128 + the signal (hsstore.build.signals).
+    leaves its records there (hsstore.capture.run.lineage), whatever its end. SIGTERM, SIGINT or SIGHUP stop it
+    (and its worker) with BuildInterrupted, exit status 128 + the signal (hsstore.capture.run.signals).
     ``space_check``: refuse, before the store is made and any model loads, a build whose estimated size
-    exceeds the free space of a local store's filesystem (hsstore.build.plan.check_space).
+    exceeds the free space of a local store's filesystem (hsstore.capture.plan.space_check.check_space).
     ``inline``: run the workers in this process (default: as ``inline.inline_workers()`` says, else not)."""
-    from hsstore.build.progress import status
+    from hsstore.capture.run.progress import status
 
     t0 = time.time()
     m = validate(m)
@@ -231,7 +231,7 @@ def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float,
     started = now()
     inp = plan_inputs(m, limit, quiet or ctx.rank != 0)
     if space_check:
-        from hsstore.build.plan import check_space
+        from hsstore.capture.plan.space_check import check_space
 
         check_space(m, inp)  # before the store is made, a model loads or a worker starts
     store = Store.create(m.store_path)  # fail early on a bad store path, before any model runs
@@ -260,8 +260,8 @@ def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float,
 def _run_workers(m: Manifest, inp: Inputs, mine: list[int], batches: list[list[int]], quiet: bool,
                  ctx: Context) -> list[VariantResult]:
     """This rank's samples through one worker per backend, from a temporary folder removed at the end."""
-    from hsstore.build.progress import status
-    from hsstore.build.samples_file import save_samples
+    from hsstore.capture.run.progress import status
+    from hsstore.capture.inputs.samples_file import save_samples
 
     results: list[VariantResult] = []
     # a worker whose driver died removes the folder itself; a stray one may have done so already

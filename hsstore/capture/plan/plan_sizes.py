@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hsstore.build.plan_store import Committed
+from hsstore.capture.plan.plan_store import Committed
 from hsstore.core.batching import padded_length
 from hsstore.core.unitplan import default_unit_tokens, unit_sizes
 from hsstore.storage.sizing import Ratios, StoredForm, assumed_ratio, commit_bytes, files_per_unit, variant_bytes

@@ -66,7 +66,7 @@ def bind_backend(backend: str) -> None:
     if have != backend:
         raise BadInput(f"backend {backend!r} cannot run in this process: it already binds {have} kernels "
                        "(transformers binds them once per process); build with a worker process per backend "
-                       "(the `hsstore build` command, or hsstore.build.driver.build without inline=True)")
+                       "(the `hsstore build` command, or hsstore.capture.run.driver.build without inline=True)")
 
 
 def classify(fn: Any, torch_module: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hsstore.build.models import text_config
+from hsstore.capture.model.spec import text_config
 from hsstore.core.flops import ForwardShape
 
 
@@ -16,7 +16,7 @@ def forward_shape(config: Any, deepest: int, trust_remote_code: bool = False) ->
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hsstore.build.capture import decoder_layers
+    from hsstore.capture.run.hooks import decoder_layers
 
     tc = text_config(config)
     n = int(tc.num_hidden_layers)

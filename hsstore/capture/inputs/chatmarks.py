@@ -1,4 +1,4 @@
-"""Unique markers around each message's text, and where they land in a rendering (hsstore.build.lossmask).
+"""Unique markers around each message's text, and where they land in a rendering (hsstore.capture.inputs.lossmask).
 
 Markers are ``@<nonce><message>.<part><S|E>@``: part 0 is the content, 1 the reasoning, 2 + 2j and 3 + 2j a tool
 call's name and string arguments. A placement says whose text is marked (every message's or only the replies')

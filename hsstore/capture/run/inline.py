@@ -1,6 +1,6 @@
-"""Build workers run in the driver's own process: the worker process's code (hsstore.build.worker.run) on
+"""Build workers run in the driver's own process: the worker process's code (hsstore.capture.run.worker.run) on
 the same JSON plan and result file, without two interpreter starts. For tests and Python callers whose
-process binds the backend's kernels (hsstore.build.backends.bind_backend refuses any other)."""
+process binds the backend's kernels (hsstore.capture.model.backends.bind_backend refuses any other)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,6 @@ def inline_default() -> bool:
 def run_here(plan_path: str) -> int:
     """The worker of the plan at ``plan_path``, in this process: its exit code (its outcome is in the plan's
     result file, as from a worker process)."""
-    from hsstore.build.worker import run
+    from hsstore.capture.run.worker import run
 
     return run(WorkerPlan.from_json(Path(plan_path).read_bytes(), f"worker plan {plan_path}"))

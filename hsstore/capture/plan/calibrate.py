@@ -85,7 +85,7 @@ def _states(cap: Any, samples: list, batch: list[int], pad_id: int, device: str)
     """One batch through ``cap``: each captured layer's states of the batch's real tokens ``[T, H]``."""
     import torch
 
-    from hsstore.build.capture import pad_batch
+    from hsstore.capture.run.hooks import pad_batch
     from hsstore.core.batching import padded_length
 
     seqs = [torch.from_numpy(samples[i].input_ids.astype("int64")) for i in batch]
@@ -126,8 +126,8 @@ def _forwards(inp: Any, run: list[list[int]], dtype: str, device: str, attn: str
     ones (the first of several is the warm-up)."""
     import torch
 
-    from hsstore.build.capture import LayerCapture
-    from hsstore.build.environment import device_info
+    from hsstore.capture.run.hooks import LayerCapture
+    from hsstore.capture.model.environment import device_info
     from hsstore.core.dtypes import TORCH
 
     model = inp.spec.load(TORCH[dtype], [device], attn)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from hsstore.build.model_size import check_builtin_fits
+from hsstore.capture.model.model_size import check_builtin_fits
 from hsstore.core.errors import BadInput
 
 # ChatML. Its {% generation %} span (reply + <|im_end|>) is exactly what hsstore's own mask method marks

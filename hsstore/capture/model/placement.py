@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-from hsstore.build.capture import decoder_layers
+from hsstore.capture.run.hooks import decoder_layers
 from hsstore.core.errors import BadInput
 
 

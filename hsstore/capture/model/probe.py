@@ -15,11 +15,11 @@ from hsstore.core.errors import BadInput
 
 
 def _probe_here(model: str | None, backend: str | None, device: str) -> dict[str, Any]:
-    from hsstore.build.backends import force_backend
+    from hsstore.capture.model.backends import force_backend
 
     if backend:
         force_backend(backend)
-    from hsstore.build.environment import machine_report
+    from hsstore.capture.model.environment import machine_report
 
     out = machine_report()
     out["backend_forced"] = backend or "none (what transformers picks by itself)"
@@ -27,8 +27,8 @@ def _probe_here(model: str | None, backend: str | None, device: str) -> dict[str
         import torch
         from transformers import AutoModelForCausalLM
 
-        from hsstore.build.backends import bound_kernels
-        from hsstore.build.models import ModelSpec
+        from hsstore.capture.model.backends import bound_kernels
+        from hsstore.capture.model.spec import ModelSpec
 
         spec = ModelSpec(model)
         tok = spec.tokenizer()
@@ -43,7 +43,7 @@ def _probe_here(model: str | None, backend: str | None, device: str) -> dict[str
 def probe(model: str | None, backend: str | None, device: str = "cpu") -> dict[str, Any]:
     if backend not in (None, "torch", "fla"):
         raise BadInput(f"unknown backend {backend!r}; choose torch or fla")
-    cmd = [sys.executable, "-m", "hsstore.build.probe", json.dumps([model, backend, device])]
+    cmd = [sys.executable, "-m", "hsstore.capture.model.probe", json.dumps([model, backend, device])]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["probe failed"])[-1]

@@ -2,7 +2,7 @@
 that was not taken as it was.
 
 Formats, detected per row: ShareGPT (``conversations``), OpenAI (``messages``), plain ``text``, ``prompt`` +
-``completion``. Loss mask: each assistant reply with its end-of-turn token for chats (hsstore.build.lossmask),
+``completion``. Loss mask: each assistant reply with its end-of-turn token for chats (hsstore.capture.inputs.lossmask),
 completion tokens for prompt/completion, all tokens for text. Rejected, duplicate and truncated rows are
 counted by reason and named (file, row, reason) in ``InputReport.issues``; nothing is dropped silently.
 """
@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from hsstore.build.datafiles import BadRow, load_rows
-from hsstore.build.lossmask import METHOD, ChatMasker
-from hsstore.build.messages import RowRejected, to_chat
+from hsstore.capture.inputs.datafiles import BadRow, load_rows
+from hsstore.capture.inputs.lossmask import METHOD, ChatMasker
+from hsstore.capture.inputs.messages import RowRejected, to_chat
 from hsstore.core.errors import BadInput
 from hsstore.core.keys import SampleTokens, sample_key
 from hsstore.core.schema.inputs import RowIssue

@@ -24,7 +24,7 @@ that token inclusive; what follows it (e.g. ``\\n``) is not trained on, nor is a
 start (a tokenizer that merges the header's last newline with a reply's first one). A row is refused, with
 its reason, when the span would hold any other message's marker or a message contains a special token's text
 (the end-of-turn and turn-opening tokens count as special whatever their flag). Every rendering of a
-template that prints today's date uses one pinned day (hsstore.build.chatdate).
+template that prints today's date uses one pinned day (hsstore.capture.inputs.chatdate).
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ import re
 from datetime import date
 from typing import Any
 
-from hsstore.build.chatdate import PINNED, date_string, pinned_template, prints_date
-from hsstore.build.chatmarks import PLACEMENTS, Marked, marked_messages, read_markers, repeated_message
-from hsstore.build.messages import THINK_CLOSE, THINK_OPEN, RowRejected, inline_reasoning
-from hsstore.build.render_limits import bounded
+from hsstore.capture.inputs.chatdate import PINNED, date_string, pinned_template, prints_date
+from hsstore.capture.inputs.chatmarks import PLACEMENTS, Marked, marked_messages, read_markers, repeated_message
+from hsstore.capture.inputs.messages import THINK_CLOSE, THINK_OPEN, RowRejected, inline_reasoning
+from hsstore.capture.inputs.render_limits import bounded
 from hsstore.core.errors import BadInput, ResourceLimit
 
 METHOD = "reply+eot/v1"  # recorded with every input report; bump when masks of the same rows change
@@ -59,7 +59,7 @@ class ChatMasker:
             raise BadInput("the tokenizer is a slow (Python) tokenizer; hsstore locates assistant replies through a "
                            "fast tokenizer's offsets — add tokenizer.json to the model folder")
         self.template = template if isinstance(template, str) else json.dumps(template)
-        # a template that prints today's date renders with a pinned day (hsstore.build.chatdate): the same row
+        # a template that prints today's date renders with a pinned day (hsstore.capture.inputs.chatdate): the same row
         # gives the same tokens, hence the same sample keys, on every day
         self.today = today
         self.kwargs: dict[str, Any] = {}

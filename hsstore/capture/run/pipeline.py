@@ -1,5 +1,5 @@
 """The capture pipeline: forward batches -> per-unit device buffers -> async copy into reused pinned
-host memory (hsstore.build.pinned) -> background writer threads (one unit each, in parallel). The GPU
+host memory (hsstore.capture.run.pinned) -> background writer threads (one unit each, in parallel). The GPU
 never waits on compression or disk; it waits only when the writers fall more than a few units behind
 (back-pressure instead of unbounded memory).
 """
@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from hsstore.build.capture import LayerCapture, pad_batch
-from hsstore.build.pinned import PINNED_POOL, PinnedPool, copy_to_host
-from hsstore.build.progress import Progress
+from hsstore.capture.run.hooks import LayerCapture, pad_batch
+from hsstore.capture.run.pinned import PINNED_POOL, PinnedPool, copy_to_host
+from hsstore.capture.run.progress import Progress
 from hsstore.core.batching import padded_length
 from hsstore.core.quant import dequantize, quantize
 from hsstore.core.quant_error import error_tensor, from_error_tensor

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hsstore.build.plan import counts, sampled_rows, sizes, space, tokens_of
-from hsstore.build.plan_sizes import Run, VariantSize, batch_shapes, size_variant
+from hsstore.capture.plan.space_check import counts, sampled_rows, sizes, space, tokens_of
+from hsstore.capture.plan.plan_sizes import Run, VariantSize, batch_shapes, size_variant
 from hsstore.core.errors import BadInput
 from hsstore.core.flops import ASSUMED_MFU, ForwardShape, batch_flops, mfu, peak_flops, seconds_at
 from hsstore.core.schema.plan import FormSize, PlanReport, Ratio, Tokens, VariantPlan
@@ -70,7 +70,7 @@ def _forms(m: Any, inp: Any, cal: dict[str, Any], scale: float) -> list[FormSize
     """The whole sample set stored in each form with the manifest's codec: the choices side by side,
     measured on the form's own dtype's calibration states (else the first dtype's: bf16 states cast to
     fp32 compress as no fp32 states do, so a dtype not built is best calibrated by building it)."""
-    from hsstore.build.plan_store import NOTHING
+    from hsstore.capture.plan.plan_store import NOTHING
     from hsstore.core.batching import token_budget_batches
 
     lengths, keys = [s.length for s in inp.samples], [s.key for s in inp.samples]
@@ -97,9 +97,9 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
               peak_tflops: float | None = None) -> PlanReport:
     """The plan of building ``m`` (``sample``: tokenize that many seeded rows, not all; ``calibrate``:
     measure ratios and tokens/s on that many batches per dtype)."""
-    from hsstore.build.driver import plan_inputs
-    from hsstore.build.forward_shape import forward_shape
-    from hsstore.build.manifest import validate
+    from hsstore.capture.run.driver import plan_inputs
+    from hsstore.capture.model.forward_shape import forward_shape
+    from hsstore.capture.inputs.manifest_file import validate
     from hsstore.core.batching import token_budget_batches
 
     m = validate(m)
@@ -107,7 +107,7 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
         raise BadInput("--sample and --limit do not combine: --limit plans the first N usable rows exactly")
     if calibrate:
         _check_calibration_device(m.devices[0])
-        from hsstore.build.backends import bind_backend
+        from hsstore.capture.model.backends import bind_backend
 
         bind_backend(m.backends[0])  # before transformers loads a model module (tokenizing does not)
     rows, population = sampled_rows(m.data_files, sample) if sample else (None, None)
@@ -143,7 +143,7 @@ def _calibrations(m: Any, inp: Any, n: int) -> dict[str, Any]:
     """dtype -> Calibration on the first ``n`` batches of the build's plan (first backend and device)."""
     if not n:
         return {}
-    from hsstore.build.calibrate import calibrate
+    from hsstore.capture.plan.calibrate import calibrate
     from hsstore.core.batching import token_budget_batches
 
     batches = token_budget_batches([s.length for s in inp.samples], m.token_budget)

@@ -1,0 +1,1 @@
+"""Rows to samples: manifest, data files, chat rendering, loss masks, tokenizing."""

@@ -1,0 +1,1 @@
+"""What runs: model spec, builtins, backends, environment, placement, size checks."""

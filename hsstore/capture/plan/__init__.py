@@ -1,0 +1,1 @@
+"""Before a build: size, space and time estimates, calibration."""

@@ -1,0 +1,1 @@
+"""Processes and the capture loop: driver, worker, pipeline, hooks, signals, lineage."""
