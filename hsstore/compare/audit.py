@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from hsstore.compare.assume import Recompute, how_to_recompute
-from hsstore.compare.check import BatchPlan, as_stored, batch_plan, model_spec, pad_id
+from hsstore.compare.check import BatchPlan, as_stored, batch_plan, live_states, model_spec, pad_id
 from hsstore.compare.defects import DEFECTS, apply, judge_sample, other_weights, stale_copies, upper_bound
 from hsstore.compare.diff import NOISE_FACTOR, check_device, open_target
 from hsstore.compare.divergence import Totals, summarize
@@ -32,7 +32,7 @@ from hsstore.compare.evidence import health_rows, row_hash, sample_evidence
 from hsstore.compare.kernel import Workspace, token_sums
 from hsstore.compare.model_shapes import check_shapes
 from hsstore.compare.sampling import choose, sample_count
-from hsstore.core.batching import padded_length, token_budget_batches
+from hsstore.core.batching import token_budget_batches
 from hsstore.core.dtypes import TORCH
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.base import or_none
@@ -84,32 +84,6 @@ def batches(reader: VariantReader, how: Recompute, keys: list[str]) -> BatchPlan
         plan = token_budget_batches([reader.refs[k].length for k in allk], how.token_budget, bucketed=True)
         return BatchPlan([[allk[i] for i in b] for b in plan], True, how.token_budget)
     return BatchPlan([[k] for k in keys], False, 0)
-
-
-def live_states(models: list[Any], reader: VariantReader, plan: BatchPlan, keys: list[str], points: list[int],
-                device: str, pad: int) -> Iterator[tuple[str, list[dict[int, torch.Tensor]]]]:
-    """(key, [per model: capture point -> [T, H] on the device]) for each chosen sample, batch by batch."""
-    from hsstore.capture.run.hooks import LayerCapture, pad_batch
-    from hsstore.capture.model.spec import text_config
-
-    n_layers = int(text_config(models[0].config).num_hidden_layers)
-    caps = [LayerCapture(m, n_layers, points) for m in models]
-    want = set(keys)
-    try:
-        for batch in plan.batches:
-            if not want.intersection(batch):
-                continue
-            seqs = [torch.from_numpy(reader.read_tokens(reader.refs[k])[0].astype("int64")) for k in batch]
-            longest = max(int(s.shape[0]) for s in seqs)
-            ids, mask = pad_batch(seqs, pad, device, padded_length(longest) if plan.bucketed else longest)
-            outs = [c.run(ids, mask) for c in caps]
-            for b, key in enumerate(batch):
-                if key in want:
-                    n = int(seqs[b].shape[0])
-                    yield key, [{j: o[j][b, :n] for j in points} for o in outs]
-    finally:
-        for c in caps:
-            c.close()
 
 
 def row_index(reader: VariantReader, keys: list[str], labels: list[int]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -119,29 +120,35 @@ def load_model(spec: ModelSpec, reader: VariantReader, device: str) -> Any:
     return model
 
 
-def recompute(model: Any, reader: VariantReader, plan: BatchPlan, chosen: list[str], layers: list[int],
-              device: str, pad_id: int) -> dict[str, list[torch.Tensor]]:
-    """The live states ``[T, H]`` per layer of each chosen sample, computed in its recorded batch."""
-    want = set(chosen)
-    num_layers = int(text_config(model.config).num_hidden_layers)
-    cap = LayerCapture(model, num_layers, layers)
-    out: dict[str, list[torch.Tensor]] = {}
+def live_states(models: list[Any], reader: VariantReader, plan: BatchPlan, keys: list[str], points: list[int],
+                device: str, pad: int) -> Iterator[tuple[str, list[dict[int, torch.Tensor]]]]:
+    """(key, [per model: capture point -> [T, H] on the device]) for each chosen sample, computed in its
+    batch of ``plan``, batch by batch."""
+    n_layers = int(text_config(models[0].config).num_hidden_layers)
+    caps = [LayerCapture(m, n_layers, points) for m in models]
+    want = set(keys)
     try:
         for batch in plan.batches:
             if not want.intersection(batch):
                 continue
             seqs = [torch.from_numpy(reader.read_tokens(reader.refs[k])[0].astype("int64")) for k in batch]
             longest = max(int(s.shape[0]) for s in seqs)
-            width = padded_length(longest) if plan.bucketed else longest
-            ids, mask = pad_batch(seqs, pad_id, device, width)
-            states = cap.run(ids, mask)
+            ids, mask = pad_batch(seqs, pad, device, padded_length(longest) if plan.bucketed else longest)
+            outs = [c.run(ids, mask) for c in caps]
             for b, key in enumerate(batch):
                 if key in want:
                     n = int(seqs[b].shape[0])
-                    out[key] = [as_stored(states[i][b, :n], reader).to("cpu") for i in layers]
+                    yield key, [{j: o[j][b, :n] for j in points} for o in outs]
     finally:
-        cap.close()
-    return out
+        for c in caps:
+            c.close()
+
+
+def recompute(model: Any, reader: VariantReader, plan: BatchPlan, chosen: list[str], layers: list[int],
+              device: str, pad_id: int) -> dict[str, list[torch.Tensor]]:
+    """The live states ``[T, H]`` per layer of each chosen sample, computed in its recorded batch."""
+    return {key: [as_stored(states[i], reader).to("cpu") for i in layers]
+            for key, (states,) in live_states([model], reader, plan, chosen, layers, device, pad_id)}
 
 
 def as_stored(x: torch.Tensor, reader: VariantReader) -> torch.Tensor:
