@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hsstore.testing.baseline import baseline_tree
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -50,20 +52,14 @@ def main() -> None:
     ap.add_argument("--baseline", default="bf90d25", help="git commit to compare with")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "baseline"
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(base), args.baseline],
-                       check=True, capture_output=True)
-        try:
-            print(f"hsstore build manifests/tiny.toml: seconds to the first output line, median of {args.repeats}")
-            medians = []
-            for label, tree in (("baseline " + args.baseline, base), ("this tree", REPO)):
-                runs = [_first_line(tree, tmp) for _ in range(args.repeats)]
-                medians.append(statistics.median(t for t, _ in runs))
-                print(f"  {label:18s} {medians[-1]:6.2f} s  first line: {runs[0][1][:90]}")
-            print(f"  this tree shows its first line in {medians[1] / medians[0]:.2f}x the baseline's time")
-        finally:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], capture_output=True)
+    with tempfile.TemporaryDirectory() as tmp, baseline_tree(REPO, args.baseline, tmp) as base:
+        print(f"hsstore build manifests/tiny.toml: seconds to the first output line, median of {args.repeats}")
+        medians = []
+        for label, tree in (("baseline " + args.baseline, base), ("this tree", REPO)):
+            runs = [_first_line(tree, tmp) for _ in range(args.repeats)]
+            medians.append(statistics.median(t for t, _ in runs))
+            print(f"  {label:18s} {medians[-1]:6.2f} s  first line: {runs[0][1][:90]}")
+        print(f"  this tree shows its first line in {medians[1] / medians[0]:.2f}x the baseline's time")
 
 
 if __name__ == "__main__":

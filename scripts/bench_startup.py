@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hsstore.testing.baseline import baseline_tree
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -46,22 +48,16 @@ def main() -> None:
     ap.add_argument("--store", default=None, help="a store for `info` (default: tests/data/format-v1.zarr)")
     args = ap.parse_args()
     store = args.store or str(REPO / "tests" / "data" / "format-v1.zarr")
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "baseline"
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(base), args.baseline],
-                       check=True, capture_output=True)
-        try:
-            print(f"median of {args.repeats} runs; baseline {args.baseline}")
-            for name, argv in (("hsstore --help", ["--help"]), ("hsstore info", ["info", store]),
-                               ("hsstore verify", ["verify", store])):
-                row = []
-                for label, tree in (("baseline", base), ("this tree", REPO)):
-                    env = {**os.environ, "PYTHONPATH": str(tree)}
-                    row.append(_time([sys.executable, "-m", "hsstore", *argv], env, args.repeats, tmp))
-                    print(f"  {name:16s} {label:10s} {row[-1]:6.2f} s  loads: {', '.join(_heavy_imports(argv, env, tmp)) or '-'}")
-                print(f"  {name:16s} speed-up {row[0] / row[1]:.1f}x")
-        finally:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], capture_output=True)
+    with tempfile.TemporaryDirectory() as tmp, baseline_tree(REPO, args.baseline, tmp) as base:
+        print(f"median of {args.repeats} runs; baseline {args.baseline}")
+        for name, argv in (("hsstore --help", ["--help"]), ("hsstore info", ["info", store]),
+                           ("hsstore verify", ["verify", store])):
+            row = []
+            for label, tree in (("baseline", base), ("this tree", REPO)):
+                env = {**os.environ, "PYTHONPATH": str(tree)}
+                row.append(_time([sys.executable, "-m", "hsstore", *argv], env, args.repeats, tmp))
+                print(f"  {name:16s} {label:10s} {row[-1]:6.2f} s  loads: {', '.join(_heavy_imports(argv, env, tmp)) or '-'}")
+            print(f"  {name:16s} speed-up {row[0] / row[1]:.1f}x")
 
 
 if __name__ == "__main__":
