@@ -7,8 +7,8 @@ import os
 import stat
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from hsstore.core.errors import CorruptData, WriteFailed
 from hsstore.storage import leases, localfs
@@ -16,6 +16,8 @@ from hsstore.storage.backend import Backend, Entry, RangeSource
 from hsstore.storage.fileio import Written, install_file, write_file
 from hsstore.storage.layout import META, TMP_PREFIX
 from hsstore.storage.records import MAX_RECORD_BYTES
+
+T = TypeVar("T")
 
 
 def write_failed(key: str, e: BaseException) -> WriteFailed:
@@ -74,16 +76,20 @@ class LocalBackend(Backend):
         with localfs.reading(key):
             return localfs.read_file(self.root, key, MAX_RECORD_BYTES if cap is None else cap)
 
-    def put(self, key: str, parts: Sequence[Any]) -> Written:
-        head, _, name = key.rpartition("/")
+    def _in_dir(self, key: str, folder: str, write: Callable[[int], T]) -> T:
+        """``write(fd of folder)``, the folder made if missing; any failure is ``key``'s WriteFailed."""
         try:
-            dfd = localfs.open_dir(self.root, head, create=True)
+            dfd = localfs.open_dir(self.root, folder, create=True)
             try:
-                return write_file(name, parts, dir_fd=dfd)
+                return write(dfd)
             finally:
                 os.close(dfd)
         except (OSError, CorruptData) as e:
             raise write_failed(key, e) from None
+
+    def put(self, key: str, parts: Sequence[Any]) -> Written:
+        head, _, name = key.rpartition("/")
+        return self._in_dir(key, head, lambda dfd: write_file(name, parts, dir_fd=dfd))
 
     def put_atomic(self, key: str, data: bytes) -> None:
         self._put_via_temp(key, data, replace=True)
@@ -94,30 +100,13 @@ class LocalBackend(Backend):
     def _put_via_temp(self, key: str, data: bytes, replace: bool) -> bool:
         """An fsync'd temporary file, then renamed over (``replace``) or linked to (if absent) ``key``."""
         head, _, name = key.rpartition("/")
-        try:
-            dfd = localfs.open_dir(self.root, head, create=True)
-        except (OSError, CorruptData) as e:
-            raise write_failed(key, e) from None
-        try:
-            return install_file(dfd, name, [data], f"{TMP_PREFIX}{uuid.uuid4().hex}", replace)
-        except OSError as e:
-            raise write_failed(key, e) from None
-        finally:
-            os.close(dfd)
+        return self._in_dir(key, head, lambda dfd: install_file(dfd, name, [data], f"{TMP_PREFIX}{uuid.uuid4().hex}",
+                                                                 replace))
 
     def claim(self, key: str, data: bytes) -> leases.Lease | None:
         head, _, name = key.rpartition("/")
         parent, _, uid = head.rpartition("/")
-        try:
-            pfd = localfs.open_dir(self.root, parent, create=True)
-        except (OSError, CorruptData) as e:
-            raise write_failed(key, e) from None
-        try:
-            return leases.claim(pfd, uid, name, data, TMP_PREFIX)
-        except OSError as e:
-            raise write_failed(key, e) from None
-        finally:
-            os.close(pfd)
+        return self._in_dir(key, parent, lambda pfd: leases.claim(pfd, uid, name, data, TMP_PREFIX))
 
     def lease_if_free(self, key: str) -> leases.Lease | None:
         """(A folder's lease is its writer record's: a unit folder being claimed.)"""
