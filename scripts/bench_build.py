@@ -124,7 +124,7 @@ def build_pass(model, n_layers: int, aux: list, target: list, samples: list, bat
     from hsstore.storage.store import Store
     from hsstore.storage.writer import UnitWriter
 
-    from hsstore.core.precision import codec_for_codes
+    from hsstore.core.precision_names import codec_for_codes
     from hsstore.testing.factories import provenance
 
     precision, _, codec = name.rpartition(":")

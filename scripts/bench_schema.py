@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from hsstore.core.schema.base import Record
+from hsstore.core.schema.record import Record
 
 
 class Commit(Record):

@@ -123,13 +123,13 @@ def _loaded_after(code: str) -> set[str]:
 @pytest.mark.parametrize("entry,banned", [
     ("import hsstore", {"torch", "zarr", "transformers", "numpy"}),
     ("import hsstore.cli.main", {"torch", "zarr", "transformers"}),
-    ("import hsstore.core.batching, hsstore.core.partition, hsstore.core.schema, hsstore.core.provenance",
+    ("import hsstore.core.batching, hsstore.core.partition, hsstore.core.schema, hsstore.core.provenance_match",
      {"torch", "zarr", "transformers"}),
     ("import hsstore.storage.store, hsstore.storage.verify, hsstore.storage.gc", {"transformers", "datasets"}),
     ("import hsstore.read.dataset", {"transformers", "datasets"}),
     # a manifest error is reported before torch loads (0.5 s, not 2.3 s); a CPU build's driver loads
     # torch only through transformers' AutoConfig, when it reads the model's config
-    ("import hsstore.capture.run.driver, hsstore.capture.inputs.manifest_file, hsstore.core.precision", {"torch", "transformers", "zarr"}),
+    ("import hsstore.capture.run.driver, hsstore.capture.inputs.manifest_file, hsstore.core.precision_names", {"torch", "transformers", "zarr"}),
     # planning is arithmetic: sizes, units, FLOPs and intervals need none of the model stack (hsstore plan
     # loads transformers to tokenize, torch only to count parameters on the meta device or to calibrate)
     ("import hsstore.core.flops, hsstore.core.unitplan, hsstore.core.extrapolate, hsstore.core.humanize, "
@@ -241,3 +241,14 @@ def test_scripts_import_the_package_not_each_other():
         if re.search(r"sys\.path\s*(\.|\[|=|\+=)", text):
             wrong.append(f"{path.name} edits sys.path")
     assert not wrong, "\n".join(wrong)
+
+
+def test_no_two_modules_share_a_file_name():
+    """A file name names one concept: ``provenance.py`` in three layers made a reader open the wrong one.
+    Only ``__init__.py`` and the entry point repeat."""
+    seen: dict[str, list[str]] = {}
+    for path in PKG.rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(path.name, []).append(str(path.relative_to(PKG.parent)))
+    repeated = {name: sorted(paths) for name, paths in seen.items() if len(paths) > 1}
+    assert not repeated, f"rename so each file name says its concept: {repeated}"

@@ -17,7 +17,7 @@ import torch
 from helpers import REPO, diff_report, one_sample_units, run_cli, write_manifest
 
 from hsstore import HiddenStateDataset, ProvenanceMismatch, Store, StreamingHiddenStateDataset
-from hsstore.core import precision, quant
+from hsstore.core import precision_names as precision, quant
 from hsstore.core.errors import BadInput
 from hsstore.storage.convert import convert
 from hsstore.storage.verify import verify

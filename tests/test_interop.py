@@ -18,7 +18,7 @@ from hsstore.core.keys import sample_key
 from hsstore.core.schema.provenance import Provenance
 from hsstore.interop.exporter import ExportRequest, export_cache
 from hsstore.interop.importer import ImportRequest, import_cache
-from hsstore.interop.provenance import tokenizer_identity
+from hsstore.interop.imported_provenance import tokenizer_identity
 from hsstore.storage.verify import verify
 
 from helpers import assert_bit_exact, main_exit, run_cli, save_local_model
@@ -252,7 +252,7 @@ def test_import_records_stay_small_whatever_the_paths(tmp_path: Path):
     """Hundreds of files under a 2,000-character folder: the import's records are split so none grows past
     RECORD_BYTES (one record of them all would be megabytes, which verify calls damage past the record cap);
     verify stays clean and a re-run trusts the records instead of failing on them."""
-    from hsstore.interop.records import RECORD_BYTES
+    from hsstore.interop.import_records import RECORD_BYTES
     from hsstore.storage import layout
 
     deep = tmp_path / "src" / "/".join(["d" * 249] * 8)

@@ -12,7 +12,7 @@ from hsstore import Store
 from hsstore.core.errors import BadInput
 from hsstore.interop.adapters import SpecForgeCollate, SpecForgeDataset, SpeculatorsCollate, SpeculatorsDataset
 from hsstore.interop.importer import ImportRequest, import_cache
-from hsstore.interop.provenance import tokenizer_identity
+from hsstore.interop.imported_provenance import tokenizer_identity
 from hsstore.interop.vocab import vocab_mapping, write_vocab_map
 
 from interop_files import TOKENIZER, WRITERS, random_samples

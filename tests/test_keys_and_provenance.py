@@ -7,7 +7,7 @@ import xxhash
 from hsstore.core.canonical import canonical_json, fingerprint
 from hsstore.core.errors import ProvenanceMismatch, SelectorError
 from hsstore.core.keys import sample_key
-from hsstore.core.provenance import differences, require_match, variant_id
+from hsstore.core.provenance_match import differences, require_match, variant_id
 from hsstore.core.selectors import parse_selector, select
 
 from helpers import provenance

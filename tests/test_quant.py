@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from hsstore.core import fp8_cpu, precision, quant, quant_error
+from hsstore.core import fp8_cpu, quant, quant_error
+from hsstore.core import precision_names as precision
 
 # e4m3 has 3 mantissa bits: round to nearest is within half a step, 2**-4 of the value, for normal values
 HALF_STEP = 2.0**-4

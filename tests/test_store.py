@@ -11,7 +11,7 @@ import torch
 from hsstore.storage.writer import UnitWriter
 from hsstore import Store
 from hsstore.core.errors import BadInput, CorruptData, StoreNotFound, UnsupportedFormat
-from hsstore.core.provenance import variant_id
+from hsstore.core.provenance_match import variant_id
 from hsstore.storage.codecs import compressors
 from hsstore.storage.verify import verify
 

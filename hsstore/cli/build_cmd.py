@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from hsstore.cli.app import app, emit
-from hsstore.core.schema.base import or_none
+from hsstore.core.schema.record import or_none
 from hsstore.core.schema.build import BuildResult
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hsstore.core.distinguish import MAX_SHOWN, distinguishing
-from hsstore.core.schema.base import or_none
+from hsstore.core.schema.record import or_none
 from hsstore.core.schema.provenance import Provenance
 
 

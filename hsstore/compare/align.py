@@ -21,8 +21,8 @@ from hsstore.compare.kernel import Workspace, token_sums
 from hsstore.compare.sampling import choose, sample_count
 from hsstore.compare.stream import ThreadLocal, map_samples
 from hsstore.core.errors import BadInput
-from hsstore.core.schema.base import or_none
-from hsstore.core.schema.diff import AlignLayer, AlignReport
+from hsstore.core.schema.record import or_none
+from hsstore.core.schema.diff_report import AlignLayer, AlignReport
 from hsstore.storage.store import VariantReader
 
 DEFAULT_SAMPLES = 16

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from hsstore.capture.inputs.manifest_file import ATTENTION
 from hsstore.core.errors import BadInput
-from hsstore.core.schema.base import or_none
+from hsstore.core.schema.record import or_none
 from hsstore.core.schema.provenance import Batching
 from hsstore.storage.store import VariantReader
 

@@ -35,8 +35,8 @@ from hsstore.compare.sampling import choose, sample_count
 from hsstore.core.batching import token_budget_batches
 from hsstore.core.dtypes import TORCH
 from hsstore.core.errors import BadInput
-from hsstore.core.schema.base import or_none
-from hsstore.core.schema.diff import CheckReport, Finding
+from hsstore.core.schema.record import or_none
+from hsstore.core.schema.diff_report import CheckReport, Finding
 from hsstore.storage.store import VariantReader
 
 NEIGHBOURS = 4  # samples on each side (in commit order) searched for a stale slot's source rows

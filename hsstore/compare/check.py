@@ -41,8 +41,8 @@ from hsstore.core.batching import POLICY, padded_length, token_budget_batches
 from hsstore.core.dtypes import TORCH
 from hsstore.core.errors import BadInput
 from hsstore.core.paths import expand_user
-from hsstore.core.schema.base import is_set, or_none
-from hsstore.core.schema.diff import CheckReport, FieldDifference, LayerDiff
+from hsstore.core.schema.record import is_set, or_none
+from hsstore.core.schema.diff_report import CheckReport, FieldDifference, LayerDiff
 from hsstore.core.schema.provenance import Batching, Recipe
 from hsstore.storage.store import VariantReader
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 from hsstore.compare.align import MARGIN, MATCH_REL, relation
 from hsstore.compare.evidence import LayerEvidence
-from hsstore.core.schema.diff import Finding, SampleVerdict
+from hsstore.core.schema.diff_report import Finding, SampleVerdict
 
 CLEAN = ("bit_exact", "within_noise")
 DEFECTS = ("nan", "inf", "all_zero", "constant", "suffix_states", "token_shift", "capture_point",

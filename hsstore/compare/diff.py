@@ -23,7 +23,7 @@ from hsstore.compare.sampling import SampleTable
 from hsstore.compare.sample_plan import SamplePlan, plan_samples
 from hsstore.compare.stream import ThreadLocal, map_samples
 from hsstore.core.errors import BadInput
-from hsstore.core.schema.diff import DiffReport, WorstSample
+from hsstore.core.schema.diff_report import DiffReport, WorstSample
 from hsstore.storage.store import Store, VariantReader, split_target
 
 NOISE_FACTOR = 2.0  # a divergence up to this multiple of the floor is precision noise

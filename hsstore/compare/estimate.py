@@ -10,7 +10,7 @@ from hsstore.compare.divergence import Totals, layer_stats, verdict
 from hsstore.compare.sampling import (BOOTSTRAP, Choice, SampleTable, interval, percentile_interval, ratio_stats,
                                       replicate_weights)
 from hsstore.core.dtypes import UNIT_ROUNDOFF
-from hsstore.core.schema.diff import LayerDiff
+from hsstore.core.schema.diff_report import LayerDiff
 
 CI_STATS = ("mean_abs", "rel_l2", "cos_mean", "cos_p01", "bit_exact")
 

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from hsstore.core.errors import BadInput
-from hsstore.core.provenance import flatten, is_informational
-from hsstore.core.schema.diff import FieldDifference
+from hsstore.core.provenance_match import flatten, is_informational
+from hsstore.core.schema.diff_report import FieldDifference
 from hsstore.storage.store import VariantReader
 
 ABSENT = "<absent>"

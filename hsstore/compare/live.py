@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hsstore.core.provenance import flatten, require_match
+from hsstore.core.provenance_match import flatten, require_match
 
 # environment fields a live model can be fingerprinted on (batching and host are a build's business)
 LIVE_FIELDS = ("environment.kernels", "environment.dtype", "environment.device", "environment.device_name",

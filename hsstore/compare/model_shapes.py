@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from hsstore.core.errors import BadInput
-from hsstore.core.schema.base import or_none
+from hsstore.core.schema.record import or_none
 from hsstore.storage.store import VariantReader
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from hsstore.compare.sampling import BOOTSTRAP, Choice, choose, sample_count
 from hsstore.core.errors import BadInput
-from hsstore.core.schema.diff import Sampling
+from hsstore.core.schema.diff_report import Sampling
 from hsstore.storage.store import VariantReader
 
 

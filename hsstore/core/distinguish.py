@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hsstore.core.provenance import flatten, numeric_fields
+from hsstore.core.provenance_match import flatten, numeric_fields
 
 
 def as_text(value: Any) -> str:

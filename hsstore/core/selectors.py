@@ -9,7 +9,7 @@ from typing import Any
 
 from hsstore.core.distinguish import MAX_SHOWN, as_text, distinguishing, label
 from hsstore.core.errors import SelectorError
-from hsstore.core.provenance import flatten, is_informational
+from hsstore.core.provenance_match import flatten, is_informational
 
 # Selector keys always accepted (they name fields a store may hold none of yet, e.g. no FP8 variant).
 ALWAYS_KEYS = ("precision", "storage", "storage.precision")

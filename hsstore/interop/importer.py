@@ -23,10 +23,10 @@ from hsstore.core.interrupt import Stopped, stop_on_signals
 from hsstore.core.keys import SampleTokens, sample_key
 from hsstore.core.schema.imported import ImportSource
 from hsstore.interop.formats import get_format
-from hsstore.interop.formats.base import Format
+from hsstore.interop.formats.interface import Format
 from hsstore.interop.layers import FINAL_NORM, parse_capture, parse_layer_list, slot_layers
-from hsstore.interop.provenance import imported_provenance, model_identity, tokenizer_identity
-from hsstore.interop.records import ImportLog, read_sidecar
+from hsstore.interop.imported_provenance import imported_provenance, model_identity, tokenizer_identity
+from hsstore.interop.import_records import ImportLog, read_sidecar
 from hsstore.interop.sample import SourceSample
 
 UNIT_BYTES = 256 << 20  # states per unit: bounds the memory an import holds (two copies while writing)

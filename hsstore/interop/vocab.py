@@ -19,8 +19,8 @@ import torch
 
 from hsstore.core.budget import check_fits
 from hsstore.core.errors import BadInput
-from hsstore.core.schema.base import or_none
-from hsstore.interop.formats.base import atomic_write, torch_bytes
+from hsstore.core.schema.record import or_none
+from hsstore.interop.formats.interface import atomic_write, torch_bytes
 
 
 def token_counts(reader: Any, vocab: int) -> tuple[np.ndarray, int]:

@@ -20,7 +20,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from hsstore.core.errors import BadInput
 from hsstore.core.partition import epoch_sequence, split_for
-from hsstore.core.provenance import require_match
+from hsstore.core.provenance_match import require_match
 from hsstore.read.collate import pad_collate
 from hsstore.read.resume_state import consumed_from_state
 from hsstore.read.readahead import Readahead

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hsstore.core.errors import CorruptData
-from hsstore.core.schema.store import CommitRecord
+from hsstore.core.schema.store_records import CommitRecord
 from hsstore.storage import layout
 from hsstore.storage.backend import Backend
-from hsstore.storage.records import MAX_RECORD_BYTES, parse_json
+from hsstore.storage.metadata_io import MAX_RECORD_BYTES, parse_json
 
 
 @dataclass(frozen=True)

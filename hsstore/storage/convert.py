@@ -26,15 +26,15 @@ import torch
 from hsstore.core.errors import BadInput, BuildInterrupted
 from hsstore.core.interrupt import Stopped, stop_on_signals
 from hsstore.core.keys import SampleTokens
-from hsstore.core.provenance import variant_id
+from hsstore.core.provenance_match import variant_id
 from hsstore.core.selectors import select
-from hsstore.core.precision import SCALE_SCHEME, codec_for_codes, parse_precision
+from hsstore.core.precision_names import SCALE_SCHEME, codec_for_codes, parse_precision
 from hsstore.core.quant import Quantized, dequantize, quantize
 from hsstore.core.quant_error import error_tensor, from_error_tensor, merge, summary
 from hsstore.core.schema.provenance import Provenance, Storage, StorageSource
 from hsstore.storage import layout
 from hsstore.storage.codecs import chunk_tokens, parse_codec
-from hsstore.storage.records import CommitRecord
+from hsstore.storage.metadata_io import CommitRecord
 from hsstore.storage.stats import stats_tensor
 from hsstore.storage.store import Store, VariantReader, split_target
 from hsstore.storage.writer import UnitWriter

@@ -16,7 +16,7 @@ import socket
 from typing import Any
 
 from hsstore.core.errors import BadInput, CorruptData
-from hsstore.core.schema.store import UnitInfo
+from hsstore.core.schema.store_records import UnitInfo
 from hsstore.storage import commits, layout
 from hsstore.storage.backend import Backend
 from hsstore.storage.store import Store, group_attributes

@@ -39,7 +39,7 @@ def info_dict(store: Store) -> dict[str, Any]:
             }
         )
         if rec.stored_precision:
-            from hsstore.storage.precision import storage_report
+            from hsstore.storage.fp8_report import storage_report
 
             out["variants"][-1]["storage"] = storage_report(store, vid)
     return out

@@ -15,7 +15,7 @@ from hsstore.storage import leases, localfs
 from hsstore.storage.backend import Backend, Entry, RangeSource
 from hsstore.storage.fileio import Written, install_file, write_file
 from hsstore.storage.layout import META, TMP_PREFIX
-from hsstore.storage.records import MAX_RECORD_BYTES
+from hsstore.storage.metadata_io import MAX_RECORD_BYTES
 
 T = TypeVar("T")
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 from hsstore.core.dtypes import STORED, from_stored
 from hsstore.core.errors import BadInput, CorruptData
 from hsstore.core.keys import sample_key
-from hsstore.core.schema.store import CommitRecord, VariantRecord
+from hsstore.core.schema.store_records import CommitRecord, VariantRecord
 from hsstore.storage import commits, layout
 from hsstore.storage.backend import Backend
 from hsstore.storage.shardio import ShardReader

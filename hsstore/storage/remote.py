@@ -21,7 +21,7 @@ from hsstore.core.errors import CorruptData, HsstoreError, StoreUnreachable, Wri
 from hsstore.storage.backend import Backend, Entry, RangeSource
 from hsstore.storage.fileio import Written, digest
 from hsstore.storage.layout import TMP_PREFIX
-from hsstore.storage.records import MAX_RECORD_BYTES
+from hsstore.storage.metadata_io import MAX_RECORD_BYTES
 
 
 T = TypeVar("T")

@@ -25,7 +25,7 @@ from hsstore.storage import layout
 from hsstore.storage.backend import Backend, BufferRange, RangeSource
 from hsstore.storage.chunkcache import DECODED, Scratch, next_serial, scratch
 from hsstore.storage.codecs import REGISTRY, codec_of, compressors
-from hsstore.storage.records import convert_strict, parse_json
+from hsstore.storage.metadata_io import convert_strict, parse_json
 
 EMPTY = np.uint64(2**64 - 1)
 EMPTY_INT = 2**64 - 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hsstore.core.dtypes import STORED
-from hsstore.core.precision import codec_for_codes
+from hsstore.core.precision_names import codec_for_codes
 from hsstore.storage.codecs import SCALE_CHUNK_ROWS, TOKEN_CHUNK_ROWS, chunk_tokens
 
 FORMS = ("bf16", "fp16", "fp32", "fp8-e4m3")  # every way a layer can be stored

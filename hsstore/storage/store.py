@@ -12,18 +12,18 @@ from typing import Any
 from hsstore.core.dtypes import STORED
 from hsstore.core.errors import BadInput, CorruptData, HsstoreError, StoreNotFound, UnsupportedFormat
 from hsstore.core.paths import expand_user
-from hsstore.core.provenance import variant_id
+from hsstore.core.provenance_match import variant_id
 from hsstore.core.selectors import select
 from hsstore.core.schema.array import GroupMeta
 from hsstore.core.schema.provenance import Provenance, Storage
-from hsstore.core.schema.store import CommitRecord, VariantRecord
+from hsstore.core.schema.store_records import CommitRecord, VariantRecord
 from hsstore.storage import commits, layout, leases
 from hsstore.storage.backend import Backend
 from hsstore.storage.codecs import REGISTRY
 from hsstore.storage.leases import Lease
 from hsstore.storage.local import LocalBackend
 from hsstore.storage.reader import VariantReader
-from hsstore.storage.records import convert_strict, group_json, parse_json
+from hsstore.storage.metadata_io import convert_strict, group_json, parse_json
 
 
 @dataclass(frozen=True)

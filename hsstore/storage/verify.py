@@ -17,10 +17,10 @@ from typing import Any
 
 from hsstore.core.dtypes import as_float32
 from hsstore.core.errors import CorruptData, HsstoreError, StoreUnreachable
-from hsstore.core.schema.store import CommitRecord
+from hsstore.core.schema.store_records import CommitRecord
 from hsstore.storage import layout
 from hsstore.storage.reader import VariantReader
-from hsstore.storage.records import parse_json
+from hsstore.storage.metadata_io import parse_json
 from hsstore.storage.stats import array_stats, problems
 from hsstore.storage.store import Store, group_attributes
 

@@ -19,11 +19,11 @@ from hsstore.core.dtypes import TORCH, to_stored
 from hsstore.core.quant import Quantized, dequantize
 from hsstore.core.errors import BuildFailed, HsstoreError, WriteFailed
 from hsstore.core.keys import SampleTokens
-from hsstore.core.schema.store import CommitRecord, HealthStats, QuantError, UnitInfo, WriterInfo
+from hsstore.core.schema.store_records import CommitRecord, HealthStats, QuantError, UnitInfo, WriterInfo
 from hsstore.storage import commits, layout
 from hsstore.storage.codecs import SCALE_CHUNK_ROWS, TOKEN_CHUNK_ROWS
 from hsstore.storage.fileio import Written, digest
-from hsstore.storage.records import group_json
+from hsstore.storage.metadata_io import group_json
 from hsstore.storage.shardio import array_metadata, encode_shard
 from hsstore.storage.stats import from_stats_tensor, problems, stats_tensor
 

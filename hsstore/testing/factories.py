@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from hsstore.core.keys import SampleTokens, sample_key
-from hsstore.core.precision import SCALE_SCHEME
-from hsstore.core.schema.store import CommitRecord
+from hsstore.core.precision_names import SCALE_SCHEME
+from hsstore.core.schema.store_records import CommitRecord
 from hsstore.storage import layout
 from hsstore.storage.store import Store
 from hsstore.storage.writer import UnitWriter

@@ -32,7 +32,7 @@ from hsstore.storage import layout
 from hsstore.storage.gc import collect_garbage
 from hsstore.storage.leases import Lease
 from hsstore.storage.local import LocalBackend
-from hsstore.storage.records import group_json
+from hsstore.storage.metadata_io import group_json
 from hsstore.storage.info import info_dict
 from hsstore.storage.verify import verify
 

@@ -12,7 +12,7 @@ from hsstore.core.dtypes import parse_dtype
 from hsstore.core.errors import BadInput
 from hsstore.core.leakage import check_no_leak
 from hsstore.core.paths import expand_user
-from hsstore.core.precision import PRECISIONS
+from hsstore.core.precision_names import PRECISIONS
 from hsstore.core.schema.manifest import FINAL_NORM, TABLES, Manifest, ManifestFile
 from hsstore.storage.codecs import CHOICES as CODECS
 

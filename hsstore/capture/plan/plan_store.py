@@ -14,7 +14,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hsstore.core.provenance import numeric_fields
+from hsstore.core.provenance_match import numeric_fields
 
 # environment fields a plan cannot know before a model is loaded (or that name this host)
 _UNKNOWABLE = ("environment.kernels.chunk_gated_delta_rule", "environment.kernels.causal_conv1d",

@@ -85,7 +85,7 @@ def planned_provenance(recipe: Any, token_budget: int, precision: str | None, ba
     kernels not yet known and ``probe=False``: a plan matches store variants on every other field)."""
     from hsstore.capture.model.environment import environment
     from hsstore.core.batching import POLICY as PADDING_POLICY
-    from hsstore.core.precision import SCALE_SCHEME
+    from hsstore.core.precision_names import SCALE_SCHEME
 
     batching = Batching(padding_side="right", token_budget=token_budget, attention_mask=True,
                         order="length-descending", padded_lengths=PADDING_POLICY)
@@ -110,7 +110,7 @@ def _open_variant(plan: WorkerPlan, provenance: Provenance, g: Geometry, dtype: 
     from hsstore.storage.writer import UnitWriter
 
     store = Store.create(plan.store)
-    from hsstore.core.precision import codec_for_codes
+    from hsstore.core.precision_names import codec_for_codes
     from hsstore.core.distinguish import fork_note
 
     codec = codec_for_codes(plan.codec) if plan.precision else plan.codec

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from hsstore.core.schema.base import UNSET, Record, UnsetType
+from hsstore.core.schema.record import UNSET, Record, UnsetType
 from hsstore.core.schema.files import FileStamp
 from hsstore.core.schema.manifest import Manifest
 from hsstore.core.schema.provenance import Kernels, Recipe

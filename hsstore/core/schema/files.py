@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hsstore.core.schema.base import Record
+from hsstore.core.schema.record import Record
 
 
 class FileStamp(Record):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from hsstore.core.schema.base import Record
+from hsstore.core.schema.record import Record
 
 UNKNOWN = "unknown"  # a fact the source files do not record; never guessed
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from hsstore.core.schema.base import UNSET, Record, UnsetType
+from hsstore.core.schema.record import UNSET, Record, UnsetType
 
 
 class RowIssue(Record):

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from hsstore.core.schema.base import Record
+from hsstore.core.schema.record import Record
 
 # the output of the model's final norm (what lm_head sees; transformers' last hidden_states entry): a named
 # capture beside the decoder layers, stored under layer id num_layers

@@ -3,7 +3,7 @@ renamed; ``hsstore plan --json`` prints a ``PlanReport``)."""
 
 from __future__ import annotations
 
-from hsstore.core.schema.base import Record
+from hsstore.core.schema.record import Record
 from hsstore.core.schema.build import InputCounts
 
 

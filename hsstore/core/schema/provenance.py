@@ -4,12 +4,12 @@ Typed where present, required where readers depend on it: the sample key needs t
 fingerprint, reading needs the layers by role, matching needs dtype, backend, device and kernels. The
 rest is optional so stores written by every 1.x hsstore (and the format-v1 fixture) decode; when a field
 is present its type is checked. ``to_dict()`` returns exactly the dict the record was decoded from, so
-variant ids (a hash of that dict, hsstore.core.provenance) never change by a round trip.
+variant ids (a hash of that dict, hsstore.core.provenance_match) never change by a round trip.
 """
 
 from __future__ import annotations
 
-from hsstore.core.schema.base import UNSET, Record, UnsetType
+from hsstore.core.schema.record import UNSET, Record, UnsetType
 from hsstore.core.schema.imported import ImportSource
 
 
@@ -116,7 +116,7 @@ class Storage(Record):
     """How the states are stored when not as computed (absent: stored as computed, bit-exact)."""
 
     precision: str  # e.g. "fp8-e4m3"
-    scale: str  # the scaling scheme (hsstore.core.precision.SCALE_SCHEME)
+    scale: str  # the scaling scheme (hsstore.core.precision_names.SCALE_SCHEME)
     source: StorageSource | UnsetType = UNSET
 
 

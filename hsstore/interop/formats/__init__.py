@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hsstore.core.errors import BadInput
-from hsstore.interop.formats.base import Format
+from hsstore.interop.formats.interface import Format
 
 
 def get_format(name: str) -> Format:

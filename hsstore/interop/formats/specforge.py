@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from hsstore.core.errors import BadInput
-from hsstore.interop.formats.base import FormatWriter, TorchDictFormat, atomic_write, torch_bytes
+from hsstore.interop.formats.interface import FormatWriter, TorchDictFormat, atomic_write, torch_bytes
 from hsstore.interop.sample import FileDigest, SourceSample
 
 GROUP = 2000  # SpecForge's default --file-group-size: files per rows_* folder

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from hsstore.core.errors import BadInput
-from hsstore.interop.formats.base import TMP_SUFFIX, Format, FormatWriter, atomic_write
+from hsstore.interop.formats.interface import TMP_SUFFIX, Format, FormatWriter, atomic_write
 from hsstore.interop.sample import FileDigest, SourceSample, read_bytes, states, tokens, walk
 
 HS_DIR = "hidden_states"

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import msgspec
 
 from hsstore.core.errors import CorruptData
-from hsstore.core.schema.base import UNSET, Record, UnsetType
+from hsstore.core.schema.record import UNSET, Record, UnsetType
 from hsstore.core.schema.provenance import Provenance
 
 Positive = Annotated[int, msgspec.Meta(ge=1)]

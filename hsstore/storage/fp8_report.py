@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from hsstore.core.provenance import numeric_fields
+from hsstore.core.provenance_match import numeric_fields
 from hsstore.core.quant_error import summary
-from hsstore.core.schema.base import is_set, or_none
+from hsstore.core.schema.record import is_set, or_none
 from hsstore.core.schema.provenance import Storage
 
 FLOOR_TOKENS = 8192  # tokens of shared samples the floor is measured on (a few seconds of reading)

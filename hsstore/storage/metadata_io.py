@@ -2,7 +2,7 @@
 
 Every metadata file is read with a size cap (``MAX_RECORD_BYTES``) and parsed with bounded nesting
 (``MAX_DEPTH``), so a damaged or hostile store gives a one-line CorruptData, never a hang, an unbounded
-read or a RecursionError traceback. The records themselves are typed in hsstore.core.schema.store.
+read or a RecursionError traceback. The records themselves are typed in hsstore.core.schema.store_records.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import msgspec
 
 from hsstore.core.errors import CorruptData
-from hsstore.core.schema.base import explain
-from hsstore.core.schema.store import CommitRecord, HealthStats, UnitInfo, VariantRecord, WriterInfo
+from hsstore.core.schema.record import explain
+from hsstore.core.schema.store_records import CommitRecord, HealthStats, UnitInfo, VariantRecord, WriterInfo
 
 __all__ = ["MAX_DEPTH", "MAX_RECORD_BYTES", "CommitRecord", "HealthStats", "UnitInfo", "VariantRecord",
            "WriterInfo", "convert_strict", "group_json", "parse_json"]

@@ -20,7 +20,7 @@ import xxhash
 from hsstore.core.canonical import fingerprint
 from hsstore.core.errors import BadInput, CorruptData
 from hsstore.core.schema.imported import ExportRecord, ImportChunk, ImportDone, ImportEntry
-from hsstore.interop.formats.base import Format, atomic_write
+from hsstore.interop.formats.interface import Format, atomic_write
 from hsstore.interop.sample import FileDigest, read_bytes
 
 PREFIX = "import-"

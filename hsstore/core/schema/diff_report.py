@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hsstore.core.schema.base import UNSET, Record, UnsetType
+from hsstore.core.schema.record import UNSET, Record, UnsetType
 
 
 class LayerDiff(Record):

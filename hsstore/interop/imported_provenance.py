@@ -19,7 +19,7 @@ from typing import Any
 
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.imported import UNKNOWN, ImportSource
-from hsstore.core.schema.base import UNSET
+from hsstore.core.schema.record import UNSET
 from hsstore.core.schema.provenance import (Environment, Kernels, LayerRoles, ModelIdentity, Provenance, Recipe,
                                             TokenizerIdentity)
 from hsstore.interop.layers import FINAL_NORM
