@@ -7,6 +7,8 @@ states shifted by one token), audited on the damaged samples.
 
     python scripts/gpu_audit.py --out /tmp/aud --rows 300                        # one GPU with fla
     python scripts/gpu_audit.py --out /tmp/aud --size tiny --device cpu --backend torch --rows 40   # dry run
+    python scripts/gpu_audit.py --out /tmp/aud --steps build,native,import      # one call ...
+    python scripts/gpu_audit.py --out /tmp/aud --steps imported --damaged       # ... and the next, same OUT
 Everything lands in OUT/summary.json (times, verdicts, defect counts, the commands).
 """
 
@@ -20,6 +22,9 @@ from pathlib import Path
 
 from hsstore.testing.seed import SIZES, hs, long_rows, manifest, sh
 from hsstore.testing.shapes import SHAPES
+
+
+STEPS = ("build", "native", "import", "imported")
 
 
 def timed(args: list[str], out: Path, check: bool = False) -> tuple[float, dict]:
@@ -62,40 +67,54 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--backend", default="fla")
     ap.add_argument("--damaged", action="store_true", help="also audit a copy with three damaged files")
+    ap.add_argument("--steps", default=",".join(STEPS),
+                    help=f"which of {','.join(STEPS)} to run (a later call reuses OUT, to split the run over two calls)")
     args = ap.parse_args()
+    steps = set(args.steps.split(","))
+    if steps - set(STEPS):
+        raise SystemExit(f"--steps: unknown {sorted(steps - set(STEPS))}; choose from {','.join(STEPS)}")
     out = Path(args.out)
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    data = out / "long.jsonl"
-    data.write_text(long_rows(args.rows, args.rows // 4, SIZES[args.size][1]))
-    m = manifest(out, data, args.size, args.device)
+    if "build" in steps:
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        (out / "long.jsonl").write_text(long_rows(args.rows, args.rows // 4, SIZES[args.size][1]))
+    m = manifest(out, out / "long.jsonl", args.size, args.device)
     shape, aux, target = SHAPES[SIZES[args.size][0]][0], *SHAPES[SIZES[args.size][0]][1:]
     n_layers = shape.get("num_hidden_layers", 4) if shape else 4
-    store, s = out / "store.zarr", {"rows": args.rows, "commands": []}
-    t = time.perf_counter()
-    sh(hs("build", str(m), "--backend", args.backend, "--quiet"))
-    s["build_s"] = time.perf_counter() - t
-    native = f"{store}#backend={args.backend}"
-    cmd = hs("check", str(m), native, "--fraction", "0.01", "--floor", "live", "--device", args.device, "--json", "-")
-    s["commands"].append(" ".join(cmd[2:]))
-    s["native_s"], s["native"] = timed(cmd, out / "native.json")
-    spec = out / "spec"
-    sh(hs("export", native, "speculators", str(spec)))
-    (spec / "hsstore-export.json").unlink()  # a foreign cache: nothing says what it holds
+    summary = out / "summary.json"
+    s = json.loads(summary.read_text()) if summary.exists() and "build" not in steps else {"rows": args.rows, "commands": []}
+    native, spec = f"{out / 'store.zarr'}#backend={args.backend}", out / "spec"
     ids = ",".join(str(i + 1) for i in [*aux, *target])  # vLLM's numbering: the state entering layer i
-    imported = out / "imported.zarr"
-    sh(hs("import", "speculators", str(spec), "--store", str(imported), "--tokenizer", "builtin:tiny-qwen3_5",
-          "--num-layers", str(n_layers), "--layers", ids, "--capture", "input", "--quiet"))
-    cmd = hs("check", str(m), str(imported), "--fraction", "0.01", "--json", "-")
-    s["commands"].append(" ".join(cmd[2:]))
-    s["imported_s"], s["imported"] = timed(cmd, out / "imported.json")
+    if "build" in steps:
+        t = time.perf_counter()
+        sh(hs("build", str(m), "--backend", args.backend, "--quiet"))
+        s["build_s"] = time.perf_counter() - t
+    if "native" in steps:
+        cmd = hs("check", str(m), native, "--fraction", "0.01", "--floor", "live", "--device", args.device, "--json", "-")
+        s["commands"].append(" ".join(cmd[2:]))
+        s["native_s"], s["native"] = timed(cmd, out / "native.json")
+    if "import" in steps:
+        imported_copy(native, spec, out / "imported.zarr", ids, n_layers)
+    if "imported" in steps:
+        cmd = hs("check", str(m), str(out / "imported.zarr"), "--fraction", "0.01", "--json", "-")
+        s["commands"].append(" ".join(cmd[2:]))
+        s["imported_s"], s["imported"] = timed(cmd, out / "imported.json")
     if args.damaged:
         damaged(spec, out, m, ids, n_layers, s)
     brief = {k: ({f: v.get(f) for f in ("verdict", "verdict_kind", "samples", "population", "defects", "bound",
                                          "assumed", "recompute", "seconds")} if isinstance(v, dict) and "verdict_kind" in v else v)
              for k, v in s.items()}
-    (out / "summary.json").write_text(json.dumps(brief, indent=1, default=str))
+    summary.write_text(json.dumps(brief, indent=1, default=str))
     print(json.dumps(brief, indent=1, default=str))
+
+
+def imported_copy(native: str, spec: Path, imported: Path, ids: str, n_layers: int) -> None:
+    """The native variant exported as a speculators cache, its export record removed (a foreign cache: nothing
+    says what it holds), imported with the user's statement of layers and capture point alone."""
+    sh(hs("export", native, "speculators", str(spec)))
+    (spec / "hsstore-export.json").unlink()
+    sh(hs("import", "speculators", str(spec), "--store", str(imported), "--tokenizer", "builtin:tiny-qwen3_5",
+          "--num-layers", str(n_layers), "--layers", ids, "--capture", "input", "--quiet"))
 
 
 def damaged(spec: Path, out: Path, m: Path, ids: str, n_layers: int, s: dict) -> None:
