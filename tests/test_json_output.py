@@ -170,3 +170,21 @@ def test_the_text_is_rendered_from_the_record(name: str):
     if os.environ.get("HSSTORE_PIN_JSON"):
         (PINNED / f"{name}.txt").write_text(text + "\n")
     assert text + "\n" == (PINNED / f"{name}.txt").read_text()
+
+
+def test_info_shows_the_audit_records_it_can_read_and_leaves_out_the_rest(tmp_path: Path):
+    """An audit record is read as a typed record: one a later hsstore wrote with more fields is shown (without
+    them); a damaged one (not JSON, a wrong type, no time) is left out, not a traceback in ``info``."""
+    s = tmp_path / "s.zarr"
+    shutil.copytree(FIXTURE, s)
+    io = Store.open(s, mode="a").io
+    for i, rec in enumerate([AUDIT, {**AUDIT, "added_later": 1}, {**AUDIT, "samples": "3"},
+                             {k: v for k, v in AUDIT.items() if k != "audited_at"}, "not json"]):
+        raw = rec.encode() if isinstance(rec, str) else json.dumps(rec).encode()
+        io.put_atomic(layout.build_key(BF16, f"audit-20261201T00000{i}Z-0000000{i}"), raw)
+    r = run_cli("info", str(s), "--json")
+    assert r.returncode == 0, r.stderr
+    (bf16,) = [v for v in json.loads(r.stdout)["variants"] if v["id"] == BF16]
+    assert bf16["audits"] == [AUDIT, AUDIT]
+    text = run_cli("info", str(s))
+    assert text.returncode == 0 and text.stdout.count("audited 2026-12-01T00:00:00+00:00") == 2

@@ -26,7 +26,7 @@ class AuditSummary(Record, forbid_unknown_fields=False, kw_only=True):
     of ``hsstore check --json`` it keeps, None where the check had none. Fields a later hsstore adds are
     left out, not a reason to drop the audit."""
 
-    kind: str = "audit"
+    kind: str  # "audit"
     audited_at: str
     model: str | None
     model_fingerprint: str | None
