@@ -32,8 +32,9 @@ def _variant_lines(v: VariantInfo) -> list[str]:
     env, rec, k = prov.environment, prov.recipe, prov.environment.kernels
     ratio = f"{v.compression_ratio:.2f}x" if v.compression_ratio else "-"
     lines = [
-        f"variant {v.id}: backend={env.backend} dtype={env.dtype} device={env.device} "
-        f"({or_none(env.device_name)})" + (f" precision={v.precision}" if v.precision else "")
+        f"variant {v.id}: backend={env.backend} dtype={env.dtype} device={env.device}"
+        + (f" ({env.device_name})" if or_none(env.device_name) else "")
+        + (f" precision={v.precision}" if v.precision else "")
         + _apart(v.distinguished_by),
         f"  model {rec.model.name}  layers aux={rec.layers.aux} target={rec.layers.target}  hidden={v.hidden_size}",
         f"  kernels: gated-delta={k.chunk_gated_delta_rule} conv1d={k.causal_conv1d} attention={k.attention}",
