@@ -142,13 +142,13 @@ def build_pass(model, n_layers: int, aux: list, target: list, samples: list, bat
     out: dict = {}
     secs = timed(lambda: out.update(capture_to_store(model, n_layers, aux + target, samples, batches,
                                                      UnitWriter(store, vid), args.device, 0, args.unit_tokens,
-                                                     precision=precision)))
+                                                     precision=precision).to_dict()))
     run = {"seconds": secs, "writer_busy_seconds": out["writer_busy_seconds"], "bytes": out["bytes"],
            "tail_seconds": out["tail_seconds"], "first_batch_seconds": out["first_batch_seconds"]}
     if precision:
         from hsstore.core.quant_error import summary
 
-        run["fp8_error"] = {str(i): summary(e) for i, e in store.reader(vid, refresh=True).quant_error().items()}
+        run["fp8_error"] = {str(i): summary(e).to_dict() for i, e in store.reader(vid, refresh=True).quant_error().items()}
     shutil.rmtree(path, ignore_errors=True)
     return run
 

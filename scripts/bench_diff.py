@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from hsstore import HiddenStateDataset, Store
-from hsstore.compare.diff import diff_targets
+from hsstore.compare.diff import run_diff
 from hsstore.core.keys import SampleTokens, sample_key
 from hsstore.storage.codecs import DEFAULT, chunk_tokens
 from hsstore.storage.writer import UnitWriter
@@ -105,7 +105,7 @@ def main() -> None:
         store = str(path)
     a, b = f"{store}#{args.a}", f"{store}#{args.b}"
     nbytes = read_both(store, args.a, args.b)  # warm-up: page cache
-    diff_targets(a, b, device=args.device)
+    run_diff(a, b, device=args.device)
     reads, diffs, read_cpu, diff_cpu = [], [], [], []
     for _ in range(args.reps):
         c0, t0 = _cpu(), time.perf_counter()
@@ -113,12 +113,12 @@ def main() -> None:
         reads.append(time.perf_counter() - t0)
         read_cpu.append(_cpu() - c0)
         c0, t0 = _cpu(), time.perf_counter()
-        report = diff_targets(a, b, device=args.device, threads=args.threads)
+        report = run_diff(a, b, device=args.device, threads=args.threads)
         diffs.append(time.perf_counter() - t0)
         diff_cpu.append(_cpu() - c0)
     r, d = statistics.median(reads), statistics.median(diffs)
     out = {"store": store, "a": args.a, "b": args.b, "device": args.device, "cpus": os.cpu_count(),
-           "torch_threads": torch.get_num_threads(), "state_bytes": nbytes, "tokens": report["tokens"],
+           "torch_threads": torch.get_num_threads(), "state_bytes": nbytes, "tokens": report.tokens,
            "read_seconds": reads, "diff_seconds": diffs, "read_cpu_seconds": read_cpu, "diff_cpu_seconds": diff_cpu, "read_gb_s": nbytes / r / 1e9, "diff_gb_s": nbytes / d / 1e9,
            "ratio": r / d}
     print(f"{nbytes / 1e9:.2f} GB of states, {report['tokens']:,} tokens, {os.cpu_count()} CPUs, device {args.device}")

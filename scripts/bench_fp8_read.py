@@ -49,7 +49,7 @@ def build(path: Path, samples, states, codec: str, unit_samples: int = 8) -> tup
         w.write(samples[a: a + unit_samples], {layer: torch.cat([s[:, j] for s in part]) for j, layer in enumerate(LAYERS)})
     r = convert(f"{path}#{vid}", "fp8-e4m3")
     convert(f"{path}#{vid}", "fp8-e4m3", dest=str(path.with_name(path.name + "-none")), codec="none")
-    return vid, r["variant"]
+    return vid, r.variant
 
 
 def read_pass(path: Path, vid: str | None, workers: int, raw: bool, prefetch: int = 0) -> float:

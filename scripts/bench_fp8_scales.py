@@ -137,7 +137,8 @@ def measure(named: dict[str, torch.Tensor], codec: Zstd) -> dict:
             layers, stored = {}, 0
             for name, x, q in zip(names, states, qs):
                 y = _dequant(q, (T, H))
-                layers[name] = quant_error.summary(quant_error.from_error_tensor(quant_error.error_tensor(x.float(), y).tolist()))
+                layers[name] = quant_error.summary(quant_error.from_error_tensor(
+                    quant_error.error_tensor(x.float(), y).tolist())).to_dict()
                 codes = q.codes.contiguous().numpy()
                 stored += sum(len(codec.encode(np.ascontiguousarray(codes[i:i + rows]))) for i in range(0, T, rows))
             scales = sum(q.scales.numel() for q in qs) * 4 if scheme != "per-token-all-layers" else qs[0].scales.numel() * 4

@@ -63,7 +63,7 @@ def prepare(base: Path, samples: int, hidden: int, probe_gib: float) -> dict[str
     del data
     path = base / "bf16" / "s.zarr"
     bf16 = sorted(p.name for p in (path / "variants").iterdir())[0]  # the only variant before the convert
-    fp8 = convert(f"{path}#{bf16}", "fp8-e4m3")["variant"]
+    fp8 = convert(f"{path}#{bf16}", "fp8-e4m3").variant
     none_path = base / "none" / "s.zarr"
     none = sorted(p.name for p in (none_path / "variants").iterdir())[0]
     write_probe(base / "probe.bin", int(probe_gib * (1 << 30)))

@@ -29,7 +29,7 @@ def assert_all_readable(path: Path, vid: str) -> int:
         reader.read_tokens(ref)
         reader.read_layers(ref, reader.record.all_layers)
     report = verify(Store.open(path))
-    assert report["ok"], report["problems"][:5]
+    assert report.ok, report.problems[:5]
     return len(reader.keys)
 
 
@@ -58,12 +58,12 @@ def test_gc_force_keeps_a_unit_whose_writer_holds_its_lease(tmp_path: Path):
     assert lease is not None
     try:
         out = collect_garbage(Store.open(path, mode="a"), grace_seconds=0, force=True)
-        assert out["kept_in_progress"] == [f"{vid}/busy-000000"]
+        assert out.kept_in_progress == [f"{vid}/busy-000000"]
         assert (path / "variants" / vid / "units" / "busy-000000" / "zarr.json").exists()
     finally:
         lease.release()
     out = collect_garbage(Store.open(path, mode="a"), grace_seconds=0, force=True)
-    assert out["removed_units"] == [f"{vid}/busy-000000"]  # released by a writer that never committed
+    assert out.removed_units == [f"{vid}/busy-000000"]  # released by a writer that never committed
 
 
 def test_a_unit_folder_never_exists_without_its_writer_record(tmp_path: Path):
@@ -98,7 +98,7 @@ def test_a_commit_never_names_a_file_that_is_gone(tmp_path: Path):
     with pytest.raises(WriteFailed, match=r"file layer_0/c/0/0 is gone before its commit"):
         w.write(samples, make_states(samples, rec.hidden_size, rec.dtype, rec.all_layers))
     assert not (path / "variants" / vid / "commits" / "x-000000.json").exists()
-    assert verify(Store.open(path))["ok"]
+    assert verify(Store.open(path)).ok
 
 
 @pytest.mark.process

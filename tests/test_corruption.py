@@ -35,9 +35,9 @@ def _read_all(path: Path, vid: str) -> None:
 
 def _assert_detected(path: Path, vid: str, samples: list, match: str) -> None:
     result = verify(Store.open(path))
-    assert not result["ok"]
-    named = {p["key"] for p in result["problems"]}
-    assert named & {s.key for s in samples}, result["problems"]
+    assert not result.ok
+    named = {p.key for p in result.problems}
+    assert named & {s.key for s in samples}, result.problems
     with pytest.raises(CorruptData, match=match):
         _read_all(path, vid)
     cli = run_cli("verify", str(path), "--json")
@@ -54,8 +54,8 @@ def test_flipped_byte_in_any_chunk_file(store_path, target: str, where: float):
     data[int(len(data) * where)] ^= 0x40
     f.write_bytes(bytes(data))
     result = verify(Store.open(path))
-    assert not result["ok"]
-    assert {p["key"] for p in result["problems"]} & {s.key for s in samples}
+    assert not result.ok
+    assert {p.key for p in result.problems} & {s.key for s in samples}
     with pytest.raises(CorruptData):
         _read_all(path, vid)
 
@@ -90,7 +90,7 @@ def test_garbage_commit_record(store_path):
     commit = next((path / "variants" / vid / "commits").glob("*.json"))
     commit.write_text("{not json")
     result = verify(Store.open(path))
-    assert not result["ok"] and "unreadable" in result["problems"][0]["what"]
+    assert not result.ok and "unreadable" in result.problems[0].what
     assert Store.open(path).variant_ids() == [vid]
     with pytest.raises(CorruptData, match="unreadable commit record"):
         _read_all(path, vid)
@@ -102,7 +102,7 @@ def test_deleted_commit_record_hides_the_unit(store_path):
     store = Store.open(path)
     assert store.variants == []  # the unit is uncommitted now: invisible, and gc can reclaim it
     result = verify(store)
-    assert result["ok"] and any("uncommitted" in n for n in result["notes"])
+    assert result.ok and any("uncommitted" in n for n in result.notes)
 
 
 def test_garbage_variant_metadata(store_path):
@@ -117,8 +117,8 @@ def test_stray_file_is_flagged(store_path):
     path, vid, _ = store_path
     (path / "variants" / vid / "evil.py").write_text("import os")
     result = verify(Store.open(path))
-    assert not result["ok"]
-    assert "not written by hsstore" in result["problems"][0]["what"]
+    assert not result.ok
+    assert "not written by hsstore" in result.problems[0].what
 
 
 def test_flipped_byte_in_an_uncompressed_chunk_read_straight_into_the_output(tmp_path: Path):
@@ -132,7 +132,7 @@ def test_flipped_byte_in_an_uncompressed_chunk_read_straight_into_the_output(tmp
     f.write_bytes(bytes(data))
     with pytest.raises(CorruptData, match=f"sample {samples[0].key}.*crc32c"):
         HiddenStateDataset(path)[0]
-    assert not verify(Store.open(path))["ok"]
+    assert not verify(Store.open(path)).ok
 
 
 def test_a_changed_metadata_file_fails_its_recorded_checksum(store_path):
@@ -143,5 +143,5 @@ def test_a_changed_metadata_file_fails_its_recorded_checksum(store_path):
     meta.write_text(text.replace('"layer": 1', '"layer": 7'))  # same size, other bytes
     assert meta.stat().st_size == len(text)
     result = verify(Store.open(path))
-    assert not result["ok"] and "layer_1/zarr.json has crc32c" in result["problems"][0]["what"]
-    assert {p["key"] for p in result["problems"]} == {s.key for s in samples}
+    assert not result.ok and "layer_1/zarr.json has crc32c" in result.problems[0].what
+    assert {p.key for p in result.problems} == {s.key for s in samples}

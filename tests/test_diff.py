@@ -124,8 +124,8 @@ def _store(path: Path, n_samples: int) -> str:
 
 PEAK = """
 import resource, sys
-from hsstore.compare.diff import diff_targets
-diff_targets(sys.argv[1] + "#dtype=bf16", sys.argv[1] + "#dtype=fp32")
+from hsstore.compare.diff import run_diff
+run_diff(sys.argv[1] + "#dtype=bf16", sys.argv[1] + "#dtype=fp32")
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 

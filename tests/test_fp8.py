@@ -83,7 +83,7 @@ def test_a_selector_that_does_not_name_a_precision_still_picks_the_variant_store
 
 def test_fp8_variant_is_verify_clean_smaller_and_info_states_its_error_against_the_floor(converted: Path) -> None:
     v = verify(Store.open(converted))
-    assert v["ok"], v["problems"]
+    assert v.ok, v.problems
     r = run_cli("info", str(converted), "--json")
     assert r.returncode == 0, r.stderr
     variants = {(x["provenance"]["environment"]["dtype"], x.get("precision")): x for x in json.loads(r.stdout)["variants"]}
@@ -133,7 +133,7 @@ def test_check_recomputes_an_fp8_variant_bit_exactly_and_refuses_a_floor(convert
 
 def test_converting_twice_is_a_no_op_and_converting_fp8_is_refused(converted: Path) -> None:
     again = convert(f"{converted}#dtype=bf16", "fp8-e4m3")
-    assert again["samples_converted"] == 0 and again["samples_present"] == 40 and again["complete"]
+    assert again.samples_converted == 0 and again.samples_present == 40 and again.complete
     r = run_cli("convert", f"{converted}#{FP8}", "--precision", "fp8-e4m3")
     assert r.returncode == 2 and "already stored as fp8-e4m3" in r.stderr
     r = run_cli("convert", f"{converted}#dtype=bf16", "--precision", "fp4")
@@ -170,7 +170,7 @@ def test_convert_killed_mid_way_resumes_to_the_same_variant(tmp_path: Path) -> N
     out = json.loads(r.stdout)
     assert out["complete"] and out["samples_present"] >= n_before - 1 and out["samples_converted"] + out["samples_present"] == 60
     clean = convert(str(src), "fp8-e4m3", dest=str(tmp_path / "clean.zarr"))
-    assert clean["variant"] == out["variant"]  # same provenance, same id
+    assert clean.variant == out["variant"]  # same provenance, same id
     resumed = HiddenStateDataset(dst, raw=True)
     fresh = HiddenStateDataset(tmp_path / "clean.zarr", raw=True)
     assert resumed.keys == fresh.keys and len(resumed) == 60  # same samples, in the source's order
@@ -180,11 +180,11 @@ def test_convert_killed_mid_way_resumes_to_the_same_variant(tmp_path: Path) -> N
         assert torch.equal(a["target_scales"], b["target_scales"])
     r = run_cli("gc", str(dst), "--force")
     assert r.returncode == 0, r.stderr
-    assert verify(Store.open(dst))["ok"]
+    assert verify(Store.open(dst)).ok
     # the error recorded over the resumed units equals the error of the clean convert
-    assert set(out["error"]) == set(clean["error"]) and clean["error"]
-    for layer, e in clean["error"].items():
-        assert out["error"][layer]["rel_l2"] == pytest.approx(e["rel_l2"], rel=1e-9)
+    assert set(out["error"]) == set(clean.error) and clean.error
+    for layer, e in clean.error.items():
+        assert out["error"][layer]["rel_l2"] == pytest.approx(e.rel_l2, rel=1e-9)
 
 
 def test_fp8_build_on_cpu_equals_converting_its_bf16_twin(tiny_store: Path, tmp_path: Path) -> None:
@@ -197,7 +197,7 @@ def test_fp8_build_on_cpu_equals_converting_its_bf16_twin(tiny_store: Path, tmp_
     conv = convert(f"{tiny_store}#dtype=bf16", "fp8-e4m3", dest=str(tmp_path / "conv.zarr"))
     built = HiddenStateDataset(built_path, raw=True)
     derived = HiddenStateDataset(tmp_path / "conv.zarr", raw=True)
-    assert built.variant_id == conv["variant"]  # the source is informational: same numbers, same id
+    assert built.variant_id == conv.variant  # the source is informational: same numbers, same id
     assert sorted(built.keys) == sorted(derived.keys) and len(built.keys) == 40
     for k in built.keys:
         a, b = built[built.keys.index(k)], derived[derived.keys.index(k)]
@@ -229,4 +229,4 @@ def test_a_damaged_scale_file_is_named_by_verify(converted: Path) -> None:
     data[5] ^= 0xFF
     scale.write_bytes(bytes(data))
     v = verify(Store.open(converted))
-    assert not v["ok"] and any("scale_0" in p["what"] or "crc32c" in p["what"] for p in v["problems"])
+    assert not v.ok and any("scale_0" in p.what or "crc32c" in p.what for p in v.problems)

@@ -76,7 +76,7 @@ def test_import_keys_states_and_provenance(fmt: str, tmp_path: Path):
     done = [json.loads(p.read_text()) for p in (tmp_path / "s.zarr").rglob("builds/import-*.json")]
     files = {f[0]: f[3] for d in done if d["kind"] == "import-chunk" for e in d["entries"] for f in e["files"]}
     assert len(files) == len(samples)  # every source file's xxh3 is recorded
-    assert verify(Store.open(tmp_path / "s.zarr"))["ok"]
+    assert verify(Store.open(tmp_path / "s.zarr")).ok
 
 
 @pytest.mark.parametrize("fmt", sorted(WRITERS))
@@ -269,6 +269,6 @@ def test_import_records_stay_small_whatever_the_paths(tmp_path: Path):
     records = [k for k in store.io.list(layout.builds_prefix(r["variant"])) if "import-" in k]
     sizes = [len(store.io.get(k)) for k in records]
     assert len(sizes) > 2 and max(sizes) <= RECORD_BYTES + 2 * entry, sizes
-    assert verify(store)["ok"]
+    assert verify(store).ok
     again = _import("eagle", tmp_path / "src", tmp_path / "s.zarr")
     assert again["samples_present"] + again["duplicates"] == n and again["samples_written"] == 0

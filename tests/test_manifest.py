@@ -108,3 +108,54 @@ def test_tilde_in_paths_is_the_home_folder_and_the_store_may_come_from_the_cli_a
     r = run_cli("info", "~/out/s.zarr", "--json", env=env)
     assert r.returncode == 0 and [v["n_samples"] for v in json.loads(r.stdout)["variants"]] == [4], r.stdout
     assert load_manifest(m).data_files == [str(Path.home() / "data.jsonl")]
+
+
+SCHEMA_RULES = [  # (a change to a valid resolved manifest, the schema's words for it)
+    ({"backends": ["triton"]}, "unknown backend 'triton'"), ({"dtypes": ["int8"]}, "unknown dtype 'int8'"),
+    ({"devices": ["tpu"]}, "unknown device 'tpu'"), ({"data_format": "alpaca"}, "unknown data format 'alpaca'"),
+    ({"too_long": "drop"}, "too_long = 'drop'; choose truncate or skip"),
+    ({"max_length": 1}, "max_length = 1; it must be at least 2"),
+    ({"attn_implementation": "paged"}, "unknown attn_implementation 'paged'"),
+    ({"init_device": "gpu"}, "init_device = 'gpu'; choose cpu or device"),
+    ({"codec": "lz77"}, "unknown compression 'lz77'"), ({"precision": "fp4"}, "precision = 'fp4'"),
+    ({"token_budget": 100}, r"token_budget \(100\) must be at least \[data\] max_length"),
+    ({"dtypes": ["bf16", "bfloat16"]}, "dtypes names 'bf16' twice"), ({"backends": []}, "must each name at least one"),
+    ({"gpus_per_rank": 0}, "gpus_per_rank = 0; it must be 1 or more"),
+    ({"gpus_per_rank": 2}, r'set devices = \["cuda"\]'), ({"unit_tokens": 0}, "unit_tokens = 0; it must be 1 or more"),
+    ({"store_path": ""}, r"\[store\] path is missing"),
+]
+
+
+@pytest.mark.parametrize("change,words", SCHEMA_RULES, ids=[next(iter(c)) + str(i) for i, (c, _) in enumerate(SCHEMA_RULES)])
+def test_the_manifest_rules_live_in_its_schema(tmp_path: Path, change: dict, words: str) -> None:
+    """Every value rule a manifest (and a CLI override of it) is held to is the schema's: a resolved Manifest is
+    checked by hsstore.core.schema.manifest alone, given the store's codec names."""
+    from hsstore.core.schema.manifest import check_manifest
+    from hsstore.storage.codecs import CHOICES
+
+    good = load_manifest(write_manifest(tmp_path / "m.toml"))
+    assert check_manifest(good, CHOICES) == good
+    with pytest.raises(BadInput, match=words):
+        check_manifest(good.replace(**change), CHOICES)
+
+
+def test_the_manifest_file_rules_live_in_its_schema() -> None:
+    """The rules of the TOML document (tables, keys, required keys, layers) are the schema's too, and the names
+    other layers accept (backends, data formats, attention) are the schema's own tuples, not copies."""
+    from hsstore.capture.inputs import tokenizing
+    from hsstore.compare import assume
+    from hsstore.core.schema import manifest as schema
+
+    ok = {"model": {"path": "builtin:tiny-llama", "layers": {"aux": [0], "target": [1]}}, "data": {"files": ["d.jsonl"]}}
+    assert schema.parse_manifest_file(ok, "m.toml").model.layers.target == [1]
+    for raw, words in [({**ok, "modle": {}}, r"unknown table\(s\) \['modle'\]"),
+                       ({**ok, "model": {**ok["model"], "layrs": 1}}, r"unknown key\(s\) \['layrs'\] in \[model\]"),
+                       ({**ok, "model": {"layers": ok["model"]["layers"]}}, r"\[model\] path is missing"),
+                       ({**ok, "data": {}}, r"\[data\] files is missing"),
+                       ({**ok, "model": {**ok["model"], "layers": {"aux": [1], "target": [1]}}}, "both aux and target"),
+                       ({**ok, "model": {**ok["model"], "layers": {"aux": [0], "target": []}}}, "layers.target is empty"),
+                       ({**ok, "model": {**ok["model"], "seed": 1.5}}, r"\[model\] seed = 1.5: expected an integer")]:
+        with pytest.raises(BadInput, match=words):
+            schema.parse_manifest_file(raw, "m.toml")
+    assert assume.BACKENDS is schema.BACKENDS and assume.ATTENTION is schema.ATTENTION
+    assert tokenizing.FORMATS is schema.DATA_FORMATS

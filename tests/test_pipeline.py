@@ -29,7 +29,7 @@ def test_every_sample_is_written_and_the_steady_state_excludes_the_first_batch(h
     vid = new_variant(store, dtype="fp32", hidden=hidden, layers=layers)
     writer = UnitWriter(store, vid, check_health=False)
     out = capture_to_store(hybrid, 4, [0, 1, 3], samples, batches, writer, "cpu", 0, unit_tokens=50)
-    assert out["samples_written"] == len(samples)
+    assert out.samples_written == len(samples)
     reader = Store.open(tmp_path / "s.zarr").reader(vid)
     assert set(reader.keys) == {s.key for s in samples}
     alone = LayerCapture(hybrid, 4, [3])  # the last sample, run by itself
@@ -38,9 +38,9 @@ def test_every_sample_is_written_and_the_steady_state_excludes_the_first_batch(h
     alone.close()
     assert torch.allclose(reader.read(samples[5].key, [3])["layers"][3], want, atol=1e-5)
     first = samples[0].length + samples[1].length
-    assert out["steady_tokens"] == sum(s.length for s in samples) - first
-    assert 0 < out["first_batch_seconds"] <= out["loop_seconds"]
-    assert 0 < out["steady_seconds"] <= out["loop_seconds"] - out["first_batch_seconds"]
+    assert out.steady_tokens == sum(s.length for s in samples) - first
+    assert 0 < out.first_batch_seconds <= out.loop_seconds
+    assert 0 < out.steady_seconds <= out.loop_seconds - out.first_batch_seconds
 
 
 def test_shortfall_counts_only_what_the_free_buffers_do_not_cover():

@@ -41,7 +41,7 @@ def test_round_trip_error_is_within_half_an_e4m3_step_of_each_normal_value(dtype
     tiny_err = (y - xf).abs()[~normal] / q.scales.expand_as(xf)[~normal]
     assert tiny_err.numel() == 0 or tiny_err.max() <= 2.0**-10  # half of e4m3's subnormal step
     s = quant_error.summary(quant_error.from_error_tensor(quant_error.error_tensor(xf, y).tolist()))
-    assert 0.005 < s["rel_l2"] < 0.04 and s["cos_min"] > 0.999
+    assert 0.005 < s.rel_l2 < 0.04 and s.cos_min > 0.999
 
 
 def test_scales_are_powers_of_two_that_put_the_row_maximum_in_the_top_binade() -> None:
@@ -136,20 +136,20 @@ def test_error_records_add_up_to_the_error_of_the_whole() -> None:
     parts = [quant_error.from_error_tensor(quant_error.error_tensor(x[a:b], y[a:b]).tolist())
              for a, b in [(0, 7), (7, 31), (31, 50)]]
     merged = quant_error.summary(quant_error.merge(parts))
-    assert merged["tokens"] == 50
+    assert merged.tokens == 50
     for k in ("rel_l2", "cos_mean", "cos_min", "max_abs"):
-        assert math.isclose(merged[k], whole[k], rel_tol=1e-6), k
+        assert math.isclose(getattr(merged, k), getattr(whole, k), rel_tol=1e-6), k
     direct = float(torch.linalg.vector_norm(y - x) / torch.linalg.vector_norm(x))
-    assert math.isclose(whole["rel_l2"], direct, rel_tol=1e-5)
+    assert math.isclose(whole.rel_l2, direct, rel_tol=1e-5)
 
 
 def test_error_of_identical_and_of_zero_states() -> None:
     x = residual_like(T=5, H=8)
     same = quant_error.summary(quant_error.from_error_tensor(quant_error.error_tensor(x, x).tolist()))
-    assert same["rel_l2"] == 0 and same["cos_min"] == pytest.approx(1.0) and same["max_abs"] == 0
+    assert same.rel_l2 == 0 and same.cos_min == pytest.approx(1.0) and same.max_abs == 0
     z = torch.zeros(3, 8)
     zero = quant_error.summary(quant_error.from_error_tensor(quant_error.error_tensor(z, z).tolist()))
-    assert zero["rel_l2"] == 0 and zero["cos_mean"] == 1.0
+    assert zero.rel_l2 == 0 and zero.cos_mean == 1.0
     empty = quant_error.from_error_tensor(quant_error.error_tensor(z[:0], z[:0]).tolist())
     assert empty["tokens"] == 0
 

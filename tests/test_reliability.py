@@ -45,7 +45,7 @@ def _bit_exact_and_complete(store: Path, reference: Path, n: int) -> None:
     reader = Store.open(store).reader(v.id)
     assert len(reader.keys) == len(set(reader.keys)) == n
     result = verify(Store.open(store))
-    assert result["ok"], result["problems"]
+    assert result.ok, result.problems
     assert_bit_exact(str(store), str(reference), n)
 
 
@@ -119,7 +119,7 @@ def test_sigkill_at_seeded_moments_then_resume(reference: Path, tmp_path: Path):
             committed_after_kill[what] = sum(v.n_samples for v in s.variants)
             # committed data is intact after every kill (a cut-short put's temporary file is debris: a note)
             result = verify(s)
-            assert result["ok"], result["problems"]
+            assert result.ok, result.problems
     counts = list(committed_after_kill.values())
     assert len(counts) >= 4 and counts == sorted(counts)
     assert all(0 < n < int(LIMIT) for w, n in committed_after_kill.items() if w.startswith("a unit"))
@@ -154,7 +154,7 @@ def test_concurrent_builds_of_overlapping_inputs(tmp_path: Path):
     assert codes == [0, 0], [p.stderr.read().decode()[-2000:] for p in procs]
     (v,) = Store.open(store).variants
     assert v.n_samples == 45
-    assert verify(Store.open(store))["ok"]
+    assert verify(Store.open(store)).ok
 
 
 @pytest.mark.process
@@ -215,7 +215,7 @@ def test_write_error_stops_build_and_keeps_committed_data(reference, tmp_path: P
     units.unlink()
     blocker.rename(units)
     s = Store.open(tmp_path / "full.zarr")
-    assert s.variants[0].n_samples == before and verify(s)["ok"]
+    assert s.variants[0].n_samples == before and verify(s).ok
 
 
 @pytest.mark.process

@@ -81,7 +81,7 @@ def test_s3_concurrent_writers_verify_read_diff_and_a_killed_writer(s3: str, tin
     debris = _uncommitted(killed)  # the units the killed writer left half-written
     assert debris, "the build was killed between units: no debris for gc to remove"
     partial = Store.open(killed).variants[0].n_samples
-    assert 0 < partial < 40 and verify(Store.open(killed))["ok"]
+    assert 0 < partial < 40 and verify(Store.open(killed)).ok
     resumed = _build(small, killed)
     assert resumed.wait(timeout=300) == 0
     reader = Store.open(killed).reader(Store.open(killed).variant_ids()[0])
@@ -89,7 +89,7 @@ def test_s3_concurrent_writers_verify_read_diff_and_a_killed_writer(s3: str, tin
     gc = json.loads(run_cli("gc", killed, "--json").stdout)
     assert sorted(gc["removed_units"]) == sorted(debris)  # the killed writer's units: none committed, none missed
     assert not _uncommitted(killed)
-    assert verify(Store.open(killed))["ok"] and Store.open(killed).variants[0].n_samples == 40
+    assert verify(Store.open(killed)).ok and Store.open(killed).variants[0].n_samples == 40
 
 
 def test_a_server_gone_mid_read_is_one_network_error_not_damage(tmp_path: Path) -> None:
@@ -113,7 +113,7 @@ def test_a_server_gone_mid_read_is_one_network_error_not_damage(tmp_path: Path) 
             for seed in range(3):
                 write_unit(s, vid, [4, 5], seed=seed)
             reader = Store.open(url).reader(vid)
-            assert verify(Store.open(url))["ok"]
+            assert verify(Store.open(url)).ok
             kill_server(bucket)
             with pytest.raises(StoreUnreachable, match="did not answer .* not known to be damaged") as e:
                 reader.read_tokens(reader.ref(0))

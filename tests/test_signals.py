@@ -93,7 +93,7 @@ def test_sigterm_stops_the_worker_cleans_up_and_a_rerun_resumes(tmp_path: Path):
     assert "samples committed" in line and "re-run the same command to resume" in line
     assert not alive(worker) and not _temp_folders(tmp_path)
     store = Store.open(tmp_path / "s.zarr")
-    assert 0 < store.variants[0].n_samples < LIMIT and verify(store)["ok"]
+    assert 0 < store.variants[0].n_samples < LIMIT and verify(store).ok
     (end,) = (BuildRecord.from_json(f.read_bytes(), "record") for f in (tmp_path / "s.zarr").glob("builds/*/r0-end.json"))
     assert end.outcome == "interrupted" and f"error: {end.error}" == line  # the lineage says how it ended
     assert end.committed == {store.variants[0].id: store.variants[0].n_samples}
@@ -102,7 +102,7 @@ def test_sigterm_stops_the_worker_cleans_up_and_a_rerun_resumes(tmp_path: Path):
     (res,) = json.loads(r.stdout)["variants"]
     assert res["samples_present"] > 0 and res["samples_present"] + res["samples_written"] == LIMIT
     assert json.loads(r.stdout)["complete"] == {res["variant"]: True}
-    assert verify(Store.open(tmp_path / "s.zarr"))["ok"]
+    assert verify(Store.open(tmp_path / "s.zarr")).ok
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
@@ -139,7 +139,7 @@ def test_a_worker_whose_driver_is_sigkilled_exits_by_itself(tmp_path: Path):
         wait_for(lambda: not _temp_folders(tmp_path), 60, "the orphaned worker to remove the driver's folder")
     finally:
         kill_build(p)
-    assert verify(Store.open(tmp_path / "s.zarr"))["ok"]
+    assert verify(Store.open(tmp_path / "s.zarr")).ok
     (record,) = (tmp_path / "s.zarr").glob("builds/*/r*.json")  # killed outright: its start record stands alone
     assert record.name == "r0-start.json" and json.loads(record.read_text())["outcome"] == "running"
 
@@ -174,4 +174,4 @@ def test_sigterm_to_one_torchrun_rank_stops_every_rank_and_worker(tmp_path: Path
     assert p.returncode != 0
     assert err.count("interrupted by SIGTERM") == 2, err  # each rank: the operator's, then torchrun's
     assert not any(alive(pid) for pid in [*ranks, *workers]) and not _temp_folders(tmp_path)
-    assert verify(Store.open(tmp_path / "s.zarr"))["ok"]
+    assert verify(Store.open(tmp_path / "s.zarr")).ok

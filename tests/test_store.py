@@ -64,7 +64,7 @@ def test_uncommitted_work_is_invisible_and_rewrite_is_noop(tmp_path: Path):
     commit.unlink()
     fresh = Store.open(path)
     assert fresh.variants == []
-    assert verify(fresh)["ok"] and verify(fresh)["samples_checked"] == 0
+    assert verify(fresh).ok and verify(fresh).samples_checked == 0
     c1 = UnitWriter(store, vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2]))
     assert c1 is not None and len(c1.samples) == 2
     assert UnitWriter(store, vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2], seed=9)) is None
@@ -105,7 +105,7 @@ def test_two_processes_disjoint_units_lose_nothing(tmp_path: Path):
     _in_two_processes(_write_disjoint, path, vid)
     reader = Store.open(path).reader(vid)
     assert len(reader.keys) == 12 and len(set(reader.keys)) == 12
-    assert verify(Store.open(path))["ok"]
+    assert verify(Store.open(path)).ok
 
 
 @pytest.mark.process
@@ -118,7 +118,7 @@ def test_racing_writers_never_show_a_sample_twice(tmp_path: Path):
     assert len(reader.keys) == 4  # ...but each sample is visible once, from the first unit by id
     winner = min(c.unit for c in reader.commits)
     assert {r.unit for r in reader.refs.values()} == {winner}
-    assert verify(Store.open(path))["ok"]
+    assert verify(Store.open(path)).ok
 
 
 def test_memory_url_store_round_trip():
@@ -222,7 +222,7 @@ def test_format_v1_fixture_still_reads():
             got = r.read(key)
             for layer, total in sums.items():
                 assert float(got["layers"][int(layer)].double().sum()) == total
-    assert verify(store)["ok"]
+    assert verify(store).ok
     for vid in expected:  # the typed view reads old provenance and leaves the stored dict (the id hashes it) alone
         rec = store.variant_record(vid)
         assert rec.prov.environment.dtype == rec.dtype and rec.prov.recipe.layers.target == [2]
@@ -255,7 +255,7 @@ def test_a_variant_no_reader_could_open_is_refused_before_anything_is_written(tm
     with pytest.raises(BadInput, match=words):
         store.create_variant(provenance(), LAYERS, 16, dtype, codec, 64)
     assert [c for c in (path / "variants").iterdir() if c.is_dir()] == []
-    assert verify(Store.open(path))["ok"]
+    assert verify(Store.open(path)).ok
 
 
 def test_nan_inf_and_all_zero_states_are_refused_before_commit(tmp_path: Path):
@@ -291,12 +291,12 @@ def test_gc_removes_only_uncommitted_debris(tmp_path: Path):
     next((path / f"variants/{vid}/commits").glob("crashed-*.json")).unlink()  # it died before committing
     (path / f"variants/{vid}/commits/.tmp-123").write_bytes(b"half a commit")
     r = collect_garbage(Store.open(path, mode="a"))
-    assert r["removed_units"] == [] and len(r["kept_in_progress"]) == 1  # its writer (this process) is alive
+    assert r.removed_units == [] and len(r.kept_in_progress) == 1  # its writer (this process) is alive
     r = collect_garbage(Store.open(path, mode="a"), force=True)
-    assert len(r["removed_units"]) == 1 and not list((path / f"variants/{vid}/units").glob("crashed-*"))
+    assert len(r.removed_units) == 1 and not list((path / f"variants/{vid}/units").glob("crashed-*"))
     assert not (path / f"variants/{vid}/commits/.tmp-123").exists()
     s = Store.open(path)
-    assert s.reader(vid).keys == [kept[0].key] and verify(s)["ok"]
+    assert s.reader(vid).keys == [kept[0].key] and verify(s).ok
 
 
 def test_two_writers_with_one_id_cannot_share_a_unit(tmp_path: Path):
@@ -309,7 +309,7 @@ def test_two_writers_with_one_id_cannot_share_a_unit(tmp_path: Path):
     with pytest.raises(BuildFailed, match="exists already"):
         UnitWriter(store, vid, writer_id="same").write(b, make_states(b, 16, "bf16", [0, 1, 2]))
     r = Store.open(tmp_path / "s.zarr").reader(vid)
-    assert r.keys == [a[0].key] and verify(Store.open(tmp_path / "s.zarr"))["ok"]
+    assert r.keys == [a[0].key] and verify(Store.open(tmp_path / "s.zarr")).ok
 
 
 def test_the_default_codec_stores_bf16_states_smaller_than_plain_zstd(tmp_path: Path):

@@ -12,7 +12,8 @@ import pytest
 from hsstore import HiddenStateDataset, SelectorError
 from hsstore.core.distinguish import distinguishing, fork_note
 from hsstore.core.selectors import select
-from hsstore.testing.factories import provenance
+from hsstore.storage.store import Store
+from hsstore.testing.factories import LAYERS, provenance, write_unit
 
 from helpers import run_cli, write_manifest
 
@@ -60,6 +61,27 @@ def test_a_selector_key_that_names_no_field_is_an_unknown_key_with_the_valid_one
         select(variants, "precision=fp8-e4m3")
 
 
+def test_info_json_names_what_tells_each_variant_apart_as_info_and_selector_errors_do(tmp_path: Path):
+    path = tmp_path / "s.zarr"
+    store = Store.create(path)
+    vids = {}
+    for name, prov in (("4096", _with_budget(4096)), ("2048", _with_budget(2048)), ("fp32", _with_budget(4096, "fp32"))):
+        vids[name] = store.create_variant(prov, LAYERS, 16, prov["environment"]["dtype"], "zstd", 64)
+        write_unit(store, vids[name], [5, 7])
+    info = run_cli("info", str(path), "--json")
+    assert info.returncode == 0, info.stderr
+    by = {v["id"]: v["distinguished_by"] for v in json.loads(info.stdout)["variants"]}
+    assert by == {vids["4096"]: {"token_budget": "4096"}, vids["2048"]: {"token_budget": "2048"}, vids["fp32"]: {}}
+    heads = {line.split(":")[0].split()[1]: line for line in run_cli("info", str(path)).stdout.splitlines()
+             if line.startswith("variant ")}
+    with pytest.raises(SelectorError) as e:
+        HiddenStateDataset(str(path), variant="dtype=bf16")
+    for vid, fields in by.items():  # the text header and the selector error show the same fields
+        shown = " ".join(f"{k}={v}" for k, v in fields.items())
+        assert heads[vid].endswith(shown) and (not fields or f"{vid} (backend=torch dtype=bf16 device=cpu "
+                                                             f"attention=sdpa {shown})" in str(e.value))
+
+
 def test_a_new_variant_beside_one_of_the_same_line_says_which_settings_made_it_new():
     old, new = _with_budget(4096), _with_budget(2048)
     note = fork_note("bbb", new, {"aaa": old})
@@ -99,4 +121,6 @@ def test_a_build_forking_a_variant_by_its_token_budget_is_named_everywhere(tiny_
         HiddenStateDataset(str(store), variant="dtyp=bf16")
     assert unknown.returncode == 2 and unknown.stderr.strip() == f"error: {e.value}"
     assert "unknown key 'dtyp'" in str(e.value)
-    assert json.loads(run_cli("info", str(store), "--json").stdout)["variants"]  # JSON unchanged in shape
+    apart = [v["distinguished_by"] for v in json.loads(run_cli("info", str(store), "--json").stdout)["variants"]
+             if v["dtype"] == "bf16"]
+    assert sorted(apart, key=str) == [{"token_budget": "1024"}, {"token_budget": "2048"}]  # as the text headers

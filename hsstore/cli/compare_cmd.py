@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Annotated, Any, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Optional, TypeVar
 
 import typer
 
@@ -12,19 +13,25 @@ from hsstore.cli.app import app
 from hsstore.core.errors import BadInput, CheckFailed, WriteFailed
 from hsstore.core.outputs import PLOT_SUFFIXES, check_output_file
 
+if TYPE_CHECKING:
+    from hsstore.core.schema.diff_report import DiffReport
+    from hsstore.core.schema.record import Record
 
-def _emit(report: dict, json_path: Optional[str], render: Any) -> None:
-    """The report as JSON on stdout (``-``), or as text (and JSON to a file)."""
+R = TypeVar("R", bound="Record")
+
+
+def _emit(report: R, json_path: Optional[str], render: Callable[[R], str]) -> None:
+    """The report as JSON on stdout (``-``), or as text rendered from it (and JSON to a file)."""
     from hsstore.cli.output import write_stdout
 
     if json_path == "-":
-        write_stdout(json.dumps(report, indent=2, sort_keys=True))
+        write_stdout(json.dumps(report.to_dict(), indent=2, sort_keys=True))
         return
     write_stdout(render(report))
     if json_path:
         from hsstore.storage.fileio import write_output_text
 
-        write_output_text(json_path, json.dumps(report, indent=2, sort_keys=True), "--json")
+        write_output_text(json_path, json.dumps(report.to_dict(), indent=2, sort_keys=True), "--json")
 
 
 def _check_numbers(json_path: Optional[str], noise: float, max_rel: Optional[float]) -> None:
@@ -65,25 +72,25 @@ def diff(
     """
     from hsstore.cli.diff_render import align_text, diff_text
     from hsstore.compare.align import run_align, should_align
-    from hsstore.compare.diff import diff_targets
+    from hsstore.compare.diff import run_diff
 
     _check_numbers(json_path, noise, max_rel)
     if plot:
         check_output_file(plot, "--plot", PLOT_SUFFIXES)
     if align or should_align(a):
-        rep = run_align(a, b, samples, fraction, seed, threads, device, allow_different_models, auto=not align).to_dict()
+        rep = run_align(a, b, samples, fraction, seed, threads, device, allow_different_models, auto=not align)
         _emit(rep, json_path, align_text)
-        if not rep["ok"]:  # a layer that is not what its label says is a failed check (exit 1)
-            raise CheckFailed(f"A's layers are not what their labels say: {rep['summary']}")
+        if not rep.ok:  # a layer that is not what its label says is a failed check (exit 1)
+            raise CheckFailed(f"A's layers are not what their labels say: {rep.summary}")
         return
-    report = diff_targets(a, b, floor, layers or None, loss_only, noise, device, threads, samples=samples,
-                          fraction=fraction, seed=seed, confidence=confidence,
-                          allow_different_models=allow_different_models)
+    report = run_diff(a, b, floor, layers or None, loss_only, noise, device, threads, samples=samples,
+                      fraction=fraction, seed=seed, confidence=confidence,
+                      allow_different_models=allow_different_models)
     _emit(report, json_path, diff_text)
     _plot_and_bound(report, plot, max_rel)
 
 
-def _plot_and_bound(report: dict, plot: Optional[str], max_rel: Optional[float]) -> None:
+def _plot_and_bound(report: DiffReport, plot: Optional[str], max_rel: Optional[float]) -> None:
     """After the report is out: write ``--plot``, then fail (exit 1) when a layer's rel-L2 exceeds ``--max-rel``."""
     if plot:
         from hsstore.compare.plot import plot_diff
@@ -93,7 +100,7 @@ def _plot_and_bound(report: dict, plot: Optional[str], max_rel: Optional[float])
         except OSError as e:
             raise WriteFailed(f"writing --plot {plot!r} failed: {e.strerror or e}; free space or write it elsewhere") from None
     if max_rel is not None:
-        worst = max(layer["rel_l2"] for layer in report["layers"])
+        worst = max(layer.rel_l2 for layer in report.layers)
         if worst > max_rel:
             raise CheckFailed(f"rel-L2 {worst:.3g} exceeds --max-rel {max_rel:g}")
 
@@ -136,15 +143,15 @@ def check(
     options = {"backend": backend, "dtype": dtype, "attn": attn, "token_budget": token_budget, "fraction": fraction}
     if wants_audit(open_target(target), floor, options):
         report = run_audit(model, target, samples, fraction, seed, floor, noise, backend, dtype, device, attn,
-                           token_budget).to_dict()
+                           token_budget)
         render = audit_text
     else:
-        report = run_check(model, target, samples, seed, device, floor, noise).to_dict()
+        report = run_check(model, target, samples, seed, device, floor, noise)
         render = check_text
     _emit(report, json_path, render)
-    worst = max((layer["rel_l2"] for layer in report["layers"]), default=0.0)
+    worst = max((layer.rel_l2 for layer in report.layers), default=0.0)
     if max_rel is not None:
         if not worst <= max_rel:
             raise CheckFailed(f"rel-L2 {worst:.3g} exceeds --max-rel {max_rel:g}")
-    elif report["verdict_kind"] not in ("identical", "within_noise"):
-        raise CheckFailed(f"live states do not match the store: {report['verdict']}")
+    elif report.verdict_kind not in ("identical", "within_noise"):
+        raise CheckFailed(f"live states do not match the store: {report.verdict}")

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from hsstore.cli.app import app, emit
 
+if TYPE_CHECKING:
+    from hsstore.core.schema.convert_report import ConvertReport
 
-def convert_text(r: dict[str, Any]) -> str:
-    lines = [f"{r['source']} -> {r['store']}#{r['variant']} ({r['precision']}, codec {r['codec']})",
-             f"converted {r['samples_converted']:,} samples ({r['tokens']:,} tokens, {r['bytes'] / 1e6:,.1f} MB) in "
-             f"{r['seconds']:.1f} s on {r['workers']} thread(s); {r['samples_present']:,} were there already"
-             + ("" if r["complete"] else "; NOT complete: re-run the same command to finish"),
+
+def convert_text(r: ConvertReport) -> str:
+    lines = [f"{r.source} -> {r.store}#{r.variant} ({r.precision}, codec {r.codec})",
+             f"converted {r.samples_converted:,} samples ({r.tokens:,} tokens, {r.bytes / 1e6:,.1f} MB) in "
+             f"{r.seconds:.1f} s on {r.workers} thread(s); {r.samples_present:,} were there already"
+             + ("" if r.complete else "; NOT complete: re-run the same command to finish"),
              " layer    rel_l2  cos_mean   cos_min    max_abs   (storage error against the source, all samples)"]
-    for layer, e in sorted(r["error"].items(), key=lambda x: int(x[0])):
-        lines.append(f"{int(layer):6d} {e['rel_l2']:9.3e} {e['cos_mean']:9.6f} {e['cos_min']:9.6f} {e['max_abs']:10.3e}")
+    for layer, e in sorted(r.error.items(), key=lambda x: int(x[0])):
+        lines.append(f"{int(layer):6d} {e.rel_l2:9.3e} {e.cos_mean:9.6f} {e.cos_min:9.6f} {e.max_abs:10.3e}")
     return "\n".join(lines)
 
 
@@ -45,6 +48,6 @@ def convert(
         task = bar.add_task("convert", total=None)
         r = run_convert(target, precision, store, workers, allow_unhealthy,
                         on_progress=lambda done, total: bar.update(task, completed=done, total=total), codec=codec)
-    emit(r, json_out, convert_text(r))
-    if not r["complete"]:
+    emit(r.to_dict(), json_out, convert_text(r))
+    if not r.complete:
         raise typer.Exit(1)

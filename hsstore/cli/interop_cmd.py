@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from hsstore.cli.app import app, emit
+
+if TYPE_CHECKING:
+    from hsstore.core.schema.info_report import AuditSummary
 
 FORMATS_HELP = "specforge | modelopt | speculators | eagle"
 
@@ -61,22 +64,22 @@ def import_(
     report = import_cache(ImportRequest(format, source, store, tokenizer, model, num_layers, layers, capture,
                                         codec=codec, skip_bad=skip_bad, allow_unhealthy=allow_unhealthy,
                                         limit=limit, quiet=quiet or json_out, **kw))
-    if audit is not None:
-        report["audit"] = _audit(str(model), store, report["variant"], audit)
+    found = _audit(str(model), store, report["variant"], audit) if audit is not None else None
+    if found is not None:
+        report["audit"] = found.to_dict()
     emit(report, json_out, _import_text(report))
-    if audit is not None and report["audit"]["verdict_kind"] not in ("identical", "within_noise"):
-        raise CheckFailed(f"imported, but the audit found defects: {report['audit']['verdict']} (hsstore check "
+    if found is not None and found.verdict_kind not in ("identical", "within_noise"):
+        raise CheckFailed(f"imported, but the audit found defects: {found.verdict} (hsstore check "
                           f"{model} '{store}#{report['variant']}' names them)")
 
 
-def _audit(model: str, store: str, vid: str, n: int) -> dict:
+def _audit(model: str, store: str, vid: str, n: int) -> AuditSummary:
     """Audit ``n`` samples of the imported variant against ``model`` and record the result in the store."""
     from hsstore.compare.audit import run_audit
     from hsstore.storage.audits import record_audit
     from hsstore.storage.store import Store
 
-    report = run_audit(model, f"{store}#{vid}", samples=n).to_dict()
-    return record_audit(Store.open(store, mode="a"), vid, report)
+    return record_audit(Store.open(store, mode="a"), vid, run_audit(model, f"{store}#{vid}", samples=n))
 
 
 @app.command("export")

@@ -20,11 +20,11 @@ def info(
     Example: hsstore info out/tiny.zarr --json
     """
     from hsstore.cli.report import info_text
-    from hsstore.storage.info import info_dict
+    from hsstore.storage.info import store_info
     from hsstore.storage.store import Store, split_target
 
-    d = info_dict(Store.open(split_target(store)[0]))
-    emit(d, json_out, info_text(d))
+    r = store_info(Store.open(split_target(store)[0]))
+    emit(r.to_dict(), json_out, info_text(r))
 
 
 @app.command()
@@ -36,16 +36,13 @@ def verify(
 
     Example: hsstore verify out/tiny.zarr
     """
+    from hsstore.cli.report import verify_text
     from hsstore.storage.store import Store, split_target
     from hsstore.storage.verify import verify as run_verify
 
-    result = run_verify(Store.open(split_target(store)[0]))
-    lines = [f"{'OK' if result['ok'] else 'FAILED'}: {result['samples_checked']} samples checked, "
-             f"{len(result['problems'])} problem(s)"]
-    lines += [f"  {p['variant'] or '-'} {p['key'] or '-'}: {p['what']}" for p in result["problems"]]
-    lines += [f"  note: {n}" for n in result["notes"]]
-    emit(result, json_out, "\n".join(lines))
-    if not result["ok"]:
+    r = run_verify(Store.open(split_target(store)[0]))
+    emit(r.to_dict(), json_out, verify_text(r))
+    if not r.ok:
         raise typer.Exit(1)
 
 
@@ -67,4 +64,4 @@ def gc(
     from hsstore.storage.store import Store, split_target
 
     r = collect_garbage(Store.open(split_target(store)[0], mode="a"), grace, force, dry_run)
-    emit(r, json_out, gc_text(r))
+    emit(r.to_dict(), json_out, gc_text(r))

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hsstore.capture.inputs.manifest_file import ATTENTION
 from hsstore.core.errors import BadInput
+from hsstore.core.schema.manifest import ATTENTION, BACKENDS
 from hsstore.core.schema.record import or_none
 from hsstore.core.schema.provenance import Batching
 from hsstore.storage.store import VariantReader
 
 UNKNOWN = "unknown"
-BACKENDS = ("torch", "fla")
 DTYPES = ("bf16", "fp16", "fp32")
 
 

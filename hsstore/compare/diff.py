@@ -11,7 +11,6 @@ import heapq
 import time
 from dataclasses import dataclass
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import torch
 
@@ -23,7 +22,8 @@ from hsstore.compare.sampling import SampleTable
 from hsstore.compare.sample_plan import SamplePlan, plan_samples
 from hsstore.compare.stream import ThreadLocal, map_samples
 from hsstore.core.errors import BadInput
-from hsstore.core.schema.diff_report import DiffReport, WorstSample
+from hsstore.core.schema.diff_report import DiffReport, LayerDiff, WorstSample
+from hsstore.core.schema.record import UNSET
 from hsstore.storage.store import Store, VariantReader, split_target
 
 NOISE_FACTOR = 2.0  # a divergence up to this multiple of the floor is precision noise
@@ -171,29 +171,37 @@ def run_diff(a_t: str, b_t: str, floor_t: str | None = None, layers: list[int] |
     others = [b] if c is None or (plan is None and shared_keys(a, c) != keys) else [b, c]
     res = stream_pass(a, others, plan.keys if plan else keys, use, loss_only, device, threads, plan is not None)
     ests = [estimate(use, res, j, plan, both_bf16(a, o)) for j, o in enumerate(others)]
-    report: dict[str, Any] = {
-        "a": f"{a.store.location}#{a.id}", "b": f"{b.store.location}#{b.id}", "a_target": a_t, "b_target": b_t,
-        "shared_samples": len(keys), "only_a": sum(1 for k in a.keys if k not in b.refs),
-        "only_b": sum(1 for k in b.keys if k not in a.refs), "tokens": res.tokens, "loss_only": loss_only,
-        "worst_samples": res.worst, "notes": t.notes,
-        "provenance_differences": provenance_differences(a.record.provenance, b.record.provenance,
-                                                         c.record.provenance if c is not None else None),
-    }
-    if plan is not None:
-        report["sampling"] = plan.record
+    floor = None
     if c is not None:
         floor = ests[1] if len(ests) > 1 else _floor_pass(a, c, use, loss_only, device, threads)
         reps, text, kind = with_floor(ests[0], floor, a.record.dtype, noise_factor, confidence)
-        report.update(floor=f"{c.store.location}#{c.id}", floor_target=floor_t, floor_layers=floor.layers)
     else:
         (reps, text), kind = without_floor(ests[0], a.record.dtype), "no_floor"
-    if all(L.bit_exact == 1.0 for L in reps):
+    text, kind = _verdict(reps, text, kind, plan, t.notes)
+    return DiffReport(
+        a=f"{a.store.location}#{a.id}", b=f"{b.store.location}#{b.id}", a_target=a_t, b_target=b_t,
+        shared_samples=len(keys), only_a=sum(1 for k in a.keys if k not in b.refs),
+        only_b=sum(1 for k in b.keys if k not in a.refs), tokens=res.tokens, loss_only=loss_only, layers=reps,
+        worst_samples=res.worst, notes=t.notes, verdict=text, verdict_kind=kind,
+        provenance_differences=provenance_differences(a.record.provenance, b.record.provenance,
+                                                      c.record.provenance if c is not None else None),
+        sampling=plan.record if plan is not None else UNSET,
+        floor=f"{c.store.location}#{c.id}" if c is not None else UNSET, floor_target=floor_t if c is not None else UNSET,
+        floor_layers=floor.layers if floor is not None else UNSET, seconds=time.perf_counter() - t0,
+    )
+
+
+def _verdict(layers: list[LayerDiff], text: str, kind: str, plan: SamplePlan | None,
+             notes: list[str]) -> tuple[str, str]:
+    """The verdict in words and its kind: bit-exact layers are "identical", whatever the floor says; states
+    of different models say so first."""
+    if all(L.bit_exact == 1.0 for L in layers):
         text, kind = "identical: every shared value is bit-exact", "identical"
         if plan is not None:
             text = f"identical: every value of the {len(plan.keys)} sampled samples is bit-exact"
-    if any("different model" in n or "different tokenizer" in n for n in t.notes):
+    if any("different model" in n or "different tokenizer" in n for n in notes):
         text = "A and B are states of DIFFERENT MODELS (--allow-different-models); " + text
-    return DiffReport(layers=reps, verdict=text, verdict_kind=kind, seconds=time.perf_counter() - t0, **report)
+    return text, kind
 
 
 def estimate(layers: list[int], res: PassResult, j: int, plan: SamplePlan | None, ulps: bool) -> Estimate:
@@ -206,10 +214,3 @@ def _floor_pass(a: VariantReader, c: VariantReader, layers: list[int], loss_only
                 threads: int | None) -> Estimate:
     res = stream_pass(a, [c], shared_keys(a, c), layers, loss_only, device, threads, keep=False)
     return full_layers(layers, res.totals[0], both_bf16(a, c))
-
-
-def diff_targets(a_t: str, b_t: str, floor_t: str | None = None, layers: list[int] | None = None,
-                 loss_only: bool = False, noise_factor: float = NOISE_FACTOR, device: str = "cpu",
-                 threads: int | None = None, **sampling: Any) -> dict[str, Any]:
-    """The ``hsstore diff --json`` report as a plain dict."""
-    return run_diff(a_t, b_t, floor_t, layers, loss_only, noise_factor, device, threads, **sampling).to_dict()

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
+from hsstore.core.schema.storage_report import StorageError
+
 FIELDS = ("tokens", "sum_sq_err", "sum_sq_ref", "cos_sum", "cos_min", "max_abs")
 
 
@@ -56,9 +58,9 @@ def merge(parts: Iterable[Mapping[str, float]]) -> dict[str, float]:
     return out
 
 
-def summary(e: Mapping[str, float]) -> dict[str, float]:
+def summary(e: Mapping[str, float]) -> StorageError:
     """rel-L2 (||stored - ref|| / ||ref|| over all values), cosine mean and min per token, max abs error."""
     ref = e["sum_sq_ref"]
     rel = math.sqrt(e["sum_sq_err"] / ref) if ref > 0 else (0.0 if e["sum_sq_err"] == 0 else math.inf)
-    return {"tokens": int(e["tokens"]), "rel_l2": rel, "cos_mean": e["cos_sum"] / max(1, e["tokens"]),
-            "cos_min": e["cos_min"], "max_abs": e["max_abs"]}
+    return StorageError(tokens=int(e["tokens"]), rel_l2=rel, cos_mean=e["cos_sum"] / max(1, e["tokens"]),
+                        cos_min=e["cos_min"], max_abs=e["max_abs"])

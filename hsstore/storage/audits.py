@@ -7,37 +7,44 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import uuid
-from typing import Any
 
+from hsstore.core.errors import CorruptData
+from hsstore.core.schema.diff_report import CheckReport
+from hsstore.core.schema.info_report import AuditSummary
+from hsstore.core.schema.record import or_none
 from hsstore.storage import layout
 from hsstore.storage.store import Store
 
 PREFIX = "audit-"
-FIELDS = ("model", "model_fingerprint", "samples", "population", "verdict", "verdict_kind", "defects",
-          "defective_samples", "defect_rate_upper", "bound", "recompute", "assumed")
 
 
-def record_audit(store: Store, vid: str, report: dict[str, Any]) -> dict[str, Any]:
-    """Keep the summary of an audit report (``hsstore check --json``'s fields in FIELDS) with the time."""
+def record_audit(store: Store, vid: str, report: CheckReport) -> AuditSummary:
+    """Keep the summary of an audit report (the fields of ``hsstore check --json`` an AuditSummary has) with
+    the time."""
     stamp = _dt.datetime.now(_dt.timezone.utc)
-    rec = {"kind": "audit", "audited_at": stamp.isoformat(timespec="seconds"),
-           **{k: report.get(k) for k in FIELDS}}
+    rec = AuditSummary(kind="audit", audited_at=stamp.isoformat(timespec="seconds"), model=report.model,
+                       model_fingerprint=report.model_fingerprint, samples=report.samples,
+                       population=or_none(report.population), verdict=report.verdict,
+                       verdict_kind=report.verdict_kind, defects=report.defects,
+                       defective_samples=or_none(report.defective_samples),
+                       defect_rate_upper=or_none(report.defect_rate_upper), bound=or_none(report.bound),
+                       recompute=or_none(report.recompute), assumed=report.assumed)
     name = f"{PREFIX}{stamp.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
-    store.io.put_atomic(layout.build_key(vid, name), json.dumps(rec, sort_keys=True).encode())
+    store.io.put_atomic(layout.build_key(vid, name), json.dumps(rec.to_dict(), sort_keys=True).encode())
     return rec
 
 
-def audits(store: Store, vid: str) -> list[dict[str, Any]]:
+def audits(store: Store, vid: str) -> list[AuditSummary]:
     """The variant's audit records, oldest first (an unreadable one is left out)."""
     out = []
     for key in sorted(store.io.list(layout.builds_prefix(vid))):
         if not key.rsplit("/", 1)[-1].startswith(PREFIX):
             continue
         try:
-            rec = json.loads(store.io.get(key) or b"")
-        except ValueError:
+            rec = AuditSummary.from_json(store.io.get(key) or b"", key)
+        except CorruptData:
             continue
-        if isinstance(rec, dict) and rec.get("kind") == "audit":
+        if rec.kind == "audit":
             out.append(rec)
     return out
 

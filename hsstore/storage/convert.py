@@ -19,7 +19,6 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import torch
 
@@ -31,6 +30,7 @@ from hsstore.core.selectors import select
 from hsstore.core.precision_names import SCALE_SCHEME, codec_for_codes, parse_precision
 from hsstore.core.quant import Quantized, dequantize, quantize
 from hsstore.core.quant_error import error_tensor, from_error_tensor, merge, summary
+from hsstore.core.schema.convert_report import ConvertReport
 from hsstore.core.schema.provenance import Provenance, Storage, StorageSource
 from hsstore.storage import layout
 from hsstore.storage.codecs import chunk_tokens, parse_codec
@@ -176,11 +176,11 @@ class _Units:
 
 def convert(target: str, precision: str, dest: str | None = None, workers: int | None = None,
             allow_unhealthy: bool = False, on_progress: Callable[[int, int], None] | None = None,
-            codec: str | None = None) -> dict[str, Any]:
+            codec: str | None = None) -> ConvertReport:
     """Derive a ``precision`` variant of ``target`` ("STORE#SELECTOR") into ``dest`` (default: the same
     store), compressed with ``codec`` (default: the source's; see precision.codec_for_codes).
     ``on_progress(samples done, samples in all)`` is called at the start and as units finish.
-    Returns the summary ``--json`` prints."""
+    Returns what it converted and the storage error per layer (what ``--json`` prints)."""
     t0 = time.time()
     try:
         precision = parse_precision(precision)
@@ -212,9 +212,8 @@ def convert(target: str, precision: str, dest: str | None = None, workers: int |
     units.record()  # an empty source: the variant is recorded, as a build of nothing records it
     dvid = units.dvid
     derived = out.reader(dvid, refresh=True)
-    return {"source": f"{source.location}#{vid}", "variant": dvid, "store": out.location, "precision": precision,
-            "codec": codec,
-            "samples_converted": units.written["samples"], "samples_present": units.present,
-            "tokens": units.written["tokens"], "bytes": units.written["bytes"], "seconds": time.time() - t0,
-            "workers": n, "complete": all(k in derived.refs for k in reader.keys),
-            "error": {str(i): summary(e) for i, e in derived.quant_error().items()}}
+    return ConvertReport(source=f"{source.location}#{vid}", variant=dvid, store=out.location, precision=precision,
+                         codec=codec, samples_converted=units.written["samples"], samples_present=units.present,
+                         tokens=units.written["tokens"], bytes=units.written["bytes"], seconds=time.time() - t0,
+                         workers=n, complete=all(k in derived.refs for k in reader.keys),
+                         error={str(i): summary(e) for i, e in derived.quant_error().items()})

@@ -19,6 +19,7 @@ from hsstore.core.provenance_match import numeric_fields
 from hsstore.core.quant_error import summary
 from hsstore.core.schema.record import is_set, or_none
 from hsstore.core.schema.provenance import Storage
+from hsstore.core.schema.storage_report import FloorMeasure, StorageReport
 
 FLOOR_TOKENS = 8192  # tokens of shared samples the floor is measured on (a few seconds of reading)
 _DIFFERS = ("environment.dtype", "environment.storage")
@@ -47,7 +48,7 @@ def floor_pair(store: Any, vid: str) -> tuple[str, str] | None:
     return None
 
 
-def measure_floor(store: Any, bf16: str, fp32: str, max_tokens: int = FLOOR_TOKENS) -> dict[str, Any]:
+def measure_floor(store: Any, bf16: str, fp32: str, max_tokens: int = FLOOR_TOKENS) -> FloorMeasure:
     """rel-L2 of the bf16 states against the fp32 ones per layer, over the first shared samples (in
     the bf16 variant's order) up to ``max_tokens`` tokens."""
     a, b = store.reader(bf16), store.reader(fp32)
@@ -66,10 +67,10 @@ def measure_floor(store: Any, bf16: str, fp32: str, max_tokens: int = FLOOR_TOKE
         samples += 1
         tokens += a.refs[key].length
     rel = {str(i): (math.sqrt(e / r) if r > 0 else 0.0) for i, (e, r) in sums.items()}
-    return {"bf16_variant": bf16, "fp32_variant": fp32, "samples": samples, "tokens": tokens, "rel_l2": rel}
+    return FloorMeasure(bf16_variant=bf16, fp32_variant=fp32, samples=samples, tokens=tokens, rel_l2=rel)
 
 
-def storage_report(store: Any, vid: str, floor_tokens: int = FLOOR_TOKENS) -> dict[str, Any] | None:
+def storage_report(store: Any, vid: str, floor_tokens: int = FLOOR_TOKENS) -> StorageReport | None:
     """For a variant stored in another precision than computed: its precision and scale, the source it
     was derived from (if converted), its storage error per layer, and the floor comparison when the
     store holds one. None for variants stored as computed."""
@@ -80,13 +81,9 @@ def storage_report(store: Any, vid: str, floor_tokens: int = FLOOR_TOKENS) -> di
     storage = rec.prov.environment.storage
     scale, source = (storage.scale, or_none(storage.source)) if isinstance(storage, Storage) else (None, None)
     error = {str(i): summary(e) for i, e in reader.quant_error().items()}
-    out: dict[str, Any] = {"precision": rec.stored_precision, "scale": scale,
-                           "source": source.to_dict() if source is not None else None,
-                           "computed_dtype": rec.dtype, "error": error, "floor": None, "error_vs_floor": None}
     pair = floor_pair(store, vid) if floor_tokens > 0 else None
-    if pair is not None:
-        floor = measure_floor(store, *pair, max_tokens=floor_tokens)
-        out["floor"] = floor
-        out["error_vs_floor"] = {i: (e["rel_l2"] / floor["rel_l2"][i] if floor["rel_l2"].get(i) else None)
-                                 for i, e in error.items()}
-    return out
+    floor = measure_floor(store, *pair, max_tokens=floor_tokens) if pair is not None else None
+    ratios = None if floor is None else {i: (e.rel_l2 / floor.rel_l2[i] if floor.rel_l2.get(i) else None)
+                                         for i, e in error.items()}
+    return StorageReport(precision=rec.stored_precision, scale=scale, source=source, computed_dtype=rec.dtype,
+                         error=error, floor=floor, error_vs_floor=ratios)

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hsstore.core.schema.info_report import LayerHealth
+
 if TYPE_CHECKING:
     import torch
 
@@ -96,19 +98,13 @@ def merge(parts: Iterable[Mapping[str, float]]) -> dict[str, float]:
     return out or {k: 0 for k in FIELDS}
 
 
-def summary(s: Mapping[str, float]) -> dict[str, float]:
+def summary(s: Mapping[str, float]) -> LayerHealth:
     """mean, std, abs-max, NaN/Inf count and zero fraction from additive stats."""
     n = max(1, s["n"])
     mean = s["sum"] / n
     var = max(0.0, s["sumsq"] / n - mean * mean)
-    return {
-        "mean": mean,
-        "std": math.sqrt(var),
-        "absmax": s["absmax"],
-        "nan": s["nan"],
-        "inf": s["inf"],
-        "zero_fraction": s["zeros"] / n,
-    }
+    return LayerHealth(mean=mean, std=math.sqrt(var), absmax=s["absmax"], nan=s["nan"], inf=s["inf"],
+                       zero_fraction=s["zeros"] / n)
 
 
 def problems(s: Mapping[str, float]) -> list[str]:

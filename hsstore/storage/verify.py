@@ -18,6 +18,7 @@ from typing import Any
 from hsstore.core.dtypes import as_float32
 from hsstore.core.errors import CorruptData, HsstoreError, StoreUnreachable
 from hsstore.core.schema.store_records import CommitRecord
+from hsstore.core.schema.verify_report import Problem, VerifyReport
 from hsstore.storage import layout
 from hsstore.storage.reader import VariantReader
 from hsstore.storage.metadata_io import parse_json
@@ -32,22 +33,21 @@ _ODD = {"symlink": "a symlink (hsstore writes none: a link can lead reads out of
 class Report:
     """Problems found so far, notes, and what was committed (for the tree check)."""
 
-    problems: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     committed: dict[tuple[str, str], CommitRecord] = field(default_factory=dict)
     checked: int = 0
 
     def add(self, what: str, vid: str | None = None, key: str | None = None, unit: str | None = None) -> None:
-        self.problems.append({"variant": vid, "key": key, "unit": unit, "what": what})
+        self.problems.append(Problem(variant=vid, key=key, unit=unit, what=what))
 
     def for_samples(self, c: CommitRecord, vid: str, what: str) -> None:
         for k, _, _ in c.samples:
             self.add(what, vid, k, c.unit)
 
 
-def verify(store: Store, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Check the whole store; returns ``{"ok", "samples_checked", "problems": [{"variant", "key", "unit",
-    "what"}], "notes"}``."""
+def verify(store: Store, progress: Callable[[int], None] | None = None) -> VerifyReport:
+    """Check the whole store: every problem found (``ok`` when none), and notes on what is not damage."""
     report = Report()
     try:
         vids = store.variant_ids()
@@ -66,8 +66,8 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> dict[
             continue
         _verify_variant(reader, report, progress)
     _verify_tree(store, report)
-    return {"ok": not report.problems, "samples_checked": report.checked, "problems": report.problems,
-            "notes": report.notes}
+    return VerifyReport(ok=not report.problems, samples_checked=report.checked, problems=report.problems,
+                        notes=report.notes)
 
 
 def _verify_variant(reader: VariantReader, report: Report, progress: Callable[[int], None] | None) -> None:

@@ -33,7 +33,7 @@ from hsstore.storage.gc import collect_garbage
 from hsstore.storage.leases import Lease
 from hsstore.storage.local import LocalBackend
 from hsstore.storage.metadata_io import group_json
-from hsstore.storage.info import info_dict
+from hsstore.storage.info import store_info
 from hsstore.storage.verify import verify
 
 Truth = dict[tuple[str, str], tuple[bytes, ...]]  # (variant, key) -> (ids, mask, layer bytes...)
@@ -273,7 +273,7 @@ def _reads(path: Path, truth: Truth) -> tuple[set[tuple[str, str]], list[str]]:
     good: set[tuple[str, str]] = set()
     wrong: list[str] = []
     store = Store.open(path)
-    info_dict(store)
+    store_info(store)
     for vid in store.variant_ids():
         try:
             r = store.reader(vid)
@@ -347,9 +347,9 @@ def _check(path: Path, truth: Truth) -> bool:
     if wrong:
         raise Failure(f"wrong data: {wrong[0]}")
     ok, result = _step(lambda: verify(Store.open(path)))
-    if ok and result["ok"] and not clean:
+    if ok and result.ok and not clean:
         raise Failure("verify passed a store its readers refuse")
-    clean &= ok and result["ok"]
+    clean &= ok and result.ok
     code = _step(lambda: _cli("info", str(path)))[1]  # (verify and gc are the library calls above and below)
     if code not in (0, 1, 2):
         raise Failure(f"info exited {code}")

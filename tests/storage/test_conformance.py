@@ -119,14 +119,14 @@ def test_a_store_round_trips_verifies_and_detects_damage(io: Backend):
     assert reader.keys == [s.key for s in samples]
     got = reader.read_stacked(reader.ref(samples[1].key), [0, 2])
     assert torch.equal(got[:, 1], states[2][9:29]) and torch.equal(got[:, 0], states[0][9:29])
-    assert verify(Store.open(io))["ok"]
-    assert collect_garbage(Store.open(io, mode="a"), force=True, dry_run=True)["removed_units"] == []
+    assert verify(Store.open(io)).ok
+    assert collect_garbage(Store.open(io, mode="a"), force=True, dry_run=True).removed_units == []
     key = f"variants/{vid}/units/w-000000/layer_1/c/0/0"
     raw = bytearray(io.get(key, cap=1 << 30))
     raw[len(raw) // 3] ^= 0x10
     io.put(key, [bytes(raw)])  # same size, other bytes: the chunk crc32c and the commit's crc32c catch it
     result = verify(Store.open(io))
-    assert not result["ok"] and {p["key"] for p in result["problems"]} == {s.key for s in samples}
+    assert not result.ok and {p.key for p in result.problems} == {s.key for s in samples}
 
 
 def test_an_object_store_reads_a_samples_chunks_in_one_request(monkeypatch: pytest.MonkeyPatch):

@@ -61,7 +61,7 @@ def test_a_convert_stopped_after_committing_units_keeps_them_and_resumes(tmp_pat
     r = _convert(src, "--workers", "1", "--store", str(dst))
     assert r.returncode == 1 and "crc32c" in r.stderr, r.stderr
     [v] = Store.open(dst).variants
-    assert v.n_samples == 5 and verify(Store.open(dst))["ok"]  # what it committed is there and sound
+    assert v.n_samples == 5 and verify(Store.open(dst)).ok  # what it committed is there and sound
     fixed = _source(tmp_path / "again")  # the same samples, undamaged
     r = _convert(fixed, "--store", str(dst), "--json")
     assert r.returncode == 0, r.stderr
@@ -92,7 +92,7 @@ def test_a_failing_convert_never_removes_what_another_command_wrote(tmp_path: Pa
     good, bad = _source(tmp_path / "good", 2), _source(tmp_path / "bad", 2)
     _damage(bad)
     dst = tmp_path / "dst.zarr"
-    ran: list[dict] = []
+    ran: list = []
 
     def other_finishes(done: int, total: int) -> None:
         if not ran:
@@ -100,9 +100,9 @@ def test_a_failing_convert_never_removes_what_another_command_wrote(tmp_path: Pa
 
     with pytest.raises(CorruptData, match="crc32c"):
         convert(str(bad), "fp8-e4m3", str(dst), workers=1, on_progress=other_finishes)
-    assert ran and ran[0]["complete"]
+    assert ran and ran[0].complete
     [v] = Store.open(dst).variants
-    assert v.id == ran[0]["variant"] and v.n_samples == 2 and verify(Store.open(dst))["ok"]
+    assert v.id == ran[0].variant and v.n_samples == 2 and verify(Store.open(dst)).ok
 
     held = tmp_path / "held.zarr"
     holders: list[Store] = []
@@ -141,7 +141,7 @@ def test_ctrl_c_stops_convert_promptly_and_the_same_command_resumes(tmp_path: Pa
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "convert interrupted by SIGINT" in lines[0] and "re-run the same command" in lines[0], err
     assert _commits(out) - before < n  # stopped: not every queued unit ran
-    assert verify(Store.open(out))["ok"]
+    assert verify(Store.open(out)).ok
     r = subprocess.run(cmd + ["--json"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert '"complete": true' in r.stdout

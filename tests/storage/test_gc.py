@@ -71,11 +71,11 @@ def test_gc_keeps_a_unit_whose_commit_record_was_renamed(tmp_path: Path):
     # the renamed record commits nothing: readers refuse the variant and name the record, verify reports it
     with pytest.raises(CorruptData, match="renamed.json names unit 'w-000000'"):
         Store.open(path).reader(vid).check_corrupt_commits()
-    assert not verify(Store.open(path))["ok"]
+    assert not verify(Store.open(path)).ok
     (commits / "renamed.json").rename(commits / "w-000000.json")  # put back: nothing was lost
     reader = Store.open(path).reader(vid)
     assert torch.equal(reader.read(samples[0].key)["layers"][1], states[1][:5])
-    assert verify(Store.open(path))["ok"]
+    assert verify(Store.open(path)).ok
 
 
 def test_a_record_copied_under_another_units_name_commits_nothing(tmp_path: Path):
@@ -104,7 +104,7 @@ def test_gc_dry_run_says_what_it_would_remove_and_removes_nothing(tmp_path: Path
     assert r["dry_run"] is False and r["removed_units"] == [f"{vid}/crashed-000000"]
     assert not (path / "variants" / vid / "units" / "crashed-000000").exists()
     assert not (path / "variants" / vid / "commits" / ".tmp-0123").exists()
-    assert verify(Store.open(path))["ok"]
+    assert verify(Store.open(path)).ok
 
 
 def test_gc_through_a_store_path_that_is_a_link_works(tmp_path: Path):

@@ -31,8 +31,8 @@ def store(tmp_path: Path) -> tuple[Path, str, Path]:
 
 def _problems(path: Path) -> list[str]:
     result = verify(Store.open(path))
-    assert result["ok"] is (not result["problems"])
-    return [p["what"] for p in result["problems"]]
+    assert result.ok is (not result.problems)
+    return [p.what for p in result.problems]
 
 
 def _cli(*args: str, capsys: pytest.CaptureFixture) -> tuple[int, str]:
@@ -88,8 +88,8 @@ def test_a_killed_writes_temporary_file_is_debris_not_damage(store, where: str, 
     d.mkdir(parents=True, exist_ok=True)
     (d / ".tmp-3f2a9c").write_bytes(b"half a put")
     result = verify(Store.open(path))
-    assert result["ok"], result["problems"]
-    assert any("1 temporary file" in n and "gc" in n for n in result["notes"]), result["notes"]
+    assert result.ok, result.problems
+    assert any("1 temporary file" in n and "gc" in n for n in result.notes), result.notes
     assert _cli("verify", str(path), capsys=capsys)[0] == 0
     assert _cli("gc", str(path), "--force", capsys=capsys)[0] == 0
     assert not (d / ".tmp-3f2a9c").exists()
@@ -205,8 +205,8 @@ def test_deep_json_and_huge_records_are_refused_with_one_line(store, capsys):
     commit = path / "variants" / vid / "commits" / "w-000000.json"
     with open(commit, "r+b") as f:
         f.truncate(65 << 20)  # sparse: 65 MiB of zeros, above the cap of any record
-    problems = verify(Store.open(path))["problems"]
-    assert any("more than the" in p["what"] for p in problems), problems
+    problems = verify(Store.open(path)).problems
+    assert any("more than the" in p.what for p in problems), problems
 
 
 @pytest.mark.parametrize("field,value,pattern", [
@@ -229,7 +229,7 @@ def test_wrong_types_in_variant_attributes_are_one_line(store, capsys, field: st
     _assert_one_line(*_cli("info", str(path), capsys=capsys), 1, pattern)
     with pytest.raises(CorruptData, match=re.escape(pattern)):
         HiddenStateDataset(path)
-    assert not verify(Store.open(path))["ok"]
+    assert not verify(Store.open(path)).ok
 
 
 @pytest.mark.parametrize("value", [None, 5, True, ["x"]])
@@ -243,7 +243,7 @@ def test_a_tokenizer_fingerprint_of_another_type_is_one_line(store, capsys, valu
     _assert_one_line(*_cli("info", str(path), capsys=capsys), 1, "tokenizer.fingerprint` must be a string")
     with pytest.raises(CorruptData, match="tokenizer.fingerprint` must be a string"):
         HiddenStateDataset(path)
-    assert not verify(Store.open(path))["ok"]
+    assert not verify(Store.open(path)).ok
 
 
 def test_a_store_path_with_a_hash_works_end_to_end(tmp_path: Path, capsys):

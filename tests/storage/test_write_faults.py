@@ -60,16 +60,16 @@ def _assert_failed_cleanly(r: subprocess.CompletedProcess, store: Path, reason: 
     assert len(errors) == 1 and reason in errors[0], r.stderr[-2000:]
     assert "re-run" in errors[0]
     result = verify(Store.open(store))
-    assert result["ok"], result["problems"][:3]
+    assert result.ok, result.problems[:3]
     assert not list(store.glob("variants/*/builds/*.json"))  # no "build complete" record
-    return result["samples_checked"]
+    return result.samples_checked
 
 
 def _assert_resumed(manifest: Path, store: Path) -> None:
     r = _build(manifest)
     assert r.returncode == 0, r.stderr[-3000:]
     result = verify(Store.open(store))
-    assert result["ok"] and result["samples_checked"] == int(LIMIT), result["problems"][:3]
+    assert result.ok and result.samples_checked == int(LIMIT), result.problems[:3]
     assert [v.n_samples for v in Store.open(store).variants] == [int(LIMIT)]
     assert len(list(store.glob("variants/*/builds/*.json"))) == 1
 
@@ -141,7 +141,7 @@ def test_short_writes_are_completed_and_every_file_is_checksummed(tmp_path: Path
         assert commit.files[rel] == len(data) and commit.crc32c[rel] == f"{crc32c.crc32c(data):08x}", rel
     r = Store.open(tmp_path / "s.zarr").reader(vid)
     assert torch.equal(r.read(samples[2].key)["layers"][1], states[1][65:])
-    assert verify(Store.open(tmp_path / "s.zarr"))["ok"]
+    assert verify(Store.open(tmp_path / "s.zarr")).ok
 
 
 @pytest.mark.parametrize("fault", ["writev", "fsync", "close"])
@@ -173,4 +173,4 @@ def test_an_io_error_mid_unit_commits_nothing_and_the_next_write_works(tmp_path:
     assert Store.open(path).variants == []
     assert not list((path / "variants" / vid / "units").glob("w-*"))  # its partial files are removed
     UnitWriter(store, vid).write(samples, states)
-    assert Store.open(path).variants[0].n_samples == 3 and verify(Store.open(path))["ok"]
+    assert Store.open(path).variants[0].n_samples == 3 and verify(Store.open(path)).ok

@@ -22,9 +22,9 @@ from hsstore.capture.inputs.messages import RowRejected, to_chat
 from hsstore.core.errors import BadInput
 from hsstore.core.keys import SampleTokens, sample_key
 from hsstore.core.schema.inputs import RowIssue
+from hsstore.core.schema.manifest import DATA_FORMATS as FORMATS
 
 __all__ = ["InputReport", "detect_format", "load_rows", "tokenize_rows"]
-FORMATS = ("auto", "sharegpt", "openai", "text", "prompt_completion")
 UNKNOWN = "unknown format (no conversations/messages/text/prompt+completion)"
 
 

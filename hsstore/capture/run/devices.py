@@ -8,7 +8,7 @@ import os
 import time
 from typing import Any
 
-from hsstore.capture.inputs.manifest_file import Manifest
+from hsstore.core.schema.manifest import Manifest
 from hsstore.core.errors import BadInput
 
 

@@ -21,7 +21,8 @@ from typing import Any
 
 from hsstore.capture.run.devices import barrier, check_devices, dist, process_group
 from hsstore.capture.run.lineage import Lineage, agree_build_id, now
-from hsstore.capture.inputs.manifest_file import FINAL_NORM, Manifest, resolve_layers, validate
+from hsstore.capture.inputs.manifest_file import validate
+from hsstore.core.schema.manifest import FINAL_NORM, Manifest, resolve_layers
 from hsstore.capture.model.spec import ModelSpec, check_vocabulary, text_config
 from hsstore.capture.run.signals import TEMP_PREFIX, Stopped, run_worker, stop_on_signals
 from hsstore.capture.run.inline import inline_default, run_here

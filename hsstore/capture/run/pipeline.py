@@ -18,6 +18,7 @@ from hsstore.capture.run.hooks import LayerCapture, pad_batch
 from hsstore.capture.run.pinned import PINNED_POOL, PinnedPool, copy_to_host
 from hsstore.capture.run.progress import Progress
 from hsstore.core.batching import padded_length
+from hsstore.core.schema.build import CaptureResult
 from hsstore.core.quant import dequantize, quantize
 from hsstore.core.quant_error import error_tensor, from_error_tensor
 from hsstore.core.unitplan import flush_due
@@ -154,8 +155,9 @@ class LoopClock:
         self.device, self.pool, self.progress = device, pool, progress
         self.cuda = device.startswith("cuda")
         self.t0 = time.time()
-        self.timing: dict[str, Any] = {"first_batch_seconds": None, "tail_seconds": None}
-        self.steady = {"steady_tokens": 0, "steady_seconds": 0.0}
+        self.first_batch_seconds: float | None = None
+        self.tail_seconds: float | None = None
+        self.steady_tokens, self.steady_seconds = 0, 0.0
         self.shapes: set[tuple[int, int]] = set()
         self.t_first: float | None = None
         self.t_tail = 0.0
@@ -172,29 +174,31 @@ class LoopClock:
             torch.cuda.synchronize(dev)
 
     def batch_done(self, out: dict[int, torch.Tensor], batch_tokens: int) -> None:
-        if self.timing["first_batch_seconds"] is None:  # one host sync per build: kernel JIT and autotuning
+        if self.first_batch_seconds is None:  # one host sync per build: kernel JIT and autotuning
             if self.cuda:
                 self.gpus = {t.device for t in out.values()} | {torch.device(self.device)}
             self._sync()
             self.t_first = time.time()
-            self.timing["first_batch_seconds"] = self.t_first - self.t0
+            self.first_batch_seconds = self.t_first - self.t0
         else:
-            self.steady["steady_tokens"] += batch_tokens
+            self.steady_tokens += batch_tokens
 
     def forwards_done(self) -> None:
         self._sync()
         self.t_tail = time.time()  # the last forward is done: what follows is the last unit's copy and write
         if self.t_first is not None:
-            self.steady["steady_seconds"] = self.t_tail - self.t_first
+            self.steady_seconds = self.t_tail - self.t_first
 
     def tail_done(self) -> None:
-        self.timing["tail_seconds"] = time.time() - self.t_tail
+        self.tail_seconds = time.time() - self.t_tail
 
-    def summary(self, bg: BackgroundWriter) -> dict[str, Any]:
-        return {"samples_written": bg.written, "bytes": bg.bytes, "loop_seconds": time.time() - self.t0,
-                "writer_busy_seconds": bg.write_seconds, **self.timing, **self.steady,
-                "batch_shapes": len(self.shapes),
-                "pinned_alloc_seconds": (self.pool.alloc_seconds - self.alloc0) if self.pool is not None else 0.0}
+    def summary(self, bg: BackgroundWriter) -> CaptureResult:
+        return CaptureResult(
+            samples_written=bg.written, bytes=bg.bytes, loop_seconds=time.time() - self.t0,
+            writer_busy_seconds=bg.write_seconds, first_batch_seconds=self.first_batch_seconds,
+            tail_seconds=self.tail_seconds, steady_tokens=self.steady_tokens, steady_seconds=self.steady_seconds,
+            batch_shapes=len(self.shapes),
+            pinned_alloc_seconds=(self.pool.alloc_seconds - self.alloc0) if self.pool is not None else 0.0)
 
 
 def batch_inputs(samples: Sequence[Any], batch: Sequence[int], pad_id: int, device: str, bucketed: bool,
@@ -212,13 +216,13 @@ def capture_to_store(
     model: Any, num_layers: int, layers: Sequence[int], samples: Sequence[Any], batches: Sequence[Sequence[int]],
     writer: Any, device: str, pad_id: int, unit_tokens: int, skip: set[str] | frozenset[str] = frozenset(),
     progress: Progress | None = None, writer_threads: int = 2, precision: str | None = None, bucketed: bool = True,
-) -> dict[str, Any]:
+) -> CaptureResult:
     """Run ``batches`` (lists of indices into ``samples``), capture ``layers``, write units of about
     ``unit_tokens`` tokens through ``writer``. Samples whose key is in ``skip`` are computed (their
     batch needs them) but not written. ``device`` takes the inputs; captured layers may live on other
     GPUs (a model spread over several). ``precision``: store quantized (e.g. "fp8-e4m3", quantized
     on the device before the copy) with the error measured per unit. ``bucketed``: pad each batch to
-    ``batching.padded_length`` of its longest sample, as the plan was made. Returns counts and timings."""
+    ``batching.padded_length`` of its longest sample, as the plan was made. Returns what it wrote and where the time went."""
     layers = sorted(set(layers))
     cap = LayerCapture(model, num_layers, layers)
     pool = PINNED_POOL if device.startswith("cuda") else None

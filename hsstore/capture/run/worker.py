@@ -164,18 +164,18 @@ def run_variant(plan: WorkerPlan, spec: Any, samples: list, dtype: str, device: 
     reserved = reservation.wait() if reservation is not None else {}
     out = capture_to_store(model, int(plan.recipe.model.num_layers), g.layers, samples, batches, writer, devices[0],
                            plan.pad_id, g.unit_tokens, skip=done, progress=progress, precision=plan.precision)
-    loop_s = out["loop_seconds"]
+    loop_s = out.loop_seconds
     pending = {samples[i].key for b in batches for i in b} - done
-    by_others = len(pending & writer.committed_keys()) - out["samples_written"]
+    by_others = len(pending & writer.committed_keys()) - out.samples_written
     return VariantResult(
         variant=vid, backend=plan.backend, dtype=dtype, device=device, kernels=kernels,
-        samples_written=out["samples_written"], samples_present=sum(1 for s in samples if s.key in done),
+        samples_written=out.samples_written, samples_present=sum(1 for s in samples if s.key in done),
         samples_by_others=by_others,
-        tokens=tokens, bytes=out["bytes"], seconds=time.time() - t0, loop_seconds=loop_s,
+        tokens=tokens, bytes=out.bytes, seconds=time.time() - t0, loop_seconds=loop_s,
         tokens_per_second=tokens / loop_s if loop_s > 0 and tokens else None,
-        writer_busy_seconds=out["writer_busy_seconds"], first_batch_seconds=out["first_batch_seconds"],
-        tail_seconds=out["tail_seconds"], pinned_alloc_seconds=out["pinned_alloc_seconds"],
-        batch_shapes=out["batch_shapes"], steady_tokens=out["steady_tokens"], steady_seconds=out["steady_seconds"],
+        writer_busy_seconds=out.writer_busy_seconds, first_batch_seconds=out.first_batch_seconds,
+        tail_seconds=out.tail_seconds, pinned_alloc_seconds=out.pinned_alloc_seconds,
+        batch_shapes=out.batch_shapes, steady_tokens=out.steady_tokens, steady_seconds=out.steady_seconds,
         peak_gpu_memory_gb={d: round(torch.cuda.max_memory_allocated(d) / 1e9, 2)
                             for d in devices if d.startswith("cuda")},
         **reserved,

@@ -47,6 +47,22 @@ class WorkerPlan(Record):
     precision: str | None = None  # None: states stored as computed
 
 
+class CaptureResult(Record):
+    """What one capture loop did (hsstore.capture.run.pipeline.capture_to_store): samples and bytes written,
+    and where its time went."""
+
+    samples_written: int
+    bytes: int
+    loop_seconds: float  # from the loop's start to the last unit written
+    writer_busy_seconds: float  # the background writers' time in compression and I/O
+    first_batch_seconds: float | None  # kernel JIT, autotuning, allocator growth (None: no batch ran)
+    tail_seconds: float | None  # the last unit's copy and write after the last forward
+    steady_tokens: int  # tokens after the first batch ...
+    steady_seconds: float  # ... and the time from its end to the last forward
+    batch_shapes: int  # distinct padded (batch, length) shapes run
+    pinned_alloc_seconds: float  # allocating pinned host buffers (CUDA)
+
+
 class VariantResult(Record):
     """One variant a worker built (or found complete): counts and timings."""
 

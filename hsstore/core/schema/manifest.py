@@ -1,19 +1,27 @@
-"""The build manifest: the TOML file's tables as typed records (the one place defaults live), and the
-resolved ``Manifest`` a build runs from (paths made absolute, CLI overrides applied).
-
-Types are checked here (``trust_remote_code = "false"`` is an error, not True); value rules (known
-backends, dtypes, devices, codecs, ranges) are checked by ``hsstore.capture.inputs.manifest_file.validate``, which
-knows the registries.
+"""The build manifest and its rules, in one place: the TOML file's tables as typed records (keys, types and
+defaults), the rules of the document (tables, required keys, layers), the allowed values and the value
+rules of a resolved ``Manifest`` (a CLI override is held to the same rules), and the layer rules that need
+the model's layer count (``resolve_layers``, called once the model is known). Types are checked strictly
+(``trust_remote_code = "false"`` is an error, not True). Which codecs exist is the store's registry, passed in.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, Literal
 
 import msgspec
 
+from hsstore.core.errors import BadInput
+from hsstore.core.leakage import check_no_leak
+from hsstore.core.precision_names import PRECISIONS
 from hsstore.core.schema.record import Record
 
+BACKENDS = ("torch", "fla")
+DATA_FORMATS = ("auto", "sharegpt", "openai", "text", "prompt_completion")
+TOO_LONG = ("truncate", "skip")
+ATTENTION = ("sdpa", "eager", "flash_attention_2", "flex_attention")
+INIT_DEVICES = ("cpu", "device")
 # the output of the model's final norm (what lm_head sees; transformers' last hidden_states entry): a named
 # capture beside the decoder layers, stored under layer id num_layers
 FINAL_NORM = "final_norm"
@@ -105,3 +113,161 @@ class Manifest(Record):
     def with_overrides(self, **changes: Any) -> Manifest:
         """CLI options override the manifest; None (or an empty list) means "not given"."""
         return self.replace(**{k: v for k, v in changes.items() if v is not None and v != []})
+
+
+def _err(source: str, msg: str) -> BadInput:
+    return BadInput(f"{source}: {msg}")
+
+
+def parse_device(dev: str) -> str:
+    if dev == "cpu" or dev == "cuda" or (dev.startswith("cuda:") and dev[5:].isdigit()):
+        return dev
+    raise BadInput(f"unknown device {dev!r}; use cpu, cuda or cuda:N")
+
+
+def parse_backend(b: str) -> str:
+    if b not in BACKENDS:
+        raise BadInput(f"unknown backend {b!r}; choose one of {', '.join(BACKENDS)}")
+    return b
+
+
+def parse_layers(source: str, layers: Any) -> dict[str, list[LayerId]]:
+    """``[model] layers`` as written, held to the layer rules: lists of distinct ids (or "final_norm"), a
+    target, no layer both aux and target (a target leaking into the conditioning layers)."""
+    if not isinstance(layers, dict) or set(layers) - {"aux", "target"}:
+        raise _err(source, "[model] layers must be a table with keys aux and target, e.g. { aux = [1, 2], target = [3] }")
+    out: dict[str, list[LayerId]] = {}
+    for role in ("aux", "target"):
+        ids = layers.get(role, [])
+        if not isinstance(ids, list) or not all((isinstance(i, int) and not isinstance(i, bool)) or i == FINAL_NORM
+                                                for i in ids):
+            raise _err(source, f"[model] layers.{role} must be a list of integers (or \"{FINAL_NORM}\"), got {ids!r}")
+        if len(set(ids)) != len(ids):
+            raise _err(source, f"[model] layers.{role} lists a layer twice: {ids}")
+        out[role] = list(ids)
+    if not out["target"]:
+        raise _err(source, "[model] layers.target is empty; name the layer the drafter predicts, e.g. target = [3]")
+    both = sorted(set(out["aux"]) & set(out["target"]), key=str)
+    if both:
+        raise _err(source, f"layer(s) {both} are both aux and target; a target layer must not leak into the "
+                           "conditioning layers — remove it from aux")
+    return out
+
+
+def resolve_layers(layers: dict[str, list], num_layers: int, model: str) -> dict[str, list[int]]:
+    """Range-check decoder layer ids and give the final norm its stored id, ``num_layers``."""
+    check_layers_in_model(layers, num_layers, model)
+    out = {role: [num_layers if i == FINAL_NORM else i for i in ids] for role, ids in layers.items()}
+    check_no_leak(out.get("aux", []), out.get("target", []), num_layers,
+                  f"drop layer {num_layers - 1} from aux or target layer {num_layers - 1} instead of final_norm")
+    return out
+
+
+def check_layers_in_model(layers: dict[str, list], num_layers: int, model: str) -> None:
+    """Every decoder layer id of ``layers`` exists in ``model`` (of ``num_layers`` decoder layers)."""
+    for role, ids in layers.items():
+        bad = [i for i in ids if i != FINAL_NORM and not 0 <= i < num_layers]
+        if bad:
+            raise BadInput(f"layer(s) {bad} in layers.{role} are out of range: {model} has {num_layers} decoder layers "
+                           f"(valid 0..{num_layers - 1}; layer i is the output of decoder layer i; "
+                           f"the state after the final norm is named \"{FINAL_NORM}\")")
+
+
+def _check_keys(source: str, raw: dict[str, Any]) -> None:
+    """Unknown tables and keys, named with what is allowed (the tables' own fields)."""
+    unknown_tables = set(raw) - set(TABLES)
+    if unknown_tables:
+        raise _err(source, f"unknown table(s) {sorted(unknown_tables)}; allowed: {sorted(TABLES)}")
+    for table, record in TABLES.items():
+        got = raw.get(table, {})
+        if not isinstance(got, dict):
+            raise _err(source, f"[{table}] must be a table, got {got!r}")
+        keys = set(record.__struct_fields__)
+        unknown = set(got) - keys
+        if unknown:
+            raise _err(source, f"unknown key(s) {sorted(unknown)} in [{table}] (typo?); allowed: {sorted(keys)}")
+
+
+def _require(source: str, raw: dict[str, Any]) -> None:
+    model, data = raw.get("model", {}), raw.get("data", {})
+    if "path" not in model:
+        raise _err(source, "[model] path is missing; e.g. path = \"builtin:tiny-qwen3_5\"")
+    if "layers" not in model:
+        raise _err(source, "[model] layers is missing; e.g. layers = { aux = [1, 2], target = [3] }")
+    parse_layers(source, model["layers"])  # the layer rules, with their own messages, before types
+    if not data.get("files"):
+        raise _err(source, "[data] files is missing or empty; e.g. files = [\"conversations.jsonl\"]")
+
+
+def parse_manifest_file(raw: dict[str, Any], source: str) -> ManifestFile:
+    """The TOML document ``raw`` (from ``source``) as typed tables: unknown tables and keys, missing keys,
+    layer rules and wrong types are one line naming the key (BadInput)."""
+    _check_keys(source, raw)
+    _require(source, raw)
+    return ManifestFile.from_dict(raw, source, BadInput, toml=True)
+
+
+def check_manifest(m: Manifest, codecs: Collection[str], need_store: bool = True) -> Manifest:
+    """``m`` held to every value rule (the manifest's values and CLI overrides alike), dtypes spelled the one
+    way (bfloat16 -> bf16). ``codecs``: the compressions the store knows. ``need_store``: the store path must
+    be set (a manifest may leave it to ``--store``)."""
+    _check_values(m, codecs)
+    dtypes = _check_runs(m)
+    _check_build(m)
+    if need_store and not m.store_path:
+        raise BadInput(f"{m.source}: [store] path is missing; e.g. path = \"out/tiny.zarr\" (or pass --store)")
+    return m.replace(dtypes=dtypes)
+
+
+def _check_values(m: Manifest, codecs: Collection[str]) -> None:
+    if m.data_format not in DATA_FORMATS:
+        raise BadInput(f"unknown data format {m.data_format!r}; choose one of {', '.join(DATA_FORMATS)}")
+    if m.too_long not in TOO_LONG:
+        raise BadInput(f"[data] too_long = {m.too_long!r}; choose truncate or skip")
+    if m.max_length < 2:
+        raise BadInput(f"[data] max_length = {m.max_length}; it must be at least 2")
+    if m.attn_implementation not in ATTENTION:
+        raise BadInput(f"unknown attn_implementation {m.attn_implementation!r}; choose one of {', '.join(ATTENTION)}")
+    if m.init_device not in INIT_DEVICES:
+        raise BadInput(f"[model] init_device = {m.init_device!r}; choose cpu or device")
+    if m.codec not in codecs:
+        raise BadInput(f"unknown compression {m.codec!r}; choose one of {', '.join(codecs)}")
+    if m.precision is not None and m.precision not in PRECISIONS:
+        raise BadInput(f"[store] precision = {m.precision!r}; choose one of {', '.join(PRECISIONS)} (or leave it out "
+                       "to store the states as computed)")
+    if m.token_budget < m.max_length:
+        raise BadInput(f"[build] token_budget ({m.token_budget}) must be at least [data] max_length ({m.max_length})")
+
+
+def _check_runs(m: Manifest) -> list[str]:
+    """Backends, dtypes and devices: known, at least one each, none twice; the dtypes in their one spelling."""
+    from hsstore.core.dtypes import parse_dtype  # (numpy: not at import, so `hsstore --help` stays light)
+
+    for b in m.backends:
+        parse_backend(b)
+    try:
+        dtypes = [parse_dtype(d) for d in m.dtypes]
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    for dev in m.devices:
+        parse_device(dev)
+    if not (m.backends and m.dtypes and m.devices):
+        raise BadInput("[build] backends, dtypes and devices must each name at least one value")
+    for key, values in (("backends", m.backends), ("dtypes", dtypes), ("devices", m.devices)):
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:  # one variant would be built twice over (bf16 and bfloat16 are one dtype)
+            raise BadInput(f"[build] {key} names {twice[0]!r} twice ({values}); list each once")
+    return dtypes
+
+
+def _check_build(m: Manifest) -> None:
+    if m.gpus_per_rank < 1:
+        raise BadInput(f"[build] gpus_per_rank = {m.gpus_per_rank}; it must be 1 or more")
+    if m.gpus_per_rank > 1 and m.devices != ["cuda"]:
+        raise BadInput(f"[build] gpus_per_rank = {m.gpus_per_rank} spreads the model over that many GPUs of each rank; "
+                       f"set devices = [\"cuda\"] (got {m.devices}) — the GPUs are picked from the local rank")
+    if m.gpus_per_rank > 1 and m.init_device == "device":
+        raise BadInput("[model] init_device = \"device\" draws random weights on one GPU; with gpus_per_rank > 1 the "
+                       "model is drawn on the CPU: set init_device = \"cpu\"")
+    if m.unit_tokens is not None and m.unit_tokens < 1:
+        raise BadInput(f"[build] unit_tokens = {m.unit_tokens}; it must be 1 or more (or left out for ~1 GiB units)")
