@@ -17,7 +17,7 @@ from hsstore.core.errors import StoreNotFound
 from hsstore.storage import layout
 from hsstore.storage.verify import verify
 
-from helpers import assert_bit_exact, kill_build, run_cli, start_build, wait_for
+from helpers import assert_bit_exact, build_racing, kill_build, run_cli, start_build, wait_for
 
 pytestmark = pytest.mark.process  # see docs/testing.md
 
@@ -49,12 +49,16 @@ def _uncommitted(url: str) -> set[str]:
 
 
 def test_s3_concurrent_writers_verify_read_diff_and_a_killed_writer(s3: str, tiny_store: Path, tmp_path: Path):
-    """Two writers build one s3 store at once; verify, info, diff and both datasets read it; then a writer
-    killed mid-build is resumed and gc removes exactly its debris. (One test: each build costs ~10 s of CPU.)"""
+    """Two writers (a build process and this one) build one s3 store at once; verify, info, diff and both
+    datasets read it; then a writer killed mid-build is resumed (here) and gc removes exactly its debris.
+    (One test: each build process costs ~10 s of CPU.)"""
     manifest = tiny_store.parent / "m.toml"
     url = f"{s3}/{uuid.uuid4().hex[:8]}/conc.zarr"
-    procs = [_build(manifest, url), _build(manifest, url)]
-    assert [p.wait(timeout=300) for p in procs] == [0, 0], [p.stderr.read().decode()[-1000:] for p in procs]
+    # a build process, and this process building the same once the other has committed a unit
+    p = _build(manifest, url)
+    here = build_racing([p], lambda: _committed(url) > 0, str(manifest), "--store", url, "--limit", "40",
+                        "--dtype", "bf16", "--quiet")
+    assert p.wait(timeout=300) == 0 and here.returncode == 0, (p.stderr.read().decode()[-1000:], here.stderr)
     assert run_cli("verify", url).returncode == 0
     info = json.loads(run_cli("info", url, "--json").stdout)
     assert [v["n_samples"] for v in info["variants"]] == [40]
@@ -82,8 +86,9 @@ def test_s3_concurrent_writers_verify_read_diff_and_a_killed_writer(s3: str, tin
     assert debris, "the build was killed between units: no debris for gc to remove"
     partial = Store.open(killed).variants[0].n_samples
     assert 0 < partial < 40 and verify(Store.open(killed)).ok
-    resumed = _build(small, killed)
-    assert resumed.wait(timeout=300) == 0
+    # the resume, in this process (the kill was the process's subject)
+    resumed = run_cli("build", str(small), "--store", killed, "--limit", "40", "--dtype", "bf16", "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
     reader = Store.open(killed).reader(Store.open(killed).variant_ids()[0])
     assert len(reader.keys) == len(set(reader.keys)) == 40
     gc = json.loads(run_cli("gc", killed, "--json").stdout)
