@@ -164,11 +164,28 @@ def test_concurrent_builds_of_overlapping_inputs(tmp_path: Path):
 
 
 @pytest.mark.process
+def test_torchrun_two_rank_build_is_bit_exact_to_one_process(reference, tmp_path: Path):
+    ref_store = reference
+    m = _small_units(_manifest(tmp_path, "dist"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "hsstore", "build", str(m), "--limit", LIMIT, "--quiet", "--json"]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _bit_exact_and_complete(tmp_path / "dist.zarr", ref_store, int(LIMIT))
+    (vid,) = Store.open(tmp_path / "dist.zarr").variant_ids()
+    builds = list((tmp_path / "dist.zarr" / "variants" / vid / "builds").glob("*.json"))
+    assert len(builds) == 1 and json.loads(builds[0].read_text())["complete"] is True
+    (lineage,) = (tmp_path / "dist.zarr" / "builds").iterdir()  # one build id, agreed by both ranks
+    assert sorted(p.name for p in lineage.iterdir()) == ["r0-end.json", "r0-start.json", "r1-end.json",
+                                                         "r1-start.json", "rows.jsonl"]
+    writers = {c.writer.writer.split("-")[0] for c in Store.open(tmp_path / "dist.zarr").reader(vid).commits}
+    assert writers == {"r0", "r1"}  # both ranks wrote units
+
+
+@pytest.mark.process
 def test_two_node_torchrun_build_is_bit_exact_to_one_process(reference, tmp_path: Path):
     """Two torchrun launchers (node ranks 0 and 1, one process each, rendezvous on loopback): both
-    processes have LOCAL_RANK 0 and distinct RANKs, as on two real nodes sharing one store. Both ranks
-    write units, agree on one build id, and rank 0 records the build complete. (A single launcher's two
-    local ranks build to their commits, and stop together, in test_signals.py.)"""
+    processes have LOCAL_RANK 0 and distinct RANKs, as on two real nodes sharing one store."""
     import socket
 
     ref_store = reference
@@ -183,16 +200,10 @@ def test_two_node_torchrun_build_is_bit_exact_to_one_process(reference, tmp_path
                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=logs[node].open("w")) for node in (0, 1)]
     codes = [p.wait(timeout=300) for p in procs]
     assert codes == [0, 0], [log.read_text()[-2000:] for log in logs]
-    store = tmp_path / "nodes.zarr"
-    _bit_exact_and_complete(store, ref_store, int(LIMIT))
-    (vid,) = Store.open(store).variant_ids()
-    writers = {c.writer.writer.split("-")[0] for c in Store.open(store).reader(vid).commits}
-    assert writers == {"r0", "r1"}  # both ranks wrote units, named by their global rank, not the local one
-    builds = list((store / "variants" / vid / "builds").glob("*.json"))
-    assert len(builds) == 1 and json.loads(builds[0].read_text())["complete"] is True
-    (lineage,) = (store / "builds").iterdir()  # one build id, agreed by both ranks
-    assert sorted(p.name for p in lineage.iterdir()) == ["r0-end.json", "r0-start.json", "r1-end.json",
-                                                         "r1-start.json", "rows.jsonl"]
+    _bit_exact_and_complete(tmp_path / "nodes.zarr", ref_store, int(LIMIT))
+    (vid,) = Store.open(tmp_path / "nodes.zarr").variant_ids()
+    writers = {c.writer.writer.split("-")[0] for c in Store.open(tmp_path / "nodes.zarr").reader(vid).commits}
+    assert writers == {"r0", "r1"}  # the global rank names the writer, not the local one
 
 
 def test_write_error_stops_build_and_keeps_committed_data(reference, tmp_path: Path):
