@@ -132,7 +132,7 @@ def main() -> None:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"train_first": first, "train_last": last, "eval_first": first_eval,
-                           "eval_last": last_eval, "steps": step, "refusal": refusal, "train": args.train,
+                           "eval_last": last_eval, "steps": step, "epochs": epoch, "refusal": refusal, "train": args.train,
                            "provenance": train.provenance, "losses": history}, f)
     if distributed:
         dist.destroy_process_group()

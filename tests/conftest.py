@@ -1,11 +1,8 @@
 from __future__ import annotations
 
-import fcntl
 import os
-import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +16,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # build's CPU time under that load (docs/testing.md). How threads wait changes no result.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from helpers import run_cli, write_manifest  # noqa: E402
+from helpers import run_cli, shared_dir, write_manifest  # noqa: E402
 
 from hsstore.capture.model.backends import force_backend  # noqa: E402
 from hsstore.testing.s3 import moto_s3  # noqa: E402
@@ -80,24 +77,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
                                 f"{sum(cpu[t] for t in marked):.0f} in tests marked process; the most:")
     for t, c in sorted(cpu.items(), key=lambda kv: -kv[1])[:15]:
         terminalreporter.write_line(f"  {c:6.1f}  {t}")
-
-
-def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
-    """A directory made once per test run by ``build``, shared by every xdist worker of the run (the first
-    to ask builds it under a file lock, the others wait for it): session stores are built once, not once
-    per worker. Tests must treat it as read-only (copy it to change it)."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the run's directory, above each worker's own
-    d = root / f"shared-{name}"
-    with open(root / f"shared-{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (d / ".done").exists():
-            shutil.rmtree(d, ignore_errors=True)
-            d.mkdir()
-            build(d)
-            (d / ".done").write_text("")
-    return d
 
 
 def _build_tiny(d: Path) -> None:

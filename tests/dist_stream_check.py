@@ -23,9 +23,17 @@ def keys_of(ds: StreamingHiddenStateDataset, stop_after: int | None = None) -> l
     return seen
 
 
-def main(store: str, out: str, mode: str) -> None:
+def main(store: str, out: str, modes: str) -> None:
+    """``modes``: comma-separated, each run on a fresh dataset in this one process group (one launch)."""
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    for mode in modes.split(","):
+        run(store, out, mode, rank)
+    dist.destroy_process_group()
+
+
+def run(store: str, out: str, mode: str, rank: int) -> None:
+    """One mode's streaming; what this rank saw goes to ``{out}{mode}-{rank}.json``."""
     ds = StreamingHiddenStateDataset(store, variant="dtype=bf16", seed=7, batch_tokens=600, layers=[3])
     result: dict = {"world": dist.get_world_size()}
     if mode == "full":
@@ -37,13 +45,12 @@ def main(store: str, out: str, mode: str) -> None:
         result["seen"] = keys_of(ds, stop_after=2)
         result["state"] = ds.state_dict()
     elif mode == "resume":
-        with open(out.replace(f"-{mode}-", "-state-")) as f:
+        with open(f"{out}state.json") as f:
             ds.load_state_dict(json.load(f))
         result["seen"] = keys_of(ds)
-    with open(f"{out}{rank}.json", "w") as f:
+    with open(f"{out}{mode}-{rank}.json", "w") as f:
         json.dump(result, f)
     dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

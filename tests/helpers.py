@@ -3,10 +3,13 @@ subprocesses where the process is the subject)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -49,6 +52,16 @@ def start_build(manifest: Path, *args: str) -> subprocess.Popen:
     its worker); stdout dropped, stderr piped."""
     return subprocess.Popen([sys.executable, "-m", "hsstore", "build", str(manifest), "--quiet", *args], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def build_racing(procs: list[subprocess.Popen], committed, *args: str) -> subprocess.CompletedProcess:  # noqa: ANN001
+    """``hsstore build ARGS`` in this process (run_cli), started once the racing build processes ``procs``
+    have committed a unit (``committed()`` says so) and while one of them still runs: this process is one
+    more concurrent writer, without an interpreter start of its own (an inline build needs no imports, so
+    started with them it would finish before they write)."""
+    wait_for(lambda: committed() or all(p.poll() is not None for p in procs), 300, "the racing builds' first commit")
+    assert any(p.poll() is None for p in procs), "the racing builds ended before this one started"
+    return run_cli("build", *args)
 
 
 def diff_report(a: str, b: str, *args: str) -> dict:
@@ -110,6 +123,24 @@ def save_local_model(d: Path, arch: str = "tiny-llama", seed: int = 0, chat_temp
     if not chat_template:
         for f in d.glob("chat_template*"):
             f.unlink()
+    return d
+
+
+def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """A directory made once per test run by ``build``, shared by every xdist worker of the run (the first
+    to ask builds it under a file lock, the others wait for it): session stores are built once, not once
+    per worker. Tests must treat it as read-only (copy it to change it)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's directory, above each worker's own
+    d = root / f"shared-{name}"
+    with open(root / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (d / ".done").exists():
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir()
+            build(d)
+            (d / ".done").write_text("")
     return d
 
 

@@ -66,9 +66,8 @@ def test_torch_backend_is_forced_even_when_kernel_packages_import(tmp_path: Path
     (v,) = Store.open(tmp_path / "store.zarr").variants
     assert v.provenance["environment"]["kernels"]["chunk_gated_delta_rule"] == "torch"
     assert v.provenance["environment"]["kernels"]["causal_conv1d"] == "torch"
-    # and --backend fla really binds the (stand-in) fla kernels: they are called, and refuse
-    r = run_cli("build", str(m), "--limit", "3", "--quiet", "--backend", "fla", env=env)
-    assert r.returncode == 1 and "stand-in" in r.stderr and "kernel called" in r.stderr
+    # and --backend fla really binds the (stand-in) fla kernels, which are called and refuse: that build is
+    # test_lineage.py::test_a_failed_build_records_how_it_ended (one process build for both proofs)
 
 
 def test_reordered_input_file_reuses_committed_states(tmp_path: Path):

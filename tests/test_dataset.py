@@ -15,7 +15,7 @@ from hsstore.read.dataset import pad_collate
 from hsstore.compare.live import check_live_model
 from hsstore.capture.model.spec import ModelSpec
 
-from helpers import REPO, make_samples, make_states, new_variant
+from helpers import REPO, make_samples, make_states, new_variant, shared_dir
 
 
 def test_items_by_role_in_stored_dtype(tiny_store: Path):
@@ -72,22 +72,29 @@ def test_pad_collate_masks():
     assert b["aux_hidden"][0, 3:].abs().sum() == 0
 
 
-def _torchrun(nproc: int, store: Path, out: str, mode: str) -> None:
+def _torchrun(nproc: int, store: Path, out: str, modes: str) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           str(REPO / "tests" / "dist_stream_check.py"), str(store), out, mode]
+           str(REPO / "tests" / "dist_stream_check.py"), str(store), out, modes]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-def _load(out: str, n: int) -> list[dict]:
-    return [json.loads(Path(f"{out}{r}.json").read_text()) for r in range(n)]
+def _load(out: str, mode: str, n: int) -> list[dict]:
+    return [json.loads(Path(f"{out}{mode}-{r}.json").read_text()) for r in range(n)]
+
+
+@pytest.fixture(scope="session")
+def two_rank_streams(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One torchrun launch of two ranks (two DataLoader workers each) over the tiny store, shared by the
+    tests below: full epochs, then a partial epoch with its state. What each rank saw is in
+    ``{prefix}{mode}-{rank}.json``; the prefix is returned."""
+    d = shared_dir(tmp_path_factory, "streams", lambda d: _torchrun(2, tiny_store, f"{d}/run-", "full,partial"))
+    return f"{d}/run-"
 
 
 @pytest.mark.process
-def test_torchrun_two_ranks_two_workers_each_key_once_per_epoch(tiny_store: Path, tmp_path: Path):
-    out = str(tmp_path / "run-full-")
-    _torchrun(2, tiny_store, out, "full")
-    ranks = _load(out, 2)
+def test_torchrun_two_ranks_two_workers_each_key_once_per_epoch(tiny_store: Path, two_rank_streams: str):
+    ranks = _load(two_rank_streams, "full", 2)
     all_keys = set(HiddenStateDataset(tiny_store, variant="dtype=bf16").keys)
     assert len(all_keys) == 40
     for epoch in ("epoch0", "epoch1"):
@@ -98,17 +105,16 @@ def test_torchrun_two_ranks_two_workers_each_key_once_per_epoch(tiny_store: Path
 
 
 @pytest.mark.process
-def test_torchrun_resume_mid_epoch_with_another_world_size(tiny_store: Path, tmp_path: Path):
-    partial = str(tmp_path / "run-partial-")
-    _torchrun(2, tiny_store, partial, "partial")
-    first = _load(partial, 2)
+def test_torchrun_resume_mid_epoch_with_another_world_size(tiny_store: Path, two_rank_streams: str,
+                                                           tmp_path: Path):
+    first = _load(two_rank_streams, "partial", 2)
     state = first[0]["state"]
     assert state == first[1]["state"]  # gathered over ranks
-    (tmp_path / "run-state-").write_text(json.dumps(state))
-    resumed = str(tmp_path / "run-resume-")
-    _torchrun(1, tiny_store, resumed, "resume")
+    out = str(tmp_path / "run-")
+    Path(f"{out}state.json").write_text(json.dumps(state))
+    _torchrun(1, tiny_store, out, "resume")
     before = [k for r in first for k in r["seen"]]
-    after = _load(resumed, 1)[0]["seen"]
+    after = _load(out, "resume", 1)[0]["seen"]
     all_keys = set(HiddenStateDataset(tiny_store, variant="dtype=bf16").keys)
     assert before and after
     assert not set(before) & set(after)

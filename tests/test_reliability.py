@@ -17,7 +17,7 @@ import pytest
 from hsstore import Store
 from hsstore.storage.verify import verify
 
-from helpers import DATA, REPO, assert_bit_exact, kill_build, run_cli, start_build, write_manifest
+from helpers import DATA, REPO, assert_bit_exact, build_racing, kill_build, run_cli, start_build, write_manifest
 
 LIMIT = "48"
 
@@ -133,12 +133,16 @@ def test_sigkill_at_seeded_moments_then_resume(reference: Path, tmp_path: Path):
 
 @pytest.mark.process
 def test_four_concurrent_builds_of_one_manifest(reference, tmp_path: Path):
+    """Four writers of one manifest at once: three build processes and this one, which joins them once
+    they have committed a unit."""
     ref_store = reference
     m = _small_units(_manifest(tmp_path, "conc"))
-    procs = [_start_build(m) for _ in range(4)]
+    store = tmp_path / "conc.zarr"
+    procs = [_start_build(m) for _ in range(3)]
+    here = build_racing(procs, lambda: bool(_committed_keys(store)), str(m), "--limit", LIMIT, "--quiet")
     codes = [p.wait(timeout=300) for p in procs]
-    assert codes == [0, 0, 0, 0], [p.stderr.read().decode()[-500:] for p in procs]
-    _bit_exact_and_complete(tmp_path / "conc.zarr", ref_store, int(LIMIT))
+    assert codes == [0, 0, 0] and here.returncode == 0, [p.stderr.read().decode()[-500:] for p in procs] + [here.stderr]
+    _bit_exact_and_complete(store, ref_store, int(LIMIT))
 
 
 @pytest.mark.process
@@ -146,12 +150,14 @@ def test_concurrent_builds_of_overlapping_inputs(tmp_path: Path):
     rows = DATA.read_text().splitlines()
     (tmp_path / "a.jsonl").write_text("\n".join(rows[0:30]) + "\n")
     (tmp_path / "b.jsonl").write_text("\n".join(rows[15:45]) + "\n")
-    ma = _manifest(tmp_path, "a", files=[str(tmp_path / "a.jsonl")])
-    mb = _manifest(tmp_path, "b", files=[str(tmp_path / "b.jsonl")])
+    ma = _small_units(_manifest(tmp_path, "a", files=[str(tmp_path / "a.jsonl")]))  # many commits: still running
+    mb = _small_units(_manifest(tmp_path, "b", files=[str(tmp_path / "b.jsonl")]))
     store = tmp_path / "shared.zarr"
-    procs = [_start_build(ma, "--store", str(store)), _start_build(mb, "--store", str(store))]
-    codes = [p.wait(timeout=300) for p in procs]
-    assert codes == [0, 0], [p.stderr.read().decode()[-2000:] for p in procs]
+    # a build process of one, and this process building the other once the first has committed a unit
+    p = _start_build(ma, "--store", str(store))
+    here = build_racing([p], lambda: bool(_committed_keys(store)), str(mb), "--store", str(store), "--limit", LIMIT,
+                        "--quiet")
+    assert p.wait(timeout=300) == 0 and here.returncode == 0, (p.stderr.read().decode()[-2000:], here.stderr)
     (v,) = Store.open(store).variants
     assert v.n_samples == 45
     assert verify(Store.open(store)).ok

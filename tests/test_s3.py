@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -17,7 +21,7 @@ from hsstore.core.errors import StoreNotFound
 from hsstore.storage import layout
 from hsstore.storage.verify import verify
 
-from helpers import assert_bit_exact, kill_build, run_cli, start_build, wait_for
+from helpers import assert_bit_exact, build_racing, children, kill_build, run_cli, start_build, wait_for
 
 pytestmark = pytest.mark.process  # see docs/testing.md
 
@@ -48,13 +52,40 @@ def _uncommitted(url: str) -> set[str]:
             if u != layout.META and not io.exists(layout.commit_key(v, u))}
 
 
+def _frozen_mid_unit(p: subprocess.Popen, url: str) -> set[str]:
+    """Stop the build ``p`` (driver and worker, SIGSTOP) at a moment it has committed a unit and is writing
+    another: the units it has half-written then. (Seen first and killed after, the unit could commit in
+    between: frozen, what is seen stays; a moment between units is let go and waited for again.)"""
+    while True:
+        wait_for(lambda: (_committed(url) > 0 and _uncommitted(url)) or p.poll() is not None,
+                 what="the build's first commit while its next unit is being written")
+        assert p.poll() is None, "the build finished before it could be stopped"
+        groups = [p.pid, *children(p.pid)]  # each in a process group of its own (kill_build)
+        _signal_groups(groups, signal.SIGSTOP)
+        time.sleep(0.2)  # requests already sent land
+        debris = _uncommitted(url)
+        if debris:
+            return debris
+        _signal_groups(groups, signal.SIGCONT)
+
+
+def _signal_groups(groups: list[int], sig: int) -> None:
+    for g in groups:
+        with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+            os.killpg(g, sig)
+
+
 def test_s3_concurrent_writers_verify_read_diff_and_a_killed_writer(s3: str, tiny_store: Path, tmp_path: Path):
-    """Two writers build one s3 store at once; verify, info, diff and both datasets read it; then a writer
-    killed mid-build is resumed and gc removes exactly its debris. (One test: each build costs ~10 s of CPU.)"""
+    """Two writers (a build process and this one) build one s3 store at once; verify, info, diff and both
+    datasets read it; then a writer killed mid-build is resumed (here) and gc removes exactly its debris.
+    (One test: each build process costs ~10 s of CPU.)"""
     manifest = tiny_store.parent / "m.toml"
     url = f"{s3}/{uuid.uuid4().hex[:8]}/conc.zarr"
-    procs = [_build(manifest, url), _build(manifest, url)]
-    assert [p.wait(timeout=300) for p in procs] == [0, 0], [p.stderr.read().decode()[-1000:] for p in procs]
+    # a build process, and this process building the same once the other has committed a unit
+    p = _build(manifest, url)
+    here = build_racing([p], lambda: _committed(url) > 0, str(manifest), "--store", url, "--limit", "40",
+                        "--dtype", "bf16", "--quiet")
+    assert p.wait(timeout=300) == 0 and here.returncode == 0, (p.stderr.read().decode()[-1000:], here.stderr)
     assert run_cli("verify", url).returncode == 0
     info = json.loads(run_cli("info", url, "--json").stdout)
     assert [v["n_samples"] for v in info["variants"]] == [40]
@@ -74,16 +105,14 @@ def test_s3_concurrent_writers_verify_read_diff_and_a_killed_writer(s3: str, tin
                      .replace("unit_tokens = 2048", "unit_tokens = 300"))
     killed = f"{s3}/{uuid.uuid4().hex[:8]}/killed.zarr"
     p = _build(small, killed)
-    wait_for(lambda: (_committed(killed) > 0 and _uncommitted(killed)) or p.poll() is not None,
-             what="the build's first commit while its next unit is being written")
-    assert p.poll() is None, "the build finished before it could be killed"
+    debris = _frozen_mid_unit(p, killed)  # the units the killed writer leaves half-written
     kill_build(p)  # the driver and its worker at once
-    debris = _uncommitted(killed)  # the units the killed writer left half-written
-    assert debris, "the build was killed between units: no debris for gc to remove"
+    assert _uncommitted(killed) == debris
     partial = Store.open(killed).variants[0].n_samples
     assert 0 < partial < 40 and verify(Store.open(killed)).ok
-    resumed = _build(small, killed)
-    assert resumed.wait(timeout=300) == 0
+    # the resume, in this process (the kill was the process's subject)
+    resumed = run_cli("build", str(small), "--store", killed, "--limit", "40", "--dtype", "bf16", "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
     reader = Store.open(killed).reader(Store.open(killed).variant_ids()[0])
     assert len(reader.keys) == len(set(reader.keys)) == 40
     gc = json.loads(run_cli("gc", killed, "--json").stdout)

@@ -1,15 +1,14 @@
 """The concurrency soak: build, gc (plain and --force --grace 0), convert, export and readers on one store
-at once, in real processes, for a bounded time (``HSSTORE_SOAK_SECONDS``, default 20) from a seed
-(``HSSTORE_SOAK_SEED``, default 0; the failing seed is in the test's id). It ends with every committed
-sample of every variant readable, ``verify`` clean, and the export folder exactly one export."""
+at once (the build in the test process, each other role in a process of its own), for a bounded time
+(``HSSTORE_SOAK_SECONDS``, default 20) from a seed (``HSSTORE_SOAK_SEED``, default 0; the failing seed is in
+the test's id). It ends with every committed sample of every variant readable, ``verify`` clean, and the
+export folder exactly one export."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 import racers
 from hsstore import Store
 
-from helpers import REPO, write_manifest
+from helpers import run_cli, wait_for, write_manifest
 from test_concurrency import assert_all_readable
 
 SECONDS = float(os.environ.get("HSSTORE_SOAK_SECONDS", "20"))
@@ -31,16 +30,19 @@ def test_soak_build_gc_convert_export_and_readers_at_once(tiny_store: Path, tmp_
     before = {v.id: v.n_samples for v in Store.open(path).variants}
     m = write_manifest(tmp_path / "m.toml", dtypes='["bf16", "fp32"]', layers="{ aux = [0, 1], target = [3] }",
                        store=str(path))
-    build = subprocess.Popen([sys.executable, "-m", "hsstore", "build", str(m), "--limit", "46", "--quiet"], cwd=REPO,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     t0 = time.monotonic()
     others = [racers.start("soak_gc", path, SEED), racers.start("soak_gc", path, SEED + 1),
               racers.start("soak_reader", path, SEED), racers.start("soak_convert", path, SEED),
               racers.start("soak_export", path, SEED, tmp_path / "export")]
-    _, build_err = build.communicate(timeout=600)
+    # the build runs in this process, once the racers run (convert has derived its variant): a process
+    # apart from theirs, without an interpreter start of its own
+    wait_for(lambda: len(Store.open(path).variant_ids()) > len(before) or any(p.poll() is not None for p in others),
+             300, "the convert racer's first variant")
+    assert all(p.poll() is None for p in others), "a racer ended before the build started"
+    build = run_cli("build", str(m), "--limit", "46", "--quiet")
     time.sleep(max(0.0, SECONDS - (time.monotonic() - t0)))
     results = racers.stop_all(path, others, timeout=300)
-    assert build.returncode == 0, f"seed {SEED}: build: {build_err[-2000:]}"
+    assert build.returncode == 0, f"seed {SEED}: build: {build.stderr[-2000:]}"
     for role, (rc, err) in zip(["gc", "gc", "reader", "convert", "export"], results):
         assert rc == 0, f"seed {SEED}: {role}: {err[-2000:]}"
     after = {v.id: v.n_samples for v in Store.open(path).variants}

@@ -11,13 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, one_sample_units, wait_for
+from helpers import REPO, one_sample_units, run_cli, wait_for
 
 from hsstore import Store
 from hsstore.storage.verify import verify
-
-pytestmark = pytest.mark.process  # see docs/testing.md
-
 
 def _source(tmp: Path, n: int = 6) -> Path:
     """A bf16 store of ``n`` one-sample units."""
@@ -36,9 +33,13 @@ def _damage(src: Path, unit_index: int | None = None) -> None:
 
 
 def _convert(src: Path, *extra: str, preexec=None) -> subprocess.CompletedProcess:  # noqa: ANN001
-    return subprocess.run([sys.executable, "-m", "hsstore", "convert", str(src), "--precision", "fp8-e4m3",
-                           "--quiet", *extra], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          preexec_fn=preexec)
+    """``hsstore convert SRC --precision fp8-e4m3 --quiet EXTRA``: in this process (run_cli), or in a real
+    process started with ``preexec`` (a limit of the process's own)."""
+    argv = ["convert", str(src), "--precision", "fp8-e4m3", "--quiet", *extra]
+    if preexec is None:
+        return run_cli(*argv)
+    return subprocess.run([sys.executable, "-m", "hsstore", *argv], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, preexec_fn=preexec)
 
 
 def test_a_damaged_source_leaves_no_empty_variant_and_no_new_store(tmp_path: Path) -> None:
@@ -69,6 +70,7 @@ def test_a_convert_stopped_after_committing_units_keeps_them_and_resumes(tmp_pat
     assert [x.n_samples for x in Store.open(dst).variants] == [6]
 
 
+@pytest.mark.process  # a file-size limit of the convert's own (docs/testing.md)
 def test_a_write_fault_in_convert_names_convert_as_what_resumes(tmp_path: Path) -> None:
     src = _source(tmp_path)
 
@@ -120,6 +122,7 @@ def _commits(store: Path) -> int:
     return sum(1 for _ in store.glob("variants/*/commits/*.json"))
 
 
+@pytest.mark.process  # SIGINT to a real convert (docs/testing.md)
 def test_ctrl_c_stops_convert_promptly_and_the_same_command_resumes(tmp_path: Path) -> None:
     """SIGINT mid-convert: queued units are not started, exit 130 with one line saying what is kept; the
     same command run again finishes (into the source's own store, which then holds two variants: the
@@ -142,6 +145,6 @@ def test_ctrl_c_stops_convert_promptly_and_the_same_command_resumes(tmp_path: Pa
     assert len(lines) == 1 and "convert interrupted by SIGINT" in lines[0] and "re-run the same command" in lines[0], err
     assert _commits(out) - before < n  # stopped: not every queued unit ran
     assert verify(Store.open(out)).ok
-    r = subprocess.run(cmd + ["--json"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    r = run_cli(*cmd[3:], "--json")  # the same command, in this process: the resume needs no process
     assert r.returncode == 0, r.stderr
     assert '"complete": true' in r.stdout

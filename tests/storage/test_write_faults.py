@@ -1,8 +1,9 @@
 """Short writes and I/O errors: a build that cannot write stops non-zero with one line, commits nothing
 partial, writes no "build complete" record, and the next build resumes cleanly.
 
-Real build subprocesses under a file-size limit (``RLIMIT_FSIZE``, SIGXFSZ ignored so writes fail with
-EFBIG instead of killing the process) and on a real full filesystem (a small tmpfs mounted for the test).
+A real build subprocess under a file-size limit (``RLIMIT_FSIZE``, SIGXFSZ ignored so writes fail with
+EFBIG instead of killing the process), and a build in this process on a real full filesystem (a small tmpfs
+mounted for the test); each resumed in this process once the fault is gone.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from hsstore.storage import fileio
 from hsstore.storage.verify import verify
 from hsstore.storage.writer import UnitWriter
 
-from helpers import REPO, make_samples, make_states, new_variant, write_manifest
+from helpers import REPO, make_samples, make_states, new_variant, run_cli, write_manifest
 
 LIMIT = "40"
 
@@ -66,7 +67,9 @@ def _assert_failed_cleanly(r: subprocess.CompletedProcess, store: Path, reason: 
 
 
 def _assert_resumed(manifest: Path, store: Path) -> None:
-    r = _build(manifest)
+    """The same command, run again once the fault is gone, completes the store (in this process: the fault,
+    not the resume, needs a process of its own)."""
+    r = run_cli("build", str(manifest), "--limit", LIMIT, "--quiet")
     assert r.returncode == 0, r.stderr[-3000:]
     result = verify(Store.open(store))
     assert result.ok and result.samples_checked == int(LIMIT), result.problems[:3]
@@ -99,12 +102,12 @@ def small_fs(tmp_path: Path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-@pytest.mark.process
 def test_full_filesystem_stops_the_build_and_it_resumes(tmp_path: Path, small_fs: Path):
     store = small_fs / "s.zarr"
     m = _manifest(tmp_path, store, unit_tokens=600)  # small units: some commit before the disk fills
-    # the space check would refuse this build up front (test_plan proves that); here the disk fills mid-build
-    r = _build(m, None, "--no-space-check")
+    # the space check would refuse this build up front (test_plan proves that); here the disk fills mid-build.
+    # In this process: a full disk fails every writer alike (the file-size limit above is a process's own)
+    r = run_cli("build", str(m), "--limit", LIMIT, "--quiet", "--no-space-check")
     assert _assert_failed_cleanly(r, store, "No space left on device") > 0  # the first units fit
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_fs)], check=True)  # space freed
     _assert_resumed(m, store)
