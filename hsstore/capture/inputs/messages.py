@@ -136,6 +136,18 @@ def inline_reasoning(content: str) -> tuple[str, str] | None:
     return (reasoning.strip("\n"), reply.lstrip("\n")) if found else None
 
 
+def reasoning_moved(msgs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """``msgs`` with each assistant reply's leading ``<think>…</think>`` block moved to ``reasoning_content``
+    (as ``inline_reasoning`` splits it); None when no reply has such a block."""
+    out, moved = [], False
+    for m in msgs:
+        split = inline_reasoning(m["content"]) if m["role"] == "assistant" and "reasoning_content" not in m else None
+        if split is not None:
+            m, moved = {**m, "reasoning_content": split[0], "content": split[1]}, True
+        out.append(m)
+    return out if moved else None
+
+
 def _trained(turn: dict[str, Any], role: str, i: int) -> bool:
     """OpenAI fine-tuning's ``weight``: 0 keeps an assistant turn in the prompt but out of the loss."""
     weight = turn.get("weight")
