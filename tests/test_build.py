@@ -63,6 +63,9 @@ def test_torch_backend_is_forced_even_when_kernel_packages_import(tmp_path: Path
     m = write_manifest(tmp_path / "m.toml")
     r = run_cli("build", str(m), "--limit", "3", "--quiet", "--backend", "torch", env=env)
     assert r.returncode == 0, r.stderr
+    # transformers' notice that the (here importable) kernel packages are "not installed": hsstore blocked them
+    assert "falling back to its reference PyTorch implementation" not in r.stderr, r.stderr
+    assert not [line for line in r.stderr.splitlines() if line.startswith("[transformers]")], r.stderr
     (v,) = Store.open(tmp_path / "store.zarr").variants
     assert v.provenance["environment"]["kernels"]["chunk_gated_delta_rule"] == "torch"
     assert v.provenance["environment"]["kernels"]["causal_conv1d"] == "torch"
