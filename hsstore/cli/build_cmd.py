@@ -91,7 +91,7 @@ def env(
     model: Annotated[Optional[str], typer.Option("--model", help="Model dir or builtin:NAME to probe.")] = None,
     backend: Annotated[Optional[str], typer.Option("--backend", help="Probe as this backend would run (torch | fla).")] = None,
     device: Annotated[str, typer.Option("--device", help="Device to probe on.")] = "cpu",
-    json_out: Annotated[bool, typer.Option("--json")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
 ) -> None:
     """This machine's environment fingerprint; with --model, the kernel each family would use.
 

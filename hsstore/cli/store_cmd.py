@@ -52,7 +52,7 @@ def gc(
     grace: Annotated[float, typer.Option("--grace", help="Seconds before another host's uncommitted unit is debris.")] = UNIT_GRACE_SECONDS,
     force: Annotated[bool, typer.Option("--force", help="Remove every uncommitted unit whose writer does not hold it (local stores: running writers keep theirs; object stores: only when no writer runs).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
-    json_out: Annotated[bool, typer.Option("--json")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
 ) -> None:
     """Remove uncommitted debris of crashed writers; committed data is never touched, symlinks are never
     followed.
