@@ -50,6 +50,19 @@ def test_an_ambiguous_selector_is_refused_with_what_tells_the_candidates_apart()
     assert select(variants, "dtype=bf16,token_budget=2048") == "bbb"
 
 
+@pytest.mark.parametrize("ids", [("aaa", "bbb", "ddd"), ("ddd", "aaa", "bbb"), ("bbb", "ddd", "aaa")])
+def test_a_store_of_several_variants_without_a_selector_suggests_one_that_names_a_single_variant(ids):
+    """The example in "name one as STORE#SELECTOR, e.g. …" is copied by people: it must pick one variant,
+    whichever comes first (two bf16 variants apart by token_budget, one fp32)."""
+    variants = dict(zip(ids, [_with_budget(4096), _with_budget(2048), _with_budget(4096, dtype="fp32")]))
+    with pytest.raises(SelectorError) as e:
+        select(variants, None, where="s.zarr")
+    msg = str(e.value)
+    assert "holds 3 variants; name one as s.zarr#SELECTOR" in msg
+    suggested = msg.split("e.g. #", 1)[1].split(" ", 1)[0]
+    assert select(variants, suggested) == min(variants)
+
+
 def test_a_selector_key_that_names_no_field_is_an_unknown_key_with_the_valid_ones():
     variants = {"aaa": _with_budget(4096), "bbb": _with_budget(2048, dtype="fp32")}
     with pytest.raises(SelectorError) as e:
