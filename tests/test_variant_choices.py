@@ -72,6 +72,9 @@ def test_a_selector_key_that_names_no_field_is_an_unknown_key_with_the_valid_one
     assert "valid keys:" in msg and all(k in msg for k in ("backend", "dtype", "device", "token_budget", "precision"))
     with pytest.raises(SelectorError, match="matches no variant"):  # a known key, a value no variant has
         select(variants, "precision=fp8-e4m3")
+    with pytest.raises(SelectorError) as e:  # a typo in a value: the values the store holds for that key
+        select(variants, "dtype=bf61,backend=torch")
+    assert "matches no variant in store (dtype here: bf16, fp32)." in str(e.value)
 
 
 def test_info_json_names_what_tells_each_variant_apart_as_info_and_selector_errors_do(tmp_path: Path):

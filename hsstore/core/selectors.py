@@ -73,6 +73,17 @@ def _check_keys(selector: str, pairs: Mapping[str, str], variants: Mapping[str, 
             )
 
 
+def _values_held(pairs: Mapping[str, str], variants: Mapping[str, Mapping[str, Any]]) -> str:
+    """`` (dtype here: bf16, fp32)`` for each key whose value no variant holds (a typo in a value)."""
+    said = []
+    for key, want in pairs.items():
+        held = sorted({as_text(v) for p in variants.values() for path, v in flatten(p).items()
+                       if path == key or path.endswith("." + key)})
+        if want not in held:
+            said.append(f"{key} here: {', '.join(held[:8]) or '(none)'}{' …' if len(held) > 8 else ''}")
+    return f" ({'; '.join(said)})" if said else ""
+
+
 def _example(variants: Mapping[str, Mapping[str, Any]]) -> str:
     """A selector naming the first variant alone: its backend and dtype, then the fields that tell it apart
     one by one until it does; else its id prefix."""
@@ -118,7 +129,8 @@ def select(variants: Mapping[str, Mapping[str, Any]], selector: str | None, wher
     if len(hits) == 1:
         return hits[0]
     if not hits:
-        raise SelectorError(f"selector {selector!r} matches no variant in {where}. Choices: {_choices(variants)}")
+        held = "" if isinstance(parsed, str) else _values_held(parsed, variants)
+        raise SelectorError(f"selector {selector!r} matches no variant in {where}{held}. Choices: {_choices(variants)}")
     among = {vid: variants[vid] for vid in sorted(hits)}
     apart = distinguishing(among, by_line=False)
     keys = list(next(iter(apart.values())))
