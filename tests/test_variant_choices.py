@@ -140,3 +140,13 @@ def test_a_build_forking_a_variant_by_its_token_budget_is_named_everywhere(tiny_
     apart = [v["distinguished_by"] for v in json.loads(run_cli("info", str(store), "--json").stdout)["variants"]
              if v["dtype"] == "bf16"]
     assert sorted(apart, key=str) == [{"token_budget": "1024"}, {"token_budget": "2048"}]  # as the text headers
+
+
+@pytest.mark.parametrize("command", ["info", "verify", "gc"])
+def test_a_store_command_given_a_variant_refuses_it_instead_of_dropping_it(tiny_store: Path, command: str):
+    """info, verify and gc read a whole store: a ``#selector`` after it (a typo in it, too) is refused in one
+    line naming the store to pass, not silently ignored."""
+    r = run_cli(command, f"{tiny_store}#dtype=bf61")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == (f"error: hsstore {command} reads a whole store, not one variant: pass {str(tiny_store)!r} "
+                        "without '#dtype=bf61'\n")
