@@ -45,7 +45,7 @@ def build(
         allow_unhealthy=allow_unhealthy or None, precision=precision,
     )
     summary = run_build(m, limit=limit, quiet=quiet, space_check=not no_space_check)
-    if summary.rows_report is not None:  # on stderr, so --json output stays one document
+    if summary.rows_report is not None and json_out:  # on stderr, so --json output stays one document
         typer.echo(_rows_line(summary), err=True)
     emit(summary.to_dict(), json_out, "\n".join(_lines(summary)))
 
@@ -70,6 +70,8 @@ def _lines(summary: BuildResult) -> list[str]:
     rej = ", ".join(f"{k}: {v}" for k, v in inp.rejected.items()) or "none"
     lines.append(f"inputs: {inp.rows} rows, {inp.usable} usable, {inp.truncated} truncated{_dropped(summary)}, "
                  f"{inp.duplicates} duplicate; rejected: {rej}")
+    if summary.rows_report is not None:
+        lines.append(f"  rows not taken as they were, each with its reason: {summary.rows_report}")
     for r in summary.variants:
         what = "nothing new (all present)" if r.samples_written == r.samples_by_others == 0 else \
             f"{r.samples_written} samples written"
