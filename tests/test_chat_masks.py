@@ -533,3 +533,23 @@ def test_special_think_tokens_anywhere_but_a_replys_leading_block_are_still_refu
         with pytest.raises(RowRejected, match="special token's text"):
             masker(conv)
             pytest.fail(what)
+
+
+@pytest.mark.parametrize("name, arguments, want", [("deepseek_r1", {"city": "Paris"}, "JSON text"),
+                                                   ("qwen3_5", '{"city": "Paris"}', "objects")])
+def test_a_template_refusing_the_form_of_tool_call_arguments_says_which_form_the_row_has(name, arguments, want):
+    """Templates differ in the arguments they take (DeepSeek-R1 concatenates JSON text, Qwen3.5 iterates an
+    object): the refusal names the row's form and the other one, not only the template's TypeError."""
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+    conv = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": "clear"}, {"role": "assistant", "content": "Clear."}]
+    with pytest.raises(RowRejected) as e:
+        MASKERS[name](conv)
+    assert e.value.reason == "the chat template refused the row"
+    given = "objects" if isinstance(arguments, dict) else "JSON text"
+    assert e.value.detail.startswith("TypeError: ")
+    assert e.value.detail.endswith(f" (this row's tool-call arguments are {given}; this template may want {want})")
+    fixed = {**call, "function": {**call["function"], "arguments": json.dumps(arguments) if want == "JSON text"
+                                  else json.loads(arguments)}}
+    ids, mask = MASKERS[name]([conv[0], {**conv[1], "tool_calls": [fixed]}, *conv[2:]])  # the named fix works
+    assert sum(mask) > 0

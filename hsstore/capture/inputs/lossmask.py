@@ -36,7 +36,7 @@ from typing import Any
 
 from hsstore.capture.inputs.chatdate import PINNED, date_string, pinned_template, prints_date
 from hsstore.capture.inputs.chatmarks import PLACEMENTS, Marked, marked_messages, read_markers, repeated_message
-from hsstore.capture.inputs.messages import THINK_CLOSE, THINK_OPEN, RowRejected, inline_reasoning, reasoning_moved
+from hsstore.capture.inputs.messages import THINK_CLOSE, THINK_OPEN, RowRejected, arguments_hint, inline_reasoning, reasoning_moved
 from hsstore.capture.inputs.render_limits import bounded
 from hsstore.core.errors import BadInput, ResourceLimit
 
@@ -201,7 +201,7 @@ class ChatMasker:
         except ResourceLimit:
             raise
         except Exception as e:
-            raise RowRejected("the chat template refused the row", _why(e)) from None
+            raise RowRejected("the chat template refused the row", _why(e) + arguments_hint(msgs, e)) from None
         nonce = self._nonce(msgs, tools)
         mk = self._marked(msgs, tools, nonce, plain)
         enc = self.tok(plain, add_special_tokens=False, return_offsets_mapping=True)

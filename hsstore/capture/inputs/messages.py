@@ -148,6 +148,17 @@ def reasoning_moved(msgs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
     return out if moved else None
 
 
+def arguments_hint(msgs: list[dict[str, Any]], raised: Exception) -> str:
+    """Where a template raised a TypeError over a row with tool calls: which form the row's arguments take
+    (templates differ: some concatenate JSON text, others iterate an object), so the fix is named."""
+    forms = {type(c["function"]["arguments"]).__name__ for m in msgs for c in m.get("tool_calls") or ()}
+    if not isinstance(raised, TypeError) or not forms:
+        return ""
+    given = "JSON text" if forms == {"str"} else "objects" if forms == {"dict"} else "both JSON text and objects"
+    want = "objects" if forms == {"str"} else "JSON text" if forms == {"dict"} else "one form"
+    return f" (this row's tool-call arguments are {given}; this template may want {want})"
+
+
 def _trained(turn: dict[str, Any], role: str, i: int) -> bool:
     """OpenAI fine-tuning's ``weight``: 0 keeps an assistant turn in the prompt but out of the loss."""
     weight = turn.get("weight")
