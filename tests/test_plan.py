@@ -165,3 +165,18 @@ def test_a_whole_sample_is_the_total_and_a_part_brackets_it():
     assert whole.estimate == whole.low == whole.high == sum(values)
     part = total_from_sample([values[i] for i in sample_indices(len(values), 80, seed=1)], len(values))
     assert part.low < sum(values) < part.high and part.low < part.estimate < part.high
+
+
+def test_plan_counts_the_replies_truncation_drops_as_the_build_does(tmp_path: Path):
+    """The plan's inputs line says what the build's summary says: how many trained replies the cut at
+    max_length drops whole."""
+    turns = [{"role": r, "content": f"{r} turn {i} " + "word " * 8} for i in range(6) for r in ("user", "assistant")]
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"messages": turns}) + "\n")
+    m = write_manifest(tmp_path / "m.toml", files=[str(data)], store=str(tmp_path / "s.zarr"), max_length=160)
+    dropped = _plan(str(m))["inputs"]["replies_dropped"]
+    assert dropped > 0
+    r = CliRunner().invoke(app, ["plan", str(m)])
+    assert r.exit_code == 0, r.output
+    said = f"1 truncated ({dropped} replies dropped whole: raise [data] max_length to keep them)"
+    assert said in r.output.splitlines()[1], r.output

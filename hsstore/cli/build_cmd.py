@@ -8,7 +8,7 @@ import typer
 
 from hsstore.cli.app import app, emit
 from hsstore.core.schema.record import or_none
-from hsstore.core.schema.build import BuildResult
+from hsstore.core.schema.build import BuildResult, InputCounts
 
 
 @app.command()
@@ -54,12 +54,12 @@ def _rows_line(summary: BuildResult) -> str:
     inp = summary.inputs
     n = sum(inp.rejected.values()) + inp.duplicates + inp.truncated
     return (f"inputs: {n} row(s) not taken as they were ({sum(inp.rejected.values())} rejected, {inp.duplicates} "
-            f"duplicate, {inp.truncated} truncated{_dropped(summary)}), each named in {summary.rows_report}")
+            f"duplicate, {inp.truncated} truncated{dropped_note(summary.inputs)}), each named in {summary.rows_report}")
 
 
-def _dropped(summary: BuildResult) -> str:
+def dropped_note(inputs: InputCounts) -> str:
     """How many trained replies truncation cut off whole (the rows lose them; raise max_length to keep them)."""
-    n = or_none(summary.inputs.replies_dropped) or 0
+    n = or_none(inputs.replies_dropped) or 0
     return f" ({n} repl{'y' if n == 1 else 'ies'} dropped whole: raise [data] max_length to keep them)" if n else ""
 
 
@@ -68,7 +68,7 @@ def _lines(summary: BuildResult) -> list[str]:
     lines = [f"store {summary.store}  (rank {summary.rank}/{summary.world_size})"]
     inp = summary.inputs
     rej = ", ".join(f"{k}: {v}" for k, v in inp.rejected.items()) or "none"
-    lines.append(f"inputs: {inp.rows} rows, {inp.usable} usable, {inp.truncated} truncated{_dropped(summary)}, "
+    lines.append(f"inputs: {inp.rows} rows, {inp.usable} usable, {inp.truncated} truncated{dropped_note(summary.inputs)}, "
                  f"{inp.duplicates} duplicate; rejected: {rej}")
     if summary.rows_report is not None:
         lines.append(f"  rows not taken as they were, each with its reason: {summary.rows_report}")
