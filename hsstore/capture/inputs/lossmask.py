@@ -183,13 +183,13 @@ class ChatMasker:
     def __call__(self, msgs: list[dict[str, Any]], tools: Any = None,
                  trained: list[bool] | None = None) -> tuple[list[int], list[int]]:
         """(input_ids, loss_mask) of one conversation (assistant turns with ``trained[k]``, all by default), or
-        RowRejected. Refused as written, leading think blocks are tried as ``reasoning_content`` (Qwen3: one
-        before tool calls with nothing after it); rows taken as written keep their tokens."""
+        RowRejected. Refused as written, think blocks with no text after them are tried as ``reasoning_content``
+        (Qwen3: a block before tool calls); the template renders them alike, so the tokens are the row's."""
         msgs, inline = self._inline_reasoning(msgs)
         try:
             return self._masked(msgs, tools, trained, inline)
         except RowRejected:
-            if not (self.renders_reasoning and (moved := reasoning_moved(msgs))):
+            if not (self.renders_reasoning and (moved := reasoning_moved(msgs, bare_only=True))):
                 raise
         return self._masked(moved, tools, trained, inline)
 

@@ -136,13 +136,14 @@ def inline_reasoning(content: str) -> tuple[str, str] | None:
     return (reasoning.strip("\n"), reply.lstrip("\n")) if found else None
 
 
-def reasoning_moved(msgs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+def reasoning_moved(msgs: list[dict[str, Any]], bare_only: bool = False) -> list[dict[str, Any]] | None:
     """``msgs`` with each assistant reply's leading ``<think>…</think>`` block moved to ``reasoning_content``
-    (as ``inline_reasoning`` splits it); None when no reply has such a block."""
+    (as ``inline_reasoning`` splits it; ``bare_only``: only blocks with no text after them, which Qwen3's
+    templates render the same either way); None when no reply has such a block."""
     out, moved = [], False
     for m in msgs:
         split = inline_reasoning(m["content"]) if m["role"] == "assistant" and "reasoning_content" not in m else None
-        if split is not None:
+        if split is not None and not (bare_only and split[1].strip()):
             m, moved = {**m, "reasoning_content": split[0], "content": split[1]}, True
         out.append(m)
     return out if moved else None
