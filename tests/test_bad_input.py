@@ -223,6 +223,8 @@ CASES = {
     "store-unknown-format": (lambda t: ["info", _future_store(t)], "format version 9.0"),
     "selector-no-match": (lambda t: ["diff", _two_variant_store(t) + "#dtype=fp16", _two_variant_store(t) + "#dtype=bf16"], "matches no variant"),
     "selector-ambiguous": (lambda t: ["diff", _two_variant_store(t), _two_variant_store(t) + "#dtype=bf16"], "holds 2 variants"),
+    "store-command-with-selector": (lambda t: ["verify", str(t / "s.zarr") + "#dtype=bf61"],
+                                    r"hsstore verify reads a whole store, not one variant: pass '.*s\.zarr' without '#dtype=bf61'"),
     "selector-unknown-key": (lambda t: ["diff", _two_variant_store(t) + "#dtyp=bf16", _two_variant_store(t) + "#dtype=fp32"],
                              r"selector 'dtyp=bf16': unknown key 'dtyp'; did you mean 'dtype'\? valid keys: .*backend.*dtype"),
     "selector-traversal": (lambda t: ["diff", _two_variant_store(t) + "#../../etc", _two_variant_store(t)], "neither a variant id prefix"),

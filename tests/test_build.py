@@ -33,7 +33,14 @@ def test_tiny_build_records_bound_kernels_and_rerun_writes_nothing(tiny_store: P
     summary = json.loads(again.stdout)
     assert [r["samples_written"] for r in summary["variants"]] == [0, 0]
     assert [r["samples_present"] for r in summary["variants"]] == [40, 40]
-    assert "nothing new" in run_cli("build", str(tiny_store.parent / "m.toml"), "--limit", "40", "--quiet").stdout
+    # another codec changes no number: the same variant, which keeps its codec, and the build says so
+    r = run_cli("build", str(tiny_store.parent / "m.toml"), "--limit", "40", "--quiet", "--codec", "zstd")
+    assert "nothing new" in r.stdout and " beside " not in r.stderr  # no fork note
+    for v in info["variants"]:
+        assert (f"variant {v['id']} keeps its codec {v['codec']} (codec zstd was asked for): a codec changes no "
+                "stored number, so it is not a new variant") in r.stderr, r.stderr
+    assert sorted(json.loads(run_cli("info", str(tiny_store), "--json").stdout)["variants"][i]["id"]
+                  for i in range(2)) == sorted(v["id"] for v in info["variants"])
 
 
 def test_same_environment_build_is_bit_identical(tiny_store: Path, tmp_path: Path):
@@ -63,6 +70,9 @@ def test_torch_backend_is_forced_even_when_kernel_packages_import(tmp_path: Path
     m = write_manifest(tmp_path / "m.toml")
     r = run_cli("build", str(m), "--limit", "3", "--quiet", "--backend", "torch", env=env)
     assert r.returncode == 0, r.stderr
+    # transformers' notice that the (here importable) kernel packages are "not installed": hsstore blocked them
+    assert "falling back to its reference PyTorch implementation" not in r.stderr, r.stderr
+    assert not [line for line in r.stderr.splitlines() if line.startswith("[transformers]")], r.stderr
     (v,) = Store.open(tmp_path / "store.zarr").variants
     assert v.provenance["environment"]["kernels"]["chunk_gated_delta_rule"] == "torch"
     assert v.provenance["environment"]["kernels"]["causal_conv1d"] == "torch"

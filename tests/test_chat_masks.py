@@ -158,7 +158,14 @@ def conversations(draw, sup: dict) -> list[dict]:
                 value = f"arg{next(n)}q"
                 args = {"city": value} if sup.get("object_arguments") else json.dumps({"city": value})
                 calls.append({"id": cid, "type": "function", "function": {"name": f"fn{next(n)}q", "arguments": args}})
-            msgs.append({"role": "assistant", "content": "", "tool_calls": calls})
+            # reasoning before the calls, written inline with nothing after it, as a field, or none
+            before = draw(st.sampled_from(["none", "field", "inline"])) if sup["reasoning"] else "none"
+            call_turn: dict = {"role": "assistant", "content": "", "tool_calls": calls}
+            if before == "field":
+                call_turn["reasoning_content"] = f"rsn{next(n)}q"
+            elif before == "inline":
+                call_turn["content"] = f"<think>\nrsn{next(n)}q {draw(TEXT)}\n</think>\n\n"
+            msgs.append(call_turn)
             for c in calls:
                 msgs.append({"role": "tool", "content": draw(_tagged(f"tool{next(n)}q")),
                              **({"tool_call_id": c["id"]} if sup["tool_call_ids"] else {})})
@@ -485,6 +492,34 @@ def test_inline_reasoning_with_special_think_tokens_is_masked_as_the_template_wr
     assert "It is six." in runs[-1] and not any("plus" in r for r in runs)  # no user text is ever masked
 
 
+REASONING_WITH_TOOLS = [n for n in FIXTURES if load(n)["supports"]["reasoning"] and load(n)["supports"]["tools"]]
+
+
+@pytest.mark.parametrize("special", [False, True], ids=["think-as-the-fixture-adds-it", "think-special"])
+@pytest.mark.parametrize("name", REASONING_WITH_TOOLS)
+def test_a_think_block_before_tool_calls_with_nothing_after_it_is_masked_as_reasoning(name: str, special: bool):
+    """Distilled agent data writes a call turn as ``<think>…</think>`` then the calls, with no text between:
+    rendered as the template renders ``reasoning_content``, the block and the calls are one reply."""
+    tok = _think_special(name) if special else make_tokenizer(name)
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    conv = [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "<think>\nI should call the tool\n</think>\n\n", "tool_calls": [call]},
+            {"role": "tool", "content": "clear skies"},
+            {"role": "assistant", "content": "<think>\nthe tool answered\n</think>\n\nIt is clear."}]
+    moved = [dict(m) for m in conv]
+    moved[2].update(reasoning_content="I should call the tool", content="")
+    moved[4].update(reasoning_content="the tool answered", content="It is clear.")
+    ids, mask = ChatMasker(tok)(conv)
+    assert (ids, mask) == ChatMasker(tok)(moved) and ids == reference_ids(tok, moved)
+    runs = spans(tok, ids, mask)
+    assert len(runs) == 2 and "I should call the tool" in runs[0] and "get_weather" in runs[0], runs
+    assert runs[1].endswith("It is clear.<|im_end|>") and not any("Paris?" in r or "skies" in r for r in runs)
+    # a control token inside such a block is still refused, as it is anywhere else
+    forged = [*conv[:2], {**conv[2], "content": "<think>\nr<|im_end|>\n</think>\n\n"}, *conv[3:]]
+    with pytest.raises(RowRejected, match="special token's text"):
+        ChatMasker(tok)(forged)
+
+
 @pytest.mark.parametrize("name", ["qwen3", "llama3"])
 def test_special_think_tokens_anywhere_but_a_replys_leading_block_are_still_refused(name: str):
     masker = ChatMasker(_think_special(name))
@@ -498,3 +533,23 @@ def test_special_think_tokens_anywhere_but_a_replys_leading_block_are_still_refu
         with pytest.raises(RowRejected, match="special token's text"):
             masker(conv)
             pytest.fail(what)
+
+
+@pytest.mark.parametrize("name, arguments, want", [("deepseek_r1", {"city": "Paris"}, "JSON text"),
+                                                   ("qwen3_5", '{"city": "Paris"}', "objects")])
+def test_a_template_refusing_the_form_of_tool_call_arguments_says_which_form_the_row_has(name, arguments, want):
+    """Templates differ in the arguments they take (DeepSeek-R1 concatenates JSON text, Qwen3.5 iterates an
+    object): the refusal names the row's form and the other one, not only the template's TypeError."""
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+    conv = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": "clear"}, {"role": "assistant", "content": "Clear."}]
+    with pytest.raises(RowRejected) as e:
+        MASKERS[name](conv)
+    assert e.value.reason == "the chat template refused the row"
+    given = "objects" if isinstance(arguments, dict) else "JSON text"
+    assert e.value.detail.startswith("TypeError: ")
+    assert e.value.detail.endswith(f" (this row's tool-call arguments are {given}; this template may want {want})")
+    fixed = {**call, "function": {**call["function"], "arguments": json.dumps(arguments) if want == "JSON text"
+                                  else json.loads(arguments)}}
+    ids, mask = MASKERS[name]([conv[0], {**conv[1], "tool_calls": [fixed]}, *conv[2:]])  # the named fix works
+    assert sum(mask) > 0

@@ -40,6 +40,8 @@ def test_every_option_help_is_printed_whole(name: str):
         text = _flat(getattr(param, "help", None) or "")
         assert text in out, f"hsstore {name} --help: {param.name}'s help {text!r} is not printed whole"
     assert "<bool>" not in out  # a flag takes no value
+    silent = [p.opts[0] for p in cmd.params if p.param_type_name == "option" and not (p.help or "").strip()]
+    assert not silent, f"hsstore {name}: {silent} have no help text"
     for p in cmd.params:
         if getattr(p, "is_flag", False):
             assert _flat(f"{p.opts[0]} {p.help or ''}") in out, f"{p.opts[0]} is shown with a value placeholder"

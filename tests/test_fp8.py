@@ -134,6 +134,8 @@ def test_check_recomputes_an_fp8_variant_bit_exactly_and_refuses_a_floor(convert
 def test_converting_twice_is_a_no_op_and_converting_fp8_is_refused(converted: Path) -> None:
     again = convert(f"{converted}#dtype=bf16", "fp8-e4m3")
     assert again.samples_converted == 0 and again.samples_present == 40 and again.complete
+    r = run_cli("convert", f"{converted}#dtype=bf16", "--precision", "fp8-e4m3")  # the CLI's text: stdout is
+    assert r.returncode == 0 and r.stdout.startswith(f"{converted}#")  # the report, no progress debris
     r = run_cli("convert", f"{converted}#{FP8}", "--precision", "fp8-e4m3")
     assert r.returncode == 2 and "already stored as fp8-e4m3" in r.stderr
     r = run_cli("convert", f"{converted}#dtype=bf16", "--precision", "fp4")

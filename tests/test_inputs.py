@@ -249,6 +249,27 @@ def test_a_system_field_of_the_row_is_its_system_prompt():
     assert rep.rejected == {"a system prompt both as the row's field and as its first message": 1}
 
 
+def test_a_row_whose_every_reply_lies_past_max_length_is_rejected_as_such_not_truncated():
+    """A long prompt (a tool schema, a document) before every reply: the cut keeps no trained token, so the
+    row is not taken; it is named once, with that reason, and counts neither as truncated nor as dropped
+    replies of a kept row."""
+    long_prompt = {"messages": [{"role": "user", "content": "word " * 400}, {"role": "assistant", "content": "A"},
+                                {"role": "user", "content": "more"}, {"role": "assistant", "content": "B"}]}
+    kept = {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]}
+    (full,), _ = _tok([long_prompt], max_length=10_000)
+    first = list(full.loss_mask).index(1)
+    samples, rep = _tok([long_prompt, kept], max_length=first)
+    assert len(samples) == 1 and rep.usable == 1
+    assert rep.truncated == 0 and rep.replies_dropped == 0
+    reason = f"no reply within max_length={first}"
+    assert rep.rejected == {reason: 1}
+    (issue,) = rep.issues
+    assert (issue.kind, issue.row, issue.reason) == ("rejected", 1, reason)
+    assert issue.detail == f"{full.length} tokens; all 2 trained replies start past it"
+    _, rep = _tok([long_prompt, kept], max_length=first, too_long="skip")  # skip names the length, as before
+    assert rep.rejected == {f"longer than max_length={first}": 1}
+
+
 def test_truncation_that_drops_whole_replies_counts_them():
     turns = [{"role": r, "content": f"{r} turn {i}"} for i in range(4) for r in ("user", "assistant")]
     row = {"messages": turns}

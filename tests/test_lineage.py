@@ -61,6 +61,8 @@ def test_each_build_appends_its_records_and_names_every_row_it_did_not_take(tmp_
         said = f"({n} repl{'y' if n == 1 else 'ies'} dropped whole: raise [data] max_length to keep them)"
         assert (said in _lines(summary)[1] and said in _rows_line(summary)) == (n > 0)
         assert (said in r.stdout + r.stderr) == (n == dropped > 0)
+        # in text, the summary names the rows report under its inputs line (once: no second inputs line)
+        assert _lines(summary)[2] == f"  rows not taken as they were, each with its reason: {out['rows_report']}"
 
     recs = _records(tmp_path / "s.zarr")[build_id]
     start, end = recs["r0-start"], recs["r0-end"]

@@ -119,7 +119,7 @@ def test_a_build_its_filesystem_cannot_hold_is_refused_before_any_model_loads(tm
     probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip(f"user namespaces are not allowed here: {probe.stderr.decode().strip()}")
-    build = f"{sys.executable} -m hsstore build {m} --limit 2 --quiet"
+    build = f"{sys.executable} -m hsstore build {m} --limit 2"  # not quiet: its status lines name each phase
     script = (f"mount -t tmpfs -o size=64k none {small} && {build}; echo rc=$?; ls -A {small}; echo ---; "
               f"{build} --no-space-check; echo rc=$?")
     r = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, cwd=REPO)
@@ -129,7 +129,8 @@ def test_a_build_its_filesystem_cannot_hold_is_refused_before_any_model_loads(tm
     assert len(errors) == 2, r.stderr
     assert "free; free space" in errors[0] and "--no-space-check" in errors[0], errors[0]
     before, after = r.stderr.split(errors[0])
-    assert "falling back" not in before and "falling back" in after, "a model was loaded before the refusal"
+    loading = "torch/bf16/cpu: loading the model"
+    assert loading not in before and loading in after, "a model was loaded before the refusal"
     assert forced.strip() == "rc=1" and "No space left on device" in errors[1], (r.stdout, errors[1])
 
 
@@ -165,3 +166,18 @@ def test_a_whole_sample_is_the_total_and_a_part_brackets_it():
     assert whole.estimate == whole.low == whole.high == sum(values)
     part = total_from_sample([values[i] for i in sample_indices(len(values), 80, seed=1)], len(values))
     assert part.low < sum(values) < part.high and part.low < part.estimate < part.high
+
+
+def test_plan_counts_the_replies_truncation_drops_as_the_build_does(tmp_path: Path):
+    """The plan's inputs line says what the build's summary says: how many trained replies the cut at
+    max_length drops whole."""
+    turns = [{"role": r, "content": f"{r} turn {i} " + "word " * 8} for i in range(6) for r in ("user", "assistant")]
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"messages": turns}) + "\n")
+    m = write_manifest(tmp_path / "m.toml", files=[str(data)], store=str(tmp_path / "s.zarr"), max_length=160)
+    dropped = _plan(str(m))["inputs"]["replies_dropped"]
+    assert dropped > 0
+    r = CliRunner().invoke(app, ["plan", str(m)])
+    assert r.exit_code == 0, r.output
+    said = f"1 truncated ({dropped} replies dropped whole: raise [data] max_length to keep them)"
+    assert said in r.output.splitlines()[1], r.output

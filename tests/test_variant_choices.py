@@ -50,6 +50,19 @@ def test_an_ambiguous_selector_is_refused_with_what_tells_the_candidates_apart()
     assert select(variants, "dtype=bf16,token_budget=2048") == "bbb"
 
 
+@pytest.mark.parametrize("ids", [("aaa", "bbb", "ddd"), ("ddd", "aaa", "bbb"), ("bbb", "ddd", "aaa")])
+def test_a_store_of_several_variants_without_a_selector_suggests_one_that_names_a_single_variant(ids):
+    """The example in "name one as STORE#SELECTOR, e.g. …" is copied by people: it must pick one variant,
+    whichever comes first (two bf16 variants apart by token_budget, one fp32)."""
+    variants = dict(zip(ids, [_with_budget(4096), _with_budget(2048), _with_budget(4096, dtype="fp32")]))
+    with pytest.raises(SelectorError) as e:
+        select(variants, None, where="s.zarr")
+    msg = str(e.value)
+    assert "holds 3 variants; name one as s.zarr#SELECTOR" in msg
+    suggested = msg.split("e.g. #", 1)[1].split(" ", 1)[0]
+    assert select(variants, suggested) == min(variants)
+
+
 def test_a_selector_key_that_names_no_field_is_an_unknown_key_with_the_valid_ones():
     variants = {"aaa": _with_budget(4096), "bbb": _with_budget(2048, dtype="fp32")}
     with pytest.raises(SelectorError) as e:
@@ -59,6 +72,9 @@ def test_a_selector_key_that_names_no_field_is_an_unknown_key_with_the_valid_one
     assert "valid keys:" in msg and all(k in msg for k in ("backend", "dtype", "device", "token_budget", "precision"))
     with pytest.raises(SelectorError, match="matches no variant"):  # a known key, a value no variant has
         select(variants, "precision=fp8-e4m3")
+    with pytest.raises(SelectorError) as e:  # a typo in a value: the values the store holds for that key
+        select(variants, "dtype=bf61,backend=torch")
+    assert "matches no variant in store (dtype here: bf16, fp32)." in str(e.value)
 
 
 def test_info_json_names_what_tells_each_variant_apart_as_info_and_selector_errors_do(tmp_path: Path):
@@ -124,3 +140,13 @@ def test_a_build_forking_a_variant_by_its_token_budget_is_named_everywhere(tiny_
     apart = [v["distinguished_by"] for v in json.loads(run_cli("info", str(store), "--json").stdout)["variants"]
              if v["dtype"] == "bf16"]
     assert sorted(apart, key=str) == [{"token_budget": "1024"}, {"token_budget": "2048"}]  # as the text headers
+
+
+@pytest.mark.parametrize("command", ["info", "verify", "gc"])
+def test_a_store_command_given_a_variant_refuses_it_instead_of_dropping_it(tiny_store: Path, command: str):
+    """info, verify and gc read a whole store: a ``#selector`` after it (a typo in it, too) is refused in one
+    line naming the store to pass, not silently ignored."""
+    r = run_cli(command, f"{tiny_store}#dtype=bf61")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == (f"error: hsstore {command} reads a whole store, not one variant: pass {str(tiny_store)!r} "
+                        "without '#dtype=bf61'\n")

@@ -8,7 +8,7 @@ import typer
 
 from hsstore.cli.app import app, emit
 from hsstore.core.schema.record import or_none
-from hsstore.core.schema.build import BuildResult
+from hsstore.core.schema.build import BuildResult, InputCounts
 
 
 @app.command()
@@ -45,7 +45,7 @@ def build(
         allow_unhealthy=allow_unhealthy or None, precision=precision,
     )
     summary = run_build(m, limit=limit, quiet=quiet, space_check=not no_space_check)
-    if summary.rows_report is not None:  # on stderr, so --json output stays one document
+    if summary.rows_report is not None and json_out:  # on stderr, so --json output stays one document
         typer.echo(_rows_line(summary), err=True)
     emit(summary.to_dict(), json_out, "\n".join(_lines(summary)))
 
@@ -54,12 +54,12 @@ def _rows_line(summary: BuildResult) -> str:
     inp = summary.inputs
     n = sum(inp.rejected.values()) + inp.duplicates + inp.truncated
     return (f"inputs: {n} row(s) not taken as they were ({sum(inp.rejected.values())} rejected, {inp.duplicates} "
-            f"duplicate, {inp.truncated} truncated{_dropped(summary)}), each named in {summary.rows_report}")
+            f"duplicate, {inp.truncated} truncated{dropped_note(summary.inputs)}), each named in {summary.rows_report}")
 
 
-def _dropped(summary: BuildResult) -> str:
+def dropped_note(inputs: InputCounts) -> str:
     """How many trained replies truncation cut off whole (the rows lose them; raise max_length to keep them)."""
-    n = or_none(summary.inputs.replies_dropped) or 0
+    n = or_none(inputs.replies_dropped) or 0
     return f" ({n} repl{'y' if n == 1 else 'ies'} dropped whole: raise [data] max_length to keep them)" if n else ""
 
 
@@ -68,8 +68,10 @@ def _lines(summary: BuildResult) -> list[str]:
     lines = [f"store {summary.store}  (rank {summary.rank}/{summary.world_size})"]
     inp = summary.inputs
     rej = ", ".join(f"{k}: {v}" for k, v in inp.rejected.items()) or "none"
-    lines.append(f"inputs: {inp.rows} rows, {inp.usable} usable, {inp.truncated} truncated{_dropped(summary)}, "
+    lines.append(f"inputs: {inp.rows} rows, {inp.usable} usable, {inp.truncated} truncated{dropped_note(summary.inputs)}, "
                  f"{inp.duplicates} duplicate; rejected: {rej}")
+    if summary.rows_report is not None:
+        lines.append(f"  rows not taken as they were, each with its reason: {summary.rows_report}")
     for r in summary.variants:
         what = "nothing new (all present)" if r.samples_written == r.samples_by_others == 0 else \
             f"{r.samples_written} samples written"
@@ -91,7 +93,7 @@ def env(
     model: Annotated[Optional[str], typer.Option("--model", help="Model dir or builtin:NAME to probe.")] = None,
     backend: Annotated[Optional[str], typer.Option("--backend", help="Probe as this backend would run (torch | fla).")] = None,
     device: Annotated[str, typer.Option("--device", help="Device to probe on.")] = "cpu",
-    json_out: Annotated[bool, typer.Option("--json")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
 ) -> None:
     """This machine's environment fingerprint; with --model, the kernel each family would use.
 

@@ -38,12 +38,16 @@ def convert(
 
     Example: hsstore convert 'out/tiny.zarr#dtype=bf16' --precision fp8-e4m3
     """
+    import sys
+
+    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
     from hsstore.storage.convert import convert as run_convert
 
+    # the bar on a terminal's stderr only: stdout holds the report alone
     bar = Progress(TextColumn("convert"), BarColumn(), TextColumn("{task.completed}/{task.total} samples"),
-                   transient=True, disable=quiet or json_out)
+                   transient=True, disable=quiet or json_out or not sys.stderr.isatty(), console=Console(stderr=True))
     with bar:
         task = bar.add_task("convert", total=None)
         r = run_convert(target, precision, store, workers, allow_unhealthy,

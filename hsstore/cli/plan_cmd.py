@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from hsstore.cli.app import app, emit
+from hsstore.cli.build_cmd import dropped_note
 from hsstore.core.humanize import byte_size, duration
 from hsstore.core.schema.plan import PlanReport
 
@@ -51,8 +52,8 @@ def _lines(r: PlanReport) -> list[str]:
     inp, t = r.inputs, r.tokens
     rej = ", ".join(f"{k}: {v}" for k, v in inp.rejected.items()) or "none"
     lines = [f"plan of {r.manifest} into {r.store}",
-             f"inputs: {inp.rows} rows read, {inp.usable} usable, {inp.truncated} truncated, {inp.duplicates} "
-             f"duplicate; rejected: {rej}"]
+             f"inputs: {inp.rows} rows read, {inp.usable} usable, {inp.truncated} truncated{dropped_note(inp)}, "
+             f"{inp.duplicates} duplicate; rejected: {rej}"]
     tok = f"tokens: {t.tokens:,} in {t.samples:,} samples (mean length {t.mean_length:.0f}, max {t.max_length})"
     if t.sampled_rows is not None:
         tok += (f"; estimated from {t.sampled_rows:,} sampled rows, {t.confidence:.0%} interval "

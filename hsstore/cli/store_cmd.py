@@ -10,6 +10,19 @@ from hsstore.cli.app import app, emit
 from hsstore.storage.layout import UNIT_GRACE_SECONDS
 
 
+def _whole_store(target: str, command: str) -> str:
+    """The store path of ``target``; BadInput if it names a variant (these commands read a whole store, and a
+    selector dropped in silence would hide a typo in it)."""
+    from hsstore.core.errors import BadInput
+    from hsstore.storage.store import split_target
+
+    path, selector = split_target(target)
+    if selector is not None:
+        raise BadInput(f"hsstore {command} reads a whole store, not one variant: pass {path!r} without "
+                       f"'#{selector}'")
+    return path
+
+
 @app.command()
 def info(
     store: Annotated[str, typer.Argument(help="Store path or URL.")],
@@ -21,9 +34,9 @@ def info(
     """
     from hsstore.cli.report import info_text
     from hsstore.storage.info import store_info
-    from hsstore.storage.store import Store, split_target
+    from hsstore.storage.store import Store
 
-    r = store_info(Store.open(split_target(store)[0]))
+    r = store_info(Store.open(_whole_store(store, "info")))
     emit(r.to_dict(), json_out, info_text(r))
 
 
@@ -37,10 +50,10 @@ def verify(
     Example: hsstore verify out/tiny.zarr
     """
     from hsstore.cli.report import verify_text
-    from hsstore.storage.store import Store, split_target
+    from hsstore.storage.store import Store
     from hsstore.storage.verify import verify as run_verify
 
-    r = run_verify(Store.open(split_target(store)[0]))
+    r = run_verify(Store.open(_whole_store(store, "verify")))
     emit(r.to_dict(), json_out, verify_text(r))
     if not r.ok:
         raise typer.Exit(1)
@@ -52,7 +65,7 @@ def gc(
     grace: Annotated[float, typer.Option("--grace", help="Seconds before another host's uncommitted unit is debris.")] = UNIT_GRACE_SECONDS,
     force: Annotated[bool, typer.Option("--force", help="Remove every uncommitted unit whose writer does not hold it (local stores: running writers keep theirs; object stores: only when no writer runs).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
-    json_out: Annotated[bool, typer.Option("--json")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
 ) -> None:
     """Remove uncommitted debris of crashed writers; committed data is never touched, symlinks are never
     followed.
@@ -61,7 +74,7 @@ def gc(
     """
     from hsstore.cli.report import gc_text
     from hsstore.storage.gc import collect_garbage
-    from hsstore.storage.store import Store, split_target
+    from hsstore.storage.store import Store
 
-    r = collect_garbage(Store.open(split_target(store)[0], mode="a"), grace, force, dry_run)
+    r = collect_garbage(Store.open(_whole_store(store, "gc"), mode="a"), grace, force, dry_run)
     emit(r.to_dict(), json_out, gc_text(r))

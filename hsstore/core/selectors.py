@@ -73,6 +73,35 @@ def _check_keys(selector: str, pairs: Mapping[str, str], variants: Mapping[str, 
             )
 
 
+def _values_held(pairs: Mapping[str, str], variants: Mapping[str, Mapping[str, Any]]) -> str:
+    """`` (dtype here: bf16, fp32)`` for each key whose value no variant holds (a typo in a value)."""
+    said = []
+    for key, want in pairs.items():
+        held = sorted({as_text(v) for p in variants.values() for path, v in flatten(p).items()
+                       if path == key or path.endswith("." + key)})
+        if want not in held:
+            said.append(f"{key} here: {', '.join(held[:8]) or '(none)'}{' …' if len(held) > 8 else ''}")
+    return f" ({'; '.join(said)})" if said else ""
+
+
+def _example(variants: Mapping[str, Mapping[str, Any]]) -> str:
+    """A selector naming the first variant alone: its backend and dtype, then the fields that tell it apart
+    one by one until it does; else its id prefix."""
+    vid = min(variants)
+    env = variants[vid].get("environment", {})
+    pairs = [(k, as_text(env[k])) for k in ("backend", "dtype") if env.get(k) is not None]
+    pairs += [(k, v) for k, v in distinguishing(variants, by_line=False)[vid].items()
+              if k not in ("backend", "dtype") and v != "(absent)" and not v.endswith("…")]
+    for n in range(1, len(pairs) + 1):
+        text = ",".join(f"{k}={v}" for k, v in pairs[:n])
+        try:
+            if select(variants, text) == vid:
+                return f"#{text}"
+        except SelectorError:
+            continue
+    return f"#{vid[:8]}"
+
+
 def select(variants: Mapping[str, Mapping[str, Any]], selector: str | None, where: str = "store") -> str:
     """The one variant id in ``variants`` (id -> provenance) that ``selector`` names; never a guess: an
     ambiguous selector is refused with the fields that tell the candidates apart."""
@@ -83,7 +112,7 @@ def select(variants: Mapping[str, Mapping[str, Any]], selector: str | None, wher
             return next(iter(variants))
         raise SelectorError(
             f"{where} holds {len(variants)} variants; name one as {where}#SELECTOR, "
-            f"e.g. #backend=torch,dtype=bf16 or an id prefix. Choices: {_choices(variants)}"
+            f"e.g. {_example(variants)} or an id prefix. Choices: {_choices(variants)}"
         )
     parsed = parse_selector(selector)
     if isinstance(parsed, str):
@@ -100,7 +129,8 @@ def select(variants: Mapping[str, Mapping[str, Any]], selector: str | None, wher
     if len(hits) == 1:
         return hits[0]
     if not hits:
-        raise SelectorError(f"selector {selector!r} matches no variant in {where}. Choices: {_choices(variants)}")
+        held = "" if isinstance(parsed, str) else _values_held(parsed, variants)
+        raise SelectorError(f"selector {selector!r} matches no variant in {where}{held}. Choices: {_choices(variants)}")
     among = {vid: variants[vid] for vid in sorted(hits)}
     apart = distinguishing(among, by_line=False)
     keys = list(next(iter(apart.values())))

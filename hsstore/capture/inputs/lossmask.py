@@ -36,7 +36,7 @@ from typing import Any
 
 from hsstore.capture.inputs.chatdate import PINNED, date_string, pinned_template, prints_date
 from hsstore.capture.inputs.chatmarks import PLACEMENTS, Marked, marked_messages, read_markers, repeated_message
-from hsstore.capture.inputs.messages import THINK_CLOSE, THINK_OPEN, RowRejected, inline_reasoning
+from hsstore.capture.inputs.messages import THINK_CLOSE, THINK_OPEN, RowRejected, arguments_hint, inline_reasoning, reasoning_moved
 from hsstore.capture.inputs.render_limits import bounded
 from hsstore.core.errors import BadInput, ResourceLimit
 
@@ -94,9 +94,8 @@ class ChatMasker:
 
     def _end_tokens(self) -> frozenset[int]:
         """{eos, the first added token the template writes after a reply}, and the token that closes an earlier
-        reply where that differs (gpt-oss: <|end|>, the last reply <|return|>) if it closes a user message too and
-        does not open the generation prompt (it ends messages, it does not open the next turn). The build is
-        refused without an end token."""
+        reply where that differs (gpt-oss: <|end|>, the last <|return|>) if it closes a user message too and does
+        not open the generation prompt (it ends messages, not opens turns). No end token: the build is refused."""
         try:
             plain, (_, last) = self._closers(PROBE)
         except ResourceLimit:
@@ -136,21 +135,15 @@ class ChatMasker:
         return next(f"hsq{n}x" for n in range(len(blob) + 1) if f"@hsq{n}x" not in blob)
 
     def _inline_reasoning(self, msgs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], set[int]]:
-        """Replies that begin with a ``<think>…</think>`` block whose tags are special tokens here: moved to
-        ``reasoning_content`` when the template renders that (so the block is written as the template writes
-        reasoning), else kept as written (the tags then tokenize as the tokenizer's own think tokens). Returns
-        the messages and the indices of replies whose leading block is allowed to hold the tags."""
+        """(messages, indices of replies whose leading block may hold the tags), where the think tags are special
+        tokens here: leading ``<think>…</think>`` blocks moved to ``reasoning_content`` when the template renders
+        that, else kept as written (the tags then tokenize as the tokenizer's own think tokens)."""
         if self.special_re is None or not (self.special_re.fullmatch(THINK_OPEN) or self.special_re.fullmatch(THINK_CLOSE)):
             return msgs, set()
-        out, kept = [], set()
-        for i, m in enumerate(msgs):
-            split = inline_reasoning(m["content"]) if m["role"] == "assistant" and "reasoning_content" not in m else None
-            if split is not None and self.renders_reasoning:
-                m = {**m, "reasoning_content": split[0], "content": split[1]}
-            elif split is not None:
-                kept.add(i)
-            out.append(m)
-        return out, kept
+        if self.renders_reasoning:
+            return reasoning_moved(msgs) or msgs, set()
+        return msgs, {i for i, m in enumerate(msgs) if m["role"] == "assistant" and "reasoning_content" not in m
+                      and inline_reasoning(m["content"])}
 
     def _check_text(self, msgs: list[dict[str, Any]], tools: Any, inline: set[int] = frozenset()) -> None:
         if self.special_re is None:
@@ -189,16 +182,26 @@ class ChatMasker:
 
     def __call__(self, msgs: list[dict[str, Any]], tools: Any = None,
                  trained: list[bool] | None = None) -> tuple[list[int], list[int]]:
-        """(input_ids, loss_mask) of one conversation (only assistant turns with ``trained[k]`` are masked
-        in; all by default); raises RowRejected with the reason."""
+        """(input_ids, loss_mask) of one conversation (assistant turns with ``trained[k]``, all by default), or
+        RowRejected. Refused as written, think blocks with no text after them are tried as ``reasoning_content``
+        (Qwen3: a block before tool calls); the template renders them alike, so the tokens are the row's."""
         msgs, inline = self._inline_reasoning(msgs)
+        try:
+            return self._masked(msgs, tools, trained, inline)
+        except RowRejected:
+            if not (self.renders_reasoning and (moved := reasoning_moved(msgs, bare_only=True))):
+                raise
+        return self._masked(moved, tools, trained, inline)
+
+    def _masked(self, msgs: list[dict[str, Any]], tools: Any, trained: list[bool] | None,
+                inline: set[int]) -> tuple[list[int], list[int]]:
         self._check_text(msgs, tools, inline)
         try:
             plain = self._render(msgs, tools, False)
         except ResourceLimit:
             raise
         except Exception as e:
-            raise RowRejected("the chat template refused the row", _why(e)) from None
+            raise RowRejected("the chat template refused the row", _why(e) + arguments_hint(msgs, e)) from None
         nonce = self._nonce(msgs, tools)
         mk = self._marked(msgs, tools, nonce, plain)
         enc = self.tok(plain, add_special_tokens=False, return_offsets_mapping=True)

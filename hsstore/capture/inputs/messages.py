@@ -136,6 +136,30 @@ def inline_reasoning(content: str) -> tuple[str, str] | None:
     return (reasoning.strip("\n"), reply.lstrip("\n")) if found else None
 
 
+def reasoning_moved(msgs: list[dict[str, Any]], bare_only: bool = False) -> list[dict[str, Any]] | None:
+    """``msgs`` with each assistant reply's leading ``<think>…</think>`` block moved to ``reasoning_content``
+    (as ``inline_reasoning`` splits it; ``bare_only``: only blocks with no text after them, which Qwen3's
+    templates render the same either way); None when no reply has such a block."""
+    out, moved = [], False
+    for m in msgs:
+        split = inline_reasoning(m["content"]) if m["role"] == "assistant" and "reasoning_content" not in m else None
+        if split is not None and not (bare_only and split[1].strip()):
+            m, moved = {**m, "reasoning_content": split[0], "content": split[1]}, True
+        out.append(m)
+    return out if moved else None
+
+
+def arguments_hint(msgs: list[dict[str, Any]], raised: Exception) -> str:
+    """Where a template raised a TypeError over a row with tool calls: which form the row's arguments take
+    (templates differ: some concatenate JSON text, others iterate an object), so the fix is named."""
+    forms = {type(c["function"]["arguments"]).__name__ for m in msgs for c in m.get("tool_calls") or ()}
+    if not isinstance(raised, TypeError) or not forms:
+        return ""
+    given = "JSON text" if forms == {"str"} else "objects" if forms == {"dict"} else "both JSON text and objects"
+    want = "objects" if forms == {"str"} else "JSON text" if forms == {"dict"} else "one form"
+    return f" (this row's tool-call arguments are {given}; this template may want {want})"
+
+
 def _trained(turn: dict[str, Any], role: str, i: int) -> bool:
     """OpenAI fine-tuning's ``weight``: 0 keeps an assistant turn in the prompt but out of the loss."""
     weight = turn.get("weight")

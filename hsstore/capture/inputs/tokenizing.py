@@ -139,6 +139,10 @@ def _fit(ids: list[int], mask: list[int], max_length: int, too_long: str, report
         if too_long == "skip":
             raise RowRejected(f"longer than max_length={max_length}", f"{len(ids)} tokens")
         runs, dropped = _runs(mask), _runs(mask[max_length - 1:]) - (mask[max_length - 1] == 1)
+        if not any(mask[:max_length]):  # nothing of any reply is left: not a truncated row, a rejected one
+            raise RowRejected(f"no reply within max_length={max_length}",
+                              f"{len(ids)} tokens; " + ("its one trained reply starts" if runs == 1 else
+                                                          f"all {runs} trained replies start") + " past it")
         lost = f"; {dropped} of {runs} trained replies dropped whole" if dropped else ""
         report.note("truncated", file, n, f"truncated to max_length={max_length}", f"{len(ids)} tokens{lost}")
         ids, mask = ids[:max_length], mask[:max_length]

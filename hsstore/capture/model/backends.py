@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import logging
 import sys
 from typing import Any
 
@@ -33,6 +34,18 @@ def installed(package: str) -> bool:
         return False
 
 
+# transformers' notice, once per kernel, that a kernel package "is not installed" and it falls back to torch: with
+# backend torch, hsstore blocked the package on purpose and records the kernel bound, so the notice (and its
+# "install ..." advice) is wrong here and is dropped; every other transformers warning still shows
+FALLBACK_NOTICE = "is falling back to its reference PyTorch implementation"
+FALLBACK_LOGGER = "transformers.integrations.hub_kernels"
+
+
+class _ChosenFallback(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return FALLBACK_NOTICE not in record.getMessage()
+
+
 def force_backend(backend: str) -> None:
     """Make the next transformers import bind ``backend``'s kernels. Call before importing transformers."""
     loaded = [m for m in sys.modules if m.startswith("transformers.models.")]
@@ -42,6 +55,7 @@ def force_backend(backend: str) -> None:
     if backend == "torch":
         for name in KERNEL_PACKAGES:
             sys.modules[name] = None  # type: ignore[assignment]  # import now raises ImportError
+        logging.getLogger(FALLBACK_LOGGER).addFilter(_ChosenFallback())
     elif backend == "fla":
         if not installed("fla"):
             raise BadInput("backend 'fla' needs the flash-linear-attention kernels, which are not installed here: "

@@ -28,12 +28,13 @@ class Progress:
         self.notes = 0  # how many notes were shown (e.g. batch shapes compiled)
         self._rich = None
         if not self.quiet and sys.stderr.isatty():
+            from rich.console import Console
             from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
 
             self._rich = RichProgress(
                 TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} samples"),
                 TextColumn("{task.fields[tps]:,.0f} tok/s"), TimeRemainingColumn(), TextColumn("{task.fields[note]}"),
-                transient=False,
+                transient=False, console=Console(stderr=True),  # on stderr, which is the terminal: stdout is the summary's
             )
             self._rich.start()
             self._task = self._rich.add_task(label, total=total_samples, tps=0.0, note="")

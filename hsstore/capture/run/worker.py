@@ -120,6 +120,10 @@ def _open_variant(plan: WorkerPlan, provenance: Provenance, g: Geometry, dtype: 
     note = fork_note(vid, provenance.to_dict(), before)
     if note:  # a variant beside one of the same backend/dtype/device: say which settings made it new
         print(note, file=sys.stderr, flush=True)
+    kept = store.variant_record(vid).codec
+    if kept != codec:  # a codec changes no number: no new variant, and the existing one keeps its own
+        print(f"variant {vid} keeps its codec {kept} (codec {codec} was asked for): a codec changes no stored "
+              "number, so it is not a new variant; it applies to new variants and stores", file=sys.stderr, flush=True)
     with open(plan.progress, "a") as f:  # the driver names it if the build is stopped
         f.write(vid + "\n")
     # unique per process (two builds started in the same millisecond once shared a time-based id)
