@@ -59,15 +59,31 @@ def choose_keys(reader: VariantReader, samples: int | None, fraction: float | No
     return [keys[int(i)] for i in choice.indices]
 
 
-def load(spec: Any, how: Recompute, dtype: str) -> Any:
-    """The model at ``dtype``; BadInput when this process binds other kernels than ``how.backend``'s."""
-    from hsstore.capture.model.backends import bound_kernels, force_backend
+def bind(how: Recompute) -> None:
+    """Make this process bind ``how.backend``'s kernels — before anything imports transformers' modeling
+    modules (a model's config does), since transformers binds them once per process; BadInput when that
+    backend cannot run here."""
+    from hsstore.capture.model.backends import force_backend, installed
 
+    if how.backend == "fla" and not installed("fla"):
+        raise BadInput("backend 'fla' needs the flash-linear-attention kernels, which are not installed here: pip "
+                       "install flash-linear-attention fla-core on a GPU host, or pass --backend torch")
     try:
         force_backend(how.backend)
     except RuntimeError:
-        pass  # modeling modules already imported: compared below
-    model = spec.load(TORCH[dtype] if dtype in TORCH else torch.float64, how.device, how.attention)
+        pass  # modeling modules already imported (a second audit in one process): compared by load()
+
+
+def load(spec: Any, how: Recompute, dtype: str) -> Any:
+    """The model at ``dtype``; BadInput when this process binds other kernels than ``how.backend``'s."""
+    from hsstore.capture.model.backends import bound_kernels
+
+    try:
+        model = spec.load(TORCH[dtype] if dtype in TORCH else torch.float64, how.device, how.attention)
+    except ImportError as e:  # an attention implementation whose package transformers cannot import
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BadInput(f"cannot load {spec.path} with {how.attention!r} attention here ({first}); pass --attn "
+                       "sdpa") from e
     bound = bound_kernels(model).get("chunk_gated_delta_rule")
     if bound not in (None, "none", how.backend) and how.backend in ("torch", "fla") and bound in ("torch", "fla"):
         raise BadInput(f"this process binds the {bound!r} gated-delta kernels, not {how.backend!r}; run `hsstore check` "
@@ -114,6 +130,7 @@ def run_audit(model: str, target: str, samples: int | None = None, fraction: flo
     t0 = time.perf_counter()
     reader = open_target(target)
     how = how_to_recompute(reader, backend, dtype, device, attention, token_budget)
+    bind(how)
     dev = check_device(how.device)
     how = Recompute(how.backend, how.dtype, dev, how.attention, how.batching, how.token_budget, how.assumed)
     spec = model_spec(model, reader.record.prov.recipe)
@@ -150,7 +167,8 @@ def _judge_all(stream: Iterator[tuple[str, list[dict[int, torch.Tensor]]]], read
     totals, ftotals = Totals(len(in_live)), Totals(len(in_live))
     evidence, verdicts, findings = {}, [], []
     for key, outs in stream:
-        live = {j: as_stored(x, reader) for j, x in outs[0].items()}
+        # computed at the recompute dtype, stored as the variant stores its states (its dtype, its quantizer)
+        live = {j: as_stored(x.to(TORCH[reader.record.dtype]), reader) for j, x in outs[0].items()}
         floor = outs[1] if len(outs) > 1 else _stored_floor(stored_floor, key, labels, dev)
         stored = dict(zip(labels, reader.read_layers(reader.refs[key], labels)))
         ev = sample_evidence({i: s.to(dev) for i, s in stored.items()}, live, floor, target_label, noise_factor)

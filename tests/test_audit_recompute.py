@@ -1,0 +1,97 @@
+"""How an audit recomputes, as a user states it: ``--dtype`` (the precision the states were computed in,
+stored at the cache's dtype), ``--backend`` and ``--attn`` that cannot run here (one line, exit 2, before
+any model runs), and overrides on hsstore's own variants."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hsstore.interop.exporter import ExportRequest, export_cache
+
+from helpers import REPO, run_cli
+from interop_damage import damage, sample_file, sidecar
+
+MODEL = "builtin:tiny-qwen3_5"
+
+
+def _audit(*args: str) -> tuple[int, dict]:
+    r = run_cli("check", MODEL, *args, "--json", "-")
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    return r.returncode, json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def fp32_computed_bf16_stored(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A SpecForge-layout cache whose states were computed in fp32 and saved as bf16 (a pipeline that casts
+    when it writes): the fp32 variant exported, each file cast to bf16, its export record removed (a
+    foreign cache), imported with the flags a user passes."""
+    root = tmp_path_factory.mktemp("fp32-as-bf16")
+    folder = root / "specforge"
+    export_cache(ExportRequest(f"{tiny_store}#dtype=fp32", "specforge", str(folder), limit=3))
+    sidecar("specforge", folder).unlink()
+    for i in range(3):
+        damage("specforge", sample_file("specforge", folder, i, ""), lambda a, t: (a.bfloat16(), t.bfloat16()))
+    store = str(root / "s.zarr")
+    r = run_cli("import", "specforge", str(folder), "--store", store, "--tokenizer", MODEL, "--model", MODEL,
+                "--layers", "0,1,3", "--capture", "output", "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return store
+
+
+def test_dtype_says_what_the_states_were_computed_in(fp32_computed_bf16_stored: str):
+    """--dtype fp32 on a bf16 cache recomputes in fp32 and stores the result as the cache does (bf16): a
+    cache computed in fp32 and cast is then bit-exact; recomputed in bf16 (the default) it is within noise."""
+    code, rep = _audit(fp32_computed_bf16_stored, "--samples", "3", "--dtype", "fp32")
+    assert code == 0 and rep["verdict_kind"] == "identical", rep["verdict"]
+    assert rep["recompute"]["dtype"] == "fp32" and rep["recompute"]["floor_dtype"] == "fp64"
+    assert rep["assumed"]["dtype"].startswith("fp32 (--dtype; the variant records bf16)")
+    code, rep = _audit(fp32_computed_bf16_stored, "--samples", "3")
+    assert code == 0 and rep["recompute"]["dtype"] == "bf16" and "dtype" not in rep["assumed"], rep["verdict"]
+
+
+def test_overrides_on_a_native_variant(tiny_store: Path):
+    """hsstore's own variant audited with the recorded settings stated again (nothing assumed) and with
+    another dtype: the fp32 variant recomputed in fp32 is bit-exact against its fp64 floor."""
+    code, rep = _audit(f"{tiny_store}#dtype=fp32", "--samples", "2", "--backend", "torch", "--dtype", "fp32")
+    assert code == 0 and rep["verdict_kind"] == "identical" and rep["assumed"] == {}, rep["verdict"]
+    assert rep["recompute"]["floor_dtype"] == "fp64" and rep["recompute"]["batching"] == "recorded"
+    code, rep = _audit(f"{tiny_store}#dtype=bf16", "--samples", "2", "--dtype", "fp32")
+    assert rep["recompute"]["dtype"] == "fp32" and set(rep["sample_verdicts"][0]["layers"]) == {"0", "1", "3"}
+    assert code == (0 if rep["defective_samples"] == 0 else 1)
+
+
+@pytest.mark.parametrize("option, value, words", [
+    ("--backend", "fla", "backend 'fla' needs the flash-linear-attention kernels, which are not installed here"),
+    ("--attn", "flash_attention_2", "attention 'flash_attention_2' needs the flash_attn package, which is not "
+                                    "installed here"),
+])
+def test_a_recomputation_that_cannot_run_here_is_one_line_exit_2(tiny_store: Path, option: str, value: str,
+                                                                  words: str):
+    from hsstore.capture.model.backends import installed
+
+    if installed({"--backend": "fla", "--attn": "flash_attn"}[option]):
+        pytest.skip(f"{value} can run here")
+    r = run_cli("check", MODEL, f"{tiny_store}#dtype=bf16", "--samples", "2", option, value)
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = [e for e in r.stderr.splitlines() if e.strip() and not e.startswith("[transformers]")]
+    assert lines == [lines[0]] and lines[0].startswith(f"error: {words}"), r.stderr[-2000:]
+
+
+@pytest.mark.process
+def test_backend_torch_is_bound_before_the_model_loads(tiny_store: Path):
+    """`--backend torch` blocks the kernel packages before transformers' modeling modules import (else a GPU
+    host with fla installed binds fla and refuses its own `--backend torch`): a fresh process, where the
+    process is the subject."""
+    code = ("import sys\n"
+            "from hsstore.compare.audit import run_audit\n"
+            f"run_audit({MODEL!r}, sys.argv[1], samples=1, backend='torch')\n"
+            "print(repr(sys.modules.get('fla', 'not imported')))\n")
+    r = subprocess.run([sys.executable, "-c", code, f"{tiny_store}#dtype=bf16"], capture_output=True, text=True,
+                       cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "None", r.stdout  # blocked: `import fla` raises ImportError
