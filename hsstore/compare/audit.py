@@ -31,12 +31,14 @@ from hsstore.compare.estimate import full_layers
 from hsstore.compare.evidence import health_rows, row_hash, sample_evidence
 from hsstore.compare.kernel import Workspace, token_sums
 from hsstore.compare.model_shapes import check_shapes
+from hsstore.compare.restate import restatement
 from hsstore.compare.sampling import choose, sample_count
 from hsstore.core.batching import token_budget_batches
 from hsstore.core.dtypes import TORCH
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.record import or_none
-from hsstore.core.schema.diff_report import CheckReport, Finding
+from hsstore.core.schema.diff_report import CheckReport, Finding, Restatement
+from hsstore.core.schema.imported import ImportSource
 from hsstore.storage.store import VariantReader
 
 NEIGHBOURS = 4  # samples on each side (in commit order) searched for a stale slot's source rows
@@ -153,8 +155,10 @@ def run_audit(model: str, target: str, samples: int | None = None, fraction: flo
         findings = stale_copies(findings, evidence, *row_index(reader, keys, labels))
     findings = other_weights(apply(verdicts, findings), findings)
     verdicts = apply(verdicts, findings)
+    source = reader.record.prov.source
+    restated = restatement(verdicts, findings, source, n_layers) if isinstance(source, ImportSource) else None
     return _report(model, target, reader, how, spec, live_model, keys, plan, in_live, totals, ftotals,
-                   verdicts, findings, floor_dtype, stored_floor, t0)
+                   verdicts, findings, floor_dtype, stored_floor, restated, t0)
 
 
 def _judge_all(stream: Iterator[tuple[str, list[dict[int, torch.Tensor]]]], reader: VariantReader,
@@ -195,20 +199,23 @@ def _stored_floor(floor: VariantReader | None, key: str, labels: list[int], dev:
 def _report(model: str, target: str, reader: VariantReader, how: Recompute, spec: Any, live_model: Any,
             keys: list[str], plan: BatchPlan, in_live: list[int], totals: Totals, ftotals: Totals,
             verdicts: list, findings: list[Finding], floor_dtype: str | None, stored_floor: VariantReader | None,
-            t0: float) -> CheckReport:
+            restated: Restatement | None, t0: float) -> CheckReport:
     from hsstore.compare.check import live_differences
     from hsstore.storage.audits import import_gaps
 
     identity = spec.identity(live_model.config).to_dict()
     recorded_fp = str(or_none(reader.record.prov.recipe.model.fingerprint) or "")
+    extra: dict[str, Any] = {}
     est = full_layers(in_live, totals, reader.record.dtype == "bf16")
     bad, counts, upper, bound, kind, text = _verdict(verdicts, findings, len(reader.keys))
+    if restated is not None:
+        extra["restatement"] = restated
+        text += f"; {restated.words}"
     batching = {"recorded": "the recorded batch plan", "alone": "each sample alone, unpadded",
                 "budget": f"token-budget batches of {how.token_budget} over every sample"}[how.batching]
     floor_words = (f"live: the same samples recomputed in {floor_dtype}" if floor_dtype else
                    f"{stored_floor.store.location}#{stored_floor.id}" if stored_floor is not None else UNSET_FLOOR)
     diffs = [d for d in live_differences(live_model, reader, identity) if d.b != "unknown"]
-    extra: dict[str, Any] = {}
     if floor_words != UNSET_FLOOR:
         extra["floor"] = floor_words
         if ftotals.sums.any():

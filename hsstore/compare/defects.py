@@ -25,7 +25,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from hsstore.compare.align import MARGIN, MATCH_REL, relation
+from hsstore.compare.align import MARGIN, MATCH_REL, point
 from hsstore.compare.evidence import LayerEvidence
 from hsstore.core.schema.diff_report import Finding, SampleVerdict
 
@@ -58,6 +58,20 @@ def _matches(rel: float, noise: float | None, others: Sequence[float], factor: f
         return _within(rel, noise, factor)
     rest = sorted(x for x in others if math.isfinite(x))
     return math.isfinite(rel) and rel <= MATCH_REL and (rel == 0.0 or not rest or rest[0] >= MARGIN * rel)
+
+
+def capture_words(i: int, j: int, n_layers: int) -> str:
+    """What stored layer ``i`` holding live capture point ``j`` means, in words."""
+    if i == n_layers and j == n_layers - 1:
+        return (f"stored layer {i} (labelled post-final-norm) holds the last decoder layer's output, PRE-norm: "
+                "vLLM's last state is pre-norm (speculators PR #313)")
+    if i == n_layers - 1 and j == n_layers:
+        return (f"stored layer {i} (labelled the last layer's pre-norm output) holds the final norm's output, "
+                "POST-norm (transformers' hidden_states[-1])")
+    if abs(j - i) == 1:
+        entering = f"; it is the state entering layer {i}, which vLLM's input numbering calls {i}" if j == i - 1 else ""
+        return f"stored layer {i} holds the output of layer {j}, not of {i}: OFF BY ONE{entering}"
+    return f"stored layer {i} holds the {point(j, n_layers)}: shifted by {j - i:+d}"
 
 
 def judge_layer(ev: LayerEvidence, key: str, n_layers: int, is_aux: bool, target_noise: float | None,
@@ -95,8 +109,7 @@ def judge_layer(ev: LayerEvidence, key: str, n_layers: int, is_aux: bool, target
             if _matches(r, ev.noise_by_point.get(j), [x for k, x in ev.rel_by_point.items() if k != j], factor)]
     if hits:
         j = min(hits, key=lambda j: points[j] / max(ev.noise_by_point.get(j) or 1.0, 1e-30))
-        _, words = relation(i, j, n_layers)
-        return found("capture_point", f"layer {i} holds capture point {j} (rel-L2 {points[j]:.3g}): {words}", match=j)
+        return found("capture_point", f"{capture_words(i, j, n_layers)} (rel-L2 {points[j]:.3g})", match=j)
     shifts = [k for k, r in ev.rel_shifted.items()
               if _matches(r, ev.noise, [x for q, x in ev.rel_shifted.items() if q != k] + [ev.rel], factor)]
     if shifts:

@@ -24,7 +24,7 @@ from hsstore.core.keys import SampleTokens, sample_key
 from hsstore.core.schema.imported import ImportSource
 from hsstore.interop.formats import get_format
 from hsstore.interop.formats.interface import Format
-from hsstore.interop.layers import FINAL_NORM, parse_capture, parse_layer_list, slot_layers
+from hsstore.core.layer_numbering import FINAL_NORM, parse_capture, parse_layer_list, slot_layers
 from hsstore.interop.imported_provenance import imported_provenance, model_identity, tokenizer_identity
 from hsstore.interop.import_records import ImportLog, read_sidecar
 from hsstore.interop.sample import SourceSample
