@@ -51,8 +51,7 @@ def _variant_lines(v: VariantInfo) -> list[str]:
         lines += storage_lines(v.storage)
     for a in v.audits:
         lines.append(f"  audited {a.audited_at} against {a.model} ({str(a.model_fingerprint)[:16]}): "
-                     f"{a.verdict}; {a.samples} of {a.population} samples, defect rate < "
-                     f"{a.defect_rate_upper:.3g} (95 %)")
+                     f"{a.verdict}; {a.bound}")
     if v.unreadable_commits:
         lines.append(f"  WARNING: {v.unreadable_commits} unreadable commit record(s); run hsstore verify")
     return lines

@@ -16,6 +16,7 @@ Taken when the variant's provenance leaves how it was computed unknown (an impor
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -53,12 +54,38 @@ def wants_audit(reader: VariantReader, floor: str | None, options: dict[str, Any
     return unknown or floor == LIVE or any(v is not None for v in options.values())
 
 
-def choose_keys(reader: VariantReader, samples: int | None, fraction: float | None, seed: int) -> list[str]:
-    """A seeded, length-stratified choice (``hsstore.compare.sampling``), in commit order."""
+def choose_keys(reader: VariantReader, samples: int | None, fraction: float | None, seed: int,
+                named: list[str] | None = None) -> list[str]:
+    """The samples named by key prefix (``--keys``), else a seeded, length-stratified choice of ``samples`` (or
+    a ``fraction``; default 8; ``hsstore.compare.sampling``), in commit order."""
     keys = reader.keys
-    n = sample_count(len(keys), samples if samples is not None or fraction is not None else 8, fraction)
+    if named is not None:
+        if samples is not None or fraction is not None:
+            raise BadInput("--keys names the samples: leave out --samples and --fraction")
+        return named_keys(reader, named)
+    N = len(keys)
+    n = min(N, samples) if samples is not None else max(1, math.ceil(fraction * N)) if fraction else min(N, 8)
     choice = choose([reader.refs[k].length for k in keys], keys, n, seed)
     return [keys[int(i)] for i in choice.indices]
+
+
+def named_keys(reader: VariantReader, prefixes: list[str]) -> list[str]:
+    """The stored keys the prefixes name (each exactly one), in commit order; BadInput for one that names
+    none or several."""
+    prefixes = [p.strip().lower() for p in prefixes if p.strip()]
+    if not prefixes:
+        raise BadInput("--keys is empty: name samples by their keys (or unique prefixes), comma-separated")
+    out = set()
+    for p in prefixes:
+        hits = [k for k in reader.keys if k.startswith(p)]
+        if not hits:
+            raise BadInput(f"no sample of variant {reader.id} has a key starting with {p!r} (hsstore verify and "
+                           "hsstore check --json name samples by key)")
+        if len(hits) > 1:
+            raise BadInput(f"key prefix {p!r} matches {len(hits)} samples of variant {reader.id} ({hits[0][:16]}, "
+                           f"{hits[1][:16]}, ...): give more characters")
+        out.add(hits[0])
+    return [k for k in reader.keys if k in out]
 
 
 def bind(how: Recompute) -> None:
@@ -126,9 +153,9 @@ def row_index(reader: VariantReader, keys: list[str], labels: list[int]
 def run_audit(model: str, target: str, samples: int | None = None, fraction: float | None = None, seed: int = 0,
               floor_t: str | None = None, noise_factor: float = NOISE_FACTOR, backend: str | None = None,
               dtype: str | None = None, device: str | None = None, attention: str | None = None,
-              token_budget: int | None = None) -> CheckReport:
-    """Audit ``samples`` (or a ``fraction``) of ``target``'s samples against ``model``: per sample and layer,
-    bit-exact / within noise / the defect it shows."""
+              token_budget: int | None = None, keys: list[str] | None = None) -> CheckReport:
+    """Audit ``samples`` (or a ``fraction``, or the ``keys`` named by prefix) of ``target``'s samples against
+    ``model``: per sample and layer, bit-exact / within noise / the defect it shows."""
     t0 = time.perf_counter()
     reader = open_target(target)
     how = how_to_recompute(reader, backend, dtype, device, attention, token_budget)
@@ -136,7 +163,8 @@ def run_audit(model: str, target: str, samples: int | None = None, fraction: flo
     dev = check_device(how.device)
     how = Recompute(how.backend, how.dtype, dev, how.attention, how.batching, how.token_budget, how.assumed)
     spec = model_spec(model, reader.record.prov.recipe)
-    keys = choose_keys(reader, samples, fraction, seed)
+    named = keys is not None
+    keys = choose_keys(reader, samples, fraction, seed, keys)
     n_layers, _ = check_shapes(spec, reader, keys)
     stored_floor = open_target(floor_t) if floor_t not in (None, LIVE) else None
     use_live_floor = stored_floor is None and (floor_t == LIVE or floor_t is None)
@@ -158,7 +186,7 @@ def run_audit(model: str, target: str, samples: int | None = None, fraction: flo
     source = reader.record.prov.source
     restated = restatement(verdicts, findings, source, n_layers) if isinstance(source, ImportSource) else None
     return _report(model, target, reader, how, spec, live_model, keys, plan, in_live, totals, ftotals,
-                   verdicts, findings, floor_dtype, stored_floor, restated, t0)
+                   verdicts, findings, floor_dtype, stored_floor, restated, named, t0)
 
 
 def _judge_all(stream: Iterator[tuple[str, list[dict[int, torch.Tensor]]]], reader: VariantReader,
@@ -199,7 +227,7 @@ def _stored_floor(floor: VariantReader | None, key: str, labels: list[int], dev:
 def _report(model: str, target: str, reader: VariantReader, how: Recompute, spec: Any, live_model: Any,
             keys: list[str], plan: BatchPlan, in_live: list[int], totals: Totals, ftotals: Totals,
             verdicts: list, findings: list[Finding], floor_dtype: str | None, stored_floor: VariantReader | None,
-            restated: Restatement | None, t0: float) -> CheckReport:
+            restated: Restatement | None, named: bool, t0: float) -> CheckReport:
     from hsstore.compare.check import live_differences
     from hsstore.storage.audits import import_gaps
 
@@ -207,7 +235,7 @@ def _report(model: str, target: str, reader: VariantReader, how: Recompute, spec
     recorded_fp = str(or_none(reader.record.prov.recipe.model.fingerprint) or "")
     extra: dict[str, Any] = {}
     est = full_layers(in_live, totals, reader.record.dtype == "bf16")
-    bad, counts, upper, bound, kind, text = _verdict(verdicts, findings, len(reader.keys))
+    bad, counts, upper, bound, kind, text = _verdict(verdicts, findings, len(reader.keys), named)
     if restated is not None:
         extra["restatement"] = restated
         text += f"; {restated.words}"
@@ -236,21 +264,33 @@ def _report(model: str, target: str, reader: VariantReader, how: Recompute, spec
 UNSET_FLOOR = "none"
 
 
+def rate_bound(k: int, n: int, N: int, named: bool) -> tuple[float | None, str]:
+    """What k defective of n checked samples (of N) say of the variant's defect rate: (upper bound or the rate
+    itself, in words); None for samples named by the user (not a random draw: they bound nothing)."""
+    if named:
+        return None, (f"{k} defective of the {n} sample(s) named (--keys), not drawn at random: they bound no rate "
+                      "(drop --keys for a seeded random choice that does)")
+    if n >= N:
+        return k / N, f"every one of the {N} samples checked: {k} defective, a defect rate of {k / N:.3g} exactly"
+    upper = upper_bound(k, n, CONFIDENCE)
+    return upper, (f"{k} defective of {n} samples chosen at random (seeded, length-stratified) from {N}: the "
+                   f"variant's defect rate is below {upper:.3g} at {CONFIDENCE:.0%} confidence"
+                   + (" (about 3/n: check more samples to bound it lower)" if not k else ""))
+
+
 def _plural(findings: list[Finding], kind: str) -> str:
     layers = sorted({f.layer for f in findings if f.kind == kind and f.layer is not None})
     return ("s " if len(layers) > 1 else " ") + ", ".join(map(str, layers)) if layers else "s -"
 
 
-def _verdict(verdicts: list, findings: list[Finding], N: int) -> tuple[list, dict[str, int], float, str, str, str]:
+def _verdict(verdicts: list, findings: list[Finding], N: int, named: bool = False
+             ) -> tuple[list, dict[str, int], float | None, str, str, str]:
     """(defective verdicts, samples per class, the defect-rate bound and its words, verdict kind, verdict line)."""
     bad = [v for v in verdicts if v.verdict not in ("bit_exact", "within_noise")]
     counts = {k: sum(1 for v in verdicts if k in v.verdict.split("+")) for k in DEFECTS}
     counts = {k: n for k, n in counts.items() if n}
     n = len(verdicts)
-    upper = upper_bound(len(bad), n, CONFIDENCE)
-    bound = (f"{len(bad)} defective of {n} samples chosen at random (seeded, length-stratified) from {N}: the "
-             f"variant's defect rate is below {upper:.3g} at {CONFIDENCE:.0%} confidence"
-             + (" (about 3/n: check more samples to bound it lower)" if not bad else ""))
+    upper, bound = rate_bound(len(bad), n, N, named)
     if not bad:
         kind = "identical" if all(v.verdict == "bit_exact" for v in verdicts) else "within_noise"
         text = (f"AGREES: every one of the {n} checked samples is "

@@ -151,7 +151,7 @@ class CheckReport(Record):
     findings: list[Finding] = []
     defects: dict[str, int] = {}  # class -> number of samples with it
     defective_samples: int | UnsetType = UNSET
-    defect_rate_upper: float | UnsetType = UNSET
+    defect_rate_upper: float | None | UnsetType = UNSET  # None: samples named by the user bound no rate
     bound: str | UnsetType = UNSET
     restatement: Restatement | UnsetType = UNSET  # an import whose slots hold other layers than stated
 
