@@ -95,3 +95,35 @@ def test_backend_torch_is_bound_before_the_model_loads(tiny_store: Path):
                        cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "None", r.stdout  # blocked: `import fla` raises ImportError
+
+
+def test_a_cache_of_another_tokenizer_is_said(tiny_store: Path, tmp_path: Path):
+    """A cache imported with one tokenizer, audited against a model folder whose tokenizer differs (its chat
+    template): the states are judged for the stored token ids (they agree), and the report says the
+    tokenizers differ — a dataset tokenized by the model's tokenizer has other sample keys."""
+    import shutil
+
+    from helpers import save_local_model
+
+    model = save_local_model(tmp_path / "model", arch="tiny-qwen3_5")
+    other = tmp_path / "other-template"
+    shutil.copytree(model, other)
+    for f in other.glob("chat_template*"):
+        f.write_text(f.read_text().replace("<|im_start|>", "<|im_start|> "))
+    folder = tmp_path / "specforge"
+    export_cache(ExportRequest(f"{tiny_store}#dtype=bf16", "specforge", str(folder), limit=2))
+    sidecar("specforge", folder).unlink()
+    store = str(tmp_path / "s.zarr")
+    r = run_cli("import", "specforge", str(folder), "--store", store, "--tokenizer", str(model), "--model", str(model),
+                "--layers", "0,1,3", "--capture", "output", "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_cli("check", str(model), store, "--samples", "1", "--json", "-")
+    rep = json.loads(r.stdout)
+    assert r.returncode == 0 and rep["same_tokenizer"] is True
+    assert not [n for n in rep["notes"] if "tokenizer" in n]
+    r = run_cli("check", str(other), store, "--samples", "1", "--json", "-")
+    rep = json.loads(r.stdout)
+    assert r.returncode == 0 and rep["same_tokenizer"] is False, rep["verdict"]
+    assert rep["tokenizer_fingerprint"] != rep["recorded_tokenizer_fingerprint"]
+    (note,) = [n for n in rep["notes"] if "tokenizer" in n]
+    assert rep["recorded_tokenizer_fingerprint"][:16] in note and "other sample keys" in note, note

@@ -234,6 +234,15 @@ def _report(model: str, target: str, reader: VariantReader, how: Recompute, spec
     identity = spec.identity(live_model.config).to_dict()
     recorded_fp = str(or_none(reader.record.prov.recipe.model.fingerprint) or "")
     extra: dict[str, Any] = {}
+    notes = import_gaps(reader.store, reader.id)
+    tok = _tokenizer_fingerprint(spec)
+    if tok is not None:
+        rec_tok = str(or_none(reader.record.prov.recipe.tokenizer.fingerprint) or "")
+        extra.update(tokenizer_fingerprint=tok, recorded_tokenizer_fingerprint=rec_tok, same_tokenizer=tok == rec_tok)
+        if tok != rec_tok:
+            notes.append(f"the variant's tokens were made by tokenizer {rec_tok[:16]} (recipe.tokenizer), {model}'s "
+                         f"tokenizer is {tok[:16]}: the states are judged for the stored token ids, but a dataset "
+                         "tokenized by this model's tokenizer has other sample keys and will not find them")
     est = full_layers(in_live, totals, reader.record.dtype == "bf16")
     bad, counts, upper, bound, kind, text = _verdict(verdicts, findings, len(reader.keys), named)
     if restated is not None:
@@ -249,7 +258,7 @@ def _report(model: str, target: str, reader: VariantReader, how: Recompute, spec
         if ftotals.sums.any():
             extra["floor_layers"] = full_layers(in_live, ftotals, False).layers
     return CheckReport(
-        notes=import_gaps(reader.store, reader.id),
+        notes=notes,
         model=model, target=target, variant=f"{reader.store.location}#{reader.id}", device=how.device,
         dtype=how.dtype, model_fingerprint=identity["fingerprint"], recorded_model_fingerprint=recorded_fp,
         same_model=identity["fingerprint"] == recorded_fp, samples=len(verdicts), tokens=sum(reader.refs[k].length for k in keys),
@@ -262,6 +271,14 @@ def _report(model: str, target: str, reader: VariantReader, how: Recompute, spec
 
 
 UNSET_FLOOR = "none"
+
+
+def _tokenizer_fingerprint(spec: Any) -> str | None:
+    """The fingerprint of the model's tokenizer as a build would record it; None when it has none to load."""
+    try:
+        return spec.tokenizer_identity(spec.tokenizer()).fingerprint
+    except (OSError, ValueError, BadInput):
+        return None
 
 
 def rate_bound(k: int, n: int, N: int, named: bool) -> tuple[float | None, str]:

@@ -154,6 +154,9 @@ class CheckReport(Record):
     defect_rate_upper: float | None | UnsetType = UNSET  # None: samples named by the user bound no rate
     bound: str | UnsetType = UNSET
     restatement: Restatement | UnsetType = UNSET  # an import whose slots hold other layers than stated
+    tokenizer_fingerprint: str | UnsetType = UNSET  # the model's tokenizer (unset: the model has none to load)
+    recorded_tokenizer_fingerprint: str | UnsetType = UNSET  # the variant's (its sample keys hash it)
+    same_tokenizer: bool | UnsetType = UNSET
 
 
 class AlignLayer(Record):
