@@ -141,8 +141,7 @@ def check(
 
     _check_numbers(json_path, noise, max_rel)
     check_sampling(samples, fraction, 0.95)
-    options = {"backend": backend, "dtype": dtype, "attn": attn, "token_budget": token_budget, "fraction": fraction,
-               "keys": keys}
+    options = dict(backend=backend, dtype=dtype, attn=attn, token_budget=token_budget, fraction=fraction, keys=keys)
     if wants_audit(open_target(target), floor, options):
         report = run_audit(model, target, samples, fraction, seed, floor, noise, backend, dtype, device, attn,
                            token_budget, None if keys is None else keys.split(","))

@@ -16,7 +16,6 @@ Taken when the variant's provenance leaves how it was computed unknown (an impor
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -25,7 +24,7 @@ import torch
 
 from hsstore.compare.assume import Recompute, how_to_recompute
 from hsstore.compare.check import BatchPlan, as_stored, batch_plan, live_states, model_spec, pad_id
-from hsstore.compare.defects import DEFECTS, apply, judge_sample, other_weights, stale_copies, upper_bound
+from hsstore.compare.defects import DEFECTS, apply, judge_sample, other_weights, stale_copies
 from hsstore.compare.diff import NOISE_FACTOR, check_device, open_target
 from hsstore.compare.divergence import Totals, summarize
 from hsstore.compare.estimate import full_layers
@@ -33,7 +32,7 @@ from hsstore.compare.evidence import health_rows, row_hash, sample_evidence
 from hsstore.compare.kernel import Workspace, token_sums
 from hsstore.compare.model_shapes import check_shapes
 from hsstore.compare.restate import restatement
-from hsstore.compare.sampling import choose, sample_count
+from hsstore.compare.audit_samples import choose_keys, rate_bound
 from hsstore.core.batching import token_budget_batches
 from hsstore.core.dtypes import TORCH
 from hsstore.core.errors import BadInput
@@ -43,7 +42,6 @@ from hsstore.core.schema.imported import ImportSource
 from hsstore.storage.store import VariantReader
 
 NEIGHBOURS = 4  # samples on each side (in commit order) searched for a stale slot's source rows
-CONFIDENCE = 0.95
 LIVE = "live"
 
 
@@ -52,40 +50,6 @@ def wants_audit(reader: VariantReader, floor: str | None, options: dict[str, Any
     env = reader.record.prov.environment
     unknown = "unknown" in (or_none(env.device), or_none(env.backend))
     return unknown or floor == LIVE or any(v is not None for v in options.values())
-
-
-def choose_keys(reader: VariantReader, samples: int | None, fraction: float | None, seed: int,
-                named: list[str] | None = None) -> list[str]:
-    """The samples named by key prefix (``--keys``), else a seeded, length-stratified choice of ``samples`` (or
-    a ``fraction``; default 8; ``hsstore.compare.sampling``), in commit order."""
-    keys = reader.keys
-    if named is not None:
-        if samples is not None or fraction is not None:
-            raise BadInput("--keys names the samples: leave out --samples and --fraction")
-        return named_keys(reader, named)
-    N = len(keys)
-    n = min(N, samples) if samples is not None else max(1, math.ceil(fraction * N)) if fraction else min(N, 8)
-    choice = choose([reader.refs[k].length for k in keys], keys, n, seed)
-    return [keys[int(i)] for i in choice.indices]
-
-
-def named_keys(reader: VariantReader, prefixes: list[str]) -> list[str]:
-    """The stored keys the prefixes name (each exactly one), in commit order; BadInput for one that names
-    none or several."""
-    prefixes = [p.strip().lower() for p in prefixes if p.strip()]
-    if not prefixes:
-        raise BadInput("--keys is empty: name samples by their keys (or unique prefixes), comma-separated")
-    out = set()
-    for p in prefixes:
-        hits = [k for k in reader.keys if k.startswith(p)]
-        if not hits:
-            raise BadInput(f"no sample of variant {reader.id} has a key starting with {p!r} (hsstore verify and "
-                           "hsstore check --json name samples by key)")
-        if len(hits) > 1:
-            raise BadInput(f"key prefix {p!r} matches {len(hits)} samples of variant {reader.id} ({hits[0][:16]}, "
-                           f"{hits[1][:16]}, ...): give more characters")
-        out.add(hits[0])
-    return [k for k in reader.keys if k in out]
 
 
 def bind(how: Recompute) -> None:
@@ -279,20 +243,6 @@ def _tokenizer_fingerprint(spec: Any) -> str | None:
         return spec.tokenizer_identity(spec.tokenizer()).fingerprint
     except (OSError, ValueError, BadInput):
         return None
-
-
-def rate_bound(k: int, n: int, N: int, named: bool) -> tuple[float | None, str]:
-    """What k defective of n checked samples (of N) say of the variant's defect rate: (upper bound or the rate
-    itself, in words); None for samples named by the user (not a random draw: they bound nothing)."""
-    if named:
-        return None, (f"{k} defective of the {n} sample(s) named (--keys), not drawn at random: they bound no rate "
-                      "(drop --keys for a seeded random choice that does)")
-    if n >= N:
-        return k / N, f"every one of the {N} samples checked: {k} defective, a defect rate of {k / N:.3g} exactly"
-    upper = upper_bound(k, n, CONFIDENCE)
-    return upper, (f"{k} defective of {n} samples chosen at random (seeded, length-stratified) from {N}: the "
-                   f"variant's defect rate is below {upper:.3g} at {CONFIDENCE:.0%} confidence"
-                   + (" (about 3/n: check more samples to bound it lower)" if not k else ""))
 
 
 def _plural(findings: list[Finding], kind: str) -> str:
