@@ -233,9 +233,11 @@ def test_cli_exit_codes_and_json(other_weights_store: Path, tmp_path: Path, caps
     assert len(err) == 1 and "hidden_size" in err[0] and "cannot produce" in err[0]
 
 
-def test_import_audit_records_the_result_for_info(exports: dict[str, Path], source, tmp_path: Path, capsys):
+def test_import_audit_records_the_result_for_info(exports: dict[str, Path], source, tmp_path: Path, capsys,
+                                                  tiny_store: Path):
     """``import --audit N`` audits as the import finishes and keeps the result: ``info`` says when, against
-    which model, and what it found."""
+    which model, and what it found; a dataset of the variant has it, and ``require=`` shows it beside the
+    provenance fields an import leaves unknown."""
     folder = subset("eagle", exports["eagle"], tmp_path / "eagle", _shortest(source, 2))
     store = str(tmp_path / "s.zarr")
     assert main_exit(["import", "eagle", str(folder), "--store", store, "--model", MODEL, "--audit", "2",
@@ -249,3 +251,9 @@ def test_import_audit_records_the_result_for_info(exports: dict[str, Path], sour
     assert audit["model_fingerprint"] == variant["provenance"]["recipe"]["model"]["fingerprint"]
     assert main_exit(["info", store]) == 0
     assert f"audited {audit['audited_at']} against {MODEL}" in capsys.readouterr().out
+    from hsstore import HiddenStateDataset, ProvenanceMismatch
+
+    assert [a.to_dict() for a in HiddenStateDataset(store).audits] == [audit]
+    with pytest.raises(ProvenanceMismatch) as e:
+        HiddenStateDataset(store, require=f"{tiny_store}#dtype=bf16")
+    assert f"audited {audit['audited_at']} against {MODEL}" in str(e.value) and audit["verdict"] in str(e.value)

@@ -50,6 +50,12 @@ def audits(store: Store, vid: str) -> list[AuditSummary]:
     return out
 
 
+def audit_line(a: AuditSummary) -> str:
+    """One audit record in words: when, against which model, what it found and what that bounds."""
+    return (f"audited {a.audited_at} against {a.model} ({str(a.model_fingerprint)[:16]}): {a.verdict}; "
+            f"{a.bound}")
+
+
 def import_gaps(store: Store, vid: str) -> list[str]:
     """What finished imports into the variant left out (files skipped as unreadable or misaligned, rows
     without a states file), in words: an audit of the variant cannot see them."""
