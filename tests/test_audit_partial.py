@@ -112,3 +112,33 @@ def test_the_summary_counts_each_sample_once_per_class(audited: tuple):
         assert rep["defects"][kind] == sum(1 for _, want, _ in SEEDED.values()
                                            if any(kind in kinds for kinds in want.values())), (kind, rep["defects"])
     assert next(v for v in rep["sample_verdicts"] if v["key"] == clean)["verdict"] in ("bit_exact", "within_noise")
+
+
+@pytest.mark.parametrize("fmt", sorted(STATED))
+def test_more_or_fewer_rows_than_tokens_never_enter_and_the_audit_says_so(fmt: str, tiny_store: Path,
+                                                                           tmp_path: Path):
+    """States of a suffix only (prefix caching: fewer rows than tokens) and one row too many: the import
+    names each file and stops (exit 2); with --skip-bad it counts them, and the audit of what entered says
+    that it cannot judge them."""
+    s = Store.open(tiny_store)
+    r = s.reader(s.select("dtype=bf16"))
+    picks = sorted(enumerate(r.keys), key=lambda ik: (r.refs[ik[1]].length, ik[1]))[:3]
+    export_cache(ExportRequest(f"{tiny_store}#dtype=bf16", fmt, str(tmp_path / "full")))
+    folder = subset(fmt, tmp_path / "full", tmp_path / fmt, picks)
+    sidecar(fmt, folder).unlink(missing_ok=True)
+    (i1, k1), (i2, k2) = picks[1], picks[2]
+    damage(fmt, sample_file(fmt, folder, i1, k1), lambda a, t: (a[5:], t[5:]))  # a suffix's states
+    damage(fmt, sample_file(fmt, folder, i2, k2), lambda a, t: (torch.cat([a, a[-1:]]), torch.cat([t, t[-1:]])))
+    layers, capture = STATED[fmt]
+    args = ["import", fmt, str(folder), "--tokenizer", MODEL, "--model", MODEL, "--layers", layers, "--capture",
+            capture, "--quiet"]
+    res = run_cli(*args, "--store", str(tmp_path / "refused.zarr"))
+    err = [e for e in res.stderr.splitlines() if e.startswith("error:")]
+    assert res.returncode == 2 and len(err) == 1 and "has shape" in err[0] and "expected [" in err[0], res.stderr
+    store = str(tmp_path / "s.zarr")
+    res = run_cli(*args, "--store", store, "--skip-bad", "--json")
+    assert res.returncode == 0 and json.loads(res.stdout)["skipped_bad"] == 2, res.stderr[-2000:]
+    res = run_cli("check", MODEL, store, "--json", "-")
+    rep = json.loads(res.stdout)
+    assert res.returncode == 0 and rep["keys"] == [picks[0][1]], rep["verdict"]
+    assert any("left out 2 file(s)" in n and "do not line up with their tokens" in n for n in rep["notes"]), rep["notes"]
