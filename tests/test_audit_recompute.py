@@ -138,3 +138,22 @@ def test_a_cache_of_another_tokenizer_is_said(tiny_store: Path, tmp_path: Path):
     assert rep["tokenizer_fingerprint"] != rep["recorded_tokenizer_fingerprint"]
     (note,) = [n for n in rep["notes"] if "tokenizer" in n]
     assert rep["recorded_tokenizer_fingerprint"][:16] in note and "other sample keys" in note, note
+
+
+@pytest.mark.parametrize("layers, held", [("0,1,3", {}), ("1,2,3", {1: 0, 2: 1})])
+def test_a_stored_floor_judges_an_imported_cache(tiny_store: Path, tmp_path: Path, layers: str, held: dict):
+    """--floor STORE#SEL (hsstore's fp32 variant of the same samples) instead of the live floor: it holds only
+    the stored layers, so other capture points are matched by margin; a right statement agrees, a wrong one
+    is named slot by slot."""
+    folder = tmp_path / "specforge"
+    export_cache(ExportRequest(f"{tiny_store}#dtype=bf16", "specforge", str(folder), limit=2))
+    sidecar("specforge", folder).unlink()
+    store = str(tmp_path / "s.zarr")
+    r = run_cli("import", "specforge", str(folder), "--store", store, "--tokenizer", MODEL, "--model", MODEL,
+                "--layers", layers, "--capture", "output", "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    code, rep = _audit(store, "--samples", "2", "--floor", f"{tiny_store}#dtype=fp32")
+    assert rep["floor"].startswith(str(tiny_store)) and rep["recompute"]["floor_dtype"] is None
+    assert code == (1 if held else 0), rep["verdict"]
+    assert {(f["layer"], f["kind"], f.get("match")) for f in rep["findings"]} == {
+        (L, "capture_point", j) for L, j in held.items()}

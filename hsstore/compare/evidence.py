@@ -81,10 +81,12 @@ def health_rows(s: torch.Tensor) -> tuple[list[int], list[int], list[int], list[
 def sample_evidence(stored: dict[int, torch.Tensor], live: dict[int, torch.Tensor],
                     floor: dict[int, torch.Tensor] | None, target: int | None, noise_factor: float) -> list[LayerEvidence]:
     """Evidence for every stored layer of one sample: ``stored`` label -> ``[T, H]``, ``live`` and
-    ``floor`` capture point -> ``[T, H]`` (all on one device), ``target`` the stored target label."""
-    truth = floor if floor is not None else live
+    ``floor`` capture point -> ``[T, H]`` (all on one device; a stored floor holds only its own layers: the
+    other points have no noise and are matched by margin), ``target`` the stored target label."""
+    floor = floor or {}
     points = sorted(live)
-    noise = {j: rel_l2(live[j], floor[j]) for j in points} if floor is not None else {}
+    truth = {j: floor.get(j, live[j]) for j in points}
+    noise = {j: rel_l2(live[j], floor[j]) for j in points if j in floor}
     out = []
     for label, s in stored.items():
         nan_rows, inf_rows, zero_rows, const_rows = health_rows(s)
@@ -92,7 +94,7 @@ def sample_evidence(stored: dict[int, torch.Tensor], live: dict[int, torch.Tenso
         healthy[nan_rows + inf_rows + zero_rows + const_rows] = False
         sf = s[healthy]
         ev = LayerEvidence(label, int(s.shape[0]), nan_rows, inf_rows, zero_rows, const_rows, math.nan, math.nan,
-                           noise.get(label) if floor is not None else None)
+                           noise.get(label))
         ev.rel_by_point = {j: rel_l2(sf, truth[j][healthy]) for j in points}
         ev.noise_by_point = dict(noise)
         if label in live:
@@ -105,7 +107,7 @@ def sample_evidence(stored: dict[int, torch.Tensor], live: dict[int, torch.Tenso
                 if 0 < abs(k) < s.shape[0] and k not in ev.rel_shifted:
                     a, b, ok = (s[k:], t[:-k], healthy[k:]) if k > 0 else (s[:k], t[-k:], healthy[:k])
                     ev.rel_shifted[k] = rel_l2(a[ok], b[ok])
-            ev.bad_rows = _bad_rows(s, live[label], floor[label] if floor is not None else None, healthy,
+            ev.bad_rows = _bad_rows(s, live[label], floor.get(label), healthy,
                                     ev.noise, noise_factor)
             ev.bad_row_hashes = {r: row_hash(s[r]) for r in ev.bad_rows}
         if target is not None and label != target and target in stored:
