@@ -157,3 +157,35 @@ def test_a_stored_floor_judges_an_imported_cache(tiny_store: Path, tmp_path: Pat
     assert code == (1 if held else 0), rep["verdict"]
     assert {(f["layer"], f["kind"], f.get("match")) for f in rep["findings"]} == {
         (L, "capture_point", j) for L, j in held.items()}
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"hidden_size": 128}, r"has hidden_size 128, variant \w+ stores states of width 64: this model cannot produce"),
+    ({"num_hidden_layers": 6}, r"has 6 decoder layers, variant \w+ was made by a model with 4"),
+    ({"num_hidden_layers": 3}, r"has 3 decoder layers, variant \w+ was made by a model with 4"),
+    ({"vocab_size": 100}, r"variant \w+ holds token id \d+, .* has a vocabulary of 100: another tokenizer's cache"),
+])
+def test_a_model_that_cannot_produce_the_shapes_is_refused_before_it_runs(tiny_store: Path, tmp_path: Path,
+                                                                          change: dict, words: str):
+    """Width, depth, vocabulary: one line, exit 2, read from the config alone — the folder has no weights,
+    so nothing could have run."""
+    import re
+
+    from helpers import save_local_model
+
+    model = save_local_model(tmp_path / "model", arch="tiny-qwen3_5")
+    for f in model.glob("*.safetensors"):
+        f.unlink()
+    cfg = json.loads((model / "config.json").read_text())
+    cfg.update(change)
+    if "num_hidden_layers" in change:
+        cfg["layer_types"] = (cfg["layer_types"] * 3)[: change["num_hidden_layers"]]
+    (model / "config.json").write_text(json.dumps(cfg))
+    folder = tmp_path / "eagle"
+    export_cache(ExportRequest(f"{tiny_store}#dtype=bf16", "eagle", str(folder), limit=2))
+    store = str(tmp_path / "s.zarr")
+    r = run_cli("import", "eagle", str(folder), "--store", store, "--tokenizer", MODEL, "--model", MODEL, "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_cli("check", str(model), store, "--samples", "2")
+    lines = [e for e in r.stderr.splitlines() if e.strip() and not e.startswith("[transformers]")]
+    assert r.returncode == 2 and len(lines) == 1 and re.search(words, lines[0]), r.stderr[-2000:]
