@@ -57,6 +57,9 @@ def rate_bound(k: int, n: int, N: int, named: bool) -> tuple[float | None, str]:
                       "(drop --keys for a seeded random choice that does)")
     if n >= N:
         return k / N, f"every one of the {N} samples checked: {k} defective, a defect rate of {k / N:.3g} exactly"
+    if k == n:
+        return 1.0, (f"all {n} samples chosen at random (seeded, length-stratified) from {N} are defective: the "
+                     "defect rate may be anywhere up to 1")
     upper = upper_bound(k, n, CONFIDENCE)
     return upper, (f"{k} defective of {n} samples chosen at random (seeded, length-stratified) from {N}: the "
                    f"variant's defect rate is below {upper:.3g} at {CONFIDENCE:.0%} confidence"
