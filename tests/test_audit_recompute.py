@@ -189,3 +189,29 @@ def test_a_model_that_cannot_produce_the_shapes_is_refused_before_it_runs(tiny_s
     r = run_cli("check", str(model), store, "--samples", "2")
     lines = [e for e in r.stderr.splitlines() if e.strip() and not e.startswith("[transformers]")]
     assert r.returncode == 2 and len(lines) == 1 and re.search(words, lines[0]), r.stderr[-2000:]
+
+
+def test_states_of_a_fine_tuned_checkpoint_are_other_weights(tiny_store: Path, tmp_path: Path):
+    """A cache made by the base model, audited against a checkpoint fine-tuned from it (every weight moved
+    by ~2 %): every checked sample diverges in every layer — other weights, and the fingerprint says so."""
+    from safetensors.torch import load_file, save_file
+
+    from helpers import save_local_model
+
+    tuned = save_local_model(tmp_path / "tuned", arch="tiny-qwen3_5")
+    g = torch.Generator().manual_seed(0)
+    for f in tuned.glob("*.safetensors"):
+        w = load_file(str(f))
+        save_file({k: (v.float() * (1 + 0.02 * torch.randn(v.shape, generator=g))).to(v.dtype).contiguous()
+                   for k, v in w.items()}, str(f), metadata={"format": "pt"})
+    folder = tmp_path / "modelopt"
+    export_cache(ExportRequest(f"{tiny_store}#dtype=bf16", "modelopt", str(folder), limit=3))
+    sidecar("modelopt", folder).unlink()
+    store = str(tmp_path / "s.zarr")
+    r = run_cli("import", "modelopt", str(folder), "--store", store, "--tokenizer", MODEL, "--model", MODEL,
+                "--layers", "0,1,3", "--capture", "output", "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_cli("check", str(tuned), store, "--samples", "3", "--json", "-")
+    rep = json.loads(r.stdout)
+    assert r.returncode == 1 and rep["defects"] == {"other_weights": 3} and rep["same_model"] is False, rep["verdict"]
+    assert all(set(v["layers"].values()) == {"other_weights"} for v in rep["sample_verdicts"])
