@@ -5,8 +5,6 @@ any model runs), and overrides on hsstore's own variants."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -95,17 +93,17 @@ def test_a_recomputation_that_cannot_run_here_is_one_line_exit_2(tiny_store: Pat
 
 @pytest.mark.process
 def test_backend_torch_is_bound_before_the_model_loads(tiny_store: Path):
-    """`--backend torch` blocks the kernel packages before transformers' modeling modules import (else a GPU
-    host with fla installed binds fla and refuses its own `--backend torch`): a fresh process, where the
-    process is the subject."""
-    code = ("import sys\n"
-            "from hsstore.compare.audit import run_audit\n"
-            f"run_audit({MODEL!r}, sys.argv[1], samples=1, backend='torch')\n"
-            "print(repr(sys.modules.get('fla', 'not imported')))\n")
-    r = subprocess.run([sys.executable, "-c", code, f"{tiny_store}#dtype=bf16"], capture_output=True, text=True,
-                       cwd=REPO)
+    """A host where fla is installed (the stand-in fla package on PYTHONPATH): `--backend torch` binds
+    transformers' reference kernels before a model's config imports the modeling modules (it was refused:
+    "this process binds the 'fla' gated-delta kernels"), and `--backend fla` really calls fla's. A real
+    process: kernels are bound once per process."""
+    env = {"PYTHONPATH": str(REPO / "tests" / "standin")}
+    target = f"{tiny_store}#dtype=bf16"
+    r = run_cli("check", MODEL, target, "--samples", "1", "--backend", "torch", "--json", "-", env=env)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip().splitlines()[-1] == "None", r.stdout  # blocked: `import fla` raises ImportError
+    assert json.loads(r.stdout)["recompute"]["backend"] == "torch"
+    r = run_cli("check", MODEL, target, "--samples", "1", "--backend", "fla", env=env)
+    assert r.returncode == 1 and "stand-in" in r.stderr and "kernel called" in r.stderr, r.stderr[-2000:]
 
 
 def test_a_cache_of_another_tokenizer_is_said(tiny_store: Path, tmp_path: Path):
