@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from hsstore.compare.assume import Recompute, how_to_recompute
+from hsstore.compare.audit_samples import choose_keys, rate_bound
 from hsstore.compare.check import BatchPlan, as_stored, batch_plan, live_states, model_spec, pad_id
 from hsstore.compare.defects import DEFECTS, apply, judge_sample, other_weights, stale_copies
 from hsstore.compare.diff import NOISE_FACTOR, check_device, open_target
@@ -32,7 +33,6 @@ from hsstore.compare.evidence import health_rows, row_hash, sample_evidence
 from hsstore.compare.kernel import Workspace, token_sums
 from hsstore.compare.model_shapes import check_shapes
 from hsstore.compare.restate import restatement
-from hsstore.compare.audit_samples import choose_keys, rate_bound
 from hsstore.core.batching import token_budget_batches
 from hsstore.core.dtypes import TORCH
 from hsstore.core.errors import BadInput
