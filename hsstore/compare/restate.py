@@ -22,7 +22,7 @@ from hsstore.core.schema.imported import ImportSource
 def held_points(verdicts: Sequence[SampleVerdict], findings: Sequence[Finding],
                 labels: Sequence[int]) -> dict[int, set[int]]:
     """Stored label -> the capture points it held across the checked samples (as labelled where clean; the
-    match where a capture point; samples where it shows another defect say nothing)."""
+    match where a capture point, also beside NaN/zero rows; samples where it shows another defect say nothing)."""
     match = {(f.key, f.layer): f.match for f in findings if f.kind == "capture_point"}
     held: dict[int, set[int]] = {i: set() for i in labels}
     for v in verdicts:
@@ -30,7 +30,7 @@ def held_points(verdicts: Sequence[SampleVerdict], findings: Sequence[Finding],
             kind = v.layers.get(str(i))
             if kind in CLEAN:
                 held[i].add(i)
-            elif kind == "capture_point" and isinstance(match.get((v.key, i)), int):
+            elif "capture_point" in str(kind).split("+") and isinstance(match.get((v.key, i)), int):
                 held[i].add(int(match[(v.key, i)]))
     return held
 
