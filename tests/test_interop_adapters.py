@@ -116,7 +116,7 @@ def test_vocab_map_files_load_as_the_peers_load_them(imported, tmp_path: Path):
     ("unknown", 4, 4), ("unknown", 2, 2),
 ])
 def test_layer_conventions_map_both_ways(capture: str, stated, hsstore_id: int):
-    from hsstore.interop.layers import from_hsstore, to_hsstore
+    from hsstore.core.layer_numbering import from_hsstore, to_hsstore
 
     assert to_hsstore(stated, capture, 4) == hsstore_id
     assert from_hsstore(hsstore_id, capture, 4) == (stated if capture != "unknown" else hsstore_id)

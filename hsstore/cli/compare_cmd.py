@@ -111,6 +111,7 @@ def check(
     target: Annotated[str, typer.Argument(help="STORE#SELECTOR of the variant to check (native or imported).")],
     samples: Annotated[Optional[int], typer.Option("--samples", min=1, help="Stored samples to recompute (a seeded, length-stratified choice; default 8).")] = None,
     fraction: Annotated[Optional[float], typer.Option("--fraction", help="Like --samples, as a fraction of the variant's samples (e.g. 0.01); an audit.")] = None,
+    keys: Annotated[Optional[str], typer.Option("--keys", help="Check these samples: keys (or unique prefixes), comma-separated, e.g. the ones verify or an earlier audit named; an audit.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sample choice.")] = 0,
     device: Annotated[Optional[str], typer.Option("--device", help="Where to run the model (default: the recorded device type; unknown: cuda if visible, else cpu).")] = None,
     floor: Annotated[Optional[str], typer.Option("--floor", help="STORE#SELECTOR of a precision floor (e.g. the fp32 variant), or 'live': recompute the samples in fp32 too (the default for an imported variant).")] = None,
@@ -123,7 +124,7 @@ def check(
     json_path: Annotated[Optional[str], typer.Option("--json", help="Write the JSON report here ('-' = stdout).")] = None,
 ) -> None:
     """Recompute stored samples with a model in this process and compare per layer. On an imported variant
-    (or with --floor live, --backend, --dtype, --attn, --token-budget, --fraction) it is an audit: every checked
+    (or with --floor live, --backend, --dtype, --attn, --token-budget, --fraction, --keys) it is an audit: every checked
     sample and layer is named bit-exact, within noise, or by its defect (NaN/Inf/zero/constant rows, capture
     point, token shift, suffix states, stale copy, aux = target, other weights, beyond noise), and the report
     says what the n samples bound. Exit 1 unless every checked sample agrees (or within --max-rel).
@@ -140,10 +141,10 @@ def check(
 
     _check_numbers(json_path, noise, max_rel)
     check_sampling(samples, fraction, 0.95)
-    options = {"backend": backend, "dtype": dtype, "attn": attn, "token_budget": token_budget, "fraction": fraction}
+    options = dict(backend=backend, dtype=dtype, attn=attn, token_budget=token_budget, fraction=fraction, keys=keys)
     if wants_audit(open_target(target), floor, options):
         report = run_audit(model, target, samples, fraction, seed, floor, noise, backend, dtype, device, attn,
-                           token_budget)
+                           token_budget, None if keys is None else keys.split(","))
         render = audit_text
     else:
         report = run_check(model, target, samples, seed, device, floor, noise)

@@ -10,6 +10,7 @@ from hsstore.core.schema.provenance import Provenance
 from hsstore.core.schema.record import is_set, or_none
 from hsstore.core.schema.storage_report import StorageReport
 from hsstore.core.schema.verify_report import VerifyReport
+from hsstore.storage.audits import audit_line
 
 
 def _fmt_bytes(n: float) -> str:
@@ -50,9 +51,7 @@ def _variant_lines(v: VariantInfo) -> list[str]:
     if is_set(v.storage) and v.storage is not None:
         lines += storage_lines(v.storage)
     for a in v.audits:
-        lines.append(f"  audited {a.audited_at} against {a.model} ({str(a.model_fingerprint)[:16]}): "
-                     f"{a.verdict}; {a.samples} of {a.population} samples, defect rate < "
-                     f"{a.defect_rate_upper:.3g} (95 %)")
+        lines.append(f"  {audit_line(a)}")
     if v.unreadable_commits:
         lines.append(f"  WARNING: {v.unreadable_commits} unreadable commit record(s); run hsstore verify")
     return lines

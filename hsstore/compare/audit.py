@@ -23,24 +23,25 @@ from typing import Any
 import torch
 
 from hsstore.compare.assume import Recompute, how_to_recompute
+from hsstore.compare.audit_samples import choose_keys, rate_bound
 from hsstore.compare.check import BatchPlan, as_stored, batch_plan, live_states, model_spec, pad_id
-from hsstore.compare.defects import DEFECTS, apply, judge_sample, other_weights, stale_copies, upper_bound
+from hsstore.compare.defects import DEFECTS, apply, judge_sample, other_weights, stale_copies
 from hsstore.compare.diff import NOISE_FACTOR, check_device, open_target
 from hsstore.compare.divergence import Totals, summarize
 from hsstore.compare.estimate import full_layers
 from hsstore.compare.evidence import health_rows, row_hash, sample_evidence
 from hsstore.compare.kernel import Workspace, token_sums
 from hsstore.compare.model_shapes import check_shapes
-from hsstore.compare.sampling import choose, sample_count
+from hsstore.compare.restate import restatement
 from hsstore.core.batching import token_budget_batches
 from hsstore.core.dtypes import TORCH
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.record import or_none
-from hsstore.core.schema.diff_report import CheckReport, Finding
+from hsstore.core.schema.diff_report import CheckReport, Finding, Restatement
+from hsstore.core.schema.imported import ImportSource
 from hsstore.storage.store import VariantReader
 
 NEIGHBOURS = 4  # samples on each side (in commit order) searched for a stale slot's source rows
-CONFIDENCE = 0.95
 LIVE = "live"
 
 
@@ -51,23 +52,31 @@ def wants_audit(reader: VariantReader, floor: str | None, options: dict[str, Any
     return unknown or floor == LIVE or any(v is not None for v in options.values())
 
 
-def choose_keys(reader: VariantReader, samples: int | None, fraction: float | None, seed: int) -> list[str]:
-    """A seeded, length-stratified choice (``hsstore.compare.sampling``), in commit order."""
-    keys = reader.keys
-    n = sample_count(len(keys), samples if samples is not None or fraction is not None else 8, fraction)
-    choice = choose([reader.refs[k].length for k in keys], keys, n, seed)
-    return [keys[int(i)] for i in choice.indices]
+def bind(how: Recompute) -> None:
+    """Make this process bind ``how.backend``'s kernels — before anything imports transformers' modeling
+    modules (a model's config does), since transformers binds them once per process; BadInput when that
+    backend cannot run here."""
+    from hsstore.capture.model.backends import force_backend, installed
+
+    if how.backend == "fla" and not installed("fla"):
+        raise BadInput("backend 'fla' needs the flash-linear-attention kernels, which are not installed here: pip "
+                       "install flash-linear-attention fla-core on a GPU host, or pass --backend torch")
+    try:
+        force_backend(how.backend)
+    except RuntimeError:
+        pass  # modeling modules already imported (a second audit in one process): compared by load()
 
 
 def load(spec: Any, how: Recompute, dtype: str) -> Any:
     """The model at ``dtype``; BadInput when this process binds other kernels than ``how.backend``'s."""
-    from hsstore.capture.model.backends import bound_kernels, force_backend
+    from hsstore.capture.model.backends import bound_kernels
 
     try:
-        force_backend(how.backend)
-    except RuntimeError:
-        pass  # modeling modules already imported: compared below
-    model = spec.load(TORCH[dtype] if dtype in TORCH else torch.float64, how.device, how.attention)
+        model = spec.load(TORCH[dtype] if dtype in TORCH else torch.float64, how.device, how.attention)
+    except ImportError as e:  # an attention implementation whose package transformers cannot import
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BadInput(f"cannot load {spec.path} with {how.attention!r} attention here ({first}); pass --attn "
+                       "sdpa") from e
     bound = bound_kernels(model).get("chunk_gated_delta_rule")
     if bound not in (None, "none", how.backend) and how.backend in ("torch", "fla") and bound in ("torch", "fla"):
         raise BadInput(f"this process binds the {bound!r} gated-delta kernels, not {how.backend!r}; run `hsstore check` "
@@ -108,16 +117,18 @@ def row_index(reader: VariantReader, keys: list[str], labels: list[int]
 def run_audit(model: str, target: str, samples: int | None = None, fraction: float | None = None, seed: int = 0,
               floor_t: str | None = None, noise_factor: float = NOISE_FACTOR, backend: str | None = None,
               dtype: str | None = None, device: str | None = None, attention: str | None = None,
-              token_budget: int | None = None) -> CheckReport:
-    """Audit ``samples`` (or a ``fraction``) of ``target``'s samples against ``model``: per sample and layer,
-    bit-exact / within noise / the defect it shows."""
+              token_budget: int | None = None, keys: list[str] | None = None) -> CheckReport:
+    """Audit ``samples`` (or a ``fraction``, or the ``keys`` named by prefix) of ``target``'s samples against
+    ``model``: per sample and layer, bit-exact / within noise / the defect it shows."""
     t0 = time.perf_counter()
     reader = open_target(target)
     how = how_to_recompute(reader, backend, dtype, device, attention, token_budget)
+    bind(how)
     dev = check_device(how.device)
     how = Recompute(how.backend, how.dtype, dev, how.attention, how.batching, how.token_budget, how.assumed)
     spec = model_spec(model, reader.record.prov.recipe)
-    keys = choose_keys(reader, samples, fraction, seed)
+    named = keys is not None
+    keys = choose_keys(reader, samples, fraction, seed, keys)
     n_layers, _ = check_shapes(spec, reader, keys)
     stored_floor = open_target(floor_t) if floor_t not in (None, LIVE) else None
     use_live_floor = stored_floor is None and (floor_t == LIVE or floor_t is None)
@@ -136,8 +147,10 @@ def run_audit(model: str, target: str, samples: int | None = None, fraction: flo
         findings = stale_copies(findings, evidence, *row_index(reader, keys, labels))
     findings = other_weights(apply(verdicts, findings), findings)
     verdicts = apply(verdicts, findings)
+    source = reader.record.prov.source
+    restated = restatement(verdicts, findings, source, n_layers) if isinstance(source, ImportSource) else None
     return _report(model, target, reader, how, spec, live_model, keys, plan, in_live, totals, ftotals,
-                   verdicts, findings, floor_dtype, stored_floor, t0)
+                   verdicts, findings, floor_dtype, stored_floor, restated, named, t0)
 
 
 def _judge_all(stream: Iterator[tuple[str, list[dict[int, torch.Tensor]]]], reader: VariantReader,
@@ -150,7 +163,8 @@ def _judge_all(stream: Iterator[tuple[str, list[dict[int, torch.Tensor]]]], read
     totals, ftotals = Totals(len(in_live)), Totals(len(in_live))
     evidence, verdicts, findings = {}, [], []
     for key, outs in stream:
-        live = {j: as_stored(x, reader) for j, x in outs[0].items()}
+        # computed at the recompute dtype, stored as the variant stores its states (its dtype, its quantizer)
+        live = {j: as_stored(x.to(TORCH[reader.record.dtype]), reader) for j, x in outs[0].items()}
         floor = outs[1] if len(outs) > 1 else _stored_floor(stored_floor, key, labels, dev)
         stored = dict(zip(labels, reader.read_layers(reader.refs[key], labels)))
         ev = sample_evidence({i: s.to(dev) for i, s in stored.items()}, live, floor, target_label, noise_factor)
@@ -177,26 +191,38 @@ def _stored_floor(floor: VariantReader | None, key: str, labels: list[int], dev:
 def _report(model: str, target: str, reader: VariantReader, how: Recompute, spec: Any, live_model: Any,
             keys: list[str], plan: BatchPlan, in_live: list[int], totals: Totals, ftotals: Totals,
             verdicts: list, findings: list[Finding], floor_dtype: str | None, stored_floor: VariantReader | None,
-            t0: float) -> CheckReport:
+            restated: Restatement | None, named: bool, t0: float) -> CheckReport:
     from hsstore.compare.check import live_differences
     from hsstore.storage.audits import import_gaps
 
     identity = spec.identity(live_model.config).to_dict()
     recorded_fp = str(or_none(reader.record.prov.recipe.model.fingerprint) or "")
+    extra: dict[str, Any] = {}
+    notes = import_gaps(reader.store, reader.id)
+    tok = _tokenizer_fingerprint(spec)
+    if tok is not None:
+        rec_tok = str(or_none(reader.record.prov.recipe.tokenizer.fingerprint) or "")
+        extra.update(tokenizer_fingerprint=tok, recorded_tokenizer_fingerprint=rec_tok, same_tokenizer=tok == rec_tok)
+        if tok != rec_tok:
+            notes.append(f"the variant's tokens were made by tokenizer {rec_tok[:16]} (recipe.tokenizer), {model}'s "
+                         f"tokenizer is {tok[:16]}: the states are judged for the stored token ids, but a dataset "
+                         "tokenized by this model's tokenizer has other sample keys and will not find them")
     est = full_layers(in_live, totals, reader.record.dtype == "bf16")
-    bad, counts, upper, bound, kind, text = _verdict(verdicts, findings, len(reader.keys))
+    bad, counts, upper, bound, kind, text = _verdict(verdicts, findings, len(reader.keys), named)
+    if restated is not None:
+        extra["restatement"] = restated
+        text += f"; {restated.words}"
     batching = {"recorded": "the recorded batch plan", "alone": "each sample alone, unpadded",
                 "budget": f"token-budget batches of {how.token_budget} over every sample"}[how.batching]
     floor_words = (f"live: the same samples recomputed in {floor_dtype}" if floor_dtype else
                    f"{stored_floor.store.location}#{stored_floor.id}" if stored_floor is not None else UNSET_FLOOR)
     diffs = [d for d in live_differences(live_model, reader, identity) if d.b != "unknown"]
-    extra: dict[str, Any] = {}
     if floor_words != UNSET_FLOOR:
         extra["floor"] = floor_words
         if ftotals.sums.any():
             extra["floor_layers"] = full_layers(in_live, ftotals, False).layers
     return CheckReport(
-        notes=import_gaps(reader.store, reader.id),
+        notes=notes,
         model=model, target=target, variant=f"{reader.store.location}#{reader.id}", device=how.device,
         dtype=how.dtype, model_fingerprint=identity["fingerprint"], recorded_model_fingerprint=recorded_fp,
         same_model=identity["fingerprint"] == recorded_fp, samples=len(verdicts), tokens=sum(reader.refs[k].length for k in keys),
@@ -211,21 +237,27 @@ def _report(model: str, target: str, reader: VariantReader, how: Recompute, spec
 UNSET_FLOOR = "none"
 
 
+def _tokenizer_fingerprint(spec: Any) -> str | None:
+    """The fingerprint of the model's tokenizer as a build would record it; None when it has none to load."""
+    try:
+        return spec.tokenizer_identity(spec.tokenizer()).fingerprint
+    except (OSError, ValueError, BadInput):
+        return None
+
+
 def _plural(findings: list[Finding], kind: str) -> str:
     layers = sorted({f.layer for f in findings if f.kind == kind and f.layer is not None})
     return ("s " if len(layers) > 1 else " ") + ", ".join(map(str, layers)) if layers else "s -"
 
 
-def _verdict(verdicts: list, findings: list[Finding], N: int) -> tuple[list, dict[str, int], float, str, str, str]:
+def _verdict(verdicts: list, findings: list[Finding], N: int, named: bool = False
+             ) -> tuple[list, dict[str, int], float | None, str, str, str]:
     """(defective verdicts, samples per class, the defect-rate bound and its words, verdict kind, verdict line)."""
     bad = [v for v in verdicts if v.verdict not in ("bit_exact", "within_noise")]
     counts = {k: sum(1 for v in verdicts if k in v.verdict.split("+")) for k in DEFECTS}
     counts = {k: n for k, n in counts.items() if n}
     n = len(verdicts)
-    upper = upper_bound(len(bad), n, CONFIDENCE)
-    bound = (f"{len(bad)} defective of {n} samples chosen at random (seeded, length-stratified) from {N}: the "
-             f"variant's defect rate is below {upper:.3g} at {CONFIDENCE:.0%} confidence"
-             + (" (about 3/n: check more samples to bound it lower)" if not bad else ""))
+    upper, bound = rate_bound(len(bad), n, N, named)
     if not bad:
         kind = "identical" if all(v.verdict == "bit_exact" for v in verdicts) else "within_noise"
         text = (f"AGREES: every one of the {n} checked samples is "

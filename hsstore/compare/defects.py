@@ -1,18 +1,20 @@
 """The audit's defect classifier: from one sample's evidence (``hsstore.compare.evidence``), the class of
 each stored layer — pure rules, no I/O.
 
-Rules, in order (the first that holds names the layer):
-1. ``nan`` / ``inf``: rows holding NaN or Inf; ``all_zero`` / ``constant``: every row zero / constant.
-2. ``bit_exact``: every value equals the live recomputation; ``within_noise``: rel-L2 against the truth
-   (the fp32 floor) at most ``noise_factor`` x the precision noise of that capture point.
-3. ``suffix_states``: only a prefix of rows is beyond noise (rows 0..k-1), the rest is this sample's
-   states: states of a suffix (a prefix-cache hit that was not written). Otherwise zero or constant rows
-   among good ones are named as ``all_zero`` / ``constant`` rows.
+A layer can show several defects (NaN rows in a target that also leaks into an aux layer): its rows of
+NaN, Inf, zeros or a constant are named first, then its other ("healthy") rows are judged by the first
+rule that holds; the layer's class joins what was named with "+".
+1. ``nan`` / ``inf``: rows holding NaN or Inf; ``all_zero`` / ``constant``: every row zero / constant (then
+   nothing else is judged), or the rows listed.
+2. ``suffix_states``: rows 0..k-1 are not this sample's (beyond noise or blank) and the rest is (a
+   prefix-cache hit not written), or rows hold tokens k.. from row 0 with a blank tail (written from row 0).
+3. ``bit_exact``: every value equals the live recomputation; ``within_noise``: rel-L2 of the healthy rows
+   against the truth (the fp32 floor) at most ``noise_factor`` x the precision noise of that capture point.
 4. ``aux_equals_target``: an aux layer within noise of the stored target layer (the target leaking
    into the conditioning layers).
-5. ``capture_point``: the layer is another live capture point j (output of i-1: the input convention;
-   pre vs post final norm; shifted by k) — named with ``hsstore.compare.align.relation``.
-6. ``token_shift``: the rows are the truth shifted by k tokens.
+5. ``capture_point``: the layer is another live capture point j (output of i-1: the input numbering;
+   pre vs post final norm; shifted) — worded by ``capture_words``.
+6. ``token_shift``: the rows are the truth shifted by k tokens (any k a probe row points at).
 7. ``beyond_noise`` (with a floor) or ``differs`` (without one: no noise to judge against).
 Across samples: ``stale_copy`` when the rows beyond noise are byte-for-byte rows of another sample (a
 state slot not cleared between requests); ``other_weights`` when every checked sample is beyond noise in
@@ -23,9 +25,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from hsstore.compare.align import MARGIN, MATCH_REL, relation
+from hsstore.compare.align import MARGIN, MATCH_REL, point
 from hsstore.compare.evidence import LayerEvidence
 from hsstore.core.schema.diff_report import Finding, SampleVerdict
 
@@ -60,32 +62,64 @@ def _matches(rel: float, noise: float | None, others: Sequence[float], factor: f
     return math.isfinite(rel) and rel <= MATCH_REL and (rel == 0.0 or not rest or rest[0] >= MARGIN * rel)
 
 
+def capture_words(i: int, j: int, n_layers: int) -> str:
+    """What stored layer ``i`` holding live capture point ``j`` means, in words."""
+    if i == n_layers and j == n_layers - 1:
+        return (f"stored layer {i} (labelled post-final-norm) holds the last decoder layer's output, PRE-norm: "
+                "vLLM's last state is pre-norm (speculators PR #313)")
+    if i == n_layers - 1 and j == n_layers:
+        return (f"stored layer {i} (labelled the last layer's pre-norm output) holds the final norm's output, "
+                "POST-norm (transformers' hidden_states[-1])")
+    if abs(j - i) == 1:
+        entering = f"; it is the state entering layer {i}, which vLLM's input numbering calls {i}" if j == i - 1 else ""
+        return f"stored layer {i} holds the output of layer {j}, not of {i}: OFF BY ONE{entering}"
+    return f"stored layer {i} holds the {point(j, n_layers)}: shifted by {j - i:+d}"
+
+
 def judge_layer(ev: LayerEvidence, key: str, n_layers: int, is_aux: bool, target_noise: float | None,
-                factor: float) -> tuple[str, Finding | None]:
-    """The class of one stored layer of one sample, and the finding that names it (None when clean)."""
+                factor: float) -> tuple[str, list[Finding]]:
+    """The class of one stored layer of one sample (its defects joined by "+"), and the findings that name
+    them (none when clean): rows of NaN/Inf/zero/constant first, then what the other rows hold."""
     T, i = ev.rows, ev.label
 
-    def found(kind: str, detail: str, **kw: object) -> tuple[str, Finding]:
-        return kind, Finding(kind=kind, key=key, layer=i, detail=detail, **kw)
+    def found(kind: str, detail: str, **kw: object) -> Finding:
+        return Finding(kind=kind, key=key, layer=i, detail=detail, **kw)
 
+    out = []
     for kind, rows, what in (("nan", ev.nan_rows, "NaN"), ("inf", ev.inf_rows, "Inf")):
         if rows:
             whole = "every row" if len(rows) == T else _span(rows)
-            return found(kind, f"layer {i}: {whole} of {T} hold{'s' if len(rows) == 1 else ''} {what}", **_rows(rows))
+            out.append(found(kind, f"layer {i}: {whole} of {T} hold{'s' if len(rows) == 1 else ''} {what}", **_rows(rows)))
     for kind, rows, what in (("all_zero", ev.zero_rows, "zero"), ("constant", ev.const_rows, "constant")):
         if len(rows) == T:
-            return found(kind, f"layer {i}: all {T} rows are {what} (a state slot never written)", **_rows(rows))
-    if ev.bit_exact == 1.0:
-        return "bit_exact", None
-    if _within(ev.rel, ev.noise, factor):
-        return "within_noise", None
-    bad = ev.bad_rows
-    if bad and len(bad) < T and bad == list(range(len(bad))) and ev.noise is not None:
-        return found("suffix_states", f"layer {i}: rows 0..{len(bad) - 1} of {T} are not this sample's states, rows "
-                     f"{len(bad)}..{T - 1} are: states of a suffix only (a prefix-cache hit not written)", **_rows(bad))
+            return kind, [found(kind, f"layer {i}: all {T} rows are {what} (a state slot never written)", **_rows(rows))]
+    if len(ev.nan_rows) + len(ev.inf_rows) == T:
+        return out[0].kind, out
+    rest = _healthy_rows(ev, is_aux, target_noise, factor, n_layers, found)
+    if rest and rest.kind == "suffix_states":
+        return rest.kind, [rest]  # its zero or constant rows are part of it
     for kind, rows, what in (("all_zero", ev.zero_rows, "all zero"), ("constant", ev.const_rows, "constant")):
         if rows:
-            return found(kind, f"layer {i}: {_span(rows)} of {T} are {what}", **_rows(rows))
+            out.append(found(kind, f"layer {i}: {_span(rows)} of {T} are {what}", **_rows(rows)))
+    out += [rest] if rest else []
+    if not out:
+        return ("bit_exact" if ev.bit_exact == 1.0 else "within_noise"), []
+    return "+".join(f.kind for f in out), out
+
+
+def _healthy_rows(ev: LayerEvidence, is_aux: bool, target_noise: float | None, factor: float, n_layers: int,
+                  found: Callable[..., Finding]) -> Finding | None:
+    """What the layer's healthy rows (not NaN/Inf/zero/constant) hold, when it is not this sample's states of
+    this layer; None when they agree (bit-exact or within noise)."""
+    T, i, bad = ev.rows, ev.label, ev.bad_rows
+    blank = sorted(ev.zero_rows + ev.const_rows)
+    prefix = sorted(set(bad) | set(blank))
+    if prefix and len(prefix) < T and prefix == list(range(len(prefix))) and ev.noise is not None:
+        return found("suffix_states", f"layer {i}: rows 0..{len(prefix) - 1} of {T} are not this sample's states, rows "
+                     f"{len(prefix)}..{T - 1} are: states of a suffix only (a prefix-cache hit not written)",
+                     **_rows(prefix))
+    if ev.bit_exact == 1.0 or _within(ev.rel, ev.noise, factor):
+        return None
     if is_aux and ev.rel_to_target is not None and (
             ev.rel_to_target == 0.0 or _within(ev.rel_to_target, target_noise, factor)):
         return found("aux_equals_target", f"aux layer {i} equals the target layer (rel-L2 {ev.rel_to_target:.3g}): "
@@ -95,12 +129,15 @@ def judge_layer(ev: LayerEvidence, key: str, n_layers: int, is_aux: bool, target
             if _matches(r, ev.noise_by_point.get(j), [x for k, x in ev.rel_by_point.items() if k != j], factor)]
     if hits:
         j = min(hits, key=lambda j: points[j] / max(ev.noise_by_point.get(j) or 1.0, 1e-30))
-        _, words = relation(i, j, n_layers)
-        return found("capture_point", f"layer {i} holds capture point {j} (rel-L2 {points[j]:.3g}): {words}", match=j)
+        return found("capture_point", f"{capture_words(i, j, n_layers)} (rel-L2 {points[j]:.3g})", match=j)
     shifts = [k for k, r in ev.rel_shifted.items()
               if _matches(r, ev.noise, [x for q, x in ev.rel_shifted.items() if q != k] + [ev.rel], factor)]
     if shifts:
         k = min(shifts, key=lambda k: ev.rel_shifted[k])
+        if k < 0 and blank == list(range(T + k, T)):
+            return found("suffix_states", f"layer {i}: rows 0..{T + k - 1} of {T} hold the states of tokens {-k}..{T - 1} "
+                         f"(a suffix written from row 0: a prefix-cache hit of {-k} tokens), rows {T + k}..{T - 1} "
+                         "are blank", match=k, **_rows(list(range(T))))
         way = f"row t holds the state of token t{'-' if k > 0 else '+'}{abs(k)}"
         return found("token_shift", f"layer {i}: tokens and states are misaligned by {k:+d} ({way}; rel-L2 "
                      f"{ev.rel_shifted[k]:.3g} shifted vs {ev.rel:.3g} as stored)", match=k)
@@ -108,8 +145,9 @@ def judge_layer(ev: LayerEvidence, key: str, n_layers: int, is_aux: bool, target
         return found("differs", f"layer {i}: rel-L2 {ev.rel:.3g} against the live states, no floor to judge it "
                      "(pass --floor live)", **_rows(bad))
     ratio = ev.rel / ev.noise if ev.noise else math.inf
+    where = f"in {_span(bad)}" if bad else "spread over the rows (no row alone beyond noise)"
     return found("beyond_noise", f"layer {i}: rel-L2 {ev.rel:.3g} = {ratio:.3g} x the precision noise "
-                 f"({ev.noise:.3g}), in {_span(bad)}", **_rows(bad))
+                 f"({ev.noise:.3g}), {where}", **_rows(bad))
 
 
 def judge_sample(key: str, evidence: list[LayerEvidence], aux: Sequence[int], target: int | None, n_layers: int,
@@ -120,18 +158,18 @@ def judge_sample(key: str, evidence: list[LayerEvidence], aux: Sequence[int], ta
     findings: list[Finding] = []
     ratios: dict[str, float] = {}
     for ev in evidence:
-        kind, f = judge_layer(ev, key, n_layers, ev.label in aux, tnoise, factor)
+        kind, found = judge_layer(ev, key, n_layers, ev.label in aux, tnoise, factor)
         kinds[str(ev.label)] = kind
         if ev.noise and math.isfinite(ev.rel):
             ratios[str(ev.label)] = ev.rel / ev.noise
-        if f is not None:
-            findings.append(f)
+        findings += found
     T = evidence[0].rows if evidence else 0
     return SampleVerdict(key=key, tokens=T, verdict=verdict_of(kinds), layers=kinds, floor_ratio=ratios), findings
 
 
 def verdict_of(kinds: dict[str, str]) -> str:
-    found = [k for k in DEFECTS if k in kinds.values()]
+    named = {k for cell in kinds.values() for k in cell.split("+")}
+    found = [k for k in DEFECTS if k in named]
     if found:
         return "+".join(found)
     return "bit_exact" if all(k == "bit_exact" for k in kinds.values()) else "within_noise"
@@ -171,7 +209,8 @@ def stale_copies(findings: list[Finding], evidence: dict[str, list[LayerEvidence
 def other_weights(verdicts: list[SampleVerdict], findings: list[Finding]) -> list[Finding]:
     """When every checked sample (two or more) is beyond noise in two or more layers no rule explains, the
     states are of other weights: those findings are rewritten as ``other_weights``."""
-    unexplained = {v.key: [L for L, k in v.layers.items() if k in ("beyond_noise", "differs")] for v in verdicts}
+    unexplained = {v.key: [L for L, k in v.layers.items() if {"beyond_noise", "differs"} & set(k.split("+"))]
+                   for v in verdicts}
     if len(verdicts) < 2 or not all(len(ls) >= 2 for ls in unexplained.values()):
         return findings
     out = []
@@ -186,10 +225,12 @@ def other_weights(verdicts: list[SampleVerdict], findings: list[Finding]) -> lis
 
 def apply(verdicts: list[SampleVerdict], findings: list[Finding]) -> list[SampleVerdict]:
     """The sample verdicts with each layer's class taken from the (rewritten) findings."""
-    by = {(f.key, f.layer): f.kind for f in findings}
+    by: dict[tuple[str, int | None], list[str]] = {}
+    for f in findings:
+        by.setdefault((f.key, f.layer), []).append(f.kind)
     out = []
     for v in verdicts:
-        kinds = {L: by.get((v.key, int(L)), k) for L, k in v.layers.items()}
+        kinds = {L: "+".join(by[(v.key, int(L))]) if (v.key, int(L)) in by else k for L, k in v.layers.items()}
         out.append(v.replace(layers=kinds, verdict=verdict_of(kinds)))
     return out
 

@@ -5,9 +5,11 @@ Per stored layer (label i, ``[T, H]``): rows that are NaN, Inf, all zero or cons
 fraction against the live states at the recompute dtype; rel-L2 against the *truth* (the fp32 floor when
 there is one, else the live states) of every live capture point j = 0..L (output of decoder layer j;
 L = after the final norm) with that capture point's precision noise (rel-L2 of the live states at the
-recompute dtype against the floor); rel-L2 with the rows shifted by k tokens; which rows are beyond noise
-(and their bytes' hashes, for the stale-slot search across samples); and rel-L2 of each aux layer against
-the stored target layer. Every rel-L2 is over the finite rows only (NaN/Inf rows are named, not averaged).
+recompute dtype against the floor); rel-L2 with the rows shifted by k tokens (k = ±1..3, and the shifts
+that a few probe rows' nearest truth rows point at, so a shift by any k is seen); which rows are beyond
+noise (and their bytes' hashes, for the stale-slot search across samples); and rel-L2 of each aux layer
+against the stored target layer. Every rel-L2 is over the healthy rows only: NaN/Inf, zero and constant
+rows are named, not averaged, so what the other rows hold is judged too.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from dataclasses import dataclass, field
 import torch
 import xxhash
 
-SHIFTS = (1, 2, 3, -1, -2, -3)  # token shifts tried: row t holds the truth of row t - k
+SHIFTS = (1, 2, 3, -1, -2, -3)  # token shifts always tried: row t holds the truth of row t - k
+PROBES = 8  # rows whose nearest truth row proposes a further shift
 ROW_SLACK = 4.0  # a row is "beyond noise" above this multiple of max(its own noise, the layer's)
 
 
@@ -78,38 +81,53 @@ def health_rows(s: torch.Tensor) -> tuple[list[int], list[int], list[int], list[
 def sample_evidence(stored: dict[int, torch.Tensor], live: dict[int, torch.Tensor],
                     floor: dict[int, torch.Tensor] | None, target: int | None, noise_factor: float) -> list[LayerEvidence]:
     """Evidence for every stored layer of one sample: ``stored`` label -> ``[T, H]``, ``live`` and
-    ``floor`` capture point -> ``[T, H]`` (all on one device), ``target`` the stored target label."""
-    truth = floor if floor is not None else live
+    ``floor`` capture point -> ``[T, H]`` (all on one device; a stored floor holds only its own layers: the
+    other points have no noise and are matched by margin), ``target`` the stored target label."""
+    floor = floor or {}
     points = sorted(live)
-    noise = {j: rel_l2(live[j], floor[j]) for j in points} if floor is not None else {}
+    truth = {j: floor.get(j, live[j]) for j in points}
+    noise = {j: rel_l2(live[j], floor[j]) for j in points if j in floor}
     out = []
     for label, s in stored.items():
         nan_rows, inf_rows, zero_rows, const_rows = health_rows(s)
-        finite = torch.ones(s.shape[0], dtype=torch.bool, device=s.device)
-        finite[nan_rows + inf_rows] = False
-        sf = s[finite]
+        healthy = torch.ones(s.shape[0], dtype=torch.bool, device=s.device)
+        healthy[nan_rows + inf_rows + zero_rows + const_rows] = False
+        sf = s[healthy]
         ev = LayerEvidence(label, int(s.shape[0]), nan_rows, inf_rows, zero_rows, const_rows, math.nan, math.nan,
-                           noise.get(label) if floor is not None else None)
-        ev.rel_by_point = {j: rel_l2(sf, truth[j][finite]) for j in points}
+                           noise.get(label))
+        ev.rel_by_point = {j: rel_l2(sf, truth[j][healthy]) for j in points}
         ev.noise_by_point = dict(noise)
         if label in live:
             # a count, not .mean(): CUDA's mean multiplies by 1/N, so all-equal reads 0.99999994 there
             ev.bit_exact = int((s == live[label].to(s.dtype)).sum()) / max(1, s.numel())
             ev.rel = ev.rel_by_point[label]
             t = truth[label]
-            for k in SHIFTS:
-                if abs(k) < s.shape[0]:
-                    a, b = (s[k:], t[:-k]) if k > 0 else (s[:k], t[-k:])
-                    ok = torch.isfinite(a.float()).all(1)
+            wrong = not (ev.bit_exact == 1.0 or (ev.noise is not None and ev.rel <= noise_factor * ev.noise))
+            for k in SHIFTS + (probe_shifts(s, t, healthy) if wrong else ()):
+                if 0 < abs(k) < s.shape[0] and k not in ev.rel_shifted:
+                    a, b, ok = (s[k:], t[:-k], healthy[k:]) if k > 0 else (s[:k], t[-k:], healthy[:k])
                     ev.rel_shifted[k] = rel_l2(a[ok], b[ok])
-            ev.bad_rows = _bad_rows(s, live[label], floor[label] if floor is not None else None, finite,
+            ev.bad_rows = _bad_rows(s, live[label], floor.get(label), healthy,
                                     ev.noise, noise_factor)
             ev.bad_row_hashes = {r: row_hash(s[r]) for r in ev.bad_rows}
         if target is not None and label != target and target in stored:
-            ok = finite & torch.isfinite(stored[target].float()).all(1)
+            ok = healthy & torch.isfinite(stored[target].float()).all(1)
             ev.rel_to_target = rel_l2(s[ok], stored[target][ok])
         out.append(ev)
     return out
+
+
+def probe_shifts(s: torch.Tensor, truth: torch.Tensor, healthy: torch.Tensor) -> tuple[int, ...]:
+    """Shifts k (row r holds the truth of row r - k) proposed by PROBES healthy rows spread over the sample:
+    each row's nearest truth row by relative distance; a shift two or more probes agree on."""
+    rows = torch.nonzero(healthy).flatten()
+    if rows.numel() < 2:
+        return ()
+    pick = rows[torch.linspace(0, rows.numel() - 1, min(PROBES, rows.numel())).round().long()]
+    t = truth.double()
+    d = torch.cdist(s[pick].double(), t) / torch.linalg.vector_norm(t, dim=1).clamp_min(1e-300)  # [probes, T]
+    ks = (pick - d.argmin(1)).tolist()
+    return tuple(sorted({k for k in ks if k != 0 and ks.count(k) >= 2}))
 
 
 def _bad_rows(s: torch.Tensor, live: torch.Tensor, floor: torch.Tensor | None, finite: torch.Tensor,

@@ -53,7 +53,7 @@ def _restrict(prov: Mapping[str, Any], fields: Iterable[str]) -> dict[str, Any]:
 def check_live_model(model: Any, required: Any, allow_drift: Iterable[str] = ()) -> dict[str, Any]:
     """Raise ProvenanceMismatch if ``model`` would compute states other than ``required``'s
     (a provenance dict, a dataset, or 'STORE#SELECTOR'). Returns the live fingerprint."""
-    from hsstore.read.dataset import resolve_provenance
+    from hsstore.read.requirement import resolve_provenance
 
     want = _restrict(resolve_provenance(required), LIVE_FIELDS)
     have = _restrict(live_fingerprint(model), LIVE_FIELDS)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class HsstoreError(Exception):
     """Root of every error hsstore raises on purpose."""
@@ -45,13 +47,15 @@ class ProvenanceMismatch(HsstoreError):
     exit_code = 1
     multiline = True
 
-    def __init__(self, differences: list[tuple[str, object, object]], what: str = "store") -> None:
+    def __init__(self, differences: list[tuple[str, object, object]], what: str = "store",
+                 notes: Sequence[str] = ()) -> None:
         self.differences = differences
         lines = [f"{field}: {a!r} ({what}) != {b!r} (required)" for field, a, b in differences]
         super().__init__(
             f"provenance mismatch in {len(differences)} field(s):\n  "
             + "\n  ".join(lines)
             + "\n(pass allow_drift=[field, ...] to accept a named field)"
+            + "".join(f"\n{n}" for n in notes)
         )
 
 

@@ -27,16 +27,14 @@ import torch
 from hsstore.core.errors import BadInput, BuildInterrupted
 from hsstore.core.interrupt import Stopped, stop_on_signals
 from hsstore.core.leakage import check_no_leak
+from hsstore.core.layer_numbering import TOOL_CAPTURE, from_hsstore
 from hsstore.core.schema.record import or_none
 from hsstore.core.schema.imported import ExportRecord
 from hsstore.interop.formats import get_format
 from hsstore.interop.formats.interface import TMP_SUFFIX, Format
-from hsstore.interop.layers import from_hsstore
 from hsstore.interop.import_records import add_hash, entry_hash, now, read_sidecar, write_sidecar
 from hsstore.storage.leases import lock_folder_alone
 
-# the numbering each tool's own configuration uses for layer ids (see hsstore.interop.layers)
-TOOL_CAPTURE = {"specforge": "output", "modelopt": "output", "eagle": "output", "speculators": "input"}
 
 
 @dataclass(frozen=True)

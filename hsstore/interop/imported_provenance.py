@@ -22,7 +22,7 @@ from hsstore.core.schema.imported import UNKNOWN, ImportSource
 from hsstore.core.schema.record import UNSET
 from hsstore.core.schema.provenance import (Environment, Kernels, LayerRoles, ModelIdentity, Provenance, Recipe,
                                             TokenizerIdentity)
-from hsstore.interop.layers import FINAL_NORM
+from hsstore.core.layer_numbering import FINAL_NORM
 
 KERNEL_FAMILIES = ("chunk_gated_delta_rule", "causal_conv1d", "attention")
 # the keys of a native build's environment sub-records, each "unknown" for an import (same shape: every

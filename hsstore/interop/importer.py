@@ -24,7 +24,7 @@ from hsstore.core.keys import SampleTokens, sample_key
 from hsstore.core.schema.imported import ImportSource
 from hsstore.interop.formats import get_format
 from hsstore.interop.formats.interface import Format
-from hsstore.interop.layers import FINAL_NORM, parse_capture, parse_layer_list, slot_layers
+from hsstore.core.layer_numbering import FINAL_NORM, parse_capture, parse_layer_list, slot_layers
 from hsstore.interop.imported_provenance import imported_provenance, model_identity, tokenizer_identity
 from hsstore.interop.import_records import ImportLog, read_sidecar
 from hsstore.interop.sample import SourceSample
@@ -112,6 +112,21 @@ def _check_vocab(s: SourceSample, vocab: int) -> None:
                        "was made with another tokenizer — pass the target model's --tokenizer")
 
 
+def _first_readable(fmt: Any, root: Path, items: list[str], vocab: int, skip_bad: bool) -> tuple[SourceSample, str]:
+    """The first file that reads: the probe the others are checked against (--skip-bad: bad ones passed over)."""
+    first: BadInput | None = None
+    for item in items:
+        try:
+            s = fmt.read(root, item)
+            _check_vocab(s, vocab)
+            return s, item
+        except BadInput as e:
+            if not skip_bad:
+                raise
+            first = first or e
+    raise BadInput(f"none of the {len(items)} {fmt.name} files under {str(root)!r} could be imported; first: {first}")
+
+
 def import_cache(req: ImportRequest) -> dict[str, Any]:
     """Import ``req.source`` into ``req.store``; returns the report ``hsstore import --json`` prints."""
     from hsstore.storage.codecs import DEFAULT as DEFAULT_CODEC
@@ -130,8 +145,7 @@ def import_cache(req: ImportRequest) -> dict[str, Any]:
     if tok_path is None:
         raise BadInput("pass --tokenizer PATH (the target model's tokenizer folder): sample keys hash its identity")
     tok, vocab = tokenizer_identity(tok_path)
-    probe = fmt.read(root, items[0])
-    _check_vocab(probe, vocab)
+    probe, probe_item = _first_readable(fmt, root, items, vocab, req.skip_bad)
     _check_claims(stmt, probe.claims, probe.name)
     model = model_identity(req.model, stmt.num_layers, probe.hidden_size)
     layers = slot_layers(stmt.layers, probe.n_aux, True, stmt.capture, int(model["num_layers"]))
@@ -143,7 +157,7 @@ def import_cache(req: ImportRequest) -> dict[str, Any]:
     vid = store.create_variant(prov.to_dict(), layers, probe.hidden_size, probe.dtype, req.codec or DEFAULT_CODEC,
                                chunk_tokens(probe.hidden_size, itemsize))
     per_token = probe.hidden_size * itemsize * (probe.n_aux + 1)
-    run = _Run(req, fmt, root, store, vid, layers, stmt, probe, items[0], tok["fingerprint"], vocab,
+    run = _Run(req, fmt, root, store, vid, layers, stmt, probe, probe_item, tok["fingerprint"], vocab,
                req.unit_tokens or max(1, UNIT_BYTES // per_token))
     report = run.go(items)
     report.update(store=req.store, variant=vid, format=fmt.name, source=str(root), layers=layers,

@@ -20,26 +20,13 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from hsstore.core.errors import BadInput
 from hsstore.core.partition import epoch_sequence, split_for
-from hsstore.core.provenance_match import require_match
+from hsstore.core.schema.info_report import AuditSummary
 from hsstore.read.collate import pad_collate
 from hsstore.read.resume_state import consumed_from_state
 from hsstore.read.readahead import Readahead
+from hsstore.read.requirement import require_provenance
+from hsstore.storage.audits import audits
 from hsstore.storage.store import Store, VariantReader, split_target
-
-
-def resolve_provenance(required: Any) -> dict[str, Any]:
-    """A provenance from a dict, a dataset, a VariantReader or a 'STORE#SELECTOR' string."""
-    if isinstance(required, Mapping):
-        return dict(required)
-    if isinstance(required, (HiddenStateDataset, StreamingHiddenStateDataset)):
-        return required.provenance
-    if isinstance(required, VariantReader):
-        return required.record.provenance
-    if isinstance(required, str):
-        path, sel = split_target(required)
-        s = Store.open(path)
-        return s.variant_record(s.select(sel)).provenance
-    raise TypeError(f"require= takes a provenance dict, a dataset or 'STORE#SELECTOR', not {type(required).__name__}")
 
 
 def _open(store: Any, variant: str | None) -> VariantReader:
@@ -66,7 +53,7 @@ class _Base:
                            f"({rec.dtype}): read it without raw=True")
         self.raw = raw
         if require is not None:
-            require_match(rec.provenance, resolve_provenance(require), allow_drift)
+            require_provenance(self.reader, require, allow_drift)
         stored = rec.all_layers
         want = stored if layers is None else sorted(set(layers))
         bad = [i for i in want if i not in stored]
@@ -78,6 +65,11 @@ class _Base:
     @property
     def provenance(self) -> dict[str, Any]:
         return self.reader.record.provenance
+
+    @property
+    def audits(self) -> list[AuditSummary]:
+        """What ``hsstore import --audit N`` found, oldest first: when, against which model, the verdict."""
+        return audits(self.reader.store, self.reader.id)
 
     @property
     def precision(self) -> str | None:

@@ -28,7 +28,8 @@ def record_audit(store: Store, vid: str, report: CheckReport) -> AuditSummary:
                        verdict_kind=report.verdict_kind, defects=report.defects,
                        defective_samples=or_none(report.defective_samples),
                        defect_rate_upper=or_none(report.defect_rate_upper), bound=or_none(report.bound),
-                       recompute=or_none(report.recompute), assumed=report.assumed)
+                       recompute=or_none(report.recompute), assumed=report.assumed,
+                       restatement=(None if or_none(report.restatement) is None else report.restatement.to_dict()))
     name = f"{PREFIX}{stamp.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
     store.io.put_atomic(layout.build_key(vid, name), json.dumps(rec.to_dict(), sort_keys=True).encode())
     return rec
@@ -47,6 +48,12 @@ def audits(store: Store, vid: str) -> list[AuditSummary]:
         if rec.kind == "audit":
             out.append(rec)
     return out
+
+
+def audit_line(a: AuditSummary) -> str:
+    """One audit record in words: when, against which model, what it found and what that bounds."""
+    return (f"audited {a.audited_at} against {a.model} ({str(a.model_fingerprint)[:16]}): {a.verdict}; "
+            f"{a.bound}")
 
 
 def import_gaps(store: Store, vid: str) -> list[str]:

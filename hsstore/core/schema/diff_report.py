@@ -109,6 +109,15 @@ class SampleVerdict(Record):
     floor_ratio: dict[str, float] = {}  # stored layer -> rel-L2 against the floor / the floor's noise
 
 
+class Restatement(Record):
+    """An imported variant's right ``--layers``/``--capture`` statement, found by the audit."""
+
+    slots: list[int]  # the hsstore layer each file slot holds (aux slots in file order, then the target)
+    stated: str  # the statement the import was made with
+    flags: str  # the right one, in the tool's own numbering: "--layers 1,2,4 --capture input"
+    words: str
+
+
 class CheckReport(Record):
     """``hsstore check``: a live model's states of stored samples against the stored ones (A = live,
     B = stored, the reference), per layer."""
@@ -142,8 +151,12 @@ class CheckReport(Record):
     findings: list[Finding] = []
     defects: dict[str, int] = {}  # class -> number of samples with it
     defective_samples: int | UnsetType = UNSET
-    defect_rate_upper: float | UnsetType = UNSET
+    defect_rate_upper: float | None | UnsetType = UNSET  # None: samples named by the user bound no rate
     bound: str | UnsetType = UNSET
+    restatement: Restatement | UnsetType = UNSET  # an import whose slots hold other layers than stated
+    tokenizer_fingerprint: str | UnsetType = UNSET  # the model's tokenizer (unset: the model has none to load)
+    recorded_tokenizer_fingerprint: str | UnsetType = UNSET  # the variant's (its sample keys hash it)
+    same_tokenizer: bool | UnsetType = UNSET
 
 
 class AlignLayer(Record):

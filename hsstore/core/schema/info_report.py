@@ -40,6 +40,7 @@ class AuditSummary(Record, forbid_unknown_fields=False, kw_only=True):
     bound: str | None
     recompute: dict[str, Any] | None
     assumed: dict[str, str] | None
+    restatement: dict[str, Any] | None = None  # an import's right --layers/--capture, when the audit found it wrong
 
 
 class VariantInfo(Record):

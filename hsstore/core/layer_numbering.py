@@ -22,6 +22,8 @@ from hsstore.core.errors import BadInput
 from hsstore.core.leakage import check_no_leak
 
 CAPTURES = ("output", "input", "unknown")
+# the numbering each tool's own configuration uses for layer ids
+TOOL_CAPTURE = {"specforge": "output", "modelopt": "output", "eagle": "output", "speculators": "input"}
 FINAL_NORM = "final_norm"
 Stated = int | str  # a layer id as the user wrote it: an int, or "final_norm"
 
