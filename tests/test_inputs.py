@@ -214,6 +214,33 @@ def test_files_without_rows_are_one_line_bad_input(tmp_path: Path, name: str, co
     assert name in str(e.value) and "\n" not in str(e.value)
 
 
+def _nested(depth: int) -> str:
+    """A JSON value ``depth`` lists deep: a few bytes on disk, a RecursionError for recursive parsers."""
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [100, 100_000])  # parses, but deeper than any row; too deep to parse at all
+def test_rows_nested_too_deeply_are_rejected_rows_not_tracebacks(tmp_path: Path, depth: int):
+    from hsstore.core.nesting import MAX_INPUT_DEPTH
+
+    f = tmp_path / "d.jsonl"
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    f.write_text("\n".join([
+        '{"messages": ' + _nested(depth) + "}",  # the row itself
+        json.dumps({"messages": chat, "tools": _nested(depth)}),  # a JSON string inside the row
+        json.dumps({"text": "ok"}),
+    ]) + "\n")
+    samples, rep = tokenize_rows(load_rows([str(f)]), TOK, "fp")
+    assert len(samples) == 1 and rep.rejected == {"nested too deeply": 2}
+    assert all(str(MAX_INPUT_DEPTH) in i.to_dict()["detail"] for i in rep.issues)
+    (tmp_path / "l.json").write_text("[" + json.dumps({"messages": json.loads(_nested(100))}) + ', {"text": "ok"}]')
+    samples, rep = tokenize_rows(load_rows([str(tmp_path / "l.json")]), TOK, "fp")
+    assert len(samples) == 1 and rep.rejected == {"nested too deeply": 1}
+    (tmp_path / "w.json").write_text(_nested(100_000))  # the whole file: one line, not a traceback
+    with pytest.raises(BadInput, match=r"w\.json' is nested too deeply to parse"):
+        list(load_rows([str(tmp_path / "w.json")]))
+
+
 def test_json_variants_that_are_rows(tmp_path: Path):
     row = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
     (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + json.dumps(row).encode() + b"\n")

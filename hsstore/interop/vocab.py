@@ -19,6 +19,7 @@ import torch
 
 from hsstore.core.budget import check_fits
 from hsstore.core.errors import BadInput
+from hsstore.core.nesting import loads_bounded
 from hsstore.core.schema.record import or_none
 from hsstore.interop.formats.interface import atomic_write, torch_bytes
 
@@ -76,8 +77,13 @@ def _target_vocab(reader: Any, override: int | None) -> tuple[int, str]:
     path = or_none(recipe.model.path)
     cfg = Path(str(path)) / "config.json" if path else None
     if cfg is not None and cfg.is_file():
-        data = json.loads(cfg.read_text())
-        v = data.get("vocab_size") or (data.get("text_config") or {}).get("vocab_size")
+        try:
+            data = loads_bounded(cfg.read_bytes())
+        except (ValueError, UnicodeDecodeError) as e:  # not JSON, nested too deeply, not UTF-8
+            raise BadInput(f"{cfg}: not a readable model config ({str(e)[:120]}); pass --target-vocab-size N") from None
+        text = data.get("text_config") if isinstance(data, dict) else None
+        v = data.get("vocab_size") if isinstance(data, dict) else None
+        v = v or (text.get("vocab_size") if isinstance(text, dict) else None)
         if isinstance(v, int):
             return v, str(cfg)
     v = or_none(recipe.tokenizer.vocab_size)

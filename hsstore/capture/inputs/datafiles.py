@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hsstore.core.errors import BadInput
+from hsstore.core.nesting import TooDeep, check_depth, loads_bounded
 
 BOM = b"\xef\xbb\xbf"
 ROW_KEYS = {"conversations", "messages", "text", "prompt", "completion"}  # keys that make an object a row
@@ -57,7 +58,9 @@ def _first_byte(path: Path) -> bytes:
 def _whole(path: Path, f: str) -> Any:
     text = _decode(path.read_bytes().removeprefix(BOM), f)
     try:
-        return json.loads(text)
+        return loads_bounded(text, limit=None)  # each row's depth is checked by json_rows
+    except TooDeep as e:
+        raise BadInput(f"data file {f!r} is {e}; rows are JSON objects of chats or text, a few levels deep") from None
     except json.JSONDecodeError as e:
         raise BadInput(f"data file {f!r} is neither JSON nor JSON Lines ({e.msg} at line {e.lineno}, "
                        f"column {e.colno})") from None
@@ -74,9 +77,19 @@ def _lines(path: Path, f: str) -> Iterator[tuple[int, str]]:
 
 def _parsed(text: str) -> Any:
     try:
-        return json.loads(text)
+        return loads_bounded(text)
+    except TooDeep as e:
+        return BadRow("nested too deeply", str(e))
     except json.JSONDecodeError as e:
         return BadRow("invalid JSON line", f"{e.msg} at column {e.colno}")
+
+
+def _row(value: Any) -> Any:
+    """A row of a JSON list, or a BadRow if it nests too deeply."""
+    try:
+        return check_depth(value)
+    except TooDeep as e:
+        return BadRow("nested too deeply", str(e))
 
 
 def _one_object(doc: Any, f: str) -> Any:
@@ -98,15 +111,15 @@ def json_rows(path: Path, f: str) -> Iterator[tuple[int, Any]]:
         if not isinstance(doc, list):
             raise BadInput(f"data file {f!r} holds a JSON {_kind(doc)}, not rows; write one JSON object per line "
                            "(.jsonl) or a JSON list of objects")
-        yield from enumerate(doc, 1)
+        yield from ((n, _row(row)) for n, row in enumerate(doc, 1))
         return
     lines = _lines(path, f)
     n1, text1 = next(lines)
     row1 = _parsed(text1)
     if isinstance(row1, BadRow):  # one object spread over lines, or a bad first line
         try:
-            doc = json.loads(_decode(path.read_bytes().removeprefix(BOM), f))
-        except json.JSONDecodeError:
+            doc = loads_bounded(_decode(path.read_bytes().removeprefix(BOM), f))
+        except ValueError:  # not JSON, or nested too deeply: the first line's own rejection stands
             doc = None
         if doc is not None:
             yield 1, _one_object(doc, f)

@@ -1,0 +1,45 @@
+"""JSON and TOML from users, bounded in depth: a value nested deeper than any real row, manifest or config is
+refused in one line, before Python's recursive parsers (or templates and ``json.dumps`` walking it later)
+end in a RecursionError traceback. The depth is measured without recursion."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+MAX_INPUT_DEPTH = 64  # chat rows with tool schemas nest ~15 levels; a manifest 3
+
+
+class TooDeep(ValueError):
+    """A parsed value (or the text being parsed) nests deeper than the limit."""
+
+
+def nesting_depth(value: Any, stop: int | None = None) -> int:
+    """Levels of dicts and lists in ``value`` (a scalar is 0, ``[]`` is 1); counting stops past ``stop``."""
+    deepest = 0
+    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if stop is not None and deepest > stop:
+            break
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return deepest
+
+
+def check_depth(value: Any, limit: int = MAX_INPUT_DEPTH) -> Any:
+    """``value`` if it nests at most ``limit`` levels; TooDeep otherwise."""
+    if nesting_depth(value, stop=limit) > limit:
+        raise TooDeep(f"nested deeper than {limit} levels")
+    return value
+
+
+def loads_bounded(text: str | bytes, limit: int | None = MAX_INPUT_DEPTH) -> Any:
+    """``json.loads(text)``, nested at most ``limit`` levels (None: as deep as the parser gets): TooDeep (a
+    ValueError) instead of a RecursionError; json.JSONDecodeError for text that is not JSON."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise TooDeep(f"nested too deeply to parse (more than {limit or MAX_INPUT_DEPTH} levels)") from None
+    return value if limit is None else check_depth(value, limit)
