@@ -248,6 +248,34 @@ def test_two_exports_into_one_folder_at_once_are_refused(tmp_path: Path):
     assert export_cache(ExportRequest(str(tmp_path / "a.zarr"), "modelopt", str(out)))["samples"] == 2
 
 
+def test_an_export_that_finished_while_another_waited_is_not_replaced(tmp_path: Path, monkeypatch):
+    """Exports of two variants into one new folder: the second looks at the folder only once it holds it.
+    Before, it judged the folder (empty) before taking it, so an export of another variant that finished in
+    between was replaced whole — its files removed as stale, the record rewritten."""
+    from hsstore.interop import exporter
+
+    from helpers import new_variant, write_unit
+
+    s = Store.create(tmp_path / "two.zarr")
+    vids = [new_variant(s, dtype=d) for d in ("bf16", "fp32")]
+    for vid in vids:
+        write_unit(s, vid, [4, 6])
+    out = tmp_path / "out"
+    real = exporter.lock_folder_alone
+
+    def first_finishes_meanwhile(path: str):
+        monkeypatch.setattr(exporter, "lock_folder_alone", real)
+        export_cache(ExportRequest(f"{tmp_path / 'two.zarr'}#{vids[0]}", "modelopt", str(out)))
+        return real(path)
+
+    monkeypatch.setattr(exporter, "lock_folder_alone", first_finishes_meanwhile)
+    with pytest.raises(BadInput, match=f"holds an export of variant {vids[0]}, not {vids[1]}"):
+        export_cache(ExportRequest(f"{tmp_path / 'two.zarr'}#{vids[1]}", "modelopt", str(out)))
+    rec = json.loads((out / "hsstore-export.json").read_text())
+    assert rec["variant"] == vids[0] and rec["complete"] and rec["n_samples"] == 2
+    assert len([p for p in out.rglob("*.pt")]) == 2
+
+
 def test_import_records_stay_small_whatever_the_paths(tmp_path: Path):
     """Hundreds of files under a 2,000-character folder: the import's records are split so none grows past
     RECORD_BYTES (one record of them all would be megabytes, which verify calls damage past the record cap);

@@ -155,13 +155,24 @@ def export_cache(req: ExportRequest) -> dict[str, Any]:
     reader.check_corrupt_commits()
     aux, target = _slots(fmt, reader.record, req)
     dest = Path(req.dest)
-    _check_dest(fmt, dest, path, reader.id)
+    _check_dest(fmt, dest, path, reader.id)  # (refused before a folder is made; judged again once held)
     keys = reader.keys[: req.limit] if req.limit is not None else list(reader.keys)
     _make_dest(dest)
     alone = lock_folder_alone(str(dest))  # held until this export returns: two exports never mix one folder
     if alone is None:
         raise BadInput(f"export folder {str(dest)!r} is being written by another export right now; wait for it to "
                        "finish, or choose another folder")
+    try:
+        return _export_held(req, fmt, reader, path, dest, keys, aux, target, t0)
+    finally:
+        alone.release()
+
+
+def _export_held(req: ExportRequest, fmt: Format, reader: Any, path: str, dest: Path, keys: list[str], aux: list[int],
+                 target: int, t0: float) -> dict[str, Any]:
+    """The export, once this process holds ``dest``: what the folder holds is judged again here (another
+    export may have finished in it since the first look), then written."""
+    _check_dest(fmt, dest, path, reader.id)
     for stale in list(dest.rglob(f"*{TMP_SUFFIX}")):  # a killed export's temporary files
         shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
     write_sidecar(fmt.sidecar(dest), _record(fmt, reader, path, aux, target, len(keys), 0, complete=False))
@@ -187,7 +198,6 @@ def export_cache(req: ExportRequest) -> dict[str, Any]:
         stale.unlink(missing_ok=True)
     record = _record(fmt, reader, path, aux, target, len(keys), files, complete=True)
     write_sidecar(fmt.sidecar(dest), record)
-    alone.release()
     return {"store": path, "variant": reader.id, "format": fmt.name, "dest": str(dest), "samples": len(keys),
             "tokens": tokens, "slots": record.slots, "tool_layers": record.tool_layers,
             "tool_capture": record.tool_capture, "record": str(fmt.sidecar(dest)), "loader": fmt.loader,
