@@ -285,7 +285,7 @@ CASES = {
     "export-folder-unwritable": (lambda t: ["export", _two_variant_store(t) + "#dtype=bf16", "eagle", "/proc/hsstore-export"],
                                  "cannot create export folder '/proc/hsstore-export'"),
     "vocab-map-out-is-a-file": (lambda t: ["vocab-map", _two_variant_store(t) + "#dtype=bf16", "--size", "4", "--out", _a_file(t),
-                                           "--target-vocab-size", "300"], r"cannot write .*/f/d2t-4\.npy"),
+                                           "--target-vocab-size", "300"], r"cannot write .*/f: (File exists|Not a directory)"),
     "tokenizer-beyond-vocabulary": (lambda t: _m(t, extra_model="config = { vocab_size = 10 }"),
                                     r"the tokenizer gives token id \d+, but builtin:tiny-qwen3_5 embeds only 10 tokens"),
     "build-list-names-twice": (lambda t: _m(t) + ["--dtype", "bf16", "--dtype", "bfloat16"], r"\[build\] dtypes names 'bf16' twice"),

@@ -22,6 +22,7 @@ from hsstore.core.errors import BadInput
 from hsstore.core.nesting import loads_bounded
 from hsstore.core.schema.record import or_none
 from hsstore.interop.formats.interface import atomic_write, torch_bytes
+from hsstore.interop.vocab_folder import hold_vocab_folder, record_name
 
 
 def token_counts(reader: Any, vocab: int) -> tuple[np.ndarray, int]:
@@ -104,10 +105,21 @@ def write_vocab_map(target: str, size: int, out: str, target_vocab_size: int | N
     counts, n_samples = token_counts(reader, vocab)
     d2t, t2d = vocab_mapping(counts, size)
     root = Path(out)
+    outputs = ((f"d2t-{size}.npy", _npy(d2t.numpy())), (f"t2d-{size}.npy", _npy(t2d.numpy())),
+               (f"vocab_mapping-{size}.pt", torch_bytes({"d2t": d2t, "t2d": t2d})),
+               ("token_freq.pt", torch_bytes({int(i): int(counts[i]) for i in np.flatnonzero(counts)})))
+    held = hold_vocab_folder(root, path, reader.id, [n for n, _ in outputs] + [record_name(size)], size)
+    try:
+        return _write_held(root, outputs, reader, path, size, vocab, vocab_from, counts, t2d, n_samples)
+    finally:
+        held.release()
+
+
+def _write_held(root: Path, outputs: Any, reader: Any, path: str, size: int, vocab: int, vocab_from: str,
+                counts: np.ndarray, t2d: torch.Tensor, n_samples: int) -> dict[str, Any]:
+    """Write the files, then the record that says they belong together (vocab_folder holds the folder)."""
     files = {}
-    for name, data in ((f"d2t-{size}.npy", _npy(d2t.numpy())), (f"t2d-{size}.npy", _npy(t2d.numpy())),
-                       (f"vocab_mapping-{size}.pt", torch_bytes({"d2t": d2t, "t2d": t2d})),
-                       ("token_freq.pt", torch_bytes({int(i): int(counts[i]) for i in np.flatnonzero(counts)}))):
+    for name, data in outputs:
         files[name] = atomic_write(root, name, data).xxh3
     total = int(counts.sum())
     record = {
@@ -117,7 +129,7 @@ def write_vocab_map(target: str, size: int, out: str, target_vocab_size: int | N
         "samples": n_samples, "loss_tokens": total, "distinct_tokens": int((counts > 0).sum()),
         "coverage": float(counts[t2d.numpy()].sum() / total) if total else 0.0, "files": files,
     }
-    atomic_write(root, f"vocab-map-{size}.json", json.dumps(record, indent=1, sort_keys=True).encode())
+    atomic_write(root, record_name(size), json.dumps(record, indent=1, sort_keys=True).encode())
     return record
 
 
