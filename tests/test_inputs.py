@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from hsstore.capture.model.builtin import builtin_tokenizer
-from hsstore.core.errors import BadInput
+from hsstore.core.errors import BadInput, ResourceLimit
 from hsstore.capture.inputs.tokenizing import load_rows, tokenize_rows
 
 from chat_fixtures import make_tokenizer, spans
@@ -93,6 +93,27 @@ def test_formats_load_from_jsonl_json_parquet_and_save_to_disk(tmp_path: Path):
         samples, _ = tokenize_rows(load_rows([str(tmp_path / name)]), TOK, "fp")
         keys[name] = [s.key for s in samples]
     assert len(set(map(tuple, keys.values()))) == 1 and keys["a.jsonl"]
+
+
+def test_parquet_is_streamed_never_copied_and_a_bomb_is_refused(tmp_path: Path, monkeypatch):
+    """A parquet file is read where it is: nothing lands in the datasets cache (load_dataset decoded every
+    file into an Arrow copy there, a few KB of repeated rows becoming its decoded size); a row group whose
+    decoded size would not fit the memory budget is one line before it is read."""
+    import datasets.config
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    rows = [{"text": f"row {i} " + "x" * 2000} for i in range(3000)]  # ~6 MB decoded
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "r.parquet", compression="zstd")
+    assert (tmp_path / "r.parquet").stat().st_size < 1_000_000
+    got = list(load_rows([str(tmp_path / "r.parquet")]))
+    assert [(n, r) for _, n, r in got] == list(enumerate(rows, 1))
+    assert not cache.exists() or not any(cache.rglob("*"))
+    monkeypatch.setenv("HSSTORE_MEMORY_BUDGET", "1M")
+    with pytest.raises(ResourceLimit, match=r"r\.parquet': row group 0 \(3,000 rows\) decoded needs .* memory budget"):
+        list(load_rows([str(tmp_path / "r.parquet")]))
 
 
 def test_reordered_or_filtered_input_keeps_keys():

@@ -2,9 +2,10 @@
 
 JSON and JSON Lines are read with the ``json`` module, not through Arrow: Arrow unifies a column's type
 across rows, so a tool call's ``arguments`` object would gain every other row's keys as nulls and the
-template would render them. Parquet files and ``save_to_disk`` folders are Arrow by nature and are read
-with ``datasets``. A file that holds no rows — empty, not UTF-8, one JSON object or scalar — is refused
-with one line naming it; a single bad line of a JSON Lines file is a rejected row, named with its line.
+template would render them. Parquet files are streamed with pyarrow a batch of rows at a time;
+``save_to_disk`` folders are memory-mapped through ``datasets``. A file that holds no rows — empty, not
+UTF-8, one JSON object or scalar — is refused with one line naming it; a single bad line of a JSON Lines
+file is a rejected row, named with its line.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hsstore.core.budget import check_fits
 from hsstore.core.errors import BadInput
 from hsstore.core.nesting import TooDeep, check_depth, loads_bounded
 
@@ -135,22 +137,61 @@ def json_rows(path: Path, f: str) -> Iterator[tuple[int, Any]]:
 
 
 def arrow_rows(path: Path, f: str) -> Iterator[tuple[int, Any]]:
-    """(row number, row) of a parquet file or an HF ``save_to_disk`` folder, through ``datasets``."""
+    """(row number, row) of a parquet file or an HF ``save_to_disk`` folder (memory-mapped, through
+    ``datasets``)."""
+    if not path.is_dir():
+        yield from parquet_rows(path, f)
+        return
     import datasets
 
     datasets.disable_progress_bars()
     try:
-        if path.is_dir():
-            ds = datasets.load_from_disk(str(path))
-            if isinstance(ds, datasets.DatasetDict):
-                ds = ds[next(iter(ds))]
-        else:
-            ds = datasets.load_dataset("parquet", data_files=str(path), split="train")
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds[next(iter(ds))]
     except Exception as e:
         raise BadInput(f"data file {f!r} cannot be read: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
     if len(ds) == 0:
         raise BadInput(f"data file {f!r} is empty; it needs rows")
     yield from enumerate(ds, 1)
+
+
+PARQUET_BATCH_ROWS = 256  # rows decoded at once: a parquet file is streamed, never held or copied whole
+
+
+def parquet_rows(path: Path, f: str) -> Iterator[tuple[int, Any]]:
+    """(row number, row) of a parquet file, read a batch of rows at a time with pyarrow. Nothing is written
+    (``datasets.load_dataset`` would decode the whole file into an Arrow copy under ~/.cache/huggingface:
+    a 1 MB file of repeated rows became gigabytes there); a row group whose declared decoded size would not
+    fit the memory budget is refused before it is read."""
+    import pyarrow.parquet as pq
+
+    def unreadable(e: Exception) -> BadInput:
+        return BadInput(f"data file {f!r} cannot be read: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+
+    try:
+        pf = pq.ParquetFile(path)
+        meta = pf.metadata
+    except Exception as e:
+        raise unreadable(e) from None
+    if meta.num_rows == 0:
+        raise BadInput(f"data file {f!r} is empty; it needs rows")
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        check_fits(rg.total_byte_size, f"data file {f!r}: row group {g} ({rg.num_rows:,} rows) decoded",
+                   "write the parquet file with smaller row groups, or raise the budget")
+    n = 0
+    batches = pf.iter_batches(batch_size=PARQUET_BATCH_ROWS)
+    while True:
+        try:
+            batch = next(batches, None)
+        except Exception as e:  # a damaged page, a codec pyarrow lacks
+            raise unreadable(e) from None
+        if batch is None:
+            return
+        for row in batch.to_pylist():
+            n += 1
+            yield n, row
 
 
 def load_rows(files: list[str]) -> Iterator[tuple[str, int, Any]]:
