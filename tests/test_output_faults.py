@@ -129,3 +129,40 @@ def test_a_fifo_or_dev_stdout_gets_the_report_streamed_not_replaced(tmp_path: Pa
     pipe_reader.join(30)
     assert out.returncode == 0, out.stderr
     assert link.is_symlink() and from_pipe and _whole(option, from_pipe[0])
+
+
+def _small_store(tmp_path: Path) -> Path:
+    from hsstore import Store
+
+    from helpers import new_variant, write_unit
+
+    s = Store.create(tmp_path / "s.zarr")
+    write_unit(s, new_variant(s, dtype="bf16"), [4, 6])
+    return tmp_path / "s.zarr"
+
+
+@pytest.mark.parametrize("where", ["root-record", "inside", "the-store"])
+@pytest.mark.parametrize("command", ["diff --json", "diff --plot", "export", "vocab-map"])
+def test_outputs_inside_a_store_are_refused_and_the_store_stays_whole(tmp_path: Path, command: str, where: str) -> None:
+    """A report, export or vocab-map inside a store: refused before any work. Before, ``--json STORE/zarr.json``
+    replaced the store's root record (the store no longer opened), and an export or vocab-map folder in a
+    store made ``verify`` report its files as damage from then on."""
+    from hsstore import Store
+    from hsstore.storage.verify import verify
+
+    store = _small_store(tmp_path)
+    target = {"root-record": store / "zarr.json", "inside": store / "variants" / "out", "the-store": store}[where]
+    if command.startswith("diff"):
+        if where != "root-record":
+            target = (store if where == "the-store" else store / "variants") / ("r.json" if "json" in command else "p.png")
+        args = ["diff", str(store), str(store), command.split()[1], str(target)]
+    elif command == "export":
+        args = ["export", str(store), "modelopt", str(target)]
+    else:
+        args = ["vocab-map", str(store), "--size", "4", "--target-vocab-size", "300", "--out", str(target)]
+    before = sorted(str(p.relative_to(store)) for p in store.rglob("*"))
+    r = run_cli(*args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "is inside the hsstore store" in r.stderr, r.stderr
+    assert sorted(str(p.relative_to(store)) for p in store.rglob("*")) == before
+    assert verify(Store.open(store))["ok"]

@@ -12,6 +12,7 @@ import typer
 from hsstore.cli.app import app
 from hsstore.core.errors import BadInput, CheckFailed
 from hsstore.core.outputs import PLOT_SUFFIXES, check_output_file
+from hsstore.storage.outside_store import check_outside_stores
 
 if TYPE_CHECKING:
     from hsstore.core.schema.diff_report import DiffReport
@@ -37,6 +38,7 @@ def _emit(report: R, json_path: Optional[str], render: Callable[[R], str]) -> No
 def _check_numbers(json_path: Optional[str], noise: float, max_rel: Optional[float]) -> None:
     """Refuse, before any work, a report path that cannot be written and thresholds that compare nothing."""
     if json_path and json_path != "-":
+        check_outside_stores(json_path, "--json")
         check_output_file(json_path, "--json")
     if not (math.isfinite(noise) and noise > 0):
         raise BadInput(f"--noise {noise}: must be a positive number (a multiple of the floor), e.g. 2")
@@ -76,6 +78,7 @@ def diff(
 
     _check_numbers(json_path, noise, max_rel)
     if plot:
+        check_outside_stores(plot, "--plot")
         check_output_file(plot, "--plot", PLOT_SUFFIXES)
     if align or should_align(a):
         rep = run_align(a, b, samples, fraction, seed, threads, device, allow_different_models, auto=not align)

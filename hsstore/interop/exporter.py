@@ -34,6 +34,7 @@ from hsstore.interop.formats.interface import TMP_SUFFIX, Format
 from hsstore.interop.layers import from_hsstore
 from hsstore.interop.import_records import add_hash, entry_hash, now, read_sidecar, write_sidecar
 from hsstore.storage.leases import lock_folder_alone
+from hsstore.storage.outside_store import check_outside_stores
 
 # the numbering each tool's own configuration uses for layer ids (see hsstore.interop.layers)
 TOOL_CAPTURE = {"specforge": "output", "modelopt": "output", "eagle": "output", "speculators": "input"}
@@ -155,6 +156,7 @@ def export_cache(req: ExportRequest) -> dict[str, Any]:
     reader.check_corrupt_commits()
     aux, target = _slots(fmt, reader.record, req)
     dest = Path(req.dest)
+    check_outside_stores(req.dest, "export folder")
     _check_dest(fmt, dest, path, reader.id)  # (refused before a folder is made; judged again once held)
     keys = reader.keys[: req.limit] if req.limit is not None else list(reader.keys)
     _make_dest(dest)

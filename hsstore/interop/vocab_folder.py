@@ -17,6 +17,7 @@ from pathlib import Path
 from hsstore.core.errors import BadInput
 from hsstore.interop.formats.interface import write_failed
 from hsstore.storage.leases import Lease, lock_folder_alone
+from hsstore.storage.outside_store import check_outside_stores
 
 RECORD_GLOB = "vocab-map-*.json"
 
@@ -43,6 +44,7 @@ def hold_vocab_folder(root: Path, store: str, vid: str, names: list[str], size: 
     """Create and lock ``root`` for a vocab-map of variant ``vid`` writing ``names``, after checking that no
     file it replaces is someone else's; remove the stale record of this size. The lease is held until the
     record is written (release it then)."""
+    check_outside_stores(str(root), "vocab-map folder")
     try:
         root.mkdir(parents=True, exist_ok=True)
         lease = lock_folder_alone(str(root))
