@@ -257,6 +257,8 @@ CASES = {
     "diff-samples-and-fraction": (lambda t: ["diff", _two_variant_store(t) + "#dtype=bf16", _two_variant_store(t) + "#dtype=fp32",
                                              "--samples", "2", "--fraction", "0.5"], "not both"),
     "precision-unknown": (lambda t: _m(t) + ["--precision", "fp4"], r"\[store\] precision = 'fp4'; choose one of fp8-e4m3"),
+    "plan-store-nested": (lambda t: ["plan", *_m(t)[1:2], "--limit", "2", "--store", str(Path(_two_variant_store(t)) / "variants" / "x.zarr")],
+                          r"store path '.*v\.zarr/variants/x\.zarr' is inside the hsstore store '.*v\.zarr'"),
     "plan-sample-and-limit": (lambda t: ["plan", *_m(t)[1:2], "--sample", "10", "--limit", "5"],
                               "--sample and --limit do not combine"),
     "convert-unknown-precision": (lambda t: ["convert", _two_variant_store(t) + "#dtype=bf16", "--precision", "int8"],
