@@ -57,6 +57,14 @@ def _lying_config(tmp: Path, **fields: int) -> str:
     return d
 
 
+def _deep_header_model(tmp: Path) -> str:
+    """A tiny local checkpoint whose model.safetensors header is 100,000 nested lists (a few hundred KB)."""
+    d = _local_model(tmp, True)
+    header = b"[" * 100000 + b"]" * 100000
+    (Path(d) / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    return d
+
+
 def _empty_vocab_model(tmp: Path) -> str:
     """A local model whose tokenizer is a BPE with no vocabulary: only its special tokens, and a chat template."""
     from tokenizers import Tokenizer, models
@@ -176,6 +184,8 @@ CASES = {
                                    r"builtin:tiny-qwen3_5 with these config overrides .* needs .*, more than the .* memory budget"),
     "builtin-override-too-many-layers": (lambda t: _m(t, extra_model="config = { num_hidden_layers = 100000000 }"),
                                          r"builtin:tiny-qwen3_5 with these config overrides .* more than the .* memory budget"),
+    "weights-header-nested": (lambda t: _m(t, model=_deep_header_model(t), layers="{ aux = [1], target = [2] }"),
+                              r"weight file '.*model\.safetensors' is not a whole safetensors file"),
     "tokenizer-empty-vocabulary": (lambda t: _m(t, model=_empty_vocab_model(t), layers="{ aux = [1], target = [2] }"),
                                    r"the tokenizer encodes plain text .* to 0 token\(s\), none of them an ordinary one"),
     "layer-target-empty": (lambda t: _m(t, layers="{ aux = [1], target = [] }"), "layers.target is empty"),
