@@ -17,6 +17,7 @@ from hsstore.core.errors import BadInput
 from hsstore.core.keys import sample_key
 from hsstore.core.schema.provenance import Provenance
 from hsstore.interop.exporter import ExportRequest, export_cache
+from hsstore.interop.formats import get_format
 from hsstore.interop.importer import ImportRequest, import_cache
 from hsstore.interop.imported_provenance import tokenizer_identity
 from hsstore.storage.verify import verify
@@ -213,6 +214,25 @@ def test_a_re_export_with_other_options_replaces_the_folder_whole(tmp_path: Path
     assert b.record.layers == {"aux": [0, 1], "target": [2]}
     for key in b.keys:
         assert torch.equal(_bits(a.read(key)["layers"][2]), _bits(b.read(key)["layers"][2]))
+
+
+@pytest.mark.parametrize("fmt", ["speculators", "modelopt"])
+def test_a_re_export_removes_only_files_an_export_writes(tmp_path: Path, fmt: str):
+    """Files a user put into an earlier export's folder (a config.json, notes in a tool's suffix) stay when
+    the folder is re-exported: only names the layout's own writer gives are an earlier export's."""
+    WRITERS["modelopt"](tmp_path / "src", random_samples(n=4))
+    _import("modelopt", tmp_path / "src", tmp_path / "a.zarr")
+    out = tmp_path / "out"
+    export_cache(ExportRequest(str(tmp_path / "a.zarr"), fmt, str(out)))
+    theirs = {"config.json": b"{}", "notes/run.safetensors": b"x", "my-draft.pt": b"y", "README.json": b"[]"}
+    for rel, data in theirs.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(data)
+    r = export_cache(ExportRequest(str(tmp_path / "a.zarr"), fmt, str(out), limit=2))
+    assert r["samples"] == 2
+    assert {rel: (out / rel).read_bytes() for rel in theirs} == theirs
+    sample_files = [p for p in out.rglob("*") if p.is_file() and get_format(fmt).exported.fullmatch(p.relative_to(out).as_posix())]
+    assert len([p for p in sample_files if p.suffix in (".pt", ".safetensors")]) == 2  # the earlier export's other two went
 
 
 def test_an_export_that_never_finished_is_refused_by_import(tmp_path: Path):

@@ -5,9 +5,10 @@ an export record (``hsstore-export.json``; beside the folder for EAGLE, whose lo
 it) with the variant's provenance and each slot's layer in hsstore's and in the tool's numbering, so
 ``hsstore import`` of the folder restores the statement without the user repeating it. The record says
 ``complete: false`` until every file is written. Re-running an export into the folder of an earlier
-export of the variant (with any options) makes the folder exactly this export: files of the layout's
-kinds this export did not write (an earlier export's samples, layers, compression) are removed before
-the record says complete, so a folder never mixes two exports.
+export of the variant (with any options) makes the folder exactly this export: files named as the
+layout's writer names them that this export did not write (an earlier export's samples, layers,
+compression) are removed before the record says complete, so a folder never mixes two exports; other
+files (a user's) are left alone.
 """
 
 from __future__ import annotations
@@ -86,10 +87,14 @@ def _check_dest(fmt: Format, dest: Path, store: str, vid: str) -> None:
 
 
 def _stale_files(fmt: Format, dest: Path, written: set[str]) -> list[Path]:
-    """Files of the layout's kinds under ``dest`` that this export did not write (an earlier export's)."""
-    sidecar = fmt.sidecar(dest)
-    return [p for p in dest.rglob("*") if p.is_file() and not p.is_symlink() and p.name.endswith(fmt.suffixes)
-            and p != sidecar and p.relative_to(dest).as_posix() not in written]
+    """Files under ``dest`` named as an export of the layout names its files (an earlier export's) that this
+    export did not write. Anything else (a user's notes, a config.json beside the samples) is left alone."""
+    out = []
+    for p in dest.rglob("*"):
+        rel = p.relative_to(dest).as_posix()
+        if p.is_file() and not p.is_symlink() and fmt.exported.fullmatch(rel) and rel not in written:
+            out.append(p)
+    return out
 
 
 def _make_dest(dest: Path) -> None:
