@@ -180,6 +180,8 @@ CASES = {
                                      r"config.json says num_hidden_layers = 1000000, but the weight files hold 4 decoder layers"),
     "config-hidden-not-in-weights": (lambda t: _m(t, model=_lying_config(t, hidden_size=4096), layers="{ aux = [1], target = [2] }"),
                                      r"config.json says hidden_size = 4096, but the embedding in the weight files is \d+ x 64"),
+    "config-vocab-not-in-weights": (lambda t: _m(t, model=_lying_config(t, vocab_size=10**9), layers="{ aux = [1], target = [2] }"),
+                                    r"config.json says vocab_size = 1000000000, but the embedding in the weight files is \d+ x 64"),
     "builtin-override-too-large": (lambda t: _m(t, extra_model="config = { hidden_size = 1000000000 }"),
                                    r"builtin:tiny-qwen3_5 with these config overrides .* needs .*, more than the .* memory budget"),
     "builtin-override-too-many-layers": (lambda t: _m(t, extra_model="config = { num_hidden_layers = 100000000 }"),

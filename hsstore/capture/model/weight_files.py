@@ -98,7 +98,7 @@ def weight_shapes(files: list[Path]) -> tuple[set[str], dict[str, list[int]]]:
 
 
 def check_config_matches_weights(tc: Any, files: list[Path], model: str) -> None:
-    """BadInput when the config's decoder layers or hidden size differ from what the weight files hold."""
+    """BadInput when the config's decoder layers, hidden size or vocabulary differ from what the weight files hold."""
     names, shapes = weight_shapes(files)
     layer_ids = {int(m.group(1)) for n in names for m in [LAYER_RE.search(n)] if m}
     want = getattr(tc, "num_hidden_layers", None)
@@ -110,4 +110,8 @@ def check_config_matches_weights(tc: Any, files: list[Path], model: str) -> None
     embed = next((s for n, s in sorted(shapes.items()) if n.endswith("embed_tokens.weight") and len(s) == 2), None)
     if embed is not None and isinstance(hidden, int) and hidden != embed[1]:
         raise BadInput(f"{model}: config.json says hidden_size = {hidden}, but the embedding in the weight files is "
+                       f"{embed[0]} x {embed[1]}; fix config.json or use the checkpoint it belongs to")
+    vocab = getattr(tc, "vocab_size", None)
+    if embed is not None and isinstance(vocab, int) and vocab != embed[0]:
+        raise BadInput(f"{model}: config.json says vocab_size = {vocab}, but the embedding in the weight files is "
                        f"{embed[0]} x {embed[1]}; fix config.json or use the checkpoint it belongs to")
