@@ -262,6 +262,18 @@ def test_rows_nested_too_deeply_are_rejected_rows_not_tracebacks(tmp_path: Path,
         list(load_rows([str(tmp_path / "w.json")]))
 
 
+def test_numbers_too_long_to_read_are_rejected_rows_not_tracebacks(tmp_path: Path):
+    """A number of thousands of digits (past Python's int conversion limit) in a row, or in a tools string,
+    is an invalid JSON line; json.loads raises a plain ValueError for it, not a JSONDecodeError."""
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    long = "1" * 5000
+    (tmp_path / "d.jsonl").write_text('{"text": "x", "n": ' + long + "}\n" + json.dumps({"messages": chat, "tools": "[" + long + "]"})
+                                      + "\n" + json.dumps({"text": "ok"}) + "\n")
+    samples, rep = tokenize_rows(load_rows([str(tmp_path / "d.jsonl")]), TOK, "fp")
+    assert len(samples) == 1 and rep.rejected == {"invalid JSON line": 1, "tools is not JSON": 1}
+    assert "a number longer than" in rep.issues[0].to_dict()["detail"]
+
+
 def test_json_variants_that_are_rows(tmp_path: Path):
     row = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
     (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + json.dumps(row).encode() + b"\n")

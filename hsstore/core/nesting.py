@@ -5,6 +5,7 @@ end in a RecursionError traceback. The depth is measured without recursion."""
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 MAX_INPUT_DEPTH = 64  # chat rows with tool schemas nest ~15 levels; a manifest 3
@@ -37,9 +38,15 @@ def check_depth(value: Any, limit: int = MAX_INPUT_DEPTH) -> Any:
 
 def loads_bounded(text: str | bytes, limit: int | None = MAX_INPUT_DEPTH) -> Any:
     """``json.loads(text)``, nested at most ``limit`` levels (None: as deep as the parser gets): TooDeep (a
-    ValueError) instead of a RecursionError; json.JSONDecodeError for text that is not JSON."""
+    ValueError) instead of a RecursionError; json.JSONDecodeError for text that is not JSON (or holds a
+    number too long for Python to read, a ValueError of its own otherwise)."""
     try:
         value = json.loads(text)
     except RecursionError:
         raise TooDeep(f"nested too deeply to parse (more than {limit or MAX_INPUT_DEPTH} levels)") from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise json.JSONDecodeError(f"a number longer than {sys.get_int_max_str_digits()} digits",
+                                   text if isinstance(text, str) else "", 0) from None
     return value if limit is None else check_depth(value, limit)
