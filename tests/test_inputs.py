@@ -274,6 +274,20 @@ def test_numbers_too_long_to_read_are_rejected_rows_not_tracebacks(tmp_path: Pat
     assert "a number longer than" in rep.issues[0].to_dict()["detail"]
 
 
+def test_lone_surrogates_are_rejected_rows_not_tracebacks(tmp_path: Path):
+    """JSON may escape half of a UTF-16 pair ("\\ud800") that no tokenizer can encode: in a row's text, a key, a
+    JSON list's row or a tools JSON string it is a rejected row, named; a whole pair (an emoji) is text."""
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    lines = ['{"text": "hi \\ud800 there"}', '{"messages": [{"role": "user", "content": "q\\udfff"}, '
+             '{"role": "assistant", "content": "a"}]}', json.dumps({"messages": chat, "tools": '[{"\\udc00": 1}]'}),
+             '{"text": "an emoji \\ud83d\\ude00 is fine"}']
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "l.json").write_text("[" + lines[0] + ', {"text": "ok"}]')
+    samples, rep = tokenize_rows(load_rows([str(tmp_path / "d.jsonl"), str(tmp_path / "l.json")]), TOK, "fp")
+    assert len(samples) == 2 and rep.rejected == {"not Unicode text": 4}
+    assert [i.to_dict()["detail"].split("surrogate ")[1][:6] for i in rep.issues] == ["\\ud800", "\\udfff", "\\udc00", "\\ud800"]
+
+
 def test_json_variants_that_are_rows(tmp_path: Path):
     row = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
     (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + json.dumps(row).encode() + b"\n")

@@ -1,6 +1,7 @@
-"""JSON and TOML from users, bounded in depth: a value nested deeper than any real row, manifest or config is
-refused in one line, before Python's recursive parsers (or templates and ``json.dumps`` walking it later)
-end in a RecursionError traceback. The depth is measured without recursion."""
+"""JSON and TOML from users, checked before code that trusts it: a value nested deeper than any real row,
+manifest or config is refused before Python's recursive parsers (or templates and ``json.dumps`` walking it
+later) end in a RecursionError traceback (the depth is measured without recursion); a string holding a lone
+UTF-16 surrogate (JSON's ``"\\ud800"``) is found before a tokenizer fails to encode it."""
 
 from __future__ import annotations
 
@@ -50,3 +51,21 @@ def loads_bounded(text: str | bytes, limit: int | None = MAX_INPUT_DEPTH) -> Any
         raise json.JSONDecodeError(f"a number longer than {sys.get_int_max_str_digits()} digits",
                                    text if isinstance(text, str) else "", 0) from None
     return value if limit is None else check_depth(value, limit)
+
+
+def lone_surrogate(value: Any) -> str | None:
+    """The first lone surrogate (as ``\\udXXX``) in the strings (keys included) of ``value``, if any."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return f"\\u{ord(node[e.start]):04x}"
+        elif isinstance(node, dict):
+            stack.extend(node)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return None

@@ -17,7 +17,7 @@ from typing import Any
 
 from hsstore.core.budget import check_fits
 from hsstore.core.errors import BadInput
-from hsstore.core.nesting import TooDeep, check_depth, loads_bounded
+from hsstore.core.nesting import TooDeep, check_depth, loads_bounded, lone_surrogate
 
 BOM = b"\xef\xbb\xbf"
 ROW_KEYS = {"conversations", "messages", "text", "prompt", "completion"}  # keys that make an object a row
@@ -79,19 +79,25 @@ def _lines(path: Path, f: str) -> Iterator[tuple[int, str]]:
 
 def _parsed(text: str) -> Any:
     try:
-        return loads_bounded(text)
+        value = loads_bounded(text, limit=None)
     except TooDeep as e:
         return BadRow("nested too deeply", str(e))
     except json.JSONDecodeError as e:
         return BadRow("invalid JSON line", f"{e.msg} at column {e.colno}")
+    return _row(value)
 
 
 def _row(value: Any) -> Any:
-    """A row of a JSON list, or a BadRow if it nests too deeply."""
+    """A parsed row, or a BadRow if it nests too deeply or holds a string that is not Unicode text (a lone
+    surrogate escape such as ``"\\ud800"``: JSON allows it, a tokenizer cannot encode it)."""
     try:
-        return check_depth(value)
+        check_depth(value)
     except TooDeep as e:
         return BadRow("nested too deeply", str(e))
+    bad = lone_surrogate(value)
+    if bad is not None:
+        return BadRow("not Unicode text", f"a lone surrogate {bad} in a string (a UTF-16 half, not a character)")
+    return value
 
 
 def _one_object(doc: Any, f: str) -> Any:
@@ -124,7 +130,7 @@ def json_rows(path: Path, f: str) -> Iterator[tuple[int, Any]]:
         except ValueError:  # not JSON, or nested too deeply: the first line's own rejection stands
             doc = None
         if doc is not None:
-            yield 1, _one_object(doc, f)
+            yield 1, _row(_one_object(doc, f))
             return
     second = next(lines, None)
     if second is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hsstore.core.nesting import TooDeep, loads_bounded
+from hsstore.core.nesting import TooDeep, loads_bounded, lone_surrogate
 
 # lower-cased role names seen in public datasets -> the role chat templates know
 ROLES = {
@@ -89,6 +89,8 @@ def _parsed_calls(value: Any, where: str) -> list[dict[str, Any]]:
             raise RowRejected("nested too deeply", f"{where}: function_call {e}") from None
         except ValueError:
             raise RowRejected("function_call turn is not JSON", where) from None
+        if lone_surrogate(value) is not None:
+            raise RowRejected("not Unicode text", f"{where}: a lone surrogate {lone_surrogate(value)} in function_call")
     if not value:
         raise RowRejected("function_call turn holds no call", where)
     return _tool_calls(value, where)
@@ -202,4 +204,6 @@ def row_tools(row: dict[str, Any]) -> list[dict[str, Any]] | None:
             raise RowRejected("tools is not JSON") from None
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise RowRejected("tools is not a list of objects")
+    if lone_surrogate(tools) is not None:
+        raise RowRejected("not Unicode text", f"a lone surrogate {lone_surrogate(tools)} in tools")
     return tools or None
