@@ -288,6 +288,15 @@ def test_lone_surrogates_are_rejected_rows_not_tracebacks(tmp_path: Path):
     assert [i.to_dict()["detail"].split("surrogate ")[1][:6] for i in rep.issues] == ["\\ud800", "\\udfff", "\\udc00", "\\ud800"]
 
 
+@pytest.mark.parametrize("name", ["d.parquet", "d.jsonl"])
+def test_a_fifo_named_as_a_data_file_is_refused_not_read_forever(tmp_path: Path, name: str):
+    import os
+
+    os.mkfifo(tmp_path / name)  # no writer: opening it would block the build for good
+    with pytest.raises(BadInput, match=f"data file '.*{name}' is not a regular file"):
+        list(load_rows([str(tmp_path / name)]))
+
+
 def test_json_variants_that_are_rows(tmp_path: Path):
     row = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
     (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + json.dumps(row).encode() + b"\n")

@@ -206,11 +206,11 @@ def load_rows(files: list[str]) -> Iterator[tuple[str, int, Any]]:
         p = Path(f)
         if not p.exists():
             raise BadInput(f"data file {f!r} does not exist; check [data] files (relative to the manifest)")
+        if p.suffix in (".parquet", ".jsonl", ".json") and not p.is_dir() and not p.is_file():
+            raise BadInput(f"data file {f!r} is not a regular file (a FIFO or a device would be read forever)")
         if p.is_dir() or p.suffix == ".parquet":
             rows = arrow_rows(p, f)
         elif p.suffix in (".jsonl", ".json"):
-            if not p.is_file():
-                raise BadInput(f"data file {f!r} is not a regular file")
             rows = json_rows(p, f)
         else:
             raise BadInput(f"data file {f!r}: unknown file type {p.suffix!r}; use .jsonl, .json, .parquet "
