@@ -165,4 +165,4 @@ def test_outputs_inside_a_store_are_refused_and_the_store_stays_whole(tmp_path: 
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "is inside the hsstore store" in r.stderr, r.stderr
     assert sorted(str(p.relative_to(store)) for p in store.rglob("*")) == before
-    assert verify(Store.open(store))["ok"]
+    assert verify(Store.open(store)).ok
