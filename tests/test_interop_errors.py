@@ -12,7 +12,7 @@ import torch
 
 from hsstore import Store
 
-from helpers import REPO, run_main
+from helpers import REPO, main_exit, run_main
 from interop_files import TOKENIZER, WRITERS, random_samples
 
 SF = ["--tokenizer", TOKENIZER, "--num-layers", "4", "--layers", "0,1,2,final_norm", "--capture", "output"]
@@ -236,6 +236,9 @@ CASES = {
     "import-speculators-null-row": (lambda t: _imp(t, "speculators", _spec_rows(t, [
         {"input_ids": None, "loss_mask": None, "seq_len": None}] * 2), opts=SP), r"row 0: input_ids holds null"),
     "export-folder-not-empty": (lambda t: ["export", _exported(t), "speculators", str(t / "busy")], "exists and is not empty"),
+    "export-folder-other-format": (lambda t: main_exit(["export", _exported(t), "modelopt", str(t / "mo")]) == 0 and
+                                   ["export", str(t / "s.zarr"), "specforge", str(t / "mo")],
+                                   r"says the folder was exported as 'modelopt', not 'specforge'; choose a new folder"),
     "export-layer-not-stored": (lambda t: ["export", _exported(t), "specforge", str(t / "x"), "--aux", "0,7"],
                                 r"layer\(s\) \[7\] are not stored"),
     "vocab-map-vocab-beyond-int32": (lambda t: ["vocab-map", _exported(t), "--size", "4", "--target-vocab-size", "10000000000"],

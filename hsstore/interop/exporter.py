@@ -78,7 +78,7 @@ def _check_dest(fmt: Format, dest: Path, store: str, vid: str) -> None:
     """An export goes into a new or empty folder, or the folder of an earlier export of the same variant."""
     sidecar = fmt.sidecar(dest)
     if sidecar.is_file():
-        rec = read_sidecar(sidecar, fmt.name)
+        rec = read_sidecar(sidecar, fmt.name, "choose a new folder (an export folder holds one export)")
         if rec.variant != vid:
             raise BadInput(f"{dest} holds an export of variant {rec.variant}, not {vid}; choose a new folder")
         return
