@@ -262,7 +262,7 @@ def test_two_exports_into_one_folder_at_once_are_refused(tmp_path: Path):
     out.mkdir()
     first = lock_folder_alone(str(out))  # what a running export holds
     assert first is not None
-    with pytest.raises(BadInput, match="being written by another export right now"):
+    with pytest.raises(BadInput, match=r"being written by another export \(or read by an import\) right now"):
         export_cache(ExportRequest(str(tmp_path / "a.zarr"), "modelopt", str(out)))
     first.release()
     assert export_cache(ExportRequest(str(tmp_path / "a.zarr"), "modelopt", str(out)))["samples"] == 2
@@ -294,6 +294,34 @@ def test_an_export_that_finished_while_another_waited_is_not_replaced(tmp_path: 
     rec = json.loads((out / "hsstore-export.json").read_text())
     assert rec["variant"] == vids[0] and rec["complete"] and rec["n_samples"] == 2
     assert len([p for p in out.rglob("*.pt")]) == 2
+
+
+def test_an_export_never_rewrites_a_folder_an_import_is_reading(tmp_path: Path):
+    """An import holds its folder shared while it reads; a re-export into it meanwhile is refused (it would
+    replace files under the import, which labels them with the record it read first), and an import of a
+    folder an export is writing is refused before it reads anything."""
+    from hsstore.storage.leases import lock_folder_alone, share_folder
+
+    WRITERS["modelopt"](tmp_path / "src", random_samples(n=3))
+    _import("modelopt", tmp_path / "src", tmp_path / "a.zarr")
+    out = tmp_path / "out"
+    export_cache(ExportRequest(str(tmp_path / "a.zarr"), "modelopt", str(out)))
+    reading = share_folder(str(out))  # what a running import holds
+    assert reading is not None
+    try:
+        with pytest.raises(BadInput, match="read by an import"):
+            export_cache(ExportRequest(str(tmp_path / "a.zarr"), "modelopt", str(out), limit=1))
+    finally:
+        reading.release()
+    writing = lock_folder_alone(str(out))  # what a running export holds
+    assert writing is not None
+    try:
+        with pytest.raises(BadInput, match="is being written by an `hsstore export` right now"):
+            import_cache(ImportRequest("modelopt", str(out), str(tmp_path / "b.zarr"), tokenizer=TOKENIZER))
+    finally:
+        writing.release()
+    assert not (tmp_path / "b.zarr").exists()
+    assert import_cache(ImportRequest("modelopt", str(out), str(tmp_path / "b.zarr"), tokenizer=TOKENIZER))["samples"] == 3
 
 
 def test_import_records_stay_small_whatever_the_paths(tmp_path: Path):

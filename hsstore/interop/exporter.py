@@ -167,8 +167,8 @@ def export_cache(req: ExportRequest) -> dict[str, Any]:
     _make_dest(dest)
     alone = lock_folder_alone(str(dest))  # held until this export returns: two exports never mix one folder
     if alone is None:
-        raise BadInput(f"export folder {str(dest)!r} is being written by another export right now; wait for it to "
-                       "finish, or choose another folder")
+        raise BadInput(f"export folder {str(dest)!r} is being written by another export (or read by an import) right "
+                       "now; wait for it to finish, or choose another folder")
     try:
         return _export_held(req, fmt, reader, path, dest, keys, aux, target, t0)
     finally:
