@@ -39,10 +39,10 @@ def _read_toml(p: Path, source: str) -> dict[str, Any]:
     except (RecursionError, TooDeep):
         raise _err(source, f"nests arrays or tables deeper than {MAX_INPUT_DEPTH} levels; a manifest is a few flat "
                            "tables (see manifests/tiny.toml)") from None
-    except ValueError as e:  # tomllib's int() of a number with thousands of digits
-        raise _err(source, f"malformed TOML: {str(e).split(';')[0]}") from None
     except UnicodeDecodeError:
         raise _err(source, "is not UTF-8 text") from None
+    except ValueError as e:  # tomllib's int() of a number with thousands of digits
+        raise _err(source, f"malformed TOML: {str(e).split(';')[0]}") from None
 
 
 def load_manifest(path: str | Path) -> Manifest:
