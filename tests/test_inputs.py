@@ -116,6 +116,18 @@ def test_parquet_is_streamed_never_copied_and_a_bomb_is_refused(tmp_path: Path, 
         list(load_rows([str(tmp_path / "r.parquet")]))
 
 
+def test_a_json_list_is_priced_before_it_is_parsed_whole(tmp_path: Path, monkeypatch):
+    """A .json list is parsed whole (~10x its size in Python objects): past the memory budget it is one line
+    naming JSON Lines as the fix, before it is read; a .jsonl file of the same rows streams under any budget."""
+    rows = [{"text": f"row {i} " + "x" * 200} for i in range(50)]
+    (tmp_path / "r.json").write_text(json.dumps(rows))
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setenv("HSSTORE_MEMORY_BUDGET", str((tmp_path / "r.json").stat().st_size * 2))
+    with pytest.raises(ResourceLimit, match=r"r\.json' \(.* of JSON, parsed whole\) needs .* write it as JSON Lines"):
+        list(load_rows([str(tmp_path / "r.json")]))
+    assert [r for _, _, r in load_rows([str(tmp_path / "r.jsonl")])] == rows
+
+
 def test_reordered_or_filtered_input_keeps_keys():
     rows = [json.loads(line) for line in DATA.read_text().splitlines()[:10]]
     a, _ = _tok(rows)

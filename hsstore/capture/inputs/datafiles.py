@@ -17,6 +17,7 @@ from typing import Any
 
 from hsstore.core.budget import check_fits
 from hsstore.core.errors import BadInput
+from hsstore.core.humanize import byte_size
 from hsstore.core.nesting import TooDeep, check_depth, loads_bounded, lone_surrogate
 
 BOM = b"\xef\xbb\xbf"
@@ -57,7 +58,14 @@ def _first_byte(path: Path) -> bytes:
     return b""
 
 
+JSON_IN_MEMORY = 10  # bytes of Python objects per byte of JSON text (dicts, lists and str of chat rows: ~6-10x)
+
+
 def _whole(path: Path, f: str) -> Any:
+    """A .json file parsed whole (a JSON list of rows), priced first: parsed, it is ~10x its size in memory."""
+    size = path.stat().st_size
+    check_fits(size * JSON_IN_MEMORY, f"data file {f!r} ({byte_size(size)} of JSON, parsed whole)",
+               "write it as JSON Lines (one row a line, read a line at a time) or parquet")
     text = _decode(path.read_bytes().removeprefix(BOM), f)
     try:
         return loads_bounded(text, limit=None)  # each row's depth is checked by json_rows
@@ -126,8 +134,8 @@ def json_rows(path: Path, f: str) -> Iterator[tuple[int, Any]]:
     row1 = _parsed(text1)
     if isinstance(row1, BadRow):  # one object spread over lines, or a bad first line
         try:
-            doc = loads_bounded(_decode(path.read_bytes().removeprefix(BOM), f))
-        except ValueError:  # not JSON, or nested too deeply: the first line's own rejection stands
+            doc = _whole(path, f)
+        except BadInput:  # not JSON, or nested too deeply: the first line's own rejection stands
             doc = None
         if doc is not None:
             yield 1, _row(_one_object(doc, f))
