@@ -25,16 +25,27 @@ from hsstore.interop.formats.interface import atomic_write, torch_bytes
 from hsstore.interop.vocab_folder import hold_vocab_folder, record_name
 
 
+COUNT_BATCH = 1 << 20  # loss tokens gathered before one bincount (one per sample costs O(vocab) each)
+
+
 def token_counts(reader: Any, vocab: int) -> tuple[np.ndarray, int]:
     """Counts ``[vocab]`` of every loss-masked token of the variant, and the number of samples read."""
     counts = np.zeros(vocab, dtype=np.int64)
+    pending: list[np.ndarray] = []
+    held = 0
     for key in reader.keys:
         ids, mask = reader.read_tokens(reader.ref(key))
-        sel = ids[mask.astype(bool)].astype(np.int64)
+        sel = ids[mask.astype(bool)]
         if sel.size and int(sel.max()) >= vocab:
             raise BadInput(f"sample {key} has token id {int(sel.max())} >= the target vocabulary {vocab}; "
                            "pass the model's vocabulary with --target-vocab-size")
-        counts += np.bincount(sel, minlength=vocab)
+        pending.append(sel)
+        held += sel.size
+        if held >= COUNT_BATCH:
+            counts += np.bincount(np.concatenate(pending).astype(np.int64), minlength=vocab)
+            pending, held = [], 0
+    if pending:
+        counts += np.bincount(np.concatenate(pending).astype(np.int64), minlength=vocab)
     return counts, len(reader.keys)
 
 
