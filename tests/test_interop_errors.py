@@ -243,6 +243,9 @@ CASES = {
                                 r"layer\(s\) \[7\] are not stored"),
     "vocab-map-vocab-beyond-int32": (lambda t: ["vocab-map", _exported(t), "--size", "4", "--target-vocab-size", "10000000000"],
                                      r"target vocabulary 10000000000 \(from --target-vocab-size\) must be between 1 and 2147483648"),
+    "vocab-map-record-foreign": (lambda t: (t / "vm").mkdir() or (t / "vm" / "vocab-map-4.json").write_text("{}") and
+                                 ["vocab-map", _exported(t), "--size", "4", "--out", str(t / "vm")],
+                                 r"vm/vocab-map-4\.json is not a vocab-map record hsstore wrote; choose another --out"),
     "vocab-map-size": (lambda t: ["vocab-map", _exported(t), "--size", "100000"], "--size 100000 must be between 1 and"),
 }
 
