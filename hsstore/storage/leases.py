@@ -154,8 +154,12 @@ def lock_folder_alone(path: str) -> Lease | None:
 
 def share_folder(path: str) -> Lease | None:
     """A shared lock on the existing folder ``path`` (an import reading an export folder), or None while a
-    process holds it exclusively (an export writing it). Raises OSError if the folder cannot be opened."""
-    fd = os.open(path, _DIR_FLAGS & ~os.O_NOFOLLOW)
+    process holds it exclusively (an export writing it). A folder that cannot be opened or locked gets an
+    empty lease (its reader names what is wrong with it)."""
+    try:
+        fd = os.open(path, _DIR_FLAGS & ~os.O_NOFOLLOW)
+    except OSError:
+        return Lease()
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError as e:
