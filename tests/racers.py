@@ -111,14 +111,39 @@ def soak_export(store: Path, seed: int, folder: str) -> None:
     """Export the fp32 variant into one folder again and again with options drawn from the seed."""
     import random
 
+    from hsstore.core.errors import BadInput
     from hsstore.interop.exporter import ExportRequest, export_cache
 
     rng = random.Random(seed)
     while not _stopped(store):
         # two slot choices that differ in their files (layer 1 as target with aux [0]: no target in aux)
         aux, target = rng.choice([(None, None), ([0], 1)])
-        export_cache(ExportRequest(f"{store}#dtype=fp32", "specforge", folder, aux=aux, target_layer=target,
-                                   limit=rng.choice([None, 3, 12]), compress=rng.random() < 0.3, jobs=2))
+        try:
+            export_cache(ExportRequest(f"{store}#dtype=fp32", "specforge", folder, aux=aux, target_layer=target,
+                                       limit=rng.choice([None, 3, 12]), compress=rng.random() < 0.3, jobs=2))
+        except BadInput as e:  # soak_import is reading the folder: the expected answer, not an error
+            if "read by an import" not in str(e):
+                raise
+        _pause(rng)
+
+
+def soak_import(store: Path, seed: int, folder: str, into: str) -> None:
+    """Import the export folder (while soak_export rewrites it) into another store, until stopped. An import
+    refused because the folder is being written or never finished is the expected answer, not an error."""
+    import random
+
+    from hsstore.core.errors import BadInput
+    from hsstore.interop.importer import ImportRequest, import_cache
+    from interop_files import TOKENIZER
+
+    rng = random.Random(seed)
+    while not _stopped(store):
+        if Path(folder, "hsstore-export.json").is_file():
+            try:
+                import_cache(ImportRequest("specforge", folder, into, tokenizer=TOKENIZER, jobs=1, quiet=True))
+            except BadInput as e:
+                if "being written by an `hsstore export`" not in str(e) and "never finished" not in str(e):
+                    raise
         _pause(rng)
 
 
@@ -157,6 +182,8 @@ if __name__ == "__main__":
             globals()[role](Path(path), int(rest[0]))
         elif role == "soak_export":
             soak_export(Path(path), int(rest[0]), rest[1])
+        elif role == "soak_import":
+            soak_import(Path(path), int(rest[0]), rest[1], rest[2])
         else:
             raise SystemExit(f"unknown role {role}")
     except Exception as e:  # noqa: BLE001 - the race's outcome, reported to the test

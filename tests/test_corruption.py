@@ -145,3 +145,38 @@ def test_a_changed_metadata_file_fails_its_recorded_checksum(store_path):
     result = verify(Store.open(path))
     assert not result.ok and "layer_1/zarr.json has crc32c" in result.problems[0].what
     assert {p.key for p in result.problems} == {s.key for s in samples}
+
+
+@pytest.mark.parametrize("forged", ["sample-length", "chunk-rows"])
+def test_records_forged_to_declare_huge_shapes_are_refused_before_allocating(store_path, forged: str):
+    """A store whose records are rewritten consistently (commit, array metadata and their recorded crc32c) to
+    declare a sample of 10^15 tokens, or one chunk of 10^15 rows: reads and verify name it in one line (it
+    is more than any machine's memory) instead of allocating petabytes (MemoryError) or a reshape traceback."""
+    import crc32c
+
+    path, vid, samples = store_path
+    unit = _unit_dir(path, vid)
+    commit_file = path / "variants" / vid / "commits" / f"{unit.name}.json"
+    commit = json.loads(commit_file.read_text())
+    huge = 10**15
+    if forged == "sample-length":
+        commit["samples"][-1][2] = huge
+    total = commit["samples"][-1][1] + commit["samples"][-1][2]
+    for arr in ["input_ids", "loss_mask", *(f"layer_{i}" for i in commit["layers"])]:
+        meta_file = unit / arr / "zarr.json"
+        meta = json.loads(meta_file.read_text())
+        rows = total if forged == "sample-length" else meta["shape"][0]
+        meta["shape"][0] = rows
+        meta["chunk_grid"]["configuration"]["chunk_shape"][0] = huge if forged == "chunk-rows" else rows
+        if meta["codecs"][0]["name"] == "sharding_indexed":  # one chunk of all rows: no index to give it away
+            meta["codecs"][0]["configuration"]["chunk_shape"][0] = huge if forged == "chunk-rows" else rows
+        data = json.dumps(meta).encode()
+        meta_file.write_bytes(data)
+        commit["files"][f"{arr}/zarr.json"] = len(data)
+        commit["crc32c"][f"{arr}/zarr.json"] = f"{crc32c.crc32c(data):08x}"
+    commit_file.write_text(json.dumps(commit))
+    result = verify(Store.open(path))
+    assert not result.ok and result.problems, result
+    assert all("more than this machine's" in p.what for p in result.problems), result.problems
+    with pytest.raises(CorruptData, match="declares .*, more than this machine's .* of memory: its records are damaged"):
+        _read_all(path, vid)

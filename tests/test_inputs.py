@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from hsstore.capture.model.builtin import builtin_tokenizer
-from hsstore.core.errors import BadInput
+from hsstore.core.errors import BadInput, ResourceLimit
 from hsstore.capture.inputs.tokenizing import load_rows, tokenize_rows
 
 from chat_fixtures import make_tokenizer, spans
@@ -93,6 +93,39 @@ def test_formats_load_from_jsonl_json_parquet_and_save_to_disk(tmp_path: Path):
         samples, _ = tokenize_rows(load_rows([str(tmp_path / name)]), TOK, "fp")
         keys[name] = [s.key for s in samples]
     assert len(set(map(tuple, keys.values()))) == 1 and keys["a.jsonl"]
+
+
+def test_parquet_is_streamed_never_copied_and_a_bomb_is_refused(tmp_path: Path, monkeypatch):
+    """A parquet file is read where it is: nothing lands in the datasets cache (load_dataset decoded every
+    file into an Arrow copy there, a few KB of repeated rows becoming its decoded size); a row group whose
+    decoded size would not fit the memory budget is one line before it is read."""
+    import datasets.config
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    rows = [{"text": f"row {i} " + "x" * 2000} for i in range(3000)]  # ~6 MB decoded
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "r.parquet", compression="zstd")
+    assert (tmp_path / "r.parquet").stat().st_size < 1_000_000
+    got = list(load_rows([str(tmp_path / "r.parquet")]))
+    assert [(n, r) for _, n, r in got] == list(enumerate(rows, 1))
+    assert not cache.exists() or not any(cache.rglob("*"))
+    monkeypatch.setenv("HSSTORE_MEMORY_BUDGET", "1M")
+    with pytest.raises(ResourceLimit, match=r"r\.parquet': row group 0 \(3,000 rows\) decoded needs .* memory budget"):
+        list(load_rows([str(tmp_path / "r.parquet")]))
+
+
+def test_a_json_list_is_priced_before_it_is_parsed_whole(tmp_path: Path, monkeypatch):
+    """A .json list is parsed whole (~10x its size in Python objects): past the memory budget it is one line
+    naming JSON Lines as the fix, before it is read; a .jsonl file of the same rows streams under any budget."""
+    rows = [{"text": f"row {i} " + "x" * 200} for i in range(50)]
+    (tmp_path / "r.json").write_text(json.dumps(rows))
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setenv("HSSTORE_MEMORY_BUDGET", str((tmp_path / "r.json").stat().st_size * 2))
+    with pytest.raises(ResourceLimit, match=r"r\.json' \(.* of JSON, parsed whole\) needs .* write it as JSON Lines"):
+        list(load_rows([str(tmp_path / "r.json")]))
+    assert [r for _, _, r in load_rows([str(tmp_path / "r.jsonl")])] == rows
 
 
 def test_reordered_or_filtered_input_keeps_keys():
@@ -212,6 +245,68 @@ def test_files_without_rows_are_one_line_bad_input(tmp_path: Path, name: str, co
     with pytest.raises(BadInput, match=message) as e:
         list(load_rows([str(tmp_path / name)]))
     assert name in str(e.value) and "\n" not in str(e.value)
+
+
+def _nested(depth: int) -> str:
+    """A JSON value ``depth`` lists deep: a few bytes on disk, a RecursionError for recursive parsers."""
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [100, 100_000])  # parses, but deeper than any row; too deep to parse at all
+def test_rows_nested_too_deeply_are_rejected_rows_not_tracebacks(tmp_path: Path, depth: int):
+    from hsstore.core.nesting import MAX_INPUT_DEPTH
+
+    f = tmp_path / "d.jsonl"
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    f.write_text("\n".join([
+        '{"messages": ' + _nested(depth) + "}",  # the row itself
+        json.dumps({"messages": chat, "tools": _nested(depth)}),  # a JSON string inside the row
+        json.dumps({"text": "ok"}),
+    ]) + "\n")
+    samples, rep = tokenize_rows(load_rows([str(f)]), TOK, "fp")
+    assert len(samples) == 1 and rep.rejected == {"nested too deeply": 2}
+    assert all(str(MAX_INPUT_DEPTH) in i.to_dict()["detail"] for i in rep.issues)
+    (tmp_path / "l.json").write_text("[" + json.dumps({"messages": json.loads(_nested(100))}) + ', {"text": "ok"}]')
+    samples, rep = tokenize_rows(load_rows([str(tmp_path / "l.json")]), TOK, "fp")
+    assert len(samples) == 1 and rep.rejected == {"nested too deeply": 1}
+    (tmp_path / "w.json").write_text(_nested(100_000))  # the whole file: one line, not a traceback
+    with pytest.raises(BadInput, match=r"w\.json' is nested too deeply to parse"):
+        list(load_rows([str(tmp_path / "w.json")]))
+
+
+def test_numbers_too_long_to_read_are_rejected_rows_not_tracebacks(tmp_path: Path):
+    """A number of thousands of digits (past Python's int conversion limit) in a row, or in a tools string,
+    is an invalid JSON line; json.loads raises a plain ValueError for it, not a JSONDecodeError."""
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    long = "1" * 5000
+    (tmp_path / "d.jsonl").write_text('{"text": "x", "n": ' + long + "}\n" + json.dumps({"messages": chat, "tools": "[" + long + "]"})
+                                      + "\n" + json.dumps({"text": "ok"}) + "\n")
+    samples, rep = tokenize_rows(load_rows([str(tmp_path / "d.jsonl")]), TOK, "fp")
+    assert len(samples) == 1 and rep.rejected == {"invalid JSON line": 1, "tools is not JSON": 1}
+    assert "a number longer than" in rep.issues[0].to_dict()["detail"]
+
+
+def test_lone_surrogates_are_rejected_rows_not_tracebacks(tmp_path: Path):
+    """JSON may escape half of a UTF-16 pair ("\\ud800") that no tokenizer can encode: in a row's text, a key, a
+    JSON list's row or a tools JSON string it is a rejected row, named; a whole pair (an emoji) is text."""
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    lines = ['{"text": "hi \\ud800 there"}', '{"messages": [{"role": "user", "content": "q\\udfff"}, '
+             '{"role": "assistant", "content": "a"}]}', json.dumps({"messages": chat, "tools": '[{"\\udc00": 1}]'}),
+             '{"text": "an emoji \\ud83d\\ude00 is fine"}']
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "l.json").write_text("[" + lines[0] + ', {"text": "ok"}]')
+    samples, rep = tokenize_rows(load_rows([str(tmp_path / "d.jsonl"), str(tmp_path / "l.json")]), TOK, "fp")
+    assert len(samples) == 2 and rep.rejected == {"not Unicode text": 4}
+    assert [i.to_dict()["detail"].split("surrogate ")[1][:6] for i in rep.issues] == ["\\ud800", "\\udfff", "\\udc00", "\\ud800"]
+
+
+@pytest.mark.parametrize("name", ["d.parquet", "d.jsonl"])
+def test_a_fifo_named_as_a_data_file_is_refused_not_read_forever(tmp_path: Path, name: str):
+    import os
+
+    os.mkfifo(tmp_path / name)  # no writer: opening it would block the build for good
+    with pytest.raises(BadInput, match=f"data file '.*{name}' is not a regular file"):
+        list(load_rows([str(tmp_path / name)]))
 
 
 def test_json_variants_that_are_rows(tmp_path: Path):

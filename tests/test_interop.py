@@ -17,6 +17,7 @@ from hsstore.core.errors import BadInput
 from hsstore.core.keys import sample_key
 from hsstore.core.schema.provenance import Provenance
 from hsstore.interop.exporter import ExportRequest, export_cache
+from hsstore.interop.formats import get_format
 from hsstore.interop.importer import ImportRequest, import_cache
 from hsstore.interop.imported_provenance import tokenizer_identity
 from hsstore.storage.verify import verify
@@ -215,6 +216,25 @@ def test_a_re_export_with_other_options_replaces_the_folder_whole(tmp_path: Path
         assert torch.equal(_bits(a.read(key)["layers"][2]), _bits(b.read(key)["layers"][2]))
 
 
+@pytest.mark.parametrize("fmt", ["speculators", "modelopt"])
+def test_a_re_export_removes_only_files_an_export_writes(tmp_path: Path, fmt: str):
+    """Files a user put into an earlier export's folder (a config.json, notes in a tool's suffix) stay when
+    the folder is re-exported: only names the layout's own writer gives are an earlier export's."""
+    WRITERS["modelopt"](tmp_path / "src", random_samples(n=4))
+    _import("modelopt", tmp_path / "src", tmp_path / "a.zarr")
+    out = tmp_path / "out"
+    export_cache(ExportRequest(str(tmp_path / "a.zarr"), fmt, str(out)))
+    theirs = {"config.json": b"{}", "notes/run.safetensors": b"x", "my-draft.pt": b"y", "README.json": b"[]"}
+    for rel, data in theirs.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(data)
+    r = export_cache(ExportRequest(str(tmp_path / "a.zarr"), fmt, str(out), limit=2))
+    assert r["samples"] == 2
+    assert {rel: (out / rel).read_bytes() for rel in theirs} == theirs
+    sample_files = [p for p in out.rglob("*") if p.is_file() and get_format(fmt).exported.fullmatch(p.relative_to(out).as_posix())]
+    assert len([p for p in sample_files if p.suffix in (".pt", ".safetensors")]) == 2  # the earlier export's other two went
+
+
 def test_an_export_that_never_finished_is_refused_by_import(tmp_path: Path):
     """A killed export leaves its record saying ``complete: false``: import refuses the folder in one line
     naming the fix, rather than importing a part of a variant as if whole."""
@@ -242,10 +262,66 @@ def test_two_exports_into_one_folder_at_once_are_refused(tmp_path: Path):
     out.mkdir()
     first = lock_folder_alone(str(out))  # what a running export holds
     assert first is not None
-    with pytest.raises(BadInput, match="being written by another export right now"):
+    with pytest.raises(BadInput, match=r"being written by another export \(or read by an import\) right now"):
         export_cache(ExportRequest(str(tmp_path / "a.zarr"), "modelopt", str(out)))
     first.release()
     assert export_cache(ExportRequest(str(tmp_path / "a.zarr"), "modelopt", str(out)))["samples"] == 2
+
+
+def test_an_export_that_finished_while_another_waited_is_not_replaced(tmp_path: Path, monkeypatch):
+    """Exports of two variants into one new folder: the second looks at the folder only once it holds it.
+    Before, it judged the folder (empty) before taking it, so an export of another variant that finished in
+    between was replaced whole — its files removed as stale, the record rewritten."""
+    from hsstore.interop import exporter
+
+    from helpers import new_variant, write_unit
+
+    s = Store.create(tmp_path / "two.zarr")
+    vids = [new_variant(s, dtype=d) for d in ("bf16", "fp32")]
+    for vid in vids:
+        write_unit(s, vid, [4, 6])
+    out = tmp_path / "out"
+    real = exporter.lock_folder_alone
+
+    def first_finishes_meanwhile(path: str):
+        monkeypatch.setattr(exporter, "lock_folder_alone", real)
+        export_cache(ExportRequest(f"{tmp_path / 'two.zarr'}#{vids[0]}", "modelopt", str(out)))
+        return real(path)
+
+    monkeypatch.setattr(exporter, "lock_folder_alone", first_finishes_meanwhile)
+    with pytest.raises(BadInput, match=f"holds an export of variant {vids[0]}, not {vids[1]}"):
+        export_cache(ExportRequest(f"{tmp_path / 'two.zarr'}#{vids[1]}", "modelopt", str(out)))
+    rec = json.loads((out / "hsstore-export.json").read_text())
+    assert rec["variant"] == vids[0] and rec["complete"] and rec["n_samples"] == 2
+    assert len([p for p in out.rglob("*.pt")]) == 2
+
+
+def test_an_export_never_rewrites_a_folder_an_import_is_reading(tmp_path: Path):
+    """An import holds its folder shared while it reads; a re-export into it meanwhile is refused (it would
+    replace files under the import, which labels them with the record it read first), and an import of a
+    folder an export is writing is refused before it reads anything."""
+    from hsstore.storage.leases import lock_folder_alone, share_folder
+
+    WRITERS["modelopt"](tmp_path / "src", random_samples(n=3))
+    _import("modelopt", tmp_path / "src", tmp_path / "a.zarr")
+    out = tmp_path / "out"
+    export_cache(ExportRequest(str(tmp_path / "a.zarr"), "modelopt", str(out)))
+    reading = share_folder(str(out))  # what a running import holds
+    assert reading is not None
+    try:
+        with pytest.raises(BadInput, match="read by an import"):
+            export_cache(ExportRequest(str(tmp_path / "a.zarr"), "modelopt", str(out), limit=1))
+    finally:
+        reading.release()
+    writing = lock_folder_alone(str(out))  # what a running export holds
+    assert writing is not None
+    try:
+        with pytest.raises(BadInput, match="is being written by an `hsstore export` right now"):
+            import_cache(ImportRequest("modelopt", str(out), str(tmp_path / "b.zarr"), tokenizer=TOKENIZER))
+    finally:
+        writing.release()
+    assert not (tmp_path / "b.zarr").exists()
+    assert import_cache(ImportRequest("modelopt", str(out), str(tmp_path / "b.zarr"), tokenizer=TOKENIZER))["samples"] == 3
 
 
 def test_import_records_stay_small_whatever_the_paths(tmp_path: Path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +110,43 @@ def test_vocab_map_files_load_as_the_peers_load_them(imported, tmp_path: Path):
     freq = torch.load(tmp_path / "vm" / "token_freq.pt", weights_only=True)  # speculators' token_freq.pt
     ids, counts = masked.unique(return_counts=True)
     assert freq == dict(zip(ids.tolist(), counts.tolist()))
+
+
+def test_vocab_map_folder_is_its_own_or_refused(imported, tmp_path: Path):
+    """A vocab-map replaces only files a vocab-map record of the folder names, of the same variant, and
+    not while another vocab-map writes the folder; the record is written last, so it vouches for its files."""
+    from hsstore.storage.leases import lock_folder_alone
+
+    store, _ = imported
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "token_freq.pt").write_bytes(b"a user's file")
+    with pytest.raises(BadInput, match=r"token_freq\.pt exists and no vocab-map record .* names it"):
+        write_vocab_map(str(store), 10, str(theirs))
+    assert (theirs / "token_freq.pt").read_bytes() == b"a user's file" and sorted(os.listdir(theirs)) == ["token_freq.pt"]
+
+    other = tmp_path / "other"
+    write_vocab_map(str(store), 10, str(other))
+    rec = json.loads((other / "vocab-map-10.json").read_text())
+    rec["variant"] = "0" * 12  # as a vocab-map of another variant wrote it
+    (other / "vocab-map-10.json").write_text(json.dumps(rec))
+    before = {p.name: p.read_bytes() for p in other.iterdir()}
+    with pytest.raises(BadInput, match=f"holds a vocab-map of .*#{'0' * 12} .*choose another --out"):
+        write_vocab_map(str(store), 12, str(other))
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == before
+
+    mine = tmp_path / "mine"
+    first = write_vocab_map(str(store), 10, str(mine))
+    busy = lock_folder_alone(str(mine))  # what a vocab-map writing the folder holds
+    try:
+        with pytest.raises(BadInput, match="being written by another vocab-map right now"):
+            write_vocab_map(str(store), 12, str(mine))
+    finally:
+        busy.release()
+    again = write_vocab_map(str(store), 12, str(mine))  # same variant, another size: shares token_freq.pt
+    assert again["files"]["token_freq.pt"] == first["files"]["token_freq.pt"]
+    assert sorted(p.name for p in mine.iterdir()) == sorted({*first["files"], *again["files"], "vocab-map-10.json",
+                                                             "vocab-map-12.json"})
 
 
 @pytest.mark.parametrize("capture,stated,hsstore_id", [

@@ -12,7 +12,7 @@ import torch
 
 from hsstore import Store
 
-from helpers import REPO, run_main
+from helpers import REPO, main_exit, run_main
 from interop_files import TOKENIZER, WRITERS, random_samples
 
 SF = ["--tokenizer", TOKENIZER, "--num-layers", "4", "--layers", "0,1,2,final_norm", "--capture", "output"]
@@ -110,6 +110,29 @@ def _stride_zero(rec: dict) -> None:
                aux_hidden_state=rec["aux_hidden_state"][:, :1].expand(1, n, -1))
 
 
+def _zip_bomb(t: Path) -> Path:
+    """A SpecForge .ckpt of ~100 KB whose zip members are deflated zeros declaring ~80 MB: torch.save's own
+    layout, members compressed (torch.load inflates them)."""
+    import io
+    import zipfile
+
+    n, hidden = 1_000_000, 8
+
+    def zeros(rec: dict) -> None:
+        rec.update(input_ids=torch.zeros(n, dtype=torch.long), loss_mask=torch.ones(n, dtype=torch.long),
+                   hidden_state=torch.zeros(1, n, hidden, dtype=torch.bfloat16),
+                   aux_hidden_state=torch.zeros(1, n, 3 * hidden, dtype=torch.bfloat16))
+
+    src = _sf(t, zeros, hidden=hidden)
+    f = src / "rows_0-2000" / "data_0.ckpt"
+    plain = zipfile.ZipFile(io.BytesIO(f.read_bytes()))
+    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as z:
+        for m in plain.infolist():
+            z.writestr(m.filename, plain.read(m.filename))
+    assert f.stat().st_size < 1_000_000
+    return src
+
+
 def _gzip_bomb(t: Path) -> Path:
     """A .ckpt.gz of a few hundred KB that inflates to 256 MiB (written a MiB at a time)."""
     import zlib
@@ -204,6 +227,8 @@ CASES = {
     "import-stride-zero-view": (lambda t: _imp(t, "specforge", _sf(t, _stride_zero)),
                                 r"'input_ids' declares shape \(20000000,\) .* over only .*save it with .contiguous\(\)"),
     "import-gzip-bomb": (lambda t: _imp(t, "specforge", _gzip_bomb(t)), r"data_0.ckpt.gz: inflates past .*decompression bomb"),
+    "import-zip-bomb": (lambda t: _imp(t, "specforge", _zip_bomb(t)),
+                        r"data_0\.ckpt: its zip members inflate to .* from .*: a decompression bomb"),
     "import-sparse-tensor": (lambda t: _imp(t, "specforge", _sf(t, _sparse)), r"'hidden_state' is a sparse_coo tensor"),
     "import-speculators-string-ids": (lambda t: _imp(t, "speculators", _spec_rows(t, [
         {"input_ids": ["a", "b"], "loss_mask": [0, 1], "seq_len": 2}] * 2), opts=SP),
@@ -211,10 +236,16 @@ CASES = {
     "import-speculators-null-row": (lambda t: _imp(t, "speculators", _spec_rows(t, [
         {"input_ids": None, "loss_mask": None, "seq_len": None}] * 2), opts=SP), r"row 0: input_ids holds null"),
     "export-folder-not-empty": (lambda t: ["export", _exported(t), "speculators", str(t / "busy")], "exists and is not empty"),
+    "export-folder-other-format": (lambda t: main_exit(["export", _exported(t), "modelopt", str(t / "mo")]) == 0 and
+                                   ["export", str(t / "s.zarr"), "specforge", str(t / "mo")],
+                                   r"says the folder was exported as 'modelopt', not 'specforge'; choose a new folder"),
     "export-layer-not-stored": (lambda t: ["export", _exported(t), "specforge", str(t / "x"), "--aux", "0,7"],
                                 r"layer\(s\) \[7\] are not stored"),
     "vocab-map-vocab-beyond-int32": (lambda t: ["vocab-map", _exported(t), "--size", "4", "--target-vocab-size", "10000000000"],
                                      r"target vocabulary 10000000000 \(from --target-vocab-size\) must be between 1 and 2147483648"),
+    "vocab-map-record-foreign": (lambda t: (t / "vm").mkdir() or (t / "vm" / "vocab-map-4.json").write_text("{}") and
+                                 ["vocab-map", _exported(t), "--size", "4", "--out", str(t / "vm")],
+                                 r"vm/vocab-map-4\.json is not a vocab-map record hsstore wrote; choose another --out"),
     "vocab-map-size": (lambda t: ["vocab-map", _exported(t), "--size", "100000"], "--size 100000 must be between 1 and"),
 }
 

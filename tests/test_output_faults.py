@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import resource
+import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -65,3 +68,100 @@ def test_every_command_prints_its_report_through_write_stdout() -> None:
                 if not any(k.arg in ("err", "file") for k in node.keywords):
                     offenders.append(f"{path.name}:{node.lineno}")
     assert not offenders, offenders
+
+
+# --- report files the user names (--json FILE, --plot PNG) ------------------------------------------------
+
+DIFF = ["diff", f"{STORE}#3cd1", f"{STORE}#b4b2"]
+
+
+def _drain(source: int | Path, into: list[bytes]) -> threading.Thread:
+    """A thread reading a descriptor (or opening a FIFO and reading it) to its end into ``into``: the
+    writer must never block on a full pipe."""
+    def run() -> None:
+        with open(source, "rb") as f:
+            into.append(f.read())
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def _whole(option: str, data: bytes) -> bool:
+    return bool(json.loads(data)["layers"]) if option == "--json" else data.startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("option, name", [("--json", "r.json"), ("--plot", "p.png")])
+def test_a_link_to_someone_elses_file_is_refused_never_written_through(tmp_path: Path, option: str, name: str) -> None:
+    victim = tmp_path / "theirs" / "notes.txt"
+    victim.parent.mkdir()
+    victim.write_text("not hsstore's")
+    (tmp_path / name).symlink_to(victim)
+    r = run_cli(*DIFF, option, str(tmp_path / name))
+    assert r.returncode == 2 and "is a symbolic link" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert victim.read_text() == "not hsstore's" and (tmp_path / name).is_symlink()  # both as they were
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name, "theirs"]  # no temporary file left
+
+
+@pytest.mark.parametrize("option", ["--json", "--plot"])
+def test_a_fifo_or_dev_stdout_gets_the_report_streamed_not_replaced(tmp_path: Path, option: str) -> None:
+    """``--json /dev/stdout`` (a link to a descriptor) and a FIFO are written into, as a shell redirection
+    would; a file renamed over them would replace a device node or a link of the system (as root)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    from_fifo: list[bytes] = []
+    fifo_reader = _drain(fifo, from_fifo)
+    out = run_cli(*DIFF, option, str(fifo))
+    assert out.returncode == 0, out.stderr
+    fifo_reader.join(30)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and from_fifo and _whole(option, from_fifo[0])
+
+    r, w = os.pipe()
+    link = tmp_path / "stdout"  # as /dev/stdout -> /proc/self/fd/1, for a descriptor this test owns
+    link.symlink_to(f"/proc/self/fd/{w}")
+    from_pipe: list[bytes] = []
+    pipe_reader = _drain(r, from_pipe)
+    try:
+        out = run_cli(*DIFF, option, str(link))
+    finally:
+        os.close(w)
+    pipe_reader.join(30)
+    assert out.returncode == 0, out.stderr
+    assert link.is_symlink() and from_pipe and _whole(option, from_pipe[0])
+
+
+def _small_store(tmp_path: Path) -> Path:
+    from hsstore import Store
+
+    from helpers import new_variant, write_unit
+
+    s = Store.create(tmp_path / "s.zarr")
+    write_unit(s, new_variant(s, dtype="bf16"), [4, 6])
+    return tmp_path / "s.zarr"
+
+
+@pytest.mark.parametrize("where", ["root-record", "inside", "the-store"])
+@pytest.mark.parametrize("command", ["diff --json", "diff --plot", "export", "vocab-map"])
+def test_outputs_inside_a_store_are_refused_and_the_store_stays_whole(tmp_path: Path, command: str, where: str) -> None:
+    """A report, export or vocab-map inside a store: refused before any work. Before, ``--json STORE/zarr.json``
+    replaced the store's root record (the store no longer opened), and an export or vocab-map folder in a
+    store made ``verify`` report its files as damage from then on."""
+    from hsstore import Store
+    from hsstore.storage.verify import verify
+
+    store = _small_store(tmp_path)
+    target = {"root-record": store / "zarr.json", "inside": store / "variants" / "out", "the-store": store}[where]
+    if command.startswith("diff"):
+        if where != "root-record":
+            target = (store if where == "the-store" else store / "variants") / ("r.json" if "json" in command else "p.png")
+        args = ["diff", str(store), str(store), command.split()[1], str(target)]
+    elif command == "export":
+        args = ["export", str(store), "modelopt", str(target)]
+    else:
+        args = ["vocab-map", str(store), "--size", "4", "--target-vocab-size", "300", "--out", str(target)]
+    before = sorted(str(p.relative_to(store)) for p in store.rglob("*"))
+    r = run_cli(*args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "is inside the hsstore store" in r.stderr, r.stderr
+    assert sorted(str(p.relative_to(store)) for p in store.rglob("*")) == before
+    assert verify(Store.open(store)).ok

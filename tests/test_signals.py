@@ -180,3 +180,28 @@ def test_sigterm_to_one_torchrun_rank_stops_every_rank_and_worker(tmp_path: Path
     assert err.count("interrupted by SIGTERM") == 2, err  # each rank: the operator's, then torchrun's
     assert not any(alive(pid) for pid in [*ranks, *workers]) and not _temp_folders(tmp_path)
     assert verify(Store.open(tmp_path / "s.zarr")).ok
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_any_command_stopped_by_a_signal_says_so_in_one_line(sig: int) -> None:
+    """Not only build/convert/export/import: a report blocked on a full pipe (``hsstore info --json | slow``)
+    stopped by a signal unwinds (its temporary files go) and says so in one line, exit 128 + the signal's
+    number; before, SIGTERM and SIGHUP killed it outright and Ctrl-C exited 130 without a word."""
+    import fcntl
+
+    r, w = os.pipe()
+    fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)
+    os.write(w, b"x" * fcntl.fcntl(w, fcntl.F_GETPIPE_SZ))  # full: the report's first write blocks
+    p = subprocess.Popen([sys.executable, "-m", "hsstore", "info", str(REPO / "tests" / "data" / "format-v1.zarr"),
+                          "--json"], cwd=REPO, stdout=w, stderr=subprocess.PIPE, text=True)
+    os.close(w)
+    try:
+        wait_for(lambda: "pipe_write" in Path(f"/proc/{p.pid}/wchan").read_text(), timeout=60,
+                 what="info blocked writing its report")
+        p.send_signal(sig)
+        err = p.communicate(timeout=60)[1]
+    finally:
+        os.close(r)
+    assert p.returncode == 128 + sig, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: info stopped by {signal.Signals(sig).name}"), err

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Annotated, Optional, TypeVar
 import typer
 
 from hsstore.cli.app import app
-from hsstore.core.errors import BadInput, CheckFailed, WriteFailed
+from hsstore.core.errors import BadInput, CheckFailed
 from hsstore.core.outputs import PLOT_SUFFIXES, check_output_file
+from hsstore.storage.outside_store import check_outside_stores
 
 if TYPE_CHECKING:
     from hsstore.core.schema.diff_report import DiffReport
@@ -29,14 +30,15 @@ def _emit(report: R, json_path: Optional[str], render: Callable[[R], str]) -> No
         return
     write_stdout(render(report))
     if json_path:
-        from hsstore.storage.fileio import write_output_text
+        from hsstore.storage.fileio import write_output_file
 
-        write_output_text(json_path, json.dumps(report.to_dict(), indent=2, sort_keys=True), "--json")
+        write_output_file(json_path, json.dumps(report.to_dict(), indent=2, sort_keys=True).encode(), "--json")
 
 
 def _check_numbers(json_path: Optional[str], noise: float, max_rel: Optional[float]) -> None:
     """Refuse, before any work, a report path that cannot be written and thresholds that compare nothing."""
     if json_path and json_path != "-":
+        check_outside_stores(json_path, "--json")
         check_output_file(json_path, "--json")
     if not (math.isfinite(noise) and noise > 0):
         raise BadInput(f"--noise {noise}: must be a positive number (a multiple of the floor), e.g. 2")
@@ -76,6 +78,7 @@ def diff(
 
     _check_numbers(json_path, noise, max_rel)
     if plot:
+        check_outside_stores(plot, "--plot")
         check_output_file(plot, "--plot", PLOT_SUFFIXES)
     if align or should_align(a):
         rep = run_align(a, b, samples, fraction, seed, threads, device, allow_different_models, auto=not align)
@@ -95,10 +98,9 @@ def _plot_and_bound(report: DiffReport, plot: Optional[str], max_rel: Optional[f
     if plot:
         from hsstore.compare.plot import plot_diff
 
-        try:
-            plot_diff(report, plot)
-        except OSError as e:
-            raise WriteFailed(f"writing --plot {plot!r} failed: {e.strerror or e}; free space or write it elsewhere") from None
+        from hsstore.storage.fileio import write_output_file
+
+        write_output_file(plot, plot_diff(report, plot), "--plot")
     if max_rel is not None:
         worst = max(layer.rel_l2 for layer in report.layers)
         if worst > max_rel:

@@ -12,6 +12,7 @@ from hsstore.cli import build_cmd, compare_cmd, convert_cmd, store_cmd  # noqa: 
 from hsstore.cli import interop_cmd, plan_cmd  # noqa: F401
 from hsstore.cli.app import app, state
 from hsstore.core.errors import HsstoreError, escape_controls
+from hsstore.core.interrupt import Stopped, stop_on_signals
 
 
 def _whole_summaries() -> None:
@@ -31,8 +32,14 @@ def main() -> None:
     if hasattr(signal, "SIGXFSZ"):  # past a file-size limit a write fails (EFBIG, one line), never kills us
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
-        rc = app(standalone_mode=False)  # click returns typer.Exit's code here instead of raising
+        with stop_on_signals():  # every command: a stop signal unwinds it (its temporary files go), one line
+            rc = app(standalone_mode=False)  # click returns typer.Exit's code here instead of raising
         sys.exit(rc if isinstance(rc, int) else 0)
+    except Stopped as e:
+        cmd = next((a for a in sys.argv[1:] if not a.startswith("-")), "hsstore")
+        typer.echo(f"error: {cmd} stopped by {e} before it finished; nothing it was "
+                   "writing is left half-written (re-run it to finish)", err=True)
+        sys.exit(128 + e.signum)
     except HsstoreError as e:
         if state["debug"] or os.environ.get("HSSTORE_DEBUG"):
             raise

@@ -4,9 +4,12 @@ A, B and C by the selectors the user gave, sampled intervals as error bars (matp
 
 from __future__ import annotations
 
+import io
+import os
 from typing import Any
 
 from hsstore.core.errors import BadInput
+from hsstore.core.outputs import PLOT_SUFFIXES
 from hsstore.core.schema.diff_report import DiffReport, LayerDiff
 from hsstore.core.schema.record import or_none
 
@@ -28,7 +31,8 @@ def _series(ax: Any, layers: list[int], rows: list[LayerDiff], key: str, label: 
     ax.errorbar(layers, values, yerr=err, fmt=style, label=label, capsize=3, color=color)
 
 
-def plot_diff(report: DiffReport, path: str) -> None:
+def plot_diff(report: DiffReport, path: str) -> bytes:
+    """The plot's file, in the format ``path``'s suffix names (PNG when it names none, e.g. /dev/stdout)."""
     try:
         import matplotlib
 
@@ -60,5 +64,8 @@ def plot_diff(report: DiffReport, path: str) -> None:
         title += f"\nsampled {s.samples} of {s.population} samples (seed {s.seed}); bars: {s.confidence:.0%} intervals"
     fig.suptitle(title, fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    suffix = os.path.splitext(path)[1].lower()
+    buf = io.BytesIO()
+    fig.savefig(buf, format=suffix[1:] if suffix in PLOT_SUFFIXES else "png", dpi=100)
     plt.close(fig)
+    return buf.getvalue()

@@ -8,6 +8,7 @@ fit, against a machine driven into swap or the OOM killer by a file of a few kil
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 
@@ -39,6 +40,15 @@ def available_memory() -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return 1 << 40  # no way to ask: no memory-based refusal
+
+
+@functools.lru_cache(maxsize=1)
+def physical_memory() -> int:
+    """Bytes of memory this machine has (``MemTotal``): no allocation larger than this can be meant."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 50
 
 
 def memory_budget() -> int:

@@ -1,25 +1,80 @@
 """Output files the user names on the command line (``--json FILE``, ``--plot PNG``): checked before any
-work starts, so a typo in a path costs one line, not a finished diff (storage.fileio writes them)."""
+work starts, so a typo in a path costs one line, not a finished diff (storage.fileio writes them).
+
+Where a report goes, by what the path is now:
+- nothing, or a regular file: written whole beside it and renamed over it (a reader sees the old file or
+  the new one; nothing half-written is left by a full disk or a signal);
+- a FIFO, a device, or a descriptor link (``/dev/stdout``, ``/dev/fd/3``, ``>(jq .)``): streamed into it,
+  as a shell redirection would, never renamed over;
+- a symbolic link to anything else (a regular file, nothing): refused — hsstore does not write through a
+  link it did not make (someone else's link in a shared folder must not redirect the report onto a file
+  of theirs), nor replace the link itself.
+"""
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from hsstore.core.errors import BadInput
 
 # what matplotlib's Agg canvas writes (the plot's suffix picks the format)
 PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".svgz", ".eps", ".ps", ".jpg", ".jpeg", ".tif", ".tiff", ".webp")
+_LINK_HOPS = 40  # as the kernel's own limit on links followed
+
+
+def streamed(path: str) -> bool:
+    """Whether the output ``path`` is written into as it is (a FIFO, a device, a descriptor link such as
+    ``/dev/stdout``) rather than replaced whole; BadInput for a link hsstore will not write through."""
+    p = os.path.expanduser(path)
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        return False
+    if not stat.S_ISLNK(st.st_mode):
+        return True  # a FIFO, a character device, a socket
+    try:
+        target = os.stat(p)
+    except OSError:
+        target = None
+    if target is not None and not (stat.S_ISREG(target.st_mode) or stat.S_ISDIR(target.st_mode)):
+        return True
+    if _through_descriptor(p):
+        return True  # /dev/stdout redirected to a file by the shell: the shell chose the file
+    where = os.path.realpath(p)
+    raise BadInput(f"output {path!r} is a symbolic link (to {where!r}); hsstore does not write through links — name "
+                   "the file itself, or remove the link")
+
+
+def _through_descriptor(p: str) -> bool:
+    """Whether following the links of ``p`` passes through a process's descriptor (``/proc/*/fd/N``)."""
+    for _ in range(_LINK_HOPS):
+        parts = Path(os.path.abspath(p)).parts
+        if len(parts) >= 4 and parts[1] == "proc" and parts[3] == "fd":
+            return True
+        if not os.path.islink(p):
+            return False
+        p = os.path.join(os.path.dirname(p), os.readlink(p))
+    return False
 
 
 def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) -> None:
     """Refuse (exit 2) an output file that cannot be written: its folder is missing or not a folder, the
-    path is a folder, or its suffix is not one of ``suffixes`` (when given)."""
+    path is a folder or a link hsstore will not write through, or its suffix is not one of ``suffixes``
+    (when given)."""
     p = Path(path).expanduser()
     if not path.strip():
         raise BadInput(f"{option} is empty; name a file to write, e.g. {option} report{(suffixes or ('.json',))[0]}")
     if p.is_dir():
         raise BadInput(f"{option} {path!r} is a folder; name a file inside it")
+    try:
+        if streamed(path):
+            return  # /dev/stdout, a FIFO: its folder and suffix do not matter
+    except BadInput as e:
+        raise BadInput(f"{option} {e}".replace("output ", "", 1)) from None
     if suffixes and p.suffix.lower() not in suffixes:
         raise BadInput(f"{option} {path!r}: unknown file type {p.suffix or '(none)'!r}; use one of {', '.join(suffixes)}")
     parent = p.parent

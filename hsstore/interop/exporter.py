@@ -5,9 +5,10 @@ an export record (``hsstore-export.json``; beside the folder for EAGLE, whose lo
 it) with the variant's provenance and each slot's layer in hsstore's and in the tool's numbering, so
 ``hsstore import`` of the folder restores the statement without the user repeating it. The record says
 ``complete: false`` until every file is written. Re-running an export into the folder of an earlier
-export of the variant (with any options) makes the folder exactly this export: files of the layout's
-kinds this export did not write (an earlier export's samples, layers, compression) are removed before
-the record says complete, so a folder never mixes two exports.
+export of the variant (with any options) makes the folder exactly this export: files named as the
+layout's writer names them that this export did not write (an earlier export's samples, layers,
+compression) are removed before the record says complete, so a folder never mixes two exports; other
+files (a user's) are left alone.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from hsstore.interop.formats import get_format
 from hsstore.interop.formats.interface import TMP_SUFFIX, Format
 from hsstore.interop.import_records import add_hash, entry_hash, now, read_sidecar, write_sidecar
 from hsstore.storage.leases import lock_folder_alone
+from hsstore.storage.outside_store import check_outside_stores
 
 
 
@@ -74,7 +76,7 @@ def _check_dest(fmt: Format, dest: Path, store: str, vid: str) -> None:
     """An export goes into a new or empty folder, or the folder of an earlier export of the same variant."""
     sidecar = fmt.sidecar(dest)
     if sidecar.is_file():
-        rec = read_sidecar(sidecar, fmt.name)
+        rec = read_sidecar(sidecar, fmt.name, "choose a new folder (an export folder holds one export)")
         if rec.variant != vid:
             raise BadInput(f"{dest} holds an export of variant {rec.variant}, not {vid}; choose a new folder")
         return
@@ -83,10 +85,14 @@ def _check_dest(fmt: Format, dest: Path, store: str, vid: str) -> None:
 
 
 def _stale_files(fmt: Format, dest: Path, written: set[str]) -> list[Path]:
-    """Files of the layout's kinds under ``dest`` that this export did not write (an earlier export's)."""
-    sidecar = fmt.sidecar(dest)
-    return [p for p in dest.rglob("*") if p.is_file() and not p.is_symlink() and p.name.endswith(fmt.suffixes)
-            and p != sidecar and p.relative_to(dest).as_posix() not in written]
+    """Files under ``dest`` named as an export of the layout names its files (an earlier export's) that this
+    export did not write. Anything else (a user's notes, a config.json beside the samples) is left alone."""
+    out = []
+    for p in dest.rglob("*"):
+        rel = p.relative_to(dest).as_posix()
+        if p.is_file() and not p.is_symlink() and fmt.exported.fullmatch(rel) and rel not in written:
+            out.append(p)
+    return out
 
 
 def _make_dest(dest: Path) -> None:
@@ -153,13 +159,25 @@ def export_cache(req: ExportRequest) -> dict[str, Any]:
     reader.check_corrupt_commits()
     aux, target = _slots(fmt, reader.record, req)
     dest = Path(req.dest)
-    _check_dest(fmt, dest, path, reader.id)
+    check_outside_stores(req.dest, "export folder")
+    _check_dest(fmt, dest, path, reader.id)  # (refused before a folder is made; judged again once held)
     keys = reader.keys[: req.limit] if req.limit is not None else list(reader.keys)
     _make_dest(dest)
     alone = lock_folder_alone(str(dest))  # held until this export returns: two exports never mix one folder
     if alone is None:
-        raise BadInput(f"export folder {str(dest)!r} is being written by another export right now; wait for it to "
-                       "finish, or choose another folder")
+        raise BadInput(f"export folder {str(dest)!r} is being written by another export (or read by an import) right "
+                       "now; wait for it to finish, or choose another folder")
+    try:
+        return _export_held(req, fmt, reader, path, dest, keys, aux, target, t0)
+    finally:
+        alone.release()
+
+
+def _export_held(req: ExportRequest, fmt: Format, reader: Any, path: str, dest: Path, keys: list[str], aux: list[int],
+                 target: int, t0: float) -> dict[str, Any]:
+    """The export, once this process holds ``dest``: what the folder holds is judged again here (another
+    export may have finished in it since the first look), then written."""
+    _check_dest(fmt, dest, path, reader.id)
     for stale in list(dest.rglob(f"*{TMP_SUFFIX}")):  # a killed export's temporary files
         shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
     write_sidecar(fmt.sidecar(dest), _record(fmt, reader, path, aux, target, len(keys), 0, complete=False))
@@ -185,7 +203,6 @@ def export_cache(req: ExportRequest) -> dict[str, Any]:
         stale.unlink(missing_ok=True)
     record = _record(fmt, reader, path, aux, target, len(keys), files, complete=True)
     write_sidecar(fmt.sidecar(dest), record)
-    alone.release()
     return {"store": path, "variant": reader.id, "format": fmt.name, "dest": str(dest), "samples": len(keys),
             "tokens": tokens, "slots": record.slots, "tool_layers": record.tool_layers,
             "tool_capture": record.tool_capture, "record": str(fmt.sidecar(dest)), "loader": fmt.loader,

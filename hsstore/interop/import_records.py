@@ -135,13 +135,15 @@ def _unchanged(root: Path, f: tuple[str, int, int, str]) -> bool:
     return st.st_size == f[1] and st.st_mtime_ns == f[2]
 
 
-def read_sidecar(path: Path, fmt: str) -> ExportRecord | None:
-    """The export record at ``path`` if there is one (a statement of what the files hold)."""
+def read_sidecar(path: Path, fmt: str, fix: str | None = None) -> ExportRecord | None:
+    """The export record at ``path`` if there is one (a statement of what the files hold); BadInput naming
+    ``fix`` (default: import it as the format it was exported as) if it is another format's."""
     if not path.is_file():
         return None
     rec = ExportRecord.from_json(path.read_bytes(), str(path), error=BadInput)
     if rec.format != fmt:
-        raise BadInput(f"{path} says the folder was exported as {rec.format!r}, not {fmt!r}; pass --format {rec.format}")
+        raise BadInput(f"{path} says the folder was exported as {rec.format!r}, not {fmt!r}; "
+                       f"{fix or f'import it as {rec.format}: hsstore import {rec.format} ...'}")
     return rec
 
 

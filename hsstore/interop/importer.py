@@ -28,6 +28,7 @@ from hsstore.core.layer_numbering import FINAL_NORM, parse_capture, parse_layer_
 from hsstore.interop.imported_provenance import imported_provenance, model_identity, tokenizer_identity
 from hsstore.interop.import_records import ImportLog, read_sidecar
 from hsstore.interop.sample import SourceSample
+from hsstore.storage.leases import share_folder
 
 UNIT_BYTES = 256 << 20  # states per unit: bounds the memory an import holds (two copies while writing)
 
@@ -129,12 +130,25 @@ def _first_readable(fmt: Any, root: Path, items: list[str], vocab: int, skip_bad
 
 def import_cache(req: ImportRequest) -> dict[str, Any]:
     """Import ``req.source`` into ``req.store``; returns the report ``hsstore import --json`` prints."""
+    t0 = time.time()
+    fmt, root = get_format(req.format), Path(req.source)
+    fmt.check_dir(root)
+    held = share_folder(str(root))  # an export cannot rewrite the folder while this import reads it
+    if held is None:
+        raise BadInput(f"{str(root)!r} is being written by an `hsstore export` right now; wait for it to finish, "
+                       "then import the folder")
+    try:
+        return _import_held(req, fmt, root, t0)
+    finally:
+        held.release()
+
+
+def _import_held(req: ImportRequest, fmt: Format, root: Path, t0: float) -> dict[str, Any]:
+    """The import, while this process holds ``root`` shared (no export rewrites it meanwhile)."""
     from hsstore.storage.codecs import DEFAULT as DEFAULT_CODEC
     from hsstore.storage.codecs import chunk_tokens
     from hsstore.storage.store import Store
 
-    t0 = time.time()
-    fmt, root = get_format(req.format), Path(req.source)
     items = fmt.items(root)
     if req.limit is not None:
         items = items[: req.limit]

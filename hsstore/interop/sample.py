@@ -11,6 +11,7 @@ import gzip
 import io
 import os
 import warnings
+import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,7 @@ def load_torch(data: bytes, rel: str) -> dict[str, Any]:
     """A ``torch.save``'d dict (``.gz``: gzip-compressed first) through ``torch.load(weights_only=True)``."""
     if rel.endswith(".gz"):
         data = inflate(data, rel)
+    check_zip_members(data, rel)
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols of foreign files: not for users
             warnings.simplefilter("ignore")
@@ -103,6 +105,25 @@ def load_torch(data: bytes, rel: str) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise BadInput(f"{rel}: holds a {type(obj).__name__}, not a dict of tensors; is this the right format?")
     return obj
+
+
+def check_zip_members(data: bytes, rel: str) -> None:
+    """Refuse a torch.save zip whose members declare more bytes than ``inflate_cap`` allows, before torch.load
+    allocates them: torch.save stores members uncompressed, but its reader also inflates deflated ones, so a
+    200 KB file of deflated zeros becomes a 200 MB tensor (and 2 MB, 2 GB) — the members' declared sizes
+    are what the reader allocates. Anything that is not a readable zip is left to torch.load to name."""
+    if not data.startswith(b"PK\x03\x04"):
+        return
+    try:
+        members = zipfile.ZipFile(io.BytesIO(data)).infolist()
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError):
+        return
+    declared = sum(m.file_size for m in members)
+    cap = inflate_cap(len(data))
+    if declared > cap:
+        raise ResourceLimit(f"{rel}: its zip members inflate to {byte_size(declared)} from {byte_size(len(data))} (past "
+                            f"{byte_size(cap)}: more than {MAX_INFLATE_RATIO}x, or beyond the memory budget): a "
+                            "decompression bomb, not a sample (torch.save writes members uncompressed); remove it")
 
 
 def inflate_cap(compressed: int) -> int:

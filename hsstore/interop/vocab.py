@@ -19,20 +19,33 @@ import torch
 
 from hsstore.core.budget import check_fits
 from hsstore.core.errors import BadInput
+from hsstore.core.nesting import loads_bounded
 from hsstore.core.schema.record import or_none
 from hsstore.interop.formats.interface import atomic_write, torch_bytes
+from hsstore.interop.vocab_folder import hold_vocab_folder, record_name
+
+
+COUNT_BATCH = 1 << 20  # loss tokens gathered before one bincount (one per sample costs O(vocab) each)
 
 
 def token_counts(reader: Any, vocab: int) -> tuple[np.ndarray, int]:
     """Counts ``[vocab]`` of every loss-masked token of the variant, and the number of samples read."""
     counts = np.zeros(vocab, dtype=np.int64)
+    pending: list[np.ndarray] = []
+    held = 0
     for key in reader.keys:
         ids, mask = reader.read_tokens(reader.ref(key))
-        sel = ids[mask.astype(bool)].astype(np.int64)
+        sel = ids[mask.astype(bool)]
         if sel.size and int(sel.max()) >= vocab:
             raise BadInput(f"sample {key} has token id {int(sel.max())} >= the target vocabulary {vocab}; "
                            "pass the model's vocabulary with --target-vocab-size")
-        counts += np.bincount(sel, minlength=vocab)
+        pending.append(sel)
+        held += sel.size
+        if held >= COUNT_BATCH:
+            counts += np.bincount(np.concatenate(pending).astype(np.int64), minlength=vocab)
+            pending, held = [], 0
+    if pending:
+        counts += np.bincount(np.concatenate(pending).astype(np.int64), minlength=vocab)
     return counts, len(reader.keys)
 
 
@@ -76,8 +89,13 @@ def _target_vocab(reader: Any, override: int | None) -> tuple[int, str]:
     path = or_none(recipe.model.path)
     cfg = Path(str(path)) / "config.json" if path else None
     if cfg is not None and cfg.is_file():
-        data = json.loads(cfg.read_text())
-        v = data.get("vocab_size") or (data.get("text_config") or {}).get("vocab_size")
+        try:
+            data = loads_bounded(cfg.read_bytes())
+        except (ValueError, UnicodeDecodeError) as e:  # not JSON, nested too deeply, not UTF-8
+            raise BadInput(f"{cfg}: not a readable model config ({str(e)[:120]}); pass --target-vocab-size N") from None
+        text = data.get("text_config") if isinstance(data, dict) else None
+        v = data.get("vocab_size") if isinstance(data, dict) else None
+        v = v or (text.get("vocab_size") if isinstance(text, dict) else None)
         if isinstance(v, int):
             return v, str(cfg)
     v = or_none(recipe.tokenizer.vocab_size)
@@ -98,10 +116,21 @@ def write_vocab_map(target: str, size: int, out: str, target_vocab_size: int | N
     counts, n_samples = token_counts(reader, vocab)
     d2t, t2d = vocab_mapping(counts, size)
     root = Path(out)
+    outputs = ((f"d2t-{size}.npy", _npy(d2t.numpy())), (f"t2d-{size}.npy", _npy(t2d.numpy())),
+               (f"vocab_mapping-{size}.pt", torch_bytes({"d2t": d2t, "t2d": t2d})),
+               ("token_freq.pt", torch_bytes({int(i): int(counts[i]) for i in np.flatnonzero(counts)})))
+    held = hold_vocab_folder(root, path, reader.id, [n for n, _ in outputs] + [record_name(size)], size)
+    try:
+        return _write_held(root, outputs, reader, path, size, vocab, vocab_from, counts, t2d, n_samples)
+    finally:
+        held.release()
+
+
+def _write_held(root: Path, outputs: Any, reader: Any, path: str, size: int, vocab: int, vocab_from: str,
+                counts: np.ndarray, t2d: torch.Tensor, n_samples: int) -> dict[str, Any]:
+    """Write the files, then the record that says they belong together (vocab_folder holds the folder)."""
     files = {}
-    for name, data in ((f"d2t-{size}.npy", _npy(d2t.numpy())), (f"t2d-{size}.npy", _npy(t2d.numpy())),
-                       (f"vocab_mapping-{size}.pt", torch_bytes({"d2t": d2t, "t2d": t2d})),
-                       ("token_freq.pt", torch_bytes({int(i): int(counts[i]) for i in np.flatnonzero(counts)}))):
+    for name, data in outputs:
         files[name] = atomic_write(root, name, data).xxh3
     total = int(counts.sum())
     record = {
@@ -111,7 +140,7 @@ def write_vocab_map(target: str, size: int, out: str, target_vocab_size: int | N
         "samples": n_samples, "loss_tokens": total, "distinct_tokens": int((counts > 0).sum()),
         "coverage": float(counts[t2d.numpy()].sum() / total) if total else 0.0, "files": files,
     }
-    atomic_write(root, f"vocab-map-{size}.json", json.dumps(record, indent=1, sort_keys=True).encode())
+    atomic_write(root, record_name(size), json.dumps(record, indent=1, sort_keys=True).encode())
     return record
 
 

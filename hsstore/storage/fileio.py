@@ -127,11 +127,22 @@ def replace_file(path: str | os.PathLike, data: bytes, tmp: str) -> None:
         os.close(dfd)
 
 
-def write_output_text(path: str, text: str, option: str) -> None:
-    """Write ``text`` to the file the user named with ``option`` (``--json FILE``) all or nothing
-    (replace_file); a failing write (a full disk, a file-size limit) is one line, exit 1."""
+def write_output_file(path: str, data: bytes, option: str) -> None:
+    """Write ``data`` to the file the user named with ``option`` (``--json FILE``, ``--plot PNG``): replaced
+    all or nothing (replace_file), or streamed into a FIFO, a device or ``/dev/stdout`` (core.outputs); a link
+    hsstore does not write through is refused (exit 2), a failing write (a full disk, a file-size limit) is
+    one line, exit 1."""
+    from hsstore.core.outputs import streamed
+
     p = os.path.expanduser(path)
     try:
-        replace_file(p, text.encode("utf-8"), f".{os.path.basename(p)}.{uuid.uuid4().hex[:12]}.tmp")
+        if streamed(p):
+            fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)  # after what the shell's redirection holds
+            try:
+                write_all(fd, [data])
+            finally:
+                os.close(fd)
+        else:
+            replace_file(p, data, f".{os.path.basename(p)}.{uuid.uuid4().hex[:12]}.tmp")
     except OSError as e:
         raise WriteFailed(f"writing {option} {path!r} failed: {e.strerror or e}; free space or write it elsewhere") from None

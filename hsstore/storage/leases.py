@@ -141,7 +141,8 @@ def take_folder_alone(held: Lease) -> bool:
 
 def lock_folder_alone(path: str) -> Lease | None:
     """An exclusive lock on the existing folder ``path`` (an export folder while an export writes it), or
-    None while another process holds one. Raises OSError if the folder cannot be opened."""
+    None while another process holds any lock on it (an export writing, an import reading it). Raises OSError
+    if the folder cannot be opened."""
     fd = os.open(path, _DIR_FLAGS & ~os.O_NOFOLLOW)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -149,3 +150,20 @@ def lock_folder_alone(path: str) -> Lease | None:
         os.close(fd)
         return None if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else Lease()
     return Lease(fd)
+
+
+def share_folder(path: str) -> Lease | None:
+    """A shared lock on the existing folder ``path`` (an import reading an export folder), or None while a
+    process holds it exclusively (an export writing it). A folder that cannot be opened or locked gets an
+    empty lease (its reader names what is wrong with it)."""
+    try:
+        fd = os.open(path, _DIR_FLAGS & ~os.O_NOFOLLOW)
+    except OSError:
+        return Lease()
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        return None if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else Lease()
+    return Lease(fd)
+

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from hsstore.core.errors import CorruptData
+from hsstore.core.nesting import nesting_depth
 from hsstore.core.schema.record import explain
 from hsstore.core.schema.store_records import CommitRecord, HealthStats, UnitInfo, VariantRecord, WriterInfo
 
@@ -36,13 +37,8 @@ def parse_json(data: bytes, what: str) -> Any:
         value = msgspec.json.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as e:
         raise CorruptData(f"{what} is not valid JSON ({str(e)[:120]}); run `hsstore verify`") from None
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise CorruptData(f"{what} nests deeper than {MAX_DEPTH} levels; hsstore never writes that")
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    if nesting_depth(value, stop=MAX_DEPTH) > MAX_DEPTH:
+        raise CorruptData(f"{what} nests deeper than {MAX_DEPTH} levels; hsstore never writes that")
     return value
 
 

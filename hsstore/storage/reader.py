@@ -20,7 +20,7 @@ from hsstore.core.keys import sample_key
 from hsstore.core.schema.store_records import CommitRecord, VariantRecord
 from hsstore.storage import commits, layout
 from hsstore.storage.backend import Backend
-from hsstore.storage.shardio import ShardReader
+from hsstore.storage.shardio import ShardReader, check_declared_bytes
 from hsstore.storage.stats import merge
 from hsstore.storage.tasks import pieces, run_shared
 
@@ -246,6 +246,7 @@ class VariantReader:
 
         tasks, outs, nbytes = [], [], 0
         for layers in groups:
+            check_declared_bytes(ref.length * len(layers) * rec.hidden_size * STORED[rec.dtype].itemsize, f"sample {ref.key}")
             buf, tensor = outbuf.empty((ref.length, len(layers), rec.hidden_size), STORED[rec.dtype])
             for j, layer in enumerate(layers):
                 name = layout.layer_array(layer)

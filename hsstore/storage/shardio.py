@@ -19,7 +19,9 @@ from typing import Any
 import crc32c
 import numpy as np
 
+from hsstore.core.budget import physical_memory
 from hsstore.core.errors import CorruptData
+from hsstore.core.humanize import byte_size
 from hsstore.core.schema.array import ArrayMeta, ShardingConfig, ZarrCodec
 from hsstore.storage import layout
 from hsstore.storage.backend import Backend, BufferRange, RangeSource
@@ -126,6 +128,14 @@ def array_layout(raw: bytes, what: str) -> ArrayLayout:
     raise CorruptData(f"{what}: its codecs or chunking are not a layout hsstore writes")
 
 
+def check_declared_bytes(nbytes: int, what: str) -> None:
+    """CorruptData when a store's records declare more bytes than this machine has memory (a sample of 10^10
+    tokens, a chunk of 10^9 rows): damaged or forged records, refused before anything is allocated."""
+    if nbytes > physical_memory():
+        raise CorruptData(f"{what} declares {byte_size(nbytes)}, more than this machine's {byte_size(physical_memory())} "
+                          "of memory: its records are damaged or forged (hsstore writes no such thing). Run `hsstore verify`")
+
+
 class ShardReader:
     """Reads row ranges of one array, verifying every chunk's crc32c (and the shard index's)."""
 
@@ -138,6 +148,7 @@ class ShardReader:
         self.layout, self.shape, self.dtype, self.chunk_rows = lay, lay.shape, lay.dtype, lay.chunk_rows
         self.row_width = int(np.prod(self.shape[1:], dtype=np.int64)) if len(self.shape) > 1 else 1
         self.comp = REGISTRY[lay.codec].numcodec(self.dtype.itemsize)
+        check_declared_bytes(self.chunk_rows * self.row_width * self.dtype.itemsize, f"{what}: a chunk")
         try:
             self.src = io.open_range(layout.array_files(key, len(self.shape))[1])
         except FileNotFoundError:
@@ -168,6 +179,7 @@ class ShardReader:
             raise CorruptData(f"{self.what}: rows [{a}, {b}) are outside the array's {self.shape[0]} rows")
         c, w = self.chunk_rows, self.row_width
         if out is None:
+            check_declared_bytes((b - a) * w * self.dtype.itemsize, f"{self.what}: rows [{a}, {b})")
             out = np.empty((b - a, *self.shape[1:]), dtype=self.dtype)
         flat = out.reshape(b - a, w) if out.ndim != 2 else out  # a view: rows stay where they are
         ks = range(a // c, (b - 1) // c + 1 if b > a else a // c)
@@ -234,6 +246,9 @@ class ShardReader:
             return
         payload = self._payload(src, k, off, nbytes, buf)
         if self.comp is None:
+            if payload.nbytes != self.chunk_rows * self.row_width * self.dtype.itemsize:
+                raise CorruptData(f"{self.what}: chunk {k} holds {payload.nbytes} bytes, not the "
+                                  f"{self.chunk_rows} x {self.row_width} values its metadata declare")
             dest[...] = np.frombuffer(payload, dtype=self.dtype).reshape(self.chunk_rows, self.row_width)[first : first + rows]
             self.verified.add(k)
             return

@@ -255,14 +255,19 @@ def enclosing_store(p: Path) -> Path | None:
     return None
 
 
+def check_not_nested(p: Path) -> None:
+    """Refuse (exit 2) a store path inside another store: stores do not nest."""
+    outer = enclosing_store(p)
+    if outer is not None:
+        raise BadInput(f"store path {str(p)!r} is inside the hsstore store {str(outer)!r} (stores do not nest: gc "
+                       "of the outer one would count the inner one as its debris); choose a path outside it")
+
+
 def _prepare_directory(p: Path) -> None:
     """Refuse a file, a foreign non-empty directory or a place inside another store as a new store's
     place; make the directory."""
     path = str(p)
-    outer = enclosing_store(p)
-    if outer is not None:
-        raise BadInput(f"store path {path!r} is inside the hsstore store {str(outer)!r} (stores do not nest: gc "
-                       "of the outer one would count the inner one as its debris); choose a path outside it")
+    check_not_nested(p)
     if p.exists() and not p.is_dir():
         raise BadInput(f"store path {path!r} is a file; choose a directory path for the store")
     others = [c for c in p.iterdir() if not c.name.startswith(layout.TMP_PREFIX)] if p.is_dir() else []

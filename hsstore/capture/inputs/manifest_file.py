@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hsstore.core.errors import BadInput
+from hsstore.core.nesting import MAX_INPUT_DEPTH, TooDeep, check_depth
 from hsstore.core.paths import expand_user
 from hsstore.core.schema.manifest import (FINAL_NORM, Manifest, check_layers_in_model, check_manifest,  # noqa: F401
                                           parse_manifest_file, resolve_layers)
@@ -32,11 +33,16 @@ def _read_toml(p: Path, source: str) -> dict[str, Any]:
         raise _err(source, f"is {p.stat().st_size:,} bytes; a manifest is a small TOML file (pass the manifest, "
                            "not a data file)")
     try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
+        return check_depth(tomllib.loads(p.read_text(encoding="utf-8")))
     except tomllib.TOMLDecodeError as e:
         raise _err(source, f"malformed TOML: {e}") from None
+    except (RecursionError, TooDeep):
+        raise _err(source, f"nests arrays or tables deeper than {MAX_INPUT_DEPTH} levels; a manifest is a few flat "
+                           "tables (see manifests/tiny.toml)") from None
     except UnicodeDecodeError:
         raise _err(source, "is not UTF-8 text") from None
+    except ValueError as e:  # tomllib's int() of a number with thousands of digits
+        raise _err(source, f"malformed TOML: {str(e).split(';')[0]}") from None
 
 
 def load_manifest(path: str | Path) -> Manifest:

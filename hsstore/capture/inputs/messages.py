@@ -11,9 +11,10 @@ JSON string stays a string — templates differ in which they expect).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from hsstore.core.nesting import TooDeep, loads_bounded, lone_surrogate
 
 # lower-cased role names seen in public datasets -> the role chat templates know
 ROLES = {
@@ -83,9 +84,13 @@ def _parsed_calls(value: Any, where: str) -> list[dict[str, Any]]:
     """A ShareGPT ``function_call`` turn's value (JSON text of one call or a list of calls)."""
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = loads_bounded(value)
+        except TooDeep as e:
+            raise RowRejected("nested too deeply", f"{where}: function_call {e}") from None
         except ValueError:
             raise RowRejected("function_call turn is not JSON", where) from None
+        if lone_surrogate(value) is not None:
+            raise RowRejected("not Unicode text", f"{where}: a lone surrogate {lone_surrogate(value)} in function_call")
     if not value:
         raise RowRejected("function_call turn holds no call", where)
     return _tool_calls(value, where)
@@ -216,9 +221,13 @@ def row_tools(row: dict[str, Any]) -> list[dict[str, Any]] | None:
         return None
     if isinstance(tools, str):
         try:
-            tools = json.loads(tools)
+            tools = loads_bounded(tools)
+        except TooDeep as e:
+            raise RowRejected("nested too deeply", f"tools {e}") from None
         except ValueError:
             raise RowRejected("tools is not JSON") from None
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise RowRejected("tools is not a list of objects")
+    if lone_surrogate(tools) is not None:
+        raise RowRejected("not Unicode text", f"a lone surrogate {lone_surrogate(tools)} in tools")
     return tools or None

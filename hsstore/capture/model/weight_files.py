@@ -6,13 +6,13 @@ minutes."""
 
 from __future__ import annotations
 
-import json
 import re
 import zipfile
 from pathlib import Path
 from typing import Any
 
 from hsstore.core.errors import BadInput
+from hsstore.core.nesting import loads_bounded
 
 MAX_HEADER_BYTES = 100 << 20
 
@@ -20,7 +20,7 @@ MAX_HEADER_BYTES = 100 << 20
 def index_shards(index: Path) -> list[str]:
     """The shard file names a sharded checkpoint's ``*.index.json`` maps its weights to."""
     try:
-        wmap = json.loads(index.read_bytes()[: 64 << 20]).get("weight_map", {})
+        wmap = loads_bounded(index.read_bytes()[: 64 << 20]).get("weight_map", {})
     except (OSError, ValueError, AttributeError) as e:
         raise BadInput(f"{index} is not a readable weight index ({type(e).__name__}); re-download the checkpoint") from None
     if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
@@ -36,7 +36,7 @@ def check_safetensors(path: Path) -> None:
         with open(path, "rb") as f:
             head = f.read(8)
             n = int.from_bytes(head, "little") if len(head) == 8 else -1
-            header = json.loads(f.read(n)) if 0 < n <= min(size - 8, 100 << 20) else None
+            header = loads_bounded(f.read(n)) if 0 < n <= min(size - 8, 100 << 20) else None
         ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"] if isinstance(header, dict) else None
     except (OSError, ValueError, TypeError, KeyError, IndexError):
         ends = None
@@ -74,7 +74,7 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
         n = int.from_bytes(f.read(8), "little")
         if not 0 < n <= MAX_HEADER_BYTES:
             return {}
-        header = json.loads(f.read(n))
+        header = loads_bounded(f.read(n))
     return {k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)} if isinstance(header, dict) else {}
 
 
@@ -90,7 +90,7 @@ def weight_shapes(files: list[Path]) -> tuple[set[str], dict[str, list[int]]]:
                     if isinstance(v.get("shape"), list):
                         shapes[k] = v["shape"]
             elif p.name.endswith(".index.json"):
-                wmap = json.loads(p.read_bytes()[:MAX_HEADER_BYTES]).get("weight_map", {})
+                wmap = loads_bounded(p.read_bytes()[:MAX_HEADER_BYTES]).get("weight_map", {})
                 names |= set(wmap) if isinstance(wmap, dict) else set()
         except (OSError, ValueError, AttributeError):
             continue  # a damaged file is named by ModelSpec.weight_files' own checks
@@ -98,7 +98,7 @@ def weight_shapes(files: list[Path]) -> tuple[set[str], dict[str, list[int]]]:
 
 
 def check_config_matches_weights(tc: Any, files: list[Path], model: str) -> None:
-    """BadInput when the config's decoder layers or hidden size differ from what the weight files hold."""
+    """BadInput when the config's decoder layers, hidden size or vocabulary differ from what the weight files hold."""
     names, shapes = weight_shapes(files)
     layer_ids = {int(m.group(1)) for n in names for m in [LAYER_RE.search(n)] if m}
     want = getattr(tc, "num_hidden_layers", None)
@@ -110,4 +110,8 @@ def check_config_matches_weights(tc: Any, files: list[Path], model: str) -> None
     embed = next((s for n, s in sorted(shapes.items()) if n.endswith("embed_tokens.weight") and len(s) == 2), None)
     if embed is not None and isinstance(hidden, int) and hidden != embed[1]:
         raise BadInput(f"{model}: config.json says hidden_size = {hidden}, but the embedding in the weight files is "
+                       f"{embed[0]} x {embed[1]}; fix config.json or use the checkpoint it belongs to")
+    vocab = getattr(tc, "vocab_size", None)
+    if embed is not None and isinstance(vocab, int) and vocab != embed[0]:
+        raise BadInput(f"{model}: config.json says vocab_size = {vocab}, but the embedding in the weight files is "
                        f"{embed[0]} x {embed[1]}; fix config.json or use the checkpoint it belongs to")

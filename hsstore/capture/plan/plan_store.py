@@ -45,12 +45,16 @@ def committed(store_path: str, expected: list[dict[str, Any]], keys: Collection[
     """For each ``expected`` provenance (kernels left as planned), the store variant whose knowable fields
     match and which of the planned ``keys`` it has committed (the variant with most of them). A store that
     does not exist yet holds nothing."""
+    from pathlib import Path
+
     from hsstore.core.errors import StoreNotFound
-    from hsstore.storage.store import Store
+    from hsstore.storage.store import Store, check_not_nested
 
     try:
         store = Store.open(store_path)
     except StoreNotFound:
+        if "://" not in store_path:
+            check_not_nested(Path(store_path))  # what the build would refuse, the plan refuses
         return [NOTHING for _ in expected]
     fields = {vid: _key(store.variant_record(vid).provenance) for vid in store.variant_ids()}
     out = []

@@ -8,6 +8,7 @@ the folder — so ``hsstore export`` puts its record beside the folder, not in i
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ class Eagle(TorchDictFormat):
     layout = "{index}/data_{i}.ckpt: torch.save dict input_ids, hidden_state, loss_mask (ge_data)"
     loader = "eagle/train/main.py CustomDataset"
     suffixes = (".ckpt",)
+    exported = re.compile(r"\d+/data_\d+\.ckpt")
     target_key = "hidden_state"
 
     def read(self, root: Path, item: str) -> SourceSample:

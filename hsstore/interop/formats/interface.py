@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import io
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,8 @@ class Format:
     has_aux = True
     layout = ""  # one line for --help and the README: where the files are and what they hold
     loader = ""  # the tool's code that reads this layout
-    suffixes: tuple[str, ...] = ()  # how the names of the files of this layout end (an export owns those)
+    suffixes: tuple[str, ...] = ()  # how the names of the files of this layout end
+    exported = re.compile(r"(?!)")  # relative paths an export of this layout writes (and a re-export may remove)
 
     def items(self, root: Path) -> list[str]:
         """The samples under ``root``, in the tool's own order (sorted paths or row indices)."""

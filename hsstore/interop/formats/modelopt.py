@@ -10,6 +10,7 @@ that the target is pre-norm); read by ``modelopt.torch.speculative.eagle.utils.O
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ class ModelOpt(TorchDictFormat):
     layout = "{conversation_id}.pt: torch.save dict input_ids, hidden_states, aux_hidden_states, loss_mask"
     loader = "modelopt.torch.speculative.eagle.utils.OfflineSupervisedDataset"
     suffixes = (".pt",)
+    exported = re.compile(r"[0-9a-f]{32}\.pt")  # the sample's content key
     target_key, aux_key = "hidden_states", "aux_hidden_states"
 
     def read(self, root: Path, item: str) -> SourceSample:

@@ -8,6 +8,7 @@ Written by SpecForge's ``scripts/prepare_hidden_states.py`` as ``rows_{g}-{g+200
 
 from __future__ import annotations
 
+import re
 import gzip
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ class SpecForge(TorchDictFormat):
     layout = "rows_*/data_{i}.ckpt[.gz]: torch.save dict input_ids, loss_mask, hidden_state, aux_hidden_state"
     loader = "specforge.data.preprocessing.OfflineEagle3Dataset"
     suffixes = (".ckpt", ".ckpt.gz")
+    exported = re.compile(r"rows_\d+-\d+/data_\d+\.ckpt(\.gz)?")
     target_key, aux_key = "hidden_state", "aux_hidden_state"
 
     def read(self, root: Path, item: str) -> SourceSample:

@@ -9,6 +9,7 @@ last) and ``token_ids`` [T] (what vLLM's hidden-states connector writes). Read b
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 from collections.abc import Iterator
@@ -113,6 +114,7 @@ class Speculators(Format):
     layout = "save_to_disk Arrow dataset (input_ids, loss_mask, seq_len) + hidden_states/hs_{i}.safetensors"
     loader = "speculators.train.data.ArrowDataset + hs_connectors.FileTransfer"
     suffixes = (".safetensors", ".arrow", ".json")
+    exported = re.compile(r"hidden_states/hs_\d+\.safetensors|data-\d+-of-\d+\.arrow|state\.json|dataset_info\.json")
 
     def __init__(self) -> None:
         self.rows: Any = None

@@ -1,0 +1,71 @@
+"""The folder ``hsstore vocab-map`` writes into: new, empty, or holding vocab-maps of the same variant only.
+
+A vocab-map writes five files; each is replaced whole, but five renames are not one. So the folder is held
+(an exclusive lock) while they are written, and the record ``vocab-map-N.json`` — what says the files
+belong together — is removed before the first file is replaced and written after the last: a folder
+whose ``d2t-N.npy`` has no record is a run that did not finish. A file the run would replace that no
+record of the folder names (a user's ``token_freq.pt``), or a record of another variant (whose
+``token_freq.pt`` would be overwritten), is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from hsstore.core.errors import BadInput
+from hsstore.interop.formats.interface import write_failed
+from hsstore.storage.leases import Lease, lock_folder_alone
+from hsstore.storage.outside_store import check_outside_stores
+
+RECORD_GLOB = "vocab-map-*.json"
+
+
+def record_name(size: int) -> str:
+    return f"vocab-map-{size}.json"
+
+
+def _records(root: Path) -> dict[str, dict]:
+    """The vocab-map records in ``root`` by file name; BadInput for one that is not a vocab-map record."""
+    out = {}
+    for p in sorted(root.glob(RECORD_GLOB)):
+        try:
+            rec = json.loads(p.read_bytes()[: 1 << 20]) if p.is_file() and not p.is_symlink() else None
+        except (ValueError, OSError):
+            rec = None
+        if not (isinstance(rec, dict) and isinstance(rec.get("files"), dict) and "variant" in rec):
+            raise BadInput(f"{p} is not a vocab-map record hsstore wrote; choose another --out folder or move it")
+        out[p.name] = rec
+    return out
+
+
+def hold_vocab_folder(root: Path, store: str, vid: str, names: list[str], size: int) -> Lease:
+    """Create and lock ``root`` for a vocab-map of variant ``vid`` writing ``names``, after checking that no
+    file it replaces is someone else's; remove the stale record of this size. The lease is held until the
+    record is written (release it then)."""
+    check_outside_stores(str(root), "vocab-map folder")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lease = lock_folder_alone(str(root))
+    except OSError as e:
+        raise write_failed(root, e) from None
+    if lease is None:
+        raise BadInput(f"vocab-map folder {str(root)!r} is being written by another vocab-map right now; wait for it "
+                       "to finish, or choose another --out")
+    try:
+        records = _records(root)
+        for name, rec in records.items():
+            if rec.get("variant") != vid:
+                raise BadInput(f"{root} holds a vocab-map of {rec.get('store')}#{rec.get('variant')} ({name}), not of "
+                               f"{store}#{vid}; choose another --out folder")
+        ours = {f for rec in records.values() for f in rec["files"]} | set(records)
+        foreign = [n for n in names if os.path.lexists(root / n) and n not in ours]
+        if foreign:
+            raise BadInput(f"{root / foreign[0]} exists and no vocab-map record in {root} names it; hsstore does not "
+                           "overwrite files it did not write — choose another --out folder or move it")
+        (root / record_name(size)).unlink(missing_ok=True)  # the files are about to change: no record vouches
+    except BaseException:
+        lease.release()
+        raise
+    return lease
