@@ -127,3 +127,39 @@ def test_a_flipped_byte_in_a_strided_layer_slot_is_still_caught(tmp_path: Path, 
     with pytest.raises(CorruptData, match="crc32c|checksum"):
         for i in range(len(HiddenStateDataset(path))):
             HiddenStateDataset(path)[i]
+
+
+def test_a_random_sample_at_a_small_hidden_size_reads_little_beyond_its_own_rows(tmp_path: Path):
+    """With the chunking a build picks (codecs.chunk_tokens), one sample read from the middle of a unit
+    of many short samples at hidden 64 reads a few times its own bytes, not a ~1 MiB chunk per layer
+    that holds ten other samples."""
+    from hsstore.storage.codecs import DEFAULT, chunk_tokens
+
+    hidden, length = 64, 700
+    path, want = _store(tmp_path, [[length] * 12], hidden=hidden, codec=DEFAULT, chunk=chunk_tokens(hidden, 2))
+    ds = HiddenStateDataset(path)
+    _check(ds[6], want)
+    own = length * 3 * hidden * 2  # the sample's raw bf16 states, 3 layers
+    tokens = 12 * length * 5  # the unit's token arrays, checked whole on their first read
+    assert ds.reader.bytes_read <= 4 * own + tokens + 4096
+
+
+def test_read_threads_follow_the_cores_each_rank_of_the_host_has():
+    """A rank alone on a host decodes on all its cores (up to 16); ranks sharing a host split them,
+    keeping a few threads each so reads still overlap."""
+    from hsstore.storage.tasks import read_threads
+
+    assert read_threads(16, 1) == 16 and read_threads(64, 1) == 16
+    assert read_threads(16, 2) == 8
+    assert read_threads(16, 8) == read_threads(16, 16) == 4  # never fewer than 4 ...
+    assert read_threads(2, 1) == 2 and read_threads(1, 1) == 1  # ... unless the host has fewer cores
+
+
+def test_a_dataset_sizes_its_read_threads_by_the_ranks_on_its_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from hsstore.storage.tasks import read_threads, usable_cpus
+
+    path, _ = _store(tmp_path, [[20]])
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert HiddenStateDataset(path).reader.read_threads == read_threads(usable_cpus(), 8)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert HiddenStateDataset(path).reader.read_threads == read_threads(usable_cpus(), 1)

@@ -22,7 +22,7 @@ from hsstore.storage import commits, layout
 from hsstore.storage.backend import Backend
 from hsstore.storage.shardio import ShardReader
 from hsstore.storage.stats import merge
-from hsstore.storage.tasks import pieces, run_shared
+from hsstore.storage.tasks import local_ranks, pieces, read_threads, run_shared, usable_cpus
 
 # a sample's layers go to the read threads only above this many bytes of states: below it the hand-offs
 # cost more than the parallel decode saves (a 2-core profile: ~55 % of a small read spent waiting on them)
@@ -78,7 +78,7 @@ class VariantReader:
         self._shards: dict[tuple[str, str], ShardReader] = {}
         self._checked_units: set[str] = set()
         self._lock = threading.Lock()
-        self.read_threads = min(8, os.cpu_count() or 1)  # layers of one sample read in parallel
+        self.read_threads = read_threads(usable_cpus(), local_ranks())  # a sample's layers read side by side
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid: int | None = None
         self.tokenizer_fingerprint = self.record.prov.recipe.tokenizer.fingerprint

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -42,3 +43,26 @@ def pieces(offset: int, length: int, chunk_rows: int, row_bytes: int, piece_byte
     step = chunk_rows * max(1, piece_bytes // max(1, chunk_rows * row_bytes))
     cuts = [0, *range(step - offset % step, length, step), length]
     return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def local_ranks() -> int:
+    """Processes of this job on this host: torchrun's ``LOCAL_WORLD_SIZE`` (1 when not set or not a number)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def read_threads(cpus: int, ranks: int) -> int:
+    """Threads one process decodes a sample's layers on: its share of the host's ``cpus`` among ``ranks``
+    processes, at most 16 and at least 4 (or ``cpus``, where fewer): one rank alone on a 16-core host
+    decoded FP8 at half the rate of 8 ranks when held to 8 threads (docs/benchmarks.md)."""
+    return max(1, min(16, max(min(4, cpus), cpus // max(1, ranks))))
