@@ -252,13 +252,18 @@ class VariantReader:
                 tasks += [(self._slice, ref, name, buf[a:b, j], a, b) for a, b in self.pieces(ref, name, buf.strides[1])]
             outs.append(tensor)
             nbytes += buf.nbytes
-        self.run_tasks(tasks, nbytes)
+        self.run_tasks(tasks, nbytes, ref, groups)
         return [outbuf.as_dtype(t, rec.dtype) for t in outs]
 
-    def run_tasks(self, tasks: list[tuple[Any, ...]], nbytes: int) -> None:
-        """Call each ``(function, *args)``: in this thread if there is one task or under ``THREAD_MIN_BYTES``
-        of output (a hand-off costs more than it saves), else shared with the pool (hsstore.storage.tasks)."""
-        pool = self._layer_pool() if len(tasks) > 1 and nbytes >= THREAD_MIN_BYTES else None
+    def run_tasks(self, tasks: list[tuple[Any, ...]], nbytes: int, ref: SampleRef, groups: list[list[int]]) -> None:
+        """Call each ``(function, *args)`` of sample ``ref``'s ``groups``: in this thread if there is one task
+        or under ``THREAD_MIN_BYTES`` of output (a hand-off costs more than it saves), else shared with the
+        pool (hsstore.storage.tasks), the whole sample first asked of the back end at once (local files:
+        the disk gets every layer's reads queued, not the few the threads wait on)."""
+        large = len(tasks) > 1 and nbytes >= THREAD_MIN_BYTES
+        if large:
+            self.will_need(ref, sorted({i for layers in groups for i in layers}))
+        pool = self._layer_pool() if large else None
         run_shared(tasks, pool, self.read_threads)
 
     def _layer_pool(self) -> ThreadPoolExecutor | None:
