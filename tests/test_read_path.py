@@ -163,3 +163,29 @@ def test_a_dataset_sizes_its_read_threads_by_the_ranks_on_its_host(tmp_path: Pat
     assert HiddenStateDataset(path).reader.read_threads == read_threads(usable_cpus(), 8)
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert HiddenStateDataset(path).reader.read_threads == read_threads(usable_cpus(), 1)
+
+
+class _PoolThreads(Dataset):
+    """An item of ``ds`` plus the decode threads its process used for it."""
+
+    def __init__(self, ds: HiddenStateDataset) -> None:
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        item = self.ds[i]
+        item["pool_threads"] = self.ds.reader._pool_threads
+        return item
+
+
+def test_dataloader_workers_share_the_read_threads(tmp_path: Path):
+    """Each of W workers decodes on its share of the threads one process would use, not on all of them."""
+    rows = reader_mod.THREAD_MIN_BYTES // (3 * 256 * 2) + 8
+    path, want = _store(tmp_path, [[rows]], hidden=256, chunk=64)
+    ds = HiddenStateDataset(path)
+    ds.reader.read_threads = 4
+    got = list(DataLoader(_PoolThreads(ds), batch_size=None, num_workers=2))
+    _check(got[0], want)
+    assert got[0]["pool_threads"] == 2

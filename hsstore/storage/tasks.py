@@ -66,3 +66,18 @@ def read_threads(cpus: int, ranks: int) -> int:
     processes, at most 16 and at least 4 (or ``cpus``, where fewer): one rank alone on a 16-core host
     decoded FP8 at half the rate of 8 ranks when held to 8 threads (docs/benchmarks.md)."""
     return max(1, min(16, max(min(4, cpus), cpus // max(1, ranks))))
+
+
+def worker_share(threads: int) -> int:
+    """``threads`` divided among the DataLoader workers when this process is one of them (at least 1)."""
+    from torch.utils.data import get_worker_info  # (the read path has imported torch by now)
+
+    info = get_worker_info()
+    return threads if info is None else max(1, threads // info.num_workers)
+
+
+def process_pool(threads: int) -> tuple[ThreadPoolExecutor | None, int]:
+    """(a pool of ``n - 1`` threads or None, ``n``): ``n`` this process's ``worker_share`` of ``threads``;
+    the calling thread is the n-th."""
+    n = worker_share(threads)
+    return (ThreadPoolExecutor(n - 1, thread_name_prefix="hsstore-read") if n > 1 else None), n
