@@ -44,7 +44,10 @@ from hsstore import HiddenStateDataset, StreamingHiddenStateDataset
 from hsstore.core import fp8_cpu
 from hsstore.storage.codecs import DEFAULT
 from hsstore.storage.convert import convert
-from hsstore.storage.tasks import local_ranks, read_threads, usable_cpus
+try:  # (the script also runs on an older hsstore, to compare in the same launch)
+    from hsstore.storage.tasks import local_ranks, read_threads, usable_cpus
+except ImportError:  # pragma: no cover
+    local_ranks = read_threads = usable_cpus = None  # type: ignore[assignment]
 from hsstore.testing.bench_stores import write_hsstore
 from hsstore.testing.disk import du, evict
 from hsstore.testing.factories import make_data
@@ -221,7 +224,7 @@ def main() -> None:
         adj = r["adjacent_probes"]
         r["disk_ratio_adjacent"] = r["disk_GBps"] * 1e9 / (sum(adj) / len(adj)) if adj else None
         r["cpu_s_per_logical_GB"] = r["cpu_seconds"] / (r["logical_bytes"] / 1e9)
-    res = {"ranks": size, "cpus": os.cpu_count(), "read_threads_default": read_threads(usable_cpus(), local_ranks()), "disk_probe_GBps": [d / 1e9 for d in disk], **meta, "runs": runs}
+    res = {"ranks": size, "cpus": os.cpu_count(), "read_threads_default": read_threads(usable_cpus(), local_ranks()) if read_threads else None, "disk_probe_GBps": [d / 1e9 for d in disk], **meta, "runs": runs}
     print(f"{size} rank(s), {os.cpu_count()} CPUs, {res['read_threads_default']} read threads a rank; {meta['samples']} samples, hidden {meta['hidden']}, "
           f"{meta['logical_bytes'] / 1e9:.2f} GB logical; disk probe (16 MiB reads, evicted) "
           f"{', '.join(f'{d / 1e9:.2f}' for d in disk)} GB/s (ratios vs the best)")
