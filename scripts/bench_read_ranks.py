@@ -21,7 +21,7 @@ barrier to the last rank's end. Reported: logical GB/s of states handed out (all
 disk GB/s (the variant's file bytes, each read once an epoch, over the same time), the disk figure as a
 ratio to the best probe of this launch (``x disk``) and, cold, to its adjacent probes (``x adj``), and the
 CPU seconds all ranks spent (user + system) per logical GB. ``--read-threads 4,8,16`` adds streaming
-epochs with the reader's decode threads set to each count (the default follows the cores per rank).
+epochs with the reader's decode threads set to each count (the default: up to 8).
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ from hsstore.core import fp8_cpu
 from hsstore.storage.codecs import DEFAULT
 from hsstore.storage.convert import convert
 try:  # (the script also runs on an older hsstore, to compare in the same launch)
-    from hsstore.storage.tasks import local_ranks, read_threads, usable_cpus
+    from hsstore.storage.tasks import read_threads, usable_cpus
 except ImportError:  # pragma: no cover
-    local_ranks = read_threads = usable_cpus = None  # type: ignore[assignment]
+    read_threads = usable_cpus = None  # type: ignore[assignment]
 from hsstore.testing.bench_stores import write_hsstore
 from hsstore.testing.disk import du, evict
 from hsstore.testing.factories import make_data
@@ -224,7 +224,7 @@ def main() -> None:
         adj = r["adjacent_probes"]
         r["disk_ratio_adjacent"] = r["disk_GBps"] * 1e9 / (sum(adj) / len(adj)) if adj else None
         r["cpu_s_per_logical_GB"] = r["cpu_seconds"] / (r["logical_bytes"] / 1e9)
-    res = {"ranks": size, "cpus": os.cpu_count(), "read_threads_default": read_threads(usable_cpus(), local_ranks()) if read_threads else None, "disk_probe_GBps": [d / 1e9 for d in disk], **meta, "runs": runs}
+    res = {"ranks": size, "cpus": os.cpu_count(), "read_threads_default": read_threads(usable_cpus()) if read_threads else None, "disk_probe_GBps": [d / 1e9 for d in disk], **meta, "runs": runs}
     print(f"{size} rank(s), {os.cpu_count()} CPUs, {res['read_threads_default']} read threads a rank; {meta['samples']} samples, hidden {meta['hidden']}, "
           f"{meta['logical_bytes'] / 1e9:.2f} GB logical; disk probe (16 MiB reads, evicted) "
           f"{', '.join(f'{d / 1e9:.2f}' for d in disk)} GB/s (ratios vs the best)")

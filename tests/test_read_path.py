@@ -144,27 +144,6 @@ def test_a_random_sample_at_a_small_hidden_size_reads_little_beyond_its_own_rows
     assert ds.reader.bytes_read <= 4 * own + tokens + 4096
 
 
-def test_read_threads_follow_the_cores_each_rank_of_the_host_has():
-    """A rank alone on a host decodes on all its cores (up to 16); ranks sharing a host split them,
-    keeping a few threads each so reads still overlap."""
-    from hsstore.storage.tasks import read_threads
-
-    assert read_threads(16, 1) == 16 and read_threads(64, 1) == 16
-    assert read_threads(16, 2) == 8
-    assert read_threads(16, 8) == read_threads(16, 16) == 4  # never fewer than 4 ...
-    assert read_threads(2, 1) == 2 and read_threads(1, 1) == 1  # ... unless the host has fewer cores
-
-
-def test_a_dataset_sizes_its_read_threads_by_the_ranks_on_its_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from hsstore.storage.tasks import read_threads, usable_cpus
-
-    path, _ = _store(tmp_path, [[20]])
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
-    assert HiddenStateDataset(path).reader.read_threads == read_threads(usable_cpus(), 8)
-    monkeypatch.delenv("LOCAL_WORLD_SIZE")
-    assert HiddenStateDataset(path).reader.read_threads == read_threads(usable_cpus(), 1)
-
-
 class _PoolThreads(Dataset):
     """An item of ``ds`` plus the decode threads its process used for it."""
 

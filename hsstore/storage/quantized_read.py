@@ -36,7 +36,7 @@ def quantized_groups(reader: Any, ref: Any, groups: list[list[int]], raw: bool =
         outs.append((data_t, scales_t))
         nbytes += T * n * H * 2  # the bf16 it becomes (or the codes' reads when raw)
     try:
-        reader.run_tasks(tasks, nbytes, ref, groups)
+        reader.run_tasks(tasks, nbytes)
     except CorruptData as e:
         raise CorruptData(str(e) if ref.key in str(e) else f"sample {ref.key}: {e}") from None
     if raw:

@@ -22,7 +22,7 @@ from hsstore.storage import commits, layout
 from hsstore.storage.backend import Backend
 from hsstore.storage.shardio import ShardReader
 from hsstore.storage.stats import merge
-from hsstore.storage.tasks import local_ranks, pieces, process_pool, read_threads, run_shared, usable_cpus
+from hsstore.storage.tasks import pieces, process_pool, read_threads, run_shared, usable_cpus
 
 # a sample's layers go to the read threads only above this many bytes of states: below it the hand-offs
 # cost more than the parallel decode saves (a 2-core profile: ~55 % of a small read spent waiting on them)
@@ -78,7 +78,7 @@ class VariantReader:
         self._shards: dict[tuple[str, str], ShardReader] = {}
         self._checked_units: set[str] = set()
         self._lock = threading.Lock()
-        self.read_threads = read_threads(usable_cpus(), local_ranks())  # a sample's layers read side by side
+        self.read_threads = read_threads(usable_cpus())  # a sample's layers read side by side
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid: int | None = None
         self._pool_threads = 1
@@ -251,17 +251,13 @@ class VariantReader:
                 tasks += [(self._slice, ref, name, buf[a:b, j], a, b) for a, b in self.pieces(ref, name, buf.strides[1])]
             outs.append(tensor)
             nbytes += buf.nbytes
-        self.run_tasks(tasks, nbytes, ref, groups)
+        self.run_tasks(tasks, nbytes)
         return [outbuf.as_dtype(t, rec.dtype) for t in outs]
 
-    def run_tasks(self, tasks: list[tuple[Any, ...]], nbytes: int, ref: SampleRef, groups: list[list[int]]) -> None:
-        """Call each ``(function, *args)`` of ``ref``'s ``groups``: in this thread if one task or under
-        ``THREAD_MIN_BYTES`` of output (a hand-off costs more than it saves), else with the pool, the whole
-        sample first asked of the back end at once (the disk gets every layer's reads queued)."""
-        large = len(tasks) > 1 and nbytes >= THREAD_MIN_BYTES
-        if large:
-            self.will_need(ref, sorted({i for layers in groups for i in layers}))
-        pool = self._layer_pool() if large else None
+    def run_tasks(self, tasks: list[tuple[Any, ...]], nbytes: int) -> None:
+        """Call each ``(function, *args)``: in this thread if there is one task or under ``THREAD_MIN_BYTES``
+        of output (a hand-off costs more than it saves), else shared with the pool (hsstore.storage.tasks)."""
+        pool = self._layer_pool() if len(tasks) > 1 and nbytes >= THREAD_MIN_BYTES else None
         run_shared(tasks, pool, self._pool_threads)
 
     def _layer_pool(self) -> ThreadPoolExecutor | None:

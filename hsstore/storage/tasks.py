@@ -53,19 +53,10 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def local_ranks() -> int:
-    """Processes of this job on this host: torchrun's ``LOCAL_WORLD_SIZE`` (1 when not set or not a number)."""
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
-
-
-def read_threads(cpus: int, ranks: int) -> int:
-    """Threads one process decodes a sample's layers on: its share of the host's ``cpus`` among ``ranks``
-    processes, at most 16 and at least 4 (or ``cpus``, where fewer): one rank alone on a 16-core host
-    decoded FP8 at half the rate of 8 ranks when held to 8 threads (docs/benchmarks.md)."""
-    return max(1, min(16, max(min(4, cpus), cpus // max(1, ranks))))
+def read_threads(cpus: int) -> int:
+    """Threads one process decodes a sample's layers on: up to 8 of its ``cpus``. More did not pay: one
+    rank on a 16-core host read slower with 16 than with 8 (docs/benchmarks.md, round 2)."""
+    return max(1, min(8, cpus))
 
 
 def worker_share(threads: int) -> int:
