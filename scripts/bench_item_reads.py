@@ -4,7 +4,9 @@
     python scripts/bench_item_reads.py --dir /tmp/ir1k --samples 64 --hidden 1024 --cache cold --workers 0,2
 
 The same synthetic samples (scripts/bench_read.py's: 5 bf16 layers) written as one ``torch.save`` file per
-sample and as hsstore stores with the default codec and with ``codec = "none"``. Each round reads every
+sample and as hsstore stores with the default codec and with ``codec = "none"``, and (``--old-chunks``) with
+the default codec in the ~1 MiB chunks stores held before chunk rows were capped (``OLD``: 8,192 rows at
+hidden 64). Each round reads every
 sample once through each reader (one dataset each for the whole run, as a training loop keeps it), in
 turn (torch.load first, then the stores), through a DataLoader with
 W workers, in sequential and in random order; "cold" evicts the files (os.sync, posix_fadvise DONTNEED)
@@ -34,13 +36,17 @@ from hsstore.testing.disk import evict
 from hsstore.testing.factories import make_data
 
 
+OLD = f"{DEFAULT}@1MiB"  # the default codec in the chunks written before 2026-12-03 (~1 MiB at any hidden size)
+
+
 def prepare(base: Path, samples: int, hidden: int) -> None:
     if (base / "ready").exists():
         return
     shutil.rmtree(base, ignore_errors=True)
     data = make_data(samples, hidden)
     for name, write in (("torch", write_torch), (DEFAULT, lambda d, s, st: write_hsstore(d, s, st, DEFAULT)),
-                        ("none", lambda d, s, st: write_hsstore(d, s, st, "none"))):
+                        ("none", lambda d, s, st: write_hsstore(d, s, st, "none")),
+                        (OLD, lambda d, s, st: write_hsstore(d, s, st, DEFAULT, chunk=(1 << 20) // (hidden * 2)))):
         (base / name).mkdir(parents=True)
         write(base / name, *data)
     (base / "ready").write_text("")
@@ -66,13 +72,14 @@ def main() -> None:
     ap.add_argument("--workers", default="0")
     ap.add_argument("--orders", default="seq,random")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--old-chunks", action="store_true", help=f"also read the default codec in ~1 MiB chunks ({OLD})")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     base = Path(args.dir)
     prepare(base, args.samples, args.hidden)
     n = args.samples
     orders = {"seq": list(range(n)), "random": [int(i) for i in np.random.default_rng(1).permutation(n)]}
-    names = ["torch", DEFAULT, "none"]
+    names = ["torch", DEFAULT, "none"] + ([OLD] if args.old_chunks else [])
     # one dataset per reader for the whole run, as a training loop keeps it across epochs
     sets = {name: TorchDS(base / name, n) if name == "torch" else HiddenStateDataset(base / name / "s.zarr") for name in names}
     rates: dict[str, list[float]] = {}
@@ -101,7 +108,7 @@ def main() -> None:
                         for k in range(args.rounds)]
                 res["ratios"][f"{name}|{order}|best"] = best
                 cells.append(f"best-of-workers {statistics.median(best):5.2f}x")
-            print(f"{order:<7}{name:<14}" + "   ".join(cells))
+            print(f"{order:<7}{name:<20}" + "   ".join(cells))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
 

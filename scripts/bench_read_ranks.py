@@ -8,16 +8,20 @@
 with the default codec, its FP8 derivative (``hsstore convert``, read dequantized to bf16), and the same
 bf16 samples with ``codec = "none"`` in a second store; plus a probe file of ``--probe-gib`` GiB.
 
-Every launch first measures the disk: the probe file is evicted from the page cache (os.sync, then
-posix_fadvise DONTNEED) and read once with 16 MiB ``preadv`` calls, at the start and again at the end.
+Every launch measures the disk: the probe file is evicted from the page cache (os.sync, then
+posix_fadvise DONTNEED) and read once with 16 MiB ``preadv`` calls, at the start, at the end, and right
+before and after every cold read (the disk's rate drifts by up to 20 % inside one launch on a shared host:
+each cold figure is also given against the mean of its own two adjacent probes).
 Then, for each variant and each read mode, one epoch per rank, cold (the variant's files evicted first,
 by rank 0, between barriers) and warm (read again at once): ``stream`` is one
 ``StreamingHiddenStateDataset`` epoch per rank iterated directly with its default settings (and with
 ``--prefetch`` samples read ahead on threads, and with readahead off, if asked); ``map`` is ``HiddenStateDataset`` through a DataLoader
 with ``--workers`` workers over this rank's ``DistributedSampler`` part (shuffled). Timed from one
 barrier to the last rank's end. Reported: logical GB/s of states handed out (all ranks together),
-disk GB/s (the variant's file bytes, each read once an epoch, over the same time) and the disk figure
-as a ratio to the probe's best read rate of this launch.
+disk GB/s (the variant's file bytes, each read once an epoch, over the same time), the disk figure as a
+ratio to the best probe of this launch (``x disk``) and, cold, to its adjacent probes (``x adj``), and the
+CPU seconds all ranks spent (user + system) per logical GB. ``--read-threads 4,8,16`` adds streaming
+epochs with the reader's decode threads set to each count (the default: up to 8).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import time
 from pathlib import Path
@@ -39,6 +44,10 @@ from hsstore import HiddenStateDataset, StreamingHiddenStateDataset
 from hsstore.core import fp8_cpu
 from hsstore.storage.codecs import DEFAULT
 from hsstore.storage.convert import convert
+try:  # (the script also runs on an older hsstore, to compare in the same launch)
+    from hsstore.storage.tasks import read_threads, usable_cpus
+except ImportError:  # pragma: no cover
+    read_threads = usable_cpus = None  # type: ignore[assignment]
 from hsstore.testing.bench_stores import write_hsstore
 from hsstore.testing.disk import du, evict
 from hsstore.testing.factories import make_data
@@ -120,14 +129,22 @@ def state_bytes(item: dict[str, Any]) -> int:
     return sum(item[k].numel() * item[k].element_size() for k in ("aux_hidden", "target_hidden"))
 
 
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its waited-for children so far."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def epoch(mode: str, path: str, vid: str, rank: int, size: int, workers: int, prefetch: int | None,
-          readahead: bool) -> int:
+          readahead: bool, threads: int | None = None) -> int:
     """Read this rank's part of one epoch; returns the state bytes handed out."""
     n = 0
     if mode == "stream":
         more = {} if readahead else {"readahead": False}  # (so the script also runs on code without the option)
         ds = StreamingHiddenStateDataset(path, variant=vid, seed=0, rank=rank, world_size=size, prefetch=prefetch,
                                          **more)
+        if threads is not None:
+            ds.reader.read_threads = threads
         for item in ds:
             n += state_bytes(item)
         return n
@@ -149,6 +166,7 @@ def main() -> None:
     ap.add_argument("--workers", default="0", help="DataLoader workers of the map-style reads (a list)")
     ap.add_argument("--prefetch", type=int, default=None, help="also stream with this many samples read ahead")
     ap.add_argument("--no-readahead", action="store_true", help="also stream with readahead off (the old reads)")
+    ap.add_argument("--read-threads", default="", help="also stream with the reader's threads set to each (a list)")
     ap.add_argument("--caches", default="cold,warm")
     ap.add_argument("--prepare-only", action="store_true")
     ap.add_argument("--json", default=None)
@@ -165,26 +183,35 @@ def main() -> None:
     disk = [probe(base / "probe.bin")] if rank == 0 else []
     runs = []
     for mode in args.modes.split(","):
-        settings = [(0, None, True)] + ([(0, args.prefetch, True)] if args.prefetch is not None else []) \
-            + ([(0, None, False)] if args.no_readahead else [])
+        settings = [(0, None, True, None)] + ([(0, args.prefetch, True, None)] if args.prefetch is not None else []) \
+            + ([(0, None, False, None)] if args.no_readahead else []) \
+            + [(0, None, True, int(t)) for t in args.read_threads.split(",") if t]
         if mode == "map":
-            settings = [(int(w), None, True) for w in args.workers.split(",")]
-        for workers, prefetch, readahead in settings:
+            settings = [(int(w), None, True, None) for w in args.workers.split(",")]
+        for workers, prefetch, readahead, threads in settings:
             for name in args.variants.split(","):
                 path, vid = meta["variants"][name]
                 on_disk = du(Path(path) / "variants" / vid)
                 for cache in args.caches.split(","):
                     barrier()
+                    adjacent = []
                     if cache == "cold" and rank == 0:
+                        adjacent.append(probe(base / "probe.bin"))
                         evict(Path(path))
                     barrier()
-                    t0 = time.perf_counter()
-                    got = epoch(mode, path, vid, rank, size, workers, prefetch, readahead)
+                    t0, c0 = time.perf_counter(), cpu_seconds()
+                    got = epoch(mode, path, vid, rank, size, workers, prefetch, readahead, threads)
                     dt = reduce(time.perf_counter() - t0, dist.ReduceOp.MAX)
+                    cpu = reduce(cpu_seconds() - c0, dist.ReduceOp.SUM)
                     got = int(reduce(got, dist.ReduceOp.SUM))
+                    barrier()
+                    if adjacent:
+                        adjacent.append(probe(base / "probe.bin"))
+                        disk += adjacent
                     runs.append({"variant": name, "mode": mode, "workers": workers, "prefetch": prefetch,
-                                 "readahead": readahead if mode == "stream" else None,
-                                 "cache": cache, "seconds": dt, "logical_bytes": got, "disk_bytes": on_disk})
+                                 "readahead": readahead if mode == "stream" else None, "read_threads": threads,
+                                 "cache": cache, "seconds": dt, "cpu_seconds": cpu, "logical_bytes": got,
+                                 "disk_bytes": on_disk, "adjacent_probes": adjacent})
     barrier()
     if rank != 0:
         return
@@ -194,16 +221,23 @@ def main() -> None:
         r["logical_GBps"] = r["logical_bytes"] / r["seconds"] / 1e9
         r["disk_GBps"] = r["disk_bytes"] / r["seconds"] / 1e9
         r["disk_ratio"] = r["disk_GBps"] * 1e9 / ref
-    res = {"ranks": size, "cpus": os.cpu_count(), "disk_probe_GBps": [d / 1e9 for d in disk], **meta, "runs": runs}
-    print(f"{size} rank(s), {os.cpu_count()} CPUs; {meta['samples']} samples, hidden {meta['hidden']}, "
+        adj = r["adjacent_probes"]
+        r["disk_ratio_adjacent"] = r["disk_GBps"] * 1e9 / (sum(adj) / len(adj)) if adj else None
+        r["cpu_s_per_logical_GB"] = r["cpu_seconds"] / (r["logical_bytes"] / 1e9)
+    res = {"ranks": size, "cpus": os.cpu_count(), "read_threads_default": read_threads(usable_cpus()) if read_threads else None, "disk_probe_GBps": [d / 1e9 for d in disk], **meta, "runs": runs}
+    print(f"{size} rank(s), {os.cpu_count()} CPUs, {res['read_threads_default']} read threads a rank; {meta['samples']} samples, hidden {meta['hidden']}, "
           f"{meta['logical_bytes'] / 1e9:.2f} GB logical; disk probe (16 MiB reads, evicted) "
           f"{', '.join(f'{d / 1e9:.2f}' for d in disk)} GB/s (ratios vs the best)")
-    print(f"{'variant':<20}{'mode':<8}{'w':>3}{'pf':>4}{'ra':>4}{'cache':>6}{'logical GB/s':>14}{'disk GB/s':>11}{'x disk':>8}")
+    print(f"{'variant':<20}{'mode':<8}{'w':>3}{'pf':>4}{'ra':>4}{'thr':>4}{'cache':>6}{'logical GB/s':>14}"
+          f"{'disk GB/s':>11}{'x disk':>8}{'x adj':>7}{'CPU s/GB':>10}")
     for r in runs:
         pf = "-" if r["prefetch"] is None else str(r["prefetch"])
         ra = {True: "on", False: "off", None: "-"}[r["readahead"]]
-        print(f"{r['variant']:<20}{r['mode']:<8}{r['workers']:>3}{pf:>4}{ra:>4}{r['cache']:>6}{r['logical_GBps']:14.2f}"
-              f"{r['disk_GBps']:11.2f}{r['disk_ratio']:8.2f}")
+        thr = "-" if r["read_threads"] is None else str(r["read_threads"])
+        adj = "-" if r["disk_ratio_adjacent"] is None else f"{r['disk_ratio_adjacent']:.2f}"
+        print(f"{r['variant']:<20}{r['mode']:<8}{r['workers']:>3}{pf:>4}{ra:>4}{thr:>4}{r['cache']:>6}"
+              f"{r['logical_GBps']:14.2f}{r['disk_GBps']:11.2f}{r['disk_ratio']:8.2f}{adj:>7}"
+              f"{r['cpu_s_per_logical_GB']:10.2f}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res, indent=1))

@@ -127,3 +127,44 @@ def test_a_flipped_byte_in_a_strided_layer_slot_is_still_caught(tmp_path: Path, 
     with pytest.raises(CorruptData, match="crc32c|checksum"):
         for i in range(len(HiddenStateDataset(path))):
             HiddenStateDataset(path)[i]
+
+
+def test_a_random_sample_at_a_small_hidden_size_reads_little_beyond_its_own_rows(tmp_path: Path):
+    """With the chunking a build picks (codecs.chunk_tokens), one sample read from the middle of a unit
+    of many short samples at hidden 64 reads a few times its own bytes, not a ~1 MiB chunk per layer
+    that holds ten other samples."""
+    from hsstore.storage.codecs import DEFAULT, chunk_tokens
+
+    hidden, length = 64, 700
+    path, want = _store(tmp_path, [[length] * 12], hidden=hidden, codec=DEFAULT, chunk=chunk_tokens(hidden, 2))
+    ds = HiddenStateDataset(path)
+    _check(ds[6], want)
+    own = length * 3 * hidden * 2  # the sample's raw bf16 states, 3 layers
+    tokens = 12 * length * 5  # the unit's token arrays, checked whole on their first read
+    assert ds.reader.bytes_read <= 4 * own + tokens + 4096
+
+
+class _PoolThreads(Dataset):
+    """An item of ``ds`` plus the decode threads its process used for it."""
+
+    def __init__(self, ds: HiddenStateDataset) -> None:
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        item = self.ds[i]
+        item["pool_threads"] = self.ds.reader._pool_threads
+        return item
+
+
+def test_dataloader_workers_share_the_read_threads(tmp_path: Path):
+    """Each of W workers decodes on its share of the threads one process would use, not on all of them."""
+    rows = reader_mod.THREAD_MIN_BYTES // (3 * 256 * 2) + 8
+    path, want = _store(tmp_path, [[rows]], hidden=256, chunk=64)
+    ds = HiddenStateDataset(path)
+    ds.reader.read_threads = 4
+    got = list(DataLoader(_PoolThreads(ds), batch_size=None, num_workers=2))
+    _check(got[0], want)
+    assert got[0]["pool_threads"] == 2

@@ -25,11 +25,13 @@ class Scratch:
 _local = threading.local()
 
 
-def scratch() -> Scratch:
-    """This thread's scratch buffer."""
-    s = getattr(_local, "scratch", None)
+def scratch(use: str = "chunk") -> Scratch:
+    """This thread's scratch buffer for ``use`` ("chunk": a chunk's stored bytes; "codes": FP8 codes on
+    their way to bf16)."""
+    s = getattr(_local, use, None)
     if s is None:
-        s = _local.scratch = Scratch()
+        s = Scratch()
+        setattr(_local, use, s)
     return s
 
 

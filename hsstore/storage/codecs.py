@@ -18,7 +18,7 @@ from typing import Any
 
 from numcodecs import Blosc, Zstd
 
-# a blosc block of at least one chunk (chunks hold ~1 MiB, see chunk_tokens): blosc shuffles and
+# a blosc block of at least one chunk (chunks hold 256 KiB-1 MiB, see chunk_tokens): blosc shuffles and
 # compresses per block, and smaller blocks lose most of the gain (1.24x instead of 1.42x smaller)
 SHUFFLE_BLOCK_BYTES = 1 << 20
 TOKEN_CHUNK_ROWS = 1 << 16  # rows of input_ids / loss_mask per chunk (stored without a codec)
@@ -88,6 +88,19 @@ def codec_of(middle: list[tuple[str, dict[str, Any]]]) -> str | None:
     return next((c.name for c in REGISTRY.values() if c.matches(middle)), None)
 
 
-def chunk_tokens(hidden_size: int, itemsize: int, target_bytes: int = 1 << 20) -> int:
-    """Tokens per chunk so one chunk of one layer holds about ``target_bytes`` (at least 1)."""
-    return max(1, target_bytes // max(1, hidden_size * itemsize))
+# A layer's chunk: about CHUNK_BYTES, but no more than about CHUNK_ROWS rows (a typical sample: a read
+# of one sample at a small hidden size decodes little else) where that keeps it at MIN_CHUNK_BYTES or more
+# (blosc blocks under 256 KiB compress bf16 states 1.23x instead of 1.40x and decode ~3x slower:
+# docs/benchmarks.md, "Reads as a node trains"). Readers read any chunking: the rows are in each array's
+# metadata.
+CHUNK_BYTES = 1 << 20
+MIN_CHUNK_BYTES = 256 << 10
+CHUNK_ROWS = 1024
+
+
+def chunk_tokens(hidden_size: int, itemsize: int, target_bytes: int = CHUNK_BYTES) -> int:
+    """Tokens per chunk of one layer: about ``target_bytes`` of states, capped at ``CHUNK_ROWS`` rows where
+    that leaves ``MIN_CHUNK_BYTES`` or more (at least 1). Hidden 4096 bf16: 128; 1024: 512; 256: 1024;
+    64: 2048 (256 KiB)."""
+    row = max(1, hidden_size * itemsize)
+    return max(1, min(target_bytes // row, max(CHUNK_ROWS, MIN_CHUNK_BYTES // row)))

@@ -3,6 +3,7 @@ symlink or leave the root (storage.localfs), atomic puts by rename or link of an
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import time
@@ -18,6 +19,18 @@ from hsstore.storage.layout import META, TMP_PREFIX
 from hsstore.storage.metadata_io import MAX_RECORD_BYTES
 
 T = TypeVar("T")
+DEFAULT_READAHEAD = 128 << 10  # Linux's default readahead window, where a device's cannot be read
+
+
+@functools.lru_cache(maxsize=64)
+def readahead_window(dev: int) -> int:
+    """Bytes of readahead window of the device ``dev`` (``st_dev``) a file lives on: its
+    ``/sys/class/bdi/MAJ:MIN/read_ahead_kb`` (``DEFAULT_READAHEAD`` where there is none to read)."""
+    try:
+        with open(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb") as f:
+            return max(DEFAULT_READAHEAD, int(f.read().strip()) << 10)
+    except (OSError, ValueError):
+        return DEFAULT_READAHEAD
 
 
 def write_failed(key: str, e: BaseException) -> WriteFailed:
@@ -37,7 +50,8 @@ class LocalRange(RangeSource):
 
     def __init__(self, fd: int, key: str) -> None:
         self.fd, self.key = fd, key
-        self.size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        self.size, self.step = st.st_size, readahead_window(st.st_dev)
 
     def read(self, offset: int, n: int) -> bytes:
         with localfs.reading(self.key):
@@ -48,8 +62,13 @@ class LocalRange(RangeSource):
             return os.preadv(self.fd, list(views), offset)
 
     def will_need(self, offset: int, n: int) -> None:
-        if self.fd >= 0 and hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(self.fd, offset, n, os.POSIX_FADV_WILLNEED)  # the kernel reads it asynchronously
+        """Ask the kernel to read ``[offset, offset + n)`` in the background, in steps of the device's
+        readahead window: Linux reads at most that much of one WILLNEED and drops the rest (one 64 MiB
+        WILLNEED brought 8 MiB in with ``read_ahead_kb`` 8192)."""
+        if self.fd < 0 or not hasattr(os, "posix_fadvise"):
+            return
+        for at in range(offset, offset + n, self.step):
+            os.posix_fadvise(self.fd, at, min(self.step, offset + n - at), os.POSIX_FADV_WILLNEED)
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -12,6 +12,7 @@ from hsstore.core.errors import CorruptData
 from hsstore.core.fp8_cpu import dequantize_bf16_bits
 from hsstore.core.quant import FP8
 from hsstore.storage import layout, outbuf
+from hsstore.storage.chunkcache import scratch
 
 
 def read_quantized(reader: Any, ref: Any, layers: list[int], raw: bool = False) -> Any:
@@ -50,7 +51,9 @@ def _one_piece(reader: Any, ref: Any, layer: int, a: int, b: int, scales: np.nda
     if raw:
         reader.read_array(ref, layout.layer_array(layer), dest, a, b)
         return
-    codes = reader.read_array(ref, layout.layer_array(layer), None, a, b)
+    # the codes land in this thread's reused buffer (no fresh pages a piece), then become bf16 in ``dest``
+    codes = np.frombuffer(scratch("codes").view((b - a) * dest.shape[-1]), np.uint8).reshape(b - a, dest.shape[-1])
+    reader.read_array(ref, layout.layer_array(layer), codes, a, b)
     try:
         dequantize_bf16_bits(codes, scales, out=dest)
     except ValueError as e:  # a scale that is not a power of two: not what hsstore wrote

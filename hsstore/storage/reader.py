@@ -22,7 +22,7 @@ from hsstore.storage import commits, layout
 from hsstore.storage.backend import Backend
 from hsstore.storage.shardio import ShardReader, check_declared_bytes
 from hsstore.storage.stats import merge
-from hsstore.storage.tasks import pieces, run_shared
+from hsstore.storage.tasks import pieces, process_pool, read_threads, run_shared, usable_cpus
 
 # a sample's layers go to the read threads only above this many bytes of states: below it the hand-offs
 # cost more than the parallel decode saves (a 2-core profile: ~55 % of a small read spent waiting on them)
@@ -78,9 +78,10 @@ class VariantReader:
         self._shards: dict[tuple[str, str], ShardReader] = {}
         self._checked_units: set[str] = set()
         self._lock = threading.Lock()
-        self.read_threads = min(8, os.cpu_count() or 1)  # layers of one sample read in parallel
+        self.read_threads = read_threads(usable_cpus())  # a sample's layers read side by side
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid: int | None = None
+        self._pool_threads = 1
         self.tokenizer_fingerprint = self.record.prov.recipe.tokenizer.fingerprint
 
     @property
@@ -208,8 +209,7 @@ class VariantReader:
 
     def read_array(self, ref: SampleRef, name: str, out: np.ndarray | None = None, a: int = 0,
                    b: int | None = None) -> np.ndarray:
-        """Rows ``[a, b)`` (default: all) of one of ``ref``'s unit arrays (e.g. ``layer_3``), into ``out`` if
-        given (it may be a strided view such as one layer's slot of a stacked buffer)."""
+        """Rows ``[a, b)`` (default: all) of ``ref``'s array ``name``, into ``out`` if given (may be strided)."""
         return self._slice(ref, name, out, a, b)
 
     def pieces(self, ref: SampleRef, name: str, row_bytes: int) -> list[tuple[int, int]]:
@@ -226,9 +226,8 @@ class VariantReader:
                 for layer in self.record.all_layers}
 
     def read_stacked(self, ref: SampleRef, layers: list[int], raw: bool = False) -> Any:
-        """States of ``layers`` as one ``[T, len(layers), H]`` tensor in the stored dtype, each layer read
-        straight into its slot (no second copy to stack them). Variants stored in FP8 come back
-        dequantized to bf16, or with ``raw`` as (float8_e4m3fn codes, float32 scales [T, n, 1])."""
+        """States of ``layers`` as one ``[T, len(layers), H]`` tensor in the stored dtype, each layer read into
+        its slot; FP8 variants dequantized to bf16, or ``raw``: (float8_e4m3fn codes, float32 scales [T, n, 1])."""
         return self.read_groups(ref, [layers], raw)[0]
 
     def read_groups(self, ref: SampleRef, groups: list[list[int]], raw: bool = False) -> list[Any]:
@@ -260,15 +259,13 @@ class VariantReader:
         """Call each ``(function, *args)``: in this thread if there is one task or under ``THREAD_MIN_BYTES``
         of output (a hand-off costs more than it saves), else shared with the pool (hsstore.storage.tasks)."""
         pool = self._layer_pool() if len(tasks) > 1 and nbytes >= THREAD_MIN_BYTES else None
-        run_shared(tasks, pool, self.read_threads)
+        run_shared(tasks, pool, self._pool_threads)
 
     def _layer_pool(self) -> ThreadPoolExecutor | None:
-        """Threads that read the layers of one sample in parallel; one pool per process (a forked
-        DataLoader worker gets its own: threads do not survive a fork)."""
-        if self.read_threads < 2:
-            return None
+        """Threads that read a sample's layers side by side: one pool per process (threads do not survive
+        a fork), ``read_threads`` shared among DataLoader workers (hsstore.storage.tasks.worker_share)."""
         if self._pool_pid != os.getpid():
-            self._pool = ThreadPoolExecutor(self.read_threads - 1, thread_name_prefix="hsstore-read")
+            self._pool, self._pool_threads = process_pool(self.read_threads)
             self._pool_pid = os.getpid()
         return self._pool
 

@@ -24,13 +24,14 @@ def write_torch(d: Path, samples: list[SampleTokens], states: list[torch.Tensor]
 
 
 def write_hsstore(d: Path, samples: list[SampleTokens], states: list[torch.Tensor], codec: str,
-                  unit_samples: int = 8) -> None:
-    """``d/s.zarr``: one bf16 variant with ``codec``, the samples in units of ``unit_samples``."""
+                  unit_samples: int = 8, chunk: int | None = None) -> None:
+    """``d/s.zarr``: one bf16 variant with ``codec``, the samples in units of ``unit_samples``, chunks of
+    ``chunk`` rows (default: what a build picks, ``chunk_tokens``)."""
     store = Store.create(d / "s.zarr")
     H = states[0].shape[-1]
     layers = {"aux": AUX, "target": TARGET}
     vid = store.create_variant(provenance("bf16", tok="bench", layers=layers, model=f"bench-{codec}"),
-                               layers, H, "bf16", codec, chunk_tokens(H, 2))
+                               layers, H, "bf16", codec, chunk or chunk_tokens(H, 2))
     w = UnitWriter(store, vid, check_health=False)
     for a in range(0, len(samples), unit_samples):
         chunk = states[a: a + unit_samples]
