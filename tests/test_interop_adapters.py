@@ -162,7 +162,7 @@ def test_layer_conventions_map_both_ways(capture: str, stated, hsstore_id: int):
 
 
 def test_per_sample_health_merges_into_the_units_stats():
-    from hsstore.interop.importer import merge_health
+    from hsstore.storage.stats import merge_health
     from hsstore.storage.stats import stats_tensor
 
     g = torch.Generator().manual_seed(0)

@@ -26,7 +26,7 @@ PINNED = REPO / "tests" / "data" / "json"
 FIXTURE = REPO / "tests" / "data" / "format-v1.zarr"
 BF16, FP32 = "b4b21ec5d215", "3cd16953cadd"  # the fixture's variants
 # fields added since the documents were pinned: (document, path with "*" for any list item or key)
-ADDED = {("info", ("variants", "*", "distinguished_by"))}
+ADDED = {("info", ("variants", "*", "distinguished_by")), ("info", ("variants", "*", "audits", "*", "restatement"))}
 AUDIT = {"kind": "audit", "audited_at": "2026-12-01T00:00:00+00:00", "model": "builtin:tiny-llama",
          "model_fingerprint": "0123456789abcdef0123", "samples": 3, "population": 3, "verdict": "every checked sample "
          "is bit-exact", "verdict_kind": "identical", "defects": {}, "defective_samples": 0, "defect_rate_upper": 0.63,
@@ -185,6 +185,6 @@ def test_info_shows_the_audit_records_it_can_read_and_leaves_out_the_rest(tmp_pa
     r = run_cli("info", str(s), "--json")
     assert r.returncode == 0, r.stderr
     (bf16,) = [v for v in json.loads(r.stdout)["variants"] if v["id"] == BF16]
-    assert bf16["audits"] == [AUDIT, AUDIT]
+    assert bf16["audits"] == [{**AUDIT, "restatement": None}] * 2  # a record from before restatements reads as none
     text = run_cli("info", str(s))
     assert text.returncode == 0 and text.stdout.count("audited 2026-12-01T00:00:00+00:00") == 2

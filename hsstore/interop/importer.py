@@ -1,9 +1,8 @@
 """``hsstore import``: another tool's cache -> one variant, keyed by hsstore's content keys.
 
-Streaming (files are read a window at a time by ``jobs`` threads and written in units of bounded size),
-resumable and idempotent: a sample whose key is committed is never written again, and each unit's
-import record maps the files it came from (path, size, mtime, xxh3_128) to their keys, so a re-run skips
-files already imported without reading them. Two imports of the same folder may run at once.
+Streaming (files read a window at a time by ``jobs`` threads, written in units of bounded size), resumable
+and idempotent: a committed key is never written again, and each unit's import record maps its files (path,
+size, mtime, xxh3_128) to their keys, so a re-run skips imported files unread. Two imports may share a folder.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from hsstore.interop.imported_provenance import imported_provenance, model_ident
 from hsstore.interop.import_records import ImportLog, read_sidecar
 from hsstore.interop.sample import SourceSample
 from hsstore.storage.leases import share_folder
+from hsstore.storage.stats import merge_health
 
 UNIT_BYTES = 256 << 20  # states per unit: bounds the memory an import holds (two copies while writing)
 
@@ -90,20 +90,6 @@ def _check_claims(stmt: Statement, claims: dict[str, bool], item: str) -> None:
         file_says = "pre-norm" if claims["prenorm"] else "post-norm"
         raise BadInput(f"{item} says its target is {file_says} (hidden_states_prenorm={claims['prenorm']}), "
                        f"but --layers names the target {stmt.layers[-1]!r}; state the target layer that matches")
-
-
-def merge_health(parts: list) -> object:
-    """One ``stats_tensor`` of concatenated samples from each sample's own (``[head..., absmax]``)."""
-    import torch
-
-    from hsstore.storage.stats import FIELDS
-
-    head = torch.stack([p[: len(FIELDS)] for p in parts])  # (samples, fields)
-    out = head.sum(0)
-    out[FIELDS.index("absmax")] = head[:, FIELDS.index("absmax")].max()
-    out[FIELDS.index("max")] = head[:, FIELDS.index("max")].max()
-    out[FIELDS.index("min")] = head[:, FIELDS.index("min")].min()
-    return torch.cat([out, *[p[len(FIELDS):] for p in parts]])
 
 
 def _check_vocab(s: SourceSample, vocab: int) -> None:

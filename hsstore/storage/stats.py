@@ -117,3 +117,15 @@ def problems(s: Mapping[str, float]) -> list[str]:
     elif s["n"] > 1 and s["min"] == s["max"]:
         out.append("all values are equal (constant layer)")
     return out
+
+
+def merge_health(parts: list) -> object:
+    """One ``stats_tensor`` of concatenated samples from each sample's own (``[head..., absmax]``)."""
+    import torch
+
+    head = torch.stack([p[: len(FIELDS)] for p in parts])  # (samples, fields)
+    out = head.sum(0)
+    out[FIELDS.index("absmax")] = head[:, FIELDS.index("absmax")].max()
+    out[FIELDS.index("max")] = head[:, FIELDS.index("max")].max()
+    out[FIELDS.index("min")] = head[:, FIELDS.index("min")].min()
+    return torch.cat([out, *[p[len(FIELDS):] for p in parts]])
