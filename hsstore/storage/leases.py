@@ -83,18 +83,14 @@ def take_if_free(dir_fd: int, name: str) -> Lease | None:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError:
         return Lease()
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        os.close(fd)
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return None
-        return Lease()  # a file system without flock: the writer record's pid and age decide
+    lease = _try_flock(fd, fcntl.LOCK_EX)  # on a file system without flock the writer record's pid and age decide
+    if lease is None or lease.fd < 0:
+        return lease
     st = os.fstat(fd)
     if st.st_size == 0 and time.time() - st.st_mtime < FRESH_SECONDS:
-        os.close(fd)
+        lease.release()
         return None
-    return Lease(fd)
+    return lease
 
 
 def exists(dir_fd: int, name: str) -> bool:
@@ -152,6 +148,17 @@ def lock_folder_alone(path: str) -> Lease | None:
     return Lease(fd)
 
 
+def _try_flock(fd: int, mode: int) -> Lease | None:
+    """``fd`` locked in ``mode`` without waiting: its lease, None while another process holds it, an empty
+    lease where the file system has no flock (``fd`` is closed in both of those cases)."""
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        return None if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else Lease()
+    return Lease(fd)
+
+
 def share_folder(path: str) -> Lease | None:
     """A shared lock on the existing folder ``path`` (an import reading an export folder), or None while a
     process holds it exclusively (an export writing it). A folder that cannot be opened or locked gets an
@@ -160,10 +167,5 @@ def share_folder(path: str) -> Lease | None:
         fd = os.open(path, _DIR_FLAGS & ~os.O_NOFOLLOW)
     except OSError:
         return Lease()
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as e:
-        os.close(fd)
-        return None if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else Lease()
-    return Lease(fd)
+    return _try_flock(fd, fcntl.LOCK_SH)
 
