@@ -15,7 +15,7 @@ each cold figure is also given against the mean of its own two adjacent probes).
 Then, for each variant and each read mode, one epoch per rank, cold (the variant's files evicted first,
 by rank 0, between barriers) and warm (read again at once): ``stream`` is one
 ``StreamingHiddenStateDataset`` epoch per rank iterated directly with its default settings (and with
-``--prefetch`` samples read ahead on threads, and with readahead off, if asked); ``map`` is ``HiddenStateDataset`` through a DataLoader
+``--prefetch`` samples read ahead on threads, and with readahead off, if asked; ``fp8-none`` is the FP8 variant with its codes uncompressed, ``convert --codec none``); ``map`` is ``HiddenStateDataset`` through a DataLoader
 with ``--workers`` workers over this rank's ``DistributedSampler`` part (shuffled). Timed from one
 barrier to the last rank's end. Reported: logical GB/s of states handed out (all ranks together),
 disk GB/s (the variant's file bytes, each read once an epoch, over the same time), the disk figure as a
@@ -73,12 +73,13 @@ def prepare(base: Path, samples: int, hidden: int, probe_gib: float) -> dict[str
     path = base / "bf16" / "s.zarr"
     bf16 = sorted(p.name for p in (path / "variants").iterdir())[0]  # the only variant before the convert
     fp8 = convert(f"{path}#{bf16}", "fp8-e4m3").variant
+    fp8_none = convert(f"{path}#{bf16}", "fp8-e4m3", codec="none", dest=str(base / "fp8-none" / "s.zarr")).variant
     none_path = base / "none" / "s.zarr"
     none = sorted(p.name for p in (none_path / "variants").iterdir())[0]
     write_probe(base / "probe.bin", int(probe_gib * (1 << 30)))
     out = {"logical_bytes": logical, "samples": samples, "hidden": hidden, "prepare_s": time.perf_counter() - t0,
            "variants": {f"bf16-{DEFAULT}": [str(path), bf16], "bf16-none": [str(none_path), none],
-                        "fp8": [str(path), fp8]}}
+                        "fp8": [str(path), fp8], "fp8-none": [str(base / "fp8-none" / "s.zarr"), fp8_none]}}
     meta.write_text(json.dumps(out))
     return out
 
@@ -164,7 +165,7 @@ def main() -> None:
     ap.add_argument("--variants", default=f"bf16-{DEFAULT},fp8,bf16-none")
     ap.add_argument("--modes", default="stream,map")
     ap.add_argument("--workers", default="0", help="DataLoader workers of the map-style reads (a list)")
-    ap.add_argument("--prefetch", type=int, default=None, help="also stream with this many samples read ahead")
+    ap.add_argument("--prefetch", default="", help="also stream with each of these many samples read ahead (a list)")
     ap.add_argument("--no-readahead", action="store_true", help="also stream with readahead off (the old reads)")
     ap.add_argument("--read-threads", default="", help="also stream with the reader's threads set to each (a list)")
     ap.add_argument("--caches", default="cold,warm")
@@ -183,7 +184,7 @@ def main() -> None:
     disk = [probe(base / "probe.bin")] if rank == 0 else []
     runs = []
     for mode in args.modes.split(","):
-        settings = [(0, None, True, None)] + ([(0, args.prefetch, True, None)] if args.prefetch is not None else []) \
+        settings = [(0, None, True, None)] + [(0, int(p), True, None) for p in args.prefetch.split(",") if p] \
             + ([(0, None, False, None)] if args.no_readahead else []) \
             + [(0, None, True, int(t)) for t in args.read_threads.split(",") if t]
         if mode == "map":
