@@ -17,6 +17,12 @@ Runs on the stores ``bench_read_ranks.py --prepare-only`` wrote. Three measureme
 - ``cold``: the streaming dataset itself, in its epoch order and unshuffled, files evicted first.
 
 Every cold figure is disk bytes/s and its ratio to the probe read just before it.
+
+``--timeline VARIANT`` instead streams that variant once cold (default settings, shuffled) while a thread
+samples the block device's counters (``/sys/block/DEV/stat``) every 20 ms, and prints per 100 ms: MB the
+disk delivered, its busy share (``io_ticks``), the mean requests in flight, and samples handed out; the
+probe file's read is sampled the same way for comparison. It tells a disk left idle (readahead too short)
+from a disk busy but slow (the request pattern).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from hsstore import StreamingHiddenStateDataset
+from hsstore.core import fp8_cpu
 from hsstore.core.partition import epoch_sequence
 from hsstore.read.readahead import Readahead
 from hsstore.storage import layout, outbuf
@@ -158,16 +165,82 @@ def cold_probe(base: Path, files: Path, fn: Any) -> dict[str, Any]:
     return {**r, "probe_GB/s": disk / 1e9, "x_probe": r["GB/s"] * 1e9 / disk}
 
 
+def block_device(path: Path) -> str:
+    """The /sys/block name of the disk holding ``path`` (a partition's parent disk where needed)."""
+    dev = os.stat(path).st_dev
+    link = Path(os.path.realpath(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"))
+    return link.name if (link / "stat").exists() and (link / "queue").exists() else link.parent.name
+
+
+def sample_disk(dev: str, stop: threading.Event, out: list[tuple[float, int, int, int]]) -> None:
+    """(time, sectors read, io_ticks ms, in flight) every 20 ms until ``stop``."""
+    while not stop.is_set():
+        f = Path(f"/sys/block/{dev}/stat").read_text().split()
+        out.append((time.perf_counter(), int(f[2]), int(f[9]), int(f[8])))
+        time.sleep(0.02)
+
+
+def timeline(label: str, dev: str, fn: Any) -> None:
+    stop, rows, marks = threading.Event(), [], []
+    th = threading.Thread(target=sample_disk, args=(dev, stop, rows), daemon=True)
+    th.start()
+    t0 = time.perf_counter()
+    fn(marks)
+    stop.set()
+    th.join()
+    print(f"timeline {label}: {time.perf_counter() - t0:.2f} s")
+    print(f"{'t ms':>6} {'disk MB':>8} {'busy %':>7} {'inflight':>9} {'samples':>8}")
+    step, at = 0.1, 0
+    while at < len(rows) - 1:
+        end = at
+        while end < len(rows) - 1 and rows[end][0] - rows[at][0] < step:
+            end += 1
+        (ta, sa, ia, _), (tb, sb, ib, _) = rows[at], rows[end]
+        flight = sum(r[3] for r in rows[at:end + 1]) / (end - at + 1)
+        done = sum(1 for m in marks if ta <= m < tb)
+        print(f"{1e3 * (ta - t0):6.0f} {(sb - sa) * 512 / 1e6:8.1f} {100 * (ib - ia) / max(1e-9, 1e3 * (tb - ta)):7.0f}"
+              f" {flight:9.1f} {done:8d}")
+        at = end
+
+
+def run_timeline(base: Path, meta: dict[str, Any], name: str, budget_mib: int | None) -> None:
+    """One cold stream of ``name`` (readahead budget ``budget_mib``, default: the reader's) after a probe."""
+    path, vid = meta["variants"][name]
+    dev = block_device(base)
+    timeline("probe (16 MiB reads)", dev, lambda marks: probe(base / "probe.bin"))
+    defaults = Readahead.__init__.__defaults__
+    if budget_mib is not None:  # diagnostic only: the dataset builds its Readahead with the default budget
+        Readahead.__init__.__defaults__ = (budget_mib << 20,)
+
+    def stream(marks: list[float]) -> None:
+        for _ in StreamingHiddenStateDataset(path, variant=vid):
+            marks.append(time.perf_counter())
+
+    try:
+        evict(Path(path))
+        timeline(f"{name} stream, cold, readahead {budget_mib or 'default'} MiB", dev, stream)
+    finally:
+        Readahead.__init__.__defaults__ = defaults
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="/tmp/rr")
     ap.add_argument("--variants", default="bf16-shuffle-zstd,fp8")
     ap.add_argument("--threads", default="1,2,4,8,16")
     ap.add_argument("--io-threads", type=int, default=8)
+    ap.add_argument("--timeline", default="", help="only the disk timeline of one cold stream of these variants")
+    ap.add_argument("--readahead-mib", default="", help="with --timeline: also these readahead budgets (a list)")
     ap.add_argument("--json")
     a = ap.parse_args()
     base = Path(a.dir)
     meta = json.loads((base / "variants.json").read_text())
+    if a.timeline:
+        fp8_cpu.dequantize_bf16_bits(np.zeros((1, 8), np.uint8), np.ones((1, 1), np.float32))  # numba, untimed
+        for name in a.timeline.split(","):
+            for mib in [None, *(int(m) for m in a.readahead_mib.split(",") if m)]:
+                run_timeline(base, meta, name, mib)
+        return
     threads = [int(x) for x in a.threads.split(",")]
     result: dict[str, Any] = {"nproc": os.cpu_count(), "variants": {}}
     for name in a.variants.split(","):
