@@ -19,13 +19,12 @@ from hsstore.core.errors import BadInput, CorruptData
 from hsstore.core.keys import sample_key
 from hsstore.core.schema.store_records import CommitRecord, VariantRecord
 from hsstore.storage import commits, layout
-from hsstore.storage.backend import Backend
+from hsstore.storage.backend import Backend, RangeSource
 from hsstore.storage.shardio import ShardReader, check_declared_bytes
 from hsstore.storage.stats import merge
 from hsstore.storage.tasks import pieces, process_pool, read_threads, run_shared, usable_cpus
 
-# a sample's layers go to the read threads only above this many bytes of states: below it the hand-offs
-# cost more than the parallel decode saves (a 2-core profile: ~55 % of a small read spent waiting on them)
+# a sample's layers go to the read threads above this many bytes (below, hand-offs cost more than they save)
 THREAD_MIN_BYTES = 4 << 20
 PIECE_BYTES = 2 << 20  # a large sample's layers are read in tasks of about this much output
 
@@ -198,14 +197,18 @@ class VariantReader:
             )
         return ids, mask
 
-    def will_need(self, ref: SampleRef, layers: list[int]) -> None:
-        """Start reading ``ref``'s tokens and ``layers`` in the background where the back end can (local
-        files: the kernel reads them while earlier samples decode); a hint, checked when read."""
+    def need_spans(self, ref: SampleRef, layers: list[int]) -> list[tuple[RangeSource, int, int]]:
+        """(source, offset, bytes) of the file ranges holding ``ref``'s tokens and ``layers`` (to read ahead)."""
         names = [*layout.TOKEN_ARRAYS, *(layout.layer_array(i) for i in layers)]
         if self.record.stored_precision:
             names += [layout.scale_array(i) for i in layers]
+        out = []
         for name in names:
-            self.shard(ref.unit, name).will_need(ref.offset, ref.offset + ref.length)
+            shard = self.shard(ref.unit, name)
+            span = shard.need_span(ref.offset, ref.offset + ref.length)
+            if span is not None:
+                out.append((shard.src, *span))
+        return out
 
     def read_array(self, ref: SampleRef, name: str, out: np.ndarray | None = None, a: int = 0,
                    b: int | None = None) -> np.ndarray:

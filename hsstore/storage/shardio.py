@@ -197,15 +197,16 @@ class ShardReader:
                 self._decode_into(src, dest, k, off, nbytes, lo - k * c)
         return out
 
-    def will_need(self, a: int, b: int) -> None:
-        """Ask the source to start reading the chunks that hold rows ``[a, b)`` (a hint; no checks)."""
+    def need_span(self, a: int, b: int) -> tuple[int, int] | None:
+        """(offset, bytes) of the file range holding the chunks of rows ``[a, b)``; None if there is none."""
         if not 0 <= a < b <= self.shape[0]:
-            return
+            return None
         lo, hi = a // self.chunk_rows, (b - 1) // self.chunk_rows
         spans = [(o, n) for o, n in self.spans[lo : hi + 1] if o != EMPTY_INT and o + n <= self.size]
-        if spans:
-            start = min(o for o, _ in spans)
-            self.src.will_need(start, max(o + n for o, n in spans) - start)
+        if not spans:
+            return None
+        start = min(o for o, _ in spans)
+        return start, max(o + n for o, n in spans) - start
 
     def _span(self, ks: range) -> RangeSource:
         """The chunks ``ks`` fetched in one read (one round trip on an object store), if they lie together."""
