@@ -51,10 +51,9 @@ try:  # (the script also runs on an older hsstore, to compare in the same launch
 except ImportError:  # pragma: no cover
     read_threads = usable_cpus = None  # type: ignore[assignment]
 from hsstore.testing.bench_stores import write_hsstore
-from hsstore.testing.disk import du, evict
+from hsstore.testing.disk import du, evict, probe, write_probe
 from hsstore.testing.factories import make_data
 
-PROBE_READ = 16 << 20
 
 
 def prepare(base: Path, samples: int, hidden: int, probe_gib: float) -> dict[str, Any]:
@@ -84,29 +83,6 @@ def prepare(base: Path, samples: int, hidden: int, probe_gib: float) -> dict[str
                         "fp8": [str(path), fp8], "fp8-none": [str(base / "fp8-none" / "s.zarr"), fp8_none]}}
     meta.write_text(json.dumps(out))
     return out
-
-
-def write_probe(path: Path, size: int) -> None:
-    block = os.urandom(PROBE_READ)
-    with open(path, "wb") as f:
-        for _ in range(max(1, size // PROBE_READ)):
-            f.write(block)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def probe(path: Path) -> float:
-    """The disk's sequential read rate (bytes/s): ``path`` evicted, then read once in 16 MiB reads."""
-    evict(path)
-    buf = bytearray(PROBE_READ)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        t0, off = time.perf_counter(), 0
-        while n := os.preadv(fd, [buf], off):
-            off += n
-        return off / (time.perf_counter() - t0)
-    finally:
-        os.close(fd)
 
 
 def world() -> tuple[int, int]:

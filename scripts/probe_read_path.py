@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import resource
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -47,10 +46,7 @@ from hsstore.read.readahead import Readahead
 from hsstore.storage import layout, outbuf
 from hsstore.storage.reader import VariantReader
 from hsstore.storage.store import Store
-from hsstore.testing.disk import du, evict
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_read_ranks import probe  # noqa: E402 - the same probe as the rank benchmark
+from hsstore.testing.disk import du, evict, probe
 
 
 def cpu() -> tuple[float, float]:
