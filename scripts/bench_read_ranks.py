@@ -15,8 +15,7 @@ each cold figure is also given against the mean of its own two adjacent probes).
 Then, for each variant and each read mode, one epoch per rank, cold (the variant's files evicted first,
 by rank 0, between barriers) and warm (read again at once): ``stream`` is one
 ``StreamingHiddenStateDataset`` epoch per rank iterated directly with its default settings (and with
-``--prefetch`` samples read ahead on threads, with readahead off, and with the readahead hints issued from
-a thread (``thr``) or a helper process (``prc``), if asked; ``fp8-none`` is the FP8 variant with its codes uncompressed, ``convert --codec none``); ``map`` is ``HiddenStateDataset`` through a DataLoader
+``--prefetch`` samples read ahead on threads, and with readahead off, if asked; ``fp8-none`` is the FP8 variant with its codes uncompressed, ``convert --codec none``); ``map`` is ``HiddenStateDataset`` through a DataLoader
 with ``--workers`` workers over this rank's ``DistributedSampler`` part (shuffled). Timed from one
 barrier to the last rank's end. Reported: logical GB/s of states handed out (all ranks together),
 disk GB/s (the variant's file bytes, each read once an epoch, over the same time), the disk figure as a
@@ -42,7 +41,6 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
 from hsstore import HiddenStateDataset, StreamingHiddenStateDataset
-from hsstore.read import readahead as readahead_module
 from hsstore.core import fp8_cpu
 from hsstore.storage.codecs import DEFAULT
 from hsstore.storage.convert import convert
@@ -124,14 +122,8 @@ def epoch(mode: str, path: str, vid: str, rank: int, size: int, workers: int, pr
                                          **more)
         if threads is not None:
             ds.reader.read_threads = threads
-        default = getattr(readahead_module, "HELPER_PROCESS", None)
-        if readahead in ("helper", "thread"):  # where the hints are issued from (hsstore.read.hints)
-            readahead_module.HELPER_PROCESS = readahead == "helper"
-        try:
-            for item in ds:
-                n += state_bytes(item)
-        finally:
-            readahead_module.HELPER_PROCESS = default
+        for item in ds:
+            n += state_bytes(item)
         return n
     ds = HiddenStateDataset(path, variant=vid)
     sampler = DistributedSampler(ds, num_replicas=size, rank=rank, shuffle=True, seed=0)
@@ -151,8 +143,6 @@ def main() -> None:
     ap.add_argument("--workers", default="0", help="DataLoader workers of the map-style reads (a list)")
     ap.add_argument("--prefetch", default="", help="also stream with each of these many samples read ahead (a list)")
     ap.add_argument("--no-readahead", action="store_true", help="also stream with readahead off (the old reads)")
-    ap.add_argument("--hints", default="", help="also stream with readahead hints from each of these (a list of "
-                    "thread, helper: hsstore.read.hints)")
     ap.add_argument("--read-threads", default="", help="also stream with the reader's threads set to each (a list)")
     ap.add_argument("--caches", default="cold,warm")
     ap.add_argument("--prepare-only", action="store_true")
@@ -172,7 +162,6 @@ def main() -> None:
     for mode in args.modes.split(","):
         settings = [(0, None, True, None)] + [(0, int(p), True, None) for p in args.prefetch.split(",") if p] \
             + ([(0, None, False, None)] if args.no_readahead else []) \
-            + [(0, None, h, None) for h in args.hints.split(",") if h] \
             + [(0, None, True, int(t)) for t in args.read_threads.split(",") if t]
         if mode == "map":
             settings = [(int(w), None, True, None) for w in args.workers.split(",")]
@@ -220,7 +209,7 @@ def main() -> None:
           f"{'disk GB/s':>11}{'x disk':>8}{'x adj':>7}{'CPU s/GB':>10}")
     for r in runs:
         pf = "-" if r["prefetch"] is None else str(r["prefetch"])
-        ra = {True: "on", False: "off", None: "-", "helper": "prc", "thread": "thr"}[r["readahead"]]
+        ra = {True: "on", False: "off", None: "-"}[r["readahead"]]
         thr = "-" if r["read_threads"] is None else str(r["read_threads"])
         adj = "-" if r["disk_ratio_adjacent"] is None else f"{r['disk_ratio_adjacent']:.2f}"
         print(f"{r['variant']:<20}{r['mode']:<8}{r['workers']:>3}{pf:>4}{ra:>4}{thr:>4}{r['cache']:>6}"

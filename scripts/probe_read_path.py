@@ -43,6 +43,7 @@ from hsstore import StreamingHiddenStateDataset
 from hsstore.core import fp8_cpu
 from hsstore.core.partition import epoch_sequence
 from hsstore.read.readahead import Readahead
+from hsstore.read import readahead as readahead_module
 from hsstore.storage import layout, outbuf
 from hsstore.storage.reader import VariantReader
 from hsstore.storage.store import Store
@@ -199,12 +200,8 @@ def timeline(label: str, dev: str, fn: Any) -> None:
         at = end
 
 
-def run_timeline(base: Path, meta: dict[str, Any], name: str, budget_mib: int | None, helper: bool) -> None:
-    """One cold stream of ``name`` (readahead budget ``budget_mib``, default: the reader's; hints from a
-    helper process or the readahead thread) after a probe."""
-    from hsstore.read import readahead as readahead_module
-
-    readahead_module.HELPER_PROCESS = helper
+def run_timeline(base: Path, meta: dict[str, Any], name: str, budget_mib: int | None) -> None:
+    """One cold stream of ``name`` (readahead budget ``budget_mib``, default: the reader's) after a probe."""
     path, vid = meta["variants"][name]
     dev = block_device(base)
     timeline("probe (16 MiB reads)", dev, lambda marks: probe(base / "probe.bin"))
@@ -218,8 +215,7 @@ def run_timeline(base: Path, meta: dict[str, Any], name: str, budget_mib: int | 
 
     try:
         evict(Path(path))
-        timeline(f"{name} stream, cold, readahead {budget_mib or 'default'} MiB, hints from the "
-                 f"{'helper process' if helper else 'thread'}", dev, stream)
+        timeline(f"{name} stream, cold, readahead {budget_mib or 'default'} MiB", dev, stream)
     finally:
         readahead_module.READAHEAD_BYTES = default
 
@@ -232,7 +228,6 @@ def main() -> None:
     ap.add_argument("--io-threads", type=int, default=8)
     ap.add_argument("--timeline", default="", help="only the disk timeline of one cold stream of these variants")
     ap.add_argument("--readahead-mib", default="", help="with --timeline: also these readahead budgets (a list)")
-    ap.add_argument("--hints", default="thread", help="with --timeline: hints from each of thread, helper (a list)")
     ap.add_argument("--json")
     a = ap.parse_args()
     base = Path(a.dir)
@@ -241,8 +236,7 @@ def main() -> None:
         fp8_cpu.dequantize_bf16_bits(np.zeros((1, 8), np.uint8), np.ones((1, 1), np.float32))  # numba, untimed
         for name in a.timeline.split(","):
             for mib in [None, *(int(m) for m in a.readahead_mib.split(",") if m)]:
-                for hints in a.hints.split(","):
-                    run_timeline(base, meta, name, mib, hints == "helper")
+                run_timeline(base, meta, name, mib)
         return
     threads = [int(x) for x in a.threads.split(",")]
     result: dict[str, Any] = {"nproc": os.cpu_count(), "variants": {}}

@@ -4,9 +4,7 @@ A reader that asks for one sample at a time leaves the disk idle while it decode
 a time keeps only a shallow queue on it. Given the order, ``Readahead`` keeps about ``READAHEAD_BYTES``
 of stored states ahead of the sample being read requested from the back end (``posix_fadvise(WILLNEED)`` on
 local files: asynchronous, no copy, the data lands in the page cache), from one background thread so a
-request never blocks the reader; with ``HELPER_PROCESS`` that thread hands each sample's file ranges to a
-helper process that issues the hints (hsstore.read.hints), so they never queue for this process's GIL
-behind the decode threads. It is a hint: what is read is still checked when it is read.
+request never blocks the reader. It is a hint: what is read is still checked when it is read.
 """
 
 from __future__ import annotations
@@ -16,13 +14,11 @@ import threading
 from collections.abc import Sequence
 
 from hsstore.core.dtypes import STORED
-from hsstore.read.hints import HintProcess, start_helper
 from hsstore.storage.reader import SampleRef, VariantReader
 
 # stored bytes requested ahead of the sample being read: ~0.1 s of a 2 GB/s disk, enough to keep its
 # queue full while samples decode, small against a training host's page cache (8 ranks ask for 8x this)
 READAHEAD_BYTES = 192 << 20
-HELPER_PROCESS = False  # hints from a helper process (hsstore.read.hints) instead of the readahead thread
 
 
 class Readahead:
@@ -30,7 +26,7 @@ class Readahead:
     ``refs[i]``; ``close()`` when done)."""
 
     def __init__(self, reader: VariantReader, refs: Sequence[SampleRef], layers: list[int],
-                 budget: int | None = None, helper: bool | None = None) -> None:
+                 budget: int | None = None) -> None:
         self.reader, self.refs, self.layers = reader, refs, layers
         itemsize = 1 if reader.record.stored_precision else STORED[reader.record.dtype].itemsize  # FP8: 1-byte codes
         row = max(1, len(layers)) * reader.record.hidden_size * itemsize  # about the bytes a row reads
@@ -38,7 +34,6 @@ class Readahead:
         self.budget = READAHEAD_BYTES if budget is None else budget
         self.next, self.ahead, self.counted = 0, 0, 0  # ahead: bytes of [counted, next)
         self.todo: queue.SimpleQueue[SampleRef | None] = queue.SimpleQueue()
-        self.helper: HintProcess | None = start_helper() if (HELPER_PROCESS if helper is None else helper) else None
         self.thread = threading.Thread(target=self._run, name="hsstore-readahead", daemon=True)
         self.thread.start()
 
@@ -56,14 +51,7 @@ class Readahead:
     def _run(self) -> None:
         while (ref := self.todo.get()) is not None:
             try:
-                spans = self.reader.need_spans(ref, self.layers)
-                if self.helper is not None:
-                    try:
-                        spans = self.helper.send(spans)
-                    except OSError:  # the helper is gone: hint from this thread from now on
-                        self.helper.close()
-                        self.helper = None
-                for src, offset, n in spans:
+                for src, offset, n in self.reader.need_spans(ref, self.layers):
                     src.will_need(offset, n)
             except Exception:  # noqa: BLE001 - a hint only: the read itself reports what is wrong
                 pass
@@ -71,5 +59,3 @@ class Readahead:
     def close(self) -> None:
         self.todo.put(None)
         self.thread.join()
-        if self.helper is not None:
-            self.helper.close()

@@ -52,7 +52,6 @@ class LocalRange(RangeSource):
         self.fd, self.key = fd, key
         st = os.fstat(fd)
         self.size, self.step = st.st_size, readahead_window(st.st_dev)
-        self.ident = (st.st_dev, st.st_ino)  # names the file to another process (hsstore.read.hints)
 
     def read(self, offset: int, n: int) -> bytes:
         with localfs.reading(self.key):
