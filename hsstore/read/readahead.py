@@ -2,10 +2,10 @@
 
 A reader that asks for one sample at a time leaves the disk idle while it decodes, and one chunk read at
 a time keeps only a shallow queue on it. Given the order, ``Readahead`` keeps about ``READAHEAD_BYTES``
-of states (counted as stored uncompressed: fewer bytes of a compressed variant's files) ahead of the sample
-being read requested from the back end (``posix_fadvise(WILLNEED)`` on
-local files: asynchronous, no copy, the data lands in the page cache), from one background thread so a
-request never blocks the reader. It is a hint: what is read is still checked when it is read.
+of states (counted uncompressed: fewer bytes of a compressed variant's files) ahead of the sample being
+read requested from the back end (``posix_fadvise(WILLNEED)`` on local files: asynchronous, no copy, the
+data lands in the page cache), from one background thread so a request never blocks the reader. It is a
+hint: what is read is still checked when it is read.
 """
 
 from __future__ import annotations
