@@ -132,17 +132,17 @@ class Lookahead:
         return got
 
     def _extend(self, index: int, step: int) -> None:
-        """Fetches queued for ``index + step``, ``index + 2 step``, ... up to ``budget`` bytes of states
-        (samples under ``MIN_BYTES`` are left to their own read)."""
+        """Fetches queued for ``index + step``, ``index + 2 step``, ... up to ``budget`` bytes of states, as far
+        as the first sample under ``MIN_BYTES``."""
         n, held = len(self.reader.keys), 0
         for nxt in range(index + step, index + step * (MAX_SAMPLES + 1), step):
             if not 0 <= nxt < n:
                 return
             size = self.reader.ref(nxt).length * self.row_bytes
-            if held and held + size > self.budget:
-                return
+            if size < MIN_BYTES or (held and held + size > self.budget):
+                return  # (a small sample is read on its own; the ones after it are fetched when it is read)
             held += size
-            if size >= MIN_BYTES and nxt not in self.ahead:
+            if nxt not in self.ahead:
                 if self.pool is None:
                     self.pool = ThreadPoolExecutor(1, thread_name_prefix="hsstore-lookahead")
                 self.ahead[nxt] = self.pool.submit(self._fetch, self.reader.ref(nxt))
