@@ -168,7 +168,7 @@ class Lookahead:
             return
         with self.lock:
             self.free += [r.data for r in fetched.chunks.values() if isinstance(r.data, bytearray)]
-            while sum(len(b) for b in self.free) > 2 * self.budget:
+            while sum(len(b) for b in self.free) > self.budget:  # (with those in flight: ~2x budget held at most)
                 self.free.pop(0)
 
     def close(self) -> None:
