@@ -23,6 +23,7 @@ from hsstore.core.partition import epoch_sequence, split_for
 from hsstore.core.schema.info_report import AuditSummary
 from hsstore.read.collate import pad_collate
 from hsstore.read.resume_state import consumed_from_state
+from hsstore.read.lookahead import Fetched, Lookahead
 from hsstore.read.readahead import Readahead
 from hsstore.read.requirement import require_provenance
 from hsstore.storage.audits import audits
@@ -79,6 +80,7 @@ class _Base:
     def __getstate__(self) -> dict[str, Any]:
         # for spawn/forkserver workers: reopen the store there, reading the units this dataset opened with
         state = self.__dict__.copy()
+        state.pop("_ahead", None)  # its thread and lock stay here: a worker starts its own
         state["reader"] = (self.reader.store.location, self.reader.id, list(self.reader.units))
         return state
 
@@ -105,10 +107,10 @@ class _Base:
         self._pid = pid
         return self.reader
 
-    def _item(self, index: int) -> dict[str, Any]:
+    def _item(self, index: int, fetched: Fetched | None = None) -> dict[str, Any]:
         self._reader_here()
         ref = self.reader.ref(index)
-        ids, mask = self.reader.read_tokens(ref)
+        ids, mask = self.reader.read_tokens(ref) if fetched is None else fetched.tokens
         item = {
             "key": ref.key,
             "index": index,
@@ -116,7 +118,7 @@ class _Base:
             "loss_mask": torch.from_numpy(mask.astype(np.bool_)),
         }
         roles = ("aux", "target")
-        groups = self.reader.read_groups(ref, [self.layer_roles.get(role, []) for role in roles], raw=self.raw)
+        groups = self.reader.read_groups(ref, [self.layer_roles.get(r, []) for r in roles], self.raw, fetched and fetched.chunks)
         for role, states in zip(roles, groups):  # all layers of the sample read in one pass
             if isinstance(states, tuple):  # raw FP8: codes and their scales
                 item[f"{role}_hidden"], item[f"{role}_scales"] = states
@@ -145,7 +147,19 @@ class HiddenStateDataset(_Base, Dataset):
             raise TypeError(f"dataset indices must be integers, not {type(index).__name__} ({index!r})") from None
         if not -len(self) <= i < len(self):
             raise IndexError(f"index {i} is out of range for {len(self)} samples")
-        return self._item(i % len(self))
+        ahead = self._lookahead()
+        fetched = ahead.take(i % len(self))
+        try:
+            return self._item(i % len(self), fetched)
+        finally:
+            ahead.done(fetched)
+
+    def _lookahead(self) -> Lookahead:
+        """This process's Lookahead over this reader (threads do not survive a fork)."""
+        reader, ahead = self._reader_here(), self.__dict__.get("_ahead")
+        if ahead is None or ahead.pid != os.getpid() or ahead.reader is not reader:
+            ahead = self._ahead = Lookahead(reader, sorted({i for ids in self.layer_roles.values() for i in ids}))
+        return ahead
 
     @property
     def keys(self) -> list[str]:

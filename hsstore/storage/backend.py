@@ -52,6 +52,10 @@ class RangeSource(ABC):
             pos += len(part)
         return pos
 
+    def cached(self, offset: int, n: int) -> bool:
+        """Whether ``[offset, offset + n)`` looks in memory already (a hint; False where it cannot tell)."""
+        return False
+
     def will_need(self, offset: int, n: int) -> None:  # noqa: B027 - most sources cannot read ahead
         """Start reading ``[offset, offset + n)`` in the background (a hint: local files ask the kernel)."""
 
@@ -70,11 +74,31 @@ class RangeSource(ABC):
 class BufferRange(RangeSource):
     """Bytes already fetched, standing for the object range ``[base, base + len(data))``."""
 
-    def __init__(self, data: bytes, base: int) -> None:
-        self.data, self.base, self.size = data, base, base + len(data)
+    def __init__(self, data: bytes | bytearray, base: int, n: int | None = None) -> None:
+        """``n``: the first ``n`` bytes of ``data`` (a reused buffer may be longer)."""
+        self.data, self.base = data, base
+        self.size = base + (len(data) if n is None else n)
 
     def read(self, offset: int, n: int) -> bytes:
-        return self.data[offset - self.base : offset - self.base + n]
+        return bytes(self.view(offset, n))
+
+    def view(self, offset: int, n: int) -> memoryview:
+        """Up to ``n`` bytes at ``offset``, without a copy."""
+        if offset < self.base:
+            return memoryview(b"")
+        return memoryview(self.data)[offset - self.base : min(offset + n, self.size) - self.base]
+
+    def covers(self, offset: int, n: int) -> bool:
+        return self.base <= offset and offset + n <= self.size
+
+    def readinto(self, views: Sequence[memoryview], offset: int) -> int:
+        """Fill ``views`` in order from ``offset``, one copy each (no intermediate bytes)."""
+        got = 0
+        for v in views:
+            part = self.view(offset + got, v.nbytes)
+            v[: len(part)] = part
+            got += len(part)
+        return got
 
 
 class Backend(ABC):

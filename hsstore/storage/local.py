@@ -61,6 +61,17 @@ class LocalRange(RangeSource):
         with localfs.reading(self.key):
             return os.preadv(self.fd, list(views), offset)
 
+    def cached(self, offset: int, n: int) -> bool:
+        """Whether the first and the last page of the range are in the page cache (``RWF_NOWAIT`` reads)."""
+        flag = getattr(os, "RWF_NOWAIT", None)
+        if flag is None or self.fd < 0 or n <= 0:
+            return False
+        probe = bytearray(1)
+        try:
+            return all(os.preadv(self.fd, [probe], at, flag) == 1 for at in (offset, offset + n - 1))
+        except OSError:  # EAGAIN: not in memory (or the kernel cannot say)
+            return False
+
     def will_need(self, offset: int, n: int) -> None:
         """Ask the kernel to read ``[offset, offset + n)`` in the background, in steps of the device's
         readahead window: Linux reads at most that much of one WILLNEED and drops the rest (one 64 MiB

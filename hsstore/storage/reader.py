@@ -6,7 +6,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -19,7 +19,7 @@ from hsstore.core.errors import BadInput, CorruptData
 from hsstore.core.keys import sample_key
 from hsstore.core.schema.store_records import CommitRecord, VariantRecord
 from hsstore.storage import commits, layout
-from hsstore.storage.backend import Backend, RangeSource
+from hsstore.storage.backend import Backend, BufferRange, RangeSource
 from hsstore.storage.shardio import ShardReader, check_declared_bytes
 from hsstore.storage.stats import merge
 from hsstore.storage.tasks import pieces, process_pool, read_threads, run_shared, usable_cpus
@@ -170,11 +170,11 @@ class VariantReader:
                               f"and variant record say {want[0]} {want[1]}. Run `hsstore verify`")
 
     def _slice(self, ref: SampleRef, name: str, out: np.ndarray | None = None, a: int = 0,
-               b: int | None = None) -> np.ndarray:
-        """Rows ``[a, b)`` of ``ref`` (default: all of them) of array ``name``, into ``out`` if given."""
+               b: int | None = None, src: BufferRange | None = None) -> np.ndarray:
+        """Rows ``[a, b)`` of ``ref`` (default: all) of array ``name``, into ``out``, from ``src`` if given."""
         b = ref.length if b is None else b
         try:
-            return self.shard(ref.unit, name).rows(ref.offset + a, ref.offset + b, out=out)
+            return self.shard(ref.unit, name).rows(ref.offset + a, ref.offset + b, out=out, src=src)
         except CorruptData as e:
             raise CorruptData(str(e) if ref.key in str(e) else f"sample {ref.key}: {e}") from None
 
@@ -222,7 +222,6 @@ class VariantReader:
     def quant_error(self) -> dict[int, dict[str, float]]:
         """Per-layer storage error over all committed units of a quantized variant ({} otherwise)."""
         from hsstore.core.quant_error import merge as merge_errors
-
         if not self.record.stored_precision:
             return {}
         return {layer: merge_errors(e[str(layer)] for e in (c.storage_errors for c in self.commits) if str(layer) in e)
@@ -233,16 +232,16 @@ class VariantReader:
         its slot; FP8 variants dequantized to bf16, or ``raw``: (float8_e4m3fn codes, float32 scales [T, n, 1])."""
         return self.read_groups(ref, [layers], raw)[0]
 
-    def read_groups(self, ref: SampleRef, groups: list[list[int]], raw: bool = False) -> list[Any]:
-        """``read_stacked`` of each group of layers (e.g. the aux and the target layers), all layers of
-        the sample read in one pass: side by side on the reader's threads when the sample is large
-        enough to pay for the hand-offs, else in this thread."""
+    def read_groups(self, ref: SampleRef, groups: list[list[int]], raw: bool = False,
+                    fetched: Mapping[str, BufferRange] | None = None) -> list[Any]:
+        """``read_stacked`` of each group of layers (e.g. aux and target), all layers in one pass: side by side
+        on the reader's threads when the sample pays for the hand-offs, else in this thread; ``fetched``:
+        array name -> its chunk bytes read ahead (hsstore.read.lookahead; ignored for FP8 variants)."""
         for layers in groups:
             self._check_layers(layers)
         rec = self.record
         if rec.stored_precision:
             from hsstore.storage.quantized_read import quantized_groups
-
             return quantized_groups(self, ref, groups, raw)
         from hsstore.storage import outbuf  # (torch: imported on the first read of states, not for metadata)
 
@@ -252,7 +251,8 @@ class VariantReader:
             buf, tensor = outbuf.empty((ref.length, len(layers), rec.hidden_size), STORED[rec.dtype])
             for j, layer in enumerate(layers):
                 name = layout.layer_array(layer)
-                tasks += [(self._slice, ref, name, buf[a:b, j], a, b) for a, b in self.pieces(ref, name, buf.strides[1])]
+                tasks += [(self._slice, ref, name, buf[a:b, j], a, b, (fetched or {}).get(name))
+                          for a, b in self.pieces(ref, name, buf.strides[1])]
             outs.append(tensor)
             nbytes += buf.nbytes
         self.run_tasks(tasks, nbytes)

@@ -172,9 +172,10 @@ class ShardReader:
     def close(self) -> None:
         self.src.close()
 
-    def rows(self, a: int, b: int, out: np.ndarray | None = None) -> np.ndarray:
+    def rows(self, a: int, b: int, out: np.ndarray | None = None, src: BufferRange | None = None) -> np.ndarray:
         """Rows ``[a, b)`` of shape ``(b - a, *shape[1:])``, into ``out`` if given (it may be a strided
-        view, e.g. one layer's slot of a ``[T, n_layers, H]`` buffer: rows land there directly)."""
+        view, e.g. one layer's slot of a ``[T, n_layers, H]`` buffer: rows land there directly); ``src``:
+        chunk bytes already fetched (part of ``need_span``'s range), checked as if read here."""
         if not 0 <= a <= b <= self.shape[0]:
             raise CorruptData(f"{self.what}: rows [{a}, {b}) are outside the array's {self.shape[0]} rows")
         c, w = self.chunk_rows, self.row_width
@@ -187,14 +188,15 @@ class ShardReader:
             off, nbytes = self.spans[k]
             if off == EMPTY_INT or nbytes < 4 or off + nbytes > self.size:
                 raise CorruptData(f"{self.what}: chunk {k} is missing or beyond the end of the shard")
-        src = self._span(ks) if self.src.coalesce and len(ks) > 1 else self.src
+        here = self._span(ks) if self.src.coalesce and len(ks) > 1 and src is None else self.src
         for k in ks:
             off, nbytes = self.spans[k]
             lo, hi = max(a, k * c), min(b, (k + 1) * c)
             dest = flat[lo - a : hi - a]
             whole = lo == k * c and hi == (k + 1) * c
-            if not self._read_in_place(src, dest, k, off, nbytes, whole):
-                self._decode_into(src, dest, k, off, nbytes, lo - k * c)
+            at = src if src is not None and src.covers(off, nbytes) else here  # (a chunk not fetched: read here)
+            if not self._read_in_place(at, dest, k, off, nbytes, whole):
+                self._decode_into(at, dest, k, off, nbytes, lo - k * c)
         return out
 
     def need_span(self, a: int, b: int) -> tuple[int, int] | None:
@@ -279,9 +281,13 @@ class ShardReader:
 
     def _payload(self, src: RangeSource, k: int, off: int, nbytes: int, scratch: Scratch) -> memoryview:
         """Chunk ``k``'s checked payload (without its crc32c), read into ``scratch``."""
-        view = scratch.view(nbytes)
-        got = src.readinto([view], off)
-        self.bytes_read += got if src is self.src else 0
+        if isinstance(src, BufferRange):  # fetched already: checked and decoded where it lies
+            view = src.view(off, nbytes)
+            got = view.nbytes
+        else:
+            view = scratch.view(nbytes)
+            got = src.readinto([view], off)
+            self.bytes_read += got if src is self.src else 0
         payload = view[:-4]
         if got != nbytes or _crc(payload) != bytes(view[-4:]):
             raise CorruptData(f"{self.what}: chunk {k} fails its crc32c checksum")

@@ -1,0 +1,180 @@
+"""The coming samples' stored bytes read while this one decodes, for map-style reads in a steady order.
+
+A map-style dataset is asked for one sample at a time: read cold, each read waits on the disk and then
+decodes, so the disk idles while the cores decode and the cores while it reads (2 cores, hidden 1024:
+~0.27 s of disk and ~0.26 s of decoding made a 0.45 s pass; docs/benchmarks.md, "Round 3 on 2 cores").
+When the indices asked for advance by a constant step (in order: 1, from the second read),
+``Lookahead`` reads the tokens and the stored chunks of the next indices, up to ``AHEAD_BYTES`` of
+states, on one background thread (``pread`` releases the GIL) into reused buffers; those reads then
+decode from there, every chunk still checked against its crc32c. Chunks already in the page cache are
+left to the read (no second copy), other orders read nothing ahead, and a failed fetch only means the
+read is done the ordinary way, which reports the problem on its own item. On for bf16/fp16 states in
+the main process: FP8 reads its own way, and a DataLoader worker's reads are already overlapped by the
+DataLoader's prefetching (measured: looking ahead there too made 2 workers slower).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from torch.utils.data import get_worker_info
+
+from hsstore.core.dtypes import STORED
+from hsstore.storage import layout
+from hsstore.storage.backend import BufferRange
+from hsstore.storage.reader import SampleRef, VariantReader
+
+# samples of fewer stored bytes are read without looking ahead (a hand-off costs more than it saves)
+MIN_BYTES = 4 << 20
+AHEAD_BYTES = 64 << 20  # bytes of states of the coming samples fetched ahead (at least one sample)
+MAX_SAMPLES = 64  # nor more samples than this ahead
+
+_live: weakref.WeakSet[Lookahead] = weakref.WeakSet()
+_gated: list[Lookahead] = []
+
+
+def _before_fork() -> None:
+    """No fetch runs while the process forks (e.g. a DataLoader starting workers): a fetch thread holding
+    a reader's lock at that moment would leave it held forever in the child."""
+    _gated[:] = list(_live)
+    for ahead in _gated:
+        ahead.gate.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    for ahead in _gated:
+        ahead.gate.release()
+    _gated.clear()
+
+
+if hasattr(os, "register_at_fork"):  # (the child's copies are never used: a dataset starts its own)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_gated.clear)
+
+
+@dataclass
+class Fetched:
+    """One sample read ahead: its checked tokens and its layers' chunk bytes (not yet checked)."""
+
+    tokens: tuple[np.ndarray, np.ndarray]
+    chunks: dict[str, BufferRange]
+
+
+def fetch(reader: VariantReader, ref: SampleRef, layers: list[int], buffer: Callable[[int], bytearray],
+          last: dict[str, tuple[str, int]]) -> Fetched:
+    """``ref``'s tokens (``read_tokens``) and the bytes of its chunks of each of ``layers``, read now into
+    ``buffer(n)``s. ``last``: array name -> (unit, offset) of the last chunk fetched before; a sample's
+    first chunk that is the one before's last is not fetched again (that read decodes it for both)."""
+    out = Fetched(reader.read_tokens(ref), {})
+    for name in (layout.layer_array(i) for i in layers):
+        shard = reader.shard(ref.unit, name)
+        a, b = ref.offset, ref.offset + ref.length
+        first, end = a // shard.chunk_rows, (b - 1) // shard.chunk_rows
+        if last.get(name) == (ref.unit, shard.spans[first][0]) and first < end:
+            a = (first + 1) * shard.chunk_rows
+        span = shard.need_span(a, b)
+        if span is not None and not shard.src.cached(*span):  # (in memory already: the read copies it once)
+            buf = buffer(span[1])
+            got = shard.src.readinto([memoryview(buf)[: span[1]]], span[0])
+            shard.bytes_read += got
+            out.chunks[name] = BufferRange(buf, span[0], got)
+        last[name] = (ref.unit, shard.spans[end][0])
+    return out
+
+
+class Lookahead:
+    """Fetches the coming indices' bytes when the indices ``take`` sees advance by a constant step."""
+
+    def __init__(self, reader: VariantReader, layers: list[int], budget: int = AHEAD_BYTES) -> None:
+        self.reader, self.layers, self.budget = reader, layers, budget
+        rec = reader.record
+        self.row_bytes = len(layers) * rec.hidden_size * STORED[rec.dtype].itemsize
+        self.on = not rec.stored_precision and bool(layers) and get_worker_info() is None
+        self.last: int | None = None
+        self.step: int | None = None
+        self.ahead: dict[int, Future[Fetched]] = {}  # index -> its fetch, in order
+        self.lock = threading.Lock()
+        self.gate = threading.Lock()  # held by the fetch thread while it reads
+        self.pool: ThreadPoolExecutor | None = None
+        self.pid = os.getpid()
+        self.used = 0  # reads served from what was fetched ahead
+        self.fetched_bytes = 0  # chunk bytes fetched (chunks found in the page cache are not)
+        self.last_chunks: dict[str, tuple[str, int]] = {}  # (fetch's ``last``: the fetch thread's own)
+        self.free: list[bytearray] = []  # buffers of reads that are done, reused (no page faults anew)
+        _live.add(self)
+
+    def take(self, index: int) -> Fetched | None:
+        """What was fetched ahead for ``index`` (None if nothing); keeps fetching the next ones while the order
+        is steady. A failed fetch gives None: the read itself then reports the problem, on this item."""
+        with self.lock:
+            mine = self.ahead.pop(index, None)
+            step = None if self.last is None else index - self.last
+            steady = step == 1 or (step is not None and step != 0 and step == self.step)
+            self.last, self.step = index, step
+            if not steady or not self.on:
+                for f in self.ahead.values():
+                    f.cancel()
+                self.ahead = {}
+            else:
+                self._extend(index, step)
+        if mine is None:
+            return None
+        try:
+            got = mine.result()
+        except Exception:  # noqa: BLE001 - read again the ordinary way, which says what is wrong
+            return None
+        self.used += 1
+        return got
+
+    def _extend(self, index: int, step: int) -> None:
+        """Fetches queued for ``index + step``, ``index + 2 step``, ... up to ``budget`` bytes of states, as far
+        as the first sample under ``MIN_BYTES``."""
+        n, held = len(self.reader.keys), 0
+        for nxt in range(index + step, index + step * (MAX_SAMPLES + 1), step):
+            if not 0 <= nxt < n:
+                return
+            size = self.reader.ref(nxt).length * self.row_bytes
+            if size < MIN_BYTES or (held and held + size > self.budget):
+                return  # (a small sample is read on its own; the ones after it are fetched when it is read)
+            held += size
+            if nxt not in self.ahead:
+                if self.pool is None:
+                    self.pool = ThreadPoolExecutor(1, thread_name_prefix="hsstore-lookahead")
+                self.ahead[nxt] = self.pool.submit(self._fetch, self.reader.ref(nxt))
+
+    def _fetch(self, ref: SampleRef) -> Fetched:
+        with self.gate:  # (a fork waits for it: no lock of the reader's is held in the child)
+            got = fetch(self.reader, ref, self.layers, self._buffer, self.last_chunks)
+        self.fetched_bytes += sum(r.size - r.base for r in got.chunks.values())
+        return got
+
+    def _buffer(self, n: int) -> bytearray:
+        with self.lock:
+            fit = [b for b in self.free if len(b) >= n]
+            if fit:
+                buf = min(fit, key=len)
+                self.free.remove(buf)
+                return buf
+        return bytearray(n)
+
+    def done(self, fetched: Fetched | None) -> None:
+        """The read that took ``fetched`` has ended: its buffers may be filled again."""
+        if fetched is None:
+            return
+        with self.lock:
+            self.free += [r.data for r in fetched.chunks.values() if isinstance(r.data, bytearray)]
+            while sum(len(b) for b in self.free) > self.budget:  # (with those in flight: ~2x budget held at most)
+                self.free.pop(0)
+
+    def close(self) -> None:
+        """Stop the background thread (after the fetch in flight, if any)."""
+        with self.lock:
+            self.ahead = {}
+            pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,153 @@
+"""Map-style reads in a steady order fetch the coming samples' bytes ahead: same items in every order,
+errors on the item they belong to, no thread left behind, safe across a DataLoader's fork, off in workers."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from hsstore import HiddenStateDataset, Store
+from hsstore.core.errors import CorruptData
+from hsstore.read import lookahead
+from hsstore.storage import layout
+from hsstore.storage.local import LocalRange
+from hsstore.storage.writer import UnitWriter
+
+from helpers import make_samples, make_states, new_variant
+
+LAYERS = [0, 1, 2]
+
+
+@pytest.fixture(autouse=True)
+def _small_samples_look_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lookahead, "MIN_BYTES", 0)  # these samples are small: look ahead all the same
+    # a store just written is in the page cache, whose chunks are left to the read: fetch them anyway
+    monkeypatch.setattr(LocalRange, "cached", lambda self, offset, n: False)
+
+
+def _store(tmp_path: Path, codec: str = "shuffle-zstd") -> tuple[Path, dict[str, torch.Tensor]]:
+    """Three units of samples spanning several chunks of 16 rows (neighbours share their boundary chunks);
+    returns the path and each key's states ``[T, 3, H]``."""
+    store = Store.create(tmp_path / "s.zarr")
+    vid = new_variant(store, codec=codec, chunk=16, hidden=32)
+    want: dict[str, torch.Tensor] = {}
+    for u, lengths in enumerate([[40, 23, 57, 9, 31], [70, 18], [25, 44, 38]]):
+        samples = make_samples(lengths, seed=u)
+        states = make_states(samples, 32, "bf16", LAYERS, seed=u)
+        UnitWriter(store, vid).write(samples, states)
+        a = 0
+        for s in samples:
+            want[s.key] = torch.stack([states[i][a:a + s.length] for i in LAYERS], dim=1)
+            a += s.length
+    return tmp_path / "s.zarr", want
+
+
+def _same(item: dict, want: dict[str, torch.Tensor]) -> None:
+    got = torch.cat([item["aux_hidden"], item["target_hidden"]], dim=1)
+    assert torch.equal(got, want[item["key"]])
+
+
+def _lookahead_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("hsstore-lookahead")]
+
+
+@pytest.mark.parametrize("codec,cached", [("shuffle-zstd", False), ("none", False), ("shuffle-zstd", True)])
+def test_every_order_reads_the_same_items_and_in_order_reads_come_from_the_fetched_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, codec: str, cached: bool):
+    if cached:  # chunks in the page cache: only the tokens come from the fetch
+        monkeypatch.setattr(LocalRange, "cached", lambda self, offset, n: True)
+    path, want = _store(tmp_path, codec)
+    ds = HiddenStateDataset(path)
+    n = len(ds)
+    rng = np.random.default_rng(0)
+    orders = {
+        "in order": list(range(n)), "again": list(range(n)), "backwards": list(range(n))[::-1],
+        "every second": list(range(0, n, 2)) + list(range(1, n, 2)),
+        "random": [int(i) for i in rng.permutation(n)],
+        "interleaved": [i for pair in zip(range(n // 2), range(n // 2, n)) for i in pair],
+        "restarts": [0, 1, 2, 3, 0, 1, 2, 7, 8, 9, 5],
+    }
+    for name, order in orders.items():
+        for i in order:
+            _same(ds[i], want)
+        if name in ("in order", "again", "backwards", "every second"):
+            assert ds._lookahead().used >= len(order) - 3, name  # all but the first reads of the order
+    assert (ds._lookahead().fetched_bytes > 0) != cached
+
+
+@pytest.mark.parametrize("codec", ["shuffle-zstd", "none"])
+def test_a_corrupt_chunk_fails_the_items_it_belongs_to_and_no_others(tmp_path: Path, codec: str):
+    path, _ = _store(tmp_path, codec)
+    ds = HiddenStateDataset(path)
+    ref = ds.reader.ref(2)  # the 57-token sample of the first unit: its middle chunk is its own
+    f = path / "variants" / ds.variant_id / "units" / ref.unit / layout.layer_array(1) / "c" / "0" / "0"
+    shard = ds.reader.shard(ref.unit, layout.layer_array(1))
+    off, nbytes = shard.spans[(ref.offset + 20) // shard.chunk_rows]
+    data = bytearray(f.read_bytes())
+    data[off + nbytes // 2] ^= 0x10
+    f.write_bytes(bytes(data))
+
+    def outcome(d: HiddenStateDataset, i: int) -> str:
+        try:
+            return d[i]["key"]
+        except CorruptData as e:
+            return f"CorruptData: {e}"
+
+    alone = [outcome(HiddenStateDataset(path), i) for i in range(len(ds))]  # one read each: nothing ahead
+    ahead = HiddenStateDataset(path)
+    assert [outcome(ahead, i) for i in range(len(ds))] == alone
+    assert alone[2].startswith("CorruptData") and ref.key in alone[2]
+    assert ahead._lookahead().fetched_bytes > 0
+
+
+def test_the_fetch_thread_ends_with_its_dataset_or_on_close(tmp_path: Path):
+    path, want = _store(tmp_path)
+    ds = HiddenStateDataset(path)
+    for i in range(4):
+        _same(ds[i], want)
+    assert len(_lookahead_threads()) == 1
+    ds._lookahead().close()
+    assert _lookahead_threads() == []
+    for i in range(4):  # still reads, and looks ahead again
+        _same(ds[i], want)
+    assert len(_lookahead_threads()) == 1
+    del ds
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while _lookahead_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _lookahead_threads() == []
+
+
+def test_dataloader_workers_forked_while_the_main_process_looks_ahead_read_every_item(tmp_path: Path):
+    path, want = _store(tmp_path)
+    ds = HiddenStateDataset(path)
+    for i in range(3):  # the main process now fetches the following samples on its thread
+        ds[i]
+    got = list(DataLoader(_Ahead(ds), batch_size=None, num_workers=2, timeout=120))
+    assert sorted(it["key"] for it in got) == sorted(want)
+    for it in got:
+        _same(it, want)
+        assert it["ahead_in_worker"] == 0  # the DataLoader overlaps a worker's reads already
+
+
+class _Ahead(Dataset):
+    """An item of ``ds`` plus how many reads its process's lookahead has served."""
+
+    def __init__(self, ds: HiddenStateDataset) -> None:
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> dict:
+        item = self.ds[i]
+        item["ahead_in_worker"] = self.ds._lookahead().used
+        return item
