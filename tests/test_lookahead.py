@@ -4,6 +4,7 @@ errors on the item they belong to, no thread left behind, safe across a DataLoad
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import threading
 import time
 from pathlib import Path
@@ -151,3 +152,28 @@ class _Ahead(Dataset):
         item = self.ds[i]
         item["ahead_in_worker"] = self.ds._lookahead().used
         return item
+
+
+def _read_through_a_dataloader(ds: HiddenStateDataset, out: multiprocessing.Queue) -> None:
+    out.put(sorted(it["key"] for it in DataLoader(ds, batch_size=None, num_workers=1, timeout=120)))
+
+
+@pytest.mark.process
+def test_a_process_forked_after_in_order_reads_can_fork_its_own_dataloader_workers(tmp_path: Path):
+    """A trainer process forked from one that read in order (e.g. a sanity check of ds[0..2] before
+    launching) starts its own DataLoader workers: the fork's gates it inherited must not block it."""
+    path, want = _store(tmp_path)
+    ds = HiddenStateDataset(path)
+    for i in range(3):
+        ds[i]
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_read_through_a_dataloader, args=(ds, out))
+    child.start()
+    try:
+        assert out.get(timeout=120) == sorted(want)
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0

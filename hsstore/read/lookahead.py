@@ -47,14 +47,16 @@ def _before_fork() -> None:
         ahead.gate.acquire()
 
 
-def _after_fork_in_parent() -> None:
+def _after_fork() -> None:
+    """Both sides: the gates open again. The child's copies were taken too, and a child forking in its
+    turn (a trainer process starting its DataLoader workers) would otherwise wait on them forever."""
     for ahead in _gated:
         ahead.gate.release()
     _gated.clear()
 
 
 if hasattr(os, "register_at_fork"):  # (the child's copies are never used: a dataset starts its own)
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_gated.clear)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
 
 
 @dataclass
