@@ -177,3 +177,16 @@ def test_a_process_forked_after_in_order_reads_can_fork_its_own_dataloader_worke
         if child.is_alive():
             child.kill()
     assert child.exitcode == 0
+
+
+def test_datasets_read_through_in_order_keep_no_buffers_for_reading_ahead(tmp_path: Path):
+    """Several datasets held at once (eval sets in a dict, a ConcatDataset of stores), each read in order
+    to its end in turn: none keeps fetched or spare buffers once its pass has ended (N sets held N budgets)."""
+    path, want = _store(tmp_path)
+    sets = [HiddenStateDataset(path) for _ in range(3)]
+    for ds, order in zip(sets, [range(len(sets[0])), range(len(sets[0]) - 1, -1, -1), range(0, len(sets[0]), 2)]):
+        for i in order:
+            _same(ds[i], want)
+        ahead = ds._lookahead()
+        assert ahead.used > 0
+        assert (sum(len(b) for b in ahead.free), len(ahead.ahead)) == (0, 0)

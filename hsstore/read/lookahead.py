@@ -121,7 +121,7 @@ class Lookahead:
             if not steady or not self.on:
                 for f in self.ahead.values():
                     f.cancel()
-                self.ahead = {}
+                self.ahead, self.free = {}, []
             else:
                 self._extend(index, step)
         if mine is None:
@@ -165,10 +165,13 @@ class Lookahead:
         return bytearray(n)
 
     def done(self, fetched: Fetched | None) -> None:
-        """The read that took ``fetched`` has ended: its buffers may be filled again."""
+        """The read that took ``fetched`` has ended: its buffers may be filled again (kept while the order goes on)."""
         if fetched is None:
             return
         with self.lock:
+            if self.last is None or self.step is None or not 0 <= self.last + self.step < len(self.reader.keys):
+                self.free = []  # the pass has ended: a dataset kept for later holds no memory for it
+                return
             self.free += [r.data for r in fetched.chunks.values() if isinstance(r.data, bytearray)]
             while sum(len(b) for b in self.free) > self.budget:  # (with those in flight: ~2x budget held at most)
                 self.free.pop(0)
