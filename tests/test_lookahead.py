@@ -158,7 +158,6 @@ def _read_through_a_dataloader(ds: HiddenStateDataset, out: multiprocessing.Queu
     out.put(sorted(it["key"] for it in DataLoader(ds, batch_size=None, num_workers=1, timeout=120)))
 
 
-@pytest.mark.process
 def test_a_process_forked_after_in_order_reads_can_fork_its_own_dataloader_workers(tmp_path: Path):
     """A trainer process forked from one that read in order (e.g. a sanity check of ds[0..2] before
     launching) starts its own DataLoader workers: the fork's gates it inherited must not block it."""
