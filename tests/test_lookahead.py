@@ -189,3 +189,24 @@ def test_datasets_read_through_in_order_keep_no_buffers_for_reading_ahead(tmp_pa
         ahead = ds._lookahead()
         assert ahead.used > 0
         assert (sum(len(b) for b in ahead.free), len(ahead.ahead)) == (0, 0)
+
+
+def test_datasets_kept_after_reading_a_few_samples_in_order_share_a_few_budgets(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch):
+    """Many datasets, each read a little in order and kept (eval sets checked on their first samples): what
+    the process holds fetched ahead is bounded, not one budget per dataset (200 such sets held 200 x 64 MiB):
+    the least recently read ones let theirs go, and read the ordinary way if they are read again."""
+    path, want = _store(tmp_path)
+    probe = HiddenStateDataset(path)
+    monkeypatch.setattr(lookahead, "AHEAD_BYTES", sum(probe.reader.ref(i).length for i in (3, 4)) * 3 * 32 * 2)
+    sets = []
+    for _ in range(16):
+        ds = HiddenStateDataset(path)
+        for i in range(3):  # steady from the second read: the next samples are fetched
+            _same(ds[i], want)
+        sets.append(ds)
+    held = [len(d._lookahead().ahead) + len(d._lookahead().free) for d in sets]
+    assert held[-1] > 0  # the one read last still reads ahead ...
+    assert held[: len(sets) // 2] == [0] * (len(sets) // 2)  # ... those read longest ago hold nothing
+    for i in range(3, len(sets[0])):  # and read on, in order, from where they stopped
+        _same(sets[0][i], want)
