@@ -180,8 +180,10 @@ def test_a_process_forked_after_in_order_reads_can_fork_its_own_dataloader_worke
 
 def test_datasets_read_through_in_order_keep_no_buffers_for_reading_ahead(tmp_path: Path):
     """Several datasets held at once (eval sets in a dict, a ConcatDataset of stores), each read in order
-    to its end in turn: none keeps fetched or spare buffers once its pass has ended (N sets held N budgets)."""
+    to its end in turn: none keeps fetched or spare buffers, nor its fetch thread, once its pass has ended
+    (N sets held N budgets and N idle threads)."""
     path, want = _store(tmp_path)
+    before = set(_lookahead_threads())
     sets = [HiddenStateDataset(path) for _ in range(3)]
     for ds, order in zip(sets, [range(len(sets[0])), range(len(sets[0]) - 1, -1, -1), range(0, len(sets[0]), 2)]):
         for i in order:
@@ -189,6 +191,10 @@ def test_datasets_read_through_in_order_keep_no_buffers_for_reading_ahead(tmp_pa
         ahead = ds._lookahead()
         assert ahead.used > 0
         assert (sum(len(b) for b in ahead.free), len(ahead.ahead)) == (0, 0)
+    deadline = time.monotonic() + 10  # (a stopped thread ends on its own, after the fetch it may be running)
+    while set(_lookahead_threads()) - before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert set(_lookahead_threads()) - before == set()
 
 
 def test_datasets_kept_after_reading_a_few_samples_in_order_share_a_few_budgets(tmp_path: Path,

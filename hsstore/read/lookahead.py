@@ -139,8 +139,9 @@ class Lookahead:
             step = None if self.last is None else index - self.last
             steady = step == 1 or (step is not None and step != 0 and step == self.step)
             self.last, self.step, self.tick = index, step, next(_ticks)
-            queued = steady and self.on and self._extend(index, step)
-            if not steady or not self.on:
+            going = steady and self.on and 0 <= index + step < len(self.reader.keys)
+            queued = going and self._extend(index, step)
+            if not going:  # the order broke or ended: nothing ahead, no thread kept waiting
                 self._release()
         if queued:
             _share(self)
@@ -183,10 +184,14 @@ class Lookahead:
         return held
 
     def _release(self) -> None:
-        """(Under ``lock``.) Nothing fetched ahead any more: queued fetches cancelled, one in flight ends unused."""
+        """(Under ``lock``.) Nothing fetched ahead any more: queued fetches cancelled, one in flight ends unused,
+        and the thread then ends (a steady order starts another)."""
         for f in self.ahead.values():
             f.cancel()
         self.ahead, self.free = {}, []
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)  # (the fetch a read has taken still ends: it is not cancelled)
 
     def _fetch(self, ref: SampleRef) -> Fetched:
         with self.gate:  # (a fork waits for it: no lock of the reader's is held in the child)
