@@ -48,8 +48,8 @@ _ticks = itertools.count()
 def _before_fork() -> None:
     """No fetch runs while the process forks (e.g. a DataLoader starting workers): a fetch thread holding
     a reader's lock at that moment would leave it held forever in the child."""
-    with _registry:
-        _gated[:] = list(_live)
+    _registry.acquire()  # (held through the fork: taken by another thread then, it would stay taken in the child)
+    _gated[:] = list(_live)
     for ahead in _gated:
         ahead.gate.acquire()
 
@@ -60,6 +60,7 @@ def _after_fork() -> None:
     for ahead in _gated:
         ahead.gate.release()
     _gated.clear()
+    _registry.release()
 
 
 if hasattr(os, "register_at_fork"):  # (the child's copies are never used: a dataset starts its own)
