@@ -4,6 +4,7 @@ errors on the item they belong to, no thread left behind, safe across a DataLoad
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import threading
 import time
 from pathlib import Path
@@ -151,3 +152,67 @@ class _Ahead(Dataset):
         item = self.ds[i]
         item["ahead_in_worker"] = self.ds._lookahead().used
         return item
+
+
+def _read_through_a_dataloader(ds: HiddenStateDataset, out: multiprocessing.Queue) -> None:
+    out.put(sorted(it["key"] for it in DataLoader(ds, batch_size=None, num_workers=1, timeout=120)))
+
+
+def test_a_process_forked_after_in_order_reads_can_fork_its_own_dataloader_workers(tmp_path: Path):
+    """A trainer process forked from one that read in order (e.g. a sanity check of ds[0..2] before
+    launching) starts its own DataLoader workers: the fork's gates it inherited must not block it."""
+    path, want = _store(tmp_path)
+    ds = HiddenStateDataset(path)
+    for i in range(3):
+        ds[i]
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_read_through_a_dataloader, args=(ds, out))
+    child.start()
+    try:
+        assert out.get(timeout=120) == sorted(want)
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+
+
+def test_datasets_read_through_in_order_keep_no_buffers_for_reading_ahead(tmp_path: Path):
+    """Several datasets held at once (eval sets in a dict, a ConcatDataset of stores), each read in order
+    to its end in turn: none keeps fetched or spare buffers, nor its fetch thread, once its pass has ended
+    (N sets held N budgets and N idle threads)."""
+    path, want = _store(tmp_path)
+    before = set(_lookahead_threads())
+    sets = [HiddenStateDataset(path) for _ in range(3)]
+    for ds, order in zip(sets, [range(len(sets[0])), range(len(sets[0]) - 1, -1, -1), range(0, len(sets[0]), 2)]):
+        for i in order:
+            _same(ds[i], want)
+        ahead = ds._lookahead()
+        assert ahead.used > 0
+        assert (sum(len(b) for b in ahead.free), len(ahead.ahead)) == (0, 0)
+    deadline = time.monotonic() + 10  # (a stopped thread ends on its own, after the fetch it may be running)
+    while set(_lookahead_threads()) - before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert set(_lookahead_threads()) - before == set()
+
+
+def test_datasets_kept_after_reading_a_few_samples_in_order_share_a_few_budgets(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch):
+    """Many datasets, each read a little in order and kept (eval sets checked on their first samples): what
+    the process holds fetched ahead is bounded, not one budget per dataset (200 such sets held 200 x 64 MiB):
+    the least recently read ones let theirs go, and read the ordinary way if they are read again."""
+    path, want = _store(tmp_path)
+    probe = HiddenStateDataset(path)
+    monkeypatch.setattr(lookahead, "AHEAD_BYTES", sum(probe.reader.ref(i).length for i in (3, 4)) * 3 * 32 * 2)
+    sets = []
+    for _ in range(16):
+        ds = HiddenStateDataset(path)
+        for i in range(3):  # steady from the second read: the next samples are fetched
+            _same(ds[i], want)
+        sets.append(ds)
+    held = [len(d._lookahead().ahead) + len(d._lookahead().free) for d in sets]
+    assert held[-1] > 0  # the one read last still reads ahead ...
+    assert held[: len(sets) // 2] == [0] * (len(sets) // 2)  # ... those read longest ago hold nothing
+    for i in range(3, len(sets[0])):  # and read on, in order, from where they stopped
+        _same(sets[0][i], want)

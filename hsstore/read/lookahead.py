@@ -8,13 +8,16 @@ When the indices asked for advance by a constant step (in order: 1, from the sec
 states, on one background thread (``pread`` releases the GIL) into reused buffers; those reads then
 decode from there, every chunk still checked against its crc32c. Chunks already in the page cache are
 left to the read (no second copy), other orders read nothing ahead, and a failed fetch only means the
-read is done the ordinary way, which reports the problem on its own item. On for bf16/fp16 states in
+read is done the ordinary way, which reports the problem on its own item. A dataset holds at most two
+budgets (fetched, and spare buffers while its order goes on); all of a process's datasets together at most
+``PROCESS_BUDGETS``, the least recently read letting go first. On for bf16/fp16 states in
 the main process: FP8 reads its own way, and a DataLoader worker's reads are already overlapped by the
 DataLoader's prefetching (measured: looking ahead there too made 2 workers slower).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import weakref
@@ -34,27 +37,46 @@ from hsstore.storage.reader import SampleRef, VariantReader
 MIN_BYTES = 4 << 20
 AHEAD_BYTES = 64 << 20  # bytes of states of the coming samples fetched ahead (at least one sample)
 MAX_SAMPLES = 64  # nor more samples than this ahead
+PROCESS_BUDGETS = 6  # all datasets of a process hold at most this many budgets ahead (least recently read let go)
 
 _live: weakref.WeakSet[Lookahead] = weakref.WeakSet()
+_registry = threading.Lock()  # (_live is added to and listed from several threads)
 _gated: list[Lookahead] = []
+_ticks = itertools.count()
 
 
 def _before_fork() -> None:
     """No fetch runs while the process forks (e.g. a DataLoader starting workers): a fetch thread holding
     a reader's lock at that moment would leave it held forever in the child."""
+    _registry.acquire()  # (held through the fork: taken by another thread then, it would stay taken in the child)
     _gated[:] = list(_live)
     for ahead in _gated:
         ahead.gate.acquire()
 
 
-def _after_fork_in_parent() -> None:
+def _after_fork() -> None:
+    """Both sides: the gates open again. The child's copies were taken too, and a child forking in its
+    turn (a trainer process starting its DataLoader workers) would otherwise wait on them forever."""
     for ahead in _gated:
         ahead.gate.release()
     _gated.clear()
+    _registry.release()
 
 
 if hasattr(os, "register_at_fork"):  # (the child's copies are never used: a dataset starts its own)
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_gated.clear)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
+
+
+def _share(active: Lookahead) -> None:
+    """Datasets reading ahead share ``PROCESS_BUDGETS`` budgets: while they hold more, the least recently read
+    ones let go of what they hold (datasets read a little in order and kept would each hold a budget)."""
+    with _registry:
+        others = sorted((a for a in _live if a is not active and (a.ahead or a.free)), key=lambda a: a.tick)
+    total = active.held() + sum(a.held() for a in others)
+    for a in others:
+        if total <= PROCESS_BUDGETS * active.budget:
+            return
+        total -= a.drop()
 
 
 @dataclass
@@ -90,8 +112,8 @@ def fetch(reader: VariantReader, ref: SampleRef, layers: list[int], buffer: Call
 class Lookahead:
     """Fetches the coming indices' bytes when the indices ``take`` sees advance by a constant step."""
 
-    def __init__(self, reader: VariantReader, layers: list[int], budget: int = AHEAD_BYTES) -> None:
-        self.reader, self.layers, self.budget = reader, layers, budget
+    def __init__(self, reader: VariantReader, layers: list[int], budget: int | None = None) -> None:
+        self.reader, self.layers, self.budget = reader, layers, AHEAD_BYTES if budget is None else budget
         rec = reader.record
         self.row_bytes = len(layers) * rec.hidden_size * STORED[rec.dtype].itemsize
         self.on = not rec.stored_precision and bool(layers) and get_worker_info() is None
@@ -106,7 +128,9 @@ class Lookahead:
         self.fetched_bytes = 0  # chunk bytes fetched (chunks found in the page cache are not)
         self.last_chunks: dict[str, tuple[str, int]] = {}  # (fetch's ``last``: the fetch thread's own)
         self.free: list[bytearray] = []  # buffers of reads that are done, reused (no page faults anew)
-        _live.add(self)
+        self.tick = next(_ticks)  # when this was last read (_share lets the least recent go first)
+        with _registry:
+            _live.add(self)
 
     def take(self, index: int) -> Fetched | None:
         """What was fetched ahead for ``index`` (None if nothing); keeps fetching the next ones while the order
@@ -115,13 +139,13 @@ class Lookahead:
             mine = self.ahead.pop(index, None)
             step = None if self.last is None else index - self.last
             steady = step == 1 or (step is not None and step != 0 and step == self.step)
-            self.last, self.step = index, step
-            if not steady or not self.on:
-                for f in self.ahead.values():
-                    f.cancel()
-                self.ahead = {}
-            else:
-                self._extend(index, step)
+            self.last, self.step, self.tick = index, step, next(_ticks)
+            going = steady and self.on and 0 <= index + step < len(self.reader.keys)
+            queued = going and self._extend(index, step)
+            if not going:  # the order broke or ended: nothing ahead, no thread kept waiting
+                self._release()
+        if queued:
+            _share(self)
         if mine is None:
             return None
         try:
@@ -131,21 +155,44 @@ class Lookahead:
         self.used += 1
         return got
 
-    def _extend(self, index: int, step: int) -> None:
+    def _extend(self, index: int, step: int) -> bool:
         """Fetches queued for ``index + step``, ``index + 2 step``, ... up to ``budget`` bytes of states, as far
-        as the first sample under ``MIN_BYTES``."""
-        n, held = len(self.reader.keys), 0
+        as the first sample under ``MIN_BYTES``; whether any was queued now."""
+        n, held, queued = len(self.reader.keys), 0, False
         for nxt in range(index + step, index + step * (MAX_SAMPLES + 1), step):
             if not 0 <= nxt < n:
-                return
+                break
             size = self.reader.ref(nxt).length * self.row_bytes
             if size < MIN_BYTES or (held and held + size > self.budget):
-                return  # (a small sample is read on its own; the ones after it are fetched when it is read)
+                break  # (a small sample is read on its own; the ones after it are fetched when it is read)
             held += size
             if nxt not in self.ahead:
                 if self.pool is None:
                     self.pool = ThreadPoolExecutor(1, thread_name_prefix="hsstore-lookahead")
-                self.ahead[nxt] = self.pool.submit(self._fetch, self.reader.ref(nxt))
+                self.ahead[nxt], queued = self.pool.submit(self._fetch, self.reader.ref(nxt)), True
+        return queued
+
+    def held(self) -> int:
+        """Bytes held for reading ahead: states fetched or queued (as computed), and spare buffers."""
+        with self.lock:
+            return sum(self.reader.ref(i).length for i in self.ahead) * self.row_bytes + sum(map(len, self.free))
+
+    def drop(self) -> int:
+        """Let go of what was fetched or queued ahead and of the spare buffers; returns what that held."""
+        held = self.held()
+        with self.lock:
+            self._release()
+        return held
+
+    def _release(self) -> None:
+        """(Under ``lock``.) Nothing fetched ahead any more: queued fetches cancelled, one in flight ends unused,
+        and the thread then ends (a steady order starts another)."""
+        for f in self.ahead.values():
+            f.cancel()
+        self.ahead, self.free = {}, []
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)  # (the fetch a read has taken still ends: it is not cancelled)
 
     def _fetch(self, ref: SampleRef) -> Fetched:
         with self.gate:  # (a fork waits for it: no lock of the reader's is held in the child)
@@ -163,10 +210,13 @@ class Lookahead:
         return bytearray(n)
 
     def done(self, fetched: Fetched | None) -> None:
-        """The read that took ``fetched`` has ended: its buffers may be filled again."""
+        """The read that took ``fetched`` has ended: its buffers may be filled again (kept while the order goes on)."""
         if fetched is None:
             return
         with self.lock:
+            if self.last is None or self.step is None or not 0 <= self.last + self.step < len(self.reader.keys):
+                self.free = []  # the pass has ended: a dataset kept for later holds no memory for it
+                return
             self.free += [r.data for r in fetched.chunks.values() if isinstance(r.data, bytearray)]
             while sum(len(b) for b in self.free) > self.budget:  # (with those in flight: ~2x budget held at most)
                 self.free.pop(0)
