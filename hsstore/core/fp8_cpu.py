@@ -13,12 +13,13 @@ table path, which rounds through float64 like torch does. Both paths give the sa
 
 from __future__ import annotations
 
-import threading
 import warnings
 from typing import Any
 
 import numpy as np
 import torch
+
+from hsstore.core.forksafe import ForkSafeLock
 
 # e4m3 magnitudes lie in [2**-9, 448]: bf16 biased exponents 118..135. Adding k keeps them in 1..254
 # (normal, finite) for k in [-117, 119].
@@ -31,7 +32,7 @@ _codes = np.arange(256)
 # which codes take the exponent add: all but +-0 (0x00, 0x80) and NaN (0x7F, 0xFF)
 _ADD_MASK = np.where(((_codes & 0x7F) == 0) | ((_codes & 0x7F) == 0x7F), 0, 0xFFFF).astype(np.int64)
 _kernel: Any = None
-_kernel_lock = threading.Lock()
+_kernel_lock = ForkSafeLock()  # (held while numba compiles: a fork then must not keep it held)
 
 
 def single_table(k: int) -> np.ndarray:

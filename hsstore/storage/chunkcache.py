@@ -9,6 +9,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from hsstore.core.forksafe import ForkSafeLock
+
 
 class Scratch:
     """A growable byte buffer one thread reuses for every chunk it reads (no allocation per chunk)."""
@@ -43,7 +45,7 @@ class DecodedChunks:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes, self.bytes = max_bytes, 0
         self.items: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
-        self.lock = threading.Lock()
+        self.lock = ForkSafeLock()  # (a DataLoader may fork while a reading thread holds it)
 
     def get(self, key: tuple[int, int]) -> np.ndarray | None:
         with self.lock:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from collections.abc import Collection, Mapping
@@ -16,6 +15,7 @@ if TYPE_CHECKING:
 
 from hsstore.core.dtypes import STORED, from_stored
 from hsstore.core.errors import BadInput, CorruptData
+from hsstore.core.forksafe import ForkSafeLock
 from hsstore.core.keys import sample_key
 from hsstore.core.schema.store_records import CommitRecord, VariantRecord
 from hsstore.storage import commits, layout
@@ -76,7 +76,7 @@ class VariantReader:
         self.keys = list(refs)  # unit order, then offset: reading in this order is chunk-local
         self._shards: dict[tuple[str, str], ShardReader] = {}
         self._checked_units: set[str] = set()
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()  # (a DataLoader may fork while another thread holds it)
         self.read_threads = read_threads(usable_cpus())  # a sample's layers read side by side
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid: int | None = None
