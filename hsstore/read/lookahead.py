@@ -10,7 +10,8 @@ decode from there, every chunk still checked against its crc32c. Chunks already 
 left to the read (no second copy), other orders read nothing ahead, and a failed fetch only means the
 read is done the ordinary way, which reports the problem on its own item. A dataset holds at most two
 budgets (fetched, and spare buffers while its order goes on); all of a process's datasets together at most
-``PROCESS_BUDGETS``, the least recently read letting go first. On for bf16/fp16 states in
+``PROCESS_BUDGETS``, the least recently read letting go first. A fork may come mid-fetch: the locks
+involved are made anew in the child (hsstore.core.forksafe). On for bf16/fp16 states in
 the main process: FP8 reads its own way, and a DataLoader worker's reads are already overlapped by the
 DataLoader's prefetching (measured: looking ahead there too made 2 workers slower).
 """
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,6 +29,7 @@ import numpy as np
 from torch.utils.data import get_worker_info
 
 from hsstore.core.dtypes import STORED
+from hsstore.core.forksafe import ForkSafeLock
 from hsstore.storage import layout
 from hsstore.storage.backend import BufferRange
 from hsstore.storage.reader import SampleRef, VariantReader
@@ -40,31 +41,11 @@ MAX_SAMPLES = 64  # nor more samples than this ahead
 PROCESS_BUDGETS = 6  # all datasets of a process hold at most this many budgets ahead (least recently read let go)
 
 _live: weakref.WeakSet[Lookahead] = weakref.WeakSet()
-_registry = threading.Lock()  # (_live is added to and listed from several threads)
-_gated: list[Lookahead] = []
+_registry = ForkSafeLock()  # (_live is added to and listed from several threads)
 _ticks = itertools.count()
 
-
-def _before_fork() -> None:
-    """No fetch runs while the process forks (e.g. a DataLoader starting workers): a fetch thread holding
-    a reader's lock at that moment would leave it held forever in the child."""
-    _registry.acquire()  # (held through the fork: taken by another thread then, it would stay taken in the child)
-    _gated[:] = list(_live)
-    for ahead in _gated:
-        ahead.gate.acquire()
-
-
-def _after_fork() -> None:
-    """Both sides: the gates open again. The child's copies were taken too, and a child forking in its
-    turn (a trainer process starting its DataLoader workers) would otherwise wait on them forever."""
-    for ahead in _gated:
-        ahead.gate.release()
-    _gated.clear()
-    _registry.release()
-
-
-if hasattr(os, "register_at_fork"):  # (the child's copies are never used: a dataset starts its own)
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
+if hasattr(os, "register_at_fork"):  # a child's datasets start their own (hsstore.read.dataset): forget the parent's
+    os.register_at_fork(after_in_child=_live.clear)
 
 
 def _share(active: Lookahead) -> None:
@@ -119,9 +100,9 @@ class Lookahead:
         self.on = not rec.stored_precision and bool(layers) and get_worker_info() is None
         self.last: int | None = None
         self.step: int | None = None
+        self.going = False  # the order is steady and has samples left: what is fetched is kept
         self.ahead: dict[int, Future[Fetched]] = {}  # index -> its fetch, in order
-        self.lock = threading.Lock()
-        self.gate = threading.Lock()  # held by the fetch thread while it reads
+        self.lock = ForkSafeLock()  # (a fork may come while the fetch thread holds it)
         self.pool: ThreadPoolExecutor | None = None
         self.pid = os.getpid()
         self.used = 0  # reads served from what was fetched ahead
@@ -140,9 +121,9 @@ class Lookahead:
             step = None if self.last is None else index - self.last
             steady = step == 1 or (step is not None and step != 0 and step == self.step)
             self.last, self.step, self.tick = index, step, next(_ticks)
-            going = steady and self.on and 0 <= index + step < len(self.reader.keys)
-            queued = going and self._extend(index, step)
-            if not going:  # the order broke or ended: nothing ahead, no thread kept waiting
+            self.going = steady and self.on and 0 <= index + step < len(self.reader.keys)
+            queued = self.going and self._extend(index, step)
+            if not self.going:  # the order broke or ended: nothing ahead, no thread kept waiting
                 self._release()
         if queued:
             _share(self)
@@ -195,8 +176,7 @@ class Lookahead:
             pool.shutdown(wait=False)  # (the fetch a read has taken still ends: it is not cancelled)
 
     def _fetch(self, ref: SampleRef) -> Fetched:
-        with self.gate:  # (a fork waits for it: no lock of the reader's is held in the child)
-            got = fetch(self.reader, ref, self.layers, self._buffer, self.last_chunks)
+        got = fetch(self.reader, ref, self.layers, self._buffer, self.last_chunks)
         self.fetched_bytes += sum(r.size - r.base for r in got.chunks.values())
         return got
 
@@ -214,7 +194,7 @@ class Lookahead:
         if fetched is None:
             return
         with self.lock:
-            if self.last is None or self.step is None or not 0 <= self.last + self.step < len(self.reader.keys):
+            if not self.going:
                 self.free = []  # the pass has ended: a dataset kept for later holds no memory for it
                 return
             self.free += [r.data for r in fetched.chunks.values() if isinstance(r.data, bytearray)]
@@ -224,7 +204,7 @@ class Lookahead:
     def close(self) -> None:
         """Stop the background thread (after the fetch in flight, if any)."""
         with self.lock:
-            self.ahead = {}
-            pool, self.pool = self.pool, None
+            pool = self.pool
+            self._release()
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=True)
