@@ -215,3 +215,19 @@ def run_main(argv: list[str], capsys: object) -> tuple[int, str]:
     capsys.readouterr()
     code = main_exit(argv)
     return code, capsys.readouterr().err
+
+
+class TaggedItems(torch.utils.data.Dataset):
+    """Items of ``ds`` with ``tag(ds, item)`` added as ``item[name]``: what the process that read an item
+    (a DataLoader worker, or this one) saw while reading it."""
+
+    def __init__(self, ds: torch.utils.data.Dataset, name: str, tag: Callable) -> None:
+        self.ds, self.name, self.tag = ds, name, tag
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> dict:
+        item = self.ds[i]
+        item[self.name] = self.tag(self.ds, item)
+        return item

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from hsstore import HiddenStateDataset, Store
 from hsstore.core.errors import CorruptData
@@ -21,7 +21,7 @@ from hsstore.storage import layout
 from hsstore.storage.local import LocalRange
 from hsstore.storage.writer import UnitWriter
 
-from helpers import make_samples, make_states, new_variant
+from helpers import TaggedItems, make_samples, make_states, new_variant
 
 LAYERS = [0, 1, 2]
 
@@ -132,26 +132,12 @@ def test_dataloader_workers_forked_while_the_main_process_looks_ahead_read_every
     ds = HiddenStateDataset(path)
     for i in range(3):  # the main process now fetches the following samples on its thread
         ds[i]
-    got = list(DataLoader(_Ahead(ds), batch_size=None, num_workers=2, timeout=120))
+    tagged = TaggedItems(ds, "ahead_in_worker", lambda d, _: d._lookahead().used)  # reads it served from fetches
+    got = list(DataLoader(tagged, batch_size=None, num_workers=2, timeout=120))
     assert sorted(it["key"] for it in got) == sorted(want)
     for it in got:
         _same(it, want)
         assert it["ahead_in_worker"] == 0  # the DataLoader overlaps a worker's reads already
-
-
-class _Ahead(Dataset):
-    """An item of ``ds`` plus how many reads its process's lookahead has served."""
-
-    def __init__(self, ds: HiddenStateDataset) -> None:
-        self.ds = ds
-
-    def __len__(self) -> int:
-        return len(self.ds)
-
-    def __getitem__(self, i: int) -> dict:
-        item = self.ds[i]
-        item["ahead_in_worker"] = self.ds._lookahead().used
-        return item
 
 
 def _read_through_a_dataloader(ds: HiddenStateDataset, out: multiprocessing.Queue) -> None:

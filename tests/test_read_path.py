@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from hsstore import HiddenStateDataset, Store, StreamingHiddenStateDataset
 from hsstore.storage import layout, reader as reader_mod
 from hsstore.storage.writer import UnitWriter
 
-from helpers import make_samples, make_states, new_variant
+from helpers import TaggedItems, make_samples, make_states, new_variant
 
 
 def _store(tmp_path: Path, lengths: list[list[int]], hidden: int = 16, codec: str = "zstd",
@@ -86,27 +86,18 @@ def test_small_samples_are_read_in_the_calling_thread_and_large_ones_side_by_sid
     assert ds.reader._pool is not None or ds.reader.read_threads < 2
 
 
-class _SharedFlag(Dataset):
-    """An item of ``ds`` plus whether its states were already in shared memory where it was read."""
-
-    def __init__(self, ds: HiddenStateDataset) -> None:
-        self.ds = ds
-
-    def __len__(self) -> int:
-        return len(self.ds)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        item = self.ds[i]
-        item["made_shared"] = all(item[k].is_shared() for k in ("aux_hidden", "target_hidden"))
-        return item
+def _made_shared(ds: HiddenStateDataset, item: dict[str, Any]) -> bool:
+    """Whether the item's states were already in shared memory where they were read."""
+    return all(item[k].is_shared() for k in ("aux_hidden", "target_hidden"))
 
 
 def test_dataloader_workers_decode_into_shared_memory(tmp_path: Path):
     """A worker's item reaches the main process without a copy into shared memory on the way."""
     path, want = _store(tmp_path, [[40, 70], [25]])
     ds = HiddenStateDataset(path)
-    assert not _SharedFlag(ds)[0]["made_shared"]  # in the main process: ordinary memory
-    got = list(DataLoader(_SharedFlag(ds), batch_size=None, num_workers=1))
+    tagged = TaggedItems(ds, "made_shared", _made_shared)
+    assert not tagged[0]["made_shared"]  # in the main process: ordinary memory
+    got = list(DataLoader(tagged, batch_size=None, num_workers=1))
     assert len(got) == len(ds) and all(it["made_shared"] for it in got)
     for it in got:
         _check(it, want)
@@ -144,27 +135,13 @@ def test_a_random_sample_at_a_small_hidden_size_reads_little_beyond_its_own_rows
     assert ds.reader.bytes_read <= 4 * own + tokens + 4096
 
 
-class _PoolThreads(Dataset):
-    """An item of ``ds`` plus the decode threads its process used for it."""
-
-    def __init__(self, ds: HiddenStateDataset) -> None:
-        self.ds = ds
-
-    def __len__(self) -> int:
-        return len(self.ds)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        item = self.ds[i]
-        item["pool_threads"] = self.ds.reader._pool_threads
-        return item
-
-
 def test_dataloader_workers_share_the_read_threads(tmp_path: Path):
     """Each of W workers decodes on its share of the threads one process would use, not on all of them."""
     rows = reader_mod.THREAD_MIN_BYTES // (3 * 256 * 2) + 8
     path, want = _store(tmp_path, [[rows]], hidden=256, chunk=64)
     ds = HiddenStateDataset(path)
     ds.reader.read_threads = 4
-    got = list(DataLoader(_PoolThreads(ds), batch_size=None, num_workers=2))
+    got = list(DataLoader(TaggedItems(ds, "pool_threads", lambda d, _: d.reader._pool_threads), batch_size=None,
+                          num_workers=2))
     _check(got[0], want)
     assert got[0]["pool_threads"] == 2
