@@ -147,8 +147,7 @@ class HiddenStateDataset(_Base, Dataset):
             raise TypeError(f"dataset indices must be integers, not {type(index).__name__} ({index!r})") from None
         if not -len(self) <= i < len(self):
             raise IndexError(f"index {i} is out of range for {len(self)} samples")
-        i %= len(self)
-        ahead = self._lookahead()
+        i, ahead = i % len(self), self._lookahead()
         fetched = ahead.take(i)
         try:
             return self._item(i, fetched)
