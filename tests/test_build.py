@@ -80,6 +80,29 @@ def test_torch_backend_is_forced_even_when_kernel_packages_import(tmp_path: Path
     # test_lineage.py::test_a_failed_build_records_how_it_ended (one process build for both proofs)
 
 
+@pytest.mark.process
+def test_fla_that_does_not_run_on_the_build_device_is_reported_and_refused(tmp_path: Path):
+    """transformers >= 5.25 calls fla only for inputs on the devices it lists for fla (cuda, xpu, ...), and its
+    torch code for any other: fla importable on a CPU host is not fla bound. `hsstore env` says what really runs,
+    and `build --backend fla` is refused naming the device, before a sample is written (it once recorded
+    nothing useful: "transformers bound 'torch'", with no reason). The stand-in fla here lists no CPU."""
+    from transformers.integrations import hub_kernels
+
+    gated = hasattr(hub_kernels, "_PACKAGE_SUPPORTED_DEVICES")  # older releases call fla on every device
+    env = {"PYTHONPATH": STANDIN, "HSSTORE_STANDIN_RUNS_ON_CPU": "0"}
+    probe = json.loads(run_cli("env", "--model", "builtin:tiny-qwen3_5", "--json", env=env).stdout)
+    assert probe["kernels_bound"]["chunk_gated_delta_rule"] == ("torch" if gated else "fla")
+    assert probe["kernels_bound"]["causal_conv1d"] == ("torch" if gated else "causal_conv1d")
+    m = write_manifest(tmp_path / "m.toml")
+    r = run_cli("build", str(m), "--limit", "3", "--quiet", "--backend", "fla", env=env)
+    assert r.returncode == (2 if gated else 1), r.stderr
+    if gated:
+        assert "does not run on cpu" in r.stderr and "--backend torch" in r.stderr, r.stderr
+    else:
+        assert "stand-in fla kernel called" in r.stderr, r.stderr
+    assert not (tmp_path / "store.zarr").exists() or Store.open(tmp_path / "store.zarr").variants == []
+
+
 def test_reordered_input_file_reuses_committed_states(tmp_path: Path):
     rows = (REPO / "hsstore" / "data" / "conversations.jsonl").read_text().splitlines()[:12]
     (tmp_path / "a.jsonl").write_text("\n".join(rows) + "\n")

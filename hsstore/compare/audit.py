@@ -69,7 +69,7 @@ def bind(how: Recompute) -> None:
 
 def load(spec: Any, how: Recompute, dtype: str) -> Any:
     """The model at ``dtype``; BadInput when this process binds other kernels than ``how.backend``'s."""
-    from hsstore.capture.model.backends import bound_kernels
+    from hsstore.capture.model.backends import bound_kernels, why_not
 
     try:
         model = spec.load(TORCH[dtype] if dtype in TORCH else torch.float64, how.device, how.attention)
@@ -79,8 +79,8 @@ def load(spec: Any, how: Recompute, dtype: str) -> Any:
                        "sdpa") from e
     bound = bound_kernels(model).get("chunk_gated_delta_rule")
     if bound not in (None, "none", how.backend) and how.backend in ("torch", "fla") and bound in ("torch", "fla"):
-        raise BadInput(f"this process binds the {bound!r} gated-delta kernels, not {how.backend!r}; run `hsstore check` "
-                       f"in a fresh process (--backend {how.backend})")
+        raise BadInput(f"this process binds the {bound!r} gated-delta kernels, not {how.backend!r}; "
+                       f"{why_not(model, how.backend)}; or run `hsstore check` in a fresh process (--backend {how.backend})")
     return model
 
 

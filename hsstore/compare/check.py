@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from hsstore.capture.model.backends import bound_kernels, force_backend
+from hsstore.capture.model.backends import bound_kernels, force_backend, why_not
 from hsstore.capture.run.hooks import LayerCapture, pad_batch
 from hsstore.capture.model.spec import ModelSpec, text_config
 from hsstore.compare.diff import NOISE_FACTOR, check_device, open_target
@@ -114,9 +114,9 @@ def load_model(spec: ModelSpec, reader: VariantReader, device: str) -> Any:
     if wrong:
         what = ", ".join(f"{k}: {b!r} here, {v!r} recorded" for k, (b, v) in wrong.items())
         refuse_other_model(spec.identity(model.config).to_dict(), reader, f"it binds other kernels ({what})")
-        raise BadInput(f"this process binds other kernels than variant {reader.id} was computed with ({what}); run "
-                       "`hsstore check` in a fresh process with the recorded backend's packages installed "
-                       f"(backend {env.backend!r})")
+        raise BadInput(f"this process binds other kernels than variant {reader.id} was computed with ({what}): "
+                       f"{why_not(model, env.backend)}; or run `hsstore check` in a fresh process with the recorded "
+                       f"backend's packages installed (backend {env.backend!r})")
     return model
 
 

@@ -95,38 +95,85 @@ def classify(fn: Any, torch_module: str) -> str:
     return f"other:{mod}.{getattr(fn, '__qualname__', '?')}"
 
 
-def _implementation(fn: Any) -> Any:
+def _closure(fn: Any) -> dict[str, Any]:
     try:
-        impl = inspect.getclosurevars(fn).nonlocals.get("implementation")
+        return dict(inspect.getclosurevars(fn).nonlocals)
     except (TypeError, ValueError):
-        impl = None
-    return impl if impl is not None else fn
+        return {}
 
 
-def bound_kernels(model: Any) -> dict[str, str]:
-    """What the loaded model calls for each kernel family ('n/a' where the model has no such layer)."""
+def _wrapper(fn: Any) -> Any:
+    """transformers' kernel wrapper; with the ``kernels`` package installed it sits in a ``Func`` module."""
+    if fn is None or inspect.isfunction(fn):
+        return fn
+    inner = _closure(getattr(type(fn), "forward", None)).get("func")
+    return inner if inner is not None else fn
+
+
+def _implementation(fn: Any, device: str) -> Any:
+    """What calling ``fn`` on ``device`` inputs runs: transformers' wrapper calls the kernel package, with its
+    torch code as the fallback; since transformers 5.25 only for inputs on the devices it lists for it."""
+    fn = _wrapper(fn)
+    env = _closure(fn)
+    impl = env.get("implementation")
+    if impl is None:
+        return fn
+    devices = env.get("supported_devices")
+    if devices is not None and device not in devices:
+        return env.get("torch_function", impl)
+    return impl
+
+
+def kernel_devices(model: Any, family: str) -> tuple[str, ...] | None:
+    """The devices transformers calls ``family``'s kernel package for (None: every device, or unknown)."""
+    devices = _closure(_wrapper(_bound(model, FAMILIES[family]))).get("supported_devices")
+    return tuple(devices) if devices is not None else None
+
+
+def _bound(model: Any, names: tuple[str, ...]) -> Any:
+    for m in model.modules():  # older releases bind the function on each layer
+        for n in names:
+            if callable(getattr(m, n, None)) and not isinstance(getattr(m, n), type):
+                return getattr(m, n)
+    module = sys.modules.get(type(model).__module__)
+    for n in names:
+        if module is not None and callable(getattr(module, n, None)):
+            return getattr(module, n)
+    return None
+
+
+def device_type(model: Any) -> str:
+    p = next(iter(model.parameters()), None)
+    return p.device.type if p is not None else "cpu"
+
+
+def bound_kernels(model: Any, device: str | None = None) -> dict[str, str]:
+    """What the loaded model calls for each kernel family on ``device`` inputs (default: where its weights
+    are; 'n/a' where the model has no such layer)."""
     modname = type(model).__module__
-    module = sys.modules.get(modname)
+    where = (device or device_type(model)).split(":")[0]
     has_linear = any("GatedDeltaNet" in type(m).__name__ or hasattr(m, "chunk_gated_delta_rule") for m in model.modules())
     out: dict[str, str] = {}
     for family, names in FAMILIES.items():
-        if not has_linear:
-            out[family] = "n/a"
-            continue
-        found = None
-        for m in model.modules():  # older releases bind the function on each layer
-            for n in names:
-                if callable(getattr(m, n, None)) and not isinstance(getattr(m, n), type):
-                    found = getattr(m, n)
-                    break
-            if found is not None:
-                break
-        if found is None and module is not None:
-            for n in names:
-                if callable(getattr(module, n, None)):
-                    found = getattr(module, n)
-                    break
-        out[family] = classify(_implementation(found), modname) if found is not None else "unknown"
+        found = _bound(model, names) if has_linear else None
+        out[family] = "n/a" if not has_linear else (
+            classify(_implementation(found, where), modname) if found is not None else "unknown")
     cfg = getattr(model, "config", None)
     out["attention"] = str(getattr(cfg, "_attn_implementation", None) or "unknown")
     return out
+
+
+def fla_off_device(model: Any) -> str | None:
+    """Why fla is not called where ``model`` runs, when the reason is the device (None otherwise)."""
+    where = device_type(model)
+    devices = kernel_devices(model, "chunk_gated_delta_rule")
+    if devices is None or where in devices:
+        return None
+    return (f"fla does not run on {where}: transformers calls it only for inputs on {', '.join(devices)} and its "
+            "torch code for any other; run on one of those devices, or with --backend torch")
+
+
+def why_not(model: Any, backend: str) -> str:
+    """Why ``model`` does not call ``backend``'s gated-delta kernels here, with the fix."""
+    off = fla_off_device(model) if backend == "fla" else None
+    return off or f"check the {backend} installation (`hsstore env --model ...`)"

@@ -36,7 +36,7 @@ def _probe_here(model: str | None, backend: str | None, device: str) -> dict[str
         with torch.device("meta"):
             m = AutoModelForCausalLM.from_config(config)
         out["model"] = model
-        out["kernels_bound"] = bound_kernels(m)
+        out["kernels_bound"] = bound_kernels(m, device)
     return out
 
 

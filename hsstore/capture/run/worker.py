@@ -66,14 +66,16 @@ def _reserve_pinned(plan: WorkerPlan, g: Geometry, devices: list[str]) -> Any:
 
 def _load(plan: WorkerPlan, spec: Any, dtype: str, devices: list[str]) -> tuple[Any, Kernels]:
     """The model, checked to be the hashed weights and to run the requested backend's kernels."""
-    from hsstore.capture.model.backends import bound_kernels
+    from hsstore.capture.model.backends import bound_kernels, fla_off_device
     from hsstore.core.dtypes import TORCH
-    from hsstore.core.errors import BuildFailed
+    from hsstore.core.errors import BadInput, BuildFailed
 
     model = spec.load(TORCH[dtype], devices, plan.attn_implementation)
     spec.check_unchanged(plan.weight_stamps)  # the loaded bytes are the hashed ones
     kernels = Kernels(**bound_kernels(model))
     if plan.backend == "fla" and kernels.chunk_gated_delta_rule not in ("fla", "n/a"):
+        if off := fla_off_device(model):
+            raise BadInput(f"backend 'fla' was requested, but {off}")
         raise BuildFailed(f"backend 'fla' was requested but transformers bound {kernels.chunk_gated_delta_rule!r} "
                           "for the gated delta rule; check the fla installation (`hsstore env --model ...`)")
     return model, kernels
