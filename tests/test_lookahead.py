@@ -202,3 +202,50 @@ def test_datasets_kept_after_reading_a_few_samples_in_order_share_a_few_budgets(
     assert held[: len(sets) // 2] == [0] * (len(sets) // 2)  # ... those read longest ago hold nothing
     for i in range(3, len(sets[0])):  # and read on, in order, from where they stopped
         _same(sets[0][i], want)
+
+
+READ_AT_EXIT = """
+import atexit, hashlib, sys
+import torch
+from hsstore import HiddenStateDataset, StreamingHiddenStateDataset
+from hsstore.read import lookahead
+from hsstore.storage import reader
+from hsstore.storage.local import LocalRange
+lookahead.MIN_BYTES, reader.THREAD_MIN_BYTES = 0, 0  # small samples: look ahead and share layers with the pool
+LocalRange.cached = lambda self, offset, n: False
+ds = HiddenStateDataset(sys.argv[1])
+first = [ds[i] for i in range(3)]  # in order: the layer pool and the fetch thread are running
+
+def digest(items) -> str:
+    h = hashlib.sha256()
+    for it in items:
+        h.update(it["key"].encode())
+        h.update(torch.cat([it["aux_hidden"], it["target_hidden"]], dim=1).view(torch.int16).numpy().tobytes())
+    return h.hexdigest()
+
+def read_all() -> None:
+    print(digest(ds[i] for i in range(len(ds))), flush=True)
+    for prefetch in (0, 2):  # streaming: its readahead thread, and samples read ahead on threads
+        print(digest(StreamingHiddenStateDataset(sys.argv[1], shuffle=False, prefetch=prefetch)), flush=True)
+
+atexit.register(read_all)
+"""
+
+
+@pytest.mark.process
+def test_reads_from_an_atexit_handler_read_every_item(tmp_path: Path):
+    """At interpreter exit thread pools take no new work ("cannot schedule new futures after interpreter
+    shutdown"): a handler reading in order (a final evaluation, a flush to another format) must still read,
+    on its own thread. A real process: interpreter shutdown is the subject."""
+    import hashlib
+    import subprocess
+    import sys
+
+    path, want = _store(tmp_path)
+    h = hashlib.sha256()
+    for key in HiddenStateDataset(path).keys:
+        h.update(key.encode())
+        h.update(want[key].view(torch.int16).numpy().tobytes())
+    r = subprocess.run([sys.executable, "-c", READ_AT_EXIT, str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "Error" not in r.stderr, r.stderr[-2000:]
+    assert r.stdout.split() == [h.hexdigest()] * 3

@@ -24,6 +24,7 @@ from hsstore.core.schema.info_report import AuditSummary
 from hsstore.read.collate import pad_collate
 from hsstore.read.resume_state import consumed_from_state
 from hsstore.read.lookahead import Fetched, Lookahead
+from hsstore.read.prefetch import in_order
 from hsstore.read.readahead import Readahead
 from hsstore.read.requirement import require_provenance
 from hsstore.storage.audits import audits
@@ -256,31 +257,10 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
             layers = sorted({i for ids in self.layer_roles.values() for i in ids})
             ahead = Readahead(self.reader, [self.reader.ref(int(i)) for i in indices], layers)
         try:
-            yield from self._read_in_order(indices, ahead)
+            yield from in_order(self._item, [int(i) for i in indices], self.prefetch, ahead and ahead.at)
         finally:
             if ahead is not None:
                 ahead.close()
-
-    def _read_in_order(self, indices: np.ndarray, ahead: Readahead | None) -> Iterator[dict[str, Any]]:
-        if not self.prefetch:
-            for pos, i in enumerate(indices):
-                if ahead is not None:
-                    ahead.at(pos)
-                yield self._item(int(i))
-            return
-        from collections import deque
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(self.prefetch) as pool:
-            window: deque = deque()
-            for pos, i in enumerate(indices):
-                if ahead is not None:
-                    ahead.at(pos)
-                window.append(pool.submit(self._item, int(i)))
-                if len(window) > self.prefetch:
-                    yield window.popleft().result()
-            while window:
-                yield window.popleft().result()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         mine = self.my_indices()

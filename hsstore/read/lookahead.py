@@ -150,7 +150,10 @@ class Lookahead:
             if nxt not in self.ahead:
                 if self.pool is None:
                     self.pool = ThreadPoolExecutor(1, thread_name_prefix="hsstore-lookahead")
-                self.ahead[nxt], queued = self.pool.submit(self._fetch, self.reader.ref(nxt)), True
+                try:
+                    self.ahead[nxt], queued = self.pool.submit(self._fetch, self.reader.ref(nxt)), True
+                except RuntimeError:  # the interpreter is exiting: no new thread work, reads go on without
+                    break
         return queued
 
     def held(self) -> int:

@@ -26,7 +26,12 @@ def run_shared(tasks: list[tuple[Any, ...]], pool: ThreadPoolExecutor | None, th
                 return
             task[0](*task[1:])
 
-    helpers = [pool.submit(drain) for _ in range(min(len(tasks), threads) - 1)]
+    helpers = []
+    for _ in range(min(len(tasks), threads) - 1):
+        try:
+            helpers.append(pool.submit(drain))
+        except RuntimeError:  # the interpreter is exiting (an atexit handler reads): this thread does the rest
+            break
     try:
         drain()
     finally:
