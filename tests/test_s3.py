@@ -121,15 +121,28 @@ def test_s3_concurrent_writers_verify_read_diff_and_a_killed_writer(s3: str, tin
     assert verify(Store.open(killed)).ok and Store.open(killed).variants[0].n_samples == 40
 
 
-def test_a_server_gone_mid_read_is_one_network_error_not_damage(tmp_path: Path) -> None:
+def test_a_server_gone_mid_read_is_one_network_error_not_damage(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """A server killed while a reader is open: reads raise StoreUnreachable (retried, bounded), never
     CorruptData "fails a checksum"; `hsstore verify` stops at the first network error with one line, exit 1,
-    instead of reporting every sample as a problem."""
+    instead of reporting every sample as a problem. A map-style dataset reading in order, whose next sample's
+    fetch ahead met the dead server, raises that fetch's error: it does not try the server all over again
+    from the reading thread (the error came twice as late)."""
+    import threading
+
     import s3fs
 
     from hsstore.core.errors import CorruptData, StoreUnreachable
+    from hsstore.read import lookahead
+    from hsstore.storage import remote
     from hsstore.testing.factories import new_variant, write_unit
     from hsstore.testing.s3 import kill_server, moto_s3
+
+    monkeypatch.setattr(lookahead, "MIN_BYTES", 0)  # these samples are small: look ahead all the same ...
+    monkeypatch.setattr(lookahead, "MAX_SAMPLES", 1)  # ... one sample ahead
+    gave_up_in: list[str] = []  # the threads that tried the dead server until they gave up
+    real = remote.unreachable
+    monkeypatch.setattr(remote, "unreachable", lambda *a: gave_up_in.append(threading.current_thread().name) or real(*a))
 
     # fsspec caches clients by their options, not by the endpoint (read from the environment): this server
     # gets clients of its own, and no later test gets one of the dead server's
@@ -143,10 +156,18 @@ def test_a_server_gone_mid_read_is_one_network_error_not_damage(tmp_path: Path) 
                 write_unit(s, vid, [4, 5], seed=seed)
             reader = Store.open(url).reader(vid)
             assert verify(Store.open(url)).ok
+            ds = HiddenStateDataset(url)
+            ds[0], ds[1]  # in order: sample 2 is fetched ahead
+            ds._lookahead().ahead[2].result()
             kill_server(bucket)
             with pytest.raises(StoreUnreachable, match="did not answer .* not known to be damaged") as e:
                 reader.read_tokens(reader.ref(0))
             assert not isinstance(e.value, CorruptData)
+            assert ds[2]["key"] == ds.keys[2]  # fetched before the server went: read from there
+            gave_up_in.clear()
+            with pytest.raises(StoreUnreachable, match="did not answer"):
+                ds[3]  # its fetch ahead met the dead server
+            assert gave_up_in and threading.main_thread().name not in gave_up_in, gave_up_in
             r = run_cli("verify", url)
     finally:
         s3fs.S3FileSystem.clear_instance_cache()

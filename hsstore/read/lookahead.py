@@ -8,7 +8,8 @@ When the indices asked for advance by a constant step (in order: 1, from the sec
 states, on one background thread (``pread`` releases the GIL) into reused buffers; those reads then
 decode from there, every chunk still checked against its crc32c. Chunks already in the page cache are
 left to the read (no second copy), other orders read nothing ahead, and a failed fetch only means the
-read is done the ordinary way, which reports the problem on its own item. A dataset holds at most two
+read is done the ordinary way, which reports the problem on its own item (but a remote server that did
+not answer the fetch is reported at once: the read would retry it as long again). A dataset holds at most two
 budgets (fetched, and spare buffers while its order goes on); all of a process's datasets together at most
 ``PROCESS_BUDGETS``, the least recently read letting go first. A fork may come mid-fetch: the locks
 involved are made anew in the child (hsstore.core.forksafe). On for bf16/fp16 states in
@@ -29,6 +30,7 @@ import numpy as np
 from torch.utils.data import get_worker_info
 
 from hsstore.core.dtypes import STORED
+from hsstore.core.errors import StoreUnreachable
 from hsstore.core.forksafe import ForkSafeLock
 from hsstore.storage import layout
 from hsstore.storage.backend import BufferRange
@@ -115,7 +117,8 @@ class Lookahead:
 
     def take(self, index: int) -> Fetched | None:
         """What was fetched ahead for ``index`` (None if nothing); keeps fetching the next ones while the order
-        is steady. A failed fetch gives None: the read itself then reports the problem, on this item."""
+        is steady. A failed fetch gives None: the read itself then reports the problem, on this item (a server
+        that did not answer the fetch's retries raises StoreUnreachable here, without retrying it all again)."""
         with self.lock:
             mine = self.ahead.pop(index, None)
             step = None if self.last is None else index - self.last
@@ -131,6 +134,8 @@ class Lookahead:
             return None
         try:
             got = mine.result()
+        except StoreUnreachable:  # the fetch tried the server as long as the read would: its answer is the read's
+            raise
         except Exception:  # noqa: BLE001 - read again the ordinary way, which says what is wrong
             return None
         self.used += 1
