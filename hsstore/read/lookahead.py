@@ -147,7 +147,8 @@ class Lookahead:
     def _ask_kernel(self, index: int) -> None:
         """A read with nothing fetched (a pass's first, or another order): the kernel is asked for all of its
         chunks at once (``will_need``), not one layer after another as the read reaches them (a cold pass's
-        first sample, hidden 1024: 17-38 ms before, the first two 47-50 ms, 26-30 ms after)."""
+        first sample, hidden 1024, with the fetch from index 0: 35-38 ms before, 17-23 ms after;
+        docs/benchmarks.md, "Round 4 on 2 cores")."""
         local = self.reader.store.is_local  # (an object store reads what it is asked for, no sooner)
         if not self.on or not local or self.reader.ref(index).length * self.row_bytes < MIN_BYTES:
             return

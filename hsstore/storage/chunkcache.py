@@ -42,8 +42,8 @@ class DecodedChunks:
     short samples at a small hidden size: the next sample's read finds its chunk decoded). Bounded by
     bytes, least recently used out first; committed chunks never change, so an entry never goes stale.
     A chunk every row of which has been read since it was decoded goes out at once, and its memory is
-    the next decode's (memory just read is in the CPU's cache: decoding into it took ~130 us a 256 KiB
-    chunk, into fresh memory ~160-190 us; 2 cores, docs/benchmarks.md "Round 4 on 2 cores")."""
+    the next decode's (memory just read is in the CPU's cache: decoding a 256 KiB chunk into it took
+    ~130 us, into fresh memory ~160 us; docs/benchmarks.md, "Round 4 on 2 cores")."""
 
     def __init__(self, max_bytes: int, spares: int = 4) -> None:
         self.max_bytes, self.bytes, self.spares = max_bytes, 0, spares
