@@ -249,3 +249,34 @@ def test_reads_from_an_atexit_handler_read_every_item(tmp_path: Path):
     r = subprocess.run([sys.executable, "-c", READ_AT_EXIT, str(path)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "Error" not in r.stderr, r.stderr[-2000:]
     assert r.stdout.split() == [h.hexdigest()] * 3
+
+
+def test_a_pass_from_the_start_fetches_ahead_from_its_first_read(tmp_path: Path):
+    """The first read of a dataset at index 0, and index 0 again after a read of the last sample, begin
+    a pass in order (as a rule): the next samples are fetched while it is read, not from the second read."""
+    path, want = _store(tmp_path)
+    ds = HiddenStateDataset(path)
+    _same(ds[0], want)
+    assert len(ds._lookahead().ahead) > 0
+    for i in range(1, len(ds)):
+        _same(ds[i], want)
+    assert ds._lookahead().used == len(ds) - 1
+    _same(ds[0], want)  # the next epoch
+    assert len(ds._lookahead().ahead) > 0
+    other = HiddenStateDataset(path)
+    _same(other[4], want)  # a first read elsewhere: no order known, nothing fetched
+    assert len(other._lookahead().ahead) == 0
+
+
+def test_a_read_with_nothing_fetched_asks_the_kernel_for_all_its_chunks_at_once(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch):
+    """A read no fetch served (the first of a pass, a random order) hints every range it is about to read
+    to the kernel up front, so a cold sample's layers come from the disk together, not one after another."""
+    path, want = _store(tmp_path)
+    asked: list[tuple[str, int, int]] = []
+    monkeypatch.setattr(LocalRange, "will_need", lambda self, offset, n: asked.append((self.key, offset, n)))
+    ds = HiddenStateDataset(path)
+    ref = ds.reader.ref(6)
+    _same(ds[6], want)
+    wanted = {(src.key, offset, n) for src, offset, n in ds.reader.need_spans(ref, LAYERS)}
+    assert len(wanted) == 2 + len(LAYERS) and wanted <= set(asked)

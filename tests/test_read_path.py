@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from hsstore import HiddenStateDataset, Store, StreamingHiddenStateDataset
 from hsstore.storage import layout, reader as reader_mod
+from hsstore.storage.chunkcache import DECODED
 from hsstore.storage.writer import UnitWriter
 
 from helpers import TaggedItems, make_samples, make_states, new_variant
@@ -73,6 +75,36 @@ def test_a_chunk_holding_many_samples_is_read_and_decoded_once(tmp_path: Path):
     on_disk = sum(f.stat().st_size for f in units.rglob("*") if f.is_file() and f.name != "zarr.json")
     tokens = sum(ds.reader.ref(i).length for i in range(len(ds)))
     assert 0 < ds.reader.bytes_read <= on_disk + 5 * tokens
+
+
+def _held_chunks(ds: HiddenStateDataset) -> int:
+    """Decoded chunks of ``ds``'s arrays the process-wide decoded-chunk cache holds."""
+    serials = {s.serial for s in ds.reader._shards.values()}
+    with DECODED.lock:
+        return sum(key[0] in serials for key in DECODED.items)
+
+
+def test_a_decoded_chunk_goes_once_every_row_of_it_is_read_and_every_order_reads_the_same(tmp_path: Path):
+    """Chunks of 16 rows shared by neighbouring samples: an in-order pass holds none of them decoded at its
+    end (each went, its memory reused, once its last sample was read); in any order, also with the
+    memory of chunks gone being decoded into again, and read from threads at once, items are exact."""
+    path, want = _store(tmp_path, [[40, 23, 57, 9, 31, 12, 5, 70], [18, 33, 7]], chunk=16)
+    ds = HiddenStateDataset(path)
+    n = len(ds)
+    for i in range(n):
+        _check(ds[i], want)
+    assert _held_chunks(ds) == 0
+    rng = np.random.default_rng(0)
+    for order in (list(range(n))[::-1], [int(i) for i in rng.permutation(n)], [3, 3, 2, 3, 4, 4, 0]):
+        for i in order:
+            _check(ds[i], want)
+    with ThreadPoolExecutor(4) as pool:
+        for item in pool.map(ds.__getitem__, [int(i) for i in rng.integers(0, n, 200)]):
+            _check(item, want)
+    stream = StreamingHiddenStateDataset(path, prefetch=4, seed=1)
+    for epoch in range(3):
+        stream.set_epoch(epoch)
+        assert sorted(_check(it, want) or it["key"] for it in stream) == sorted(want)
 
 
 def test_small_samples_are_read_in_the_calling_thread_and_large_ones_side_by_side(tmp_path: Path):

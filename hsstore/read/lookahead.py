@@ -123,14 +123,17 @@ class Lookahead:
             mine = self.ahead.pop(index, None)
             step = None if self.last is None else index - self.last
             steady = step == 1 or (step is not None and step != 0 and step == self.step)
+            # a pass begun at the start (the first read, or after one to the end): in order, as a rule
+            ahead = step if steady else 1 if index == 0 and self.last in (None, len(self.reader.keys) - 1) else None
             self.last, self.step, self.tick = index, step, next(_ticks)
-            self.going = steady and self.on and 0 <= index + step < len(self.reader.keys)
-            queued = self.going and self._extend(index, step)
+            self.going = ahead is not None and self.on and 0 <= index + ahead < len(self.reader.keys)
+            queued = self.going and self._extend(index, ahead)
             if not self.going:  # the order broke or ended: nothing ahead, no thread kept waiting
                 self._release()
         if queued:
             _share(self)
         if mine is None:
+            self._ask_kernel(index)
             return None
         try:
             got = mine.result()
@@ -140,6 +143,20 @@ class Lookahead:
             return None
         self.used += 1
         return got
+
+    def _ask_kernel(self, index: int) -> None:
+        """A read with nothing fetched (a pass's first, or another order): the kernel is asked for all of its
+        chunks at once (``will_need``), not one layer after another as the read reaches them (a cold pass's
+        first sample, hidden 1024, with the fetch from index 0: 35-38 ms before, 17-23 ms after;
+        docs/benchmarks.md, "Round 4 on 2 cores")."""
+        local = self.reader.store.is_local  # (an object store reads what it is asked for, no sooner)
+        if not self.on or not local or self.reader.ref(index).length * self.row_bytes < MIN_BYTES:
+            return
+        try:
+            for src, offset, n in self.reader.need_spans(self.reader.ref(index), self.layers):
+                src.will_need(offset, n)
+        except Exception:  # noqa: BLE001 - a hint only: the read itself reports what is wrong
+            return
 
     def _extend(self, index: int, step: int) -> bool:
         """Fetches queued for ``index + step``, ``index + 2 step``, ... up to ``budget`` bytes of states, as far

@@ -237,10 +237,9 @@ class ShardReader:
     def _decode_into(self, src: RangeSource, dest: np.ndarray, k: int, off: int, nbytes: int, first: int) -> None:
         """Rows ``first .. first + len(dest)`` of chunk ``k`` into ``dest`` (any row stride): read into this
         thread's scratch buffer, checked, then decoded straight into ``dest`` when it is the whole chunk
-        and contiguous, else decoded in scratch (or taken from the decoded-chunk cache) and copied."""
-        cached = DECODED.get((self.serial, k))
-        if cached is not None:
-            dest[...] = cached[first : first + dest.shape[0]]
+        and contiguous, else taken from the decoded-chunk cache, or decoded (in this thread's reused buffer,
+        or for a chunk holding other samples' rows too, into one the cache then holds) and copied."""
+        if DECODED.copy_rows((self.serial, k), first, dest):
             return
         buf = scratch()
         rows = dest.shape[0]
@@ -255,17 +254,23 @@ class ShardReader:
             dest[...] = np.frombuffer(payload, dtype=self.dtype).reshape(self.chunk_rows, self.row_width)[first : first + rows]
             self.verified.add(k)
             return
+        shape = (self.chunk_rows, self.row_width)
+        unread = min(self.chunk_rows, self.shape[0] - k * self.chunk_rows) - rows  # (the last chunk's padding: none)
+        keep = unread > 0
+        if rows == self.chunk_rows and dest.flags.c_contiguous:
+            chunk = dest
+        elif keep:  # the chunk holds other samples' rows too: the next read may want them
+            chunk = DECODED.buffer(shape, self.dtype)
+        else:  # only this read wants it: decoded in this thread's reused (so cache-warm) buffer
+            chunk = np.frombuffer(scratch("decoded").view(shape[0] * shape[1] * self.dtype.itemsize), self.dtype).reshape(shape)
         try:
-            if rows == self.chunk_rows and dest.flags.c_contiguous:
-                self.comp.decode(payload, out=dest)
-                return
-            chunk = np.empty((self.chunk_rows, self.row_width), dtype=self.dtype)
             self.comp.decode(payload, out=chunk)
         except Exception as e:  # noqa: BLE001 - a decoder error on checksummed data is corruption too
             raise CorruptData(f"{self.what}: chunk {k} does not decode ({str(e)[:100]})") from None
-        dest[...] = chunk[first : first + rows]
-        if rows < self.chunk_rows:  # the chunk holds other samples' rows too: the next read may want them
-            DECODED.put((self.serial, k), chunk)
+        if chunk is not dest:
+            dest[...] = chunk[first : first + rows]
+        if keep:
+            DECODED.put((self.serial, k), chunk, unread)
 
     def _raw_rows(self, src: RangeSource, dest: np.ndarray, k: int, off: int, first: int, scratch: Scratch) -> None:
         """Rows of uncompressed chunk ``k``, whose crc32c this reader has checked, read alone into ``dest``."""
