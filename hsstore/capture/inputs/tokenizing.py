@@ -19,6 +19,7 @@ import numpy as np
 from hsstore.capture.inputs.datafiles import BadRow, load_rows
 from hsstore.capture.inputs.lossmask import METHOD, ChatMasker
 from hsstore.capture.inputs.messages import RowRejected, to_chat
+from hsstore.capture.inputs.row_size import ROW_STRINGS, clip_strings, string_cap
 from hsstore.core.errors import BadInput
 from hsstore.core.keys import SampleTokens, sample_key
 from hsstore.core.schema.inputs import RowIssue
@@ -62,18 +63,28 @@ def detect_format(row: dict[str, Any]) -> str | None:
 
 
 class _Tokens:
-    """Turns one row into (input_ids, loss_mask); raises RowRejected."""
+    """Turns one row into (input_ids, loss_mask); raises RowRejected. ``cut``: whether the last row's text
+    was cut before tokenizing (capture.inputs.row_size)."""
 
-    def __init__(self, tok: Any, fmt: str) -> None:
+    def __init__(self, tok: Any, fmt: str, max_length: int) -> None:
         if fmt not in FORMATS:
             raise BadInput(f"unknown data format {fmt!r}; choose one of {', '.join(FORMATS)}")
         self.tok, self.fmt, self.masker = tok, fmt, None
+        self.cap, self.max_length, self.cut = string_cap(tok, max_length), max_length, False
 
     def __call__(self, row: Any) -> tuple[list[int], list[int]]:
         if isinstance(row, BadRow):
             raise RowRejected(row.reason, row.detail)
         if not isinstance(row, dict):
             raise RowRejected("row is not a JSON object")
+        row, chars, self.cut = clip_strings(row, self.cap)
+        if chars > ROW_STRINGS * self.cap:
+            raise RowRejected("too large to tokenize", f"{chars:,} characters of text with each string cut to "
+                              f"{self.cap:,}; at most {ROW_STRINGS * self.cap:,} are tokenized for "
+                              f"max_length={self.max_length}")
+        return self._tokenize(row)
+
+    def _tokenize(self, row: dict[str, Any]) -> tuple[list[int], list[int]]:
         f = detect_format(row) if self.fmt == "auto" else self.fmt
         if f is None:
             raise RowRejected(UNKNOWN)
@@ -132,19 +143,21 @@ def _runs(mask: list[int]) -> int:
 
 
 def _fit(ids: list[int], mask: list[int], max_length: int, too_long: str, report: InputReport, file: str,
-         n: int) -> tuple[list[int], list[int]]:
+         n: int, cut: bool = False) -> tuple[list[int], list[int]]:
     """A tokenized row within ``max_length`` (truncated, and noted, unless ``too_long`` is "skip");
-    RowRejected when it is too long to keep or has no trainable token."""
+    RowRejected when it is too long to keep or has no trainable token. ``cut``: its text was cut before
+    tokenizing, so it is at least ``len(ids)`` tokens long."""
     if len(ids) > max_length:
+        length = f"at least {len(ids)} tokens (text cut before tokenizing)" if cut else f"{len(ids)} tokens"
         if too_long == "skip":
-            raise RowRejected(f"longer than max_length={max_length}", f"{len(ids)} tokens")
+            raise RowRejected(f"longer than max_length={max_length}", length)
         runs, dropped = _runs(mask), _runs(mask[max_length - 1:]) - (mask[max_length - 1] == 1)
         if not any(mask[:max_length]):  # nothing of any reply is left: not a truncated row, a rejected one
             raise RowRejected(f"no reply within max_length={max_length}",
-                              f"{len(ids)} tokens; " + ("its one trained reply starts" if runs == 1 else
+                              f"{length}; " + ("its one trained reply starts" if runs == 1 else
                                                           f"all {runs} trained replies start") + " past it")
         lost = f"; {dropped} of {runs} trained replies dropped whole" if dropped else ""
-        report.note("truncated", file, n, f"truncated to max_length={max_length}", f"{len(ids)} tokens{lost}")
+        report.note("truncated", file, n, f"truncated to max_length={max_length}", f"{length}{lost}")
         ids, mask = ids[:max_length], mask[:max_length]
         report.truncated += 1
         report.replies_dropped += dropped
@@ -170,13 +183,13 @@ def tokenize_rows(
     report = InputReport()
     samples: list[SampleTokens] = []
     first_seen: dict[str, str] = {}
-    tokens = _Tokens(tok, fmt)
+    tokens = _Tokens(tok, fmt, max_length)
     for file, n, row in _numbered(rows):
         if limit is not None and report.usable >= limit:
             break
         report.rows += 1
         try:
-            ids, mask = _fit(*tokens(row), max_length, too_long, report, file, n)
+            ids, mask = _fit(*tokens(row), max_length, too_long, report, file, n, tokens.cut)
         except RowRejected as r:
             report.rejected[r.reason] += 1
             report.note("rejected", file, n, r.reason, r.detail)

@@ -1,0 +1,56 @@
+"""A row far longer than max_length is cut before it is tokenized: tokenizing costs ~250 bytes a character (a
+20 MB JSON line took 5 GB and 45 s before), and the tokens kept are those of the whole text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hsstore.capture.inputs.row_size import ROW_STRINGS, string_cap
+from hsstore.capture.inputs.tokenizing import tokenize_rows
+from hsstore.capture.model.builtin import builtin_tokenizer
+
+TOK = builtin_tokenizer()
+MAX = 16
+LONG = "the quick brown fox jumps over 13 lazy dogs. " * 20_000  # 900k characters: ~900 ms to tokenize whole
+
+
+class Seen:
+    """The real tokenizer, noting the longest text it was handed (the test's only addition)."""
+
+    def __init__(self, tok: Any) -> None:
+        self.tok, self.longest = tok, 0
+
+    def __call__(self, text: str, **kw: Any) -> Any:
+        self.longest = max(self.longest, len(text))
+        return self.tok(text, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.tok, name)
+
+
+def test_a_huge_text_is_cut_before_tokenizing_and_keeps_the_whole_texts_tokens():
+    seen = Seen(TOK)
+    (s,), rep = tokenize_rows([("f", {"text": LONG})], seen, "fp", max_length=MAX)
+    assert seen.longest <= string_cap(TOK, MAX) < len(LONG)
+    assert s.input_ids.tolist() == list(TOK(LONG, add_special_tokens=False)["input_ids"])[:MAX]
+    (issue,) = rep.issues
+    assert issue.kind == "truncated" and issue.detail.startswith("at least")
+
+
+def test_a_huge_prompt_still_leaves_no_reply_and_skip_still_refuses():
+    _, rep = tokenize_rows([("f", {"prompt": LONG, "completion": "ok"}), ("f", {"text": "short"})], TOK, "fp",
+                           max_length=MAX)
+    assert dict(rep.rejected) == {f"no reply within max_length={MAX}": 1}
+    _, rep = tokenize_rows([("f", {"text": LONG}), ("f", {"text": "short"})], TOK, "fp", max_length=MAX,
+                           too_long="skip")
+    assert dict(rep.rejected) == {f"longer than max_length={MAX}": 1}
+
+
+def test_a_row_of_many_huge_turns_is_rejected_untokenized():
+    cap = string_cap(TOK, MAX)
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": LONG[: cap + 1]}
+             for i in range(2 * ROW_STRINGS + 2)]
+    seen = Seen(TOK)
+    _, rep = tokenize_rows([("f", {"messages": turns}), ("f", {"text": "short"})], seen, "fp", max_length=MAX)
+    assert dict(rep.rejected) == {"too large to tokenize": 1}
+    assert rep.usable == 1
