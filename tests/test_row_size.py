@@ -54,3 +54,23 @@ def test_a_row_of_many_huge_turns_is_rejected_untokenized():
     _, rep = tokenize_rows([("f", {"messages": turns}), ("f", {"text": "short"})], seen, "fp", max_length=MAX)
     assert dict(rep.rejected) == {"too large to tokenize": 1}
     assert rep.usable == 1
+
+
+def _backtracking_tokenizer() -> Any:
+    """The builtin tokenizer with a pre-tokenizer regex that backtracks exponentially on a run of ``a``: the
+    regex engine gives up at its retry limit, and the tokenizer panics (a Rust panic, not an Exception)."""
+    import copy
+
+    from tokenizers import Regex, pre_tokenizers
+
+    tok = copy.deepcopy(TOK)
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r"(a|aa)+$"), behavior="isolated"), tok.backend_tokenizer.pre_tokenizer])
+    return tok
+
+
+def test_a_row_the_tokenizer_panics_on_is_a_rejected_row_not_a_traceback():
+    rows = [("f", {"text": "a" * 60 + "b"}), ("f", {"text": "hello world"})]
+    (s,), rep = tokenize_rows(rows, _backtracking_tokenizer(), "fp", max_length=MAX)
+    assert dict(rep.rejected) == {"the tokenizer failed on the row": 1}
+    assert "retry-limit" in rep.issues[0].detail and rep.issues[0].row == 1

@@ -82,7 +82,12 @@ class _Tokens:
             raise RowRejected("too large to tokenize", f"{chars:,} characters of text with each string cut to "
                               f"{self.cap:,}; at most {ROW_STRINGS * self.cap:,} are tokenized for "
                               f"max_length={self.max_length}")
-        return self._tokenize(row)
+        try:
+            return self._tokenize(row)
+        except BaseException as e:  # a Rust panic (pyo3's PanicException) is no Exception
+            if type(e).__name__ != "PanicException":
+                raise
+            raise RowRejected("the tokenizer failed on the row", str(e).splitlines()[0][:300] if str(e) else "") from None
 
     def _tokenize(self, row: dict[str, Any]) -> tuple[list[int], list[int]]:
         f = detect_format(row) if self.fmt == "auto" else self.fmt
