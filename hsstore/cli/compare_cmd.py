@@ -11,7 +11,7 @@ import typer
 
 from hsstore.cli.app import app
 from hsstore.core.errors import BadInput, CheckFailed
-from hsstore.core.outputs import PLOT_SUFFIXES, check_output_file
+from hsstore.core.outputs import PLOT_SUFFIXES, check_distinct_outputs, check_output_file
 from hsstore.storage.outside_store import check_outside_stores
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def _emit(report: R, json_path: Optional[str], render: Callable[[R], str]) -> No
 
 def _check_numbers(json_path: Optional[str], noise: float, max_rel: Optional[float]) -> None:
     """Refuse, before any work, a report path that cannot be written and thresholds that compare nothing."""
-    if json_path and json_path != "-":
+    if json_path is not None and json_path != "-":  # (an empty --json is refused, not taken for "no report")
         check_outside_stores(json_path, "--json")
         check_output_file(json_path, "--json")
     if not (math.isfinite(noise) and noise > 0):
@@ -77,9 +77,10 @@ def diff(
     from hsstore.compare.diff import run_diff
 
     _check_numbers(json_path, noise, max_rel)
-    if plot:
+    if plot is not None:
         check_outside_stores(plot, "--plot")
         check_output_file(plot, "--plot", PLOT_SUFFIXES)
+        check_distinct_outputs({"--json": json_path, "--plot": plot})
     if align or should_align(a):
         rep = run_align(a, b, samples, fraction, seed, threads, device, allow_different_models, auto=not align)
         _emit(rep, json_path, align_text)
