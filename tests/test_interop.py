@@ -235,6 +235,29 @@ def test_a_re_export_removes_only_files_an_export_writes(tmp_path: Path, fmt: st
     assert len([p for p in sample_files if p.suffix in (".pt", ".safetensors")]) == 2  # the earlier export's other two went
 
 
+@pytest.mark.parametrize("fmt", ["eagle", "specforge"])
+def test_a_folder_replaced_since_its_export_is_not_taken_for_it(tmp_path: Path, fmt: str):
+    """The export's folder was removed and another tool's cache written there (EAGLE's record lies beside the
+    folder and outlives it; a copied-in record does the same): a re-export is refused, and every file of the
+    other cache stays. Before, the record was trusted, and the re-export overwrote some of them and removed
+    the rest as an earlier export's."""
+    import shutil
+
+    WRITERS["modelopt"](tmp_path / "src", random_samples(n=4))
+    _import("modelopt", tmp_path / "src", tmp_path / "a.zarr")
+    out = tmp_path / "out"
+    export_cache(ExportRequest(str(tmp_path / "a.zarr"), fmt, str(out)))
+    record = get_format(fmt).sidecar(out)
+    kept = record.read_bytes()
+    shutil.rmtree(out)
+    WRITERS[fmt](out, random_samples(n=6, seed=1))  # the tool's own cache, in the layout's own file names
+    record.write_bytes(kept)
+    theirs = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p != record}
+    with pytest.raises(BadInput, match=f"is not the export .* describes: it holds 6 file.s. named as {fmt} files"):
+        export_cache(ExportRequest(str(tmp_path / "a.zarr"), fmt, str(out), limit=2))
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p != record} == theirs
+
+
 def test_an_export_that_never_finished_is_refused_by_import(tmp_path: Path):
     """A killed export leaves its record saying ``complete: false``: import refuses the folder in one line
     naming the fix, rather than importing a part of a variant as if whole."""
