@@ -258,6 +258,23 @@ def test_a_folder_replaced_since_its_export_is_not_taken_for_it(tmp_path: Path, 
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p != record} == theirs
 
 
+@pytest.mark.parametrize("spelled", [".", "./"])
+def test_an_eagle_export_into_the_current_folder_keeps_its_record_outside_it(tmp_path: Path, monkeypatch, spelled: str):
+    """``hsstore export S eagle .``: the record goes beside the folder, as for any
+    other name. Before, it was written inside it as ``.hsstore-export.json``, and EAGLE's loader, which loads
+    every file of the folder, would load the record as a sample."""
+    WRITERS["modelopt"](tmp_path / "src", random_samples(n=3))
+    _import("modelopt", tmp_path / "src", tmp_path / "a.zarr")
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.chdir(out)
+    r = export_cache(ExportRequest(str(tmp_path / "a.zarr"), "eagle", spelled))
+    files = [p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()]
+    assert len(files) == 3 and all(get_format("eagle").exported.fullmatch(f) for f in files), files
+    assert r["samples"] == 3 and (tmp_path / "out.hsstore-export.json").is_file()
+    assert import_cache(ImportRequest("eagle", spelled, str(tmp_path / "b.zarr"), tokenizer=TOKENIZER))["samples"] == 3
+
+
 def test_an_export_that_never_finished_is_refused_by_import(tmp_path: Path):
     """A killed export leaves its record saying ``complete: false``: import refuses the folder in one line
     naming the fix, rather than importing a part of a variant as if whole."""

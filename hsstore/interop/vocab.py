@@ -22,6 +22,7 @@ from hsstore.core.errors import BadInput
 from hsstore.core.nesting import loads_bounded
 from hsstore.core.schema.record import or_none
 from hsstore.interop.formats.interface import torch_bytes
+from hsstore.storage.outside_store import check_outside_stores
 from hsstore.interop.vocab_folder import hold_vocab_folder, record_name, write_together
 
 
@@ -109,6 +110,7 @@ def write_vocab_map(target: str, size: int, out: str, target_vocab_size: int | N
     EAGLE-3), ``token_freq.pt`` and the record ``vocab-map-N.json``; returns the record."""
     from hsstore.storage.store import Store, split_target
 
+    check_outside_stores(out, "vocab-map folder")  # (before Path(out): an empty --out is not the current folder)
     path, selector = split_target(target)
     store = Store.open(path)
     reader = store.reader(store.select(selector))
