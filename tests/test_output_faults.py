@@ -185,3 +185,15 @@ def test_a_vocab_map_that_cannot_be_written_leaves_the_earlier_one_whole(tmp_pat
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "is as it was" in r.stderr, r.stderr
     record = json.loads(before["vocab-map-4.json"])
     assert all(xxhash.xxh3_128_hexdigest(before[n]) == h for n, h in record["files"].items())
+
+
+def test_a_vocab_map_removes_the_temporary_files_a_killed_one_left(tmp_path: Path) -> None:
+    """A vocab-map killed (SIGKILL) while it staged its files leaves them under temporary names; the next
+    vocab-map into the folder removes them (it holds the folder: no live writer owns one)."""
+    out = tmp_path / "vm"
+    out.mkdir()
+    left = out / ".d2t-4.npy.0123456789ab.hsstore-tmp"
+    left.write_bytes(b"half")
+    r = run_cli("vocab-map", f"{STORE}#3cd1", "--size", "4", "--target-vocab-size", "300", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert not left.exists() and not [p for p in out.iterdir() if p.name.startswith(".")]

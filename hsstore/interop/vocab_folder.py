@@ -81,7 +81,10 @@ def write_together(root: Path, outputs: list[tuple[str, bytes]], record: str,
     """Give the held folder ``root`` the files ``outputs`` and then their record ``record`` (from
     ``make_record(xxh3 of each file)``): all files are written whole under temporary names first, so a write
     that fails leaves every earlier file and record as they were; only then is the record removed, the files
-    renamed into place and the new record written."""
+    renamed into place and the new record written. Temporary files a killed run left are removed first."""
+    for stale in root.glob(f".*{TMP_SUFFIX}"):  # (the folder is held: no live writer owns one)
+        if stale.is_file() and not stale.is_symlink():
+            stale.unlink(missing_ok=True)
     staged: list[tuple[str, str]] = []
     try:
         for name, data in outputs:
