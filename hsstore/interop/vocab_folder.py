@@ -57,8 +57,8 @@ def hold_vocab_folder(root: Path, store: str, vid: str, names: list[str], size: 
     except OSError as e:
         raise write_failed(root, e) from None
     if lease is None:
-        raise BadInput(f"vocab-map folder {str(root)!r} is being written by another vocab-map right now; wait for it "
-                       "to finish, or choose another --out")
+        raise BadInput(f"vocab-map folder {str(root)!r} is in use by another command right now (a vocab-map or an "
+                       "export writing it, an import reading it); wait for it to finish, or choose another --out")
     try:
         records = _records(root)
         for name, rec in records.items():
