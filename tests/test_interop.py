@@ -258,6 +258,28 @@ def test_a_folder_replaced_since_its_export_is_not_taken_for_it(tmp_path: Path, 
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p != record} == theirs
 
 
+def test_a_stopped_exports_record_is_not_taken_for_a_folder_made_anew(tmp_path: Path):
+    """An EAGLE export stopped midway (its record says ``complete: false``), its folder removed and another
+    tool's cache written in its place: a re-export is refused and the cache stays; the stopped export's own
+    folder still resumes. Before, the record was trusted and the other cache overwritten and removed."""
+    import shutil
+
+    WRITERS["modelopt"](tmp_path / "src", random_samples(n=4))
+    _import("modelopt", tmp_path / "src", tmp_path / "a.zarr")
+    out, fmt = tmp_path / "out", get_format("eagle")
+    export_cache(ExportRequest(str(tmp_path / "a.zarr"), "eagle", str(out)))
+    stopped = {k: v for k, v in json.loads(fmt.sidecar(out).read_text()).items() if not k.startswith("folder_f")}
+    fmt.sidecar(out).write_text(json.dumps({**stopped, "complete": False}))  # what a stopped export leaves
+    assert export_cache(ExportRequest(str(tmp_path / "a.zarr"), "eagle", str(out), limit=3))["samples"] == 3
+    fmt.sidecar(out).write_text(json.dumps({**stopped, "complete": False}))
+    shutil.rmtree(out)
+    WRITERS["eagle"](out, random_samples(n=6, seed=1))
+    theirs = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(BadInput, match="is not the folder the stopped export .* was writing: it was made anew"):
+        export_cache(ExportRequest(str(tmp_path / "a.zarr"), "eagle", str(out), limit=2))
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == theirs
+
+
 @pytest.mark.parametrize("spelled", [".", "./"])
 def test_an_eagle_export_into_the_current_folder_keeps_its_record_outside_it(tmp_path: Path, monkeypatch, spelled: str):
     """``hsstore export S eagle .``: the record goes beside the folder, as for any

@@ -31,6 +31,7 @@ from hsstore.core.leakage import check_no_leak
 from hsstore.core.layer_numbering import TOOL_CAPTURE, from_hsstore
 from hsstore.core.schema.record import is_set, or_none
 from hsstore.core.schema.imported import ExportRecord
+from hsstore.interop.folder_mark import folder_mark, mark_folder
 from hsstore.interop.formats import get_format
 from hsstore.interop.formats.interface import TMP_SUFFIX, Format
 from hsstore.interop.import_records import add_hash, entry_hash, now, read_sidecar, write_sidecar
@@ -90,8 +91,14 @@ def _check_holds_the_export(fmt: Format, dest: Path, sidecar: Path, rec: ExportR
     export ``rec`` left (their number and bytes): a re-export removes such files it does not write, so a
     folder that holds others (the folder was removed and another tool's cache written there — an EAGLE
     record lies beside its folder and outlives it) must not be taken for the export."""
-    if not rec.complete or not is_set(rec.folder_files):
-        return  # a killed export (resumed), or a record of an earlier version (counts not recorded)
+    if not rec.complete:  # a killed export, resumed: its folder must be the one it marked
+        if is_set(rec.folder_token) and folder_mark(dest) not in (rec.folder_token, None):
+            raise BadInput(f"export folder {str(dest)!r} is not the folder the stopped export {str(sidecar)!r} "
+                           "was writing: it was made anew since (another tool's files?); hsstore does not replace "
+                           "files it did not write: choose a new folder")
+        return
+    if not is_set(rec.folder_files):
+        return  # a record of an earlier version (counts not recorded)
     files = [p.stat().st_size for p in _named_files(fmt, dest)]
     if (len(files), sum(files)) != (rec.folder_files, rec.folder_bytes):
         raise BadInput(f"export folder {str(dest)!r} is not the export {str(sidecar)!r} describes: it holds "
@@ -123,7 +130,7 @@ def _make_dest(dest: Path) -> None:
 
 
 def _record(fmt: Format, reader: Any, store: str, aux: list[int], target: int, n: int, files: int,
-            complete: bool, written: dict[str, int] | None = None) -> ExportRecord:
+            complete: bool, written: dict[str, int] | None = None, token: str | None = None) -> ExportRecord:
     prov = reader.record.provenance
     recipe = reader.record.prov.recipe
     num_layers = or_none(recipe.model.num_layers)
@@ -134,7 +141,8 @@ def _record(fmt: Format, reader: Any, store: str, aux: list[int], target: int, n
                         provenance=prov, num_layers=num_layers if isinstance(num_layers, int) else -1,
                         slots={"aux": aux, "target": [target]}, tool_layers=tool_layers, tool_capture=capture,
                         n_samples=n, files_fingerprint=f"{files:032x}", exported_at=now(),
-                        **({"folder_files": len(written), "folder_bytes": sum(written.values())} if written else {}))
+                        **({"folder_files": len(written), "folder_bytes": sum(written.values())} if written else {}),
+                        **({"folder_token": token} if token else {}))
 
 
 def _claims(reader: Any, target: int) -> dict[str, bool]:
@@ -198,7 +206,8 @@ def _export_held(req: ExportRequest, fmt: Format, reader: Any, path: str, dest: 
     _check_dest(fmt, dest, path, reader.id)
     for stale in list(dest.rglob(f"*{TMP_SUFFIX}")):  # a killed export's temporary files
         shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
-    write_sidecar(fmt.sidecar(dest), _record(fmt, reader, path, aux, target, len(keys), 0, complete=False))
+    token = mark_folder(dest)
+    write_sidecar(fmt.sidecar(dest), _record(fmt, reader, path, aux, target, len(keys), 0, complete=False, token=token))
     writer = fmt.writer(dest, req.compress)
     claims = _claims(reader, target)
 
@@ -219,7 +228,7 @@ def _export_held(req: ExportRequest, fmt: Format, reader: Any, path: str, dest: 
         written[d.rel] = d.size
     for stale in _stale_files(fmt, dest, written):
         stale.unlink(missing_ok=True)
-    record = _record(fmt, reader, path, aux, target, len(keys), files, complete=True, written=written)
+    record = _record(fmt, reader, path, aux, target, len(keys), files, complete=True, written=written, token=token)
     write_sidecar(fmt.sidecar(dest), record)
     return {"store": path, "variant": reader.id, "format": fmt.name, "dest": str(dest), "samples": len(keys),
             "tokens": tokens, "slots": record.slots, "tool_layers": record.tool_layers,

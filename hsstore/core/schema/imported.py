@@ -95,3 +95,4 @@ class ExportRecord(Record):
     # re-export checks before it removes any (absent from records of earlier versions)
     folder_files: int | UnsetType = UNSET
     folder_bytes: int | UnsetType = UNSET
+    folder_token: str | UnsetType = UNSET  # the folder's mark (interop.folder_mark), where it keeps one
