@@ -12,7 +12,6 @@ import uuid
 from pathlib import Path
 
 XATTR = "user.hsstore.export"
-UNMARKABLE = (errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.EACCES, errno.EROFS)
 
 
 def folder_mark(dest: Path) -> str | None:
@@ -31,8 +30,6 @@ def mark_folder(dest: Path) -> str | None:
     token = uuid.uuid4().hex
     try:
         os.setxattr(dest, XATTR, token.encode())
-    except OSError as e:
-        if e.errno in UNMARKABLE:
-            return None
-        raise
+    except OSError:  # no extended attributes here (or no room for one): the folder goes unmarked
+        return None
     return token
