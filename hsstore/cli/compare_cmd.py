@@ -11,7 +11,7 @@ import typer
 
 from hsstore.cli.app import app
 from hsstore.core.errors import BadInput, CheckFailed
-from hsstore.core.outputs import PLOT_SUFFIXES, check_distinct_outputs, check_output_file
+from hsstore.core.outputs import PLOT_SUFFIXES, check_distinct_outputs, check_not_an_input, check_output_file
 from hsstore.storage.outside_store import check_outside_stores
 
 if TYPE_CHECKING:
@@ -143,6 +143,7 @@ def check(
     from hsstore.compare.sample_plan import check_sampling
 
     _check_numbers(json_path, noise, max_rel)
+    check_not_an_input(json_path, "--json", {"the model": model})
     check_sampling(samples, fraction, 0.95)
     options = dict(backend=backend, dtype=dtype, attn=attn, token_budget=token_budget, fraction=fraction, keys=keys)
     if wants_audit(open_target(target), floor, options):
