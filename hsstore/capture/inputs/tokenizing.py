@@ -11,42 +11,21 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from hsstore.capture.inputs.datafiles import BadRow, load_rows
-from hsstore.capture.inputs.lossmask import METHOD, ChatMasker
+from hsstore.capture.inputs.lossmask import ChatMasker
 from hsstore.capture.inputs.messages import RowRejected, to_chat
+from hsstore.capture.inputs.row_report import InputReport
 from hsstore.capture.inputs.row_size import ROW_STRINGS, clip_strings, string_cap
 from hsstore.core.errors import BadInput
 from hsstore.core.keys import SampleTokens, sample_key
-from hsstore.core.schema.inputs import RowIssue
 from hsstore.core.schema.manifest import DATA_FORMATS as FORMATS
 
 __all__ = ["InputReport", "detect_format", "load_rows", "tokenize_rows"]
 UNKNOWN = "unknown format (no conversations/messages/text/prompt+completion)"
-
-
-@dataclass
-class InputReport:
-    rows: int = 0
-    usable: int = 0
-    truncated: int = 0
-    replies_dropped: int = 0  # trained replies (loss-mask runs) that truncation cut off whole
-    duplicates: int = 0
-    rejected: Counter = field(default_factory=Counter)
-    issues: list[RowIssue] = field(default_factory=list)  # every rejected, duplicate and truncated row, in order
-
-    def note(self, kind: str, file: str, row: int, reason: str, detail: str = "") -> None:
-        self.issues.append(RowIssue(file=file, row=row, kind=kind, reason=reason, **({"detail": detail} if detail else {})))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rows": self.rows, "usable": self.usable, "truncated": self.truncated,
-                "replies_dropped": self.replies_dropped,
-                "duplicates": self.duplicates, "rejected": dict(self.rejected), "issue_count": len(self.issues),
-                "loss_mask": METHOD}
 
 
 def detect_format(row: dict[str, Any]) -> str | None:
@@ -209,6 +188,7 @@ def tokenize_rows(
         first_seen[key] = f"{file} row {n}"
         samples.append(SampleTokens(key, a, m))
         report.usable += 1
+    report.close()
     if not samples:
         reasons = ", ".join(f"{k}: {v}" for k, v in report.rejected.items()) or "no rows"
         first = next((f"; first: {i.file} row {i.row}" for i in report.issues if i.kind == "rejected"), "")
