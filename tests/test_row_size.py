@@ -90,3 +90,14 @@ def test_rows_rejected_by_the_million_are_counted_exactly_but_named_a_bounded_nu
     assert len(rep.issues) == NAMED_PER_REASON + 1
     last = rep.issues[-1]
     assert last.row == 3 + NAMED_PER_REASON + 1 and f"this row and {extra - 1} more rejected" in last.detail
+
+
+def test_a_chat_of_more_turns_than_max_length_can_hold_is_rejected_untokenized():
+    """10,000 two-letter turns (a 300 KB line, or a few KB of parquet) took 214 s to mask: the masker's time
+    grows with the square of the turns. Every message renders at least its role's header, so a chat of more
+    than twice max_length messages is far past the cut: rejected before it is rendered."""
+    from hsstore.capture.inputs.row_size import turn_cap
+
+    many = [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi"} for i in range(turn_cap(MAX) + 2)]
+    _, rep = tokenize_rows([("f", {"messages": many}), ("f", {"text": "short"})], TOK, "fp", max_length=MAX)
+    assert dict(rep.rejected) == {"too large to tokenize": 1} and "messages; at most" in rep.issues[0].detail
