@@ -40,8 +40,8 @@ def _check_numbers(json_path: Optional[str], noise: float, max_rel: Optional[flo
     """Refuse, before any work, a report path that cannot be written (or would replace a file of one of
     ``inputs``) and thresholds that compare nothing."""
     if json_path is not None and json_path != "-":  # (an empty --json is refused, not taken for "no report")
-        check_output_file(json_path, "--json")
         check_outside_stores(json_path, "--json")
+        check_output_file(json_path, "--json")
         check_not_an_input(json_path, "--json", inputs or {})
     if not (math.isfinite(noise) and noise > 0):
         raise BadInput(f"--noise {noise}: must be a positive number (a multiple of the floor), e.g. 2")
@@ -81,8 +81,8 @@ def diff(
 
     _check_numbers(json_path, noise, max_rel)
     if plot is not None:
-        check_output_file(plot, "--plot", PLOT_SUFFIXES)
         check_outside_stores(plot, "--plot")
+        check_output_file(plot, "--plot", PLOT_SUFFIXES)
         check_distinct_outputs({"--json": json_path, "--plot": plot})
     if align or should_align(a):
         rep = run_align(a, b, samples, fraction, seed, threads, device, allow_different_models, auto=not align)

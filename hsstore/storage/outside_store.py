@@ -17,7 +17,7 @@ def check_outside_stores(path: str, what: str) -> None:
     """Refuse (exit 2) an output file or folder ``path`` that is empty (an unset shell variable: it would
     mean the current folder), an hsstore store or inside one."""
     if not path.strip():
-        raise BadInput(f"{what} is an empty path ({path!r}); name the folder to write, e.g. ./out")
+        raise BadInput(f"{what} is an empty path ({path!r}); name the file or folder to write")
     outer = enclosing_store(Path(os.path.expanduser(path)) / layout.root_meta())  # the store itself, or one above
     if outer is not None:
         raise BadInput(f"{what} {path!r} is inside the hsstore store {str(outer)!r}; hsstore writes reports and "
