@@ -235,6 +235,68 @@ def test_a_re_export_removes_only_files_an_export_writes(tmp_path: Path, fmt: st
     assert len([p for p in sample_files if p.suffix in (".pt", ".safetensors")]) == 2  # the earlier export's other two went
 
 
+@pytest.mark.parametrize("fmt", ["eagle", "specforge"])
+def test_a_folder_replaced_since_its_export_is_not_taken_for_it(tmp_path: Path, fmt: str):
+    """The export's folder was removed and another tool's cache written there (EAGLE's record lies beside the
+    folder and outlives it; a copied-in record does the same): a re-export is refused, and every file of the
+    other cache stays. Before, the record was trusted, and the re-export overwrote some of them and removed
+    the rest as an earlier export's."""
+    import shutil
+
+    WRITERS["modelopt"](tmp_path / "src", random_samples(n=4))
+    _import("modelopt", tmp_path / "src", tmp_path / "a.zarr")
+    out = tmp_path / "out"
+    export_cache(ExportRequest(str(tmp_path / "a.zarr"), fmt, str(out)))
+    record = get_format(fmt).sidecar(out)
+    kept = record.read_bytes()
+    shutil.rmtree(out)
+    WRITERS[fmt](out, random_samples(n=6, seed=1))  # the tool's own cache, in the layout's own file names
+    record.write_bytes(kept)
+    theirs = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p != record}
+    with pytest.raises(BadInput, match=f"is not the export .* describes: it holds 6 file.s. named as {fmt} files"):
+        export_cache(ExportRequest(str(tmp_path / "a.zarr"), fmt, str(out), limit=2))
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p != record} == theirs
+
+
+def test_a_stopped_exports_record_is_not_taken_for_a_folder_made_anew(tmp_path: Path):
+    """An EAGLE export stopped midway (its record says ``complete: false``), its folder removed and another
+    tool's cache written in its place: a re-export is refused and the cache stays; the stopped export's own
+    folder still resumes. Before, the record was trusted and the other cache overwritten and removed."""
+    import shutil
+
+    WRITERS["modelopt"](tmp_path / "src", random_samples(n=4))
+    _import("modelopt", tmp_path / "src", tmp_path / "a.zarr")
+    out, fmt = tmp_path / "out", get_format("eagle")
+    export_cache(ExportRequest(str(tmp_path / "a.zarr"), "eagle", str(out)))
+    stopped = {k: v for k, v in json.loads(fmt.sidecar(out).read_text()).items() if not k.startswith("folder_f")}
+    fmt.sidecar(out).write_text(json.dumps({**stopped, "complete": False}))  # what a stopped export leaves
+    assert export_cache(ExportRequest(str(tmp_path / "a.zarr"), "eagle", str(out), limit=3))["samples"] == 3
+    fmt.sidecar(out).write_text(json.dumps({**stopped, "complete": False}))
+    shutil.rmtree(out)
+    WRITERS["eagle"](out, random_samples(n=6, seed=1))
+    theirs = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(BadInput, match="is not the folder the stopped export .* was writing: it was made anew"):
+        export_cache(ExportRequest(str(tmp_path / "a.zarr"), "eagle", str(out), limit=2))
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == theirs
+
+
+@pytest.mark.parametrize("spelled", [".", "./"])
+def test_an_eagle_export_into_the_current_folder_keeps_its_record_outside_it(tmp_path: Path, monkeypatch, spelled: str):
+    """``hsstore export S eagle .``: the record goes beside the folder, as for any
+    other name. Before, it was written inside it as ``.hsstore-export.json``, and EAGLE's loader, which loads
+    every file of the folder, would load the record as a sample."""
+    WRITERS["modelopt"](tmp_path / "src", random_samples(n=3))
+    _import("modelopt", tmp_path / "src", tmp_path / "a.zarr")
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.chdir(out)
+    r = export_cache(ExportRequest(str(tmp_path / "a.zarr"), "eagle", spelled))
+    files = [p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()]
+    assert len(files) == 3 and all(get_format("eagle").exported.fullmatch(f) for f in files), files
+    assert r["samples"] == 3 and (tmp_path / "out.hsstore-export.json").is_file()
+    assert import_cache(ImportRequest("eagle", spelled, str(tmp_path / "b.zarr"), tokenizer=TOKENIZER))["samples"] == 3
+
+
 def test_an_export_that_never_finished_is_refused_by_import(tmp_path: Path):
     """A killed export leaves its record saying ``complete: false``: import refuses the folder in one line
     naming the fix, rather than importing a part of a variant as if whole."""

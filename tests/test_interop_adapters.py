@@ -139,7 +139,7 @@ def test_vocab_map_folder_is_its_own_or_refused(imported, tmp_path: Path):
     first = write_vocab_map(str(store), 10, str(mine))
     busy = lock_folder_alone(str(mine))  # what a vocab-map writing the folder holds
     try:
-        with pytest.raises(BadInput, match="being written by another vocab-map right now"):
+        with pytest.raises(BadInput, match="is in use by another command right now"):
             write_vocab_map(str(store), 12, str(mine))
     finally:
         busy.release()

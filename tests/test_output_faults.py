@@ -165,3 +165,35 @@ def test_outputs_inside_a_store_are_refused_and_the_store_stays_whole(tmp_path: 
     assert "is inside the hsstore store" in r.stderr, r.stderr
     assert sorted(str(p.relative_to(store)) for p in store.rglob("*")) == before
     assert verify(Store.open(store)).ok
+
+
+@pytest.mark.process
+def test_a_vocab_map_that_cannot_be_written_leaves_the_earlier_one_whole(tmp_path: Path) -> None:
+    """A file-size limit (or a full disk) while a vocab-map replaces an earlier one of its folder: refused in
+    one line, and the earlier files with the record that vouches for them are as they were. Before, the record
+    was removed first and the files replaced one by one: d2t-N.npy new, vocab_mapping-N.pt old, no record."""
+    import xxhash
+
+    out = tmp_path / "vm"
+    args = ["vocab-map", f"{STORE}#3cd1", "--size", "4", "--target-vocab-size", "300", "--out", str(out)]
+    assert run_cli(*args).returncode == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    smallest = min(len(b) for n, b in before.items() if not n.endswith(".json"))
+    with open(tmp_path / "stdout", "w") as f:
+        r = _run(args, f, smallest + 1)  # the first file fits, a later one does not
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no temporary file left, nothing replaced
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "is as it was" in r.stderr, r.stderr
+    record = json.loads(before["vocab-map-4.json"])
+    assert all(xxhash.xxh3_128_hexdigest(before[n]) == h for n, h in record["files"].items())
+
+
+def test_a_vocab_map_removes_the_temporary_files_a_killed_one_left(tmp_path: Path) -> None:
+    """A vocab-map killed (SIGKILL) while it staged its files leaves them under temporary names; the next
+    vocab-map into the folder removes them (it holds the folder: no live writer owns one)."""
+    out = tmp_path / "vm"
+    out.mkdir()
+    left = out / ".d2t-4.npy.0123456789ab.hsstore-tmp"
+    left.write_bytes(b"half")
+    r = run_cli("vocab-map", f"{STORE}#3cd1", "--size", "4", "--target-vocab-size", "300", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert not left.exists() and not [p for p in out.iterdir() if p.name.startswith(".")]

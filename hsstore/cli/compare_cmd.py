@@ -11,7 +11,7 @@ import typer
 
 from hsstore.cli.app import app
 from hsstore.core.errors import BadInput, CheckFailed
-from hsstore.core.outputs import PLOT_SUFFIXES, check_output_file
+from hsstore.core.outputs import PLOT_SUFFIXES, check_distinct_outputs, check_not_an_input, check_output_file
 from hsstore.storage.outside_store import check_outside_stores
 
 if TYPE_CHECKING:
@@ -35,11 +35,14 @@ def _emit(report: R, json_path: Optional[str], render: Callable[[R], str]) -> No
         write_output_file(json_path, json.dumps(report.to_dict(), indent=2, sort_keys=True).encode(), "--json")
 
 
-def _check_numbers(json_path: Optional[str], noise: float, max_rel: Optional[float]) -> None:
-    """Refuse, before any work, a report path that cannot be written and thresholds that compare nothing."""
-    if json_path and json_path != "-":
+def _check_numbers(json_path: Optional[str], noise: float, max_rel: Optional[float],
+                   inputs: Optional[dict[str, str]] = None) -> None:
+    """Refuse, before any work, a report path that cannot be written (or would replace a file of one of
+    ``inputs``) and thresholds that compare nothing."""
+    if json_path is not None and json_path != "-":  # (an empty --json is refused, not taken for "no report")
         check_outside_stores(json_path, "--json")
         check_output_file(json_path, "--json")
+        check_not_an_input(json_path, "--json", inputs or {})
     if not (math.isfinite(noise) and noise > 0):
         raise BadInput(f"--noise {noise}: must be a positive number (a multiple of the floor), e.g. 2")
     if max_rel is not None and not (math.isfinite(max_rel) and max_rel >= 0):
@@ -77,9 +80,10 @@ def diff(
     from hsstore.compare.diff import run_diff
 
     _check_numbers(json_path, noise, max_rel)
-    if plot:
+    if plot is not None:
         check_outside_stores(plot, "--plot")
         check_output_file(plot, "--plot", PLOT_SUFFIXES)
+        check_distinct_outputs({"--json": json_path, "--plot": plot})
     if align or should_align(a):
         rep = run_align(a, b, samples, fraction, seed, threads, device, allow_different_models, auto=not align)
         _emit(rep, json_path, align_text)
@@ -141,7 +145,7 @@ def check(
     from hsstore.compare.diff import open_target
     from hsstore.compare.sample_plan import check_sampling
 
-    _check_numbers(json_path, noise, max_rel)
+    _check_numbers(json_path, noise, max_rel, inputs={"the model": model})
     check_sampling(samples, fraction, 0.95)
     options = dict(backend=backend, dtype=dtype, attn=attn, token_budget=token_budget, fraction=fraction, keys=keys)
     if wants_audit(open_target(target), floor, options):

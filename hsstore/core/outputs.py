@@ -83,3 +83,33 @@ def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) ->
         raise BadInput(f"{option} {path!r}: folder {str(parent)!r} {what}; create it or write the file elsewhere")
     if not os.access(parent, os.W_OK):
         raise BadInput(f"{option} {path!r}: folder {str(parent)!r} is not writable; write the file elsewhere")
+
+
+def check_distinct_outputs(paths: dict[str, str | None]) -> None:
+    """Refuse (exit 2) two output options naming one file (``--json r.png --plot r.png``): the one written
+    last would replace the other, and the command would still exit 0 as if both were written."""
+    seen: dict[str, str] = {}
+    for option, path in paths.items():
+        if path is None or path == "-" or streamed(path):
+            continue
+        real = os.path.realpath(os.path.expanduser(path))
+        if real in seen:
+            raise BadInput(f"{seen[real]} and {option} both name {path!r}; the second would replace the first — "
+                           "name two files")
+        seen[real] = option
+
+
+def check_not_an_input(path: str | None, option: str, inputs: dict[str, str]) -> None:
+    """Refuse (exit 2) an output file that is a file of one of the command's inputs (``--json MODEL/config.json``
+    of ``check MODEL``): the report would replace a file the command itself reads. ``inputs``: what each is ->
+    its path (a file or a folder)."""
+    if path is None or path == "-" or streamed(path):
+        return
+    real = os.path.realpath(os.path.expanduser(path))
+    if not os.path.isfile(real):
+        return  # a new file (beside an input or not) replaces nothing
+    for what, given in inputs.items():
+        root = os.path.realpath(os.path.expanduser(given))
+        if real == root or (os.path.isdir(root) and real.startswith(root.rstrip(os.sep) + os.sep)):
+            raise BadInput(f"{option} {path!r} is a file of {what} {given!r}, which this command reads; the report "
+                           "would replace it — write the report elsewhere")

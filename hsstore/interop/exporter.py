@@ -29,8 +29,9 @@ from hsstore.core.errors import BadInput, BuildInterrupted
 from hsstore.core.interrupt import Stopped, stop_on_signals
 from hsstore.core.leakage import check_no_leak
 from hsstore.core.layer_numbering import TOOL_CAPTURE, from_hsstore
-from hsstore.core.schema.record import or_none
+from hsstore.core.schema.record import is_set, or_none
 from hsstore.core.schema.imported import ExportRecord
+from hsstore.interop.folder_mark import folder_mark, mark_folder
 from hsstore.interop.formats import get_format
 from hsstore.interop.formats.interface import TMP_SUFFIX, Format
 from hsstore.interop.import_records import add_hash, entry_hash, now, read_sidecar, write_sidecar
@@ -79,20 +80,43 @@ def _check_dest(fmt: Format, dest: Path, store: str, vid: str) -> None:
         rec = read_sidecar(sidecar, fmt.name, "choose a new folder (an export folder holds one export)")
         if rec.variant != vid:
             raise BadInput(f"{dest} holds an export of variant {rec.variant}, not {vid}; choose a new folder")
+        _check_holds_the_export(fmt, dest, sidecar, rec)
         return
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise BadInput(f"export folder {str(dest)!r} exists and is not empty; choose a new or empty folder")
 
 
-def _stale_files(fmt: Format, dest: Path, written: set[str]) -> list[Path]:
+def _check_holds_the_export(fmt: Format, dest: Path, sidecar: Path, rec: ExportRecord) -> None:
+    """BadInput unless the files of ``dest`` named as an export names its files are the ones the complete
+    export ``rec`` left (their number and bytes): a re-export removes such files it does not write, so a
+    folder that holds others (the folder was removed and another tool's cache written there — an EAGLE
+    record lies beside its folder and outlives it) must not be taken for the export."""
+    if not rec.complete:  # a killed export, resumed: its folder must be the one it marked
+        if is_set(rec.folder_token) and folder_mark(dest) not in (rec.folder_token, None):
+            raise BadInput(f"export folder {str(dest)!r} is not the folder the stopped export {str(sidecar)!r} "
+                           "was writing: it was made anew since (another tool's files?); hsstore does not replace "
+                           "files it did not write: choose a new folder")
+        return
+    if not is_set(rec.folder_files):
+        return  # a record of an earlier version (counts not recorded)
+    files = [p.stat().st_size for p in _named_files(fmt, dest)]
+    if (len(files), sum(files)) != (rec.folder_files, rec.folder_bytes):
+        raise BadInput(f"export folder {str(dest)!r} is not the export {str(sidecar)!r} describes: it holds "
+                       f"{len(files)} file(s) named as {fmt.name} files ({sum(files):,} bytes), the export left "
+                       f"{rec.folder_files} ({rec.folder_bytes:,} bytes) — another tool's files, or files changed "
+                       "since; hsstore does not replace files it did not write: choose a new folder")
+
+
+def _named_files(fmt: Format, dest: Path) -> list[Path]:
+    """Regular files under ``dest`` (links not followed) named as an export of the layout names its files."""
+    return [p for p in dest.rglob("*") if p.is_file() and not p.is_symlink()
+            and fmt.exported.fullmatch(p.relative_to(dest).as_posix())]
+
+
+def _stale_files(fmt: Format, dest: Path, written: dict[str, int]) -> list[Path]:
     """Files under ``dest`` named as an export of the layout names its files (an earlier export's) that this
     export did not write. Anything else (a user's notes, a config.json beside the samples) is left alone."""
-    out = []
-    for p in dest.rglob("*"):
-        rel = p.relative_to(dest).as_posix()
-        if p.is_file() and not p.is_symlink() and fmt.exported.fullmatch(rel) and rel not in written:
-            out.append(p)
-    return out
+    return [p for p in _named_files(fmt, dest) if p.relative_to(dest).as_posix() not in written]
 
 
 def _make_dest(dest: Path) -> None:
@@ -106,7 +130,7 @@ def _make_dest(dest: Path) -> None:
 
 
 def _record(fmt: Format, reader: Any, store: str, aux: list[int], target: int, n: int, files: int,
-            complete: bool) -> ExportRecord:
+            complete: bool, written: dict[str, int] | None = None, token: str | None = None) -> ExportRecord:
     prov = reader.record.provenance
     recipe = reader.record.prov.recipe
     num_layers = or_none(recipe.model.num_layers)
@@ -116,7 +140,9 @@ def _record(fmt: Format, reader: Any, store: str, aux: list[int], target: int, n
     return ExportRecord(kind="hsstore-export", complete=complete, format=fmt.name, store=store, variant=reader.id,
                         provenance=prov, num_layers=num_layers if isinstance(num_layers, int) else -1,
                         slots={"aux": aux, "target": [target]}, tool_layers=tool_layers, tool_capture=capture,
-                        n_samples=n, files_fingerprint=f"{files:032x}", exported_at=now())
+                        n_samples=n, files_fingerprint=f"{files:032x}", exported_at=now(),
+                        **({"folder_files": len(written), "folder_bytes": sum(written.values())} if written else {}),
+                        **({"folder_token": token} if token else {}))
 
 
 def _claims(reader: Any, target: int) -> dict[str, bool]:
@@ -180,7 +206,8 @@ def _export_held(req: ExportRequest, fmt: Format, reader: Any, path: str, dest: 
     _check_dest(fmt, dest, path, reader.id)
     for stale in list(dest.rglob(f"*{TMP_SUFFIX}")):  # a killed export's temporary files
         shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
-    write_sidecar(fmt.sidecar(dest), _record(fmt, reader, path, aux, target, len(keys), 0, complete=False))
+    token = mark_folder(dest)
+    write_sidecar(fmt.sidecar(dest), _record(fmt, reader, path, aux, target, len(keys), 0, complete=False, token=token))
     writer = fmt.writer(dest, req.compress)
     claims = _claims(reader, target)
 
@@ -191,17 +218,17 @@ def _export_held(req: ExportRequest, fmt: Format, reader: Any, path: str, dest: 
         tgt = reader.read_stacked(ref, [target])[:, 0]
         d = writer.write(i, ref.key, torch.from_numpy(ids.astype("int64")), torch.from_numpy(mask.astype("int64")),
                          aux_t, tgt, claims)
-        written.add(d.rel)
+        written[d.rel] = d.size
         return entry_hash(d.rel, d.size, d.xxh3), ref.length
 
-    written: set[str] = set()
+    written: dict[str, int] = {}
     files, tokens = _write_all(one, len(keys), max(1, req.jobs), dest)
     for d in writer.finish(len(keys)):
         files = add_hash(files, entry_hash(d.rel, d.size, d.xxh3))
-        written.add(d.rel)
+        written[d.rel] = d.size
     for stale in _stale_files(fmt, dest, written):
         stale.unlink(missing_ok=True)
-    record = _record(fmt, reader, path, aux, target, len(keys), files, complete=True)
+    record = _record(fmt, reader, path, aux, target, len(keys), files, complete=True, written=written, token=token)
     write_sidecar(fmt.sidecar(dest), record)
     return {"store": path, "variant": reader.id, "format": fmt.name, "dest": str(dest), "samples": len(keys),
             "tokens": tokens, "slots": record.slots, "tool_layers": record.tool_layers,

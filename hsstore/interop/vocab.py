@@ -21,8 +21,9 @@ from hsstore.core.budget import check_fits
 from hsstore.core.errors import BadInput
 from hsstore.core.nesting import loads_bounded
 from hsstore.core.schema.record import or_none
-from hsstore.interop.formats.interface import atomic_write, torch_bytes
-from hsstore.interop.vocab_folder import hold_vocab_folder, record_name
+from hsstore.interop.formats.interface import torch_bytes
+from hsstore.storage.outside_store import check_outside_stores
+from hsstore.interop.vocab_folder import hold_vocab_folder, record_name, write_together
 
 
 COUNT_BATCH = 1 << 20  # loss tokens gathered before one bincount (one per sample costs O(vocab) each)
@@ -109,6 +110,7 @@ def write_vocab_map(target: str, size: int, out: str, target_vocab_size: int | N
     EAGLE-3), ``token_freq.pt`` and the record ``vocab-map-N.json``; returns the record."""
     from hsstore.storage.store import Store, split_target
 
+    check_outside_stores(out, "vocab-map folder")  # (before Path(out): an empty --out is not the current folder)
     path, selector = split_target(target)
     store = Store.open(path)
     reader = store.reader(store.select(selector))
@@ -129,18 +131,20 @@ def write_vocab_map(target: str, size: int, out: str, target_vocab_size: int | N
 def _write_held(root: Path, outputs: Any, reader: Any, path: str, size: int, vocab: int, vocab_from: str,
                 counts: np.ndarray, t2d: torch.Tensor, n_samples: int) -> dict[str, Any]:
     """Write the files, then the record that says they belong together (vocab_folder holds the folder)."""
-    files = {}
-    for name, data in outputs:
-        files[name] = atomic_write(root, name, data).xxh3
     total = int(counts.sum())
     record = {
         "store": path, "variant": reader.id,
         "tokenizer_fingerprint": reader.record.prov.recipe.tokenizer.fingerprint,
         "draft_vocab_size": size, "target_vocab_size": vocab, "target_vocab_from": vocab_from,
         "samples": n_samples, "loss_tokens": total, "distinct_tokens": int((counts > 0).sum()),
-        "coverage": float(counts[t2d.numpy()].sum() / total) if total else 0.0, "files": files,
+        "coverage": float(counts[t2d.numpy()].sum() / total) if total else 0.0,
     }
-    atomic_write(root, record_name(size), json.dumps(record, indent=1, sort_keys=True).encode())
+
+    def with_files(files: dict[str, str]) -> bytes:
+        record["files"] = files
+        return json.dumps(record, indent=1, sort_keys=True).encode()
+
+    write_together(root, list(outputs), record_name(size), with_files)
     return record
 
 

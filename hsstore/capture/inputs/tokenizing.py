@@ -11,41 +11,21 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from hsstore.capture.inputs.datafiles import BadRow, load_rows
-from hsstore.capture.inputs.lossmask import METHOD, ChatMasker
+from hsstore.capture.inputs.lossmask import ChatMasker
 from hsstore.capture.inputs.messages import RowRejected, to_chat
+from hsstore.capture.inputs.row_report import InputReport
+from hsstore.capture.inputs.row_size import ROW_STRINGS, clip_strings, string_cap, turn_cap, turns
 from hsstore.core.errors import BadInput
 from hsstore.core.keys import SampleTokens, sample_key
-from hsstore.core.schema.inputs import RowIssue
 from hsstore.core.schema.manifest import DATA_FORMATS as FORMATS
 
 __all__ = ["InputReport", "detect_format", "load_rows", "tokenize_rows"]
 UNKNOWN = "unknown format (no conversations/messages/text/prompt+completion)"
-
-
-@dataclass
-class InputReport:
-    rows: int = 0
-    usable: int = 0
-    truncated: int = 0
-    replies_dropped: int = 0  # trained replies (loss-mask runs) that truncation cut off whole
-    duplicates: int = 0
-    rejected: Counter = field(default_factory=Counter)
-    issues: list[RowIssue] = field(default_factory=list)  # every rejected, duplicate and truncated row, in order
-
-    def note(self, kind: str, file: str, row: int, reason: str, detail: str = "") -> None:
-        self.issues.append(RowIssue(file=file, row=row, kind=kind, reason=reason, **({"detail": detail} if detail else {})))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rows": self.rows, "usable": self.usable, "truncated": self.truncated,
-                "replies_dropped": self.replies_dropped,
-                "duplicates": self.duplicates, "rejected": dict(self.rejected), "issue_count": len(self.issues),
-                "loss_mask": METHOD}
 
 
 def detect_format(row: dict[str, Any]) -> str | None:
@@ -62,18 +42,36 @@ def detect_format(row: dict[str, Any]) -> str | None:
 
 
 class _Tokens:
-    """Turns one row into (input_ids, loss_mask); raises RowRejected."""
+    """Turns one row into (input_ids, loss_mask); raises RowRejected. ``cut``: whether the last row's text
+    was cut before tokenizing (capture.inputs.row_size)."""
 
-    def __init__(self, tok: Any, fmt: str) -> None:
+    def __init__(self, tok: Any, fmt: str, max_length: int) -> None:
         if fmt not in FORMATS:
             raise BadInput(f"unknown data format {fmt!r}; choose one of {', '.join(FORMATS)}")
         self.tok, self.fmt, self.masker = tok, fmt, None
+        self.cap, self.max_length, self.cut = string_cap(tok, max_length), max_length, False
 
     def __call__(self, row: Any) -> tuple[list[int], list[int]]:
         if isinstance(row, BadRow):
             raise RowRejected(row.reason, row.detail)
         if not isinstance(row, dict):
             raise RowRejected("row is not a JSON object")
+        row, chars, self.cut = clip_strings(row, self.cap)
+        if chars > ROW_STRINGS * self.cap:
+            raise RowRejected("too large to tokenize", f"{chars:,} characters of text with each string cut to "
+                              f"{self.cap:,}; at most {ROW_STRINGS * self.cap:,} are tokenized for "
+                              f"max_length={self.max_length}")
+        if turns(row) > turn_cap(self.max_length):
+            raise RowRejected("too large to tokenize", f"{turns(row):,} messages; at most "
+                              f"{turn_cap(self.max_length):,} are tokenized for max_length={self.max_length}")
+        try:
+            return self._tokenize(row)
+        except BaseException as e:  # a Rust panic (pyo3's PanicException) is no Exception
+            if type(e).__name__ != "PanicException":
+                raise
+            raise RowRejected("the tokenizer failed on the row", str(e).splitlines()[0][:300] if str(e) else "") from None
+
+    def _tokenize(self, row: dict[str, Any]) -> tuple[list[int], list[int]]:
         f = detect_format(row) if self.fmt == "auto" else self.fmt
         if f is None:
             raise RowRejected(UNKNOWN)
@@ -132,19 +130,21 @@ def _runs(mask: list[int]) -> int:
 
 
 def _fit(ids: list[int], mask: list[int], max_length: int, too_long: str, report: InputReport, file: str,
-         n: int) -> tuple[list[int], list[int]]:
+         n: int, cut: bool = False) -> tuple[list[int], list[int]]:
     """A tokenized row within ``max_length`` (truncated, and noted, unless ``too_long`` is "skip");
-    RowRejected when it is too long to keep or has no trainable token."""
+    RowRejected when it is too long to keep or has no trainable token. ``cut``: its text was cut before
+    tokenizing, so it is at least ``len(ids)`` tokens long."""
     if len(ids) > max_length:
+        length = f"at least {len(ids)} tokens (text cut before tokenizing)" if cut else f"{len(ids)} tokens"
         if too_long == "skip":
-            raise RowRejected(f"longer than max_length={max_length}", f"{len(ids)} tokens")
+            raise RowRejected(f"longer than max_length={max_length}", length)
         runs, dropped = _runs(mask), _runs(mask[max_length - 1:]) - (mask[max_length - 1] == 1)
         if not any(mask[:max_length]):  # nothing of any reply is left: not a truncated row, a rejected one
             raise RowRejected(f"no reply within max_length={max_length}",
-                              f"{len(ids)} tokens; " + ("its one trained reply starts" if runs == 1 else
+                              f"{length}; " + ("its one trained reply starts" if runs == 1 else
                                                           f"all {runs} trained replies start") + " past it")
         lost = f"; {dropped} of {runs} trained replies dropped whole" if dropped else ""
-        report.note("truncated", file, n, f"truncated to max_length={max_length}", f"{len(ids)} tokens{lost}")
+        report.note("truncated", file, n, f"truncated to max_length={max_length}", f"{length}{lost}")
         ids, mask = ids[:max_length], mask[:max_length]
         report.truncated += 1
         report.replies_dropped += dropped
@@ -170,13 +170,13 @@ def tokenize_rows(
     report = InputReport()
     samples: list[SampleTokens] = []
     first_seen: dict[str, str] = {}
-    tokens = _Tokens(tok, fmt)
+    tokens = _Tokens(tok, fmt, max_length)
     for file, n, row in _numbered(rows):
         if limit is not None and report.usable >= limit:
             break
         report.rows += 1
         try:
-            ids, mask = _fit(*tokens(row), max_length, too_long, report, file, n)
+            ids, mask = _fit(*tokens(row), max_length, too_long, report, file, n, tokens.cut)
         except RowRejected as r:
             report.rejected[r.reason] += 1
             report.note("rejected", file, n, r.reason, r.detail)
@@ -191,6 +191,7 @@ def tokenize_rows(
         first_seen[key] = f"{file} row {n}"
         samples.append(SampleTokens(key, a, m))
         report.usable += 1
+    report.close()
     if not samples:
         reasons = ", ".join(f"{k}: {v}" for k, v in report.rejected.items()) or "no rows"
         first = next((f"; first: {i.file} row {i.row}" for i in report.issues if i.kind == "rejected"), "")

@@ -6,7 +6,8 @@ the input counts and its share) and another when it ends (``r<rank>-end.json``: 
 worker built, what is committed, the error of a failed or interrupted build). Nothing is replaced or
 removed: a build killed outright leaves its start record alone, which says so. Rank 0 also writes
 ``rows.jsonl``, one RowIssue per input row the build did not take as it was (rejected, duplicate,
-truncated: file, 1-based row, reason). The build id starts with the UTC start time, so records sort by
+truncated: file, 1-based row, reason; past 10,000 of one reason, one naming the first of the rest and how
+many: capture.inputs.row_report). The build id starts with the UTC start time, so records sort by
 time; under torchrun rank 0 draws it and every rank uses it.
 """
 

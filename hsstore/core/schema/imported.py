@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from hsstore.core.schema.record import Record
+from hsstore.core.schema.record import UNSET, Record, UnsetType
 
 UNKNOWN = "unknown"  # a fact the source files do not record; never guessed
 
@@ -91,3 +91,8 @@ class ExportRecord(Record):
     n_samples: int
     files_fingerprint: str
     exported_at: str
+    # files under the folder named as the layout names an export's, and their bytes, once complete: what a
+    # re-export checks before it removes any (absent from records of earlier versions)
+    folder_files: int | UnsetType = UNSET
+    folder_bytes: int | UnsetType = UNSET
+    folder_token: str | UnsetType = UNSET  # the folder's mark (interop.folder_mark), where it keeps one

@@ -8,6 +8,7 @@ the folder — so ``hsstore export`` puts its record beside the folder, not in i
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -51,4 +52,8 @@ class Eagle(TorchDictFormat):
         return EagleWriter(root)
 
     def sidecar(self, root: Path) -> Path:
+        """Beside the folder, as ``DIR.hsstore-export.json`` (EAGLE's list_files loads every file in it); a
+        folder spelled ``.`` or ``x/..`` is named by its absolute path (else the record lands inside it)."""
+        if root.name in ("", ".", ".."):
+            root = Path(os.path.abspath(root))
         return root.parent / f"{root.name}.hsstore-export.json"
