@@ -101,3 +101,30 @@ def test_a_chat_of_more_turns_than_max_length_can_hold_is_rejected_untokenized()
     many = [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi"} for i in range(turn_cap(MAX) + 2)]
     _, rep = tokenize_rows([("f", {"messages": many}), ("f", {"text": "short"})], TOK, "fp", max_length=MAX)
     assert dict(rep.rejected) == {"too large to tokenize": 1} and "messages; at most" in rep.issues[0].detail
+
+
+def _wordpiece_tokenizer() -> Any:
+    """A WordPiece tokenizer (BERT's kind), built offline: a word it cannot split is one ``[UNK]``, whatever its
+    length, so one token may span far more characters than its longest vocabulary entry."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "[PAD]": 1, "hello": 2, "world": 3, "a": 4, "##a": 5, "quick": 6}
+    inner = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+    inner.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=inner, unk_token="[UNK]", pad_token="[PAD]")
+
+
+def test_a_cut_that_would_change_the_kept_tokens_rejects_the_row():
+    """The cut is sound only where no token spans more characters than the longest vocabulary entry. A
+    WordPiece [UNK] spans a whole unknown word: a string cut inside such a word would lose the words after
+    it while the row still fits max_length, and be kept silently wrong. Such a row is refused instead."""
+    tok = _wordpiece_tokenizer()
+    word = "b" * (string_cap(tok, MAX) + 10)  # one unknown word longer than the cut
+    whole = list(tok(f"{word} hello world", add_special_tokens=False)["input_ids"])
+    assert whole == [0, 2, 3]  # the whole text: [UNK] hello world (3 tokens, within max_length)
+    samples, rep = tokenize_rows([("f", {"text": f"{word} hello world"}), ("f", {"text": "hello"})], tok, "fp",
+                                 max_length=MAX)
+    kept = [s.input_ids.tolist() for s in samples]
+    assert [0] not in kept  # not the cut text's tokens ([UNK] alone)
+    assert kept == [[2]] and dict(rep.rejected) == {"too large to tokenize": 1}

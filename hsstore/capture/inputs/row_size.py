@@ -10,7 +10,9 @@ truncated (or, with ``too_long = "skip"``, too long) as before, its length as "a
 whose strings, each cut, still total more than ``ROW_STRINGS`` such strings is rejected ("too large to
 tokenize") without being tokenized; so is a chat of more than ``turn_cap`` messages (every message renders
 at least its role's header, so such a chat is far past ``max_length``; the masker's time grows with the
-square of the turns: 10,000 two-letter turns took 214 s for one row).
+square of the turns: 10,000 two-letter turns took 214 s for one row). A cut string that makes no more than
+``max_length`` tokens on its own (a tokenizer whose tokens span more than its vocabulary shows) rejects its
+row ("too large to tokenize"): its kept tokens might not be the whole text's.
 """
 
 from __future__ import annotations
@@ -51,6 +53,27 @@ def clip_strings(value: Any, cap: int) -> tuple[Any, int, bool]:
         items = [clip_strings(v, cap) for v in value]
         return [i[0] for i in items], sum(i[1] for i in items), any(i[2] for i in items)
     return value, 0, False
+
+
+def long_strings(value: Any, cap: int) -> list[str]:
+    """The strings of ``value`` (a parsed row, already cut) of ``cap`` characters or more: the cut ones."""
+    if isinstance(value, str):
+        return [value] if len(value) >= cap else []
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return [s for v in items for s in long_strings(v, cap)]
+
+
+def check_cut(tok: Any, row: Any, cap: int, max_length: int) -> str | None:
+    """Why cutting ``row``'s strings at ``cap`` could change the tokens kept (None: it cannot). Sound only
+    where a cut string still makes more than ``max_length`` tokens; a tokenizer one of whose tokens spans
+    more characters than its vocabulary shows (a WordPiece ``[UNK]`` is a whole unknown word) may not."""
+    for text in long_strings(row, cap):
+        n = len(tok(text, add_special_tokens=False)["input_ids"])
+        if n <= max_length:
+            return (f"a string cut to {cap:,} characters makes only {n} tokens (max_length={max_length}): this "
+                    "tokenizer's tokens span more characters than its vocabulary's entries, so the cut could "
+                    "change the tokens kept")
+    return None
 
 
 def turn_cap(max_length: int) -> int:

@@ -19,7 +19,7 @@ from hsstore.capture.inputs.datafiles import BadRow, load_rows
 from hsstore.capture.inputs.lossmask import ChatMasker
 from hsstore.capture.inputs.messages import RowRejected, to_chat
 from hsstore.capture.inputs.row_report import InputReport
-from hsstore.capture.inputs.row_size import ROW_STRINGS, clip_strings, string_cap, turn_cap, turns
+from hsstore.capture.inputs.row_size import ROW_STRINGS, check_cut, clip_strings, string_cap, turn_cap, turns
 from hsstore.core.errors import BadInput
 from hsstore.core.keys import SampleTokens, sample_key
 from hsstore.core.schema.manifest import DATA_FORMATS as FORMATS
@@ -61,6 +61,8 @@ class _Tokens:
             raise RowRejected("too large to tokenize", f"{chars:,} characters of text with each string cut to "
                               f"{self.cap:,}; at most {ROW_STRINGS * self.cap:,} are tokenized for "
                               f"max_length={self.max_length}")
+        if self.cut and (why := check_cut(self.tok, row, self.cap, self.max_length)):
+            raise RowRejected("too large to tokenize", why)
         if turns(row) > turn_cap(self.max_length):
             raise RowRejected("too large to tokenize", f"{turns(row):,} messages; at most "
                               f"{turn_cap(self.max_length):,} are tokenized for max_length={self.max_length}")
