@@ -134,6 +134,12 @@ def test_check_recomputes_an_fp8_variant_bit_exactly_and_refuses_a_floor(convert
 def test_converting_twice_is_a_no_op_and_converting_fp8_is_refused(converted: Path) -> None:
     again = convert(f"{converted}#dtype=bf16", "fp8-e4m3")
     assert again.samples_converted == 0 and again.samples_present == 40 and again.complete
+    # asked for another codec, the existing variant keeps its own (a codec changes no number), and says so:
+    # the report once said "codec none" of a variant stored, and listed by info, as zstd
+    kept = Store.open(converted).variant_record(again.variant).codec
+    r = run_cli("convert", f"{converted}#dtype=bf16", "--precision", "fp8-e4m3", "--codec", "none", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["codec"] == kept != "none", r.stdout
+    assert f"keeps its codec {kept} (codec none was asked for)" in r.stderr, r.stderr
     r = run_cli("convert", f"{converted}#dtype=bf16", "--precision", "fp8-e4m3")  # the CLI's text: stdout is
     assert r.returncode == 0 and r.stdout.startswith(f"{converted}#")  # the report, no progress debris
     r = run_cli("convert", f"{converted}#{FP8}", "--precision", "fp8-e4m3")

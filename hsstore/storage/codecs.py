@@ -72,6 +72,12 @@ REGISTRY: dict[str, Codec] = {c.name: c for c in (
 CHOICES = tuple(REGISTRY)
 
 
+def kept_codec_note(vid: str, kept: str, asked: str) -> str:
+    """What a command asking existing variant ``vid`` for another codec says: a codec changes no number."""
+    return (f"variant {vid} keeps its codec {kept} (codec {asked} was asked for): a codec changes no stored number, "
+            "so it is not a new variant; it applies to new variants and stores")
+
+
 def parse_codec(name: str) -> str:
     if name not in REGISTRY:
         raise ValueError(f"unknown compression {name!r}; choose one of {', '.join(CHOICES)}")

@@ -14,6 +14,7 @@ the source it came from; the source is informational: it does not change a numbe
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import uuid
@@ -33,7 +34,7 @@ from hsstore.core.quant_error import error_tensor, from_error_tensor, merge, sum
 from hsstore.core.schema.convert_report import ConvertReport
 from hsstore.core.schema.provenance import Provenance, Storage, StorageSource
 from hsstore.storage import layout
-from hsstore.storage.codecs import chunk_tokens, parse_codec
+from hsstore.storage.codecs import chunk_tokens, kept_codec_note, parse_codec
 from hsstore.storage.metadata_io import CommitRecord
 from hsstore.storage.stats import stats_tensor
 from hsstore.storage.store import Store, VariantReader, split_target
@@ -211,6 +212,9 @@ def convert(target: str, precision: str, dest: str | None = None, workers: int |
         raise
     units.record()  # an empty source: the variant is recorded, as a build of nothing records it
     dvid = units.dvid
+    if (kept := out.variant_record(dvid).codec) != codec:  # an existing variant: its units keep its codec
+        print(kept_codec_note(dvid, kept, codec), file=sys.stderr, flush=True)
+        codec = kept
     derived = out.reader(dvid, refresh=True)
     return ConvertReport(source=f"{source.location}#{vid}", variant=dvid, store=out.location, precision=precision,
                          codec=codec, samples_converted=units.written["samples"], samples_present=units.present,

@@ -114,6 +114,7 @@ def _open_variant(plan: WorkerPlan, provenance: Provenance, g: Geometry, dtype: 
     store = Store.create(plan.store)
     from hsstore.core.precision_names import codec_for_codes
     from hsstore.core.distinguish import fork_note
+    from hsstore.storage.codecs import kept_codec_note
 
     codec = codec_for_codes(plan.codec) if plan.precision else plan.codec
     before = _committed_provenances(store)
@@ -124,8 +125,7 @@ def _open_variant(plan: WorkerPlan, provenance: Provenance, g: Geometry, dtype: 
         print(note, file=sys.stderr, flush=True)
     kept = store.variant_record(vid).codec
     if kept != codec:  # a codec changes no number: no new variant, and the existing one keeps its own
-        print(f"variant {vid} keeps its codec {kept} (codec {codec} was asked for): a codec changes no stored "
-              "number, so it is not a new variant; it applies to new variants and stores", file=sys.stderr, flush=True)
+        print(kept_codec_note(vid, kept, codec), file=sys.stderr, flush=True)
     with open(plan.progress, "a") as f:  # the driver names it if the build is stopped
         f.write(vid + "\n")
     # unique per process (two builds started in the same millisecond once shared a time-based id)
