@@ -224,6 +224,11 @@ CASES = {
     "device-unknown": (lambda t: _m(t) + ["--device", "tpu"], "unknown device 'tpu'"),
     "fla-not-installed": (lambda t: _m(t) + ["--backend", "fla"], "backend 'fla' needs the flash-linear-attention kernels"),
     "cuda-without-gpu": (lambda t: _m(t) + ["--device", "cuda"], "no CUDA GPU is visible"),
+    # (transformers 5.25 with `kernels` installed fetched a flash-attn kernel from the Hub instead: remote code,
+    # a network call, and here a traceback)
+    "attn-package-missing": (lambda t: _m(t, extra_model='attn_implementation = "flash_attention_2"'),
+                             r"attention 'flash_attention_2' needs the flash_attn package, which is not installed "
+                             r"here \(transformers would fetch a kernel from the Hugging Face Hub instead"),
     "gpus-per-rank-on-cpu": (lambda t: _m(t) + ["--gpus-per-rank", "2"], r'gpus_per_rank = 2 spreads the model .* set devices = \["cuda"\]'),
     "gpus-per-rank-zero": (lambda t: _m(t, extra_build="gpus_per_rank = 0"), "gpus_per_rank = 0; it must be 1 or more"),
     "gpus-per-rank-device-init": (lambda t: _m(t, extra_model='init_device = "device"') + ["--gpus-per-rank", "2", "--device", "cuda"],
@@ -277,6 +282,9 @@ CASES = {
     "precision-unknown": (lambda t: _m(t) + ["--precision", "fp4"], r"\[store\] precision = 'fp4'; choose one of fp8-e4m3"),
     "plan-store-nested": (lambda t: ["plan", *_m(t)[1:2], "--limit", "2", "--store", str(Path(_two_variant_store(t)) / "variants" / "x.zarr")],
                           r"store path '.*v\.zarr/variants/x\.zarr' is inside the hsstore store '.*v\.zarr'"),
+    "plan-attn-package-missing": (lambda t: ["plan", *_m(t, extra_model='attn_implementation = "flash_attention_2"')[1:2],
+                                             "--limit", "2", "--calibrate", "1"],
+                                  r"attention 'flash_attention_2' needs the flash_attn package"),
     "plan-sample-and-limit": (lambda t: ["plan", *_m(t)[1:2], "--sample", "10", "--limit", "5"],
                               "--sample and --limit do not combine"),
     "convert-unknown-precision": (lambda t: ["convert", _two_variant_store(t) + "#dtype=bf16", "--precision", "int8"],

@@ -20,7 +20,6 @@ from hsstore.storage.store import VariantReader
 
 UNKNOWN = "unknown"
 DTYPES = ("bf16", "fp16", "fp32")
-NEEDS = {"flash_attention_2": "flash_attn"}  # attention implementation -> the package transformers imports for it
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,7 @@ def how_to_recompute(reader: VariantReader, backend: str | None = None, dtype: s
                      device: str | None = None, attention: str | None = None,
                      token_budget: int | None = None) -> Recompute:
     """The recomputation settings for ``reader``'s variant, with every assumption named."""
-    from hsstore.capture.model.backends import installed
+    from hsstore.capture.model.backends import installed, require_attention
 
     env = reader.record.prov.environment
     assumed: dict[str, str] = {}
@@ -85,9 +84,7 @@ def how_to_recompute(reader: VariantReader, backend: str | None = None, dtype: s
     kernels = env.kernels.to_dict() if hasattr(env.kernels, "to_dict") else {}
     attn = _pick("attn", attention, _known(kernels.get("attention")), "sdpa", "transformers' default",
                  ATTENTION, assumed)
-    if attn in NEEDS and not installed(NEEDS[attn]):
-        raise BadInput(f"attention {attn!r} needs the {NEEDS[attn]} package, which is not installed here: install it "
-                       "on a GPU host, or pass --attn sdpa")
+    require_attention(attn, "install it on a GPU host, or pass --attn sdpa")
     if token_budget is not None:
         if token_budget < 1:
             raise BadInput(f"--token-budget {token_budget}: must be 1 or more (padded tokens per batch), e.g. 2048")

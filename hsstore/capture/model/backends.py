@@ -177,3 +177,16 @@ def why_not(model: Any, backend: str) -> str:
     """Why ``model`` does not call ``backend``'s gated-delta kernels here, with the fix."""
     off = fla_off_device(model) if backend == "fla" else None
     return off or f"check the {backend} installation (`hsstore env --model ...`)"
+
+
+ATTENTION_PACKAGES = {"flash_attention_2": "flash_attn"}  # attention implementation -> the package it needs
+
+
+def require_attention(attn: str | None, fix: str) -> None:
+    """BadInput (with ``fix``) when attention ``attn`` needs a package not installed here: transformers >= 5.25
+    with the ``kernels`` package would fetch a kernel from the Hugging Face Hub instead (remote code, which
+    hsstore does not run unasked, and a network call)."""
+    package = ATTENTION_PACKAGES.get(attn or "")
+    if package and not installed(package):
+        raise BadInput(f"attention {attn!r} needs the {package} package, which is not installed here (transformers "
+                       f"would fetch a kernel from the Hugging Face Hub instead: remote code); {fix}")

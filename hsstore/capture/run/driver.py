@@ -206,6 +206,7 @@ def build(m: Manifest, limit: int | None = None, quiet: bool = False, space_chec
     ``space_check``: refuse, before the store is made and any model loads, a build whose estimated size
     exceeds the free space of a local store's filesystem (hsstore.capture.plan.space_check.check_space).
     ``inline``: run the workers in this process (default: as ``inline.inline_workers()`` says, else not)."""
+    from hsstore.capture.model.backends import require_attention
     from hsstore.capture.run.progress import status
 
     t0 = time.time()
@@ -213,6 +214,7 @@ def build(m: Manifest, limit: int | None = None, quiet: bool = False, space_chec
     status(f"planning {m.source}: checking devices", quiet)
     rank, world, local_rank = dist()
     inline = inline_default() if inline is None else inline
+    require_attention(m.attn_implementation, 'install it, or set [model] attn_implementation = "sdpa"')
     ctx = Context(m.store_path, rank, world, check_devices(m, local_rank, world), inline)
     with stop_on_signals():
         try:
