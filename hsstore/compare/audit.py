@@ -25,7 +25,8 @@ import torch
 from hsstore.compare.assume import Recompute, how_to_recompute
 from hsstore.compare.audit_samples import choose_keys, rate_bound
 from hsstore.compare.check import BatchPlan, as_stored, batch_plan, live_states, model_spec, pad_id
-from hsstore.compare.defects import DEFECTS, apply, judge_sample, other_weights, stale_copies
+from hsstore.compare.defects import DEFECTS, apply, judge_sample, other_weights
+from hsstore.compare.stale import stale_copies
 from hsstore.compare.diff import NOISE_FACTOR, check_device, open_target
 from hsstore.compare.divergence import Totals, summarize
 from hsstore.compare.estimate import full_layers
@@ -143,7 +144,7 @@ def run_audit(model: str, target: str, samples: int | None = None, fraction: flo
     stream = live_states(models, reader, plan, keys, points, dev, pad_id(spec))
     evidence, verdicts, findings, totals, ftotals = _judge_all(stream, reader, stored_floor, in_live, target_label,
                                                                n_layers, noise_factor, dev)
-    if any(f.kind in ("beyond_noise", "differs") for f in findings):
+    if any(f.kind in ("beyond_noise", "differs", "suffix_states") for f in findings):
         findings = stale_copies(findings, evidence, *row_index(reader, keys, labels))
     findings = other_weights(apply(verdicts, findings), findings)
     verdicts = apply(verdicts, findings)
