@@ -169,3 +169,26 @@ def test_token_ids_shifted_against_correct_states_are_a_token_shift(fmt: str, ti
     got = _by_layer(rep, bad[0]["key"])
     assert {L: [(f["kind"], f.get("match")) for f in fs] for L, fs in got.items()} == {
         L: [("token_shift", 1)] for L in ALL}, got
+
+
+@pytest.mark.parametrize("fmt", ["modelopt", "eagle"])
+def test_an_fp32_cache_of_bf16_computed_states_is_named_with_the_dtype_that_judges_it(fmt: str, tiny_store: Path,
+                                                                                        tmp_path: Path):
+    """States computed in bf16 and saved as fp32 (every value a bf16 value) read as "states of other weights"
+    against the fp32 recomputation; audited with the --dtype named, they agree."""
+    s = Store.open(tiny_store)
+    bf16 = s.reader(s.select("dtype=bf16"))
+
+    def seed(folder: Path, picks: list) -> None:
+        for i, k in picks:
+            a0, a1, t = (x.float() for x in bf16.read_layers(bf16.refs[k], list(ALL)))
+            damage(fmt, sample_file(fmt, folder, i, k),
+                   lambda a, _t: (None if a is None else torch.stack([a0, a1], 1), t))
+
+    rep, picks = _audit(fmt, f"{tiny_store}#dtype=fp32", "builtin:tiny-qwen3_5", tmp_path, 2, seed)
+    layers = ALL if fmt != "eagle" else (TARGET,)
+    assert rep["defects"] == {"wrong_dtype": 2}, rep["verdict"]
+    assert {(f["key"], f["layer"]) for f in rep["findings"]} == {(k, L) for _, k in picks for L in layers}
+    assert all("--dtype bf16" in f["detail"] for f in rep["findings"])
+    again = run_audit("builtin:tiny-qwen3_5", str(tmp_path / "s.zarr"), fraction=1.0, dtype="bf16").to_dict()
+    assert again["verdict"].startswith("AGREES") and again["findings"] == []

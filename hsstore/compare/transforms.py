@@ -1,7 +1,9 @@
 """Whole-layer value bugs of a writer: correct states with one transform applied to every value — scaled by a
 constant, clipped at ±c (an fp16 overflow clamped to 65504), or the bytes of the other 16-bit float type
 read as the stored one (fp16 bits read as bf16). Each is seen by undoing it: the layer is named by the
-transform when, undone, its healthy rows are within precision noise of the truth.
+transform when, undone, its healthy rows are within precision noise of the truth. An fp32 layer whose
+every value is a bf16 (or fp16) value was computed at that precision: named, with the ``--dtype`` that
+judges it.
 
 Without these, a cache where every sample has such a bug read as "states of other weights" (every sample
 beyond noise in 2+ layers), and a clip that hits only row 0 (the attention-sink row, where activations
@@ -46,4 +48,21 @@ def transform_fits(s: torch.Tensor, truth: torch.Tensor, healthy: torch.Tensor) 
         if bool(ok.any()):
             out["wrong_dtype"] = (rel_l2(v[ok], truth[ok].double()),
                                   f"the bytes are {NAMES[other]} values read as {NAMES[s.dtype]}")
+    narrow = narrower_values(sf)
+    if s.dtype == torch.float32 and narrow is not None:
+        out["wrong_dtype"] = (0.0, f"every value is a {narrow} value stored as fp32: the states were computed (or "
+                                   f"rounded) at {narrow}, not at fp32; audit again with --dtype {narrow} to judge "
+                                   "them at that precision")
     return {k: (r, w) for k, (r, w) in out.items() if math.isfinite(r)}
+
+
+def narrower_values(x: torch.Tensor) -> str | None:
+    """'bf16' or 'fp16' when every (finite, healthy) fp32 value of ``x`` is exactly a value of that type."""
+    x = x.float()
+    if x.numel() < 2 or not bool(torch.isfinite(x).all()):
+        return None
+    if bool((x.view(torch.int32) & 0xFFFF).eq(0).all()):
+        return "bf16"
+    if bool(x.abs().max() <= 65504.0) and bool(x.half().float().eq(x).all()):
+        return "fp16"
+    return None
