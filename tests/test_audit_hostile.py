@@ -192,3 +192,32 @@ def test_an_fp32_cache_of_bf16_computed_states_is_named_with_the_dtype_that_judg
     assert all("--dtype bf16" in f["detail"] for f in rep["findings"])
     again = run_audit("builtin:tiny-qwen3_5", str(tmp_path / "s.zarr"), fraction=1.0, dtype="bf16").to_dict()
     assert again["verdict"].startswith("AGREES") and again["findings"] == []
+
+
+@pytest.mark.parametrize("fmt", ["specforge", "speculators"])
+def test_an_aux_slot_holding_the_embeddings_is_named_off_by_one(fmt: str, tiny_store: Path, tmp_path: Path):
+    """vLLM's input id 0 is the state entering layer 0, the embeddings: a slot holding them where layer 0's
+    output was stated read as plain "beyond noise" (the embeddings were no capture point the audit knew)."""
+    from hsstore.capture.model.spec import ModelSpec
+
+    model = ModelSpec("builtin:tiny-qwen3_5").load(torch.bfloat16, "cpu", "sdpa")
+    s = Store.open(tiny_store)
+    r = s.reader(s.select("dtype=bf16"))
+
+    def seed(folder: Path, picks: list) -> None:
+        i, k = picks[0]
+        with torch.no_grad():
+            emb = model.get_input_embeddings()(torch.from_numpy(r.read_tokens(r.refs[k])[0].astype("int64")))
+
+        def embeddings(a, t):
+            a = a.clone()
+            a[:, AUX0] = emb.to(a.dtype)
+            return a, t
+
+        damage(fmt, sample_file(fmt, folder, i, k), embeddings)
+
+    rep, picks = _audit(fmt, f"{tiny_store}#dtype=bf16", "builtin:tiny-qwen3_5", tmp_path, 2, seed)
+    got = _by_layer(rep, picks[0][1])
+    assert {L: [(f["kind"], f.get("match")) for f in fs] for L, fs in got.items()} == {
+        AUX0: [("capture_point", -1)]}, got
+    assert "embeddings" in got[AUX0][0]["detail"] and "restatement" not in rep

@@ -27,6 +27,7 @@ from hsstore.compare.audit_samples import choose_keys, rate_bound
 from hsstore.compare.check import BatchPlan, as_stored, batch_plan, live_states, model_spec, pad_id
 from hsstore.compare.defects import DEFECTS, apply, judge_sample, other_weights
 from hsstore.compare.stale import stale_copies
+from hsstore.capture.run.hooks import EMBEDDINGS
 from hsstore.compare.diff import NOISE_FACTOR, check_device, open_target
 from hsstore.compare.divergence import Totals, summarize
 from hsstore.compare.estimate import full_layers
@@ -138,7 +139,7 @@ def run_audit(model: str, target: str, samples: int | None = None, fraction: flo
     models = [live_model] + ([load(spec, how, floor_dtype)] if floor_dtype else [])
     labels, tgt = reader.record.all_layers, reader.record.layers.get("target", [])
     target_label = tgt[0] if len(tgt) == 1 else None
-    points = list(range(n_layers + 1))
+    points = [EMBEDDINGS] + list(range(n_layers + 1))
     plan = batches(reader, how, keys)
     in_live = [i for i in labels if i <= n_layers]
     stream = live_states(models, reader, plan, keys, points, dev, pad_id(spec))

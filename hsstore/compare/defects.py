@@ -64,6 +64,9 @@ def _matches(rel: float, noise: float | None, others: Sequence[float], factor: f
 
 def capture_words(i: int, j: int, n_layers: int) -> str:
     """What stored layer ``i`` holding live capture point ``j`` means, in words."""
+    if j < 0:
+        return (f"stored layer {i} holds the embeddings, the state entering layer 0 (vLLM's input id 0): "
+                + ("OFF BY ONE" if i == 0 else f"shifted by {j - i:+d}"))
     if i == n_layers and j == n_layers - 1:
         return (f"stored layer {i} (labelled post-final-norm) holds the last decoder layer's output, PRE-norm: "
                 "vLLM's last state is pre-norm (speculators PR #313)")
