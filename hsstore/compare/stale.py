@@ -68,9 +68,11 @@ def _named(f: Finding, hits: list[Hit], tokens: dict[str, Sequence[int]], votes:
                        detail=f"layer {f.layer}: token ids and states are misaligned by {k:+d} ({way}): {span_words(rows)} "
                               f"are byte-for-byte the states of sample {source[:16]}, whose tokens are this sample's "
                               f"shifted by {k:+d} (a token dropped or added before the states were paired with them)")
+    ties = sum(1 for src, n in votes.items() if src != source and src in here and n == votes[source])
+    also = f"; {ties} other sample(s) hold the same bytes there (they share those tokens)" if ties else ""
     return Finding(kind="stale_copy", key=f.key, layer=f.layer, source=source, **row_fields(rows),
                    detail=f"layer {f.layer}: {span_words(rows)} are byte-for-byte rows of sample {source[:16]} "
-                          "(a state slot holding a previous request's bytes)")
+                          f"(a state slot holding a previous request's bytes){also}")
 
 
 def _shifted_tokens(hits: list[tuple[int, int]], mine: Sequence[int], theirs: Sequence[int]) -> int | None:
