@@ -64,7 +64,9 @@ class LayerCapture:
             self._handles.append(mods[0].register_forward_pre_hook(self._entering, with_kwargs=True))
 
     def _entering(self, _module: nn.Module, args: tuple, kwargs: dict) -> None:
-        self._out[EMBEDDINGS] = args[0] if args else kwargs["hidden_states"]
+        x = args[0] if args else kwargs.get("hidden_states")
+        if isinstance(x, torch.Tensor):  # a layer called otherwise leaves the point out (not captured)
+            self._out[EMBEDDINGS] = x
         if self.deepest == EMBEDDINGS:
             raise _StopForward
 
@@ -83,7 +85,7 @@ class LayerCapture:
             self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         except _StopForward:
             pass
-        missing = [i for i in self.layers if i not in self._out]
+        missing = [i for i in self.layers if i not in self._out and i != EMBEDDINGS]
         if missing:
             raise RuntimeError(f"decoder layer(s) {missing} did not run; the model skipped them")
         out, self._out = self._out, {}
