@@ -221,3 +221,29 @@ def test_an_aux_slot_holding_the_embeddings_is_named_off_by_one(fmt: str, tiny_s
     assert {L: [(f["kind"], f.get("match")) for f in fs] for L, fs in got.items()} == {
         AUX0: [("capture_point", -1)]}, got
     assert "embeddings" in got[AUX0][0]["detail"] and "restatement" not in rep
+
+
+@pytest.mark.parametrize("fmt", ["specforge", "speculators"])
+def test_rows_read_from_the_wrong_block_of_the_same_sample_are_named(fmt: str, tiny_store: Path, tmp_path: Path):
+    """A block table pointing at another block of the same request (16 rows hold the rows 32 later): read as
+    plain "beyond noise" (the stale-slot search skipped the sample's own rows)."""
+
+    def seed(folder: Path, picks: list) -> None:
+        def wrong_block(a, t):
+            n = t.shape[0]  # the source block near the end, past the prompt every sample shares
+            a, t = a.clone(), t.clone()
+            a[n - 56:n - 40], t[n - 56:n - 40] = a[n - 24:n - 8].clone(), t[n - 24:n - 8].clone()
+            return a, t
+
+        damage(fmt, sample_file(fmt, folder, *picks[0]), wrong_block)
+
+    rep, picks = _audit(fmt, f"{tiny_store}#dtype=bf16", "builtin:tiny-qwen3_5", tmp_path, 2, seed)
+    s = Store.open(tiny_store)
+    r = s.reader(s.select("dtype=bf16"))
+    ids = r.read_tokens(r.refs[picks[0][1]])[0]
+    n = len(ids)
+    rows = [t for t in range(n - 56, n - 40) if ids[t] != ids[t + 32]]  # under its source row's token: no copy
+    got = _by_layer(rep, picks[0][1])
+    assert {L: [(f["kind"], f["source"], f["rows"]) for f in fs] for L, fs in got.items()} == {
+        L: [("stale_copy", picks[0][1], rows)] for L in ALL}, got
+    assert all("this sample's own rows" in fs[0]["detail"] for fs in got.values())

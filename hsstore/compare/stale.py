@@ -1,4 +1,5 @@
-"""Rows of another sample: a state slot holding a previous request's bytes (``stale_copy``) — or, when the
+"""Rows of another sample: a state slot holding a previous request's bytes (``stale_copy``; of the same sample
+at other positions: a read from the wrong block) — or, when the
 copied rows are this sample's own tokens shifted by k, token ids misaligned with the states
 (``token_shift``: a BOS dropped or added before the states were paired with them; the rows equal another
 sample's only because the two share those tokens).
@@ -29,7 +30,7 @@ def stale_copies(findings: list[Finding], evidence: dict[str, list[LayerEvidence
 
     def copied(key: str, r: int, src: str, sr: int) -> bool:
         a, b = tokens.get(key), tokens.get(src)
-        return src != key and a is not None and b is not None and int(a[r]) != int(b[sr])
+        return (src != key or sr != r) and a is not None and b is not None and int(a[r]) != int(b[sr])
 
     hits: dict[int, list[Hit]] = {}
     for n, f in enumerate(findings):
@@ -56,9 +57,9 @@ def _searched(f: Finding, ev: LayerEvidence) -> bool:
 def _named(f: Finding, hits: list[Hit], tokens: dict[str, Sequence[int]], votes: Counter) -> Finding:
     """The finding rewritten for the source that holds most of the sample's copied rows over all its layers
     (a layer with short memory repeats bytes in every sample ending alike; the layers that remember longer
-    tell the one the rows came from)."""
+    tell the one the rows came from; on a tie, the sample itself, then the first key)."""
     here = {src for _, src, _ in hits}
-    source = next(src for src, _ in votes.most_common() if src in here)
+    source = min(here, key=lambda src: (-votes[src], src != f.key, src))  # on a tie: the sample itself
     mine = [(r, sr) for r, src, sr in hits if src == source]
     rows = sorted({r for r, _ in mine})
     k = _shifted_tokens(mine, tokens[f.key], tokens[source])
@@ -68,6 +69,11 @@ def _named(f: Finding, hits: list[Hit], tokens: dict[str, Sequence[int]], votes:
                        detail=f"layer {f.layer}: token ids and states are misaligned by {k:+d} ({way}): {span_words(rows)} "
                               f"are byte-for-byte the states of sample {source[:16]}, whose tokens are this sample's "
                               f"shifted by {k:+d} (a token dropped or added before the states were paired with them)")
+    if source == f.key:
+        held = sorted({sr for _, sr in mine})
+        return Finding(kind="stale_copy", key=f.key, layer=f.layer, source=source, **row_fields(rows),
+                       detail=f"layer {f.layer}: {span_words(rows)} are byte-for-byte this sample's own "
+                              f"{span_words(held)} (a read from the wrong block of the same request)")
     ties = sum(1 for src, n in votes.items() if src != source and src in here and n == votes[source])
     also = f"; {ties} other sample(s) hold the same bytes there (they share those tokens)" if ties else ""
     return Finding(kind="stale_copy", key=f.key, layer=f.layer, source=source, **row_fields(rows),
