@@ -174,8 +174,9 @@ def test_token_ids_shifted_against_correct_states_are_a_token_shift(fmt: str, ti
 @pytest.mark.parametrize("fmt", ["modelopt", "eagle"])
 def test_an_fp32_cache_of_bf16_computed_states_is_named_with_the_dtype_that_judges_it(fmt: str, tiny_store: Path,
                                                                                         tmp_path: Path):
-    """States computed in bf16 and saved as fp32 (every value a bf16 value) read as "states of other weights"
-    against the fp32 recomputation; audited with the --dtype named, they agree."""
+    """States computed in bf16 and saved as fp32 (every value a bf16 value): a clean cache, flagged as "states of
+    other weights" against the fp32 recomputation. The audit assumes (and says) bf16 and agrees; asked to judge
+    them at fp32 (--dtype fp32), it names wrong_dtype and the --dtype that judges them."""
     s = Store.open(tiny_store)
     bf16 = s.reader(s.select("dtype=bf16"))
 
@@ -186,12 +187,13 @@ def test_an_fp32_cache_of_bf16_computed_states_is_named_with_the_dtype_that_judg
                    lambda a, _t: (None if a is None else torch.stack([a0, a1], 1), t))
 
     rep, picks = _audit(fmt, f"{tiny_store}#dtype=fp32", "builtin:tiny-qwen3_5", tmp_path, 2, seed)
+    assert rep["verdict"].startswith("AGREES") and rep["findings"] == [], rep["verdict"]
+    assert rep["recompute"]["dtype"] == "bf16" and rep["assumed"]["dtype"].startswith("bf16 (every stored value")
+    at_fp32 = run_audit("builtin:tiny-qwen3_5", str(tmp_path / "s.zarr"), fraction=1.0, dtype="fp32").to_dict()
     layers = ALL if fmt != "eagle" else (TARGET,)
-    assert rep["defects"] == {"wrong_dtype": 2}, rep["verdict"]
-    assert {(f["key"], f["layer"]) for f in rep["findings"]} == {(k, L) for _, k in picks for L in layers}
-    assert all("--dtype bf16" in f["detail"] for f in rep["findings"])
-    again = run_audit("builtin:tiny-qwen3_5", str(tmp_path / "s.zarr"), fraction=1.0, dtype="bf16").to_dict()
-    assert again["verdict"].startswith("AGREES") and again["findings"] == []
+    assert at_fp32["defects"] == {"wrong_dtype": 2}, at_fp32["verdict"]
+    assert {(f["key"], f["layer"]) for f in at_fp32["findings"]} == {(k, L) for _, k in picks for L in layers}
+    assert all("--dtype bf16" in f["detail"] for f in at_fp32["findings"])
 
 
 @pytest.mark.parametrize("fmt", ["specforge", "speculators"])
