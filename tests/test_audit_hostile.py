@@ -146,6 +146,7 @@ def test_stale_leading_rows_are_a_stale_copy_and_a_norm_leak_is_the_target(fmt: 
     assert {L: [f["kind"] for f in fs] for L, fs in got.items()} == {L: ["stale_copy"] for L in ALL}, got
     assert all(fs[0]["source"] == picks[-1][1] and fs[0]["rows"] == list(range(6)) for fs in got.values()), (
         picks, [(fs[0]["source"], fs[0]["rows"]) for fs in got.values()])
+    assert all("a prefix not written" in fs[0]["detail"] for fs in got.values())  # what the suffix rule saw, kept
     got = _by_layer(rep, picks[1][1])
     assert {L: [(f["kind"], f.get("match")) for f in fs] for L, fs in got.items()} == {
         AUX1: [("aux_equals_target", NORM)]}, got

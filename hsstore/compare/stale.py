@@ -76,6 +76,8 @@ def _named(f: Finding, hits: list[Hit], tokens: dict[str, Sequence[int]], votes:
                               f"{span_words(held)} (a read from the wrong block of the same request)")
     ties = sum(1 for src, n in votes.items() if src != source and src in here and n == votes[source])
     also = f"; {ties} other sample(s) hold the same bytes there (they share those tokens)" if ties else ""
+    if f.kind == "suffix_states":
+        also += "; the rows after them are this sample's: a prefix not written (a prefix-cache hit) over old bytes"
     return Finding(kind="stale_copy", key=f.key, layer=f.layer, source=source, **row_fields(rows),
                    detail=f"layer {f.layer}: {span_words(rows)} are byte-for-byte rows of sample {source[:16]} "
                           f"(a state slot holding a previous request's bytes){also}")
