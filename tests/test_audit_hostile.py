@@ -229,7 +229,8 @@ def test_an_aux_slot_holding_the_embeddings_is_named_off_by_one(fmt: str, tiny_s
 @pytest.mark.parametrize("fmt", ["specforge", "speculators"])
 def test_rows_read_from_the_wrong_block_of_the_same_sample_are_named(fmt: str, tiny_store: Path, tmp_path: Path):
     """A block table pointing at another block of the same request (16 rows hold the rows 32 later): read as
-    plain "beyond noise" (the stale-slot search skipped the sample's own rows)."""
+    plain "beyond noise" (the stale-slot search skipped the sample's own rows). Aux slots laid out [n, T, H]
+    and read [T, n, H]: their rows of the prompt every sample shares were named another sample's."""
 
     def seed(folder: Path, picks: list) -> None:
         def wrong_block(a, t):
@@ -240,7 +241,15 @@ def test_rows_read_from_the_wrong_block_of_the_same_sample_are_named(fmt: str, t
 
         damage(fmt, sample_file(fmt, folder, *picks[0]), wrong_block)
 
-    rep, picks = _audit(fmt, f"{tiny_store}#dtype=bf16", "builtin:tiny-qwen3_5", tmp_path, 2, seed)
+        def layout(a, t):  # aux written [n, T, H] and read [T, n, H]
+            return a.permute(1, 0, 2).reshape(a.shape).contiguous(), t
+
+        damage(fmt, sample_file(fmt, folder, *picks[1]), layout)
+
+    rep, picks = _audit(fmt, f"{tiny_store}#dtype=bf16", "builtin:tiny-qwen3_5", tmp_path, 3, seed)
+    got = _by_layer(rep, picks[1][1])  # rows of the shared prompt are its own rows too, not another sample's
+    assert {L: {f["kind"] for f in fs} for L, fs in got.items()} == {AUX0: {"stale_copy"}, AUX1: {"stale_copy"}}, got
+    assert all(f["source"] == picks[1][1] for fs in got.values() for f in fs), got
     s = Store.open(tiny_store)
     r = s.reader(s.select("dtype=bf16"))
     ids = r.read_tokens(r.refs[picks[0][1]])[0]

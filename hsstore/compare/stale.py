@@ -32,16 +32,32 @@ def stale_copies(findings: list[Finding], evidence: dict[str, list[LayerEvidence
         a, b = tokens.get(key), tokens.get(src)
         return (src != key or sr != r) and a is not None and b is not None and int(a[r]) != int(b[sr])
 
+    shared: dict[tuple[str, str], int] = {}
+
+    def whose(key: str, src: str, sr: int) -> str:
+        """The source row's sample — this one's own when the two share every token up to it (a shared prompt:
+        the bytes are this sample's own row ``sr`` too)."""
+        if (key, src) not in shared:
+            shared[(key, src)] = common_prefix(tokens[key], tokens[src])
+        return key if sr < shared[(key, src)] else src
+
     hits: dict[int, list[Hit]] = {}
     for n, f in enumerate(findings):
         ev = next((e for e in evidence.get(f.key, []) if e.label == f.layer), None)
         if ev is not None and _searched(f, ev):
-            hits[n] = [(r, src, sr) for r, h in ev.bad_row_hashes.items() for src, sr in index.get((f.layer, h), [])
-                       if copied(f.key, r, src, sr)]
+            hits[n] = [(r, whose(f.key, src, sr), sr) for r, h in ev.bad_row_hashes.items()
+                       for src, sr in index.get((f.layer, h), []) if copied(f.key, r, src, sr)]
     votes: dict[str, Counter] = {}
     for n, hs in hits.items():
         votes.setdefault(findings[n].key, Counter()).update(src for _, src, _ in hs)
     return [_named(f, hits[n], tokens, votes[f.key]) if hits.get(n) else f for n, f in enumerate(findings)]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading token ids ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    differ = [i for i in range(n) if int(a[i]) != int(b[i])][:1]
+    return differ[0] if differ else n
 
 
 def _searched(f: Finding, ev: LayerEvidence) -> bool:
@@ -73,7 +89,8 @@ def _named(f: Finding, hits: list[Hit], tokens: dict[str, Sequence[int]], votes:
         held = sorted({sr for _, sr in mine})
         return Finding(kind="stale_copy", key=f.key, layer=f.layer, source=source, **row_fields(rows),
                        detail=f"layer {f.layer}: {span_words(rows)} are byte-for-byte this sample's own "
-                              f"{span_words(held)} (a read from the wrong block of the same request)")
+                              f"{span_words(held)} (a read from the wrong block of the same request, or rows "
+                              "written in the wrong order)")
     ties = sum(1 for src, n in votes.items() if src != source and src in here and n == votes[source])
     also = f"; {ties} other sample(s) hold the same bytes there (they share those tokens)" if ties else ""
     if f.kind == "suffix_states":
