@@ -259,3 +259,23 @@ def test_rows_read_from_the_wrong_block_of_the_same_sample_are_named(fmt: str, t
     assert {L: [(f["kind"], f["source"], f["rows"]) for f in fs] for L, fs in got.items()} == {
         L: [("stale_copy", picks[0][1], rows)] for L in ALL}, got
     assert all("this sample's own rows" in fs[0]["detail"] for fs in got.values())
+
+
+@pytest.mark.parametrize("fmt", ["specforge", "modelopt"])
+def test_noise_added_to_every_sample_is_not_other_weights(fmt: str, tiny_store: Path, tmp_path: Path):
+    """Gaussian noise (0.05 x the layer's std) added to every layer of every sample read as "states of other
+    weights"; its difference does not repeat at rows of one token (another model's does), so it stays
+    beyond_noise and says so."""
+
+    def noisy(x: torch.Tensor, seed: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(seed)
+        return (x.float() + 0.05 * x.float().std() * torch.randn(x.shape, generator=g)).to(x.dtype)
+
+    def seed(folder: Path, picks: list) -> None:
+        for n, (i, k) in enumerate(picks):
+            damage(fmt, sample_file(fmt, folder, i, k), lambda a, t, n=n: (noisy(a, n), noisy(t, 100 + n)))
+
+    rep, picks = _audit(fmt, f"{tiny_store}#dtype=bf16", "builtin:tiny-qwen3_5", tmp_path, 3, seed)
+    assert rep["defects"] == {"beyond_noise": 3}, rep["verdict"]
+    assert {(f["key"], f["layer"]) for f in rep["findings"]} == {(k, L) for _, k in picks for L in ALL}
+    assert all("noise added to the states" in f["detail"] for f in rep["findings"])

@@ -147,7 +147,8 @@ def run_audit(model: str, target: str, samples: int | None = None, fraction: flo
                                                                n_layers, noise_factor, dev)
     if any(f.kind in ("beyond_noise", "differs", "suffix_states") for f in findings):
         findings = stale_copies(findings, evidence, *row_index(reader, keys, labels))
-    findings = other_weights(apply(verdicts, findings), findings)
+    noisy = frozenset((k, e.label) for k, evs in evidence.items() for e in evs if e.noise_like)
+    findings = other_weights(apply(verdicts, findings), findings, noisy)
     verdicts = apply(verdicts, findings)
     source = reader.record.prov.source
     restated = restatement(verdicts, findings, source, n_layers) if isinstance(source, ImportSource) else None
@@ -169,7 +170,8 @@ def _judge_all(stream: Iterator[tuple[str, list[dict[int, torch.Tensor]]]], read
         live = {j: as_stored(x.to(TORCH[reader.record.dtype]), reader) for j, x in outs[0].items()}
         floor = outs[1] if len(outs) > 1 else _stored_floor(stored_floor, key, labels, dev)
         stored = dict(zip(labels, reader.read_layers(reader.refs[key], labels)))
-        ev = sample_evidence({i: s.to(dev) for i, s in stored.items()}, live, floor, target_label, noise_factor)
+        ids = torch.from_numpy(reader.read_tokens(reader.refs[key])[0].astype("int64")).to(dev)
+        ev = sample_evidence({i: s.to(dev) for i, s in stored.items()}, live, floor, target_label, noise_factor, ids)
         evidence[key] = ev
         v, f = judge_sample(key, ev, aux, target_label, n_layers, noise_factor)
         verdicts.append(v)

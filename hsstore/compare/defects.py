@@ -155,6 +155,8 @@ def _healthy_rows(ev: LayerEvidence, is_aux: bool, target_noise: float | None, f
                      "(pass --floor live)", **row_fields(bad))
     ratio = ev.rel / ev.noise if ev.noise else math.inf
     where = f"in {span_words(bad)}" if bad else "spread over the rows (no row alone beyond noise)"
+    if ev.noise_like:
+        where += "; the difference does not repeat at rows of one token: noise added to the states"
     return found("beyond_noise", f"layer {i}: rel-L2 {ev.rel:.3g} = {ratio:.3g} x the precision noise "
                  f"({ev.noise:.3g}), {where}", **row_fields(bad))
 
@@ -195,16 +197,18 @@ def verdict_of(kinds: dict[str, str]) -> str:
     return "bit_exact" if all(k == "bit_exact" for k in kinds.values()) else "within_noise"
 
 
-def other_weights(verdicts: list[SampleVerdict], findings: list[Finding]) -> list[Finding]:
+def other_weights(verdicts: list[SampleVerdict], findings: list[Finding],
+                  noise_like: frozenset[tuple[str, int]] = frozenset()) -> list[Finding]:
     """When every checked sample (two or more) is beyond noise in two or more layers no rule explains, the
-    states are of other weights: those findings are rewritten as ``other_weights``."""
-    unexplained = {v.key: [L for L, k in v.layers.items() if {"beyond_noise", "differs"} & set(k.split("+"))]
-                   for v in verdicts}
+    states are of other weights: those findings are rewritten as ``other_weights``. Layers whose difference
+    is noise added to the states (``noise_like``: (key, layer)) are no evidence of other weights."""
+    unexplained = {v.key: [L for L, k in v.layers.items() if {"beyond_noise", "differs"} & set(k.split("+"))
+                           and (v.key, int(L)) not in noise_like] for v in verdicts}
     if len(verdicts) < 2 or not all(len(ls) >= 2 for ls in unexplained.values()):
         return findings
     out = []
     for f in findings:
-        if f.kind in ("beyond_noise", "differs"):
+        if f.kind in ("beyond_noise", "differs") and (f.key, f.layer) not in noise_like:
             f = Finding(kind="other_weights", key=f.key, layer=f.layer,
                         detail=f"{f.detail}; every checked sample diverges so in 2+ layers: states of other "
                                "weights (another checkpoint or config) than the model given")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import xxhash
 
-from hsstore.compare.distance import rel_l2, row_rel
+from hsstore.compare.distance import coherent_difference, rel_l2, row_rel
 from hsstore.compare.transforms import transform_fits
 
 SHIFTS = (1, 2, 3, -1, -2, -3)  # token shifts always tried: row t holds the truth of row t - k
@@ -48,6 +48,7 @@ class LayerEvidence:
     bad_row_hashes: dict[int, int] = field(default_factory=dict)
     rel_to_target: float | None = None  # aux layers: against the stored target layer
     transforms: dict[str, tuple[float, str]] = field(default_factory=dict)  # beyond noise: rel-L2 with a value bug undone
+    noise_like: bool = False  # beyond noise: the difference is incoherent across rows of one token (noise added)
 
 
 def row_hash(row: torch.Tensor) -> int:
@@ -67,10 +68,12 @@ def health_rows(s: torch.Tensor) -> tuple[list[int], list[int], list[int], list[
 
 
 def sample_evidence(stored: dict[int, torch.Tensor], live: dict[int, torch.Tensor],
-                    floor: dict[int, torch.Tensor] | None, target: int | None, noise_factor: float) -> list[LayerEvidence]:
+                    floor: dict[int, torch.Tensor] | None, target: int | None, noise_factor: float,
+                    tokens: torch.Tensor | None = None) -> list[LayerEvidence]:
     """Evidence for every stored layer of one sample: ``stored`` label -> ``[T, H]``, ``live`` and
     ``floor`` capture point -> ``[T, H]`` (all on one device; a stored floor holds only its own layers: the
-    other points have no noise and are matched by margin), ``target`` the stored target label."""
+    other points have no noise and are matched by margin), ``target`` the stored target label, ``tokens``
+    the sample's token ids ``[T]``."""
     floor = floor or {}
     points = sorted(live)
     truth = {j: floor.get(j, live[j]) for j in points}
@@ -97,6 +100,8 @@ def sample_evidence(stored: dict[int, torch.Tensor], live: dict[int, torch.Tenso
                     ev.rel_shifted[k] = rel_l2(a[ok], b[ok])
             if wrong:
                 ev.transforms = transform_fits(s, t, healthy)
+                if tokens is not None:
+                    ev.noise_like = coherent_difference((s.float() - t.float())[healthy], tokens[healthy]) is False
             ev.bad_rows = _bad_rows(s, live[label], floor.get(label), healthy,
                                     ev.noise, noise_factor)
             ev.bad_row_hashes = {r: row_hash(s[r]) for r in ev.bad_rows}
