@@ -34,12 +34,8 @@ def coherent_difference(d: torch.Tensor, tokens: torch.Tensor) -> bool | None:
     fine-tune 2 % off: 0.83-0.93 on the tiny models) — not noise added to the states (|0.03|). None when
     fewer than MIN_PAIRS row pairs share a token (nothing to tell them apart)."""
     x = torch.nn.functional.normalize(d.double(), dim=1)
-    total, pairs = 0.0, 0
-    for tok in torch.unique(tokens):
-        rows = torch.nonzero(tokens == tok).flatten()
-        n = int(rows.numel())
-        if n >= 2:
-            c = x[rows] @ x[rows].T
-            total += float(c.sum() - c.diagonal().sum())
-            pairs += n * (n - 1)
+    groups, inverse, counts = torch.unique(tokens, return_inverse=True, return_counts=True)
+    sums = torch.zeros(int(groups.numel()), x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, inverse, x)
+    pairs = int((counts * (counts - 1)).sum())
+    total = float(sums.square().sum() - x.square().sum())  # sum over pairs (i != j) of one token of x_i . x_j
     return None if pairs < 2 * MIN_PAIRS else total / pairs > COHERENT
