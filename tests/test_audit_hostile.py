@@ -279,3 +279,14 @@ def test_noise_added_to_every_sample_is_not_other_weights(fmt: str, tiny_store: 
     assert rep["defects"] == {"beyond_noise": 3}, rep["verdict"]
     assert {(f["key"], f["layer"]) for f in rep["findings"]} == {(k, L) for _, k in picks for L in ALL}
     assert all("noise added to the states" in f["detail"] for f in rep["findings"])
+
+
+def test_the_narrower_dtype_is_read_from_values_that_say_it():
+    """An all-zero first sample (a slot never written) says nothing of the dtype the states were computed
+    in; values rounded to bf16 or fp16 do (and values of fp32 do not)."""
+    from hsstore.compare.transforms import narrower_values
+
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
+    assert narrower_values(torch.zeros(16, 64)) is None and narrower_values(x) is None
+    assert narrower_values(x.to(torch.bfloat16).float()) == "bf16"
+    assert narrower_values(x.to(torch.float16).float()) == "fp16"

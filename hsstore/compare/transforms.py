@@ -59,7 +59,7 @@ def transform_fits(s: torch.Tensor, truth: torch.Tensor, healthy: torch.Tensor) 
 def narrower_values(x: torch.Tensor) -> str | None:
     """'bf16' or 'fp16' when every (finite, healthy) fp32 value of ``x`` is exactly a value of that type."""
     x = x.float()
-    if x.numel() < 2 or not bool(torch.isfinite(x).all()):
+    if x.numel() < 2 or not bool(torch.isfinite(x).all()) or not bool(x.any()):
         return None
     if bool((x.view(torch.int32) & 0xFFFF).eq(0).all()):
         return "bf16"
