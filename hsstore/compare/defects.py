@@ -103,7 +103,8 @@ def judge_layer(ev: LayerEvidence, key: str, n_layers: int, is_aux: bool, target
         return rest.kind, [rest]  # its zero or constant rows are part of it
     for kind, rows, what in (("all_zero", ev.zero_rows, "all zero"), ("constant", ev.const_rows, "constant")):
         if rows:
-            out.append(found(kind, f"layer {i}: {span_words(rows)} of {T} are {what}", **row_fields(rows)))
+            verb = "is" if len(rows) == 1 else "are"
+            out.append(found(kind, f"layer {i}: {span_words(rows)} of {T} {verb} {what}", **row_fields(rows)))
     out += [rest] if rest else []
     if not out:
         return ("bit_exact" if ev.bit_exact == 1.0 else "within_noise"), []
