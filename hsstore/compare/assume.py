@@ -2,7 +2,8 @@
 it says ``unknown`` (an imported cache), else from defaults a user would expect — and what was assumed.
 
 Defaults: the device is the first GPU when one is visible, else the CPU; the backend is ``fla`` on a GPU
-where the kernels are installed, else ``torch``; the dtype is the stored dtype; attention is ``sdpa``;
+where the kernels are installed, else ``torch``; the dtype is the stored dtype (for an imported fp32 cache
+whose values are all bf16 or fp16 values, that narrower dtype: computed there, saved upcast); attention is ``sdpa``;
 batching is the recorded batch plan, else each sample alone (how SpecForge, Model-Optimizer and EAGLE
 dump states: one conversation per forward). Each assumption is returned in words, so the report can say
 what its verdict rests on.
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.manifest import ATTENTION, BACKENDS
 from hsstore.core.schema.record import or_none
+from hsstore.core.schema.imported import ImportSource
 from hsstore.core.schema.provenance import Batching
 from hsstore.storage.store import VariantReader
 
@@ -54,6 +56,24 @@ def _pick(name: str, given: str | None, recorded: str | None, default: str, why_
     return default
 
 
+def _computed_narrower(reader: VariantReader, assumed: dict[str, str]) -> str | None:
+    """'bf16' or 'fp16' when every stored value of the variant's first sample is a value of that type: an
+    imported fp32 cache computed at that precision and saved upcast (judged at fp32 it would read as
+    beyond noise everywhere)."""
+    from hsstore.compare.transforms import narrower_values
+
+    if not reader.keys:
+        return None
+    layers = reader.record.all_layers
+    found = {narrower_values(x) for x in reader.read_layers(reader.refs[reader.keys[0]], layers)}
+    narrow = found.pop() if len(found) == 1 else None
+    if narrow is not None:
+        assumed["dtype"] = (f"{narrow} (every stored value of the first sample is a {narrow} value: computed at "
+                            f"{narrow} and saved as fp32; the import does not record it: pass --dtype fp32 to judge "
+                            "the states at fp32)")
+    return narrow
+
+
 def default_device() -> str:
     import torch
 
@@ -81,6 +101,8 @@ def how_to_recompute(reader: VariantReader, backend: str | None = None, dtype: s
     be = _pick("backend", backend, _known(env.backend), fla_default, why_backend, BACKENDS, assumed)
     stored = reader.record.dtype if reader.record.dtype in DTYPES else _known(env.dtype)
     dt = _pick("dtype", dtype, stored, "bf16", "the usual training dtype", DTYPES, assumed)
+    if dtype is None and dt == "fp32" and isinstance(reader.record.prov.source, ImportSource):
+        dt = _computed_narrower(reader, assumed) or dt
     kernels = env.kernels.to_dict() if hasattr(env.kernels, "to_dict") else {}
     attn = _pick("attn", attention, _known(kernels.get("attention")), "sdpa", "transformers' default",
                  ATTENTION, assumed)

@@ -25,7 +25,9 @@ import torch
 from hsstore.compare.assume import Recompute, how_to_recompute
 from hsstore.compare.audit_samples import choose_keys, rate_bound
 from hsstore.compare.check import BatchPlan, as_stored, batch_plan, live_states, model_spec, pad_id
-from hsstore.compare.defects import DEFECTS, apply, judge_sample, other_weights, stale_copies
+from hsstore.compare.defects import DEFECTS, apply, judge_sample, other_weights
+from hsstore.compare.stale import stale_copies
+from hsstore.capture.run.hooks import EMBEDDINGS
 from hsstore.compare.diff import NOISE_FACTOR, check_device, open_target
 from hsstore.compare.divergence import Totals, summarize
 from hsstore.compare.estimate import full_layers
@@ -137,15 +139,16 @@ def run_audit(model: str, target: str, samples: int | None = None, fraction: flo
     models = [live_model] + ([load(spec, how, floor_dtype)] if floor_dtype else [])
     labels, tgt = reader.record.all_layers, reader.record.layers.get("target", [])
     target_label = tgt[0] if len(tgt) == 1 else None
-    points = list(range(n_layers + 1))
+    points = [EMBEDDINGS] + list(range(n_layers + 1))
     plan = batches(reader, how, keys)
     in_live = [i for i in labels if i <= n_layers]
     stream = live_states(models, reader, plan, keys, points, dev, pad_id(spec))
     evidence, verdicts, findings, totals, ftotals = _judge_all(stream, reader, stored_floor, in_live, target_label,
                                                                n_layers, noise_factor, dev)
-    if any(f.kind in ("beyond_noise", "differs") for f in findings):
+    if any(f.kind in ("beyond_noise", "differs", "suffix_states") for f in findings):
         findings = stale_copies(findings, evidence, *row_index(reader, keys, labels))
-    findings = other_weights(apply(verdicts, findings), findings)
+    noisy = frozenset((k, e.label) for k, evs in evidence.items() for e in evs if e.noise_like)
+    findings = other_weights(apply(verdicts, findings), findings, noisy)
     verdicts = apply(verdicts, findings)
     source = reader.record.prov.source
     restated = restatement(verdicts, findings, source, n_layers) if isinstance(source, ImportSource) else None
@@ -167,7 +170,8 @@ def _judge_all(stream: Iterator[tuple[str, list[dict[int, torch.Tensor]]]], read
         live = {j: as_stored(x.to(TORCH[reader.record.dtype]), reader) for j, x in outs[0].items()}
         floor = outs[1] if len(outs) > 1 else _stored_floor(stored_floor, key, labels, dev)
         stored = dict(zip(labels, reader.read_layers(reader.refs[key], labels)))
-        ev = sample_evidence({i: s.to(dev) for i, s in stored.items()}, live, floor, target_label, noise_factor)
+        ids = torch.from_numpy(reader.read_tokens(reader.refs[key])[0].astype("int64")).to(dev)
+        ev = sample_evidence({i: s.to(dev) for i, s in stored.items()}, live, floor, target_label, noise_factor, ids)
         evidence[key] = ev
         v, f = judge_sample(key, ev, aux, target_label, n_layers, noise_factor)
         verdicts.append(v)

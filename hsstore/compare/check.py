@@ -139,7 +139,7 @@ def live_states(models: list[Any], reader: VariantReader, plan: BatchPlan, keys:
             for b, key in enumerate(batch):
                 if key in want:
                     n = int(seqs[b].shape[0])
-                    yield key, [{j: o[j][b, :n] for j in points} for o in outs]
+                    yield key, [{j: o[j][b, :n] for j in points if j in o} for o in outs]
     finally:
         for c in caps:
             c.close()

@@ -24,7 +24,6 @@ two or more layers that no rule explains (states of another model or checkpoint)
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable, Sequence
 
 from hsstore.compare.align import MARGIN, MATCH_REL, point
@@ -33,15 +32,16 @@ from hsstore.core.schema.diff_report import Finding, SampleVerdict
 
 CLEAN = ("bit_exact", "within_noise")
 DEFECTS = ("nan", "inf", "all_zero", "constant", "suffix_states", "token_shift", "capture_point",
-           "aux_equals_target", "stale_copy", "other_weights", "beyond_noise", "differs")
+           "aux_equals_target", "stale_copy", "scaled", "clipped", "wrong_dtype", "other_weights", "beyond_noise",
+           "differs")
 MAX_ROWS = 32  # rows listed per finding (n_rows counts them all)
 
 
-def _rows(rows: Sequence[int]) -> dict:
+def row_fields(rows: Sequence[int]) -> dict:
     return {"rows": list(rows[:MAX_ROWS]), "n_rows": len(rows)}
 
 
-def _span(rows: Sequence[int]) -> str:
+def span_words(rows: Sequence[int]) -> str:
     if not rows:
         return "no rows"
     if list(rows) == list(range(rows[0], rows[0] + len(rows))):
@@ -64,6 +64,9 @@ def _matches(rel: float, noise: float | None, others: Sequence[float], factor: f
 
 def capture_words(i: int, j: int, n_layers: int) -> str:
     """What stored layer ``i`` holding live capture point ``j`` means, in words."""
+    if j < 0:
+        return (f"stored layer {i} holds the embeddings, the state entering layer 0 (vLLM's input id 0): "
+                + ("OFF BY ONE" if i == 0 else f"shifted by {j - i:+d}"))
     if i == n_layers and j == n_layers - 1:
         return (f"stored layer {i} (labelled post-final-norm) holds the last decoder layer's output, PRE-norm: "
                 "vLLM's last state is pre-norm (speculators PR #313)")
@@ -88,11 +91,11 @@ def judge_layer(ev: LayerEvidence, key: str, n_layers: int, is_aux: bool, target
     out = []
     for kind, rows, what in (("nan", ev.nan_rows, "NaN"), ("inf", ev.inf_rows, "Inf")):
         if rows:
-            whole = "every row" if len(rows) == T else _span(rows)
-            out.append(found(kind, f"layer {i}: {whole} of {T} hold{'s' if len(rows) == 1 else ''} {what}", **_rows(rows)))
+            whole = "every row" if len(rows) == T else span_words(rows)
+            out.append(found(kind, f"layer {i}: {whole} of {T} hold{'s' if len(rows) == 1 else ''} {what}", **row_fields(rows)))
     for kind, rows, what in (("all_zero", ev.zero_rows, "zero"), ("constant", ev.const_rows, "constant")):
         if len(rows) == T:
-            return kind, [found(kind, f"layer {i}: all {T} rows are {what} (a state slot never written)", **_rows(rows))]
+            return kind, [found(kind, f"layer {i}: all {T} rows are {what} (a state slot never written)", **row_fields(rows))]
     if len(ev.nan_rows) + len(ev.inf_rows) == T:
         return out[0].kind, out
     rest = _healthy_rows(ev, is_aux, target_noise, factor, n_layers, found)
@@ -100,7 +103,8 @@ def judge_layer(ev: LayerEvidence, key: str, n_layers: int, is_aux: bool, target
         return rest.kind, [rest]  # its zero or constant rows are part of it
     for kind, rows, what in (("all_zero", ev.zero_rows, "all zero"), ("constant", ev.const_rows, "constant")):
         if rows:
-            out.append(found(kind, f"layer {i}: {_span(rows)} of {T} are {what}", **_rows(rows)))
+            verb = "is" if len(rows) == 1 else "are"
+            out.append(found(kind, f"layer {i}: {span_words(rows)} of {T} {verb} {what}", **row_fields(rows)))
     out += [rest] if rest else []
     if not out:
         return ("bit_exact" if ev.bit_exact == 1.0 else "within_noise"), []
@@ -114,10 +118,13 @@ def _healthy_rows(ev: LayerEvidence, is_aux: bool, target_noise: float | None, f
     T, i, bad = ev.rows, ev.label, ev.bad_rows
     blank = sorted(ev.zero_rows + ev.const_rows)
     prefix = sorted(set(bad) | set(blank))
+    value = _value_bug(ev, factor, found)
+    if value is not None:
+        return value  # before the suffix rule: a clip of the largest values may hit row 0 alone
     if prefix and len(prefix) < T and prefix == list(range(len(prefix))) and ev.noise is not None:
         return found("suffix_states", f"layer {i}: rows 0..{len(prefix) - 1} of {T} are not this sample's states, rows "
                      f"{len(prefix)}..{T - 1} are: states of a suffix only (a prefix-cache hit not written)",
-                     **_rows(prefix))
+                     **row_fields(prefix))
     if ev.bit_exact == 1.0 or _within(ev.rel, ev.noise, factor):
         return None
     if is_aux and ev.rel_to_target is not None and (
@@ -129,6 +136,9 @@ def _healthy_rows(ev: LayerEvidence, is_aux: bool, target_noise: float | None, f
             if _matches(r, ev.noise_by_point.get(j), [x for k, x in ev.rel_by_point.items() if k != j], factor)]
     if hits:
         j = min(hits, key=lambda j: points[j] / max(ev.noise_by_point.get(j) or 1.0, 1e-30))
+        if is_aux and j == n_layers:
+            return found("aux_equals_target", f"aux layer {i} holds the final norm's output (rel-L2 {points[j]:.3g}): "
+                         "the last layer's state leaks into the conditioning layers through the final norm", match=j)
         return found("capture_point", f"{capture_words(i, j, n_layers)} (rel-L2 {points[j]:.3g})", match=j)
     shifts = [k for k, r in ev.rel_shifted.items()
               if _matches(r, ev.noise, [x for q, x in ev.rel_shifted.items() if q != k] + [ev.rel], factor)]
@@ -137,17 +147,30 @@ def _healthy_rows(ev: LayerEvidence, is_aux: bool, target_noise: float | None, f
         if k < 0 and blank == list(range(T + k, T)):
             return found("suffix_states", f"layer {i}: rows 0..{T + k - 1} of {T} hold the states of tokens {-k}..{T - 1} "
                          f"(a suffix written from row 0: a prefix-cache hit of {-k} tokens), rows {T + k}..{T - 1} "
-                         "are blank", match=k, **_rows(list(range(T))))
+                         "are blank", match=k, **row_fields(list(range(T))))
         way = f"row t holds the state of token t{'-' if k > 0 else '+'}{abs(k)}"
         return found("token_shift", f"layer {i}: tokens and states are misaligned by {k:+d} ({way}; rel-L2 "
                      f"{ev.rel_shifted[k]:.3g} shifted vs {ev.rel:.3g} as stored)", match=k)
     if ev.noise is None:
         return found("differs", f"layer {i}: rel-L2 {ev.rel:.3g} against the live states, no floor to judge it "
-                     "(pass --floor live)", **_rows(bad))
+                     "(pass --floor live)", **row_fields(bad))
     ratio = ev.rel / ev.noise if ev.noise else math.inf
-    where = f"in {_span(bad)}" if bad else "spread over the rows (no row alone beyond noise)"
+    where = f"in {span_words(bad)}" if bad else "spread over the rows (no row alone beyond noise)"
+    if ev.noise_like:
+        where += "; the difference does not repeat at rows of one token: noise added to the states"
     return found("beyond_noise", f"layer {i}: rel-L2 {ev.rel:.3g} = {ratio:.3g} x the precision noise "
-                 f"({ev.noise:.3g}), {where}", **_rows(bad))
+                 f"({ev.noise:.3g}), {where}", **row_fields(bad))
+
+
+def _value_bug(ev: LayerEvidence, factor: float, found: Callable[..., Finding]) -> Finding | None:
+    """A whole-layer value bug (``hsstore.compare.transforms``) that, undone, leaves the layer within noise."""
+    fits = {k: r for k, (r, _) in ev.transforms.items() if _within(r, ev.noise, factor)}
+    if not fits:
+        return None
+    kind = min(fits, key=fits.__getitem__)
+    rel, words = ev.transforms[kind]
+    return found(kind, f"layer {ev.label}: {words} (rel-L2 {ev.rel:.3g} as stored, {rel:.3g} with that undone: "
+                 "within precision noise)", **row_fields(ev.bad_rows))
 
 
 def judge_sample(key: str, evidence: list[LayerEvidence], aux: Sequence[int], target: int | None, n_layers: int,
@@ -175,47 +198,18 @@ def verdict_of(kinds: dict[str, str]) -> str:
     return "bit_exact" if all(k == "bit_exact" for k in kinds.values()) else "within_noise"
 
 
-def stale_copies(findings: list[Finding], evidence: dict[str, list[LayerEvidence]],
-                 index: dict[tuple[int, int], list[tuple[str, int]]], tokens: dict[str, Sequence[int]]) -> list[Finding]:
-    """Findings of unexplained divergence whose beyond-noise rows are byte-for-byte rows of another sample
-    (``index``: (layer, row hash) -> [(key, row)] over the candidates), rewritten as ``stale_copy``. Only rows
-    whose token differs from the source row's count: two rows of one token with the same recent context are
-    the same computation (samples share a system prompt; layers with short memory repeat bytes wherever a
-    phrase repeats), a state under another token is a copy."""
-
-    def copied(key: str, r: int, src: str, sr: int) -> bool:
-        a, b = tokens.get(key), tokens.get(src)
-        return src != key and a is not None and b is not None and int(a[r]) != int(b[sr])
-
-    out = []
-    for f in findings:
-        if f.kind not in ("beyond_noise", "differs", "other_weights") or f.layer is None:
-            out.append(f)
-            continue
-        ev = next(e for e in evidence[f.key] if e.label == f.layer)
-        hits = [(r, src) for r, h in ev.bad_row_hashes.items() for src, sr in index.get((f.layer, h), [])
-                if copied(f.key, r, src, sr)]
-        if not hits:
-            out.append(f)
-            continue
-        source = Counter(src for _, src in hits).most_common(1)[0][0]
-        rows = sorted({r for r, src in hits if src == source})
-        out.append(Finding(kind="stale_copy", key=f.key, layer=f.layer, source=source, **_rows(rows),
-                           detail=f"layer {f.layer}: {_span(rows)} are byte-for-byte rows of sample {source[:16]} "
-                                  "(a state slot holding a previous request's bytes)"))
-    return out
-
-
-def other_weights(verdicts: list[SampleVerdict], findings: list[Finding]) -> list[Finding]:
+def other_weights(verdicts: list[SampleVerdict], findings: list[Finding],
+                  noise_like: frozenset[tuple[str, int]] = frozenset()) -> list[Finding]:
     """When every checked sample (two or more) is beyond noise in two or more layers no rule explains, the
-    states are of other weights: those findings are rewritten as ``other_weights``."""
-    unexplained = {v.key: [L for L, k in v.layers.items() if {"beyond_noise", "differs"} & set(k.split("+"))]
-                   for v in verdicts}
+    states are of other weights: those findings are rewritten as ``other_weights``. Layers whose difference
+    is noise added to the states (``noise_like``: (key, layer)) are no evidence of other weights."""
+    unexplained = {v.key: [L for L, k in v.layers.items() if {"beyond_noise", "differs"} & set(k.split("+"))
+                           and (v.key, int(L)) not in noise_like] for v in verdicts}
     if len(verdicts) < 2 or not all(len(ls) >= 2 for ls in unexplained.values()):
         return findings
     out = []
     for f in findings:
-        if f.kind in ("beyond_noise", "differs"):
+        if f.kind in ("beyond_noise", "differs") and (f.key, f.layer) not in noise_like:
             f = Finding(kind="other_weights", key=f.key, layer=f.layer,
                         detail=f"{f.detail}; every checked sample diverges so in 2+ layers: states of other "
                                "weights (another checkpoint or config) than the model given")

@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 import torch
 import xxhash
 
+from hsstore.compare.distance import coherent_difference, rel_l2, row_rel
+from hsstore.compare.transforms import transform_fits
+
 SHIFTS = (1, 2, 3, -1, -2, -3)  # token shifts always tried: row t holds the truth of row t - k
 PROBES = 8  # rows whose nearest truth row proposes a further shift
 ROW_SLACK = 4.0  # a row is "beyond noise" above this multiple of max(its own noise, the layer's)
@@ -44,22 +47,8 @@ class LayerEvidence:
     bad_rows: list[int] = field(default_factory=list)  # finite rows beyond noise (without a floor: not bit-exact)
     bad_row_hashes: dict[int, int] = field(default_factory=dict)
     rel_to_target: float | None = None  # aux layers: against the stored target layer
-
-
-def rel_l2(x: torch.Tensor, y: torch.Tensor) -> float:
-    """||x - y|| / ||y|| in float64 sums (nan when y is empty or zero)."""
-    if x.shape[0] == 0:
-        return math.nan
-    d = (x.float() - y.float()).double()
-    den = float(y.double().square().sum())
-    return math.sqrt(float(d.square().sum()) / den) if den > 0 else (0.0 if float(d.abs().sum()) == 0 else math.inf)
-
-
-def row_rel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Per-row ||x_t - y_t|| / ||y_t|` ``[T]`` (float64)."""
-    d = torch.linalg.vector_norm((x.float() - y.float()).double(), dim=1)
-    n = torch.linalg.vector_norm(y.double(), dim=1)
-    return torch.where(n > 0, d / n.clamp_min(1e-300), torch.where(d > 0, torch.inf, 0.0))
+    transforms: dict[str, tuple[float, str]] = field(default_factory=dict)  # beyond noise: rel-L2 with a value bug undone
+    noise_like: bool = False  # beyond noise: the difference is incoherent across rows of one token (noise added)
 
 
 def row_hash(row: torch.Tensor) -> int:
@@ -79,10 +68,12 @@ def health_rows(s: torch.Tensor) -> tuple[list[int], list[int], list[int], list[
 
 
 def sample_evidence(stored: dict[int, torch.Tensor], live: dict[int, torch.Tensor],
-                    floor: dict[int, torch.Tensor] | None, target: int | None, noise_factor: float) -> list[LayerEvidence]:
+                    floor: dict[int, torch.Tensor] | None, target: int | None, noise_factor: float,
+                    tokens: torch.Tensor | None = None) -> list[LayerEvidence]:
     """Evidence for every stored layer of one sample: ``stored`` label -> ``[T, H]``, ``live`` and
     ``floor`` capture point -> ``[T, H]`` (all on one device; a stored floor holds only its own layers: the
-    other points have no noise and are matched by margin), ``target`` the stored target label."""
+    other points have no noise and are matched by margin), ``target`` the stored target label, ``tokens``
+    the sample's token ids ``[T]``."""
     floor = floor or {}
     points = sorted(live)
     truth = {j: floor.get(j, live[j]) for j in points}
@@ -107,6 +98,10 @@ def sample_evidence(stored: dict[int, torch.Tensor], live: dict[int, torch.Tenso
                 if 0 < abs(k) < s.shape[0] and k not in ev.rel_shifted:
                     a, b, ok = (s[k:], t[:-k], healthy[k:]) if k > 0 else (s[:k], t[-k:], healthy[:k])
                     ev.rel_shifted[k] = rel_l2(a[ok], b[ok])
+            if wrong:
+                ev.transforms = transform_fits(s, t, healthy)
+                if tokens is not None:
+                    ev.noise_like = coherent_difference((s.float() - t.float())[healthy], tokens[healthy]) is False
             ev.bad_rows = _bad_rows(s, live[label], floor.get(label), healthy,
                                     ev.noise, noise_factor)
             ev.bad_row_hashes = {r: row_hash(s[r]) for r in ev.bad_rows}

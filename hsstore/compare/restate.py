@@ -44,8 +44,9 @@ def restatement(verdicts: Sequence[SampleVerdict], findings: Sequence[Finding], 
     if any(len(held[i]) != 1 for i in labels):
         return None
     slots = [next(iter(held[i])) for i in labels]
-    if len(set(slots)) != len(slots) or (slots == labels and source.capture != "unknown"):
-        return None  # two slots hold one point (no statement fixes that), or the statement is right
+    if len(set(slots)) != len(slots) or (slots == labels and source.capture != "unknown") or min(slots) < 0:
+        return None  # two slots hold one point (no statement fixes that), the statement is right, or a slot
+        # holds the embeddings (no hsstore layer id names them)
     numbering = TOOL_CAPTURE.get(source.format, "output")
     ids = ",".join(str(from_hsstore(p, numbering, n_layers)) for p in slots)
     other = "output" if numbering == "input" else "input"

@@ -3,7 +3,8 @@
 Layer i is the raw output of decoder layer i (the residual stream before the final norm), equal to
 transformers' ``hidden_states[i + 1]`` for every layer but the last (whose ``hidden_states`` entry is
 post-norm). Id ``num_layers`` names the final norm's output (that post-norm entry), captured by a hook
-on the norm. Only requested layers are kept; nothing runs past the deepest one (no lm_head, no logits).
+on the norm; id ``EMBEDDINGS`` (-1) the state entering layer 0 (the embeddings as the first layer receives
+them: vLLM's input id 0), captured before layer 0 runs. Only requested layers are kept; nothing runs past the deepest one (no lm_head, no logits).
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from typing import Any
 
 import torch
 from torch import nn
+
+
+EMBEDDINGS = -1
 
 
 class _StopForward(Exception):
@@ -55,7 +59,16 @@ class LayerCapture:
             raise ValueError(f"layer {self.deepest} does not exist (decoder layers 0..{num_layers - 1}, "
                              f"final norm {num_layers})")
         self._handles = [(mods[i] if i < num_layers else final_norm(model, num_layers)).register_forward_hook(self._hook(i))
-                         for i in self.layers]
+                         for i in self.layers if i != EMBEDDINGS]
+        if EMBEDDINGS in self.layers:
+            self._handles.append(mods[0].register_forward_pre_hook(self._entering, with_kwargs=True))
+
+    def _entering(self, _module: nn.Module, args: tuple, kwargs: dict) -> None:
+        x = args[0] if args else kwargs.get("hidden_states")
+        if isinstance(x, torch.Tensor):  # a layer called otherwise leaves the point out (not captured)
+            self._out[EMBEDDINGS] = x
+        if self.deepest == EMBEDDINGS:
+            raise _StopForward
 
     def _hook(self, index: int) -> Any:
         def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:
@@ -72,7 +85,7 @@ class LayerCapture:
             self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         except _StopForward:
             pass
-        missing = [i for i in self.layers if i not in self._out]
+        missing = [i for i in self.layers if i not in self._out and i != EMBEDDINGS]
         if missing:
             raise RuntimeError(f"decoder layer(s) {missing} did not run; the model skipped them")
         out, self._out = self._out, {}

@@ -95,8 +95,10 @@ class Finding(Record):
     detail: str
     rows: list[int] | UnsetType = UNSET  # up to MAX_ROWS of them
     n_rows: int | UnsetType = UNSET
-    source: str | UnsetType = UNSET  # stale_copy: the sample the rows were copied from
-    match: int | UnsetType = UNSET  # capture_point: the live capture point held; token_shift: the shift k
+    source: str | UnsetType = UNSET  # stale_copy: the sample the rows were copied from (itself: another block)
+    # capture_point: the live capture point held (-1: the embeddings, entering layer 0); aux_equals_target: L when
+    # it holds the final norm's output; token_shift: the shift k; suffix_states written from row 0: -k
+    match: int | UnsetType = UNSET
 
 
 class SampleVerdict(Record):
