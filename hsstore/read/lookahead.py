@@ -34,6 +34,7 @@ from hsstore.core.errors import StoreUnreachable
 from hsstore.core.forksafe import ForkSafeLock
 from hsstore.storage import layout
 from hsstore.storage.backend import BufferRange
+from hsstore.read.readahead import hint
 from hsstore.storage.reader import SampleRef, VariantReader
 
 # samples of fewer stored bytes are read without looking ahead (a hand-off costs more than it saves)
@@ -150,13 +151,8 @@ class Lookahead:
         first sample, hidden 1024, with the fetch from index 0: 35-38 ms before, 17-23 ms after;
         docs/benchmarks.md, "Round 4 on 2 cores")."""
         local = self.reader.store.is_local  # (an object store reads what it is asked for, no sooner)
-        if not self.on or not local or self.reader.ref(index).length * self.row_bytes < MIN_BYTES:
-            return
-        try:
-            for src, offset, n in self.reader.need_spans(self.reader.ref(index), self.layers):
-                src.will_need(offset, n)
-        except Exception:  # noqa: BLE001 - a hint only: the read itself reports what is wrong
-            return
+        if self.on and local and self.reader.ref(index).length * self.row_bytes >= MIN_BYTES:
+            hint(self.reader, self.reader.ref(index), self.layers)
 
     def _extend(self, index: int, step: int) -> bool:
         """Fetches queued for ``index + step``, ``index + 2 step``, ... up to ``budget`` bytes of states, as far

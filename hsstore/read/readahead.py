@@ -22,6 +22,16 @@ from hsstore.storage.reader import SampleRef, VariantReader
 READAHEAD_BYTES = 192 << 20
 
 
+def hint(reader: VariantReader, ref: SampleRef, layers: list[int]) -> None:
+    """Ask the back end to start reading ``ref``'s tokens and ``layers`` (local files: the kernel reads them in
+    the background). A hint only: the read itself reports what is wrong."""
+    try:
+        for src, offset, n in reader.need_spans(ref, layers):
+            src.will_need(offset, n)
+    except Exception:  # noqa: BLE001 - see above
+        pass
+
+
 class Readahead:
     """Requests samples ahead of a reader walking ``refs`` in order (call ``at(i)`` before reading
     ``refs[i]``; ``close()`` when done)."""
@@ -51,11 +61,7 @@ class Readahead:
 
     def _run(self) -> None:
         while (ref := self.todo.get()) is not None:
-            try:
-                for src, offset, n in self.reader.need_spans(ref, self.layers):
-                    src.will_need(offset, n)
-            except Exception:  # noqa: BLE001 - a hint only: the read itself reports what is wrong
-                pass
+            hint(self.reader, ref, self.layers)
 
     def close(self) -> None:
         self.todo.put(None)

@@ -66,7 +66,7 @@ def _reserve_pinned(plan: WorkerPlan, g: Geometry, devices: list[str]) -> Any:
 
 def _load(plan: WorkerPlan, spec: Any, dtype: str, devices: list[str]) -> tuple[Any, Kernels]:
     """The model, checked to be the hashed weights and to run the requested backend's kernels."""
-    from hsstore.capture.model.backends import bound_kernels, fla_off_device
+    from hsstore.capture.model.backends import bound_kernels, fla_off_device, why_not
     from hsstore.core.dtypes import TORCH
     from hsstore.core.errors import BadInput, BuildFailed
 
@@ -77,7 +77,7 @@ def _load(plan: WorkerPlan, spec: Any, dtype: str, devices: list[str]) -> tuple[
         if off := fla_off_device(model):
             raise BadInput(f"backend 'fla' was requested, but {off}")
         raise BuildFailed(f"backend 'fla' was requested but transformers bound {kernels.chunk_gated_delta_rule!r} "
-                          "for the gated delta rule; check the fla installation (`hsstore env --model ...`)")
+                          f"for the gated delta rule; {why_not(model, 'fla')}")
     return model, kernels
 
 
