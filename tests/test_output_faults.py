@@ -197,3 +197,18 @@ def test_a_vocab_map_removes_the_temporary_files_a_killed_one_left(tmp_path: Pat
     r = run_cli("vocab-map", f"{STORE}#3cd1", "--size", "4", "--target-vocab-size", "300", "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert not left.exists() and not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_a_vocab_map_whose_files_cannot_be_renamed_in_does_not_claim_the_folder_is_as_it_was(tmp_path: Path) -> None:
+    """A rename that fails after the earlier record was removed (here: a folder where a map file was) leaves
+    the folder changed: the error says so and that a re-run finishes it, not "the folder is as it was"."""
+    out = tmp_path / "vm"
+    args = ["vocab-map", f"{STORE}#3cd1", "--size", "4", "--target-vocab-size", "300", "--out", str(out)]
+    assert run_cli(*args).returncode == 0
+    last = sorted(p for p in out.iterdir() if not p.name.endswith(".json"))[-1]
+    last.unlink()
+    (last / "x").mkdir(parents=True)  # os.replace cannot put a file over a folder that holds something
+    r = run_cli(*args)
+    assert r.returncode == 1 and "as it was" not in r.stderr and "re-run" in r.stderr, r.stderr
+    assert not (out / "vocab-map-4.json").exists()  # no record vouches for the files there now
+    assert not [p for p in out.iterdir() if p.name.endswith(".hsstore-tmp")]

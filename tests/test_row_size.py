@@ -53,6 +53,7 @@ def test_a_row_of_many_huge_turns_is_rejected_untokenized():
     seen = Seen(TOK)
     _, rep = tokenize_rows([("f", {"messages": turns}), ("f", {"text": "short"})], seen, "fp", max_length=MAX)
     assert dict(rep.rejected) == {"too large to tokenize": 1}
+    assert seen.longest < cap  # no turn of the huge row reached the tokenizer
     assert rep.usable == 1
 
 

@@ -87,19 +87,30 @@ def write_together(root: Path, outputs: list[tuple[str, bytes]], record: str,
             stale.unlink(missing_ok=True)
     staged: list[tuple[str, str]] = []
     try:
-        for name, data in outputs:
-            staged.append((f".{name}.{uuid.uuid4().hex[:12]}{TMP_SUFFIX}", name))
-            write_file(str(root / staged[-1][0]), [data], exclusive=True)
-        (root / record).unlink(missing_ok=True)  # the files are about to change: no record vouches for them
-        for tmp, name in staged:
-            os.replace(root / tmp, root / name)
-    except OSError as e:
-        path = root / staged[-1][1] if staged else root
-        if e.errno in PLACE_ERRORS:
-            raise write_failed(path, e) from None
-        raise WriteFailed(f"writing {path} failed: {e.strerror or e}; the vocab-map folder is as it was (no file of "
-                          "it was replaced). Free space and re-run the same command") from None
+        try:
+            for name, data in outputs:
+                staged.append((f".{name}.{uuid.uuid4().hex[:12]}{TMP_SUFFIX}", name))
+                write_file(str(root / staged[-1][0]), [data], exclusive=True)
+        except OSError as e:
+            path = root / staged[-1][1] if staged else root
+            if e.errno in PLACE_ERRORS:
+                raise write_failed(path, e) from None
+            raise WriteFailed(f"writing {path} failed: {e.strerror or e}; the vocab-map folder is as it was (no file "
+                              "of it was replaced). Free space and re-run the same command") from None
+        _rename_in(root, staged, record)
     finally:
         for tmp, _ in staged:
             (root / tmp).unlink(missing_ok=True)
     atomic_write(root, record, make_record({name: xxhash.xxh3_128_hexdigest(data) for name, data in outputs}))
+
+
+def _rename_in(root: Path, staged: list[tuple[str, str]], record: str) -> None:
+    """The staged files renamed over their names, the record that vouched for the earlier ones removed first."""
+    (root / record).unlink(missing_ok=True)  # the files are about to change: no record vouches for them
+    for tmp, name in staged:
+        try:
+            os.replace(root / tmp, root / name)
+        except OSError as e:
+            raise WriteFailed(f"putting {root / name} in place failed: {e.strerror or e}; the vocab-map folder now "
+                              "holds part of the new files and no record (hsstore takes it for unfinished): fix that "
+                              "and re-run the same command") from None
