@@ -48,8 +48,7 @@ def transform_fits(s: torch.Tensor, truth: torch.Tensor, healthy: torch.Tensor) 
         if bool(ok.any()):
             out["wrong_dtype"] = (rel_l2(v[ok], truth[ok].double()),
                                   f"the bytes are {NAMES[other]} values read as {NAMES[s.dtype]}")
-    narrow = narrower_values(sf)
-    if s.dtype == torch.float32 and narrow is not None:
+    if s.dtype == torch.float32 and (narrow := narrower_values(sf)) is not None:  # (a scan of the layer)
         out["wrong_dtype"] = (0.0, f"every value is a {narrow} value stored as fp32: the states were computed (or "
                                    f"rounded) at {narrow}, not at fp32; audit again with --dtype {narrow} to judge "
                                    "them at that precision")

@@ -65,9 +65,7 @@ def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) ->
     """Refuse (exit 2) an output file that cannot be written: its folder is missing or not a folder, the
     path is a folder or a link hsstore will not write through, or its suffix is not one of ``suffixes``
     (when given)."""
-    p = Path(path).expanduser()
-    if not path.strip():
-        raise BadInput(f"{option} is empty; name a file to write, e.g. {option} report{(suffixes or ('.json',))[0]}")
+    p = Path(path).expanduser()  # (an empty path is refused before, by check_outside_stores)
     if p.is_dir():
         raise BadInput(f"{option} {path!r} is a folder; name a file inside it")
     try:
