@@ -79,9 +79,3 @@ def check_cut(tok: Any, row: Any, cap: int, max_length: int) -> str | None:
 def turn_cap(max_length: int) -> int:
     """Messages a chat row may hold to be tokenized for rows kept to ``max_length`` tokens."""
     return MARGIN * (max_length + 16)
-
-
-def turns(row: dict[str, Any]) -> int:
-    """How many messages a chat row holds (0 for a row of another format)."""
-    chat = row.get("conversations") if row.get("conversations") is not None else row.get("messages")
-    return len(chat) if isinstance(chat, list) else 0

@@ -19,7 +19,7 @@ from hsstore.capture.inputs.datafiles import BadRow, load_rows
 from hsstore.capture.inputs.lossmask import ChatMasker
 from hsstore.capture.inputs.messages import RowRejected, to_chat
 from hsstore.capture.inputs.row_report import InputReport
-from hsstore.capture.inputs.row_size import ROW_STRINGS, check_cut, clip_strings, string_cap, turn_cap, turns
+from hsstore.capture.inputs.row_size import ROW_STRINGS, check_cut, clip_strings, string_cap, turn_cap
 from hsstore.core.errors import BadInput
 from hsstore.core.keys import SampleTokens, sample_key
 from hsstore.core.schema.manifest import DATA_FORMATS as FORMATS
@@ -63,9 +63,6 @@ class _Tokens:
                               f"max_length={self.max_length}")
         if self.cut and (why := check_cut(self.tok, row, self.cap, self.max_length)):
             raise RowRejected("too large to tokenize", why)
-        if turns(row) > turn_cap(self.max_length):
-            raise RowRejected("too large to tokenize", f"{turns(row):,} messages; at most "
-                              f"{turn_cap(self.max_length):,} are tokenized for max_length={self.max_length}")
         try:
             return self._tokenize(row)
         except BaseException as e:  # a Rust panic (pyo3's PanicException) is no Exception
@@ -81,6 +78,9 @@ class _Tokens:
             if self.masker is None:
                 self.masker = ChatMasker(self.tok)  # BadInput here if the template cannot be handled at all
             chat = to_chat(row, "conversations" if f == "sharegpt" else "messages")
+            if len(chat.messages) > turn_cap(self.max_length):  # (masking time grows with the square of the turns)
+                raise RowRejected("too large to tokenize", f"{len(chat.messages):,} messages; at most "
+                                  f"{turn_cap(self.max_length):,} are tokenized for max_length={self.max_length}")
             return self.masker(chat.messages, chat.tools, chat.trained)
         if f == "text":
             text = row.get("text")
