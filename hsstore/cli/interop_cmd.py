@@ -57,11 +57,9 @@ def import_(
     """
     from hsstore.core.errors import BadInput, CheckFailed
     from hsstore.interop.importer import ImportRequest, import_cache
-    from hsstore.storage.outside_store import check_store_outside_source
 
     if audit is not None and model is None:
         raise BadInput("--audit N recomputes samples with the model: pass --model DIR (the target's folder with weights)")
-    check_store_outside_source(store, source)
     kw = {} if jobs is None else {"jobs": jobs}
     report = import_cache(ImportRequest(format, source, store, tokenizer, model, num_layers, layers, capture,
                                         codec=codec, skip_bad=skip_bad, allow_unhealthy=allow_unhealthy,

@@ -1,9 +1,7 @@
-"""``hsstore import``: another tool's cache -> one variant, keyed by hsstore's content keys.
-
-Streaming (files read a window at a time by ``jobs`` threads, written in units of bounded size), resumable
-and idempotent: a committed key is never written again, and each unit's import record maps its files (path,
-size, mtime, xxh3_128) to their keys, so a re-run skips imported files unread. Two imports may share a folder.
-"""
+"""``hsstore import``: another tool's cache -> one variant, keyed by hsstore's content keys. Streaming (files read a
+window at a time by ``jobs`` threads, written in units of bounded size), resumable and idempotent: a committed key is
+never written again, and each unit's import record maps its files (path, size, mtime, xxh3_128) to their keys, so a
+re-run skips imported files unread. Two imports may share a folder."""
 
 from __future__ import annotations
 
@@ -22,6 +20,7 @@ from hsstore.core.interrupt import Stopped, stop_on_signals
 from hsstore.core.keys import SampleTokens, sample_key
 from hsstore.core.schema.imported import ImportSource
 from hsstore.interop.formats import get_format
+from hsstore.storage.outside_store import check_store_outside_source
 from hsstore.interop.formats.interface import Format
 from hsstore.core.layer_numbering import FINAL_NORM, parse_capture, parse_layer_list, slot_layers
 from hsstore.interop.imported_provenance import imported_provenance, model_identity, tokenizer_identity
@@ -119,6 +118,7 @@ def import_cache(req: ImportRequest) -> dict[str, Any]:
     t0 = time.time()
     fmt, root = get_format(req.format), Path(req.source)
     fmt.check_dir(root)
+    check_store_outside_source(req.store, req.source)  # (a store inside the folder would become files of it)
     held = share_folder(str(root))  # an export cannot rewrite the folder while this import reads it
     if held is None:
         raise BadInput(f"{str(root)!r} is being written by an `hsstore export` right now; wait for it to finish, "
