@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from hsstore.capture.model.backends import bound_kernels, force_backend, require_attention, why_not
+from hsstore.capture.model.backends import bound_kernels, force_backend, why_not
 from hsstore.capture.run.hooks import LayerCapture, pad_batch
 from hsstore.capture.model.spec import ModelSpec, text_config
 from hsstore.compare.diff import NOISE_FACTOR, check_device, open_target
@@ -108,7 +108,6 @@ def load_model(spec: ModelSpec, reader: VariantReader, device: str) -> Any:
     env = reader.record.prov.environment
     recorded = env.kernels.to_dict()
     dtype = reader.record.dtype if reader.record.dtype in TORCH else env.dtype
-    require_attention(env.kernels.attention, "check where it is installed (the variant was computed with it)")
     model = spec.load(TORCH[dtype], device, env.kernels.attention)
     bound = bound_kernels(model)
     wrong = {k: (bound.get(k), v) for k, v in recorded.items() if bound.get(k) != v}

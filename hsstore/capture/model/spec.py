@@ -189,6 +189,9 @@ class ModelSpec:
     def load(self, dtype: Any, device: str | Sequence[str], attn_implementation: str | None) -> Any:
         """The model in eval mode on ``device`` in ``dtype``; given several devices, its decoder layers
         are spread over them in contiguous stages (see hsstore.capture.model.placement)."""
+        from hsstore.capture.model.backends import require_attention
+
+        require_attention(attn_implementation, "install it, or use sdpa attention")  # (before transformers fetches one)
         devices = [device] if isinstance(device, str) else list(device)
         spread = len(devices) > 1
         if spread:

@@ -143,10 +143,7 @@ def _calibrations(m: Any, inp: Any, n: int) -> dict[str, Any]:
     """dtype -> Calibration on the first ``n`` batches of the build's plan (first backend and device)."""
     if not n:
         return {}
-    from hsstore.capture.model.backends import require_attention
     from hsstore.capture.plan.calibrate import calibrate
-
-    require_attention(m.attn_implementation, 'install it, or set [model] attn_implementation = "sdpa"')
     from hsstore.core.batching import token_budget_batches
 
     batches = token_budget_batches([s.length for s in inp.samples], m.token_budget)
