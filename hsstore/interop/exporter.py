@@ -73,14 +73,16 @@ def _slots(fmt: Format, rec: Any, req: ExportRequest) -> tuple[list[int], int]:
     return aux, targets[0]
 
 
-def _check_dest(fmt: Format, dest: Path, store: str, vid: str) -> None:
-    """An export goes into a new or empty folder, or the folder of an earlier export of the same variant."""
+def _check_dest(fmt: Format, dest: Path, store: str, vid: str, held: bool = True) -> None:
+    """An export goes into a new or empty folder, or the folder of an earlier export of the same variant
+    (whose files are checked, a walk of the folder, once it is ``held``)."""
     sidecar = fmt.sidecar(dest)
     if sidecar.is_file():
         rec = read_sidecar(sidecar, fmt.name, "choose a new folder (an export folder holds one export)")
         if rec.variant != vid:
             raise BadInput(f"{dest} holds an export of variant {rec.variant}, not {vid}; choose a new folder")
-        _check_holds_the_export(fmt, dest, sidecar, rec)
+        if held:
+            _check_holds_the_export(fmt, dest, sidecar, rec)
         return
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise BadInput(f"export folder {str(dest)!r} exists and is not empty; choose a new or empty folder")
@@ -186,7 +188,7 @@ def export_cache(req: ExportRequest) -> dict[str, Any]:
     aux, target = _slots(fmt, reader.record, req)
     dest = Path(req.dest)
     check_outside_stores(req.dest, "export folder")
-    _check_dest(fmt, dest, path, reader.id)  # (refused before a folder is made; judged again once held)
+    _check_dest(fmt, dest, path, reader.id, held=False)  # (refused before a folder is made; judged whole once held)
     keys = reader.keys[: req.limit] if req.limit is not None else list(reader.keys)
     _make_dest(dest)
     alone = lock_folder_alone(str(dest))  # held until this export returns: two exports never mix one folder
