@@ -64,7 +64,7 @@ def _searched(f: Finding, ev: LayerEvidence) -> bool:
     """Whether the finding's rows may be another sample's: unexplained, or a "suffix" of non-blank rows."""
     if f.layer is None:
         return False
-    if f.kind in ("beyond_noise", "differs", "other_weights"):
+    if f.kind in ("beyond_noise", "differs"):  # (other_weights is named after the search)
         return True
     blank = set(ev.zero_rows) | set(ev.const_rows)
     return f.kind == "suffix_states" and not isinstance(f.match, int) and not blank and bool(ev.bad_rows)
