@@ -264,6 +264,11 @@ def test_a_stopped_exports_record_is_not_taken_for_a_folder_made_anew(tmp_path: 
     folder still resumes. Before, the record was trusted and the other cache overwritten and removed."""
     import shutil
 
+    from hsstore.interop.folder_mark import folder_mark
+
+    if folder_mark(tmp_path) is None:  # the mark is an extended attribute: where there are none, no mark is kept
+        pytest.skip(f"{tmp_path} keeps no extended attributes (the mark, and this check, need them)")
+
     WRITERS["modelopt"](tmp_path / "src", random_samples(n=4))
     _import("modelopt", tmp_path / "src", tmp_path / "a.zarr")
     out, fmt = tmp_path / "out", get_format("eagle")
