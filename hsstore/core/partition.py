@@ -65,3 +65,28 @@ def split_for(order: np.ndarray, world: int, rank: int, workers: int = 1, worker
         order = order[: len(order) - len(order) % world]
     mine = np.array_split(order, world)[rank]  # (len(order) / world,)
     return np.array_split(mine, workers)[worker]  # (len(mine) / workers,)
+
+
+def strided(seq: np.ndarray, parts: int, part: int) -> np.ndarray:
+    """Entries ``part, part + parts, ...`` of ``seq``: a DataLoader's round-robin over ``parts`` workers that
+    each take this share yields ``seq`` itself, in order (so a consumed prefix is a prefix of every share)."""
+    if not 0 <= part < parts:
+        raise ValueError(f"worker {part} of {parts} is out of range")
+    return seq[part::parts]
+
+
+def token_batches(lengths: Sequence[int], budget: int) -> list[tuple[int, int]]:
+    """Greedy cut of a sequence into (start, end) runs of at most ``budget`` padded tokens (each run's count
+    times its longest length); a sample longer than the budget is a batch of its own. The cut of a suffix
+    that starts at a cut point is the rest of the whole sequence's cut, which keeps a resumed epoch's
+    batches those of an uninterrupted one."""
+    out: list[tuple[int, int]] = []
+    start, width = 0, 0
+    for i, n in enumerate(lengths):
+        if i > start and max(width, n) * (i - start + 1) > budget:
+            out.append((start, i))
+            start, width = i, 0
+        width = max(width, int(n))
+    if len(lengths) > start:
+        out.append((start, len(lengths)))
+    return out

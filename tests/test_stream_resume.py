@@ -1,0 +1,238 @@
+"""Streaming training stays exact under DataLoader settings and resumes (issue 38): persistent spawned
+workers follow the main process; a resume ties its marks to sample keys when the store was reordered or
+grew, also on another number of ranks; Accelerate's prepared loader stopped and resumed trains the
+uninterrupted order. Every check is by sample key on real stores."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from hsstore import Store, StreamingHiddenStateDataset
+from hsstore.core.errors import BadInput
+from hsstore.storage.writer import UnitWriter
+from hsstore.testing.factories import make_samples, make_states, new_variant
+
+
+def _commit(store: Store, vid: str, samples: list, writer: str) -> None:
+    """Commit ``samples`` as one unit by ``writer`` without skipping keys committed meanwhile: a writer that
+    raced the others (it read the committed set before they committed)."""
+    rec = store.variant_record(vid)
+    states = make_states(samples, rec.hidden_size, rec.dtype, rec.all_layers)
+    UnitWriter(store, vid, writer_id=writer).write(samples, states, skip_committed=False)
+
+
+def _store(path: Path, units: int = 4, per: int = 10) -> tuple[Store, str, list[str]]:
+    """A store of ``units`` units of ``per`` samples (lengths 5-24) by writers m0, m1, ...; returns its keys."""
+    store = Store.create(path)
+    vid = new_variant(store)
+    keys = []
+    for u in range(units):
+        samples = make_samples([5 + (i * 7 + u) % 20 for i in range(per)], seed=u + 1)
+        _commit(store, vid, samples, f"m{u}")
+        keys += [s.key for s in samples]
+    return store, vid, keys
+
+
+def _train(ds: StreamingHiddenStateDataset, source: Any = None, stop: int | None = None) -> list[str]:
+    """A training loop: the keys of each step (item or batch), each marked consumed; stops before step ``stop``."""
+    keys: list[str] = []
+    for step, it in enumerate(ds if source is None else source):
+        if step == stop:
+            break
+        keys += it["key"] if isinstance(it["key"], list) else [it["key"]]
+        ds.mark_consumed(it["index"] if isinstance(it["index"], torch.Tensor) else [it["index"]])
+    return keys
+
+
+def _reload(state: dict) -> dict:
+    return json.loads(json.dumps(state))  # what a checkpoint keeps
+
+
+def _once(keys: list[str], expected: list[str]) -> None:
+    dup = [k for k, c in Counter(keys).items() if c > 1]
+    assert not dup, f"{len(dup)} sample(s) trained twice"
+    assert set(keys) == set(expected), (f"{len(set(expected) - set(keys))} missed, "
+                                        f"{len(set(keys) - set(expected))} not expected")
+
+
+@pytest.mark.process
+def test_persistent_spawned_workers_follow_set_epoch_mark_consumed_and_load_state_dict(tmp_path: Path):
+    _store(tmp_path / "s.zarr")
+    ds = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=1)
+    ref = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=1)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context="spawn")
+    orders = []
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        ref.set_epoch(epoch)
+        orders.append([it["key"] for it in loader])
+        assert orders[-1] == [it["key"] for it in ref]  # the order without workers, epoch by epoch
+    assert len({tuple(o) for o in orders}) == 3
+    ds.set_epoch(3)
+    ref.set_epoch(3)
+    full = list(ref)
+    ds.mark_consumed([it["index"] for it in full[:15]])  # marked in the main process after the workers started
+    assert sorted(it["key"] for it in loader) == sorted(it["key"] for it in full[15:])
+    ds.set_epoch(4)
+    ref.set_epoch(4)
+    full = list(ref)
+    ds.mark_consumed([it["index"] for it in full[:9]])
+    ds.set_epoch(4)  # the epoch in progress goes on (what a loop, or Accelerate, calls): in the same order
+    assert [it["key"] for it in loader] == [it["key"] for it in full[9:]]
+    other = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=1)
+    other.set_epoch(5)
+    done = _train(other, stop=7)
+    ds.load_state_dict(_reload(other.state_dict()))
+    rest = [it["key"] for it in loader]
+    ref5 = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=1)
+    ref5.set_epoch(5)
+    assert done + rest == [it["key"] for it in ref5]
+
+
+@pytest.mark.parametrize("stop", [1, 2, 3, 4, 5])
+def test_resume_after_a_racing_commit_reordered_the_store_trains_each_key_once(tmp_path: Path, stop: int):
+    """Two writers commit three samples each; a state is saved after ``stop`` steps; a racing writer whose unit
+    id sorts first commits one sample of each (the first unit by id wins a key, so indices shift)."""
+    path = tmp_path / "s.zarr"
+    store = Store.create(path)
+    vid = new_variant(store)
+    a, b = make_samples([6, 7, 8], seed=1), make_samples([9, 10, 11], seed=2)
+    _commit(store, vid, a, "m")
+    _commit(store, vid, b, "n")
+    ds = StreamingHiddenStateDataset(path, seed=4)
+    ds.set_epoch(2)
+    first = _train(ds, stop=stop)
+    state = _reload(ds.state_dict())
+    _commit(store, vid, [b[0], a[1]], "a")
+    again = StreamingHiddenStateDataset(path, seed=4)
+    assert [again.reader.ref(i).unit for i in range(2)] == ["a-000000"] * 2  # the store did reorder
+    again.load_state_dict(state)
+    _once(first + _train(again), [s.key for s in a + b])
+
+
+@pytest.mark.parametrize("join", ["next_epoch", "this_epoch"])
+def test_resume_after_the_store_grew(tmp_path: Path, join: str):
+    """Samples committed after the state was saved join at the next epoch (default) or this one; the
+    samples the state knew are trained once either way."""
+    store, vid, keys = _store(tmp_path / "s.zarr", units=3, per=6)
+    ds = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=3)
+    ds.set_epoch(1)
+    first = _train(ds, stop=5)
+    state = _reload(ds.state_dict())
+    new = make_samples([4, 12, 9, 7], seed=99)
+    _commit(store, vid, new, "a")  # sorts first: every old index shifts by four
+    grown = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=3, new_samples=join)
+    grown.load_state_dict(state)
+    grown.set_epoch(1)  # the epoch in progress goes on
+    _once(first + _train(grown), keys + ([s.key for s in new] if join == "this_epoch" else []))
+    grown.set_epoch(2)
+    _once(_train(grown), keys + [s.key for s in new])
+
+
+@pytest.mark.parametrize("world,resume_world", [(2, 3), (3, 1), (2, 2)])
+def test_resume_on_another_number_of_ranks_after_a_reorder(tmp_path: Path, world: int, resume_world: int):
+    """Ranks (rank=, world_size=) each train a few batches; their gathered marks resume on another number of
+    ranks after a racing commit reordered the store: every key of the epoch once over all ranks."""
+    store, vid, keys = _store(tmp_path / "s.zarr")
+    ranks = [StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=2, batch_tokens=48, rank=r, world_size=world)
+             for r in range(world)]
+    first = []
+    for r, ds in enumerate(ranks):
+        ds.set_epoch(1)
+        first += _train(ds, stop=2 + r)
+    for ds in ranks[1:]:  # what state_dict gathers over a process group
+        ranks[0].mark_consumed(np.flatnonzero(ds.consumed))
+    state = _reload(ranks[0].state_dict())
+    raced = make_samples([5 + (i * 7 + 1) % 20 for i in range(10)], seed=2)[3:8]  # five of unit m1's samples
+    _commit(store, vid, raced, "a")
+    rest = []
+    for r in range(resume_world):
+        ds = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=2, batch_tokens=48, rank=r, world_size=resume_world)
+        ds.load_state_dict(state)
+        rest += _train(ds)
+    _once(first + rest, keys)
+
+
+def test_an_old_format_state_loads_while_it_fits_and_is_refused_in_one_line_after(tmp_path: Path):
+    store, vid, keys = _store(tmp_path / "s.zarr", units=2, per=6)
+    ds = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=8)
+    ds.set_epoch(4)
+    first = _train(ds, stop=5)
+    old = {"epoch": 4, "seed": 8, "n": 12, "variant": vid, "consumed": np.packbits(ds.consumed).tobytes().hex()}
+    same = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=8)
+    same.load_state_dict(old)
+    _once(first + _train(same), keys)
+    _commit(store, vid, make_samples([5, 6], seed=50), "z")
+    grown = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=8)
+    with pytest.raises(BadInput, match=r"old format .* saved over 12 samples; the store serves 14 now") as e:
+        grown.load_state_dict(old)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.process
+def test_accelerate_prepared_loader_stopped_and_resumed_trains_the_uninterrupted_order(tmp_path: Path):
+    """Accelerate's prepare(DataLoader) with two workers and token-budget batches, two epochs: stopped
+    mid-epoch, checkpointed, resumed in a new dataset and loader: the batches are the uninterrupted run's, in
+    its order."""
+    from accelerate import Accelerator, DataLoaderConfiguration
+
+    _store(tmp_path / "s.zarr")
+
+    def run(ds: StreamingHiddenStateDataset, stop: tuple[int, int] | None = None,
+            start: int = 0) -> tuple[list, dict | None]:
+        # the dataset splits over ranks itself: Accelerate must not dispatch or re-shard its batches
+        acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=False))
+        loader = acc.prepare(DataLoader(ds, batch_size=None, num_workers=2))
+        seen = []
+        for epoch in range(start, 2):
+            loader.set_epoch(epoch)
+            for step, batch in enumerate(loader):
+                if (epoch, step) == stop:
+                    return seen, _reload(ds.state_dict())
+                seen.append(list(batch["key"]))
+                ds.mark_consumed(batch["index"])
+        return seen, None
+
+    def fresh() -> StreamingHiddenStateDataset:
+        return StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=5, batch_tokens=60)
+
+    whole, _ = run(fresh())
+    assert len(whole) > 8
+    for stop in ((0, 3), (1, 1)):
+        part, state = run(fresh(), stop)
+        resumed = fresh()
+        resumed.load_state_dict(state)
+        rest, _ = run(resumed, start=state["epoch"])  # the loop starts at the checkpoint's epoch
+        assert part + rest == whole
+
+
+def test_a_state_stays_compact_for_five_million_samples():
+    from hsstore.read.resume_state import pack_marks
+
+    rng = np.random.default_rng(0)
+    half = rng.random(5_000_000) < 0.5  # mid-epoch marks look random: the worst case
+    assert len(pack_marks(half)) < 900_000
+    assert len(pack_marks(np.zeros(5_000_000, bool))) < 2_000
+
+
+def test_set_epoch_to_an_earlier_epoch_after_a_resume_is_refused(tmp_path: Path):
+    """Accelerate calls set_epoch(its own count) when iterated: a loaded state would silently restart at
+    epoch 0 unless told; that is one clear error."""
+    _store(tmp_path / "s.zarr", units=1, per=5)
+    ds = StreamingHiddenStateDataset(tmp_path / "s.zarr")
+    ds.set_epoch(3)
+    _train(ds, stop=2)
+    again = StreamingHiddenStateDataset(tmp_path / "s.zarr")
+    again.load_state_dict(ds.state_dict())
+    with pytest.raises(BadInput, match=r"set_epoch\(0\) after load_state_dict of a state in epoch 3"):
+        again.set_epoch(0)
+    again.set_epoch(3)
+    assert len(list(again)) == 3
