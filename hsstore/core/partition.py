@@ -1,8 +1,22 @@
 """Splitting work across ranks and DataLoader workers, and epoch orders: disjoint, complete, seeded.
 
 Pure functions of numbers and arrays (no I/O, no torch.distributed), so every world shape can be tested
-directly. The read side keeps each (rank, worker) part contiguous in the epoch order, which keeps reads
-chunk-local (a worker reads runs of one unit); the build side balances whole batches by tokens.
+directly. The build side balances whole batches by tokens.
+
+The read side (StreamingHiddenStateDataset). Each rank takes a contiguous run of the epoch order; inside a
+rank, DataLoader worker ``w`` of ``W`` takes delivery units ``w, w + W, ...`` of that run (items, or whole
+``batch_tokens`` batches cut from the run before it is shared out). The DataLoader asks its workers in turn,
+so it yields exactly the rank's run in order, whatever the number of workers: the samples a training loop
+has consumed are a prefix of the run, and a resume (the run without them) continues the uninterrupted
+order, also with another number of workers. The cost is read locality: a worker reads every W-th sample of
+a unit instead of one contiguous W-th of it. Inside a unit the order is shuffled anyway, so a worker never
+read a unit front to back; it still reads only the rank's units (a rank's run is contiguous), each unit's
+files are opened by W workers instead of about one, and the kernel's readahead follows each worker's own
+samples. Contiguous runs per worker would make the loader's order depend on the worker count and leave a
+resumed epoch in another order than an uninterrupted one. A DataLoader that batches items itself
+(``batch_size`` > 1) with several workers takes that many items from one worker at a time: every sample
+is still served once, but the resumed order can differ; ``batch_tokens`` batches (made by the dataset, with
+``batch_size=None``) keep it exact.
 """
 
 from __future__ import annotations
@@ -90,3 +104,15 @@ def token_batches(lengths: Sequence[int], budget: int) -> list[tuple[int, int]]:
     if len(lengths) > start:
         out.append((start, len(lengths)))
     return out
+
+
+def worker_runs(seq: np.ndarray, workers: int, worker: int, marks: np.ndarray,
+                lengths: Sequence[int] | None = None, budget: int | None = None) -> list[np.ndarray]:
+    """What DataLoader worker ``worker`` of ``workers`` delivers of a rank's run ``seq``: its items (one run)
+    or, with a token ``budget`` and the samples' ``lengths``, its batches (a run each), in turn with the
+    other workers; samples ``marks`` (bool, by sample) calls consumed are left out."""
+    if not budget:
+        mine = strided(seq, workers, worker)
+        return [mine[~marks[mine]]]
+    runs = [seq[a:b] for a, b in token_batches(lengths or [], budget)[worker::workers]]
+    return [r for r in (r[~marks[r]] for r in runs) if len(r)]

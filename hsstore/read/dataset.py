@@ -7,20 +7,7 @@ bf16 (exactly: hsstore.core.quant), or with ``raw=True`` as ``float8_e4m3fn`` co
 [T, n_aux, 1] and ``target_scales`` [T, n_target, 1] (float32; value = code * scale) for trainers that
 dequantize on the GPU.
 
-Streaming split (StreamingHiddenStateDataset). Each rank takes a contiguous run of the epoch order; inside a
-rank, DataLoader worker ``w`` of ``W`` takes delivery units ``w, w + W, ...`` of that run (items, or whole
-``batch_tokens`` batches cut from the run before it is shared out). The DataLoader asks its workers in turn,
-so it yields exactly the rank's run in order, whatever the number of workers: the samples a training loop
-has consumed are a prefix of the run, and a resume (the run without them) continues the uninterrupted
-order, also with another number of workers. The cost is read locality: a worker reads every W-th sample of
-a unit instead of one contiguous W-th of it. Inside a unit the order is shuffled anyway, so a worker never
-read a unit front to back; it still reads only the rank's units (a rank's run is contiguous), each unit's
-files are opened by W workers instead of about one, and the kernel's readahead follows each worker's own
-samples. Contiguous runs per worker would make the loader's order depend on the worker count and leave a
-resumed epoch in another order than an uninterrupted one. A DataLoader that batches items itself
-(``batch_size`` > 1) with several workers takes that many items from one worker at a time: every sample
-is still served once, but the resumed order can differ; ``batch_tokens`` batches (made here, with
-``batch_size=None``) keep it exact.
+How the streaming dataset splits an epoch over ranks and workers, and why: hsstore.core.partition.
 """
 
 from __future__ import annotations
@@ -33,11 +20,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from hsstore.core.errors import BadInput, CorruptData
-from hsstore.core.partition import epoch_sequence, split_for, strided, token_batches
+from hsstore.core.errors import BadInput
+from hsstore.core.partition import epoch_sequence, split_for, worker_runs
 from hsstore.core.schema.info_report import AuditSummary
 from hsstore.read.collate import pad_collate
-from hsstore.read.resume_state import FORMAT, SavedState, load_state, pack_marks, snapshot_digest
+from hsstore.read.resume_state import (LiveMarks, check_join, load_state, marks_by_key, save_state, snapshot,
+                                       snapshot_digest)
 from hsstore.read.lookahead import Fetched, Lookahead
 from hsstore.read.prefetch import in_order
 from hsstore.read.readahead import Readahead
@@ -187,18 +175,14 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
     resume (``state_dict`` / ``load_state_dict``) that continues the epoch exactly.
 
     - each rank takes a contiguous run of the epoch order (``remainder="keep"``: ranks may differ by one
-      sample; ``"drop"``: the last ``len % world`` samples wait for a later epoch so every rank gets the
-      same count); its DataLoader workers take that run's delivery units (items, or ``batch_tokens``
-      batches) in turn, so the loader yields the rank's run in order (module docstring: why);
+      sample; ``"drop"``: the last ``len % world`` wait for a later epoch); its DataLoader workers take
+      that run's items (or ``batch_tokens`` batches) in turn: the loader yields the run in order;
     - the order is a function of (seed, epoch, the committed snapshot) only;
-    - the epoch, the consumed marks and a loaded state live in a small shared-memory block the main process
-      writes (``set_epoch``, ``mark_consumed``, ``load_state_dict``) and every worker reads when its
-      iteration starts: persistent workers, spawn / forkserver / fork, any ``prefetch_factor`` follow them;
-    - ``set_epoch(e)`` starts epoch ``e``; for the epoch in progress (after ``load_state_dict``, or
-      Accelerate's call at each iteration) it goes on where it stood, unless nothing of it is left;
-    - ``mark_consumed(batch["index"])`` + ``state_dict()`` / ``load_state_dict()``: the state names its
-      snapshot (units, digest); on a store that changed since, marks are carried over by sample key and
-      samples committed since join at the next epoch (``new_samples="this_epoch"``: this one);
+    - ``set_epoch``, ``mark_consumed`` and ``load_state_dict`` in the main process write a shared-memory
+      block every worker reads when its iteration starts (persistent, spawned or forked workers follow);
+    - ``set_epoch(e)`` starts epoch ``e``; for the epoch in progress it goes on, unless nothing is left;
+    - ``state_dict()`` names its snapshot (units, digest): on a store changed since, ``load_state_dict``
+      carries marks over by key; new samples join next epoch (``new_samples="this_epoch"``: this one);
     - ``batch_tokens=N`` yields padded batches of at most N (padded) tokens instead of single items;
     - ``prefetch=K`` reads the next K samples on threads (default: 8 on remote stores such as ``s3://``,
       where every read is a round trip; 0 on local disks);
@@ -213,27 +197,18 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
                  readahead: bool = True, new_samples: str = "next_epoch") -> None:
         if remainder not in ("keep", "drop"):
             raise BadInput(f"remainder={remainder!r}; choose 'keep' or 'drop'")
-        self.new_samples = _check_join(new_samples)
+        self.new_samples = check_join(new_samples)
         self._setup(store, variant, layers, require, allow_drift, raw)
         self.seed, self.shuffle, self.batch_tokens, self.remainder = seed, shuffle, batch_tokens, remainder
         self._rank, self._world = rank, world_size
-        self.prefetch = prefetch if prefetch is not None else (0 if self.reader.store.is_local else 8)
-        self.readahead = readahead
-        self.snapshot = _snapshot(self.reader)
-        self.digest = snapshot_digest(self.snapshot)
-        self.unit_sizes = [c for _, c in self.snapshot]
-        self.n = int(sum(self.unit_sizes))
-        # shared with DataLoader workers (before they fork, or pickled to spawned ones as shared memory):
-        # [epoch]; the marks the ranks' split was fixed with (a loaded state's, the same on every rank); the
-        # marks this rank's workers' split was fixed with (this rank's, at the last set_epoch); all marks
-        nbytes = max(1, (self.n + 7) // 8)
-        self._ctl = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self._base, self._plan, self._marks = (torch.zeros(nbytes, dtype=torch.uint8).share_memory_() for _ in "bpm")
+        self.prefetch, self.readahead = (prefetch if prefetch is not None else 0 if self.reader.store.is_local else 8), readahead
+        self.snapshot, self.digest = snapshot(self.reader), snapshot_digest(snapshot(self.reader))
+        self.unit_sizes, self.n = [c for _, c in self.snapshot], sum(c for _, c in self.snapshot)
+        self.live = LiveMarks(self.n)  # what DataLoader workers read when an iteration starts
         self._resumed: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        # a spawned worker has no process group: it keeps the rank and world of the process that made it
+        state = super().__getstate__()  # a spawned worker has no process group: it keeps its parent's rank
         state["_world"], state["_rank"] = self._world_and_rank()
         return state
 
@@ -242,126 +217,65 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
 
     @property
     def epoch(self) -> int:
-        return int(self._ctl[0])
+        return self.live.epoch
 
     @property
     def consumed(self) -> np.ndarray:
         """bool [n]: the samples marked consumed in this epoch (by index into this snapshot's keys)."""
-        return self._bits(self._marks)
-
-    def _bits(self, t: torch.Tensor) -> np.ndarray:
-        return np.unpackbits(t.numpy())[: self.n].astype(bool)
-
-    def _write(self, epoch: int, marks: np.ndarray) -> None:
-        packed = np.zeros(self._marks.shape[0], np.uint8)
-        packed[: (self.n + 7) // 8] = np.packbits(marks)
-        for t in (self._base, self._plan, self._marks):
-            t.numpy()[:] = packed
-        self._ctl[0] = epoch
+        return self.live.bits("marks")
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` (fresh marks); the epoch in progress goes on unless nothing of it is left."""
         epoch = int(epoch)
         if self._resumed is not None and epoch < self._resumed:
-            raise BadInput(f"set_epoch({epoch}) after load_state_dict of a state in epoch {self._resumed} would "
-                           f"train an earlier epoch and drop the resume; call set_epoch({self._resumed}) "
-                           f"(Accelerate: loader.set_epoch({self._resumed}))")
-        if epoch == self.epoch and any(len(r) for r in self._runs(1, 0)):
-            self._plan.numpy()[:] = self._marks.numpy()  # the workers share out what is left, in order
+            raise BadInput(f"set_epoch({epoch}) after load_state_dict of a state in epoch {self._resumed} would drop "
+                           f"the resume; call set_epoch({self._resumed}) (Accelerate: loader.set_epoch({self._resumed}))")
+        if epoch == self.epoch and any(len(r) for r in self._runs(whole_rank=True)):
+            self.live.replan()  # the workers share out what is left, in order
             return
         self._resumed = None
-        self._write(epoch, np.zeros(self.n, dtype=bool))
+        self.live.start(epoch, np.zeros(self.n, dtype=bool))
 
     def mark_consumed(self, indices: Iterable[int] | torch.Tensor) -> None:
         """Record samples the training loop has finished with (call in the main process)."""
         raw = indices.tolist() if isinstance(indices, torch.Tensor) else indices
-        idx = np.asarray(raw if isinstance(raw, (int, np.integer)) else list(raw), np.int64).ravel()
-        if idx.size and (idx.min() < 0 or idx.max() >= self.n):
-            raise BadInput(f"mark_consumed: index {int(idx.max() if idx.max() >= self.n else idx.min())} is not "
-                           f"one of this dataset's {self.n} samples; pass batch['index']")
-        np.bitwise_or.at(self._marks.numpy(), idx >> 3, (128 >> (idx & 7)).astype(np.uint8))
+        self.live.mark(np.asarray(raw if isinstance(raw, (int, np.integer)) else list(raw), np.int64).ravel())
 
     def state_dict(self, gather: bool = True) -> dict[str, Any]:
-        """Resumable state; with torch.distributed initialized (and ``gather``) it merges every rank's.
-        Compact: the snapshot's unit ids and counts, its digest and a compressed bitmask (JSON-ready)."""
-        consumed = self.consumed
-        if gather and torch.distributed.is_available() and torch.distributed.is_initialized():
-            t = torch.from_numpy(consumed.astype(np.uint8))
-            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-            consumed = t.numpy().astype(bool)
-        return {"format": FORMAT, "epoch": self.epoch, "seed": self.seed, "n": self.n, "variant": self.variant_id,
-                "units": [[u, c] for u, c in self.snapshot], "digest": self.digest,
-                "consumed": pack_marks(consumed)}
+        """Resumable state (JSON-ready, compact); with torch.distributed initialized (and ``gather``) it
+        merges every rank's."""
+        return save_state(self.epoch, self.seed, self.variant_id, self.snapshot, self.consumed, gather)
 
     def load_state_dict(self, state: Mapping[str, Any], new_samples: str | None = None) -> None:
-        """Resume ``state`` (state_dict()'s; anything else is one BadInput). Same snapshot: exactly where it
-        stood. A store changed since: the marks follow their samples' keys, and samples committed since
-        join at the next epoch (``new_samples="this_epoch"``: this one). Live workers follow at their
-        next iteration."""
-        join = _check_join(new_samples or self.new_samples)
+        """Resume ``state`` (state_dict()'s; anything else is one BadInput), by sample key when the store
+        changed (class docstring); live workers follow at their next iteration."""
+        join = check_join(new_samples or self.new_samples)
         saved = load_state(state, self.variant_id, self.n, self.seed)
         same = saved.units is None or saved.digest == self.digest
-        self._write(saved.epoch, saved.consumed if same else self._marks_by_key(saved, join))
+        self.live.start(saved.epoch, saved.consumed if same else marks_by_key(self.reader, saved, join))
         self._resumed = saved.epoch
 
-    def _marks_by_key(self, saved: SavedState, join: str) -> np.ndarray:
-        """A state saved over another snapshot, as marks over this one: its consumed samples by key, and
-        (``join="next_epoch"``) the samples it did not know, held back to the next epoch."""
-        units = [u for u, _ in saved.units or []]
-        try:
-            then = VariantReader(self.reader.store, self.variant_id, units=units)
-        except CorruptData as e:
-            raise BadInput(f"the state was saved over units of variant {self.variant_id} that are not committed "
-                           f"now ({str(e).split(';')[0]}): its marks cannot be tied to samples; start epoch "
-                           f"{saved.epoch + 1} with set_epoch") from None
-        if snapshot_digest(_snapshot(then)) != saved.digest:
-            raise BadInput(f"the units the state names serve other samples now than when it was saved "
-                           f"(digest {saved.digest}); start epoch {saved.epoch + 1} with set_epoch")
-        index = {k: i for i, k in enumerate(self.reader.keys)}
-        then_keys = list(then.keys)
-        marks = np.zeros(self.n, dtype=bool)
-        done = [index[then_keys[i]] for i in np.flatnonzero(saved.consumed) if then_keys[i] in index]
-        marks[np.asarray(done, np.int64)] = True
-        if join == "next_epoch":
-            known = set(then_keys)
-            marks[np.asarray([i for k, i in index.items() if k not in known], np.int64)] = True
-        return marks
-
     def _world_and_rank(self) -> tuple[int, int]:
-        if self._world is not None:
-            return int(self._world), int(self._rank or 0)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if self._world is None and torch.distributed.is_available() and torch.distributed.is_initialized():
             return torch.distributed.get_world_size(), torch.distributed.get_rank()
-        return 1, 0
+        return int(self._world or 1), int(self._rank or 0)
 
-    def _runs(self, workers: int, worker: int) -> list[np.ndarray]:
-        """This (rank, worker)'s delivery units of the epoch not yet consumed, in order: one run of items,
-        or one run per ``batch_tokens`` batch. The split is fixed by marks the main process froze
-        (``load_state_dict``, ``set_epoch``): marks made while workers start never move a sample to another
-        worker; later marks only drop samples (a loop that breaks and iterates again without ``set_epoch``
-        gets each sample once, the workers' turns possibly shifted)."""
+    def _runs(self, whole_rank: bool = False) -> list[np.ndarray]:
+        """This (rank, worker)'s unconsumed items (one run) or batches (a run each), in order. The split is
+        fixed by marks the main process froze (``load_state_dict``, ``set_epoch``): later marks only drop
+        samples (re-iterating without ``set_epoch`` gets each once, the workers' turns possibly shifted)."""
+        info = None if whole_rank else get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         order = epoch_sequence(self.unit_sizes, self.seed, self.epoch, self.shuffle)
-        order = order[~self._bits(self._base)[order]]
+        order = order[~self.live.bits("base")[order]]
         world, rank = self._world_and_rank()
         seq = split_for(order, world, rank, drop_remainder=self.remainder == "drop")
-        seq = seq[~self._bits(self._plan)[seq]]
-        marks = self.consumed
-        if not self.batch_tokens:
-            mine = strided(seq, workers, worker)
-            return [mine[~marks[mine]]]
-        cuts = token_batches([self.reader.ref(int(i)).length for i in seq], self.batch_tokens)
-        runs = [seq[a:b] for a, b in cuts[worker::workers]]
-        return [r for r in (r[~marks[r]] for r in runs) if len(r)]
-
-    def my_indices(self) -> np.ndarray:
-        """This (rank, worker)'s samples for the current epoch, in order (pure given the state)."""
-        info = get_worker_info()
-        runs = self._runs(*((info.num_workers, info.id) if info is not None else (1, 0)))
-        return np.concatenate(runs) if runs else np.zeros(0, np.int64)
+        seq = seq[~self.live.bits("plan")[seq]]
+        lengths = [self.reader.ref(int(i)).length for i in seq] if self.batch_tokens else None
+        return worker_runs(seq, workers, worker, self.consumed, lengths, self.batch_tokens)
 
     def _items(self, indices: np.ndarray) -> Iterator[dict[str, Any]]:
-        """Items in order; the kernel reads the next ones' bytes ahead (local stores, ``readahead``), and
-        with ``prefetch`` the next ones are already being read on threads."""
+        """Items in order, read ahead by the kernel (local, ``readahead``) and threads (``prefetch``)."""
         ahead = None
         if self.readahead and self.reader.store.is_local and len(indices):
             layers = sorted({i for ids in self.layer_roles.values() for i in ids})
@@ -373,8 +287,7 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
                 ahead.close()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        info = get_worker_info()  # the epoch and marks are read here, when this iteration starts
-        runs = self._runs(*((info.num_workers, info.id) if info is not None else (1, 0)))
+        runs = self._runs()  # the epoch and marks are read here, when this iteration starts
         items = self._items(np.concatenate(runs) if runs else np.zeros(0, np.int64))
         try:
             if not self.batch_tokens:
@@ -385,17 +298,3 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
         finally:
             items.close()
 
-
-def _check_join(new_samples: str) -> str:
-    if new_samples not in ("next_epoch", "this_epoch"):
-        raise BadInput(f"new_samples={new_samples!r}; choose 'next_epoch' or 'this_epoch'")
-    return new_samples
-
-
-def _snapshot(reader: VariantReader) -> list[tuple[str, int]]:
-    """(unit id, samples it serves) of the units ``reader`` reads, in key order (= unit id order)."""
-    counts: dict[str, int] = {}
-    for k in reader.keys:
-        u = reader.ref(k).unit
-        counts[u] = counts.get(u, 0) + 1
-    return list(counts.items())

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
-from hsstore.core.errors import BadInput
+from hsstore.core.errors import BadInput, CorruptData
+from hsstore.storage.reader import VariantReader
 
 FORMAT = 2
 OLD_FIELDS = {"epoch": int, "seed": int, "n": int, "variant": str, "consumed": str}
@@ -102,3 +104,93 @@ def load_state(state: Any, variant: str, n: int, seed: int) -> SavedState:
     if sum(c for _, c in units) != state["n"] or snapshot_digest(units) != state["digest"]:
         raise BadInput(f"state['units'] does not add up to its n and digest (edited by hand?); {FIX}")
     return SavedState(state["epoch"], _unpack(state["consumed"], state["n"], False), units, state["digest"])
+
+
+def check_join(new_samples: str) -> str:
+    """When samples committed after a state was saved are trained: "next_epoch" or "this_epoch"."""
+    if new_samples not in ("next_epoch", "this_epoch"):
+        raise BadInput(f"new_samples={new_samples!r}; choose 'next_epoch' or 'this_epoch'")
+    return new_samples
+
+
+def snapshot(reader: VariantReader) -> list[tuple[str, int]]:
+    """(unit id, samples it serves) of the units ``reader`` reads, in key order (= unit id order)."""
+    counts: dict[str, int] = {}
+    for k in reader.keys:
+        u = reader.ref(k).unit
+        counts[u] = counts.get(u, 0) + 1
+    return list(counts.items())
+
+
+def save_state(epoch: int, seed: int, variant: str, units: list[tuple[str, int]], consumed: np.ndarray,
+               gather: bool) -> dict[str, Any]:
+    """The format-2 state; with torch.distributed initialized (and ``gather``) the marks of every rank."""
+    if gather and torch.distributed.is_available() and torch.distributed.is_initialized():
+        t = torch.from_numpy(consumed.astype(np.uint8))
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        consumed = t.numpy().astype(bool)
+    return {"format": FORMAT, "epoch": epoch, "seed": seed, "n": int(consumed.shape[0]), "variant": variant,
+            "units": [[u, c] for u, c in units], "digest": snapshot_digest(units), "consumed": pack_marks(consumed)}
+
+
+def marks_by_key(reader: VariantReader, saved: SavedState, join: str) -> np.ndarray:
+    """A state saved over another snapshot, as marks over ``reader``'s: its consumed samples by key, and
+    (``join="next_epoch"``) the samples it did not know, held back to the next epoch. BadInput when a
+    unit it names is not committed now or serves other samples."""
+    try:
+        then = VariantReader(reader.store, reader.id, units=[u for u, _ in saved.units or []])
+    except CorruptData as e:
+        raise BadInput(f"the state was saved over units of variant {reader.id} that are not committed now "
+                       f"({str(e).split(';')[0]}): its marks cannot be tied to samples; start epoch "
+                       f"{saved.epoch + 1} with set_epoch") from None
+    if snapshot_digest(snapshot(then)) != saved.digest:
+        raise BadInput(f"the units the state names serve other samples than when it was saved (digest "
+                       f"{saved.digest}): its marks cannot be tied to samples; start epoch {saved.epoch + 1} with set_epoch")
+    index = {k: i for i, k in enumerate(reader.keys)}
+    then_keys = list(then.keys)
+    marks = np.zeros(len(index), dtype=bool)
+    done = [index[then_keys[i]] for i in np.flatnonzero(saved.consumed) if then_keys[i] in index]
+    marks[np.asarray(done, np.int64)] = True
+    if join == "next_epoch":
+        known = set(then_keys)
+        marks[np.asarray([i for k, i in index.items() if k not in known], np.int64)] = True
+    return marks
+
+
+class LiveMarks:
+    """The epoch and marks a streaming dataset's DataLoader workers read when an iteration starts: torch
+    tensors in shared memory (made before workers fork; spawned ones get them as shared memory when the
+    dataset is pickled to them), written only by the main process. ``base``: the marks the ranks' split
+    was fixed with (a loaded state's, the same on every rank); ``plan``: the marks this rank's workers'
+    split was fixed with (at the last ``set_epoch`` that went on with the epoch); ``marks``: all of them.
+    About n/4 bytes: 1.25 MB for 5M samples."""
+
+    def __init__(self, n: int) -> None:
+        self.n, size = n, max(1, (n + 7) // 8)
+        self.ctl = torch.zeros(1, dtype=torch.int64).share_memory_()  # [epoch]
+        self.t = {name: torch.zeros(size, dtype=torch.uint8).share_memory_() for name in ("base", "plan", "marks")}
+
+    @property
+    def epoch(self) -> int:
+        return int(self.ctl[0])
+
+    def bits(self, name: str) -> np.ndarray:
+        return np.unpackbits(self.t[name].numpy())[: self.n].astype(bool)
+
+    def start(self, epoch: int, marks: np.ndarray) -> None:
+        """Epoch ``epoch`` with ``marks`` (bool [n]) consumed; the split is fixed with them."""
+        packed = np.zeros(self.t["marks"].shape[0], np.uint8)
+        packed[: (self.n + 7) // 8] = np.packbits(marks)
+        for t in self.t.values():
+            t.numpy()[:] = packed
+        self.ctl[0] = epoch
+
+    def replan(self) -> None:
+        """This rank's workers share out what is left of its run (the marks made so far are a prefix)."""
+        self.t["plan"].numpy()[:] = self.t["marks"].numpy()
+
+    def mark(self, idx: np.ndarray) -> None:
+        if idx.size and (idx.min() < 0 or idx.max() >= self.n):
+            bad = int(idx.max() if idx.max() >= self.n else idx.min())
+            raise BadInput(f"mark_consumed: index {bad} is not one of this dataset's {self.n} samples; pass batch['index']")
+        np.bitwise_or.at(self.t["marks"].numpy(), idx >> 3, (128 >> (idx & 7)).astype(np.uint8))
