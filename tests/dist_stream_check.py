@@ -1,5 +1,6 @@
 """Run under torchrun by tests/test_dataset.py: streams a store through DataLoader workers per rank and
-writes what each rank saw (full epochs, a partial epoch with its state, or a resumed epoch)."""
+writes what each rank saw (full epochs, a partial epoch with its state, or a resumed epoch). An optional
+fourth argument "spawn" gives each rank persistent spawned workers (one loader for all its epochs)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ from torch.utils.data import DataLoader
 from hsstore import StreamingHiddenStateDataset
 
 
-def keys_of(ds: StreamingHiddenStateDataset, stop_after: int | None = None) -> list[str]:
+def keys_of(ds: StreamingHiddenStateDataset, loader: DataLoader, stop_after: int | None = None) -> list[str]:
     seen = []
-    loader = DataLoader(ds, batch_size=None, num_workers=2)
     for step, batch in enumerate(loader):
         if stop_after is not None and step >= stop_after:
             break
@@ -23,35 +23,37 @@ def keys_of(ds: StreamingHiddenStateDataset, stop_after: int | None = None) -> l
     return seen
 
 
-def main(store: str, out: str, modes: str) -> None:
+def main(store: str, out: str, modes: str, context: str = "fork") -> None:
     """``modes``: comma-separated, each run on a fresh dataset in this one process group (one launch)."""
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     for mode in modes.split(","):
-        run(store, out, mode, rank)
+        run(store, out, mode, rank, context)
     dist.destroy_process_group()
 
 
-def run(store: str, out: str, mode: str, rank: int) -> None:
+def run(store: str, out: str, mode: str, rank: int, context: str) -> None:
     """One mode's streaming; what this rank saw goes to ``{out}{mode}-{rank}.json``."""
     ds = StreamingHiddenStateDataset(store, variant="dtype=bf16", seed=7, batch_tokens=600, layers=[3])
+    spawn = {"multiprocessing_context": "spawn", "persistent_workers": True} if context == "spawn" else {}
+    loader = DataLoader(ds, batch_size=None, num_workers=2, **spawn)
     result: dict = {"world": dist.get_world_size()}
     if mode == "full":
         for name, epoch in (("epoch0", 0), ("epoch0_again", 0), ("epoch1", 1)):
             ds.set_epoch(epoch)
-            result[name] = keys_of(ds)
+            result[name] = keys_of(ds, loader)
     elif mode == "partial":
         ds.set_epoch(3)
-        result["seen"] = keys_of(ds, stop_after=2)
+        result["seen"] = keys_of(ds, loader, stop_after=2)
         result["state"] = ds.state_dict()
     elif mode == "resume":
         with open(f"{out}state.json") as f:
             ds.load_state_dict(json.load(f))
-        result["seen"] = keys_of(ds)
+        result["seen"] = keys_of(ds, loader)
     with open(f"{out}{mode}-{rank}.json", "w") as f:
         json.dump(result, f)
     dist.barrier()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

@@ -72,9 +72,9 @@ def test_pad_collate_masks():
     assert b["aux_hidden"][0, 3:].abs().sum() == 0
 
 
-def _torchrun(nproc: int, store: Path, out: str, modes: str) -> None:
+def _torchrun(nproc: int, store: Path, out: str, modes: str, context: str = "fork") -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           str(REPO / "tests" / "dist_stream_check.py"), str(store), out, modes]
+           str(REPO / "tests" / "dist_stream_check.py"), str(store), out, modes, context]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
 
@@ -119,6 +119,27 @@ def test_torchrun_resume_mid_epoch_with_another_world_size(tiny_store: Path, two
     assert before and after
     assert not set(before) & set(after)
     assert len(before) + len(after) == len(all_keys) and set(before) | set(after) == all_keys
+
+
+@pytest.mark.process
+def test_torchrun_persistent_spawned_workers_keep_their_rank_and_resume_on_three_ranks(tiny_store: Path,
+                                                                                      tmp_path: Path):
+    """Spawned workers have no process group: each keeps its rank's share (not the whole store), follows
+    set_epoch across epochs as persistent workers, and a state from 2 ranks resumes on 3: each key once."""
+    out = str(tmp_path / "spawn-")
+    _torchrun(2, tiny_store, out, "full,partial", "spawn")
+    ranks = _load(out, "full", 2)
+    all_keys = set(HiddenStateDataset(tiny_store, variant="dtype=bf16").keys)
+    for epoch in ("epoch0", "epoch0_again", "epoch1"):
+        seen = [k for r in ranks for k in r[epoch]]
+        assert len(seen) == len(all_keys) and set(seen) == all_keys
+    assert [r["epoch0"] for r in ranks] == [r["epoch0_again"] for r in ranks] != [r["epoch1"] for r in ranks]
+    first = _load(out, "partial", 2)
+    Path(f"{out}state.json").write_text(json.dumps(first[0]["state"]))
+    _torchrun(3, tiny_store, out, "resume")
+    before = [k for r in first for k in r["seen"]]
+    after = [k for r in _load(out, "resume", 3) for k in r["seen"]]
+    assert before and after and len(before) + len(after) == len(all_keys) and set(before) | set(after) == all_keys
 
 
 @pytest.mark.parametrize("codec", ["none", "zstd"])
