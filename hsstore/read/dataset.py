@@ -196,16 +196,9 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
         self.prefetch = prefetch if prefetch is not None else (0 if self.reader.store.is_local else 8)
         self.readahead = readahead
         self.epoch = 0
-        self.unit_sizes = self._unit_sizes()
+        self.unit_sizes = self.reader.unit_sizes()  # (keys are in unit order)
         self.n = int(sum(self.unit_sizes))
         self.consumed = np.zeros(self.n, dtype=bool)
-
-    def _unit_sizes(self) -> list[int]:
-        sizes: dict[str, int] = {}
-        for k in self.reader.keys:
-            u = self.reader.refs[k].unit
-            sizes[u] = sizes.get(u, 0) + 1
-        return list(sizes.values())  # keys are in unit order already
 
     def __len__(self) -> int:
         return self.n

@@ -74,22 +74,18 @@ def _verify_variant(reader: VariantReader, report: Report, progress: Callable[[i
     vid = reader.id
     for ckey, why in reader.bad_commits:
         report.add(f"commit record {ckey} unreadable (it commits nothing): {why}", vid)
-    owners: dict[str, int] = {}
-    for c in reader.commits:
-        report.committed[(vid, c.unit)] = c
-        for k, _, _ in c.samples:
-            owners[k] = owners.get(k, 0) + 1
+    for head in reader.table.headers:
+        report.committed[(vid, head.unit)] = head  # (its files, for the tree check: not its sample list)
         try:
-            reader.check_unit(c.unit, checksums=True)
+            reader.check_unit(head.unit, checksums=True)
         except CorruptData as e:
-            report.for_samples(c, vid, str(e))
+            report.for_samples(reader.units[head.unit], vid, str(e))
             continue
-        for k, _, n in c.samples:
-            if reader.refs[k].unit == c.unit:  # a duplicate of a racing writer is skipped; the winner is read
-                _verify_sample(reader, reader.refs[k], report)
-                if progress:
-                    progress(n)
-    dups = sum(1 for n in owners.values() if n > 1)
+        for ref in reader.unit_refs(head.unit):  # a duplicate of a racing writer is skipped; the winner is read
+            _verify_sample(reader, ref, report)
+            if progress:
+                progress(ref.length)
+    dups = reader.table.duplicated_keys
     if dups:
         report.notes.append(f"variant {vid}: {dups} sample(s) committed by more than one unit (racing writers); "
                             "readers use the first unit, the rest is wasted space")
