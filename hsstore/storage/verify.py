@@ -22,7 +22,7 @@ from hsstore.core.schema.verify_report import Problem, VerifyReport
 from hsstore.storage import layout
 from hsstore.storage.reader import VariantReader
 from hsstore.storage.metadata_io import parse_json
-from hsstore.storage.stats import array_stats, problems
+from hsstore.storage.stats import health_problems, problems
 from hsstore.storage.store import Store, group_attributes
 
 _ODD = {"symlink": "a symlink (hsstore writes none: a link can lead reads out of the store)", "fifo": "a FIFO",
@@ -91,23 +91,24 @@ def _verify_variant(reader: VariantReader, report: Report, progress: Callable[[i
                             "readers use the first unit, the rest is wasted space")
 
 
-def _layer_health(reader: VariantReader, ref: Any, layers: list[int]) -> list[dict[str, float]]:
-    """Health statistics of each layer of one sample: states stored as computed are read with numpy
-    alone; FP8 variants are dequantized first (the one path that needs torch)."""
+def _layer_problems(reader: VariantReader, ref: Any, layers: list[int]) -> list[list[str]]:
+    """What is wrong with each layer of one sample: states stored as computed are read and judged with
+    numpy alone (min and max decide unless a value is NaN or Inf); FP8 variants are dequantized first
+    (the one path that needs torch)."""
     rec = reader.record
     if rec.stored_precision:
         from hsstore.storage.stats import layer_stats
 
-        return [layer_stats(t) for t in reader.read_layers(ref, layers)]
-    return [array_stats(as_float32(reader.read_array(ref, layout.layer_array(i)), rec.dtype)) for i in layers]
+        return [problems(layer_stats(t)) for t in reader.read_layers(ref, layers)]
+    return [health_problems(as_float32(reader.read_array(ref, layout.layer_array(i)), rec.dtype)) for i in layers]
 
 
 def _verify_sample(reader: VariantReader, ref: Any, report: Report) -> None:
     layers = reader.record.all_layers
     try:
         reader.read_tokens(ref)
-        for layer, stats in zip(layers, _layer_health(reader, ref, layers)):
-            bad = problems(stats) if ref.length > 0 else ["empty sample"]
+        for layer, found in zip(layers, _layer_problems(reader, ref, layers)):
+            bad = found if ref.length > 0 else ["empty sample"]
             if bad:
                 report.add(f"layer {layer}: {'; '.join(bad)}", reader.id, ref.key, ref.unit)
     except CorruptData as e:

@@ -64,6 +64,7 @@ def write_tiny_store(path: Path, n_samples: int, unit_samples: int = 1000, lengt
     base = np.random.default_rng(seed).integers(0, 250, length).astype(np.int32)
     mask = np.ones(length, np.uint8)
     rec = store.variant_record(vid)
+    g = torch.Generator().manual_seed(seed)
     for a in range(0, n_samples, unit_samples):
         samples = []
         for i in range(a, min(n_samples, a + unit_samples)):
@@ -71,6 +72,6 @@ def write_tiny_store(path: Path, n_samples: int, unit_samples: int = 1000, lengt
             ids[0] = i  # distinct token ids: distinct keys
             samples.append(SampleTokens(sample_key("tok", ids, mask), ids, mask))
         n = len(samples) * length
-        w.write(samples, {layer: torch.ones(n, hidden, dtype=torch.bfloat16) for layer in rec.all_layers},
+        w.write(samples, {layer: torch.randn(n, hidden, generator=g).to(torch.bfloat16) for layer in rec.all_layers},
                 skip_committed=False)
     return store, vid

@@ -8,6 +8,7 @@ import gc
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,6 +16,7 @@ from hsstore.core.schema.store_records import CommitRecord
 from hsstore.read.dataset import StreamingHiddenStateDataset
 from hsstore.storage.reader import SampleRef
 from hsstore.storage.sample_table import Keys, Refs, SampleTable, UnitRecords, unit_part
+from hsstore.storage.stats import array_stats, health_problems, problems
 from hsstore.storage.store import Store
 from hsstore.storage.verify import verify
 from hsstore.storage.writer import UnitWriter
@@ -124,3 +126,39 @@ def test_opening_a_variant_makes_no_python_object_per_sample(tmp_path: Path):
     gc.collect()
     grown = len(gc.get_objects()) - before
     assert len(reader.keys) == n and grown < n // 10, grown  # a record or ref per sample would be >= n
+
+
+def _arrays():
+    rng = np.random.default_rng(0)
+    yield rng.standard_normal((5, 8)).astype(np.float32)
+    for v in (0.0, -0.0, 1.5, -3.0, np.nan, np.inf, -np.inf):
+        for shape in ((1, 1), (1, 4), (3, 4), (0, 4)):
+            yield np.full(shape, v, np.float32)
+    mixed = np.zeros((2, 3), np.float32)
+    mixed[0, 0] = -0.0
+    yield mixed
+    for v in (np.nan, np.inf, 2.0, 0.0):
+        x = rng.standard_normal((4, 4)).astype(np.float32)
+        x[1, 2] = v
+        yield x
+        yield np.where(x == v, v, 7.0).astype(np.float32)
+
+
+def test_verify_judges_each_sample_as_the_full_statistics_would():
+    for x in _arrays():
+        assert health_problems(x) == problems(array_stats(x)), x
+
+
+def test_verify_names_the_bad_samples_and_only_those(tmp_path: Path):
+    store = Store.create(tmp_path / "s.zarr")
+    vid = new_variant(store)
+    s = make_samples([3, 4, 2, 5], seed=3)
+    states = make_states(s, 16, "bf16", [0, 1, 2])
+    states[0][3:7] = 0  # sample 1, layer 0: all zero
+    states[1][7:9] = 2.0  # sample 2, layer 1: constant
+    states[2][9:14, 3] = float("nan")  # sample 3, layer 2: NaN
+    UnitWriter(store, vid, check_health=False).write(s, states)
+    found = sorted((p.key, p.what) for p in verify(Store.open(tmp_path / "s.zarr")).problems)
+    assert found == sorted([(s[1].key, "layer 0: all values are zero"),
+                            (s[2].key, "layer 1: all values are equal (constant layer)"),
+                            (s[3].key, "layer 2: 5 NaN and 0 Inf values")])
