@@ -162,3 +162,4 @@ def test_verify_names_the_bad_samples_and_only_those(tmp_path: Path):
     assert found == sorted([(s[1].key, "layer 0: all values are zero"),
                             (s[2].key, "layer 1: all values are equal (constant layer)"),
                             (s[3].key, "layer 2: 5 NaN and 0 Inf values")])
+
