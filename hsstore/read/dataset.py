@@ -202,8 +202,8 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
         self.seed, self.shuffle, self.batch_tokens, self.remainder = seed, shuffle, batch_tokens, remainder
         self._rank, self._world = rank, world_size
         self.prefetch, self.readahead = (prefetch if prefetch is not None else 0 if self.reader.store.is_local else 8), readahead
-        self.snapshot, self.digest = snapshot(self.reader), snapshot_digest(snapshot(self.reader))
-        self.unit_sizes, self.n = [c for _, c in self.snapshot], sum(c for _, c in self.snapshot)
+        self.snapshot = snapshot(self.reader)
+        self.digest, self.unit_sizes, self.n = snapshot_digest(self.snapshot), [c for _, c in self.snapshot], len(self.reader.keys)
         self.live = LiveMarks(self.n)  # what DataLoader workers read when an iteration starts
         self._resumed: int | None = None
 

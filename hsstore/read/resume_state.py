@@ -115,11 +115,7 @@ def check_join(new_samples: str) -> str:
 
 def snapshot(reader: VariantReader) -> list[tuple[str, int]]:
     """(unit id, samples it serves) of the units ``reader`` reads, in key order (= unit id order)."""
-    counts: dict[str, int] = {}
-    for k in reader.keys:
-        u = reader.ref(k).unit
-        counts[u] = counts.get(u, 0) + 1
-    return list(counts.items())
+    return reader.unit_counts()
 
 
 def save_state(epoch: int, seed: int, variant: str, units: list[tuple[str, int]], consumed: np.ndarray,

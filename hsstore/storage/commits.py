@@ -8,7 +8,9 @@ is fixed, verify reports it, and gc still keeps every unit it names or is named 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from hsstore.core.errors import CorruptData
 from hsstore.core.schema.store_records import CommitRecord
@@ -22,7 +24,7 @@ class Commits:
     """A variant's commit records, judged: ``committed`` by unit id (ascending), ``bad`` as (key, why),
     ``protected``: every unit id a record names or is named after (gc never removes those)."""
 
-    committed: dict[str, CommitRecord]
+    committed: dict[str, Any]  # CommitRecord, or what scan's ``keep`` made of it
     bad: list[tuple[str, str]]
     protected: frozenset[str]
 
@@ -36,7 +38,7 @@ def read_commit(io: Backend, vid: str, key: str) -> CommitRecord:
     raw = io.get(key, cap=MAX_RECORD_BYTES)
     if raw is None:
         raise CorruptData(f"{what} vanished while being read")
-    rec = CommitRecord.from_dict(parse_json(raw, what), what)
+    rec = CommitRecord.from_json(raw, what)  # typed straight from the bytes: no dict, depth fixed by the type
     if rec.unit != k.uid:
         raise CorruptData(
             f"{what} names unit {rec.unit!r}, not the unit {k.uid!r} it is named after (renamed or copied by "
@@ -51,9 +53,12 @@ def commit_keys(io: Backend, vid: str) -> list[str]:
     return io.list(layout.commits_prefix(vid))
 
 
-def scan(io: Backend, vid: str, skip: set[str] | frozenset[str] = frozenset()) -> Commits:
-    """Judge every commit record of ``vid`` (keys in ``skip`` are left out: already seen by the caller)."""
-    committed: dict[str, CommitRecord] = {}
+def scan(io: Backend, vid: str, skip: set[str] | frozenset[str] = frozenset(),
+         keep: Callable[[CommitRecord], Any] | None = None) -> Commits:
+    """Judge every commit record of ``vid`` (keys in ``skip`` are left out: already seen by the caller);
+    ``keep``: what to hold of each committed record, made as it is read (a reader's compact form, so the
+    records of a large variant are never all in memory at once)."""
+    committed: dict[str, Any] = {}
     bad: list[tuple[str, str]] = []
     protected: set[str] = set()
     for key in commit_keys(io, vid):
@@ -70,7 +75,7 @@ def scan(io: Backend, vid: str, skip: set[str] | frozenset[str] = frozenset()) -
             if named:
                 protected.add(named)
             continue
-        committed[rec.unit] = rec
+        committed[rec.unit] = rec if keep is None else keep(rec)
     return Commits(dict(sorted(committed.items())), bad, frozenset(protected))
 
 

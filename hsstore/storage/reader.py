@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -20,6 +19,7 @@ from hsstore.core.keys import sample_key
 from hsstore.core.schema.store_records import CommitRecord, VariantRecord
 from hsstore.storage import commits, layout
 from hsstore.storage.backend import Backend, BufferRange, RangeSource
+from hsstore.storage.sample_table import Keys, Refs, SampleRef, SampleTable, UnitRecords, unit_part
 from hsstore.storage.shardio import ShardReader, check_declared_bytes
 from hsstore.storage.stats import merge
 from hsstore.storage.tasks import pieces, process_pool, read_threads, run_shared, usable_cpus
@@ -37,16 +37,6 @@ class StoreLike(Protocol):
     def variant_record(self, vid: str) -> VariantRecord: ...
 
 
-@dataclass(frozen=True)
-class SampleRef:
-    """Where one committed sample lives: its unit and the token range inside it."""
-
-    key: str
-    unit: str
-    offset: int
-    length: int
-
-
 class VariantReader:
     """Reads committed samples of one variant (units committed as hsstore.storage.commits defines)."""
 
@@ -57,23 +47,20 @@ class VariantReader:
         self.io = store.io
         self.id = vid
         self.record = store.variant_record(vid)
-        found = commits.scan(self.io, vid)
-        self.units = found.committed
+        found = commits.scan(self.io, vid, keep=unit_part)
+        parts = found.committed
         if units is not None:
-            gone = sorted(set(units) - set(self.units))
+            gone = sorted(set(units) - set(parts))
             if gone:
                 raise CorruptData(f"unit {gone[0]} of variant {vid} was committed when this reader's snapshot was "
                                   f"taken and is not now ({len(gone)} such unit(s)); run `hsstore verify`")
-            self.units = {u: c for u, c in self.units.items() if u in units}
-        self.commits = list(self.units.values())
+            parts = {u: c for u, c in parts.items() if u in units}
         self.bad_commits = found.bad
-        refs: dict[str, SampleRef] = {}
         # units sorted by id: the first unit to hold a key wins, so racing writers never show a key twice
-        for c in self.commits:
-            for key, off, n in c.samples:
-                refs.setdefault(key, SampleRef(key, c.unit, off, n))
-        self.refs = refs
-        self.keys = list(refs)  # unit order, then offset: reading in this order is chunk-local
+        self.table = SampleTable(list(parts.values()))  # (held as arrays: hsstore.storage.sample_table)
+        self.units = UnitRecords(self.table)  # uid -> CommitRecord, its sample list made when asked for
+        self.refs = Refs(self.table, vid)
+        self.keys = Keys(self.table)  # unit order, then offset: reading in this order is chunk-local
         self._shards: dict[tuple[str, str], ShardReader] = {}
         self._checked_units: set[str] = set()
         self._lock = ForkSafeLock()  # (a DataLoader may fork while another thread holds it)
@@ -84,8 +71,25 @@ class VariantReader:
         self.tokenizer_fingerprint = self.record.prov.recipe.tokenizer.fingerprint
 
     @property
+    def commits(self) -> Sequence[CommitRecord]:
+        """The committed units' records, by unit id (each made when reached: one at a time in a loop)."""
+        return self.units.records()
+
+    @property
     def n_tokens(self) -> int:
-        return sum(r.length for r in self.refs.values())
+        return self.table.n_tokens()
+
+    def unit_sizes(self) -> list[int]:
+        """Samples this reader serves from each unit that serves any, in unit order (sums to len(keys))."""
+        return self.table.unit_sizes()
+
+    def unit_counts(self) -> list[tuple[str, int]]:
+        """(unit id, samples this reader serves from it) of each unit that serves any, in unit order."""
+        return self.table.unit_counts()
+
+    def unit_refs(self, uid: str) -> list[SampleRef]:
+        """The samples this reader serves from unit ``uid`` (a duplicate a unit before it holds is not one)."""
+        return self.table.unit_refs(uid)
 
     @property
     def bytes_read(self) -> int:
@@ -94,7 +98,7 @@ class VariantReader:
 
     def stats(self) -> dict[int, dict[str, float]]:
         """Per-layer additive health stats over all committed units."""
-        return {layer: merge(c.stats[str(layer)].to_dict() for c in self.commits if str(layer) in c.stats)
+        return {layer: merge(c.stats[str(layer)].to_dict() for c in self.table.headers if str(layer) in c.stats)
                 for layer in self.record.all_layers}
 
     def check_corrupt_commits(self) -> None:
@@ -156,7 +160,7 @@ class VariantReader:
         return reader
 
     def _check_geometry(self, reader: ShardReader, uid: str, name: str) -> None:
-        rec, n = self.record, self.units[uid].n_tokens
+        rec, n = self.record, self.table.unit_tokens(uid)
         if name in layout.TOKEN_ARRAYS:
             want = ((n,), np.dtype("<i4") if name == "input_ids" else np.dtype("u1"))
         elif rec.stored_precision and name.startswith("scale_"):  # per-token scales of FP8 codes
@@ -180,11 +184,8 @@ class VariantReader:
 
     def ref(self, key_or_index: str | int) -> SampleRef:
         if isinstance(key_or_index, (int, np.integer)):
-            return self.refs[self.keys[int(key_or_index)]]
-        try:
-            return self.refs[key_or_index]
-        except KeyError:
-            raise KeyError(f"sample {key_or_index!r} is not committed in variant {self.id}") from None
+            return self.table.ref(int(key_or_index))
+        return self.refs[key_or_index]
 
     def read_tokens(self, ref: SampleRef) -> tuple[np.ndarray, np.ndarray]:
         """(input_ids int32 [T], loss_mask uint8 [T]) of one sample, checked against its key."""
@@ -224,7 +225,7 @@ class VariantReader:
         from hsstore.core.quant_error import merge as merge_errors
         if not self.record.stored_precision:
             return {}
-        return {layer: merge_errors(e[str(layer)] for e in (c.storage_errors for c in self.commits) if str(layer) in e)
+        return {layer: merge_errors(e[str(layer)] for e in (c.storage_errors for c in self.table.headers) if str(layer) in e)
                 for layer in self.record.all_layers}
 
     def read_stacked(self, ref: SampleRef, layers: list[int], raw: bool = False) -> Any:

@@ -129,3 +129,17 @@ def merge_health(parts: list) -> object:
     out[FIELDS.index("max")] = head[:, FIELDS.index("max")].max()
     out[FIELDS.index("min")] = head[:, FIELDS.index("min")].min()
     return torch.cat([out, *[p[len(FIELDS):] for p in parts]])
+
+
+def health_problems(x: np.ndarray) -> list[str]:
+    """``problems(array_stats(x))`` of float32 values, in two passes where the values are finite (min and
+    max alone decide: all zero and constant both mean min == max); verify asks this of every sample."""
+    if x.size == 0:
+        return []
+    lo, hi = x.min(), x.max()
+    if not (np.isfinite(lo) and np.isfinite(hi)):  # NaN or Inf: counted in full
+        return problems(array_stats(x))
+    if lo != hi:
+        return []
+    n = int(x.size)
+    return problems({"n": n, "nan": 0, "inf": 0, "zeros": n if lo == 0 else 0, "min": float(lo), "max": float(hi)})

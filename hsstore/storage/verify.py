@@ -22,7 +22,7 @@ from hsstore.core.schema.verify_report import Problem, VerifyReport
 from hsstore.storage import layout
 from hsstore.storage.reader import VariantReader
 from hsstore.storage.metadata_io import parse_json
-from hsstore.storage.stats import array_stats, problems
+from hsstore.storage.stats import health_problems, problems
 from hsstore.storage.store import Store, group_attributes
 
 _ODD = {"symlink": "a symlink (hsstore writes none: a link can lead reads out of the store)", "fifo": "a FIFO",
@@ -74,44 +74,41 @@ def _verify_variant(reader: VariantReader, report: Report, progress: Callable[[i
     vid = reader.id
     for ckey, why in reader.bad_commits:
         report.add(f"commit record {ckey} unreadable (it commits nothing): {why}", vid)
-    owners: dict[str, int] = {}
-    for c in reader.commits:
-        report.committed[(vid, c.unit)] = c
-        for k, _, _ in c.samples:
-            owners[k] = owners.get(k, 0) + 1
+    for head in reader.table.headers:
+        report.committed[(vid, head.unit)] = head  # (its files, for the tree check: not its sample list)
         try:
-            reader.check_unit(c.unit, checksums=True)
+            reader.check_unit(head.unit, checksums=True)
         except CorruptData as e:
-            report.for_samples(c, vid, str(e))
+            report.for_samples(reader.units[head.unit], vid, str(e))
             continue
-        for k, _, n in c.samples:
-            if reader.refs[k].unit == c.unit:  # a duplicate of a racing writer is skipped; the winner is read
-                _verify_sample(reader, reader.refs[k], report)
-                if progress:
-                    progress(n)
-    dups = sum(1 for n in owners.values() if n > 1)
+        for ref in reader.unit_refs(head.unit):  # a duplicate of a racing writer is skipped; the winner is read
+            _verify_sample(reader, ref, report)
+            if progress:
+                progress(ref.length)
+    dups = reader.table.duplicated_keys
     if dups:
         report.notes.append(f"variant {vid}: {dups} sample(s) committed by more than one unit (racing writers); "
                             "readers use the first unit, the rest is wasted space")
 
 
-def _layer_health(reader: VariantReader, ref: Any, layers: list[int]) -> list[dict[str, float]]:
-    """Health statistics of each layer of one sample: states stored as computed are read with numpy
-    alone; FP8 variants are dequantized first (the one path that needs torch)."""
+def _layer_problems(reader: VariantReader, ref: Any, layers: list[int]) -> list[list[str]]:
+    """What is wrong with each layer of one sample: states stored as computed are read and judged with
+    numpy alone (min and max decide unless a value is NaN or Inf); FP8 variants are dequantized first
+    (the one path that needs torch)."""
     rec = reader.record
     if rec.stored_precision:
         from hsstore.storage.stats import layer_stats
 
-        return [layer_stats(t) for t in reader.read_layers(ref, layers)]
-    return [array_stats(as_float32(reader.read_array(ref, layout.layer_array(i)), rec.dtype)) for i in layers]
+        return [problems(layer_stats(t)) for t in reader.read_layers(ref, layers)]
+    return [health_problems(as_float32(reader.read_array(ref, layout.layer_array(i)), rec.dtype)) for i in layers]
 
 
 def _verify_sample(reader: VariantReader, ref: Any, report: Report) -> None:
     layers = reader.record.all_layers
     try:
         reader.read_tokens(ref)
-        for layer, stats in zip(layers, _layer_health(reader, ref, layers)):
-            bad = problems(stats) if ref.length > 0 else ["empty sample"]
+        for layer, found in zip(layers, _layer_problems(reader, ref, layers)):
+            bad = found if ref.length > 0 else ["empty sample"]
             if bad:
                 report.add(f"layer {layer}: {'; '.join(bad)}", reader.id, ref.key, ref.unit)
     except CorruptData as e:

@@ -6,14 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from hsstore.core.keys import SampleTokens
+from hsstore.core.keys import SampleTokens, sample_key
 from hsstore.storage.codecs import chunk_tokens
 from hsstore.storage.store import Store
 from hsstore.storage.writer import UnitWriter
-from hsstore.testing.factories import AUX, BENCH_LAYERS, TARGET, provenance
+from hsstore.testing.factories import AUX, BENCH_LAYERS, TARGET, new_variant, provenance
 
 
 def write_torch(d: Path, samples: list[SampleTokens], states: list[torch.Tensor]) -> None:
@@ -49,3 +50,28 @@ class TorchDS(Dataset):
 
     def __getitem__(self, i: int) -> Any:
         return torch.load(self.d / f"{i}.pt", weights_only=True)
+
+
+def write_tiny_store(path: Path, n_samples: int, unit_samples: int = 1000, length: int = 4, hidden: int = 8,
+                     seed: int = 0) -> tuple[Store, str]:
+    """A store at ``path`` with one bf16 variant (``factories.LAYERS``, width ``hidden``) of ``n_samples``
+    distinct samples of ``length`` tokens, ``unit_samples`` to a unit, written straight through the
+    UnitWriter (no model): the many-small-samples shape of a large DFlash run, built in seconds.
+    Returns (store, variant id)."""
+    store = Store.create(path)
+    vid = new_variant(store, hidden=hidden, codec="none", chunk=4096)
+    w = UnitWriter(store, vid, writer_id="tiny", check_health=False)
+    base = np.random.default_rng(seed).integers(0, 250, length).astype(np.int32)
+    mask = np.ones(length, np.uint8)
+    rec = store.variant_record(vid)
+    g = torch.Generator().manual_seed(seed)
+    for a in range(0, n_samples, unit_samples):
+        samples = []
+        for i in range(a, min(n_samples, a + unit_samples)):
+            ids = base.copy()
+            ids[0] = i  # distinct token ids: distinct keys
+            samples.append(SampleTokens(sample_key("tok", ids, mask), ids, mask))
+        n = len(samples) * length
+        w.write(samples, {layer: torch.randn(n, hidden, generator=g).to(torch.bfloat16) for layer in rec.all_layers},
+                skip_committed=False)
+    return store, vid
