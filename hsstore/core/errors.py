@@ -22,6 +22,12 @@ def escape_controls(text: str) -> str:
     return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
+def one_line(e: BaseException) -> str:
+    """Another library's error text on one line (its line breaks and indentation joined as single spaces), to
+    quote inside hsstore's own one-line message."""
+    return " ".join(str(e).split())
+
+
 class BadInput(HsstoreError, ValueError):
     """The user handed hsstore something it cannot use (exit 2)."""
 
