@@ -199,3 +199,19 @@ def test_a_bucket_that_vanished_mid_build_is_named_with_its_fix(s3: str) -> None
     msg = str(e.value)
     assert e.value.exit_code == 1 and "\n" not in msg and bucket in msg and "does not exist" in msg and "create the bucket" in msg, msg
     assert "free space" not in msg.lower() and "file-size limit" not in msg, msg
+
+
+@pytest.mark.parametrize("doc", ["variant", "array"])
+def test_verify_names_unreadable_metadata_on_s3(s3: str, doc: str) -> None:
+    """The same tree check on an object store: non-JSON in a variant's (or an array's) zarr.json, with no
+    commit records, is a problem naming the key (it verified OK)."""
+    from hsstore.testing.factories import crashed_unit, store_with_unit
+
+    from helpers import garbage_metadata
+
+    url = f"{s3}/{uuid.uuid4().hex[:8]}/meta.zarr"
+    s, vid, _, _ = store_with_unit(url, [6, 9, 4], seed=4, hidden=16, chunk=8)
+    crashed_unit(s, vid, [3], seed=5)
+    key = garbage_metadata(s.io, vid, doc, commits=False)
+    result = verify(Store.open(url))
+    assert not result.ok and any(key in p.what for p in result.problems), (key, result.problems)
