@@ -231,3 +231,27 @@ class TaggedItems(torch.utils.data.Dataset):
         item = self.ds[i]
         item[self.name] = self.tag(self.ds, item)
         return item
+
+
+META_DOCS = {  # every metadata document (zarr.json) of the format, under a variant with a committed and a crashed unit
+    "variants-group": lambda v: "variants/zarr.json",
+    "variant": lambda v: f"variants/{v}/zarr.json",
+    "units-group": lambda v: f"variants/{v}/units/zarr.json",
+    "unit": lambda v: f"variants/{v}/units/w-000000/zarr.json",
+    "array": lambda v: f"variants/{v}/units/w-000000/layer_0/zarr.json",
+    "uncommitted-unit": lambda v: f"variants/{v}/units/crashed-000000/zarr.json",
+    "uncommitted-array": lambda v: f"variants/{v}/units/crashed-000000/input_ids/zarr.json",
+}
+
+
+def garbage_metadata(io, vid: str, doc: str, commits: bool) -> str:  # noqa: ANN001 - any back end
+    """Write non-JSON over ``doc``'s zarr.json (the variant's commit records removed unless ``commits``)."""
+    from hsstore.storage import layout
+
+    if not commits:
+        for key in io.list(layout.commits_prefix(vid)):
+            io.remove(key)
+    key = META_DOCS[doc](vid)
+    assert io.get(key) is not None, key  # the case: a document the store has
+    io.put(key, [b"\x00garbage, not JSON {"])
+    return key

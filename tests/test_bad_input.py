@@ -25,7 +25,7 @@ def _raw(tmp: Path, text: str) -> list[str]:
     return ["build", str(tmp / "m.toml")]
 
 
-def _local_model(tmp: Path, chat_template: bool | str) -> str:
+def _local_model(tmp: Path, chat_template: bool | str, arch: str = "tiny-llama") -> str:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -38,7 +38,7 @@ def _local_model(tmp: Path, chat_template: bool | str) -> str:
     elif not chat_template:
         tok.chat_template = None
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(builtin_config("tiny-llama", vocab_size=len(tok))).save_pretrained(d)
+    AutoModelForCausalLM.from_config(builtin_config(arch, vocab_size=len(tok))).save_pretrained(d)
     tok.save_pretrained(d)
     for f in d.glob("chat_template*"):
         if not chat_template:
@@ -46,11 +46,11 @@ def _local_model(tmp: Path, chat_template: bool | str) -> str:
     return str(d)
 
 
-def _lying_config(tmp: Path, **fields: int) -> str:
-    """A tiny local checkpoint whose config.json states ``fields`` its weights do not have."""
+def _lying_config(tmp: Path, arch: str = "tiny-llama", **fields: object) -> str:
+    """A tiny local checkpoint (of builtin ``arch``) whose config.json states ``fields`` its weights do not have."""
     import json
 
-    d = _local_model(tmp, True)
+    d = _local_model(tmp, True, arch)
     cfg = json.loads((Path(d) / "config.json").read_text())
     cfg.update(fields)
     (Path(d) / "config.json").write_text(json.dumps(cfg))
@@ -178,6 +178,16 @@ CASES = {
                                     r"aux final_norm is RMSNorm of target layer 3 .* leaks"),
     "config-layers-not-in-weights": (lambda t: _m(t, model=_lying_config(t, num_hidden_layers=1000000), layers="{ aux = [1], target = [2] }"),
                                      r"config.json says num_hidden_layers = 1000000, but the weight files hold 4 decoder layers"),
+    "config-layers-not-in-weights-hybrid": (  # its config's own check (layer_types) ran first, inside the tokenizer's load
+        lambda t: _m(t, model=_lying_config(t, "tiny-qwen3_5", num_hidden_layers=1000000), layers="{ aux = [1], target = [2] }"),
+        r"config.json says num_hidden_layers = 1000000, but the weight files hold 4 decoder layers"),
+    "config-layers-float-not-in-weights": (lambda t: _m(t, model=_lying_config(t, num_hidden_layers=1e6), layers="{ aux = [1], target = [2] }"),
+                                           r"config.json says num_hidden_layers = 1000000, but the weight files hold 4 decoder layers"),
+    "config-intermediate-not-in-weights": (lambda t: _m(t, model=_lying_config(t, intermediate_size=12345), layers="{ aux = [1], target = [2] }"),
+                                           r"config.json says intermediate_size = 12345, but the weight files hold .*; fix config.json"),
+    "config-fields-inconsistent": (lambda t: _m(t, model=_lying_config(t, "tiny-qwen3_5", layer_types=["full_attention"] * 5),
+                                                layers="{ aux = [1], target = [2] }"),
+                                   r"^error: [^\\]*config.json of .* is not valid: .*layer_types.*; fix config.json"),
     "config-hidden-not-in-weights": (lambda t: _m(t, model=_lying_config(t, hidden_size=4096), layers="{ aux = [1], target = [2] }"),
                                      r"config.json says hidden_size = 4096, but the embedding in the weight files is \d+ x 64"),
     "config-vocab-not-in-weights": (lambda t: _m(t, model=_lying_config(t, vocab_size=10**9), layers="{ aux = [1], target = [2] }"),

@@ -181,6 +181,20 @@ def _exported(t: Path) -> str:
     return str(t / "s.zarr")
 
 
+def _export_without_layer_count(t: Path, fmt: str = "specforge") -> Path:
+    """An export whose provenance records no layer count: its record says so as the exporter writes it then
+    (num_layers -1, the slots' hsstore ids as written, capture unknown)."""
+    import json
+
+    (t / "src").mkdir()
+    assert main_exit(["export", _exported(t / "src"), fmt, str(t / "ex")]) == 0
+    side = t / "ex" / "hsstore-export.json"
+    rec = json.loads(side.read_text())
+    rec.update(num_layers=-1, tool_capture="unknown", tool_layers=[*rec["slots"]["aux"], *rec["slots"]["target"]])
+    side.write_text(json.dumps(rec))
+    return t / "ex"
+
+
 CASES = {
     "import-format-unknown": (lambda t: _imp(t, "medusa", _sf(t)), "unknown format 'medusa'"),
     "import-no-files": (lambda t: (t / "e").mkdir() or _imp(t, "specforge", t / "e"), "no specforge sample files under"),
@@ -200,6 +214,9 @@ CASES = {
     "import-layer-twice": (lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,1,1,3", *SF[6:]]), "names one layer twice"),
     "import-no-num-layers": (lambda t: _imp(t, "specforge", _sf(t), opts=["--tokenizer", TOKENIZER, *SF[4:]]),
                              "pass --model DIR .* or --num-layers N"),
+    "import-export-no-layer-count": (lambda t: ["import", "specforge", str(_export_without_layer_count(t)), "--store",
+                                                str(t / "s.zarr"), "--tokenizer", TOKENIZER],
+                                     r"the number of decoder layers is unknown.*--num-layers N"),
     "import-no-tokenizer": (lambda t: _imp(t, "specforge", _sf(t), opts=SF[2:]), "pass --tokenizer PATH"),
     "import-wrong-tokenizer": (lambda t: _imp(t, "specforge", _sf(t, lambda r: r["input_ids"].fill_(300))),
                                "token id 300 is outside the tokenizer's vocabulary"),

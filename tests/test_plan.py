@@ -134,6 +134,45 @@ def test_a_build_its_filesystem_cannot_hold_is_refused_before_any_model_loads(tm
     assert forced.strip() == "rc=1" and "No space left on device" in errors[1], (r.stdout, errors[1])
 
 
+def _under_file_size_limit(limit: int, *args: str) -> subprocess.CompletedProcess:
+    """``hsstore ARGS`` in a real process whose file-size limit (RLIMIT_FSIZE) is ``limit`` bytes (SIGXFSZ
+    ignored, as a shell's ``ulimit -f`` with a trap would: writes past it fail with EFBIG)."""
+    import resource
+    import signal
+
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return subprocess.run([sys.executable, "-m", "hsstore", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, preexec_fn=apply)
+
+
+@pytest.mark.process
+def test_plan_and_build_take_the_file_size_limit_like_free_space(tmp_path: Path):
+    """`ulimit -f 64`: plan said "fits" and the build then failed with "File too large". The largest file the
+    build writes is held against the process's file-size limit as its bytes are against free space: plan
+    says it does not fit, naming the limit and the fix, and the build refuses before any model loads."""
+    m = str(write_manifest(tmp_path / "m.toml", store=str(tmp_path / "s.zarr")))
+    free = _plan(m, "--limit", "40")
+    largest = free["space"]["largest_file_bytes"]
+    assert free["space"]["fits"] and largest > 0 and free["space"]["file_size_limit"] is None, free["space"]
+    limit = largest // 2  # (a multiple of 1024, as ulimit -f sets it in KiB)
+    limit -= limit % 1024
+    r = _under_file_size_limit(limit, "plan", m, "--limit", "40")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("space:"))
+    assert "does NOT fit" in line and "file-size limit" in line and "ulimit -f" in line, line
+    assert f"{limit // 1024} KiB" in line or f"{limit:,}" in line or str(limit) in line, line
+    r = _under_file_size_limit(limit, "plan", m, "--limit", "40", "--json")
+    space = json.loads(r.stdout)["space"]
+    assert space["fits"] is False and space["file_size_limit"] == limit and space["largest_file_bytes"] == largest
+    r = _under_file_size_limit(limit, "build", m, "--limit", "40")
+    errors = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert r.returncode == 2 and len(errors) == 1 and "file-size limit" in errors[0], r.stderr[-2000:]
+    assert "loading the model" not in r.stderr and not (tmp_path / "s.zarr").exists(), r.stderr[-2000:]
+
+
 def test_a_resumed_build_plans_only_its_remainder(tiny_store: Path):
     """60 rows into the session store that holds the first 40: those are found committed (by key, in the
     variant of the same recipe and environment), and only the rest is left to write."""

@@ -174,3 +174,44 @@ def test_a_server_gone_mid_read_is_one_network_error_not_damage(tmp_path: Path,
     errors = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 1 and len(errors) == 1 and "did not answer" in errors[0], r.stderr
     assert "checksum" not in r.stderr and "problem" not in r.stdout + r.stderr
+
+
+def test_a_bucket_that_vanished_mid_build_is_named_with_its_fix(s3: str) -> None:
+    """A build whose bucket was deleted under it advised "Free space (or raise the file-size limit)": the write's
+    failure names the missing bucket and says to create it or choose another --store."""
+    import boto3
+
+    from hsstore.core.errors import HsstoreError
+    from hsstore.storage.writer import UnitWriter
+    from hsstore.testing.factories import make_samples, make_states, store_with_unit
+
+    bucket = f"vanish-{uuid.uuid4().hex[:8]}"
+    client = boto3.client("s3")
+    client.create_bucket(Bucket=bucket)
+    store, vid, _, _ = store_with_unit(f"s3://{bucket}/s.zarr", [4, 5], hidden=32, chunk=16)
+    writer = UnitWriter(store, vid, writer_id="w2")
+    for o in client.list_objects_v2(Bucket=bucket).get("Contents", []):
+        client.delete_object(Bucket=bucket, Key=o["Key"])
+    client.delete_bucket(Bucket=bucket)
+    samples = make_samples([6, 7], seed=1)
+    with pytest.raises(HsstoreError) as e:
+        writer.write(samples, make_states(samples, 32, "bf16", [0, 1, 2]))
+    msg = str(e.value)
+    assert e.value.exit_code == 1 and "\n" not in msg and bucket in msg and "does not exist" in msg and "create the bucket" in msg, msg
+    assert "free space" not in msg.lower() and "file-size limit" not in msg, msg
+
+
+@pytest.mark.parametrize("doc", ["variant", "array"])
+def test_verify_names_unreadable_metadata_on_s3(s3: str, doc: str) -> None:
+    """The same tree check on an object store: non-JSON in a variant's (or an array's) zarr.json, with no
+    commit records, is a problem naming the key (it verified OK)."""
+    from hsstore.testing.factories import crashed_unit, store_with_unit
+
+    from helpers import garbage_metadata
+
+    url = f"{s3}/{uuid.uuid4().hex[:8]}/meta.zarr"
+    s, vid, _, _ = store_with_unit(url, [6, 9, 4], seed=4, hidden=16, chunk=8)
+    crashed_unit(s, vid, [3], seed=5)
+    key = garbage_metadata(s.io, vid, doc, commits=False)
+    result = verify(Store.open(url))
+    assert not result.ok and any(key in p.what for p in result.problems), (key, result.problems)

@@ -79,6 +79,8 @@ def _lines(r: PlanReport) -> list[str]:
                      f"the build writes {byte_size(s.needed_bytes)}")
     else:
         verdict = "fits" if s.fits else "does NOT fit (hsstore build will refuse; free space or use another --store)"
+        if (words := s.limit_words()) is not None:
+            verdict = f"does NOT fit (hsstore build will refuse): {words}"
         lines.append(f"space: {s.path} has {byte_size(s.free_bytes)} free; the build needs "
                      f"{byte_size(s.needed_bytes)}: {verdict}")
     return lines

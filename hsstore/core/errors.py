@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 from collections.abc import Sequence
 
 
@@ -20,6 +22,12 @@ class HsstoreError(Exception):
 def escape_controls(text: str) -> str:
     """``text`` with line breaks and other control characters written as escapes (``\\n``, ``\\x1b``)."""
     return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+
+
+def one_line(e: BaseException) -> str:
+    """Another library's error text on one line (its line breaks and indentation joined as single spaces), to
+    quote inside hsstore's own one-line message."""
+    return " ".join(str(e).split())
 
 
 class BadInput(HsstoreError, ValueError):
@@ -88,7 +96,54 @@ class BuildInterrupted(BuildFailed):
 
 
 class WriteFailed(BuildFailed):
-    """Writing to the store failed (a full disk, a file-size limit, an I/O error); nothing was committed."""
+    """Writing to the store failed (a full disk, a file-size limit, an I/O error); nothing was committed.
+    ``cause`` (a key of ``WRITE_FIXES``, None when not known) chooses the fix a message advises."""
+
+    def __init__(self, message: str, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+class StoreGone(HsstoreError):
+    """The object store's bucket does not exist (deleted while a command ran, or a typo in the URL) (exit 1)."""
+
+    exit_code = 1
+
+
+# what to do about a failed write, by its cause (the advice ends where "and re-run …" follows)
+WRITE_FIXES = {
+    "disk_full": "Free space on the store's disk (or raise its quota), or choose another --store,",
+    "file_too_large": "Raise the file-size limit (ulimit -f: this process's RLIMIT_FSIZE), or run where none is set,",
+    "permission": "The store is not writable by this process (permissions, a read-only file system, or credentials "
+                  "the store refuses): fix that or choose another --store,",
+    "no_bucket": "The bucket does not exist (deleted, or a typo in the URL): create the bucket or choose another "
+                 "--store,",
+    "network": "The store did not answer: check the network and the server,",
+    None: "Fix the cause named above,",
+}
+_ERRNO_CAUSES = {errno.ENOSPC: "disk_full", errno.EDQUOT: "disk_full", errno.EFBIG: "file_too_large",
+                 errno.EACCES: "permission", errno.EPERM: "permission", errno.EROFS: "permission"}
+
+
+def write_cause(e: BaseException) -> str | None:
+    """The cause of a failed write (a key of ``WRITE_FIXES``), from the error or one it was raised from: the
+    operating system's errno, or an object store's refusal (a missing bucket, access denied)."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, StoreGone) or "NoSuchBucket" in type(cur).__name__ or "bucket does not exist" in str(cur):
+            return "no_bucket"
+        if isinstance(cur, WriteFailed) and cur.cause is not None:
+            return cur.cause
+        if isinstance(cur, PermissionError) or type(cur).__name__ in ("AccessDenied", "Forbidden"):
+            return "permission"
+        if isinstance(cur, OSError) and cur.errno in _ERRNO_CAUSES:
+            return _ERRNO_CAUSES[cur.errno]
+        if isinstance(cur, (ConnectionError, TimeoutError)):
+            return "network"
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 class ResourceLimit(BadInput):

@@ -53,6 +53,9 @@ def parse_layer_list(text: str) -> list[Stated]:
 
 def to_hsstore(stated: Stated, capture: str, num_layers: int) -> int:
     """One stated id as an hsstore layer id (``unknown`` keeps integers as written)."""
+    if not isinstance(num_layers, int) or num_layers < 1:  # (an export record writes -1 for "unknown")
+        raise BadInput(f"the number of decoder layers is unknown (got {num_layers!r}), so layer {stated!r} cannot be "
+                       "placed: pass --num-layers N (or --model DIR, the target's folder with config.json)")
     if stated == FINAL_NORM:
         return num_layers
     i = int(stated)

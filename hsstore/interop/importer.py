@@ -72,8 +72,8 @@ def _statement(req: ImportRequest, fmt: Format, root: Path) -> Statement:
     if req.layers is not None and req.capture is not None:
         return Statement(parse_layer_list(req.layers), parse_capture(req.capture), "user", req.num_layers)
     if sidecar is not None and req.layers is None and req.capture is None:
-        return Statement(list(sidecar.tool_layers), sidecar.tool_capture, "hsstore-export",
-                         req.num_layers or sidecar.num_layers)
+        known = sidecar.num_layers if isinstance(sidecar.num_layers, int) and sidecar.num_layers > 0 else None  # -1: none
+        return Statement(list(sidecar.tool_layers), sidecar.tool_capture, "hsstore-export", req.num_layers or known)
     missing = "--layers" if req.layers is None else "--capture"
     slots = "aux layers in file order, then the target" if fmt.has_aux else "the one target layer"
     raise BadInput(f"{fmt.name} files do not record which layers they hold: pass --layers ({slots}, e.g. "

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import xxhash
 
-from hsstore.core.errors import BadInput, WriteFailed
+from hsstore.core.errors import WRITE_FIXES, BadInput, WriteFailed, write_cause
 from hsstore.interop.formats.interface import PLACE_ERRORS, TMP_SUFFIX, atomic_write, write_failed
 from hsstore.storage.fileio import write_file
 from hsstore.storage.leases import Lease, lock_folder_alone
@@ -94,7 +94,7 @@ def write_together(root: Path, outputs: list[tuple[str, bytes]], record: str,
             if e.errno in PLACE_ERRORS:
                 raise write_failed(path, e) from None
             raise WriteFailed(f"writing {path} failed: {e.strerror or e}; the vocab-map folder is as it was (no file "
-                              "of it was replaced). Free space and re-run the same command") from None
+                              f"of it was replaced). {WRITE_FIXES[write_cause(e)]} and re-run the same command") from None
         _rename_in(root, staged, record)
     finally:
         for tmp, _ in staged:

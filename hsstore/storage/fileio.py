@@ -22,7 +22,7 @@ from typing import Any
 
 import crc32c
 
-from hsstore.core.errors import WriteFailed
+from hsstore.core.errors import WRITE_FIXES, WriteFailed, write_cause
 
 _IOV_MAX = 512  # writev takes a bounded number of buffers
 
@@ -145,4 +145,6 @@ def write_output_file(path: str, data: bytes, option: str) -> None:
         else:
             replace_file(p, data, f".{os.path.basename(p)}.{uuid.uuid4().hex[:12]}.tmp")
     except OSError as e:
-        raise WriteFailed(f"writing {option} {path!r} failed: {e.strerror or e}; free space or write it elsewhere") from None
+        fix = WRITE_FIXES[write_cause(e)].rstrip(",")
+        raise WriteFailed(f"writing {option} {path!r} failed: {e.strerror or e}; {fix[0].lower()}{fix[1:]}, or write it "
+                          "elsewhere") from None

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from hsstore.core.errors import CorruptData, WriteFailed
+from hsstore.core.errors import CorruptData, WriteFailed, write_cause
 from hsstore.storage import leases, localfs
 from hsstore.storage.backend import Backend, Entry, RangeSource
 from hsstore.storage.fileio import Written, install_file, write_file
@@ -36,7 +36,7 @@ def readahead_window(dev: int) -> int:
 def write_failed(key: str, e: BaseException) -> WriteFailed:
     """One line naming the key and the operating system's reason."""
     why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
-    return WriteFailed(f"writing {key} failed: {why}")
+    return WriteFailed(f"writing {key} failed: {why}", write_cause(e))
 
 
 def _is_claim_folder(key: str) -> bool:

@@ -17,7 +17,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import FsspecStore
 
-from hsstore.core.errors import CorruptData, HsstoreError, StoreUnreachable, WriteFailed
+from hsstore.core.errors import CorruptData, HsstoreError, StoreGone, StoreUnreachable, WriteFailed, write_cause
 from hsstore.storage.backend import Backend, Entry, RangeSource
 from hsstore.storage.fileio import Written, digest
 from hsstore.storage.layout import TMP_PREFIX
@@ -63,7 +63,12 @@ def with_retries(fn: Callable[[], T], what: str, location: str) -> T:
     for attempt in range(ATTEMPTS):
         try:
             return fn()
-        except (FileNotFoundError, HsstoreError):
+        except FileNotFoundError as e:
+            if write_cause(e) == "no_bucket":  # the bucket, not a key, is missing: no key can be read or written
+                raise StoreGone(f"{what} in {location} failed: its bucket does not exist (deleted, or a typo in the "
+                                "URL); create the bucket or choose another store, then re-run") from None
+            raise
+        except HsstoreError:
             raise
         except Exception as e:  # noqa: BLE001 - sorted below: the network, or anything else
             if not is_network_error(e):
@@ -150,8 +155,9 @@ class ZarrBackend(Backend):
             got = self.size(key)
         except StoreUnreachable:
             raise
-        except Exception as e:  # noqa: BLE001 - any back end's failure, named in one line
-            raise WriteFailed(f"writing {key} to {self.location} failed: {type(e).__name__}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - any back end's failure, named in one line, with its cause
+            why = "its bucket does not exist" if isinstance(e, StoreGone) else f"{type(e).__name__}: {e}"
+            raise WriteFailed(f"writing {key} to {self.location} failed: {why}", write_cause(e)) from None
         if got != want.size:
             raise WriteFailed(f"writing {key} failed: the store holds {got} bytes after a put of {want.size}")
         return want

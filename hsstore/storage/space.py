@@ -32,3 +32,12 @@ def free_space(location: str) -> FreeSpace | None:
     if st.f_blocks == 0:
         return None
     return FreeSpace(str(p), st.f_bavail * st.f_frsize, st.f_frsize or 4096)
+
+
+def file_size_limit() -> int | None:
+    """This process's file-size limit (RLIMIT_FSIZE, ``ulimit -f``) in bytes; None when unlimited. A write past it
+    fails (EFBIG) however much space is free."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else int(soft)

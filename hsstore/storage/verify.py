@@ -3,7 +3,7 @@ sample readable with tokens matching its key and sane states.
 
 The tree check asks hsstore.storage.layout what each key is: anything hsstore does not write (a stray
 file, a symlink, a FIFO, socket or device, an executable, a directory the format has no
-place for, non-JSON under builds/) is a problem, as is a committed unit whose record lists other files
+place for, non-JSON under builds/, a metadata document (zarr.json) that is not one, committed or not) is a problem, as is a committed unit whose record lists other files
 than the format gives its layers, or whose samples do not tile its arrays exactly. Debris of writes that
 never finished (files of uncommitted units, temporary files of cut-short puts) is a note, not a problem:
 no reader looks at it, and ``hsstore gc`` removes it.
@@ -156,14 +156,32 @@ def _verify_file(store: Store, key: str, report: Report) -> int:
         report.add(f"file {key} was not written by hsstore", k.vid)
     elif k.kind == "unit-file":
         c = report.committed.get((k.vid, k.uid))
+        if k.rel == layout.META or k.rel.endswith("/" + layout.META):  # whatever the commit state
+            _verify_document(store, key, "group" if k.rel == layout.META else "array", report, k, c is not None)
         if c is None:
             return 1
         if k.rel not in c.files:
             report.add(f"file {key} was not recorded by the unit's commit", k.vid, None, k.uid)
-    elif k.kind in ("build", "lineage", "variants-meta", "units-meta"):
-        try:
-            raw = store.io.get(key)
-            parse_json(raw or b"", key) if k.kind in ("build", "lineage") else group_attributes(raw or b"", key)
-        except CorruptData as e:
-            report.add(str(e), k.vid)
+    elif k.kind in ("build", "lineage"):
+        _verify_document(store, key, None, report, k, True)
+    elif k.kind in ("root-meta", "variants-meta", "variant-meta", "units-meta"):
+        _verify_document(store, key, "group", report, k, True)
     return 0
+
+
+def _verify_document(store: Store, key: str, node: str | None, report: Report, k: Any, whole: bool) -> None:
+    """A problem naming ``key`` when it is not a JSON document (``node``: a zarr group or array document). An
+    empty one of an uncommitted unit (``whole`` False) is a write in progress, not damage."""
+    try:
+        raw = store.io.get(key) or b""
+        if not raw and not whole:
+            return
+        meta = parse_json(raw, key)
+        if node is not None and (not isinstance(meta, dict) or meta.get("node_type") != node
+                                 or meta.get("zarr_format") != 3):
+            raise CorruptData(f"{key}: not a zarr v3 {node} document (node_type "
+                              f"{meta.get('node_type') if isinstance(meta, dict) else type(meta).__name__!r})")
+        if node == "group":
+            group_attributes(raw, key)
+    except CorruptData as e:
+        report.add(str(e) if key in str(e) else f"{key}: {e}", k.vid, None, k.uid)

@@ -17,7 +17,7 @@ import torch
 
 from hsstore.core.dtypes import TORCH, to_stored
 from hsstore.core.quant import Quantized, dequantize
-from hsstore.core.errors import BuildFailed, HsstoreError, WriteFailed
+from hsstore.core.errors import WRITE_FIXES, BuildFailed, HsstoreError, WriteFailed, write_cause
 from hsstore.core.keys import SampleTokens
 from hsstore.core.schema.store_records import CommitRecord, HealthStats, QuantError, UnitInfo, WriterInfo
 from hsstore.storage import commits, layout
@@ -154,9 +154,10 @@ class UnitWriter:
         return stats
 
     def _failed(self, uid: str, e: WriteFailed) -> WriteFailed:
-        return WriteFailed(f"unit {uid} of variant {self.vid}: {e}; the unit is not committed. Free space (or "
-                           f"raise the file-size limit) and re-run the same command: `hsstore {self.command}` resumes "
-                           "from its committed units")
+        cause = write_cause(e)  # the fix advised is the one for this cause (a missing bucket is no full disk)
+        return WriteFailed(f"unit {uid} of variant {self.vid}: {e}; the unit is not committed. {WRITE_FIXES[cause]} "
+                           f"and re-run the same command: `hsstore {self.command}` resumes from its committed units",
+                           cause)
 
     def _check_written(self, uid: str, written: Mapping[str, Written]) -> None:
         """Every file the commit will name is there with the size written (a commit never names a missing

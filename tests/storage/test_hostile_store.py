@@ -17,7 +17,7 @@ from hsstore import HiddenStateDataset, Store
 from hsstore.core.errors import CorruptData, HsstoreError
 from hsstore.storage.verify import verify
 
-from helpers import crashed_unit, run_main, store_with_unit
+from helpers import META_DOCS, crashed_unit, garbage_metadata, run_main, store_with_unit
 
 
 @pytest.fixture
@@ -46,6 +46,24 @@ def _assert_one_line(code: int, err: str, want_code: int, pattern: str) -> None:
 
 
 # ---- verify: the whole tree against the format ------------------------------------------------------
+
+@pytest.mark.parametrize("commits", [True, False], ids=["committed", "no-commits"])
+@pytest.mark.parametrize("doc", sorted(META_DOCS))
+def test_verify_names_every_unreadable_metadata_document(store, doc: str, commits: bool):
+    """Non-JSON in a variant's zarr.json with no commits verified OK (docs/guarantees.md: garbage metadata is
+    named): every metadata document is read and named when it does not parse, whatever the commit state."""
+    path, vid, _ = store
+    key = garbage_metadata(Store.open(path).io, vid, doc, commits)
+    problems = _problems(path)
+    assert any(key in p for p in problems), (key, problems)
+
+
+def test_verify_names_a_root_document_that_is_not_json(store, capsys):
+    path, vid, _ = store
+    (path / "zarr.json").write_bytes(b"\x00garbage")
+    code, err = _cli("verify", str(path), capsys=capsys)
+    assert code != 0 and "zarr.json" in err, (code, err)
+
 
 ODD_FILES = {
     "symlink-file": (lambda p, v, u: (u / "layer_9").symlink_to(u / "layer_0"), "is a symlink"),

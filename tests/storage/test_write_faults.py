@@ -83,8 +83,9 @@ def test_file_size_limit_stops_the_build_and_it_resumes(tmp_path: Path):
     m = _manifest(tmp_path, store)
     # the driver's sample file, token arrays and metadata fit under 96 KiB; a unit's layer shard
     # (2048 tokens x 64 x bf16, ~180 KB compressed) does not
-    r = _build(m, _file_size_limit(96 << 10))
+    r = _build(m, _file_size_limit(96 << 10), "--no-space-check")  # (the space check refuses it up front: test_plan)
     assert _assert_failed_cleanly(r, store, "File too large") == 0
+    assert "raise the file-size limit (ulimit -f" in r.stderr.lower() and "free space" not in r.stderr.lower(), r.stderr
     _assert_resumed(m, store)
 
 
@@ -109,8 +110,27 @@ def test_full_filesystem_stops_the_build_and_it_resumes(tmp_path: Path, small_fs
     # In this process: a full disk fails every writer alike (the file-size limit above is a process's own)
     r = run_cli("build", str(m), "--limit", LIMIT, "--quiet", "--no-space-check")
     assert _assert_failed_cleanly(r, store, "No space left on device") > 0  # the first units fit
+    assert "free space" in r.stderr.lower() and "file-size limit" not in r.stderr, r.stderr  # the fix for its cause
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_fs)], check=True)  # space freed
     _assert_resumed(m, store)
+
+
+def test_a_read_only_filesystem_is_named_a_permission_fault_not_a_full_disk(tmp_path: Path, small_fs: Path):
+    """A store whose filesystem turned read-only (EROFS) advised "Free space (or raise the file-size limit)":
+    the advice names the cause and its fix (permissions, another --store)."""
+    store = Store.create(small_fs / "s.zarr")
+    vid = new_variant(store, hidden=32, chunk=16)
+    samples = make_samples([40, 25], seed=3)
+    writer = UnitWriter(store, vid, writer_id="w")
+    subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
+    try:
+        with pytest.raises(WriteFailed) as e:
+            writer.write(samples, make_states(samples, 32, "bf16", [0, 1, 2]))
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(small_fs)], check=True)
+    msg = str(e.value)
+    assert "Read-only file system" in msg and "not writable" in msg and "re-run" in msg, msg
+    assert "free space" not in msg.lower() and "file-size limit" not in msg, msg
 
 
 # ---- in-process: the checked write path itself ------------------------------------------------------

@@ -10,9 +10,9 @@ from typing import Any
 
 from hsstore.capture.model.builtin import GENERATOR_VERSION, builtin_config, builtin_tokenizer
 from hsstore.capture.inputs.chatdate import chat_date
-from hsstore.capture.model.weight_files import check_config_matches_weights, check_safetensors, check_torch_file, index_shards
+from hsstore.capture.model.weight_files import raw_text_config, check_config_matches_weights, check_safetensors, check_torch_file, index_shards
 from hsstore.core.canonical import fingerprint
-from hsstore.core.errors import BadInput, BuildFailed, HsstoreError
+from hsstore.core.errors import BadInput, BuildFailed, HsstoreError, one_line
 from hsstore.core.filehash import file_hash, hash_files, stamp
 from hsstore.core.schema.files import FileStamp, HashedFile
 from hsstore.core.schema.provenance import ModelIdentity, TokenizerIdentity
@@ -82,6 +82,10 @@ class ModelSpec:
             if not (p / "config.json").is_file():
                 raise BadInput(f"model directory {self.path!r} has no config.json; point [model] path at the folder "
                                "that holds config.json and the weights")
+            raw = raw_text_config(p / "config.json")  # before transformers reads it (a tokenizer's load does)
+            if raw is not None:
+                files = [f for f in p.iterdir() if f.is_file() and f.name.endswith(WEIGHT_SUFFIXES)]
+                check_config_matches_weights(raw, files, self.path)
 
     def tokenizer(self) -> Any:
         if self.builtin is not None:
@@ -92,7 +96,18 @@ class ModelSpec:
         try:
             return AutoTokenizer.from_pretrained(self.path, trust_remote_code=self.trust_remote_code)
         except Exception as e:
-            raise BadInput(f"cannot load a tokenizer from {self.path!r}: {e}") from None
+            self._config_or_bad_input()  # a config transformers refuses fails the tokenizer's load too: say so
+            raise BadInput(f"cannot load a tokenizer from {self.path!r}: {one_line(e)}") from None
+
+    def _config_or_bad_input(self) -> Any:
+        """transformers' config of this local model, or BadInput naming config.json and what it says is wrong."""
+        from transformers import AutoConfig
+
+        try:
+            return AutoConfig.from_pretrained(self.path, trust_remote_code=self.trust_remote_code)
+        except Exception as e:
+            raise BadInput(f"config.json of {self.path!r} is not valid: {one_line(e)}; fix config.json (its fields "
+                           "must agree with each other and with the weights) or use the checkpoint it belongs to") from None
 
     def config(self, vocab_size: int | None = None, drawn: bool = True) -> Any:
         """The model's config (``drawn=False``: only read, never drawn into weights, e.g. by ``hsstore plan``,
@@ -105,10 +120,7 @@ class ModelSpec:
         self.check()
         if self.config_overrides:
             raise BadInput("[model] config overrides only apply to builtin models; remove `config` or use builtin:")
-        try:
-            config = AutoConfig.from_pretrained(self.path, trust_remote_code=self.trust_remote_code)
-        except Exception as e:
-            raise BadInput(f"cannot read the config of {self.path!r}: {e}") from None
+        config = self._config_or_bad_input()
         files = [p for p in Path(self.path).iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES)]
         check_config_matches_weights(text_config(config), files, self.path)  # before any model is built
         return config

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from hsstore.core.errors import BadInput
@@ -97,21 +98,49 @@ def weight_shapes(files: list[Path]) -> tuple[set[str], dict[str, list[int]]]:
     return names, shapes
 
 
+def raw_text_config(config_json: Path) -> Any:
+    """The text model's fields of ``config.json`` as written (``text_config`` of a multimodal one), read without
+    transformers (whose own checks would blame whatever loaded it first, e.g. the tokenizer); None if unreadable."""
+    try:
+        raw = loads_bounded(config_json.read_bytes()[:MAX_HEADER_BYTES])
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    return SimpleNamespace(**{k: int(v) if isinstance(v, float) and v.is_integer() else v
+                              for k, v in text.items() if isinstance(k, str) and k.isidentifier()})
+
+
 def check_config_matches_weights(tc: Any, files: list[Path], model: str) -> None:
-    """BadInput when the config's decoder layers, hidden size or vocabulary differ from what the weight files hold."""
+    """BadInput when the config's decoder layers, hidden size, vocabulary or MLP width differ from what the weight
+    files hold (each field named, with what the weights hold)."""
     names, shapes = weight_shapes(files)
     layer_ids = {int(m.group(1)) for n in names for m in [LAYER_RE.search(n)] if m}
-    want = getattr(tc, "num_hidden_layers", None)
-    if layer_ids and isinstance(want, int) and want != max(layer_ids) + 1:
+    want = _count(getattr(tc, "num_hidden_layers", None))
+    if layer_ids and want is not None and want != max(layer_ids) + 1:
         raise BadInput(f"{model}: config.json says num_hidden_layers = {want}, but the weight files hold "
                        f"{max(layer_ids) + 1} decoder layers (layers.0 .. layers.{max(layer_ids)}); fix config.json "
                        "or use the checkpoint it belongs to")
-    hidden = getattr(tc, "hidden_size", None)
+    hidden, vocab = _count(getattr(tc, "hidden_size", None)), _count(getattr(tc, "vocab_size", None))
     embed = next((s for n, s in sorted(shapes.items()) if n.endswith("embed_tokens.weight") and len(s) == 2), None)
-    if embed is not None and isinstance(hidden, int) and hidden != embed[1]:
-        raise BadInput(f"{model}: config.json says hidden_size = {hidden}, but the embedding in the weight files is "
-                       f"{embed[0]} x {embed[1]}; fix config.json or use the checkpoint it belongs to")
-    vocab = getattr(tc, "vocab_size", None)
-    if embed is not None and isinstance(vocab, int) and vocab != embed[0]:
-        raise BadInput(f"{model}: config.json says vocab_size = {vocab}, but the embedding in the weight files is "
-                       f"{embed[0]} x {embed[1]}; fix config.json or use the checkpoint it belongs to")
+    for field, value, held in (("hidden_size", hidden, 1), ("vocab_size", vocab, 0)):
+        if embed is not None and value is not None and value != embed[held]:
+            raise BadInput(f"{model}: config.json says {field} = {value}, but the embedding in the weight files is "
+                           f"{embed[0]} x {embed[1]}; fix config.json or use the checkpoint it belongs to")
+    inter = _count(getattr(tc, "intermediate_size", None))
+    up = next(((n, s) for n, s in sorted(shapes.items()) if n.endswith(("mlp.up_proj.weight", "mlp.gate_proj.weight"))
+               and len(s) == 2), None)
+    if up is not None and inter is not None and inter != up[1][0]:
+        raise BadInput(f"{model}: config.json says intermediate_size = {inter}, but the weight files hold an MLP "
+                       f"{up[1][0]} wide ({up[0]} is {up[1][0]} x {up[1][1]}); fix config.json or use the checkpoint it "
+                       "belongs to")
+
+
+def _count(v: Any) -> int | None:
+    """A config count as an int (1e6 written as a float counts too); None when it is no count."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v if isinstance(v, int) else None

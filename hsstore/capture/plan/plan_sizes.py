@@ -11,7 +11,7 @@ from typing import Any
 from hsstore.capture.plan.plan_store import Committed
 from hsstore.core.batching import padded_length
 from hsstore.core.unitplan import default_unit_tokens, unit_sizes
-from hsstore.storage.sizing import Ratios, StoredForm, assumed_ratio, commit_bytes, files_per_unit, variant_bytes
+from hsstore.storage.sizing import Ratios, StoredForm, assumed_ratio, commit_bytes, files_per_unit, unit_bytes, variant_bytes
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class VariantSize:
     committed_tokens: int  # of the tokenized samples (unscaled)
     remaining_bytes: int
     remaining_batches: list[list[int]]  # batches with a sample not committed: what the build still runs
+    largest_file: int = 0  # bytes of the largest file still to write (a layer of the largest unit left)
 
     @property
     def bytes(self) -> int:
@@ -83,7 +84,9 @@ def size_variant(m: Any, run: Run, lengths: list[int], keys: list[str], batches:
     left_units = unit_sizes([sum(lengths[i] for i in b if keys[i] not in done) for b in left], unit_tokens)
     remaining = int(sum(variant_bytes(left_units, hidden, layers, form, ratios).values()) * scale) if left_units else 0
     tokens_done = sum(n for n, k in zip(lengths, keys) if k in done)
-    return VariantSize(run, form, len(units), parts, value, source, measured, committed, tokens_done, remaining, left)
+    largest = max(unit_bytes(max(left_units), hidden, layers, form, ratios).values()) if left_units else 0
+    return VariantSize(run, form, len(units), parts, value, source, measured, committed, tokens_done, remaining, left,
+                       largest)
 
 
 def needed_bytes(sizes: list[VariantSize], samples: int, block: int) -> int:

@@ -78,16 +78,19 @@ def sizes(m: Any, inp: Any, ratios: dict[str, Any] | None = None, scale: float =
 
 
 def space(m: Any, found: list[VariantSize], samples: int) -> Space:
-    """Free space at the store's place against what the build still writes (never known for object stores)."""
-    from hsstore.storage.space import free_space
+    """Free space at the store's place against what the build still writes (never known for object stores),
+    and the largest file it writes against this process's file-size limit (RLIMIT_FSIZE: local files only)."""
+    from hsstore.storage.space import file_size_limit, free_space
 
     free = free_space(m.store_path)
+    largest = max((v.largest_file for v in found), default=0)
     if free is None:
         return Space(path=m.store_path, local=False, free_bytes=None,
-                     needed_bytes=needed_bytes(found, samples, 0), fits=None)
-    need = needed_bytes(found, samples, free.block)
+                     needed_bytes=needed_bytes(found, samples, 0), fits=None, largest_file_bytes=largest)
+    need, limit = needed_bytes(found, samples, free.block), file_size_limit()
     return Space(path=free.path, local=True, free_bytes=free.free_bytes, needed_bytes=need,
-                 fits=need <= free.free_bytes)
+                 fits=need <= free.free_bytes and (limit is None or largest <= limit), largest_file_bytes=largest,
+                 file_size_limit=limit)
 
 
 def check_space(m: Any, inp: Any) -> None:
@@ -95,6 +98,8 @@ def check_space(m: Any, inp: Any) -> None:
     at the assumed codec ratios; object stores are not checked (their free space is not known)."""
     found = sizes(m, inp)
     s = space(m, found, len(inp.samples))
+    if (words := s.limit_words()) is not None:
+        raise BadInput(f"store {m.store_path!r}: the build cannot write {words}; or pass --no-space-check")
     if s.fits is False:
         ratio = ", ".join(sorted({f"{v.form.form}/{v.form.codec} {v.ratio:.2f}x" for v in found}))
         raise BadInput(f"store {m.store_path!r}: the build needs ~{byte_size(s.needed_bytes)} ({len(found)} "

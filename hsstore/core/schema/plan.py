@@ -71,7 +71,20 @@ class Space(Record):
     local: bool  # False: an object store (free space not known: never checked)
     free_bytes: int | None
     needed_bytes: int  # remaining bytes of every variant, commit records, a block per file
-    fits: bool | None
+    fits: bool | None  # (False also when the largest file exceeds the process's file-size limit)
+    largest_file_bytes: int = 0  # the largest file the build still writes (a layer of its largest unit)
+    file_size_limit: int | None = None  # this process's RLIMIT_FSIZE in bytes (None: unlimited)
+
+    def limit_words(self) -> str | None:
+        """Why the build's largest file cannot be written under the file-size limit, and the fix; None if it can."""
+        from hsstore.core.humanize import byte_size
+
+        if self.file_size_limit is None or self.largest_file_bytes <= self.file_size_limit:
+            return None
+        return (f"its largest file (~{byte_size(self.largest_file_bytes)}, a layer of a unit) exceeds this process's "
+                f"file-size limit of {byte_size(self.file_size_limit)} ({self.file_size_limit:,} bytes, RLIMIT_FSIZE); "
+                f"raise it (ulimit -f unlimited, or above {-(-self.largest_file_bytes // 1024)} KiB) or lower "
+                "[store] unit_tokens")
 
 
 class PlanReport(Record):

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import xxhash
 
-from hsstore.core.errors import BadInput, WriteFailed
+from hsstore.core.errors import WRITE_FIXES, BadInput, WriteFailed, write_cause
 from hsstore.interop.sample import (FileDigest, SourceSample, load_torch, read_bytes, split_aux, states, tensor, tokens,
                                     walk)
 from hsstore.storage.fileio import replace_file
@@ -29,8 +29,9 @@ def write_failed(path: Path, e: OSError) -> BadInput | WriteFailed:
     an I/O fault (a full disk, a quota, a failing device) is exit 1, the OS error named."""
     if e.errno in PLACE_ERRORS:
         return BadInput(f"cannot write {path}: {e.strerror or e}; choose a writable folder")
+    cause = write_cause(e)
     return WriteFailed(f"writing {path} failed: {e.strerror or e}; the export is not complete (no partial file is "
-                       "left). Free space and re-run the same command")
+                       f"left). {WRITE_FIXES[cause]} and re-run the same command", cause)
 
 
 def atomic_write(root: Path, rel: str, data: bytes) -> FileDigest:
