@@ -19,15 +19,13 @@ Where float32 is exact enough and where float64 is needed:
   T·L numbers, not T·L·H).
 - Sums across tokens and samples are float64 and counts int64 (``divergence``): a diff adds up 1e9+
   values, which float32 would round to ~1e-4 and counts it would stop at 2^24.
-On a CPU (where numba imports; it is a core dependency, as for ``hsstore.core.fp8_cpu``) one compiled
-pass per layer (``fused_sums``) does all of it: each row of A and B is widened to float32 once into a
-buffer that stays in L1, d = a - b and the five sums are taken in float64 in one vectorized loop, max |d|
-and the count of differing values from d's float32 bit patterns in a second loop over that buffer, and
-the ULP buckets of two bf16 variants from the bits in a third. It reads each value once (the block path
-below makes ~11 passes over each block, ~25 with ULPs) and its sums are float64 per token, so the
-float32 rounding above applies to the block path only (GPUs, or no numba); max |d| and every count
-are the same on both paths.
-Overflow (block path): squares are float32, so a state above ~1e19 in magnitude would overflow; hidden states are
+On a CPU (where numba imports; a core dependency, as for ``hsstore.core.fp8_cpu``) the parts whose
+result is exact come from compiled loops (``compiled_kernel``): max |d| and the count of differing values
+in one pass over d's float32 bit patterns (instead of torch's abs, amax, sign and sum), and the ULP
+buckets of two bf16 variants in one pass over the bits (instead of ~14 torch passes). Their results are
+the same as the torch ops' (exact by construction); the float32 sums stay torch's, so every reported
+number is the same as before, to the bit.
+Overflow: squares are float32, so a state above ~1e19 in magnitude would overflow; hidden states are
 orders of magnitude below that (build health stats flag anything near it).
 """
 
@@ -53,8 +51,7 @@ _ULP_STEPS = (0, 1, 2, 4, 8, 16)
 
 @dataclass
 class TokenSums:
-    """Per-token sums over the hidden dimension, each ``[L, T]`` float32 (float64 from ``fused_sums``;
-    ``differing``: a count),
+    """Per-token sums over the hidden dimension, each ``[L, T]`` float32 (``differing``: a count),
     and for two bf16 variants the counts of values more than 0, 1, 2, 4, 8, 16 ULPs apart per layer
     ``[L, 6]`` float64 (exact integers)."""
 
@@ -89,6 +86,10 @@ def _ulp_counts(a: torch.Tensor, b: torch.Tensor, ws: Workspace) -> torch.Tensor
     a wrapped difference is never within 16 of 0, so every bucket is right.
     """
     r, H = a.shape
+    if a.device.type == "cpu" and compiled_kernel():  # one compiled pass, the same counts
+        ulp = np.zeros(len(_ULP_STEPS), np.float64)
+        _ulp_rows(a.contiguous().view(torch.int16).numpy(), b.contiguous().view(torch.int16).numpy(), ulp)
+        return torch.from_numpy(ulp)
     i16 = [ws.buf(f"i{k}", r, H, torch.int16) for k in range(3)]
     e = bf16_ordered(a.view(torch.int16), i16[0], i16[2])
     e.sub_(bf16_ordered(b.view(torch.int16), i16[1], i16[2])).abs_().sub_(1).clamp_(-1, 16)  # abs(-32768) stays negative; minus 1 wraps it to 32767
@@ -127,14 +128,12 @@ def _as_f32(x: torch.Tensor, ws: Workspace, name: str) -> torch.Tensor:
 def token_sums(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], ws: Workspace,
                ulps: bool = False) -> TokenSums:
     """Per-token sums of one sample's states: ``a``, ``b`` hold one ``[T, H]`` tensor per layer
-    (B is the reference). On a CPU with numba: one fused pass per layer (``fused_sums``), sums in float64."""
+    (B is the reference)."""
     L = len(a)
     T, H = a[0].shape
     for x, y in zip(a, b):
         if x.shape != y.shape or x.shape != (T, H):
             raise ValueError(f"states of shape {tuple(x.shape)} and {tuple(y.shape)} cannot be compared")
-    if ws.device.type == "cpu" and T and H and fused_kernel():
-        return fused_sums(a, b, ulps)
     out = torch.empty((7, L, T), dtype=torch.float32, device=ws.device)
     ulp = torch.zeros((L, len(_ULP_STEPS)), dtype=torch.float64, device=ws.device) if ulps else None
     step = max(1, (BLOCK_VALUES if ws.device.type == "cpu" else GPU_BLOCK_VALUES) // H)  # tokens per block
@@ -159,8 +158,12 @@ def _block(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, ws: Workspace) -
     torch.sum(torch.mul(af, d, out=s), dim=1, out=out[6])
     torch.abs(d, out=s)
     torch.sum(s, dim=1, out=out[0])
-    torch.amax(s, dim=1, out=out[1])
-    torch.sum(torch.sign(s, out=s), dim=1, out=out[2])  # 1 where a value differs, else 0
+    kernel = compiled_kernel() if d.device.type == "cpu" else False
+    if kernel:  # one pass for both, exactly what the two torch lines below give
+        kernel(d.numpy().view(np.int32), out[2].numpy(), out[1].numpy())
+    else:
+        torch.amax(s, dim=1, out=out[1])
+        torch.sum(torch.sign(s, out=s), dim=1, out=out[2])  # 1 where a value differs, else 0
     out[3].square_()
     out[5].square_()
     # |a|^2 = |b|^2 + 2 a.d - |d|^2 (exactly 0 for a zero vector a: then d = -b and a.d = 0)
@@ -168,61 +171,30 @@ def _block(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, ws: Workspace) -
     out[4].sub_(out[3])
 
 
-def _fused_rows(a32, a16, b32, b16, ulps, out, ulp):  # pragma: no cover (runs compiled)
-    """The seven sums of every row of one layer into ``out [7, T]`` (float64) and, with ``ulps``, the
-    counts above 0, 1, 2, 4, 8, 16 ULPs into ``ulp [6]``. Each side is float32 ``[T, H]`` (``*32``) or
-    bf16 bit patterns (``*16``, uint16; the other one is empty), widened row by row into a buffer that
-    stays in L1. d = a - b is float32 (as the torch path: max |d| and the count of differing values are
-    the same), every sum float64."""
-    T = out.shape[1]
-    H = a32.shape[1] if a32.shape[0] else a16.shape[1]
-    ua, ub, ud = np.empty(H, np.uint32), np.empty(H, np.uint32), np.empty(H, np.uint32)
-    fa, fb, fd = ua.view(np.float32), ub.view(np.float32), ud.view(np.float32)
-    for r in range(T):
-        if a32.shape[0]:
-            fa[:] = a32[r]
-        else:
-            _widen(a16[r], ua)
-        if b32.shape[0]:
-            fb[:] = b32[r]
-        else:
-            _widen(b16[r], ub)
-        sa, dd, aa, bb, ad = _row_sums(fa, fb, fd)
-        nd, mx = _count_max(ud.view(np.int32))
-        out[0, r], out[1, r], out[2, r] = sa, mx, nd
-        out[3, r], out[4, r], out[5, r], out[6, r] = dd, aa, bb, ad
-        if ulps:
-            _ulp_row(a16[r].view(np.int16), b16[r].view(np.int16), ulp)
+def _count_max_rows(dbits, count, mx):  # pragma: no cover (runs compiled)
+    """Per row of d's float32 bit patterns (int32 ``[r, H]``): the count of nonzero values into ``count``
+    and max |d| into ``mx`` (both float32 ``[r]``)."""
+    for r in range(dbits.shape[0]):
+        nd, m = _count_max(dbits[r])
+        count[r] = nd
+        mx[r] = np.array([m], np.int32).view(np.float32)[0]
 
 
-def _row_sums(x, y, fd):  # pragma: no cover (runs compiled; vectorized: only sums, d stored for _count_max)
-    sa, dd, aa, bb, ad = 0.0, 0.0, 0.0, 0.0, 0.0
-    for j in range(x.shape[0]):
-        x64, y64 = np.float64(x[j]), np.float64(y[j])
-        d64 = x64 - y64
-        fd[j] = x[j] - y[j]
-        sa += abs(d64)
-        dd += d64 * d64
-        aa += x64 * x64
-        bb += y64 * y64
-        ad += x64 * d64
-    return sa, dd, aa, bb, ad
-
-
-def _widen(bits, dest):  # pragma: no cover (runs compiled)
-    for j in range(bits.shape[0]):
-        dest[j] = np.uint32(bits[j]) << 16
+def _ulp_rows(a, b, ulp):  # pragma: no cover (runs compiled)
+    for r in range(a.shape[0]):
+        _ulp_row(a[r], b[r], ulp)
 
 
 def _count_max(dbits):  # pragma: no cover (runs compiled)
-    """(count of nonzero d, max |d|) from float32 d's bit patterns (int32): |d|'s patterns order as
-    integers, with NaN above infinity (a NaN d makes the max NaN, as torch's amax), and -0 counts as equal."""
+    """(count of nonzero d, max |d|'s bit pattern) from float32 d's bit patterns (int32): |d|'s patterns
+    order as integers, with NaN above infinity (a NaN d makes the max NaN, as torch's amax, and is not
+    counted, as torch's sign gives it 0); -0 is 0."""
     nd, m = np.int32(0), np.int32(0)
     for j in range(dbits.shape[0]):
         v = dbits[j] & np.int32(0x7FFFFFFF)
-        nd += np.int32(min(v, 1))
+        nd += np.int32(min(v, 1)) - np.int32(v > 0x7F800000)  # (torch's sign(NaN) is 0: not counted)
         m = max(m, v)
-    return nd, np.array([m], np.int32).view(np.float32)[0]
+    return nd, m
 
 
 def _ulp_row(a, b, ulp):  # pragma: no cover (runs compiled)
@@ -254,8 +226,8 @@ _kernel: Any = None
 _kernel_lock = ForkSafeLock()
 
 
-def fused_kernel() -> Any:
-    """``_fused_rows`` compiled on first use (cached on disk where numba can write, as
+def compiled_kernel() -> Any:
+    """``_count_max_rows`` (and ``_ulp_rows``) compiled on first use (cached on disk where numba can write, as
     ``hsstore.core.fp8_cpu``); False where numba cannot be imported (the torch block path serves)."""
     global _kernel
     with _kernel_lock:  # worker threads ask together on their first sample
@@ -270,37 +242,16 @@ def fused_kernel() -> Any:
 
 
 def _compile(numba: Any, cache: bool) -> Any:
-    """The helpers first (``_fused_rows`` calls them by their module names), then the kernel."""
+    """The helpers first (the row loops call them by their module names), then ``_count_max_rows``."""
     opts: dict[str, Any] = dict(nogil=True, fastmath={"reassoc", "contract"})  # (NaN states stay NaN)
     g = globals()
     try:
-        for name in ("_widen", "_row_sums", "_count_max", "_ulp_row"):
+        for name in ("_count_max", "_ulp_row", "_ulp_rows"):
             g[name] = numba.njit(cache=cache, **opts)(getattr(g[name], "py_func", g[name]))
-        return numba.njit(cache=cache, **opts)(_fused_rows)
+        return numba.njit(cache=cache, **opts)(_count_max_rows)
     except RuntimeError:  # no writable cache folder: compile in this process
         if not cache:
             raise
         return _compile(numba, False)
 
 
-def _as_np(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """(float32 [T, H], uint16 [T, H]) of one layer's states, C-contiguous, the unused one empty."""
-    if x.dtype == torch.bfloat16:
-        return _EMPTY32, np.ascontiguousarray(x.view(torch.int16).numpy()).view(np.uint16)
-    return np.ascontiguousarray(x.to(torch.float32).numpy()), _EMPTY16
-
-
-_EMPTY32, _EMPTY16 = np.empty((0, 0), np.float32), np.empty((0, 0), np.uint16)
-
-
-def fused_sums(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], ulps: bool) -> TokenSums:
-    """``token_sums`` on the CPU in one compiled pass per layer: float64 sums (``ulps``: A and B are bf16)."""
-    T = a[0].shape[0]
-    out = np.empty((7, len(a), T), np.float64)
-    ulp = np.zeros((len(a), len(_ULP_STEPS)), np.float64)
-    kernel = fused_kernel()
-    for j, (x, y) in enumerate(zip(a, b)):
-        both16 = x.dtype == y.dtype == torch.bfloat16
-        kernel(*_as_np(x.cpu()), *_as_np(y.cpu()), ulps and both16, out[:, j], ulp[j])
-    o = torch.from_numpy(out)
-    return TokenSums(o[0], o[1], o[2], o[3], o[4], o[5], o[6], torch.from_numpy(ulp) if ulps else None)
