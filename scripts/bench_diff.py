@@ -1,14 +1,21 @@
-"""Diff benchmark: ``hsstore diff`` time against reading the same two variants, in one run.
+"""Diff benchmark: the ``hsstore diff`` process, its start-up taken out, against reading the same two
+variants in a warm process; in one run, read and diff runs interleaved.
 
-    python scripts/bench_diff.py --dir /tmp/hsdiff --samples 96 --hidden 1024 --reps 2
-    python scripts/bench_diff.py --store s.zarr --a dtype=bf16 --b dtype=fp32 --device cuda
+    python scripts/bench_diff.py --hidden 512 2048 5120 --reps 3            # synthetic stores, both pairs
+    python scripts/bench_diff.py --store out/s.zarr --pair dtype=bf16,dtype=fp32 --reps 3   # a built store
 
-Without ``--store`` it writes a store of two variants of synthetic residual-stream-like states (fp32
-reference B, bf16 A = B plus small noise, rounded), ``--layers`` layers, the default codec. Then, warm
-(a first untimed pass fills the page cache), alternating per rep: read = every sample of both variants
-through ``HiddenStateDataset`` (all layers, 0 workers: what a training loop reads), diff = the library
-call ``hsstore diff`` makes. Prints seconds (median), GB/s of logical state bytes and the ratio
-read time / diff time (>= 0.8 is the target: diff streams at 80% of the read rate or better).
+Without ``--store`` it writes, per hidden size, a store of three variants of synthetic residual-stream-like
+states (``--layers`` layers, the default codec, a build's chunking): fp32 B, bf16 A = B plus small noise,
+and a second bf16 variant C = B rounded (backend ``ref``); about ``--mb`` MB of states per variant
+pair. Pairs: A vs B (bf16 vs fp32) and A vs C (bf16 vs bf16, ULP buckets too). Per pair and rep, in this
+order: read = every sample of both variants through ``HiddenStateDataset`` (all layers, 0 workers: what a
+training loop reads) in this warm process; diff = ``python -m hsstore diff A B --json FILE`` as a user
+runs it; start-up = a fresh process importing torch, the CLI and the read and diff modules (the fixed
+cost any ``hsstore diff`` pays before reading a byte); arithmetic = the statistics' own work
+(``token_sums`` + ``summarize``) on states already in memory, on the diff's threads. Reported: medians,
+the ratio read / (diff - start-up) (>= 0.8: the diff, past its start-up, streams at 80% of the read rate
+or better) and its bound read / (read + arithmetic): reading and arithmetic share the cores, so a diff
+cannot beat it. Loading numba's compiled loops (cached on disk after the first process) is diff work.
 """
 
 from __future__ import annotations
@@ -17,6 +24,9 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,29 +34,31 @@ import numpy as np
 import torch
 
 from hsstore import HiddenStateDataset, Store
-from hsstore.compare.diff import run_diff
 from hsstore.core.keys import SampleTokens, sample_key
 from hsstore.storage.codecs import DEFAULT, chunk_tokens
 from hsstore.storage.writer import UnitWriter
 from hsstore.testing.factories import provenance
 
+STARTUP = "import torch, hsstore.cli.main, hsstore.cli.compare_cmd, hsstore.compare.diff, hsstore.read.dataset"
 
-def _provenance(dtype: str, layers: list[int]) -> dict:
-    return provenance(dtype, tok="bench", layers={"aux": layers[:-1], "target": layers[-1:]}, model="bench")
+
+VARIANTS = (("bf16", "torch", 2), ("fp32", "torch", 4), ("bf16", "ref", 2))  # A, B, C (= B rounded)
+PAIRS = (("backend=torch,dtype=bf16", "dtype=fp32"), ("backend=torch,dtype=bf16", "backend=ref"))
+
+
+def _provenance(dtype: str, backend: str, layers: list[int]) -> dict:
+    return provenance(dtype, backend, tok="bench", layers={"aux": layers[:-1], "target": layers[-1:]}, model="bench")
 
 
 def make_store(path: Path, n: int, hidden: int, n_layers: int, mean_len: int, codec: str, seed: int = 0) -> str:
-    """Two variants (bf16 A, fp32 B) of ``n`` samples; returns the store path."""
+    """Three variants (bf16 A, fp32 B, bf16 C = B rounded) of ``n`` samples; returns the store path."""
     rng = np.random.default_rng(seed)
     g = torch.Generator().manual_seed(seed)
     store = Store.create(path)
-    layers = list(range(n_layers))
-    vids = {}
-    for dt, size in (("bf16", 2), ("fp32", 4)):
-        vids[dt] = store.create_variant(_provenance(dt, layers), {"aux": layers[:-1], "target": layers[-1:]},
-                                        hidden, dt, codec, chunk_tokens(hidden, size))
+    layers, roles = list(range(n_layers)), {"aux": list(range(n_layers - 1)), "target": [n_layers - 1]}
+    writers = [UnitWriter(store, store.create_variant(_provenance(dt, be, layers), roles, hidden, dt, codec,
+                                                      chunk_tokens(hidden, size))) for dt, be, size in VARIANTS]
     scale = torch.exp(torch.randn(hidden, generator=g))  # per-channel scales, like a residual stream
-    writers = {dt: UnitWriter(store, vid) for dt, vid in vids.items()}
     for start in range(0, n, 8):
         samples = []
         for _ in range(min(8, n - start)):
@@ -58,14 +70,9 @@ def make_store(path: Path, n: int, hidden: int, n_layers: int, mean_len: int, co
         ref = {i: torch.randn(total, hidden, generator=g) * scale * (1 + i) for i in layers}
         noisy = {i: (x + 2e-3 * (1 + i) * torch.randn(total, hidden, generator=g) * scale).bfloat16()
                  for i, x in ref.items()}
-        writers["fp32"].write(samples, ref)
-        writers["bf16"].write(samples, noisy)
+        for w, states in zip(writers, (noisy, ref, {i: x.bfloat16() for i, x in ref.items()})):
+            w.write(samples, states)
     return str(path)
-
-
-def _cpu() -> float:
-    t = os.times()
-    return t.user + t.system
 
 
 def read_both(store: str, a: str, b: str) -> int:
@@ -79,55 +86,113 @@ def read_both(store: str, a: str, b: str) -> int:
     return total
 
 
+def arithmetic(store: str, a: str, b: str, threads: int | None) -> float:
+    """Seconds of the diff's own arithmetic (``kernel.token_sums`` + ``divergence.summarize``, what the
+    statistics need) on states already in memory, on the diff's threads: the part of a diff that reading
+    cannot hide, since both run on the same cores."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hsstore.compare.diff import both_bf16, open_target, shared_keys
+    from hsstore.compare.divergence import summarize
+    from hsstore.compare.kernel import Workspace, token_sums
+    from hsstore.compare.stream import ThreadLocal, cpu_threads, torch_single_threaded
+
+    ra, rb = open_target(f"{store}#{a}"), open_target(f"{store}#{b}")
+    layers, ulps, hidden = ra.record.all_layers, both_bf16(ra, rb), ra.record.hidden_size
+    states = [(k, ra.read_layers(ra.refs[k], layers), rb.read_layers(rb.refs[k], layers)) for k in shared_keys(ra, rb)]
+    workspaces = ThreadLocal(lambda: Workspace("cpu"))
+
+    def one(item: tuple) -> None:  # type: ignore[type-arg]
+        summarize(item[0], token_sums(item[1], item[2], workspaces.get(), ulps), hidden)
+
+    with torch_single_threaded(), ThreadPoolExecutor(threads or cpu_threads()) as pool:
+        list(pool.map(one, states[:2]))  # (compiled kernels loaded, buffers made)
+        return _timed(lambda: list(pool.map(one, states)))
+
+
+def _timed(fn) -> float:  # type: ignore[no-untyped-def]
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _process(*args: str) -> None:
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True)
+    if r.returncode not in (0, 1):  # (diff exits 1 only for --max-rel, which is not passed)
+        raise SystemExit(f"{' '.join(args)} failed ({r.returncode}): {r.stderr[-2000:]}")
+
+
+def bench_pair(store: str, a: str, b: str, reps: int, threads: int | None) -> dict:
+    """Interleaved per rep: read both (warm, in this process), the diff process, a start-up process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "d.json")
+        diff = ["-m", "hsstore", "diff", f"{store}#{a}", f"{store}#{b}", "--json", out]
+        diff += ["--threads", str(threads)] if threads else []
+        nbytes = read_both(store, a, b)  # warm-up: page cache, and the numba kernel's disk cache
+        _process(*diff)
+        reads, diffs, starts, ariths = [], [], [], []
+        for _ in range(reps):
+            reads.append(_timed(lambda: read_both(store, a, b)))
+            diffs.append(_timed(lambda: _process(*diff)))
+            starts.append(_timed(lambda: _process("-c", STARTUP)))
+            ariths.append(arithmetic(store, a, b, threads))
+        report = json.loads(Path(out).read_text())
+    r, d, s, ar = (statistics.median(x) for x in (reads, diffs, starts, ariths))
+    return {"store": store, "a": a, "b": b, "state_bytes": nbytes, "tokens": report["tokens"],
+            "read_s": reads, "diff_s": diffs, "startup_s": starts, "arith_s": ariths, "read": r, "diff": d,
+            "startup": s, "arith": ar, "diff_net": d - s, "ratio": r / max(d - s, 1e-9),
+            "bound": r / (r + ar), "verdict": report["verdict_kind"]}
+
+
+def _stores(args: argparse.Namespace) -> list[tuple[str, list[tuple[str, str]]]]:
+    if args.store:
+        pairs = [tuple(p.split("|", 1)) for p in args.pair] or [("dtype=bf16", "dtype=fp32")]
+        return [(args.store, pairs)]  # type: ignore[list-item]
+    out = []
+    for h in args.hidden:
+        tokens = max(64, int(args.mb * 1e6 / (h * args.layers * 6)))  # ~mb MB of A + B states
+        n = max(8, tokens // args.mean_len)
+        path = Path(args.dir) / f"h{h}-l{args.layers}-n{n}-t{args.mean_len}-{args.codec}.zarr"
+        if not path.exists():
+            t0 = time.perf_counter()
+            make_store(path, n, h, args.layers, args.mean_len, args.codec)
+            print(f"wrote {path} in {time.perf_counter() - t0:.1f} s", flush=True)
+        out.append((str(path), list(PAIRS)))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="/tmp/hsstore-bench-diff")
-    ap.add_argument("--store", help="an existing store (skip writing synthetic states)")
-    ap.add_argument("--a", default="dtype=bf16")
-    ap.add_argument("--b", default="dtype=fp32")
-    ap.add_argument("--samples", type=int, default=96)
-    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--store", help="an existing (built) store instead of synthetic ones")
+    ap.add_argument("--pair", action="append", default=[], help="with --store: 'SEL_A|SEL_B' (repeatable)")
+    ap.add_argument("--hidden", type=int, nargs="+", default=[512, 2048, 5120])
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--mean-len", type=int, default=2500)
+    ap.add_argument("--mb", type=float, default=600, help="MB of A + B states per synthetic store")
+    ap.add_argument("--mean-len", type=int, default=512)
     ap.add_argument("--codec", default=DEFAULT)
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=None, help="diff worker threads (default: every core)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="diff --threads (default: every core)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
-    store = args.store
-    if store is None:
-        path = Path(args.dir) / f"s{args.samples}-h{args.hidden}-l{args.layers}-{args.codec}.zarr"
-        if not path.exists():
-            t0 = time.perf_counter()
-            make_store(path, args.samples, args.hidden, args.layers, args.mean_len, args.codec)
-            print(f"wrote {path} in {time.perf_counter() - t0:.1f} s", flush=True)
-        store = str(path)
-    a, b = f"{store}#{args.a}", f"{store}#{args.b}"
-    nbytes = read_both(store, args.a, args.b)  # warm-up: page cache
-    run_diff(a, b, device=args.device)
-    reads, diffs, read_cpu, diff_cpu = [], [], [], []
-    for _ in range(args.reps):
-        c0, t0 = _cpu(), time.perf_counter()
-        read_both(store, args.a, args.b)
-        reads.append(time.perf_counter() - t0)
-        read_cpu.append(_cpu() - c0)
-        c0, t0 = _cpu(), time.perf_counter()
-        report = run_diff(a, b, device=args.device, threads=args.threads)
-        diffs.append(time.perf_counter() - t0)
-        diff_cpu.append(_cpu() - c0)
-    r, d = statistics.median(reads), statistics.median(diffs)
-    out = {"store": store, "a": args.a, "b": args.b, "device": args.device, "cpus": os.cpu_count(),
-           "torch_threads": torch.get_num_threads(), "state_bytes": nbytes, "tokens": report.tokens,
-           "read_seconds": reads, "diff_seconds": diffs, "read_cpu_seconds": read_cpu, "diff_cpu_seconds": diff_cpu, "read_gb_s": nbytes / r / 1e9, "diff_gb_s": nbytes / d / 1e9,
-           "ratio": r / d}
-    print(f"{nbytes / 1e9:.2f} GB of states, {report['tokens']:,} tokens, {os.cpu_count()} CPUs, device {args.device}")
-    print(f"read both variants {r:.2f} s ({out['read_gb_s']:.2f} GB/s)   diff {d:.2f} s ({out['diff_gb_s']:.2f} GB/s)")
-    print(f"diff/read rate ratio {out['ratio']:.2f}  (reads {', '.join(f'{x:.2f}' for x in reads)}; "
-          f"diffs {', '.join(f'{x:.2f}' for x in diffs)})")
-    print(f"CPU seconds (user+sys, median): read {statistics.median(read_cpu):.2f}, diff {statistics.median(diff_cpu):.2f}")
+    rows = []
+    for store, pairs in _stores(args):
+        for a, b in pairs:
+            row = bench_pair(store, a, b, args.reps, args.threads)
+            rows.append(row)
+            print(f"{Path(store).name} {a} vs {b}: {row['state_bytes'] / 1e9:.2f} GB, {row['tokens']:,} tokens; "
+                  f"read {row['read']:.2f} s, diff {row['diff']:.2f} s - start-up {row['startup']:.2f} s = "
+                  f"{row['diff_net']:.2f} s; read/diff {row['ratio']:.2f}; arithmetic {row['arith']:.2f} s, "
+                  f"bound read/(read + arithmetic) {row['bound']:.2f}  (reads {_fmt(row['read_s'])}; diffs "
+                  f"{_fmt(row['diff_s'])}; start-ups {_fmt(row['startup_s'])}; arithmetic {_fmt(row['arith_s'])})",
+                  flush=True)
+    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end")
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+def _fmt(xs: list[float]) -> str:
+    return ", ".join(f"{x:.2f}" for x in xs)
 
 
 if __name__ == "__main__":

@@ -142,3 +142,19 @@ def test_diff_memory_does_not_grow_with_store_size(tmp_path: Path):
     p_small, p_large = peak_kb(small), peak_kb(large)
     # the large store holds 10x the states (~120 MB more); a diff that held them would grow by that much
     assert p_large < p_small + 40_000, (p_small, p_large)
+
+
+def test_default_diff_opens_each_target_store_once(tiny_store: Path, monkeypatch: pytest.MonkeyPatch):
+    """`hsstore diff A B` (no --align) opened A's store twice: once to ask whether A's capture point is
+    unknown, once for the diff. The real Store.open is called; the test only counts the calls."""
+    opened: list[str] = []
+    real = Store.open.__func__
+
+    def counting(cls, path, *args, **kwargs):
+        opened.append(str(path))
+        return real(cls, path, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "open", classmethod(counting))
+    code, rep = _diff(f"{tiny_store}#dtype=bf16", f"{tiny_store}#dtype=fp32")
+    assert code == 0 and rep["shared_samples"] == 40
+    assert len(opened) == 2, opened  # A once, B once

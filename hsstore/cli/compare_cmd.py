@@ -77,14 +77,15 @@ def diff(
     """
     from hsstore.cli.diff_render import align_text, diff_text
     from hsstore.compare.align import run_align, should_align
-    from hsstore.compare.diff import run_diff
+    from hsstore.compare.diff import open_target, run_diff
 
     _check_numbers(json_path, noise, max_rel)
     if plot is not None:
         check_outside_stores(plot, "--plot")
         check_output_file(plot, "--plot", PLOT_SUFFIXES)
         check_distinct_outputs({"--json": json_path, "--plot": plot})
-    if align or should_align(a):
+    a_reader = open_target(a)  # opened once: asked whether to align, then diffed
+    if align or should_align(a_reader):
         rep = run_align(a, b, samples, fraction, seed, threads, device, allow_different_models, auto=not align)
         _emit(rep, json_path, align_text)
         if not rep.ok:  # a layer that is not what its label says is a failed check (exit 1)
@@ -92,7 +93,7 @@ def diff(
         return
     report = run_diff(a, b, floor, layers or None, loss_only, noise, device, threads, samples=samples,
                       fraction=fraction, seed=seed, confidence=confidence,
-                      allow_different_models=allow_different_models)
+                      allow_different_models=allow_different_models, a_reader=a_reader)
     _emit(report, json_path, diff_text)
     _plot_and_bound(report, plot, max_rel)
 

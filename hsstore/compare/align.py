@@ -174,8 +174,10 @@ def run_align(a_t: str, b_t: str, samples: int | None = None, fraction: float | 
     return report.replace(notes=notes)
 
 
-def should_align(a_t: str) -> bool:
-    """True when A records its capture point as unknown (a cache imported with --capture unknown)."""
+def should_align(a: str | VariantReader) -> bool:
+    """True when A (a target, or its reader already opened) records its capture point as unknown (a cache
+    imported with --capture unknown)."""
     from hsstore.compare.diff import open_target
 
-    return open_target(a_t).record.prov.recipe.capture == "unknown"
+    reader = open_target(a) if isinstance(a, str) else a
+    return reader.record.prov.recipe.capture == "unknown"

@@ -140,9 +140,10 @@ class Targets:
 
 
 def open_targets(a_t: str, b_t: str, floor_t: str | None, layers: list[int] | None,
-                 allow_different_models: bool = False) -> Targets:
-    """Open and check: refuses a floor that is A or B and (unless allowed) states of different models."""
-    a, b = open_target(a_t), open_target(b_t)
+                 allow_different_models: bool = False, a_reader: VariantReader | None = None) -> Targets:
+    """Open and check: refuses a floor that is A or B and (unless allowed) states of different models.
+    ``a_reader``: A already opened from ``a_t`` (the CLI opens it once, to ask whether to align)."""
+    a, b = a_reader or open_target(a_t), open_target(b_t)
     notes = check_same_model(a, b, ("A", "B"), allow_different_models)
     if same_variant(a, b):  # every layer reads "bit-exact" by construction: say so, it is not a finding
         notes.append(f"A and B are one variant ({a.id} of {a.store.location}): the diff compares its states with "
@@ -160,12 +161,14 @@ def open_targets(a_t: str, b_t: str, floor_t: str | None, layers: list[int] | No
 def run_diff(a_t: str, b_t: str, floor_t: str | None = None, layers: list[int] | None = None,
              loss_only: bool = False, noise_factor: float = NOISE_FACTOR, device: str = "cpu",
              threads: int | None = None, samples: int | None = None, fraction: float | None = None,
-             seed: int = 0, confidence: float = 0.95, allow_different_models: bool = False) -> DiffReport:
+             seed: int = 0, confidence: float = 0.95, allow_different_models: bool = False,
+             a_reader: VariantReader | None = None) -> DiffReport:
     """Per-layer divergence of A against B (and of A against the floor C) over every shared sample,
-    or over a seeded length-stratified choice of them (``samples`` / ``fraction``) with intervals."""
+    or over a seeded length-stratified choice of them (``samples`` / ``fraction``) with intervals.
+    ``a_reader``: A already opened from ``a_t`` (not opened again)."""
     t0 = time.perf_counter()
     device = check_device(device)
-    t = open_targets(a_t, b_t, floor_t, layers, allow_different_models)
+    t = open_targets(a_t, b_t, floor_t, layers, allow_different_models, a_reader)
     a, b, c, use, keys = t.a, t.b, t.c, t.layers, t.keys
     plan = plan_samples(a, b, c, keys, samples, fraction, seed, confidence)
     others = [b] if c is None or (plan is None and shared_keys(a, c) != keys) else [b, c]

@@ -19,6 +19,12 @@ Where float32 is exact enough and where float64 is needed:
   T·L numbers, not T·L·H).
 - Sums across tokens and samples are float64 and counts int64 (``divergence``): a diff adds up 1e9+
   values, which float32 would round to ~1e-4 and counts it would stop at 2^24.
+On a CPU (where numba imports; a core dependency, as for ``hsstore.core.fp8_cpu``) the parts whose
+result is exact come from compiled loops (``compiled_kernel``): max |d| and the count of differing values
+in one pass over d's float32 bit patterns (instead of torch's abs, amax, sign and sum), and the ULP
+buckets of two bf16 variants in one pass over the bits (instead of ~14 torch passes). Their results are
+the same as the torch ops' (exact by construction); the float32 sums stay torch's, so every reported
+number is the same as before, to the bit.
 Overflow: squares are float32, so a state above ~1e19 in magnitude would overflow; hidden states are
 orders of magnitude below that (build health stats flag anything near it).
 """
@@ -27,8 +33,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
+
+from hsstore.core.forksafe import ForkSafeLock
 
 # values per block (rows x hidden): on a CPU the block buffers (~1 MiB each) stay in L2/L3 cache; on a
 # GPU a block is a whole sample up to this many values (each op is one kernel launch)
@@ -76,6 +86,10 @@ def _ulp_counts(a: torch.Tensor, b: torch.Tensor, ws: Workspace) -> torch.Tensor
     a wrapped difference is never within 16 of 0, so every bucket is right.
     """
     r, H = a.shape
+    if a.device.type == "cpu" and compiled_kernel():  # one compiled pass, the same counts
+        ulp = np.zeros(len(_ULP_STEPS), np.float64)
+        _ulp_rows(a.contiguous().view(torch.int16).numpy(), b.contiguous().view(torch.int16).numpy(), ulp)
+        return torch.from_numpy(ulp)
     i16 = [ws.buf(f"i{k}", r, H, torch.int16) for k in range(3)]
     e = bf16_ordered(a.view(torch.int16), i16[0], i16[2])
     e.sub_(bf16_ordered(b.view(torch.int16), i16[1], i16[2])).abs_().sub_(1).clamp_(-1, 16)  # abs(-32768) stays negative; minus 1 wraps it to 32767
@@ -117,12 +131,13 @@ def token_sums(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], ws: Workspa
     (B is the reference)."""
     L = len(a)
     T, H = a[0].shape
+    for x, y in zip(a, b):
+        if x.shape != y.shape or x.shape != (T, H):
+            raise ValueError(f"states of shape {tuple(x.shape)} and {tuple(y.shape)} cannot be compared")
     out = torch.empty((7, L, T), dtype=torch.float32, device=ws.device)
     ulp = torch.zeros((L, len(_ULP_STEPS)), dtype=torch.float64, device=ws.device) if ulps else None
     step = max(1, (BLOCK_VALUES if ws.device.type == "cpu" else GPU_BLOCK_VALUES) // H)  # tokens per block
     for j, (x, y) in enumerate(zip(a, b)):
-        if x.shape != y.shape or x.shape != (T, H):
-            raise ValueError(f"states of shape {tuple(x.shape)} and {tuple(y.shape)} cannot be compared")
         x, y = x.to(ws.device, non_blocking=True), y.to(ws.device, non_blocking=True)
         for r0 in range(0, T, step):
             _block(x[r0 : r0 + step], y[r0 : r0 + step], out[:, j, r0 : r0 + step], ws)
@@ -143,10 +158,100 @@ def _block(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, ws: Workspace) -
     torch.sum(torch.mul(af, d, out=s), dim=1, out=out[6])
     torch.abs(d, out=s)
     torch.sum(s, dim=1, out=out[0])
-    torch.amax(s, dim=1, out=out[1])
-    torch.sum(torch.sign(s, out=s), dim=1, out=out[2])  # 1 where a value differs, else 0
+    kernel = compiled_kernel() if d.device.type == "cpu" else False
+    if kernel:  # one pass for both, exactly what the two torch lines below give
+        kernel(d.numpy().view(np.int32), out[2].numpy(), out[1].numpy())
+    else:
+        torch.amax(s, dim=1, out=out[1])
+        torch.sum(torch.sign(s, out=s), dim=1, out=out[2])  # 1 where a value differs, else 0
     out[3].square_()
     out[5].square_()
     # |a|^2 = |b|^2 + 2 a.d - |d|^2 (exactly 0 for a zero vector a: then d = -b and a.d = 0)
     torch.add(out[5], out[6], alpha=2, out=out[4])
     out[4].sub_(out[3])
+
+
+def _count_max_rows(dbits, count, mx):  # pragma: no cover (runs compiled)
+    """Per row of d's float32 bit patterns (int32 ``[r, H]``): the count of nonzero values into ``count``
+    and max |d| into ``mx`` (both float32 ``[r]``)."""
+    for r in range(dbits.shape[0]):
+        nd, m = _count_max(dbits[r])
+        count[r] = nd
+        mx[r] = np.array([m], np.int32).view(np.float32)[0]
+
+
+def _ulp_rows(a, b, ulp):  # pragma: no cover (runs compiled)
+    for r in range(a.shape[0]):
+        _ulp_row(a[r], b[r], ulp)
+
+
+def _count_max(dbits):  # pragma: no cover (runs compiled)
+    """(count of nonzero d, max |d|'s bit pattern) from float32 d's bit patterns (int32): |d|'s patterns
+    order as integers, with NaN above infinity (a NaN d makes the max NaN, as torch's amax, and is not
+    counted, as torch's sign gives it 0); -0 is 0."""
+    nd, m = np.int32(0), np.int32(0)
+    for j in range(dbits.shape[0]):
+        v = dbits[j] & np.int32(0x7FFFFFFF)
+        nd += np.int32(min(v, 1)) - np.int32(v > 0x7F800000)  # (torch's sign(NaN) is 0: not counted)
+        m = max(m, v)
+    return nd, m
+
+
+def _ulp_row(a, b, ulp):  # pragma: no cover (runs compiled)
+    """Add one row's counts of bf16 pairs more than 0, 1, 2, 4, 8, 16 ULPs apart to ``ulp``: bits
+    (int16) to ordered ints as ``bf16_ordered``, e = distance - 1 clamped to [-1, 16], and the count
+    above t is the sum of clamp(e - t + 1, 0, 1) (int32 lanes: vectorized)."""
+    one, zero = np.int32(1), np.int32(0)
+    c0 = c1 = c2 = c3 = c4 = c5 = zero
+    for j in range(a.shape[0]):
+        va, vb = np.int32(a[j]), np.int32(b[j])
+        sa, sb = va >> np.int32(15), vb >> np.int32(15)
+        e = ((va ^ (sa & np.int32(0x7FFF))) - sa) - ((vb ^ (sb & np.int32(0x7FFF))) - sb)
+        e = min(max(max(e, -e) - one, -one), np.int32(16))
+        c0 += min(max(e + one, zero), one)
+        c1 += min(max(e, zero), one)
+        c2 += min(max(e - one, zero), one)
+        c3 += min(max(e - np.int32(3), zero), one)
+        c4 += min(max(e - np.int32(7), zero), one)
+        c5 += min(max(e - np.int32(15), zero), one)
+    ulp[0] += c0
+    ulp[1] += c1
+    ulp[2] += c2
+    ulp[3] += c3
+    ulp[4] += c4
+    ulp[5] += c5
+
+
+_kernel: Any = None
+_kernel_lock = ForkSafeLock()
+
+
+def compiled_kernel() -> Any:
+    """``_count_max_rows`` (and ``_ulp_rows``) compiled on first use (cached on disk where numba can write, as
+    ``hsstore.core.fp8_cpu``); False where numba cannot be imported (the torch block path serves)."""
+    global _kernel
+    with _kernel_lock:  # worker threads ask together on their first sample
+        if _kernel is None:
+            try:
+                import numba
+            except ImportError:
+                _kernel = False
+                return _kernel
+            _kernel = _compile(numba, True)
+    return _kernel
+
+
+def _compile(numba: Any, cache: bool) -> Any:
+    """The helpers first (the row loops call them by their module names), then ``_count_max_rows``."""
+    opts: dict[str, Any] = dict(nogil=True, fastmath={"reassoc", "contract"})  # (NaN states stay NaN)
+    g = globals()
+    try:
+        for name in ("_count_max", "_ulp_row", "_ulp_rows"):
+            g[name] = numba.njit(cache=cache, **opts)(getattr(g[name], "py_func", g[name]))
+        return numba.njit(cache=cache, **opts)(_count_max_rows)
+    except RuntimeError:  # no writable cache folder: compile in this process
+        if not cache:
+            raise
+        return _compile(numba, False)
+
+
