@@ -26,15 +26,15 @@ def _with_budget(budget: int, dtype: str = "bf16", max_length: int = 256) -> dic
     return p
 
 
-def test_variants_sharing_a_line_are_told_apart_by_the_fields_that_differ():
+def test_variants_are_told_apart_by_the_fewest_fields_that_name_each_alone():
     variants = {"aaa": _with_budget(4096), "bbb": _with_budget(2048), "ccc": _with_budget(2048, max_length=512),
                 "ddd": _with_budget(4096, dtype="fp32")}
     apart = distinguishing(variants)
-    assert apart["aaa"] == {"token_budget": "4096", "max_length": "256"}
-    assert apart["ccc"] == {"token_budget": "2048", "max_length": "512"}
-    assert apart["ddd"] == {}  # its line (dtype=fp32) is its own
-    for vid in ("aaa", "bbb", "ccc"):  # the shown fields, as written, are a selector naming that variant
-        assert select(variants, "dtype=bf16," + ",".join(f"{k}={v}" for k, v in apart[vid].items())) == vid
+    assert apart["aaa"] == {"dtype": "bf16", "token_budget": "4096"}  # token_budget alone also names ddd
+    assert apart["ccc"] == {"max_length": "512"}
+    assert apart["ddd"] == {"dtype": "fp32"}
+    for vid in variants:  # the shown fields, as written, are a selector naming that variant
+        assert select(variants, ",".join(f"{k}={v}" for k, v in apart[vid].items())) == vid
 
 
 def test_an_ambiguous_selector_is_refused_with_what_tells_the_candidates_apart():
@@ -105,7 +105,9 @@ def test_a_new_variant_beside_one_of_the_same_line_says_which_settings_made_it_n
     assert "token_budget 2048 (was 4096): batch shapes" in note and "#token_budget=2048" in note
     assert "max_length" not in note  # equal on both sides
     assert fork_note("bbb", new, {"aaa": old, "bbb": new}) is None  # resuming it: not new
-    assert fork_note("ccc", _with_budget(2048, dtype="fp32"), {"aaa": old}) is None  # its own line
+    beside = fork_note("ccc", _with_budget(2048, dtype="fp32"), {"aaa": old})  # another line: still a new variant
+    assert beside is not None and beside.endswith("name this one with #dtype=fp32")
+    assert fork_note("aaa", old, {}) is None  # the first variant of a store is beside nothing
 
 
 def test_a_build_forking_a_variant_by_its_token_budget_is_named_everywhere(tiny_store: Path, tmp_path: Path):

@@ -163,10 +163,10 @@ def _verify_file(store: Store, key: str, report: Report) -> int:
             return 1
         if k.rel not in c.files:
             report.add(f"file {key} was not recorded by the unit's commit", k.vid, None, k.uid)
-    elif k.kind in ("build", "lineage", "variants-meta", "units-meta"):
+    elif k.kind in ("build", "lineage", "label", "model", "variants-meta", "units-meta"):
         try:
             raw = store.io.get(key)
-            parse_json(raw or b"", key) if k.kind in ("build", "lineage") else group_attributes(raw or b"", key)
+            parse_json(raw or b"", key) if k.kind in ("build", "lineage", "label", "model") else group_attributes(raw or b"", key)
         except CorruptData as e:
             report.add(str(e), k.vid)
     return 0
