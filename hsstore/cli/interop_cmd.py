@@ -46,6 +46,9 @@ def import_(
     allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf or all-zero states anyway.")] = False,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="Only the first N files.")] = None,
     audit: Annotated[Optional[int], typer.Option("--audit", min=1, help="When the import finishes, audit N samples against --model (as hsstore check does) and record the result for hsstore info.")] = None,
+    label: Annotated[Optional[str], typer.Option("--label", help="Name the imported variant: select it as STORE#LABEL.")] = None,
+    another_model: Annotated[bool, typer.Option(
+        "--another-model", help="Let this model into a store that holds another model's states.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
 ) -> None:
@@ -60,10 +63,19 @@ def import_(
 
     if audit is not None and model is None:
         raise BadInput("--audit N recomputes samples with the model: pass --model DIR (the target's folder with weights)")
+    from hsstore.storage.store import another_model_allowed
+
     kw = {} if jobs is None else {"jobs": jobs}
-    report = import_cache(ImportRequest(format, source, store, tokenizer, model, num_layers, layers, capture,
-                                        codec=codec, skip_bad=skip_bad, allow_unhealthy=allow_unhealthy,
-                                        limit=limit, quiet=quiet or json_out, **kw))
+    _label_free(store, source, label)
+    with another_model_allowed("import" if another_model else None):  # else refused before a state is written
+        report = import_cache(ImportRequest(format, source, store, tokenizer, model, num_layers, layers, capture,
+                                            codec=codec, skip_bad=skip_bad, allow_unhealthy=allow_unhealthy,
+                                            limit=limit, quiet=quiet or json_out, **kw))
+    if label is not None:
+        from hsstore.storage.store import Store
+
+        Store.open(store, mode="a").set_label(report["variant"], label, by="import")
+        report["label"] = label
     found = _audit(str(model), store, report["variant"], audit) if audit is not None else None
     if found is not None:
         report["audit"] = found.to_dict()
@@ -71,6 +83,26 @@ def import_(
     if found is not None and found.verdict_kind not in ("identical", "within_noise"):
         raise CheckFailed(f"imported, but the audit found defects: {found.verdict} (hsstore check "
                           f"{model} '{store}#{report['variant']}' names them)")
+
+
+def _label_free(store: str, source: str, label: str | None) -> None:
+    """Before the import: BadInput if ``label`` is not a label or names a variant of the store that is not
+    an import of ``source`` (re-running an import keeps its label)."""
+    import os
+
+    from hsstore.core.errors import BadInput, StoreNotFound
+    from hsstore.storage.store import Store, check_label
+
+    if label is None:
+        return
+    check_label(label)
+    try:
+        s = Store.open(store)
+    except StoreNotFound:
+        return
+    holder = next((v for v, lab in s.labels().items() if lab == label), None)
+    if holder is not None and s.variant_record(holder).provenance.get("source", {}).get("path") != os.path.realpath(source):
+        raise BadInput(f"label {label!r} already names variant {holder} in {store}; choose another --label")
 
 
 def _audit(model: str, store: str, vid: str, n: int) -> AuditSummary:

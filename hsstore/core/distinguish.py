@@ -202,11 +202,11 @@ def why(path: str) -> str:
 
 
 def fork_note(vid: str, provenance: Mapping[str, Any], existing: Mapping[str, Mapping[str, Any]],
-              labels: Mapping[str, str] | None = None) -> str | None:
+              labels: Mapping[str, str] | None = None, every: Mapping[str, Mapping[str, Any]] | None = None) -> str | None:
     """What a build says when it makes a new variant beside others: the fields that tell it from the
     closest one, their values on both sides, why each can change numbers, and the selector that names it
-    alone now (``labels``: variant id -> label, the new one's too when given); None when ``existing`` (id ->
-    provenance) holds it already or holds nothing else."""
+    alone among ``every`` (default: ``existing`` and it; ``labels``: variant id -> label); None when
+    ``existing`` (id -> provenance) holds it already or holds nothing else."""
     others = {v: p for v, p in existing.items() if v != vid}
     if vid in existing or not others:
         return None
@@ -223,6 +223,6 @@ def fork_note(vid: str, provenance: Mapping[str, Any], existing: Mapping[str, Ma
     said = "; ".join(f"{selector_key(k, paths)} {_short(mine.get(k, _ABSENT))} (was {_short(theirs.get(k, _ABSENT))}): "
                      f"{why(k)}" for k in fields[:MAX_SHOWN])
     more = f"; +{len(fields) - MAX_SHOWN} more" if len(fields) > MAX_SHOWN else ""
-    name = Apart({**others, vid: provenance}).selector(vid, labels)
+    name = Apart(every if every is not None else {**others, vid: provenance}).selector(vid, labels)
     return (f"new variant {vid} beside {other} ({describe(provenance)}): it differs in {said}{more}. Each of these "
             f"can change numbers, so the states are kept apart; name this one with #{name}")

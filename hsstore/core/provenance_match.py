@@ -106,11 +106,14 @@ def model_name(provenance: Mapping[str, Any]) -> str:
 
 def same_model(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Whether two variants are states of one model: the same weights' fingerprint, or where one is not
-    known (an import without weights), the same config fingerprint and architecture."""
+    known (an import without weights), the same config fingerprint and architecture, or where not even the
+    config is (an import given no model), the same shape."""
     fa, fb = model_fingerprint(a), model_fingerprint(b)
     if fa is not None and fb is not None:
         return fa == fb
     ma, mb = _model(a), _model(b)
+    if "unknown" in (ma.get("config_fingerprint"), mb.get("config_fingerprint")):  # an import given no model:
+        return all(ma.get(k) == mb.get(k) for k in ("num_layers", "hidden_size"))  # only its shape is known
     if ma.get("config_fingerprint") is None or mb.get("config_fingerprint") is None:  # older records: all of it
         return {k: v for k, v in ma.items() if k != "path"} == {k: v for k, v in mb.items() if k != "path"}
     keys = ("config_fingerprint", "model_type", "num_layers", "hidden_size")

@@ -155,7 +155,7 @@ def _differ(variants: Mapping[str, Mapping[str, Any]], hits: list[str], labels: 
     path_of = {key: path for path, key in apart.keys.items()}
     keys = list(dict.fromkeys(k for vid in hits for k, _ in apart.fewest(vid) or []))
     differ = [k for k in keys if len({repr(apart.fields[v].get(path_of[k])) for v in hits}) > 1]
-    example = f"name one, e.g. #{apart.selector(min(hits), labels)}"
+    example = f"name one, e.g. #{apart.selector(min(hits), labels)} for {min(hits)}"
     return f"; they differ in {', '.join(differ)}: {example}" if differ else f"; {example}"
 
 
