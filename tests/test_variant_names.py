@@ -16,6 +16,7 @@ import pytest
 from hsstore import HiddenStateDataset, SelectorError
 from hsstore.core.distinguish import distinguishing
 from hsstore.core.selectors import select
+from hsstore.storage.names import label_records, model_records
 from hsstore.storage.store import Store
 
 from helpers import run_cli, write_manifest
@@ -158,7 +159,7 @@ def test_labels_from_build_convert_import_rename_and_python(many, tmp_path: Path
     assert s.select("baseline") == vid and s.labels()[vid] == "baseline"
     with pytest.raises(SelectorError, match="labels here: baseline, imported"):
         s.select("sdpa-bf16")
-    history = [(rec.label, rec.previous, rec.by) for _, rec in s.label_records() if rec.variant == vid]
+    history = [(rec.label, rec.previous, rec.by) for _, rec in label_records(s) if rec.variant == vid]
     assert history == [("sdpa-bf16", None, "build"), ("baseline", "sdpa-bf16", "label")]
     assert run_cli("label", f"{store}#baseline", "bad label").returncode == 2
     assert run_cli("verify", str(store)).returncode == 0  # the label records are part of the format
@@ -203,7 +204,7 @@ def test_another_model_is_refused_before_it_runs_unless_asked(many, tmp_path: Pa
     text = _info(store)
     assert "of 2 models)" in text and text.count("\nmodel builtin:tiny-") == 2
     s = Store.open(store)
-    assert [r.name.split()[0] for r in s.model_records()] == ["builtin:tiny-qwen3_5"]
+    assert [r.name.split()[0] for r in model_records(s)] == ["builtin:tiny-qwen3_5"]
     assert run_cli("verify", str(store)).returncode == 0
     for v in info["variants"]:  # still every variant is named by its selector
         assert s.select(v["selector"]) == v["id"]

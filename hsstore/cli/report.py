@@ -45,7 +45,7 @@ def _variant_lines(v: VariantInfo, location: str) -> list[str]:
         + (f" ({env.device_name})" if or_none(env.device_name) else "") + f" attention={k.attention}"
         + (f" precision={v.precision}" if v.precision else "")
         + _apart({a: b for a, b in v.distinguished_by.items() if f"{a}={b}" not in shown}),
-        f"  select as {location}#{v.selector}" + (f"  (label {v.label!r})" if v.label else ""),
+        *([f"  select as {location}#{v.selector}"] if v.selector else []),  # (absent from older documents)
         f"  model {rec.model.name}  layers aux={rec.layers.aux} target={rec.layers.target}  hidden={v.hidden_size}",
         f"  kernels: gated-delta={k.chunk_gated_delta_rule} conv1d={k.causal_conv1d} attention={k.attention}",
         "  versions: " + ", ".join(f"{a}={b}" for a, b in (or_none(env.versions) or {}).items() if b),

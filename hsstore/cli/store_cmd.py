@@ -92,7 +92,8 @@ def label(
     Example: hsstore label 'out/tiny.zarr#dtype=bf16' sdpa-bf16
     """
     from hsstore.core.distinguish import label_selector
-    from hsstore.storage.store import Store, check_label, split_target
+    from hsstore.storage.names import check_label
+    from hsstore.storage.store import Store, split_target
 
     path, selector = split_target(target)
     check_label(new_label)

@@ -178,10 +178,10 @@ class _Units:
 def _check_fits(out: Store, prov: dict, label: str | None, another_model: bool) -> None:
     """Before anything is written: BadInput if the derived variant is of another model than ``out``'s
     (unless ``another_model``) or ``label`` names another variant there."""
-    from hsstore.storage.store import another_model_allowed, check_label
+    from hsstore.storage.names import another_model_allowed, check_label, check_model
 
     with another_model_allowed("convert" if another_model else None):
-        out.check_model(prov, what="the converted variant")
+        check_model(out, prov, what="the converted variant")
     if label is None:
         return
     holder = next((v for v, lab in out.labels().items() if lab == check_label(label)), None)

@@ -5,9 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,12 +12,12 @@ from typing import Any
 from hsstore.core.dtypes import STORED
 from hsstore.core.errors import BadInput, CorruptData, HsstoreError, StoreNotFound, UnsupportedFormat
 from hsstore.core.paths import expand_user
-from hsstore.core.provenance_match import model_fingerprint, model_name, same_model, variant_id
+from hsstore.core.provenance_match import variant_id
 from hsstore.core.selectors import select
 from hsstore.core.schema.array import GroupMeta
 from hsstore.core.schema.provenance import Provenance, Storage
-from hsstore.core.schema.store_records import LABEL_PATTERN, CommitRecord, LabelRecord, ModelRecord, VariantRecord
-from hsstore.storage import commits, layout, leases
+from hsstore.core.schema.store_records import CommitRecord, VariantRecord
+from hsstore.storage import commits, layout, leases, names
 from hsstore.storage.backend import Backend
 from hsstore.storage.codecs import REGISTRY
 from hsstore.storage.leases import Lease
@@ -38,35 +35,6 @@ class Variant:
     n_samples: int
     n_tokens: int
     label: str | None = None
-
-
-# set by a command the user gave --another-model: create_variant lets a new model into a store of another
-_ANOTHER_MODEL: ContextVar[str | None] = ContextVar("hsstore_another_model", default=None)
-
-
-@contextmanager
-def another_model_allowed(by: str | None) -> Iterator[None]:
-    """Within it, a variant of another model than the store's is let in (``by``: the command that allows
-    it, recorded with the model; None: refused as always)."""
-    token = _ANOTHER_MODEL.set(by)
-    try:
-        yield
-    finally:
-        _ANOTHER_MODEL.reset(token)
-
-
-def check_label(label: str) -> str:
-    """BadInput unless ``label`` can be a variant's label."""
-    if not LABEL_PATTERN.match(label):
-        raise BadInput(f"label {label!r} is not a label: use letters, digits, '_', '-' and '.' (at most 64, "
-                       "starting with a letter or digit), e.g. sdpa-bf16")
-    return label
-
-
-def _now() -> str:
-    import datetime
-
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def is_url(path: str) -> bool:
@@ -229,75 +197,15 @@ class Store:
         provs = {vid: self.variant_record(vid).provenance for vid in self.variant_ids()}
         return select(provs, selector, where=self.location, labels=self.labels())
 
-    # ---- labels --------------------------------------------------------------------------------
-    def label_records(self) -> list[tuple[int, LabelRecord]]:
-        """Every label change, in order (the store's history of labels)."""
-        keys = [k for k in self.io.list(layout.labels_prefix()) if layout.parse_key(k).kind == "label"]
-        out = []
-        for key in sorted(keys, key=layout.label_number):
-            raw = self.io.get(key)
-            if raw is not None:
-                out.append((layout.label_number(key), LabelRecord.from_json(raw, f"label record {key}", CorruptData)))
-        return out
-
-    def labels(self, records: list[tuple[int, LabelRecord]] | None = None) -> dict[str, str]:
-        """Variant id -> its label (the label records replayed: a later one moves or replaces a label)."""
-        out: dict[str, str] = {}
-        for _, rec in self.label_records() if records is None else records:
-            out = {v: lab for v, lab in out.items() if lab != rec.label}
-            out[rec.variant] = rec.label
-        return out
+    # ---- labels (hsstore.storage.names) ------------------------------------------------------
+    def labels(self) -> dict[str, str]:
+        """Variant id -> its label."""
+        return names.labels(self)
 
     def set_label(self, vid: str, label: str, by: str) -> str | None:
-        """Give variant ``vid`` the label ``label`` (its previous one, if any, is returned); BadInput if
-        another variant holds it. Atomic: each change is a new record claimed by number, so of two
-        commands racing for one label exactly one gets it."""
-        check_label(label)
-        for _ in range(1000):
-            records = self.label_records()
-            labels = self.labels(records)
-            holder = next((v for v, lab in labels.items() if lab == label), None)
-            if holder == vid:
-                return label
-            if holder is not None:
-                raise BadInput(f"label {label!r} already names variant {holder} in {self.location}; choose another "
-                               f"label, or first rename that one: hsstore label '{self.location}#{label}' NEW")
-            n = records[-1][0] + 1 if records else 0
-            rec = LabelRecord(variant=vid, label=label, previous=labels.get(vid), at=_now(), by=by)
-            if self.io.put_if_absent(layout.label_key(n), json.dumps(rec.to_dict()).encode()):
-                return rec.previous
-        raise HsstoreError(f"could not record label {label!r}: label records keep changing; re-run the command")
-
-    # ---- models --------------------------------------------------------------------------------
-    def check_model(self, provenance: Mapping[str, Any], what: str = "this variant") -> None:
-        """BadInput (one line naming both models and the option) if ``provenance`` is of another model than
-        the store's variants, unless the model was let in (a model record) or the caller allows it
-        (``another_model_allowed``: the model record is written now)."""
-        held = {}
-        for vid in self.variant_ids():
-            try:
-                held[vid] = self.variant_record(vid).provenance
-            except HsstoreError:  # an unreadable record is verify's to report
-                continue
-        if not held or any(same_model(p, provenance) for p in held.values()):
-            return
-        name = _model_record_name(provenance)
-        if self.io.exists(layout.model_key(name)):
-            return
-        others = sorted({model_name(p) for p in held.values()})
-        by = _ANOTHER_MODEL.get()
-        if by is None:
-            raise BadInput(f"{self.location} holds states of {', '.join(others)}; {what} is of another model, "
-                           f"{model_name(provenance)}: one store holds one model unless asked — pass --another-model "
-                           "(a manifest: [build] another_model = true) to keep both, or choose another --store")
-        rec = ModelRecord(name=model_name(provenance), fingerprint=model_fingerprint(provenance), beside=others,
-                          at=_now(), by=by)
-        self.io.put_if_absent(layout.model_key(name), json.dumps(rec.to_dict()).encode())
-
-    def model_records(self) -> list[ModelRecord]:
-        """The models let in beside another (``--another-model``), in no particular order."""
-        return [ModelRecord.from_json(raw, k, CorruptData) for k in self.io.list(layout.models_prefix())
-                if layout.parse_key(k).kind == "model" and (raw := self.io.get(k)) is not None]
+        """Give variant ``vid`` the label ``label`` (atomic; BadInput if another variant holds it); returns
+        its previous label."""
+        return names.set_label(self, vid, label, by)
 
     def create_variant(self, provenance: dict[str, Any], layers: dict[str, list[int]], hidden_size: int, dtype: str,
                        codec: str, chunk_tokens: int, precision: str | None = None) -> str:
@@ -311,7 +219,7 @@ class Store:
             raise ValueError(f"precision {precision!r} but the provenance records environment.storage.precision {stored!r}")
         vid = variant_id(provenance)
         if not self.io.exists(layout.variant_meta(vid)):  # one model per store unless asked
-            self.check_model(provenance)
+            names.check_model(self, provenance)
         plain = json.loads(json.dumps(provenance))  # plain JSON values (a version string may be a str subclass)
         fields = {"id": vid, "provenance": plain, "layers": layers, "hidden_size": hidden_size, "dtype": dtype,
                   "codec": codec, "chunk_tokens": chunk_tokens, **({"precision": precision} if precision else {})}
@@ -334,15 +242,6 @@ class Store:
         """The variant's committed units' records (by unit id) and the records that commit nothing (key, why)."""
         found = commits.scan(self.io, vid)
         return list(found.committed.values()), found.bad
-
-
-def _model_record_name(provenance: Mapping[str, Any]) -> str:
-    """The file name of a model's record: its fingerprint, else its config's."""
-    from hsstore.core.canonical import fingerprint
-
-    model = provenance.get("recipe", {}).get("model", {})
-    return model_fingerprint(provenance) or "config-" + fingerprint(
-        {k: model.get(k) for k in ("config_fingerprint", "model_type", "num_layers", "hidden_size")})[:32]
 
 
 def _check_readable(rec: VariantRecord, what: str, error: type[HsstoreError]) -> None:

@@ -229,6 +229,7 @@ def build(m: Manifest, limit: int | None = None, quiet: bool = False, space_chec
 
 
 def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float, space_check: bool) -> BuildResult:
+    from hsstore.capture.run.joining import check_joining, new_variant_notes
     from hsstore.storage.store import Store
 
     started = now()
@@ -237,9 +238,8 @@ def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float,
         from hsstore.capture.plan.space_check import check_space
 
         check_space(m, inp)  # before the store is made, a model loads or a worker starts
-    check_store_fits(m, inp)  # its model and label, before anything is written or any model runs
-    store = Store.create(m.store_path)  # fail early on a bad store path, before any model runs
-    before = set(store.variant_ids())
+    check_joining(m, inp.recipe.to_dict())  # the store's model and labels: before anything is written
+    before = set((store := Store.create(m.store_path)).variant_ids())  # a bad store path fails before any model runs
     group = process_group(ctx.world)
     try:
         mine, batches = share([s.length for s in inp.samples], m.token_budget, ctx.rank, ctx.world)
@@ -255,54 +255,12 @@ def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float,
         if group is not None:
             group.destroy_process_group()
     ctx.lineage.end("succeeded", variants=results, committed=ctx.committed(), complete=complete)
-    if ctx.rank == 0:
-        say_new_variants(Store.open(m.store_path), before, [r.variant for r in results])
+    sys.stderr.write("".join(f"{n}\n" for n in new_variant_notes(store, before, results if ctx.rank == 0 else [])))
     return BuildResult(store=m.store_path, rank=ctx.rank, world_size=ctx.world,
                        inputs=InputCounts.from_dict(inp.report.to_dict(), "input report", BuildFailed),
                        variants=results, complete=complete, seconds=time.time() - t0,
                        build_id=ctx.lineage.start.build_id, build_record=ctx.lineage.where(ctx.lineage.record_key),
                        rows_report=ctx.lineage.where(ctx.lineage.start.rows_report))
-
-
-def say_new_variants(store: Any, before: set[str], built: list[str]) -> None:
-    """On stderr, for each variant this build made beside others: what made it new and the selector that
-    names it alone now that the build is over (a note said as each started would be outdated by the next)."""
-    from hsstore.core.distinguish import fork_note
-
-    provs = {}
-    for v in store.variant_ids():
-        try:
-            provs[v] = store.variant_record(v).provenance
-        except HsstoreError:  # an unreadable record is verify's to report
-            continue
-    labels = store.labels()
-    for vid in dict.fromkeys(v for v in built if v not in before and v in provs):
-        note = fork_note(vid, provs[vid], {v: p for v, p in provs.items() if v != vid}, labels, every=provs)
-        if note:
-            print(note, file=sys.stderr, flush=True)
-
-
-def check_store_fits(m: Manifest, inp: Inputs) -> None:
-    """Before a build writes anything or runs a model: BadInput if the store holds another model's states
-    (unless ``another_model``: the model is recorded as let in) or its label names a variant of another
-    recipe or run."""
-    from hsstore.core.errors import StoreNotFound
-    from hsstore.storage.store import Store, another_model_allowed
-
-    try:
-        store = Store.open(m.store_path, mode="a" if m.another_model else "r")
-    except StoreNotFound:
-        return  # a new store: nothing to fit
-    planned = {"recipe": inp.recipe.to_dict()}
-    with another_model_allowed("build" if m.another_model else None):
-        store.check_model(planned, what=f"this build ({m.source})")
-    holder = next((v for v, lab in store.labels().items() if lab == m.label), None) if m.label else None
-    if holder is not None:
-        env = store.variant_record(holder).prov.environment
-        if (store.variant_record(holder).provenance.get("recipe") != planned["recipe"]
-                or (env.backend, env.dtype, env.device) != (m.backends[0], m.dtypes[0], m.devices[0].split(":")[0])):
-            raise BadInput(f"label {m.label!r} already names variant {holder} in {m.store_path} (another recipe or "
-                           "backend/dtype/device than this build's); choose another --label")
 
 
 def _run_workers(m: Manifest, inp: Inputs, mine: list[int], batches: list[list[int]], quiet: bool,

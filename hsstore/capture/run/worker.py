@@ -115,7 +115,7 @@ def _open_variant(plan: WorkerPlan, provenance: Provenance, g: Geometry, dtype: 
     from hsstore.core.precision_names import codec_for_codes
     from hsstore.storage.codecs import kept_codec_note
 
-    from hsstore.storage.store import another_model_allowed
+    from hsstore.storage.names import another_model_allowed
 
     codec = codec_for_codes(plan.codec) if plan.precision else plan.codec
     with another_model_allowed(plan.another_model):
