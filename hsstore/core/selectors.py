@@ -18,9 +18,11 @@ _HEX = set("0123456789abcdef")
 
 def parse_selector(selector: str) -> dict[str, str] | str:
     """``"backend=torch,dtype=bf16"`` -> dict; anything without ``=`` is one word: an id prefix or a label."""
+    from hsstore.core.schema.store_records import LABEL_PATTERN
+
     selector = selector.strip()
     if "=" not in selector:
-        if not selector or "," in selector:
+        if not LABEL_PATTERN.match(selector):  # (ids are hex: a label's pattern holds them too)
             raise SelectorError(
                 f"selector {selector!r} is neither a variant id prefix, a label nor key=value pairs "
                 "(e.g. 'backend=torch,dtype=bf16')"
