@@ -109,12 +109,15 @@ def _disjoint_store(tmp: Path) -> tuple[str, str]:
 def _two_model_store(tmp: Path) -> tuple[str, str]:
     from helpers import LAYERS, provenance
 
+    from hsstore.storage.names import another_model_allowed
+
     s = Store.create(tmp / "two-models.zarr")
     vids = []
     for name in ("model-a", "model-b"):
         prov = provenance("bf16")
         prov["recipe"]["model"] = {"name": name, "fingerprint": f"{name}-fingerprint"}
-        vids.append(s.create_variant(prov, LAYERS, 16, "bf16", "zstd", 64))
+        with another_model_allowed("test"):  # a store of two models, as --another-model makes
+            vids.append(s.create_variant(prov, LAYERS, 16, "bf16", "zstd", 64))
         write_unit(s, vids[-1], [4])
     return f"{tmp / 'two-models.zarr'}#{vids[0]}", f"{tmp / 'two-models.zarr'}#{vids[1]}"
 

@@ -77,13 +77,16 @@ def test_floor_that_is_a_or_b_is_refused(tiny_store: Path, spelling: str):
 
 
 def test_states_of_different_models_are_refused_unless_allowed(tmp_path: Path):
+    from hsstore.storage.names import another_model_allowed
+
     s = Store.create(tmp_path / "m.zarr")
     samples = make_samples([30, 40])
     vids = []
     for name in ("model-a", "model-b"):
         prov = provenance("bf16")
         prov["recipe"]["model"] = {"name": name, "fingerprint": name + "-fp", "path": "/x"}
-        vid = s.create_variant(prov, LAYERS, 16, "bf16", "zstd", 64)
+        with another_model_allowed("test"):  # a store of two models, as --another-model makes
+            vid = s.create_variant(prov, LAYERS, 16, "bf16", "zstd", 64)
         UnitWriter(s, vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2], seed=len(vids)))
         vids.append(vid)
     a, b = f"{tmp_path / 'm.zarr'}#{vids[0]}", f"{tmp_path / 'm.zarr'}#{vids[1]}"

@@ -28,10 +28,10 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_local_model(tmp_path_factory.mktemp("models") / "my-model")
 
 
-def _build(model: Path, store: Path, limit: int, env: dict) -> dict:
+def _build(model: Path, store: Path, limit: int, env: dict, *args: str) -> dict:
     m = write_manifest(store.parent / f"{store.stem}-{model.name}.toml", model=str(model), layers=LAYERS,
                        store=str(store), dtypes='["fp32"]')
-    r = run_cli("build", str(m), "--limit", str(limit), "--json", env=env)
+    r = run_cli("build", str(m), "--limit", str(limit), "--json", *args, env=env)
     assert r.returncode == 0, r.stderr
     assert "Loading weights" not in r.stderr  # transformers' own progress bar is silenced: hsstore says what it does
     # a status line from the start and at each phase, in order, before any other output
@@ -65,7 +65,9 @@ def test_changed_weights_with_restored_mtime_never_mix_into_the_old_variant(mode
     store = tmp_path / "s.zarr"
     (first,) = _build(model, store, 4, env)["variants"]
     _flip_a_weight_byte_keeping_times(model / "model.safetensors")
-    (second,) = _build(model, store, 4, env)["variants"]
+    refused = run_cli("build", str(store.parent / f"{store.stem}-{model.name}.toml"), "--limit", "4", env=env)
+    assert refused.returncode == 2 and "another model" in refused.stderr  # other weights: asked for (issue 43)
+    (second,) = _build(model, store, 4, env, "--another-model")["variants"]
     assert second["variant"] != first["variant"] and second["samples_written"] == 4
     (third,) = _build(model, store, 8, env)["variants"]  # more rows: they go to the new weights' variant
     assert third["variant"] == second["variant"] and third["samples_written"] == 4

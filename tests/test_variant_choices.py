@@ -26,15 +26,15 @@ def _with_budget(budget: int, dtype: str = "bf16", max_length: int = 256) -> dic
     return p
 
 
-def test_variants_sharing_a_line_are_told_apart_by_the_fields_that_differ():
+def test_variants_are_told_apart_by_the_fewest_fields_that_name_each_alone():
     variants = {"aaa": _with_budget(4096), "bbb": _with_budget(2048), "ccc": _with_budget(2048, max_length=512),
                 "ddd": _with_budget(4096, dtype="fp32")}
     apart = distinguishing(variants)
-    assert apart["aaa"] == {"token_budget": "4096", "max_length": "256"}
-    assert apart["ccc"] == {"token_budget": "2048", "max_length": "512"}
-    assert apart["ddd"] == {}  # its line (dtype=fp32) is its own
-    for vid in ("aaa", "bbb", "ccc"):  # the shown fields, as written, are a selector naming that variant
-        assert select(variants, "dtype=bf16," + ",".join(f"{k}={v}" for k, v in apart[vid].items())) == vid
+    assert apart["aaa"] == {"dtype": "bf16", "token_budget": "4096"}  # token_budget alone also names ddd
+    assert apart["ccc"] == {"max_length": "512"}
+    assert apart["ddd"] == {"dtype": "fp32"}
+    for vid in variants:  # the shown fields, as written, are a selector naming that variant
+        assert select(variants, ",".join(f"{k}={v}" for k, v in apart[vid].items())) == vid
 
 
 def test_an_ambiguous_selector_is_refused_with_what_tells_the_candidates_apart():
@@ -45,7 +45,7 @@ def test_an_ambiguous_selector_is_refused_with_what_tells_the_candidates_apart()
     assert "matches 2 variants" in msg and "they differ in token_budget" in msg
     assert "aaa (backend=torch dtype=bf16 device=cpu attention=sdpa token_budget=4096)" in msg
     assert "bbb (backend=torch dtype=bf16 device=cpu attention=sdpa token_budget=2048)" in msg
-    suggested = msg.split("e.g. #", 1)[1].split(".", 1)[0]
+    suggested = msg.split("e.g. #", 1)[1].split(" ", 1)[0]
     assert select(variants, suggested) in ("aaa", "bbb")  # the suggestion names one variant
     assert select(variants, "dtype=bf16,token_budget=2048") == "bbb"
 
@@ -87,15 +87,17 @@ def test_info_json_names_what_tells_each_variant_apart_as_info_and_selector_erro
     info = run_cli("info", str(path), "--json")
     assert info.returncode == 0, info.stderr
     by = {v["id"]: v["distinguished_by"] for v in json.loads(info.stdout)["variants"]}
-    assert by == {vids["4096"]: {"token_budget": "4096"}, vids["2048"]: {"token_budget": "2048"}, vids["fp32"]: {}}
+    assert by == {vids["4096"]: {"dtype": "bf16", "token_budget": "4096"}, vids["2048"]: {"token_budget": "2048"},
+                  vids["fp32"]: {"dtype": "fp32"}}  # the fewest fields naming each alone
     heads = {line.split(":")[0].split()[1]: line for line in run_cli("info", str(path)).stdout.splitlines()
              if line.startswith("variant ")}
     with pytest.raises(SelectorError) as e:
         HiddenStateDataset(str(path), variant="dtype=bf16")
-    for vid, fields in by.items():  # the text header and the selector error show the same fields
-        shown = " ".join(f"{k}={v}" for k, v in fields.items())
-        assert heads[vid].endswith(shown) and (not fields or f"{vid} (backend=torch dtype=bf16 device=cpu "
-                                                             f"attention=sdpa {shown})" in str(e.value))
+    for vid, fields in by.items():  # the text header and the selector error show the same fields, each once
+        shown = " ".join(f"{k}={v}" for k, v in fields.items() if k != "dtype")
+        assert heads[vid].endswith(shown) and heads[vid].count("dtype=") == 1
+        if vid != vids["fp32"]:
+            assert f"{vid} (backend=torch dtype=bf16 device=cpu attention=sdpa {shown})" in str(e.value)
 
 
 def test_a_new_variant_beside_one_of_the_same_line_says_which_settings_made_it_new():
@@ -105,7 +107,9 @@ def test_a_new_variant_beside_one_of_the_same_line_says_which_settings_made_it_n
     assert "token_budget 2048 (was 4096): batch shapes" in note and "#token_budget=2048" in note
     assert "max_length" not in note  # equal on both sides
     assert fork_note("bbb", new, {"aaa": old, "bbb": new}) is None  # resuming it: not new
-    assert fork_note("ccc", _with_budget(2048, dtype="fp32"), {"aaa": old}) is None  # its own line
+    beside = fork_note("ccc", _with_budget(2048, dtype="fp32"), {"aaa": old})  # another line: still a new variant
+    assert beside is not None and beside.endswith("name this one with #dtype=fp32")
+    assert fork_note("aaa", old, {}) is None  # the first variant of a store is beside nothing
 
 
 def test_a_build_forking_a_variant_by_its_token_budget_is_named_everywhere(tiny_store: Path, tmp_path: Path):
@@ -124,6 +128,9 @@ def test_a_build_forking_a_variant_by_its_token_budget_is_named_everywhere(tiny_
     info = run_cli("info", str(store))
     heads = [line for line in info.stdout.splitlines() if line.startswith("variant ") and "dtype=bf16" in line]
     assert len(heads) == 2 and sorted(h.rsplit(" ", 1)[1] for h in heads) == ["token_budget=1024", "token_budget=2048"]
+    for line in info.stdout.splitlines():  # each selector info prints names its variant
+        if line.startswith("  select as "):
+            assert Store.open(store).select(line.split("#", 1)[1]) in Store.open(store).variant_ids()
 
     cli = run_cli("diff", f"{store}#dtype=bf16", f"{store}#dtype=fp32")
     assert cli.returncode == 2 and "they differ in token_budget" in cli.stderr
@@ -139,7 +146,7 @@ def test_a_build_forking_a_variant_by_its_token_budget_is_named_everywhere(tiny_
     assert "unknown key 'dtyp'" in str(e.value)
     apart = [v["distinguished_by"] for v in json.loads(run_cli("info", str(store), "--json").stdout)["variants"]
              if v["dtype"] == "bf16"]
-    assert sorted(apart, key=str) == [{"token_budget": "1024"}, {"token_budget": "2048"}]  # as the text headers
+    assert sorted(apart, key=str) == [{"dtype": "bf16", "token_budget": "2048"}, {"token_budget": "1024"}]
 
 
 @pytest.mark.parametrize("command", ["info", "verify", "gc"])

@@ -27,6 +27,10 @@ def build(
     allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf/all-zero states.")] = False,
     no_space_check: Annotated[bool, typer.Option(
         "--no-space-check", help="Start even if the estimate exceeds the free space of a local store's disk.")] = False,
+    label: Annotated[Optional[str], typer.Option(
+        "--label", help="Name the variant (a build of one variant): select it as STORE#LABEL.")] = None,
+    another_model: Annotated[bool, typer.Option(
+        "--another-model", help="Let this model into a store that holds another model's states.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
@@ -42,7 +46,7 @@ def build(
 
     m = load_manifest(manifest).with_overrides(
         store_path=expand_user(store) if store else store, backends=backend, dtypes=dtype, devices=device, codec=codec, gpus_per_rank=gpus_per_rank,
-        allow_unhealthy=allow_unhealthy or None, precision=precision,
+        allow_unhealthy=allow_unhealthy or None, precision=precision, label=label, another_model=another_model or None,
     )
     summary = run_build(m, limit=limit, quiet=quiet, space_check=not no_space_check)
     if summary.rows_report is not None and json_out:  # on stderr, so --json output stays one document

@@ -31,6 +31,9 @@ def convert(
     workers: Annotated[int | None, typer.Option("--workers", min=1, help="Units converted side by side (default: up to 4).")] = None,
     codec: Annotated[str | None, typer.Option("--codec", help="Compression of the new variant (default: the source's).")] = None,
     allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf/all-zero states anyway.")] = False,
+    label: Annotated[str | None, typer.Option("--label", help="Name the new variant: select it as STORE#LABEL.")] = None,
+    another_model: Annotated[bool, typer.Option(
+        "--another-model", help="Let this model into a --store that holds another model's states.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
 ) -> None:
@@ -51,7 +54,8 @@ def convert(
     with bar:
         task = bar.add_task("convert", total=None)
         r = run_convert(target, precision, store, workers, allow_unhealthy,
-                        on_progress=lambda done, total: bar.update(task, completed=done, total=total), codec=codec)
+                        on_progress=lambda done, total: bar.update(task, completed=done, total=total), codec=codec,
+                        label=label, another_model=another_model)
     emit(r.to_dict(), json_out, convert_text(r))
     if not r.complete:
         raise typer.Exit(1)

@@ -46,6 +46,9 @@ def import_(
     allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf or all-zero states anyway.")] = False,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="Only the first N files.")] = None,
     audit: Annotated[Optional[int], typer.Option("--audit", min=1, help="When the import finishes, audit N samples against --model (as hsstore check does) and record the result for hsstore info.")] = None,
+    label: Annotated[Optional[str], typer.Option("--label", help="Name the imported variant: select it as STORE#LABEL.")] = None,
+    another_model: Annotated[bool, typer.Option(
+        "--another-model", help="Let this model into a store that holds another model's states.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
 ) -> None:
@@ -57,13 +60,14 @@ def import_(
     """
     from hsstore.core.errors import BadInput, CheckFailed
     from hsstore.interop.importer import ImportRequest, import_cache
+    from hsstore.storage.names import another_model_allowed
 
-    if audit is not None and model is None:
-        raise BadInput("--audit N recomputes samples with the model: pass --model DIR (the target's folder with weights)")
-    kw = {} if jobs is None else {"jobs": jobs}
-    report = import_cache(ImportRequest(format, source, store, tokenizer, model, num_layers, layers, capture,
-                                        codec=codec, skip_bad=skip_bad, allow_unhealthy=allow_unhealthy,
-                                        limit=limit, quiet=quiet or json_out, **kw))
+    _check_request(store, source, label, audit is not None and model is None)
+    with another_model_allowed("import" if another_model else None):  # else refused before a state is written
+        report = import_cache(ImportRequest(format, source, store, tokenizer, model, num_layers, layers, capture,
+                                            codec=codec, skip_bad=skip_bad, allow_unhealthy=allow_unhealthy, limit=limit,
+                                            quiet=quiet or json_out, **({} if jobs is None else {"jobs": jobs})))
+    _label_imported(store, report, label)
     found = _audit(str(model), store, report["variant"], audit) if audit is not None else None
     if found is not None:
         report["audit"] = found.to_dict()
@@ -71,6 +75,38 @@ def import_(
     if found is not None and found.verdict_kind not in ("identical", "within_noise"):
         raise CheckFailed(f"imported, but the audit found defects: {found.verdict} (hsstore check "
                           f"{model} '{store}#{report['variant']}' names them)")
+
+
+def _check_request(store: str, source: str, label: str | None, audit_without_model: bool) -> None:
+    """Before the import: BadInput for --audit without --model, or if ``label`` is not a label or names a
+    variant of the store that is not an import of ``source`` (re-running an import keeps its label)."""
+    import os
+
+    from hsstore.core.errors import BadInput, StoreNotFound
+    from hsstore.storage.names import check_label
+    from hsstore.storage.store import Store
+
+    if audit_without_model:
+        raise BadInput("--audit N recomputes samples with the model: pass --model DIR (the target's folder with weights)")
+    if label is None:
+        return
+    check_label(label)
+    try:
+        s = Store.open(store)
+    except StoreNotFound:
+        return
+    holder = next((v for v, lab in s.labels().items() if lab == label), None)
+    if holder is not None and s.variant_record(holder).provenance.get("source", {}).get("path") != os.path.realpath(source):
+        raise BadInput(f"label {label!r} already names variant {holder} in {store}; choose another --label")
+
+
+def _label_imported(store: str, report: dict, label: str | None) -> None:
+    """Give the imported variant its --label (and say so in the report)."""
+    if label is not None:
+        from hsstore.storage.store import Store
+
+        Store.open(store, mode="a").set_label(report["variant"], label, by="import")
+        report["label"] = label
 
 
 def _audit(model: str, store: str, vid: str, n: int) -> AuditSummary:

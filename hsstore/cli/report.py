@@ -3,7 +3,6 @@ record itself; diff: diff_render)."""
 
 from __future__ import annotations
 
-from hsstore.core.distinguish import MAX_SHOWN
 from hsstore.core.schema.gc_report import GcReport
 from hsstore.core.schema.info_report import StoreInfo, VariantInfo
 from hsstore.core.schema.provenance import Provenance
@@ -22,21 +21,31 @@ def _fmt_bytes(n: float) -> str:
 
 
 def info_text(d: StoreInfo) -> str:
-    lines = [f"store {d.location}  (format {d.format_version}, {len(d.variants)} variant(s))"]
-    for v in d.variants:
-        lines += ["", *_variant_lines(v)]
+    several = len(d.models) > 1
+    lines = [f"store {d.location}  (format {d.format_version}, {len(d.variants)} variant(s)"
+             + (f" of {len(d.models)} models)" if several else ")")]
+    by_id = {v.id: v for v in d.variants}
+    for group in d.models if several else []:  # a store of several models (--another-model): by model
+        lines += ["", f"model {group.model}: {len(group.variants)} variant(s)"]
+        for vid in group.variants:
+            lines += ["", *_variant_lines(by_id[vid], d.location)]
+    for v in [] if several else d.variants:
+        lines += ["", *_variant_lines(v, d.location)]
     return "\n".join(lines)
 
 
-def _variant_lines(v: VariantInfo) -> list[str]:
+def _variant_lines(v: VariantInfo, location: str) -> list[str]:
     prov = Provenance.from_dict(v.provenance, f"variant {v.id}: provenance")
     env, rec, k = prov.environment, prov.recipe, prov.environment.kernels
     ratio = f"{v.compression_ratio:.2f}x" if v.compression_ratio else "-"
+    shown = {f"backend={env.backend}", f"dtype={env.dtype}", f"device={env.device}", f"attention={k.attention}",
+             f"precision={v.precision}"}
     lines = [
-        f"variant {v.id}: backend={env.backend} dtype={env.dtype} device={env.device}"
-        + (f" ({env.device_name})" if or_none(env.device_name) else "")
+        f"variant {v.label + ' ' if v.label else ''}{v.id}: backend={env.backend} dtype={env.dtype} device={env.device}"
+        + (f" ({env.device_name})" if or_none(env.device_name) else "") + f" attention={k.attention}"
         + (f" precision={v.precision}" if v.precision else "")
-        + _apart(v.distinguished_by),
+        + _apart({a: b for a, b in v.distinguished_by.items() if f"{a}={b}" not in shown}),
+        *([f"  select as {location}#{v.selector}"] if v.selector else []),  # (absent from older documents)
         f"  model {rec.model.name}  layers aux={rec.layers.aux} target={rec.layers.target}  hidden={v.hidden_size}",
         f"  kernels: gated-delta={k.chunk_gated_delta_rule} conv1d={k.causal_conv1d} attention={k.attention}",
         "  versions: " + ", ".join(f"{a}={b}" for a, b in (or_none(env.versions) or {}).items() if b),
@@ -58,10 +67,8 @@ def _variant_lines(v: VariantInfo) -> list[str]:
 
 
 def _apart(fields: dict[str, str]) -> str:
-    """The fields that tell a variant from those with the same backend/dtype/device line."""
-    shown = " ".join(f"{k}={v}" for k, v in list(fields.items())[:MAX_SHOWN])
-    more = f" +{len(fields) - MAX_SHOWN} more" if len(fields) > MAX_SHOWN else ""
-    return f" {shown}{more}" if fields else ""
+    """The fields that tell a variant from the store's others (those the line does not show already)."""
+    return "".join(f" {k}={v}" for k, v in fields.items())
 
 
 def verify_text(r: VerifyReport) -> str:

@@ -78,3 +78,28 @@ def gc(
 
     r = collect_garbage(Store.open(_whole_store(store, "gc"), mode="a"), grace, force, dry_run)
     emit(r.to_dict(), json_out, gc_text(r))
+
+
+@app.command()
+def label(
+    target: Annotated[str, typer.Argument(help="STORE#SELECTOR of the variant to name.")],
+    new_label: Annotated[str, typer.Argument(help="Its label (letters, digits, '_', '-', '.'), unique in the store.")],
+    json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
+) -> None:
+    """Give a variant a label, or change it; no data is rewritten, and the change is kept in the store's
+    history. Refused if another variant holds the label.
+
+    Example: hsstore label 'out/tiny.zarr#dtype=bf16' sdpa-bf16
+    """
+    from hsstore.core.distinguish import label_selector
+    from hsstore.storage.names import check_label
+    from hsstore.storage.store import Store, split_target
+
+    path, selector = split_target(target)
+    check_label(new_label)
+    store = Store.open(path, mode="a")
+    vid = store.select(selector)
+    previous = store.set_label(vid, new_label, by="label")
+    said = "unchanged" if previous == new_label else f"was {previous!r}" if previous else "was unlabelled"
+    emit({"store": path, "variant": vid, "label": new_label, "previous": previous}, json_out,
+         f"variant {vid} labelled {new_label!r} ({said}); select it as {path}#{label_selector(new_label)}")

@@ -84,3 +84,37 @@ def require_match(
     diffs = differences(have, want, allow_drift)
     if diffs:
         raise ProvenanceMismatch(diffs, what=what)
+
+
+def _model(provenance: Mapping[str, Any]) -> Mapping[str, Any]:
+    model = provenance.get("recipe", {}).get("model", {})
+    return model if isinstance(model, Mapping) else {}
+
+
+def model_fingerprint(provenance: Mapping[str, Any]) -> str | None:
+    """The weights' fingerprint of the model a variant is of (None: not known, e.g. an import without weights)."""
+    fp = _model(provenance).get("fingerprint")
+    return fp if isinstance(fp, str) and fp and fp != "unknown" else None
+
+
+def model_name(provenance: Mapping[str, Any]) -> str:
+    """The model's name and fingerprint prefix, as a one-line error or ``info`` names it."""
+    m = _model(provenance)
+    fp = model_fingerprint(provenance) or f"config {str(m.get('config_fingerprint'))[:12]}"
+    return f"{m.get('name', '?')} ({fp[:12]})"
+
+
+def same_model(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two variants are states of one model: the same weights' fingerprint, or where one is not
+    known (an import without weights), the same config fingerprint and architecture, or where not even the
+    config is (an import given no model), the same shape."""
+    fa, fb = model_fingerprint(a), model_fingerprint(b)
+    if fa is not None and fb is not None:
+        return fa == fb
+    ma, mb = _model(a), _model(b)
+    if "unknown" in (ma.get("config_fingerprint"), mb.get("config_fingerprint")):  # an import given no model:
+        return all(ma.get(k) == mb.get(k) for k in ("num_layers", "hidden_size"))  # only its shape is known
+    if ma.get("config_fingerprint") is None or mb.get("config_fingerprint") is None:  # older records: all of it
+        return {k: v for k, v in ma.items() if k != "path"} == {k: v for k, v in mb.items() if k != "path"}
+    keys = ("config_fingerprint", "model_type", "num_layers", "hidden_size")
+    return all(ma.get(k) == mb.get(k) for k in keys)

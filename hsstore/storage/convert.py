@@ -175,9 +175,23 @@ class _Units:
             pool.shutdown()
 
 
+def _check_fits(out: Store, prov: dict, label: str | None, another_model: bool) -> None:
+    """Before anything is written: BadInput if the derived variant is of another model than ``out``'s
+    (unless ``another_model``) or ``label`` names another variant there."""
+    from hsstore.storage.names import another_model_allowed, check_label, check_model
+
+    with another_model_allowed("convert" if another_model else None):
+        check_model(out, prov, what="the converted variant")
+    if label is None:
+        return
+    holder = next((v for v, lab in out.labels().items() if lab == check_label(label)), None)
+    if holder not in (None, variant_id(prov)):
+        raise BadInput(f"label {label!r} already names variant {holder} in {out.location}; choose another --label")
+
+
 def convert(target: str, precision: str, dest: str | None = None, workers: int | None = None,
             allow_unhealthy: bool = False, on_progress: Callable[[int, int], None] | None = None,
-            codec: str | None = None) -> ConvertReport:
+            codec: str | None = None, label: str | None = None, another_model: bool = False) -> ConvertReport:
     """Derive a ``precision`` variant of ``target`` ("STORE#SELECTOR") into ``dest`` (default: the same
     store), compressed with ``codec`` (default: the source's; see precision.codec_for_codes).
     ``on_progress(samples done, samples in all)`` is called at the start and as units finish.
@@ -196,6 +210,7 @@ def convert(target: str, precision: str, dest: str | None = None, workers: int |
     except ValueError as e:
         raise BadInput(str(e)) from None
     variant = (prov, rec.layers, rec.hidden_size, rec.dtype, codec, chunk_tokens(rec.hidden_size, 1))
+    _check_fits(out, prov, label, another_model)
     units = _Units(reader, out, variant, precision, allow_unhealthy, on_progress)
     n = workers or min(4, os.cpu_count() or 1)
     try:
@@ -212,6 +227,8 @@ def convert(target: str, precision: str, dest: str | None = None, workers: int |
         raise
     units.record()  # an empty source: the variant is recorded, as a build of nothing records it
     dvid = units.dvid
+    if label:
+        out.set_label(dvid, label, by="convert")
     if (kept := out.variant_record(dvid).codec) != codec:  # an existing variant: its units keep its codec
         print(kept_codec_note(dvid, kept, codec), file=sys.stderr, flush=True)
         codec = kept

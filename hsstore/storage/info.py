@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from hsstore.core.distinguish import distinguishing
+from hsstore.core.distinguish import Apart
+from hsstore.core.provenance_match import model_fingerprint, model_name, same_model
 from hsstore.core.dtypes import STORED
-from hsstore.core.schema.info_report import StoreInfo, VariantInfo
+from hsstore.core.schema.info_report import ModelGroup, StoreInfo, VariantInfo
 from hsstore.core.schema.record import UNSET
 from hsstore.storage.audits import audits
 from hsstore.storage.stats import summary
@@ -14,13 +15,30 @@ from hsstore.storage.store import Store, VariantReader
 def store_info(store: Store) -> StoreInfo:
     """The store and every variant in it (what ``hsstore info`` prints, as text or ``--json``)."""
     readers = [store.reader(vid) for vid in store.variant_ids()]
-    apart = distinguishing({r.id: r.record.provenance for r in readers})
+    provs = {r.id: r.record.provenance for r in readers}
+    apart, labels = Apart(provs), store.labels()
+    variants = [variant_info(store, r, dict(apart.fewest(r.id) or [])).replace(
+        label=labels.get(r.id), selector=apart.selector(r.id, labels), model=model_name(provs[r.id])) for r in readers]
+    models = _models(provs)
+    order = {vid: i for i, g in enumerate(models) for vid in g.variants}
     return StoreInfo(format_version=store.format_version, location=store.location,
-                     variants=[variant_info(store, r, apart[r.id]) for r in readers])
+                     variants=sorted(variants, key=lambda v: order[v.id]), models=models)
+
+
+def _models(provs: dict) -> list[ModelGroup]:
+    """The variants grouped by the model they are of."""
+    groups: list[tuple[dict, list[str]]] = []
+    for vid, p in provs.items():
+        group = next((g for g in groups if same_model(g[0], p)), None)
+        if group is None:
+            groups.append((p, [vid]))
+        else:
+            group[1].append(vid)
+    return [ModelGroup(model=model_name(p), fingerprint=model_fingerprint(p), variants=v) for p, v in groups]
 
 
 def variant_info(store: Store, r: VariantReader, distinguished_by: dict[str, str]) -> VariantInfo:
-    """One variant: ``distinguished_by`` are the fields that tell it from those sharing its description."""
+    """One variant: ``distinguished_by`` are the fewest fields that tell it from the store's others."""
     vid = r.id
     files = sum(sum(c.files.values()) for c in r.commits)
     rec = r.record

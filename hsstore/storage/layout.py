@@ -17,6 +17,8 @@ tree against it).
     builds/<build_id>/r<rank>-start.json        lineage: a build record written when a rank starts ...
     builds/<build_id>/r<rank>-end.json          ... and one written when it ends (never replaced)
     builds/<build_id>/rows.jsonl                lineage: every rejected, duplicate, truncated input row
+    labels/<n>.json                             a variant's label given or changed, n = 0, 1, ... (never replaced)
+    models/<name>.json                          a model let into a store of another model (--another-model)
 
 An array ``a`` of ``ndim`` dimensions is two files: ``a/zarr.json`` and its one shard ``a/c/0[/0...]``.
 """
@@ -37,6 +39,7 @@ UNIT_GRACE_SECONDS = 3600.0  # gc's default: another host's uncommitted unit old
 _SAFE = re.compile(r"^[0-9a-zA-Z_.-]{1,128}$")
 _LAYER = re.compile(r"^layer_(0|[1-9][0-9]{0,5})$")
 _SCALE = re.compile(r"^scale_(0|[1-9][0-9]{0,5})$")  # per-token scales of a quantized layer
+_LABEL = re.compile(r"^[0-9]{8}\.json$")  # label_key's names
 _LINEAGE = re.compile(r"^r(0|[1-9][0-9]{0,6})-(start|end)\.json$")  # lineage_record_key's names
 
 
@@ -123,6 +126,27 @@ def lineage_rows_key(build_id: str) -> str:
     return f"{lineage_prefix(build_id)}rows.jsonl"
 
 
+def labels_prefix() -> str:
+    return "labels/"
+
+
+def label_key(n: int) -> str:
+    """The ``n``-th label record (the store's labels are its label records replayed in order)."""
+    return f"{labels_prefix()}{int(n):08d}.json"
+
+
+def label_number(key: str) -> int:
+    return int(key.rsplit("/", 1)[-1][:-5])
+
+
+def models_prefix() -> str:
+    return "models/"
+
+
+def model_key(name: str) -> str:
+    return f"{models_prefix()}{check_name(name, 'model record name')}.json"
+
+
 def layer_array(layer: int) -> str:
     return f"layer_{int(layer)}"
 
@@ -152,7 +176,8 @@ def unit_files(layers: list[int], quantized: bool = False) -> set[str]:
 class Key:
     """What a key is: ``kind`` and the names in it (``rel`` is a unit file relative to its unit)."""
 
-    kind: str  # root-meta variants-meta variant-meta units-meta unit-file commit build lineage lineage-rows temp unknown
+    kind: str  # root-meta variants-meta variant-meta units-meta unit-file commit build lineage lineage-rows label model
+    # temp unknown
     vid: str | None = None
     uid: str | None = None
     rel: str | None = None
@@ -171,6 +196,10 @@ def parse_key(key: str) -> Key:
             return Key("lineage-rows")
         if _LINEAGE.match(parts[2]):
             return Key("lineage")
+    if len(parts) == 2 and parts[0] == "labels" and _LABEL.match(parts[1]):
+        return Key("label")
+    if len(parts) == 2 and parts[0] == "models" and parts[1].endswith(".json") and is_name(parts[1][:-5]):
+        return Key("model")
     if len(parts) < 3 or parts[0] != variants_dir() or not is_name(parts[1]):
         return Key("unknown")
     vid, rest = parts[1], parts[2:]
@@ -188,7 +217,7 @@ def parse_key(key: str) -> Key:
 def _examples() -> list[str]:
     """One key of every kind the format has (placeholder names)."""
     return [root_meta(), variants_meta(), variant_meta("v"), units_meta("v"), commit_key("v", "u"),
-            build_key("v", "b"), lineage_record_key("b", 0, "start"), lineage_rows_key("b"),
+            build_key("v", "b"), lineage_record_key("b", 0, "start"), lineage_rows_key("b"), label_key(0), model_key("m"),
             *(unit_key("v", "u", rel) for rel in unit_files([0], quantized=True))]
 
 

@@ -17,7 +17,7 @@ from hsstore.core.selectors import select
 from hsstore.core.schema.array import GroupMeta
 from hsstore.core.schema.provenance import Provenance, Storage
 from hsstore.core.schema.store_records import CommitRecord, VariantRecord
-from hsstore.storage import commits, layout, leases
+from hsstore.storage import commits, layout, leases, names
 from hsstore.storage.backend import Backend
 from hsstore.storage.codecs import REGISTRY
 from hsstore.storage.leases import Lease
@@ -34,6 +34,7 @@ class Variant:
     provenance: dict[str, Any]
     n_samples: int
     n_tokens: int
+    label: str | None = None
 
 
 def is_url(path: str) -> bool:
@@ -192,9 +193,19 @@ class Store:
         return out
 
     def select(self, selector: str | None) -> str:
-        """The id of the one committed variant ``selector`` names (id prefix or key=value pairs)."""
+        """The id of the one committed variant ``selector`` names (id prefix, label or key=value pairs)."""
         provs = {vid: self.variant_record(vid).provenance for vid in self.variant_ids()}
-        return select(provs, selector, where=self.location)
+        return select(provs, selector, where=self.location, labels=self.labels())
+
+    # ---- labels (hsstore.storage.names) ------------------------------------------------------
+    def labels(self) -> dict[str, str]:
+        """Variant id -> its label."""
+        return names.labels(self)
+
+    def set_label(self, vid: str, label: str, by: str) -> str | None:
+        """Give variant ``vid`` the label ``label`` (atomic; BadInput if another variant holds it); returns
+        its previous label."""
+        return names.set_label(self, vid, label, by)
 
     def create_variant(self, provenance: dict[str, Any], layers: dict[str, list[int]], hidden_size: int, dtype: str,
                        codec: str, chunk_tokens: int, precision: str | None = None) -> str:
@@ -207,6 +218,8 @@ class Store:
         if stored != precision:
             raise ValueError(f"precision {precision!r} but the provenance records environment.storage.precision {stored!r}")
         vid = variant_id(provenance)
+        if not self.io.exists(layout.variant_meta(vid)):  # one model per store unless asked
+            names.check_model(self, provenance)
         plain = json.loads(json.dumps(provenance))  # plain JSON values (a version string may be a str subclass)
         fields = {"id": vid, "provenance": plain, "layers": layers, "hidden_size": hidden_size, "dtype": dtype,
                   "codec": codec, "chunk_tokens": chunk_tokens, **({"precision": precision} if precision else {})}

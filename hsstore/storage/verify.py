@@ -162,7 +162,7 @@ def _verify_file(store: Store, key: str, report: Report) -> int:
             return 1
         if k.rel not in c.files:
             report.add(f"file {key} was not recorded by the unit's commit", k.vid, None, k.uid)
-    elif k.kind in ("build", "lineage"):
+    elif k.kind in ("build", "lineage", "label", "model"):
         _verify_document(store, key, None, report, k, True)
     elif k.kind in ("root-meta", "variants-meta", "variant-meta", "units-meta"):
         _verify_document(store, key, "group", report, k, True)

@@ -118,7 +118,7 @@ def worker_plan(m: Manifest, inp: Inputs, backend: str, devices: list[str], batc
         batches=batches, runs=[(d, dev) for d in m.dtypes for dev in devices],
         attn_implementation=m.attn_implementation, token_budget=m.token_budget, unit_tokens=m.unit_tokens,
         codec=m.codec, precision=m.precision, allow_unhealthy=m.allow_unhealthy, pad_id=inp.pad_id,
-        writer_prefix=f"r{rank}-",
+        writer_prefix=f"r{rank}-", label=m.label, another_model="build" if m.another_model else None,
         quiet=quiet, result=f"{name}.result.json", progress=f"{name}.variants", parent_pid=os.getpid(),
     )
 
@@ -229,6 +229,7 @@ def build(m: Manifest, limit: int | None = None, quiet: bool = False, space_chec
 
 
 def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float, space_check: bool) -> BuildResult:
+    from hsstore.capture.run.joining import check_joining, new_variant_notes
     from hsstore.storage.store import Store
 
     started = now()
@@ -237,7 +238,8 @@ def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float,
         from hsstore.capture.plan.space_check import check_space
 
         check_space(m, inp)  # before the store is made, a model loads or a worker starts
-    store = Store.create(m.store_path)  # fail early on a bad store path, before any model runs
+    check_joining(m, inp.recipe.to_dict())  # the store's model and labels: before anything is written
+    before = set((store := Store.create(m.store_path)).variant_ids())  # a bad store path fails before any model runs
     group = process_group(ctx.world)
     try:
         mine, batches = share([s.length for s in inp.samples], m.token_budget, ctx.rank, ctx.world)
@@ -253,6 +255,7 @@ def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float,
         if group is not None:
             group.destroy_process_group()
     ctx.lineage.end("succeeded", variants=results, committed=ctx.committed(), complete=complete)
+    sys.stderr.write("".join(f"{n}\n" for n in new_variant_notes(store, before, results if ctx.rank == 0 else [])))
     return BuildResult(store=m.store_path, rank=ctx.rank, world_size=ctx.world,
                        inputs=InputCounts.from_dict(inp.report.to_dict(), "input report", BuildFailed),
                        variants=results, complete=complete, seconds=time.time() - t0,

@@ -113,16 +113,16 @@ def _open_variant(plan: WorkerPlan, provenance: Provenance, g: Geometry, dtype: 
 
     store = Store.create(plan.store)
     from hsstore.core.precision_names import codec_for_codes
-    from hsstore.core.distinguish import fork_note
     from hsstore.storage.codecs import kept_codec_note
 
+    from hsstore.storage.names import another_model_allowed
+
     codec = codec_for_codes(plan.codec) if plan.precision else plan.codec
-    before = _committed_provenances(store)
-    vid = store.create_variant(provenance.to_dict(), plan.recipe.layers.to_dict(), g.hidden, dtype, codec,
-                               chunk_tokens(g.hidden, g.itemsize), precision=plan.precision)
-    note = fork_note(vid, provenance.to_dict(), before)
-    if note:  # a variant beside one of the same backend/dtype/device: say which settings made it new
-        print(note, file=sys.stderr, flush=True)
+    with another_model_allowed(plan.another_model):
+        vid = store.create_variant(provenance.to_dict(), plan.recipe.layers.to_dict(), g.hidden, dtype, codec,
+                                   chunk_tokens(g.hidden, g.itemsize), precision=plan.precision)
+    if plan.label:  # before any state is computed: a label another variant holds stops the build here
+        store.set_label(vid, plan.label, by="build")
     kept = store.variant_record(vid).codec
     if kept != codec:  # a codec changes no number: no new variant, and the existing one keeps its own
         print(kept_codec_note(vid, kept, codec), file=sys.stderr, flush=True)
@@ -132,19 +132,6 @@ def _open_variant(plan: WorkerPlan, provenance: Provenance, g: Geometry, dtype: 
     writer = UnitWriter(store, vid, writer_id=f"{plan.writer_prefix}{uuid.uuid4().hex[:12]}",
                         check_health=not plan.allow_unhealthy)
     return vid, writer
-
-
-def _committed_provenances(store: Any) -> dict[str, dict]:
-    """Id -> provenance of the store's committed variants (an unreadable record is verify's to report)."""
-    from hsstore.core.errors import HsstoreError
-
-    out = {}
-    for v in store.variant_ids():
-        try:
-            out[v] = store.variant_record(v).provenance
-        except HsstoreError:
-            continue
-    return out
 
 
 def run_variant(plan: WorkerPlan, spec: Any, samples: list, dtype: str, device: str) -> VariantResult:

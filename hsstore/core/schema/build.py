@@ -45,6 +45,8 @@ class WorkerPlan(Record):
     progress: str  # where the worker names each variant it opens, one id a line (read if the build stops early)
     parent_pid: int  # the driver: the worker exits when it is gone
     precision: str | None = None  # None: states stored as computed
+    label: str | None = None  # the variant's label (a build of one variant)
+    another_model: str | None = None  # set (the build id): this model may join a store of another
 
 
 class CaptureResult(Record):

@@ -60,13 +60,25 @@ class VariantInfo(Record):
     unreadable_commits: int
     precision: str | None  # None: stored as computed
     audits: list[AuditSummary]  # oldest first
-    # the fields that tell it from variants with the same backend/dtype/device line, as selector keys
-    # ({"token_budget": "1024"}); empty when no other variant shares its line (hsstore.core.distinguish)
+    # the fewest fields that tell it from every other variant of the store, as selector keys
+    # ({"token_budget": "1024"}); empty when it is the only variant (hsstore.core.distinguish)
     distinguished_by: dict[str, str] = {}
     storage: StorageReport | UnsetType = UNSET  # only for a variant stored in another precision
+    label: str | None = None  # its human label (hsstore label), unique in the store
+    selector: str = ""  # the shortest selector naming it alone: STORE#<selector> (label, fields or id)
+    model: str = ""  # the model it is of: name (fingerprint prefix)
+
+
+class ModelGroup(Record):
+    """The variants of one model (a store holds one model unless --another-model let more in)."""
+
+    model: str  # name (fingerprint prefix)
+    fingerprint: str | None
+    variants: list[str]
 
 
 class StoreInfo(Record):
     format_version: str
     location: str
     variants: list[VariantInfo]
+    models: list[ModelGroup] = []  # by model, in order of first variant; several only with --another-model

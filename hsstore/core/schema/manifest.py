@@ -62,6 +62,8 @@ class BuildTable(Record):
     token_budget: int = 16384
     unit_tokens: int | None = None  # None: as many tokens as make about 1 GiB of states
     allow_unhealthy: bool = False
+    label: str | None = None  # the variant's human label (a build that makes one variant)
+    another_model: bool = False  # let a model into a store that holds another one
 
 
 class StoreTable(Record):
@@ -109,6 +111,8 @@ class Manifest(Record):
     allow_unhealthy: bool
     codec: str
     precision: str | None = None
+    label: str | None = None
+    another_model: bool = False
 
     def with_overrides(self, **changes: Any) -> Manifest:
         """CLI options override the manifest; None (or an empty list) means "not given"."""
@@ -271,3 +275,19 @@ def _check_build(m: Manifest) -> None:
                        "model is drawn on the CPU: set init_device = \"cpu\"")
     if m.unit_tokens is not None and m.unit_tokens < 1:
         raise BadInput(f"[build] unit_tokens = {m.unit_tokens}; it must be 1 or more (or left out for ~1 GiB units)")
+    _check_label(m)
+
+
+def _check_label(m: Manifest) -> None:
+    """A label names one variant: a build given one makes one (one backend, dtype and device)."""
+    from hsstore.core.schema.store_records import LABEL_PATTERN
+
+    if m.label is None:
+        return
+    if not LABEL_PATTERN.match(m.label):
+        raise BadInput(f"label {m.label!r} is not a label: use letters, digits, '_', '-' and '.' (at most 64, starting "
+                       "with a letter or digit), e.g. sdpa-bf16")
+    runs = len(m.backends) * len(m.dtypes) * len(m.devices)
+    if runs > 1:
+        raise BadInput(f"--label {m.label!r} names one variant but this build makes {runs} (backends {m.backends}, "
+                       f"dtypes {m.dtypes}, devices {m.devices}); build one at a time, e.g. --dtype {m.dtypes[0]}")

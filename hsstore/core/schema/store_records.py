@@ -156,3 +156,33 @@ class CommitRecord(Record):
                 return f"sample {key} is empty"
             end = off + n
         return None
+
+
+LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # what a variant's label may be
+
+
+class LabelRecord(Record):
+    """One change of a variant's human label (``labels/<n>.json``, never replaced): the store's labels are
+    these records replayed in order, so a label changes without rewriting a variant's data and every
+    change stays in the store's history."""
+
+    variant: str
+    label: str
+    previous: str | None  # the variant's label before (None: it had none)
+    at: str  # UTC time, ISO 8601
+    by: str  # the command that gave it, e.g. "build 20261205-…", "label", "convert", "import"
+
+    def __post_init__(self) -> None:
+        if not LABEL_PATTERN.match(self.label):
+            raise CorruptData(f"label {self.label!r} is not a label (letters, digits, '_', '-', '.'; at most 64)")
+
+
+class ModelRecord(Record):
+    """A model let into a store that held another one (``models/<fingerprint>.json``, ``--another-model``):
+    the store says it holds several models."""
+
+    name: str
+    fingerprint: str | None
+    beside: list[str]  # the models the store held then
+    at: str
+    by: str
