@@ -144,6 +144,11 @@ def _import_text(r: dict) -> str:
              f" ({r['tokens_written']:,} tokens, {r['seconds']:.1f}s)",
              f"  layers {src['layers']} stated by {src['stated_by']} under --capture {src['capture']} -> hsstore "
              f"aux={r['layers']['aux']} target={r['layers']['target']} (recipe.capture={r['capture']})"]
+    if r.get("provenance") == "restored":
+        lines.append("  provenance restored from hsstore's export record (sealed, files matching): require= the "
+                     "exported variant opens this one")
+    elif r.get("provenance_note"):
+        lines.append(f"  {r['provenance_note']}; fields the files do not record are 'unknown'")
     if r["capture"] == "unknown":
         lines.append("  capture convention unknown: find each layer's match with `hsstore diff IMPORTED NATIVE --align`")
     if r.get("audit"):

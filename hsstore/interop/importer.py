@@ -23,8 +23,11 @@ from hsstore.interop.formats import get_format
 from hsstore.storage.outside_store import check_store_outside_source
 from hsstore.interop.formats.interface import Format
 from hsstore.core.layer_numbering import FINAL_NORM, parse_capture, parse_layer_list, slot_layers
-from hsstore.interop.imported_provenance import imported_provenance, model_identity, tokenizer_identity
-from hsstore.interop.import_records import ImportLog, read_sidecar
+from hsstore.core.schema.imported import ExportRecord
+from hsstore.core.schema.provenance import Provenance
+from hsstore.interop.imported_provenance import (imported_provenance, model_identity, restored_provenance,
+                                                 tokenizer_identity)
+from hsstore.interop.import_records import ImportLog, read_sidecar, untrusted_because
 from hsstore.interop.sample import SourceSample
 from hsstore.storage.leases import share_folder
 from hsstore.storage.stats import merge_health
@@ -63,8 +66,7 @@ class Statement:
     num_layers: int | None
 
 
-def _statement(req: ImportRequest, fmt: Format, root: Path) -> Statement:
-    sidecar = read_sidecar(fmt.sidecar(root), fmt.name)
+def _statement(req: ImportRequest, fmt: Format, root: Path, sidecar: ExportRecord | None) -> Statement:
     if sidecar is not None and not sidecar.complete:
         raise BadInput(f"{fmt.sidecar(root)} records an export that never finished (complete: false; it was stopped, "
                        f"or is still running): its files may be a part of variant {sidecar.variant}, or a mix. Re-run "
@@ -140,7 +142,8 @@ def _import_held(req: ImportRequest, fmt: Format, root: Path, t0: float) -> dict
         items = items[: req.limit]
     if not items:
         raise BadInput(f"no {fmt.name} sample files under {str(root)!r} (expected {fmt.layout})")
-    stmt = _statement(req, fmt, root)
+    sidecar = read_sidecar(fmt.sidecar(root), fmt.name)
+    stmt = _statement(req, fmt, root, sidecar)
     tok_path = req.tokenizer or req.model
     if tok_path is None:
         raise BadInput("pass --tokenizer PATH (the target model's tokenizer folder): sample keys hash its identity")
@@ -151,7 +154,8 @@ def _import_held(req: ImportRequest, fmt: Format, root: Path, t0: float) -> dict
     layers = slot_layers(stmt.layers, probe.n_aux, True, stmt.capture, int(model["num_layers"]))
     source = ImportSource(tool=fmt.tool, format=fmt.name, path=str(root.resolve()), layers=stmt.layers,
                           capture=stmt.capture, stated_by=stmt.stated_by, claims=dict(probe.claims))
-    prov = imported_provenance(source, tok, model, layers, probe.dtype)
+    prov, restored, note = _provenance(req, fmt, root, sidecar if stmt.stated_by == "hsstore-export" else None, source, tok,
+                             model, layers, probe)
     store = Store.create(req.store)
     itemsize = probe.target.element_size()
     vid = store.create_variant(prov.to_dict(), layers, probe.hidden_size, probe.dtype, req.codec or DEFAULT_CODEC,
@@ -161,8 +165,26 @@ def _import_held(req: ImportRequest, fmt: Format, root: Path, t0: float) -> dict
                req.unit_tokens or max(1, UNIT_BYTES // per_token))
     report = run.go(items)
     report.update(store=req.store, variant=vid, format=fmt.name, source=str(root), layers=layers,
-                  capture=prov.recipe.capture, stated=source.to_dict(), seconds=time.time() - t0)
+                  capture=prov.recipe.capture, stated=source.to_dict(), seconds=time.time() - t0,
+                  provenance="restored" if restored else "imported", provenance_note=note)
     return report
+
+
+def _provenance(req: ImportRequest, fmt: Format, root: Path, sidecar: ExportRecord | None, source: ImportSource,
+                tok: dict[str, Any], model: dict[str, Any], layers: dict[str, list[int]],
+                probe: SourceSample) -> tuple[Provenance, bool, str | None]:
+    """(the variant's provenance, whether restored from hsstore's export record, why a record was not
+    trusted): a folder hsstore exported, its record sealed and its files the ones the record
+    fingerprints, keeps the exported variant's provenance; anything else gets the imported one (unknowns)."""
+    imported = imported_provenance(source, tok, model, layers, probe.dtype)
+    if sidecar is None:
+        return imported, False, None
+    why = untrusted_because(fmt, root, sidecar, req.jobs)
+    restored = restored_provenance(sidecar, layers, probe.dtype, probe.hidden_size, tok,
+                                   model if req.model is not None else None) if why is None else why
+    if isinstance(restored, str):
+        return imported, False, f"the export record {str(fmt.sidecar(root))!r} is ignored: {restored}"
+    return restored, True, None
 
 
 class _Run:
