@@ -24,6 +24,9 @@ from hsstore.core.schema.record import UNSET
 from hsstore.core.schema.provenance import (Environment, Kernels, LayerRoles, ModelIdentity, Provenance, Recipe,
                                             TokenizerIdentity)
 from hsstore.core.layer_numbering import FINAL_NORM
+from hsstore.interop.formats.interface import Format
+from hsstore.interop.import_records import untrusted_because
+from hsstore.interop.sample import SourceSample
 
 KERNEL_FAMILIES = ("chunk_gated_delta_rule", "causal_conv1d", "attention")
 # the keys of a native build's environment sub-records, each "unknown" for an import (same shape: every
@@ -121,3 +124,22 @@ def restored_provenance(record: ExportRecord, layers: dict[str, list[int]], dtyp
         return Provenance.from_dict(prov, "the export record's provenance", BadInput)
     except BadInput as e:
         return f"its provenance does not decode ({e})"
+
+
+def variant_provenance(fmt: Format, root: Path, sidecar: ExportRecord | None, source: ImportSource,
+                       tok: dict[str, Any], model: dict[str, Any], model_given: bool,
+                       layers: dict[str, list[int]], probe: SourceSample,
+                       jobs: int) -> tuple[Provenance, bool, str | None]:
+    """(the variant's provenance, whether restored from hsstore's export record, why a record was not
+    trusted): a folder hsstore exported, its record sealed and its files the ones the record
+    fingerprints, keeps the exported variant's provenance; anything else gets the imported one (unknowns)."""
+    imported = imported_provenance(source, tok, model, layers, probe.dtype)
+    if sidecar is None:
+        return imported, False, None
+    why = untrusted_because(fmt, root, sidecar, jobs)
+    restored = restored_provenance(sidecar, layers, probe.dtype, probe.hidden_size, tok,
+                                   model if model_given else None) if why is None else why
+    if isinstance(restored, str):
+        return imported, False, f"the export record {str(fmt.sidecar(root))!r} is ignored: {restored}"
+    return restored, True, None
+
