@@ -209,3 +209,15 @@ def test_an_uncalibrated_plan_uses_the_ratio_a_variant_on_disk_reached(tiny_stor
         assert "committed tokens of variant" in v["ratio"]["source"] and v["ratio"]["measured"], v["ratio"]
         assert abs(v["bytes"] / built[v["dtype"]]["bytes"] - 1) <= v["ratio"]["expected_error"], \
             (v["dtype"], v["bytes"], built[v["dtype"]]["bytes"])
+
+
+def test_a_calibration_times_every_batch_it_says_and_the_encoding_per_dtype(tiny_store: Path, tmp_path: Path):
+    """--calibrate 2 times 2 batches (the warm-up is an extra, untimed forward), and the time includes
+    encoding each dtype's own states (fp32 has twice the bytes to compress). Before, the first of the N
+    batches was the untimed warm-up ("1 timed batch(es)" for --calibrate 2) and only the forward counted."""
+    plan = _plan(str(tiny_store.parent / "m.toml"), "--limit", "40", "--calibrate", "2",
+                 "--store", str(tmp_path / "fresh.zarr"))
+    assert plan["batches"] > 2 and plan["calibration_batches"] == 2
+    for v in plan["variants"]:
+        assert "2 timed batch(es) after a warm-up" in v["seconds_source"], v["seconds_source"]
+        assert f"encoding {v['dtype']}" in v["seconds_source"] and v["seconds"] > 0

@@ -46,11 +46,14 @@ def _timing(v: VariantSize, shape: ForwardShape, lengths: list[int], cal: Any, s
     if cal is not None and cal.seconds > 0:
         done = batch_flops(shape, cal.shapes)
         used = mfu(done, cal.seconds, peak) if peak else None
-        return {"flops": flops, "seconds": flops * cal.seconds / done, "mfu": used,
-                "tokens_per_second": cal.tokens / cal.seconds,
-                "seconds_source": f"measured: {cal.tokens:,} tokens in {cal.seconds:.3g} s on {cal.device_name} "
-                                  f"({len(cal.shapes)} timed batch(es); MFU "
-                                  f"{'n/a: no peak known' if used is None else f'{used:.2f}'})"}
+        tokens = sum(lengths[i] for b in v.remaining_batches for i in b) * scale
+        encode = cal.encode_seconds.get(v.form.form, 0.0)
+        secs = flops * cal.seconds / done + tokens * encode / max(1, cal.tokens)
+        return {"flops": flops, "seconds": secs, "mfu": used,
+                "tokens_per_second": cal.tokens / (cal.seconds + encode),
+                "seconds_source": f"measured: {cal.tokens:,} tokens in {cal.seconds:.3g} s of forward + {encode:.3g} s "
+                                  f"encoding {v.form.form} on {cal.device_name} ({len(cal.shapes)} timed batch(es) "
+                                  f"after a warm-up; MFU {'n/a: no peak known' if used is None else f'{used:.2f}'})"}
     if peak is None:
         return {"flops": flops, "seconds": None, "mfu": None, "tokens_per_second": None,
                 "seconds_source": f"unknown: no peak FLOP/s for {where}; run with --calibrate N (or --peak-tflops)"}
