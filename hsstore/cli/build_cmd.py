@@ -27,7 +27,7 @@ def build(
     allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf/all-zero states.")] = False,
     no_space_check: Annotated[bool, typer.Option(
         "--no-space-check", help="Start even if the estimate exceeds the free space of a local store's disk.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="Print nothing while the build runs (no progress, no phase lines: a long build is silent for minutes); errors and the final summary still print.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Run the model once per backend x dtype x device and write one variant each.

@@ -31,7 +31,7 @@ def convert(
     workers: Annotated[int | None, typer.Option("--workers", min=1, help="Units converted side by side (default: up to 4).")] = None,
     codec: Annotated[str | None, typer.Option("--codec", help="Compression of the new variant (default: the source's).")] = None,
     allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf/all-zero states anyway.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="Print nothing while the conversion runs (no progress, no phase lines: a long conversion is silent for minutes); errors and the final summary still print.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
 ) -> None:
     """Derive an FP8 variant from a stored one, streaming and resumable, with its storage error measured.

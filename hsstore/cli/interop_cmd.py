@@ -47,7 +47,7 @@ def import_(
     limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="Only the first N files.")] = None,
     audit: Annotated[Optional[int], typer.Option("--audit", min=1, help="When the import finishes, audit N samples against --model (as hsstore check does) and record the result for hsstore info.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="Print nothing while the import runs (no progress, no phase lines: a long import is silent for minutes); errors and the final summary still print.")] = False,
 ) -> None:
     """Import another tool's hidden-state cache as a variant, keyed by hsstore's content keys.
 
