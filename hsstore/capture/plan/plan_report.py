@@ -14,10 +14,10 @@ from hsstore.core.schema.plan import FormSize, PlanReport, Ratio, Tokens, Varian
 from hsstore.storage.sizing import FORMS
 
 DEFAULT_GPU = "H200"
-# an uncalibrated plan runs PROBE_BATCHES batch(es) of its own through a model this small to measure the
+# an uncalibrated plan runs up to PROBE_TOKENS of its own samples through a model this small to measure the
 # codec ratios (loading it takes seconds on a CPU); larger models are planned on stated assumptions
 PROBE_MAX_PARAMS = 100_000_000
-PROBE_BATCHES = 2
+PROBE_TOKENS = 4096  # the probe's states: samples from the middle of the plan, up to this many tokens
 CALIBRATED_ERROR = 0.02  # bytes calibrated on every batch, against the build (tests/test_plan.py TOLERANCE)
 PROBE_ERROR = 0.10  # bytes from a probe or a calibration on some batches (tests/test_plan.py)  # whose peak an uncalibrated plan of a cuda build assumes when no GPU is visible here
 
@@ -140,11 +140,13 @@ def probe_ratios(m: Any, inp: Any, shape: Any) -> dict[str, dict[str, Measured]]
     except BadInput:
         return {}  # this process binds other kernels: the probe's states would not be the build's
     batches = token_budget_batches([s.length for s in inp.samples], m.token_budget)
+    middle = [i for b in batches[len(batches) // 2:] for i in b]
+    probe = [i for k, i in enumerate(middle) if sum(inp.samples[j].length for j in middle[:k]) < PROBE_TOKENS]
     out = {}
     for d in need:
-        c = calibrate(inp, batches, PROBE_BATCHES, d, device, m.attn_implementation, m.codec, m.unit_tokens)
-        source = (f"probed: {c.tokens:,} tokens of {c.batches} batch(es) of the plan through the model in {d} "
-                  "(a model this small loads in seconds; --calibrate N measures more)")
+        c = calibrate(inp, [probe], 1, d, device, m.attn_implementation, m.codec, m.unit_tokens)
+        source = (f"probed: {c.tokens:,} tokens of the plan's samples through the model in {d} (a model this "
+                  "small loads in seconds; --calibrate N measures more)")
         out[d] = {form: Measured(r, source, PROBE_ERROR) for form, r in c.ratios.items()}
     return out
 
