@@ -66,3 +66,30 @@ def test_padded_batch_equals_each_sample_alone_on_linear_and_full_attention_laye
         for layer in range(4):
             torch.testing.assert_close(batched[layer][b, : len(s)], alone[layer][0], atol=2e-5, rtol=1e-4)
     cap.close()
+
+
+@pytest.mark.parametrize("builtin", ["builtin:tiny-qwen3_5", "builtin:tiny-llama"])
+def test_which_state_each_layer_id_holds_derived_from_the_model(builtin: str):
+    """Derived from the loaded model, not assumed: id i < num_layers - 1 is hidden_states[i+1]; the last
+    layer's id holds the raw (pre-norm) output, which differs from hidden_states[num_layers] (the final
+    norm applied to it); id num_layers holds that post-norm entry. README and docs/guide.md say so."""
+    from pathlib import Path
+
+    model = ModelSpec(builtin).load(torch.float32, "cpu", "sdpa")
+    n = int(model.config.num_hidden_layers)
+    ids = torch.randint(0, 250, (1, 24), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    cap = LayerCapture(model, n, list(range(n + 1)))
+    got = cap.run(ids, mask)
+    cap.close()
+    with torch.no_grad():
+        hs = model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+    assert len(hs) == n + 1
+    assert all(torch.equal(got[i], hs[i + 1]) for i in range(n - 1))
+    assert not torch.allclose(got[n - 1], hs[n])  # the last layer: hsstore keeps the raw output
+    assert torch.equal(got[n], hs[n]) and torch.allclose(model.model.norm(got[n - 1]), hs[n], atol=1e-6)
+    root = Path(__file__).resolve().parents[1]
+    for doc in ("README.md", "docs/guide.md"):
+        text = (root / doc).read_text()
+        assert "(= hidden_states[i+1])" not in text, f"{doc} says every layer i is hidden_states[i+1]"
+        assert "hidden_states[num_layers]" in text, f"{doc} does not say what the last layer's entry is"

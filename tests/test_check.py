@@ -65,6 +65,15 @@ def test_check_reports_a_real_divergence_when_weights_differ(tiny_store: Path, t
     assert rep["verdict_kind"] == "differs"
 
 
+def test_check_with_other_weights_says_so_first_and_advises_the_right_model(tiny_store: Path, tmp_path: Path):
+    """Weights whose fingerprint is not the recorded one: the note comes before the recompute (the first
+    line on stderr, not after it ran), and the verdict advises the model the variant was built from, not
+    --floor (a floor cannot make other weights agree). Before, it advised --floor, after the recompute."""
+    code, rep, err = _check(str(_perturbed_model(tmp_path)), f"{tiny_store}#dtype=fp32", "--samples", "2")
+    assert code == 1 and err.splitlines()[0].startswith("note: the model's fingerprint"), err
+    assert "pass the model the variant was built from" in rep["verdict"] and "--floor" not in rep["verdict"]
+
+
 def test_check_with_a_floor_judges_the_divergence(tiny_store: Path, tmp_path: Path):
     """bf16 states against the bf16-vs-fp32 floor: a 1% change of one MLP hides in bf16 noise here,
     a 50% change does not."""

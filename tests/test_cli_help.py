@@ -50,3 +50,10 @@ def test_every_option_help_is_printed_whole(name: str):
 def test_square_brackets_in_help_survive():
     assert _flat("(default: as computed; overrides [store] precision)") in _help("build")
     assert _flat("Store path or URL (overrides [store] path).") in _help("build")
+
+
+@pytest.mark.parametrize("name", ["build", "convert", "import"])
+def test_quiet_says_that_nothing_prints_while_it_runs(name: str):
+    """--quiet silences a run for minutes; its help says so (it said only "No progress bar")."""
+    r = RUNNER.invoke(app, [name, "--help"], terminal_width=400)
+    assert r.exit_code == 0 and "Print nothing while the" in " ".join(r.output.split()), r.output

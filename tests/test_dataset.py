@@ -72,6 +72,22 @@ def test_pad_collate_masks():
     assert b["aux_hidden"][0, 3:].abs().sum() == 0
 
 
+def test_pad_collate_takes_items_without_key_and_names_a_missing_field():
+    """Items built outside a dataset (no ``key``/``index``) batch; an item without a field the batch needs
+    is a one-line error naming the field and the item. Before, both were a bare KeyError from inside hsstore."""
+    from hsstore.core.errors import BadInput
+
+    items = [{"input_ids": torch.arange(n), "loss_mask": torch.ones(n, dtype=torch.bool),
+              "target_hidden": torch.ones(n, 1, 4)} for n in (2, 4)]
+    b = pad_collate(items)
+    assert "key" not in b and "index" not in b and b["target_hidden"].shape == (2, 4, 1, 4)
+    del items[1]["target_hidden"]
+    with pytest.raises(BadInput, match="item 1 has no 'target_hidden'"):
+        pad_collate(items)
+    with pytest.raises(BadInput, match="item 0 has no 'loss_mask'"):
+        pad_collate([{"input_ids": torch.arange(3)}])
+
+
 def _torchrun(nproc: int, store: Path, out: str, modes: str, context: str = "fork") -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            str(REPO / "tests" / "dist_stream_check.py"), str(store), out, modes, context]

@@ -380,3 +380,20 @@ def test_truncation_that_drops_whole_replies_counts_them():
     assert rep.to_dict()["replies_dropped"] == len(runs) - 2
     (s,), rep = _tok([row], max_length=runs[-1] + 1)  # only the last reply cut, none dropped whole
     assert rep.truncated == 1 and rep.replies_dropped == 0 and "dropped" not in rep.issues[0].detail
+
+
+def test_empty_assistant_replies_are_rejected_when_alone_and_counted_and_named_when_kept():
+    """A row whose every trained reply is empty would train only the end-of-turn token after the prompt:
+    it is rejected, by its own reason. A row with an empty reply among real ones is kept (that turn trains
+    its end-of-turn token), counted and named with the message index. Before, both were kept silently."""
+    only = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  "}]}
+    mixed = {"messages": [{"role": "user", "content": "q1"}, {"role": "assistant", "content": ""},
+                          {"role": "user", "content": "q2"}, {"role": "assistant", "content": "ANSWER"}]}
+    held_out = {"messages": [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "", "weight": 0},
+                             {"role": "user", "content": "q2"}, {"role": "assistant", "content": "ANSWER-2"}]}
+    samples, rep = _q([only, mixed, held_out])
+    assert rep.rejected == {"empty assistant reply": 1} and len(samples) == 2
+    assert rep.empty_replies == 1 and rep.to_dict()["empty_replies"] == 1
+    kept = [i for i in rep.issues if i.kind == "empty_reply"]
+    assert [(i.row, i.detail) for i in kept] == [(2, "message(s) 1")]
+    assert any(i.kind == "rejected" and i.row == 1 and i.reason == "empty assistant reply" for i in rep.issues)

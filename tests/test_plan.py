@@ -220,3 +220,43 @@ def test_plan_counts_the_replies_truncation_drops_as_the_build_does(tmp_path: Pa
     assert r.exit_code == 0, r.output
     said = f"1 truncated ({dropped} replies dropped whole: raise [data] max_length to keep them)"
     assert said in r.output.splitlines()[1], r.output
+
+
+def test_an_uncalibrated_plan_of_a_fresh_store_probes_the_model_within_its_stated_error(tiny_store: Path,
+                                                                                        tmp_path: Path):
+    """No --calibrate, a store with nothing in it: the plan runs a batch of its own through the (small)
+    model per dtype to measure the codec, and its bytes land within the expected error it states of what
+    the build wrote. Before, it assumed 1.42x for bf16 and no compression for fp32 (15-58 % high)."""
+    plan = _plan(str(tiny_store.parent / "m.toml"), "--limit", "40", "--store", str(tmp_path / "fresh.zarr"))
+    built = _info(tiny_store)
+    for v in plan["variants"]:
+        err = v["ratio"]["expected_error"]
+        assert v["committed_variant"] is None and "probed" in v["ratio"]["source"] and err is not None, v["ratio"]
+        assert abs(v["bytes"] / built[v["dtype"]]["bytes"] - 1) <= err, (v["dtype"], v["bytes"], built[v["dtype"]])
+
+
+def test_an_uncalibrated_plan_uses_the_ratio_a_variant_on_disk_reached(tiny_store: Path, tmp_path: Path):
+    """A store holding a 24-sample build of the same model and form (over half the planned tokens): the plan
+    of 40 samples sizes them with the ratios those committed files reach (no model is run) and lands within
+    its stated error of the real 40-sample build."""
+    m = write_manifest(tmp_path / "m.toml", dtypes='["bf16", "fp32"]', layers="{ aux = [0, 1], target = [3] }")
+    r = run_cli("build", str(m), "--limit", "24", "--quiet")
+    assert r.returncode == 0, r.stderr
+    plan = _plan(str(m), "--limit", "40")
+    built = _info(tiny_store)
+    for v in plan["variants"]:
+        assert "committed tokens of variant" in v["ratio"]["source"] and v["ratio"]["measured"], v["ratio"]
+        assert abs(v["bytes"] / built[v["dtype"]]["bytes"] - 1) <= v["ratio"]["expected_error"], \
+            (v["dtype"], v["bytes"], built[v["dtype"]]["bytes"])
+
+
+def test_a_calibration_times_every_batch_it_says_and_the_encoding_per_dtype(tiny_store: Path, tmp_path: Path):
+    """--calibrate 2 times 2 batches (the warm-up is an extra, untimed forward), and the time includes
+    encoding each dtype's own states (fp32 has twice the bytes to compress). Before, the first of the N
+    batches was the untimed warm-up ("1 timed batch(es)" for --calibrate 2) and only the forward counted."""
+    plan = _plan(str(tiny_store.parent / "m.toml"), "--limit", "40", "--calibrate", "2",
+                 "--store", str(tmp_path / "fresh.zarr"))
+    assert plan["batches"] > 2 and plan["calibration_batches"] == 2
+    for v in plan["variants"]:
+        assert "2 timed batch(es) after a warm-up" in v["seconds_source"], v["seconds_source"]
+        assert f"encoding {v['dtype']}" in v["seconds_source"] and v["seconds"] > 0

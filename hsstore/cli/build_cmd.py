@@ -31,7 +31,7 @@ def build(
         "--label", help="Name the variant (a build of one variant): select it as STORE#LABEL.")] = None,
     another_model: Annotated[bool, typer.Option(
         "--another-model", help="Let this model into a store that holds another model's states.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="Print nothing while the build runs (no progress, no phase lines: a long build is silent for minutes); errors and the final summary still print.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Run the model once per backend x dtype x device and write one variant each.

@@ -34,7 +34,7 @@ def convert(
     label: Annotated[str | None, typer.Option("--label", help="Name the new variant: select it as STORE#LABEL.")] = None,
     another_model: Annotated[bool, typer.Option(
         "--another-model", help="Let this model into a --store that holds another model's states.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="Print nothing while the conversion runs (no progress, no phase lines: a long conversion is silent for minutes); errors and the final summary still print.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
 ) -> None:
     """Derive an FP8 variant from a stored one, streaming and resumable, with its storage error measured.

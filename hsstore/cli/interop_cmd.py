@@ -50,7 +50,7 @@ def import_(
     another_model: Annotated[bool, typer.Option(
         "--another-model", help="Let this model into a store that holds another model's states.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="Print nothing while the import runs (no progress, no phase lines: a long import is silent for minutes); errors and the final summary still print.")] = False,
 ) -> None:
     """Import another tool's hidden-state cache as a variant, keyed by hsstore's content keys.
 
@@ -180,6 +180,11 @@ def _import_text(r: dict) -> str:
              f" ({r['tokens_written']:,} tokens, {r['seconds']:.1f}s)",
              f"  layers {src['layers']} stated by {src['stated_by']} under --capture {src['capture']} -> hsstore "
              f"aux={r['layers']['aux']} target={r['layers']['target']} (recipe.capture={r['capture']})"]
+    if r.get("provenance") == "restored":
+        lines.append("  provenance restored from hsstore's export record (sealed, files matching): require= the "
+                     "exported variant opens this one")
+    elif r.get("provenance_note"):
+        lines.append(f"  {r['provenance_note']}; fields the files do not record are 'unknown'")
     if r["capture"] == "unknown":
         lines.append("  capture convention unknown: find each layer's match with `hsstore diff IMPORTED NATIVE --align`")
     if r.get("audit"):

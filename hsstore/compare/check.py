@@ -19,6 +19,7 @@ already bound others (run it in a fresh process, as the CLI does).
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from collections.abc import Iterator
@@ -228,14 +229,17 @@ def run_check(model: str, target: str, samples: int | None = None, seed: int = 0
     identity = spec.identity(live_model.config).to_dict()
     check_geometry(identity, reader)
     plan, keys, layers = batch_plan(reader), choose_keys(reader, samples, seed), reader.record.all_layers
+    recorded_fp = str(or_none(prov.recipe.model.fingerprint) or "")
+    other = recorded_fp not in ("", "unknown") and identity["fingerprint"] != recorded_fp
+    notes = [f"the model's fingerprint {identity['fingerprint']} is not the recorded {recorded_fp}: these are other "
+             "weights (or another config), so the states are expected to differ"] if other else []
+    if other:  # said before the recompute, which only measures how far other weights land
+        print(f"note: {notes[0]}; recomputing {len(keys)} sample(s) only to measure how far (Ctrl-C stops it; "
+              "pass the model the variant was built from to check the store)", file=sys.stderr, flush=True)
     live = recompute(live_model, reader, plan, keys, layers, device, pad_id(spec))
     totals, ftotals = compare_live(reader, live, keys, layers, floor)
-    recorded_fp = str(or_none(prov.recipe.model.fingerprint) or "")
     est = full_layers(layers, totals, reader.record.dtype == "bf16")
-    reps, text, kind, extra = check_verdict(est, ftotals, layers, reader, floor, noise_factor)
-    notes = [] if identity["fingerprint"] == recorded_fp else [
-        f"the model's fingerprint {identity['fingerprint']} is not the recorded {recorded_fp}: these are other "
-        "weights (or another config), so the states are expected to differ"]
+    reps, text, kind, extra = check_verdict(est, ftotals, layers, reader, floor, noise_factor, other)
     n_batches = sum(1 for b in plan.batches if set(b) & set(keys))
     return CheckReport(
         model=model, target=target, variant=f"{reader.store.location}#{reader.id}", device=device,
@@ -272,7 +276,8 @@ def check_geometry(identity: dict[str, Any], reader: VariantReader) -> None:
 
 
 def check_verdict(est: Estimate, ftotals: Totals | None, layers: list[int], reader: VariantReader,
-                  floor: VariantReader | None, noise_factor: float) -> tuple[list[LayerDiff], str, str, dict[str, Any]]:
+                  floor: VariantReader | None, noise_factor: float,
+                  other_weights: bool = False) -> tuple[list[LayerDiff], str, str, dict[str, Any]]:
     dtype, extra = reader.record.dtype, {}
     if all(L.bit_exact == 1.0 for L in est.layers):
         return est.layers, "identical: the live model reproduces every stored value bit-exactly", "identical", extra
@@ -283,5 +288,8 @@ def check_verdict(est: Estimate, ftotals: Totals | None, layers: list[int], read
         return reps, text.replace("A and B differ", "live and stored states differ"), kind, extra
     reps, text = without_floor(est, dtype)
     worst = max(reps, key=lambda L: L.rel_l2)
+    advice = ("the model's weights are not the variant's (see the note): pass the model the variant was built from "
+              "(a precision floor cannot make other weights agree)" if other_weights
+              else "pass --floor STORE#fp32-variant to judge it")
     return reps, (f"differs: the live model does not reproduce the stored states bit-exactly (worst rel-L2 "
-                  f"{worst.rel_l2:.3g} at layer {worst.layer}); pass --floor STORE#fp32-variant to judge it"), "differs", extra
+                  f"{worst.rel_l2:.3g} at layer {worst.layer}); {advice}"), "differs", extra

@@ -34,7 +34,7 @@ from hsstore.core.schema.imported import ExportRecord
 from hsstore.interop.folder_mark import folder_mark, mark_folder
 from hsstore.interop.formats import get_format
 from hsstore.interop.formats.interface import TMP_SUFFIX, Format
-from hsstore.interop.import_records import add_hash, entry_hash, now, read_sidecar, write_sidecar
+from hsstore.interop.import_records import add_hash, entry_hash, named_files, now, read_sidecar, seal_of, write_sidecar
 from hsstore.storage.leases import lock_folder_alone
 from hsstore.storage.outside_store import check_outside_stores
 
@@ -101,7 +101,7 @@ def _check_holds_the_export(fmt: Format, dest: Path, sidecar: Path, rec: ExportR
         return
     if not is_set(rec.folder_files):
         return  # a record of an earlier version (counts not recorded)
-    files = [p.stat().st_size for p in _named_files(fmt, dest)]
+    files = [p.stat().st_size for p in named_files(fmt, dest)]
     if (len(files), sum(files)) != (rec.folder_files, rec.folder_bytes):
         raise BadInput(f"export folder {str(dest)!r} is not the export {str(sidecar)!r} describes: it holds "
                        f"{len(files)} file(s) named as {fmt.name} files ({sum(files):,} bytes), the export left "
@@ -109,16 +109,10 @@ def _check_holds_the_export(fmt: Format, dest: Path, sidecar: Path, rec: ExportR
                        "since; hsstore does not replace files it did not write: choose a new folder")
 
 
-def _named_files(fmt: Format, dest: Path) -> list[Path]:
-    """Regular files under ``dest`` (links not followed) named as an export of the layout names its files."""
-    return [p for p in dest.rglob("*") if p.is_file() and not p.is_symlink()
-            and fmt.exported.fullmatch(p.relative_to(dest).as_posix())]
-
-
 def _stale_files(fmt: Format, dest: Path, written: dict[str, int]) -> list[Path]:
     """Files under ``dest`` named as an export of the layout names its files (an earlier export's) that this
     export did not write. Anything else (a user's notes, a config.json beside the samples) is left alone."""
-    return [p for p in _named_files(fmt, dest) if p.relative_to(dest).as_posix() not in written]
+    return [p for p in named_files(fmt, dest) if p.relative_to(dest).as_posix() not in written]
 
 
 def _make_dest(dest: Path) -> None:
@@ -231,6 +225,7 @@ def _export_held(req: ExportRequest, fmt: Format, reader: Any, path: str, dest: 
     for stale in _stale_files(fmt, dest, written):
         stale.unlink(missing_ok=True)
     record = _record(fmt, reader, path, aux, target, len(keys), files, complete=True, written=written, token=token)
+    record = record.replace(seal=seal_of(record))  # an import restores the provenance only from a record as written
     write_sidecar(fmt.sidecar(dest), record)
     return {"store": path, "variant": reader.id, "format": fmt.name, "dest": str(dest), "samples": len(keys),
             "tokens": tokens, "slots": record.slots, "tool_layers": record.tool_layers,

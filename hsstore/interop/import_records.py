@@ -19,6 +19,7 @@ import xxhash
 
 from hsstore.core.canonical import fingerprint
 from hsstore.core.errors import BadInput, CorruptData
+from hsstore.core.schema.record import is_set
 from hsstore.core.schema.imported import ExportRecord, ImportChunk, ImportDone, ImportEntry
 from hsstore.interop.formats.interface import Format, atomic_write
 from hsstore.interop.sample import FileDigest, read_bytes
@@ -133,6 +134,45 @@ def _unchanged(root: Path, f: tuple[str, int, int, str]) -> bool:
     except OSError:
         return False
     return st.st_size == f[1] and st.st_mtime_ns == f[2]
+
+
+def seal_of(record: ExportRecord) -> str:
+    """The fingerprint of every field of an export record but its seal (what ``seal`` is set to)."""
+    return fingerprint({k: v for k, v in record.to_dict().items() if k != "seal"})
+
+
+def named_files(fmt: Format, root: Path) -> list[Path]:
+    """Regular files under ``root`` (links not followed) named as an export of the layout names its files."""
+    return [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()
+            and fmt.exported.fullmatch(p.relative_to(root).as_posix())]
+
+
+def folder_fingerprint(fmt: Format, root: Path, jobs: int) -> str:
+    """The files fingerprint an export of ``root``'s files recorded (every file named as the layout's writer
+    names them: path, size, xxh3_128), each file read once, on ``jobs`` threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(p: Path) -> int:
+        d = read_bytes(root, p.relative_to(root).as_posix())[1]
+        return entry_hash(d.rel, d.size, d.xxh3)
+
+    total = 0
+    with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="hsstore-seal") as pool:
+        for h in pool.map(one, named_files(fmt, root)):
+            total = add_hash(total, h)
+    return f"{total:032x}"
+
+
+def untrusted_because(fmt: Format, root: Path, record: ExportRecord, jobs: int) -> str | None:
+    """Why the provenance in ``record`` cannot be restored for the files under ``root`` (None: it can): the
+    record was edited since the export sealed it, or the files are not the ones it wrote."""
+    if not is_set(record.seal):
+        return "the record has no seal (an earlier hsstore wrote it): re-export the variant to carry its provenance"
+    if record.seal != seal_of(record):
+        return "the record was edited since the export wrote it (its seal does not match)"
+    if folder_fingerprint(fmt, root, jobs) != record.files_fingerprint:
+        return "the folder's files are not the ones the export wrote (a file was changed, added or removed)"
+    return None
 
 
 def read_sidecar(path: Path, fmt: str, fix: str | None = None) -> ExportRecord | None:

@@ -14,15 +14,19 @@ Shape (same keys as a native build, so selectors, ``info`` and ``require=`` work
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from hsstore.core.errors import BadInput
-from hsstore.core.schema.imported import UNKNOWN, ImportSource
+from hsstore.core.schema.imported import UNKNOWN, ExportRecord, ImportSource
 from hsstore.core.schema.record import UNSET
 from hsstore.core.schema.provenance import (Environment, Kernels, LayerRoles, ModelIdentity, Provenance, Recipe,
                                             TokenizerIdentity)
 from hsstore.core.layer_numbering import FINAL_NORM
+from hsstore.interop.formats.interface import Format
+from hsstore.interop.import_records import untrusted_because
+from hsstore.interop.sample import SourceSample
 
 KERNEL_FAMILIES = ("chunk_gated_delta_rule", "causal_conv1d", "attention")
 # the keys of a native build's environment sub-records, each "unknown" for an import (same shape: every
@@ -95,3 +99,47 @@ def imported_provenance(source: ImportSource, tokenizer: dict[str, Any], model: 
                     layers=LayerRoles(aux=layers["aux"], target=layers["target"]),
                     capture="decoder_layer_output" if known else UNKNOWN, final_norm=final_norm, truncation=UNKNOWN)
     return Provenance(recipe=recipe, environment=unknown_environment(dtype), source=source)
+
+
+def restored_provenance(record: ExportRecord, layers: dict[str, list[int]], dtype: str, hidden_size: int,
+                        tokenizer: dict[str, Any], model: dict[str, Any] | None) -> Provenance | str:
+    """The provenance an hsstore export recorded for its files (its variant's, with ``recipe.layers`` the
+    exported slots), or why it does not describe this import: the files' dtype or width, the slots, the
+    ``--tokenizer`` (the content keys hash it) or a ``--model`` given differ from the record's. The record
+    itself must already be trusted (import_records.untrusted_because)."""
+    prov = json.loads(json.dumps(record.provenance))
+    recipe, env = prov.get("recipe", {}), prov.get("environment", {})
+    if layers != {"aux": record.slots.get("aux", []), "target": record.slots.get("target", [])}:
+        return f"the files' layers {layers} are not the exported slots {record.slots}"
+    if env.get("dtype") != dtype or recipe.get("model", {}).get("hidden_size") != hidden_size:
+        return (f"the files hold {dtype} states of width {hidden_size}, the record "
+                f"{env.get('dtype')} of width {recipe.get('model', {}).get('hidden_size')}")
+    if recipe.get("tokenizer", {}).get("fingerprint") != tokenizer["fingerprint"]:
+        return "--tokenizer is not the tokenizer of the exported variant (its content keys would differ)"
+    if model is not None and model.get("fingerprint") not in (UNKNOWN, recipe.get("model", {}).get("fingerprint")):
+        return "--model is not the model of the exported variant"
+    recipe["layers"] = {"aux": list(layers["aux"]), "target": list(layers["target"])}
+    env.pop("storage", None)  # the files hold the states as read (a converted variant's, decoded): not its codes
+    try:
+        return Provenance.from_dict(prov, "the export record's provenance", BadInput)
+    except BadInput as e:
+        return f"its provenance does not decode ({e})"
+
+
+def variant_provenance(fmt: Format, root: Path, sidecar: ExportRecord | None, source: ImportSource,
+                       tok: dict[str, Any], model: dict[str, Any], model_given: bool,
+                       layers: dict[str, list[int]], probe: SourceSample,
+                       jobs: int) -> tuple[Provenance, bool, str | None]:
+    """(the variant's provenance, whether restored from hsstore's export record, why a record was not
+    trusted): a folder hsstore exported, its record sealed and its files the ones the record
+    fingerprints, keeps the exported variant's provenance; anything else gets the imported one (unknowns)."""
+    imported = imported_provenance(source, tok, model, layers, probe.dtype)
+    if sidecar is None:
+        return imported, False, None
+    why = untrusted_because(fmt, root, sidecar, jobs)
+    restored = restored_provenance(sidecar, layers, probe.dtype, probe.hidden_size, tok,
+                                   model if model_given else None) if why is None else why
+    if isinstance(restored, str):
+        return imported, False, f"the export record {str(fmt.sidecar(root))!r} is ignored: {restored}"
+    return restored, True, None
+

@@ -18,14 +18,14 @@ from typing import Any
 from hsstore.core.errors import BadInput, BuildInterrupted
 from hsstore.core.interrupt import Stopped, stop_on_signals
 from hsstore.core.keys import SampleTokens, sample_key
-from hsstore.core.schema.imported import ImportSource
+from hsstore.core.schema.imported import ExportRecord, ImportSource
 from hsstore.interop.formats import get_format
 from hsstore.storage.outside_store import check_store_outside_source
 from hsstore.interop.formats.interface import Format
 from hsstore.core.layer_numbering import FINAL_NORM, parse_capture, parse_layer_list, slot_layers
-from hsstore.interop.imported_provenance import imported_provenance, model_identity, tokenizer_identity
+from hsstore.interop.imported_provenance import model_identity, tokenizer_identity, variant_provenance
 from hsstore.interop.import_records import ImportLog, read_sidecar
-from hsstore.interop.sample import SourceSample
+from hsstore.interop.sample import SourceSample, check_vocab
 from hsstore.storage.leases import share_folder
 from hsstore.storage.stats import merge_health
 
@@ -63,8 +63,7 @@ class Statement:
     num_layers: int | None
 
 
-def _statement(req: ImportRequest, fmt: Format, root: Path) -> Statement:
-    sidecar = read_sidecar(fmt.sidecar(root), fmt.name)
+def _statement(req: ImportRequest, fmt: Format, root: Path, sidecar: ExportRecord | None) -> Statement:
     if sidecar is not None and not sidecar.complete:
         raise BadInput(f"{fmt.sidecar(root)} records an export that never finished (complete: false; it was stopped, "
                        f"or is still running): its files may be a part of variant {sidecar.variant}, or a mix. Re-run "
@@ -91,20 +90,13 @@ def _check_claims(stmt: Statement, claims: dict[str, bool], item: str) -> None:
                        f"but --layers names the target {stmt.layers[-1]!r}; state the target layer that matches")
 
 
-def _check_vocab(s: SourceSample, vocab: int) -> None:
-    top = int(s.input_ids.max())
-    if top >= vocab:
-        raise BadInput(f"{s.name}: token id {top} is outside the tokenizer's vocabulary ({vocab}); the cache "
-                       "was made with another tokenizer — pass the target model's --tokenizer")
-
-
 def _first_readable(fmt: Any, root: Path, items: list[str], vocab: int, skip_bad: bool) -> tuple[SourceSample, str]:
     """The first file that reads: the probe the others are checked against (--skip-bad: bad ones passed over)."""
     first: BadInput | None = None
     for item in items:
         try:
             s = fmt.read(root, item)
-            _check_vocab(s, vocab)
+            check_vocab(s, vocab)
             return s, item
         except BadInput as e:
             if not skip_bad:
@@ -140,7 +132,7 @@ def _import_held(req: ImportRequest, fmt: Format, root: Path, t0: float) -> dict
         items = items[: req.limit]
     if not items:
         raise BadInput(f"no {fmt.name} sample files under {str(root)!r} (expected {fmt.layout})")
-    stmt = _statement(req, fmt, root)
+    stmt = _statement(req, fmt, root, sidecar := read_sidecar(fmt.sidecar(root), fmt.name))
     tok_path = req.tokenizer or req.model
     if tok_path is None:
         raise BadInput("pass --tokenizer PATH (the target model's tokenizer folder): sample keys hash its identity")
@@ -151,7 +143,9 @@ def _import_held(req: ImportRequest, fmt: Format, root: Path, t0: float) -> dict
     layers = slot_layers(stmt.layers, probe.n_aux, True, stmt.capture, int(model["num_layers"]))
     source = ImportSource(tool=fmt.tool, format=fmt.name, path=str(root.resolve()), layers=stmt.layers,
                           capture=stmt.capture, stated_by=stmt.stated_by, claims=dict(probe.claims))
-    prov = imported_provenance(source, tok, model, layers, probe.dtype)
+    record = sidecar if stmt.stated_by == "hsstore-export" else None
+    prov, restored, note = variant_provenance(fmt, root, record, source, tok, model, req.model is not None, layers,
+                                              probe, req.jobs)
     store = Store.create(req.store)
     itemsize = probe.target.element_size()
     vid = store.create_variant(prov.to_dict(), layers, probe.hidden_size, probe.dtype, req.codec or DEFAULT_CODEC,
@@ -161,7 +155,8 @@ def _import_held(req: ImportRequest, fmt: Format, root: Path, t0: float) -> dict
                req.unit_tokens or max(1, UNIT_BYTES // per_token))
     report = run.go(items)
     report.update(store=req.store, variant=vid, format=fmt.name, source=str(root), layers=layers,
-                  capture=prov.recipe.capture, stated=source.to_dict(), seconds=time.time() - t0)
+                  capture=prov.recipe.capture, stated=source.to_dict(), seconds=time.time() - t0,
+                  provenance=("imported", "restored")[restored], provenance_note=note)
     return report
 
 
@@ -261,7 +256,7 @@ class _Run:
         if s.claims != p.claims:
             raise BadInput(f"{s.name} states {s.claims or 'nothing'} about itself, {p.name} {p.claims or 'nothing'}: "
                            "the folder mixes two caches (pre-norm and post-norm targets?)")
-        _check_vocab(s, self.vocab)
+        check_vocab(s, self.vocab)
 
     def _take(self, item: str, s: SourceSample, slots: list, health: list) -> None:
         try:

@@ -259,3 +259,11 @@ def walk(root: Path, suffixes: tuple[str, ...]) -> list[str]:
             if f.endswith(suffixes):
                 out.append(os.path.relpath(os.path.join(dirpath, f), root))
     return sorted(out)
+
+
+def check_vocab(s: SourceSample, vocab: int) -> None:
+    """BadInput if ``s`` holds a token id outside a vocabulary of ``vocab`` ids (another tokenizer's cache)."""
+    top = int(s.input_ids.max())
+    if top >= vocab:
+        raise BadInput(f"{s.name}: token id {top} is outside the tokenizer's vocabulary ({vocab}); the cache "
+                       "was made with another tokenizer — pass the target model's --tokenizer")

@@ -45,6 +45,17 @@ def assumed_ratio(form: str, codec: str) -> tuple[float, str]:
                                                     "(run hsstore plan --calibrate N to measure it)"))
 
 
+ASSUMED_ERROR = 0.25  # a table entry's bytes against a build of another model (docs/plan.md: how it was tested)
+
+
+def assumed_error(form: str, codec: str) -> float | None:
+    """The expected relative error of bytes sized with ``assumed_ratio``; None where no compression is
+    assumed for a codec that compresses (the bytes are then an upper bound, not an estimate)."""
+    if codec == "none":
+        return 0.01
+    return ASSUMED_ERROR if (form, codec) in ASSUMED_RATIOS else None
+
+
 @dataclass(frozen=True)
 class StoredForm:
     """How a variant stores its layers: ``form`` (a dtype, or "fp8-e4m3"), bytes per value, the codec
@@ -83,6 +94,13 @@ def _shard(rows: int, chunk: int, row_bytes: int, ratio: float | None) -> int:
     chunks = -(-rows // c)
     payload = chunks * c * row_bytes if ratio is None else rows * row_bytes / ratio
     return int(round(payload)) + chunks * CHUNK_OVERHEAD + SHARD_OVERHEAD + METADATA_BYTES
+
+
+def array_overhead(rows: int, hidden: int, form: StoredForm) -> tuple[int, int]:
+    """Bytes of a layer array (and of its FP8 scales array) of ``rows`` rows that are not the encoded
+    states: metadata, chunk checksums and index, the shard's checksum (what ``_shard`` adds to a payload)."""
+    layer = _shard(rows, chunk_tokens(hidden, form.itemsize), hidden * form.itemsize, float("inf"))
+    return layer, (_shard(rows, SCALE_CHUNK_ROWS, 4, float("inf")) if form.quantized else 0)
 
 
 def unit_bytes(tokens: int, hidden: int, layers: list[int], form: StoredForm, ratios: Ratios) -> dict[str, int]:

@@ -185,6 +185,19 @@ class Chat:
     messages: list[dict[str, Any]]
     trained: list[bool]
     tools: list[dict[str, Any]] | None
+    empty_replies: tuple[int, ...] = ()  # trained assistant turns with no text, tool call or reasoning
+
+    @classmethod
+    def checked(cls, msgs: list[dict[str, Any]], trained: list[bool], tools: Any) -> Chat:
+        """The chat, its empty trained replies named; RowRejected when every trained reply is empty: such a
+        row would train only the end-of-turn token after the prompt (an empty reply in a row that has
+        others trains that one token and is kept, counted and named in the build's rows report)."""
+        empty = tuple(i for i, (m, t) in enumerate(zip(msgs, trained)) if t and not m["content"].strip()
+                      and not m.get("tool_calls") and not str(m.get("reasoning_content") or "").strip())
+        if empty and len(empty) == sum(trained):
+            raise RowRejected("empty assistant reply", f"message(s) {', '.join(map(str, empty))}: only the "
+                              "end-of-turn token would train")
+        return cls(msgs, trained, tools, empty)
 
 
 def to_chat(row: dict[str, Any], key: str) -> Chat:
@@ -211,7 +224,7 @@ def to_chat(row: dict[str, Any], key: str) -> Chat:
         raise RowRejected("empty")
     if not any(m["role"] == "assistant" for m in msgs):
         raise RowRejected("no assistant turn")
-    return Chat(msgs, trained, row_tools(row))
+    return Chat.checked(msgs, trained, row_tools(row))
 
 
 def row_tools(row: dict[str, Any]) -> list[dict[str, Any]] | None:

@@ -25,6 +25,7 @@ class InputReport:
     truncated: int = 0
     replies_dropped: int = 0  # trained replies (loss-mask runs) that truncation cut off whole
     duplicates: int = 0
+    empty_replies: int = 0  # kept rows with an empty trained reply among others (rows of only empty ones: rejected)
     rejected: Counter = field(default_factory=Counter)
     issues: list[RowIssue] = field(default_factory=list)  # rejected, duplicate and truncated rows, in order
     named: Counter = field(default_factory=Counter)  # (kind, reason) -> rows named in ``issues``
@@ -55,6 +56,6 @@ class InputReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": self.rows, "usable": self.usable, "truncated": self.truncated,
-                "replies_dropped": self.replies_dropped,
+                "replies_dropped": self.replies_dropped, "empty_replies": self.empty_replies,
                 "duplicates": self.duplicates, "rejected": dict(self.rejected), "issue_count": self.issue_count,
                 "loss_mask": METHOD}

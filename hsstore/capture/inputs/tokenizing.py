@@ -49,6 +49,7 @@ class _Tokens:
         if fmt not in FORMATS:
             raise BadInput(f"unknown data format {fmt!r}; choose one of {', '.join(FORMATS)}")
         self.tok, self.fmt, self.masker = tok, fmt, None
+        self.empty_replies: tuple[int, ...] = ()  # the last chat row's empty trained replies (kept)
         self.cap, self.max_length, self.cut = string_cap(tok, max_length), max_length, False
 
     def __call__(self, row: Any) -> tuple[list[int], list[int]]:
@@ -78,6 +79,7 @@ class _Tokens:
             if self.masker is None:
                 self.masker = ChatMasker(self.tok)  # BadInput here if the template cannot be handled at all
             chat = to_chat(row, "conversations" if f == "sharegpt" else "messages")
+            self.empty_replies = chat.empty_replies
             if len(chat.messages) > turn_cap(self.max_length):  # (masking time grows with the square of the turns)
                 raise RowRejected("too large to tokenize", f"{len(chat.messages):,} messages; at most "
                                   f"{turn_cap(self.max_length):,} are tokenized for max_length={self.max_length}")
@@ -177,6 +179,7 @@ def tokenize_rows(
         if limit is not None and report.usable >= limit:
             break
         report.rows += 1
+        tokens.empty_replies = ()
         try:
             ids, mask = _fit(*tokens(row), max_length, too_long, report, file, n, tokens.cut)
         except RowRejected as r:
@@ -191,6 +194,10 @@ def tokenize_rows(
             report.note("duplicate", file, n, "duplicate of an earlier row", first_seen[key])
             continue
         first_seen[key] = f"{file} row {n}"
+        if tokens.empty_replies:
+            report.empty_replies += 1
+            report.note("empty_reply", file, n, "empty assistant reply (kept: trains the end-of-turn token)",
+                        f"message(s) {', '.join(map(str, tokens.empty_replies))}")
         samples.append(SampleTokens(key, a, m))
         report.usable += 1
     report.close()

@@ -6,14 +6,16 @@ The N batches are spread evenly over the plan (the plan runs longest samples fir
 compress depends on the samples: the first batch alone misjudged the tiny model's ratio by 20 %).
 
 States are encoded exactly as the writer encodes them (hsstore.storage.shardio.encode_shard, the same
-chunking); nothing is written. The first batch of several is a warm-up (kernel compilation, allocator
-growth) and is left out of the timing.
+chunking); nothing is written. Every one of the N batches is timed: a warm-up forward of the shortest
+of them runs first, untimed (kernel compilation, allocator growth). The time of encoding each storage
+form is measured too (the build compresses what it writes: fp32 states take twice the bytes to encode),
+so the plan's time is forward plus encoding, per dtype.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,6 +37,7 @@ class Calibration:
     shapes: list[tuple[int, int]]  # (rows, padded width) of the timed batches
     ratios: dict[str, Ratios]  # form -> ratios with the manifest's codec (FP8: its codes' codec)
     device_name: str
+    encode_seconds: dict[str, float] = field(default_factory=dict)  # form -> seconds to encode the batches' states
 
 
 def _payload_ratio(pieces: list[np.ndarray], chunk: int, codec: str) -> float:
@@ -57,14 +60,17 @@ def _by_unit(batches: list[dict[int, Any]], units: list[int], layer: int, conver
     return [convert(torch.cat([b[layer] for b, u in zip(batches, units) if u == unit])) for unit in sorted(set(units))]
 
 
-def form_ratios(batches: list[dict[int, Any]], codec: str, units: Any) -> dict[str, Ratios]:
+def form_ratios(batches: list[dict[int, Any]], codec: str, units: Any,
+                seconds: dict[str, float] | None = None) -> dict[str, Ratios]:
     """Per storage form, each layer's ratio with ``codec`` over the states of ``batches`` (per batch: layer
-    -> ``[T, H]``), grouped in units as the build groups them: ``units(itemsize)``, each batch's unit."""
+    -> ``[T, H]``), grouped in units as the build groups them: ``units(itemsize)``, each batch's unit;
+    ``seconds`` (if given) gets each form's encoding time."""
     from hsstore.core.dtypes import TORCH, to_stored
     from hsstore.core.quant import quantize
 
     out = {}
     for name in FORMS:
+        t0 = time.perf_counter()
         form = StoredForm.of(name if name in TORCH else "bf16", name if name not in TORCH else None, codec)
         where = units(form.itemsize)
         layers, scales = {}, []
@@ -78,6 +84,8 @@ def form_ratios(batches: list[dict[int, Any]], codec: str, units: Any) -> dict[s
                 pieces = _by_unit(batches, where, i, lambda t: to_stored(t.to(TORCH[name]).cpu()))
             layers[i] = _payload_ratio(pieces, chunk_tokens(hidden, form.itemsize), form.codec)
         out[name] = Ratios(sum(layers.values()) / len(layers), layers, min(scales) if scales else 1.0)
+        if seconds is not None:
+            seconds[name] = time.perf_counter() - t0
     return out
 
 
@@ -117,13 +125,15 @@ def calibrate(inp: Any, batches: list[list[int]], n: int, dtype: str, device: st
         return [every[k] for k in picked]
 
     states, (tokens, seconds, shapes, name) = _forwards(inp, [batches[k] for k in picked], dtype, device, attn)
+    encode: dict[str, float] = {}
+    ratios = form_ratios(states, codec, units, encode)
     return Calibration(dtype=dtype, batches=len(picked), tokens=tokens, seconds=seconds, shapes=shapes,
-                       ratios=form_ratios(states, codec, units), device_name=name)
+                       ratios=ratios, device_name=name, encode_seconds=encode)
 
 
 def _forwards(inp: Any, run: list[list[int]], dtype: str, device: str, attn: str) -> tuple[list, tuple]:
-    """The captured states of each batch of ``run`` and (tokens, seconds, shapes, device name) of the timed
-    ones (the first of several is the warm-up)."""
+    """The captured states of each batch of ``run`` and (tokens, seconds, shapes, device name) of them all,
+    timed after an untimed warm-up forward of the first sample of the shortest batch."""
     import torch
 
     from hsstore.capture.run.hooks import LayerCapture
@@ -135,15 +145,16 @@ def _forwards(inp: Any, run: list[list[int]], dtype: str, device: str, attn: str
     kept: list[dict[int, Any]] = []
     tokens, seconds, shapes = 0, 0.0, []
     try:
-        for k, batch in enumerate(run):
+        shortest = min(run, key=lambda b: sum(inp.samples[i].length for i in b))
+        _states(cap, inp.samples, shortest[:1], inp.pad_id, device)  # the warm-up: not timed, not kept
+        for batch in run:
             t0 = time.perf_counter()
             states, width = _states(cap, inp.samples, batch, inp.pad_id, device)
             if device.startswith("cuda"):
                 torch.cuda.synchronize(device)
-            if k > 0 or len(run) == 1:  # the first of several is the warm-up
-                seconds += time.perf_counter() - t0
-                tokens += sum(inp.samples[i].length for i in batch)
-                shapes.append((len(batch), width))
+            seconds += time.perf_counter() - t0
+            tokens += sum(inp.samples[i].length for i in batch)
+            shapes.append((len(batch), width))
             kept.append(states)
     finally:
         cap.close()

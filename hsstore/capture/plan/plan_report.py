@@ -7,13 +7,19 @@ from __future__ import annotations
 from typing import Any
 
 from hsstore.capture.plan.space_check import counts, sampled_rows, sizes, space, tokens_of
-from hsstore.capture.plan.plan_sizes import Run, VariantSize, batch_shapes, size_variant
+from hsstore.capture.plan.plan_sizes import Measured, Run, VariantSize, batch_shapes, size_variant
 from hsstore.core.errors import BadInput
 from hsstore.core.flops import ASSUMED_MFU, ForwardShape, batch_flops, mfu, peak_flops, seconds_at
 from hsstore.core.schema.plan import FormSize, PlanReport, Ratio, Tokens, VariantPlan
 from hsstore.storage.sizing import FORMS
 
-DEFAULT_GPU = "H200"  # whose peak an uncalibrated plan of a cuda build assumes when no GPU is visible here
+DEFAULT_GPU = "H200"
+# an uncalibrated plan runs up to PROBE_TOKENS of its own samples through a model this small to measure the
+# codec ratios (loading it takes seconds on a CPU); larger models are planned on stated assumptions
+PROBE_MAX_PARAMS = 100_000_000
+PROBE_TOKENS = 4096  # the probe's states: samples from the middle of the plan, up to this many tokens
+CALIBRATED_ERROR = 0.02  # bytes calibrated on every batch, against the build (tests/test_plan.py TOLERANCE)
+PROBE_ERROR = 0.10  # bytes from a probe or a calibration on some batches (tests/test_plan.py)  # whose peak an uncalibrated plan of a cuda build assumes when no GPU is visible here
 
 
 def _peak(device: str, dtype: str, cal: Any, peak_tflops: float | None) -> tuple[float | None, str]:
@@ -40,11 +46,14 @@ def _timing(v: VariantSize, shape: ForwardShape, lengths: list[int], cal: Any, s
     if cal is not None and cal.seconds > 0:
         done = batch_flops(shape, cal.shapes)
         used = mfu(done, cal.seconds, peak) if peak else None
-        return {"flops": flops, "seconds": flops * cal.seconds / done, "mfu": used,
-                "tokens_per_second": cal.tokens / cal.seconds,
-                "seconds_source": f"measured: {cal.tokens:,} tokens in {cal.seconds:.3g} s on {cal.device_name} "
-                                  f"({len(cal.shapes)} timed batch(es); MFU "
-                                  f"{'n/a: no peak known' if used is None else f'{used:.2f}'})"}
+        tokens = sum(lengths[i] for b in v.remaining_batches for i in b) * scale
+        encode = cal.encode_seconds.get(v.form.form, 0.0)
+        secs = flops * cal.seconds / done + tokens * encode / max(1, cal.tokens)
+        return {"flops": flops, "seconds": secs, "mfu": used,
+                "tokens_per_second": cal.tokens / (cal.seconds + encode),
+                "seconds_source": f"measured: {cal.tokens:,} tokens in {cal.seconds:.3g} s of forward + {encode:.3g} s "
+                                  f"encoding {v.form.form} on {cal.device_name} ({len(cal.shapes)} timed batch(es) "
+                                  f"after a warm-up; MFU {'n/a: no peak known' if used is None else f'{used:.2f}'})"}
     if peak is None:
         return {"flops": flops, "seconds": None, "mfu": None, "tokens_per_second": None,
                 "seconds_source": f"unknown: no peak FLOP/s for {where}; run with --calibrate N (or --peak-tflops)"}
@@ -61,31 +70,91 @@ def _variant(v: VariantSize, tokens: Tokens, timing: dict[str, Any], scale: floa
         backend=v.run.backend, dtype=v.run.dtype, device=v.run.device, form=v.form.form, codec=v.form.codec,
         samples=tokens.samples, tokens=tokens.tokens, units=max(1, round(v.units * scale)), bytes=v.bytes,
         bytes_per_layer=_layers(v.parts),
-        token_bytes=v.parts["tokens"], ratio=Ratio(value=v.ratio, source=v.ratio_source, measured=v.measured),
+        token_bytes=v.parts["tokens"], ratio=_ratio(v),
         committed_variant=v.committed.variant, committed_samples=round(v.committed.samples * scale),
         committed_tokens=round(v.committed_tokens * scale), remaining_bytes=v.remaining_bytes, **timing)
 
 
-def _forms(m: Any, inp: Any, cal: dict[str, Any], scale: float) -> list[FormSize]:
+def _forms(m: Any, inp: Any, measured: dict[str, dict[str, Measured]], scale: float) -> list[FormSize]:
     """The whole sample set stored in each form with the manifest's codec: the choices side by side,
-    measured on the form's own dtype's calibration states (else the first dtype's: bf16 states cast to
-    fp32 compress as no fp32 states do, so a dtype not built is best calibrated by building it)."""
+    measured on the form's own dtype's calibration (or probe) states, else the store's variants of the
+    form, else the first dtype's (bf16 states cast to fp32 compress as no fp32 states do, so a dtype not
+    built is best calibrated by building it)."""
     from hsstore.capture.plan.plan_store import NOTHING
+    from hsstore.capture.plan.space_check import on_disk
     from hsstore.core.batching import token_budget_batches
+    from hsstore.storage.sizing import StoredForm
 
     lengths, keys = [s.length for s in inp.samples], [s.key for s in inp.samples]
     batches = token_budget_batches(lengths, m.token_budget)
     geometry = (int(inp.recipe.model.hidden_size), inp.recipe.layers.all)
+    stored = on_disk(m, inp)
     out = []
     for name in FORMS:
         fp8 = name == "fp8-e4m3"
-        c = cal.get(name if name in cal else m.dtypes[0])
         run = Run("", "bf16" if fp8 else name, "", name if fp8 else None)
-        v = size_variant(m, run, lengths, keys, batches, geometry, NOTHING, c.ratios[name] if c else None, scale)
-        source = f"measured on {c.dtype} states of the calibration batches" if c else v.ratio_source
+        codec = StoredForm.of(run.dtype, run.precision, m.codec).codec
+        found = (measured.get(name, {}).get(name) or stored.get((name, codec))
+                 or (measured.get(m.dtypes[0], {}).get(name) if measured else None))
+        v = size_variant(m, run, lengths, keys, batches, geometry, NOTHING, found, scale)
         out.append(FormSize(form=name, codec=v.form.codec, bytes=v.bytes, bytes_per_layer=_layers(v.parts),
-                            ratio=Ratio(value=v.ratio, source=source, measured=v.measured)))
+                            ratio=_ratio(v)))
     return out
+
+
+def _ratio(v: VariantSize) -> Ratio:
+    return Ratio(value=v.ratio, source=v.ratio_source, measured=v.measured, expected_error=v.ratio_error)
+
+
+def _measured(c: Any, n_batches: int) -> dict[str, Measured]:
+    """A calibration's ratios per form, with its source and expected error (every batch: TOLERANCE of
+    tests/test_plan.py; fewer: as a probe's)."""
+    every = c.batches >= n_batches
+    source = (f"measured on {c.dtype} states of {'every one' if every else c.batches} of the plan's {n_batches} "
+              "batch(es) (--calibrate)")
+    return {form: Measured(r, source, CALIBRATED_ERROR if every else PROBE_ERROR) for form, r in c.ratios.items()}
+
+
+def probe_ratios(m: Any, inp: Any, shape: Any) -> dict[str, dict[str, Measured]]:
+    """dtype -> form -> ratios of one batch of the plan run through the model in each dtype, when that is
+    cheap (a model of at most PROBE_MAX_PARAMS parameters on a device present here) and the store holds
+    no variant of the form that measures them as well; {} otherwise (the plan then assumes, and says so)."""
+    from hsstore.capture.plan.calibrate import calibrate
+    from hsstore.capture.plan.space_check import on_disk
+    from hsstore.core.batching import token_budget_batches
+    from hsstore.storage.sizing import StoredForm
+
+    device = m.devices[0]
+    params = shape.sequence_flops(1) / 2  # a forward runs ~2 FLOPs per weight per token
+    if params > PROBE_MAX_PARAMS or (device.startswith("cuda") and not _cuda()):
+        return {}
+    stored = on_disk(m, inp)
+    have = {d: stored.get((m.precision or d, StoredForm.of(d, m.precision, m.codec).codec)) for d in m.dtypes}
+    need = [d for d, x in have.items() if x is None or x.error > PROBE_ERROR]
+    if not need or m.codec == "none":
+        return {}
+    from hsstore.capture.model.backends import bind_backend
+
+    try:
+        bind_backend(m.backends[0])
+    except BadInput:
+        return {}  # this process binds other kernels: the probe's states would not be the build's
+    batches = token_budget_batches([s.length for s in inp.samples], m.token_budget)
+    middle = [i for b in batches[len(batches) // 2:] for i in b]
+    probe = [i for k, i in enumerate(middle) if sum(inp.samples[j].length for j in middle[:k]) < PROBE_TOKENS]
+    out = {}
+    for d in need:
+        c = calibrate(inp, [probe], 1, d, device, m.attn_implementation, m.codec, m.unit_tokens)
+        source = (f"probed: {c.tokens:,} tokens of the plan's samples through the model in {d} (a model this "
+                  "small loads in seconds; --calibrate N measures more)")
+        out[d] = {form: Measured(r, source, PROBE_ERROR) for form, r in c.ratios.items()}
+    return out
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _layers(parts: dict[str, int]) -> dict[str, int]:
@@ -114,9 +183,12 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
     inp = plan_inputs(m, limit, rows=rows, drawn=bool(calibrate))  # a plan draws weights only to calibrate
     tokens, scale = tokens_of(inp, population)
     cal = _calibrations(m, inp, calibrate)
-    found = sizes(m, inp, {d: c.ratios for d, c in cal.items()} if cal else None, scale)
+    n_batches = len(token_budget_batches([s.length for s in inp.samples], m.token_budget))
+    calibrated = {d: _measured(c, n_batches) for d, c in cal.items()}
     config = inp.spec.config(inp.recipe.tokenizer.vocab_size, drawn=False)
     shape = forward_shape(config, max(inp.recipe.layers.all), m.trust_remote_code)
+    probed = {} if cal else probe_ratios(m, inp, shape)
+    found = sizes(m, inp, calibrated, scale, probed)
     lengths = [s.length for s in inp.samples]
     variants = [_variant(v, tokens, _timing(v, shape, lengths, cal.get(v.run.dtype), scale, peak_tflops), scale)
                 for v in found]
@@ -124,7 +196,7 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
         manifest=m.source, store=m.store_path, model=m.model_path, hidden_size=int(inp.recipe.model.hidden_size),
         layers=inp.recipe.layers.all, inputs=counts(inp), tokens=tokens,
         flops_per_token=shape.sequence_flops(round(tokens.mean_length)) / max(1.0, tokens.mean_length),
-        variants=variants, forms=_forms(m, inp, cal, scale), space=space(m, found, tokens.samples),
+        variants=variants, forms=_forms(m, inp, {**probed, **calibrated}, scale), space=space(m, found, tokens.samples),
         batches=len(token_budget_batches(lengths, m.token_budget)),
         calibration_batches=max((c.batches for c in cal.values()), default=0))
 

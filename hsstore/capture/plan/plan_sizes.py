@@ -11,7 +11,8 @@ from typing import Any
 from hsstore.capture.plan.plan_store import Committed
 from hsstore.core.batching import padded_length
 from hsstore.core.unitplan import default_unit_tokens, unit_sizes
-from hsstore.storage.sizing import Ratios, StoredForm, assumed_ratio, commit_bytes, files_per_unit, unit_bytes, variant_bytes
+from hsstore.storage.sizing import (Ratios, StoredForm, assumed_error, assumed_ratio, commit_bytes, files_per_unit,
+                                    unit_bytes, variant_bytes)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class VariantSize:
     ratio: float
     ratio_source: str
     measured: bool
+    ratio_error: float | None  # the expected relative error of the bytes the ratio gives (None: unbounded)
     committed: Committed
     committed_tokens: int  # of the tokenized samples (unscaled)
     remaining_bytes: int
@@ -62,20 +64,29 @@ def batch_shapes(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> li
     return [(len(b), padded_length(max(lengths[i] for i in b))) for b in batches if b]
 
 
+@dataclass(frozen=True)
+class Measured:
+    """Codec ratios measured for a run, where, and the expected relative error of the bytes they give."""
+
+    ratios: Ratios
+    source: str
+    error: float
+
+
 def size_variant(m: Any, run: Run, lengths: list[int], keys: list[str], batches: list[list[int]],
-                 geometry: tuple[int, list[int]], committed: Committed, ratios: Ratios | None,
+                 geometry: tuple[int, list[int]], committed: Committed, found: Measured | None,
                  scale: float = 1.0) -> VariantSize:
     """``run``'s bytes over the samples (``lengths``, ``keys``) cut into units as the build cuts them;
-    ``ratios`` measured, or None to assume; ``scale``: sampled tokens -> all tokens."""
+    ``found``: measured ratios, or None to assume; ``scale``: sampled tokens -> all tokens."""
     hidden, layers = geometry
     form = StoredForm.of(run.dtype, run.precision, m.codec)
-    if ratios is None:
+    if found is None:
         value, source = assumed_ratio(form.form, form.codec)
-        ratios, measured = Ratios(value), False
+        ratios, measured, error = Ratios(value), False, assumed_error(form.form, form.codec)
     else:
-        value, source, measured = ratios.default, "measured on the calibration batches", True
+        ratios, value, source, measured, error = found.ratios, found.ratios.default, found.source, True, found.error
     if form.codec == "none":
-        value, source = 1.0, "no codec"
+        value, source, error = 1.0, "no codec", 0.01
     unit_tokens = m.unit_tokens or default_unit_tokens(hidden, form.itemsize, len(layers))
     units = unit_sizes(batch_tokens(lengths, batches), unit_tokens)
     parts = {k: int(v * scale) for k, v in variant_bytes(units, hidden, layers, form, ratios).items()}
@@ -85,8 +96,8 @@ def size_variant(m: Any, run: Run, lengths: list[int], keys: list[str], batches:
     remaining = int(sum(variant_bytes(left_units, hidden, layers, form, ratios).values()) * scale) if left_units else 0
     tokens_done = sum(n for n, k in zip(lengths, keys) if k in done)
     largest = max(unit_bytes(max(left_units), hidden, layers, form, ratios).values()) if left_units else 0
-    return VariantSize(run, form, len(units), parts, value, source, measured, committed, tokens_done, remaining, left,
-                       largest)
+    return VariantSize(run, form, len(units), parts, value, source, measured, error, committed, tokens_done, remaining,
+                       left, largest)
 
 
 def needed_bytes(sizes: list[VariantSize], samples: int, block: int) -> int:

@@ -68,3 +68,68 @@ def committed(store_path: str, expected: list[dict[str, Any]], keys: Collection[
                 best = Committed(vid, done)
         out.append(best)
     return out
+
+
+@dataclass(frozen=True)
+class StoreRatio:
+    """Codec ratios measured on a store variant's committed files (same model, width, stored form, codec)."""
+
+    variant: str
+    tokens: int
+    ratios: Any  # hsstore.storage.sizing.Ratios
+
+
+def store_ratios(store_path: str, model_fingerprint: Any, hidden: int) -> dict[tuple[str, str], StoreRatio]:
+    """(stored form, codec) -> the ratios the store's variants of this model and width reach on disk (the
+    variant with most tokens per form): each layer's committed bytes, less the metadata, chunk and shard
+    overheads the sizing adds itself, against its raw bytes. Nothing for a store that does not exist."""
+    from hsstore.core.errors import StoreNotFound
+    from hsstore.storage.store import Store
+
+    try:
+        store = Store.open(store_path)
+    except StoreNotFound:
+        return {}
+    out: dict[tuple[str, str], StoreRatio] = {}
+    for vid in store.variant_ids():
+        rec = store.variant_record(vid)
+        if rec.hidden_size != hidden or rec.provenance.get("recipe", {}).get("model", {}).get("fingerprint") \
+                != model_fingerprint or model_fingerprint in (None, "unknown"):
+            continue
+        found = _measured(store, vid, rec)
+        if found is not None and found.tokens > out.get(found_key(rec), StoreRatio("", 0, None)).tokens:
+            out[found_key(rec)] = found
+    return out
+
+
+def found_key(rec: Any) -> tuple[str, str]:
+    """A variant record's (stored form, codec): what a planned run is matched on."""
+    return (rec.stored_precision or rec.dtype, rec.codec)
+
+
+def _measured(store: Any, vid: str, rec: Any) -> StoreRatio | None:
+    """The variant's ratios per layer (FP8: its codes; scales apart) from its commit records' file sizes."""
+    from hsstore.storage.sizing import Ratios, StoredForm, array_overhead
+
+    form = StoredForm.of(rec.dtype, rec.stored_precision, rec.codec)
+    if form.codec == "none":
+        return None
+    raw: dict[int, float] = {}
+    stored: dict[int, float] = {}
+    scale_raw = scale_stored = 0.0
+    tokens = 0
+    for c in store.commits(vid)[0]:
+        n = c.n_tokens
+        tokens += n
+        for i in c.layers:
+            size = {p: sum(b for rel, b in c.files.items() if rel.split("/")[0] == f"{p}_{i}") for p in ("layer", "scale")}
+            over = array_overhead(n, rec.hidden_size, form)
+            raw[i] = raw.get(i, 0) + n * rec.hidden_size * form.itemsize
+            stored[i] = stored.get(i, 0) + max(1, size["layer"] - over[0])
+            if form.quantized:
+                scale_raw, scale_stored = scale_raw + 4 * n, scale_stored + max(1, size["scale"] - over[1])
+    if not tokens or not raw:
+        return None
+    layers = {i: raw[i] / stored[i] for i in raw}
+    return StoreRatio(vid, tokens, Ratios(sum(raw.values()) / sum(stored.values()), layers,
+                                          scale_raw / scale_stored if scale_stored else 1.0))

@@ -116,6 +116,7 @@ class InputCounts(Record):
     issue_count: int | UnsetType = UNSET  # rejected + duplicate + truncated rows, each named in the rows report
     loss_mask: str | UnsetType = UNSET  # how chat loss masks were made (hsstore.capture.inputs.lossmask.METHOD)
     replies_dropped: int | UnsetType = UNSET  # trained replies that truncation at max_length cut off whole
+    empty_replies: int | UnsetType = UNSET  # kept rows with an empty trained reply (named in the rows report)
 
 
 class BuildResult(Record):

@@ -96,3 +96,6 @@ class ExportRecord(Record):
     folder_files: int | UnsetType = UNSET
     folder_bytes: int | UnsetType = UNSET
     folder_token: str | UnsetType = UNSET  # the folder's mark (interop.folder_mark), where it keeps one
+    # a fingerprint of every other field, set once complete: an import restores ``provenance`` only while the
+    # record is as written (a hand-edited record is ignored) and the files match ``files_fingerprint``
+    seal: str | UnsetType = UNSET

@@ -13,6 +13,6 @@ class RowIssue(Record):
 
     file: str
     row: int
-    kind: Literal["rejected", "duplicate", "truncated"]
+    kind: Literal["rejected", "duplicate", "truncated", "empty_reply"]
     reason: str
     detail: str | UnsetType = UNSET

@@ -26,6 +26,9 @@ class Ratio(Record):
     value: float
     source: str  # "measured: ..." on calibration batches, else the assumption's source
     measured: bool
+    # the expected relative error of the bytes sized with this ratio (0.10: within ±10 %); None: unbounded
+    # (no compression assumed for a codec that compresses: the bytes are an upper bound)
+    expected_error: float | None = None
 
 
 class VariantPlan(Record):
