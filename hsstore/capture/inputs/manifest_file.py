@@ -65,7 +65,7 @@ def load_manifest(path: str | Path) -> Manifest:
         max_length=data.max_length, too_long=data.too_long, backends=list(build.backends),
         dtypes=list(build.dtypes), devices=list(build.devices), gpus_per_rank=build.gpus_per_rank,
         token_budget=build.token_budget, unit_tokens=build.unit_tokens, allow_unhealthy=build.allow_unhealthy,
-        codec=store.codec, precision=store.precision,
+        codec=store.codec, precision=store.precision, generate=f.generate,
     )
     return validate(m, need_store=False)
 
