@@ -1,0 +1,165 @@
+"""Regeneration (issue 39): the target writes the replies, then hsstore captures them, with a ledger per reply.
+
+Builds of the tiny builtin Llama on the CPU: the loss mask covers exactly the generated tokens, each reply has
+a ledger record, a re-run (or a run after kill -9 mid-generation) generates nothing already generated, greedy
+regeneration is reproducible bit for bit, and a dataset requiring the data's own replies refuses regenerated
+ones unless allowed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import DATA, kill_build, run_cli, start_build, wait_for, write_manifest
+from hsstore.core.errors import ProvenanceMismatch
+from hsstore.read.dataset import HiddenStateDataset
+
+GENERATE = """
+[generate]
+engine = "model"
+max_new_tokens = {tokens}
+{extra}
+"""
+
+
+def regen_manifest(d: Path, *, tokens: int = 6, extra: str = "", budget: int = 2048, store: str = "store.zarr",
+                   files: list[str] | None = None) -> Path:
+    p = write_manifest(d / "m.toml", model="builtin:tiny-llama", dtypes='["fp32"]', store=store, files=files)
+    text = p.read_text().replace("token_budget = 2048", f"token_budget = {budget}")
+    p.write_text(text + GENERATE.format(tokens=tokens, extra=extra))
+    return p
+
+
+def build_json(manifest: Path, *args: str) -> dict:
+    r = run_cli("build", str(manifest), "--quiet", "--json", *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def lineage(store: Path, build_id: str) -> tuple[list[dict], dict[str, dict]]:
+    """The build's ledger, and every checkpointed reply of the store by its key."""
+    ledger = [json.loads(x) for x in (store / "builds" / build_id / "ledger.jsonl").read_text().splitlines()]
+    replies = {}
+    for f in (store / "builds").glob("*/gen-*.jsonl"):
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            replies[r["key"]] = r
+    return ledger, replies
+
+
+@pytest.fixture(scope="module")
+def regenerated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    d = tmp_path_factory.mktemp("regen")
+    summary = build_json(regen_manifest(d), "--limit", "4")
+    return d, summary
+
+
+def test_generated_replies_are_masked_exactly_and_each_has_a_ledger_record(regenerated: tuple[Path, dict]) -> None:
+    d, summary = regenerated
+    assert summary["replies_generated"] == 4 and summary["replies_reused"] == 0
+    ledger, replies = lineage(d / "store.zarr", summary["build_id"])
+    assert len(ledger) == 4
+    ds = HiddenStateDataset(str(d / "store.zarr"))
+    items = {ds[i]["key"]: ds[i] for i in range(len(ds))}
+    assert sorted(items) == sorted(r["sample_key"] for r in ledger)
+    generated = {tuple(r["ids"]) for r in replies.values()}
+    for rec in ledger:
+        assert rec["engine"] == "model" and "transformers" in rec["engine_version"]
+        assert rec["finish_reason"] in ("stop", "length") and rec["seed"] == 0
+        assert rec["sampling"]["temperature"] == 0.0 and rec["sampling"]["max_new_tokens"] == 6
+        item = items[rec["sample_key"]]
+        ids, mask = item["input_ids"].tolist(), item["loss_mask"].tolist()
+        assert len(ids) == rec["prompt_tokens"] + rec["reply_tokens"]
+        # the mask is exactly the generated tokens: zeros over the prompt, ones over the reply
+        assert mask == [False] * rec["prompt_tokens"] + [True] * rec["reply_tokens"]
+        assert tuple(ids[rec["prompt_tokens"]:]) in generated
+    gen = ds.provenance["recipe"]["generation"]
+    assert gen["engine"] == "model" and gen["turns"] == "last" and gen["max_new_tokens"] == 6
+
+
+def test_a_rerun_generates_nothing_and_greedy_is_reproducible_bit_for_bit(regenerated: tuple[Path, dict],
+                                                                           tmp_path: Path) -> None:
+    d, first = regenerated
+    again = build_json(regen_manifest(d), "--limit", "4")
+    assert again["replies_generated"] == 0 and again["replies_reused"] == 4
+    assert again["variants"][0]["samples_present"] == 4 and again["variants"][0]["samples_written"] == 0
+    # a fresh store, the same manifest: the same tokens, the same sample keys
+    fresh = build_json(regen_manifest(tmp_path), "--limit", "4")
+    assert fresh["replies_generated"] == 4
+    a, ra = lineage(d / "store.zarr", first["build_id"])
+    b, rb = lineage(tmp_path / "store.zarr", fresh["build_id"])
+    assert [r["sample_key"] for r in a] == [r["sample_key"] for r in b]
+    assert {k: v["ids"] for k, v in ra.items()} == {k: v["ids"] for k, v in rb.items()}
+    assert first["variants"][0]["variant"] == fresh["variants"][0]["variant"]
+
+
+def test_require_of_the_datas_replies_refuses_regenerated_ones_unless_allowed(regenerated: tuple[Path, dict],
+                                                                              tmp_path: Path) -> None:
+    d, _ = regenerated
+    plain = write_manifest(tmp_path / "m.toml", model="builtin:tiny-llama", dtypes='["fp32"]')
+    r = run_cli("build", str(plain), "--quiet", "--limit", "2")
+    assert r.returncode == 0, r.stderr
+    original = HiddenStateDataset(str(tmp_path / "store.zarr"))
+    with pytest.raises(ProvenanceMismatch, match="generation"):
+        HiddenStateDataset(str(d / "store.zarr"), require=original)
+    assert len(HiddenStateDataset(str(d / "store.zarr"), require=original, allow_drift=["generation"])) == 4
+
+
+@pytest.mark.parametrize("extra, says", [
+    ("temprature = 0.5", "unknown key(s) ['temprature'] in [generate]"),
+    ('engine = "openai"', "needs url"),
+    ('engine = "vllm"', "engine = 'vllm'"),
+    ('turns = "first"', "turns = 'first'"),
+    ("n = 2", "identical replies"),
+])
+def test_a_bad_generate_table_is_one_line_and_exit_2(tmp_path: Path, extra: str, says: str) -> None:
+    text = regen_manifest(tmp_path).read_text().replace('engine = "model"\n', "") + extra + "\n"
+    (tmp_path / "m.toml").write_text(text)
+    r = run_cli("build", str(tmp_path / "m.toml"))
+    assert r.returncode == 2 and says in r.stderr, r.stderr
+    assert not (tmp_path / "store.zarr").exists()
+
+
+def test_rows_dropped_for_cut_replies_are_named(tmp_path: Path) -> None:
+    """``drop_cut``: a reply cut at max_new_tokens is not captured and rows.jsonl names its row; a stop string
+    ends a reply ("stop"). The random model's replies start with byte tokens, so a stop string of one
+    control character ends some and not others (what each did is read from the first build's ledger)."""
+    extra = 'stop = ["\\u0002"]'
+    kept = build_json(regen_manifest(tmp_path, extra=extra), "--limit", "8")
+    first, _ = lineage(tmp_path / "store.zarr", kept["build_id"])
+    cut = {r["row"] for r in first if r["finish_reason"] == "length"}
+    assert cut and len(cut) < len(first), "the stop string should end some replies and not others"
+    summary = build_json(regen_manifest(tmp_path, extra=extra + "\ndrop_cut = true"), "--limit", "8")
+    assert summary["replies_generated"] == 0  # dropping is decided after generating: the replies are reused
+    ledger, _ = lineage(tmp_path / "store.zarr", summary["build_id"])
+    assert {r["row"] for r in ledger if r["sample_key"] is None} == cut
+    rows = [json.loads(x) for x in (tmp_path / "store.zarr" / "builds" / summary["build_id"] / "rows.jsonl")
+            .read_text().splitlines()]
+    assert {r["row"] for r in rows if r["reason"] == "reply cut at max_new_tokens"} == cut
+    assert summary["inputs"]["usable"] == len(first) - len(cut)
+
+
+@pytest.mark.process
+def test_kill_9_mid_generation_then_rerun_generates_nothing_already_generated(tmp_path: Path) -> None:
+    """A build killed while generating: its checkpointed batches are reused, only the rest is generated."""
+    rows = [json.loads(x) for x in DATA.read_text().splitlines()][:40]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    m = regen_manifest(tmp_path, tokens=24, budget=300, files=[str(data)])  # a few prompts a batch: many batches
+    proc = start_build(m)
+    parts = lambda: sorted((tmp_path / "store.zarr" / "builds").glob("*/gen-*.jsonl"))  # noqa: E731
+    wait_for(lambda: len(parts()) >= 2 or proc.poll() is not None, 300, "two checkpointed batches")
+    kill_build(proc)
+    assert not list((tmp_path / "store.zarr").glob("variants/*/commits/*.json")), "killed before any capture"
+    done = {json.loads(x)["key"] for f in parts() for x in f.read_text().splitlines()}
+    assert 0 < len(done) < 40
+    summary = build_json(m)
+    assert summary["replies_reused"] == len(done)
+    ledger, _ = lineage(tmp_path / "store.zarr", summary["build_id"])
+    new = [r for r in ledger if r["generated_by"] == summary["build_id"]]
+    assert summary["replies_generated"] == len(new) == len(ledger) - len(done)
+    mine = (tmp_path / "store.zarr" / "builds" / summary["build_id"]).glob("gen-*.jsonl")
+    assert not done & {json.loads(x)["key"] for f in mine for x in f.read_text().splitlines()}
