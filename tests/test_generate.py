@@ -163,3 +163,45 @@ def test_kill_9_mid_generation_then_rerun_generates_nothing_already_generated(tm
     assert summary["replies_generated"] == len(new) == len(ledger) - len(done)
     mine = (tmp_path / "store.zarr" / "builds" / summary["build_id"]).glob("gen-*.jsonl")
     assert not done & {json.loads(x)["key"] for f in mine for x in f.read_text().splitlines()}
+
+
+def _runs(mask: list[bool]) -> list[tuple[int, int]]:
+    out, start = [], None
+    for i, m in enumerate([*mask, False]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            out.append((start, i))
+            start = None
+    return out
+
+
+def test_all_turns_are_regenerated_in_order_each_conditioned_on_the_earlier_ones(tmp_path: Path) -> None:
+    """``turns = "all"``: every assistant turn is regenerated (a prompt row gets one appended); the sample is
+    the regenerated conversation with each regenerated reply masked, and a later turn's prompt holds the
+    regenerated text of the earlier ones."""
+    from hsstore.capture.model.builtin import builtin_tokenizer
+
+    lines = DATA.read_text().splitlines()
+    multi = [x for x in lines if sum(m.get("role", m.get("from")) in ("assistant", "gpt")
+                                     for m in (json.loads(x).get("messages") or json.loads(x)["conversations"])) == 2]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("\n".join([multi[0], json.dumps({"messages": [{"role": "user", "content": "Say hi."}]})]) + "\n")
+    m = regen_manifest(tmp_path, extra='turns = "all"', files=[str(data)])
+    m.write_text(m.read_text().replace("max_length = 256", "max_length = 1024"))
+    summary = build_json(m)
+    ledger, replies = lineage(tmp_path / "store.zarr", summary["build_id"])
+    assert [(r["row"], r["turn"]) for r in ledger] == [(1, 0), (1, 1), (2, 0)]
+    assert ledger[1]["prompt_tokens"] > ledger[0]["prompt_tokens"] + ledger[0]["reply_tokens"]
+    tok = builtin_tokenizer()
+    ds = HiddenStateDataset(str(tmp_path / "store.zarr"))
+    items = {ds[i]["key"]: ds[i] for i in range(len(ds))}
+    for key in {r["sample_key"] for r in ledger}:
+        item, recs = items[key], [r for r in ledger if r["sample_key"] == key]
+        runs = _runs(item["loss_mask"].tolist())
+        assert len(runs) == len(recs)  # one masked reply per regenerated turn
+        ids = item["input_ids"].tolist()
+        for (a, b), rec in zip(runs, recs):
+            want = [v for v in replies.values() if v["prompt_tokens"] == rec["prompt_tokens"]]
+            assert len(want) == 1 and tok.decode(ids[a:b], skip_special_tokens=True).strip() == \
+                tok.decode(want[0]["ids"], skip_special_tokens=True).strip()
