@@ -78,6 +78,19 @@ def test_generated_replies_are_masked_exactly_and_each_has_a_ledger_record(regen
         assert tuple(ids[rec["prompt_tokens"]:]) in generated
     gen = ds.provenance["recipe"]["generation"]
     assert gen["engine"] == "model" and gen["turns"] == "last" and gen["max_new_tokens"] == 6
+    info = json.loads(run_cli("info", str(d / "store.zarr"), "--json").stdout)["generations"]
+    assert [(g["build_id"], g["replies"], g["reply_tokens"]) for g in info] == \
+        [(summary["build_id"], 4, sum(r["reply_tokens"] for r in ledger))]
+
+
+def test_build_options_turn_regeneration_on(tmp_path: Path) -> None:
+    """``hsstore build --engine model --max-new-tokens N`` regenerates a manifest without [generate]."""
+    plain = write_manifest(tmp_path / "m.toml", model="builtin:tiny-llama", dtypes='["fp32"]')
+    summary = build_json(plain, "--limit", "2", "--engine", "model", "--max-new-tokens", "3")
+    ledger, _ = lineage(tmp_path / "store.zarr", summary["build_id"])
+    assert len(ledger) == 2 and all(r["reply_tokens"] <= 3 and r["sampling"]["max_new_tokens"] == 3 for r in ledger)
+    r = run_cli("build", str(plain), "--engine", "model", "--turns", "every")
+    assert r.returncode == 2 and "turns = 'every'" in r.stderr
 
 
 def test_a_rerun_generates_nothing_and_greedy_is_reproducible_bit_for_bit(regenerated: tuple[Path, dict],

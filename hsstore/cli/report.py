@@ -25,6 +25,11 @@ def info_text(d: StoreInfo) -> str:
     lines = [f"store {d.location}  (format {d.format_version}, {len(d.variants)} variant(s))"]
     for v in d.variants:
         lines += ["", *_variant_lines(v)]
+    for g in d.generations:  # regenerating builds: their ledger of replies
+        finish = ", ".join(f"{n} {k}" for k, n in sorted(g.finish.items()))
+        lines += ["", f"regenerated replies of build {g.build_id}: {g.replies} ({finish}; {g.reused} reused from "
+                      f"earlier runs, {g.dropped} dropped), {g.prompt_tokens:,} prompt + {g.reply_tokens:,} reply "
+                      f"tokens; {'; '.join(g.engines)}"]
     return "\n".join(lines)
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from hsstore.core.distinguish import distinguishing
 from hsstore.core.dtypes import STORED
-from hsstore.core.schema.info_report import StoreInfo, VariantInfo
+import json
+
+from hsstore.core.schema.info_report import GenerationSummary, StoreInfo, VariantInfo
 from hsstore.core.schema.record import UNSET
 from hsstore.storage.audits import audits
 from hsstore.storage.stats import summary
@@ -16,7 +18,26 @@ def store_info(store: Store) -> StoreInfo:
     readers = [store.reader(vid) for vid in store.variant_ids()]
     apart = distinguishing({r.id: r.record.provenance for r in readers})
     return StoreInfo(format_version=store.format_version, location=store.location,
-                     variants=[variant_info(store, r, apart[r.id]) for r in readers])
+                     variants=[variant_info(store, r, apart[r.id]) for r in readers], generations=generations(store))
+
+
+def generations(store: Store) -> list[GenerationSummary]:
+    """Every regenerating build's ledger, summed up (hsstore.capture.generate.ledger writes them)."""
+    from hsstore.storage import layout
+
+    out = []
+    for key in sorted(k for k in store.io.list("builds/") if layout.parse_key(k).kind == "lineage-ledger"):
+        build_id = key.split("/")[1]
+        recs = [json.loads(x) for x in (store.io.get(key) or b"").decode().splitlines() if x.strip()]
+        finish: dict[str, int] = {}
+        for r in recs:
+            finish[r["finish_reason"]] = finish.get(r["finish_reason"], 0) + 1
+        out.append(GenerationSummary(
+            build_id=build_id, replies=len(recs), reused=sum(r.get("generated_by") != build_id for r in recs),
+            dropped=sum(r.get("sample_key") is None for r in recs), finish=finish,
+            prompt_tokens=sum(r["prompt_tokens"] for r in recs), reply_tokens=sum(r["reply_tokens"] for r in recs),
+            engines=sorted({f"{r['engine']} {r['engine_version']}" for r in recs})))
+    return out
 
 
 def variant_info(store: Store, r: VariantReader, distinguished_by: dict[str, str]) -> VariantInfo:

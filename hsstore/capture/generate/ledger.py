@@ -71,18 +71,3 @@ def put_batch(store: Any, build_id: str, config: str, n: int, replies: list[Repl
 
 def put_ledger(store: Any, build_id: str, records: list[dict[str, Any]]) -> None:
     store.io.put_if_absent(ledger_key(build_id), "".join(json.dumps(r) + "\n" for r in records).encode())
-
-
-def summary(store: Any, build_id: str) -> dict[str, Any] | None:
-    """What ``info`` says of a build's ledger: replies by finish reason, tokens, how many were reused."""
-    raw = store.io.get(ledger_key(build_id))
-    if raw is None:
-        return None
-    recs = [json.loads(x) for x in raw.decode().splitlines() if x.strip()]
-    finish: dict[str, int] = {}
-    for r in recs:
-        finish[r["finish_reason"]] = finish.get(r["finish_reason"], 0) + 1
-    return {"replies": len(recs), "finish": finish, "reply_tokens": sum(r["reply_tokens"] for r in recs),
-            "prompt_tokens": sum(r["prompt_tokens"] for r in recs),
-            "reused": sum(1 for r in recs if r.get("generated_by") != build_id),
-            "engine": sorted({f"{r['engine']} {r['engine_version']}" for r in recs})}

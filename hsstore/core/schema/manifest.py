@@ -148,6 +148,14 @@ class Manifest(Record):
         """CLI options override the manifest; None (or an empty list) means "not given"."""
         return self.replace(**{k: v for k, v in changes.items() if v is not None and v != []})
 
+    def with_generate(self, **changes: Any) -> Manifest:
+        """CLI options override ``[generate]`` keys (None: not given); any given one turns regeneration on."""
+        given = {k: v for k, v in changes.items() if v is not None and v != []}
+        if not given:
+            return self
+        base = self.generate.to_dict() if self.generate is not None else {}
+        return self.replace(generate=GenerateTable.from_dict({**base, **given}, "build options", BadInput))
+
 
 def _err(source: str, msg: str) -> BadInput:
     return BadInput(f"{source}: {msg}")
