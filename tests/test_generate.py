@@ -218,3 +218,17 @@ def test_all_turns_are_regenerated_in_order_each_conditioned_on_the_earlier_ones
             want = [v for v in replies.values() if v["prompt_tokens"] == rec["prompt_tokens"]]
             assert len(want) == 1 and tok.decode(ids[a:b], skip_special_tokens=True).strip() == \
                 tok.decode(want[0]["ids"], skip_special_tokens=True).strip()
+
+
+def test_plan_estimates_generated_tokens_and_time(tmp_path: Path) -> None:
+    m = regen_manifest(tmp_path, tokens=5)
+    r = run_cli("plan", str(m), "--limit", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    g = json.loads(r.stdout)["generation"]
+    assert (g["prompts"], g["replies"], g["max_generated_tokens"]) == (3, 3, 15)
+    assert 0 < g["expected_generated_tokens"] <= 15 and g["seconds"] is None
+    r = run_cli("plan", str(m), "--limit", "3", "--json", "--calibrate", "1")
+    g = json.loads(r.stdout)["generation"]
+    assert g["generated_tokens_per_second"] > 0 and g["seconds"] == pytest.approx(
+        g["expected_generated_tokens"] / g["generated_tokens_per_second"])
+    assert not (tmp_path / "store.zarr").exists()  # a plan generates nothing into the store
