@@ -109,9 +109,10 @@ def _generate(run: Run, missing: dict[str, tuple[list[int], int]]) -> None:
     engine = run.engine()
 
     def on_batch(batch: list[int], out: list[Any]) -> None:
+        at = now()
         replies = [Reply(key=keys[i], ids=list(o.ids), finish_reason=o.finish_reason, prompt_tokens=len(missing[keys[i]][0]),
                          seconds=o.seconds, engine=engine.name, engine_version=engine.version, model=run.model,
-                         sampling=sampling(run.g), seed=run.g.seed, at=now(), build_id=run.build_id, error=o.error)
+                         sampling=sampling(run.g), seed=run.g.seed, at=at, build_id=run.build_id, error=o.error)
                    for i, o in zip(batch, out)]
         put_batch(run.store, run.build_id, run.config, run.parts, replies)  # before anything is captured
         run.parts += 1
