@@ -232,3 +232,76 @@ def test_plan_estimates_generated_tokens_and_time(tmp_path: Path) -> None:
     assert g["generated_tokens_per_second"] > 0 and g["seconds"] == pytest.approx(
         g["expected_generated_tokens"] / g["generated_tokens_per_second"])
     assert not (tmp_path / "store.zarr").exists()  # a plan generates nothing into the store
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """A real OpenAI-compatible server (``transformers serve``) on 127.0.0.1 serving a tiny saved model."""
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    from helpers import save_local_model
+
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    d = tmp_path_factory.mktemp("served")
+    model = save_local_model(d / "model")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = Path(sys.executable).parent / "transformers"
+    proc = subprocess.Popen([str(exe if exe.exists() else shutil.which("transformers")), "serve", str(model), "--host",
+                             "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def up() -> bool:
+        assert proc.poll() is None, "transformers serve exited"
+        try:
+            return opener.open(f"{url}/models", timeout=5).status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_for(up, 600, "transformers serve to answer")
+        yield d, model, url
+    finally:
+        kill_build(proc)
+
+
+@pytest.mark.process
+def test_the_server_engine_regenerates_end_to_end(served: tuple[Path, Path, str], tmp_path: Path) -> None:
+    d, model, url = served
+    m = write_manifest(tmp_path / "m.toml", model=str(model), dtypes='["fp32"]')
+    m.write_text(m.read_text() + f'[generate]\nengine = "openai"\nurl = "{url}"\nmax_new_tokens = 5\nconcurrency = 2\n')
+    summary = build_json(m, "--limit", "3")
+    assert summary["replies_generated"] == 3
+    ledger, replies = lineage(tmp_path / "store.zarr", summary["build_id"])
+    assert [r["engine"] for r in ledger] == ["openai"] * 3 and all(r["engine_version"] for r in ledger)
+    ds = HiddenStateDataset(str(tmp_path / "store.zarr"))
+    items = {ds[i]["key"]: ds[i] for i in range(len(ds))}
+    for rec in ledger:
+        item = items[rec["sample_key"]]
+        assert item["loss_mask"].tolist() == [False] * rec["prompt_tokens"] + [True] * rec["reply_tokens"]
+        # the server answers text: the reply is its tokens here (5 random byte tokens may decode to replacement
+        # characters that tokenize longer), masked exactly
+        assert rec["finish_reason"] in ("stop", "length") and rec["reply_tokens"] > 0
+    assert ds.provenance["recipe"]["generation"]["engine"] == "openai"
+    assert build_json(m, "--limit", "3")["replies_generated"] == 0
+
+
+@pytest.mark.process
+def test_a_server_serving_another_model_is_refused(served: tuple[Path, Path, str], tmp_path: Path) -> None:
+    from helpers import save_local_model
+
+    _, _, url = served
+    other = save_local_model(tmp_path / "other", seed=1)
+    m = write_manifest(tmp_path / "m.toml", model=str(other), dtypes='["fp32"]')
+    m.write_text(m.read_text() + f'[generate]\nengine = "openai"\nurl = "{url}"\n')
+    r = run_cli("build", str(m), "--limit", "2")
+    assert r.returncode == 2 and "not the manifest's model" in r.stderr, r.stderr
+    assert not (tmp_path / "store.zarr").exists()

@@ -206,6 +206,10 @@ def make_engine(m: Any, spec: Any, tok: Any, pad_id: int, world: int) -> Any:
     if world > 1:
         raise BadInput("replies are missing and a build under torchrun does not generate them (every rank would); "
                        "run the same build once in one process to generate them, then under torchrun to capture")
+    if m.generate.engine == "openai":
+        from hsstore.capture.generate.server import ServerEngine
+
+        return ServerEngine(m.generate, tok, m.model_path)
     from hsstore.capture.generate.engines import LocalEngine
     from hsstore.core.dtypes import TORCH
 

@@ -247,6 +247,10 @@ def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float,
 
     started = now()
     build_id = new_build_id()
+    if m.generate is not None and m.generate.engine == "openai":  # another model served: refused before any store
+        from hsstore.capture.generate.server import check_served
+
+        check_served(m.generate, m.model_path)
     # a regenerating build checkpoints its replies in the store as it generates them: the store comes first
     early = Store.create(m.store_path) if m.generate is not None else None
     inp = plan_inputs(m, limit, quiet or ctx.rank != 0, store=early, build_id=build_id, world=ctx.world)

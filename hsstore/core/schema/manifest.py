@@ -324,9 +324,6 @@ def check_generate(g: GenerateTable) -> None:
     if g.engine == "openai" and not (g.url or "").startswith(("http://", "https://")):
         raise BadInput("[generate] engine = \"openai\" needs url, the server's base URL, e.g. "
                        "url = \"http://127.0.0.1:8000/v1\"")
-    if g.engine == "openai":  # (the manifest takes the table; the server engine is not part of this hsstore yet)
-        raise BadInput("[generate] engine = \"openai\" (an OpenAI-compatible server) is not built in this hsstore "
-                       "yet; use engine = \"model\" (the target in process)")
     if g.engine == "model" and g.url is not None:
         raise BadInput("[generate] url is for engine = \"openai\"; the in-process engine (\"model\") takes none")
     if g.turns not in TURNS:
