@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from hsstore.capture.generate.ledger import Reply, load_replies, put_batch
+from hsstore.capture.generate.ledger import Reply, load_replies, put_batch, put_ledger
 from hsstore.capture.generate.prompts import Job, all_turns_sample, jobs_of, last_turn_sample, reply_text, turn_messages
 from hsstore.capture.inputs.messages import RowRejected
 from hsstore.capture.inputs.row_report import InputReport
@@ -237,6 +237,8 @@ def regenerate_rows(m: Any, spec: Any, tok: Any, tok_id: Any, model_id: Any, row
     regenerate_jobs(run, jobs, masker, m.max_length, eos)
     samples, keyed = samples_of(jobs, masker, m, tok_id.fingerprint, eos, report)
     ledger = ledger_records(keyed)
+    if world == 1:  # (under torchrun nothing is generated: replies all come from an earlier build's checkpoints)
+        put_ledger(store, build_id, ledger)  # the build's lineage, before any state is captured
     return Regenerated(samples, report, generation_of(m, ledger, made), ledger, run.generated)
 
 
@@ -249,3 +251,45 @@ def generation_of(m: Any, ledger: list[dict[str, Any]], made: list[Any]) -> Any:
     return Generation(engine=g.engine, engine_version=version, turns=g.turns, max_new_tokens=g.max_new_tokens,
                       temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, seed=g.seed, n=g.n, stop=list(g.stop),
                       chat_template_kwargs=dict(g.chat_template_kwargs), reasoning=g.reasoning)
+
+
+def store_first(m: Any) -> Any:
+    """The store, made before a regenerating build's inputs (its replies are checkpointed there as they are
+    generated; None for other builds). A server serving another model is refused before it is made."""
+    if m.generate is None:
+        return None
+    if m.generate.engine == "openai":
+        from hsstore.capture.generate.server import check_served
+
+        check_served(m.generate, m.model_path)
+    from hsstore.storage.store import Store
+
+    return Store.create(m.store_path)
+
+
+def summary_fields(inp: Any, lineage: Any) -> dict[str, Any]:
+    """What a build's summary says of its regenerated replies (nothing for a build of the data's replies)."""
+    from hsstore.capture.generate.ledger import ledger_key
+
+    regen = inp.regenerated  # (hsstore.capture.run.driver.Inputs)
+    if regen is None:
+        return {}
+    return {"replies_generated": regen.generated, "replies_reused": len(regen.ledger) - regen.generated,
+            "ledger": lineage.where(ledger_key(lineage.start.build_id)) if lineage.start.world_size == 1 else None}
+
+
+def samples_of_rows(m: Any, spec: Any, tok: Any, tok_id: Any, model_id: Any, rows: Any, limit: int | None, pad_id: int,
+                    quiet: bool = True, store: Any = None, build_id: str = "",
+                    world: int = 1) -> tuple[list[SampleTokens], Any, Regenerated | None]:
+    """The build's samples and input report: of the rows' replies regenerated (with [generate] and a
+    ``store``: replies checkpointed in its build ``build_id``), else of the rows as they are (``rows`` None:
+    the data files')."""
+    from hsstore.capture.inputs.tokenizing import load_rows, tokenize_rows
+    from hsstore.capture.run.progress import status
+
+    rows = load_rows(m.data_files) if rows is None else rows
+    if m.generate is None or store is None:
+        return (*tokenize_rows(rows, tok, tok_id.fingerprint, m.data_format, m.max_length, m.too_long, limit), None)
+    status(f"regenerating the replies with {m.generate.engine} ({m.model_path})", quiet)
+    regen = regenerate_rows(m, spec, tok, tok_id, model_id, rows, store, build_id, limit, pad_id, world)
+    return regen.samples, regen.report, regen
