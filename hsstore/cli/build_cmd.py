@@ -33,6 +33,14 @@ def build(
         "--another-model", help="Let this model into a store that holds another model's states.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="Print nothing while the build runs (no progress, no phase lines: a long build is silent for minutes); errors and the final summary still print.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    engine: Annotated[Optional[str], typer.Option(
+        "--engine", help="Regenerate the replies first: model (in process) | openai (with --url); [generate] engine.")] = None,
+    url: Annotated[Optional[str], typer.Option("--url", help="The OpenAI-compatible server ([generate] url).")] = None,
+    turns: Annotated[Optional[str], typer.Option("--turns", help="last | all ([generate] turns).")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="[generate] max_new_tokens.")] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", help="0 = greedy ([generate] temperature).")] = None,
+    gen_seed: Annotated[Optional[int], typer.Option("--gen-seed", help="[generate] seed.")] = None,
+    reasoning: Annotated[Optional[str], typer.Option("--reasoning", help="keep | drop ([generate] reasoning).")] = None,
 ) -> None:
     """Run the model once per backend x dtype x device and write one variant each.
 
@@ -47,7 +55,8 @@ def build(
     m = load_manifest(manifest).with_overrides(
         store_path=expand_user(store) if store else store, backends=backend, dtypes=dtype, devices=device, codec=codec, gpus_per_rank=gpus_per_rank,
         allow_unhealthy=allow_unhealthy or None, precision=precision, label=label, another_model=another_model or None,
-    )
+    ).with_generate(engine=engine, url=url, turns=turns, max_new_tokens=max_new_tokens, temperature=temperature,
+                    seed=gen_seed, reasoning=reasoning)
     summary = run_build(m, limit=limit, quiet=quiet, space_check=not no_space_check)
     if summary.rows_report is not None and json_out:  # on stderr, so --json output stays one document
         typer.echo(_rows_line(summary), err=True)

@@ -70,6 +70,11 @@ def _lines(r: PlanReport) -> list[str]:
                   f"{v.units} units, {per_layer} per layer; {done}; to write {byte_size(v.remaining_bytes)}",
                   f"  codec ratio {v.ratio.value:.2f}x ({how})",
                   f"  time: {duration(v.seconds)} for {v.flops:.3g} FLOPs{mfu} — {v.seconds_source}"]
+    if (g := r.generation) is not None:
+        when = f"{duration(g.seconds)} at {g.generated_tokens_per_second:,.1f} tokens/s" if g.seconds is not None else ""
+        lines.append(f"regenerating ({g.engine}): {g.replies:,} replies to {g.prompts:,} prompts, about "
+                     f"{g.expected_generated_tokens:,} generated tokens (at most {g.max_generated_tokens:,}); "
+                     f"time: {when or '?'} — {g.seconds_source}; sizes below are of the data's own replies")
     lines.append("storage forms, all samples: " + "; ".join(
         f"{f.form}/{f.codec} {byte_size(f.bytes)} ({f.ratio.value:.2f}x{'' if f.ratio.measured else ' assumed'})"
         for f in r.forms))

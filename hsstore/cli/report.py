@@ -31,6 +31,11 @@ def info_text(d: StoreInfo) -> str:
             lines += ["", *_variant_lines(by_id[vid], d.location)]
     for v in [] if several else d.variants:
         lines += ["", *_variant_lines(v, d.location)]
+    for g in d.generations:  # regenerating builds: their ledger of replies
+        finish = ", ".join(f"{n} {k}" for k, n in sorted(g.finish.items()))
+        lines += ["", f"regenerated replies of build {g.build_id}: {g.replies} ({finish}; {g.reused} reused from "
+                      f"earlier runs, {g.dropped} dropped), {g.prompt_tokens:,} prompt + {g.reply_tokens:,} reply "
+                      f"tokens; {'; '.join(g.engines)}"]
     return "\n".join(lines)
 
 

@@ -22,6 +22,8 @@ INFORMATIONAL = (
     # the variant a converted one was derived from: quantizing it gives the same codes as quantizing
     # at build time (the precision and scale, which change numbers, are matched)
     "environment.storage.source",
+    # the tool that generated regenerated replies: the sample keys cover the tokens it generated
+    "recipe.generation.engine_version",
 )
 VARIANT_ID_LENGTH = 12
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from hsstore.core.distinguish import Apart
 from hsstore.core.provenance_match import model_fingerprint, model_name, same_model
 from hsstore.core.dtypes import STORED
-from hsstore.core.schema.info_report import ModelGroup, StoreInfo, VariantInfo
+import json
+
+from hsstore.core.schema.info_report import GenerationSummary, ModelGroup, StoreInfo, VariantInfo
 from hsstore.core.schema.record import UNSET
 from hsstore.storage.audits import audits
 from hsstore.storage.stats import summary
@@ -22,7 +24,8 @@ def store_info(store: Store) -> StoreInfo:
     models = _models(provs)
     order = {vid: i for i, g in enumerate(models) for vid in g.variants}
     return StoreInfo(format_version=store.format_version, location=store.location,
-                     variants=sorted(variants, key=lambda v: order[v.id]), models=models)
+                     variants=sorted(variants, key=lambda v: order[v.id]), models=models,
+                     generations=generations(store))
 
 
 def _models(provs: dict) -> list[ModelGroup]:
@@ -35,6 +38,25 @@ def _models(provs: dict) -> list[ModelGroup]:
         else:
             group[1].append(vid)
     return [ModelGroup(model=model_name(p), fingerprint=model_fingerprint(p), variants=v) for p, v in groups]
+
+
+def generations(store: Store) -> list[GenerationSummary]:
+    """Every regenerating build's ledger, summed up (hsstore.capture.generate.ledger writes them)."""
+    from hsstore.storage import layout
+
+    out = []
+    for key in sorted(k for k in store.io.list("builds/") if layout.parse_key(k).kind == "lineage-ledger"):
+        build_id = key.split("/")[1]
+        recs = [json.loads(x) for x in (store.io.get(key) or b"").decode().splitlines() if x.strip()]
+        finish: dict[str, int] = {}
+        for r in recs:
+            finish[r["finish_reason"]] = finish.get(r["finish_reason"], 0) + 1
+        out.append(GenerationSummary(
+            build_id=build_id, replies=len(recs), reused=sum(r.get("generated_by") != build_id for r in recs),
+            dropped=sum(r.get("sample_key") is None for r in recs), finish=finish,
+            prompt_tokens=sum(r["prompt_tokens"] for r in recs), reply_tokens=sum(r["reply_tokens"] for r in recs),
+            engines=sorted({f"{r['engine']} {r['engine_version']}" for r in recs})))
+    return out
 
 
 def variant_info(store: Store, r: VariantReader, distinguished_by: dict[str, str]) -> VariantInfo:

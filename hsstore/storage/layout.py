@@ -19,6 +19,8 @@ tree against it).
     builds/<build_id>/rows.jsonl                lineage: every rejected, duplicate, truncated input row
     labels/<n>.json                             a variant's label given or changed, n = 0, 1, ... (never replaced)
     models/<name>.json                          a model let into a store of another model (--another-model)
+    builds/<build_id>/gen-<config>-<n>.jsonl    lineage: the replies one batch of a regenerating build made
+    builds/<build_id>/ledger.jsonl              lineage: one record per regenerated reply the build used
 
 An array ``a`` of ``ndim`` dimensions is two files: ``a/zarr.json`` and its one shard ``a/c/0[/0...]``.
 """
@@ -40,6 +42,7 @@ _SAFE = re.compile(r"^[0-9a-zA-Z_.-]{1,128}$")
 _LAYER = re.compile(r"^layer_(0|[1-9][0-9]{0,5})$")
 _SCALE = re.compile(r"^scale_(0|[1-9][0-9]{0,5})$")  # per-token scales of a quantized layer
 _LABEL = re.compile(r"^[0-9]{8}\.json$")  # label_key's names
+_GENERATIONS = re.compile(r"^gen-[0-9a-f]{16}-(0|[1-9][0-9]{0,8})\.jsonl$")  # generations_key's names
 _LINEAGE = re.compile(r"^r(0|[1-9][0-9]{0,6})-(start|end)\.json$")  # lineage_record_key's names
 
 
@@ -146,6 +149,14 @@ def models_prefix() -> str:
 def model_key(name: str) -> str:
     return f"{models_prefix()}{check_name(name, 'model record name')}.json"
 
+def generations_key(build_id: str, config: str, n: int) -> str:
+    """The ``n``-th batch of replies a regenerating build generated under configuration ``config``."""
+    return f"{lineage_prefix(build_id)}gen-{config[:16]}-{int(n)}.jsonl"
+
+
+def ledger_key(build_id: str) -> str:
+    return f"{lineage_prefix(build_id)}ledger.jsonl"
+
 
 def layer_array(layer: int) -> str:
     return f"layer_{int(layer)}"
@@ -176,8 +187,8 @@ def unit_files(layers: list[int], quantized: bool = False) -> set[str]:
 class Key:
     """What a key is: ``kind`` and the names in it (``rel`` is a unit file relative to its unit)."""
 
-    kind: str  # root-meta variants-meta variant-meta units-meta unit-file commit build lineage lineage-rows label model
-    # temp unknown
+    kind: str  # root-meta variants-meta variant-meta units-meta unit-file commit build lineage lineage-rows
+    # lineage-generations lineage-ledger label model temp unknown
     vid: str | None = None
     uid: str | None = None
     rel: str | None = None
@@ -196,6 +207,10 @@ def parse_key(key: str) -> Key:
             return Key("lineage-rows")
         if _LINEAGE.match(parts[2]):
             return Key("lineage")
+        if _GENERATIONS.match(parts[2]):
+            return Key("lineage-generations")
+        if parts[2] == ledger_key(parts[1]).rsplit("/", 1)[-1]:
+            return Key("lineage-ledger")
     if len(parts) == 2 and parts[0] == "labels" and _LABEL.match(parts[1]):
         return Key("label")
     if len(parts) == 2 and parts[0] == "models" and parts[1].endswith(".json") and is_name(parts[1][:-5]):
@@ -218,6 +233,7 @@ def _examples() -> list[str]:
     """One key of every kind the format has (placeholder names)."""
     return [root_meta(), variants_meta(), variant_meta("v"), units_meta("v"), commit_key("v", "u"),
             build_key("v", "b"), lineage_record_key("b", 0, "start"), lineage_rows_key("b"), label_key(0), model_key("m"),
+            generations_key("b", "0" * 16, 0), ledger_key("b"),
             *(unit_key("v", "u", rel) for rel in unit_files([0], quantized=True))]
 
 

@@ -66,6 +66,7 @@ def load_manifest(path: str | Path) -> Manifest:
         dtypes=list(build.dtypes), devices=list(build.devices), gpus_per_rank=build.gpus_per_rank,
         token_budget=build.token_budget, unit_tokens=build.unit_tokens, allow_unhealthy=build.allow_unhealthy,
         codec=store.codec, precision=store.precision, label=build.label, another_model=build.another_model,
+        generate=f.generate,
     )
     return validate(m, need_store=False)
 

@@ -200,9 +200,10 @@ class Chat:
         return cls(msgs, trained, tools, empty)
 
 
-def to_chat(row: dict[str, Any], key: str) -> Chat:
+def to_chat(row: dict[str, Any], key: str, prompts: bool = False) -> Chat:
     """The conversation under ``row[key]`` (with the row's ``system`` and ``tools`` fields); RowRejected if
-    it cannot be mapped exactly."""
+    it cannot be mapped exactly. ``prompts``: a conversation without an assistant turn is taken (a prompt to
+    regenerate a reply for)."""
     turns = row.get(key)
     if not isinstance(turns, list):
         raise RowRejected("malformed chat", "messages are not a list")
@@ -222,7 +223,7 @@ def to_chat(row: dict[str, Any], key: str) -> Chat:
         trained.insert(0, False)
     if not msgs or all(not m["content"].strip() and not m.get("tool_calls") for m in msgs):
         raise RowRejected("empty")
-    if not any(m["role"] == "assistant" for m in msgs):
+    if not prompts and not any(m["role"] == "assistant" for m in msgs):
         raise RowRejected("no assistant turn")
     return Chat.checked(msgs, trained, row_tools(row))
 

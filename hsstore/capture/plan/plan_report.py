@@ -10,7 +10,7 @@ from hsstore.capture.plan.space_check import counts, sampled_rows, sizes, space,
 from hsstore.capture.plan.plan_sizes import Measured, Run, VariantSize, batch_shapes, size_variant
 from hsstore.core.errors import BadInput
 from hsstore.core.flops import ASSUMED_MFU, ForwardShape, batch_flops, mfu, peak_flops, seconds_at
-from hsstore.core.schema.plan import FormSize, PlanReport, Ratio, Tokens, VariantPlan
+from hsstore.core.schema.plan import FormSize, GenerationPlan, PlanReport, Ratio, Tokens, VariantPlan
 from hsstore.storage.sizing import FORMS
 
 DEFAULT_GPU = "H200"
@@ -198,7 +198,51 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
         flops_per_token=shape.sequence_flops(round(tokens.mean_length)) / max(1.0, tokens.mean_length),
         variants=variants, forms=_forms(m, inp, {**probed, **calibrated}, scale), space=space(m, found, tokens.samples),
         batches=len(token_budget_batches(lengths, m.token_budget)),
-        calibration_batches=max((c.batches for c in cal.values()), default=0))
+        calibration_batches=max((c.batches for c in cal.values()), default=0),
+        generation=generation_plan(m, inp, rows, limit, calibrate))
+
+
+def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: int) -> GenerationPlan | None:
+    """Replies, generated tokens and time of regenerating the replies (None without [generate])."""
+    if m.generate is None:
+        return None
+    from hsstore.capture.generate.regenerate import jobs_from_rows
+    from hsstore.capture.inputs.row_report import InputReport
+    from hsstore.capture.inputs.tokenizing import load_rows
+
+    g = m.generate
+    jobs = jobs_from_rows(load_rows(m.data_files) if rows is None else rows, m.data_format, g, InputReport(), limit)
+    replies = sum(len(j.turns) for j in jobs)
+    most = replies * g.max_new_tokens
+    data = sum(int(s.loss_mask.sum()) for s in inp.samples) * g.n  # the data's replies, as an estimate
+    expected = min(most, data) if data else most
+    rate = _generation_rate(m, inp, jobs) if calibrate and g.engine == "model" else None
+    return GenerationPlan(
+        engine=g.engine, prompts=len({(j.file, j.row) for j in jobs}), replies=replies, max_generated_tokens=most,
+        expected_generated_tokens=expected, generated_tokens_per_second=rate,
+        seconds=expected / rate if rate else None,
+        seconds_source="measured: one batch generated here (--calibrate)" if rate else
+        "not estimated: pass --calibrate to generate one batch here (engine = \"model\")")
+
+
+def _generation_rate(m: Any, inp: Any, jobs: list[Any]) -> float:
+    """Generated tokens per second of one batch of the first prompts, generated here by the target."""
+    import time
+
+    from hsstore.capture.generate.engines import LocalEngine
+    from hsstore.capture.generate.regenerate import prompt_tokens
+    from hsstore.capture.inputs.lossmask import ChatMasker
+    from hsstore.core.dtypes import TORCH
+
+    tok = inp.spec.tokenizer()
+    masker = ChatMasker(tok)
+    masker.kwargs.update(m.generate.chat_template_kwargs)
+    prompts = [prompt_tokens(masker, j, 1 << 30) for j in jobs[:8]]
+    engine = LocalEngine(inp.spec.load(TORCH[m.dtypes[0]], m.devices[0], m.attn_implementation), tok, inp.pad_id,
+                         m.token_budget)
+    t0 = time.perf_counter()
+    out = engine.batch(prompts, m.generate, m.generate.seed)
+    return sum(len(o.ids) for o in out) / max(time.perf_counter() - t0, 1e-9)
 
 
 def _check_calibration_device(device: str) -> None:

@@ -19,8 +19,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hsstore.capture.generate.regenerate import samples_of_rows, store_first, summary_fields
 from hsstore.capture.run.devices import barrier, check_devices, dist, process_group
-from hsstore.capture.run.lineage import Lineage, agree_build_id, now
+from hsstore.capture.run.lineage import Lineage, agree_build_id, new_build_id, now
 from hsstore.capture.inputs.manifest_file import validate
 from hsstore.core.schema.manifest import FINAL_NORM, Manifest, resolve_layers
 from hsstore.capture.model.spec import ModelSpec, check_vocabulary, text_config
@@ -44,13 +45,13 @@ class Inputs:
     samples: list[SampleTokens]
     report: Any  # hsstore.capture.inputs.tokenizing.InputReport
     pad_id: int
+    regenerated: Any = None  # [generate]: hsstore.capture.generate.regenerate.Regenerated
 
 
-def plan_inputs(m: Manifest, limit: int | None, quiet: bool = True, rows: Any = None, drawn: bool = True) -> Inputs:
+def plan_inputs(m: Manifest, limit: int | None, quiet: bool = True, rows: Any = None, drawn: bool = True, **to: Any) -> Inputs:
     """Validate the model and layers, tokenize the inputs (``rows``: these of the data files' rows, e.g. a
     sample, as ``load_rows`` yields them; default all), hash the weights (``quiet=False``: a status line
-    at each of those phases; ``drawn=False``: the model is only planned, never drawn here)."""
-    from hsstore.capture.inputs.tokenizing import load_rows, tokenize_rows
+    at each of those phases; ``drawn=False``: the model is only planned, never drawn here; ``to``: samples_of_rows')."""
     from hsstore.capture.run.progress import status
 
     spec = ModelSpec(m.model_path, m.config_overrides, m.seed, m.trust_remote_code, m.init_device)
@@ -60,23 +61,24 @@ def plan_inputs(m: Manifest, limit: int | None, quiet: bool = True, rows: Any = 
     config = spec.config(len(tok), drawn)
     layers = resolve_layers(m.layers, int(text_config(config).num_hidden_layers), m.model_path)
     tok_id = spec.tokenizer_identity(tok)
-    status(f"tokenizing {len(m.data_files)} data file(s) ({_mb(m.data_files)})", quiet)
-    samples, report = tokenize_rows(load_rows(m.data_files) if rows is None else rows, tok, tok_id.fingerprint,
-                                    m.data_format, m.max_length, m.too_long, limit)
+    pad = int(tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0))
     files = spec.weight_files() if spec.builtin is None else []
     if files:
         status(f"hashing the model's weights ({len(files)} file(s), {_mb(files)})", quiet)
     weights = spec.hash_weights()  # every build: a variant only gets states of weights hashed for it
+    status(f"tokenizing {len(m.data_files)} data file(s) ({_mb(m.data_files)})", quiet or bool(m.generate and to))
+    samples, report, regen = samples_of_rows(m, spec, tok, tok_id, spec.identity(config, weights), rows, limit, pad,
+                                             quiet, **to)
     recipe = Recipe(
         model=spec.identity(config, weights), tokenizer=tok_id, layers=LayerRoles(**layers),
         capture="decoder_layer_output",  # layer i = raw output of decoder layer i (pre final norm)
         # layer num_layers, when listed, is the final norm's output (a named capture, see manifest.FINAL_NORM)
         final_norm=any(i == FINAL_NORM for ids in m.layers.values() for i in ids),
         max_length=m.max_length, truncation=m.too_long,
+        **({"generation": regen.generation} if regen is not None else {}),
     )
-    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    check_vocabulary(config, max([int(pad), *(int(s.input_ids.max()) for s in samples if s.length)]), m.model_path)
-    return Inputs(spec, recipe, weights, samples, report, int(pad))
+    check_vocabulary(config, max([pad, *(int(s.input_ids.max()) for s in samples if s.length)]), m.model_path)
+    return Inputs(spec, recipe, weights, samples, report, pad, regen)
 
 
 def _mb(paths: Sequence[Any]) -> str:
@@ -233,19 +235,21 @@ def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float,
     from hsstore.storage.store import Store
 
     started = now()
-    inp = plan_inputs(m, limit, quiet or ctx.rank != 0)
+    early, build_id = store_first(m), new_build_id()  # a regenerating build checkpoints replies as it goes
+    inp = plan_inputs(m, limit, quiet or ctx.rank != 0, store=early, build_id=build_id, world=ctx.world)
     if space_check:
         from hsstore.capture.plan.space_check import check_space
 
         check_space(m, inp)  # before the store is made, a model loads or a worker starts
-    check_joining(m, inp.recipe.to_dict())  # the store's model and labels: before anything is written
-    before = set((store := Store.create(m.store_path)).variant_ids())  # a bad store path fails before any model runs
+    check_joining(m, inp.recipe.to_dict())  # the store's model and labels: before any state is written
+    store = early or Store.create(m.store_path)  # a bad store path fails before any model runs
+    before = set(store.variant_ids())
     group = process_group(ctx.world)
     try:
         mine, batches = share([s.length for s in inp.samples], m.token_budget, ctx.rank, ctx.world)
         ctx.keys = [inp.samples[i].key for i in mine]
         ctx.lineage = Lineage.begin(
-            store, m.store_path, m, build_id=agree_build_id(group, ctx.rank), rank=ctx.rank, world=ctx.world,
+            store, m.store_path, m, build_id=agree_build_id(group, ctx.rank, build_id), rank=ctx.rank, world=ctx.world,
             recipe=inp.recipe, report=inp.report, samples=len(inp.samples), share_samples=len(mine),
             share_tokens=sum(inp.samples[i].length for i in mine), started_at=started)
         results = _run_workers(m, inp, mine, batches, quiet, ctx)
@@ -260,7 +264,7 @@ def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float,
                        inputs=InputCounts.from_dict(inp.report.to_dict(), "input report", BuildFailed),
                        variants=results, complete=complete, seconds=time.time() - t0,
                        build_id=ctx.lineage.start.build_id, build_record=ctx.lineage.where(ctx.lineage.record_key),
-                       rows_report=ctx.lineage.where(ctx.lineage.start.rows_report))
+                       rows_report=ctx.lineage.where(ctx.lineage.start.rows_report), **summary_fields(inp, ctx.lineage))
 
 
 def _run_workers(m: Manifest, inp: Inputs, mine: list[int], batches: list[list[int]], quiet: bool,

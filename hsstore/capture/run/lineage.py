@@ -43,10 +43,11 @@ def new_build_id() -> str:
     return f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(4)}"
 
 
-def agree_build_id(group: Any, rank: int) -> str:
-    """Rank 0's new build id, on every rank (``group``: torch.distributed or None for one process)."""
+def agree_build_id(group: Any, rank: int, alone: str | None = None) -> str:
+    """Rank 0's new build id, on every rank (``group``: torch.distributed or None for one process, which
+    takes ``alone`` when given)."""
     if group is None:
-        return new_build_id()
+        return alone or new_build_id()
     import torch
 
     buf = torch.zeros(_ID_BYTES, dtype=torch.uint8)

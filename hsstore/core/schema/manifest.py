@@ -15,6 +15,7 @@ import msgspec
 from hsstore.core.errors import BadInput
 from hsstore.core.leakage import check_no_leak
 from hsstore.core.precision_names import PRECISIONS
+from hsstore.core.schema.generate import GenerateTable, check_generate
 from hsstore.core.schema.record import Record
 
 BACKENDS = ("torch", "fla")
@@ -73,16 +74,18 @@ class StoreTable(Record):
 
 
 class ManifestFile(Record):
-    """The TOML document: four tables, unknown tables and keys refused."""
+    """The TOML document: four tables (and an optional [generate]), unknown tables and keys refused."""
 
     model: ModelTable
     data: DataTable
     build: BuildTable = BuildTable()
     store: StoreTable = StoreTable()
+    generate: GenerateTable | None = None
 
 
 # table name -> its record (the allowed keys of each table are its fields)
-TABLES: dict[str, type[Record]] = {"model": ModelTable, "data": DataTable, "build": BuildTable, "store": StoreTable}
+TABLES: dict[str, type[Record]] = {"model": ModelTable, "data": DataTable, "build": BuildTable, "store": StoreTable,
+                                   "generate": GenerateTable}
 
 
 class Manifest(Record):
@@ -113,10 +116,19 @@ class Manifest(Record):
     precision: str | None = None
     label: str | None = None
     another_model: bool = False
+    generate: GenerateTable | None = None  # None: the replies in the data are captured as they are
 
     def with_overrides(self, **changes: Any) -> Manifest:
         """CLI options override the manifest; None (or an empty list) means "not given"."""
         return self.replace(**{k: v for k, v in changes.items() if v is not None and v != []})
+
+    def with_generate(self, **changes: Any) -> Manifest:
+        """CLI options override ``[generate]`` keys (None: not given); any given one turns regeneration on."""
+        given = {k: v for k, v in changes.items() if v is not None and v != []}
+        if not given:
+            return self
+        base = self.generate.to_dict() if self.generate is not None else {}
+        return self.replace(generate=GenerateTable.from_dict({**base, **given}, "build options", BadInput))
 
 
 def _err(source: str, msg: str) -> BadInput:
@@ -218,6 +230,8 @@ def check_manifest(m: Manifest, codecs: Collection[str], need_store: bool = True
     _check_values(m, codecs)
     dtypes = _check_runs(m)
     _check_build(m)
+    if m.generate is not None:
+        check_generate(m.generate)
     if need_store and not m.store_path:
         raise BadInput(f"{m.source}: [store] path is missing; e.g. path = \"out/tiny.zarr\" (or pass --store)")
     return m.replace(dtypes=dtypes)

@@ -90,6 +90,20 @@ class Space(Record):
                 "[store] unit_tokens")
 
 
+class GenerationPlan(Record):
+    """What regenerating the replies ([generate]) takes: replies, generated tokens and time."""
+
+    engine: str
+    prompts: int  # rows that give a prompt
+    replies: int  # replies to generate (turns x n per prompt)
+    max_generated_tokens: int  # every reply cut at max_new_tokens
+    expected_generated_tokens: int  # the data's own replies as long as the target's (capped at max_new_tokens)
+    # from a measured rate (--calibrate with engine = "model": one batch generated here), else None
+    generated_tokens_per_second: float | None
+    seconds: float | None  # expected_generated_tokens at that rate
+    seconds_source: str
+
+
 class PlanReport(Record):
     """What ``hsstore plan --json`` prints."""
 
@@ -106,3 +120,4 @@ class PlanReport(Record):
     space: Space
     batches: int  # the build's batches (of the tokenized rows: of the sample when sampled)
     calibration_batches: int  # run through the model per dtype (0: sizes and times rest on stated assumptions)
+    generation: GenerationPlan | None = None  # [generate]: the replies are regenerated first

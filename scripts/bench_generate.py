@@ -1,0 +1,150 @@
+"""Regeneration benchmark: hsstore's in-process engine against a plain batched ``model.generate`` loop over the
+same prompts, and a whole regenerating build (generate, then capture) against generation alone — one run.
+
+    python scripts/bench_generate.py --device cpu --dtype fp32 --model builtin:tiny-llama --prompts 32 --max-new-tokens 32
+    python scripts/bench_generate.py --device cuda --dtype bf16 --model builtin:tiny-qwen3_5 --prompts 512 \
+        --max-new-tokens 256 --token-budget 65536                                   # on a GPU
+
+Measured in one process, on one model loaded once, greedy, prompts rendered from the bundled conversations
+(cycled to ``--prompts``):
+  plain     the prompts in the same token-budget batches, left-padded, through ``model.generate`` — the loop any
+            regeneration script runs;
+  hsstore   hsstore's regeneration (hsstore.capture.generate.regenerate): prompts rendered and tokenized, replies
+            generated in batches, each batch checkpointed to a store — what ``hsstore build`` runs;
+  build     ``hsstore build`` of the same prompts with ``[generate]`` (inline worker) into a fresh store: the
+            generation (from the ledger's batch times) and the rest (loading, capture, writing).
+``--repeat N`` alternates plain and hsstore N times and keeps the fastest of each. Prints generated tokens/s,
+hsstore/plain, and the build's capture overhead against its generation, as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def prompts_of(tok: object, n: int) -> list:
+    """``n`` jobs (rows with their prompt) from the bundled conversations, cycled."""
+    from hsstore.capture.generate.prompts import jobs_of
+
+    lines = (REPO / "hsstore" / "data" / "conversations.jsonl").read_text().splitlines()
+    return [jobs_of("bench", i + 1, json.loads(lines[i % len(lines)]), "auto", "last", 1)[0] for i in range(n)]
+
+
+def plain(model: object, prompts: list[list[int]], batches: list[list[int]], pad: int, eos: list[int],
+          new: int) -> tuple[float, int]:
+    """The plain loop: each batch left-padded through model.generate; generated tokens up to the first end."""
+    import torch
+
+    tokens, t0 = 0, time.perf_counter()
+    for b in batches:
+        width = max(len(prompts[i]) for i in b)
+        ids = torch.full((len(b), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, i in enumerate(b):
+            ids[r, width - len(prompts[i]):] = torch.tensor(prompts[i])
+            mask[r, width - len(prompts[i]):] = 1
+        dev = next(model.parameters()).device
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=new,
+                                 do_sample=False, eos_token_id=eos, pad_token_id=pad)
+        for row in out[:, width:].tolist():
+            ends = [j for j, t in enumerate(row) if t in eos]
+            tokens += ends[0] + 1 if ends else len(row)
+    return time.perf_counter() - t0, tokens
+
+
+def hsstore_run(engine: object, jobs: list, masker: object, g: object, tmp: Path) -> tuple[float, int]:
+    """hsstore's regeneration of the jobs into a fresh store (checkpointed per batch), the model given."""
+    import copy
+
+    from hsstore.capture.generate.engines import end_ids
+    from hsstore.capture.generate.regenerate import Run, regenerate_jobs
+    from hsstore.storage.store import Store
+
+    store = Store.create(str(tempfile.mkdtemp(dir=tmp, suffix=".zarr")))
+    jobs = copy.deepcopy(jobs)
+    run = Run(store, "bench", "0" * 32, g, "bench", {}, lambda: engine)
+    t0 = time.perf_counter()
+    regenerate_jobs(run, jobs, masker, 1 << 30, end_ids(masker.tok))
+    return time.perf_counter() - t0, sum(len(j.replies[-1].ids) for j in jobs)
+
+
+def build_run(args: argparse.Namespace, tmp: Path) -> dict:
+    """``hsstore build`` with [generate] of the same prompts: total time and the generation's part."""
+    from hsstore.capture.inputs.manifest_file import load_manifest
+    from hsstore.capture.run.driver import build
+
+    lines = (REPO / "hsstore" / "data" / "conversations.jsonl").read_text().splitlines()
+    data = tmp / "rows.jsonl"
+    data.write_text("\n".join(lines[i % len(lines)] for i in range(args.prompts)) + "\n")
+    m = tmp / "m.toml"
+    m.write_text(f'[model]\npath = "{args.model}"\nlayers = {{ aux = [0], target = [1] }}\n[data]\nfiles = ["{data}"]\n'
+                 f'max_length = 4096\n[generate]\nmax_new_tokens = {args.max_new_tokens}\n[build]\n'
+                 f'dtypes = ["{args.dtype}"]\ndevices = ["{args.device}"]\ntoken_budget = {args.token_budget}\n'
+                 f'[store]\npath = "{tmp / "build.zarr"}"\n')
+    t0 = time.perf_counter()
+    s = build(load_manifest(m), quiet=True, inline=True)
+    total = time.perf_counter() - t0
+    ledger = [json.loads(x) for x in (tmp / "build.zarr" / "builds" / s.build_id / "ledger.jsonl").read_text().splitlines()]
+    gen = sum({r["seconds"] for r in ledger})  # one wall time per batch, shared by its replies
+    return {"seconds": total, "generation_seconds": gen, "capture_and_rest_seconds": total - gen,
+            "overhead_vs_generation": (total - gen) / gen, "samples": s.variants[0].samples_written}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="builtin:tiny-llama")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--token-budget", type=int, default=16384)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    from hsstore.capture.generate.engines import LocalEngine, end_ids, prompt_batches
+    from hsstore.capture.generate.regenerate import prompt_tokens
+    from hsstore.capture.inputs.lossmask import ChatMasker
+    from hsstore.capture.model.spec import ModelSpec
+    from hsstore.core.dtypes import TORCH
+    from hsstore.core.schema.manifest import GenerateTable
+
+    spec = ModelSpec(args.model)
+    tok = spec.tokenizer()
+    model = spec.load(TORCH[args.dtype], args.device, "sdpa")
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    masker = ChatMasker(tok)
+    jobs = prompts_of(tok, args.prompts)
+    prompts = [prompt_tokens(masker, j, 1 << 30) for j in jobs]
+    g = GenerateTable(max_new_tokens=args.max_new_tokens)
+    engine = LocalEngine(model, tok, pad, args.token_budget)
+    batches = prompt_batches([len(p) for p in prompts], args.max_new_tokens, args.token_budget)
+    plain(model, prompts[:2], [[0, 1]], pad, end_ids(tok), 2)  # warm-up
+    runs: dict[str, list] = {"plain": [], "hsstore": []}
+    with tempfile.TemporaryDirectory() as d:
+        for _ in range(args.repeat):
+            runs["plain"].append(plain(model, prompts, batches, pad, end_ids(tok), args.max_new_tokens))
+            runs["hsstore"].append(hsstore_run(engine, jobs, masker, g, Path(d)))
+        del model, engine
+        built = build_run(args, Path(d))
+    best = {k: min(v) for k, v in runs.items()}
+    out = {"model": args.model, "device": args.device, "dtype": args.dtype, "prompts": args.prompts,
+           "max_new_tokens": args.max_new_tokens, "batches": len(batches),
+           **{f"{k}_tokens_per_s": v[1] / v[0] for k, v in best.items()},
+           **{f"{k}_generated_tokens": v[1] for k, v in best.items()},
+           "hsstore_vs_plain": (best["hsstore"][1] / best["hsstore"][0]) / (best["plain"][1] / best["plain"][0]),
+           "build": built, "runs": runs}
+    print(json.dumps(out, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

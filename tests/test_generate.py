@@ -1,0 +1,307 @@
+"""Regeneration (issue 39): the target writes the replies, then hsstore captures them, with a ledger per reply.
+
+Builds of the tiny builtin Llama on the CPU: the loss mask covers exactly the generated tokens, each reply has
+a ledger record, a re-run (or a run after kill -9 mid-generation) generates nothing already generated, greedy
+regeneration is reproducible bit for bit, and a dataset requiring the data's own replies refuses regenerated
+ones unless allowed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import DATA, kill_build, run_cli, start_build, wait_for, write_manifest
+from hsstore.core.errors import ProvenanceMismatch
+from hsstore.read.dataset import HiddenStateDataset
+
+GENERATE = """
+[generate]
+engine = "model"
+max_new_tokens = {tokens}
+{extra}
+"""
+
+
+def regen_manifest(d: Path, *, tokens: int = 6, extra: str = "", budget: int = 2048, store: str = "store.zarr",
+                   files: list[str] | None = None) -> Path:
+    p = write_manifest(d / "m.toml", model="builtin:tiny-llama", dtypes='["fp32"]', store=store, files=files)
+    text = p.read_text().replace("token_budget = 2048", f"token_budget = {budget}")
+    p.write_text(text + GENERATE.format(tokens=tokens, extra=extra))
+    return p
+
+
+def build_json(manifest: Path, *args: str) -> dict:
+    r = run_cli("build", str(manifest), "--quiet", "--json", *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def lineage(store: Path, build_id: str) -> tuple[list[dict], dict[str, dict]]:
+    """The build's ledger, and every checkpointed reply of the store by its key."""
+    ledger = [json.loads(x) for x in (store / "builds" / build_id / "ledger.jsonl").read_text().splitlines()]
+    replies = {}
+    for f in (store / "builds").glob("*/gen-*.jsonl"):
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            replies[r["key"]] = r
+    return ledger, replies
+
+
+@pytest.fixture(scope="module")
+def regenerated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    d = tmp_path_factory.mktemp("regen")
+    summary = build_json(regen_manifest(d), "--limit", "4")
+    return d, summary
+
+
+def test_generated_replies_are_masked_exactly_and_each_has_a_ledger_record(regenerated: tuple[Path, dict]) -> None:
+    d, summary = regenerated
+    assert summary["replies_generated"] == 4 and summary["replies_reused"] == 0
+    ledger, replies = lineage(d / "store.zarr", summary["build_id"])
+    assert len(ledger) == 4
+    ds = HiddenStateDataset(str(d / "store.zarr"))
+    items = {ds[i]["key"]: ds[i] for i in range(len(ds))}
+    assert sorted(items) == sorted(r["sample_key"] for r in ledger)
+    generated = {tuple(r["ids"]) for r in replies.values()}
+    for rec in ledger:
+        assert rec["engine"] == "model" and "transformers" in rec["engine_version"]
+        assert rec["finish_reason"] in ("stop", "length") and rec["seed"] == 0
+        assert rec["sampling"]["temperature"] == 0.0 and rec["sampling"]["max_new_tokens"] == 6
+        item = items[rec["sample_key"]]
+        ids, mask = item["input_ids"].tolist(), item["loss_mask"].tolist()
+        assert len(ids) == rec["prompt_tokens"] + rec["reply_tokens"]
+        # the mask is exactly the generated tokens: zeros over the prompt, ones over the reply
+        assert mask == [False] * rec["prompt_tokens"] + [True] * rec["reply_tokens"]
+        assert tuple(ids[rec["prompt_tokens"]:]) in generated
+    gen = ds.provenance["recipe"]["generation"]
+    assert gen["engine"] == "model" and gen["turns"] == "last" and gen["max_new_tokens"] == 6
+    info = json.loads(run_cli("info", str(d / "store.zarr"), "--json").stdout)["generations"]
+    assert [(g["build_id"], g["replies"], g["reply_tokens"]) for g in info] == \
+        [(summary["build_id"], 4, sum(r["reply_tokens"] for r in ledger))]
+
+
+def test_build_options_turn_regeneration_on(tmp_path: Path) -> None:
+    """``hsstore build --engine model --max-new-tokens N`` regenerates a manifest without [generate]."""
+    plain = write_manifest(tmp_path / "m.toml", model="builtin:tiny-llama", dtypes='["fp32"]')
+    summary = build_json(plain, "--limit", "2", "--engine", "model", "--max-new-tokens", "3")
+    ledger, _ = lineage(tmp_path / "store.zarr", summary["build_id"])
+    assert len(ledger) == 2 and all(r["reply_tokens"] <= 3 and r["sampling"]["max_new_tokens"] == 3 for r in ledger)
+    r = run_cli("build", str(plain), "--engine", "model", "--turns", "every")
+    assert r.returncode == 2 and "turns = 'every'" in r.stderr
+
+
+def test_a_rerun_generates_nothing_and_greedy_is_reproducible_bit_for_bit(regenerated: tuple[Path, dict],
+                                                                           tmp_path: Path) -> None:
+    d, first = regenerated
+    again = build_json(regen_manifest(d), "--limit", "4")
+    assert again["replies_generated"] == 0 and again["replies_reused"] == 4
+    assert again["variants"][0]["samples_present"] == 4 and again["variants"][0]["samples_written"] == 0
+    # a fresh store, the same manifest: the same tokens, the same sample keys
+    fresh = build_json(regen_manifest(tmp_path), "--limit", "4")
+    assert fresh["replies_generated"] == 4
+    a, ra = lineage(d / "store.zarr", first["build_id"])
+    b, rb = lineage(tmp_path / "store.zarr", fresh["build_id"])
+    assert [r["sample_key"] for r in a] == [r["sample_key"] for r in b]
+    assert {k: v["ids"] for k, v in ra.items()} == {k: v["ids"] for k, v in rb.items()}
+    assert first["variants"][0]["variant"] == fresh["variants"][0]["variant"]
+
+
+def test_require_of_the_datas_replies_refuses_regenerated_ones_unless_allowed(regenerated: tuple[Path, dict],
+                                                                              tmp_path: Path) -> None:
+    d, _ = regenerated
+    plain = write_manifest(tmp_path / "m.toml", model="builtin:tiny-llama", dtypes='["fp32"]')
+    r = run_cli("build", str(plain), "--quiet", "--limit", "2")
+    assert r.returncode == 0, r.stderr
+    original = HiddenStateDataset(str(tmp_path / "store.zarr"))
+    with pytest.raises(ProvenanceMismatch, match="generation"):
+        HiddenStateDataset(str(d / "store.zarr"), require=original)
+    assert len(HiddenStateDataset(str(d / "store.zarr"), require=original, allow_drift=["generation"])) == 4
+
+
+@pytest.mark.parametrize("extra, says", [
+    ("temprature = 0.5", "unknown key(s) ['temprature'] in [generate]"),
+    ('engine = "openai"', "needs url"),
+    ('engine = "vllm"', "engine = 'vllm'"),
+    ('turns = "first"', "turns = 'first'"),
+    ("n = 2", "identical replies"),
+])
+def test_a_bad_generate_table_is_one_line_and_exit_2(tmp_path: Path, extra: str, says: str) -> None:
+    text = regen_manifest(tmp_path).read_text().replace('engine = "model"\n', "") + extra + "\n"
+    (tmp_path / "m.toml").write_text(text)
+    r = run_cli("build", str(tmp_path / "m.toml"))
+    assert r.returncode == 2 and says in r.stderr, r.stderr
+    assert not (tmp_path / "store.zarr").exists()
+
+
+def test_rows_dropped_for_cut_replies_are_named(tmp_path: Path) -> None:
+    """``drop_cut``: a reply cut at max_new_tokens is not captured and rows.jsonl names its row; a stop string
+    ends a reply ("stop"). The random model's replies start with byte tokens, so a stop string of one
+    control character ends some and not others (what each did is read from the first build's ledger)."""
+    extra = 'stop = ["\\u0002"]'
+    kept = build_json(regen_manifest(tmp_path, extra=extra), "--limit", "8")
+    first, _ = lineage(tmp_path / "store.zarr", kept["build_id"])
+    cut = {r["row"] for r in first if r["finish_reason"] == "length"}
+    assert cut and len(cut) < len(first), "the stop string should end some replies and not others"
+    summary = build_json(regen_manifest(tmp_path, extra=extra + "\ndrop_cut = true"), "--limit", "8")
+    assert summary["replies_generated"] == 0  # dropping is decided after generating: the replies are reused
+    ledger, _ = lineage(tmp_path / "store.zarr", summary["build_id"])
+    assert {r["row"] for r in ledger if r["sample_key"] is None} == cut
+    rows = [json.loads(x) for x in (tmp_path / "store.zarr" / "builds" / summary["build_id"] / "rows.jsonl")
+            .read_text().splitlines()]
+    assert {r["row"] for r in rows if r["reason"] == "reply cut at max_new_tokens"} == cut
+    assert summary["inputs"]["usable"] == len(first) - len(cut)
+
+
+@pytest.mark.process
+def test_kill_9_mid_generation_then_rerun_generates_nothing_already_generated(tmp_path: Path) -> None:
+    """A build killed while generating: its checkpointed batches are reused, only the rest is generated."""
+    rows = [json.loads(x) for x in DATA.read_text().splitlines()][:40]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    m = regen_manifest(tmp_path, tokens=24, budget=300, files=[str(data)])  # a few prompts a batch: many batches
+    proc = start_build(m)
+    parts = lambda: sorted((tmp_path / "store.zarr" / "builds").glob("*/gen-*.jsonl"))  # noqa: E731
+    wait_for(lambda: len(parts()) >= 2 or proc.poll() is not None, 300, "two checkpointed batches")
+    kill_build(proc)
+    assert not list((tmp_path / "store.zarr").glob("variants/*/commits/*.json")), "killed before any capture"
+    done = {json.loads(x)["key"] for f in parts() for x in f.read_text().splitlines()}
+    assert 0 < len(done) < 40
+    summary = build_json(m)
+    assert summary["replies_reused"] == len(done)
+    ledger, _ = lineage(tmp_path / "store.zarr", summary["build_id"])
+    new = [r for r in ledger if r["generated_by"] == summary["build_id"]]
+    assert summary["replies_generated"] == len(new) == len(ledger) - len(done)
+    mine = (tmp_path / "store.zarr" / "builds" / summary["build_id"]).glob("gen-*.jsonl")
+    assert not done & {json.loads(x)["key"] for f in mine for x in f.read_text().splitlines()}
+
+
+def _runs(mask: list[bool]) -> list[tuple[int, int]]:
+    out, start = [], None
+    for i, m in enumerate([*mask, False]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            out.append((start, i))
+            start = None
+    return out
+
+
+def test_all_turns_are_regenerated_in_order_each_conditioned_on_the_earlier_ones(tmp_path: Path) -> None:
+    """``turns = "all"``: every assistant turn is regenerated (a prompt row gets one appended); the sample is
+    the regenerated conversation with each regenerated reply masked, and a later turn's prompt holds the
+    regenerated text of the earlier ones."""
+    from hsstore.capture.model.builtin import builtin_tokenizer
+
+    lines = DATA.read_text().splitlines()
+    multi = [x for x in lines if sum(m.get("role", m.get("from")) in ("assistant", "gpt")
+                                     for m in (json.loads(x).get("messages") or json.loads(x)["conversations"])) == 2]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("\n".join([multi[0], json.dumps({"messages": [{"role": "user", "content": "Say hi."}]})]) + "\n")
+    m = regen_manifest(tmp_path, extra='turns = "all"', files=[str(data)])
+    m.write_text(m.read_text().replace("max_length = 256", "max_length = 1024"))
+    summary = build_json(m)
+    ledger, replies = lineage(tmp_path / "store.zarr", summary["build_id"])
+    assert [(r["row"], r["turn"]) for r in ledger] == [(1, 0), (1, 1), (2, 0)]
+    assert ledger[1]["prompt_tokens"] > ledger[0]["prompt_tokens"] + ledger[0]["reply_tokens"]
+    tok = builtin_tokenizer()
+    ds = HiddenStateDataset(str(tmp_path / "store.zarr"))
+    items = {ds[i]["key"]: ds[i] for i in range(len(ds))}
+    for key in {r["sample_key"] for r in ledger}:
+        item, recs = items[key], [r for r in ledger if r["sample_key"] == key]
+        runs = _runs(item["loss_mask"].tolist())
+        assert len(runs) == len(recs)  # one masked reply per regenerated turn
+        ids = item["input_ids"].tolist()
+        for (a, b), rec in zip(runs, recs):
+            want = [v for v in replies.values() if v["prompt_tokens"] == rec["prompt_tokens"]]
+            assert len(want) == 1 and tok.decode(ids[a:b], skip_special_tokens=True).strip() == \
+                tok.decode(want[0]["ids"], skip_special_tokens=True).strip()
+
+
+def test_plan_estimates_generated_tokens_and_time(tmp_path: Path) -> None:
+    m = regen_manifest(tmp_path, tokens=5)
+    r = run_cli("plan", str(m), "--limit", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    g = json.loads(r.stdout)["generation"]
+    assert (g["prompts"], g["replies"], g["max_generated_tokens"]) == (3, 3, 15)
+    assert 0 < g["expected_generated_tokens"] <= 15 and g["seconds"] is None
+    r = run_cli("plan", str(m), "--limit", "3", "--json", "--calibrate", "1")
+    g = json.loads(r.stdout)["generation"]
+    assert g["generated_tokens_per_second"] > 0 and g["seconds"] == pytest.approx(
+        g["expected_generated_tokens"] / g["generated_tokens_per_second"])
+    assert not (tmp_path / "store.zarr").exists()  # a plan generates nothing into the store
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """A real OpenAI-compatible server (``transformers serve``) on 127.0.0.1 serving a tiny saved model."""
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    from helpers import save_local_model
+
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    d = tmp_path_factory.mktemp("served")
+    model = save_local_model(d / "model")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = Path(sys.executable).parent / "transformers"
+    proc = subprocess.Popen([str(exe if exe.exists() else shutil.which("transformers")), "serve", str(model), "--host",
+                             "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def up() -> bool:
+        assert proc.poll() is None, "transformers serve exited"
+        try:
+            return opener.open(f"{url}/models", timeout=5).status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_for(up, 600, "transformers serve to answer")
+        yield d, model, url
+    finally:
+        kill_build(proc)
+
+
+@pytest.mark.process
+def test_the_server_engine_regenerates_end_to_end(served: tuple[Path, Path, str], tmp_path: Path) -> None:
+    d, model, url = served
+    m = write_manifest(tmp_path / "m.toml", model=str(model), dtypes='["fp32"]')
+    m.write_text(m.read_text() + f'[generate]\nengine = "openai"\nurl = "{url}"\nmax_new_tokens = 5\nconcurrency = 2\n')
+    summary = build_json(m, "--limit", "3")
+    assert summary["replies_generated"] == 3
+    ledger, replies = lineage(tmp_path / "store.zarr", summary["build_id"])
+    assert [r["engine"] for r in ledger] == ["openai"] * 3 and all(r["engine_version"] for r in ledger)
+    ds = HiddenStateDataset(str(tmp_path / "store.zarr"))
+    items = {ds[i]["key"]: ds[i] for i in range(len(ds))}
+    for rec in ledger:
+        item = items[rec["sample_key"]]
+        assert item["loss_mask"].tolist() == [False] * rec["prompt_tokens"] + [True] * rec["reply_tokens"]
+        # the server answers text: the reply is its tokens here (5 random byte tokens may decode to replacement
+        # characters that tokenize longer), masked exactly
+        assert rec["finish_reason"] in ("stop", "length") and rec["reply_tokens"] > 0
+    assert ds.provenance["recipe"]["generation"]["engine"] == "openai"
+    assert build_json(m, "--limit", "3")["replies_generated"] == 0
+
+
+@pytest.mark.process
+def test_a_server_serving_another_model_is_refused(served: tuple[Path, Path, str], tmp_path: Path) -> None:
+    from helpers import save_local_model
+
+    _, _, url = served
+    other = save_local_model(tmp_path / "other", seed=1)
+    m = write_manifest(tmp_path / "m.toml", model=str(other), dtypes='["fp32"]')
+    m.write_text(m.read_text() + f'[generate]\nengine = "openai"\nurl = "{url}"\n')
+    r = run_cli("build", str(m), "--limit", "2")
+    assert r.returncode == 2 and "not the manifest's model" in r.stderr, r.stderr
+    assert not (tmp_path / "store.zarr").exists()
