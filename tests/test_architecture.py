@@ -209,7 +209,7 @@ def test_a_local_store_is_read_without_zarr(tmp_path: Path):
     assert out.stdout.strip().splitlines()[-1] == "False", "reading a dataset item of a local store loads zarr"
 
 
-MAX_MODULE_LINES = 300
+MAX_MODULE_LINES = 600  # one concept per module, not a line count (issue 42): a cap only against sprawl
 MAX_FUNCTION_LINES = 50
 
 

@@ -22,7 +22,7 @@ PLAN = {
     "samples_file": "/t/samples.npz", "batches": [[0, 1], [2]], "runs": [["bf16", "cpu"]],
     "attn_implementation": "sdpa", "token_budget": 2048, "unit_tokens": None, "codec": "zstd",
     "allow_unhealthy": False, "pad_id": 0, "writer_prefix": "r0-", "quiet": True, "result": "/t/r.json",
-    "progress": "/t/v", "parent_pid": 1, "precision": None,
+    "progress": "/t/v", "parent_pid": 1, "precision": None, "label": None, "another_model": None,
 }
 
 

@@ -25,6 +25,7 @@ BAD = {
     "info": ["{tmp}/none.zarr"],
     "verify": ["{tmp}/none.zarr"],
     "gc": ["{tmp}/none.zarr"],
+    "label": ["{store}", "not a label"],
 }
 # command -> arguments that succeed and print the same text every time
 GOOD = {

@@ -35,7 +35,8 @@ def _build(model: Path, store: Path, limit: int, env: dict, *args: str) -> dict:
     assert r.returncode == 0, r.stderr
     assert "Loading weights" not in r.stderr  # transformers' own progress bar is silenced: hsstore says what it does
     # a status line from the start and at each phase, in order, before any other output
-    phases = ["planning", "loading the tokenizer", "tokenizing", "hashing the model's weights", "starting the torch worker",
+    # (the weights are hashed before tokenizing: a regenerating build generates under the model's identity)
+    phases = ["planning", "loading the tokenizer", "hashing the model's weights", "tokenizing", "starting the torch worker",
               "torch/fp32/cpu: loading the model"]
     said = [line.removeprefix("hsstore build: ") for line in r.stderr.splitlines() if line.startswith("hsstore build: ")]
     assert [next(i for i, s in enumerate(said) if s.startswith(p)) for p in phases] == sorted(

@@ -54,8 +54,10 @@ def many(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
         notes += _noted(store, _ok("build", str(m), "--limit", "4", "--quiet", *args))
     _ok("convert", f"{store}#sdpa-bf16", "--precision", "fp8-e4m3", "--label", "sdpa-fp8", "--quiet")
     _ok("export", f"{store}#sdpa-bf16", "specforge", str(d / "exported"))
-    _ok("import", "specforge", str(d / "exported"), "--store", str(store), "--model", "builtin:tiny-llama",
-        "--label", "imported", "--quiet")
+    shutil.copytree(d / "exported", d / "foreign")  # without hsstore's export record: another tool's cache
+    (d / "foreign" / "hsstore-export.json").unlink()
+    _ok("import", "specforge", str(d / "foreign"), "--store", str(store), "--model", "builtin:tiny-llama",
+        "--layers", "0,1,3", "--capture", "output", "--label", "imported", "--quiet")
     return store, notes
 
 
@@ -229,3 +231,17 @@ def test_the_fewest_fields_are_found_where_adding_them_one_by_one_is_not_fewest(
     assert apart["a"] == {"dtype": "bf16", "attention": "sdpa", "token_budget": "1"}
     for vid, fields in apart.items():
         assert select(variants, ",".join(f"{k}={x}" for k, x in fields.items())) == vid
+
+
+def test_reimporting_the_stores_own_export_is_that_variant_and_keeps_its_label(many):
+    """hsstore's own export restores its provenance on import: the same variant, nothing new, and a --label
+    given to the import does not silently take the exported variant's label away."""
+    store, _ = many
+    before = Store.open(store)
+    r = run_cli("import", "specforge", str(store.parent / "exported"), "--store", str(store), "--model",
+                "builtin:tiny-llama", "--label", "again", "--json")
+    assert r.returncode == 0, r.stderr
+    vid, held = json.loads(r.stdout)["variant"], before.labels().get(json.loads(r.stdout)["variant"])
+    assert Store.open(store).variant_ids() == before.variant_ids() and held in ("sdpa-bf16", "baseline")
+    assert Store.open(store).labels() == before.labels() and json.loads(r.stdout)["label"] == held
+    assert f"already labelled {held!r}" in r.stderr

@@ -101,11 +101,21 @@ def _check_request(store: str, source: str, label: str | None, audit_without_mod
 
 
 def _label_imported(store: str, report: dict, label: str | None) -> None:
-    """Give the imported variant its --label (and say so in the report)."""
+    """Give the imported variant its --label (and say so in the report). A variant that already holds another
+    label (an import of hsstore's own export restores its provenance: it is the variant exported) keeps it."""
     if label is not None:
+        import sys
+
         from hsstore.storage.store import Store
 
-        Store.open(store, mode="a").set_label(report["variant"], label, by="import")
+        s = Store.open(store, mode="a")
+        held = s.labels().get(report["variant"])
+        if held is not None and held != label:
+            print(f"note: the import is variant {report['variant']}, already labelled {held!r}; it keeps that label "
+                  f"(rename it with: hsstore label '{store}#{held}' {label})", file=sys.stderr)
+            report["label"] = held
+            return
+        s.set_label(report["variant"], label, by="import")
         report["label"] = label
 
 

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from hsstore.core.forksafe import ForkSafeLock
+from hsstore.core.jit import JitLoops
 
 # values per block (rows x hidden): on a CPU the block buffers (~1 MiB each) stay in L2/L3 cache; on a
 # GPU a block is a whole sample up to this many values (each op is one kernel launch)
@@ -86,9 +87,9 @@ def _ulp_counts(a: torch.Tensor, b: torch.Tensor, ws: Workspace) -> torch.Tensor
     a wrapped difference is never within 16 of 0, so every bucket is right.
     """
     r, H = a.shape
-    if a.device.type == "cpu" and compiled_kernel():  # one compiled pass, the same counts
+    if a.device.type == "cpu" and (kernel := compiled_kernel()):  # one compiled pass, the same counts
         ulp = np.zeros(len(_ULP_STEPS), np.float64)
-        _ulp_rows(a.contiguous().view(torch.int16).numpy(), b.contiguous().view(torch.int16).numpy(), ulp)
+        kernel("_ulp_rows", a.contiguous().view(torch.int16).numpy(), b.contiguous().view(torch.int16).numpy(), ulp)
         return torch.from_numpy(ulp)
     i16 = [ws.buf(f"i{k}", r, H, torch.int16) for k in range(3)]
     e = bf16_ordered(a.view(torch.int16), i16[0], i16[2])
@@ -160,7 +161,7 @@ def _block(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, ws: Workspace) -
     torch.sum(s, dim=1, out=out[0])
     kernel = compiled_kernel() if d.device.type == "cpu" else False
     if kernel:  # one pass for both, exactly what the two torch lines below give
-        kernel(d.numpy().view(np.int32), out[2].numpy(), out[1].numpy())
+        kernel("_count_max_rows", d.numpy().view(np.int32), out[2].numpy(), out[1].numpy())
     else:
         torch.amax(s, dim=1, out=out[1])
         torch.sum(torch.sign(s, out=s), dim=1, out=out[2])  # 1 where a value differs, else 0
@@ -237,21 +238,17 @@ def compiled_kernel() -> Any:
             except ImportError:
                 _kernel = False
                 return _kernel
-            _kernel = _compile(numba, True)
+            _kernel = JitLoops(lambda cache: _compile(numba, cache))
     return _kernel
 
 
-def _compile(numba: Any, cache: bool) -> Any:
-    """The helpers first (the row loops call them by their module names), then ``_count_max_rows``."""
+def _compile(numba: Any, cache: bool) -> dict[str, Any]:
+    """The helpers first (the row loops call them by their module names), then the row loops."""
     opts: dict[str, Any] = dict(nogil=True, fastmath={"reassoc", "contract"})  # (NaN states stay NaN)
     g = globals()
-    try:
-        for name in ("_count_max", "_ulp_row", "_ulp_rows"):
-            g[name] = numba.njit(cache=cache, **opts)(getattr(g[name], "py_func", g[name]))
-        return numba.njit(cache=cache, **opts)(_count_max_rows)
-    except RuntimeError:  # no writable cache folder: compile in this process
-        if not cache:
-            raise
-        return _compile(numba, False)
+    for name in ("_count_max", "_ulp_row"):
+        g[name] = numba.njit(cache=cache, **opts)(getattr(g[name], "py_func", g[name]))
+    return {name: numba.njit(cache=cache, **opts)(getattr(g[name], "py_func", g[name]))
+            for name in ("_count_max_rows", "_ulp_rows")}
 
 

@@ -84,10 +84,9 @@ def _compiled_kernel() -> Any:
                               "numpy table path, ~3x slower (pip install -U numba to restore it)", stacklevel=3)
                 _kernel = False
                 return _kernel
-            try:
-                _kernel = numba.njit(nogil=True, cache=True)(_exponent_add)
-            except RuntimeError:  # no writable cache folder (read-only install and home): compile each time
-                _kernel = numba.njit(nogil=True)(_exponent_add)
+            from hsstore.core.jit import JitLoops
+
+            _kernel = JitLoops(lambda cache: {"add": numba.njit(nogil=True, cache=cache)(_exponent_add)})
     return _kernel
 
 
@@ -124,7 +123,7 @@ def dequantize_bf16_bits(codes: np.ndarray, scales: np.ndarray, out: np.ndarray 
         return out
     kernel = compiled and K_MIN <= int(ks.min()) and int(ks.max()) <= K_MAX and _compiled_kernel()
     if kernel:
-        kernel(rows, ks.astype(np.int64), single_table(0), _ADD_MASK, dest)
+        kernel("add", rows, ks.astype(np.int64), single_table(0), _ADD_MASK, dest)
     else:
         _table_path(rows, ks, dest)
     return out

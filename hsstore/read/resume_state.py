@@ -52,9 +52,18 @@ def pack_marks(bits: np.ndarray) -> str:
     return base64.b64encode(zlib.compress(np.packbits(bits).tobytes(), 6)).decode()
 
 
+def _inflate(data: bytes, size: int) -> bytes:
+    """The marks a state packed, never more than ``size`` bytes (a state is input: no zip bomb)."""
+    d = zlib.decompressobj()
+    raw = d.decompress(data, size)
+    if d.unconsumed_tail or not d.eof:
+        raise ValueError("marks longer than the snapshot")
+    return raw
+
+
 def _unpack(text: str, n: int, old: bool) -> np.ndarray:
     try:
-        raw = bytes.fromhex(text) if old else zlib.decompress(base64.b64decode(text, validate=True))
+        raw = bytes.fromhex(text) if old else _inflate(base64.b64decode(text, validate=True), (n + 7) // 8)
     except (ValueError, zlib.error):
         raise BadInput(f"state['consumed'] is not the text state_dict() writes; {FIX}") from None
     bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8))[:n]
