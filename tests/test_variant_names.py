@@ -241,7 +241,7 @@ def test_reimporting_the_stores_own_export_is_that_variant_and_keeps_its_label(m
     r = run_cli("import", "specforge", str(store.parent / "exported"), "--store", str(store), "--model",
                 "builtin:tiny-llama", "--label", "again", "--json")
     assert r.returncode == 0, r.stderr
-    vid, held = json.loads(r.stdout)["variant"], before.labels().get(json.loads(r.stdout)["variant"])
+    held = before.labels().get(json.loads(r.stdout)["variant"])
     assert Store.open(store).variant_ids() == before.variant_ids() and held in ("sdpa-bf16", "baseline")
     assert Store.open(store).labels() == before.labels() and json.loads(r.stdout)["label"] == held
     assert f"already labelled {held!r}" in r.stderr
