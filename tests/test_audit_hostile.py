@@ -290,3 +290,26 @@ def test_the_narrower_dtype_is_read_from_values_that_say_it():
     assert narrower_values(torch.zeros(16, 64)) is None and narrower_values(x) is None
     assert narrower_values(x.to(torch.bfloat16).float()) == "bf16"
     assert narrower_values(x.to(torch.float16).float()) == "fp16"
+
+
+@pytest.mark.parametrize("dtype,scale,named", [("fp32", 1.001, True), ("bf16", 1.05, True), ("bf16", 1.001, False)])
+def test_a_scale_is_named_when_it_is_beyond_the_noise_of_the_caches_dtype(dtype: str, scale: float, named: bool,
+                                                                          tiny_store: Path, tmp_path: Path):
+    """An fp32 cache whose states are the truth x 1.001 read as plain "beyond noise": a fitted scale within 1 %
+    of 1 was never called a scale, though fp32's noise (~1e-7) is 10^4 times smaller. The precision noise
+    of the cache's dtype says how small a scale is seen: x 1.001 in fp32 and x 1.05 in bf16 are `scaled`;
+    x 1.001 in bf16 is below its rounding (~3e-3) and is no false alarm, nor is the unscaled sample."""
+
+    def seed(folder: Path, picks: list) -> None:
+        damage("specforge", sample_file("specforge", folder, *picks[0]),
+               lambda a, t: ((a.double() * scale).to(a.dtype), (t.double() * scale).to(t.dtype)))
+
+    rep, picks = _audit("specforge", f"{tiny_store}#dtype={dtype}", "builtin:tiny-qwen3_5", tmp_path, 2, seed)
+    assert rep["recompute"]["dtype"] == dtype
+    if not named:
+        assert rep["verdict"].startswith("AGREES") and rep["findings"] == [], rep["verdict"]
+        return
+    got = _by_layer(rep, picks[0][1])
+    assert {L: [f["kind"] for f in fs] for L, fs in got.items()} == {L: ["scaled"] for L in ALL}, got
+    assert all(f"truth x {scale:g} " in fs[0]["detail"] for fs in got.values()), got
+    assert rep["defects"] == {"scaled": 1} and not _by_layer(rep, picks[1][1]), rep["verdict"]
