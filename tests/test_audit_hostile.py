@@ -313,3 +313,29 @@ def test_a_scale_is_named_when_it_is_beyond_the_noise_of_the_caches_dtype(dtype:
     assert {L: [f["kind"] for f in fs] for L, fs in got.items()} == {L: ["scaled"] for L in ALL}, got
     assert all(f"truth x {scale:g} " in fs[0]["detail"] for fs in got.values()), got
     assert rep["defects"] == {"scaled": 1} and not _by_layer(rep, picks[1][1]), rep["verdict"]
+
+
+@pytest.mark.parametrize("fmt", ["specforge", "modelopt"])
+def test_token_ids_offset_against_correct_states_are_not_a_stale_copy(fmt: str, tiny_store: Path, tmp_path: Path):
+    """Token ids written +1 (each id the true id + 1, wrapping past the last) on right states: the rows of
+    the prompt the sample shares with the other sample equal that sample's, under other ids — read as a
+    stale copy of "a previous request's bytes". The states are right and the ids wrong: token_shift, no
+    position shift (match 0), the offset said; the other sample stays clean."""
+    from hsstore.capture.model.spec import ModelSpec
+
+    vocab = len(ModelSpec("builtin:tiny-qwen3_5").tokenizer())
+
+    def seed(folder: Path, picks: list) -> None:
+        path = sample_file(fmt, folder, *picks[1])
+        obj = _load(fmt, path)
+        obj["input_ids"] = (obj["input_ids"] + 1) % vocab
+        torch.save(obj, path)
+
+    rep, picks = _audit(fmt, f"{tiny_store}#dtype=bf16", "builtin:tiny-qwen3_5", tmp_path, 2, seed)
+    bad = [v for v in rep["sample_verdicts"] if v["verdict"] not in ("bit_exact", "within_noise")]
+    assert len(bad) == 1 and bad[0]["key"] not in {k for _, k in picks}, bad  # new ids: a new key
+    got = _by_layer(rep, bad[0]["key"])
+    assert {L: [(f["kind"], f.get("match")) for f in fs] for L, fs in got.items()} == {
+        L: [("token_shift", 0)] for L in ALL}, got
+    assert all("offset by +1" in fs[0]["detail"] and fs[0]["rows"] for fs in got.values()), got
+    assert "stale_copy" not in rep["defects"], rep["verdict"]
