@@ -2,7 +2,8 @@
 and audited: a value bug on every sample (a scale, fp16 bits read as bf16, a clip) is that bug, not "states
 of other weights"; a clip that hits only row 0 (the attention-sink row) is not "states of a suffix"; a slot's
 stale bytes in the leading rows are a stale copy, not a suffix; token ids shifted against correct states are
-a token shift, not a stale copy; an aux layer holding the final norm's output is the target leaking."""
+a token shift, not a stale copy (so are ids offset in value, ids +1); an aux layer holding the final norm's
+output is the target leaking; a scale is named when it is beyond the noise of the cache's dtype."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from hsstore.interop.exporter import ExportRequest, export_cache
 from hsstore.interop.importer import ImportRequest, import_cache
 from hsstore.compare.audit import run_audit
 
-from interop_damage import _load, damage, read_slots, sample_file, subset
+from interop_damage import _load, damage, read_slots, sample_file, sidecar, subset
 
 AUX0, AUX1, TARGET, NORM = 0, 1, 3, 4
 ALL = (AUX0, AUX1, TARGET)
@@ -339,3 +340,36 @@ def test_token_ids_offset_against_correct_states_are_not_a_stale_copy(fmt: str, 
         L: [("token_shift", 0)] for L in ALL}, got
     assert all("offset by +1" in fs[0]["detail"] and fs[0]["rows"] for fs in got.values()), got
     assert "stale_copy" not in rep["defects"], rep["verdict"]
+
+
+@pytest.mark.parametrize("offset_on", ["prefix", "longer"])
+def test_token_ids_offset_on_a_sample_whose_text_is_anothers_prefix(offset_on: str, tiny_store: Path,
+                                                                    tmp_path: Path):
+    """A foreign cache (no export record) holding a sample B and a sample A whose text is B's first 40 tokens
+    (its states are B's first 40 rows, as the model computes them): ids +1 on either one. Every row the two
+    share is byte-for-byte the other's under other ids — the ids are wrong, the states right: token_shift,
+    never a stale copy."""
+    from hsstore.capture.model.spec import ModelSpec
+
+    vocab = len(ModelSpec("builtin:tiny-qwen3_5").tokenizer())
+    picks = _picks(f"{tiny_store}#dtype=bf16", 1)
+    export_cache(ExportRequest(f"{tiny_store}#dtype=bf16", "specforge", str(tmp_path / "full")))
+    folder = subset("specforge", tmp_path / "full", tmp_path / "specforge", picks)
+    sidecar("specforge", folder).unlink()
+    (i, key), m = picks[0], 40
+    b = _load("specforge", sample_file("specforge", folder, i, key))
+    a = {"input_ids": b["input_ids"][:m].clone(), "loss_mask": b["loss_mask"][:m].clone(),
+         "aux_hidden_state": b["aux_hidden_state"][:, :m].clone(), "hidden_state": b["hidden_state"][:, :m].clone()}
+    bad = a if offset_on == "prefix" else b
+    bad["input_ids"] = (bad["input_ids"] + 1) % vocab
+    torch.save(b, sample_file("specforge", folder, i, key))
+    torch.save(a, sample_file("specforge", folder, i + 1, ""))
+    import_cache(ImportRequest("specforge", str(folder), str(tmp_path / "s.zarr"), tokenizer="builtin:tiny-qwen3_5",
+                               model="builtin:tiny-qwen3_5", layers="0,1,3", capture="output"))
+    rep = run_audit("builtin:tiny-qwen3_5", str(tmp_path / "s.zarr"), fraction=1.0).to_dict()
+    assert rep["samples"] == 2 and rep["defects"] == {"token_shift": 1}, rep["verdict"]
+    (v,) = [v for v in rep["sample_verdicts"] if v["verdict"] != "within_noise" and v["verdict"] != "bit_exact"]
+    got = _by_layer(rep, v["key"])
+    assert {L: [(f["kind"], f.get("match")) for f in fs] for L, fs in got.items()} == {
+        L: [("token_shift", 0)] for L in ALL}, got
+    assert all("offset by +1" in fs[0]["detail"] and fs[0]["rows"][0] == 0 for fs in got.values()), got
