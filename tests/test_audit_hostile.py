@@ -2,7 +2,8 @@
 and audited: a value bug on every sample (a scale, fp16 bits read as bf16, a clip) is that bug, not "states
 of other weights"; a clip that hits only row 0 (the attention-sink row) is not "states of a suffix"; a slot's
 stale bytes in the leading rows are a stale copy, not a suffix; token ids shifted against correct states are
-a token shift, not a stale copy; an aux layer holding the final norm's output is the target leaking."""
+a token shift, not a stale copy (so are ids offset in value, ids +1); an aux layer holding the final norm's
+output is the target leaking; a scale is named when it is beyond the noise of the cache's dtype."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from hsstore.interop.exporter import ExportRequest, export_cache
 from hsstore.interop.importer import ImportRequest, import_cache
 from hsstore.compare.audit import run_audit
 
-from interop_damage import _load, damage, read_slots, sample_file, subset
+from interop_damage import _load, damage, read_slots, sample_file, sidecar, subset
 
 AUX0, AUX1, TARGET, NORM = 0, 1, 3, 4
 ALL = (AUX0, AUX1, TARGET)
@@ -290,3 +291,85 @@ def test_the_narrower_dtype_is_read_from_values_that_say_it():
     assert narrower_values(torch.zeros(16, 64)) is None and narrower_values(x) is None
     assert narrower_values(x.to(torch.bfloat16).float()) == "bf16"
     assert narrower_values(x.to(torch.float16).float()) == "fp16"
+
+
+@pytest.mark.parametrize("dtype,scale,named", [("fp32", 1.001, True), ("bf16", 1.05, True), ("bf16", 1.001, False)])
+def test_a_scale_is_named_when_it_is_beyond_the_noise_of_the_caches_dtype(dtype: str, scale: float, named: bool,
+                                                                          tiny_store: Path, tmp_path: Path):
+    """An fp32 cache whose states are the truth x 1.001 read as plain "beyond noise": a fitted scale within 1 %
+    of 1 was never called a scale, though fp32's noise (~1e-7) is 10^4 times smaller. The precision noise
+    of the cache's dtype says how small a scale is seen: x 1.001 in fp32 and x 1.05 in bf16 are `scaled`;
+    x 1.001 in bf16 is below its rounding (~3e-3) and is no false alarm, nor is the unscaled sample."""
+
+    def seed(folder: Path, picks: list) -> None:
+        damage("specforge", sample_file("specforge", folder, *picks[0]),
+               lambda a, t: ((a.double() * scale).to(a.dtype), (t.double() * scale).to(t.dtype)))
+
+    rep, picks = _audit("specforge", f"{tiny_store}#dtype={dtype}", "builtin:tiny-qwen3_5", tmp_path, 2, seed)
+    assert rep["recompute"]["dtype"] == dtype
+    if not named:
+        assert rep["verdict"].startswith("AGREES") and rep["findings"] == [], rep["verdict"]
+        return
+    got = _by_layer(rep, picks[0][1])
+    assert {L: [f["kind"] for f in fs] for L, fs in got.items()} == {L: ["scaled"] for L in ALL}, got
+    assert all(f"truth x {scale:g} " in fs[0]["detail"] for fs in got.values()), got
+    assert rep["defects"] == {"scaled": 1} and not _by_layer(rep, picks[1][1]), rep["verdict"]
+
+
+@pytest.mark.parametrize("fmt", ["specforge", "modelopt"])
+def test_token_ids_offset_against_correct_states_are_not_a_stale_copy(fmt: str, tiny_store: Path, tmp_path: Path):
+    """Token ids written +1 (each id the true id + 1, wrapping past the last) on right states: the rows of
+    the prompt the sample shares with the other sample equal that sample's, under other ids — read as a
+    stale copy of "a previous request's bytes". The states are right and the ids wrong: token_shift, no
+    position shift (match 0), the offset said; the other sample stays clean."""
+    from hsstore.capture.model.spec import ModelSpec
+
+    vocab = len(ModelSpec("builtin:tiny-qwen3_5").tokenizer())
+
+    def seed(folder: Path, picks: list) -> None:
+        path = sample_file(fmt, folder, *picks[1])
+        obj = _load(fmt, path)
+        obj["input_ids"] = (obj["input_ids"] + 1) % vocab
+        torch.save(obj, path)
+
+    rep, picks = _audit(fmt, f"{tiny_store}#dtype=bf16", "builtin:tiny-qwen3_5", tmp_path, 2, seed)
+    bad = [v for v in rep["sample_verdicts"] if v["verdict"] not in ("bit_exact", "within_noise")]
+    assert len(bad) == 1 and bad[0]["key"] not in {k for _, k in picks}, bad  # new ids: a new key
+    got = _by_layer(rep, bad[0]["key"])
+    assert {L: [(f["kind"], f.get("match")) for f in fs] for L, fs in got.items()} == {
+        L: [("token_shift", 0)] for L in ALL}, got
+    assert all("offset by +1" in fs[0]["detail"] and fs[0]["rows"] for fs in got.values()), got
+    assert "stale_copy" not in rep["defects"], rep["verdict"]
+
+
+@pytest.mark.parametrize("offset_on", ["prefix", "longer"])
+def test_token_ids_offset_on_a_sample_whose_text_is_anothers_prefix(offset_on: str, tiny_store: Path,
+                                                                    tmp_path: Path):
+    """A foreign cache (no export record) holding a sample B and a sample A whose text is B's first 40 tokens
+    (its states are B's first 40 rows, as the model computes them): ids +1 on either one. Every row the two
+    share is byte-for-byte the other's under other ids — the ids are wrong, the states right: token_shift,
+    never a stale copy."""
+    from hsstore.capture.model.spec import ModelSpec
+
+    vocab = len(ModelSpec("builtin:tiny-qwen3_5").tokenizer())
+    picks = _picks(f"{tiny_store}#dtype=bf16", 1)
+    export_cache(ExportRequest(f"{tiny_store}#dtype=bf16", "specforge", str(tmp_path / "full")))
+    folder = subset("specforge", tmp_path / "full", tmp_path / "specforge", picks)
+    sidecar("specforge", folder).unlink()
+    (i, key), m = picks[0], 40
+    b = _load("specforge", sample_file("specforge", folder, i, key))
+    a = {"input_ids": b["input_ids"][:m].clone(), "loss_mask": b["loss_mask"][:m].clone(),
+         "aux_hidden_state": b["aux_hidden_state"][:, :m].clone(), "hidden_state": b["hidden_state"][:, :m].clone()}
+    bad = a if offset_on == "prefix" else b
+    bad["input_ids"] = (bad["input_ids"] + 1) % vocab
+    torch.save(b, sample_file("specforge", folder, i, key))
+    torch.save(a, sample_file("specforge", folder, i + 1, ""))
+    import_cache(ImportRequest("specforge", str(folder), str(tmp_path / "s.zarr"), tokenizer="builtin:tiny-qwen3_5",
+                               model="builtin:tiny-qwen3_5", layers="0,1,3", capture="output"))
+    rep = run_audit("builtin:tiny-qwen3_5", str(tmp_path / "s.zarr"), fraction=1.0).to_dict()
+    assert rep["samples"] == 2 and rep["defects"] == {"token_shift": 1}, rep["verdict"]
+    (v,) = [v for v in rep["sample_verdicts"] if v["verdict"] != "within_noise" and v["verdict"] != "bit_exact"]
+    got = _by_layer(rep, v["key"])
+    assert {L: [(f["kind"], f.get("match")) for f in fs] for L, fs in got.items()} == {
+        L: [("token_shift", 0)] for L in ALL}, got
+    assert all("offset by +1" in fs[0]["detail"] and fs[0]["rows"][0] == 0 for fs in got.values()), got

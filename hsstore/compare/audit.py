@@ -131,7 +131,7 @@ def run_audit(model: str, target: str, samples: int | None = None, fraction: flo
     spec = model_spec(model, reader.record.prov.recipe)
     named = keys is not None
     keys = choose_keys(reader, samples, fraction, seed, keys)
-    n_layers, _ = check_shapes(spec, reader, keys)
+    n_layers, vocab = check_shapes(spec, reader, keys)
     stored_floor = open_target(floor_t) if floor_t not in (None, LIVE) else None
     use_live_floor = stored_floor is None and (floor_t == LIVE or floor_t is None)
     floor_dtype = ("fp64" if how.dtype == "fp32" else "fp32") if use_live_floor else None
@@ -146,7 +146,7 @@ def run_audit(model: str, target: str, samples: int | None = None, fraction: flo
     evidence, verdicts, findings, totals, ftotals = _judge_all(stream, reader, stored_floor, in_live, target_label,
                                                                n_layers, noise_factor, dev)
     if any(f.kind in ("beyond_noise", "differs", "suffix_states") for f in findings):
-        findings = stale_copies(findings, evidence, *row_index(reader, keys, labels))
+        findings = stale_copies(findings, evidence, *row_index(reader, keys, labels), vocab=vocab)
     noisy = frozenset((k, e.label) for k, evs in evidence.items() for e in evs if e.noise_like)
     findings = other_weights(apply(verdicts, findings), findings, noisy)
     verdicts = apply(verdicts, findings)

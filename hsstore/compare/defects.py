@@ -17,8 +17,10 @@ rule that holds; the layer's class joins what was named with "+".
 6. ``token_shift``: the rows are the truth shifted by k tokens (any k a probe row points at).
 7. ``beyond_noise`` (with a floor) or ``differs`` (without one: no noise to judge against).
 Across samples: ``stale_copy`` when the rows beyond noise are byte-for-byte rows of another sample (a
-state slot not cleared between requests); ``other_weights`` when every checked sample is beyond noise in
-two or more layers that no rule explains (states of another model or checkpoint).
+state slot not cleared between requests) — ``token_shift`` when they are that sample's states of this
+sample's own ids shifted or offset (``hsstore.compare.stale``: the ids are wrong, the states right);
+``other_weights`` when every checked sample is beyond noise in two or more layers that no rule explains
+(states of another model or checkpoint).
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def sample_evidence(stored: dict[int, torch.Tensor], live: dict[int, torch.Tenso
                     a, b, ok = (s[k:], t[:-k], healthy[k:]) if k > 0 else (s[:k], t[-k:], healthy[:k])
                     ev.rel_shifted[k] = rel_l2(a[ok], b[ok])
             if wrong:
-                ev.transforms = transform_fits(s, t, healthy)
+                ev.transforms = transform_fits(s, t, healthy, ev.noise, noise_factor)
                 if tokens is not None:
                     ev.noise_like = coherent_difference((s.float() - t.float())[healthy], tokens[healthy]) is False
             ev.bad_rows = _bad_rows(s, live[label], floor.get(label), healthy,

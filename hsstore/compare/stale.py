@@ -1,8 +1,9 @@
 """Rows of another sample: a state slot holding a previous request's bytes (``stale_copy``; of the same sample
 at other positions: a read from the wrong block) — or, when the
-copied rows are this sample's own tokens shifted by k, token ids misaligned with the states
-(``token_shift``: a BOS dropped or added before the states were paired with them; the rows equal another
-sample's only because the two share those tokens).
+copied rows are the source's states of this sample's own tokens shifted by k positions and/or offset by d in
+value, token ids that do not belong to right states (``token_shift``: a BOS dropped or added before the
+states were paired with them; ids written +1, a vocabulary offset; the rows equal another sample's only
+because the two share the true tokens, e.g. a prompt).
 
 Applied to findings the per-sample rules leave unexplained (``beyond_noise``, ``differs``) and to states of
 a suffix whose leading rows are neither zero nor constant (a slot's stale bytes look like a prefix that
@@ -18,15 +19,18 @@ from hsstore.compare.evidence import SHIFTS, LayerEvidence
 from hsstore.core.schema.diff_report import Finding
 
 Hit = tuple[int, str, int]  # (row, source key, source row)
+OFFSET_ROWS = 3  # copied rows that must agree on one id offset to call the ids offset
 
 
 def stale_copies(findings: list[Finding], evidence: dict[str, list[LayerEvidence]],
-                 index: dict[tuple[int, int], list[tuple[str, int]]], tokens: dict[str, Sequence[int]]) -> list[Finding]:
+                 index: dict[tuple[int, int], list[tuple[str, int]]], tokens: dict[str, Sequence[int]],
+                 vocab: int | None = None) -> list[Finding]:
     """Findings of unexplained divergence whose beyond-noise rows are byte-for-byte rows of another sample
     (``index``: (layer, row hash) -> [(key, row)] over the candidates), rewritten as ``stale_copy`` (or
     ``token_shift``). Only rows whose token differs from the source row's count: two rows of one token with
     the same recent context are the same computation (samples share a system prompt; layers with short
-    memory repeat bytes wherever a phrase repeats), a state under another token is a copy."""
+    memory repeat bytes wherever a phrase repeats), a state under another token is a copy. ``vocab`` (the
+    model's vocabulary size) lets an id offset wrap around, as ids written +1 past the last id do."""
 
     def copied(key: str, r: int, src: str, sr: int) -> bool:
         a, b = tokens.get(key), tokens.get(src)
@@ -50,7 +54,7 @@ def stale_copies(findings: list[Finding], evidence: dict[str, list[LayerEvidence
     votes: dict[str, Counter] = {}
     for n, hs in hits.items():
         votes.setdefault(findings[n].key, Counter()).update(src for _, src, _ in hs)
-    return [_named(f, hits[n], tokens, votes[f.key]) if hits.get(n) else f for n, f in enumerate(findings)]
+    return [_named(f, hits[n], tokens, votes[f.key], vocab) if hits.get(n) else f for n, f in enumerate(findings)]
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -70,7 +74,8 @@ def _searched(f: Finding, ev: LayerEvidence) -> bool:
     return f.kind == "suffix_states" and not isinstance(f.match, int) and not blank and bool(ev.bad_rows)
 
 
-def _named(f: Finding, hits: list[Hit], tokens: dict[str, Sequence[int]], votes: Counter) -> Finding:
+def _named(f: Finding, hits: list[Hit], tokens: dict[str, Sequence[int]], votes: Counter,
+           vocab: int | None = None) -> Finding:
     """The finding rewritten for the source that holds most of the sample's copied rows over all its layers
     (a layer with short memory repeats bytes in every sample ending alike; the layers that remember longer
     tell the one the rows came from; on a tie, the sample itself, then the first key)."""
@@ -78,13 +83,9 @@ def _named(f: Finding, hits: list[Hit], tokens: dict[str, Sequence[int]], votes:
     source = min(here, key=lambda src: (-votes[src], src != f.key, src))  # on a tie: the sample itself
     mine = [(r, sr) for r, src, sr in hits if src == source]
     rows = sorted({r for r, _ in mine})
-    k = _shifted_tokens(mine, tokens[f.key], tokens[source])
-    if k is not None:
-        way = f"row t holds the state of token t{'-' if k > 0 else '+'}{abs(k)}"
-        return Finding(kind="token_shift", key=f.key, layer=f.layer, match=k, **row_fields(rows),
-                       detail=f"layer {f.layer}: token ids and states are misaligned by {k:+d} ({way}): {span_words(rows)} "
-                              f"are byte-for-byte the states of sample {source[:16]}, whose tokens are this sample's "
-                              f"shifted by {k:+d} (a token dropped or added before the states were paired with them)")
+    misread = _misread_ids(mine, tokens[f.key], tokens[source], vocab)
+    if misread is not None:
+        return _token_ids(f, rows, source, *misread)
     if source == f.key:
         held = sorted({sr for _, sr in mine})
         return Finding(kind="stale_copy", key=f.key, layer=f.layer, source=source, **row_fields(rows),
@@ -100,12 +101,43 @@ def _named(f: Finding, hits: list[Hit], tokens: dict[str, Sequence[int]], votes:
                           f"(a state slot holding a previous request's bytes){also}")
 
 
-def _shifted_tokens(hits: list[tuple[int, int]], mine: Sequence[int], theirs: Sequence[int]) -> int | None:
-    """The shift k (row r holds the state of this sample's token r - k) under which every copied row whose
-    token r - k exists (two or more) is the source's state of that same token: the copy is this sample's
-    tokens misaligned with its states, not a slot's stale bytes."""
-    for k in SHIFTS:
+def _token_ids(f: Finding, rows: list[int], source: str, k: int, d: int) -> Finding:
+    """``token_shift``: right states (another sample's states of the true tokens) under ids shifted by ``k``
+    positions and/or offset by ``d`` in value."""
+    what = []
+    if k:
+        what.append(f"misaligned by {k:+d} (row t holds the state of token t{'-' if k > 0 else '+'}{abs(k)})")
+    if d:
+        what.append(f"offset by {d:+d} in value (each id is the true id {d:+d})")
+    cause = ("a token dropped or added before the states were paired with them" if not d else
+             "the states are right for the true tokens, the recorded ids are not")
+    return Finding(kind="token_shift", key=f.key, layer=f.layer, match=k, **row_fields(rows),
+                   detail=f"layer {f.layer}: token ids and states are {' and '.join(what)}: {span_words(rows)} are "
+                          f"byte-for-byte the states of sample {source[:16]} at tokens that are this sample's ids "
+                          f"{'shifted by ' + format(k, '+d') if k else ''}{' and ' if k and d else ''}"
+                          f"{'offset by ' + format(-d, '+d') if d else ''} ({cause}), not a stale slot")
+
+
+def _misread_ids(hits: list[tuple[int, int]], mine: Sequence[int], theirs: Sequence[int],
+                 vocab: int | None) -> tuple[int, int] | None:
+    """(k, d) when every copied row whose token r - k exists (two or more) is the source's state of the token
+    this sample records at r - k, less d (mod ``vocab``): row r holds the state of the true token behind
+    recorded id r - k, and the ids are the true ones + d. The copy is this sample's tokens misread against
+    right states (shifted: a BOS dropped or added; offset: ids written +1), not a slot's stale bytes. A pure
+    shift is tried first; a shift and an offset are each one consistent rule over every copied row, an offset
+    over OFFSET_ROWS or more (two rows of unrelated text agree on some difference once in ~vocab/7 tries)."""
+    found = []
+    for k in (0,) + SHIFTS:
         seen = [(r, sr) for r, sr in hits if 0 <= r - k < len(mine)]
-        if len(seen) >= 2 and all(int(mine[r - k]) == int(theirs[sr]) for r, sr in seen):
-            return k
-    return None
+        diffs = {_signed(int(mine[r - k]) - int(theirs[sr]), vocab) for r, sr in seen}
+        if len(diffs) == 1 and (k, d := diffs.pop()) != (0, 0) and len(seen) >= (OFFSET_ROWS if d else 2):
+            found.append((d != 0, k != 0 and d != 0, k, d))  # a shift alone, then an offset alone, then both
+    return min(found, key=lambda x: x[:2])[2:] if found else None
+
+
+def _signed(d: int, vocab: int | None) -> int:
+    """An id difference, wrapped into (-vocab/2, vocab/2] when the vocabulary size is known."""
+    if not vocab:
+        return d
+    d %= vocab
+    return d - vocab if d > vocab // 2 else d

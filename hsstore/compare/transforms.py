@@ -18,15 +18,18 @@ import torch
 
 from hsstore.compare.distance import rel_l2
 
-MIN_SCALE_CHANGE = 1e-2  # a fitted scale closer to 1 than this is no scale bug
 CLIP_SLACK = 2.0 ** -7  # the truth must exceed the stored maximum by more than bf16's rounding to call it clipped
 OTHER_16BIT = {torch.bfloat16: torch.float16, torch.float16: torch.bfloat16}
 NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def transform_fits(s: torch.Tensor, truth: torch.Tensor, healthy: torch.Tensor) -> dict[str, tuple[float, str]]:
+def transform_fits(s: torch.Tensor, truth: torch.Tensor, healthy: torch.Tensor, noise: float | None,
+                   noise_factor: float) -> dict[str, tuple[float, str]]:
     """For each transform that could explain stored ``s`` ``[T, H]`` against ``truth``: (rel-L2 of the
-    healthy rows once it is undone, the transform in words)."""
+    healthy rows once it is undone, the transform in words). A fitted scale alpha is a candidate only when
+    it is itself a difference beyond the precision noise (``|alpha - 1| > noise_factor x noise``: rel-L2 of
+    alpha x truth against the truth): the measured noise of the cache's dtype sets how small a scale is
+    seen (x 1.001 in an fp32 cache, whose noise is ~1e-7; not in a bf16 one, whose rounding is ~3e-3)."""
     out: dict[str, tuple[float, str]] = {}
     sf, tf = s[healthy].double(), truth[healthy].double()
     if sf.numel() == 0:
@@ -34,8 +37,8 @@ def transform_fits(s: torch.Tensor, truth: torch.Tensor, healthy: torch.Tensor) 
     den = float(tf.square().sum())
     if den > 0:
         alpha = float((sf * tf).sum()) / den
-        if alpha > 0 and abs(alpha - 1.0) > MIN_SCALE_CHANGE:
-            out["scaled"] = (rel_l2(sf, alpha * tf), f"every value is the truth x {alpha:.4g}")
+        if alpha > 0 and noise is not None and abs(alpha - 1.0) > noise_factor * noise:
+            out["scaled"] = (rel_l2(sf, alpha * tf), f"every value is the truth x {_scale_words(alpha)}")
     c = float(sf.abs().max())
     if c > 0 and float(tf.abs().max()) > c * (1.0 + CLIP_SLACK):
         hit = int((tf.abs() > c * (1.0 + CLIP_SLACK)).any(1).sum())
@@ -53,6 +56,12 @@ def transform_fits(s: torch.Tensor, truth: torch.Tensor, healthy: torch.Tensor) 
                                    f"rounded) at {narrow}, not at fp32; audit again with --dtype {narrow} to judge "
                                    "them at that precision")
     return {k: (r, w) for k, (r, w) in out.items() if math.isfinite(r)}
+
+
+def _scale_words(alpha: float) -> str:
+    """The fitted scale with enough digits to show how far it is from 1 (1.001, 0.9999)."""
+    digits = max(4, 2 - math.floor(math.log10(abs(alpha - 1.0)))) if alpha != 1.0 else 4
+    return f"{alpha:.{digits}g}"
 
 
 def narrower_values(x: torch.Tensor) -> str | None:
