@@ -4,6 +4,7 @@ same prompts, and a whole regenerating build (generate, then capture) against ge
     python scripts/bench_generate.py --device cpu --dtype fp32 --model builtin:tiny-llama --prompts 32 --max-new-tokens 32
     python scripts/bench_generate.py --device cuda --dtype bf16 --model builtin:tiny-qwen3_5 --prompts 512 \
         --max-new-tokens 256 --token-budget 65536                                   # on a GPU
+    python scripts/bench_generate.py --manifest manifests/gpu-8b-regen.toml --prompts 200   # a manifest's recipe
 
 Measured in one process, on one model loaded once, greedy, prompts rendered from the bundled conversations
 (cycled to ``--prompts``):
@@ -13,7 +14,9 @@ Measured in one process, on one model loaded once, greedy, prompts rendered from
             generated in batches, each batch checkpointed to a store — what ``hsstore build`` runs;
   build     ``hsstore build`` of the same prompts with ``[generate]`` (inline worker) into a fresh store: the
             generation (from the ledger's batch times) and the rest (loading, capture, writing).
-``--repeat N`` alternates plain and hsstore N times and keeps the fastest of each. Prints generated tokens/s,
+``--manifest M`` takes the model (path, config overrides, seed, init_device), the prompts (its first data file,
+cycled), max_new_tokens, token budget, device and dtype from a build manifest, and the build captures its layers —
+the same recipe ``hsstore build M`` runs (scripts/gpu_regen.sh). ``--repeat N`` alternates plain and hsstore N times and keeps the fastest of each. Prints generated tokens/s,
 hsstore/plain, and the build's capture overhead against its generation, as JSON.
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,11 +32,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def prompts_of(tok: object, n: int) -> list:
-    """``n`` jobs (rows with their prompt) from the bundled conversations, cycled."""
+def data_lines(m: object | None) -> list[str]:
+    """The rows the prompts come from: the manifest's first data file (JSON lines), or the bundled conversations."""
+    path = Path(m.data_files[0]) if m is not None else REPO / "hsstore" / "data" / "conversations.jsonl"
+    return [x for x in path.read_text().splitlines() if x.strip()]
+
+
+def prompts_of(lines: list[str], n: int) -> list:
+    """``n`` jobs (rows with their prompt) from ``lines``, cycled."""
     from hsstore.capture.generate.prompts import jobs_of
 
-    lines = (REPO / "hsstore" / "data" / "conversations.jsonl").read_text().splitlines()
     return [jobs_of("bench", i + 1, json.loads(lines[i % len(lines)]), "auto", "last", 1)[0] for i in range(n)]
 
 
@@ -75,12 +84,12 @@ def hsstore_run(engine: object, jobs: list, masker: object, g: object, tmp: Path
     return time.perf_counter() - t0, sum(len(j.replies[-1].ids) for j in jobs)
 
 
-def build_run(args: argparse.Namespace, tmp: Path) -> dict:
-    """``hsstore build`` with [generate] of the same prompts: total time and the generation's part."""
+def build_run(args: argparse.Namespace, man: object | None, lines: list[str], tmp: Path) -> dict:
+    """``hsstore build`` with [generate] of the same prompts (the manifest's recipe, if given): total time and
+    the generation's part."""
     from hsstore.capture.inputs.manifest_file import load_manifest
     from hsstore.capture.run.driver import build
 
-    lines = (REPO / "hsstore" / "data" / "conversations.jsonl").read_text().splitlines()
     data = tmp / "rows.jsonl"
     data.write_text("\n".join(lines[i % len(lines)] for i in range(args.prompts)) + "\n")
     m = tmp / "m.toml"
@@ -88,8 +97,12 @@ def build_run(args: argparse.Namespace, tmp: Path) -> dict:
                  f'max_length = 4096\n[generate]\nmax_new_tokens = {args.max_new_tokens}\n[build]\n'
                  f'dtypes = ["{args.dtype}"]\ndevices = ["{args.device}"]\ntoken_budget = {args.token_budget}\n'
                  f'[store]\npath = "{tmp / "build.zarr"}"\n')
+    recipe = load_manifest(m)
+    if man is not None:  # the manifest's model, layers and [generate], on these prompts, device and dtype
+        recipe = man.replace(data_files=[str(data)], store_path=recipe.store_path, devices=recipe.devices,
+                             dtypes=recipe.dtypes, backends=["torch"])
     t0 = time.perf_counter()
-    s = build(load_manifest(m), quiet=True, inline=True)
+    s = build(recipe, quiet=True, inline=True)
     total = time.perf_counter() - t0
     ledger = [json.loads(x) for x in (tmp / "build.zarr" / "builds" / s.build_id / "ledger.jsonl").read_text().splitlines()]
     gen = sum({r["seconds"] for r in ledger})  # one wall time per batch, shared by its replies
@@ -100,14 +113,28 @@ def build_run(args: argparse.Namespace, tmp: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="builtin:tiny-llama")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--device", default=None, help="default: the manifest's first device, else cpu")
+    ap.add_argument("--dtype", default=None, help="default: the manifest's first dtype, else fp32")
     ap.add_argument("--prompts", type=int, default=32)
-    ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--token-budget", type=int, default=16384)
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="default: the manifest's, else 32")
+    ap.add_argument("--token-budget", type=int, default=None, help="default: the manifest's, else 16384")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--manifest", default=None, help="a build manifest with [generate]: its model, prompts and layers "
+                    "(and its max_new_tokens, token budget, device and dtype, unless given)")
     args = ap.parse_args()
+    man = None
+    if args.manifest:
+        from hsstore.capture.inputs.manifest_file import load_manifest
+
+        man = load_manifest(args.manifest)
+        args.model = man.model_path
+    given = {"device": (man.devices[0] if man else "cpu"), "dtype": (man.dtypes[0] if man else "fp32"),
+             "max_new_tokens": (man.generate.max_new_tokens if man and man.generate else 32),
+             "token_budget": (man.token_budget if man else 16384)}
+    for key, default in given.items():
+        if getattr(args, key) is None:
+            setattr(args, key, default)
 
     from hsstore.capture.generate.engines import LocalEngine, end_ids, prompt_batches
     from hsstore.capture.generate.regenerate import prompt_tokens
@@ -116,24 +143,29 @@ def main() -> None:
     from hsstore.core.dtypes import TORCH
     from hsstore.core.schema.manifest import GenerateTable
 
-    spec = ModelSpec(args.model)
+    spec = ModelSpec(man.model_path, man.config_overrides, man.seed, init_device=man.init_device) if man else \
+        ModelSpec(args.model)
     tok = spec.tokenizer()
     model = spec.load(TORCH[args.dtype], args.device, "sdpa")
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     masker = ChatMasker(tok)
-    jobs = prompts_of(tok, args.prompts)
+    lines = data_lines(man)
+    jobs = prompts_of(lines, args.prompts)
     prompts = [prompt_tokens(masker, j, 1 << 30) for j in jobs]
     g = GenerateTable(max_new_tokens=args.max_new_tokens)
     engine = LocalEngine(model, tok, pad, args.token_budget)
     batches = prompt_batches([len(p) for p in prompts], args.max_new_tokens, args.token_budget)
-    plain(model, prompts[:2], [[0, 1]], pad, end_ids(tok), 2)  # warm-up
+    plain(model, prompts, batches[:1], pad, end_ids(tok), 4)  # warm-up on the largest batch's shapes (kernels, allocator)
     runs: dict[str, list] = {"plain": [], "hsstore": []}
     with tempfile.TemporaryDirectory() as d:
         for _ in range(args.repeat):
             runs["plain"].append(plain(model, prompts, batches, pad, end_ids(tok), args.max_new_tokens))
+            print(f"plain: {runs['plain'][-1]}", file=sys.stderr, flush=True)
             runs["hsstore"].append(hsstore_run(engine, jobs, masker, g, Path(d)))
+            print(f"hsstore: {runs['hsstore'][-1]}", file=sys.stderr, flush=True)
         del model, engine
-        built = build_run(args, Path(d))
+        built = build_run(args, man, lines, Path(d))
+        print(f"build: {built}", file=sys.stderr, flush=True)
     best = {k: min(v) for k, v in runs.items()}
     out = {"model": args.model, "device": args.device, "dtype": args.dtype, "prompts": args.prompts,
            "max_new_tokens": args.max_new_tokens, "batches": len(batches),
