@@ -236,3 +236,30 @@ def test_set_epoch_to_an_earlier_epoch_after_a_resume_is_refused(tmp_path: Path)
         again.set_epoch(0)
     again.set_epoch(3)
     assert len(list(again)) == 3
+
+
+@pytest.mark.process  # DataLoader workers
+@pytest.mark.parametrize("workers", [0, 2])
+def test_iterating_a_fully_consumed_epoch_without_set_epoch_is_refused_not_empty(tmp_path: Path, workers: int):
+    """A loop that marks what it trained but never calls set_epoch would train on nothing from epoch 1 on."""
+    store, vid, _ = _store(tmp_path / "s.zarr", units=2, per=5)
+    ds = StreamingHiddenStateDataset(store.location, variant=vid, seed=3)
+    loader = DataLoader(ds, batch_size=None, num_workers=workers)
+    for item in loader:
+        ds.mark_consumed(item["index"])
+    with pytest.raises(Exception, match=r"epoch 0 is fully consumed .*call set_epoch\(1\)"):
+        next(iter(loader))
+    ds.set_epoch(1)
+    assert len([item["index"] for item in loader]) == 10
+
+
+def test_a_negative_epoch_or_seed_is_refused_in_one_line(tmp_path: Path):
+    store, vid, _ = _store(tmp_path / "s.zarr", units=1, per=3)
+    with pytest.raises(BadInput, match="seed=-1"):
+        StreamingHiddenStateDataset(store.location, variant=vid, seed=-1)
+    ds = StreamingHiddenStateDataset(store.location, variant=vid, seed=1)
+    with pytest.raises(BadInput, match=r"set_epoch\(-2\)"):
+        ds.set_epoch(-2)
+    state = ds.state_dict()
+    with pytest.raises(BadInput, match=r"state\['epoch'\] = -1 is not a count"):
+        StreamingHiddenStateDataset(store.location, variant=vid, seed=1).load_state_dict({**state, "epoch": -1})

@@ -199,6 +199,8 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
             raise BadInput(f"remainder={remainder!r}; choose 'keep' or 'drop'")
         self.new_samples = check_join(new_samples)
         self._setup(store, variant, layers, require, allow_drift, raw)
+        if not 0 <= int(seed) < 2**62:
+            raise BadInput(f"seed={seed}: a seed is a whole number from 0 (numpy's generators take no negative seed)")
         self.seed, self.shuffle, self.batch_tokens, self.remainder = seed, shuffle, batch_tokens, remainder
         self._rank, self._world = rank, world_size
         self.prefetch, self.readahead = (prefetch if prefetch is not None else 0 if self.reader.store.is_local else 8), readahead
@@ -227,6 +229,8 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` (fresh marks); the epoch in progress goes on unless nothing of it is left."""
         epoch = int(epoch)
+        if not 0 <= epoch < 2**62:
+            raise BadInput(f"set_epoch({epoch}): an epoch is a count from 0")
         if self._resumed is not None and epoch < self._resumed:
             raise BadInput(f"set_epoch({epoch}) after load_state_dict of a state in epoch {self._resumed} would drop "
                            f"the resume; call set_epoch({self._resumed}) (Accelerate: loader.set_epoch({self._resumed}))")
@@ -266,13 +270,25 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
         samples (re-iterating without ``set_epoch`` gets each once, the workers' turns possibly shifted)."""
         info = None if whole_rank else get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        seq = self._rank_seq()
+        lengths = [self.reader.ref(int(i)).length for i in seq] if self.batch_tokens else None
+        return worker_runs(seq, workers, worker, self.consumed, lengths, self.batch_tokens)
+
+    def _rank_seq(self) -> np.ndarray:
+        """This rank's samples of the epoch in order, as the split was fixed (consumed ones included)."""
         order = epoch_sequence(self.unit_sizes, self.seed, self.epoch, self.shuffle)
         order = order[~self.live.bits("base")[order]]
         world, rank = self._world_and_rank()
         seq = split_for(order, world, rank, drop_remainder=self.remainder == "drop")
-        seq = seq[~self.live.bits("plan")[seq]]
-        lengths = [self.reader.ref(int(i)).length for i in seq] if self.batch_tokens else None
-        return worker_runs(seq, workers, worker, self.consumed, lengths, self.batch_tokens)
+        return seq[~self.live.bits("plan")[seq]]
+
+    def _check_not_spent(self) -> None:
+        """BadInput when every sample of this rank's epoch is marked consumed: iterating would silently train
+        on nothing (a loop that marks samples but never calls set_epoch)."""
+        seq = self._rank_seq()
+        if len(seq) and self.consumed[seq].all():
+            raise BadInput(f"epoch {self.epoch} is fully consumed (every sample of this rank is marked with "
+                           f"mark_consumed): call set_epoch({self.epoch + 1}) before iterating again")
 
     def _items(self, indices: np.ndarray) -> Iterator[dict[str, Any]]:
         """Items in order, read ahead by the kernel (local, ``readahead``) and threads (``prefetch``)."""
@@ -288,6 +304,8 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         runs = self._runs()  # the epoch and marks are read here, when this iteration starts
+        if not any(len(r) for r in runs):
+            self._check_not_spent()
         items = self._items(np.concatenate(runs) if runs else np.zeros(0, np.int64))
         try:
             if not self.batch_tokens:

@@ -84,6 +84,9 @@ def _check_fields(state: Any) -> bool:
     for name, kind in fields.items():
         if not isinstance(state[name], kind) or isinstance(state[name], bool):
             raise BadInput(f"state[{name!r}] is a {type(state[name]).__name__}, not {kind.__name__}; {FIX}")
+    for name in ("epoch", "seed", "n"):
+        if not 0 <= state[name] < 2**62:
+            raise BadInput(f"state[{name!r}] = {state[name]} is not a count from 0; {FIX}")
     if not old and state["format"] != FORMAT:
         raise BadInput(f"state is in format {state['format']}; this hsstore reads format {FORMAT} and the one "
                        "before it: resume with the hsstore that saved it")
