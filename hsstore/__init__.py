@@ -10,7 +10,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hsstore.core.errors import BadInput, CorruptData, HsstoreError, ProvenanceMismatch, SelectorError
+from hsstore.core.errors import (
+    BadInput,
+    CorruptData,
+    HsstoreError,
+    ProvenanceMismatch,
+    SelectorError,
+)
 
 __version__ = "0.1.0"
 
@@ -21,7 +27,7 @@ _LAZY = {
     "HiddenStateDataset": "hsstore.read.dataset",
     "StreamingHiddenStateDataset": "hsstore.read.dataset",
     "pad_collate": "hsstore.read.dataset",
-    "check_live_model": "hsstore.compare.live",
+    "check_live_model": "hsstore.compare.check",
 }
 
 __all__ = ["BadInput", "CorruptData", "HsstoreError", "ProvenanceMismatch", "SelectorError", "__version__", *_LAZY]

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hsstore.testing.shapes import SHAPES
+from hsstore.testing.factories import SHAPES
 
 
 def main() -> None:
@@ -49,9 +49,9 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from hsstore.capture.model.backends import bound_kernels
-    from hsstore.capture.run.hooks import LayerCapture, pad_batch
+    from hsstore.capture.model.kernels import bound_kernels
     from hsstore.capture.model.spec import ModelSpec
+    from hsstore.capture.run.hooks import LayerCapture, pad_batch
     from hsstore.core.batching import padded_length, token_budget_batches
     from hsstore.core.dtypes import TORCH
     from hsstore.core.keys import SampleTokens, sample_key
@@ -120,11 +120,10 @@ def build_pass(model, n_layers: int, aux: list, target: list, samples: list, bat
                args: argparse.Namespace, base: Path, timed) -> dict:
     """One build into a fresh store with codec (and precision) ``name``; its time, bytes and FP8 error."""
     from hsstore.capture.run.pipeline import capture_to_store
+    from hsstore.core.precision_names import codec_for_codes
     from hsstore.storage.codecs import chunk_tokens
     from hsstore.storage.store import Store
     from hsstore.storage.writer import UnitWriter
-
-    from hsstore.core.precision_names import codec_for_codes
     from hsstore.testing.factories import provenance
 
     precision, _, codec = name.rpartition(":")
@@ -146,7 +145,7 @@ def build_pass(model, n_layers: int, aux: list, target: list, samples: list, bat
     run = {"seconds": secs, "writer_busy_seconds": out["writer_busy_seconds"], "bytes": out["bytes"],
            "tail_seconds": out["tail_seconds"], "first_batch_seconds": out["first_batch_seconds"]}
     if precision:
-        from hsstore.core.quant_error import summary
+        from hsstore.core.quant import summary
 
         run["fp8_error"] = {str(i): summary(e).to_dict() for i, e in store.reader(vid, refresh=True).quant_error().items()}
     shutil.rmtree(path, ignore_errors=True)

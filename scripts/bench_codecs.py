@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--source", choices=("synthetic", "model"), default="synthetic")
@@ -34,8 +33,7 @@ def main() -> None:
     import torch
     from numcodecs import Blosc
 
-    from hsstore.storage.codecs import CHOICES
-    from hsstore.storage.codecs import REGISTRY
+    from hsstore.storage.codecs import CHOICES, REGISTRY
 
     numcodecs.blosc.set_nthreads(1)  # the store codes chunks on its own threads, one chunk per call
     if args.source == "synthetic":
@@ -59,9 +57,9 @@ def main() -> None:
 def model_states(tokens: int) -> dict:
     import torch
 
-    from hsstore.testing.shapes import SHAPES
-    from hsstore.capture.run.hooks import LayerCapture
     from hsstore.capture.model.spec import ModelSpec
+    from hsstore.capture.run.hooks import LayerCapture
+    from hsstore.testing.factories import SHAPES
 
     config = {**SHAPES["27b"][0], "num_hidden_layers": 4}
     model = ModelSpec("builtin:tiny-qwen3_5", config_overrides=config).load(torch.bfloat16, "cpu", "sdpa")

@@ -92,10 +92,16 @@ def arithmetic(store: str, a: str, b: str, threads: int | None) -> float:
     cannot hide, since both run on the same cores."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from hsstore.compare.diff import both_bf16, open_target, shared_keys
+    from hsstore.compare.diff import (
+        ThreadLocal,
+        both_bf16,
+        cpu_threads,
+        open_target,
+        shared_keys,
+        torch_single_threaded,
+    )
     from hsstore.compare.divergence import summarize
     from hsstore.compare.kernel import Workspace, token_sums
-    from hsstore.compare.stream import ThreadLocal, cpu_threads, torch_single_threaded
 
     ra, rb = open_target(f"{store}#{a}"), open_target(f"{store}#{b}")
     layers, ulps, hidden = ra.record.all_layers, both_bf16(ra, rb), ra.record.hidden_size

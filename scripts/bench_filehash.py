@@ -1,4 +1,4 @@
-"""How long hashing a checkpoint's weight files takes (every build does it: hsstore/core/filehash.py).
+"""How long hashing a checkpoint's weight files takes (every build does it: hsstore/core/keys.py).
 
     python scripts/bench_filehash.py --kind sparse --total-gb 54 --files 11   # a 54 GB set, no disk
     python scripts/bench_filehash.py --kind real --total-gb 4 --files 4       # real bytes, cold and warm
@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from hsstore.core.filehash import MAX_THREADS, hash_files
+from hsstore.core.keys import MAX_THREADS, hash_files
 
 _CHUNK = 16 << 20
 

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hsstore.testing.baseline import baseline_tree
+from hsstore.testing.bench import baseline_tree
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -31,9 +31,9 @@ from hsstore.core import fp8_cpu, quant
 from hsstore.storage.codecs import DEFAULT, chunk_tokens
 from hsstore.storage.convert import convert
 from hsstore.storage.writer import UnitWriter
+from hsstore.testing.bench import du, evict
 from hsstore.testing.factories import AUX, TARGET, make_data, provenance
 from hsstore.testing.factories import BENCH_LAYERS as LAYERS
-from hsstore.testing.disk import du, evict
 
 
 def build(path: Path, samples, states, codec: str, unit_samples: int = 8) -> tuple[str, str]:

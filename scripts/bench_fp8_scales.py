@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from numcodecs import Zstd
 
-from hsstore.core import quant, quant_error
+from hsstore.core import quant
 
 SCHEMES = ("per-tensor", "per-token-all-layers", "per-token", "per-block-128", "per-block-32", "per-token-and-channel")
 
@@ -50,10 +50,9 @@ def synthetic(tokens: int, hidden: int, seed: int = 0) -> dict[str, torch.Tensor
 
 
 def model_states(shape: str, tokens: int) -> dict[str, torch.Tensor]:
-    from hsstore.testing.shapes import SHAPES
-
-    from hsstore.capture.run.hooks import LayerCapture
     from hsstore.capture.model.spec import ModelSpec
+    from hsstore.capture.run.hooks import LayerCapture
+    from hsstore.testing.factories import SHAPES
 
     overrides, aux, target = SHAPES[shape]
     if shape == "27b":
@@ -137,8 +136,8 @@ def measure(named: dict[str, torch.Tensor], codec: Zstd) -> dict:
             layers, stored = {}, 0
             for name, x, q in zip(names, states, qs):
                 y = _dequant(q, (T, H))
-                layers[name] = quant_error.summary(quant_error.from_error_tensor(
-                    quant_error.error_tensor(x.float(), y).tolist())).to_dict()
+                layers[name] = quant.summary(quant.from_error_tensor(
+                    quant.error_tensor(x.float(), y).tolist())).to_dict()
                 codes = q.codes.contiguous().numpy()
                 stored += sum(len(codec.encode(np.ascontiguousarray(codes[i:i + rows]))) for i in range(0, T, rows))
             scales = sum(q.scales.numel() for q in qs) * 4 if scheme != "per-token-all-layers" else qs[0].scales.numel() * 4

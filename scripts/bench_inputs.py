@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hsstore.capture.model.builtin import builtin_tokenizer
 from hsstore.capture.inputs.lossmask import ChatMasker
 from hsstore.capture.inputs.messages import ROLES
+from hsstore.capture.model.builtin import builtin_tokenizer
 
 DATA = Path(__file__).resolve().parents[1] / "hsstore" / "data" / "conversations.jsonl"
 

@@ -30,16 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch.utils.data import DataLoader, Subset
 
 from hsstore import HiddenStateDataset
 from hsstore.storage import layout
 from hsstore.storage.codecs import DEFAULT
-from hsstore.testing.bench_stores import TorchDS, write_hsstore, write_torch
-from hsstore.testing.disk import evict
+from hsstore.testing.bench import TorchDS, evict, write_hsstore, write_torch
 from hsstore.testing.factories import make_data
-
 
 OLD = f"{DEFAULT}@1MiB"  # the default codec in the chunks written before 2026-12-03 (~1 MiB at any hidden size)
 

@@ -2,7 +2,7 @@
 StreamingHiddenStateDataset, each in a fresh process, this tree against a baseline commit in the same run,
 beside the floor of merely listing and reading the commit files; and `verify`'s time per sample.
 
-Stores are written straight through the UnitWriter (hsstore.testing.bench_stores.write_tiny_store: 4-token
+Stores are written straight through the UnitWriter (hsstore.testing.bench.write_tiny_store: 4-token
 samples, ``--unit-samples`` to a unit) and kept in ``--dir`` for the next run. RSS is the child's peak
 (ru_maxrss) less its RSS after the imports, i.e. what opening adds.
 
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hsstore.testing.baseline import baseline_tree
+from hsstore.testing.bench import baseline_tree
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,8 +62,9 @@ def _store(d: Path, n: int, unit_samples: int) -> Path:
     path = d / f"tiny-{n}-u{unit_samples}.zarr"
     done = d / f"{path.name}.complete"
     if not done.exists():
-        from hsstore.testing.bench_stores import write_tiny_store
         import shutil
+
+        from hsstore.testing.bench import write_tiny_store
 
         shutil.rmtree(path, ignore_errors=True)
         t = time.perf_counter()

@@ -26,10 +26,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hsstore import HiddenStateDataset
-from hsstore.testing.bench_stores import write_hsstore
-from hsstore.testing.disk import du, evict
-from hsstore.testing.factories import make_data
+from hsstore.testing.bench import du, evict, write_hsstore
 from hsstore.testing.factories import BENCH_LAYERS as LAYERS
+from hsstore.testing.factories import make_data
 
 
 # ---- writers ---------------------------------------------------------------------------------------

@@ -44,14 +44,13 @@ from hsstore import HiddenStateDataset, StreamingHiddenStateDataset
 from hsstore.core import fp8_cpu
 from hsstore.storage.codecs import DEFAULT
 from hsstore.storage.convert import convert
+
 try:  # (the script also runs on an older hsstore, to compare in the same launch)
-    from hsstore.storage.tasks import read_threads, usable_cpus
+    from hsstore.storage.reader import read_threads, usable_cpus
 except ImportError:  # pragma: no cover
     read_threads = usable_cpus = None  # type: ignore[assignment]
-from hsstore.testing.bench_stores import write_hsstore
-from hsstore.testing.disk import du, evict, probe, write_probe
+from hsstore.testing.bench import du, evict, probe, write_hsstore, write_probe
 from hsstore.testing.factories import make_data
-
 
 
 def prepare(base: Path, samples: int, hidden: int, probe_gib: float) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from hsstore.testing.shapes import SHAPES, config_toml, layers_toml
+from hsstore.testing.factories import SHAPES, config_toml, layers_toml
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -26,11 +26,11 @@ def child(bucketed: bool, rows: int, budget: int) -> dict:
     import numpy as np
     import torch
 
-    from hsstore.testing.shapes import SHAPES
-    from hsstore.capture.model.backends import bound_kernels
-    from hsstore.capture.run.hooks import LayerCapture, pad_batch
+    from hsstore.capture.model.kernels import bound_kernels
     from hsstore.capture.model.spec import ModelSpec
+    from hsstore.capture.run.hooks import LayerCapture, pad_batch
     from hsstore.core.batching import batch_shapes, padded_length, token_budget_batches
+    from hsstore.testing.factories import SHAPES
 
     overrides, aux, target = SHAPES["1.6b"]
     model = ModelSpec("builtin:tiny-qwen3_5", overrides, init_device="device").load(torch.bfloat16, "cuda", "sdpa")

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=8192)
@@ -32,12 +31,11 @@ def main() -> None:
     import numpy as np
     import torch
 
+    from hsstore.core.keys import SampleTokens, sample_key
     from hsstore.storage.codecs import chunk_tokens
-    from hsstore.core.keys import sample_key
     from hsstore.storage.stats import stats_tensor
     from hsstore.storage.store import Store
     from hsstore.storage.writer import UnitWriter
-    from hsstore.core.keys import SampleTokens
     from hsstore.testing.factories import AUX, TARGET, provenance
 
     layers = {"aux": AUX, "target": TARGET}

@@ -20,7 +20,11 @@ from pathlib import Path
 import torch
 
 from hsstore import Store
-from hsstore.interop.adapters import SpecForgeDataset, SpeculatorsCollate, SpeculatorsDataset
+from hsstore.interop.adapters import (
+    SpecForgeDataset,
+    SpeculatorsCollate,
+    SpeculatorsDataset,
+)
 from hsstore.interop.exporter import ExportRequest, export_cache
 from hsstore.interop.importer import ImportRequest, import_cache
 from hsstore.interop.vocab import write_vocab_map

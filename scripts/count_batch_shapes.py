@@ -14,7 +14,12 @@ import argparse
 
 import numpy as np
 
-from hsstore.core.batching import POLICY, batch_shapes, padded_length, token_budget_batches
+from hsstore.core.batching import (
+    POLICY,
+    batch_shapes,
+    padded_length,
+    token_budget_batches,
+)
 
 
 def main() -> None:

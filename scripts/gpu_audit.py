@@ -20,9 +20,8 @@ import shutil
 import time
 from pathlib import Path
 
-from hsstore.testing.seed import SIZES, hs, long_rows, manifest, sh
-from hsstore.testing.shapes import SHAPES
-
+from hsstore.testing.bench import SIZES, hs, long_rows, manifest, sh
+from hsstore.testing.factories import SHAPES
 
 STEPS = ("build", "native", "import", "imported")
 

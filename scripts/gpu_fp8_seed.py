@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from hsstore.testing.seed import SIZES, hs, long_rows, manifest, sh
+from hsstore.testing.bench import SIZES, hs, long_rows, manifest, sh
 
 REPO = Path(__file__).resolve().parents[1]
 FP8 = "precision=fp8-e4m3"

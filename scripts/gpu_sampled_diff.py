@@ -16,7 +16,7 @@ import json
 import time
 from pathlib import Path
 
-from hsstore.testing.seed import SIZES, hs, long_rows, manifest, sh
+from hsstore.testing.bench import SIZES, hs, long_rows, manifest, sh
 
 
 def diff(a: str, b: str, c: str, *extra: str) -> tuple[dict, float]:

@@ -83,7 +83,9 @@ def _spec_collate():
 @check("speculators: prepare-data code writes the Arrow table; its loader reads it with hsstore's hs files")
 def _spec_prepare():
     from datasets import Dataset
-    from speculators.data_generation.preprocessing import build_speculator_training_dataset
+    from speculators.data_generation.preprocessing import (
+        build_speculator_training_dataset,
+    )
     from speculators.train.data import ArrowDataset
 
     rows = Dataset.from_dict({"input_ids": [r["input_ids"].tolist() for r in RAW],
@@ -146,7 +148,10 @@ def _specforge_vocab():
 
 @check("Model-Optimizer: OfflineSupervisedDataset + EagleOfflineDataCollator read the export")
 def _modelopt():
-    from modelopt.torch.speculative.eagle.utils import EagleOfflineDataCollator, OfflineSupervisedDataset
+    from modelopt.torch.speculative.eagle.utils import (
+        EagleOfflineDataCollator,
+        OfflineSupervisedDataset,
+    )
 
     files = sorted(str(p) for p in (WORK / "modelopt").rglob("*.pt"))
     ds = OfflineSupervisedDataset(files, answer_only_loss=True)

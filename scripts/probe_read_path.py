@@ -42,12 +42,12 @@ import numpy as np
 from hsstore import StreamingHiddenStateDataset
 from hsstore.core import fp8_cpu
 from hsstore.core.partition import epoch_sequence
-from hsstore.read.readahead import Readahead
 from hsstore.read import readahead as readahead_module
-from hsstore.storage import layout, outbuf
+from hsstore.read.prefetch_reads import Readahead
+from hsstore.storage import layout, tensor_reads
 from hsstore.storage.reader import VariantReader
 from hsstore.storage.store import Store
-from hsstore.testing.disk import du, evict, probe
+from hsstore.testing.bench import du, evict, probe
 
 
 def cpu() -> tuple[float, float]:
@@ -79,12 +79,12 @@ def read_all(reader: VariantReader, order: np.ndarray) -> int:
 
 
 class Recycled:
-    """``outbuf.empty`` replaced by views of one arena reused for every sample (diagnostic only)."""
+    """``tensor_reads.empty`` replaced by views of one arena reused for every sample (diagnostic only)."""
 
     def __init__(self, nbytes: int) -> None:
         self.arena = np.empty(nbytes, np.uint8)
         self.arena[:] = 0  # faulted in once
-        self.at, self.orig = 0, outbuf.empty
+        self.at, self.orig = 0, tensor_reads.empty
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
         import torch
@@ -107,11 +107,11 @@ def warm(path: str, vid: str, threads: list[int], order: np.ndarray) -> list[dic
             reader.read_threads = t
             rec = Recycled(256 << 20)
             if recycle:
-                outbuf.empty = rec.empty
+                tensor_reads.empty = rec.empty
             try:
                 r = timed(lambda: read_all(reader, order))
             finally:
-                outbuf.empty = rec.orig
+                tensor_reads.empty = rec.orig
             out.append({"threads": t, "recycled": recycle, **r})
             print(f"warm {vid[:8]} threads {t:2d} {'recycled' if recycle else 'fresh   '} {r['GB/s']:6.2f} GB/s "
                   f"user {r['user_s/GB']:.2f} sys {r['sys_s/GB']:.2f} s/GB", flush=True)

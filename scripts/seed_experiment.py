@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from hsstore.testing.seed import DATA, SIZES, hs, long_rows, manifest, sh
+from hsstore.testing.bench import DATA, SIZES, hs, long_rows, manifest, sh
 
 
 def main() -> None:
@@ -39,7 +39,7 @@ def main() -> None:
     import torch
 
     gpu = torch.cuda.is_available()
-    from hsstore.capture.model.backends import installed
+    from hsstore.capture.model.kernels import installed
 
     fla = installed("fla")
     skipped, builds = [], {}

@@ -27,7 +27,7 @@ CORPUS = [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(12)) + " 0
           for i in range(200)]
 
 
-PINNED_DAY = datetime(2024, 7, 26)  # hsstore.capture.inputs.chatdate.PINNED, written out: the oracle does not import it
+PINNED_DAY = datetime(2024, 7, 26)  # hsstore.capture.inputs.lossmask.PINNED, written out: the oracle does not import it
 
 
 def load(name: str) -> dict[str, Any]:

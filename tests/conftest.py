@@ -18,8 +18,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from helpers import run_cli, shared_dir, write_manifest  # noqa: E402
 
-from hsstore.capture.model.backends import force_backend  # noqa: E402
-from hsstore.testing.s3 import moto_s3  # noqa: E402
+from hsstore.capture.model.kernels import force_backend  # noqa: E402
+from hsstore.testing.bench import moto_s3  # noqa: E402
 
 # models loaded in this process run on the CPU, where fla's triton kernels cannot: bind transformers'
 # reference kernels even where fla is installed (backend-specific tests build in subprocesses)

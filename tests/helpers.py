@@ -14,10 +14,19 @@ from pathlib import Path
 
 import torch
 
-from hsstore.capture.model.backends import installed
-from hsstore.testing.factories import (LAYERS, TORCH_DTYPES, crashed_unit, make_samples, make_states,  # noqa: F401
-                                       new_variant, one_sample_units, provenance, store_with_unit,
-                                       write_unit)
+from hsstore.capture.model.kernels import installed
+from hsstore.testing.factories import (  # noqa: F401
+    LAYERS,
+    TORCH_DTYPES,
+    crashed_unit,
+    make_samples,
+    make_states,
+    new_variant,
+    one_sample_units,
+    provenance,
+    store_with_unit,
+    write_unit,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "hsstore" / "data" / "conversations.jsonl"

@@ -1,14 +1,14 @@
 """``hsstore ARGS`` run in this process through the real entry point, answered like a subprocess.
 
 ``run_inline`` calls ``hsstore.cli.main.main`` with ``sys.argv`` set, builds running their workers inline
-(``hsstore.capture.run.inline.inline_workers``), and returns a ``CompletedProcess``: the exit code ``main``
+(``hsstore.capture.run.driver.inline_workers``), and returns a ``CompletedProcess``: the exit code ``main``
 exits with, and what the command wrote to stdout and stderr (as text, newlines as a subprocess's text
 mode reads them). Everything it changes for the call is put back after it: the working directory,
 ``os.environ``, ``sys.argv``, the CLI's ``--debug`` state, signal handlers, the warning filters, and
 where logging handlers that write to stderr/stdout write.
 
 What it cannot reproduce: a process's start (``PYTHON*`` variables, import-time settings, the kernel
-packages this process blocked or loaded: see hsstore.capture.model.backends.bind_backend) and a process's end
+packages this process blocked or loaded: see hsstore.capture.model.kernels.bind_backend) and a process's end
 (signals, exit codes of a killed process). Tests about those run the real command in a subprocess.
 """
 
@@ -83,7 +83,7 @@ def _warnings_shown() -> Iterator[None]:
 def run_inline(args: Sequence[str], cwd: str | os.PathLike[str] | None = None,
                env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``hsstore ARGS`` in this process: its exit code, stdout and stderr, as ``subprocess.run`` gives them."""
-    from hsstore.capture.run.inline import inline_workers
+    from hsstore.capture.run.driver import inline_workers
     from hsstore.cli.app import state
     from hsstore.cli.main import main
 

@@ -27,8 +27,8 @@ def _pause(rng: object) -> None:
 def writer(store: Path, units: int, seed: int) -> None:
     """Write ``units`` one-sample units of fresh samples into the store's first variant."""
     from hsstore import Store
-    from hsstore.testing.factories import make_samples, make_states
     from hsstore.storage.writer import UnitWriter
+    from hsstore.testing.factories import make_samples, make_states
 
     s = Store.open(store, mode="a")
     vid = s.io.list_dir("variants")[0]
@@ -55,8 +55,9 @@ def import_folder(store: Path, fmt: str, folder: str, layers: str, capture: str)
     """One ``hsstore import`` of ``folder`` in units of one sample each; prints its report as JSON."""
     import json
 
-    from hsstore.interop.importer import ImportRequest, import_cache
     from interop_files import TOKENIZER
+
+    from hsstore.interop.importer import ImportRequest, import_cache
 
     r = import_cache(ImportRequest(fmt, folder, str(store), tokenizer=TOKENIZER, num_layers=4, layers=layers,
                                    capture=capture, unit_tokens=1, jobs=1))
@@ -132,9 +133,10 @@ def soak_import(store: Path, seed: int, folder: str, into: str) -> None:
     refused because the folder is being written or never finished is the expected answer, not an error."""
     import random
 
+    from interop_files import TOKENIZER
+
     from hsstore.core.errors import BadInput
     from hsstore.interop.importer import ImportRequest, import_cache
-    from interop_files import TOKENIZER
 
     rng = random.Random(seed)
     while not _stopped(store):

@@ -132,11 +132,11 @@ def _loaded_after(code: str) -> set[str]:
     ("import hsstore.capture.run.driver, hsstore.capture.inputs.manifest_file, hsstore.core.precision_names", {"torch", "transformers", "zarr"}),
     # planning is arithmetic: sizes, units, FLOPs and intervals need none of the model stack (hsstore plan
     # loads transformers to tokenize, torch only to count parameters on the meta device or to calibrate)
-    ("import hsstore.core.flops, hsstore.core.unitplan, hsstore.core.extrapolate, hsstore.core.humanize, "
+    ("import hsstore.core.flops, hsstore.core.batching, hsstore.core.flops, hsstore.core.outputs, "
      "hsstore.core.schema.plan",
      {"torch", "zarr", "transformers", "numpy"}),
-    ("import hsstore.storage.sizing, hsstore.storage.space", {"torch", "transformers", "zarr"}),
-    ("import hsstore.capture.plan.space_check, hsstore.capture.plan.plan_sizes, hsstore.capture.plan.plan_report, hsstore.capture.plan.plan_store",
+    ("import hsstore.storage.sizing, hsstore.storage.sizing", {"torch", "transformers", "zarr"}),
+    ("import hsstore.capture.plan.plan_sizes, hsstore.capture.plan.plan_sizes, hsstore.capture.plan.plan_report, hsstore.capture.plan.plan_sizes",
      {"torch", "transformers", "zarr"}),
 ])
 @pytest.mark.process

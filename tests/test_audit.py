@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import main_exit, run_cli, save_local_model
+from interop_damage import damage, sample_file, subset
 
 from hsstore import Store
 from hsstore.compare.audit import run_audit
 from hsstore.compare.defects import CLEAN
 from hsstore.interop.exporter import ExportRequest, export_cache
 from hsstore.interop.importer import ImportRequest, import_cache
-
-from helpers import main_exit, run_cli, save_local_model
-from interop_damage import damage, sample_file, subset
 
 MODEL = "builtin:tiny-qwen3_5"
 AUX0, AUX1, TARGET, NORM = 0, 1, 3, 4  # tiny_store's aux [0, 1] and target [3]; 4 = after the final norm (4 layers)
@@ -54,8 +53,8 @@ def _audit(fmt: str, folder: Path, tmp: Path, n: int) -> dict:
 
 def _final_norm(x: torch.Tensor) -> torch.Tensor:
     """The model's final norm applied to stored states (what a post-norm capture stores)."""
-    from hsstore.capture.run.hooks import final_norm
     from hsstore.capture.model.spec import ModelSpec
+    from hsstore.capture.run.hooks import final_norm
 
     model = ModelSpec(MODEL).load(torch.float32, "cpu", "sdpa")
     with torch.no_grad():
@@ -177,8 +176,8 @@ def test_a_clean_export_audits_clean(fmt: str, exports: dict[str, Path], source,
 
 def _other_weights(fmt: str, folder: Path, picks: list[tuple[int, str]], tiny_store: Path) -> None:
     """Every sample's states recomputed by a model of other weights (the builtin drawn from seed 1)."""
-    from hsstore.capture.run.hooks import LayerCapture
     from hsstore.capture.model.spec import ModelSpec
+    from hsstore.capture.run.hooks import LayerCapture
 
     model = ModelSpec(MODEL, seed=1).load(torch.bfloat16, "cpu", "sdpa")
     cap = LayerCapture(model, 4, list(ALL))

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_cli
+from interop_damage import damage, sample_file, sidecar, subset
 
 from hsstore import Store
 from hsstore.compare.defects import upper_bound
 from hsstore.interop.exporter import ExportRequest, export_cache
-
-from helpers import run_cli
-from interop_damage import damage, sample_file, sidecar, subset
 
 MODEL = "builtin:tiny-qwen3_5"
 N, BAD = 6, 3  # samples in the cache; how many of them hold NaN states in the target

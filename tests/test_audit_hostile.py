@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from interop_damage import _load, damage, read_slots, sample_file, sidecar, subset
 
 from hsstore import Store
+from hsstore.compare.audit import run_audit
 from hsstore.interop.exporter import ExportRequest, export_cache
 from hsstore.interop.importer import ImportRequest, import_cache
-from hsstore.compare.audit import run_audit
-
-from interop_damage import _load, damage, read_slots, sample_file, sidecar, subset
 
 AUX0, AUX1, TARGET, NORM = 0, 1, 3, 4
 ALL = (AUX0, AUX1, TARGET)
@@ -285,7 +284,7 @@ def test_noise_added_to_every_sample_is_not_other_weights(fmt: str, tiny_store: 
 def test_the_narrower_dtype_is_read_from_values_that_say_it():
     """An all-zero first sample (a slot never written) says nothing of the dtype the states were computed
     in; values rounded to bf16 or fp16 do (and values of fp32 do not)."""
-    from hsstore.compare.transforms import narrower_values
+    from hsstore.compare.defects import narrower_values
 
     x = torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
     assert narrower_values(torch.zeros(16, 64)) is None and narrower_values(x) is None

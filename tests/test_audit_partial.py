@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_cli
+from interop_damage import damage, sample_file, sidecar, subset
 
 from hsstore import Store
 from hsstore.interop.exporter import ExportRequest, export_cache
-
-from helpers import run_cli
-from interop_damage import damage, sample_file, sidecar, subset
 
 MODEL = "builtin:tiny-qwen3_5"
 AUX0, AUX1, TARGET = 0, 1, 3

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from hsstore.interop.exporter import ExportRequest, export_cache
-
 from helpers import REPO, run_cli
 from interop_damage import damage, sample_file, sidecar
+
+from hsstore.interop.exporter import ExportRequest, export_cache
 
 MODEL = "builtin:tiny-qwen3_5"
 
@@ -81,7 +80,7 @@ def test_overrides_on_a_native_variant(tiny_store: Path):
 ])
 def test_a_recomputation_that_cannot_run_here_is_one_line_exit_2(tiny_store: Path, option: str, value: str,
                                                                   words: str):
-    from hsstore.capture.model.backends import installed
+    from hsstore.capture.model.kernels import installed
 
     if installed({"--backend": "fla", "--attn": "flash_attn"}[option]):
         pytest.skip(f"{value} can run here")
@@ -192,9 +191,8 @@ def test_a_model_that_cannot_produce_the_shapes_is_refused_before_it_runs(tiny_s
 def test_states_of_a_fine_tuned_checkpoint_are_other_weights(tiny_store: Path, tmp_path: Path):
     """A cache made by the base model, audited against a checkpoint fine-tuned from it (every weight moved
     by ~2 %): every checked sample diverges in every layer — other weights, and the fingerprint says so."""
-    from safetensors.torch import load_file, save_file
-
     from helpers import save_local_model
+    from safetensors.torch import load_file, save_file
 
     tuned = save_local_model(tmp_path / "tuned", arch="tiny-qwen3_5")
     g = torch.Generator().manual_seed(0)

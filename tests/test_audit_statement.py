@@ -10,12 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import run_cli
+from interop_damage import sidecar, subset
 
 from hsstore import Store
 from hsstore.interop.exporter import ExportRequest, export_cache
-
-from helpers import run_cli
-from interop_damage import sidecar, subset
 
 MODEL = "builtin:tiny-qwen3_5"
 FORMATS = ("specforge", "speculators", "modelopt", "eagle")

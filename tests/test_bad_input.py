@@ -8,12 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import DATA, REPO, new_variant, run_main, write_manifest, write_unit
 
 from hsstore import Store
 from hsstore.cli.main import main
 from hsstore.core.errors import StoreNotFound
-
-from helpers import DATA, REPO, new_variant, run_main, write_manifest, write_unit
 
 
 def _m(tmp: Path, **kw) -> list[str]:

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO, assert_bit_exact, run_cli, write_manifest
 
 from hsstore import HiddenStateDataset, Store
 from hsstore.capture.model.spec import ModelSpec
-
-from helpers import REPO, assert_bit_exact, run_cli, write_manifest
 
 STANDIN = str(REPO / "tests" / "standin")
 
@@ -52,7 +51,7 @@ def test_same_environment_build_is_bit_identical(tiny_store: Path, tmp_path: Pat
 def test_an_inline_worker_runs_only_the_backend_this_process_binds():
     """Inline workers share this process, which binds the torch kernels (conftest): a torch plan runs, an fla
     plan must not record torch kernels as fla's and is refused naming why."""
-    from hsstore.capture.model.backends import bind_backend
+    from hsstore.capture.model.kernels import bind_backend
     from hsstore.core.errors import BadInput
 
     bind_backend("torch")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hsstore.capture.run.hooks import LayerCapture, pad_batch
 from hsstore.capture.model.spec import ModelSpec
+from hsstore.capture.run.hooks import LayerCapture, pad_batch
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from chat_fixtures import FIXTURES, load, make_tokenizer, reference_ids, spans
 from helpers import run_cli, write_manifest
 from test_chat_masks import GOLDEN, TWO_TURNS, _rich

@@ -17,15 +17,14 @@ from datetime import date, datetime
 from pathlib import Path
 
 import pytest
+from chat_fixtures import FIXTURES, load, make_tokenizer, reference_ids, spans
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chat_fixtures import FIXTURES, load, make_tokenizer, reference_ids, spans
-
-from hsstore.capture.model.builtin import CHAT_TEMPLATE, builtin_tokenizer
-from hsstore.capture.inputs.tokenizing import load_rows, tokenize_rows
 from hsstore.capture.inputs.lossmask import PINNED_DATE, ChatMasker
 from hsstore.capture.inputs.messages import RowRejected
+from hsstore.capture.inputs.tokenizing import load_rows, tokenize_rows
+from hsstore.capture.model.builtin import CHAT_TEMPLATE, builtin_tokenizer
 from hsstore.core.errors import BadInput
 
 TWO_TURNS = [{"role": "user", "content": "What is two plus two?"}, {"role": "assistant", "content": "It is four."},
@@ -430,10 +429,9 @@ def test_turn_tokens_added_as_ordinary_tokens_are_still_refused_in_text():
     `tokens:`, `tokenizer.add_tokens`): typed in a message they still tokenize as the turn tokens, so a reply
     holding '<|im_end|>\\n<|im_start|>user\\n…' would train a forged user turn. The end-of-turn token and the
     token that opens a turn are refused in text like special tokens, whatever their flag; <think> is not."""
+    from chat_fixtures import _default_trained
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
-
-    from chat_fixtures import _default_trained
 
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_default_trained(400)), bos_token="<s>",
                                   eos_token="</s>", chat_template=load("qwen2_5")["chat_template"])

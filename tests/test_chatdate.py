@@ -1,4 +1,4 @@
-"""The pinned day of chat templates that print the date (hsstore.capture.inputs.chatdate), through transformers' own
+"""The pinned day of chat templates that print the date (hsstore.capture.inputs.lossmask), through transformers' own
 Jinja environment: what strftime_now prints, wherever the template calls it, and nothing else changed."""
 
 from __future__ import annotations
@@ -9,7 +9,13 @@ from datetime import date, datetime, timedelta
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from hsstore.capture.inputs.chatdate import PINNED, chat_date, date_string, directives, pinned_template
+from hsstore.capture.inputs.lossmask import (
+    PINNED,
+    chat_date,
+    date_string,
+    directives,
+    pinned_template,
+)
 
 CHAT = [{"role": "user", "content": "hi"}]
 

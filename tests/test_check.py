@@ -9,13 +9,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import (
+    FLA_INSTALLED,
+    LAYERS,
+    make_samples,
+    make_states,
+    provenance,
+    run_cli,
+)
 
 from hsstore import Store
 from hsstore.compare.check import batch_plan, run_check
 from hsstore.core.errors import BadInput
 from hsstore.storage.writer import UnitWriter
-
-from helpers import FLA_INSTALLED, LAYERS, make_samples, make_states, provenance, run_cli
 
 
 def _check(*args: str) -> tuple[int, dict, str]:

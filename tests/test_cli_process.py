@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from helpers import run_cli
 
 # command -> its arguments that are bad input ({tmp}: a fresh folder, {store}: the session's tiny store)

@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-
 import racers
+from helpers import store_with_unit
+
 from hsstore import Store
 from hsstore.core.errors import WriteFailed
 from hsstore.storage import layout
@@ -17,8 +18,6 @@ from hsstore.storage.gc import collect_garbage
 from hsstore.storage.verify import verify
 from hsstore.storage.writer import UnitWriter
 from hsstore.testing.factories import make_samples, make_states
-
-from helpers import store_with_unit
 
 
 def assert_all_readable(path: Path, vid: str) -> int:

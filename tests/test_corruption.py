@@ -7,12 +7,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import run_cli, store_with_unit
 
 from hsstore import Store
 from hsstore.core.errors import CorruptData
 from hsstore.storage.verify import verify
-
-from helpers import run_cli, store_with_unit
 
 
 @pytest.fixture

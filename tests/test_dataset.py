@@ -8,14 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from hsstore.storage.writer import UnitWriter
-from hsstore import HiddenStateDataset, ProvenanceMismatch, Store
-from hsstore.read.dataset import pad_collate
-from hsstore.compare.live import check_live_model
-from hsstore.capture.model.spec import ModelSpec
-
 from helpers import REPO, make_samples, make_states, new_variant, shared_dir
+
+from hsstore import HiddenStateDataset, ProvenanceMismatch, Store
+from hsstore.capture.model.spec import ModelSpec
+from hsstore.compare.check import check_live_model
+from hsstore.read.dataset import pad_collate
+from hsstore.storage.writer import UnitWriter
 
 
 def test_items_by_role_in_stored_dtype(tiny_store: Path):

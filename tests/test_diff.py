@@ -6,11 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from hsstore.storage.writer import UnitWriter
-from hsstore import Store
-
 from helpers import LAYERS, make_samples, make_states, new_variant, provenance, run_cli
+
+from hsstore import Store
+from hsstore.storage.writer import UnitWriter
 
 
 def _diff(*args: str) -> tuple[int, dict]:

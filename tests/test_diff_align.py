@@ -7,12 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import run_cli, write_manifest
 
 from hsstore import Store
 from hsstore.core.keys import SampleTokens
 from hsstore.storage.writer import UnitWriter
-
-from helpers import run_cli, write_manifest
 
 
 @pytest.fixture(scope="module")

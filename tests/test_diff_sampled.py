@@ -8,11 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import run_cli
 
 from hsstore.compare.diff import run_diff
 from hsstore.compare.sampling import choose, replicate_weights, t_quantile
-
-from helpers import run_cli
 
 
 def _targets(store: Path) -> tuple[str, str, str]:

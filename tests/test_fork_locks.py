@@ -1,5 +1,5 @@
 """A DataLoader forks its workers while another thread of the training process may be inside a reader:
-the locks it held then must not stay held in the workers (hsstore.core.forksafe)."""
+the locks it held then must not stay held in the workers (hsstore.core.interrupt)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_read_path import _check, _store
 from torch.utils.data import DataLoader
 
 from hsstore import HiddenStateDataset
-from hsstore.core.forksafe import ForkSafeLock
-from hsstore.storage.chunkcache import DECODED
-
-from test_read_path import _check, _store
+from hsstore.core.interrupt import ForkSafeLock
+from hsstore.storage.shardio import DECODED
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or sys.platform != "linux", reason="fork is Linux's here")
 

@@ -13,11 +13,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO, diff_report, one_sample_units, run_cli
 
-from helpers import REPO, diff_report, one_sample_units, run_cli, write_manifest
-
-from hsstore import HiddenStateDataset, ProvenanceMismatch, Store, StreamingHiddenStateDataset
-from hsstore.core import precision_names as precision, quant
+from hsstore import (
+    HiddenStateDataset,
+    ProvenanceMismatch,
+    Store,
+    StreamingHiddenStateDataset,
+)
+from hsstore.core import precision_names as precision
+from hsstore.core import quant
 from hsstore.core.errors import BadInput
 from hsstore.storage.convert import convert
 from hsstore.storage.verify import verify

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from helpers import DATA, kill_build, run_cli, start_build, wait_for, write_manifest
+
 from hsstore.core.errors import ProvenanceMismatch
 from hsstore.read.dataset import HiddenStateDataset
 

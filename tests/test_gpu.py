@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import FLA_INSTALLED, REPO, write_manifest
+from helpers import run_cli_process as run_cli
 
 from hsstore import Store
-
-from helpers import FLA_INSTALLED, REPO, run_cli_process as run_cli, write_manifest
 
 # real processes (see docs/testing.md): the fla backend binds its kernels in a process of its own
 pytestmark = [pytest.mark.process, pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,

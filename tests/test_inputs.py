@@ -4,13 +4,12 @@ import json
 from pathlib import Path
 
 import pytest
-
-from hsstore.capture.model.builtin import builtin_tokenizer
-from hsstore.core.errors import BadInput, ResourceLimit
-from hsstore.capture.inputs.tokenizing import load_rows, tokenize_rows
-
 from chat_fixtures import make_tokenizer, spans
 from helpers import DATA
+
+from hsstore.capture.inputs.tokenizing import load_rows, tokenize_rows
+from hsstore.capture.model.builtin import builtin_tokenizer
+from hsstore.core.errors import BadInput, ResourceLimit
 
 TOK = builtin_tokenizer()
 

@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import assert_bit_exact, main_exit, run_cli, save_local_model
+from interop_files import TOKENIZER, WRITERS, random_samples
 
 from hsstore import Store
 from hsstore.capture.model.spec import ModelSpec
@@ -18,12 +20,9 @@ from hsstore.core.keys import sample_key
 from hsstore.core.schema.provenance import Provenance
 from hsstore.interop.exporter import ExportRequest, export_cache
 from hsstore.interop.formats import get_format
-from hsstore.interop.importer import ImportRequest, import_cache
 from hsstore.interop.imported_provenance import tokenizer_identity
+from hsstore.interop.importer import ImportRequest, import_cache
 from hsstore.storage.verify import verify
-
-from helpers import assert_bit_exact, main_exit, run_cli, save_local_model
-from interop_files import TOKENIZER, WRITERS, random_samples
 
 STATED = {"specforge": "0,1,2,final_norm", "modelopt": "0,1,2,final_norm", "speculators": "1,2,3,4",
           "eagle": "final_norm"}
@@ -264,7 +263,7 @@ def test_a_stopped_exports_record_is_not_taken_for_a_folder_made_anew(tmp_path: 
     folder still resumes. Before, the record was trusted and the other cache overwritten and removed."""
     import shutil
 
-    from hsstore.interop.folder_mark import folder_mark
+    from hsstore.interop.importer import folder_mark
 
     if folder_mark(tmp_path) is None:  # the mark is an extended attribute: where there are none, no mark is kept
         pytest.skip(f"{tmp_path} keeps no extended attributes (the mark, and this check, need them)")
@@ -339,9 +338,9 @@ def test_an_export_that_finished_while_another_waited_is_not_replaced(tmp_path: 
     """Exports of two variants into one new folder: the second looks at the folder only once it holds it.
     Before, it judged the folder (empty) before taking it, so an export of another variant that finished in
     between was replaced whole — its files removed as stale, the record rewritten."""
-    from hsstore.interop import exporter
-
     from helpers import new_variant, write_unit
+
+    from hsstore.interop import exporter
 
     s = Store.create(tmp_path / "two.zarr")
     vids = [new_variant(s, dtype=d) for d in ("bf16", "fp32")]
@@ -395,7 +394,7 @@ def test_import_records_stay_small_whatever_the_paths(tmp_path: Path):
     """Hundreds of files under a 2,000-character folder: the import's records are split so none grows past
     RECORD_BYTES (one record of them all would be megabytes, which verify calls damage past the record cap);
     verify stays clean and a re-run trusts the records instead of failing on them."""
-    from hsstore.interop.import_records import RECORD_BYTES
+    from hsstore.interop.imported_provenance import RECORD_BYTES
     from hsstore.storage import layout
 
     deep = tmp_path / "src" / "/".join(["d" * 249] * 8)

@@ -9,15 +9,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from interop_files import TOKENIZER, WRITERS, random_samples
 
 from hsstore import Store
 from hsstore.core.errors import BadInput
-from hsstore.interop.adapters import SpecForgeCollate, SpecForgeDataset, SpeculatorsCollate, SpeculatorsDataset
-from hsstore.interop.importer import ImportRequest, import_cache
+from hsstore.interop.adapters import (
+    SpecForgeCollate,
+    SpecForgeDataset,
+    SpeculatorsCollate,
+    SpeculatorsDataset,
+)
 from hsstore.interop.imported_provenance import tokenizer_identity
+from hsstore.interop.importer import ImportRequest, import_cache
 from hsstore.interop.vocab import vocab_mapping, write_vocab_map
-
-from interop_files import TOKENIZER, WRITERS, random_samples
 
 
 @pytest.fixture(scope="module")
@@ -162,8 +166,7 @@ def test_layer_conventions_map_both_ways(capture: str, stated, hsstore_id: int):
 
 
 def test_per_sample_health_merges_into_the_units_stats():
-    from hsstore.storage.stats import merge_health
-    from hsstore.storage.stats import stats_tensor
+    from hsstore.storage.stats import merge_health, stats_tensor
 
     g = torch.Generator().manual_seed(0)
     parts = [torch.randn(n, 8, generator=g).bfloat16() for n in (3, 5, 2)]

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from hsstore import Store
-
 from helpers import REPO, main_exit, run_main
 from interop_files import TOKENIZER, WRITERS, random_samples
+
+from hsstore import Store
 
 SF = ["--tokenizer", TOKENIZER, "--num-layers", "4", "--layers", "0,1,2,final_norm", "--capture", "output"]
 
@@ -372,7 +371,7 @@ def test_foreign_files_are_decoded_only_where_they_are_priced() -> None:
     """torch.load, gzip and zlib decoding of another tool's files happen in hsstore/interop/sample.py only,
     where sizes are checked against the memory budget before anything is materialized."""
     # bench_stores reads back the torch.save files its own benchmark wrote (the torch.load baseline), never input
-    # read/resume_state.py inflates a training state's consumed marks, bounded to the snapshot's size
+    # read/dataset.py inflates a training state's consumed marks, bounded to the snapshot's size
     allowed = {REPO / "hsstore" / "interop" / "sample.py", REPO / "hsstore" / "testing" / "bench_stores.py",
                REPO / "hsstore" / "read" / "resume_state.py"}
     calls = re.compile(r"\btorch\.load\(|\bgzip\.(decompress|open)\(|\bzlib\.decompress(obj)?\(|\bpickle\.loads?\(")

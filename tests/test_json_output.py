@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import REPO, run_cli
 
 from hsstore.storage import layout
 from hsstore.storage.store import Store
 from hsstore.testing.factories import crashed_unit
-
-from helpers import REPO, run_cli
 
 PINNED = REPO / "tests" / "data" / "json"
 FIXTURE = REPO / "tests" / "data" / "format-v1.zarr"
@@ -149,14 +148,15 @@ def test_the_pinned_documents_cover_what_the_commands_can_say(documents: dict[st
 
 
 def _renderers() -> dict[str, tuple[type, Any]]:
-    from hsstore.cli.convert_cmd import convert_text
-    from hsstore.cli.diff_render import diff_text
-    from hsstore.cli.report import gc_text, info_text, verify_text
-    from hsstore.core.schema.convert_report import ConvertReport
-    from hsstore.core.schema.diff_report import DiffReport
-    from hsstore.core.schema.gc_report import GcReport
-    from hsstore.core.schema.info_report import StoreInfo
-    from hsstore.core.schema.verify_report import VerifyReport
+    from hsstore.cli.render import diff_text, gc_text, info_text, verify_text
+    from hsstore.cli.store_cmd import convert_text
+    from hsstore.core.schema.reports import (
+        ConvertReport,
+        DiffReport,
+        GcReport,
+        StoreInfo,
+        VerifyReport,
+    )
 
     return {"info": (StoreInfo, info_text), "verify_clean": (VerifyReport, verify_text),
             "verify_damaged": (VerifyReport, verify_text), "gc_dry_run": (GcReport, gc_text), "gc": (GcReport, gc_text),

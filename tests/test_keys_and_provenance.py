@@ -3,14 +3,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import xxhash
+from helpers import provenance
 
-from hsstore.core.canonical import canonical_json, fingerprint
 from hsstore.core.errors import ProvenanceMismatch, SelectorError
-from hsstore.core.keys import sample_key
+from hsstore.core.keys import canonical_json, fingerprint, sample_key
 from hsstore.core.provenance_match import differences, require_match, variant_id
 from hsstore.core.selectors import parse_selector, select
-
-from helpers import provenance
 
 
 def test_sample_key_is_xxh3_128_of_the_documented_bytes():

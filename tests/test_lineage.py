@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 import xxhash
+from helpers import DATA, REPO, run_cli, write_manifest
 
 from hsstore import Store
 from hsstore.core.schema.build import BuildRecord
 from hsstore.storage.verify import verify
-
-from helpers import DATA, REPO, run_cli, write_manifest
 
 STANDIN = str(REPO / "tests" / "standin")
 

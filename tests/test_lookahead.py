@@ -12,23 +12,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import TaggedItems, make_samples, make_states, new_variant
 from torch.utils.data import DataLoader
 
 from hsstore import HiddenStateDataset, Store
 from hsstore.core.errors import CorruptData
-from hsstore.read import lookahead
+from hsstore.read import prefetch_reads
 from hsstore.storage import layout
 from hsstore.storage.local import LocalRange
 from hsstore.storage.writer import UnitWriter
-
-from helpers import TaggedItems, make_samples, make_states, new_variant
 
 LAYERS = [0, 1, 2]
 
 
 @pytest.fixture(autouse=True)
 def _small_samples_look_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lookahead, "MIN_BYTES", 0)  # these samples are small: look ahead all the same
+    monkeypatch.setattr(prefetch_reads, "MIN_BYTES", 0)  # these samples are small: look ahead all the same
     # a store just written is in the page cache, whose chunks are left to the read: fetch them anyway
     monkeypatch.setattr(LocalRange, "cached", lambda self, offset, n: False)
 
@@ -190,7 +189,7 @@ def test_datasets_kept_after_reading_a_few_samples_in_order_share_a_few_budgets(
     the least recently read ones let theirs go, and read the ordinary way if they are read again."""
     path, want = _store(tmp_path)
     probe = HiddenStateDataset(path)
-    monkeypatch.setattr(lookahead, "AHEAD_BYTES", sum(probe.reader.ref(i).length for i in (3, 4)) * 3 * 32 * 2)
+    monkeypatch.setattr(prefetch_reads, "AHEAD_BYTES", sum(probe.reader.ref(i).length for i in (3, 4)) * 3 * 32 * 2)
     sets = []
     for _ in range(16):
         ds = HiddenStateDataset(path)
@@ -208,10 +207,10 @@ READ_AT_EXIT = """
 import atexit, hashlib, sys
 import torch
 from hsstore import HiddenStateDataset, StreamingHiddenStateDataset
-from hsstore.read import lookahead
+from hsstore.read import prefetch_reads
 from hsstore.storage import reader
 from hsstore.storage.local import LocalRange
-lookahead.MIN_BYTES, reader.THREAD_MIN_BYTES = 0, 0  # small samples: look ahead and share layers with the pool
+prefetch_reads.MIN_BYTES, reader.THREAD_MIN_BYTES = 0, 0  # small samples: look ahead and share layers with the pool
 LocalRange.cached = lambda self, offset, n: False
 ds = HiddenStateDataset(sys.argv[1])
 first = [ds[i] for i in range(3)]  # in order: the layer pool and the fetch thread are running

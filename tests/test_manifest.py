@@ -6,12 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import run_cli, write_manifest
 
 from hsstore.capture.inputs.manifest_file import load_manifest
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.manifest import BuildTable, DataTable, ModelTable, StoreTable
-
-from helpers import run_cli, write_manifest
 
 WRONG_TYPES = [
     # (table snippet, key, value shown, expected type words)
@@ -143,7 +142,7 @@ def test_the_manifest_file_rules_live_in_its_schema() -> None:
     """The rules of the TOML document (tables, keys, required keys, layers) are the schema's too, and the names
     other layers accept (backends, data formats, attention) are the schema's own tuples, not copies."""
     from hsstore.capture.inputs import tokenizing
-    from hsstore.compare import assume
+    from hsstore.compare import audit
     from hsstore.core.schema import manifest as schema
 
     ok = {"model": {"path": "builtin:tiny-llama", "layers": {"aux": [0], "target": [1]}}, "data": {"files": ["d.jsonl"]}}
@@ -157,5 +156,5 @@ def test_the_manifest_file_rules_live_in_its_schema() -> None:
                        ({**ok, "model": {**ok["model"], "seed": 1.5}}, r"\[model\] seed = 1.5: expected an integer")]:
         with pytest.raises(BadInput, match=words):
             schema.parse_manifest_file(raw, "m.toml")
-    assert assume.BACKENDS is schema.BACKENDS and assume.ATTENTION is schema.ATTENTION
+    assert audit.BACKENDS is schema.BACKENDS and audit.ATTENTION is schema.ATTENTION
     assert tokenizing.FORMATS is schema.DATA_FORMATS

@@ -11,14 +11,12 @@ from pathlib import Path
 
 import pytest
 import xxhash
+from helpers import run_cli, save_local_model, write_manifest
 
 from hsstore import HiddenStateDataset, ProvenanceMismatch, Store
-from hsstore.capture.model.spec import ModelSpec
-from hsstore.capture.model.weight_files import check_torch_file
+from hsstore.capture.model.spec import ModelSpec, check_torch_file
 from hsstore.core.errors import BuildFailed
-from hsstore.core.filehash import hash_files, stamp
-
-from helpers import run_cli, save_local_model, write_manifest
+from hsstore.core.keys import hash_files, stamp
 
 LAYERS = "{ aux = [1], target = [2] }"
 
@@ -146,7 +144,7 @@ def test_builtin_model_identity_is_unchanged_so_old_stores_resume():
 
 
 def test_a_file_that_changes_while_it_is_hashed_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    import hsstore.core.filehash as fh
+    import hsstore.core.keys as fh
 
     p = tmp_path / "model.safetensors"
     p.write_bytes(b"x" * 1000)

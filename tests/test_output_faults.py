@@ -14,7 +14,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO, run_cli
 
 STORE = REPO / "tests" / "data" / "format-v1.zarr"
@@ -60,7 +59,7 @@ def test_a_full_disk_on_stdout_is_one_line_exit_1() -> None:
 
 
 def test_every_command_prints_its_report_through_write_stdout() -> None:
-    """One place writes reports (hsstore.cli.output): no typer.echo or print to stdout elsewhere."""
+    """One place writes reports (hsstore.cli.render): no typer.echo or print to stdout elsewhere."""
     offenders = []
     for path in sorted((REPO / "hsstore" / "cli").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -131,9 +130,9 @@ def test_a_fifo_or_dev_stdout_gets_the_report_streamed_not_replaced(tmp_path: Pa
 
 
 def _small_store(tmp_path: Path) -> Path:
-    from hsstore import Store
-
     from helpers import new_variant, write_unit
+
+    from hsstore import Store
 
     s = Store.create(tmp_path / "s.zarr")
     write_unit(s, new_variant(s, dtype="bf16"), [4, 6])

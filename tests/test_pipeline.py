@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from hsstore.storage.writer import UnitWriter
-from hsstore import Store
-from hsstore.capture.run.hooks import LayerCapture
-from hsstore.capture.model.spec import ModelSpec
-from hsstore.capture.run.pinned import PinnedPool, pinned_size
-from hsstore.capture.run.pipeline import capture_to_store
-
 from helpers import make_samples, new_variant
+
+from hsstore import Store
+from hsstore.capture.model.spec import ModelSpec
+from hsstore.capture.run.hooks import LayerCapture
+from hsstore.capture.run.pipeline import PinnedPool, capture_to_store, pinned_size
+from hsstore.storage.writer import UnitWriter
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate.utils import check_device_map
+from helpers import REPO
 
 from hsstore.capture.model.builtin import builtin_config, builtin_tokenizer
-from hsstore.capture.run.hooks import LayerCapture, decoder_layers
-from hsstore.capture.model.spec import ModelSpec
 from hsstore.capture.model.placement import contiguous_split, device_map, stages
-
-from helpers import REPO
+from hsstore.capture.model.spec import ModelSpec
+from hsstore.capture.run.hooks import LayerCapture, decoder_layers
 
 
 @pytest.mark.parametrize("sizes,parts", [([5, 1, 1, 1, 1, 1, 1, 1, 1, 5], 2), ([3] * 64, 4), ([1] * 7, 3),

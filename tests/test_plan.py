@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from hsstore.cli.main import app
 from hsstore.core.flops import ASSUMED_MFU
-from hsstore.testing.shapes import config_toml, layers_toml
+from hsstore.testing.factories import config_toml, layers_toml
 
 # the plan's bytes vs the build's, calibrated on every batch of the same model: what docs/plan.md states
 TOLERANCE = 0.02
@@ -198,7 +198,7 @@ def test_plan_refuses_sample_with_limit_and_calibration_on_an_absent_gpu(tmp_pat
 
 
 def test_a_whole_sample_is_the_total_and_a_part_brackets_it():
-    from hsstore.core.extrapolate import sample_indices, total_from_sample
+    from hsstore.core.flops import sample_indices, total_from_sample
 
     values = [float((7 * i) % 13) for i in range(200)]
     whole = total_from_sample(values, len(values))

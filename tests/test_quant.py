@@ -1,4 +1,4 @@
-"""FP8 quantization (hsstore.core.quant) and its error statistics (hsstore.core.quant_error): round-trip
+"""FP8 quantization (hsstore.core.quant) and its error statistics (hsstore.core.quant): round-trip
 bounds, exactness of dequantization, the fast CPU path against torch, edge values."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from hsstore.core import fp8_cpu, quant, quant_error
+from hsstore.core import fp8_cpu, quant
 from hsstore.core import precision_names as precision
 
 # e4m3 has 3 mantissa bits: round to nearest is within half a step, 2**-4 of the value, for normal values
@@ -40,7 +40,7 @@ def test_round_trip_error_is_within_half_an_e4m3_step_of_each_normal_value(dtype
     assert rel.max() <= HALF_STEP
     tiny_err = (y - xf).abs()[~normal] / q.scales.expand_as(xf)[~normal]
     assert tiny_err.numel() == 0 or tiny_err.max() <= 2.0**-10  # half of e4m3's subnormal step
-    s = quant_error.summary(quant_error.from_error_tensor(quant_error.error_tensor(xf, y).tolist()))
+    s = quant.summary(quant.from_error_tensor(quant.error_tensor(xf, y).tolist()))
     assert 0.005 < s.rel_l2 < 0.04 and s.cos_min > 0.999
 
 
@@ -132,10 +132,10 @@ def test_bad_shapes_and_precisions_are_refused() -> None:
 def test_error_records_add_up_to_the_error_of_the_whole() -> None:
     x = residual_like(T=50, H=64)
     y = quant.dequantize(quant.quantize(x), torch.float32)
-    whole = quant_error.summary(quant_error.from_error_tensor(quant_error.error_tensor(x, y).tolist()))
-    parts = [quant_error.from_error_tensor(quant_error.error_tensor(x[a:b], y[a:b]).tolist())
+    whole = quant.summary(quant.from_error_tensor(quant.error_tensor(x, y).tolist()))
+    parts = [quant.from_error_tensor(quant.error_tensor(x[a:b], y[a:b]).tolist())
              for a, b in [(0, 7), (7, 31), (31, 50)]]
-    merged = quant_error.summary(quant_error.merge(parts))
+    merged = quant.summary(quant.merge(parts))
     assert merged.tokens == 50
     for k in ("rel_l2", "cos_mean", "cos_min", "max_abs"):
         assert math.isclose(getattr(merged, k), getattr(whole, k), rel_tol=1e-6), k
@@ -145,12 +145,12 @@ def test_error_records_add_up_to_the_error_of_the_whole() -> None:
 
 def test_error_of_identical_and_of_zero_states() -> None:
     x = residual_like(T=5, H=8)
-    same = quant_error.summary(quant_error.from_error_tensor(quant_error.error_tensor(x, x).tolist()))
+    same = quant.summary(quant.from_error_tensor(quant.error_tensor(x, x).tolist()))
     assert same.rel_l2 == 0 and same.cos_min == pytest.approx(1.0) and same.max_abs == 0
     z = torch.zeros(3, 8)
-    zero = quant_error.summary(quant_error.from_error_tensor(quant_error.error_tensor(z, z).tolist()))
+    zero = quant.summary(quant.from_error_tensor(quant.error_tensor(z, z).tolist()))
     assert zero.rel_l2 == 0 and zero.cos_mean == 1.0
-    empty = quant_error.from_error_tensor(quant_error.error_tensor(z[:0], z[:0]).tolist())
+    empty = quant.from_error_tensor(quant.error_tensor(z[:0], z[:0]).tolist())
     assert empty["tokens"] == 0
 
 

@@ -10,14 +10,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers import TaggedItems, make_samples, make_states, new_variant
 from torch.utils.data import DataLoader
 
 from hsstore import HiddenStateDataset, Store, StreamingHiddenStateDataset
-from hsstore.storage import layout, reader as reader_mod
-from hsstore.storage.chunkcache import DECODED
+from hsstore.storage import layout
+from hsstore.storage import reader as reader_mod
+from hsstore.storage.shardio import DECODED
 from hsstore.storage.writer import UnitWriter
-
-from helpers import TaggedItems, make_samples, make_states, new_variant
 
 
 def _store(tmp_path: Path, lengths: list[list[int]], hidden: int = 16, codec: str = "zstd",

@@ -10,13 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from test_read_path import _store
 
 from hsstore import StreamingHiddenStateDataset
-from hsstore.read.readahead import Readahead
+from hsstore.read.prefetch_reads import Readahead
 from hsstore.storage import layout
-from hsstore.testing.disk import evict
-
-from test_read_path import _store
+from hsstore.testing.bench import evict
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page-cache hints are Linux's")
 PAGE = mmap.PAGESIZE

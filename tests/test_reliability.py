@@ -13,11 +13,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import (
+    DATA,
+    REPO,
+    assert_bit_exact,
+    build_racing,
+    kill_build,
+    run_cli,
+    start_build,
+    write_manifest,
+)
 
 from hsstore import Store
 from hsstore.storage.verify import verify
-
-from helpers import DATA, REPO, assert_bit_exact, build_racing, kill_build, run_cli, start_build, write_manifest
 
 LIMIT = "48"
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hsstore.capture.inputs.row_size import ROW_STRINGS, string_cap
-from hsstore.capture.inputs.tokenizing import tokenize_rows
+from hsstore.capture.inputs.tokenizing import ROW_STRINGS, string_cap, tokenize_rows
 from hsstore.capture.model.builtin import builtin_tokenizer
 
 TOK = builtin_tokenizer()
@@ -81,7 +80,7 @@ def test_rows_rejected_by_the_million_are_counted_exactly_but_named_a_bounded_nu
     """A parquet file of millions of rows all rejected for one reason is kilobytes on disk; each named row
     held ~600 bytes (2 M rows: 1.3 GB, and a 295 MB rows.jsonl in the store). The first NAMED_PER_REASON
     rows of a reason are named, one more issue names the first of the rest and how many; counts stay exact."""
-    from hsstore.capture.inputs.row_report import NAMED_PER_REASON
+    from hsstore.capture.inputs.tokenizing import NAMED_PER_REASON
 
     extra = 50
     rows = [("f", {"text": f"row {i}"}) for i in range(3)] + [("f", {"foo": 1})] * (NAMED_PER_REASON + extra)
@@ -97,7 +96,7 @@ def test_a_chat_of_more_turns_than_max_length_can_hold_is_rejected_untokenized()
     """10,000 two-letter turns (a 300 KB line, or a few KB of parquet) took 214 s to mask: the masker's time
     grows with the square of the turns. Every message renders at least its role's header, so a chat of more
     than twice max_length messages is far past the cut: rejected before it is rendered."""
-    from hsstore.capture.inputs.row_size import turn_cap
+    from hsstore.capture.inputs.tokenizing import turn_cap
 
     many = [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi"} for i in range(turn_cap(MAX) + 2)]
     _, rep = tokenize_rows([("f", {"messages": many}), ("f", {"text": "short"})], TOK, "fp", max_length=MAX)

@@ -14,14 +14,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import (
+    assert_bit_exact,
+    build_racing,
+    children,
+    kill_build,
+    run_cli,
+    start_build,
+    wait_for,
+)
 from torch.utils.data import DataLoader
 
 from hsstore import HiddenStateDataset, Store, StreamingHiddenStateDataset
 from hsstore.core.errors import StoreNotFound
 from hsstore.storage import layout
 from hsstore.storage.verify import verify
-
-from helpers import assert_bit_exact, build_racing, children, kill_build, run_cli, start_build, wait_for
 
 pytestmark = pytest.mark.process  # see docs/testing.md
 
@@ -133,13 +140,13 @@ def test_a_server_gone_mid_read_is_one_network_error_not_damage(tmp_path: Path,
     import s3fs
 
     from hsstore.core.errors import CorruptData, StoreUnreachable
-    from hsstore.read import lookahead
+    from hsstore.read import prefetch_reads
     from hsstore.storage import remote
+    from hsstore.testing.bench import kill_server, moto_s3
     from hsstore.testing.factories import new_variant, write_unit
-    from hsstore.testing.s3 import kill_server, moto_s3
 
-    monkeypatch.setattr(lookahead, "MIN_BYTES", 0)  # these samples are small: look ahead all the same ...
-    monkeypatch.setattr(lookahead, "MAX_SAMPLES", 1)  # ... one sample ahead
+    monkeypatch.setattr(prefetch_reads, "MIN_BYTES", 0)  # these samples are small: look ahead all the same ...
+    monkeypatch.setattr(prefetch_reads, "MAX_SAMPLES", 1)  # ... one sample ahead
     gave_up_in: list[str] = []  # the threads that tried the dead server until they gave up
     real = remote.unreachable
     monkeypatch.setattr(remote, "unreachable", lambda *a: gave_up_in.append(threading.current_thread().name) or real(*a))
@@ -205,9 +212,9 @@ def test_a_bucket_that_vanished_mid_build_is_named_with_its_fix(s3: str) -> None
 def test_verify_names_unreadable_metadata_on_s3(s3: str, doc: str) -> None:
     """The same tree check on an object store: non-JSON in a variant's (or an array's) zarr.json, with no
     commit records, is a problem naming the key (it verified OK)."""
-    from hsstore.testing.factories import crashed_unit, store_with_unit
-
     from helpers import garbage_metadata
+
+    from hsstore.testing.factories import crashed_unit, store_with_unit
 
     url = f"{s3}/{uuid.uuid4().hex[:8]}/meta.zarr"
     s, vid, _, _ = store_with_unit(url, [6, 9, 4], seed=4, hidden=16, chunk=8)

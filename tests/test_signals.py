@@ -17,12 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import REPO, alive, children, kill_build, run_cli, wait_for, write_manifest
 
 from hsstore import Store
 from hsstore.core.schema.build import BuildRecord
 from hsstore.storage.verify import verify
-
-from helpers import REPO, alive, children, kill_build, run_cli, wait_for, write_manifest
 
 pytestmark = pytest.mark.process  # see docs/testing.md
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import racers
 import torch
-from hsstore import Store
-from hsstore.storage.verify import verify
-
 from helpers import run_cli, wait_for, write_manifest
 from test_concurrency import assert_all_readable
+
+from hsstore import Store
+from hsstore.storage.verify import verify
 
 SECONDS = float(os.environ.get("HSSTORE_SOAK_SECONDS", "20"))
 SEED = int(os.environ.get("HSSTORE_SOAK_SEED", "0"))

@@ -7,15 +7,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import (
+    LAYERS,
+    REPO,
+    TORCH_DTYPES,
+    make_samples,
+    make_states,
+    new_variant,
+    provenance,
+)
 
-from hsstore.storage.writer import UnitWriter
 from hsstore import Store
 from hsstore.core.errors import BadInput, CorruptData, StoreNotFound, UnsupportedFormat
 from hsstore.core.provenance_match import variant_id
 from hsstore.storage.codecs import compressors
 from hsstore.storage.verify import verify
-
-from helpers import LAYERS, REPO, TORCH_DTYPES, make_samples, make_states, new_variant, provenance
+from hsstore.storage.writer import UnitWriter
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])

@@ -215,7 +215,7 @@ def test_accelerate_prepared_loader_stopped_and_resumed_trains_the_uninterrupted
 
 
 def test_a_state_stays_compact_for_five_million_samples():
-    from hsstore.read.resume_state import pack_marks
+    from hsstore.read.dataset import pack_marks
 
     rng = np.random.default_rng(0)
     half = rng.random(5_000_000) < 0.5  # mid-epoch marks look random: the worst case

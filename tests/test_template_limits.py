@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hsstore.capture.model.builtin import builtin_tokenizer
 from hsstore.capture.inputs.lossmask import ChatMasker
+from hsstore.capture.model.builtin import builtin_tokenizer
 from hsstore.core.errors import ResourceLimit
 
 GOOD = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

@@ -8,14 +8,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import run_cli, write_manifest
 
 from hsstore import HiddenStateDataset, SelectorError
-from hsstore.core.distinguish import distinguishing, fork_note
-from hsstore.core.selectors import select
+from hsstore.core.selectors import distinguishing, fork_note, select
 from hsstore.storage.store import Store
 from hsstore.testing.factories import LAYERS, provenance, write_unit
-
-from helpers import run_cli, write_manifest
 
 
 def _with_budget(budget: int, dtype: str = "bf16", max_length: int = 256) -> dict:

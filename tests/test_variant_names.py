@@ -12,14 +12,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import run_cli, write_manifest
 
 from hsstore import HiddenStateDataset, SelectorError
-from hsstore.core.distinguish import distinguishing
-from hsstore.core.selectors import select
+from hsstore.core.selectors import distinguishing, select
 from hsstore.storage.names import label_records, model_records
 from hsstore.storage.store import Store
-
-from helpers import run_cli, write_manifest
 
 LAYERS = "{ aux = [0, 1], target = [3] }"
 SELECTOR = re.compile(r"#([^\s;]+)")  # a selector as the tool prints it: up to a space or ';'

@@ -21,6 +21,6 @@ def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks f
 
 def emit(obj: object, json_out: bool, text: str) -> None:
     """``obj`` as stable JSON with ``--json``, else ``text`` (all of it, or one line and exit 1)."""
-    from hsstore.cli.output import write_stdout
+    from hsstore.cli.render import write_stdout
 
     write_stdout(json.dumps(obj, indent=2, sort_keys=True, default=str) if json_out else text)

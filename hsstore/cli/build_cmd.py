@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from hsstore.cli.app import app, emit
-from hsstore.core.schema.record import or_none
 from hsstore.core.schema.build import BuildResult, InputCounts
+from hsstore.core.schema.record import or_none
 
 
 @app.command()
@@ -48,9 +48,9 @@ def build(
 
     Example: hsstore build manifests/tiny.toml --dtype bf16 --dtype fp32
     """
-    from hsstore.capture.run.driver import build as run_build
     from hsstore.capture.inputs.manifest_file import load_manifest
-    from hsstore.core.paths import expand_user
+    from hsstore.capture.run.driver import build as run_build
+    from hsstore.core.outputs import expand_user
 
     m = load_manifest(manifest).with_overrides(
         store_path=expand_user(store) if store else store, backends=backend, dtypes=dtype, devices=device, codec=codec, gpus_per_rank=gpus_per_rank,
@@ -112,7 +112,7 @@ def env(
 
     Example: hsstore env --model builtin:tiny-qwen3_5 --backend torch
     """
-    from hsstore.capture.model.probe import probe
+    from hsstore.capture.model.environment import probe
 
     r = probe(model, backend, device)
     lines = [f"{k}: {v}" for k, v in r.items() if not isinstance(v, dict)]

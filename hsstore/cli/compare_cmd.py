@@ -11,19 +11,24 @@ import typer
 
 from hsstore.cli.app import app
 from hsstore.core.errors import BadInput, CheckFailed
-from hsstore.core.outputs import PLOT_SUFFIXES, check_distinct_outputs, check_not_an_input, check_output_file
-from hsstore.storage.outside_store import check_outside_stores
+from hsstore.core.outputs import (
+    PLOT_SUFFIXES,
+    check_distinct_outputs,
+    check_not_an_input,
+    check_output_file,
+)
+from hsstore.storage.store import check_outside_stores
 
 if TYPE_CHECKING:
-    from hsstore.core.schema.diff_report import DiffReport
     from hsstore.core.schema.record import Record
+    from hsstore.core.schema.reports import DiffReport
 
 R = TypeVar("R", bound="Record")
 
 
 def _emit(report: R, json_path: Optional[str], render: Callable[[R], str]) -> None:
     """The report as JSON on stdout (``-``), or as text rendered from it (and JSON to a file)."""
-    from hsstore.cli.output import write_stdout
+    from hsstore.cli.render import write_stdout
 
     if json_path == "-":
         write_stdout(json.dumps(report.to_dict(), indent=2, sort_keys=True))
@@ -75,7 +80,7 @@ def diff(
 
     A 10 TB pair in minutes: add --fraction 0.01 (every statistic then gets a confidence interval).
     """
-    from hsstore.cli.diff_render import align_text, diff_text
+    from hsstore.cli.render import align_text, diff_text
     from hsstore.compare.align import run_align, should_align
     from hsstore.compare.diff import open_target, run_diff
 
@@ -101,8 +106,7 @@ def diff(
 def _plot_and_bound(report: DiffReport, plot: Optional[str], max_rel: Optional[float]) -> None:
     """After the report is out: write ``--plot``, then fail (exit 1) when a layer's rel-L2 exceeds ``--max-rel``."""
     if plot:
-        from hsstore.compare.plot import plot_diff
-
+        from hsstore.cli.render import plot_diff
         from hsstore.storage.fileio import write_output_file
 
         write_output_file(plot, plot_diff(report, plot), "--plot")
@@ -140,11 +144,11 @@ def check(
 
     Example: hsstore check ./Qwen3-8B imported.zarr --fraction 0.01 --device cuda --json audit.json
     """
-    from hsstore.cli.diff_render import audit_text, check_text
+    from hsstore.cli.render import audit_text, check_text
     from hsstore.compare.audit import run_audit, wants_audit
     from hsstore.compare.check import run_check
     from hsstore.compare.diff import open_target
-    from hsstore.compare.sample_plan import check_sampling
+    from hsstore.compare.sampling import check_sampling
 
     _check_numbers(json_path, noise, max_rel, inputs={"the model": model})
     check_sampling(samples, fraction, 0.95)

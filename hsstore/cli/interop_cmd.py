@@ -9,7 +9,7 @@ import typer
 from hsstore.cli.app import app, emit
 
 if TYPE_CHECKING:
-    from hsstore.core.schema.info_report import AuditSummary
+    from hsstore.core.schema.reports import AuditSummary
 
 FORMATS_HELP = "specforge | modelopt | speculators | eagle"
 
@@ -58,7 +58,7 @@ def import_(
 
     Example: hsstore import eagle ./ge_data --model ./Qwen3-8B --layers final_norm --capture output --store s.zarr --audit 64
     """
-    from hsstore.core.errors import BadInput, CheckFailed
+    from hsstore.core.errors import CheckFailed
     from hsstore.interop.importer import ImportRequest, import_cache
     from hsstore.storage.names import another_model_allowed
 
@@ -122,7 +122,7 @@ def _label_imported(store: str, report: dict, label: str | None) -> None:
 def _audit(model: str, store: str, vid: str, n: int) -> AuditSummary:
     """Audit ``n`` samples of the imported variant against ``model`` and record the result in the store."""
     from hsstore.compare.audit import run_audit
-    from hsstore.storage.audits import record_audit
+    from hsstore.storage.info import record_audit
     from hsstore.storage.store import Store
 
     return record_audit(Store.open(store, mode="a"), vid, run_audit(model, f"{store}#{vid}", samples=n))

@@ -8,8 +8,7 @@ import sys
 
 import typer
 
-from hsstore.cli import build_cmd, compare_cmd, convert_cmd, store_cmd  # noqa: F401  (each registers its commands)
-from hsstore.cli import interop_cmd, plan_cmd  # noqa: F401
+from hsstore.cli import build_cmd, compare_cmd, interop_cmd, plan_cmd, store_cmd  # noqa: F401  (each registers its commands)  # noqa: F401
 from hsstore.cli.app import app, state
 from hsstore.core.errors import HsstoreError, escape_controls
 from hsstore.core.interrupt import Stopped, stop_on_signals

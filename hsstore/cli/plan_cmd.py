@@ -8,7 +8,7 @@ import typer
 
 from hsstore.cli.app import app, emit
 from hsstore.cli.build_cmd import dropped_note
-from hsstore.core.humanize import byte_size, duration
+from hsstore.core.outputs import byte_size, duration
 from hsstore.core.schema.plan import PlanReport
 
 
@@ -38,7 +38,7 @@ def plan(
     """
     from hsstore.capture.inputs.manifest_file import load_manifest
     from hsstore.capture.plan.plan_report import make_plan
-    from hsstore.core.paths import expand_user
+    from hsstore.core.outputs import expand_user
 
     m = load_manifest(manifest).with_overrides(
         store_path=expand_user(store) if store else store, backends=backend, dtypes=dtype, devices=device,

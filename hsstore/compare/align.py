@@ -16,13 +16,13 @@ import math
 import numpy as np
 import torch
 
+from hsstore.compare.diff import ThreadLocal, map_samples
 from hsstore.compare.divergence import C, summarize
 from hsstore.compare.kernel import Workspace, token_sums
 from hsstore.compare.sampling import choose, sample_count
-from hsstore.compare.stream import ThreadLocal, map_samples
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.record import or_none
-from hsstore.core.schema.diff_report import AlignLayer, AlignReport
+from hsstore.core.schema.reports import AlignLayer, AlignReport
 from hsstore.storage.store import VariantReader
 
 DEFAULT_SAMPLES = 16
@@ -157,9 +157,13 @@ def run_align(a_t: str, b_t: str, samples: int | None = None, fraction: float | 
               threads: int | None = None, device: str = "cpu", allow_different_models: bool = False,
               auto: bool = False) -> AlignReport:
     """``hsstore diff A B --align`` (``auto``: run because A's capture point is unknown)."""
-    from hsstore.compare.diff import check_device, open_target, shared_keys
-    from hsstore.compare.explain import check_same_model
-    from hsstore.compare.sample_plan import check_sampling
+    from hsstore.compare.diff import (
+        check_device,
+        check_same_model,
+        open_target,
+        shared_keys,
+    )
+    from hsstore.compare.sampling import check_sampling
 
     check_sampling(samples, fraction, 0.95)
     device = check_device(device)

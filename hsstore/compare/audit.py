@@ -3,7 +3,7 @@ recomputed with a model and judged per sample and per layer by the defect classi
 
 Taken when the variant's provenance leaves how it was computed unknown (an import), or when asked for
 (``--floor live``, ``--backend``/``--dtype``/``--attn``/``--token-budget``/``--fraction``). It:
-1. resolves how to recompute (``hsstore.compare.assume``: recorded, else the user's options, else defaults,
+1. resolves how to recompute (``hsstore.compare.audit``: recorded, else the user's options, else defaults,
    every assumption named in the report);
 2. chooses a seeded, length-stratified set of samples and refuses (exit 2), before any model runs, a
    model that cannot produce the stored shapes (hidden size, layer count, vocabulary);
@@ -16,32 +16,250 @@ Taken when the variant's provenance leaves how it was computed unknown (an impor
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from hsstore.compare.assume import Recompute, how_to_recompute
-from hsstore.compare.audit_samples import choose_keys, rate_bound
-from hsstore.compare.check import BatchPlan, as_stored, batch_plan, live_states, model_spec, pad_id
-from hsstore.compare.defects import DEFECTS, apply, judge_sample, other_weights
-from hsstore.compare.stale import stale_copies
 from hsstore.capture.run.hooks import EMBEDDINGS
+from hsstore.compare.check import (
+    BatchPlan,
+    as_stored,
+    batch_plan,
+    check_shapes,
+    live_states,
+    model_spec,
+    pad_id,
+)
+from hsstore.compare.defects import (
+    CLEAN,
+    DEFECTS,
+    apply,
+    health_rows,
+    judge_sample,
+    other_weights,
+    row_hash,
+    sample_evidence,
+    stale_copies,
+    upper_bound,
+)
 from hsstore.compare.diff import NOISE_FACTOR, check_device, open_target
 from hsstore.compare.divergence import Totals, summarize
-from hsstore.compare.estimate import full_layers
-from hsstore.compare.evidence import health_rows, row_hash, sample_evidence
 from hsstore.compare.kernel import Workspace, token_sums
-from hsstore.compare.model_shapes import check_shapes
-from hsstore.compare.restate import restatement
+from hsstore.compare.sampling import choose, full_layers
 from hsstore.core.batching import token_budget_batches
 from hsstore.core.dtypes import TORCH
 from hsstore.core.errors import BadInput
+from hsstore.core.layer_numbering import TOOL_CAPTURE, from_hsstore, to_hsstore
+from hsstore.core.schema.manifest import ATTENTION, BACKENDS
+from hsstore.core.schema.provenance import Batching, ImportSource
 from hsstore.core.schema.record import or_none
-from hsstore.core.schema.diff_report import CheckReport, Finding, Restatement
-from hsstore.core.schema.imported import ImportSource
+from hsstore.core.schema.reports import CheckReport, Finding, Restatement, SampleVerdict
 from hsstore.storage.store import VariantReader
+
+# --- Which samples an audit checks, and what they say of the variant: a seeded, length-stratified draw
+
+CONFIDENCE = 0.95
+DEFAULT_SAMPLES = 8
+
+
+def choose_keys(reader: VariantReader, samples: int | None, fraction: float | None, seed: int,
+                named: list[str] | None = None) -> list[str]:
+    """The samples named by key prefix (``--keys``), else a seeded, length-stratified choice of ``samples`` (or
+    a ``fraction``; default 8; ``hsstore.compare.sampling``), in commit order."""
+    keys = reader.keys
+    if named is not None:
+        if samples is not None or fraction is not None:
+            raise BadInput("--keys names the samples: leave out --samples and --fraction")
+        return named_keys(reader, named)
+    N = len(keys)
+    n = min(N, samples) if samples is not None else max(1, math.ceil(fraction * N)) if fraction else min(N, DEFAULT_SAMPLES)
+    choice = choose([reader.refs[k].length for k in keys], keys, n, seed)
+    return [keys[int(i)] for i in choice.indices]
+
+
+def named_keys(reader: VariantReader, prefixes: list[str]) -> list[str]:
+    """The stored keys the prefixes name (each exactly one), in commit order; BadInput for one that names
+    none or several."""
+    prefixes = [p.strip().lower() for p in prefixes if p.strip()]
+    if not prefixes:
+        raise BadInput("--keys is empty: name samples by their keys (or unique prefixes), comma-separated")
+    out = set()
+    for p in prefixes:
+        hits = [k for k in reader.keys if k.startswith(p)]
+        if not hits:
+            raise BadInput(f"no sample of variant {reader.id} has a key starting with {p!r} (hsstore verify and "
+                           "hsstore check --json name samples by key)")
+        if len(hits) > 1:
+            raise BadInput(f"key prefix {p!r} matches {len(hits)} samples of variant {reader.id} ({hits[0][:16]}, "
+                           f"{hits[1][:16]}, ...): give more characters")
+        out.add(hits[0])
+    return [k for k in reader.keys if k in out]
+
+
+def rate_bound(k: int, n: int, N: int, named: bool) -> tuple[float | None, str]:
+    """What k defective of n checked samples (of N) say of the variant's defect rate: (upper bound or the rate
+    itself, in words); None for samples named by the user (not a random draw: they bound nothing)."""
+    if named:
+        return None, (f"{k} defective of the {n} sample(s) named (--keys), not drawn at random: they bound no rate "
+                      "(drop --keys for a seeded random choice that does)")
+    if n >= N:
+        return k / N, f"every one of the {N} samples checked: {k} defective, a defect rate of {k / N:.3g} exactly"
+    if k == n:
+        return 1.0, (f"all {n} samples chosen at random (seeded, length-stratified) from {N} are defective: the "
+                     "defect rate may be anywhere up to 1")
+    upper = upper_bound(k, n, CONFIDENCE)
+    return upper, (f"{k} defective of {n} samples chosen at random (seeded, length-stratified) from {N}: the "
+                   f"variant's defect rate is below {upper:.3g} at {CONFIDENCE:.0%} confidence"
+                   + (" (about 3/n: check more samples to bound it lower)" if not k else ""))
+
+
+# --- How to recompute a variant's states: from its provenance where it says, from the user's options where
+
+UNKNOWN = "unknown"
+DTYPES = ("bf16", "fp16", "fp32")
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """The settings of a recomputation; ``token_budget`` None = each sample alone (recorded plan: ``plan``)."""
+
+    backend: str
+    dtype: str
+    device: str
+    attention: str
+    batching: str  # "recorded" | "alone" | "budget"
+    token_budget: int | None = None
+    assumed: dict[str, str] = field(default_factory=dict)  # field -> why this value (only what was not recorded)
+
+
+def _known(value: object) -> str | None:
+    v = or_none(value)
+    return None if v in (None, UNKNOWN, "") else str(v)
+
+
+def _pick(name: str, given: str | None, recorded: str | None, default: str, why_default: str,
+          allowed: tuple[str, ...], assumed: dict[str, str]) -> str:
+    if given is not None and given not in allowed:
+        raise BadInput(f"--{name} {given!r}: choose one of {', '.join(allowed)}")
+    if given is not None:
+        if recorded is not None and recorded != given:
+            assumed[name] = f"{given} (--{name}; the variant records {recorded})"
+        return given
+    if recorded is not None:
+        return recorded
+    assumed[name] = f"{default} ({why_default}; the variant records {name} unknown: pass --{name} to change)"
+    return default
+
+
+def _computed_narrower(reader: VariantReader, assumed: dict[str, str]) -> str | None:
+    """'bf16' or 'fp16' when every stored value of the variant's first sample is a value of that type: an
+    imported fp32 cache computed at that precision and saved upcast (judged at fp32 it would read as
+    beyond noise everywhere)."""
+    from hsstore.compare.defects import narrower_values
+
+    if not reader.keys:
+        return None
+    layers = reader.record.all_layers
+    found = {narrower_values(x) for x in reader.read_layers(reader.refs[reader.keys[0]], layers)}
+    narrow = found.pop() if len(found) == 1 else None
+    if narrow is not None:
+        assumed["dtype"] = (f"{narrow} (every stored value of the first sample is a {narrow} value: computed at "
+                            f"{narrow} and saved as fp32; the import does not record it: pass --dtype fp32 to judge "
+                            "the states at fp32)")
+    return narrow
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def how_to_recompute(reader: VariantReader, backend: str | None = None, dtype: str | None = None,
+                     device: str | None = None, attention: str | None = None,
+                     token_budget: int | None = None) -> Recompute:
+    """The recomputation settings for ``reader``'s variant, with every assumption named."""
+    from hsstore.capture.model.kernels import installed, require_attention
+
+    env = reader.record.prov.environment
+    assumed: dict[str, str] = {}
+    rec_device = _known(env.device)
+    dev = device or (rec_device.split(":")[0] if rec_device else None)
+    if dev is None:
+        dev = default_device()
+        assumed["device"] = (f"{dev} ({'a GPU is visible' if dev == 'cuda' else 'no GPU is visible'}; the variant "
+                             "records device unknown: pass --device to change)")
+    on_gpu = dev.startswith("cuda")
+    fla_default = "fla" if on_gpu and installed("fla") else "torch"
+    why_backend = "the fla kernels are installed and it runs on a GPU" if fla_default == "fla" else (
+        "transformers' reference kernels")
+    be = _pick("backend", backend, _known(env.backend), fla_default, why_backend, BACKENDS, assumed)
+    stored = reader.record.dtype if reader.record.dtype in DTYPES else _known(env.dtype)
+    dt = _pick("dtype", dtype, stored, "bf16", "the usual training dtype", DTYPES, assumed)
+    if dtype is None and dt == "fp32" and isinstance(reader.record.prov.source, ImportSource):
+        dt = _computed_narrower(reader, assumed) or dt
+    kernels = env.kernels.to_dict() if hasattr(env.kernels, "to_dict") else {}
+    attn = _pick("attn", attention, _known(kernels.get("attention")), "sdpa", "transformers' default",
+                 ATTENTION, assumed)
+    require_attention(attn, "install it on a GPU host, or pass --attn sdpa")
+    if token_budget is not None:
+        if token_budget < 1:
+            raise BadInput(f"--token-budget {token_budget}: must be 1 or more (padded tokens per batch), e.g. 2048")
+        return Recompute(be, dt, dev, attn, "budget", token_budget, assumed)
+    if isinstance(env.batching, Batching) and env.batching.token_budget >= 1:
+        return Recompute(be, dt, dev, attn, "recorded", None, assumed)
+    assumed["batching"] = ("each sample alone, unpadded (the variant records no batching; pass --token-budget N "
+                           "to recompute in hsstore's token-budget batches instead)")
+    return Recompute(be, dt, dev, attn, "alone", None, assumed)
+
+
+# --- What an imported cache's ``--layers``/``--capture`` statement should have been, from the audit's findings
+
+def held_points(verdicts: Sequence[SampleVerdict], findings: Sequence[Finding],
+                labels: Sequence[int]) -> dict[int, set[int]]:
+    """Stored label -> the capture points it held across the checked samples (as labelled where clean; the
+    match where a capture point, also beside NaN/zero rows; samples where it shows another defect say nothing)."""
+    match = {(f.key, f.layer): f.match for f in findings if f.kind == "capture_point"}
+    held: dict[int, set[int]] = {i: set() for i in labels}
+    for v in verdicts:
+        for i in labels:
+            kind = v.layers.get(str(i))
+            if kind in CLEAN:
+                held[i].add(i)
+            elif "capture_point" in str(kind).split("+") and isinstance(match.get((v.key, i)), int):
+                held[i].add(int(match[(v.key, i)]))
+    return held
+
+
+def restatement(verdicts: Sequence[SampleVerdict], findings: Sequence[Finding], source: ImportSource,
+                n_layers: int) -> Restatement | None:
+    """The statement that labels every slot with what it holds, or None when the stated one is right (and
+    known), or the samples do not agree on one (then the findings say what is wrong, slot by slot)."""
+    labels = [to_hsstore(s, source.capture, n_layers) for s in source.layers]  # hsstore labels, file slot order
+    held = held_points(verdicts, findings, labels)
+    if any(len(held[i]) != 1 for i in labels):
+        return None
+    slots = [next(iter(held[i])) for i in labels]
+    if len(set(slots)) != len(slots) or (slots == labels and source.capture != "unknown") or min(slots) < 0:
+        return None  # two slots hold one point (no statement fixes that), the statement is right, or a slot
+        # holds the embeddings (no hsstore layer id names them)
+    numbering = TOOL_CAPTURE.get(source.format, "output")
+    ids = ",".join(str(from_hsstore(p, numbering, n_layers)) for p in slots)
+    other = "output" if numbering == "input" else "input"
+    other_ids = ",".join(str(from_hsstore(p, other, n_layers)) for p in slots)
+    stated = ",".join(map(str, source.layers))
+    flags = f"--layers {ids} --capture {numbering}"
+    what = "leaves the numbering unknown" if source.capture == "unknown" else "is wrong"
+    words = (f"the file slots hold hsstore layers {slots} (output of decoder layer i; {n_layers} = after the final "
+             f"norm): --layers {stated} --capture {source.capture} {what}; import again with {flags} (= --layers "
+             f"{other_ids} --capture {other})")
+    return Restatement(slots=slots, stated=f"--layers {stated} --capture {source.capture}", flags=flags,
+                       words=words)
+
 
 NEIGHBOURS = 4  # samples on each side (in commit order) searched for a stale slot's source rows
 LIVE = "live"
@@ -58,7 +276,7 @@ def bind(how: Recompute) -> None:
     """Make this process bind ``how.backend``'s kernels — before anything imports transformers' modeling
     modules (a model's config does), since transformers binds them once per process; BadInput when that
     backend cannot run here."""
-    from hsstore.capture.model.backends import force_backend, installed
+    from hsstore.capture.model.kernels import force_backend, installed
 
     if how.backend == "fla" and not installed("fla"):
         raise BadInput("backend 'fla' needs the flash-linear-attention kernels, which are not installed here: pip "
@@ -71,7 +289,7 @@ def bind(how: Recompute) -> None:
 
 def load(spec: Any, how: Recompute, dtype: str) -> Any:
     """The model at ``dtype``; BadInput when this process binds other kernels than ``how.backend``'s."""
-    from hsstore.capture.model.backends import bound_kernels, why_not
+    from hsstore.capture.model.kernels import bound_kernels, why_not
 
     try:
         model = spec.load(TORCH[dtype] if dtype in TORCH else torch.float64, how.device, how.attention)
@@ -197,7 +415,7 @@ def _report(model: str, target: str, reader: VariantReader, how: Recompute, spec
             verdicts: list, findings: list[Finding], floor_dtype: str | None, stored_floor: VariantReader | None,
             restated: Restatement | None, named: bool, t0: float) -> CheckReport:
     from hsstore.compare.check import live_differences
-    from hsstore.storage.audits import import_gaps
+    from hsstore.storage.info import import_gaps
 
     identity = spec.identity(live_model.config).to_dict()
     recorded_fp = str(or_none(reader.record.prov.recipe.model.fingerprint) or "")
@@ -273,4 +491,3 @@ def _verdict(verdicts: list, findings: list[Finding], N: int, named: bool = Fals
                 + ", ".join(f"{k} ({c} sample{'s' if c > 1 else ''}, layer{_plural(findings, k)})"
                             for k, c in counts.items()))
     return bad, counts, upper, bound, kind, text
-

@@ -21,31 +21,75 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from hsstore.capture.model.backends import bound_kernels, force_backend, why_not
-from hsstore.capture.run.hooks import LayerCapture, pad_batch
+from hsstore.capture.model.kernels import bound_kernels, force_backend, why_not
 from hsstore.capture.model.spec import ModelSpec, text_config
-from hsstore.compare.diff import NOISE_FACTOR, check_device, open_target
+from hsstore.capture.run.hooks import LayerCapture, pad_batch
+from hsstore.compare.diff import (
+    NOISE_FACTOR,
+    check_device,
+    open_target,
+    provenance_differences,
+    same_variant,
+)
 from hsstore.compare.divergence import Totals, summarize
-from hsstore.compare.estimate import Estimate, full_layers, with_floor, without_floor
-from hsstore.compare.explain import provenance_differences, same_variant
 from hsstore.compare.kernel import Workspace, token_sums
-from hsstore.compare.model_shapes import check_shapes, model_config
-from hsstore.compare.sampling import choose, sample_count
+from hsstore.compare.sampling import (
+    Estimate,
+    choose,
+    full_layers,
+    sample_count,
+    with_floor,
+    without_floor,
+)
 from hsstore.core import quant
 from hsstore.core.batching import POLICY, padded_length, token_budget_batches
 from hsstore.core.dtypes import TORCH
 from hsstore.core.errors import BadInput
-from hsstore.core.paths import expand_user
-from hsstore.core.schema.record import is_set, or_none
-from hsstore.core.schema.diff_report import CheckReport, FieldDifference, LayerDiff
+from hsstore.core.outputs import expand_user
+from hsstore.core.provenance_match import flatten, require_match
 from hsstore.core.schema.provenance import Batching, Recipe
+from hsstore.core.schema.record import is_set, or_none
+from hsstore.core.schema.reports import CheckReport, FieldDifference, LayerDiff
 from hsstore.storage.store import VariantReader
+
+# --- Whether a model can produce a variant's stored shapes — hidden size, layer count (and every stored layer
+
+def model_config(spec: Any) -> Any:
+    """The model's config (a builtin's sized to its tokenizer), without loading weights."""
+    return spec.config(len(spec.tokenizer())) if spec.builtin is not None else spec.config()
+
+
+def check_shapes(spec: Any, reader: VariantReader, keys: list[str], config: Any = None) -> tuple[int, int]:
+    """(num_layers, vocab) of the model's config; BadInput (exit 2) when it cannot produce the stored shapes
+    — read from the config alone, before any weights load."""
+    from hsstore.capture.model.spec import text_config
+
+    tc = text_config(config if config is not None else model_config(spec))
+    layers, hidden, vocab = int(tc.num_hidden_layers), int(tc.hidden_size), int(tc.vocab_size)
+    rec = reader.record
+    name = spec.path
+    if hidden != rec.hidden_size:
+        raise BadInput(f"{name} has hidden_size {hidden}, variant {reader.id} stores states of width {rec.hidden_size}: "
+                       "this model cannot produce them; pass the model the cache was made with")
+    recorded = or_none(rec.prov.recipe.model.num_layers)
+    if isinstance(recorded, int) and recorded != layers:
+        raise BadInput(f"{name} has {layers} decoder layers, variant {reader.id} was made by a model with {recorded}: "
+                       "pass the model the cache was made with")
+    if max(rec.all_layers) > layers:
+        raise BadInput(f"variant {reader.id} stores layer {max(rec.all_layers)}, {name} has layers 0..{layers - 1} "
+                       f"(and {layers} = after the final norm): pass the model the cache was made with")
+    top = max((int(reader.read_tokens(reader.refs[k])[0].max()) for k in keys), default=0)
+    if top >= vocab:
+        raise BadInput(f"variant {reader.id} holds token id {top}, {name} has a vocabulary of {vocab}: another "
+                       "tokenizer's cache; pass the model the cache was made with")
+    return layers, vocab
+
 
 DEFAULT_SAMPLES = 8
 
@@ -192,7 +236,6 @@ def pad_id(spec: ModelSpec) -> int:
 
 def live_differences(model: Any, reader: VariantReader, identity: dict[str, Any]) -> list[FieldDifference]:
     """Fields of the live model's fingerprint that differ from the variant's provenance."""
-    from hsstore.compare.live import LIVE_FIELDS, _restrict, live_fingerprint
 
     have = live_fingerprint(model)
     have["recipe"]["model"]["fingerprint"] = identity["fingerprint"]
@@ -293,3 +336,56 @@ def check_verdict(est: Estimate, ftotals: Totals | None, layers: list[int], read
               else "pass --floor STORE#fp32-variant to judge it")
     return reps, (f"differs: the live model does not reproduce the stored states bit-exactly (worst rel-L2 "
                   f"{worst.rel_l2:.3g} at layer {worst.layer}); {advice}"), "differs", extra
+
+
+# --- Fingerprint a model already loaded in this process and check it against a variant's provenance.
+
+# environment fields a live model can be fingerprinted on (batching and host are a build's business)
+LIVE_FIELDS = ("environment.kernels", "environment.dtype", "environment.device", "environment.device_name",
+               "environment.versions", "environment.flags", "recipe.model.config_fingerprint",
+               "recipe.model.num_layers", "recipe.model.hidden_size")
+
+
+def live_fingerprint(model: Any) -> dict[str, Any]:
+    """Provenance-shaped dict of what this loaded model computes with (kernels bound, dtype, device, ...)."""
+    import torch
+
+    from hsstore.capture.model.environment import device_info, flags, versions
+    from hsstore.capture.model.kernels import bound_kernels
+    from hsstore.capture.model.spec import config_fingerprint, text_config
+    from hsstore.core.dtypes import name_of
+
+    p = next(model.parameters())
+    tc = text_config(model.config)
+    dev = str(p.device) if p.device.type != "cuda" else f"cuda:{p.device.index or 0}"
+    env = {**device_info(dev), "dtype": name_of(p.dtype), "kernels": bound_kernels(model), "versions": versions(),
+           "flags": flags()}
+    env.pop("device_index", None)
+    _ = torch  # imported for device_info's CUDA queries
+    return {"recipe": {"model": {"config_fingerprint": config_fingerprint(model.config), "num_layers": int(tc.num_hidden_layers),
+                                 "hidden_size": int(tc.hidden_size)}},
+            "environment": env}
+
+
+def _restrict(prov: Mapping[str, Any], fields: Iterable[str]) -> dict[str, Any]:
+    flat = flatten(prov)
+    out: dict[str, Any] = {}
+    for k, v in flat.items():
+        if any(k == f or k.startswith(f + ".") for f in fields):
+            node = out
+            parts = k.split(".")
+            for part in parts[:-1]:
+                node = node.setdefault(part, {})
+            node[parts[-1]] = v
+    return out
+
+
+def check_live_model(model: Any, required: Any, allow_drift: Iterable[str] = ()) -> dict[str, Any]:
+    """Raise ProvenanceMismatch if ``model`` would compute states other than ``required``'s
+    (a provenance dict, a dataset, or 'STORE#SELECTOR'). Returns the live fingerprint."""
+    from hsstore.read.dataset import resolve_provenance
+
+    want = _restrict(resolve_provenance(required), LIVE_FIELDS)
+    have = _restrict(live_fingerprint(model), LIVE_FIELDS)
+    require_match(have, want, allow_drift, what="live model")
+    return have

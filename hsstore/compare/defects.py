@@ -1,4 +1,4 @@
-"""The audit's defect classifier: from one sample's evidence (``hsstore.compare.evidence``), the class of
+"""The audit's defect classifier: from one sample's evidence (``hsstore.compare.defects``), the class of
 each stored layer — pure rules, no I/O.
 
 A layer can show several defects (NaN rows in a target that also leaks into an aux layer): its rows of
@@ -18,7 +18,7 @@ rule that holds; the layer's class joins what was named with "+".
 7. ``beyond_noise`` (with a floor) or ``differs`` (without one: no noise to judge against).
 Across samples: ``stale_copy`` when the rows beyond noise are byte-for-byte rows of another sample (a
 state slot not cleared between requests) — ``token_shift`` when they are that sample's states of this
-sample's own ids shifted or offset (``hsstore.compare.stale``: the ids are wrong, the states right);
+sample's own ids shifted or offset (``hsstore.compare.defects``: the ids are wrong, the states right);
 ``other_weights`` when every checked sample is beyond noise in two or more layers that no rule explains
 (states of another model or checkpoint).
 """
@@ -26,11 +26,132 @@ sample's own ids shifted or offset (``hsstore.compare.stale``: the ids are wrong
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import xxhash
 
 from hsstore.compare.align import MARGIN, MATCH_REL, point
-from hsstore.compare.evidence import LayerEvidence
-from hsstore.core.schema.diff_report import Finding, SampleVerdict
+from hsstore.compare.kernel import coherent_difference, rel_l2, row_rel
+from hsstore.core.schema.reports import Finding, SampleVerdict
+
+# --- What one sample's stored states say against a live recomputation: the numbers the defect classifier
+
+SHIFTS = (1, 2, 3, -1, -2, -3)  # token shifts always tried: row t holds the truth of row t - k
+PROBES = 8  # rows whose nearest truth row proposes a further shift
+ROW_SLACK = 4.0  # a row is "beyond noise" above this multiple of max(its own noise, the layer's)
+
+
+@dataclass
+class LayerEvidence:
+    """The evidence of one stored layer of one sample (rows are indices into the sample's tokens)."""
+
+    label: int
+    rows: int
+    nan_rows: list[int]
+    inf_rows: list[int]
+    zero_rows: list[int]
+    const_rows: list[int]
+    bit_exact: float  # against the live states at the recompute dtype (nan: no such live layer)
+    rel: float  # against the truth of the same capture point (nan: label beyond the model's layers)
+    noise: float | None  # that capture point's precision noise (None: no floor)
+    rel_by_point: dict[int, float] = field(default_factory=dict)
+    noise_by_point: dict[int, float] = field(default_factory=dict)
+    rel_shifted: dict[int, float] = field(default_factory=dict)
+    bad_rows: list[int] = field(default_factory=list)  # finite rows beyond noise (without a floor: not bit-exact)
+    bad_row_hashes: dict[int, int] = field(default_factory=dict)
+    rel_to_target: float | None = None  # aux layers: against the stored target layer
+    transforms: dict[str, tuple[float, str]] = field(default_factory=dict)  # beyond noise: rel-L2 with a value bug undone
+    noise_like: bool = False  # beyond noise: the difference is incoherent across rows of one token (noise added)
+
+
+def row_hash(row: torch.Tensor) -> int:
+    """xxh3_64 of one row's bytes (as stored)."""
+    return xxhash.xxh3_64_intdigest(row.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+
+
+def health_rows(s: torch.Tensor) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Indices of rows with a NaN, with an Inf (and no NaN), all zero, constant (not zero)."""
+    f = s.float()
+    nan = torch.isnan(f).any(1)
+    inf = torch.isinf(f).any(1) & ~nan
+    finite = ~(nan | inf)
+    zero = finite & (f == 0).all(1)
+    const = finite & ~zero & (f.amax(1) == f.amin(1))
+    return [torch.nonzero(m).flatten().tolist() for m in (nan, inf, zero, const)]
+
+
+def sample_evidence(stored: dict[int, torch.Tensor], live: dict[int, torch.Tensor],
+                    floor: dict[int, torch.Tensor] | None, target: int | None, noise_factor: float,
+                    tokens: torch.Tensor | None = None) -> list[LayerEvidence]:
+    """Evidence for every stored layer of one sample: ``stored`` label -> ``[T, H]``, ``live`` and
+    ``floor`` capture point -> ``[T, H]`` (all on one device; a stored floor holds only its own layers: the
+    other points have no noise and are matched by margin), ``target`` the stored target label, ``tokens``
+    the sample's token ids ``[T]``."""
+    floor = floor or {}
+    points = sorted(live)
+    truth = {j: floor.get(j, live[j]) for j in points}
+    noise = {j: rel_l2(live[j], floor[j]) for j in points if j in floor}
+    out = []
+    for label, s in stored.items():
+        nan_rows, inf_rows, zero_rows, const_rows = health_rows(s)
+        healthy = torch.ones(s.shape[0], dtype=torch.bool, device=s.device)
+        healthy[nan_rows + inf_rows + zero_rows + const_rows] = False
+        sf = s[healthy]
+        ev = LayerEvidence(label, int(s.shape[0]), nan_rows, inf_rows, zero_rows, const_rows, math.nan, math.nan,
+                           noise.get(label))
+        ev.rel_by_point = {j: rel_l2(sf, truth[j][healthy]) for j in points}
+        ev.noise_by_point = dict(noise)
+        if label in live:
+            # a count, not .mean(): CUDA's mean multiplies by 1/N, so all-equal reads 0.99999994 there
+            ev.bit_exact = int((s == live[label].to(s.dtype)).sum()) / max(1, s.numel())
+            ev.rel = ev.rel_by_point[label]
+            t = truth[label]
+            wrong = not (ev.bit_exact == 1.0 or (ev.noise is not None and ev.rel <= noise_factor * ev.noise))
+            for k in SHIFTS + (probe_shifts(s, t, healthy) if wrong else ()):
+                if 0 < abs(k) < s.shape[0] and k not in ev.rel_shifted:
+                    a, b, ok = (s[k:], t[:-k], healthy[k:]) if k > 0 else (s[:k], t[-k:], healthy[:k])
+                    ev.rel_shifted[k] = rel_l2(a[ok], b[ok])
+            if wrong:
+                ev.transforms = transform_fits(s, t, healthy, ev.noise, noise_factor)
+                if tokens is not None:
+                    ev.noise_like = coherent_difference((s.float() - t.float())[healthy], tokens[healthy]) is False
+            ev.bad_rows = _bad_rows(s, live[label], floor.get(label), healthy,
+                                    ev.noise, noise_factor)
+            ev.bad_row_hashes = {r: row_hash(s[r]) for r in ev.bad_rows}
+        if target is not None and label != target and target in stored:
+            ok = healthy & torch.isfinite(stored[target].float()).all(1)
+            ev.rel_to_target = rel_l2(s[ok], stored[target][ok])
+        out.append(ev)
+    return out
+
+
+def probe_shifts(s: torch.Tensor, truth: torch.Tensor, healthy: torch.Tensor) -> tuple[int, ...]:
+    """Shifts k (row r holds the truth of row r - k) proposed by PROBES healthy rows spread over the sample:
+    each row's nearest truth row by relative distance; a shift two or more probes agree on."""
+    rows = torch.nonzero(healthy).flatten()
+    if rows.numel() < 2:
+        return ()
+    pick = rows[torch.linspace(0, rows.numel() - 1, min(PROBES, rows.numel())).round().long()]
+    t = truth.double()
+    d = torch.cdist(s[pick].double(), t) / torch.linalg.vector_norm(t, dim=1).clamp_min(1e-300)  # [probes, T]
+    ks = (pick - d.argmin(1)).tolist()
+    return tuple(sorted({k for k in ks if k != 0 and ks.count(k) >= 2}))
+
+
+def _bad_rows(s: torch.Tensor, live: torch.Tensor, floor: torch.Tensor | None, finite: torch.Tensor,
+              noise: float | None, noise_factor: float) -> list[int]:
+    """Finite rows beyond noise: above ROW_SLACK x noise_factor x max(the row's own noise, the layer's)."""
+    if floor is None:
+        differs = (s != live.to(s.dtype)).any(1)
+        return torch.nonzero(differs & finite).flatten().tolist()
+    r = row_rel(s, floor)
+    own = row_rel(live, floor)
+    bound = ROW_SLACK * noise_factor * torch.clamp(own, min=noise or 0.0)
+    return torch.nonzero((r > bound) & finite).flatten().tolist()
+
 
 CLEAN = ("bit_exact", "within_noise")
 DEFECTS = ("nan", "inf", "all_zero", "constant", "suffix_states", "token_shift", "capture_point",
@@ -165,7 +286,7 @@ def _healthy_rows(ev: LayerEvidence, is_aux: bool, target_noise: float | None, f
 
 
 def _value_bug(ev: LayerEvidence, factor: float, found: Callable[..., Finding]) -> Finding | None:
-    """A whole-layer value bug (``hsstore.compare.transforms``) that, undone, leaves the layer within noise."""
+    """A whole-layer value bug (``hsstore.compare.defects``) that, undone, leaves the layer within noise."""
     fits = {k: r for k, (r, _) in ev.transforms.items() if _within(r, ev.noise, factor)}
     if not fits:
         return None
@@ -257,3 +378,190 @@ def _binom_cdf(k: int, n: int, p: float) -> float:
     lp, lq = math.log(p), math.log1p(-p)
     return sum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
                for i in range(k + 1))
+
+
+# --- Rows of another sample: a state slot holding a previous request's bytes (``stale_copy``; of the same sample
+
+Hit = tuple[int, str, int]  # (row, source key, source row)
+OFFSET_ROWS = 3  # copied rows that must agree on one id offset to call the ids offset
+
+
+def stale_copies(findings: list[Finding], evidence: dict[str, list[LayerEvidence]],
+                 index: dict[tuple[int, int], list[tuple[str, int]]], tokens: dict[str, Sequence[int]],
+                 vocab: int | None = None) -> list[Finding]:
+    """Findings of unexplained divergence whose beyond-noise rows are byte-for-byte rows of another sample
+    (``index``: (layer, row hash) -> [(key, row)] over the candidates), rewritten as ``stale_copy`` (or
+    ``token_shift``). Only rows whose token differs from the source row's count: two rows of one token with
+    the same recent context are the same computation (samples share a system prompt; layers with short
+    memory repeat bytes wherever a phrase repeats), a state under another token is a copy. ``vocab`` (the
+    model's vocabulary size) lets an id offset wrap around, as ids written +1 past the last id do."""
+
+    def copied(key: str, r: int, src: str, sr: int) -> bool:
+        a, b = tokens.get(key), tokens.get(src)
+        return (src != key or sr != r) and a is not None and b is not None and int(a[r]) != int(b[sr])
+
+    shared: dict[tuple[str, str], int] = {}
+
+    def whose(key: str, src: str, sr: int) -> str:
+        """The source row's sample — this one's own when the two share every token up to it (a shared prompt:
+        the bytes are this sample's own row ``sr`` too)."""
+        if (key, src) not in shared:
+            shared[(key, src)] = common_prefix(tokens[key], tokens[src])
+        return key if sr < shared[(key, src)] else src
+
+    hits: dict[int, list[Hit]] = {}
+    for n, f in enumerate(findings):
+        ev = next((e for e in evidence.get(f.key, []) if e.label == f.layer), None)
+        if ev is not None and _searched(f, ev):
+            hits[n] = [(r, whose(f.key, src, sr), sr) for r, h in ev.bad_row_hashes.items()
+                       for src, sr in index.get((f.layer, h), []) if copied(f.key, r, src, sr)]
+    votes: dict[str, Counter] = {}
+    for n, hs in hits.items():
+        votes.setdefault(findings[n].key, Counter()).update(src for _, src, _ in hs)
+    return [_named(f, hits[n], tokens, votes[f.key], vocab) if hits.get(n) else f for n, f in enumerate(findings)]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading token ids ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    differ = [i for i in range(n) if int(a[i]) != int(b[i])][:1]
+    return differ[0] if differ else n
+
+
+def _searched(f: Finding, ev: LayerEvidence) -> bool:
+    """Whether the finding's rows may be another sample's: unexplained, or a "suffix" of non-blank rows."""
+    if f.layer is None:
+        return False
+    if f.kind in ("beyond_noise", "differs"):  # (other_weights is named after the search)
+        return True
+    blank = set(ev.zero_rows) | set(ev.const_rows)
+    return f.kind == "suffix_states" and not isinstance(f.match, int) and not blank and bool(ev.bad_rows)
+
+
+def _named(f: Finding, hits: list[Hit], tokens: dict[str, Sequence[int]], votes: Counter,
+           vocab: int | None = None) -> Finding:
+    """The finding rewritten for the source that holds most of the sample's copied rows over all its layers
+    (a layer with short memory repeats bytes in every sample ending alike; the layers that remember longer
+    tell the one the rows came from; on a tie, the sample itself, then the first key)."""
+    here = {src for _, src, _ in hits}
+    source = min(here, key=lambda src: (-votes[src], src != f.key, src))  # on a tie: the sample itself
+    mine = [(r, sr) for r, src, sr in hits if src == source]
+    rows = sorted({r for r, _ in mine})
+    misread = _misread_ids(mine, tokens[f.key], tokens[source], vocab)
+    if misread is not None:
+        return _token_ids(f, rows, source, *misread)
+    if source == f.key:
+        held = sorted({sr for _, sr in mine})
+        return Finding(kind="stale_copy", key=f.key, layer=f.layer, source=source, **row_fields(rows),
+                       detail=f"layer {f.layer}: {span_words(rows)} are byte-for-byte this sample's own "
+                              f"{span_words(held)} (a read from the wrong block of the same request, or rows "
+                              "written in the wrong order)")
+    ties = sum(1 for src, n in votes.items() if src != source and src in here and n == votes[source])
+    also = f"; {ties} other sample(s) hold the same bytes there (they share those tokens)" if ties else ""
+    if f.kind == "suffix_states":
+        also += "; the rows after them are this sample's: a prefix not written (a prefix-cache hit) over old bytes"
+    return Finding(kind="stale_copy", key=f.key, layer=f.layer, source=source, **row_fields(rows),
+                   detail=f"layer {f.layer}: {span_words(rows)} are byte-for-byte rows of sample {source[:16]} "
+                          f"(a state slot holding a previous request's bytes){also}")
+
+
+def _token_ids(f: Finding, rows: list[int], source: str, k: int, d: int) -> Finding:
+    """``token_shift``: right states (another sample's states of the true tokens) under ids shifted by ``k``
+    positions and/or offset by ``d`` in value."""
+    what = []
+    if k:
+        what.append(f"misaligned by {k:+d} (row t holds the state of token t{'-' if k > 0 else '+'}{abs(k)})")
+    if d:
+        what.append(f"offset by {d:+d} in value (each id is the true id {d:+d})")
+    cause = ("a token dropped or added before the states were paired with them" if not d else
+             "the states are right for the true tokens, the recorded ids are not")
+    return Finding(kind="token_shift", key=f.key, layer=f.layer, match=k, **row_fields(rows),
+                   detail=f"layer {f.layer}: token ids and states are {' and '.join(what)}: {span_words(rows)} are "
+                          f"byte-for-byte the states of sample {source[:16]} at tokens that are this sample's ids "
+                          f"{'shifted by ' + format(k, '+d') if k else ''}{' and ' if k and d else ''}"
+                          f"{'offset by ' + format(-d, '+d') if d else ''} ({cause}), not a stale slot")
+
+
+def _misread_ids(hits: list[tuple[int, int]], mine: Sequence[int], theirs: Sequence[int],
+                 vocab: int | None) -> tuple[int, int] | None:
+    """(k, d) when every copied row whose token r - k exists (two or more) is the source's state of the token
+    this sample records at r - k, less d (mod ``vocab``): row r holds the state of the true token behind
+    recorded id r - k, and the ids are the true ones + d. The copy is this sample's tokens misread against
+    right states (shifted: a BOS dropped or added; offset: ids written +1), not a slot's stale bytes. A pure
+    shift is tried first; a shift and an offset are each one consistent rule over every copied row, an offset
+    over OFFSET_ROWS or more (two rows of unrelated text agree on some difference once in ~vocab/7 tries)."""
+    found = []
+    for k in (0,) + SHIFTS:
+        seen = [(r, sr) for r, sr in hits if 0 <= r - k < len(mine)]
+        diffs = {_signed(int(mine[r - k]) - int(theirs[sr]), vocab) for r, sr in seen}
+        if len(diffs) == 1 and (k, d := diffs.pop()) != (0, 0) and len(seen) >= (OFFSET_ROWS if d else 2):
+            found.append((d != 0, k != 0 and d != 0, k, d))  # a shift alone, then an offset alone, then both
+    return min(found, key=lambda x: x[:2])[2:] if found else None
+
+
+def _signed(d: int, vocab: int | None) -> int:
+    """An id difference, wrapped into (-vocab/2, vocab/2] when the vocabulary size is known."""
+    if not vocab:
+        return d
+    d %= vocab
+    return d - vocab if d > vocab // 2 else d
+
+
+# --- Whole-layer value bugs of a writer: correct states with one transform applied to every value — scaled by a
+
+CLIP_SLACK = 2.0 ** -7  # the truth must exceed the stored maximum by more than bf16's rounding to call it clipped
+OTHER_16BIT = {torch.bfloat16: torch.float16, torch.float16: torch.bfloat16}
+NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def transform_fits(s: torch.Tensor, truth: torch.Tensor, healthy: torch.Tensor, noise: float | None,
+                   noise_factor: float) -> dict[str, tuple[float, str]]:
+    """For each transform that could explain stored ``s`` ``[T, H]`` against ``truth``: (rel-L2 of the
+    healthy rows once it is undone, the transform in words). A fitted scale alpha is a candidate only when
+    it is itself a difference beyond the precision noise (``|alpha - 1| > noise_factor x noise``: rel-L2 of
+    alpha x truth against the truth): the measured noise of the cache's dtype sets how small a scale is
+    seen (x 1.001 in an fp32 cache, whose noise is ~1e-7; not in a bf16 one, whose rounding is ~3e-3)."""
+    out: dict[str, tuple[float, str]] = {}
+    sf, tf = s[healthy].double(), truth[healthy].double()
+    if sf.numel() == 0:
+        return out
+    den = float(tf.square().sum())
+    if den > 0:
+        alpha = float((sf * tf).sum()) / den
+        if alpha > 0 and noise is not None and abs(alpha - 1.0) > noise_factor * noise:
+            out["scaled"] = (rel_l2(sf, alpha * tf), f"every value is the truth x {_scale_words(alpha)}")
+    c = float(sf.abs().max())
+    if c > 0 and float(tf.abs().max()) > c * (1.0 + CLIP_SLACK):
+        hit = int((tf.abs() > c * (1.0 + CLIP_SLACK)).any(1).sum())
+        out["clipped"] = (rel_l2(sf, tf.clamp(-c, c)), f"values clipped at +-{c:.6g} (the truth reaches "
+                                                       f"{float(tf.abs().max()):.6g}, in {hit} row(s))")
+    other = OTHER_16BIT.get(s.dtype)
+    if other is not None:
+        v = s.view(other).double()
+        ok = torch.isfinite(v).all(1)
+        if bool(ok.any()):
+            out["wrong_dtype"] = (rel_l2(v[ok], truth[ok].double()),
+                                  f"the bytes are {NAMES[other]} values read as {NAMES[s.dtype]}")
+    if s.dtype == torch.float32 and (narrow := narrower_values(sf)) is not None:  # (a scan of the layer)
+        out["wrong_dtype"] = (0.0, f"every value is a {narrow} value stored as fp32: the states were computed (or "
+                                   f"rounded) at {narrow}, not at fp32; audit again with --dtype {narrow} to judge "
+                                   "them at that precision")
+    return {k: (r, w) for k, (r, w) in out.items() if math.isfinite(r)}
+
+
+def _scale_words(alpha: float) -> str:
+    """The fitted scale with enough digits to show how far it is from 1 (1.001, 0.9999)."""
+    digits = max(4, 2 - math.floor(math.log10(abs(alpha - 1.0)))) if alpha != 1.0 else 4
+    return f"{alpha:.{digits}g}"
+
+
+def narrower_values(x: torch.Tensor) -> str | None:
+    """'bf16' or 'fp16' when every (finite, healthy) fp32 value of ``x`` is exactly a value of that type."""
+    x = x.float()
+    if x.numel() < 2 or not bool(torch.isfinite(x).all()) or not bool(x.any()):
+        return None
+    if bool((x.view(torch.int32) & 0xFFFF).eq(0).all()):
+        return "bf16"
+    if bool(x.abs().max() <= 65504.0) and bool(x.half().float().eq(x).all()):
+        return "fp16"
+    return None

@@ -1,30 +1,217 @@
 """``hsstore diff``: join two variants on sample keys and stream per-layer divergence, optionally
 against a precision floor (a third variant, typically fp32 of the same recipe).
 
-One pass reads A, B (and the floor C) side by side on every core (``hsstore.compare.stream``); each
+One pass reads A, B (and the floor C) side by side on every core (``hsstore.compare.diff``); each
 sample reduces to per-layer sums (``kernel``, ``divergence``) that are added in key order.
 """
 
 from __future__ import annotations
 
 import heapq
+import os
+import threading
 import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
-from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from hsstore.compare.divergence import SampleSums, Totals, summarize
-from hsstore.compare.explain import check_floor, check_same_model, provenance_differences, same_variant
-from hsstore.compare.estimate import Estimate, full_layers, sampled_layers, with_floor, without_floor
 from hsstore.compare.kernel import Workspace, token_sums
-from hsstore.compare.sampling import SampleTable
-from hsstore.compare.sample_plan import SamplePlan, plan_samples
-from hsstore.compare.stream import ThreadLocal, map_samples
+from hsstore.compare.sampling import (
+    Estimate,
+    SamplePlan,
+    SampleTable,
+    full_layers,
+    plan_samples,
+    sampled_layers,
+    with_floor,
+    without_floor,
+)
+from hsstore.core.dtypes import STORED
 from hsstore.core.errors import BadInput
-from hsstore.core.schema.diff_report import DiffReport, LayerDiff, WorstSample
+from hsstore.core.provenance_match import flatten, is_informational
 from hsstore.core.schema.record import UNSET
+from hsstore.core.schema.reports import (
+    DiffReport,
+    FieldDifference,
+    LayerDiff,
+    WorstSample,
+)
 from hsstore.storage.store import Store, VariantReader, split_target
+
+# --- Stream the shared samples of two variants through reading and arithmetic on every core, in order,
+
+R = TypeVar("R")
+BYTES_PER_THREAD = 256 << 20  # states in flight per worker thread
+
+
+def cpu_threads() -> int:
+    """The cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+_TORCH_THREADS_LOCK = threading.Lock()
+
+
+@contextmanager
+def torch_single_threaded() -> Iterator[None]:
+    """torch intra-op parallelism off for the duration (restored after)."""
+    with _TORCH_THREADS_LOCK:
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _sample_bytes(readers: Sequence[VariantReader], length: int, layers: Sequence[list[int]]) -> int:
+    per_token = sum(STORED.get(r.record.dtype, STORED["fp32"]).itemsize * len(ls) for r, ls in zip(readers, layers))
+    return length * readers[0].record.hidden_size * (per_token + 16)  # + float32 block work
+
+
+def map_samples(readers: Sequence[VariantReader], keys: Sequence[str], layers: list[int] | list[list[int]],
+                fn: Callable[[str, list[list[torch.Tensor]]], R], loss_only: bool = False,
+                threads: int | None = None, budget_bytes: int | None = None) -> Iterator[R]:
+    """``fn(key, [[states [T, H] of each layer] of each reader])`` for every key, in order; T counts the
+    first reader's loss-masked tokens only when ``loss_only``. Reading and ``fn`` run on worker threads,
+    each reading its sample's layers one after the other (no nested pools: one thread per core).
+    ``layers``: the same layer ids for every reader, or one list per reader."""
+    per_reader = layers if layers and isinstance(layers[0], list) else [layers] * len(readers)
+    threads = threads or cpu_threads()
+    budget = budget_bytes or BYTES_PER_THREAD * threads
+    window = 2 * threads
+
+    def task(key: str) -> R:
+        states = [r.read_layers(r.refs[key], ls) for r, ls in zip(readers, per_reader)]
+        if loss_only:
+            _, mask = readers[0].read_tokens(readers[0].refs[key])
+            sel = torch.from_numpy(mask.astype(np.bool_))
+            states = [[t[sel] for t in per_layer] for per_layer in states]
+        return fn(key, states)
+
+    pending: deque[tuple[Future[R], int]] = deque()
+    in_flight = 0
+    with torch_single_threaded(), ThreadPoolExecutor(threads, thread_name_prefix="hsstore-diff") as pool:
+        try:
+            for key in keys:
+                size = _sample_bytes(readers, readers[0].refs[key].length, per_reader)
+                while pending and (len(pending) >= window or in_flight + size > budget):
+                    fut, n = pending.popleft()
+                    in_flight -= n
+                    yield fut.result()
+                pending.append((pool.submit(task, key), size))
+                in_flight += size
+            while pending:
+                yield pending.popleft()[0].result()
+        finally:
+            for fut, _ in pending:
+                fut.cancel()
+
+
+class ThreadLocal:
+    """One object per worker thread, made on first use (e.g. a kernel Workspace)."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+        self._local = threading.local()
+
+    def get(self) -> Any:
+        obj = getattr(self._local, "obj", None)
+        if obj is None:
+            obj = self._local.obj = self._make()
+        return obj
+
+
+# --- A diff that explains itself: what differs in the provenance of A, B (and the floor C), and the
+
+ABSENT = "<absent>"
+# fingerprints that say whose states these are; a different one means another model or tokenizer
+IDENTITY = (("recipe.model.fingerprint", "model"), ("recipe.tokenizer.fingerprint", "tokenizer"))
+UNKNOWN = (None, "", "unknown")
+
+
+def store_identity(location: str) -> str:
+    """One spelling per store: local paths resolved (``./s.zarr``, ``s.zarr/`` and symlinks alike),
+    URLs without a trailing slash."""
+    if "://" in location and not location.startswith("file://"):
+        return location.rstrip("/")
+    return os.path.realpath(location.removeprefix("file://"))
+
+
+def same_variant(x: VariantReader, y: VariantReader) -> bool:
+    return x.id == y.id and store_identity(x.store.location) == store_identity(y.store.location)
+
+
+def check_floor(a: VariantReader, b: VariantReader, c: VariantReader, floor_target: str) -> None:
+    """Refuse a floor that is A or B (its divergence from A would be 0, or B's own: every layer would read
+    "within precision noise" by construction), and A or C stored at a reduced precision (A against C would
+    then measure storage error, not precision noise)."""
+    for name, x in (("A", a), ("B", b)):
+        if same_variant(c, x):
+            raise BadInput(f"the floor {floor_target!r} is {name} itself (variant {c.id} of {c.store.location}); a floor "
+                           "must be a third variant whose divergence from A is pure precision (A's recipe in fp32 "
+                           "when B is another kernel or device); to measure bf16 against fp32 itself, diff them "
+                           "without --floor")
+    for name, x in (("A", a), ("the floor C", c)):
+        stored = x.record.stored_precision
+        if stored:
+            raise BadInput(f"{name} ({floor_target if x is c else 'variant ' + x.id}) is stored as {stored}: A against "
+                           f"the floor would measure {stored} storage error, not precision noise, and hide "
+                           "divergences up to that size; make A and C variants stored as computed (e.g. diff the "
+                           f"{stored} variant as B against its source as A), or diff without --floor")
+
+
+def _fingerprint(r: VariantReader, field: str) -> Any:
+    return flatten(r.record.provenance).get(field)
+
+
+def check_same_model(x: VariantReader, y: VariantReader, names: tuple[str, str], allow: bool) -> list[str]:
+    """Refuse (unless ``allow``) two variants whose model or tokenizer fingerprints differ; returns
+    notes for the report (what differs when allowed, what could not be checked)."""
+    notes = []
+    for field, what in IDENTITY:
+        fx, fy = _fingerprint(x, field), _fingerprint(y, field)
+        if fx in UNKNOWN or fy in UNKNOWN:
+            notes.append(f"{what} identity of {names[0] if fx in UNKNOWN else names[1]} is not recorded: "
+                         f"not checked that {names[0]} and {names[1]} come from the same {what}")
+            continue
+        if fx == fy:
+            continue
+        model = {v: flatten(v.record.provenance).get("recipe.model.name", "?") for v in (x, y)}
+        if not allow:
+            raise BadInput(f"{names[0]} and {names[1]} are states of different {what}s: {field} {fx!r} "
+                           f"({model[x]}) != {fy!r} ({model[y]}); their divergence says nothing about precision. "
+                           "Pass --allow-different-models to compare them anyway")
+        notes.append(f"{names[0]} and {names[1]} are states of different {what}s ({field} {fx} != {fy}); "
+                     "compared because --allow-different-models was given")
+    return notes
+
+
+def provenance_differences(a: Mapping[str, Any], b: Mapping[str, Any],
+                           c: Mapping[str, Any] | None = None) -> list[FieldDifference]:
+    """Every provenance field whose value is not the same in A, B (and C), numeric fields first."""
+    flats = [flatten(p) for p in (a, b, c) if p is not None]
+    fields = sorted(set().union(*flats))
+    out = []
+    for field in fields:
+        values = [f.get(field, ABSENT) for f in flats]
+        if all(v == values[0] for v in values[1:]):
+            continue
+        extra = {"c": values[2]} if c is not None else {}
+        out.append(FieldDifference(field=field, a=values[0], b=values[1], informational=is_informational(field),
+                                   **extra))
+    return sorted(out, key=lambda d: (d.informational, d.field))
+
 
 NOISE_FACTOR = 2.0  # a divergence up to this multiple of the floor is precision noise
 WORST = 10  # samples listed in worst_samples

@@ -23,11 +23,23 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
 from statistics import NormalDist
 
-from hsstore.compare.divergence import C, N_BINS, SampleSums, cos_p01
+import numpy as np
+
+from hsstore.compare.divergence import (
+    N_BINS,
+    C,
+    SampleSums,
+    Totals,
+    cos_p01,
+    layer_stats,
+    verdict,
+)
+from hsstore.core.dtypes import UNIT_ROUNDOFF
+from hsstore.core.errors import BadInput
+from hsstore.core.schema.reports import LayerDiff, Sampling
+from hsstore.storage.store import VariantReader
 
 BOOTSTRAP = 1000
 MAX_STRATA = 10
@@ -181,3 +193,139 @@ def percentile_interval(replicates: np.ndarray, confidence: float) -> tuple[floa
 
 __all__ = ["BOOTSTRAP", "Choice", "SampleTable", "choose", "interval", "percentile_interval",
            "ratio_stats", "replicate_weights", "sample_count", "t_quantile"]
+
+
+# --- Which shared samples a sampled diff reads (``--samples N`` / ``--fraction F``), and how it says so.
+
+@dataclass(frozen=True)
+class SamplePlan:
+    keys: list[str]  # chosen, in the shared keys' order
+    choice: Choice
+    record: Sampling
+
+
+def check_sampling(samples: int | None, fraction: float | None, confidence: float) -> None:
+    if samples is not None and fraction is not None:
+        raise BadInput("pass --samples N or --fraction F, not both")
+    if samples is not None and samples < 1:
+        raise BadInput(f"--samples {samples}: must be 1 or more")
+    if fraction is not None and not 0 < fraction <= 1:
+        raise BadInput(f"--fraction {fraction}: must be in (0, 1], e.g. 0.01 for 1% of the shared samples")
+    if not 0 < confidence < 1:
+        raise BadInput(f"--confidence {confidence}: must be in (0, 1), e.g. 0.95")
+
+
+def plan_samples(a: VariantReader, b: VariantReader, c: VariantReader | None, keys: Sequence[str],
+                 samples: int | None, fraction: float | None, seed: int, confidence: float) -> SamplePlan | None:
+    """None for a full diff; else the seeded, length-stratified choice among the shared samples (shared
+    with the floor too, when there is one: A against B and against C are read on the same samples)."""
+    check_sampling(samples, fraction, confidence)
+    if samples is None and fraction is None:
+        return None
+    notes = []
+    population = list(keys)
+    if c is not None:
+        population = [k for k in keys if k in c.refs]
+        if len(population) < len(keys):
+            notes.append(f"{len(keys) - len(population)} sample(s) shared by A and B are not in the floor and "
+                         "were not eligible")
+        if not population:
+            raise BadInput(f"the floor {c.id} shares no samples with A and B; a sampled diff reads all three on "
+                           "the same samples")
+    n = sample_count(len(population), samples, fraction)
+    choice = choose([a.refs[k].length for k in population], population, n, seed)
+    chosen = [population[int(i)] for i in choice.indices]
+    if len(chosen) < 10:
+        notes.append(f"only {len(chosen)} samples: the intervals are wide and approximate (t with "
+                     f"{len(chosen) - len(choice.population)} degree(s) of freedom)")
+    notes += ["max_abs and cos_min are over the sampled tokens: they bound the store's from below "
+              "(max_abs) and above (cos_min); they have no interval",
+              "worst_samples lists the worst of the sampled samples"]
+    record = Sampling(
+        method=f"length-stratified random choice without replacement ({len(choice.population)} strata of equal "
+               "count by sample length, proportional allocation, at least 2 per stratum), stratum-weighted "
+               "ratio estimators",
+        seed=seed, population=len(population), samples=len(chosen), fraction=len(chosen) / len(population),
+        strata=len(choice.population), confidence=confidence,
+        interval=f"Rao-Wu rescaling bootstrap over samples within strata, {BOOTSTRAP} replicates, percentile",
+        notes=notes)
+    return SamplePlan(chosen, choice, record)
+
+
+# --- From per-sample sums to reported layers and a verdict: full sums, or sampled ones with intervals.
+
+CI_STATS = ("mean_abs", "rel_l2", "cos_mean", "cos_p01", "bit_exact")
+
+
+@dataclass
+class Estimate:
+    """Reported layers, and for a sampled diff the bootstrap replicates of rel-L2 ``[R, L]``."""
+
+    layers: list[LayerDiff]
+    rel_l2_replicates: np.ndarray | None = None
+    df: float = 0.0  # degrees of freedom of the intervals (samples - strata)
+
+
+def full_layers(layers: list[int], totals: Totals, ulps: bool) -> Estimate:
+    return Estimate([LayerDiff(layer=i, **layer_stats(totals.sums[j], totals.maxes[j], totals.hist[j], ulps))
+                     for j, i in enumerate(layers)])
+
+
+def sampled_layers(layers: list[int], table: SampleTable, choice: Choice, ulps: bool, confidence: float,
+                   seed: int) -> Estimate:
+    """Point estimates (stratum-weighted) with bootstrap intervals over samples."""
+    sums, hist = table.weighted(choice.weights[None, :])
+    maxes = np.max(np.stack(table.maxes), axis=0)
+    reps = replicate_weights(choice, BOOTSTRAP, seed)
+    rsums, rhist = table.weighted(reps)
+    rstats = ratio_stats(rsums, rhist)  # each [R, L]
+    df = len(choice.indices) - len(choice.population)
+    out = []
+    for j, i in enumerate(layers):
+        stats = layer_stats(sums[0, j], maxes[j], hist[0, j], ulps)
+        ci = {name: interval(stats[name], rstats[name][:, j], confidence, df) for name in CI_STATS if name != "cos_p01"}
+        ci["cos_p01"] = percentile_interval(rstats["cos_p01"][:, j], confidence)
+        out.append(LayerDiff(layer=i, ci=ci, **stats))
+    return Estimate(out, rstats["rel_l2"], df)
+
+
+def with_floor(est: Estimate, floor: Estimate, dtype: str, noise_factor: float,
+               confidence: float) -> tuple[list[LayerDiff], str, str]:
+    """Layers with floor ratios and verdicts, the overall verdict and its kind
+    (identical | within_noise | beyond_noise | inconclusive)."""
+    out = []
+    ratio_reps = None
+    if est.rel_l2_replicates is not None and floor.rel_l2_replicates is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio_reps = est.rel_l2_replicates / floor.rel_l2_replicates
+    for j, (L, F) in enumerate(zip(est.layers, floor.layers)):
+        ratio = L.rel_l2 / F.rel_l2 if F.rel_l2 > 0 else (0.0 if L.rel_l2 == 0 else float("inf"))
+        v = "identical (bit-exact)" if L.bit_exact == 1.0 else verdict(ratio, dtype, noise_factor)
+        extra = {}
+        if ratio_reps is not None:
+            extra["ci"] = {**L.ci, "floor_ratio": interval(ratio, ratio_reps[:, j], confidence, est.df)}
+        out.append(L.replace(floor_rel_l2=F.rel_l2, floor_ratio=ratio, verdict=v, **extra))
+    worst = max(out, key=lambda L: L.floor_ratio)
+    worst_ratio = max(0.0, worst.floor_ratio)
+    within = worst_ratio <= noise_factor
+    kind = "within_noise" if within else "beyond_noise"
+    span = ""
+    if ratio_reps is not None:
+        lo, hi = worst.ci["floor_ratio"]
+        span = f", {confidence:.0%} interval {lo:.2f}-{hi:.2f}x"
+        if any(L.ci["floor_ratio"][0] <= noise_factor < L.ci["floor_ratio"][1] for L in out):
+            kind = "inconclusive"
+    text = (f"A and B differ {'within' if within else 'beyond'} precision noise: worst layer {worst.layer} at "
+            f"{worst_ratio:.2f}x the floor{span} (noise up to {noise_factor:g}x)")
+    if kind == "inconclusive":
+        text += "; not settled at this sample size (an interval straddles the bound): raise --samples"
+    return out, text, kind
+
+
+def without_floor(est: Estimate, dtype: str) -> tuple[list[LayerDiff], str]:
+    u = UNIT_ROUNDOFF.get(dtype)
+    out = [L.replace(roundoff_ratio=L.rel_l2 / u) if u else L for L in est.layers]
+    worst = max(out, key=lambda L: L.rel_l2)
+    scale = f" = {worst.roundoff_ratio:.1f}x the {dtype} unit roundoff" if u else ""
+    return out, (f"no floor given (pass --floor STORE#fp32-variant for a verdict); worst rel-L2 "
+                 f"{worst.rel_l2:.3g} at layer {worst.layer}{scale}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-
 from collections.abc import Sequence
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hsstore.core.forksafe import ForkSafeLock
+from hsstore.core.interrupt import ForkSafeLock
 
 # e4m3 magnitudes lie in [2**-9, 448]: bf16 biased exponents 118..135. Adding k keeps them in 1..254
 # (normal, finite) for k in [-117, 119].

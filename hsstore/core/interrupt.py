@@ -8,9 +8,11 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -45,3 +47,40 @@ def stop_on_signals() -> Iterator[None]:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+# --- A lock a forked child gets back unlocked.
+
+_all: weakref.WeakSet[ForkSafeLock] = weakref.WeakSet()
+
+
+class ForkSafeLock:
+    """``with lock:`` / ``acquire()`` / ``release()`` as a ``threading.Lock``; unlocked in a forked child."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        _all.add(self)
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return self.lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def locked(self) -> bool:
+        return self.lock.locked()
+
+    def __enter__(self) -> bool:
+        return self.lock.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.lock.release()
+
+
+def _fresh_in_child() -> None:
+    for lock in list(_all):
+        lock.lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_in_child)

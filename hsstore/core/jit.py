@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hsstore.core.forksafe import ForkSafeLock
+from hsstore.core.interrupt import ForkSafeLock
 
 
 class JitLoops:

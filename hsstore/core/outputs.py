@@ -111,3 +111,31 @@ def check_not_an_input(path: str | None, option: str, inputs: dict[str, str]) ->
         if real == root or (os.path.isdir(root) and real.startswith(root.rstrip(os.sep) + os.sep)):
             raise BadInput(f"{option} {path!r} is a file of {what} {given!r}, which this command reads; the report "
                            "would replace it — write the report elsewhere")
+
+
+# --- User paths: a leading ``~`` (``~`` or ``~user``) means a home folder, as in a shell, wherever hsstore takes a path.
+
+def expand_user(path: str) -> str:
+    """``path`` with a leading ``~``/``~user`` expanded (URLs, ``builtin:`` names and other paths unchanged).
+    A shell does this for an unquoted argument; a manifest value, a quoted argument or ``--store=~/x``
+    reach hsstore unexpanded, and a user means the same folder."""
+    return os.path.expanduser(path) if path.startswith("~") else path
+
+
+# --- Sizes and durations as people read them (pure): three significant digits and a unit.
+
+def byte_size(n: float | None) -> str:
+    """``n`` bytes as "1.24 GB", "981 kB" or "12 B" (decimal units, as disks are sold); "unknown" for None."""
+    if n is None:
+        return "unknown"
+    for unit, f in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= f:
+            return f"{n / f:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def duration(seconds: float | None) -> str:
+    """``seconds`` as "5.71 s" or "3.2 h"; "unknown" for None."""
+    if seconds is None:
+        return "unknown"
+    return f"{seconds / 3600:.3g} h" if seconds >= 3600 else f"{seconds:.3g} s"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hsstore.core.canonical import fingerprint
 from hsstore.core.errors import ProvenanceMismatch
+from hsstore.core.keys import fingerprint
 
 # Fields recorded for people but never matched and never part of a variant id:
 # they cannot change a single number (where a model lives, which host ran it, tool versions).

@@ -27,17 +27,23 @@ import torch
 
 from hsstore.core.errors import BadInput, BuildInterrupted
 from hsstore.core.interrupt import Stopped, stop_on_signals
-from hsstore.core.leakage import check_no_leak
-from hsstore.core.layer_numbering import TOOL_CAPTURE, from_hsstore
+from hsstore.core.layer_numbering import TOOL_CAPTURE, check_no_leak, from_hsstore
+from hsstore.core.schema.provenance import ExportRecord
 from hsstore.core.schema.record import is_set, or_none
-from hsstore.core.schema.imported import ExportRecord
-from hsstore.interop.folder_mark import folder_mark, mark_folder
 from hsstore.interop.formats import get_format
 from hsstore.interop.formats.interface import TMP_SUFFIX, Format
-from hsstore.interop.import_records import add_hash, entry_hash, named_files, now, read_sidecar, seal_of, write_sidecar
+from hsstore.interop.imported_provenance import (
+    add_hash,
+    entry_hash,
+    named_files,
+    now,
+    read_sidecar,
+    seal_of,
+    write_sidecar,
+)
+from hsstore.interop.importer import folder_mark, mark_folder
 from hsstore.storage.leases import lock_folder_alone
-from hsstore.storage.outside_store import check_outside_stores
-
+from hsstore.storage.store import check_outside_stores
 
 
 @dataclass(frozen=True)

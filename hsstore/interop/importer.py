@@ -5,6 +5,7 @@ re-run skips imported files unread. Two imports may share a folder."""
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 import uuid
@@ -18,16 +19,26 @@ from typing import Any
 from hsstore.core.errors import BadInput, BuildInterrupted
 from hsstore.core.interrupt import Stopped, stop_on_signals
 from hsstore.core.keys import SampleTokens, sample_key
-from hsstore.core.schema.imported import ExportRecord, ImportSource
+from hsstore.core.layer_numbering import (
+    FINAL_NORM,
+    parse_capture,
+    parse_layer_list,
+    slot_layers,
+)
+from hsstore.core.schema.provenance import ExportRecord, ImportSource
 from hsstore.interop.formats import get_format
-from hsstore.storage.outside_store import check_store_outside_source
 from hsstore.interop.formats.interface import Format
-from hsstore.core.layer_numbering import FINAL_NORM, parse_capture, parse_layer_list, slot_layers
-from hsstore.interop.imported_provenance import model_identity, tokenizer_identity, variant_provenance
-from hsstore.interop.import_records import ImportLog, read_sidecar
+from hsstore.interop.imported_provenance import (
+    ImportLog,
+    model_identity,
+    read_sidecar,
+    tokenizer_identity,
+    variant_provenance,
+)
 from hsstore.interop.sample import SourceSample, check_vocab
 from hsstore.storage.leases import share_folder
 from hsstore.storage.stats import merge_health
+from hsstore.storage.store import check_store_outside_source
 
 UNIT_BYTES = 256 << 20  # states per unit: bounds the memory an import holds (two copies while writing)
 
@@ -293,3 +304,29 @@ class _Run:
         if self.entries:
             self.log.chunk(self.entries, None if commit is None else commit.unit)
         self.pending, self.entries, self.pending_tokens = [], [], 0
+
+
+# --- A mark on an export folder: a random token in an extended attribute of the folder (``user.hsstore.export``)
+
+XATTR = "user.hsstore.export"
+
+
+def folder_mark(dest: Path) -> str | None:
+    """The folder's token; "" if it has none; None where the file system cannot say (no extended attributes)."""
+    try:
+        return os.getxattr(dest, XATTR).decode("ascii", "replace")
+    except OSError as e:
+        return "" if e.errno == errno.ENODATA else None
+
+
+def mark_folder(dest: Path) -> str | None:
+    """The folder's token, given a new one if it has none; None where the file system keeps no such marks."""
+    token = folder_mark(dest)
+    if token:
+        return token
+    token = uuid.uuid4().hex
+    try:
+        os.setxattr(dest, XATTR, token.encode())
+    except OSError:  # no extended attributes here (or no room for one): the folder goes unmarked
+        return None
+    return token

@@ -7,7 +7,6 @@ so the import record names exactly what was imported.
 
 from __future__ import annotations
 
-import gzip
 import io
 import os
 import warnings
@@ -21,10 +20,10 @@ import numpy as np
 import torch
 import xxhash
 
-from hsstore.core.budget import check_fits, memory_budget
-from hsstore.core.humanize import byte_size
+from hsstore.core.batching import check_fits, memory_budget
 from hsstore.core.dtypes import name_of
 from hsstore.core.errors import BadInput, ResourceLimit
+from hsstore.core.outputs import byte_size
 
 MAX_FILE_BYTES = 64 << 30  # one sample's file; anything larger is not a per-sample cache file
 IN_FLIGHT = 4  # samples an import may hold at once per budget share (read-ahead, and a copy while written)

@@ -16,7 +16,7 @@ from hsstore.core.errors import CorruptData
 from hsstore.core.schema.store_records import CommitRecord
 from hsstore.storage import layout
 from hsstore.storage.backend import Backend
-from hsstore.storage.metadata_io import MAX_RECORD_BYTES, parse_json
+from hsstore.storage.fileio import MAX_RECORD_BYTES, parse_json
 
 
 @dataclass(frozen=True)

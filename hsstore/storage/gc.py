@@ -3,7 +3,7 @@
 A unit is kept if any commit record names it or is named after it (hsstore.storage.commits), if its
 writer holds its lease (hsstore.storage.leases: on a local disk a running writer's unit is kept even
 with ``--force``), if its writer may still run, or if it cannot be removed safely: on a local disk gc never follows a symlink
-and never leaves the store's root (hsstore.storage.localfs); such entries are reported, not removed.
+and never leaves the store's root (hsstore.storage.local); such entries are reported, not removed.
 ``dry_run`` reports what would be removed and removes nothing.
 """
 
@@ -16,7 +16,7 @@ import socket
 from dataclasses import dataclass, field
 
 from hsstore.core.errors import BadInput, CorruptData
-from hsstore.core.schema.gc_report import GcReport, Skipped
+from hsstore.core.schema.reports import GcReport, Skipped
 from hsstore.core.schema.store_records import UnitInfo
 from hsstore.storage import commits, layout
 from hsstore.storage.backend import Backend

@@ -2,16 +2,90 @@
 
 from __future__ import annotations
 
-from hsstore.core.distinguish import Apart
-from hsstore.core.provenance_match import model_fingerprint, model_name, same_model
-from hsstore.core.dtypes import STORED
+import datetime as _dt
 import json
+import uuid
 
-from hsstore.core.schema.info_report import GenerationSummary, ModelGroup, StoreInfo, VariantInfo
-from hsstore.core.schema.record import UNSET
-from hsstore.storage.audits import audits
+from hsstore.core.dtypes import STORED
+from hsstore.core.errors import CorruptData
+from hsstore.core.provenance_match import model_fingerprint, model_name, same_model
+from hsstore.core.schema.record import UNSET, or_none
+from hsstore.core.schema.reports import (
+    AuditSummary,
+    CheckReport,
+    GenerationSummary,
+    ModelGroup,
+    StoreInfo,
+    VariantInfo,
+)
+from hsstore.core.selectors import Apart
+from hsstore.storage import layout
 from hsstore.storage.stats import summary
 from hsstore.storage.store import Store, VariantReader
+
+# --- Audit records: what ``hsstore import --audit N`` found, kept beside the variant's build and import
+
+PREFIX = "audit-"
+
+
+def record_audit(store: Store, vid: str, report: CheckReport) -> AuditSummary:
+    """Keep the summary of an audit report (the fields of ``hsstore check --json`` an AuditSummary has) with
+    the time."""
+    stamp = _dt.datetime.now(_dt.timezone.utc)
+    rec = AuditSummary(kind="audit", audited_at=stamp.isoformat(timespec="seconds"), model=report.model,
+                       model_fingerprint=report.model_fingerprint, samples=report.samples,
+                       population=or_none(report.population), verdict=report.verdict,
+                       verdict_kind=report.verdict_kind, defects=report.defects,
+                       defective_samples=or_none(report.defective_samples),
+                       defect_rate_upper=or_none(report.defect_rate_upper), bound=or_none(report.bound),
+                       recompute=or_none(report.recompute), assumed=report.assumed,
+                       restatement=(None if or_none(report.restatement) is None else report.restatement.to_dict()))
+    name = f"{PREFIX}{stamp.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
+    store.io.put_atomic(layout.build_key(vid, name), json.dumps(rec.to_dict(), sort_keys=True).encode())
+    return rec
+
+
+def audits(store: Store, vid: str) -> list[AuditSummary]:
+    """The variant's audit records, oldest first (an unreadable one is left out)."""
+    out = []
+    for key in sorted(store.io.list(layout.builds_prefix(vid))):
+        if not key.rsplit("/", 1)[-1].startswith(PREFIX):
+            continue
+        try:
+            rec = AuditSummary.from_json(store.io.get(key) or b"", key)
+        except CorruptData:
+            continue
+        if rec.kind == "audit":
+            out.append(rec)
+    return out
+
+
+def audit_line(a: AuditSummary) -> str:
+    """One audit record in words: when, against which model, what it found and what that bounds."""
+    return (f"audited {a.audited_at} against {a.model} ({str(a.model_fingerprint)[:16]}): {a.verdict}; "
+            f"{a.bound}")
+
+
+def import_gaps(store: Store, vid: str) -> list[str]:
+    """What finished imports into the variant left out (files skipped as unreadable or misaligned, rows
+    without a states file), in words: an audit of the variant cannot see them."""
+    out = []
+    for key in sorted(store.io.list(layout.builds_prefix(vid))):
+        name = key.rsplit("/", 1)[-1]
+        if not name.startswith("import-"):
+            continue
+        try:
+            rec = json.loads(store.io.get(key) or b"")
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or rec.get("kind") != "import":
+            continue
+        bad, missing = int(rec.get("n_skipped_bad", 0)), int(rec.get("n_missing", 0))
+        if bad or missing:
+            out.append(f"the import of {rec.get('path')} ({rec.get('finished_at')}) left out {bad} file(s) it could not "
+                       f"read or whose states do not line up with their tokens (--skip-bad) and {missing} row(s) "
+                       "without a states file: they are not in this variant, so this audit cannot judge them")
+    return out
 
 
 def store_info(store: Store) -> StoreInfo:
@@ -41,7 +115,7 @@ def _models(provs: dict) -> list[ModelGroup]:
 
 
 def generations(store: Store) -> list[GenerationSummary]:
-    """Every regenerating build's ledger, summed up (hsstore.capture.generate.ledger writes them)."""
+    """Every regenerating build's ledger, summed up (hsstore.capture.generate.regenerate writes them)."""
     from hsstore.storage import layout
 
     out = []
@@ -67,7 +141,7 @@ def variant_info(store: Store, r: VariantReader, distinguished_by: dict[str, str
     raw = sum(c.n_tokens for c in r.commits) * rec.hidden_size * STORED[rec.dtype].itemsize * len(rec.all_layers)
     storage = UNSET
     if rec.stored_precision:
-        from hsstore.storage.fp8_report import storage_report
+        from hsstore.storage.convert import storage_report
 
         storage = storage_report(store, vid)
     return VariantInfo(

@@ -117,7 +117,7 @@ def model_records(store: Store) -> list[ModelRecord]:
 
 def _model_record_name(provenance: Mapping[str, Any]) -> str:
     """The file name of a model's record: its fingerprint, else its config's."""
-    from hsstore.core.canonical import fingerprint
+    from hsstore.core.keys import fingerprint
 
     model = provenance.get("recipe", {}).get("model", {})
     return model_fingerprint(provenance) or "config-" + fingerprint(

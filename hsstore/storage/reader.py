@@ -3,26 +3,109 @@
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    import torch
-
 from hsstore.core.dtypes import STORED, from_stored
 from hsstore.core.errors import BadInput, CorruptData
-from hsstore.core.forksafe import ForkSafeLock
+from hsstore.core.interrupt import ForkSafeLock
 from hsstore.core.keys import sample_key
 from hsstore.core.schema.store_records import CommitRecord, VariantRecord
 from hsstore.storage import commits, layout
 from hsstore.storage.backend import Backend, BufferRange, RangeSource
-from hsstore.storage.sample_table import Keys, Refs, SampleRef, SampleTable, UnitRecords, unit_part
+from hsstore.storage.sample_table import (
+    Keys,
+    Refs,
+    SampleRef,
+    SampleTable,
+    UnitRecords,
+    unit_part,
+)
 from hsstore.storage.shardio import ShardReader, check_declared_bytes
 from hsstore.storage.stats import merge
-from hsstore.storage.tasks import pieces, process_pool, read_threads, run_shared, usable_cpus
+
+if TYPE_CHECKING:
+    import torch
+
+
+# --- Running one sample's read tasks: in the calling thread, or shared between it and a thread pool.
+
+def run_shared(tasks: list[tuple[Any, ...]], pool: ThreadPoolExecutor | None, threads: int) -> None:
+    """Call each ``(function, *args)``; with a ``pool``, this thread and up to ``threads - 1`` pool threads
+    take tasks from one list until it is empty (the codecs, pread, crc32c and the FP8 loop release the
+    GIL). Every task has ended when this returns or raises."""
+    if pool is None:
+        for fn, *args in tasks:
+            fn(*args)
+        return
+    todo, lock = iter(tasks), threading.Lock()
+
+    def drain() -> None:
+        while True:
+            with lock:
+                task = next(todo, None)
+            if task is None:
+                return
+            task[0](*task[1:])
+
+    helpers = []
+    for _ in range(min(len(tasks), threads) - 1):
+        try:
+            helpers.append(pool.submit(drain))
+        except RuntimeError:  # the interpreter is exiting (an atexit handler reads): this thread does the rest
+            break
+    try:
+        drain()
+    finally:
+        for f in helpers:  # every task ends before its buffers are handed out (or an error is raised)
+            f.exception()
+    for f in helpers:
+        f.result()
+
+
+def pieces(offset: int, length: int, chunk_rows: int, row_bytes: int, piece_bytes: int) -> list[tuple[int, int]]:
+    """Rows ``[0, length)`` of a sample starting at row ``offset`` cut into ranges ``[a, b)`` of about
+    ``piece_bytes`` of output (``row_bytes`` a row) on chunk boundaries: threads share a sample's layers
+    and no chunk is decoded twice."""
+    step = chunk_rows * max(1, piece_bytes // max(1, chunk_rows * row_bytes))
+    cuts = [0, *range(step - offset % step, length, step), length]
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def read_threads(cpus: int) -> int:
+    """Threads one process decodes a sample's layers on: up to 8 of its ``cpus``. More did not pay: one
+    rank on a 16-core host read slower with 16 than with 8 (docs/benchmarks.md, round 2)."""
+    return max(1, min(8, cpus))
+
+
+def worker_share(threads: int) -> int:
+    """``threads`` divided among the DataLoader workers when this process is one of them (at least 1)."""
+    from torch.utils.data import (
+        get_worker_info,  # (the read path has imported torch by now)
+    )
+
+    info = get_worker_info()
+    return threads if info is None else max(1, threads // info.num_workers)
+
+
+def process_pool(threads: int) -> tuple[ThreadPoolExecutor | None, int]:
+    """(a pool of ``n - 1`` threads or None, ``n``): ``n`` this process's ``worker_share`` of ``threads``;
+    the calling thread is the n-th."""
+    n = worker_share(threads)
+    return (ThreadPoolExecutor(n - 1, thread_name_prefix="hsstore-read") if n > 1 else None), n
+
 
 # a sample's layers go to the read threads above this many bytes (below, hand-offs cost more than they save)
 THREAD_MIN_BYTES = 4 << 20
@@ -217,12 +300,12 @@ class VariantReader:
         return self._slice(ref, name, out, a, b)
 
     def pieces(self, ref: SampleRef, name: str, row_bytes: int) -> list[tuple[int, int]]:
-        """``ref``'s rows as the read tasks of one large sample (hsstore.storage.tasks.pieces)."""
+        """``ref``'s rows as the read tasks of one large sample (hsstore.storage.reader.pieces)."""
         return pieces(ref.offset, ref.length, self.shard(ref.unit, name).chunk_rows, row_bytes, PIECE_BYTES)
 
     def quant_error(self) -> dict[int, dict[str, float]]:
         """Per-layer storage error over all committed units of a quantized variant ({} otherwise)."""
-        from hsstore.core.quant_error import merge as merge_errors
+        from hsstore.core.quant import merge as merge_errors
         if not self.record.stored_precision:
             return {}
         return {layer: merge_errors(e[str(layer)] for e in (c.storage_errors for c in self.table.headers) if str(layer) in e)
@@ -237,19 +320,21 @@ class VariantReader:
                     fetched: Mapping[str, BufferRange] | None = None) -> list[Any]:
         """``read_stacked`` of each group of layers (e.g. aux and target), all layers in one pass: side by side
         on the reader's threads when the sample pays for the hand-offs, else in this thread; ``fetched``:
-        array name -> its chunk bytes read ahead (hsstore.read.lookahead; ignored for FP8 variants)."""
+        array name -> its chunk bytes read ahead (hsstore.read.prefetch_reads; ignored for FP8 variants)."""
         for layers in groups:
             self._check_layers(layers)
         rec = self.record
         if rec.stored_precision:
-            from hsstore.storage.quantized_read import quantized_groups
+            from hsstore.storage.tensor_reads import quantized_groups
             return quantized_groups(self, ref, groups, raw)
-        from hsstore.storage import outbuf  # (torch: imported on the first read of states, not for metadata)
+        from hsstore.storage import (
+            tensor_reads,  # (torch: imported on the first read of states, not for metadata)
+        )
 
         tasks, outs, nbytes = [], [], 0
         for layers in groups:
             check_declared_bytes(ref.length * len(layers) * rec.hidden_size * STORED[rec.dtype].itemsize, f"sample {ref.key}")
-            buf, tensor = outbuf.empty((ref.length, len(layers), rec.hidden_size), STORED[rec.dtype])
+            buf, tensor = tensor_reads.empty((ref.length, len(layers), rec.hidden_size), STORED[rec.dtype])
             for j, layer in enumerate(layers):
                 name = layout.layer_array(layer)
                 tasks += [(self._slice, ref, name, buf[a:b, j], a, b, (fetched or {}).get(name))
@@ -257,17 +342,17 @@ class VariantReader:
             outs.append(tensor)
             nbytes += buf.nbytes
         self.run_tasks(tasks, nbytes)
-        return [outbuf.as_dtype(t, rec.dtype) for t in outs]
+        return [tensor_reads.as_dtype(t, rec.dtype) for t in outs]
 
     def run_tasks(self, tasks: list[tuple[Any, ...]], nbytes: int) -> None:
         """Call each ``(function, *args)``: in this thread if there is one task or under ``THREAD_MIN_BYTES``
-        of output (a hand-off costs more than it saves), else shared with the pool (hsstore.storage.tasks)."""
+        of output (a hand-off costs more than it saves), else shared with the pool (hsstore.storage.reader)."""
         pool = self._layer_pool() if len(tasks) > 1 and nbytes >= THREAD_MIN_BYTES else None
         run_shared(tasks, pool, self._pool_threads)
 
     def _layer_pool(self) -> ThreadPoolExecutor | None:
         """Threads that read a sample's layers side by side: one pool per process (threads do not survive
-        a fork), ``read_threads`` shared among DataLoader workers (hsstore.storage.tasks.worker_share)."""
+        a fork), ``read_threads`` shared among DataLoader workers (hsstore.storage.reader.worker_share)."""
         if self._pool_pid != os.getpid():
             self._pool, self._pool_threads = process_pool(self.read_threads)
             self._pool_pid = os.getpid()

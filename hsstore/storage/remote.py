@@ -17,12 +17,17 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import FsspecStore
 
-from hsstore.core.errors import CorruptData, HsstoreError, StoreGone, StoreUnreachable, WriteFailed, write_cause
+from hsstore.core.errors import (
+    CorruptData,
+    HsstoreError,
+    StoreGone,
+    StoreUnreachable,
+    WriteFailed,
+    write_cause,
+)
 from hsstore.storage.backend import Backend, Entry, RangeSource
-from hsstore.storage.fileio import Written, digest
+from hsstore.storage.fileio import MAX_RECORD_BYTES, Written, digest
 from hsstore.storage.layout import TMP_PREFIX
-from hsstore.storage.metadata_io import MAX_RECORD_BYTES
-
 
 T = TypeVar("T")
 ATTEMPTS = 4  # tries of one request that fails on the network (botocore is told to try once: see _client_options)

@@ -10,11 +10,14 @@ that ratio is an input, measured by ``hsstore plan --calibrate`` or taken from `
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hsstore.core.dtypes import STORED
 from hsstore.core.precision_names import codec_for_codes
 from hsstore.storage.codecs import SCALE_CHUNK_ROWS, TOKEN_CHUNK_ROWS, chunk_tokens
+from hsstore.storage.store import is_url
 
 FORMS = ("bf16", "fp16", "fp32", "fp8-e4m3")  # every way a layer can be stored
 METADATA_BYTES = 1400  # one array's zarr.json as zarr 3.x writes it (1,354 bytes for a layer array)
@@ -136,3 +139,38 @@ def files_per_unit(n_layers: int, quantized: bool) -> int:
 def commit_bytes(samples: int, units: int, n_layers: int) -> int:
     """Bytes of the commit records of ``units`` units holding ``samples`` samples (not in a variant's bytes)."""
     return samples * COMMIT_BYTES_PER_SAMPLE + units * n_layers * COMMIT_BYTES_PER_LAYER
+
+
+# --- Free space where a store lives: ``statvfs`` of the store's directory, or of its nearest existing parent
+
+@dataclass(frozen=True)
+class FreeSpace:
+    """What the filesystem that will hold ``path`` has left for this user; ``block``: its allocation unit."""
+
+    path: str  # the directory asked (the store, or its nearest existing parent)
+    free_bytes: int
+    block: int
+
+
+def free_space(location: str) -> FreeSpace | None:
+    """Free space for a store at ``location``; None where it is not known: an object store URL, or a
+    filesystem that reports no blocks at all (``/proc``, ``/sys``: no store can be made there, and the
+    store's own creation names that)."""
+    if is_url(location):
+        return None
+    p = Path(location[len("file://"):] if location.startswith("file://") else location).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    st = os.statvfs(p)
+    if st.f_blocks == 0:
+        return None
+    return FreeSpace(str(p), st.f_bavail * st.f_frsize, st.f_frsize or 4096)
+
+
+def file_size_limit() -> int | None:
+    """This process's file-size limit (RLIMIT_FSIZE, ``ulimit -f``) in bytes; None when unlimited. A write past it
+    fails (EFBIG) however much space is free."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else int(soft)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hsstore.core.schema.info_report import LayerHealth
+from hsstore.core.schema.reports import LayerHealth
 
 if TYPE_CHECKING:
     import torch

@@ -10,20 +10,25 @@ from pathlib import Path
 from typing import Any
 
 from hsstore.core.dtypes import STORED
-from hsstore.core.errors import BadInput, CorruptData, HsstoreError, StoreNotFound, UnsupportedFormat
-from hsstore.core.paths import expand_user
+from hsstore.core.errors import (
+    BadInput,
+    CorruptData,
+    HsstoreError,
+    StoreNotFound,
+    UnsupportedFormat,
+)
+from hsstore.core.outputs import expand_user
 from hsstore.core.provenance_match import variant_id
-from hsstore.core.selectors import select
-from hsstore.core.schema.array import GroupMeta
 from hsstore.core.schema.provenance import Provenance, Storage
-from hsstore.core.schema.store_records import CommitRecord, VariantRecord
+from hsstore.core.schema.store_records import CommitRecord, GroupMeta, VariantRecord
+from hsstore.core.selectors import select
 from hsstore.storage import commits, layout, leases, names
 from hsstore.storage.backend import Backend
 from hsstore.storage.codecs import REGISTRY
+from hsstore.storage.fileio import convert_strict, group_json, parse_json
 from hsstore.storage.leases import Lease
 from hsstore.storage.local import LocalBackend
 from hsstore.storage.reader import VariantReader
-from hsstore.storage.metadata_io import convert_strict, group_json, parse_json
 
 
 @dataclass(frozen=True)
@@ -293,3 +298,29 @@ def _prepare_directory(p: Path) -> None:
         raise BadInput(f"cannot create store directory {path!r}: {e.strerror}; choose a writable path") from None
     if not os.access(p, os.W_OK):
         raise BadInput(f"store directory {path!r} is read-only; choose a writable path or fix permissions")
+
+
+# --- What hsstore writes outside its stores stays outside them: a report (``--json``, ``--plot``), an export
+
+def check_outside_stores(path: str, what: str) -> None:
+    """Refuse (exit 2) an output file or folder ``path`` that is empty (an unset shell variable: it would
+    mean the current folder), an hsstore store or inside one."""
+    if not path.strip():
+        raise BadInput(f"{what} is an empty path ({path!r}); name the file or folder to write")
+    outer = enclosing_store(Path(os.path.expanduser(path)) / layout.root_meta())  # the store itself, or one above
+    if outer is not None:
+        raise BadInput(f"{what} {path!r} is inside the hsstore store {str(outer)!r}; hsstore writes reports and "
+                       "exports outside its stores — choose a path outside it")
+
+
+def check_store_outside_source(store: str, source: str) -> None:
+    """Refuse (exit 2) a store inside the folder an import reads, or that folder inside the store: the store's
+    files would become files of the tool's cache (EAGLE's loader loads every file of its folder), or the
+    import would read the store's own files."""
+    if "://" in store:
+        return
+    s, src = os.path.realpath(os.path.expanduser(store)), os.path.realpath(os.path.expanduser(source))
+    inside = s == src or s.startswith(src.rstrip(os.sep) + os.sep) or src.startswith(s.rstrip(os.sep) + os.sep)
+    if inside:
+        raise BadInput(f"store {store!r} and the import folder {source!r} lie one inside the other; the store's files "
+                       "would become part of the tool's cache — put the store outside the folder")

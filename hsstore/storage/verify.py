@@ -17,11 +17,11 @@ from typing import Any
 
 from hsstore.core.dtypes import as_float32
 from hsstore.core.errors import CorruptData, HsstoreError, StoreUnreachable
+from hsstore.core.schema.reports import Problem, VerifyReport
 from hsstore.core.schema.store_records import CommitRecord
-from hsstore.core.schema.verify_report import Problem, VerifyReport
 from hsstore.storage import layout
+from hsstore.storage.fileio import parse_json
 from hsstore.storage.reader import VariantReader
-from hsstore.storage.metadata_io import parse_json
 from hsstore.storage.stats import health_problems, problems
 from hsstore.storage.store import Store, group_attributes
 

@@ -16,14 +16,25 @@ import numpy as np
 import torch
 
 from hsstore.core.dtypes import TORCH, to_stored
-from hsstore.core.quant import Quantized, dequantize
-from hsstore.core.errors import WRITE_FIXES, BuildFailed, HsstoreError, WriteFailed, write_cause
+from hsstore.core.errors import (
+    WRITE_FIXES,
+    BuildFailed,
+    HsstoreError,
+    WriteFailed,
+    write_cause,
+)
 from hsstore.core.keys import SampleTokens
-from hsstore.core.schema.store_records import CommitRecord, HealthStats, QuantError, UnitInfo, WriterInfo
+from hsstore.core.quant import Quantized, dequantize
+from hsstore.core.schema.store_records import (
+    CommitRecord,
+    HealthStats,
+    QuantError,
+    UnitInfo,
+    WriterInfo,
+)
 from hsstore.storage import commits, layout
 from hsstore.storage.codecs import SCALE_CHUNK_ROWS, TOKEN_CHUNK_ROWS
-from hsstore.storage.fileio import Written, digest
-from hsstore.storage.metadata_io import group_json
+from hsstore.storage.fileio import Written, digest, group_json
 from hsstore.storage.shardio import array_metadata, encode_shard
 from hsstore.storage.stats import from_stats_tensor, problems, stats_tensor
 
@@ -83,7 +94,7 @@ class UnitWriter:
         Samples already committed are dropped first (re-writing is a no-op). ``health`` = ``layer ->
         stats_tensor(states, lengths)`` computed by the caller (on the GPU, copied back with the states)
         saves recomputing them here. A variant stored quantized takes ``Quantized`` states, the health of
-        the states as computed and ``quant_error`` (layer -> hsstore.core.quant_error record).
+        the states as computed and ``quant_error`` (layer -> hsstore.core.quant record).
         Returns the commit, or None if nothing was left to write.
         """
         rec = self.record

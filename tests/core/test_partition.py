@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hsstore.core.partition import balanced_by_tokens, epoch_order, epoch_sequence, split_for
+from hsstore.core.partition import (
+    balanced_by_tokens,
+    epoch_order,
+    epoch_sequence,
+    split_for,
+)
 
 WORLDS = [(1, 1), (1, 3), (2, 1), (2, 2), (3, 4), (8, 2), (5, 7)]
 

@@ -24,16 +24,16 @@ from typing import Any
 import torch
 import typer
 
-from hsstore import HiddenStateDataset, Store
 import hsstore.cli.main  # noqa: F401  (registers every command on the app)
+from hsstore import HiddenStateDataset, Store
 from hsstore.cli.app import app
 from hsstore.core.errors import HsstoreError
 from hsstore.storage import layout
+from hsstore.storage.fileio import group_json
 from hsstore.storage.gc import collect_garbage
+from hsstore.storage.info import store_info
 from hsstore.storage.leases import Lease
 from hsstore.storage.local import LocalBackend
-from hsstore.storage.metadata_io import group_json
-from hsstore.storage.info import store_info
 from hsstore.storage.verify import verify
 
 Truth = dict[tuple[str, str], tuple[bytes, ...]]  # (variant, key) -> (ids, mask, layer bytes...)

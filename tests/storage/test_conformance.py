@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import new_variant, write_unit
 from zarr.storage import MemoryStore
 
 from hsstore import Store
@@ -20,8 +21,6 @@ from hsstore.storage.gc import collect_garbage
 from hsstore.storage.local import LocalBackend
 from hsstore.storage.remote import ZarrBackend
 from hsstore.storage.verify import verify
-
-from helpers import new_variant, write_unit
 
 KINDS = ["local", "zarr-memory", "fsspec-memory", "s3"]
 

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO, one_sample_units, run_cli, wait_for
 
 from hsstore import Store
 from hsstore.storage.verify import verify
+
 
 def _source(tmp: Path, n: int = 6) -> Path:
     """A bf16 store of ``n`` one-sample units."""

@@ -14,12 +14,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from fuzzing import run
+from helpers import REPO, crashed_unit, new_variant, write_unit
 
 from hsstore import Store
 from hsstore.storage import layout
-
-from fuzzing import run
-from helpers import REPO, crashed_unit, new_variant, write_unit
 
 CASES = int(os.environ.get("HSSTORE_FUZZ_CASES", "60"))
 SEED = int(os.environ.get("HSSTORE_FUZZ_SEED", "0"))

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import crashed_unit, run_cli, store_with_unit
 
 from hsstore import Store
 from hsstore.core.errors import CorruptData
 from hsstore.storage.verify import verify
-
-from helpers import crashed_unit, run_cli, store_with_unit
 
 
 def _store(tmp: Path) -> tuple[Path, str, list, dict]:

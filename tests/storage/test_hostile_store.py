@@ -12,12 +12,11 @@ import socket
 from pathlib import Path
 
 import pytest
+from helpers import META_DOCS, crashed_unit, garbage_metadata, run_main, store_with_unit
 
 from hsstore import HiddenStateDataset, Store
 from hsstore.core.errors import CorruptData, HsstoreError
 from hsstore.storage.verify import verify
-
-from helpers import META_DOCS, crashed_unit, garbage_metadata, run_main, store_with_unit
 
 
 @pytest.fixture

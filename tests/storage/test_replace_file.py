@@ -12,11 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO, new_variant, run_cli, write_unit
 
 from hsstore import Store
 from hsstore.storage.fileio import replace_file
-
-from helpers import REPO, new_variant, run_cli, write_unit
 
 pytestmark = pytest.mark.process  # see docs/testing.md
 

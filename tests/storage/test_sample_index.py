@@ -20,7 +20,7 @@ from hsstore.storage.stats import array_stats, health_problems, problems
 from hsstore.storage.store import Store
 from hsstore.storage.verify import verify
 from hsstore.storage.writer import UnitWriter
-from hsstore.testing.bench_stores import write_tiny_store
+from hsstore.testing.bench import write_tiny_store
 from hsstore.testing.factories import make_samples, make_states, new_variant
 
 

@@ -10,7 +10,13 @@ import pytest
 from hsstore import Store
 from hsstore.core.quant import quantize
 from hsstore.storage.codecs import chunk_tokens
-from hsstore.storage.sizing import METADATA_BYTES, Ratios, StoredForm, files_per_unit, unit_bytes
+from hsstore.storage.sizing import (
+    METADATA_BYTES,
+    Ratios,
+    StoredForm,
+    files_per_unit,
+    unit_bytes,
+)
 from hsstore.storage.writer import UnitWriter
 from hsstore.testing.factories import LAYERS, make_samples, make_states, provenance
 

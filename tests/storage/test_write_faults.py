@@ -21,14 +21,20 @@ from pathlib import Path
 import crc32c
 import pytest
 import torch
+from helpers import (
+    REPO,
+    make_samples,
+    make_states,
+    new_variant,
+    run_cli,
+    write_manifest,
+)
 
 from hsstore import Store
 from hsstore.core.errors import WriteFailed
 from hsstore.storage import fileio
 from hsstore.storage.verify import verify
 from hsstore.storage.writer import UnitWriter
-
-from helpers import REPO, make_samples, make_states, new_variant, run_cli, write_manifest
 
 LIMIT = "40"
 

@@ -11,14 +11,17 @@ file is a rejected row, named with its line.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from hsstore.core.budget import check_fits
+import numpy as np
+
+from hsstore.core.batching import check_fits
 from hsstore.core.errors import BadInput
-from hsstore.core.humanize import byte_size
+from hsstore.core.keys import SampleTokens
 from hsstore.core.nesting import TooDeep, check_depth, loads_bounded, lone_surrogate
+from hsstore.core.outputs import byte_size
 
 BOM = b"\xef\xbb\xbf"
 ROW_KEYS = {"conversations", "messages", "text", "prompt", "completion"}  # keys that make an object a row
@@ -225,3 +228,23 @@ def load_rows(files: list[str]) -> Iterator[tuple[str, int, Any]]:
                            "or an HF save_to_disk folder")
         for n, row in rows:
             yield f, n, row
+
+
+# --- Tokenized samples handed from the build driver to its workers: one .npz of plain arrays (no pickle).
+
+def save_samples(path: str | Path, samples: Sequence[SampleTokens]) -> None:
+    lengths = np.array([s.length for s in samples], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    np.savez(
+        path,
+        keys=np.array([s.key for s in samples], dtype="<U32"),
+        offsets=offsets,
+        input_ids=np.concatenate([s.input_ids for s in samples]).astype(np.int32) if samples else np.zeros(0, np.int32),
+        loss_mask=np.concatenate([s.loss_mask for s in samples]).astype(np.uint8) if samples else np.zeros(0, np.uint8),
+    )
+
+
+def load_samples(path: str | Path) -> list[SampleTokens]:
+    with np.load(path, allow_pickle=False) as z:
+        keys, off, ids, mask = z["keys"], z["offsets"], z["input_ids"], z["loss_mask"]
+    return [SampleTokens(str(k), ids[off[i] : off[i + 1]], mask[off[i] : off[i + 1]]) for i, k in enumerate(keys)]

@@ -24,21 +24,287 @@ that token inclusive; what follows it (e.g. ``\\n``) is not trained on, nor is a
 start (a tokenizer that merges the header's last newline with a reply's first one). A row is refused, with
 its reason, when the span would hold any other message's marker or a message contains a special token's text
 (the end-of-turn and turn-opening tokens count as special whatever their flag). Every rendering of a
-template that prints today's date uses one pinned day (hsstore.capture.inputs.chatdate).
+template that prints today's date uses one pinned day (hsstore.capture.inputs.lossmask).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import re
+import threading
+import time
+from bisect import bisect_left
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import date
-from typing import Any
+from functools import lru_cache
+from typing import Any, TypeVar
 
-from hsstore.capture.inputs.chatdate import PINNED, date_string, pinned_template, prints_date
-from hsstore.capture.inputs.chatmarks import PLACEMENTS, Marked, marked_messages, read_markers, repeated_message
-from hsstore.capture.inputs.messages import THINK_CLOSE, THINK_OPEN, RowRejected, arguments_hint, inline_reasoning, reasoning_moved
-from hsstore.capture.inputs.render_limits import bounded
+from hsstore.capture.inputs.messages import (
+    THINK_CLOSE,
+    THINK_OPEN,
+    RowRejected,
+    arguments_hint,
+    inline_reasoning,
+    reasoning_moved,
+)
+from hsstore.core.batching import parse_bytes
 from hsstore.core.errors import BadInput, ResourceLimit
+from hsstore.core.outputs import byte_size
+
+# --- Time and memory limits on rendering a chat template: a template is a program (nested ``range(100000)``
+
+T = TypeVar("T")
+SECONDS_ENV, BYTES_ENV = "HSSTORE_RENDER_SECONDS", "HSSTORE_RENDER_BYTES"
+RENDER_SECONDS = 10.0  # one conversation renders in milliseconds; seconds mean a loop
+RENDER_BYTES = 256 * 10**6  # memory one rendering may add, and characters its output may hold
+POLL_SECONDS = 0.01
+
+
+class _Stop(Exception):
+    """Raised inside the rendering thread by the watchdog."""
+
+
+def limits() -> tuple[float, int]:
+    """(seconds, bytes) one rendering may take: the defaults, or HSSTORE_RENDER_SECONDS / _BYTES."""
+    seconds = os.environ.get(SECONDS_ENV)
+    size = os.environ.get(BYTES_ENV)
+    try:
+        s = float(seconds) if seconds else RENDER_SECONDS
+    except ValueError:
+        raise ResourceLimit(f"{SECONDS_ENV}={seconds!r} is not a number of seconds") from None
+    return s, parse_bytes(size, BYTES_ENV) if size else RENDER_BYTES
+
+
+def _resident() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0  # no way to ask: the time limit still holds
+
+
+def _fire(ident: int, exc: type[BaseException] | None) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc) if exc else None)
+
+
+class _Watch:
+    """One rendering under watch: its limits, when it began, the memory it began at (sampled by the
+    watchdog on first sight), and why it was stopped."""
+
+    def __init__(self, seconds: float, size: int) -> None:
+        self.seconds, self.size, self.start = seconds, size, time.monotonic()
+        self.base: int | None = None
+        self.why: list[str] = []
+
+
+_lock = threading.Lock()
+_active: dict[int, _Watch] = {}  # rendering thread's ident -> its watch
+_watchdog: list[threading.Thread] = []  # one per process, started by the first rendering
+
+
+def _watch_all() -> None:
+    """The watchdog: every POLL_SECONDS, stop each rendering past its limit (once)."""
+    while True:
+        time.sleep(POLL_SECONDS)
+        with _lock:
+            for ident, w in _active.items():
+                if w.why:
+                    continue
+                if w.base is None:  # memory is read here, not per rendering: most finish within one poll
+                    w.base = _resident()
+                if time.monotonic() - w.start > w.seconds:
+                    w.why.append(f"ran for more than {w.seconds:g} s")
+                elif _resident() - w.base > w.size:
+                    w.why.append(f"grew memory by more than {byte_size(w.size)}")
+                if w.why:
+                    _fire(ident, _Stop)
+
+
+def bounded(render: Callable[[], str], what: str) -> str:
+    """``render()`` stopped with ResourceLimit (exit 2) when it runs longer than the time limit, grows the
+    process by more than the byte limit, or returns more characters than it. One watchdog thread serves
+    every rendering of the process (a thread per rendering cost ~250 us, more than a rendering)."""
+    seconds, size = limits()
+    ident, w = threading.get_ident(), _Watch(seconds, size)
+    with _lock:
+        if not _watchdog:
+            _watchdog.append(threading.Thread(target=_watch_all, name="hsstore-render-watchdog", daemon=True))
+            _watchdog[0].start()
+        _active[ident] = w
+    out: str | None = None
+    try:
+        try:
+            out = render()
+        finally:
+            with _lock:
+                _active.pop(ident, None)
+            _fire(ident, None)  # a stop that fired as the rendering finished must not land later
+    except _Stop:
+        out = None
+    finally:
+        with _lock:
+            _active.pop(ident, None)  # also when the stop landed inside the first removal
+    if out is None or len(out) > size:
+        reason = w.why[0] if w.why else f"wrote more than {byte_size(size)} of text"
+        raise ResourceLimit(f"the chat template {reason} rendering {what} (a loop, or text that doubles?); "
+                            f"fix the template (limits: {SECONDS_ENV}, {BYTES_ENV})")
+    return out
+
+
+# --- Unique markers around each message's text, and where they land in a rendering (hsstore.capture.inputs.lossmask).
+
+PLACEMENTS = (("all", "edges"), ("all", "inner"), ("assistant", "inner"))  # tried in order
+
+
+@dataclass(frozen=True)
+class Marked:
+    """A marked rendering mapped onto the plain one: where each message's markers land in plain text."""
+
+    text: str
+    starts: list[int]  # marked-text start of each marker, in order
+    removed: list[int]  # marker characters before marker j (removed[j]); removed[-1] = all of them
+    where: dict[int, list[int]]  # message index -> plain positions of its markers
+    placement: tuple[str, str]  # (who, how) of PLACEMENTS that produced it
+
+    def plain_pos(self, pos: int) -> int:
+        """Plain position of a marked position that lies outside markers."""
+        return pos - self.removed[bisect_left(self.starts, pos)]
+
+
+def mark(text: str, start: str, end: str, how: str) -> str:
+    """``text`` between ``start`` and ``end`` (``how``: "edges" or "inner"); blank text is left unmarked."""
+    if not text.strip():
+        return text
+    if how == "edges":
+        return start + text + end
+    lead, trail = len(text) - len(text.lstrip()), len(text.rstrip())
+    return text[:lead] + start + text[lead:trail] + end + text[trail:]
+
+
+def marked_messages(msgs: list[dict[str, Any]], nonce: str, who: str, how: str) -> list[dict[str, Any]]:
+    """Copies of ``msgs`` with markers around the texts of ``who`` ("all" or "assistant")."""
+    out = []
+    for i, m in enumerate(msgs):
+        m = dict(m)
+        if who == "all" or m["role"] == "assistant":
+            def tag(part: int, end: bool, i: int = i) -> str:
+                return f"@{nonce}{i}.{part}{'E' if end else 'S'}@"
+
+            m["content"] = mark(m["content"], tag(0, False), tag(0, True), how)
+            if "reasoning_content" in m:
+                m["reasoning_content"] = mark(m["reasoning_content"], tag(1, False), tag(1, True), how)
+            calls = []
+            for j, c in enumerate(m.get("tool_calls", ())):
+                fn = dict(c["function"])
+                fn["name"] = mark(fn["name"], tag(2 + 2 * j, False), tag(2 + 2 * j, True), "edges")
+                if isinstance(fn["arguments"], str):
+                    fn["arguments"] = mark(fn["arguments"], tag(3 + 2 * j, False), tag(3 + 2 * j, True), how)
+                calls.append({**c, "function": fn})
+            if calls:
+                m["tool_calls"] = calls
+        out.append(m)
+    return out
+
+
+def read_markers(text: str, nonce: str, plain: str, placement: tuple[str, str]) -> Marked | None:
+    """Where the markers of ``text`` land in ``plain``; None unless removing them gives ``plain`` and each
+    marker occurs once (a template that repeats or alters a message's text hides where it is)."""
+    pattern = re.compile(rf"@{nonce}(\d+)\.(\d+)([SE])@")
+    found = list(pattern.finditer(text))
+    if pattern.sub("", text) != plain or len({m.group() for m in found}) != len(found):
+        return None
+    starts, removed, where, total = [], [], {}, 0
+    for m in found:
+        starts.append(m.start())
+        removed.append(total)
+        where.setdefault(int(m.group(1)), []).append(m.start() - total)
+        total += len(m.group())
+    removed.append(total)
+    return Marked(text, starts, removed, where, placement)
+
+
+def repeated_message(text: str, nonce: str) -> int | None:
+    """The first message whose marker occurs more than once in ``text`` (the template writes its text twice)."""
+    seen: set[str] = set()
+    for m in re.finditer(rf"@{nonce}(\d+)\.(\d+)([SE])@", text):
+        if m.group() in seen:
+            return int(m.group(1))
+        seen.add(m.group())
+    return None
+
+
+# --- A fixed "today" for chat templates that print the date, so a row tokenizes the same on every day.
+
+PINNED = date(2024, 7, 26)  # the day Llama-3 templates print when no date_string is given
+DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+          "November", "December")
+LITERAL = re.compile(r"""strftime_now\(\s*(['"])([A-Za-z0-9%\-:,./ ]*)\1\s*\)""")  # a format written as a literal
+
+
+def prints_date(template: str) -> bool:
+    """Whether the template asks for today's date (then it is rendered with ``pinned_template``)."""
+    return "strftime_now" in template
+
+
+def chat_date(template: str | dict[str, str]) -> str | None:
+    """The day recorded with the tokenizer (ISO 8601) when its template (or one of its named templates)
+    prints a date; else None, and the tokenizer's identity is what it was before dates were pinned."""
+    text = template if isinstance(template, str) else json.dumps(template)
+    return PINNED.isoformat() if prints_date(text) else None
+
+
+def date_string(day: date = PINNED) -> str:
+    """``day`` as Llama-3.x templates print it, for those that take a ``date_string`` ("26 Jul 2024")."""
+    return f"{day.day:02d} {MONTHS[day.month - 1][:3]} {day.year}"
+
+
+def directives(day: date) -> dict[str, str]:
+    """strftime directive -> its text for midnight of ``day`` in the C locale (glibc's ``%-d`` forms included)."""
+    iso_year, iso_week, weekday = day.isocalendar()
+    yday = day.timetuple().tm_yday  # 1-based
+    a, b = DAYS[day.weekday()], MONTHS[day.month - 1]
+    d, m, y = f"{day.day:02d}", f"{day.month:02d}", f"{day.year:04d}"
+    out = {
+        "a": a[:3], "A": a, "b": b[:3], "h": b[:3], "B": b, "d": d, "e": f"{day.day:2d}", "m": m, "Y": y,
+        "y": y[2:], "C": y[:2], "j": f"{yday:03d}", "u": str(weekday), "w": str(weekday % 7),
+        "U": f"{(yday + 6 - weekday % 7) // 7:02d}", "W": f"{(yday + 6 - (weekday - 1)) // 7:02d}",
+        "G": f"{iso_year:04d}", "g": f"{iso_year % 100:02d}", "V": f"{iso_week:02d}",
+        "F": f"{y}-{m}-{d}", "D": f"{m}/{d}/{y[2:]}", "x": f"{m}/{d}/{y[2:]}",
+        "c": f"{a[:3]} {b[:3]} {day.day:2d} 00:00:00 {y}",
+        "H": "00", "M": "00", "S": "00", "I": "12", "k": " 0", "l": "12", "p": "AM", "P": "am", "f": "000000",
+        "R": "00:00", "T": "00:00:00", "X": "00:00:00", "r": "12:00:00 AM", "z": "", "Z": "", "n": "\n", "t": "\t",
+    }
+    unpadded = {"-d": str(day.day), "-e": str(day.day), "-m": str(day.month), "-y": str(int(y[2:])),
+                "-j": str(yday), "-H": "0", "-M": "0", "-S": "0", "-I": "12", "-l": "12"}
+    return {f"%{k}": v for k, v in {**out, **unpadded}.items()}
+
+
+def formatted(fmt: str, day: date = PINNED) -> str:
+    """``fmt`` with its directives replaced as the macro does: split at ``%%``, replace in each piece (no
+    replacement holds a ``%``, so none can form another directive), join with ``%``."""
+    pieces = fmt.split("%%")
+    for k, v in directives(day).items():
+        pieces = [p.replace(k, v) for p in pieces]
+    return "%".join(pieces)
+
+
+@lru_cache(maxsize=16)  # built once per template: a row is rendered several times
+def pinned_template(template: str, day: date = PINNED) -> str:
+    """``template`` opened by a ``strftime_now`` macro that formats ``day`` (the template itself unchanged).
+
+    The formats the template writes as literals are looked up, formatted here once (``formatted``); any
+    other is formatted by the macro the same way. The newline after the macro is eaten by transformers'
+    ``trim_blocks``, so the template's own first character, a newline included, renders as before."""
+    literal = {m.group(2): formatted(m.group(2), day) for m in LITERAL.finditer(template)}
+    chain = "".join(f" | map('replace', {json.dumps(k)}, {json.dumps(v)})" for k, v in directives(day).items())
+    return ("{%- macro strftime_now(format) -%}{%- set known = " + json.dumps(literal) + " -%}"
+            "{%- if format in known -%}{{- known[format] -}}{%- else -%}"
+            "{{- format.split('%%')" + chain + " | join('%') -}}{%- endif -%}{%- endmacro %}\n" + template)
+
 
 METHOD = "reply+eot/v1"  # recorded with every input report; bump when masks of the same rows change
 PROBE = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
@@ -59,7 +325,7 @@ class ChatMasker:
             raise BadInput("the tokenizer is a slow (Python) tokenizer; hsstore locates assistant replies through a "
                            "fast tokenizer's offsets — add tokenizer.json to the model folder")
         self.template = template if isinstance(template, str) else json.dumps(template)
-        # a template that prints today's date renders with a pinned day (hsstore.capture.inputs.chatdate): the same row
+        # a template that prints today's date renders with a pinned day (hsstore.capture.inputs.lossmask): the same row
         # gives the same tokens, hence the same sample keys, on every day
         self.today = today
         self.kwargs: dict[str, Any] = {}

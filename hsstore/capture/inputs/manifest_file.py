@@ -11,9 +11,15 @@ from typing import Any
 
 from hsstore.core.errors import BadInput
 from hsstore.core.nesting import MAX_INPUT_DEPTH, TooDeep, check_depth
-from hsstore.core.paths import expand_user
-from hsstore.core.schema.manifest import (FINAL_NORM, Manifest, check_layers_in_model, check_manifest,  # noqa: F401
-                                          parse_manifest_file, resolve_layers)
+from hsstore.core.outputs import expand_user
+from hsstore.core.schema.manifest import (  # noqa: F401
+    FINAL_NORM,
+    Manifest,
+    check_layers_in_model,
+    check_manifest,
+    parse_manifest_file,
+    resolve_layers,
+)
 from hsstore.storage.codecs import CHOICES as CODECS
 
 # a manifest file larger than this is not a manifest (a wrong path, a data file passed by mistake)

@@ -11,18 +11,130 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from hsstore.capture.inputs.datafiles import BadRow, load_rows
-from hsstore.capture.inputs.lossmask import ChatMasker
+from hsstore.capture.inputs.lossmask import METHOD, ChatMasker
 from hsstore.capture.inputs.messages import RowRejected, to_chat
-from hsstore.capture.inputs.row_report import InputReport
-from hsstore.capture.inputs.row_size import ROW_STRINGS, check_cut, clip_strings, string_cap, turn_cap
 from hsstore.core.errors import BadInput
 from hsstore.core.keys import SampleTokens, sample_key
+from hsstore.core.schema.build import RowIssue
 from hsstore.core.schema.manifest import DATA_FORMATS as FORMATS
+
+# --- A row's text is bounded before it is tokenized: tokenizing costs ~250 bytes of memory per character (a
+
+MARGIN = 2  # a cut string spans twice max_length tokens: the text near the cut never reaches the kept tokens
+ROW_STRINGS = 8  # a row may hold this many cut-size strings in all (a chat of many long turns)
+UNKNOWN_LONGEST = 1024  # characters per token assumed of a tokenizer that cannot list its vocabulary
+
+
+def longest_token(tok: Any) -> int:
+    """Characters of the tokenizer's longest vocabulary entry (added and special tokens included)."""
+    try:
+        vocab = tok.get_vocab()
+        return max((len(t) for t in vocab if isinstance(t, str)), default=1) or 1
+    except Exception:  # a tokenizer without get_vocab: assume long tokens (a looser, still bounded, cut)
+        return UNKNOWN_LONGEST
+
+
+def string_cap(tok: Any, max_length: int) -> int:
+    """Characters a string of a row is cut to before tokenizing, for rows kept to ``max_length`` tokens."""
+    return MARGIN * (max_length + 16) * longest_token(tok)
+
+
+def clip_strings(value: Any, cap: int) -> tuple[Any, int, bool]:
+    """``value`` (a parsed row) with every string longer than ``cap`` characters cut to ``cap``; the total
+    characters of its strings after the cut; whether any string was cut."""
+    if isinstance(value, str):
+        return (value[:cap], cap, True) if len(value) > cap else (value, len(value), False)
+    if isinstance(value, dict):
+        out, total, cut = {}, 0, False
+        for k, v in value.items():
+            out[k], n, c = clip_strings(v, cap)
+            total, cut = total + n, cut or c
+        return out, total, cut
+    if isinstance(value, (list, tuple)):
+        items = [clip_strings(v, cap) for v in value]
+        return [i[0] for i in items], sum(i[1] for i in items), any(i[2] for i in items)
+    return value, 0, False
+
+
+def long_strings(value: Any, cap: int) -> list[str]:
+    """The strings of ``value`` (a parsed row, already cut) of ``cap`` characters or more: the cut ones."""
+    if isinstance(value, str):
+        return [value] if len(value) >= cap else []
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return [s for v in items for s in long_strings(v, cap)]
+
+
+def check_cut(tok: Any, row: Any, cap: int, max_length: int) -> str | None:
+    """Why cutting ``row``'s strings at ``cap`` could change the tokens kept (None: it cannot). Sound only
+    where a cut string still makes more than ``max_length`` tokens; a tokenizer one of whose tokens spans
+    more characters than its vocabulary shows (a WordPiece ``[UNK]`` is a whole unknown word) may not."""
+    for text in long_strings(row, cap):
+        n = len(tok(text, add_special_tokens=False)["input_ids"])
+        if n <= max_length:
+            return (f"a string cut to {cap:,} characters makes only {n} tokens (max_length={max_length}): this "
+                    "tokenizer's tokens span more characters than its vocabulary's entries, so the cut could "
+                    "change the tokens kept")
+    return None
+
+
+def turn_cap(max_length: int) -> int:
+    """Messages a chat row may hold to be tokenized for rows kept to ``max_length`` tokens."""
+    return MARGIN * (max_length + 16)
+
+
+# --- InputReport: what tokenizing the data files gave, and every row not taken as it was, named with its reason.
+
+NAMED_PER_REASON = 10_000  # rows named one by one for each (kind, reason); the rest are counted
+
+
+@dataclass
+class InputReport:
+    rows: int = 0
+    usable: int = 0
+    truncated: int = 0
+    replies_dropped: int = 0  # trained replies (loss-mask runs) that truncation cut off whole
+    duplicates: int = 0
+    empty_replies: int = 0  # kept rows with an empty trained reply among others (rows of only empty ones: rejected)
+    rejected: Counter = field(default_factory=Counter)
+    issues: list[RowIssue] = field(default_factory=list)  # rejected, duplicate and truncated rows, in order
+    named: Counter = field(default_factory=Counter)  # (kind, reason) -> rows named in ``issues``
+    unnamed: dict[tuple[str, str], list] = field(default_factory=dict)  # (kind, reason) -> [file, row, count]
+    summarized: set[tuple[str, str]] = field(default_factory=set)  # reasons ``close`` named the unnamed rows of
+
+    def note(self, kind: str, file: str, row: int, reason: str, detail: str = "") -> None:
+        if self.named[(kind, reason)] >= NAMED_PER_REASON:
+            self.unnamed.setdefault((kind, reason), [file, row, 0])[2] += 1
+            return
+        self.named[(kind, reason)] += 1
+        self.issues.append(RowIssue(file=file, row=row, kind=kind, reason=reason, **({"detail": detail} if detail else {})))
+
+    def close(self) -> None:
+        """Add one issue for each reason whose rows were not all named: the first unnamed row, and how many
+        (once; later calls add nothing)."""
+        for (kind, reason), (file, row, n) in self.unnamed.items():
+            if (kind, reason) not in self.summarized:
+                self.summarized.add((kind, reason))
+                self.issues.append(RowIssue(file=file, row=row, kind=kind, reason=reason, detail=(
+                    f"this row and {n - 1:,} more {kind} for this reason, not named one by one (the first "
+                    f"{NAMED_PER_REASON:,} are)")))
+
+    @property
+    def issue_count(self) -> int:
+        """Rows not taken as they were: every one counted, named or not."""
+        return sum(self.named.values()) + sum(n for _, _, n in self.unnamed.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows": self.rows, "usable": self.usable, "truncated": self.truncated,
+                "replies_dropped": self.replies_dropped, "empty_replies": self.empty_replies,
+                "duplicates": self.duplicates, "rejected": dict(self.rejected), "issue_count": self.issue_count,
+                "loss_mask": METHOD}
+
 
 __all__ = ["InputReport", "detect_format", "load_rows", "tokenize_rows"]
 UNKNOWN = "unknown format (no conversations/messages/text/prompt+completion)"

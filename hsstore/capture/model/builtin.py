@@ -9,8 +9,27 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from hsstore.capture.model.model_size import check_builtin_fits
+from hsstore.core.batching import check_fits
 from hsstore.core.errors import BadInput
+
+# --- A builtin model's size from its config, checked against the memory budget before its config is even
+
+def min_parameters(tc: Any) -> int:
+    """A lower bound on a decoder-only model's parameters: its embedding and every layer's MLP."""
+    def num(key: str) -> int:
+        v = getattr(tc, key, 0)
+        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
+
+    h, inter = num("hidden_size"), num("intermediate_size")
+    return num("vocab_size") * h + num("num_hidden_layers") * 3 * h * inter
+
+
+def check_builtin_fits(tc: Any, model: str) -> None:
+    """ResourceLimit when a builtin's weights (drawn in fp32) cannot fit the memory budget."""
+    check_fits(4 * min_parameters(tc), f"{model} with these config overrides ({min_parameters(tc):,} parameters "
+               "at least, drawn in fp32)", "choose smaller [model] config overrides (hidden_size, num_hidden_layers, "
+               "intermediate_size)")
+
 
 # ChatML. Its {% generation %} span (reply + <|im_end|>) is exactly what hsstore's own mask method marks
 # (tests/test_chat_masks.py checks both agree); the generation prompt is the assistant header, newline included.

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import platform
 import socket
+import subprocess
+import sys
 from typing import Any
 
-from hsstore.capture.model.backends import installed
+from hsstore.capture.model.kernels import installed
+from hsstore.core.errors import BadInput
 from hsstore.core.schema.provenance import Batching, Environment, Kernels
 
 
@@ -80,3 +84,52 @@ def machine_report() -> dict[str, Any]:
         # gpus_per_rank > 1 (one model over several GPUs) needs transformers' device_map, i.e. accelerate
         "model_parallel_available": installed("accelerate"),
     }
+
+
+# --- ``hsstore env``: the environment fingerprint, and which kernels a model would bind under a backend.
+
+def _probe_here(model: str | None, backend: str | None, device: str) -> dict[str, Any]:
+    from hsstore.capture.model.kernels import force_backend
+
+    if backend:
+        force_backend(backend)
+    from hsstore.capture.model.environment import machine_report
+
+    out = machine_report()
+    out["backend_forced"] = backend or "none (what transformers picks by itself)"
+    if model:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from hsstore.capture.model.kernels import bound_kernels
+        from hsstore.capture.model.spec import ModelSpec
+
+        spec = ModelSpec(model)
+        tok = spec.tokenizer()
+        config = spec.config(len(tok))
+        with torch.device("meta"):
+            m = AutoModelForCausalLM.from_config(config)
+        out["model"] = model
+        out["kernels_bound"] = bound_kernels(m, device)
+    return out
+
+
+def probe(model: str | None, backend: str | None, device: str = "cpu") -> dict[str, Any]:
+    if backend not in (None, "torch", "fla"):
+        raise BadInput(f"unknown backend {backend!r}; choose torch or fla")
+    cmd = [sys.executable, "-m", "hsstore.capture.model.environment", json.dumps([model, backend, device])]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["probe failed"])[-1]
+        raise BadInput(last.removeprefix("error: "))
+    return json.loads(proc.stdout)
+
+
+if __name__ == "__main__":
+    from hsstore.core.errors import HsstoreError
+
+    try:
+        print(json.dumps(_probe_here(*json.loads(sys.argv[1])), default=str))
+    except HsstoreError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

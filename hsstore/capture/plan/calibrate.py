@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from hsstore.core.unitplan import default_unit_tokens
+from hsstore.core.batching import default_unit_tokens
 from hsstore.storage.codecs import SCALE_CHUNK_ROWS, chunk_tokens
 from hsstore.storage.sizing import FORMS, Ratios, StoredForm
 
@@ -114,7 +114,7 @@ def calibrate(inp: Any, batches: list[list[int]], n: int, dtype: str, device: st
               unit_tokens: int | None) -> Calibration:
     """Run ``n`` of ``batches`` (indices into ``inp.samples``; ``spread`` over them) in ``dtype`` on
     ``device``; ``unit_tokens``: the manifest's (None: the build's default for each form)."""
-    from hsstore.core.unitplan import batch_units
+    from hsstore.core.batching import batch_units
 
     picked = spread(len(batches), n)
     hidden, layers = int(inp.recipe.model.hidden_size), inp.recipe.layers.all
@@ -136,8 +136,8 @@ def _forwards(inp: Any, run: list[list[int]], dtype: str, device: str, attn: str
     timed after an untimed warm-up forward of the first sample of the shortest batch."""
     import torch
 
-    from hsstore.capture.run.hooks import LayerCapture
     from hsstore.capture.model.environment import device_info
+    from hsstore.capture.run.hooks import LayerCapture
     from hsstore.core.dtypes import TORCH
 
     model = inp.spec.load(TORCH[dtype], [device], attn)

@@ -6,11 +6,35 @@ from __future__ import annotations
 
 from typing import Any
 
-from hsstore.capture.plan.space_check import counts, sampled_rows, sizes, space, tokens_of
-from hsstore.capture.plan.plan_sizes import Measured, Run, VariantSize, batch_shapes, size_variant
+from hsstore.capture.plan.plan_sizes import (
+    Measured,
+    Run,
+    VariantSize,
+    batch_shapes,
+    counts,
+    sampled_rows,
+    size_variant,
+    sizes,
+    space,
+    tokens_of,
+)
 from hsstore.core.errors import BadInput
-from hsstore.core.flops import ASSUMED_MFU, ForwardShape, batch_flops, mfu, peak_flops, seconds_at
-from hsstore.core.schema.plan import FormSize, GenerationPlan, PlanReport, Ratio, Tokens, VariantPlan
+from hsstore.core.flops import (
+    ASSUMED_MFU,
+    ForwardShape,
+    batch_flops,
+    mfu,
+    peak_flops,
+    seconds_at,
+)
+from hsstore.core.schema.plan import (
+    FormSize,
+    GenerationPlan,
+    PlanReport,
+    Ratio,
+    Tokens,
+    VariantPlan,
+)
 from hsstore.storage.sizing import FORMS
 
 DEFAULT_GPU = "H200"
@@ -80,8 +104,7 @@ def _forms(m: Any, inp: Any, measured: dict[str, dict[str, Measured]], scale: fl
     measured on the form's own dtype's calibration (or probe) states, else the store's variants of the
     form, else the first dtype's (bf16 states cast to fp32 compress as no fp32 states do, so a dtype not
     built is best calibrated by building it)."""
-    from hsstore.capture.plan.plan_store import NOTHING
-    from hsstore.capture.plan.space_check import on_disk
+    from hsstore.capture.plan.plan_sizes import NOTHING, on_disk
     from hsstore.core.batching import token_budget_batches
     from hsstore.storage.sizing import StoredForm
 
@@ -120,7 +143,7 @@ def probe_ratios(m: Any, inp: Any, shape: Any) -> dict[str, dict[str, Measured]]
     cheap (a model of at most PROBE_MAX_PARAMS parameters on a device present here) and the store holds
     no variant of the form that measures them as well; {} otherwise (the plan then assumes, and says so)."""
     from hsstore.capture.plan.calibrate import calibrate
-    from hsstore.capture.plan.space_check import on_disk
+    from hsstore.capture.plan.plan_sizes import on_disk
     from hsstore.core.batching import token_budget_batches
     from hsstore.storage.sizing import StoredForm
 
@@ -133,7 +156,7 @@ def probe_ratios(m: Any, inp: Any, shape: Any) -> dict[str, dict[str, Measured]]
     need = [d for d, x in have.items() if x is None or x.error > PROBE_ERROR]
     if not need or m.codec == "none":
         return {}
-    from hsstore.capture.model.backends import bind_backend
+    from hsstore.capture.model.kernels import bind_backend
 
     try:
         bind_backend(m.backends[0])
@@ -166,9 +189,9 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
               peak_tflops: float | None = None) -> PlanReport:
     """The plan of building ``m`` (``sample``: tokenize that many seeded rows, not all; ``calibrate``:
     measure ratios and tokens/s on that many batches per dtype)."""
-    from hsstore.capture.run.driver import plan_inputs
-    from hsstore.capture.model.forward_shape import forward_shape
     from hsstore.capture.inputs.manifest_file import validate
+    from hsstore.capture.model.spec import forward_shape
+    from hsstore.capture.run.driver import plan_inputs
     from hsstore.core.batching import token_budget_batches
 
     m = validate(m)
@@ -176,7 +199,7 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
         raise BadInput("--sample and --limit do not combine: --limit plans the first N usable rows exactly")
     if calibrate:
         _check_calibration_device(m.devices[0])
-        from hsstore.capture.model.backends import bind_backend
+        from hsstore.capture.model.kernels import bind_backend
 
         bind_backend(m.backends[0])  # before transformers loads a model module (tokenizing does not)
     rows, population = sampled_rows(m.data_files, sample) if sample else (None, None)
@@ -207,8 +230,7 @@ def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: i
     if m.generate is None:
         return None
     from hsstore.capture.generate.regenerate import jobs_from_rows
-    from hsstore.capture.inputs.row_report import InputReport
-    from hsstore.capture.inputs.tokenizing import load_rows
+    from hsstore.capture.inputs.tokenizing import InputReport, load_rows
 
     g = m.generate
     jobs = jobs_from_rows(load_rows(m.data_files) if rows is None else rows, m.data_format, g, InputReport(), limit)

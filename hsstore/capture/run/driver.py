@@ -4,7 +4,7 @@ Under torchrun (WORLD_SIZE > 1) every rank tokenizes the same inputs determinist
 disjoint token-balanced share, binds its local GPU and writes its own units; rank 0 then checks that
 every sample is committed and records the build as complete.
 
-``inline=True`` runs each worker's own code in this process (hsstore.capture.run.inline).
+``inline=True`` runs each worker's own code in this process (hsstore.capture.run.driver).
 """
 
 from __future__ import annotations
@@ -14,25 +14,137 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hsstore.capture.generate.regenerate import samples_of_rows, store_first, summary_fields
-from hsstore.capture.run.devices import barrier, check_devices, dist, process_group
-from hsstore.capture.run.lineage import Lineage, agree_build_id, new_build_id, now
+from hsstore.capture.generate.regenerate import (
+    samples_of_rows,
+    store_first,
+    summary_fields,
+)
 from hsstore.capture.inputs.manifest_file import validate
-from hsstore.core.schema.manifest import FINAL_NORM, Manifest, resolve_layers
 from hsstore.capture.model.spec import ModelSpec, check_vocabulary, text_config
-from hsstore.capture.run.signals import TEMP_PREFIX, Stopped, run_worker, stop_on_signals
-from hsstore.capture.run.inline import inline_default, run_here
+from hsstore.capture.run.lineage import Lineage, agree_build_id, new_build_id, now
+from hsstore.capture.run.signals import (
+    TEMP_PREFIX,
+    Stopped,
+    run_worker,
+    stop_on_signals,
+)
 from hsstore.core.errors import BadInput, BuildFailed, BuildInterrupted, HsstoreError
 from hsstore.core.keys import SampleTokens
-from hsstore.core.schema.build import BuildResult, InputCounts, ModelSource, VariantResult, WorkerOutcome, WorkerPlan
-from hsstore.core.schema.files import HashedFile
+from hsstore.core.schema.build import (
+    BuildResult,
+    InputCounts,
+    ModelSource,
+    VariantResult,
+    WorkerOutcome,
+    WorkerPlan,
+)
+from hsstore.core.schema.manifest import FINAL_NORM, Manifest, resolve_layers
 from hsstore.core.schema.provenance import LayerRoles, Recipe
+from hsstore.core.schema.store_records import HashedFile
 from hsstore.storage import layout
+from hsstore.storage.names import another_model_allowed, check_model, labels
+from hsstore.storage.store import Store
+
+# --- Where each rank of a build runs: its rank numbers under torchrun and the devices it binds, checked
+
+def dist() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) outside it."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def check_devices(m: Manifest, local_rank: int, world: int) -> list[str]:
+    """The devices this rank builds on: ``cuda`` becomes this local rank's GPU, a GPU group is
+    ``cuda:i+cuda:j``; BadInput when the machine lacks them (or the fla kernels a build asks for). A CPU
+    build never imports torch here: the driver of a build only plans and waits (its worker runs the model)."""
+    from hsstore.capture.model.kernels import installed
+
+    if "fla" in m.backends and not installed("fla"):
+        raise BadInput("backend 'fla' needs the flash-linear-attention kernels, which are not installed here: "
+                       "pip install flash-linear-attention fla-core (or use --backend torch)")
+    out = []
+    for dev in m.devices:
+        if dev.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise BadInput(f"device {dev!r} requested but no CUDA GPU is visible here; use --device cpu")
+            k, count = m.gpus_per_rank, torch.cuda.device_count()
+            if k > 1:
+                from hsstore.capture.model.placement import require_accelerate
+
+                require_accelerate()
+                first = local_rank * k
+                if first + k > count:
+                    raise BadInput(f"gpus_per_rank = {k} on local rank {local_rank} needs GPUs {first}..{first + k - 1} "
+                                   f"but {count} are visible: run at most {count // k} rank(s) per node "
+                                   f"(torchrun --nproc-per-node {max(1, count // k)}) or lower gpus_per_rank")
+                group = [f"cuda:{first + i}" for i in range(k)]
+                names = {torch.cuda.get_device_name(d) for d in group}
+                if len(names) > 1:
+                    raise BadInput(f"the GPUs of one rank group differ ({', '.join(sorted(names))}); a model spread "
+                                   "over GPUs must run on one kind of GPU — set CUDA_VISIBLE_DEVICES to GPUs of one model")
+                dev = "+".join(group)
+            elif dev == "cuda":
+                dev = f"cuda:{local_rank % torch.cuda.device_count()}" if world > 1 else "cuda:0"
+            elif int(dev[5:]) >= torch.cuda.device_count():
+                raise BadInput(f"device {dev!r} requested but only {torch.cuda.device_count()} GPU(s) are visible")
+        out.append(dev)
+    return out
+
+
+def barrier(group: Any) -> None:
+    """Wait for every rank, letting stop signals through (a blocking gloo barrier holds them until it ends)."""
+    if group is None:
+        return
+    work = group.barrier(async_op=True)
+    while not work.is_completed():
+        time.sleep(0.05)
+    work.wait()
+
+
+def process_group(world: int) -> Any:
+    """torch.distributed over gloo when under torchrun (it carries only barriers), else None."""
+    if world == 1:
+        return None
+    import torch.distributed
+
+    torch.distributed.init_process_group("gloo")
+    return torch.distributed
+
+
+# --- Build workers run in the driver's own process: the worker process's code (hsstore.capture.run.worker.run) on
+
+_INLINE: ContextVar[bool] = ContextVar("hsstore_inline_workers", default=False)
+
+
+@contextmanager
+def inline_workers() -> Iterator[None]:
+    """Builds started inside run their workers inline (``driver.build``'s default becomes ``inline=True``)."""
+    token = _INLINE.set(True)
+    try:
+        yield
+    finally:
+        _INLINE.reset(token)
+
+
+def inline_default() -> bool:
+    """Whether a build that does not say runs its workers inline here."""
+    return _INLINE.get()
+
+
+def run_here(plan_path: str) -> int:
+    """The worker of the plan at ``plan_path``, in this process: its exit code (its outcome is in the plan's
+    result file, as from a worker process)."""
+    from hsstore.capture.run.worker import run
+
+    return run(WorkerPlan.from_json(Path(plan_path).read_bytes(), f"worker plan {plan_path}"))
 
 
 @dataclass(frozen=True)
@@ -206,9 +318,9 @@ def build(m: Manifest, limit: int | None = None, quiet: bool = False, space_chec
     leaves its records there (hsstore.capture.run.lineage), whatever its end. SIGTERM, SIGINT or SIGHUP stop it
     (and its worker) with BuildInterrupted, exit status 128 + the signal (hsstore.capture.run.signals).
     ``space_check``: refuse, before the store is made and any model loads, a build whose estimated size
-    exceeds the free space of a local store's filesystem (hsstore.capture.plan.space_check.check_space).
+    exceeds the free space of a local store's filesystem (hsstore.capture.plan.plan_sizes.check_space).
     ``inline``: run the workers in this process (default: as ``inline.inline_workers()`` says, else not)."""
-    from hsstore.capture.model.backends import require_attention
+    from hsstore.capture.model.kernels import require_attention
     from hsstore.capture.run.progress import status
 
     t0 = time.time()
@@ -231,14 +343,13 @@ def build(m: Manifest, limit: int | None = None, quiet: bool = False, space_chec
 
 
 def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float, space_check: bool) -> BuildResult:
-    from hsstore.capture.run.joining import check_joining, new_variant_notes
     from hsstore.storage.store import Store
 
     started = now()
     early, build_id = store_first(m), new_build_id()  # a regenerating build checkpoints replies as it goes
     inp = plan_inputs(m, limit, quiet or ctx.rank != 0, store=early, build_id=build_id, world=ctx.world)
     if space_check:
-        from hsstore.capture.plan.space_check import check_space
+        from hsstore.capture.plan.plan_sizes import check_space
 
         check_space(m, inp)  # before the store is made, a model loads or a worker starts
     check_joining(m, inp.recipe.to_dict())  # the store's model and labels: before any state is written
@@ -270,8 +381,8 @@ def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float,
 def _run_workers(m: Manifest, inp: Inputs, mine: list[int], batches: list[list[int]], quiet: bool,
                  ctx: Context) -> list[VariantResult]:
     """This rank's samples through one worker per backend, from a temporary folder removed at the end."""
+    from hsstore.capture.inputs.datafiles import save_samples
     from hsstore.capture.run.progress import status
-    from hsstore.capture.inputs.samples_file import save_samples
 
     results: list[VariantResult] = []
     # a worker whose driver died removes the folder itself; a stray one may have done so already
@@ -285,7 +396,7 @@ def _run_workers(m: Manifest, inp: Inputs, mine: list[int], batches: list[list[i
 
 def _record_complete(m: Manifest, samples: list[SampleTokens], results: list[VariantResult]) -> dict[str, bool]:
     """Check every input sample is committed for every variant built; record the build as complete."""
-    from hsstore.core.canonical import fingerprint
+    from hsstore.core.keys import fingerprint
     from hsstore.storage.store import Store
 
     store = Store.open(m.store_path, mode="a")
@@ -302,3 +413,47 @@ def _record_complete(m: Manifest, samples: list[SampleTokens], results: list[Var
         store.io.put_atomic(layout.build_key(vid, fingerprint(keys)[:16]), json.dumps(record).encode())
         out[vid] = True
     return out
+
+
+# --- What a build checks before it joins a store (the store's one model, the label it gives) and what it
+
+def new_variant_notes(store: Store, before: set[str], built: list[Any]) -> list[str]:
+    """For each variant of ``built`` (a build's results: ``.variant``) not in ``before`` made beside others: what made it new and the selector
+    that names it alone now that the command is over (said as each started, the next would outdate it)."""
+    from hsstore.core.selectors import fork_note
+
+    provs = {}
+    for v in store.variant_ids():
+        try:
+            provs[v] = store.variant_record(v).provenance
+        except HsstoreError:  # an unreadable record is verify's to report
+            continue
+    found = labels(store)
+    notes = [fork_note(vid, provs[vid], {v: p for v, p in provs.items() if v != vid}, found, every=provs)
+             for vid in dict.fromkeys(r.variant for r in built if r.variant not in before and r.variant in provs)]
+    return [n for n in notes if n]
+
+
+def check_joining(m: Any, recipe: Mapping[str, Any]) -> None:
+    """Before the build of manifest ``m`` (hsstore.core.schema.manifest.Manifest) writes anything or runs
+    a model: BadInput if its store holds another model's states than ``recipe``'s (unless
+    ``m.another_model``: the model is recorded as let in) or its label names a variant of another recipe
+    or backend/dtype/device."""
+    from hsstore.core.errors import StoreNotFound
+
+    path, label, what = m.store_path, m.label, f"this build ({m.source})"
+    another_model, run = "build" if m.another_model else None, (m.backends[0], m.dtypes[0], m.devices[0])
+    try:
+        store = Store.open(path, mode="a" if another_model else "r")
+    except StoreNotFound:
+        return  # a new store: nothing to join
+    with another_model_allowed(another_model):
+        check_model(store, {"recipe": dict(recipe)}, what=what)
+    holder = next((v for v, lab in labels(store).items() if lab == label), None) if label else None
+    if holder is None:
+        return
+    rec = store.variant_record(holder)
+    env = rec.prov.environment
+    if rec.provenance.get("recipe") != recipe or (env.backend, env.dtype, env.device) != (run[0], run[1], run[2].split(":")[0]):
+        raise BadInput(f"label {label!r} already names variant {holder} in {path} (another recipe or "
+                       "backend/dtype/device than this build's); choose another --label")

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 from torch import nn
 
-
 EMBEDDINGS = -1
 
 

@@ -24,9 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hsstore.core.canonical import fingerprint
 from hsstore.core.errors import BadInput, BuildFailed
-from hsstore.core.filehash import hash_file, hash_files, tree_files
+from hsstore.core.keys import fingerprint, hash_file, hash_files, tree_files
 from hsstore.core.schema.build import BuildRecord, DataFile, InputCounts, VariantResult
 from hsstore.core.schema.manifest import Manifest
 from hsstore.storage import layout
@@ -84,7 +83,7 @@ class Lineage:
 
     def __init__(self, store: Any, location: str, start: BuildRecord, issues: Sequence[Any]) -> None:
         self.store, self.location, self.start = store, location.rstrip("/"), start
-        self.issues = issues  # hsstore.core.schema.inputs.RowIssue records (rank 0 writes them)
+        self.issues = issues  # hsstore.core.schema.build.RowIssue records (rank 0 writes them)
 
     @classmethod
     def begin(cls, store: Any, location: str, m: Manifest, *, build_id: str, rank: int, world: int,

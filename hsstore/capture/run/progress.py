@@ -29,7 +29,8 @@ class Progress:
         self._rich = None
         if not self.quiet and sys.stderr.isatty():
             from rich.console import Console
-            from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
 
             self._rich = RichProgress(
                 TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} samples"),

@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from hsstore.core.schema.build import VariantResult, WorkerOutcome, WorkerPlan
-from hsstore.core.schema.provenance import Batching, Kernels, ModelParallel, Provenance, Stage, Storage
+from hsstore.core.schema.provenance import (
+    Batching,
+    Kernels,
+    ModelParallel,
+    Provenance,
+    Stage,
+    Storage,
+)
 
 # pinned host buffers allocated while the model loads, in units: one unit copying while one is written
 # (more are allocated on demand when the writers fall behind)
@@ -38,8 +45,8 @@ class Geometry:
 
     @classmethod
     def of(cls, plan: WorkerPlan, dtype: str) -> Geometry:
+        from hsstore.core.batching import default_unit_tokens
         from hsstore.core.dtypes import STORED
-        from hsstore.core.unitplan import default_unit_tokens
 
         hidden = int(plan.recipe.model.hidden_size)
         itemsize = 1 if plan.precision else STORED[dtype].itemsize  # fp8 codes: one byte
@@ -52,7 +59,7 @@ def _reserve_pinned(plan: WorkerPlan, g: Geometry, devices: list[str]) -> Any:
     """On CUDA: bind our GPU and start pinning the first units' host buffers while the model loads."""
     import torch
 
-    from hsstore.capture.run.pinned import PINNED_POOL
+    from hsstore.capture.run.pipeline import PINNED_POOL
 
     if not devices[0].startswith("cuda"):
         return None
@@ -66,7 +73,7 @@ def _reserve_pinned(plan: WorkerPlan, g: Geometry, devices: list[str]) -> Any:
 
 def _load(plan: WorkerPlan, spec: Any, dtype: str, devices: list[str]) -> tuple[Any, Kernels]:
     """The model, checked to be the hashed weights and to run the requested backend's kernels."""
-    from hsstore.capture.model.backends import bound_kernels, fla_off_device, why_not
+    from hsstore.capture.model.kernels import bound_kernels, fla_off_device, why_not
     from hsstore.core.dtypes import TORCH
     from hsstore.core.errors import BadInput, BuildFailed
 
@@ -114,7 +121,6 @@ def _open_variant(plan: WorkerPlan, provenance: Provenance, g: Geometry, dtype: 
     store = Store.create(plan.store)
     from hsstore.core.precision_names import codec_for_codes
     from hsstore.storage.codecs import kept_codec_note
-
     from hsstore.storage.names import another_model_allowed
 
     codec = codec_for_codes(plan.codec) if plan.precision else plan.codec
@@ -178,8 +184,8 @@ def run_variant(plan: WorkerPlan, spec: Any, samples: list, dtype: str, device: 
 def model_parallel(model: Any, num_layers: int, devices: list[str]) -> ModelParallel:
     """Where the layers of a model spread over a GPU group really are (informational: each layer runs
     whole on one GPU, and the driver allows only one kind of GPU in a group)."""
-    from hsstore.capture.run.hooks import decoder_layers
     from hsstore.capture.model.placement import stages
+    from hsstore.capture.run.hooks import decoder_layers
 
     layer_devices = [str(next(layer.parameters()).device) for layer in decoder_layers(model, num_layers)]
     return ModelParallel(devices=devices, stages=[Stage(**s) for s in stages(layer_devices)])
@@ -190,11 +196,11 @@ def _outcome(plan: WorkerPlan) -> WorkerOutcome:
     from hsstore.core.errors import HsstoreError
 
     try:
-        from hsstore.capture.model.backends import bind_backend
+        from hsstore.capture.model.kernels import bind_backend
 
         bind_backend(plan.backend)  # before transformers is imported (inline: checks what is bound)
+        from hsstore.capture.inputs.datafiles import load_samples
         from hsstore.capture.model.spec import ModelSpec
-        from hsstore.capture.inputs.samples_file import load_samples
 
         spec = ModelSpec(**plan.model.to_dict())
         samples = load_samples(plan.samples_file)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from hsstore.core.schema.record import UNSET, Record, UnsetType
-from hsstore.core.schema.files import FileStamp
 from hsstore.core.schema.manifest import Manifest
 from hsstore.core.schema.provenance import Kernels, Recipe
+from hsstore.core.schema.record import UNSET, Record, UnsetType
+from hsstore.core.schema.store_records import FileStamp
 
 
 class ModelSource(Record):
@@ -30,7 +30,7 @@ class WorkerPlan(Record):
     recipe: Recipe
     model: ModelSource
     weight_stamps: dict[str, FileStamp]  # weight file -> its stamp when the driver hashed it (checked after load)
-    samples_file: str  # this rank's tokenized samples (hsstore.capture.inputs.samples_file)
+    samples_file: str  # this rank's tokenized samples (hsstore.capture.inputs.datafiles)
     batches: list[list[int]]  # indices into the samples file, whole batches of the global plan
     runs: list[tuple[str, str]]  # (dtype, device): one variant each, in this order
     attn_implementation: str
@@ -173,3 +173,16 @@ class BuildRecord(Record, kw_only=True):
     variants: list[VariantResult] = []  # what each worker reported (an ended build)
     committed: dict[str, int] = {}  # variant -> this rank's samples committed when the build ended
     complete: dict[str, bool] | None = None  # rank 0: every input sample committed, per variant
+
+
+# --- Records about input rows: each row a build did not take as it was (rejected, duplicate, truncated).
+
+class RowIssue(Record):
+    """One named row: ``row`` is 1-based (the line of a .jsonl file, the element of a JSON list, the row of a
+    parquet file or dataset folder). ``reason`` is the counted category; ``detail`` names the spot."""
+
+    file: str
+    row: int
+    kind: Literal["rejected", "duplicate", "truncated", "empty_reply"]
+    reason: str
+    detail: str | UnsetType = UNSET

@@ -3,8 +3,8 @@ renamed; ``hsstore plan --json`` prints a ``PlanReport``)."""
 
 from __future__ import annotations
 
-from hsstore.core.schema.record import Record
 from hsstore.core.schema.build import InputCounts
+from hsstore.core.schema.record import Record
 
 
 class Tokens(Record):
@@ -80,7 +80,7 @@ class Space(Record):
 
     def limit_words(self) -> str | None:
         """Why the build's largest file cannot be written under the file-size limit, and the fix; None if it can."""
-        from hsstore.core.humanize import byte_size
+        from hsstore.core.outputs import byte_size
 
         if self.file_size_limit is None or self.largest_file_bytes <= self.file_size_limit:
             return None

@@ -15,8 +15,8 @@ from typing import Annotated, Any
 import msgspec
 
 from hsstore.core.errors import CorruptData
-from hsstore.core.schema.record import UNSET, Record, UnsetType
 from hsstore.core.schema.provenance import Provenance
+from hsstore.core.schema.record import UNSET, Record, UnsetType
 
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
@@ -101,7 +101,7 @@ class HealthStats(Record):
 
 
 class QuantError(Record):
-    """Additive storage error of one unit and layer of a quantized variant (hsstore.core.quant_error)."""
+    """Additive storage error of one unit and layer of a quantized variant (hsstore.core.quant)."""
 
     tokens: NonNegative
     sum_sq_err: float
@@ -186,3 +186,71 @@ class ModelRecord(Record):
     beside: list[str]  # the models the store held then
     at: str
     by: str
+
+
+# --- Records about files a build reads: a stamp (what the filesystem says) and a content hash.
+
+class FileStamp(Record):
+    """Device, inode, size and the two timestamps: equal stamps before and after = the same file, untouched
+    (a program can restore mtime but not ctime; hsstore still never trusts a stamp in place of a hash)."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+
+class HashedFile(Record):
+    """A file's size and xxh3_128 content hash, with the stamp it had while it was hashed."""
+
+    size: int
+    xxh3_128: str
+    stamp: FileStamp
+
+
+# --- zarr v3 array metadata (``zarr.json`` of an array), the part hsstore reads: typed, strictly decoded.
+
+class ZarrCodec(msgspec.Struct, frozen=True):
+    """One codec of a chain: its name and configuration."""
+
+    name: str
+    configuration: dict[str, Any] = {}
+
+
+class ChunkGridConfig(msgspec.Struct, frozen=True):
+    chunk_shape: list[int]
+
+
+class ChunkGrid(msgspec.Struct, frozen=True):
+    name: str
+    configuration: ChunkGridConfig
+
+
+class ShardingConfig(msgspec.Struct, frozen=True):
+    """Configuration of the ``sharding_indexed`` codec: inner chunks, their chain, the index's chain."""
+
+    chunk_shape: list[int]
+    codecs: list[ZarrCodec]
+    index_codecs: list[ZarrCodec]
+    index_location: str = "end"
+
+
+class ArrayMeta(msgspec.Struct, frozen=True):
+    """An array's ``zarr.json``."""
+
+    zarr_format: int
+    node_type: str
+    shape: list[int]
+    data_type: str
+    chunk_grid: ChunkGrid
+    codecs: list[ZarrCodec]
+    attributes: dict[str, Any] = {}
+
+
+class GroupMeta(msgspec.Struct, frozen=True):
+    """A group's ``zarr.json`` (hsstore's records live in its attributes)."""
+
+    zarr_format: int
+    node_type: str
+    attributes: dict[str, Any] = {}

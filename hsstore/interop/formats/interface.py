@@ -13,8 +13,17 @@ import torch
 import xxhash
 
 from hsstore.core.errors import WRITE_FIXES, BadInput, WriteFailed, write_cause
-from hsstore.interop.sample import (FileDigest, SourceSample, load_torch, read_bytes, split_aux, states, tensor, tokens,
-                                    walk)
+from hsstore.interop.sample import (
+    FileDigest,
+    SourceSample,
+    load_torch,
+    read_bytes,
+    split_aux,
+    states,
+    tensor,
+    tokens,
+    walk,
+)
 from hsstore.storage.fileio import replace_file
 
 TMP_SUFFIX = ".hsstore-tmp"  # never matches a tool's suffix (.ckpt, .pt, .safetensors), removed on failure

@@ -17,7 +17,12 @@ from typing import Any
 import torch
 
 from hsstore.core.errors import BadInput
-from hsstore.interop.formats.interface import FormatWriter, TorchDictFormat, atomic_write, torch_bytes
+from hsstore.interop.formats.interface import (
+    FormatWriter,
+    TorchDictFormat,
+    atomic_write,
+    torch_bytes,
+)
 from hsstore.interop.sample import FileDigest, SourceSample
 
 

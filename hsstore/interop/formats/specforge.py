@@ -8,15 +8,20 @@ Written by SpecForge's ``scripts/prepare_hidden_states.py`` as ``rows_{g}-{g+200
 
 from __future__ import annotations
 
-import re
 import gzip
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from hsstore.core.errors import BadInput
-from hsstore.interop.formats.interface import FormatWriter, TorchDictFormat, atomic_write, torch_bytes
+from hsstore.interop.formats.interface import (
+    FormatWriter,
+    TorchDictFormat,
+    atomic_write,
+    torch_bytes,
+)
 from hsstore.interop.sample import FileDigest, SourceSample
 
 GROUP = 2000  # SpecForge's default --file-group-size: files per rows_* folder

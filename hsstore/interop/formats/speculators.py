@@ -20,8 +20,20 @@ from typing import Any
 import torch
 
 from hsstore.core.errors import BadInput
-from hsstore.interop.formats.interface import TMP_SUFFIX, Format, FormatWriter, atomic_write
-from hsstore.interop.sample import FileDigest, SourceSample, read_bytes, states, tokens, walk
+from hsstore.interop.formats.interface import (
+    TMP_SUFFIX,
+    Format,
+    FormatWriter,
+    atomic_write,
+)
+from hsstore.interop.sample import (
+    FileDigest,
+    SourceSample,
+    read_bytes,
+    states,
+    tokens,
+    walk,
+)
 
 HS_DIR = "hidden_states"
 FP8_SCALES = "hidden_states_scales"  # hs_connectors.fp8_utils.SCALES_KEY
@@ -34,7 +46,11 @@ def hs_rel(index: int) -> str:
 @contextmanager
 def _quiet_datasets() -> Iterator[None]:
     """No ``datasets`` progress bar inside hsstore's own output."""
-    from datasets.utils.tqdm import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from datasets.utils.tqdm import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
 
     was = are_progress_bars_disabled()
     disable_progress_bars()

@@ -1,8 +1,13 @@
-"""Reading a variant stored quantized (FP8 e4m3 codes + per-token scales): a sample's layers stacked per
-group, dequantized to bf16 as they are read (exact; hsstore.core.quant) or handed out raw."""
+"""The buffers reads decode into: plain memory, or shared memory inside a DataLoader worker process.
+
+A DataLoader worker hands each item to the main process through shared memory: a tensor in ordinary
+memory is first copied into a new shared segment, one whose storage already lives there goes as it is.
+Decoding straight into shared memory in a worker saves that copy of every sample's states.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -11,9 +16,32 @@ import torch
 from hsstore.core.errors import CorruptData
 from hsstore.core.fp8_cpu import dequantize_bf16_bits
 from hsstore.core.quant import FP8
-from hsstore.storage import layout, outbuf
-from hsstore.storage.chunkcache import scratch
+from hsstore.storage import layout
+from hsstore.storage.shardio import scratch
 
+# numpy dtypes reads produce -> a torch dtype of the same width (bf16 bits are uint16: int16 holds them)
+_TORCH = {np.dtype(np.uint8): torch.uint8, np.dtype(np.uint16): torch.int16, np.dtype(np.int16): torch.int16,
+          np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32, np.dtype(np.int32): torch.int32}
+
+
+def empty(shape: tuple[int, ...], dtype: np.dtype | type) -> tuple[np.ndarray, torch.Tensor]:
+    """An uninitialized buffer as (numpy array of ``dtype``, torch tensor over the same memory), in shared
+    memory inside a DataLoader worker (``torch.utils.data.get_worker_info()``), else ordinary memory."""
+    dt = np.dtype(dtype)
+    if torch.utils.data.get_worker_info() is None or dt not in _TORCH:
+        a = np.empty(shape, dt)
+        return a, torch.from_numpy(a.view(np.int16) if dt == np.uint16 else a)
+    t = torch.empty(0, dtype=_TORCH[dt]).set_(torch.UntypedStorage._new_shared(max(1, math.prod(shape) * dt.itemsize)))
+    t = t[: math.prod(shape)].view(shape)
+    return t.numpy().view(dt), t
+
+
+def as_dtype(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    """A tensor from ``empty`` as the stored dtype ``name`` (bf16 bits viewed as torch.bfloat16)."""
+    return tensor.view(torch.bfloat16) if name == "bf16" else tensor
+
+
+# --- Reading a variant stored quantized (FP8 e4m3 codes + per-token scales): a sample's layers stacked per
 
 def read_quantized(reader: Any, ref: Any, layers: list[int], raw: bool = False) -> Any:
     """``[T, n, H]`` bf16 states of ``layers`` of sample ``ref``; with ``raw``, the e4m3 codes as a
@@ -28,8 +56,8 @@ def quantized_groups(reader: Any, ref: Any, groups: list[list[int]], raw: bool =
     tasks, outs, nbytes = [], [], 0
     for layers in groups:
         n = len(layers)
-        scales, scales_t = outbuf.empty((T, n, 1), np.float32)
-        data, data_t = outbuf.empty((T, n, H), np.uint8 if raw else np.uint16)
+        scales, scales_t = empty((T, n, 1), np.float32)
+        data, data_t = empty((T, n, H), np.uint8 if raw else np.uint16)
         for j, layer in enumerate(layers):
             tasks += [(_one_piece, reader, ref, layer, a, b, scales[a:b, j], data[a:b, j], raw)
                       for a, b in reader.pieces(ref, layout.layer_array(layer), 2 * H)]

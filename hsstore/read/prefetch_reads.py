@@ -12,7 +12,7 @@ read is done the ordinary way, which reports the problem on its own item (but a 
 not answer the fetch is reported at once: the read would retry it as long again). A dataset holds at most two
 budgets (fetched, and spare buffers while its order goes on); all of a process's datasets together at most
 ``PROCESS_BUDGETS``, the least recently read letting go first. A fork may come mid-fetch: the locks
-involved are made anew in the child (hsstore.core.forksafe). On for bf16/fp16 states in
+involved are made anew in the child (hsstore.core.interrupt). On for bf16/fp16 states in
 the main process: FP8 reads its own way, and a DataLoader worker's reads are already overlapped by the
 DataLoader's prefetching (measured: looking ahead there too made 2 workers slower).
 """
@@ -21,21 +21,77 @@ from __future__ import annotations
 
 import itertools
 import os
+import queue
+import threading
 import weakref
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from torch.utils.data import get_worker_info
 
 from hsstore.core.dtypes import STORED
 from hsstore.core.errors import StoreUnreachable
-from hsstore.core.forksafe import ForkSafeLock
+from hsstore.core.interrupt import ForkSafeLock
 from hsstore.storage import layout
 from hsstore.storage.backend import BufferRange
-from hsstore.read.readahead import hint
 from hsstore.storage.reader import SampleRef, VariantReader
+
+# --- Readahead for a known read order: the kernel reads the next samples' bytes while this one decodes.
+
+# stored bytes requested ahead of the sample being read: ~0.1 s of a 2 GB/s disk, enough to keep its
+# queue full while samples decode, small against a training host's page cache (8 ranks ask for 8x this)
+READAHEAD_BYTES = 192 << 20
+
+
+def hint(reader: VariantReader, ref: SampleRef, layers: list[int]) -> None:
+    """Ask the back end to start reading ``ref``'s tokens and ``layers`` (local files: the kernel reads them in
+    the background). A hint only: the read itself reports what is wrong."""
+    try:
+        for src, offset, n in reader.need_spans(ref, layers):
+            src.will_need(offset, n)
+    except Exception:  # noqa: BLE001 - see above
+        pass
+
+
+class Readahead:
+    """Requests samples ahead of a reader walking ``refs`` in order (call ``at(i)`` before reading
+    ``refs[i]``; ``close()`` when done)."""
+
+    def __init__(self, reader: VariantReader, refs: Sequence[SampleRef], layers: list[int],
+                 budget: int | None = None) -> None:
+        self.reader, self.refs, self.layers = reader, refs, layers
+        itemsize = 1 if reader.record.stored_precision else STORED[reader.record.dtype].itemsize  # FP8: 1-byte codes
+        row = max(1, len(layers)) * reader.record.hidden_size * itemsize  # about the bytes a row reads
+        self.sizes = [r.length * row for r in refs]
+        self.budget = READAHEAD_BYTES if budget is None else budget
+        self.next, self.ahead, self.counted = 0, 0, 0  # ahead: bytes of [counted, next)
+        self.todo: queue.SimpleQueue[SampleRef | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="hsstore-readahead", daemon=True)
+        self.thread.start()
+
+    def at(self, i: int) -> None:
+        """Sample ``i`` is about to be read: request it (if not yet) and the ones after it up to the budget."""
+        for j in range(self.counted, min(i + 1, self.next)):  # no longer ahead
+            self.ahead -= self.sizes[j]
+        self.counted = max(self.counted, i + 1)
+        while self.next < len(self.refs) and (self.next <= i or self.ahead < self.budget):
+            self.todo.put(self.refs[self.next])
+            if self.next > i:
+                self.ahead += self.sizes[self.next]
+            self.next += 1
+
+    def _run(self) -> None:
+        while (ref := self.todo.get()) is not None:
+            hint(self.reader, ref, self.layers)
+
+    def close(self) -> None:
+        self.todo.put(None)
+        self.thread.join()
+
 
 # samples of fewer stored bytes are read without looking ahead (a hand-off costs more than it saves)
 MIN_BYTES = 4 << 20
@@ -229,3 +285,43 @@ class Lookahead:
             self._release()
         if pool is not None:
             pool.shutdown(wait=True)
+
+
+# --- Items read in order, the next few already being read on threads (a streaming dataset's ``prefetch``).
+
+T = TypeVar("T")
+
+
+def _read_here(read: Callable[[int], T], i: int) -> Future[T]:
+    done: Future[T] = Future()
+    try:
+        done.set_result(read(i))
+    except Exception as e:  # noqa: BLE001 - raised where the item is handed out, as from a thread
+        done.set_exception(e)
+    return done
+
+
+def in_order(read: Callable[[int], T], indices: Sequence[int], depth: int,
+             at: Callable[[int], None] | None = None) -> Iterator[T]:
+    """``read(i)`` for each of ``indices`` in order, the next ``depth`` read on threads meanwhile (in this
+    thread once the interpreter is exiting: thread pools then take no new work). ``at(pos)`` is called
+    before position ``pos`` is read."""
+    if not depth:
+        for pos, i in enumerate(indices):
+            if at is not None:
+                at(pos)
+            yield read(i)
+        return
+    with ThreadPoolExecutor(depth, thread_name_prefix="hsstore-prefetch") as pool:
+        window: deque[Future[T]] = deque()
+        for pos, i in enumerate(indices):
+            if at is not None:
+                at(pos)
+            try:
+                window.append(pool.submit(read, i))
+            except RuntimeError:  # the interpreter is exiting (an atexit handler reads)
+                window.append(_read_here(read, i))
+            if len(window) > depth:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
