@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ def _trained(vocab_size: int, pre_tokenizer: Any = None) -> str:
     return tok.to_str()
 
 
-@lru_cache(maxsize=None)
+@cache
 def _default_trained(vocab_size: int) -> str:
     return _trained(vocab_size)
 

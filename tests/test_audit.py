@@ -53,8 +53,8 @@ def _audit(fmt: str, folder: Path, tmp: Path, n: int) -> dict:
 
 def _final_norm(x: torch.Tensor) -> torch.Tensor:
     """The model's final norm applied to stored states (what a post-norm capture stores)."""
+    from hsstore.capture.model.placement import final_norm
     from hsstore.capture.model.spec import ModelSpec
-    from hsstore.capture.run.hooks import final_norm
 
     model = ModelSpec(MODEL).load(torch.float32, "cpu", "sdpa")
     with torch.no_grad():
@@ -161,7 +161,7 @@ def test_the_report_counts_defective_samples_and_says_what_n_bounds(damaged: tup
     assert report["defect_rate_upper"] == pytest.approx(n_bad / report["samples"])  # every sample: the rate itself
     assert set(report["assumed"]) == {"device", "backend", "attn", "batching"} and report["floor"].startswith("live")
     if fmt == "speculators":  # Arrow rows whose states file is not in the subset: said, since no audit sees them
-        assert any(f"left out 0 file(s)" in n and f"{40 - report['population']} row(s) without a states file" in n
+        assert any("left out 0 file(s)" in n and f"{40 - report['population']} row(s) without a states file" in n
                    for n in report["notes"]), report["notes"]
 
 

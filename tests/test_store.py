@@ -167,7 +167,7 @@ def test_layer_subset_reads_fewer_bytes(tmp_path: Path):
     UnitWriter(store, vid).write(samples, make_states(samples, 64, "bf16", [0, 1, 2]))
 
     def bytes_for(layers: list[int]) -> int:
-        r = Store.open(path, count_bytes=True).reader(vid)
+        r = Store.open(path).reader(vid)
         before = r.bytes_read
         for k in r.keys:
             r.read_layers(r.refs[k], layers)
@@ -250,7 +250,7 @@ def test_provenance_that_does_not_fit_the_schema_is_one_line(tmp_path: Path):
     doc["attributes"]["hsstore_variant"]["provenance"]["environment"]["kernels"]["attention"] = ["sdpa"]
     meta.write_text(json.dumps(doc))
     with pytest.raises(CorruptData, match=rf"^variant {vid}: provenance: environment.kernels.attention = \['sdpa'\]"):
-        Store.open(tmp_path / "s.zarr").variant_record(vid).prov
+        _ = Store.open(tmp_path / "s.zarr").variant_record(vid).prov
 
 
 @pytest.mark.parametrize("codec,dtype,words", [("x", "bf16", "codec 'x'"), ("zstd", "int8", "dtype 'int8'")])

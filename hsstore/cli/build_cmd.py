@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -14,33 +14,33 @@ from hsstore.core.schema.record import or_none
 @app.command()
 def build(
     manifest: Annotated[str, typer.Argument(help="Build manifest (TOML), e.g. manifests/tiny.toml.")],
-    store: Annotated[Optional[str], typer.Option("--store", help="Store path or URL (overrides [store] path).")] = None,
-    backend: Annotated[Optional[list[str]], typer.Option("--backend", help="torch | fla (repeatable).")] = None,
-    dtype: Annotated[Optional[list[str]], typer.Option("--dtype", help="bf16 | fp16 | fp32 (repeatable).")] = None,
-    device: Annotated[Optional[list[str]], typer.Option("--device", help="cpu | cuda | cuda:N (repeatable).")] = None,
-    gpus_per_rank: Annotated[Optional[int], typer.Option(
+    store: Annotated[str | None, typer.Option("--store", help="Store path or URL (overrides [store] path).")] = None,
+    backend: Annotated[list[str] | None, typer.Option("--backend", help="torch | fla (repeatable).")] = None,
+    dtype: Annotated[list[str] | None, typer.Option("--dtype", help="bf16 | fp16 | fp32 (repeatable).")] = None,
+    device: Annotated[list[str] | None, typer.Option("--device", help="cpu | cuda | cuda:N (repeatable).")] = None,
+    gpus_per_rank: Annotated[int | None, typer.Option(
         "--gpus-per-rank", help="Spread the model over this many GPUs per rank (needs accelerate).")] = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="Use only the first N usable samples.")] = None,
-    codec: Annotated[Optional[str], typer.Option("--codec", help="none | zstd | shuffle-zstd (default) | blosc-lz4 | blosc-zstd.")] = None,
-    precision: Annotated[Optional[str], typer.Option(
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Use only the first N usable samples.")] = None,
+    codec: Annotated[str | None, typer.Option("--codec", help="none | zstd | shuffle-zstd (default) | blosc-lz4 | blosc-zstd.")] = None,
+    precision: Annotated[str | None, typer.Option(
         "--precision", help="Store quantized: fp8-e4m3 (default: as computed; overrides [store] precision).")] = None,
     allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf/all-zero states.")] = False,
     no_space_check: Annotated[bool, typer.Option(
         "--no-space-check", help="Start even if the estimate exceeds the free space of a local store's disk.")] = False,
-    label: Annotated[Optional[str], typer.Option(
+    label: Annotated[str | None, typer.Option(
         "--label", help="Name the variant (a build of one variant): select it as STORE#LABEL.")] = None,
     another_model: Annotated[bool, typer.Option(
         "--another-model", help="Let this model into a store that holds another model's states.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="Print nothing while the build runs (no progress, no phase lines: a long build is silent for minutes); errors and the final summary still print.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
-    engine: Annotated[Optional[str], typer.Option(
+    engine: Annotated[str | None, typer.Option(
         "--engine", help="Regenerate the replies first: model (in process) | openai (with --url); [generate] engine.")] = None,
-    url: Annotated[Optional[str], typer.Option("--url", help="The OpenAI-compatible server ([generate] url).")] = None,
-    turns: Annotated[Optional[str], typer.Option("--turns", help="last | all ([generate] turns).")] = None,
-    max_new_tokens: Annotated[Optional[int], typer.Option("--max-new-tokens", help="[generate] max_new_tokens.")] = None,
-    temperature: Annotated[Optional[float], typer.Option("--temperature", help="0 = greedy ([generate] temperature).")] = None,
-    gen_seed: Annotated[Optional[int], typer.Option("--gen-seed", help="[generate] seed.")] = None,
-    reasoning: Annotated[Optional[str], typer.Option("--reasoning", help="keep | drop ([generate] reasoning).")] = None,
+    url: Annotated[str | None, typer.Option("--url", help="The OpenAI-compatible server ([generate] url).")] = None,
+    turns: Annotated[str | None, typer.Option("--turns", help="last | all ([generate] turns).")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="[generate] max_new_tokens.")] = None,
+    temperature: Annotated[float | None, typer.Option("--temperature", help="0 = greedy ([generate] temperature).")] = None,
+    gen_seed: Annotated[int | None, typer.Option("--gen-seed", help="[generate] seed.")] = None,
+    reasoning: Annotated[str | None, typer.Option("--reasoning", help="keep | drop ([generate] reasoning).")] = None,
 ) -> None:
     """Run the model once per backend x dtype x device and write one variant each.
 
@@ -103,8 +103,8 @@ def _lines(summary: BuildResult) -> list[str]:
 
 @app.command()
 def env(
-    model: Annotated[Optional[str], typer.Option("--model", help="Model dir or builtin:NAME to probe.")] = None,
-    backend: Annotated[Optional[str], typer.Option("--backend", help="Probe as this backend would run (torch | fla).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Model dir or builtin:NAME to probe.")] = None,
+    backend: Annotated[str | None, typer.Option("--backend", help="Probe as this backend would run (torch | fla).")] = None,
     device: Annotated[str, typer.Option("--device", help="Device to probe on.")] = "cpu",
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
 ) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Optional, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 R = TypeVar("R", bound="Record")
 
 
-def _emit(report: R, json_path: Optional[str], render: Callable[[R], str]) -> None:
+def _emit(report: R, json_path: str | None, render: Callable[[R], str]) -> None:
     """The report as JSON on stdout (``-``), or as text rendered from it (and JSON to a file)."""
     from hsstore.cli.render import write_stdout
 
@@ -40,8 +40,8 @@ def _emit(report: R, json_path: Optional[str], render: Callable[[R], str]) -> No
         write_output_file(json_path, json.dumps(report.to_dict(), indent=2, sort_keys=True).encode(), "--json")
 
 
-def _check_numbers(json_path: Optional[str], noise: float, max_rel: Optional[float],
-                   inputs: Optional[dict[str, str]] = None) -> None:
+def _check_numbers(json_path: str | None, noise: float, max_rel: float | None,
+                   inputs: dict[str, str] | None = None) -> None:
     """Refuse, before any work, a report path that cannot be written (or would replace a file of one of
     ``inputs``) and thresholds that compare nothing."""
     if json_path is not None and json_path != "-":  # (an empty --json is refused, not taken for "no report")
@@ -58,17 +58,17 @@ def _check_numbers(json_path: Optional[str], noise: float, max_rel: Optional[flo
 def diff(
     a: Annotated[str, typer.Argument(help="STORE#SELECTOR of the first variant.")],
     b: Annotated[str, typer.Argument(help="STORE#SELECTOR of the second variant (the reference).")],
-    floor: Annotated[Optional[str], typer.Option("--floor", help="STORE#SELECTOR of a precision floor (e.g. fp32).")] = None,
-    layers: Annotated[Optional[list[int]], typer.Option("--layers", help="Only these layers (repeatable).")] = None,
+    floor: Annotated[str | None, typer.Option("--floor", help="STORE#SELECTOR of a precision floor (e.g. fp32).")] = None,
+    layers: Annotated[list[int] | None, typer.Option("--layers", help="Only these layers (repeatable).")] = None,
     loss_only: Annotated[bool, typer.Option("--loss-only", help="Only loss-masked tokens.")] = False,
-    json_path: Annotated[Optional[str], typer.Option("--json", help="Write the JSON report here ('-' = stdout).")] = None,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write a PNG plot here.")] = None,
-    max_rel: Annotated[Optional[float], typer.Option("--max-rel", help="Exit 1 if any layer's rel-L2 exceeds this.")] = None,
+    json_path: Annotated[str | None, typer.Option("--json", help="Write the JSON report here ('-' = stdout).")] = None,
+    plot: Annotated[str | None, typer.Option("--plot", help="Write a PNG plot here.")] = None,
+    max_rel: Annotated[float | None, typer.Option("--max-rel", help="Exit 1 if any layer's rel-L2 exceeds this.")] = None,
     noise: Annotated[float, typer.Option("--noise", help="Divergence up to this multiple of the floor is noise.")] = 2.0,
     device: Annotated[str, typer.Option("--device", help="Where to do the arithmetic (cpu | cuda | cuda:N).")] = "cpu",
-    threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="Worker threads (default: every core).")] = None,
-    samples: Annotated[Optional[int], typer.Option("--samples", help="Compare a seeded, length-stratified choice of N shared samples, with confidence intervals.")] = None,
-    fraction: Annotated[Optional[float], typer.Option("--fraction", help="Like --samples, as a fraction of the shared samples (e.g. 0.01).")] = None,
+    threads: Annotated[int | None, typer.Option("--threads", min=1, help="Worker threads (default: every core).")] = None,
+    samples: Annotated[int | None, typer.Option("--samples", help="Compare a seeded, length-stratified choice of N shared samples, with confidence intervals.")] = None,
+    fraction: Annotated[float | None, typer.Option("--fraction", help="Like --samples, as a fraction of the shared samples (e.g. 0.01).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sample choice.")] = 0,
     confidence: Annotated[float, typer.Option("--confidence", help="Confidence level of the intervals.")] = 0.95,
     allow_different_models: Annotated[bool, typer.Option("--allow-different-models", help="Compare states of different models or tokenizers (refused by default: their divergence says nothing about precision).")] = False,
@@ -103,7 +103,7 @@ def diff(
     _plot_and_bound(report, plot, max_rel)
 
 
-def _plot_and_bound(report: DiffReport, plot: Optional[str], max_rel: Optional[float]) -> None:
+def _plot_and_bound(report: DiffReport, plot: str | None, max_rel: float | None) -> None:
     """After the report is out: write ``--plot``, then fail (exit 1) when a layer's rel-L2 exceeds ``--max-rel``."""
     if plot:
         from hsstore.cli.render import plot_diff
@@ -120,19 +120,19 @@ def _plot_and_bound(report: DiffReport, plot: Optional[str], max_rel: Optional[f
 def check(
     model: Annotated[str, typer.Argument(help="The model: a local HF model directory, builtin:NAME, or the build manifest (.toml).")],
     target: Annotated[str, typer.Argument(help="STORE#SELECTOR of the variant to check (native or imported).")],
-    samples: Annotated[Optional[int], typer.Option("--samples", min=1, help="Stored samples to recompute (a seeded, length-stratified choice; default 8).")] = None,
-    fraction: Annotated[Optional[float], typer.Option("--fraction", help="Like --samples, as a fraction of the variant's samples (e.g. 0.01); an audit.")] = None,
-    keys: Annotated[Optional[str], typer.Option("--keys", help="Check these samples: keys (or unique prefixes), comma-separated, e.g. the ones verify or an earlier audit named; an audit.")] = None,
+    samples: Annotated[int | None, typer.Option("--samples", min=1, help="Stored samples to recompute (a seeded, length-stratified choice; default 8).")] = None,
+    fraction: Annotated[float | None, typer.Option("--fraction", help="Like --samples, as a fraction of the variant's samples (e.g. 0.01); an audit.")] = None,
+    keys: Annotated[str | None, typer.Option("--keys", help="Check these samples: keys (or unique prefixes), comma-separated, e.g. the ones verify or an earlier audit named; an audit.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sample choice.")] = 0,
-    device: Annotated[Optional[str], typer.Option("--device", help="Where to run the model (default: the recorded device type; unknown: cuda if visible, else cpu).")] = None,
-    floor: Annotated[Optional[str], typer.Option("--floor", help="STORE#SELECTOR of a precision floor (e.g. the fp32 variant), or 'live': recompute the samples in fp32 too (the default for an imported variant).")] = None,
-    backend: Annotated[Optional[str], typer.Option("--backend", help="torch | fla, where the provenance says unknown (default: fla on a GPU where installed, else torch).")] = None,
-    dtype: Annotated[Optional[str], typer.Option("--dtype", help="bf16 | fp16 | fp32 to recompute in (default: the stored dtype).")] = None,
-    attn: Annotated[Optional[str], typer.Option("--attn", help="Attention implementation where unknown (default: sdpa).")] = None,
-    token_budget: Annotated[Optional[int], typer.Option("--token-budget", help="Recompute in hsstore's token-budget batches of N padded tokens (default for an import: each sample alone).")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="Where to run the model (default: the recorded device type; unknown: cuda if visible, else cpu).")] = None,
+    floor: Annotated[str | None, typer.Option("--floor", help="STORE#SELECTOR of a precision floor (e.g. the fp32 variant), or 'live': recompute the samples in fp32 too (the default for an imported variant).")] = None,
+    backend: Annotated[str | None, typer.Option("--backend", help="torch | fla, where the provenance says unknown (default: fla on a GPU where installed, else torch).")] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="bf16 | fp16 | fp32 to recompute in (default: the stored dtype).")] = None,
+    attn: Annotated[str | None, typer.Option("--attn", help="Attention implementation where unknown (default: sdpa).")] = None,
+    token_budget: Annotated[int | None, typer.Option("--token-budget", help="Recompute in hsstore's token-budget batches of N padded tokens (default for an import: each sample alone).")] = None,
     noise: Annotated[float, typer.Option("--noise", help="Divergence up to this multiple of the floor is noise.")] = 2.0,
-    max_rel: Annotated[Optional[float], typer.Option("--max-rel", help="Pass when every layer's rel-L2 is at most this (instead of the verdict).")] = None,
-    json_path: Annotated[Optional[str], typer.Option("--json", help="Write the JSON report here ('-' = stdout).")] = None,
+    max_rel: Annotated[float | None, typer.Option("--max-rel", help="Pass when every layer's rel-L2 is at most this (instead of the verdict).")] = None,
+    json_path: Annotated[str | None, typer.Option("--json", help="Write the JSON report here ('-' = stdout).")] = None,
 ) -> None:
     """Recompute stored samples with a model in this process and compare per layer. On an imported variant
     (or with --floor live, --backend, --dtype, --attn, --token-budget, --fraction, --keys) it is an audit: every checked

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 FORMATS_HELP = "specforge | modelopt | speculators | eagle"
 
 
-def _ints(text: Optional[str], what: str) -> Optional[list[int]]:
+def _ints(text: str | None, what: str) -> list[int] | None:
     from hsstore.core.errors import BadInput
 
     if text is None:
@@ -30,23 +30,23 @@ def import_(
     format: Annotated[str, typer.Argument(help=f"The cache's format: {FORMATS_HELP}.")],
     source: Annotated[str, typer.Argument(help="The cache folder the tool wrote.")],
     store: Annotated[str, typer.Option("--store", help="The hsstore store to import into (created if new).")],
-    layers: Annotated[Optional[str], typer.Option(
+    layers: Annotated[str | None, typer.Option(
         "--layers", help="Layer id of each state slot in the files, aux slots in file order then the target, "
                          "e.g. 2,16,29,final_norm (not needed for an `hsstore export` folder).")] = None,
-    capture: Annotated[Optional[str], typer.Option(
+    capture: Annotated[str | None, typer.Option(
         "--capture", help="What an id means: output (output of layer i: SGLang, HF hidden_states[i+1]), input "
                           "(state entering layer i = output of i-1: vLLM) or unknown (find it with diff --align).")] = None,
-    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="The target's tokenizer folder (default: --model).")] = None,
-    model: Annotated[Optional[str], typer.Option(
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="The target's tokenizer folder (default: --model).")] = None,
+    model: Annotated[str | None, typer.Option(
         "--model", help="The target model's folder: config (layers, width) and, if present, weights identity.")] = None,
-    num_layers: Annotated[Optional[int], typer.Option("--num-layers", min=1, help="Decoder layers of the target (without --model).")] = None,
-    jobs: Annotated[Optional[int], typer.Option("--jobs", min=1, help="Files read in parallel (default: cores, max 8).")] = None,
-    codec: Annotated[Optional[str], typer.Option("--codec", help="Compression of the imported states.")] = None,
+    num_layers: Annotated[int | None, typer.Option("--num-layers", min=1, help="Decoder layers of the target (without --model).")] = None,
+    jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="Files read in parallel (default: cores, max 8).")] = None,
+    codec: Annotated[str | None, typer.Option("--codec", help="Compression of the imported states.")] = None,
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip unreadable or foreign files (counted) instead of stopping.")] = False,
     allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf or all-zero states anyway.")] = False,
-    limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="Only the first N files.")] = None,
-    audit: Annotated[Optional[int], typer.Option("--audit", min=1, help="When the import finishes, audit N samples against --model (as hsstore check does) and record the result for hsstore info.")] = None,
-    label: Annotated[Optional[str], typer.Option("--label", help="Name the imported variant: select it as STORE#LABEL.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N files.")] = None,
+    audit: Annotated[int | None, typer.Option("--audit", min=1, help="When the import finishes, audit N samples against --model (as hsstore check does) and record the result for hsstore info.")] = None,
+    label: Annotated[str | None, typer.Option("--label", help="Name the imported variant: select it as STORE#LABEL.")] = None,
     another_model: Annotated[bool, typer.Option(
         "--another-model", help="Let this model into a store that holds another model's states.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
@@ -133,11 +133,11 @@ def export(
     target: Annotated[str, typer.Argument(help="STORE#SELECTOR of the variant to export.")],
     format: Annotated[str, typer.Argument(help=f"The tool's format: {FORMATS_HELP}.")],
     dest: Annotated[str, typer.Argument(help="A new or empty folder (or an earlier export of the same variant).")],
-    aux: Annotated[Optional[str], typer.Option("--aux", help="Stored layers for the aux slots, in order (default: the aux role).")] = None,
-    target_layer: Annotated[Optional[int], typer.Option("--target", help="Stored layer for the target slot (default: the target role).")] = None,
+    aux: Annotated[str | None, typer.Option("--aux", help="Stored layers for the aux slots, in order (default: the aux role).")] = None,
+    target_layer: Annotated[int | None, typer.Option("--target", help="Stored layer for the target slot (default: the target role).")] = None,
     compress: Annotated[bool, typer.Option("--compress", help="specforge: write .ckpt.gz files.")] = False,
-    jobs: Annotated[Optional[int], typer.Option("--jobs", min=1, help="Samples written in parallel.")] = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="Only the first N samples.")] = None,
+    jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="Samples written in parallel.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N samples.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
 ) -> None:
     """Write a variant as another tool's cache, read unchanged by that tool's own loader.
@@ -156,8 +156,8 @@ def export(
 def vocab_map(
     target: Annotated[str, typer.Argument(help="STORE#SELECTOR of the variant whose loss-masked tokens to count.")],
     size: Annotated[int, typer.Option("--size", help="Draft vocabulary size, e.g. 32000.")],
-    out: Annotated[Optional[str], typer.Option("--out", help="Output folder (default: vocab-map-VARIANT-SIZE).")] = None,
-    target_vocab_size: Annotated[Optional[int], typer.Option(
+    out: Annotated[str | None, typer.Option("--out", help="Output folder (default: vocab-map-VARIANT-SIZE).")] = None,
+    target_vocab_size: Annotated[int | None, typer.Option(
         "--target-vocab-size", min=1, help="The target model's vocabulary (default: its config, else the tokenizer's).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
 ) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -15,18 +15,18 @@ from hsstore.core.schema.plan import PlanReport
 @app.command()
 def plan(
     manifest: Annotated[str, typer.Argument(help="Build manifest (TOML), e.g. manifests/tiny.toml.")],
-    store: Annotated[Optional[str], typer.Option("--store", help="Store path or URL (overrides [store] path).")] = None,
-    backend: Annotated[Optional[list[str]], typer.Option("--backend", help="torch | fla (repeatable).")] = None,
-    dtype: Annotated[Optional[list[str]], typer.Option("--dtype", help="bf16 | fp16 | fp32 (repeatable).")] = None,
-    device: Annotated[Optional[list[str]], typer.Option("--device", help="cpu | cuda | cuda:N (repeatable).")] = None,
-    codec: Annotated[Optional[str], typer.Option("--codec", help="none | zstd | shuffle-zstd | blosc-lz4 | blosc-zstd.")] = None,
-    precision: Annotated[Optional[str], typer.Option("--precision", help="fp8-e4m3 to plan a quantized store.")] = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="Plan only the first N usable samples.")] = None,
-    sample: Annotated[Optional[int], typer.Option(
+    store: Annotated[str | None, typer.Option("--store", help="Store path or URL (overrides [store] path).")] = None,
+    backend: Annotated[list[str] | None, typer.Option("--backend", help="torch | fla (repeatable).")] = None,
+    dtype: Annotated[list[str] | None, typer.Option("--dtype", help="bf16 | fp16 | fp32 (repeatable).")] = None,
+    device: Annotated[list[str] | None, typer.Option("--device", help="cpu | cuda | cuda:N (repeatable).")] = None,
+    codec: Annotated[str | None, typer.Option("--codec", help="none | zstd | shuffle-zstd | blosc-lz4 | blosc-zstd.")] = None,
+    precision: Annotated[str | None, typer.Option("--precision", help="fp8-e4m3 to plan a quantized store.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Plan only the first N usable samples.")] = None,
+    sample: Annotated[int | None, typer.Option(
         "--sample", min=2, help="Tokenize N seeded rows, not all, and extrapolate (with a 95% interval).")] = None,
     calibrate: Annotated[int, typer.Option(
         "--calibrate", min=0, help="Run N batches through the model to measure codec ratios and tokens/s.")] = 0,
-    peak_tflops: Annotated[Optional[float], typer.Option(
+    peak_tflops: Annotated[float | None, typer.Option(
         "--peak-tflops", min=0.001, help="The device's dense peak TFLOP/s for the time estimate.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:

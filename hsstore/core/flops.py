@@ -21,11 +21,8 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5},
 }
 # without a calibration run: the MFU of the bare forward of the 27B-shaped hybrid on an H200 (bf16, fla,
-# 2,048-token rows: 9,230 tokens/s, docs/benchmarks.md "Build on an H200"; its FLOPs by this module) ...
+# 2,048-token rows: 9,230 tokens/s, docs/benchmarks.md "Build on an H200"; its FLOPs by this module)
 ASSUMED_MFU = 0.46
-# ... and what capture + writing add to it (the same page: a build with the default codec ran 1.24x the
-# bare forward; 1.09-1.33x over its runs)
-ASSUMED_BUILD_OVERHEAD = 1.24
 
 
 @dataclass(frozen=True)

@@ -5,5 +5,3 @@ up with native builds of the same conversations); ``hsstore export`` writes a va
 layout; ``adapters`` hands hsstore samples to those tools' trainers; ``vocab`` builds EAGLE-3 draft
 vocabularies. Nothing outside the CLI imports this package.
 """
-
-FORMATS = ("specforge", "modelopt", "speculators", "eagle")

@@ -52,7 +52,7 @@ RECORD_BYTES = 1 << 20  # one import record's size: far below the record cap wha
 
 
 def now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def entry_hash(rel: str, size: int, xxh3: str) -> int:

@@ -65,7 +65,7 @@ def _is_debris(info: UnitInfo | None, grace_seconds: float, force: bool) -> bool
         return True
     try:
         started = _dt.datetime.fromisoformat(info.started_at) if info is not None else None
-        age = (_dt.datetime.now(_dt.timezone.utc) - started).total_seconds() if started else float("inf")
+        age = (_dt.datetime.now(_dt.UTC) - started).total_seconds() if started else float("inf")
     except (ValueError, TypeError):
         age = float("inf")
     return alive is None and age > grace_seconds

@@ -31,7 +31,7 @@ PREFIX = "audit-"
 def record_audit(store: Store, vid: str, report: CheckReport) -> AuditSummary:
     """Keep the summary of an audit report (the fields of ``hsstore check --json`` an AuditSummary has) with
     the time."""
-    stamp = _dt.datetime.now(_dt.timezone.utc)
+    stamp = _dt.datetime.now(_dt.UTC)
     rec = AuditSummary(kind="audit", audited_at=stamp.isoformat(timespec="seconds"), model=report.model,
                        model_fingerprint=report.model_fingerprint, samples=report.samples,
                        population=or_none(report.population), verdict=report.verdict,

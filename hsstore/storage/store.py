@@ -92,10 +92,9 @@ class Store:
 
     # ---- opening -------------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike[str] | Backend, mode: str = "r", count_bytes: bool = False) -> Store:
+    def open(cls, path: str | os.PathLike[str] | Backend, mode: str = "r") -> Store:
         """Open an existing store (a path, a URL or a back end); ``mode="a"`` to write into it. (Readers
-        always count the bytes they read, ``VariantReader.bytes_read``; ``count_bytes`` is accepted for
-        older callers.)"""
+        count the bytes they read: ``VariantReader.bytes_read``.)"""
         if isinstance(path, Backend):
             store = cls(path, path.location)
             store._check_root()

@@ -43,14 +43,10 @@ def as_dtype(tensor: torch.Tensor, name: str) -> torch.Tensor:
 
 # --- Reading a variant stored quantized (FP8 e4m3 codes + per-token scales): a sample's layers stacked per
 
-def read_quantized(reader: Any, ref: Any, layers: list[int], raw: bool = False) -> Any:
-    """``[T, n, H]`` bf16 states of ``layers`` of sample ``ref``; with ``raw``, the e4m3 codes as a
-    ``float8_e4m3fn`` tensor ``[T, n, H]`` and their scales ``[T, n, 1]`` float32 (value = code * scale)."""
-    return quantized_groups(reader, ref, [layers], raw)[0]
-
-
 def quantized_groups(reader: Any, ref: Any, groups: list[list[int]], raw: bool = False) -> list[Any]:
-    """``read_quantized`` of each group of layers, every layer of the sample read in one pass
+    """Each group's ``[T, n, H]`` bf16 states of sample ``ref``; with ``raw``, the e4m3 codes as a
+    ``float8_e4m3fn`` tensor ``[T, n, H]`` and their scales ``[T, n, 1]`` float32 (value = code * scale).
+    Every layer of the sample read in one pass
     (``reader.run_tasks``: side by side on threads for large samples)."""
     T, H = ref.length, reader.record.hidden_size
     tasks, outs, nbytes = [], [], 0

@@ -49,7 +49,7 @@ def _rows(t: torch.Tensor | Quantized, idx: torch.Tensor) -> torch.Tensor | Quan
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 class UnitWriter:

@@ -1,4 +1,4 @@
-"""One model over several GPUs: contiguous stages of decoder layers, balanced by parameter bytes,
+"""Where a causal LM keeps its decoder layers and final norm, and one model over several GPUs: contiguous stages of decoder layers, balanced by parameter bytes,
 placed by transformers/accelerate's ``device_map`` machinery (naive model parallelism).
 
 Each decoder layer runs whole on one GPU and its output is copied to the next stage's GPU, so the
@@ -12,8 +12,30 @@ from typing import Any
 
 from torch import nn
 
-from hsstore.capture.run.hooks import decoder_layers
 from hsstore.core.errors import BadInput
+
+
+def decoder_layers(model: nn.Module, num_layers: int) -> nn.ModuleList:
+    """The ModuleList of decoder layers (``model.model.layers`` for most causal LMs)."""
+    best = None
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) == num_layers and name.split(".")[-1] == "layers":
+            if best is None or name.count(".") < best[0].count("."):
+                best = (name, mod)
+    if best is None:
+        raise ValueError(f"cannot find the {num_layers} decoder layers of {type(model).__name__}")
+    return best[1]
+
+
+def final_norm(model: nn.Module, num_layers: int) -> nn.Module:
+    """The norm applied to the last decoder layer's output (``model.model.norm`` for most causal LMs)."""
+    layers = decoder_layers(model, num_layers)
+    for mod in model.modules():
+        if any(child is layers for child in mod.children()):
+            norm = getattr(mod, "norm", None)
+            if isinstance(norm, nn.Module):
+                return norm
+    raise ValueError(f"cannot find the final norm of {type(model).__name__} (expected a `norm` beside its layers)")
 
 
 def contiguous_split(sizes: Sequence[int], parts: int) -> list[int]:

@@ -135,9 +135,9 @@ def check_config_matches_weights(tc: Any, files: list[Path], model: str) -> None
                        "or use the checkpoint it belongs to")
     hidden, vocab = _count(getattr(tc, "hidden_size", None)), _count(getattr(tc, "vocab_size", None))
     embed = next((s for n, s in sorted(shapes.items()) if n.endswith("embed_tokens.weight") and len(s) == 2), None)
-    for field, value, held in (("hidden_size", hidden, 1), ("vocab_size", vocab, 0)):
+    for what, value, held in (("hidden_size", hidden, 1), ("vocab_size", vocab, 0)):
         if embed is not None and value is not None and value != embed[held]:
-            raise BadInput(f"{model}: config.json says {field} = {value}, but the embedding in the weight files is "
+            raise BadInput(f"{model}: config.json says {what} = {value}, but the embedding in the weight files is "
                            f"{embed[0]} x {embed[1]}; fix config.json or use the checkpoint it belongs to")
     inter = _count(getattr(tc, "intermediate_size", None))
     up = next(((n, s) for n, s in sorted(shapes.items()) if n.endswith(("mlp.up_proj.weight", "mlp.gate_proj.weight"))
@@ -422,7 +422,7 @@ def forward_shape(config: Any, deepest: int, trust_remote_code: bool = False) ->
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hsstore.capture.run.hooks import decoder_layers
+    from hsstore.capture.model.placement import decoder_layers
 
     tc = text_config(config)
     n = int(tc.num_hidden_layers)

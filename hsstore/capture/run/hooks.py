@@ -15,34 +15,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from hsstore.capture.model.placement import decoder_layers, final_norm
+
 EMBEDDINGS = -1
 
 
 class _StopForward(Exception):
     pass
-
-
-def decoder_layers(model: nn.Module, num_layers: int) -> nn.ModuleList:
-    """The ModuleList of decoder layers (``model.model.layers`` for most causal LMs)."""
-    best = None
-    for name, mod in model.named_modules():
-        if isinstance(mod, nn.ModuleList) and len(mod) == num_layers and name.split(".")[-1] == "layers":
-            if best is None or name.count(".") < best[0].count("."):
-                best = (name, mod)
-    if best is None:
-        raise ValueError(f"cannot find the {num_layers} decoder layers of {type(model).__name__}")
-    return best[1]
-
-
-def final_norm(model: nn.Module, num_layers: int) -> nn.Module:
-    """The norm applied to the last decoder layer's output (``model.model.norm`` for most causal LMs)."""
-    layers = decoder_layers(model, num_layers)
-    for mod in model.modules():
-        if any(child is layers for child in mod.children()):
-            norm = getattr(mod, "norm", None)
-            if isinstance(norm, nn.Module):
-                return norm
-    raise ValueError(f"cannot find the final norm of {type(model).__name__} (expected a `norm` beside its layers)")
 
 
 class LayerCapture:

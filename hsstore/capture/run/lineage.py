@@ -34,12 +34,12 @@ _ID_BYTES = 32  # a build id, padded, as broadcast between ranks
 
 
 def now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
 
 
 def new_build_id() -> str:
     """``20261201T031500Z-3fa2b1c0``: when (UTC) and a random part."""
-    return f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(4)}"
+    return f"{_dt.datetime.now(_dt.UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(4)}"
 
 
 def agree_build_id(group: Any, rank: int, alone: str | None = None) -> str:

@@ -74,7 +74,7 @@ class PinnedPool:
                 missing.append(n)
         return missing
 
-    def reserve_in_background(self, sizes: Sequence[int], device: str | None = None) -> "PinnedReservation":
+    def reserve_in_background(self, sizes: Sequence[int], device: str | None = None) -> PinnedReservation:
         """Start allocating buffers of ``sizes`` bytes on a thread (overlapping, e.g., the model load).
         ``device``: the GPU this process uses (a new thread's current device is cuda:0, whose context
         it would otherwise create)."""

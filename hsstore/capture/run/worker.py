@@ -184,8 +184,7 @@ def run_variant(plan: WorkerPlan, spec: Any, samples: list, dtype: str, device: 
 def model_parallel(model: Any, num_layers: int, devices: list[str]) -> ModelParallel:
     """Where the layers of a model spread over a GPU group really are (informational: each layer runs
     whole on one GPU, and the driver allows only one kind of GPU in a group)."""
-    from hsstore.capture.model.placement import stages
-    from hsstore.capture.run.hooks import decoder_layers
+    from hsstore.capture.model.placement import decoder_layers, stages
 
     layer_devices = [str(next(layer.parameters()).device) for layer in decoder_layers(model, num_layers)]
     return ModelParallel(devices=devices, stages=[Stage(**s) for s in stages(layer_devices)])
