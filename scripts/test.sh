@@ -8,4 +8,5 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 # test process (tests/inline_cli.py); tests marked `process` start real ones (docs/testing.md says which
 # and why, and how long the suite takes). HSSTORE_TEST_WORKERS=0 runs in one process; -m "not process"
 # leaves the real-process tests out (a quick local loop; CI runs everything)
+.venv/bin/ruff check -q hsstore tests scripts  # lint first: a second, not minutes
 .venv/bin/python -m pytest -n "${HSSTORE_TEST_WORKERS:-2}" "$@"

@@ -1,0 +1,44 @@
+"""The package's shape, as issue 42 measures it: modules (besides ``__init__``), their lines, the largest,
+functions over the cap, whether ruff is clean, how the tests and docs are laid out. Anyone can rerun it:
+
+    python scripts/structure.py
+"""
+
+from __future__ import annotations
+
+import ast
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    mods = sorted(p for p in (REPO / "hsstore").rglob("*.py") if p.name != "__init__.py")
+    lines = {p: len(p.read_text().splitlines()) for p in mods}
+    long_functions = 0
+    for p in mods:
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 50:
+                long_functions += 1
+    print(f"modules (besides __init__): {len(mods)}; lines: median {statistics.median(lines.values()):.0f}, "
+          f"max {max(lines.values())}")
+    for p, n in sorted(lines.items(), key=lambda kv: -kv[1])[:5]:
+        print(f"  {n:5d}  {p.relative_to(REPO)}")
+    print(f"functions over 50 lines: {long_functions}")
+    ruff = subprocess.run([str(Path(sys.executable).parent / "ruff"), "check", "-q", "hsstore", "tests", "scripts"],
+                          cwd=REPO, capture_output=True, text=True)
+    print(f"ruff check: {'clean' if ruff.returncode == 0 else 'NOT clean'}")
+    tests = sorted((REPO / "tests").rglob("test_*.py"))
+    nested = [t for t in tests if t.parent != REPO / "tests"]
+    print(f"test files: {len(tests)} ({len(nested)} in sub-folders, {len(tests) - len(nested)} flat)")
+    docs = sorted((REPO / "docs").glob("*.md"))
+    words = sum(len(d.read_text().split()) for d in docs)
+    bench = REPO / "docs" / "benchmarks.md"
+    print(f"docs: {len(docs)} pages, {words:,} words; docs/benchmarks.md {len(bench.read_text().splitlines())} lines")
+
+
+if __name__ == "__main__":
+    main()
