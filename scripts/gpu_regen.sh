@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU regeneration run of issue 40, in one command on one H100/H200 (no network; .whl/ carried, made by
-# scripts/prepare_gpu_regen_wheels.sh):
+# scripts/prepare_gpu_wheels.sh regen):
 #   1. `hsstore build manifests/gpu-8b-regen.toml`: a random-init Llama-3-8B-shaped builtin, bf16, regenerates
 #      the last reply of $PROMPTS distinct prompts (greedy, $NEW new tokens) in process, then captures layers
 #      1, 8, 15, 22 and 29; `hsstore info --json` of the store;
