@@ -88,12 +88,7 @@ def check_model(store: Store, provenance: Mapping[str, Any], what: str = "this v
     """BadInput (one line naming both models and the option) if ``provenance`` is of another model than
     the store's variants, unless the model was let in (a model record) or the caller allows it
     (``another_model_allowed``: the model record is written now)."""
-    held = {}
-    for vid in store.variant_ids():
-        try:
-            held[vid] = store.variant_record(vid).provenance
-        except HsstoreError:  # an unreadable record is verify's to report
-            continue
+    held = store.provenances(skip_unreadable=True)  # an unreadable record is verify's to report
     if not held or any(same_model(p, provenance) for p in held.values()):
         return
     name = _model_record_name(provenance)

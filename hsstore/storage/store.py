@@ -196,10 +196,21 @@ class Store:
             out.append(Variant(vid, r.record.provenance, len(r.refs), r.n_tokens))
         return out
 
+    def provenances(self, skip_unreadable: bool = False) -> dict[str, dict[str, Any]]:
+        """Variant id -> its provenance; ``skip_unreadable``: leave out a variant whose record cannot be read
+        (verify reports it) instead of raising."""
+        out = {}
+        for vid in self.variant_ids():
+            try:
+                out[vid] = self.variant_record(vid).provenance
+            except HsstoreError:
+                if not skip_unreadable:
+                    raise
+        return out
+
     def select(self, selector: str | None) -> str:
         """The id of the one committed variant ``selector`` names (id prefix, label or key=value pairs)."""
-        provs = {vid: self.variant_record(vid).provenance for vid in self.variant_ids()}
-        return select(provs, selector, where=self.location, labels=self.labels())
+        return select(self.provenances(), selector, where=self.location, labels=self.labels())
 
     # ---- labels (hsstore.storage.names) ------------------------------------------------------
     def labels(self) -> dict[str, str]:

@@ -416,18 +416,14 @@ def _record_complete(m: Manifest, samples: list[SampleTokens], results: list[Var
 
 
 # --- What a build checks before it joins a store (the store's one model, the label it gives) and what it
+# says of the variants it made.
 
 def new_variant_notes(store: Store, before: set[str], built: list[Any]) -> list[str]:
-    """For each variant of ``built`` (a build's results: ``.variant``) not in ``before`` made beside others: what made it new and the selector
-    that names it alone now that the command is over (said as each started, the next would outdate it)."""
+    """For each variant of ``built`` (a build's results: ``.variant``) not in ``before`` made beside others:
+    what made it new and the selector that names it alone now that the command is over (said as each started, the next would outdate it)."""
     from hsstore.core.selectors import fork_note
 
-    provs = {}
-    for v in store.variant_ids():
-        try:
-            provs[v] = store.variant_record(v).provenance
-        except HsstoreError:  # an unreadable record is verify's to report
-            continue
+    provs = store.provenances(skip_unreadable=True)  # an unreadable record is verify's to report
     found = labels(store)
     notes = [fork_note(vid, provs[vid], {v: p for v, p in provs.items() if v != vid}, found, every=provs)
              for vid in dict.fromkeys(r.variant for r in built if r.variant not in before and r.variant in provs)]
