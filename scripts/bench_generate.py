@@ -16,7 +16,9 @@ Measured in one process, on one model loaded once, greedy, prompts rendered from
             generation (from the ledger's batch times) and the rest (loading, capture, writing).
 ``--manifest M`` takes the model (path, config overrides, seed, init_device), the prompts (its first data file,
 cycled), max_new_tokens, token budget, device and dtype from a build manifest, and the build captures its layers —
-the same recipe ``hsstore build M`` runs (scripts/gpu_regen.sh). ``--repeat N`` alternates plain and hsstore N times and keeps the fastest of each. Prints generated tokens/s,
+the same recipe ``hsstore build M`` runs (scripts/gpu_regen.sh). ``--repeat N`` runs plain and hsstore N times, alternating which goes first, after one untimed full plain pass
+(the first generation in a process pays the allocator's and kernels' first use: its time is reported as
+``cold_plain_seconds``), and keeps the fastest of each; ``--no-build`` leaves the build out. Prints generated tokens/s,
 hsstore/plain, and the build's capture overhead against its generation, as JSON.
 """
 
@@ -120,6 +122,7 @@ def main() -> None:
     ap.add_argument("--token-budget", type=int, default=None, help="default: the manifest's, else 16384")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-build", action="store_true", help="measure generation only (no hsstore build)")
     ap.add_argument("--manifest", default=None, help="a build manifest with [generate]: its model, prompts and layers "
                     "(and its max_new_tokens, token budget, device and dtype, unless given)")
     args = ap.parse_args()
@@ -155,20 +158,23 @@ def main() -> None:
     g = GenerateTable(max_new_tokens=args.max_new_tokens)
     engine = LocalEngine(model, tok, pad, args.token_budget)
     batches = prompt_batches([len(p) for p in prompts], args.max_new_tokens, args.token_budget)
-    plain(model, prompts, batches[:1], pad, end_ids(tok), 4)  # warm-up on the largest batch's shapes (kernels, allocator)
+    t0 = time.perf_counter()  # warm-up: one whole untimed pass (kernels, allocator, every batch shape)
+    plain(model, prompts, batches, pad, end_ids(tok), args.max_new_tokens)
+    cold = time.perf_counter() - t0
+    print(f"cold plain pass: {cold:.1f} s", file=sys.stderr, flush=True)
     runs: dict[str, list] = {"plain": [], "hsstore": []}
     with tempfile.TemporaryDirectory() as d:
-        for _ in range(args.repeat):
-            runs["plain"].append(plain(model, prompts, batches, pad, end_ids(tok), args.max_new_tokens))
-            print(f"plain: {runs['plain'][-1]}", file=sys.stderr, flush=True)
-            runs["hsstore"].append(hsstore_run(engine, jobs, masker, g, Path(d)))
-            print(f"hsstore: {runs['hsstore'][-1]}", file=sys.stderr, flush=True)
+        for rep in range(args.repeat):  # alternate which goes first, so neither always follows the other
+            for name in (("plain", "hsstore") if rep % 2 == 0 else ("hsstore", "plain")):
+                runs[name].append(plain(model, prompts, batches, pad, end_ids(tok), args.max_new_tokens)
+                                  if name == "plain" else hsstore_run(engine, jobs, masker, g, Path(d)))
+                print(f"{name}: {runs[name][-1]}", file=sys.stderr, flush=True)
         del model, engine
-        built = build_run(args, man, lines, Path(d))
+        built = None if args.no_build else build_run(args, man, lines, Path(d))
         print(f"build: {built}", file=sys.stderr, flush=True)
     best = {k: min(v) for k, v in runs.items()}
     out = {"model": args.model, "device": args.device, "dtype": args.dtype, "prompts": args.prompts,
-           "max_new_tokens": args.max_new_tokens, "batches": len(batches),
+           "max_new_tokens": args.max_new_tokens, "batches": len(batches), "cold_plain_seconds": cold,
            **{f"{k}_tokens_per_s": v[1] / v[0] for k, v in best.items()},
            **{f"{k}_generated_tokens": v[1] for k, v in best.items()},
            "hsstore_vs_plain": (best["hsstore"][1] / best["hsstore"][0]) / (best["plain"][1] / best["plain"][0]),

@@ -12,6 +12,7 @@ samples, ``--unit-samples`` to a unit) and kept in ``--dir`` for the next run. R
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -52,7 +53,8 @@ print(json.dumps({"s": dt, "n": n, "mb": resource.getrusage(resource.RUSAGE_SELF
 
 
 def _child(tree: Path, what: str, store: Path) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
+    rest = os.environ.get("PYTHONPATH")  # kept after the tree: packages installed there (a GPU machine's overlay)
+    env = {**os.environ, "PYTHONPATH": str(tree) + (os.pathsep + rest if rest else ""), "HF_HUB_OFFLINE": "1"}
     out = subprocess.run([sys.executable, "-c", _CHILD, what, str(store)], env=env, check=True,
                          capture_output=True, text=True, cwd="/")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -85,13 +87,16 @@ def main() -> None:
     ap.add_argument("--sizes", default="10000,100000,1000000", help="sample counts, comma-separated")
     ap.add_argument("--unit-samples", type=int, default=1000, help="samples per unit")
     ap.add_argument("--verify-samples", type=int, default=10000, help="size of the store verify runs on (0: skip)")
-    ap.add_argument("--baseline", default="efc5ed2", help="git commit to compare with")
+    ap.add_argument("--baseline", default="efc5ed2", help="git commit to compare with, or a folder holding that "
+                    "commit's hsstore/ (where the tree has no git history: `git archive REV hsstore | tar -x -C DIR`)")
     ap.add_argument("--dir", default="/tmp/hsstore-bench-open", help="where the stores are kept")
     args = ap.parse_args()
     d = Path(args.dir)
     d.mkdir(parents=True, exist_ok=True)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; baseline {args.baseline}")
-    with tempfile.TemporaryDirectory() as tmp, baseline_tree(REPO, args.baseline, tmp) as base:
+    given = Path(args.baseline)
+    with tempfile.TemporaryDirectory() as tmp, \
+            (contextlib.nullcontext(given.resolve()) if given.is_dir() else baseline_tree(REPO, args.baseline, tmp)) as base:
         for n in [int(x) for x in args.sizes.split(",")]:
             store = _store(d, n, args.unit_samples)
             floor = _child(REPO, "floor", store)

@@ -7,6 +7,9 @@
 #   2. scripts/bench_generate.py on the same manifest: hsstore's regeneration against a plain batched
 #      model.generate loop ($REPEAT times each, fastest kept), and a regenerating build against generation alone;
 #   3. with the time left, `hsstore plan --calibrate 1` of the same build (its estimate against step 1).
+# ONLY=bench runs step 2 alone, generation only (--no-build; a second look at the hsstore/plain ratio);
+# BENCH_TAG names its files (bench-$BENCH_TAG.json), so two such runs in one call (say, one under
+# PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) keep both.
 # Logs and JSON go to $OUT (8 flat files). A CPU dry run of the same steps (minutes on two busy cores):
 #   SHAPE=tiny DEVICE=cpu PROMPTS=8 NEW=8 PY=.venv/bin/python OUT=out/regen-dry bash scripts/gpu_regen.sh
 # (PY given: the wheels are not installed, that python's packages are used; SHAPE=tiny keeps the 32 layers
@@ -81,6 +84,15 @@ cp "$M" "$OUT/manifest.toml"
 LIMIT=${LIMIT:-530}  # seconds this script may take (the device call's 600 s, less the wheels and a margin)
 left() { echo $((LIMIT - SECONDS > 30 ? LIMIT - SECONDS : 30)); }
 
+if [ "${ONLY:-}" = bench ]; then
+  T=${BENCH_TAG:+-$BENCH_TAG}
+  t0=$SECONDS
+  timeout "$(left)" $PY scripts/bench_generate.py --manifest "$M" --device "$DEVICE" --dtype "$DTYPE" --no-build \
+    --prompts "$PROMPTS" --repeat "${REPEAT:-2}" --json "$OUT/bench$T.json" > "$OUT/bench$T.log" 2>&1
+  echo "bench exit $? ($((SECONDS - t0)) s)" | tee -a "$OUT/bench$T.log"
+  grep -E "^(cold|plain|hsstore)" "$OUT/bench$T.log"
+  exit 0
+fi
 t0=$SECONDS
 timeout 300 $PY -m hsstore build "$M" --device "$DEVICE" --dtype "$DTYPE" --json > "$OUT/build.json" 2>> "$OUT/build.log"
 echo "build exit $? ($((SECONDS - t0)) s)" | tee -a "$OUT/build.log"
