@@ -131,3 +131,25 @@ def test_every_command_is_in_the_guide() -> None:
     assert len(names) >= 10
     missing = [n for n in names if f"hsstore {n} " not in guide]
     assert not missing, f"docs/guide.md does not show {missing}"
+
+
+def _layers() -> list[str]:
+    """``LAYERS`` of the import-wall test (bottom to top), read from its source: the rule the page describes."""
+    tree = ast.parse((REPO / "tests" / "test_architecture.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "LAYERS" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    raise AssertionError("tests/test_architecture.py has no LAYERS")
+
+
+def test_the_architecture_page_draws_the_layers_the_import_wall_enforces() -> None:
+    """docs/architecture.md's diagram names exactly the packages of LAYERS, top to bottom, and no other
+    (a layer the code no longer has, like the old ``build``, fails), and the page names every module."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    diagram = re.search(r"```\n(.*?)```", text, re.S)
+    assert diagram, "docs/architecture.md has no layer diagram"
+    drawn = re.findall(r"^\s*([a-z]+)\s{2,}\S", diagram.group(1), re.M)
+    assert drawn == _layers()[::-1], f"the diagram draws {drawn}, the import wall has {_layers()[::-1]} (top to bottom)"
+    modules = sorted(p.stem for p in (REPO / "hsstore").rglob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    missing = [m for m in modules if f"`{m}`" not in text]
+    assert not missing, f"docs/architecture.md does not name the modules {missing}"
