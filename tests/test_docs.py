@@ -153,3 +153,26 @@ def test_the_architecture_page_draws_the_layers_the_import_wall_enforces() -> No
     modules = sorted(p.stem for p in (REPO / "hsstore").rglob("*.py") if p.name not in ("__init__.py", "__main__.py"))
     missing = [m for m in modules if f"`{m}`" not in text]
     assert not missing, f"docs/architecture.md does not name the modules {missing}"
+
+
+BENCHMARKS_MAX_LINES = 300  # the cap scripts/structure.py prints against
+
+
+def test_benchmarks_is_the_current_table() -> None:
+    """docs/benchmarks.md holds the current figures only (dated rounds live in docs/notes/benchmarks-history.md):
+    at most 300 lines, and every benchmark block names its script and the date of its run, or says it is a
+    place left for rows not yet measured."""
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    assert len(text.splitlines()) <= BENCHMARKS_MAX_LINES, \
+        f"docs/benchmarks.md has {len(text.splitlines())} lines (at most {BENCHMARKS_MAX_LINES}): move rounds to docs/notes/"
+    blocks = re.split(r"^(?=##+ )", text, flags=re.M)[1:]
+    assert len(blocks) >= 10, f"parsed only {len(blocks)} benchmark blocks: the page's format changed?"
+    wrong = []
+    for block in blocks:
+        title = block.splitlines()[0]
+        if title == "## Not measured" or "not yet filled" in block:
+            continue
+        if "scripts/" not in block or not re.search(r"\b20\d\d-\d\d-\d\d\b", block):
+            wrong.append(title)
+    assert not wrong, f"benchmark blocks without a scripts/ command or a date: {wrong}"
+    assert (REPO / "docs" / "notes" / "benchmarks-history.md").is_file()
