@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 runs behind docs/benchmarks.md "FP8 storage" and docs/gpu-report.md "FP8 storage on the seed
+# The H200 runs behind docs/benchmarks.md "FP8 storage" and docs/notes/gpu-report.md "FP8 storage on the seed
 # model" (one nvidia-h200, no network; .whl/ made by scripts/prepare_gpu_wheels.sh and carried). Two
 # phases, each well inside one 10-minute call; results as JSON/text under $OUT:
 #   bash scripts/gpu_fp8.sh build   # ~5 min: 27B-shaped build vs bare forward (bf16 default codec, FP8),

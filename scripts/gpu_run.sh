@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU runs behind docs/gpu-report.md and docs/benchmarks.md (an H200 machine with no network).
+# The GPU runs behind docs/notes/gpu-report.md and docs/notes/benchmarks-history.md (an H200 machine with no network).
 # Wheels the machine lacks are carried in .whl/ (made by scripts/prepare_gpu_wheels.sh), causal-conv1d
 # as its source distribution patched to build for sm_90 only.
 #   bash scripts/gpu_run.sh 1   # install, start the causal-conv1d build, run the seed experiment

@@ -1,4 +1,4 @@
-"""Defects the audit misnamed in a hostile round (docs/audit-hostile.md), each seeded into a peer-format export
+"""Defects the audit misnamed in a hostile round (docs/notes/audit-hostile.md), each seeded into a peer-format export
 and audited: a value bug on every sample (a scale, fp16 bits read as bf16, a clip) is that bug, not "states
 of other weights"; a clip that hits only row 0 (the attention-sink row) is not "states of a suffix"; a slot's
 stale bytes in the leading rows are a stale copy, not a suffix; token ids shifted against correct states are

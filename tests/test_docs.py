@@ -1,5 +1,6 @@
 """The documentation is checked: the README stays short and its Python example runs, every test that
-docs/guarantees.md names exists, every relative link in README and docs/ points at a file."""
+docs/guarantees.md names exists, every relative link in README and docs/ (lab notes under docs/notes/ included)
+points at a file."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def test_the_guarantee_check_catches_a_renamed_test(tmp_path: Path) -> None:
     assert not fnmatch.filter(_test_functions(_resolve(named[1][0])), named[1][1])
 
 
-@pytest.mark.parametrize("doc", ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))])
+@pytest.mark.parametrize("doc", ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").rglob("*.md"))])
 def test_relative_links_point_at_files(doc: str) -> None:
     path = REPO / doc
     broken = []
@@ -130,3 +131,48 @@ def test_every_command_is_in_the_guide() -> None:
     assert len(names) >= 10
     missing = [n for n in names if f"hsstore {n} " not in guide]
     assert not missing, f"docs/guide.md does not show {missing}"
+
+
+def _layers() -> list[str]:
+    """``LAYERS`` of the import-wall test (bottom to top), read from its source: the rule the page describes."""
+    tree = ast.parse((REPO / "tests" / "test_architecture.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "LAYERS" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    raise AssertionError("tests/test_architecture.py has no LAYERS")
+
+
+def test_the_architecture_page_draws_the_layers_the_import_wall_enforces() -> None:
+    """docs/architecture.md's diagram names exactly the packages of LAYERS, top to bottom, and no other
+    (a layer the code no longer has, like the old ``build``, fails), and the page names every module."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    diagram = re.search(r"```\n(.*?)```", text, re.S)
+    assert diagram, "docs/architecture.md has no layer diagram"
+    drawn = re.findall(r"^\s*([a-z]+)\s{2,}\S", diagram.group(1), re.M)
+    assert drawn == _layers()[::-1], f"the diagram draws {drawn}, the import wall has {_layers()[::-1]} (top to bottom)"
+    modules = sorted(p.stem for p in (REPO / "hsstore").rglob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    missing = [m for m in modules if f"`{m}`" not in text]
+    assert not missing, f"docs/architecture.md does not name the modules {missing}"
+
+
+BENCHMARKS_MAX_LINES = 300  # the cap scripts/structure.py prints against
+
+
+def test_benchmarks_is_the_current_table() -> None:
+    """docs/benchmarks.md holds the current figures only (dated rounds live in docs/notes/benchmarks-history.md):
+    at most 300 lines, and every benchmark block names its script and the date of its run, or says it is a
+    place left for rows not yet measured."""
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    assert len(text.splitlines()) <= BENCHMARKS_MAX_LINES, \
+        f"docs/benchmarks.md has {len(text.splitlines())} lines (at most {BENCHMARKS_MAX_LINES}): move rounds to docs/notes/"
+    blocks = re.split(r"^(?=##+ )", text, flags=re.M)[1:]
+    assert len(blocks) >= 10, f"parsed only {len(blocks)} benchmark blocks: the page's format changed?"
+    wrong = []
+    for block in blocks:
+        title = block.splitlines()[0]
+        if title == "## Not measured" or "not yet filled" in block:
+            continue
+        if "scripts/" not in block or not re.search(r"\b20\d\d-\d\d-\d\d\b", block):
+            wrong.append(title)
+    assert not wrong, f"benchmark blocks without a scripts/ command or a date: {wrong}"
+    assert (REPO / "docs" / "notes" / "benchmarks-history.md").is_file()

@@ -1,7 +1,7 @@
 """FP8 storage precision: hidden states as float8 e4m3 codes with one power-of-two float32 scale per
 token (per layer, or per block of channels), quantized and dequantized by pure tensor math.
 
-Why these choices (measured in docs/benchmarks.md, "FP8 storage: which scale"):
+Why these choices (measured in docs/notes/benchmarks-history.md, "Which scale"):
 - e4m3 (3 mantissa bits) rather than e5m2: a scale per token removes the need for e5m2's range, and
   e4m3 rounds half as coarsely.
 - One scale per token and layer: its cost is 4 bytes per token and layer (0.08 % at hidden 5120) and

@@ -2,7 +2,7 @@
 
 A map-style dataset is asked for one sample at a time: read cold, each read waits on the disk and then
 decodes, so the disk idles while the cores decode and the cores while it reads (2 cores, hidden 1024:
-~0.27 s of disk and ~0.26 s of decoding made a 0.45 s pass; docs/benchmarks.md, "Round 3 on 2 cores").
+~0.27 s of disk and ~0.26 s of decoding made a 0.45 s pass; docs/notes/benchmarks-history.md, "Round 3 on 2 cores").
 When the indices asked for advance by a constant step (in order: 1, from the second read),
 ``Lookahead`` reads the tokens and the stored chunks of the next indices, up to ``AHEAD_BYTES`` of
 states, on one background thread (``pread`` releases the GIL) into reused buffers; those reads then
@@ -205,7 +205,7 @@ class Lookahead:
         """A read with nothing fetched (a pass's first, or another order): the kernel is asked for all of its
         chunks at once (``will_need``), not one layer after another as the read reaches them (a cold pass's
         first sample, hidden 1024, with the fetch from index 0: 35-38 ms before, 17-23 ms after;
-        docs/benchmarks.md, "Round 4 on 2 cores")."""
+        docs/notes/benchmarks-history.md, "Round 4 on 2 cores")."""
         local = self.reader.store.is_local  # (an object store reads what it is asked for, no sooner)
         if self.on and local and self.reader.ref(index).length * self.row_bytes >= MIN_BYTES:
             hint(self.reader, self.reader.ref(index), self.layers)

@@ -97,7 +97,7 @@ def codec_of(middle: list[tuple[str, dict[str, Any]]]) -> str | None:
 # A layer's chunk: about CHUNK_BYTES, but no more than about CHUNK_ROWS rows (a typical sample: a read
 # of one sample at a small hidden size decodes little else) where that keeps it at MIN_CHUNK_BYTES or more
 # (blosc blocks under 256 KiB compress bf16 states 1.23x instead of 1.40x and decode ~3x slower:
-# docs/benchmarks.md, "Reads as a node trains"). Readers read any chunking: the rows are in each array's
+# docs/benchmarks.md, "Codecs"). Readers read any chunking: the rows are in each array's
 # metadata.
 CHUNK_BYTES = 1 << 20
 MIN_CHUNK_BYTES = 256 << 10

@@ -86,7 +86,7 @@ def usable_cpus() -> int:
 
 def read_threads(cpus: int) -> int:
     """Threads one process decodes a sample's layers on: up to 8 of its ``cpus``. More did not pay: one
-    rank on a 16-core host read slower with 16 than with 8 (docs/benchmarks.md, round 2)."""
+    rank on a 16-core host read slower with 16 than with 8 (docs/notes/benchmarks-history.md, "Round 2 on the 16-core host")."""
     return max(1, min(8, cpus))
 
 

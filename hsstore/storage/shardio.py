@@ -65,7 +65,7 @@ class DecodedChunks:
     bytes, least recently used out first; committed chunks never change, so an entry never goes stale.
     A chunk every row of which has been read since it was decoded goes out at once, and its memory is
     the next decode's (memory just read is in the CPU's cache: decoding a 256 KiB chunk into it took
-    ~130 us, into fresh memory ~160 us; docs/benchmarks.md, "Round 4 on 2 cores")."""
+    ~130 us, into fresh memory ~160 us; docs/notes/benchmarks-history.md, "Round 4 on 2 cores")."""
 
     def __init__(self, max_bytes: int, spares: int = 4) -> None:
         self.max_bytes, self.bytes, self.spares = max_bytes, 0, spares
