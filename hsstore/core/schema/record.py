@@ -64,7 +64,8 @@ class Record(_Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     @classmethod
     def from_json(cls: type[R], raw: bytes, what: str, error: type[HsstoreError] = CorruptData) -> R:
         """Strictly decode JSON bytes (no intermediate dict)."""
-        return decode_json(raw, cls, what, error)
+        out: R = decode_json(raw, cls, what, error)
+        return out
 
     def replace(self: R, **changes: Any) -> R:
         return msgspec.structs.replace(self, **changes)
