@@ -61,7 +61,7 @@ def import_folder(store: Path, fmt: str, folder: str, layers: str, capture: str)
 
     r = import_cache(ImportRequest(fmt, folder, str(store), tokenizer=TOKENIZER, num_layers=4, layers=layers,
                                    capture=capture, unit_tokens=1, jobs=1))
-    print(json.dumps({k: r[k] for k in ("samples", "samples_written", "samples_present", "duplicates")}))
+    print(json.dumps({k: r.to_dict()[k] for k in ("samples", "samples_written", "samples_present", "duplicates")}))
 
 
 def soak_gc(store: Path, seed: int) -> None:

@@ -18,11 +18,27 @@ from hsstore.capture.model.spec import ModelSpec
 from hsstore.core.errors import BadInput
 from hsstore.core.keys import sample_key
 from hsstore.core.schema.provenance import Provenance
-from hsstore.interop.exporter import ExportRequest, export_cache
+from hsstore.core.schema.reports import ExportReport, ImportReport
+from hsstore.interop import exporter, importer
+from hsstore.interop.exporter import ExportRequest
 from hsstore.interop.formats import get_format
 from hsstore.interop.imported_provenance import tokenizer_identity
-from hsstore.interop.importer import ImportRequest, import_cache
+from hsstore.interop.importer import ImportRequest
 from hsstore.storage.verify import verify
+
+
+# these tests read the reports by key: the records' to_dict(), the documents `--json` prints (docs/json.md);
+# tests/test_typed_results.py checks the records themselves
+def export_cache(req: ExportRequest) -> dict:
+    r = exporter.export_cache(req)
+    assert isinstance(r, ExportReport)
+    return r.to_dict()
+
+
+def import_cache(req: ImportRequest) -> dict:
+    r = importer.import_cache(req)
+    assert isinstance(r, ImportReport)
+    return r.to_dict()
 
 STATED = {"specforge": "0,1,2,final_norm", "modelopt": "0,1,2,final_norm", "speculators": "1,2,3,4",
           "eagle": "final_norm"}

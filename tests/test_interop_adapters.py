@@ -104,10 +104,10 @@ def test_vocab_map_files_load_as_the_peers_load_them(imported, tmp_path: Path):
     store, samples = imported
     rec = write_vocab_map(str(store), 10, str(tmp_path / "vm"))
     masked = torch.cat([s.ids[s.mask.bool()] for s in samples])
-    assert rec["loss_tokens"] == masked.numel() and rec["target_vocab_size"] == 259
+    assert rec.loss_tokens == masked.numel() and rec.target_vocab_size == 259
     (vid,) = Store.open(store).variant_ids()
-    assert rec["variant"] == vid
-    assert rec["tokenizer_fingerprint"] == tokenizer_identity(TOKENIZER)[0]["fingerprint"]
+    assert rec.variant == vid
+    assert rec.tokenizer_fingerprint == tokenizer_identity(TOKENIZER)[0]["fingerprint"]
     cache = torch.load(tmp_path / "vm" / "vocab_mapping-10.pt", weights_only=True)  # SpecForge / EAGLE-3
     d2t, t2d = torch.from_numpy(np.load(tmp_path / "vm" / "d2t-10.npy")), torch.from_numpy(np.load(tmp_path / "vm" / "t2d-10.npy"))
     assert torch.equal(cache["d2t"], d2t) and torch.equal(cache["t2d"], t2d) and t2d.shape == (259,)
@@ -148,8 +148,8 @@ def test_vocab_map_folder_is_its_own_or_refused(imported, tmp_path: Path):
     finally:
         busy.release()
     again = write_vocab_map(str(store), 12, str(mine))  # same variant, another size: shares token_freq.pt
-    assert again["files"]["token_freq.pt"] == first["files"]["token_freq.pt"]
-    assert sorted(p.name for p in mine.iterdir()) == sorted({*first["files"], *again["files"], "vocab-map-10.json",
+    assert again.files["token_freq.pt"] == first.files["token_freq.pt"]
+    assert sorted(p.name for p in mine.iterdir()) == sorted({*first.files, *again.files, "vocab-map-10.json",
                                                              "vocab-map-12.json"})
 
 

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
+
+if TYPE_CHECKING:
+    from hsstore.core.schema.record import Record
+
+R = TypeVar("R", bound="Record")
 
 app = typer.Typer(
     help="Cached hidden states for speculative-decoding drafters, with provenance you can check.",
@@ -19,8 +25,14 @@ def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks f
     state["debug"] = debug
 
 
-def emit(obj: object, json_out: bool, text: str) -> None:
-    """``obj`` as stable JSON with ``--json``, else ``text`` (all of it, or one line and exit 1)."""
+def json_text(record: Record) -> str:
+    """A command's result as its stable ``--json`` document (docs/json.md): the record's dict, keys sorted."""
+    return json.dumps(record.to_dict(), indent=2, sort_keys=True)
+
+
+def emit(record: R, json_out: bool, render: Callable[[R], str]) -> None:
+    """Every command's result, one path: ``record`` as stable JSON with ``--json``, else the text ``render``
+    makes of it (all of it reaches stdout, or one line and exit 1)."""
     from hsstore.cli.render import write_stdout
 
-    write_stdout(json.dumps(obj, indent=2, sort_keys=True, default=str) if json_out else text)
+    write_stdout(json_text(record) if json_out else render(record))

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from hsstore.cli.app import app, emit
 from hsstore.core.schema.build import BuildResult, InputCounts
 from hsstore.core.schema.record import or_none
+
+if TYPE_CHECKING:
+    from hsstore.core.schema.reports import EnvReport
 
 
 @app.command()
@@ -60,7 +63,7 @@ def build(
     summary = run_build(m, limit=limit, quiet=quiet, space_check=not no_space_check)
     if summary.rows_report is not None and json_out:  # on stderr, so --json output stays one document
         typer.echo(_rows_line(summary), err=True)
-    emit(summary.to_dict(), json_out, "\n".join(_lines(summary)))
+    emit(summary, json_out, lambda s: "\n".join(_lines(s)))
 
 
 def _rows_line(summary: BuildResult) -> str:
@@ -114,10 +117,15 @@ def env(
     """
     from hsstore.capture.model.environment import probe
 
-    r = probe(model, backend, device)
-    lines = [f"{k}: {v}" for k, v in r.items() if not isinstance(v, dict)]
-    for k, v in r.items():
+    emit(probe(model, backend, device), json_out, _env_text)
+
+
+def _env_text(r: EnvReport) -> str:
+    """One line per scalar field, then each table's entries indented under its name."""
+    fields = r.to_dict()
+    lines = [f"{k}: {v}" for k, v in fields.items() if not isinstance(v, dict)]
+    for k, v in fields.items():
         if isinstance(v, dict):
             lines.append(f"{k}:")
             lines += [f"  {kk}: {vv}" for kk, vv in v.items()]
-    emit(r, json_out, "\n".join(lines))
+    return "\n".join(lines)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
-from hsstore.cli.app import app
+from hsstore.cli.app import app, json_text
 from hsstore.core.errors import BadInput, CheckFailed
 from hsstore.core.outputs import (
     PLOT_SUFFIXES,
@@ -31,13 +30,13 @@ def _emit(report: R, json_path: str | None, render: Callable[[R], str]) -> None:
     from hsstore.cli.render import write_stdout
 
     if json_path == "-":
-        write_stdout(json.dumps(report.to_dict(), indent=2, sort_keys=True))
+        write_stdout(json_text(report))
         return
     write_stdout(render(report))
     if json_path:
         from hsstore.storage.fileio import write_output_file
 
-        write_output_file(json_path, json.dumps(report.to_dict(), indent=2, sort_keys=True).encode(), "--json")
+        write_output_file(json_path, json_text(report).encode(), "--json")
 
 
 def _check_numbers(json_path: str | None, noise: float, max_rel: float | None,

@@ -9,7 +9,7 @@ import typer
 from hsstore.cli.app import app, emit
 
 if TYPE_CHECKING:
-    from hsstore.core.schema.reports import AuditSummary
+    from hsstore.core.schema.reports import AuditSummary, ExportReport, ImportReport, VocabMapReport
 
 FORMATS_HELP = "specforge | modelopt | speculators | eagle"
 
@@ -67,14 +67,14 @@ def import_(
         report = import_cache(ImportRequest(format, source, store, tokenizer, model, num_layers, layers, capture,
                                             codec=codec, skip_bad=skip_bad, allow_unhealthy=allow_unhealthy, limit=limit,
                                             quiet=quiet or json_out, **({} if jobs is None else {"jobs": jobs})))
-    _label_imported(store, report, label)
-    found = _audit(str(model), store, report["variant"], audit) if audit is not None else None
+    report = _label_imported(store, report, label)
+    found = _audit(str(model), store, report.variant, audit) if audit is not None else None
     if found is not None:
-        report["audit"] = found.to_dict()
-    emit(report, json_out, _import_text(report))
+        report = report.replace(audit=found)
+    emit(report, json_out, _import_text)
     if found is not None and found.verdict_kind not in ("identical", "within_noise"):
         raise CheckFailed(f"imported, but the audit found defects: {found.verdict} (hsstore check "
-                          f"{model} '{store}#{report['variant']}' names them)")
+                          f"{model} '{store}#{report.variant}' names them)")
 
 
 def _check_request(store: str, source: str, label: str | None, audit_without_model: bool) -> None:
@@ -100,23 +100,23 @@ def _check_request(store: str, source: str, label: str | None, audit_without_mod
         raise BadInput(f"label {label!r} already names variant {holder} in {store}; choose another --label")
 
 
-def _label_imported(store: str, report: dict, label: str | None) -> None:
-    """Give the imported variant its --label (and say so in the report). A variant that already holds another
+def _label_imported(store: str, report: ImportReport, label: str | None) -> ImportReport:
+    """Give the imported variant its --label (the report says so). A variant that already holds another
     label (an import of hsstore's own export restores its provenance: it is the variant exported) keeps it."""
-    if label is not None:
-        import sys
+    if label is None:
+        return report
+    import sys
 
-        from hsstore.storage.store import Store
+    from hsstore.storage.store import Store
 
-        s = Store.open(store, mode="a")
-        held = s.labels().get(report["variant"])
-        if held is not None and held != label:
-            print(f"note: the import is variant {report['variant']}, already labelled {held!r}; it keeps that label "
-                  f"(rename it with: hsstore label '{store}#{held}' {label})", file=sys.stderr)
-            report["label"] = held
-            return
-        s.set_label(report["variant"], label, by="import")
-        report["label"] = label
+    s = Store.open(store, mode="a")
+    held = s.labels().get(report.variant)
+    if held is not None and held != label:
+        print(f"note: the import is variant {report.variant}, already labelled {held!r}; it keeps that label "
+              f"(rename it with: hsstore label '{store}#{held}' {label})", file=sys.stderr)
+        return report.replace(label=held)
+    s.set_label(report.variant, label, by="import")
+    return report.replace(label=label)
 
 
 def _audit(model: str, store: str, vid: str, n: int) -> AuditSummary:
@@ -149,7 +149,7 @@ def export(
     kw = {} if jobs is None else {"jobs": jobs}
     report = export_cache(ExportRequest(target, format, dest, _ints(aux, "--aux"), target_layer, compress,
                                         limit=limit, **kw))
-    emit(report, json_out, _export_text(report))
+    emit(report, json_out, _export_text)
 
 
 @app.command("vocab-map")
@@ -175,41 +175,45 @@ def vocab_map(
         path, sel = split_target(target)
         s = Store.open(path)
         out = f"vocab-map-{s.select(sel)}-{size}"
-    record = write_vocab_map(target, size, out, target_vocab_size)
-    text = (f"draft vocabulary of {size} tokens from {record['samples']} samples ({record['loss_tokens']} loss-masked "
-            f"tokens, {record['distinct_tokens']} distinct): covers {record['coverage']:.2%} of them\n"
-            f"target vocabulary {record['target_vocab_size']} (from {record['target_vocab_from']}); wrote "
-            + ", ".join(sorted(record["files"])) + f" to {out}")
-    emit({**record, "out": out}, json_out, text)
+    emit(write_vocab_map(target, size, out, target_vocab_size).replace(out=out), json_out, _vocab_text)
 
 
-def _import_text(r: dict) -> str:
-    src = r["stated"]
-    lines = [f"imported {r['samples']} samples of {r['format']} cache {r['source']} into {r['store']}#{r['variant']}: "
-             f"{r['samples_written']} written, {r['samples_present']} already there, {r['duplicates']} duplicate(s)"
-             f" ({r['tokens_written']:,} tokens, {r['seconds']:.1f}s)",
-             f"  layers {src['layers']} stated by {src['stated_by']} under --capture {src['capture']} -> hsstore "
-             f"aux={r['layers']['aux']} target={r['layers']['target']} (recipe.capture={r['capture']})"]
-    if r.get("provenance") == "restored":
+def _vocab_text(r: VocabMapReport) -> str:
+    return (f"draft vocabulary of {r.draft_vocab_size} tokens from {r.samples} samples ({r.loss_tokens} loss-masked "
+            f"tokens, {r.distinct_tokens} distinct): covers {r.coverage:.2%} of them\n"
+            f"target vocabulary {r.target_vocab_size} (from {r.target_vocab_from}); wrote "
+            + ", ".join(sorted(r.files)) + f" to {r.out}")
+
+
+def _import_text(r: ImportReport) -> str:
+    src = r.stated
+    lines = [f"imported {r.samples} samples of {r.format} cache {r.source} into {r.store}#{r.variant}: "
+             f"{r.samples_written} written, {r.samples_present} already there, {r.duplicates} duplicate(s)"
+             f" ({r.tokens_written:,} tokens, {r.seconds:.1f}s)",
+             f"  layers {src.layers} stated by {src.stated_by} under --capture {src.capture} -> hsstore "
+             f"aux={r.layers['aux']} target={r.layers['target']} (recipe.capture={r.capture})"]
+    if r.provenance == "restored":
         lines.append("  provenance restored from hsstore's export record (sealed, files matching): require= the "
                      "exported variant opens this one")
-    elif r.get("provenance_note"):
-        lines.append(f"  {r['provenance_note']}; fields the files do not record are 'unknown'")
-    if r["capture"] == "unknown":
+    elif r.provenance_note:
+        lines.append(f"  {r.provenance_note}; fields the files do not record are 'unknown'")
+    if r.capture == "unknown":
         lines.append("  capture convention unknown: find each layer's match with `hsstore diff IMPORTED NATIVE --align`")
-    if r.get("audit"):
-        a = r["audit"]
-        lines.append(f"  audit of {a['samples']} samples against {a['model']}: {a['verdict']}; {a['bound']}")
-    if r["missing_states"]:
-        lines.append(f"  {r['missing_states']} row(s) have no hidden-states file (not imported)")
-    if r["skipped_bad"]:
-        lines.append(f"  {r['skipped_bad']} file(s) skipped (--skip-bad); first: {r['bad'][0]['why']}")
+    from msgspec import UnsetType
+
+    if not isinstance(r.audit, UnsetType):
+        a = r.audit
+        lines.append(f"  audit of {a.samples} samples against {a.model}: {a.verdict}; {a.bound}")
+    if r.missing_states:
+        lines.append(f"  {r.missing_states} row(s) have no hidden-states file (not imported)")
+    if r.skipped_bad:
+        lines.append(f"  {r.skipped_bad} file(s) skipped (--skip-bad); first: {r.bad[0].why}")
     return "\n".join(lines)
 
 
-def _export_text(r: dict) -> str:
-    return (f"exported {r['samples']} samples ({r['tokens']:,} tokens) of {r['store']}#{r['variant']} as {r['format']} "
-            f"to {r['dest']} in {r['seconds']:.1f}s\n"
-            f"  slots: aux={r['slots']['aux']} target={r['slots']['target']} (hsstore ids) = {r['tool_layers']} in "
-            f"{r['format']}'s numbering ({r['tool_capture']})\n"
-            f"  record: {r['record']}; read with {r['loader']}")
+def _export_text(r: ExportReport) -> str:
+    return (f"exported {r.samples} samples ({r.tokens:,} tokens) of {r.store}#{r.variant} as {r.format} "
+            f"to {r.dest} in {r.seconds:.1f}s\n"
+            f"  slots: aux={r.slots['aux']} target={r.slots['target']} (hsstore ids) = {r.tool_layers} in "
+            f"{r.format}'s numbering ({r.tool_capture})\n"
+            f"  record: {r.record}; read with {r.loader}")

@@ -44,7 +44,7 @@ def plan(
         store_path=expand_user(store) if store else store, backends=backend, dtypes=dtype, devices=device,
         codec=codec, precision=precision)
     report = make_plan(m, limit=limit, sample=sample, calibrate=calibrate, peak_tflops=peak_tflops)
-    emit(report.to_dict(), json_out, "\n".join(_lines(report)))
+    emit(report, json_out, lambda r: "\n".join(_lines(r)))
 
 
 def _lines(r: PlanReport) -> list[str]:

@@ -40,7 +40,7 @@ def info(
     from hsstore.storage.store import Store
 
     r = store_info(Store.open(_whole_store(store, "info")))
-    emit(r.to_dict(), json_out, info_text(r))
+    emit(r, json_out, info_text)
 
 
 @app.command()
@@ -57,7 +57,7 @@ def verify(
     from hsstore.storage.verify import verify as run_verify
 
     r = run_verify(Store.open(_whole_store(store, "verify")))
-    emit(r.to_dict(), json_out, verify_text(r))
+    emit(r, json_out, verify_text)
     if not r.ok:
         raise typer.Exit(1)
 
@@ -80,7 +80,7 @@ def gc(
     from hsstore.storage.store import Store
 
     r = collect_garbage(Store.open(_whole_store(store, "gc"), mode="a"), grace, force, dry_run)
-    emit(r.to_dict(), json_out, gc_text(r))
+    emit(r, json_out, gc_text)
 
 
 @app.command()
@@ -94,6 +94,7 @@ def label(
 
     Example: hsstore label 'out/tiny.zarr#dtype=bf16' sdpa-bf16
     """
+    from hsstore.core.schema.reports import LabelChange
     from hsstore.core.selectors import label_selector
     from hsstore.storage.names import check_label
     from hsstore.storage.store import Store, split_target
@@ -104,8 +105,8 @@ def label(
     vid = store.select(selector)
     previous = store.set_label(vid, new_label, by="label")
     said = "unchanged" if previous == new_label else f"was {previous!r}" if previous else "was unlabelled"
-    emit({"store": path, "variant": vid, "label": new_label, "previous": previous}, json_out,
-         f"variant {vid} labelled {new_label!r} ({said}); select it as {path}#{label_selector(new_label)}")
+    emit(LabelChange(store=path, variant=vid, label=new_label, previous=previous), json_out,
+         lambda r: f"variant {r.variant} labelled {r.label!r} ({said}); select it as {r.store}#{label_selector(r.label)}")
 
 
 # --- `hsstore convert`: derive a variant of another storage precision from a stored one (no model).
@@ -154,6 +155,6 @@ def convert(
         r = run_convert(target, precision, store, workers, allow_unhealthy,
                         on_progress=lambda done, total: bar.update(task, completed=done, total=total), codec=codec,
                         label=label, another_model=another_model)
-    emit(r.to_dict(), json_out, convert_text(r))
+    emit(r, json_out, convert_text)
     if not r.complete:
         raise typer.Exit(1)

@@ -55,7 +55,7 @@ from hsstore.core.outputs import expand_user
 from hsstore.core.provenance_match import flatten, require_match
 from hsstore.core.schema.provenance import Batching, Recipe
 from hsstore.core.schema.record import is_set, or_none
-from hsstore.core.schema.reports import CheckReport, FieldDifference, LayerDiff
+from hsstore.core.schema.reports import CheckReport, FieldDifference, LayerDiff, LiveFingerprint
 from hsstore.storage.store import VariantReader
 
 # --- Whether a model can produce a variant's stored shapes — hidden size, layer count (and every stored layer
@@ -380,12 +380,12 @@ def _restrict(prov: Mapping[str, Any], fields: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def check_live_model(model: Any, required: Any, allow_drift: Iterable[str] = ()) -> dict[str, Any]:
+def check_live_model(model: Any, required: Any, allow_drift: Iterable[str] = ()) -> LiveFingerprint:
     """Raise ProvenanceMismatch if ``model`` would compute states other than ``required``'s
-    (a provenance dict, a dataset, or 'STORE#SELECTOR'). Returns the live fingerprint."""
+    (a provenance dict, a dataset, or 'STORE#SELECTOR'). Returns the live fingerprint it was checked on."""
     from hsstore.read.dataset import resolve_provenance
 
     want = _restrict(resolve_provenance(required), LIVE_FIELDS)
     have = _restrict(live_fingerprint(model), LIVE_FIELDS)
     require_match(have, want, allow_drift, what="live model")
-    return have
+    return LiveFingerprint.from_dict(have, "the live model's fingerprint")

@@ -50,7 +50,7 @@ def name_of(dtype: torch.dtype) -> str:
 
     for name, t in TORCH.items():
         if t == dtype:
-            return name
+            return str(name)
     raise ValueError(f"hidden states of dtype {dtype} are not supported; use one of {', '.join(NAMES)}")
 
 

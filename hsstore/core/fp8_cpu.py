@@ -62,7 +62,7 @@ def scale_exponents(scales: np.ndarray) -> np.ndarray:
     return (exp - 1).astype(np.int32)
 
 
-def _exponent_add(rows, ks, table, add_mask, dest):  # pragma: no cover (runs compiled)
+def _exponent_add(rows: Any, ks: Any, table: Any, add_mask: Any, dest: Any) -> None:  # pragma: no cover (compiled)
     for r in range(rows.shape[0]):
         add = ks[r] << 7
         for j in range(rows.shape[1]):

@@ -293,7 +293,10 @@ def _check_keys(selector: str, pairs: Mapping[str, str], variants: Mapping[str, 
     import difflib
 
     paths = {k for p in variants.values() for k in flatten(p)}
-    known = lambda key: key in ALWAYS_KEYS or any(p == key or p.endswith("." + key) for p in paths)  # noqa: E731
+
+    def known(key: str) -> bool:
+        return key in ALWAYS_KEYS or any(p == key or p.endswith("." + key) for p in paths)
+
     for key in pairs:
         if not known(key):
             leaves = sorted({p.rsplit(".", 1)[-1] for p in paths

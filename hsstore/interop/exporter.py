@@ -30,6 +30,7 @@ from hsstore.core.interrupt import Stopped, stop_on_signals
 from hsstore.core.layer_numbering import TOOL_CAPTURE, check_no_leak, from_hsstore
 from hsstore.core.schema.provenance import ExportRecord
 from hsstore.core.schema.record import is_set, or_none
+from hsstore.core.schema.reports import ExportReport
 from hsstore.interop.formats import get_format
 from hsstore.interop.formats.interface import TMP_SUFFIX, Format
 from hsstore.interop.imported_provenance import (
@@ -175,7 +176,7 @@ def _write_all(one: Callable[[int], tuple[int, int]], n: int, jobs: int, dest: P
     return files, tokens
 
 
-def export_cache(req: ExportRequest) -> dict[str, Any]:
+def export_cache(req: ExportRequest) -> ExportReport:
     """Write the variant ``req.target`` as ``req.format`` files into ``req.dest``; returns the report."""
     from hsstore.storage.store import Store, split_target
 
@@ -202,7 +203,7 @@ def export_cache(req: ExportRequest) -> dict[str, Any]:
 
 
 def _export_held(req: ExportRequest, fmt: Format, reader: Any, path: str, dest: Path, keys: list[str], aux: list[int],
-                 target: int, t0: float) -> dict[str, Any]:
+                 target: int, t0: float) -> ExportReport:
     """The export, once this process holds ``dest``: what the folder holds is judged again here (another
     export may have finished in it since the first look), then written."""
     _check_dest(fmt, dest, path, reader.id)
@@ -233,7 +234,7 @@ def _export_held(req: ExportRequest, fmt: Format, reader: Any, path: str, dest: 
     record = _record(fmt, reader, path, aux, target, len(keys), files, complete=True, written=written, token=token)
     record = record.replace(seal=seal_of(record))  # an import restores the provenance only from a record as written
     write_sidecar(fmt.sidecar(dest), record)
-    return {"store": path, "variant": reader.id, "format": fmt.name, "dest": str(dest), "samples": len(keys),
-            "tokens": tokens, "slots": record.slots, "tool_layers": record.tool_layers,
-            "tool_capture": record.tool_capture, "record": str(fmt.sidecar(dest)), "loader": fmt.loader,
-            "seconds": time.time() - t0}
+    return ExportReport(store=path, variant=reader.id, format=fmt.name, dest=str(dest), samples=len(keys),
+                        tokens=tokens, slots=record.slots, tool_layers=record.tool_layers,
+                        tool_capture=record.tool_capture, record=str(fmt.sidecar(dest)), loader=fmt.loader,
+                        seconds=time.time() - t0)

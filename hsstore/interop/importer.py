@@ -26,6 +26,7 @@ from hsstore.core.layer_numbering import (
     slot_layers,
 )
 from hsstore.core.schema.provenance import ExportRecord, ImportSource
+from hsstore.core.schema.reports import BadFile, ImportReport
 from hsstore.interop.formats import get_format
 from hsstore.interop.formats.interface import Format
 from hsstore.interop.imported_provenance import (
@@ -116,7 +117,7 @@ def _first_readable(fmt: Any, root: Path, items: list[str], vocab: int, skip_bad
     raise BadInput(f"none of the {len(items)} {fmt.name} files under {str(root)!r} could be imported; first: {first}")
 
 
-def import_cache(req: ImportRequest) -> dict[str, Any]:
+def import_cache(req: ImportRequest) -> ImportReport:
     """Import ``req.source`` into ``req.store``; returns the report ``hsstore import --json`` prints."""
     t0 = time.time()
     fmt, root = get_format(req.format), Path(req.source)
@@ -132,7 +133,7 @@ def import_cache(req: ImportRequest) -> dict[str, Any]:
         held.release()
 
 
-def _import_held(req: ImportRequest, fmt: Format, root: Path, t0: float) -> dict[str, Any]:
+def _import_held(req: ImportRequest, fmt: Format, root: Path, t0: float) -> ImportReport:
     """The import, while this process holds ``root`` shared (no export rewrites it meanwhile)."""
     from hsstore.storage.codecs import DEFAULT as DEFAULT_CODEC
     from hsstore.storage.codecs import chunk_tokens
@@ -164,11 +165,10 @@ def _import_held(req: ImportRequest, fmt: Format, root: Path, t0: float) -> dict
     per_token = probe.hidden_size * itemsize * (probe.n_aux + 1)
     run = _Run(req, fmt, root, store, vid, layers, stmt, probe, probe_item, tok["fingerprint"], vocab,
                req.unit_tokens or max(1, UNIT_BYTES // per_token))
-    report = run.go(items)
-    report.update(store=req.store, variant=vid, format=fmt.name, source=str(root), layers=layers,
-                  capture=prov.recipe.capture, stated=source.to_dict(), seconds=time.time() - t0,
-                  provenance=("imported", "restored")[restored], provenance_note=note)
-    return report
+    counts = run.go(items)
+    return ImportReport(store=req.store, variant=vid, format=fmt.name, source=str(root), layers=layers,
+                        capture=prov.recipe.capture, stated=source, seconds=time.time() - t0,
+                        provenance="restored" if restored else "imported", provenance_note=note, **counts)
 
 
 class _Run:
@@ -192,9 +192,10 @@ class _Run:
         self.pending_tokens = 0
         self.entries: list[tuple[str, str, list]] = []
         self.counts = {"written": 0, "present": 0, "duplicates": 0, "tokens_written": 0}
-        self.bad: list[dict[str, str]] = []
+        self.bad: list[BadFile] = []
 
     def go(self, items: list[str]) -> dict[str, Any]:
+        """Import ``items``; the report's counts (ImportReport's fields)."""
         from hsstore.capture.run.progress import Progress
 
         todo, known = self.log.split_known(items, self.done)
@@ -221,7 +222,7 @@ class _Run:
             if isinstance(got, BadInput):
                 if not self.req.skip_bad:
                     raise got
-                self.bad.append({"item": item, "why": str(got)})
+                self.bad.append(BadFile(item=item, why=str(got)))
                 continue
             self._take(item, *got)
             progress.advance(1, got[0].length)
@@ -275,7 +276,7 @@ class _Run:
         except BadInput as e:
             if not self.req.skip_bad:
                 raise
-            self.bad.append({"item": item, "why": str(e)})
+            self.bad.append(BadFile(item=item, why=str(e)))
             return
         key = sample_key(self.tok_fp, s.input_ids, s.loss_mask)
         self.entries.append((item, key, s.files))

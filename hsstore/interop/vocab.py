@@ -25,6 +25,7 @@ from hsstore.core.batching import check_fits
 from hsstore.core.errors import WRITE_FIXES, BadInput, WriteFailed, write_cause
 from hsstore.core.nesting import loads_bounded
 from hsstore.core.schema.record import or_none
+from hsstore.core.schema.reports import VocabMapReport
 from hsstore.interop.formats.interface import (
     PLACE_ERRORS,
     TMP_SUFFIX,
@@ -206,7 +207,7 @@ def _target_vocab(reader: Any, override: int | None) -> tuple[int, str]:
     return v, "recipe.tokenizer.vocab_size"
 
 
-def write_vocab_map(target: str, size: int, out: str, target_vocab_size: int | None = None) -> dict[str, Any]:
+def write_vocab_map(target: str, size: int, out: str, target_vocab_size: int | None = None) -> VocabMapReport:
     """Count, map and write ``d2t-N.npy``/``t2d-N.npy`` (speculators), ``vocab_mapping-N.pt`` (SpecForge,
     EAGLE-3), ``token_freq.pt`` and the record ``vocab-map-N.json``; returns the record."""
     from hsstore.storage.store import Store, split_target
@@ -230,23 +231,21 @@ def write_vocab_map(target: str, size: int, out: str, target_vocab_size: int | N
 
 
 def _write_held(root: Path, outputs: Any, reader: Any, path: str, size: int, vocab: int, vocab_from: str,
-                counts: np.ndarray, t2d: torch.Tensor, n_samples: int) -> dict[str, Any]:
+                counts: np.ndarray, t2d: torch.Tensor, n_samples: int) -> VocabMapReport:
     """Write the files, then the record that says they belong together (vocab_folder holds the folder)."""
     total = int(counts.sum())
-    record = {
-        "store": path, "variant": reader.id,
-        "tokenizer_fingerprint": reader.record.prov.recipe.tokenizer.fingerprint,
-        "draft_vocab_size": size, "target_vocab_size": vocab, "target_vocab_from": vocab_from,
-        "samples": n_samples, "loss_tokens": total, "distinct_tokens": int((counts > 0).sum()),
-        "coverage": float(counts[t2d.numpy()].sum() / total) if total else 0.0,
-    }
+    written: list[VocabMapReport] = []
 
     def with_files(files: dict[str, str]) -> bytes:
-        record["files"] = files
-        return json.dumps(record, indent=1, sort_keys=True).encode()
+        written.append(VocabMapReport(
+            store=path, variant=reader.id, tokenizer_fingerprint=reader.record.prov.recipe.tokenizer.fingerprint,
+            draft_vocab_size=size, target_vocab_size=vocab, target_vocab_from=vocab_from, samples=n_samples,
+            loss_tokens=total, distinct_tokens=int((counts > 0).sum()),
+            coverage=float(counts[t2d.numpy()].sum() / total) if total else 0.0, files=files))
+        return json.dumps(written[-1].to_dict(), indent=1, sort_keys=True).encode()
 
     write_together(root, list(outputs), record_name(size), with_files)
-    return record
+    return written[-1]
 
 
 def _npy(a: np.ndarray) -> bytes:

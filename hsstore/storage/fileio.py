@@ -127,7 +127,7 @@ def install_file(dir_fd: int, name: str, parts: Sequence[Any], tmp: str, replace
         os.close(fd)
 
 
-def replace_file(path: str | os.PathLike, data: bytes, tmp: str) -> None:
+def replace_file(path: str | os.PathLike[str], data: bytes, tmp: str) -> None:
     """Write ``data`` to ``path`` all or nothing (install_file in its folder, through the temporary file
     named ``tmp`` there): a reader sees the old file or the new one. Raises OSError."""
     folder, name = os.path.split(os.fspath(path))

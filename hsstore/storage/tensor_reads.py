@@ -31,7 +31,9 @@ def empty(shape: tuple[int, ...], dtype: np.dtype | type) -> tuple[np.ndarray, t
     if torch.utils.data.get_worker_info() is None or dt not in _TORCH:
         a = np.empty(shape, dt)
         return a, torch.from_numpy(a.view(np.int16) if dt == np.uint16 else a)
-    t = torch.empty(0, dtype=_TORCH[dt]).set_(torch.UntypedStorage._new_shared(max(1, math.prod(shape) * dt.itemsize)))
+    # torch leaves _new_shared unannotated (shared memory a DataLoader worker hands over without a copy)
+    storage = torch.UntypedStorage._new_shared(max(1, math.prod(shape) * dt.itemsize))  # type: ignore[no-untyped-call]
+    t = torch.empty(0, dtype=_TORCH[dt]).set_(storage)
     t = t[: math.prod(shape)].view(shape)
     return t.numpy().view(dt), t
 

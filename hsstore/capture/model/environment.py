@@ -13,6 +13,7 @@ from typing import Any
 from hsstore.capture.model.kernels import installed
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.provenance import Batching, Environment, Kernels
+from hsstore.core.schema.reports import EnvReport
 
 
 def _version(dist: str) -> str | None:
@@ -114,7 +115,8 @@ def _probe_here(model: str | None, backend: str | None, device: str) -> dict[str
     return out
 
 
-def probe(model: str | None, backend: str | None, device: str = "cpu") -> dict[str, Any]:
+def probe(model: str | None, backend: str | None, device: str = "cpu") -> EnvReport:
+    """What ``hsstore env`` prints, probed in a fresh process (forcing a backend patches what it imports)."""
     if backend not in (None, "torch", "fla"):
         raise BadInput(f"unknown backend {backend!r}; choose torch or fla")
     cmd = [sys.executable, "-m", "hsstore.capture.model.environment", json.dumps([model, backend, device])]
@@ -122,7 +124,7 @@ def probe(model: str | None, backend: str | None, device: str = "cpu") -> dict[s
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["probe failed"])[-1]
         raise BadInput(last.removeprefix("error: "))
-    return json.loads(proc.stdout)
+    return EnvReport.from_json(proc.stdout.encode(), "hsstore env's probe of this machine")
 
 
 if __name__ == "__main__":

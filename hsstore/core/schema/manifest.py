@@ -231,7 +231,7 @@ def parse_layers(source: str, layers: Any) -> dict[str, list[LayerId]]:
     return out
 
 
-def resolve_layers(layers: dict[str, list], num_layers: int, model: str) -> dict[str, list[int]]:
+def resolve_layers(layers: dict[str, list[Any]], num_layers: int, model: str) -> dict[str, list[int]]:
     """Range-check decoder layer ids and give the final norm its stored id, ``num_layers``."""
     check_layers_in_model(layers, num_layers, model)
     out = {role: [num_layers if i == FINAL_NORM else i for i in ids] for role, ids in layers.items()}
@@ -240,7 +240,7 @@ def resolve_layers(layers: dict[str, list], num_layers: int, model: str) -> dict
     return out
 
 
-def check_layers_in_model(layers: dict[str, list], num_layers: int, model: str) -> None:
+def check_layers_in_model(layers: dict[str, list[Any]], num_layers: int, model: str) -> None:
     """Every decoder layer id of ``layers`` exists in ``model`` (of ``num_layers`` decoder layers)."""
     for role, ids in layers.items():
         bad = [i for i in ids if i != FINAL_NORM and not 0 <= i < num_layers]

@@ -9,7 +9,7 @@ variant ids (a hash of that dict, hsstore.core.provenance_match) never change by
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from hsstore.core.schema.record import UNSET, Record, UnsetType
 
@@ -91,7 +91,7 @@ class ExportRecord(Record):
     format: str
     store: str
     variant: str
-    provenance: dict
+    provenance: dict[str, Any]
     num_layers: int
     slots: dict[str, list[int]]
     tool_layers: list[int | str]

@@ -14,7 +14,7 @@ record round-trips to the very dict it came from (variant ids hash that dict).
 from __future__ import annotations
 
 import re
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -29,12 +29,26 @@ _TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "boo
                "array": "a list", "object": "a table/object", "null": "null"}
 
 
-class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+if TYPE_CHECKING:
+    from typing_extensions import dataclass_transform
+
+    # for type checkers only: a Record's subclasses are frozen and keyword-only as msgspec makes them at run
+    # time (msgspec's own transform would have mypy take each subclass that does not repeat frozen=True as
+    # mutable, and refuse it as "a non-frozen dataclass inheriting from a frozen one")
+    @dataclass_transform(frozen_default=True, kw_only_default=True, field_specifiers=(msgspec.field,))
+    class _Struct(msgspec.Struct, frozen=True):
+        pass
+else:
+    _Struct = msgspec.Struct
+
+
+class Record(_Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Base of every persisted or exchanged record: ``to_dict`` / ``from_dict`` / ``from_json``."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict; ``UNSET`` fields are left out."""
-        return msgspec.to_builtins(self)
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        return out
 
     @classmethod
     def from_dict(cls: type[R], data: Any, what: str, error: type[HsstoreError] = CorruptData,
@@ -42,14 +56,16 @@ class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         """Strictly decode ``data``; ``error`` (naming ``what``) on any wrong key, type or value.
         ``toml``: name keys as ``[table] key`` instead of ``table.key``."""
         try:
-            return msgspec.convert(data, cls, strict=True)
+            out: R = msgspec.convert(data, cls, strict=True)
+            return out
         except msgspec.ValidationError as e:
             raise error(f"{what}: {explain(e, data, toml)}") from None
 
     @classmethod
     def from_json(cls: type[R], raw: bytes, what: str, error: type[HsstoreError] = CorruptData) -> R:
         """Strictly decode JSON bytes (no intermediate dict)."""
-        return decode_json(raw, cls, what, error)
+        out: R = decode_json(raw, cls, what, error)
+        return out
 
     def replace(self: R, **changes: Any) -> R:
         return msgspec.structs.replace(self, **changes)

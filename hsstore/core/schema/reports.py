@@ -4,9 +4,9 @@ Keys are stable (docs/json.md): fields are only ever added."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from hsstore.core.schema.provenance import StorageSource
+from hsstore.core.schema.provenance import ImportSource, Kernels, StorageSource
 from hsstore.core.schema.record import UNSET, Record, UnsetType
 
 # --- How a variant stored in another precision than computed (FP8) reports itself, as typed records: its
@@ -367,3 +367,128 @@ class AlignReport(Record):
     summary: str
     ok: bool  # every layer of A is what its label says
     notes: list[str] = []
+
+
+# --- ``hsstore import``, ``export``, ``vocab-map``, ``env`` and ``check_live_model``: their results as records;
+# ``to_dict()`` is the ``--json`` document (the keys and values these commands printed as dicts before).
+
+FormatName = Literal["specforge", "modelopt", "speculators", "eagle"]
+
+
+class BadFile(Record):
+    """A file ``--skip-bad`` passed over, and why."""
+
+    item: str
+    why: str
+
+
+class ImportReport(Record):
+    """``hsstore import``: what the run read, wrote and found already there, and how it numbered the layers."""
+
+    store: str
+    variant: str
+    format: FormatName
+    source: str  # the cache folder as given
+    items: int  # files (or rows) looked at
+    samples: int  # distinct samples the folder holds (written now, or before)
+    samples_written: int
+    samples_present: int
+    duplicates: int
+    tokens_written: int
+    skipped_bad: int
+    bad: list[BadFile]  # the first 20
+    missing_states: int  # rows with no hidden-states file
+    run: str
+    layers: dict[str, list[int]]  # role -> hsstore layer ids
+    capture: str  # recipe.capture of the variant
+    stated: ImportSource  # what the files hold, as stated (provenance.source)
+    seconds: float
+    provenance: Literal["imported", "restored"]  # restored: from hsstore's own export record
+    provenance_note: str | None  # why an export record was not restored from
+    label: str | UnsetType = UNSET  # --label: the label the variant holds
+    audit: AuditSummary | UnsetType = UNSET  # --audit N: what it found
+
+
+class ExportReport(Record):
+    """``hsstore export``: what was written where, and the tool's numbering of the slots."""
+
+    store: str
+    variant: str
+    format: FormatName
+    dest: str
+    samples: int
+    tokens: int
+    slots: dict[str, list[int]]  # aux/target -> hsstore layer ids
+    tool_layers: list[int | str]  # the slots in the tool's numbering
+    tool_capture: Literal["output", "input", "unknown"]
+    record: str  # the export record's file
+    loader: str  # the tool's loader that reads the folder
+    seconds: float
+
+
+class VocabMapReport(Record):
+    """``hsstore vocab-map``: the record written as ``vocab-map-N.json`` (``out`` added by the command)."""
+
+    store: str
+    variant: str
+    tokenizer_fingerprint: str
+    draft_vocab_size: int
+    target_vocab_size: int
+    target_vocab_from: str  # the config file it was read from, "recipe.tokenizer.vocab_size" or "--target-vocab-size"
+    samples: int
+    loss_tokens: int
+    distinct_tokens: int
+    coverage: float  # share of the loss-masked tokens the draft vocabulary holds
+    files: dict[str, str]  # file name -> what it is
+    out: str | UnsetType = UNSET  # the folder (the command's report; not in the file)
+
+
+class EnvReport(Record):
+    """``hsstore env``: this machine's versions, flags and devices; with a model, the kernels it binds."""
+
+    versions: dict[str, str | None]
+    flags: dict[str, bool | str]
+    host: str
+    cuda_available: bool
+    devices: list[str]
+    kernel_packages_importable: dict[str, bool]
+    model_parallel_available: bool
+    backend_forced: str
+    model: str | UnsetType = UNSET
+    kernels_bound: dict[str, str] | UnsetType = UNSET
+
+
+class LiveModel(Record):
+    config_fingerprint: str
+    num_layers: int
+    hidden_size: int
+
+
+class LiveRecipe(Record):
+    model: LiveModel
+
+
+class LiveEnvironment(Record):
+    device: str
+    device_name: str | None
+    dtype: str
+    kernels: Kernels
+    versions: dict[str, str | None]
+    flags: dict[str, bool | str]
+
+
+class LiveFingerprint(Record):
+    """What ``check_live_model`` found the loaded model computes with: the provenance fields it was checked
+    on (``hsstore.compare.check.LIVE_FIELDS``), shaped as in a provenance."""
+
+    recipe: LiveRecipe
+    environment: LiveEnvironment
+
+
+class LabelChange(Record):
+    """``hsstore label``: the label a variant holds now, and the one it held before (None: none)."""
+
+    store: str
+    variant: str
+    label: str
+    previous: str | None
