@@ -73,7 +73,8 @@ def _lines(r: PlanReport) -> list[str]:
     if (g := r.generation) is not None:
         when = f"{duration(g.seconds)} at {g.generated_tokens_per_second:,.1f} tokens/s" if g.seconds is not None else ""
         lines.append(f"regenerating ({g.engine}): {g.replies:,} replies to {g.prompts:,} prompts, about "
-                     f"{g.expected_generated_tokens:,} generated tokens (at most {g.max_generated_tokens:,}); "
+                     f"{g.expected_generated_tokens:,} generated tokens (at most {g.max_generated_tokens:,}) in "
+                     f"{g.batches:,} batch(es); "
                      f"time: {when or '?'} — {g.seconds_source}; sizes below are of the data's own replies")
     lines.append("storage forms, all samples: " + "; ".join(
         f"{f.form}/{f.codec} {byte_size(f.bytes)} ({f.ratio.value:.2f}x{'' if f.ratio.measured else ' assumed'})"

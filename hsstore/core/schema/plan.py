@@ -98,9 +98,12 @@ class GenerationPlan(Record):
     replies: int  # replies to generate (turns x n per prompt)
     max_generated_tokens: int  # every reply cut at max_new_tokens
     expected_generated_tokens: int  # the data's own replies as long as the target's (capped at max_new_tokens)
-    # from a measured rate (--calibrate with engine = "model": one batch generated here), else None
-    generated_tokens_per_second: float | None
-    seconds: float | None  # expected_generated_tokens at that rate
+    batches: int  # the in-process engine's batches (longest prompts first, within the token budget)
+    # measured by --calibrate (engine = "model"): the build's first batch generated here twice, else None
+    generated_tokens_per_second: float | None  # its second, warm generation
+    first_batch_extra_seconds: float | None  # its first generation's one-off cost (the cold minus the warm time)
+    calibration_prompts: int | None  # prompts in that batch
+    seconds: float | None  # expected_generated_tokens at that rate, plus the one-off cost
     seconds_source: str
 
 
