@@ -34,8 +34,11 @@ def main() -> None:
                           cwd=REPO, capture_output=True, text=True)
     print(f"ruff check: {'clean' if ruff.returncode == 0 else 'NOT clean'}")
     tests = sorted((REPO / "tests").rglob("test_*.py"))
-    nested = [t for t in tests if t.parent != REPO / "tests"]
-    print(f"test files: {len(tests)} ({len(nested)} in sub-folders, {len(tests) - len(nested)} flat)")
+    folders: dict[str, int] = {}
+    for t in tests:
+        key = t.parent.name if t.parent != REPO / "tests" else "(flat)"
+        folders[key] = folders.get(key, 0) + 1
+    print(f"test files: {len(tests)}: " + ", ".join(f"{k} {v}" for k, v in sorted(folders.items())))
     print_doc_split()
 
 

@@ -94,3 +94,55 @@ def reference_ids(tok: Any, conv: list[dict[str, Any]], **kwargs: Any) -> list[i
     """Token ids of ``conv`` rendered by transformers itself, the date (if any) pinned by ``undated``."""
     return list(tok.apply_chat_template(conv, chat_template=undated(tok.chat_template), tokenize=True,
                                         return_dict=True, **kwargs)["input_ids"])
+
+
+# Conversations the chat tests share, and each family's replies of the rich one as its template marks them.
+TWO_TURNS = [{"role": "user", "content": "What is two plus two?"}, {"role": "assistant", "content": "It is four."},
+             {"role": "user", "content": "And three plus three?"}, {"role": "assistant", "content": "It is six."}]
+
+
+def rich_conversation(sup: dict) -> list[dict]:
+    """System prompt, a tool call and its result, reasoning and two user turns, as far as the family allows."""
+    args = {"city": "Paris"} if sup.get("object_arguments") else '{"city": "Paris"}'
+    m = [{"role": "system", "content": "Be brief."}] if sup["system"] else []
+    m.append({"role": "user", "content": "Weather in Paris?"})
+    if sup["tools"]:
+        m.append({"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call00001", "type": "function", "function": {"name": "get_weather", "arguments": args}}]})
+        m.append({"role": "tool", "content": "sunny, 21 C", **({"tool_call_id": "call00001"} if sup["tool_call_ids"] else {})})
+    reason = {"reasoning_content": "The tool said sunny."} if sup["reasoning"] else {}
+    m += [{"role": "assistant", "content": "It is sunny.", **reason}, {"role": "user", "content": "And tomorrow?"},
+          {"role": "assistant", "content": "I cannot know.", **({"reasoning_content": "No tool."} if reason else {})}]
+    return m
+
+
+GOLDEN = {
+    "qwen3": ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+              "It is sunny.<|im_end|>", "<think>\nNo tool.\n</think>\n\nI cannot know.<|im_end|>"],
+    # a default system prompt when the row has none; tool calls as JSON inside the assistant turn
+    "qwen2_5": ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+                "It is sunny.<|im_end|>", "I cannot know.<|im_end|>"],
+    # the generation prompt ends in "<think>\n": that much of a think block is prompt, not reply
+    "qwen3_5": ["<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+                "</tool_call><|im_end|>", "The tool said sunny.\n</think>\n\nIt is sunny.<|im_end|>",
+                "No tool.\n</think>\n\nI cannot know.<|im_end|>"],
+    "llama3": ['{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>', "It is sunny.<|eot_id|>",
+               "I cannot know.<|eot_id|>"],
+    "mistral_nemo": ['[TOOL_CALLS][{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}", "id": '
+                     '"call00001"}]</s>', "It is sunny.</s>", "I cannot know.</s>"],
+    "gemma2": ["It is sunny.<end_of_turn>", "I cannot know.<end_of_turn>"],
+    # harmony: the generation prompt is "<|start|>assistant", so the channel is reply; the last turn's analysis
+    # (reasoning) is written and trained on, earlier turns' is dropped by the template; <|end|> closes earlier
+    # turns, <|return|> the last
+    "gpt_oss": ["<|channel|>final<|message|>It is sunny.<|end|>",
+                "<|channel|>analysis<|message|>No tool.<|end|><|start|>assistant<|channel|>final<|message|>"
+                "I cannot know.<|return|>"],
+    # a default system prompt with the pinned date when the row has none; the template renders no tool calls
+    "granite3_3": ["It is sunny.<|end_of_text|>", "I cannot know.<|end_of_text|>"],
+    # no generation prompt: a reply starts after [/INST] or [/TOOL_RESULTS]; tool calls are reply
+    "mistral_small3_2": ['[TOOL_CALLS]get_weather[CALL_ID]call00001[ARGS]{"city": "Paris"}</s>', "It is sunny.</s>",
+                         "I cannot know.</s>"],
+    "deepseek_r1": ["<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+                    '{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>',
+                    "It is sunny.<｜end▁of▁sentence｜>", "I cannot know.<｜end▁of▁sentence｜>"],
+}

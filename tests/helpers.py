@@ -11,14 +11,16 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pytest
 
 import torch
 
+from hsstore import Store
 from hsstore.capture.model.kernels import installed
+from hsstore.storage.writer import UnitWriter
 from hsstore.testing.factories import (  # noqa: F401
     LAYERS,
     TORCH_DTYPES,
@@ -268,3 +270,27 @@ def garbage_metadata(io, vid: str, doc: str, commits: bool) -> str:  # noqa: ANN
     assert io.get(key) is not None, key  # the case: a document the store has
     io.put(key, [b"\x00garbage, not JSON {"])
     return key
+
+
+def read_path_store(tmp_path: Path, lengths: list[list[int]], hidden: int = 16, codec: str = "zstd",
+           chunk: int = 4096) -> tuple[Path, dict[str, dict[int, torch.Tensor]]]:
+    """A store with one unit per list of lengths; returns its path and each key's states per layer."""
+    store = Store.create(tmp_path / "s.zarr")
+    vid = new_variant(store, codec=codec, chunk=chunk, hidden=hidden)
+    want: dict[str, dict[int, torch.Tensor]] = {}
+    for u, unit in enumerate(lengths):
+        samples = make_samples(unit, seed=u)
+        states = make_states(samples, hidden, "bf16", [0, 1, 2], seed=u)
+        UnitWriter(store, vid).write(samples, states)
+        a = 0
+        for s in samples:
+            want[s.key] = {i: states[i][a:a + s.length] for i in (0, 1, 2)}
+            a += s.length
+    return tmp_path / "s.zarr", want
+
+
+def read_path_item_check(item: dict[str, Any], want: dict[str, dict[int, torch.Tensor]]) -> None:
+    """The item holds exactly the states ``read_path_store`` wrote for its key."""
+    w = want[item["key"]]
+    assert torch.equal(item["aux_hidden"], torch.stack([w[0], w[1]], dim=1))
+    assert torch.equal(item["target_hidden"][:, 0], w[2])

@@ -4,7 +4,7 @@ Everything above this (store, reader, writer, verify, gc) asks a ``Backend`` for
 never asks which kind it is. Two implementations: ``LocalBackend`` (hsstore.storage.local: a directory,
 ``pwrite``/``pread`` with checked writes, no symlink ever followed) and ``ZarrBackend``
 (hsstore.storage.remote: any zarr v3 store, e.g. fsspec URLs such as ``s3://`` or ``memory://``).
-Keys are built by hsstore.storage.layout. One conformance suite (tests/storage/test_conformance.py)
+Keys are built by hsstore.storage.layout. One conformance suite (tests/storage/test_backend_conformance.py)
 runs against each.
 """
 

@@ -2,7 +2,7 @@
 entry point, each under a time limit. A case fails on a traceback (any exception that is not hsstore's
 own error), a hang, data that is not bit-identical to the original, or gc removing a committed unit,
 anything outside the store, or what another command holds (concurrent mutations: a writer mid-unit or
-mid-claim keeps its lease through the checks; a store moved into units/ must survive ``gc --force``). Used by tests/storage/test_fuzz.py (a bounded run in CI and the long run of
+mid-claim keeps its lease through the checks; a store moved into units/ must survive ``gc --force``). Used by tests/storage/test_store_fuzz.py (a bounded run in CI and the long run of
 scripts/fuzz_store.sh)."""
 
 from __future__ import annotations

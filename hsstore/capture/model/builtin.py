@@ -32,7 +32,7 @@ def check_builtin_fits(tc: Any, model: str) -> None:
 
 
 # ChatML. Its {% generation %} span (reply + <|im_end|>) is exactly what hsstore's own mask method marks
-# (tests/test_chat_masks.py checks both agree); the generation prompt is the assistant header, newline included.
+# (tests/capture/test_lossmask.py checks both agree); the generation prompt is the assistant header, newline included.
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if message['role'] == 'assistant' %}"

@@ -37,13 +37,13 @@ from hsstore.core.schema.plan import (
 )
 from hsstore.storage.sizing import FORMS
 
-DEFAULT_GPU = "H200"
+DEFAULT_GPU = "H200"  # whose peak an uncalibrated plan of a cuda build assumes when no GPU is visible here
 # an uncalibrated plan runs up to PROBE_TOKENS of its own samples through a model this small to measure the
 # codec ratios (loading it takes seconds on a CPU); larger models are planned on stated assumptions
 PROBE_MAX_PARAMS = 100_000_000
 PROBE_TOKENS = 4096  # the probe's states: samples from the middle of the plan, up to this many tokens
-CALIBRATED_ERROR = 0.02  # bytes calibrated on every batch, against the build (tests/test_plan.py TOLERANCE)
-PROBE_ERROR = 0.10  # bytes from a probe or a calibration on some batches (tests/test_plan.py)  # whose peak an uncalibrated plan of a cuda build assumes when no GPU is visible here
+CALIBRATED_ERROR = 0.02  # bytes calibrated on every batch, against the build (tests/capture/test_plan_report.py TOLERANCE)
+PROBE_ERROR = 0.10  # bytes from a probe or a calibration on some batches (tests/capture/test_plan_report.py)
 
 
 def _peak(device: str, dtype: str, cal: Any, peak_tflops: float | None) -> tuple[float | None, str]:
@@ -131,7 +131,7 @@ def _ratio(v: VariantSize) -> Ratio:
 
 def _measured(c: Any, n_batches: int) -> dict[str, Measured]:
     """A calibration's ratios per form, with its source and expected error (every batch: TOLERANCE of
-    tests/test_plan.py; fewer: as a probe's)."""
+    tests/capture/test_plan_report.py; fewer: as a probe's)."""
     every = c.batches >= n_batches
     source = (f"measured on {c.dtype} states of {'every one' if every else c.batches} of the plan's {n_batches} "
               "batch(es) (--calibrate)")

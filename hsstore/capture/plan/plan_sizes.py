@@ -288,7 +288,7 @@ def expected_provenances(m: Any, inp: Any) -> list[dict[str, Any]]:
                                probe=False).to_dict() for r in runs(m)]
 
 
-# bytes sized with a store variant's measured ratios, against the build (tests/test_plan.py): within 10 % when
+# bytes sized with a store variant's measured ratios, against the build (tests/capture/test_plan_report.py): within 10 % when
 # the variant holds at least half the planned tokens; a smaller sample of the data compresses otherwise (the
 # tiny model's 12 samples reached 2.30x where its 40 reach 1.91x: 16 % off)
 STORE_ERROR, STORE_SMALL_ERROR = 0.10, 0.25

@@ -28,7 +28,7 @@ from hsstore.storage.verify import verify
 
 
 # these tests read the reports by key: the records' to_dict(), the documents `--json` prints (docs/json.md);
-# tests/test_typed_results.py checks the records themselves
+# tests/core/test_reports.py checks the records themselves
 def export_cache(req: ExportRequest) -> dict:
     r = exporter.export_cache(req)
     assert isinstance(r, ExportReport)

@@ -88,7 +88,7 @@ def test_which_state_each_layer_id_holds_derived_from_the_model(builtin: str):
     assert all(torch.equal(got[i], hs[i + 1]) for i in range(n - 1))
     assert not torch.allclose(got[n - 1], hs[n])  # the last layer: hsstore keeps the raw output
     assert torch.equal(got[n], hs[n]) and torch.allclose(model.model.norm(got[n - 1]), hs[n], atol=1e-6)
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     for doc in ("README.md", "docs/guide.md"):
         text = (root / doc).read_text()
         assert "(= hidden_states[i+1])" not in text, f"{doc} says every layer i is hidden_states[i+1]"

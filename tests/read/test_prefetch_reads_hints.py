@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_read_path import _store
+from helpers import read_path_store as _store
 
 from hsstore import StreamingHiddenStateDataset
 from hsstore.read.prefetch_reads import Readahead

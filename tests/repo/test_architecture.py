@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parents[1] / "hsstore"
+PKG = Path(__file__).resolve().parents[2] / "hsstore"
 # bottom to top; a module may import its own layer and the layers below it
 LAYERS = ["core", "storage", "testing", "read", "capture", "compare", "interop", "cli"]
 # what only tests and scripts import: the shared factories sit on storage, and nothing is built on them
@@ -260,3 +260,30 @@ def test_the_package_has_few_modules():
     so the package stays small enough to map (``python scripts/structure.py`` prints the figures)."""
     modules = sorted(str(p.relative_to(PKG.parent)) for p in PKG.rglob("*.py") if p.name != "__init__.py")
     assert len(modules) <= MAX_MODULES, f"{len(modules)} modules (at most {MAX_MODULES}): merge what is one concept"
+
+
+TESTS = PKG.parent / "tests"
+BEHAVIOUR_FOLDERS = {"scenarios": "behaviours that cross packages (a build end to end, crashes, races)",
+                     "repo": "rules of the repository itself (this file, the docs)"}
+
+
+def test_tests_mirror_the_package():
+    """A test of module ``hsstore/<package>/.../<module>.py`` lives in ``tests/<package>/test_<module>.py``
+    (or ``test_<module>_<aspect>.py``), so a maintainer finds a module's tests by its path; behaviour suites
+    live in ``tests/scenarios/`` and the repository's own rules in ``tests/repo/``. Nothing lies flat."""
+    misplaced = []
+    for test in sorted(TESTS.rglob("test_*.py")):
+        rel = test.relative_to(TESTS)
+        if len(rel.parts) != 2:
+            misplaced.append(f"{rel}: not in a package's or a behaviour folder")
+            continue
+        folder, name = rel.parts[0], test.stem.removeprefix("test_")
+        if folder in BEHAVIOUR_FOLDERS:
+            continue
+        if folder not in LAYERS:
+            misplaced.append(f"{rel}: tests/{folder}/ mirrors no package of hsstore/ ({', '.join(LAYERS)})")
+            continue
+        modules = {p.stem for p in (PKG / folder).rglob("*.py") if p.name != "__init__.py"}
+        if not any(name == m or name.startswith(m + "_") for m in modules):
+            misplaced.append(f"{rel}: names no module of hsstore/{folder}/ (test_<module>[_<aspect>].py)")
+    assert not misplaced, "move or rename:\n" + "\n".join(misplaced)

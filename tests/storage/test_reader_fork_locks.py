@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_read_path import _check, _store
+from helpers import read_path_item_check as _check
+from helpers import read_path_store as _store
 from torch.utils.data import DataLoader
 
 from hsstore import HiddenStateDataset

@@ -223,6 +223,6 @@ def test_without_numba_the_table_path_serves_with_one_warning(tmp_path) -> None:
             "assert (a == fp8_cpu.dequantize_bf16_bits(c, s, compiled=False)).all() and (a == b).all()\n"
             "print(len(w), w[0].message)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("1 ") and "numba cannot be imported" in r.stdout and "pip install -U numba" in r.stdout

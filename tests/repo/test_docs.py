@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 README_MAX_LINES = 150
 README_MAX_WORDS = 1500
 
@@ -73,9 +73,9 @@ def test_every_test_named_in_the_guarantees_exists() -> None:
 
 def test_the_guarantee_check_catches_a_renamed_test(tmp_path: Path) -> None:
     """The parser reads continuation cells, so a name that no longer exists is found."""
-    doc = "| g | t |\n|---|---|\n| x | `tests/test_docs.py::test_readme_is_short`, `::test_not_there` |\n"
+    doc = "| g | t |\n|---|---|\n| x | `tests/repo/test_docs.py::test_readme_is_short`, `::test_not_there` |\n"
     named = _named_tests(doc)
-    assert named == [("tests/test_docs.py", "test_readme_is_short"), ("tests/test_docs.py", "test_not_there")]
+    assert named == [("tests/repo/test_docs.py", "test_readme_is_short"), ("tests/repo/test_docs.py", "test_not_there")]
     assert not fnmatch.filter(_test_functions(_resolve(named[1][0])), named[1][1])
 
 
@@ -135,11 +135,11 @@ def test_every_command_is_in_the_guide() -> None:
 
 def _layers() -> list[str]:
     """``LAYERS`` of the import-wall test (bottom to top), read from its source: the rule the page describes."""
-    tree = ast.parse((REPO / "tests" / "test_architecture.py").read_text())
+    tree = ast.parse((REPO / "tests/repo/test_architecture.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "LAYERS" for t in node.targets):
             return list(ast.literal_eval(node.value))
-    raise AssertionError("tests/test_architecture.py has no LAYERS")
+    raise AssertionError("tests/repo/test_architecture.py has no LAYERS")
 
 
 def test_the_architecture_page_draws_the_layers_the_import_wall_enforces() -> None:

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from chat_fixtures import FIXTURES, load, make_tokenizer, reference_ids, spans
+from chat_fixtures import FIXTURES, GOLDEN, TWO_TURNS, load, make_tokenizer, reference_ids, rich_conversation, spans
 from helpers import run_cli, write_manifest
-from test_chat_masks import GOLDEN, TWO_TURNS, _rich
 
 from hsstore import HiddenStateDataset
 from hsstore.capture.model.builtin import builtin_config
@@ -47,7 +46,7 @@ def _saved_model(d: Path, name: str, builtin: str):
 @pytest.mark.parametrize("name, builtin", CASES)
 def test_build_from_saved_model_stores_masks_of_exactly_the_replies(tmp_path: Path, name: str, builtin: str):
     tok = _saved_model(tmp_path / "model", name, builtin)
-    rich = _rich(load(name)["supports"])
+    rich = rich_conversation(load(name)["supports"])
     user_mistake = [{"role": "user", "content": f"stop {tok.eos_token} here"}, TWO_TURNS[1]]
     rows = [{"messages": rich}, {"messages": TWO_TURNS}, {"messages": user_mistake}, {"messages": TWO_TURNS}]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

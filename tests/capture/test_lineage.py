@@ -88,7 +88,7 @@ def test_each_build_appends_its_records_and_names_every_row_it_did_not_take(tmp_
 def test_a_failed_build_records_how_it_ended(tmp_path: Path):
     m = write_manifest(tmp_path / "m.toml", store=str(tmp_path / "s.zarr"))
     r = run_cli("build", str(m), "--limit", "3", "--quiet", "--backend", "fla", env={"PYTHONPATH": STANDIN})
-    # --backend fla binds the stand-in fla kernels (forced in the worker, test_build.py forces torch over
+    # --backend fla binds the stand-in fla kernels (forced in the worker, tests/scenarios/test_build.py forces torch over
     # them): they are called, and refuse to run
     assert r.returncode == 1 and "stand-in" in r.stderr and "kernel called" in r.stderr
     ((_, recs),) = _records(tmp_path / "s.zarr").items()

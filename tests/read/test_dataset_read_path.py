@@ -9,38 +9,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
-from helpers import TaggedItems, make_samples, make_states, new_variant
+from helpers import TaggedItems
+from helpers import read_path_item_check as _check
+from helpers import read_path_store as _store
 from torch.utils.data import DataLoader
 
-from hsstore import HiddenStateDataset, Store, StreamingHiddenStateDataset
+from hsstore import HiddenStateDataset, StreamingHiddenStateDataset
 from hsstore.storage import layout
 from hsstore.storage import reader as reader_mod
 from hsstore.storage.shardio import DECODED
-from hsstore.storage.writer import UnitWriter
-
-
-def _store(tmp_path: Path, lengths: list[list[int]], hidden: int = 16, codec: str = "zstd",
-           chunk: int = 4096) -> tuple[Path, dict[str, dict[int, torch.Tensor]]]:
-    """A store with one unit per list of lengths; returns its path and each key's states per layer."""
-    store = Store.create(tmp_path / "s.zarr")
-    vid = new_variant(store, codec=codec, chunk=chunk, hidden=hidden)
-    want: dict[str, dict[int, torch.Tensor]] = {}
-    for u, unit in enumerate(lengths):
-        samples = make_samples(unit, seed=u)
-        states = make_states(samples, hidden, "bf16", [0, 1, 2], seed=u)
-        UnitWriter(store, vid).write(samples, states)
-        a = 0
-        for s in samples:
-            want[s.key] = {i: states[i][a:a + s.length] for i in (0, 1, 2)}
-            a += s.length
-    return tmp_path / "s.zarr", want
-
-
-def _check(item: dict[str, Any], want: dict[str, dict[int, torch.Tensor]]) -> None:
-    w = want[item["key"]]
-    assert torch.equal(item["aux_hidden"], torch.stack([w[0], w[1]], dim=1))
-    assert torch.equal(item["target_hidden"][:, 0], w[2])
 
 
 def _readahead_threads() -> list[threading.Thread]:

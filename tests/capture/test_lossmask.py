@@ -17,7 +17,7 @@ from datetime import date, datetime
 from pathlib import Path
 
 import pytest
-from chat_fixtures import FIXTURES, load, make_tokenizer, reference_ids, spans
+from chat_fixtures import FIXTURES, GOLDEN, TWO_TURNS, load, make_tokenizer, reference_ids, rich_conversation, spans
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,8 +27,6 @@ from hsstore.capture.inputs.tokenizing import load_rows, tokenize_rows
 from hsstore.capture.model.builtin import CHAT_TEMPLATE, builtin_tokenizer
 from hsstore.core.errors import BadInput
 
-TWO_TURNS = [{"role": "user", "content": "What is two plus two?"}, {"role": "assistant", "content": "It is four."},
-             {"role": "user", "content": "And three plus three?"}, {"role": "assistant", "content": "It is six."}]
 TOKENIZERS = {name: make_tokenizer(name) for name in FIXTURES}
 MASKERS = {name: ChatMasker(tok) for name, tok in TOKENIZERS.items()}
 
@@ -56,56 +54,11 @@ def test_fixtures_are_the_cited_templates():
         assert hashlib.sha256(fx["chat_template"].encode()).hexdigest() == fx["source"]["template_sha256"], name
 
 
-def _rich(sup: dict) -> list[dict]:
-    """System prompt, a tool call and its result, reasoning and two user turns, as far as the family allows."""
-    args = {"city": "Paris"} if sup.get("object_arguments") else '{"city": "Paris"}'
-    m = [{"role": "system", "content": "Be brief."}] if sup["system"] else []
-    m.append({"role": "user", "content": "Weather in Paris?"})
-    if sup["tools"]:
-        m.append({"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call00001", "type": "function", "function": {"name": "get_weather", "arguments": args}}]})
-        m.append({"role": "tool", "content": "sunny, 21 C", **({"tool_call_id": "call00001"} if sup["tool_call_ids"] else {})})
-    reason = {"reasoning_content": "The tool said sunny."} if sup["reasoning"] else {}
-    m += [{"role": "assistant", "content": "It is sunny.", **reason}, {"role": "user", "content": "And tomorrow?"},
-          {"role": "assistant", "content": "I cannot know.", **({"reasoning_content": "No tool."} if reason else {})}]
-    return m
-
-
-GOLDEN = {
-    "qwen3": ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
-              "It is sunny.<|im_end|>", "<think>\nNo tool.\n</think>\n\nI cannot know.<|im_end|>"],
-    # a default system prompt when the row has none; tool calls as JSON inside the assistant turn
-    "qwen2_5": ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
-                "It is sunny.<|im_end|>", "I cannot know.<|im_end|>"],
-    # the generation prompt ends in "<think>\n": that much of a think block is prompt, not reply
-    "qwen3_5": ["<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
-                "</tool_call><|im_end|>", "The tool said sunny.\n</think>\n\nIt is sunny.<|im_end|>",
-                "No tool.\n</think>\n\nI cannot know.<|im_end|>"],
-    "llama3": ['{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>', "It is sunny.<|eot_id|>",
-               "I cannot know.<|eot_id|>"],
-    "mistral_nemo": ['[TOOL_CALLS][{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}", "id": '
-                     '"call00001"}]</s>', "It is sunny.</s>", "I cannot know.</s>"],
-    "gemma2": ["It is sunny.<end_of_turn>", "I cannot know.<end_of_turn>"],
-    # harmony: the generation prompt is "<|start|>assistant", so the channel is reply; the last turn's analysis
-    # (reasoning) is written and trained on, earlier turns' is dropped by the template; <|end|> closes earlier
-    # turns, <|return|> the last
-    "gpt_oss": ["<|channel|>final<|message|>It is sunny.<|end|>",
-                "<|channel|>analysis<|message|>No tool.<|end|><|start|>assistant<|channel|>final<|message|>"
-                "I cannot know.<|return|>"],
-    # a default system prompt with the pinned date when the row has none; the template renders no tool calls
-    "granite3_3": ["It is sunny.<|end_of_text|>", "I cannot know.<|end_of_text|>"],
-    # no generation prompt: a reply starts after [/INST] or [/TOOL_RESULTS]; tool calls are reply
-    "mistral_small3_2": ['[TOOL_CALLS]get_weather[CALL_ID]call00001[ARGS]{"city": "Paris"}</s>', "It is sunny.</s>",
-                         "I cannot know.</s>"],
-    "deepseek_r1": ["<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
-                    '{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>',
-                    "It is sunny.<｜end▁of▁sentence｜>", "I cannot know.<｜end▁of▁sentence｜>"],
-}
 
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_golden_replies_per_family(name: str):
-    tok, conv = TOKENIZERS[name], _rich(load(name)["supports"])
+    tok, conv = TOKENIZERS[name], rich_conversation(load(name)["supports"])
     ids, mask = MASKERS[name](conv)
     assert ids == reference_ids(tok, conv)
     assert spans(tok, ids, mask) == GOLDEN[name]
@@ -332,7 +285,7 @@ print(json.dumps(out))
 def test_sample_keys_of_dated_templates_do_not_change_with_the_wall_clock():
     """The same rows tokenized in processes whose clocks read two different days give the same sample keys,
     although transformers' own rendering in those processes prints the two days."""
-    tests = str(Path(__file__).resolve().parent)
+    tests = str(Path(__file__).resolve().parents[1])
     runs = {}
     for day in ("2031-02-03 12:00:00", "2033-11-30 12:00:00"):
         out = subprocess.run(["faketime", day, sys.executable, "-c", KEYS_SCRIPT, tests, json.dumps(TWO_TURNS),

@@ -76,7 +76,7 @@ def test_torch_backend_is_forced_even_when_kernel_packages_import(tmp_path: Path
     assert v.provenance["environment"]["kernels"]["chunk_gated_delta_rule"] == "torch"
     assert v.provenance["environment"]["kernels"]["causal_conv1d"] == "torch"
     # and --backend fla really binds the (stand-in) fla kernels, which are called and refuse: that build is
-    # test_lineage.py::test_a_failed_build_records_how_it_ended (one process build for both proofs)
+    # tests/capture/test_lineage.py::test_a_failed_build_records_how_it_ended (one process build for both proofs)
 
 
 @pytest.mark.process

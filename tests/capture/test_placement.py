@@ -1,7 +1,7 @@
 """One model over several devices (gpus_per_rank > 1): the stage plan, the device map, and that a
 spread model computes the same states. On CPU the "devices" are all the CPU, so these tests check
 accelerate's hooks and the loading paths; the cross-GPU copies run on the 2-GPU machine
-(tests/test_gpu.py, docs/benchmarks.md)."""
+(tests/scenarios/test_gpu.py, docs/benchmarks.md)."""
 
 from __future__ import annotations
 
