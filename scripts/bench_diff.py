@@ -12,13 +12,14 @@ order: read = every sample of both variants through ``HiddenStateDataset`` (all 
 training loop reads) in this warm process; diff = ``python -m hsstore diff A B --json FILE`` as a user
 runs it; start-up = a fresh process importing torch, the CLI and the read and diff modules (the fixed
 cost any ``hsstore diff`` pays before reading a byte); arithmetic = the statistics' own work
-(``token_sums`` + ``summarize``) on states already in memory, on the diff's threads. Reported: medians,
-the ratio read / (diff - start-up) (>= 0.8: the diff, past its start-up, streams at 80% of the read rate
-or better) and its bound read / (read + arithmetic): reading and arithmetic share the cores, so a diff
-cannot beat it. Loading numba's compiled loops (cached on disk after the first process) is diff work.
-Also reported: the diff's own work, the ``seconds`` of its JSON report (opening both variants, reading,
-arithmetic, verdict; no interpreter start-up, imports or numba import), and read / work: the difference of two
-processes' wall times is noisy where start-up is seconds and the work is a fraction of it.
+(``token_sums`` + ``summarize``, on the compiled loops or torch's ops as the diff chooses) on states
+already in memory, on the diff's threads. Reported: medians, the ratio read / (diff - start-up) (>= 0.8:
+the diff, past its start-up, streams at 80% of the read rate or better) and its bound read / (read +
+arithmetic): reading and arithmetic share the cores, so a diff cannot beat it. Also reported: the diff's
+own work, the ``seconds`` of its JSON report (opening both variants, reading, arithmetic, verdict, and
+numba's import and loading of its cached loops where a large bf16 vs bf16 diff takes them; no interpreter
+start-up or imports), and read / work: the difference of two processes' wall times is noisy where
+start-up is seconds and the work is a fraction of it.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ def arithmetic(store: str, a: str, b: str, threads: int | None) -> float:
         open_target,
         shared_keys,
         torch_single_threaded,
+        use_compiled,
     )
     from hsstore.compare.divergence import summarize
     from hsstore.compare.kernel import Workspace, token_sums
@@ -109,7 +111,8 @@ def arithmetic(store: str, a: str, b: str, threads: int | None) -> float:
     ra, rb = open_target(f"{store}#{a}"), open_target(f"{store}#{b}")
     layers, ulps, hidden = ra.record.all_layers, both_bf16(ra, rb), ra.record.hidden_size
     states = [(k, ra.read_layers(ra.refs[k], layers), rb.read_layers(rb.refs[k], layers)) for k in shared_keys(ra, rb)]
-    workspaces = ThreadLocal(lambda: Workspace("cpu"))
+    compiled = use_compiled(ra, [k for k, _, _ in states], layers, [ulps], threads)  # the diff's own choice
+    workspaces = ThreadLocal(lambda: Workspace("cpu", compiled))
 
     def one(item: tuple) -> None:  # type: ignore[type-arg]
         summarize(item[0], token_sums(item[1], item[2], workspaces.get(), ulps), hidden)

@@ -72,7 +72,7 @@ def rel_matrix(a: VariantReader, b: VariantReader, keys: list[str], threads: int
     la, lb = a.record.all_layers, b.record.all_layers
     pairs = [(i, j) for i in range(len(la)) for j in range(len(lb))]
     hidden = a.record.hidden_size
-    workspaces = ThreadLocal(lambda: Workspace(device))
+    workspaces = ThreadLocal(lambda: Workspace(device, compiled=False))  # (sums only: no count or max)
 
     def reduce(key: str, states: list[list[torch.Tensor]]) -> np.ndarray:
         sa, sb = states

@@ -23,8 +23,9 @@ On a CPU (where numba imports; a core dependency, as for ``hsstore.core.fp8_cpu`
 result is exact come from compiled loops (``compiled_kernel``): max |d| and the count of differing values
 in one pass over d's float32 bit patterns (instead of torch's abs, amax, sign and sum), and the ULP
 buckets of two bf16 variants in one pass over the bits (instead of ~14 torch passes). Their results are
-the same as the torch ops' (exact by construction); the float32 sums stay torch's, so every reported
-number is the same as before, to the bit.
+the same as the torch ops' (exact by construction, for every bit pattern); the float32 sums stay torch's,
+so every reported number is the same on either path, to the bit. A ``Workspace`` says which path its
+blocks take: loading the compiled loops costs a process ~1 s, which only a large diff wins back.
 Overflow: squares are float32, so a state above ~1e19 in magnitude would overflow; hidden states are
 orders of magnitude below that (build health stats flag anything near it).
 """
@@ -84,19 +85,18 @@ def _ulp_counts(a: torch.Tensor, b: torch.Tensor, ws: Workspace) -> torch.Tensor
 
     Float sums instead of a histogram (torch's bincount is ~50x slower per value): with e = ULP
     distance - 1 clamped to [-1, 16], the count above t is sum(clamp(e, t-1, t)) - (t-1)·n, exact in
-    float32 per row. The int16 difference may wrap, but for finite bf16 values (|bits| <= 0x7F7F)
-    a wrapped difference is never within 16 of 0, so every bucket is right.
+    float32 per row. The distance is taken in float32 (exact: the ordered ints are within +-32767), so
+    every bit pattern, NaNs too, lands in the compiled loop's bucket.
     """
     r, H = a.shape
-    if a.device.type == "cpu" and (kernel := compiled_kernel()):  # one compiled pass, the same counts
+    if kernel := ws.kernel():  # one compiled pass, the same counts
         ulp = np.zeros(len(_ULP_STEPS), np.float64)
         kernel("_ulp_rows", a.contiguous().view(torch.int16).numpy(), b.contiguous().view(torch.int16).numpy(), ulp)
         return torch.from_numpy(ulp)
-    i16 = [ws.buf(f"i{k}", r, H, torch.int16) for k in range(3)]
-    e = bf16_ordered(a.view(torch.int16), i16[0], i16[2])
-    e.sub_(bf16_ordered(b.view(torch.int16), i16[1], i16[2])).abs_().sub_(1).clamp_(-1, 16)  # abs(-32768) stays negative; minus 1 wraps it to 32767
+    i16 = [ws.buf(f"i{k}", r, H, torch.int16) for k in range(2)]
     f, s = ws.buf("e", r, H), ws.buf("s", r, H)
-    f.copy_(e)
+    f.copy_(bf16_ordered(a.view(torch.int16), i16[0], i16[1]))
+    f.sub_(bf16_ordered(b.view(torch.int16), i16[0], i16[1])).abs_().sub_(1).clamp_(-1, 16)
     above = torch.empty((len(_ULP_STEPS), r), dtype=torch.float32, device=a.device)
     for k, t in enumerate(_ULP_STEPS):
         torch.sum(torch.clamp(f, t - 1, t, out=s), dim=1, out=above[k])
@@ -105,11 +105,17 @@ def _ulp_counts(a: torch.Tensor, b: torch.Tensor, ws: Workspace) -> torch.Tensor
 
 
 class Workspace:
-    """Reused block buffers on one device (a fresh temporary per block costs page faults)."""
+    """Reused block buffers on one device (a fresh temporary per block costs page faults), and whether
+    blocks on the CPU use the compiled loops (``compiled``; the torch ops give the same numbers)."""
 
-    def __init__(self, device: torch.device | str = "cpu") -> None:
+    def __init__(self, device: torch.device | str = "cpu", compiled: bool = True) -> None:
         self.device = torch.device(device)
+        self.compiled = compiled and self.device.type == "cpu"
         self._bufs: dict[str, torch.Tensor] = {}
+
+    def kernel(self) -> Any:
+        """The compiled loops, or False: the torch ops serve."""
+        return self.compiled and compiled_kernel()
 
     def buf(self, name: str, rows: int, hidden: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         t = self._bufs.get(name)
@@ -160,8 +166,7 @@ def _block(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, ws: Workspace) -
     torch.sum(torch.mul(af, d, out=s), dim=1, out=out[6])
     torch.abs(d, out=s)
     torch.sum(s, dim=1, out=out[0])
-    kernel = compiled_kernel() if d.device.type == "cpu" else False
-    if kernel:  # one pass for both, exactly what the two torch lines below give
+    if kernel := ws.kernel():  # one pass for both, exactly what the two torch lines below give
         kernel("_count_max_rows", d.numpy().view(np.int32), out[2].numpy(), out[1].numpy())
     else:
         torch.amax(s, dim=1, out=out[1])

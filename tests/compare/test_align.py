@@ -86,3 +86,16 @@ def test_unknown_capture_aligns_automatically(native: Path, tmp_path: Path):
     assert r.returncode == 1
     assert "capture point is 'unknown'" in r.stdout and "OFF BY ONE" in r.stdout
     assert "rel-L2 of A's layer against each of B's" in r.stdout
+
+
+def test_align_does_not_load_the_compiled_loops(native: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Align reads only the sums of each layer pair, never the count or max |d| the compiled loops give:
+    loading them would add ~1 s of numba set-up to a diff whose capture point is unknown."""
+    from hsstore.compare import kernel
+    from hsstore.compare.align import run_align
+
+    loaded: list[bool] = []
+    real = kernel.compiled_kernel
+    monkeypatch.setattr(kernel, "compiled_kernel", lambda: loaded.append(True) or real())
+    a = _foreign(native, tmp_path / "ok.zarr", {0: 0, 1: 1, 2: 2, 3: 3, 4: 4})
+    assert run_align(a, str(native)).ok and not loaded

@@ -160,3 +160,20 @@ def test_default_diff_opens_each_target_store_once(tiny_store: Path, monkeypatch
     code, rep = _diff(f"{tiny_store}#dtype=bf16", f"{tiny_store}#dtype=fp32")
     assert code == 0 and rep["shared_samples"] == 40
     assert len(opened) == 2, opened  # A once, B once
+
+
+def test_compiled_loops_are_loaded_only_where_they_pay(attn_store: Path, monkeypatch: pytest.MonkeyPatch):
+    """Loading numba's loops costs a process ~1 s, more than a small diff's whole work: a small bf16-vs-bf16
+    diff takes the torch ops, a large one (here: the bar lowered to 0) the loops, with the same report."""
+    from hsstore.compare import diff, kernel
+
+    loaded: list[bool] = []
+    real = kernel.compiled_kernel
+    monkeypatch.setattr(kernel, "compiled_kernel", lambda: loaded.append(True) or real())
+    a, b = f"{attn_store}#attention=eager,dtype=bf16", f"{attn_store}#attention=sdpa,dtype=bf16"
+    small = diff.run_diff(a, b).to_dict()
+    assert not loaded and small["layers"][0]["ulp_distribution"]
+    monkeypatch.setattr(diff, "COMPILED_MIN_VALUES", 0)
+    large = diff.run_diff(a, b).to_dict()
+    assert loaded
+    assert {**small, "seconds": 0} == {**large, "seconds": 0}
