@@ -3,6 +3,7 @@ variants in a warm process; in one run, read and diff runs interleaved.
 
     python scripts/bench_diff.py --hidden 512 2048 5120 --reps 3            # synthetic stores, both pairs
     python scripts/bench_diff.py --store out/s.zarr --pair dtype=bf16,dtype=fp32 --reps 3   # a built store
+    python scripts/bench_diff.py --hidden 512 2048 --reps 5 --baseline DIR   # and another tree's diff, same reps
 
 Without ``--store`` it writes, per hidden size, a store of three variants of synthetic residual-stream-like
 states (``--layers`` layers, the default codec, a build's chunking): fp32 B, bf16 A = B plus small noise,
@@ -128,34 +129,49 @@ def _timed(fn) -> float:  # type: ignore[no-untyped-def]
     return time.perf_counter() - t0
 
 
-def _process(*args: str) -> None:
-    r = subprocess.run([sys.executable, *args], capture_output=True, text=True)
+def _process(*args: str, tree: str | None = None) -> None:
+    """``python ARGS``; with ``tree``, that folder's ``hsstore/`` first on the path."""
+    env = None if tree is None else {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [tree, os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env)
     if r.returncode not in (0, 1):  # (diff exits 1 only for --max-rel, which is not passed)
         raise SystemExit(f"{' '.join(args)} failed ({r.returncode}): {r.stderr[-2000:]}")
 
 
-def bench_pair(store: str, a: str, b: str, reps: int, threads: int | None) -> dict:
-    """Interleaved per rep: read both (warm, in this process), the diff process, a start-up process."""
+def bench_pair(store: str, a: str, b: str, reps: int, threads: int | None, baseline: str | None = None) -> dict:
+    """Interleaved per rep: read both (warm, in this process), the diff process, a start-up process; with a
+    ``baseline`` tree, its diff process too, the two diffs' order alternating."""
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "d.json")
         diff = ["-m", "hsstore", "diff", f"{store}#{a}", f"{store}#{b}", "--json", out]
         diff += ["--threads", str(threads)] if threads else []
         nbytes = read_both(store, a, b)  # warm-up: page cache, and the numba kernel's disk cache
         _process(*diff)
-        reads, diffs, starts, ariths, works = [], [], [], [], []
-        for _ in range(reps):
+        if baseline:
+            _process(*diff, tree=baseline)
+        reads, diffs, starts, ariths, works, base_works = [], [], [], [], [], []
+        for rep in range(reps):
             reads.append(_timed(lambda: read_both(store, a, b)))
-            diffs.append(_timed(lambda: _process(*diff)))
-            works.append(json.loads(Path(out).read_text())["seconds"])  # the diff's own clock: open to verdict
+            for tree in ((None, baseline) if rep % 2 == 0 else (baseline, None)):
+                if tree is None:
+                    diffs.append(_timed(lambda: _process(*diff)))
+                    works.append(json.loads(Path(out).read_text())["seconds"])  # the diff's own clock
+                    report = json.loads(Path(out).read_text())
+                elif baseline:
+                    _process(*diff, tree=baseline)
+                    base_works.append(json.loads(Path(out).read_text())["seconds"])
             starts.append(_timed(lambda: _process("-c", STARTUP)))
             ariths.append(arithmetic(store, a, b, threads))
-        report = json.loads(Path(out).read_text())
     r, d, s, ar, w = (statistics.median(x) for x in (reads, diffs, starts, ariths, works))
-    return {"store": store, "a": a, "b": b, "state_bytes": nbytes, "tokens": report["tokens"],
-            "read_s": reads, "diff_s": diffs, "startup_s": starts, "arith_s": ariths, "work_s": works, "read": r, "diff": d,
-            "work": w, "work_ratio": r / max(w, 1e-9),
-            "startup": s, "arith": ar, "diff_net": d - s, "ratio": r / max(d - s, 1e-9),
-            "bound": r / (r + ar), "verdict": report["verdict_kind"]}
+    row = {"store": store, "a": a, "b": b, "state_bytes": nbytes, "tokens": report["tokens"],
+           "read_s": reads, "diff_s": diffs, "startup_s": starts, "arith_s": ariths, "work_s": works, "read": r,
+           "diff": d, "work": w, "work_ratio": r / max(w, 1e-9),
+           "startup": s, "arith": ar, "diff_net": d - s, "ratio": r / max(d - s, 1e-9),
+           "bound": r / (r + ar), "verdict": report["verdict_kind"]}
+    if base_works:
+        bw = statistics.median(base_works)
+        row.update(baseline_work_s=base_works, baseline_work=bw, baseline_work_ratio=r / max(bw, 1e-9))
+    return row
 
 
 def _stores(args: argparse.Namespace) -> list[tuple[str, list[tuple[str, str]]]]:
@@ -188,11 +204,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="diff --threads (default: every core)")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--baseline", help="a folder holding another tree's hsstore/ (git archive REV hsstore | tar -x -C "
+                    "DIR): its diff's own work is measured in the same reps")
     args = ap.parse_args()
     rows = []
     for store, pairs in _stores(args):
         for a, b in pairs:
-            row = bench_pair(store, a, b, args.reps, args.threads)
+            row = bench_pair(store, a, b, args.reps, args.threads, args.baseline)
             rows.append(row)
             print(f"{Path(store).name} {a} vs {b}: {row['state_bytes'] / 1e9:.2f} GB, {row['tokens']:,} tokens; "
                   f"read {row['read']:.2f} s, diff {row['diff']:.2f} s - start-up {row['startup']:.2f} s = "
@@ -201,6 +219,10 @@ def main() -> None:
                   f"bound read/(read + arithmetic) {row['bound']:.2f}  (reads {_fmt(row['read_s'])}; diffs "
                   f"{_fmt(row['diff_s'])}; start-ups {_fmt(row['startup_s'])}; arithmetic {_fmt(row['arith_s'])})",
                   flush=True)
+            if "baseline_work" in row:
+                print(f"  baseline {args.baseline}: work {row['baseline_work']:.2f} s, read/work "
+                      f"{row['baseline_work_ratio']:.2f}  (works {_fmt(row['baseline_work_s'])}; this tree "
+                      f"{_fmt(row['work_s'])})", flush=True)
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
