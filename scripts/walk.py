@@ -6,11 +6,14 @@ re-cut. Builds run their workers in this process, so the worker's code is walked
     python scripts/walk.py build manifests/tiny.toml --limit 4 --store /tmp/walk/s.zarr --quiet
     python scripts/walk.py diff '/tmp/walk/s.zarr#dtype=bf16' '/tmp/walk/s.zarr#dtype=fp32'
     python scripts/walk.py --tree DIR diff ...   # another tree's package: git archive REV hsstore | tar -x -C DIR
+    python scripts/walk.py --imports-only build ...   # only the modules a command imports (no profile hook)
 
 Counted: calls between functions of two different ``hsstore`` modules (a module's top-level code, run when it
 is imported, is not a call), in every thread; "calls" are distinct (caller, callee) function pairs, "crossings"
 every such call as it happened, "returns" every return across modules. Loops over samples repeat crossings, so
-compare crossings only on the same input.
+compare crossings only on the same input. The profile hook slows Python-heavy work (a build's chat templating
+and forward) by orders of magnitude; ``--imports-only`` runs the command at full speed and reports the package
+modules it imported, which bounds the modules it can have entered.
 """
 
 from __future__ import annotations
@@ -58,8 +61,9 @@ class Walk:
                 "returns": self.returns, "module_names": sorted(self.modules)}
 
 
-def run_here(argv: list[str]) -> dict[str, Any]:
-    """``hsstore ARGV`` in this process under the walk; builds' workers inline where the package can."""
+def run_here(argv: list[str], hook: bool = True) -> dict[str, Any]:
+    """``hsstore ARGV`` in this process under the walk (or, without ``hook``, only the modules it imports);
+    builds' workers inline where the package can."""
     import contextlib
     import importlib
 
@@ -74,8 +78,9 @@ def run_here(argv: list[str]) -> dict[str, Any]:
             continue
     walk = Walk()
     sys.argv = ["hsstore", *argv]
-    threading.setprofile(walk.hook)
-    sys.setprofile(walk.hook)
+    if hook:
+        threading.setprofile(walk.hook)
+        sys.setprofile(walk.hook)
     code = 0
     try:
         with inline:
@@ -85,6 +90,9 @@ def run_here(argv: list[str]) -> dict[str, Any]:
     finally:
         sys.setprofile(None)
         threading.setprofile(None)  # type: ignore[arg-type]
+    if not hook:
+        imported = sorted(m for m in sys.modules if m.startswith("hsstore"))
+        return {"exit": code, "imported": len(imported), "module_names": imported}
     return {"exit": code, **walk.report()}
 
 
@@ -92,20 +100,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tree", default=str(REPO), help="the folder whose hsstore/ is walked (default: this checkout)")
     ap.add_argument("--json", default=None, help="also write the report here")
+    ap.add_argument("--imports-only", action="store_true", help="report the package modules the command imports")
     ap.add_argument("--here", action="store_true", help=argparse.SUPPRESS)  # the child process
     args, argv = ap.parse_known_args()
     if args.here:
-        print(json.dumps(run_here(argv)))
+        print(json.dumps(run_here(argv, hook=not args.imports_only)))
         return
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [args.tree, os.environ.get("PYTHONPATH")])),
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, __file__, "--here", *argv], env=env, capture_output=True, text=True)
+    child = [sys.executable, __file__, "--here", *(["--imports-only"] if args.imports_only else []), *argv]
+    out = subprocess.run(child, env=env, capture_output=True, text=True)
     if out.returncode != 0 or not out.stdout.strip():
         sys.exit(f"walk of hsstore {' '.join(argv)} failed:\n{out.stderr[-2000:]}")
     report = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"hsstore {' '.join(argv)} ({args.tree}): exit {report['exit']}; {report['modules']} modules entered, "
-          f"{report['calls']} distinct cross-module calls, {report['crossings']} crossings, "
-          f"{report['returns']} returns")
+    if args.imports_only:
+        print(f"hsstore {' '.join(argv)} ({args.tree}): exit {report['exit']}; {report['imported']} package modules "
+              "imported (packages' __init__ included)")
+    else:
+        print(f"hsstore {' '.join(argv)} ({args.tree}): exit {report['exit']}; {report['modules']} modules entered, "
+              f"{report['calls']} distinct cross-module calls, {report['crossings']} crossings, "
+              f"{report['returns']} returns")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
 
