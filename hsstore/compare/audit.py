@@ -57,7 +57,7 @@ from hsstore.core.layer_numbering import TOOL_CAPTURE, from_hsstore, to_hsstore
 from hsstore.core.schema.manifest import ATTENTION, BACKENDS
 from hsstore.core.schema.provenance import Batching, ImportSource
 from hsstore.core.schema.record import Record, or_none
-from hsstore.core.schema.reports import CheckReport, Finding, Restatement, SampleVerdict
+from hsstore.core.schema.reports import CheckReport, CheckVerdictKind, Finding, Restatement, SampleVerdict
 from hsstore.storage.store import VariantReader
 
 # --- What an audit is asked: the model, the variant, which of its samples, and how to recompute them
@@ -530,7 +530,7 @@ def _plural(findings: list[Finding], kind: str) -> str:
 
 
 def _verdict(verdicts: list, findings: list[Finding], N: int, named: bool = False
-             ) -> tuple[list, dict[str, int], float | None, str, str, str]:
+             ) -> tuple[list, dict[str, int], float | None, str, CheckVerdictKind, str]:
     """(defective verdicts, samples per class, the defect-rate bound and its words, verdict kind, verdict line)."""
     bad = [v for v in verdicts if v.verdict not in ("bit_exact", "within_noise")]
     counts = {k: sum(1 for v in verdicts if k in v.verdict.split("+")) for k in DEFECTS}
@@ -538,7 +538,7 @@ def _verdict(verdicts: list, findings: list[Finding], N: int, named: bool = Fals
     n = len(verdicts)
     upper, bound = rate_bound(len(bad), n, N, named)
     if not bad:
-        kind = "identical" if all(v.verdict == "bit_exact" for v in verdicts) else "within_noise"
+        kind: CheckVerdictKind = "identical" if all(v.verdict == "bit_exact" for v in verdicts) else "within_noise"
         text = (f"AGREES: every one of the {n} checked samples is "
                 + ("bit-exact" if kind == "identical" else "bit-exact or within precision noise")
                 + " in every stored layer")
