@@ -144,21 +144,20 @@ def check(
     Example: hsstore check ./Qwen3-8B imported.zarr --fraction 0.01 --device cuda --json audit.json
     """
     from hsstore.cli.render import audit_text, check_text
-    from hsstore.compare.audit import run_audit, wants_audit
+    from hsstore.compare.audit import AuditRequest, run_audit, wants_audit
     from hsstore.compare.check import run_check
     from hsstore.compare.diff import open_target
     from hsstore.compare.sampling import check_sampling
 
     _check_numbers(json_path, noise, max_rel, inputs={"the model": model})
     check_sampling(samples, fraction, 0.95)
-    options = dict(backend=backend, dtype=dtype, attn=attn, token_budget=token_budget, fraction=fraction, keys=keys)
-    if wants_audit(open_target(target), floor, options):
-        report = run_audit(model, target, samples, fraction, seed, floor, noise, backend, dtype, device, attn,
-                           token_budget, None if keys is None else keys.split(","))
-        render = audit_text
+    request = AuditRequest(model=model, target=target, samples=samples, fraction=fraction, seed=seed, floor=floor,
+                           noise_factor=noise, backend=backend, dtype=dtype, device=device, attention=attn,
+                           token_budget=token_budget, keys=None if keys is None else keys.split(","))
+    if wants_audit(open_target(target), request):
+        report, render = run_audit(request), audit_text
     else:
-        report = run_check(model, target, samples, seed, device, floor, noise)
-        render = check_text
+        report, render = run_check(model, target, samples, seed, device, floor, noise), check_text
     _emit(report, json_path, render)
     worst = max((layer.rel_l2 for layer in report.layers), default=0.0)
     if max_rel is not None:

@@ -121,11 +121,12 @@ def _label_imported(store: str, report: ImportReport, label: str | None) -> Impo
 
 def _audit(model: str, store: str, vid: str, n: int) -> AuditSummary:
     """Audit ``n`` samples of the imported variant against ``model`` and record the result in the store."""
-    from hsstore.compare.audit import run_audit
+    from hsstore.compare.audit import AuditRequest, run_audit
     from hsstore.storage.info import record_audit
     from hsstore.storage.store import Store
 
-    return record_audit(Store.open(store, mode="a"), vid, run_audit(model, f"{store}#{vid}", samples=n))
+    report = run_audit(AuditRequest(model=model, target=f"{store}#{vid}", samples=n))
+    return record_audit(Store.open(store, mode="a"), vid, report)
 
 
 @app.command("export")

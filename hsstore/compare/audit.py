@@ -56,9 +56,31 @@ from hsstore.core.errors import BadInput
 from hsstore.core.layer_numbering import TOOL_CAPTURE, from_hsstore, to_hsstore
 from hsstore.core.schema.manifest import ATTENTION, BACKENDS
 from hsstore.core.schema.provenance import Batching, ImportSource
-from hsstore.core.schema.record import or_none
-from hsstore.core.schema.reports import CheckReport, Finding, Restatement, SampleVerdict
+from hsstore.core.schema.record import Record, or_none
+from hsstore.core.schema.reports import CheckReport, CheckVerdictKind, Finding, Restatement, SampleVerdict
 from hsstore.storage.store import VariantReader
+
+# --- What an audit is asked: the model, the variant, which of its samples, and how to recompute them
+
+class AuditRequest(Record):
+    """An audit of ``target`` (STORE#SELECTOR) against ``model``: ``samples`` (or a ``fraction``, or the ``keys``
+    named by prefix; default 8) drawn with ``seed``, judged against ``floor`` (STORE#SELECTOR, or ``live``; None:
+    live). A recompute setting left None is the recorded one, else a default (``how_to_recompute``)."""
+
+    model: str
+    target: str
+    samples: int | None = None
+    fraction: float | None = None
+    seed: int = 0
+    floor: str | None = None
+    noise_factor: float = NOISE_FACTOR
+    backend: str | None = None
+    dtype: str | None = None
+    device: str | None = None
+    attention: str | None = None
+    token_budget: int | None = None
+    keys: list[str] | None = None
+
 
 # --- Which samples an audit checks, and what they say of the variant: a seeded, length-stratified draw
 
@@ -141,8 +163,9 @@ def _known(value: object) -> str | None:
     return None if v in (None, UNKNOWN, "") else str(v)
 
 
-def _pick(name: str, given: str | None, recorded: str | None, default: str, why_default: str,
-          allowed: tuple[str, ...], assumed: dict[str, str]) -> str:
+def _pick(name: str, given: str | None, recorded: str | None, default: tuple[str, str], allowed: tuple[str, ...],
+          assumed: dict[str, str]) -> str:
+    """The given value, else the recorded one, else ``default`` (value, why), with what was assumed noted."""
     if given is not None and given not in allowed:
         raise BadInput(f"--{name} {given!r}: choose one of {', '.join(allowed)}")
     if given is not None:
@@ -151,8 +174,8 @@ def _pick(name: str, given: str | None, recorded: str | None, default: str, why_
         return given
     if recorded is not None:
         return recorded
-    assumed[name] = f"{default} ({why_default}; the variant records {name} unknown: pass --{name} to change)"
-    return default
+    assumed[name] = f"{default[0]} ({default[1]}; the variant records {name} unknown: pass --{name} to change)"
+    return default[0]
 
 
 def _computed_narrower(reader: VariantReader, assumed: dict[str, str]) -> str | None:
@@ -179,16 +202,15 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def how_to_recompute(reader: VariantReader, backend: str | None = None, dtype: str | None = None,
-                     device: str | None = None, attention: str | None = None,
-                     token_budget: int | None = None) -> Recompute:
-    """The recomputation settings for ``reader``'s variant, with every assumption named."""
+def how_to_recompute(reader: VariantReader, request: AuditRequest) -> Recompute:
+    """The recomputation settings for ``reader``'s variant (``request``'s, where it names them), with every
+    assumption named."""
     from hsstore.capture.model.kernels import installed, require_attention
 
     env = reader.record.prov.environment
     assumed: dict[str, str] = {}
     rec_device = _known(env.device)
-    dev = device or (rec_device.split(":")[0] if rec_device else None)
+    dev = request.device or (rec_device.split(":")[0] if rec_device else None)
     if dev is None:
         dev = default_device()
         assumed["device"] = (f"{dev} ({'a GPU is visible' if dev == 'cuda' else 'no GPU is visible'}; the variant "
@@ -197,19 +219,20 @@ def how_to_recompute(reader: VariantReader, backend: str | None = None, dtype: s
     fla_default = "fla" if on_gpu and installed("fla") else "torch"
     why_backend = "the fla kernels are installed and it runs on a GPU" if fla_default == "fla" else (
         "transformers' reference kernels")
-    be = _pick("backend", backend, _known(env.backend), fla_default, why_backend, BACKENDS, assumed)
+    be = _pick("backend", request.backend, _known(env.backend), (fla_default, why_backend), BACKENDS, assumed)
     stored = reader.record.dtype if reader.record.dtype in DTYPES else _known(env.dtype)
-    dt = _pick("dtype", dtype, stored, "bf16", "the usual training dtype", DTYPES, assumed)
-    if dtype is None and dt == "fp32" and isinstance(reader.record.prov.source, ImportSource):
+    dt = _pick("dtype", request.dtype, stored, ("bf16", "the usual training dtype"), DTYPES, assumed)
+    if request.dtype is None and dt == "fp32" and isinstance(reader.record.prov.source, ImportSource):
         dt = _computed_narrower(reader, assumed) or dt
     kernels = env.kernels.to_dict() if hasattr(env.kernels, "to_dict") else {}
-    attn = _pick("attn", attention, _known(kernels.get("attention")), "sdpa", "transformers' default",
+    attn = _pick("attn", request.attention, _known(kernels.get("attention")), ("sdpa", "transformers' default"),
                  ATTENTION, assumed)
     require_attention(attn, "install it on a GPU host, or pass --attn sdpa")
-    if token_budget is not None:
-        if token_budget < 1:
-            raise BadInput(f"--token-budget {token_budget}: must be 1 or more (padded tokens per batch), e.g. 2048")
-        return Recompute(be, dt, dev, attn, "budget", token_budget, assumed)
+    budget = request.token_budget
+    if budget is not None:
+        if budget < 1:
+            raise BadInput(f"--token-budget {budget}: must be 1 or more (padded tokens per batch), e.g. 2048")
+        return Recompute(be, dt, dev, attn, "budget", budget, assumed)
     if isinstance(env.batching, Batching) and env.batching.token_budget >= 1:
         return Recompute(be, dt, dev, attn, "recorded", None, assumed)
     assumed["batching"] = ("each sample alone, unpadded (the variant records no batching; pass --token-budget N "
@@ -265,11 +288,13 @@ NEIGHBOURS = 4  # samples on each side (in commit order) searched for a stale sl
 LIVE = "live"
 
 
-def wants_audit(reader: VariantReader, floor: str | None, options: dict[str, Any]) -> bool:
-    """True for a variant whose environment is not recorded (an import) or when an audit option is given."""
+def wants_audit(reader: VariantReader, request: AuditRequest) -> bool:
+    """True for a variant whose environment is not recorded (an import), or when ``request`` asks for an audit:
+    ``--floor live`` or an option only the audit takes (backend, dtype, attention, token budget, fraction, keys)."""
     env = reader.record.prov.environment
     unknown = "unknown" in (or_none(env.device), or_none(env.backend))
-    return unknown or floor == LIVE or any(v is not None for v in options.values())
+    options = (request.backend, request.dtype, request.attention, request.token_budget, request.fraction, request.keys)
+    return unknown or request.floor == LIVE or any(v is not None for v in options)
 
 
 def bind(how: Recompute) -> None:
@@ -334,64 +359,95 @@ def row_index(reader: VariantReader, keys: list[str], labels: list[int]
     return index, tokens
 
 
-def run_audit(model: str, target: str, samples: int | None = None, fraction: float | None = None, seed: int = 0,
-              floor_t: str | None = None, noise_factor: float = NOISE_FACTOR, backend: str | None = None,
-              dtype: str | None = None, device: str | None = None, attention: str | None = None,
-              token_budget: int | None = None, keys: list[str] | None = None) -> CheckReport:
-    """Audit ``samples`` (or a ``fraction``, or the ``keys`` named by prefix) of ``target``'s samples against
-    ``model``: per sample and layer, bit-exact / within noise / the defect it shows."""
+@dataclass(frozen=True)
+class Recomputed:
+    """What an audit recomputes with: the variant, the settings, the model (live and, for a live floor, in
+    ``floor_dtype``), the chosen samples in their batch plan, and the stored floor (None: none or live)."""
+
+    reader: VariantReader
+    how: Recompute
+    spec: Any
+    models: list[Any]
+    keys: list[str]
+    plan: BatchPlan
+    n_layers: int
+    vocab: int
+    in_live: list[int]  # the stored layers the live model computes (the rest are not its outputs)
+    floor_dtype: str | None
+    stored_floor: VariantReader | None
+
+
+@dataclass(frozen=True)
+class Judged:
+    """What an audit found: per-sample verdicts, the findings, the per-layer sums of live against stored states
+    (``ftotals``: stored against the floor) and, for an import, the statement its layers should have had."""
+
+    verdicts: list[SampleVerdict]
+    findings: list[Finding]
+    totals: Totals
+    ftotals: Totals
+    restated: Restatement | None
+
+
+def run_audit(request: AuditRequest) -> CheckReport:
+    """Audit the samples ``request`` chooses of its target against its model: per sample and layer, bit-exact /
+    within noise / the defect it shows."""
     t0 = time.perf_counter()
-    reader = open_target(target)
-    how = how_to_recompute(reader, backend, dtype, device, attention, token_budget)
-    bind(how)
-    dev = check_device(how.device)
-    how = Recompute(how.backend, how.dtype, dev, how.attention, how.batching, how.token_budget, how.assumed)
-    spec = model_spec(model, reader.record.prov.recipe)
-    named = keys is not None
-    keys = choose_keys(reader, samples, fraction, seed, keys)
-    n_layers, vocab = check_shapes(spec, reader, keys)
-    stored_floor = open_target(floor_t) if floor_t not in (None, LIVE) else None
-    use_live_floor = stored_floor is None and (floor_t == LIVE or floor_t is None)
-    floor_dtype = ("fp64" if how.dtype == "fp32" else "fp32") if use_live_floor else None
-    live_model = load(spec, how, how.dtype)
-    models = [live_model] + ([load(spec, how, floor_dtype)] if floor_dtype else [])
-    labels, tgt = reader.record.all_layers, reader.record.layers.get("target", [])
-    target_label = tgt[0] if len(tgt) == 1 else None
-    points = [EMBEDDINGS] + list(range(n_layers + 1))
-    plan = batches(reader, how, keys)
-    in_live = [i for i in labels if i <= n_layers]
-    stream = live_states(models, reader, plan, keys, points, dev, pad_id(spec))
-    evidence, verdicts, findings, totals, ftotals = _judge_all(stream, reader, stored_floor, in_live, target_label,
-                                                               n_layers, noise_factor, dev)
+    run = recompute_setup(request)
+    reader, keys, labels = run.reader, run.keys, run.reader.record.all_layers
+    points = [EMBEDDINGS] + list(range(run.n_layers + 1))
+    stream = live_states(run.models, reader, run.plan, keys, points, run.how.device, pad_id(run.spec))
+    evidence, verdicts, findings, totals, ftotals = _judge_all(stream, run, request.noise_factor)
     if any(f.kind in ("beyond_noise", "differs", "suffix_states") for f in findings):
-        findings = stale_copies(findings, evidence, *row_index(reader, keys, labels), vocab=vocab)
+        findings = stale_copies(findings, evidence, *row_index(reader, keys, labels), vocab=run.vocab)
     noisy = frozenset((k, e.label) for k, evs in evidence.items() for e in evs if e.noise_like)
     findings = other_weights(apply(verdicts, findings), findings, noisy)
     verdicts = apply(verdicts, findings)
     source = reader.record.prov.source
-    restated = restatement(verdicts, findings, source, n_layers) if isinstance(source, ImportSource) else None
-    return _report(model, target, reader, how, spec, live_model, keys, plan, in_live, totals, ftotals,
-                   verdicts, findings, floor_dtype, stored_floor, restated, named, t0)
+    restated = restatement(verdicts, findings, source, run.n_layers) if isinstance(source, ImportSource) else None
+    return _report(request, run, Judged(verdicts, findings, totals, ftotals, restated), t0)
 
 
-def _judge_all(stream: Iterator[tuple[str, list[dict[int, torch.Tensor]]]], reader: VariantReader,
-               stored_floor: VariantReader | None, in_live: list[int], target_label: int | None, n_layers: int,
-               noise_factor: float, dev: str) -> tuple[dict, list, list[Finding], Totals, Totals]:
+def recompute_setup(request: AuditRequest) -> Recomputed:
+    """Open the target, settle how to recompute, choose the samples, refuse a model of other shapes, and load
+    the model (and, for a live floor, again in fp32; fp64 for an fp32 variant)."""
+    reader = open_target(request.target)
+    how = how_to_recompute(reader, request)
+    bind(how)
+    how = Recompute(how.backend, how.dtype, check_device(how.device), how.attention, how.batching,
+                    how.token_budget, how.assumed)
+    spec = model_spec(request.model, reader.record.prov.recipe)
+    keys = choose_keys(reader, request.samples, request.fraction, request.seed, request.keys)
+    n_layers, vocab = check_shapes(spec, reader, keys)
+    floor_t = request.floor
+    stored_floor = open_target(floor_t) if floor_t not in (None, LIVE) else None
+    use_live_floor = stored_floor is None and (floor_t == LIVE or floor_t is None)
+    floor_dtype = ("fp64" if how.dtype == "fp32" else "fp32") if use_live_floor else None
+    models = [load(spec, how, how.dtype)] + ([load(spec, how, floor_dtype)] if floor_dtype else [])
+    in_live = [i for i in reader.record.all_layers if i <= n_layers]
+    return Recomputed(reader, how, spec, models, keys, batches(reader, how, keys), n_layers, vocab, in_live,
+                      floor_dtype, stored_floor)
+
+
+def _judge_all(stream: Iterator[tuple[str, list[dict[int, torch.Tensor]]]], run: Recomputed, noise_factor: float
+               ) -> tuple[dict, list, list[Finding], Totals, Totals]:
     """Evidence, verdicts and findings of every recomputed sample, and the per-layer sums of live against
     stored states (and of stored against the floor)."""
-    labels, aux = reader.record.all_layers, reader.record.layers.get("aux", [])
+    reader, in_live, dev = run.reader, run.in_live, run.how.device
+    labels, aux, tgt = reader.record.all_layers, reader.record.layers.get("aux", []), reader.record.layers.get("target", [])
+    target_label = tgt[0] if len(tgt) == 1 else None
     ws = Workspace("cpu")
     totals, ftotals = Totals(len(in_live)), Totals(len(in_live))
     evidence, verdicts, findings = {}, [], []
     for key, outs in stream:
         # computed at the recompute dtype, stored as the variant stores its states (its dtype, its quantizer)
         live = {j: as_stored(x.to(TORCH[reader.record.dtype]), reader) for j, x in outs[0].items()}
-        floor = outs[1] if len(outs) > 1 else _stored_floor(stored_floor, key, labels, dev)
+        floor = outs[1] if len(outs) > 1 else _stored_floor(run.stored_floor, key, labels, dev)
         stored = dict(zip(labels, reader.read_layers(reader.refs[key], labels)))
         ids = torch.from_numpy(reader.read_tokens(reader.refs[key])[0].astype("int64")).to(dev)
         ev = sample_evidence({i: s.to(dev) for i, s in stored.items()}, live, floor, target_label, noise_factor, ids)
         evidence[key] = ev
-        v, f = judge_sample(key, ev, aux, target_label, n_layers, noise_factor)
+        v, f = judge_sample(key, ev, aux, target_label, run.n_layers, noise_factor)
         verdicts.append(v)
         findings += f
         totals.add(summarize(key, token_sums([live[i].cpu() for i in in_live], [stored[i] for i in in_live], ws,
@@ -410,13 +466,13 @@ def _stored_floor(floor: VariantReader | None, key: str, labels: list[int], dev:
     return {i: s.to(dev) for i, s in zip(have, floor.read_layers(floor.refs[key], have))}
 
 
-def _report(model: str, target: str, reader: VariantReader, how: Recompute, spec: Any, live_model: Any,
-            keys: list[str], plan: BatchPlan, in_live: list[int], totals: Totals, ftotals: Totals,
-            verdicts: list, findings: list[Finding], floor_dtype: str | None, stored_floor: VariantReader | None,
-            restated: Restatement | None, named: bool, t0: float) -> CheckReport:
+def _report(request: AuditRequest, run: Recomputed, judged: Judged, t0: float) -> CheckReport:
+    """The audit's report: what was recomputed how, what each sample and layer showed, and what they bound."""
     from hsstore.compare.check import live_differences
     from hsstore.storage.info import import_gaps
 
+    reader, how, spec, live_model, keys = run.reader, run.how, run.spec, run.models[0], run.keys
+    verdicts, findings, restated, model = judged.verdicts, judged.findings, judged.restated, request.model
     identity = spec.identity(live_model.config).to_dict()
     recorded_fp = str(or_none(reader.record.prov.recipe.model.fingerprint) or "")
     extra: dict[str, Any] = {}
@@ -429,29 +485,30 @@ def _report(model: str, target: str, reader: VariantReader, how: Recompute, spec
             notes.append(f"the variant's tokens were made by tokenizer {rec_tok[:16]} (recipe.tokenizer), {model}'s "
                          f"tokenizer is {tok[:16]}: the states are judged for the stored token ids, but a dataset "
                          "tokenized by this model's tokenizer has other sample keys and will not find them")
-    est = full_layers(in_live, totals, reader.record.dtype == "bf16")
-    bad, counts, upper, bound, kind, text = _verdict(verdicts, findings, len(reader.keys), named)
+    est = full_layers(run.in_live, judged.totals, reader.record.dtype == "bf16")
+    bad, counts, upper, bound, kind, text = _verdict(verdicts, findings, len(reader.keys), request.keys is not None)
     if restated is not None:
         extra["restatement"] = restated
         text += f"; {restated.words}"
     batching = {"recorded": "the recorded batch plan", "alone": "each sample alone, unpadded",
                 "budget": f"token-budget batches of {how.token_budget} over every sample"}[how.batching]
-    floor_words = (f"live: the same samples recomputed in {floor_dtype}" if floor_dtype else
-                   f"{stored_floor.store.location}#{stored_floor.id}" if stored_floor is not None else UNSET_FLOOR)
+    floor_words = (f"live: the same samples recomputed in {run.floor_dtype}" if run.floor_dtype else
+                   f"{run.stored_floor.store.location}#{run.stored_floor.id}" if run.stored_floor is not None
+                   else UNSET_FLOOR)
     diffs = [d for d in live_differences(live_model, reader, identity) if d.b != "unknown"]
     if floor_words != UNSET_FLOOR:
         extra["floor"] = floor_words
-        if ftotals.sums.any():
-            extra["floor_layers"] = full_layers(in_live, ftotals, False).layers
+        if judged.ftotals.sums.any():
+            extra["floor_layers"] = full_layers(run.in_live, judged.ftotals, False).layers
     return CheckReport(
         notes=notes,
-        model=model, target=target, variant=f"{reader.store.location}#{reader.id}", device=how.device,
+        model=model, target=request.target, variant=f"{reader.store.location}#{reader.id}", device=how.device,
         dtype=how.dtype, model_fingerprint=identity["fingerprint"], recorded_model_fingerprint=recorded_fp,
         same_model=identity["fingerprint"] == recorded_fp, samples=len(verdicts), tokens=sum(reader.refs[k].length for k in keys),
-        keys=keys, batches=sum(1 for b in plan.batches if set(b) & set(keys)), batching=batching, layers=est.layers,
+        keys=keys, batches=sum(1 for b in run.plan.batches if set(b) & set(keys)), batching=batching, layers=est.layers,
         environment_differences=diffs, verdict=text, verdict_kind=kind, seconds=time.perf_counter() - t0,
         recompute={"backend": how.backend, "dtype": how.dtype, "device": how.device, "attention": how.attention,
-                   "batching": how.batching, "token_budget": how.token_budget, "floor_dtype": floor_dtype},
+                   "batching": how.batching, "token_budget": how.token_budget, "floor_dtype": run.floor_dtype},
         assumed=how.assumed, population=len(reader.keys), sample_verdicts=verdicts, findings=findings, defects=counts,
         defective_samples=len(bad), defect_rate_upper=upper, bound=bound, **extra)
 
@@ -473,7 +530,7 @@ def _plural(findings: list[Finding], kind: str) -> str:
 
 
 def _verdict(verdicts: list, findings: list[Finding], N: int, named: bool = False
-             ) -> tuple[list, dict[str, int], float | None, str, str, str]:
+             ) -> tuple[list, dict[str, int], float | None, str, CheckVerdictKind, str]:
     """(defective verdicts, samples per class, the defect-rate bound and its words, verdict kind, verdict line)."""
     bad = [v for v in verdicts if v.verdict not in ("bit_exact", "within_noise")]
     counts = {k: sum(1 for v in verdicts if k in v.verdict.split("+")) for k in DEFECTS}
@@ -481,7 +538,7 @@ def _verdict(verdicts: list, findings: list[Finding], N: int, named: bool = Fals
     n = len(verdicts)
     upper, bound = rate_bound(len(bad), n, N, named)
     if not bad:
-        kind = "identical" if all(v.verdict == "bit_exact" for v in verdicts) else "within_noise"
+        kind: CheckVerdictKind = "identical" if all(v.verdict == "bit_exact" for v in verdicts) else "within_noise"
         text = (f"AGREES: every one of the {n} checked samples is "
                 + ("bit-exact" if kind == "identical" else "bit-exact or within precision noise")
                 + " in every stored layer")

@@ -55,7 +55,7 @@ from hsstore.core.outputs import expand_user
 from hsstore.core.provenance_match import flatten, require_match
 from hsstore.core.schema.provenance import Batching, Recipe
 from hsstore.core.schema.record import is_set, or_none
-from hsstore.core.schema.reports import CheckReport, FieldDifference, LayerDiff, LiveFingerprint
+from hsstore.core.schema.reports import CheckReport, CheckVerdictKind, FieldDifference, LayerDiff, LiveFingerprint
 from hsstore.storage.store import VariantReader
 
 # --- Whether a model can produce a variant's stored shapes — hidden size, layer count (and every stored layer
@@ -320,7 +320,7 @@ def check_geometry(identity: dict[str, Any], reader: VariantReader) -> None:
 
 def check_verdict(est: Estimate, ftotals: Totals | None, layers: list[int], reader: VariantReader,
                   floor: VariantReader | None, noise_factor: float,
-                  other_weights: bool = False) -> tuple[list[LayerDiff], str, str, dict[str, Any]]:
+                  other_weights: bool = False) -> tuple[list[LayerDiff], str, CheckVerdictKind, dict[str, Any]]:
     dtype, extra = reader.record.dtype, {}
     if all(L.bit_exact == 1.0 for L in est.layers):
         return est.layers, "identical: the live model reproduces every stored value bit-exactly", "identical", extra

@@ -29,13 +29,14 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import get_args
 
 import torch
 import xxhash
 
 from hsstore.compare.align import MARGIN, MATCH_REL, point
 from hsstore.compare.kernel import coherent_difference, rel_l2, row_rel
-from hsstore.core.schema.reports import Finding, SampleVerdict
+from hsstore.core.schema.reports import DefectKind, Finding, SampleVerdict
 
 # --- What one sample's stored states say against a live recomputation: the numbers the defect classifier
 
@@ -154,9 +155,7 @@ def _bad_rows(s: torch.Tensor, live: torch.Tensor, floor: torch.Tensor | None, f
 
 
 CLEAN = ("bit_exact", "within_noise")
-DEFECTS = ("nan", "inf", "all_zero", "constant", "suffix_states", "token_shift", "capture_point",
-           "aux_equals_target", "stale_copy", "scaled", "clipped", "wrong_dtype", "other_weights", "beyond_noise",
-           "differs")
+DEFECTS: tuple[DefectKind, ...] = get_args(DefectKind)  # in the order a verdict line counts them
 MAX_ROWS = 32  # rows listed per finding (n_rows counts them all)
 
 
@@ -208,7 +207,7 @@ def judge_layer(ev: LayerEvidence, key: str, n_layers: int, is_aux: bool, target
     them (none when clean): rows of NaN/Inf/zero/constant first, then what the other rows hold."""
     T, i = ev.rows, ev.label
 
-    def found(kind: str, detail: str, **kw: object) -> Finding:
+    def found(kind: DefectKind, detail: str, **kw: object) -> Finding:
         return Finding(kind=kind, key=key, layer=i, detail=detail, **kw)
 
     out = []

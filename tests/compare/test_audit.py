@@ -13,7 +13,7 @@ from helpers import main_exit, run_cli, save_local_model
 from interop_damage import damage, sample_file, subset
 
 from hsstore import Store
-from hsstore.compare.audit import run_audit
+from hsstore.compare.audit import AuditRequest, run_audit
 from hsstore.compare.defects import CLEAN
 from hsstore.interop.exporter import ExportRequest, export_cache
 from hsstore.interop.importer import ImportRequest, import_cache
@@ -48,7 +48,7 @@ def _shortest(source: tuple[list[str], dict[str, int]], n: int) -> list[tuple[in
 def _audit(fmt: str, folder: Path, tmp: Path, n: int) -> dict:
     store = tmp / f"{fmt}.zarr"
     import_cache(ImportRequest(fmt, str(folder), str(store), tokenizer=MODEL, allow_unhealthy=True))
-    return run_audit(MODEL, str(store), samples=n).to_dict()
+    return run_audit(AuditRequest(model=MODEL, target=str(store), samples=n)).to_dict()
 
 
 def _final_norm(x: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch
 from interop_damage import _load, damage, read_slots, sample_file, sidecar, subset
 
 from hsstore import Store
-from hsstore.compare.audit import run_audit
+from hsstore.compare.audit import AuditRequest, run_audit
 from hsstore.interop.exporter import ExportRequest, export_cache
 from hsstore.interop.importer import ImportRequest, import_cache
 
@@ -37,7 +37,7 @@ def _audit(fmt: str, src: str, model: str, tmp: Path, n: int, seed) -> tuple[dic
     folder = subset(fmt, tmp / "full", tmp / fmt, picks)
     seed(folder, picks)
     import_cache(ImportRequest(fmt, str(folder), str(tmp / "s.zarr"), tokenizer=model, allow_unhealthy=True))
-    return run_audit(model, str(tmp / "s.zarr"), fraction=1.0).to_dict(), picks
+    return run_audit(AuditRequest(model=model, target=str(tmp / "s.zarr"), fraction=1.0)).to_dict(), picks
 
 
 def _by_layer(rep: dict, key: str) -> dict[int, list[dict]]:
@@ -190,7 +190,7 @@ def test_an_fp32_cache_of_bf16_computed_states_is_named_with_the_dtype_that_judg
     rep, picks = _audit(fmt, f"{tiny_store}#dtype=fp32", "builtin:tiny-qwen3_5", tmp_path, 2, seed)
     assert rep["verdict"].startswith("AGREES") and rep["findings"] == [], rep["verdict"]
     assert rep["recompute"]["dtype"] == "bf16" and rep["assumed"]["dtype"].startswith("bf16 (every stored value")
-    at_fp32 = run_audit("builtin:tiny-qwen3_5", str(tmp_path / "s.zarr"), fraction=1.0, dtype="fp32").to_dict()
+    at_fp32 = run_audit(AuditRequest(model="builtin:tiny-qwen3_5", target=str(tmp_path / "s.zarr"), fraction=1.0, dtype="fp32")).to_dict()
     layers = ALL if fmt != "eagle" else (TARGET,)
     assert at_fp32["defects"] == {"wrong_dtype": 2}, at_fp32["verdict"]
     assert {(f["key"], f["layer"]) for f in at_fp32["findings"]} == {(k, L) for _, k in picks for L in layers}
@@ -365,7 +365,7 @@ def test_token_ids_offset_on_a_sample_whose_text_is_anothers_prefix(offset_on: s
     torch.save(a, sample_file("specforge", folder, i + 1, ""))
     import_cache(ImportRequest("specforge", str(folder), str(tmp_path / "s.zarr"), tokenizer="builtin:tiny-qwen3_5",
                                model="builtin:tiny-qwen3_5", layers="0,1,3", capture="output"))
-    rep = run_audit("builtin:tiny-qwen3_5", str(tmp_path / "s.zarr"), fraction=1.0).to_dict()
+    rep = run_audit(AuditRequest(model="builtin:tiny-qwen3_5", target=str(tmp_path / "s.zarr"), fraction=1.0)).to_dict()
     assert rep["samples"] == 2 and rep["defects"] == {"token_shift": 1}, rep["verdict"]
     (v,) = [v for v in rep["sample_verdicts"] if v["verdict"] != "within_noise" and v["verdict"] != "bit_exact"]
     got = _by_layer(rep, v["key"])

@@ -187,6 +187,18 @@ class ConvertReport(Record):
 
 # --- The ``hsstore diff --json`` and ``hsstore check --json`` reports as typed records.
 
+# what a comparison concluded: bit-exact, or a divergence within / beyond precision noise (against a floor) ...
+NoiseVerdict = Literal["identical", "within_noise", "beyond_noise"]
+# ... for ``check``, or "differs" from the stored states with no floor to judge against (check's floor comparison
+# draws no samples of the floor, so "inconclusive" cannot arise)
+CheckVerdictKind = Literal[NoiseVerdict, "differs"]
+# ... for ``diff``, or "inconclusive" (a sampled interval straddles the noise bound) or "no_floor" (none given)
+DiffVerdictKind = Literal[NoiseVerdict, "inconclusive", "no_floor"]
+# the defect classes the audit names (hsstore.compare.defects.DEFECTS: this set, in this order)
+DefectKind = Literal["nan", "inf", "all_zero", "constant", "suffix_states", "token_shift", "capture_point",
+                     "aux_equals_target", "stale_copy", "scaled", "clipped", "wrong_dtype", "other_weights",
+                     "beyond_noise", "differs"]
+
 class LayerDiff(Record):
     """One layer of A against B (B is the reference)."""
 
@@ -248,8 +260,7 @@ class DiffReport(Record):
     layers: list[LayerDiff]
     worst_samples: list[WorstSample]
     verdict: str
-    # identical | within_noise | beyond_noise | no_floor (inconclusive: a sampled interval straddles the bound)
-    verdict_kind: str = "no_floor"
+    verdict_kind: DiffVerdictKind = "no_floor"
     a_target: str = ""  # A, B and C as the user named them (STORE#SELECTOR)
     b_target: str = ""
     floor: str | UnsetType = UNSET
@@ -265,7 +276,7 @@ class Finding(Record):
     """One defect the audit names: its class, the sample, the stored layer (None: the whole sample) and
     the rows (token positions) it concerns."""
 
-    kind: str  # hsstore.compare.defects.DEFECTS
+    kind: DefectKind
     key: str
     layer: int | None
     detail: str
@@ -316,7 +327,7 @@ class CheckReport(Record):
     layers: list[LayerDiff]
     environment_differences: list[FieldDifference]
     verdict: str
-    verdict_kind: str  # identical | within_noise | beyond_noise | differs
+    verdict_kind: CheckVerdictKind
     notes: list[str] = []
     floor: str | UnsetType = UNSET
     floor_layers: list[LayerDiff] | UnsetType = UNSET
