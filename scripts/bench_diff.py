@@ -130,10 +130,11 @@ def _timed(fn) -> float:  # type: ignore[no-untyped-def]
 
 
 def _process(*args: str, tree: str | None = None) -> None:
-    """``python ARGS``; with ``tree``, that folder's ``hsstore/`` first on the path."""
-    env = None if tree is None else {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [tree, os.environ.get("PYTHONPATH")]))}
-    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env)
+    """``python ARGS`` with ``tree``'s ``hsstore/`` (default: this checkout's) first on the path, run from ``/``:
+    ``-m`` and ``-c`` put the working folder ahead of PYTHONPATH, which ran this checkout as the baseline."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [tree or str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd="/")
     if r.returncode not in (0, 1):  # (diff exits 1 only for --max-rel, which is not passed)
         raise SystemExit(f"{' '.join(args)} failed ({r.returncode}): {r.stderr[-2000:]}")
 
