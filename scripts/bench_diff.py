@@ -156,8 +156,8 @@ def bench_pair(store: str, a: str, b: str, reps: int, threads: int | None, basel
             for tree in ((None, baseline) if rep % 2 == 0 else (baseline, None)):
                 if tree is None:
                     diffs.append(_timed(lambda: _process(*diff)))
-                    works.append(json.loads(Path(out).read_text())["seconds"])  # the diff's own clock
                     report = json.loads(Path(out).read_text())
+                    works.append(report["seconds"])  # the diff's own clock: open to verdict
                 elif baseline:
                     _process(*diff, tree=baseline)
                     base_works.append(json.loads(Path(out).read_text())["seconds"])

@@ -70,13 +70,13 @@ def run_here(argv: list[str], hook: bool = True) -> dict[str, Any]:
     from hsstore.cli.main import main
 
     inline: Any = contextlib.nullcontext()
-    for name in ("hsstore.capture.run.driver", "hsstore.capture.run.inline"):
+    for name in ("hsstore.capture.run.driver", "hsstore.capture.run.inline"):  # today's tree; before the re-cut
         try:
             inline = importlib.import_module(name).inline_workers()
             break
         except (ImportError, AttributeError):
             continue
-    walk = Walk()
+    walk = Walk()  # (empty without the hook)
     sys.argv = ["hsstore", *argv]
     if hook:
         threading.setprofile(walk.hook)

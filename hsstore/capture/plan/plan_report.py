@@ -239,7 +239,8 @@ def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: i
     most = replies * g.max_new_tokens
     data = sum(int(s.loss_mask.sum()) for s in inp.samples) * g.n  # the data's replies, as an estimate
     expected = min(most, data) if data else most
-    prompts = _prompts(m, inp, jobs)
+    tok = inp.spec.tokenizer()  # loaded once: the prompts and the calibrating engine share it
+    prompts = _prompts(m, tok, jobs)
     batches = prompt_batches([len(p) for p in prompts], g.max_new_tokens, m.token_budget)
     common = dict(engine=g.engine, prompts=len({(j.file, j.row) for j in jobs}), replies=replies,
                   max_generated_tokens=most, expected_generated_tokens=expected, batches=len(batches))
@@ -248,24 +249,24 @@ def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: i
                               calibration_prompts=None, seconds=None, seconds_source=(
                                   "not estimated: pass --calibrate to generate one batch here (engine = \"model\")"))
     first = [prompts[i] for i in batches[0]]
-    rate, extra = _generation_rate(m, inp, first)
+    rate, extra = _generation_rate(m, inp, tok, first)
     return GenerationPlan(**common, generated_tokens_per_second=rate, first_batch_extra_seconds=extra,
                           calibration_prompts=len(first), seconds=expected / rate + extra,
                           seconds_source=f"measured: the build's first batch ({len(first)} prompts) generated here, "
                                          f"cold then warm; the warm rate, plus the cold one-off {extra:.1f} s")
 
 
-def _prompts(m: Any, inp: Any, jobs: list[Any]) -> list[list[int]]:
+def _prompts(m: Any, tok: Any, jobs: list[Any]) -> list[list[int]]:
     """Every job's prompt tokens, as the build renders them (their lengths form the engine's batches)."""
     from hsstore.capture.generate.regenerate import prompt_tokens
     from hsstore.capture.inputs.lossmask import ChatMasker
 
-    masker = ChatMasker(inp.spec.tokenizer())
+    masker = ChatMasker(tok)
     masker.kwargs.update(m.generate.chat_template_kwargs)
     return [prompt_tokens(masker, j, 1 << 30) for j in jobs]
 
 
-def _generation_rate(m: Any, inp: Any, batch: list[list[int]]) -> tuple[float, float]:
+def _generation_rate(m: Any, inp: Any, tok: Any, batch: list[list[int]]) -> tuple[float, float]:
     """(generated tokens per second, one-off seconds) of ``batch`` generated here by the target twice: the first
     generation in a process pays one-off costs (on an H100, 2.5x a warm one), which a build pays once."""
     import time
@@ -273,8 +274,8 @@ def _generation_rate(m: Any, inp: Any, batch: list[list[int]]) -> tuple[float, f
     from hsstore.capture.generate.engines import LocalEngine
     from hsstore.core.dtypes import TORCH
 
-    engine = LocalEngine(inp.spec.load(TORCH[m.dtypes[0]], m.devices[0], m.attn_implementation), inp.spec.tokenizer(),
-                         inp.pad_id, m.token_budget)
+    engine = LocalEngine(inp.spec.load(TORCH[m.dtypes[0]], m.devices[0], m.attn_implementation), tok, inp.pad_id,
+                         m.token_budget)
     times = []
     for _ in range(2):
         t0 = time.perf_counter()
