@@ -81,7 +81,7 @@ def diff(
     """
     from hsstore.cli.render import align_text, diff_text
     from hsstore.compare.align import run_align, should_align
-    from hsstore.compare.diff import open_target, run_diff
+    from hsstore.compare.diff import DiffRequest, open_target, run_diff
 
     _check_numbers(json_path, noise, max_rel)
     if plot is not None:
@@ -95,9 +95,10 @@ def diff(
         if not rep.ok:  # a layer that is not what its label says is a failed check (exit 1)
             raise CheckFailed(f"A's layers are not what their labels say: {rep.summary}")
         return
-    report = run_diff(a, b, floor, layers or None, loss_only, noise, device, threads, samples=samples,
-                      fraction=fraction, seed=seed, confidence=confidence,
-                      allow_different_models=allow_different_models, a_reader=a_reader)
+    request = DiffRequest(a_target=a, b_target=b, floor=floor, layers=layers or None, loss_only=loss_only,
+                          noise_factor=noise, device=device, threads=threads, samples=samples, fraction=fraction,
+                          seed=seed, confidence=confidence, allow_different_models=allow_different_models)
+    report = run_diff(request, a_reader)
     _emit(report, json_path, diff_text)
     _plot_and_bound(report, plot, max_rel)
 

@@ -36,7 +36,7 @@ from hsstore.compare.sampling import (
 from hsstore.core.dtypes import STORED
 from hsstore.core.errors import BadInput
 from hsstore.core.provenance_match import flatten, is_informational
-from hsstore.core.schema.record import UNSET
+from hsstore.core.schema.record import UNSET, Record
 from hsstore.core.schema.reports import (
     DiffReport,
     FieldDifference,
@@ -44,6 +44,34 @@ from hsstore.core.schema.reports import (
     WorstSample,
 )
 from hsstore.storage.store import Store, VariantReader, split_target
+
+# --- What a diff is asked: the two variants and the floor, which layers, samples and tokens, and where
+
+NOISE_FACTOR = 2.0  # a divergence up to this multiple of the floor is precision noise
+
+
+class DiffRequest(Record):
+    """A diff of ``a_target`` against ``b_target`` (STORE#SELECTOR each), judged against ``floor`` (STORE#SELECTOR
+    of a precision floor, e.g. fp32; None: no floor) with ``noise_factor``: the ``layers`` both store (None: all),
+    over every shared sample or a seeded (``seed``), length-stratified choice of ``samples`` (or a ``fraction``)
+    with ``confidence`` intervals, loss-masked tokens only when ``loss_only``; the arithmetic on ``device`` with
+    ``threads`` worker threads (None: every core). States of different models or tokenizers are refused unless
+    ``allow_different_models``."""
+
+    a_target: str
+    b_target: str
+    floor: str | None = None
+    layers: list[int] | None = None
+    loss_only: bool = False
+    noise_factor: float = NOISE_FACTOR
+    device: str = "cpu"
+    threads: int | None = None
+    samples: int | None = None
+    fraction: float | None = None
+    seed: int = 0
+    confidence: float = 0.95
+    allow_different_models: bool = False
+
 
 # --- Stream the shared samples of two variants through reading and arithmetic on every core, in order,
 
@@ -213,7 +241,6 @@ def provenance_differences(a: Mapping[str, Any], b: Mapping[str, Any],
     return sorted(out, key=lambda d: (d.informational, d.field))
 
 
-NOISE_FACTOR = 2.0  # a divergence up to this multiple of the floor is precision noise
 WORST = 10  # samples listed in worst_samples
 
 
@@ -290,19 +317,19 @@ def use_compiled(a: VariantReader, keys: Sequence[str], layers: Sequence[int], u
 
 
 def sample_sums(a: VariantReader, others: Sequence[VariantReader], keys: Sequence[str], layers: list[int],
-                loss_only: bool = False, device: str = "cpu",
-                threads: int | None = None) -> Iterator[tuple[SampleSums, ...]]:
-    """For each key (in order): one SampleSums of A against each of ``others``."""
+                request: DiffRequest) -> Iterator[tuple[SampleSums, ...]]:
+    """For each key (in order): one SampleSums of A against each of ``others`` (``request``'s loss_only, device
+    and threads)."""
     hidden = a.record.hidden_size
     ulps = [both_bf16(a, o) for o in others]
-    compiled = use_compiled(a, keys, layers, ulps, threads)
-    workspaces = ThreadLocal(lambda: Workspace(device, compiled))
+    compiled = use_compiled(a, keys, layers, ulps, request.threads)
+    workspaces = ThreadLocal(lambda: Workspace(request.device, compiled))
 
     def reduce(key: str, states: list[list[torch.Tensor]]) -> tuple[SampleSums, ...]:
         ws = workspaces.get()
         return tuple(summarize(key, token_sums(states[0], s, ws, u), hidden) for s, u in zip(states[1:], ulps))
 
-    yield from map_samples([a, *others], keys, layers, reduce, loss_only, threads)
+    yield from map_samples([a, *others], keys, layers, reduce, request.loss_only, request.threads)
 
 
 @dataclass
@@ -316,11 +343,11 @@ class PassResult:
 
 
 def stream_pass(a: VariantReader, others: list[VariantReader], keys: Sequence[str], layers: list[int],
-                loss_only: bool, device: str, threads: int | None, keep: bool) -> PassResult:
+                request: DiffRequest, keep: bool) -> PassResult:
     """Stream ``keys``; ``keep`` the per-sample sums (a sampled diff) instead of only adding them up."""
     res = PassResult([Totals(len(layers)) for _ in others], [SampleTable() for _ in others] if keep else [], [], 0)
     heap: list[tuple[float, str]] = []
-    for sums in sample_sums(a, others, keys, layers, loss_only, device, threads):
+    for sums in sample_sums(a, others, keys, layers, request):
         for j, s in enumerate(sums):
             res.totals[j].add(s)
             if keep:
@@ -346,11 +373,12 @@ class Targets:
     notes: list[str]
 
 
-def open_targets(a_t: str, b_t: str, floor_t: str | None, layers: list[int] | None,
-                 allow_different_models: bool = False, a_reader: VariantReader | None = None) -> Targets:
-    """Open and check: refuses a floor that is A or B and (unless allowed) states of different models.
-    ``a_reader``: A already opened from ``a_t`` (the CLI opens it once, to ask whether to align)."""
-    a, b = a_reader or open_target(a_t), open_target(b_t)
+def open_targets(request: DiffRequest, a_reader: VariantReader | None = None) -> Targets:
+    """Open and check ``request``'s targets: refuses a floor that is A or B and (unless allowed) states of
+    different models. ``a_reader``: A already opened from ``request.a_target`` (the CLI opens it once, to ask
+    whether to align)."""
+    floor_t, allow_different_models = request.floor, request.allow_different_models
+    a, b = a_reader or open_target(request.a_target), open_target(request.b_target)
     notes = check_same_model(a, b, ("A", "B"), allow_different_models)
     if same_variant(a, b):  # every layer reads "bit-exact" by construction: say so, it is not a finding
         notes.append(f"A and B are one variant ({a.id} of {a.store.location}): the diff compares its states with "
@@ -359,44 +387,41 @@ def open_targets(a_t: str, b_t: str, floor_t: str | None, layers: list[int] | No
     if c is not None:
         check_floor(a, b, c, floor_t)
         notes += check_same_model(a, c, ("A", "the floor C"), allow_different_models)
-    use = check_layers(a, b, layers)
+    use = check_layers(a, b, request.layers)
     if c is not None:
         check_layers(a, c, use)
     return Targets(a, b, c, use, shared_keys(a, b), notes)
 
 
-def run_diff(a_t: str, b_t: str, floor_t: str | None = None, layers: list[int] | None = None,
-             loss_only: bool = False, noise_factor: float = NOISE_FACTOR, device: str = "cpu",
-             threads: int | None = None, samples: int | None = None, fraction: float | None = None,
-             seed: int = 0, confidence: float = 0.95, allow_different_models: bool = False,
-             a_reader: VariantReader | None = None) -> DiffReport:
+def run_diff(request: DiffRequest, a_reader: VariantReader | None = None) -> DiffReport:
     """Per-layer divergence of A against B (and of A against the floor C) over every shared sample,
     or over a seeded length-stratified choice of them (``samples`` / ``fraction``) with intervals.
-    ``a_reader``: A already opened from ``a_t`` (not opened again)."""
+    ``a_reader``: A already opened from ``request.a_target`` (not opened again)."""
     t0 = time.perf_counter()
-    device = check_device(device)
-    t = open_targets(a_t, b_t, floor_t, layers, allow_different_models, a_reader)
+    request = request.replace(device=check_device(request.device))
+    t = open_targets(request, a_reader)
     a, b, c, use, keys = t.a, t.b, t.c, t.layers, t.keys
-    plan = plan_samples(a, b, c, keys, samples, fraction, seed, confidence)
+    plan = plan_samples(a, b, c, keys, request.samples, request.fraction, request.seed, request.confidence)
     others = [b] if c is None or (plan is None and shared_keys(a, c) != keys) else [b, c]
-    res = stream_pass(a, others, plan.keys if plan else keys, use, loss_only, device, threads, plan is not None)
+    res = stream_pass(a, others, plan.keys if plan else keys, use, request, plan is not None)
     ests = [estimate(use, res, j, plan, both_bf16(a, o)) for j, o in enumerate(others)]
     floor = None
     if c is not None:
-        floor = ests[1] if len(ests) > 1 else _floor_pass(a, c, use, loss_only, device, threads)
-        reps, text, kind = with_floor(ests[0], floor, a.record.dtype, noise_factor, confidence)
+        floor = ests[1] if len(ests) > 1 else _floor_pass(a, c, use, request)
+        reps, text, kind = with_floor(ests[0], floor, a.record.dtype, request.noise_factor, request.confidence)
     else:
         (reps, text), kind = without_floor(ests[0], a.record.dtype), "no_floor"
     text, kind = _verdict(reps, text, kind, plan, t.notes)
     return DiffReport(
-        a=f"{a.store.location}#{a.id}", b=f"{b.store.location}#{b.id}", a_target=a_t, b_target=b_t,
-        shared_samples=len(keys), only_a=sum(1 for k in a.keys if k not in b.refs),
-        only_b=sum(1 for k in b.keys if k not in a.refs), tokens=res.tokens, loss_only=loss_only, layers=reps,
+        a=f"{a.store.location}#{a.id}", b=f"{b.store.location}#{b.id}", a_target=request.a_target,
+        b_target=request.b_target, shared_samples=len(keys), only_a=sum(1 for k in a.keys if k not in b.refs),
+        only_b=sum(1 for k in b.keys if k not in a.refs), tokens=res.tokens, loss_only=request.loss_only, layers=reps,
         worst_samples=res.worst, notes=t.notes, verdict=text, verdict_kind=kind,
         provenance_differences=provenance_differences(a.record.provenance, b.record.provenance,
                                                       c.record.provenance if c is not None else None),
         sampling=plan.record if plan is not None else UNSET,
-        floor=f"{c.store.location}#{c.id}" if c is not None else UNSET, floor_target=floor_t if c is not None else UNSET,
+        floor=f"{c.store.location}#{c.id}" if c is not None else UNSET,
+        floor_target=request.floor if c is not None else UNSET,
         floor_layers=floor.layers if floor is not None else UNSET, seconds=time.perf_counter() - t0,
     )
 
@@ -420,7 +445,6 @@ def estimate(layers: list[int], res: PassResult, j: int, plan: SamplePlan | None
     return sampled_layers(layers, res.tables[j], plan.choice, ulps, plan.record.confidence, plan.record.seed)
 
 
-def _floor_pass(a: VariantReader, c: VariantReader, layers: list[int], loss_only: bool, device: str,
-                threads: int | None) -> Estimate:
-    res = stream_pass(a, [c], shared_keys(a, c), layers, loss_only, device, threads, keep=False)
+def _floor_pass(a: VariantReader, c: VariantReader, layers: list[int], request: DiffRequest) -> Estimate:
+    res = stream_pass(a, [c], shared_keys(a, c), layers, request, keep=False)
     return full_layers(layers, res.totals[0], both_bf16(a, c))

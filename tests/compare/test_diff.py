@@ -126,8 +126,8 @@ def _store(path: Path, n_samples: int) -> str:
 
 PEAK = """
 import resource, sys
-from hsstore.compare.diff import run_diff
-run_diff(sys.argv[1] + "#dtype=bf16", sys.argv[1] + "#dtype=fp32")
+from hsstore.compare.diff import DiffRequest, run_diff
+run_diff(DiffRequest(a_target=sys.argv[1] + "#dtype=bf16", b_target=sys.argv[1] + "#dtype=fp32"))
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
@@ -171,9 +171,9 @@ def test_compiled_loops_are_loaded_only_where_they_pay(attn_store: Path, monkeyp
     real = kernel.compiled_kernel
     monkeypatch.setattr(kernel, "compiled_kernel", lambda: loaded.append(True) or real())
     a, b = f"{attn_store}#attention=eager,dtype=bf16", f"{attn_store}#attention=sdpa,dtype=bf16"
-    small = diff.run_diff(a, b).to_dict()
+    small = diff.run_diff(diff.DiffRequest(a_target=a, b_target=b)).to_dict()
     assert not loaded and small["layers"][0]["ulp_distribution"]
     monkeypatch.setattr(diff, "COMPILED_MIN_VALUES", 0)
-    large = diff.run_diff(a, b).to_dict()
+    large = diff.run_diff(diff.DiffRequest(a_target=a, b_target=b)).to_dict()
     assert loaded
     assert {**small, "seconds": 0} == {**large, "seconds": 0}

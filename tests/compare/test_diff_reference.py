@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hsstore import Store
-from hsstore.compare.diff import open_target, run_diff
+from hsstore.compare.diff import DiffRequest, open_target, run_diff
 from hsstore.compare.divergence import EDGES
 from hsstore.storage.writer import UnitWriter
 
@@ -62,7 +62,7 @@ def reference(a_t: str, b_t: str) -> list[dict]:
 
 def _check(a_t: str, b_t: str, threads: int) -> None:
     ref = reference(a_t, b_t)
-    rep = run_diff(a_t, b_t, threads=threads)
+    rep = run_diff(DiffRequest(a_target=a_t, b_target=b_t, threads=threads))
     assert [L.layer for L in rep.layers] == open_target(a_t).record.all_layers and len(ref) == len(rep.layers) > 0
     for L, R in zip(rep.layers, ref):
         assert L.rel_l2 == pytest.approx(R["rel_l2"], rel=1e-5), (L.layer, L.rel_l2, R["rel_l2"])
@@ -109,13 +109,14 @@ def test_matches_float64_reference_bf16_vs_bf16_with_ulps(tiny_store: Path, tmp_
         UnitWriter(dst, vids[1]).write(sample, rounded)
     a_t, b_t = f"{tmp_path / 'two-bf16.zarr'}#{vids[0]}", f"{tmp_path / 'two-bf16.zarr'}#{vids[1]}"
     _check(a_t, b_t, threads=2)
-    dist = run_diff(a_t, b_t).layers[0].ulp_distribution
+    dist = run_diff(DiffRequest(a_target=a_t, b_target=b_t)).layers[0].ulp_distribution
     assert 0 < dist["0"] < 1 and dist["1"] > 0 and dist[">16"] > 0  # every kind of bucket is exercised
 
 
 def test_results_do_not_depend_on_thread_count(tiny_store: Path):
     a_t, b_t = f"{tiny_store}#dtype=bf16", f"{tiny_store}#dtype=fp32"
-    one, many = run_diff(a_t, b_t, threads=1).to_dict(), run_diff(a_t, b_t, threads=4).to_dict()
+    one = run_diff(DiffRequest(a_target=a_t, b_target=b_t, threads=1)).to_dict()
+    many = run_diff(DiffRequest(a_target=a_t, b_target=b_t, threads=4)).to_dict()
     one.pop("seconds"), many.pop("seconds")
     assert one == many and [L["layer"] for L in one["layers"]] == [0, 1, 3]
     assert np.isfinite([L["rel_l2"] for L in one["layers"]]).all()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from helpers import run_cli
 
-from hsstore.compare.diff import run_diff
+from hsstore.compare.diff import DiffRequest, run_diff
 from hsstore.compare.sampling import choose, replicate_weights, t_quantile
 
 
@@ -20,9 +20,9 @@ def _targets(store: Path) -> tuple[str, str, str]:
 
 def test_sampled_interval_covers_full_values_and_verdict_matches(attn_store: Path):
     a, b, c = _targets(attn_store)
-    full = run_diff(a, b, c)
+    full = run_diff(DiffRequest(a_target=a, b_target=b, floor=c))
     assert full.verdict_kind in ("within_noise", "beyond_noise"), full.verdict
-    sampled = run_diff(a, b, c, samples=16, seed=3)
+    sampled = run_diff(DiffRequest(a_target=a, b_target=b, floor=c, samples=16, seed=3))
     assert sampled.sampling.samples == 16 and sampled.sampling.population == full.shared_samples == 40
     assert sampled.tokens < full.tokens
     assert sampled.verdict_kind == full.verdict_kind
@@ -48,7 +48,8 @@ def test_sampled_cli_says_it_was_sampled(attn_store: Path):
 
 def test_whole_population_sampled_equals_full_diff(tiny_store: Path):
     a, b = f"{tiny_store}#dtype=bf16", f"{tiny_store}#dtype=fp32"
-    full, every = run_diff(a, b), run_diff(a, b, fraction=1.0)
+    full = run_diff(DiffRequest(a_target=a, b_target=b))
+    every = run_diff(DiffRequest(a_target=a, b_target=b, fraction=1.0))
     assert [L.layer for L in every.layers] == [L.layer for L in full.layers] == [0, 1, 3]
     for F, S in zip(full.layers, every.layers):
         assert S.rel_l2 == pytest.approx(F.rel_l2, rel=1e-12) and S.bit_exact == pytest.approx(F.bit_exact)
