@@ -29,17 +29,28 @@ _TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "boo
                "array": "a list", "object": "a table/object", "null": "null"}
 
 
+class _KeywordOnly(type(msgspec.Struct)):  # type: ignore[misc]
+    """msgspec applies ``kw_only`` only to the class that names it: this names it for every subclass, so a
+    record is never built positionally (two swapped targets of a request would be a silent wrong answer)."""
+
+    def __new__(mcls, name: str, bases: tuple[type, ...], ns: dict[str, Any], **kw: Any) -> Any:
+        kw.setdefault("kw_only", True)
+        return super().__new__(mcls, name, bases, ns, **kw)
+
+
 if TYPE_CHECKING:
     from typing_extensions import dataclass_transform
 
-    # for type checkers only: a Record's subclasses are frozen and keyword-only as msgspec makes them at run
-    # time (msgspec's own transform would have mypy take each subclass that does not repeat frozen=True as
-    # mutable, and refuse it as "a non-frozen dataclass inheriting from a frozen one")
+    # for type checkers only: a Record's subclasses are frozen and keyword-only as they are at run time
+    # (frozen inherited, keyword-only by _KeywordOnly); msgspec's own transform would have mypy take each
+    # subclass that does not repeat frozen=True as mutable, and refuse it as "a non-frozen dataclass
+    # inheriting from a frozen one")
     @dataclass_transform(frozen_default=True, kw_only_default=True, field_specifiers=(msgspec.field,))
     class _Struct(msgspec.Struct, frozen=True):
         pass
 else:
-    _Struct = msgspec.Struct
+    class _Struct(msgspec.Struct, metaclass=_KeywordOnly):
+        pass
 
 
 class Record(_Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import pytest
+
+import hsstore
+from hsstore.core.schema.record import Record
+
+
+def _records() -> list[type[Record]]:
+    for m in pkgutil.walk_packages(hsstore.__path__, "hsstore."):
+        if not m.name.endswith("__main__"):
+            importlib.import_module(m.name)
+    found, todo = [], list(Record.__subclasses__())
+    while todo:
+        c = todo.pop()
+        found.append(c)
+        todo += c.__subclasses__()
+    return found
+
+
+def test_every_record_is_built_by_keyword_only():
+    """msgspec makes only the class that says ``kw_only=True`` keyword-only, not its subclasses: records were
+    positional at run time although the type checker took them as keyword-only, so ``DiffRequest("b", "a")``
+    would have diffed the targets swapped. Every record of the package now refuses positional fields."""
+    records = [c for c in _records() if c.__struct_fields__]
+    assert len(records) > 50
+    positional = []
+    for c in records:
+        with pytest.raises(TypeError) as e:
+            c(*range(len(c.__struct_fields__)))
+        if "positional" not in str(e.value):
+            positional.append(f"{c.__module__}.{c.__qualname__}: {e.value}")
+    assert not positional, positional
