@@ -52,6 +52,14 @@ def _count_launches(request: pytest.FixtureRequest):
     request.node.user_properties += [("python_launches", _launched["n"] - before), ("cpu_seconds", cpu)]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``process`` run first (order otherwise kept): they are the long ones (a minute or more of
+    wall time each, much of it waiting on their processes), and collected last — ``tests/scenarios``,
+    ``tests/storage`` — they left one xdist worker running the S3 or SIGKILL test alone while the other had
+    nothing left. First, the ~1,170 short tests fill in behind them on both workers."""
+    items.sort(key=lambda item: item.get_closest_marker("process") is None)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The Python processes the tests started, which tests not marked ``process`` did, and where the CPU
     time went (not counting session fixtures, which are set up before any test's own fixtures)."""
