@@ -119,6 +119,9 @@ class StoreLike(Protocol):
     io: Backend
     location: str
 
+    @property
+    def is_local(self) -> bool: ...
+
     def variant_record(self, vid: str) -> VariantRecord: ...
 
 
