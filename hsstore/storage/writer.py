@@ -98,8 +98,8 @@ class UnitWriter:
         samples: Sequence[SampleTokens],
         states: Mapping[int, torch.Tensor | Quantized],
         skip_committed: bool = True,
-        health: dict[int, torch.Tensor] | None = None,
-        quant_error: dict[int, Mapping[str, float]] | None = None,
+        health: Mapping[int, torch.Tensor] | None = None,
+        quant_error: Mapping[int, Mapping[str, float]] | None = None,
     ) -> CommitRecord | None:
         """Write ``samples`` and their states (``layer -> [sum of lengths, H]``, in sample order) as one unit.
 
@@ -150,7 +150,7 @@ class UnitWriter:
             raise ValueError(f"layer {layer} states {got}; expected {(total, rec.hidden_size)} {TORCH[rec.dtype]}")
 
     def _health(self, samples: Sequence[SampleTokens], states: Mapping[int, torch.Tensor | Quantized],
-                health: dict[int, torch.Tensor] | None) -> dict[str, dict[str, float]]:
+                health: Mapping[int, torch.Tensor] | None) -> dict[str, dict[str, float]]:
         if health is None:  # (of quantized states: their dequantized values; callers pass the computed ones)
             lengths = [s.length for s in samples]
             health = {layer: stats_tensor(dequantize(t, torch.float32) if isinstance(t, Quantized) else t, lengths)
