@@ -22,7 +22,7 @@ from hsstore.core.schema.reports import (
 )
 from hsstore.core.selectors import Apart
 from hsstore.storage import layout
-from hsstore.storage.reader import VariantReader
+from hsstore.storage.reader import StoreLike, VariantReader
 from hsstore.storage.stats import summary
 from hsstore.storage.store import Store
 
@@ -49,7 +49,7 @@ def record_audit(store: Store, vid: str, report: CheckReport) -> AuditSummary:
     return rec
 
 
-def audits(store: Store, vid: str) -> list[AuditSummary]:
+def audits(store: StoreLike, vid: str) -> list[AuditSummary]:
     """The variant's audit records, oldest first (an unreadable one is left out)."""
     out = []
     for key in sorted(store.io.list(layout.builds_prefix(vid))):
