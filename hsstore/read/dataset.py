@@ -16,9 +16,9 @@ import base64
 import hashlib
 import os
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias, cast
 
 import numpy as np
 import torch
@@ -30,16 +30,21 @@ from hsstore.core.provenance_match import require_match
 from hsstore.core.schema.reports import AuditSummary
 from hsstore.read.prefetch_reads import Fetched, Lookahead, Readahead, in_order
 from hsstore.storage.info import audit_line, audits
-from hsstore.storage.store import Store, VariantReader, split_target
+from hsstore.storage.reader import VariantReader
+from hsstore.storage.store import Store, split_target
 
 # --- ``require=``: a dataset refuses a variant of other provenance than the one required — a provenance
 
-def resolve_provenance(required: Any) -> dict[str, Any]:
+# what ``require=`` takes: a provenance, a dataset (either form), a reader or "STORE#SELECTOR"
+Required: TypeAlias = "Mapping[str, Any] | _Base | VariantReader | str"
+
+
+def resolve_provenance(required: Required) -> dict[str, Any]:
     """A provenance from a dict, a dataset, a VariantReader or a 'STORE#SELECTOR' string."""
     if isinstance(required, Mapping):
         return dict(required)
     if isinstance(getattr(required, "reader", None), VariantReader):  # a HiddenStateDataset (either form)
-        return required.provenance
+        return cast(_Base, required).provenance
     if isinstance(required, VariantReader):
         return required.record.provenance
     if isinstance(required, str):
@@ -49,7 +54,7 @@ def resolve_provenance(required: Any) -> dict[str, Any]:
     raise TypeError(f"require= takes a provenance dict, a dataset or 'STORE#SELECTOR', not {type(required).__name__}")
 
 
-def require_provenance(reader: VariantReader, required: Any, allow_drift: Iterable[str] = ()) -> None:
+def require_provenance(reader: VariantReader, required: Required, allow_drift: Iterable[str] = ()) -> None:
     """ProvenanceMismatch unless ``reader``'s variant has the ``required`` provenance (``allow_drift``: fields
     that may differ); the message ends with the variant's audits."""
     try:
@@ -109,7 +114,7 @@ def _unpack(text: str, n: int, old: bool) -> np.ndarray:
     return bits.astype(bool)
 
 
-def _check_fields(state: Any) -> bool:
+def _check_fields(state: object) -> bool:
     """True for the old format; BadInput for anything state_dict() never returned."""
     if not isinstance(state, Mapping):
         raise BadInput(f"load_state_dict takes the dict state_dict() returned, not a {type(state).__name__}")
@@ -130,14 +135,14 @@ def _check_fields(state: Any) -> bool:
     return old
 
 
-def _units(raw: list) -> list[tuple[str, int]]:
+def _units(raw: list[Any]) -> list[tuple[str, int]]:
     if not all(isinstance(u, (list, tuple)) and len(u) == 2 and isinstance(u[0], str) and isinstance(u[1], int)
                for u in raw):
         raise BadInput(f"state['units'] is not the [[unit id, samples], ...] list state_dict() writes; {FIX}")
     return [(u, int(c)) for u, c in raw]
 
 
-def load_state(state: Any, variant: str, n: int, seed: int) -> SavedState:
+def load_state(state: Mapping[str, Any], variant: str, n: int, seed: int) -> SavedState:
     """``state`` checked against this dataset (variant, seed; the old format also its sample count)."""
     old = _check_fields(state)
     if (state["variant"], state["seed"]) != (variant, seed):
@@ -212,8 +217,10 @@ class LiveMarks:
 
     def __init__(self, n: int) -> None:
         self.n, size = n, max(1, (n + 7) // 8)
-        self.ctl = torch.zeros(1, dtype=torch.int64).share_memory_()  # [epoch]
-        self.t = {name: torch.zeros(size, dtype=torch.uint8).share_memory_() for name in ("base", "plan", "marks")}
+        # (torch's Tensor.share_memory_ has no annotations)
+        self.ctl: torch.Tensor = torch.zeros(1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]  # [epoch]
+        self.t: dict[str, torch.Tensor] = {name: torch.zeros(size, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
+                                           for name in ("base", "plan", "marks")}
 
     @property
     def epoch(self) -> int:
@@ -298,7 +305,11 @@ def pad_collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _open(store: Any, variant: str | None) -> VariantReader:
+# a dataset's store: an open Store, or its path or URL ("STORE#SELECTOR" too)
+StoreArg: TypeAlias = "Store | str | os.PathLike[str]"
+
+
+def _open(store: StoreArg, variant: str | None) -> VariantReader:
     if isinstance(store, Store):
         s, sel = store, variant
     else:
@@ -312,7 +323,7 @@ def _open(store: Any, variant: str | None) -> VariantReader:
 class _Base:
     """Shared opening, provenance check and item assembly."""
 
-    def _setup(self, store: Any, variant: str | None, layers: Sequence[int] | None, require: Any,
+    def _setup(self, store: StoreArg, variant: str | None, layers: Sequence[int] | None, require: Required | None,
                allow_drift: Iterable[str], raw: bool = False) -> None:
         self.reader = _open(store, variant)
         self._pid = os.getpid()
@@ -386,7 +397,8 @@ class _Base:
             "loss_mask": torch.from_numpy(mask.astype(np.bool_)),
         }
         roles = ("aux", "target")
-        groups = self.reader.read_groups(ref, [self.layer_roles.get(r, []) for r in roles], self.raw, fetched and fetched.chunks)
+        groups = self.reader.read_groups(ref, [self.layer_roles.get(r, []) for r in roles], self.raw,
+                                         None if fetched is None else fetched.chunks)
         for role, states in zip(roles, groups):  # all layers of the sample read in one pass
             if isinstance(states, tuple):  # raw FP8: codes and their scales
                 item[f"{role}_hidden"], item[f"{role}_scales"] = states
@@ -395,14 +407,14 @@ class _Base:
         return item
 
 
-class HiddenStateDataset(_Base, Dataset):
+class HiddenStateDataset(_Base, Dataset[dict[str, Any]]):
     """Map-style dataset over one variant; ``require=`` refuses a store of other provenance.
 
     Example: ``HiddenStateDataset("cache.zarr", variant="backend=torch,dtype=bf16", require=train.provenance)``
     """
 
-    def __init__(self, store: Any, variant: str | None = None, layers: Sequence[int] | None = None,
-                 require: Any = None, allow_drift: Iterable[str] = (), raw: bool = False) -> None:
+    def __init__(self, store: StoreArg, variant: str | None = None, layers: Sequence[int] | None = None,
+                 require: Required | None = None, allow_drift: Iterable[str] = (), raw: bool = False) -> None:
         self._setup(store, variant, layers, require, allow_drift, raw)
 
     def __len__(self) -> int:
@@ -434,7 +446,7 @@ class HiddenStateDataset(_Base, Dataset):
         return list(self.reader.keys)
 
 
-class StreamingHiddenStateDataset(_Base, IterableDataset):
+class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
     """Iterable dataset for DDP training: every sample exactly once per epoch over ranks x workers, and a
     resume (``state_dict`` / ``load_state_dict``) that continues the epoch exactly.
 
@@ -454,8 +466,8 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
       bytes ahead while the current one decodes (hsstore.read.prefetch_reads).
     """
 
-    def __init__(self, store: Any, variant: str | None = None, layers: Sequence[int] | None = None,
-                 require: Any = None, allow_drift: Iterable[str] = (), seed: int = 0, shuffle: bool = True,
+    def __init__(self, store: StoreArg, variant: str | None = None, layers: Sequence[int] | None = None,
+                 require: Required | None = None, allow_drift: Iterable[str] = (), seed: int = 0, shuffle: bool = True,
                  batch_tokens: int | None = None, remainder: str = "keep", rank: int | None = None,
                  world_size: int | None = None, prefetch: int | None = None, raw: bool = False,
                  readahead: bool = True, new_samples: str = "next_epoch") -> None:
@@ -544,7 +556,8 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
         order = order[~self.live.bits("base")[order]]
         world, rank = self._world_and_rank()
         seq = split_for(order, world, rank, drop_remainder=self.remainder == "drop")
-        return seq[~self.live.bits("plan")[seq]]
+        unplanned: np.ndarray = seq[~self.live.bits("plan")[seq]]  # (numpy types a fancy index as Any)
+        return unplanned
 
     def _check_not_spent(self) -> None:
         """BadInput when every sample of this rank's epoch is marked consumed: iterating would silently train
@@ -554,14 +567,14 @@ class StreamingHiddenStateDataset(_Base, IterableDataset):
             raise BadInput(f"epoch {self.epoch} is fully consumed (every sample of this rank is marked with "
                            f"mark_consumed): call set_epoch({self.epoch + 1}) before iterating again")
 
-    def _items(self, indices: np.ndarray) -> Iterator[dict[str, Any]]:
+    def _items(self, indices: np.ndarray) -> Generator[dict[str, Any], None, None]:
         """Items in order, read ahead by the kernel (local, ``readahead``) and threads (``prefetch``)."""
         ahead = None
         if self.readahead and self.reader.store.is_local and len(indices):
             layers = sorted({i for ids in self.layer_roles.values() for i in ids})
             ahead = Readahead(self.reader, [self.reader.ref(int(i)) for i in indices], layers)
         try:
-            yield from in_order(self._item, [int(i) for i in indices], self.prefetch, ahead and ahead.at)
+            yield from in_order(self._item, [int(i) for i in indices], self.prefetch, None if ahead is None else ahead.at)
         finally:
             if ahead is not None:
                 ahead.close()

@@ -38,7 +38,8 @@ from hsstore.core.errors import StoreUnreachable
 from hsstore.core.interrupt import ForkSafeLock
 from hsstore.storage import layout
 from hsstore.storage.backend import BufferRange
-from hsstore.storage.reader import SampleRef, VariantReader
+from hsstore.storage.reader import VariantReader
+from hsstore.storage.sample_table import SampleRef
 
 # --- Readahead for a known read order: the kernel reads the next samples' bytes while this one decodes.
 
@@ -184,7 +185,7 @@ class Lookahead:
             ahead = step if steady else 1 if index == 0 and self.last in (None, len(self.reader.keys) - 1) else None
             self.last, self.step, self.tick = index, step, next(_ticks)
             self.going = ahead is not None and self.on and 0 <= index + ahead < len(self.reader.keys)
-            queued = self.going and self._extend(index, ahead)
+            queued = self.going and ahead is not None and self._extend(index, ahead)  # (going: ahead is set)
             if not self.going:  # the order broke or ended: nothing ahead, no thread kept waiting
                 self._release()
         if queued:

@@ -10,15 +10,22 @@ runs against each.
 
 from __future__ import annotations
 
+import builtins
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Literal
 
 from crc32c import crc32c as crc32c_of
 
 from hsstore.storage.fileio import Written
 from hsstore.storage.leases import Lease
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+# what an Entry is: Entry.kind
+EntryKind = Literal["file", "dir", "symlink", "fifo", "socket", "device", "other"]
 
 
 @dataclass(frozen=True)
@@ -27,7 +34,7 @@ class Entry:
     ``socket``, ``device``, ``other``); ``executable`` for a file with an execute bit."""
 
     key: str
-    kind: str
+    kind: EntryKind
     executable: bool = False
 
 
@@ -113,7 +120,7 @@ class Backend(ABC):
         object (a symlink, FIFO or device on a local disk)."""
 
     @abstractmethod
-    def put(self, key: str, parts: Sequence[Any]) -> Written:
+    def put(self, key: str, parts: Sequence[Buffer]) -> Written:
         """Write a new object from buffers in order, every byte checked (not atomic: for the files of a
         unit, which no reader looks at before its commit). WriteFailed on any failure."""
 
@@ -141,11 +148,11 @@ class Backend(ABC):
         """A reader of byte ranges of the object (FileNotFoundError if absent)."""
 
     @abstractmethod
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str) -> builtins.list[str]:
         """Keys under ``prefix``, recursively, temporary files excluded, sorted."""
 
     @abstractmethod
-    def list_dir(self, prefix: str) -> list[str]:
+    def list_dir(self, prefix: str) -> builtins.list[str]:
         """Names of the immediate children of ``prefix`` (objects and sub-prefixes), sorted."""
 
     @abstractmethod
@@ -169,7 +176,7 @@ class Backend(ABC):
         """Remove one object (absent is fine)."""
 
     @abstractmethod
-    def temp_files(self) -> list[tuple[str, float]]:
+    def temp_files(self) -> builtins.list[tuple[str, float]]:
         """Temporary objects of atomic puts (locally also unit folders whose claim never finished), with
         their age in seconds."""
 

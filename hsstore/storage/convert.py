@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 
@@ -46,9 +46,13 @@ from hsstore.core.selectors import select
 from hsstore.storage import layout
 from hsstore.storage.codecs import chunk_tokens, kept_codec_note, parse_codec
 from hsstore.storage.fileio import CommitRecord
+from hsstore.storage.reader import VariantReader
 from hsstore.storage.stats import stats_tensor
-from hsstore.storage.store import Store, VariantReader, split_target
+from hsstore.storage.store import Store, split_target
 from hsstore.storage.writer import UnitWriter
+
+# Store.create_variant's arguments but precision: (provenance, layers, hidden_size, dtype, codec, chunk_tokens)
+VariantArgs: TypeAlias = tuple[dict[str, Any], dict[str, list[int]], int, str, str, int]
 
 QUANT_ROWS = 4096  # rows quantized at a time: bounds the float32 temporaries (80 MB at hidden 5120)
 
@@ -72,21 +76,25 @@ def quantize_rows(x: torch.Tensor) -> tuple[Quantized, dict[str, float]]:
     return Quantized(torch.cat(codes), torch.cat(scales)), merge(errs)
 
 
-def _unit_payload(reader: VariantReader, commit: CommitRecord, skip: set[str]) -> tuple[list, dict, dict, dict] | None:
+def _unit_payload(reader: VariantReader, commit: CommitRecord, skip: set[str]) -> tuple[
+        list[SampleTokens], dict[int, Quantized], dict[int, torch.Tensor], dict[int, dict[str, float]]] | None:
     """(samples, quantized states, health tensors, error records) of the samples of ``commit`` that this
     unit holds for the reader (first unit wins) and that are not in ``skip``; None if there are none."""
     refs = [reader.refs[k] for k, _, _ in commit.samples if k not in skip and reader.refs[k].unit == commit.unit]
     if not refs:
         return None
     layers = reader.record.all_layers
-    samples, per_layer = [], {i: [] for i in layers}
+    samples: list[SampleTokens] = []
+    per_layer: dict[int, list[torch.Tensor]] = {i: [] for i in layers}
     for ref in refs:
         ids, mask = reader.read_tokens(ref)  # checked against the key
         samples.append(SampleTokens(ref.key, ids, mask))
         for i, t in zip(layers, reader.read_layers(ref, layers)):
             per_layer[i].append(t)
     lengths = [s.length for s in samples]
-    states, health, errors = {}, {}, {}
+    states: dict[int, Quantized] = {}
+    health: dict[int, torch.Tensor] = {}
+    errors: dict[int, dict[str, float]] = {}
     for i in layers:
         x = torch.cat(per_layer[i])
         health[i] = stats_tensor(x, lengths)
@@ -121,7 +129,7 @@ class _Units:
     to commit: a convert that fails before (a damaged source) leaves no empty variant behind; one recorded
     before (a killed convert) is resumed."""
 
-    def __init__(self, reader: VariantReader, out: Store, variant: tuple, precision: str, allow_unhealthy: bool,
+    def __init__(self, reader: VariantReader, out: Store, variant: VariantArgs, precision: str, allow_unhealthy: bool,
                  on_progress: Callable[[int, int], None] | None) -> None:
         self.reader, self.out, self.on_progress = reader, out, on_progress
         self.variant, self.precision, self.dvid = variant, precision, variant_id(variant[0])
@@ -185,7 +193,7 @@ class _Units:
             pool.shutdown()
 
 
-def _check_fits(out: Store, prov: dict, label: str | None, another_model: bool) -> None:
+def _check_fits(out: Store, prov: dict[str, Any], label: str | None, another_model: bool) -> None:
     """Before anything is written: BadInput if the derived variant is of another model than ``out``'s
     (unless ``another_model``) or ``label`` names another variant there."""
     from hsstore.storage.names import another_model_allowed, check_label, check_model
@@ -219,7 +227,7 @@ def convert(target: str, precision: str, dest: str | None = None, workers: int |
         codec = codec_for_codes(parse_codec(codec or rec.codec))
     except ValueError as e:
         raise BadInput(str(e)) from None
-    variant = (prov, rec.layers, rec.hidden_size, rec.dtype, codec, chunk_tokens(rec.hidden_size, 1))
+    variant: VariantArgs = (prov, rec.layers, rec.hidden_size, rec.dtype, codec, chunk_tokens(rec.hidden_size, 1))
     _check_fits(out, prov, label, another_model)
     units = _Units(reader, out, variant, precision, allow_unhealthy, on_progress)
     n = workers or min(4, os.cpu_count() or 1)
@@ -263,7 +271,7 @@ def _recipe_key(provenance: dict[str, Any]) -> dict[str, Any]:
             if not any(k == p or k.startswith(p + ".") for p in _DIFFERS)}
 
 
-def floor_pair(store: Any, vid: str) -> tuple[str, str] | None:
+def floor_pair(store: Store, vid: str) -> tuple[str, str] | None:
     """(bf16 variant, fp32 variant) stored as computed with the same recipe and environment as ``vid``
     but for the dtype, or None. The bf16 one is the variant ``vid`` was computed as, when it is bf16."""
     records = {v: store.variant_record(v) for v in store.variant_ids()}
@@ -279,7 +287,7 @@ def floor_pair(store: Any, vid: str) -> tuple[str, str] | None:
     return None
 
 
-def measure_floor(store: Any, bf16: str, fp32: str, max_tokens: int = FLOOR_TOKENS) -> FloorMeasure:
+def measure_floor(store: Store, bf16: str, fp32: str, max_tokens: int = FLOOR_TOKENS) -> FloorMeasure:
     """rel-L2 of the bf16 states against the fp32 ones per layer, over the first shared samples (in
     the bf16 variant's order) up to ``max_tokens`` tokens."""
     a, b = store.reader(bf16), store.reader(fp32)
@@ -301,7 +309,7 @@ def measure_floor(store: Any, bf16: str, fp32: str, max_tokens: int = FLOOR_TOKE
     return FloorMeasure(bf16_variant=bf16, fp32_variant=fp32, samples=samples, tokens=tokens, rel_l2=rel)
 
 
-def storage_report(store: Any, vid: str, floor_tokens: int = FLOOR_TOKENS) -> StorageReport | None:
+def storage_report(store: Store, vid: str, floor_tokens: int = FLOOR_TOKENS) -> StorageReport | None:
     """For a variant stored in another precision than computed: its precision and scale, the source it
     was derived from (if converted), its storage error per layer, and the floor comparison when the
     store holds one. None for variants stored as computed."""

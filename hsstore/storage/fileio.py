@@ -19,7 +19,7 @@ import os
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import crc32c
 import msgspec
@@ -35,6 +35,7 @@ from hsstore.core.schema.store_records import (
     WriterInfo,
 )
 
+T = TypeVar("T")
 _IOV_MAX = 512  # writev takes a bounded number of buffers
 
 
@@ -188,7 +189,7 @@ def parse_json(data: bytes, what: str) -> Any:
     return value
 
 
-def convert_strict(value: Any, type_: Any, what: str) -> Any:
+def convert_strict(value: Any, type_: type[T], what: str) -> T:
     """Parsed JSON ``value`` as ``type_`` (a zarr document: unknown keys allowed, known ones typed strictly);
     a one-line CorruptData naming ``what`` and the offending key otherwise."""
     try:

@@ -5,23 +5,26 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import uuid
+from typing import Any
 
 from hsstore.core.dtypes import STORED
 from hsstore.core.errors import CorruptData
 from hsstore.core.provenance_match import model_fingerprint, model_name, same_model
-from hsstore.core.schema.record import UNSET, or_none
+from hsstore.core.schema.record import UNSET, UnsetType, or_none
 from hsstore.core.schema.reports import (
     AuditSummary,
     CheckReport,
     GenerationSummary,
     ModelGroup,
+    StorageReport,
     StoreInfo,
     VariantInfo,
 )
 from hsstore.core.selectors import Apart
 from hsstore.storage import layout
+from hsstore.storage.reader import StoreLike, VariantReader
 from hsstore.storage.stats import summary
-from hsstore.storage.store import Store, VariantReader
+from hsstore.storage.store import Store
 
 # --- Audit records: what ``hsstore import --audit N`` found, kept beside the variant's build and import
 
@@ -32,6 +35,7 @@ def record_audit(store: Store, vid: str, report: CheckReport) -> AuditSummary:
     """Keep the summary of an audit report (the fields of ``hsstore check --json`` an AuditSummary has) with
     the time."""
     stamp = _dt.datetime.now(_dt.UTC)
+    restatement = or_none(report.restatement)
     rec = AuditSummary(kind="audit", audited_at=stamp.isoformat(timespec="seconds"), model=report.model,
                        model_fingerprint=report.model_fingerprint, samples=report.samples,
                        population=or_none(report.population), verdict=report.verdict,
@@ -39,13 +43,13 @@ def record_audit(store: Store, vid: str, report: CheckReport) -> AuditSummary:
                        defective_samples=or_none(report.defective_samples),
                        defect_rate_upper=or_none(report.defect_rate_upper), bound=or_none(report.bound),
                        recompute=or_none(report.recompute), assumed=report.assumed,
-                       restatement=(None if or_none(report.restatement) is None else report.restatement.to_dict()))
+                       restatement=None if restatement is None else restatement.to_dict())
     name = f"{PREFIX}{stamp.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
     store.io.put_atomic(layout.build_key(vid, name), json.dumps(rec.to_dict(), sort_keys=True).encode())
     return rec
 
 
-def audits(store: Store, vid: str) -> list[AuditSummary]:
+def audits(store: StoreLike, vid: str) -> list[AuditSummary]:
     """The variant's audit records, oldest first (an unreadable one is left out)."""
     out = []
     for key in sorted(store.io.list(layout.builds_prefix(vid))):
@@ -102,9 +106,9 @@ def store_info(store: Store) -> StoreInfo:
                      generations=generations(store))
 
 
-def _models(provs: dict) -> list[ModelGroup]:
+def _models(provs: dict[str, dict[str, Any]]) -> list[ModelGroup]:
     """The variants grouped by the model they are of."""
-    groups: list[tuple[dict, list[str]]] = []
+    groups: list[tuple[dict[str, Any], list[str]]] = []
     for vid, p in provs.items():
         group = next((g for g in groups if same_model(g[0], p)), None)
         if group is None:
@@ -139,11 +143,12 @@ def variant_info(store: Store, r: VariantReader, distinguished_by: dict[str, str
     files = sum(sum(c.files.values()) for c in r.commits)
     rec = r.record
     raw = sum(c.n_tokens for c in r.commits) * rec.hidden_size * STORED[rec.dtype].itemsize * len(rec.all_layers)
-    storage = UNSET
+    storage: StorageReport | UnsetType = UNSET
     if rec.stored_precision:
         from hsstore.storage.convert import storage_report
 
-        storage = storage_report(store, vid)
+        report = storage_report(store, vid)  # (None only for a variant stored as computed: not this one)
+        storage = UNSET if report is None else report
     return VariantInfo(
         id=vid, provenance=rec.provenance, distinguished_by=distinguished_by, n_samples=len(r.refs),
         n_tokens=r.n_tokens, n_units=len(r.commits), bytes=files, raw_state_bytes=raw,

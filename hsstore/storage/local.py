@@ -3,6 +3,7 @@ symlink or leave the root (storage.localfs), atomic puts by rename or link of an
 
 from __future__ import annotations
 
+import builtins
 import errno
 import functools
 import os
@@ -12,13 +13,16 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from hsstore.core.errors import BadInput, CorruptData, WriteFailed, write_cause
 from hsstore.storage import leases
-from hsstore.storage.backend import Backend, Entry, RangeSource
+from hsstore.storage.backend import Backend, Entry, EntryKind, RangeSource
 from hsstore.storage.fileio import MAX_RECORD_BYTES, Written, install_file, write_file
 from hsstore.storage.layout import META, TMP_PREFIX
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 T = TypeVar("T")
 DEFAULT_READAHEAD = 128 << 10  # Linux's default readahead window, where a device's cannot be read
@@ -119,7 +123,7 @@ class LocalBackend(Backend):
         except (OSError, CorruptData) as e:
             raise write_failed(key, e) from None
 
-    def put(self, key: str, parts: Sequence[Any]) -> Written:
+    def put(self, key: str, parts: Sequence[Buffer]) -> Written:
         head, _, name = key.rpartition("/")
         return self._in_dir(key, head, lambda dfd: write_file(name, parts, dir_fd=dfd))
 
@@ -165,13 +169,13 @@ class LocalBackend(Backend):
         with reading(key):
             return LocalRange(open_file(self.root, key), key)
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str) -> builtins.list[str]:
         base = prefix.rstrip("/")
         with reading(base):
             return sorted(k for k, st in walk(self.root, base)
                           if not stat.S_ISDIR(st.st_mode) and not k.rsplit("/", 1)[-1].startswith(TMP_PREFIX))
 
-    def list_dir(self, prefix: str) -> list[str]:
+    def list_dir(self, prefix: str) -> builtins.list[str]:
         with reading(prefix):
             return [name for name, _ in entries(self.root, prefix.rstrip("/"))]
 
@@ -217,7 +221,7 @@ class LocalBackend(Backend):
         except IsADirectoryError:  # a unit folder whose claim never finished (leases.claim)
             self.remove_tree(key)
 
-    def temp_files(self) -> list[tuple[str, float]]:
+    def temp_files(self) -> builtins.list[tuple[str, float]]:
         now = time.time()
         return [(k, now - st.st_mtime) for k, st in walk(self.root)
                 if k.rsplit("/", 1)[-1].startswith(TMP_PREFIX)
@@ -249,10 +253,11 @@ def reading(key: str) -> Iterator[None]:
 
 
 # each kind of entry: (its test, its name in Entry.kind, how an error names it)
-_KINDS = ((stat.S_ISREG, "file", "a regular file"), (stat.S_ISDIR, "dir", "a directory"),
-          (stat.S_ISLNK, "symlink", "a symlink"), (stat.S_ISFIFO, "fifo", "a FIFO"),
-          (stat.S_ISSOCK, "socket", "a socket"), (stat.S_ISCHR, "device", "a character device"),
-          (stat.S_ISBLK, "device", "a block device"))
+_KINDS: tuple[tuple[Callable[[int], bool], EntryKind, str], ...] = (
+    (stat.S_ISREG, "file", "a regular file"), (stat.S_ISDIR, "dir", "a directory"),
+    (stat.S_ISLNK, "symlink", "a symlink"), (stat.S_ISFIFO, "fifo", "a FIFO"),
+    (stat.S_ISSOCK, "socket", "a socket"), (stat.S_ISCHR, "device", "a character device"),
+    (stat.S_ISBLK, "device", "a block device"))
 
 
 def _kind(mode: int) -> str:
@@ -298,7 +303,7 @@ def _open_child(fd: int, part: str, key: str, create: bool) -> int:
     raise AssertionError("unreachable")
 
 
-def kind_of(mode: int) -> str:
+def kind_of(mode: int) -> EntryKind:
     """``file``, ``dir``, ``symlink``, ``fifo``, ``socket``, ``device`` or ``other``."""
     return next((kind for test, kind, _ in _KINDS if test(mode)), "other")
 

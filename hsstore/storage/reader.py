@@ -6,7 +6,7 @@ import os
 import threading
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 import numpy as np
 
@@ -30,6 +30,8 @@ from hsstore.storage.stats import merge
 
 if TYPE_CHECKING:
     import torch
+
+    from hsstore.storage.tensor_reads import Stacked
 
 
 # --- Running one sample's read tasks: in the calling thread, or shared between it and a thread pool.
@@ -116,6 +118,9 @@ class StoreLike(Protocol):
 
     io: Backend
     location: str
+
+    @property
+    def is_local(self) -> bool: ...
 
     def variant_record(self, vid: str) -> VariantRecord: ...
 
@@ -244,6 +249,7 @@ class VariantReader:
 
     def _check_geometry(self, reader: ShardReader, uid: str, name: str) -> None:
         rec, n = self.record, self.table.unit_tokens(uid)
+        want: tuple[tuple[int, ...], np.dtype[Any]]
         if name in layout.TOKEN_ARRAYS:
             want = ((n,), np.dtype("<i4") if name == "input_ids" else np.dtype("u1"))
         elif rec.stored_precision and name.startswith("scale_"):  # per-token scales of FP8 codes
@@ -311,13 +317,25 @@ class VariantReader:
         return {layer: merge_errors(e[str(layer)] for e in (c.storage_errors for c in self.table.headers) if str(layer) in e)
                 for layer in self.record.all_layers}
 
-    def read_stacked(self, ref: SampleRef, layers: list[int], raw: bool = False) -> Any:
+    @overload
+    def read_stacked(self, ref: SampleRef, layers: list[int], raw: Literal[False] = False) -> torch.Tensor: ...
+    @overload
+    def read_stacked(self, ref: SampleRef, layers: list[int], raw: bool) -> Stacked: ...
+
+    def read_stacked(self, ref: SampleRef, layers: list[int], raw: bool = False) -> Stacked:
         """States of ``layers`` as one ``[T, len(layers), H]`` tensor in the stored dtype, each layer read into
         its slot; FP8 variants dequantized to bf16, or ``raw``: (float8_e4m3fn codes, float32 scales [T, n, 1])."""
         return self.read_groups(ref, [layers], raw)[0]
 
+    @overload
+    def read_groups(self, ref: SampleRef, groups: list[list[int]], raw: Literal[False] = False,
+                    fetched: Mapping[str, BufferRange] | None = None) -> list[torch.Tensor]: ...
+    @overload
+    def read_groups(self, ref: SampleRef, groups: list[list[int]], raw: bool,
+                    fetched: Mapping[str, BufferRange] | None = None) -> list[Stacked]: ...
+
     def read_groups(self, ref: SampleRef, groups: list[list[int]], raw: bool = False,
-                    fetched: Mapping[str, BufferRange] | None = None) -> list[Any]:
+                    fetched: Mapping[str, BufferRange] | None = None) -> list[Stacked] | list[torch.Tensor]:
         """``read_stacked`` of each group of layers (e.g. aux and target), all layers in one pass: side by side
         on the reader's threads when the sample pays for the hand-offs, else in this thread; ``fetched``:
         array name -> its chunk bytes read ahead (hsstore.read.prefetch_reads; ignored for FP8 variants)."""

@@ -5,11 +5,12 @@ ranged GET; shards are read by byte range."""
 
 from __future__ import annotations
 
+import builtins
 import errno
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from zarr.abc.store import RangeByteRequest
 from zarr.abc.store import Store as ZarrStore
@@ -28,6 +29,10 @@ from hsstore.core.errors import (
 from hsstore.storage.backend import Backend, Entry, RangeSource
 from hsstore.storage.fileio import MAX_RECORD_BYTES, Written, digest
 from hsstore.storage.layout import TMP_PREFIX
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+    from zarr.core.buffer import Buffer as ZarrBuffer
 
 T = TypeVar("T")
 ATTEMPTS = 4  # tries of one request that fails on the network (botocore is told to try once: see _client_options)
@@ -143,7 +148,7 @@ class ZarrBackend(Backend):
         return data
 
     def get_range(self, key: str, offset: int, n: int) -> bytes | None:
-        def get() -> Any:
+        def get() -> ZarrBuffer | None:
             return sync(self.zstore.get(key, prototype=default_buffer_prototype(),
                                         byte_range=RangeByteRequest(offset, offset + n)))
 
@@ -151,7 +156,7 @@ class ZarrBackend(Backend):
             buf = with_retries(get, f"reading {key}", self.location)
         return None if buf is None else buf.to_bytes()
 
-    def put(self, key: str, parts: Sequence[Any]) -> Written:
+    def put(self, key: str, parts: Sequence[Buffer]) -> Written:
         want = digest(parts)
         data = b"".join(p if isinstance(p, bytes) else bytes(p) for p in parts)
         try:  # a PUT of the same bytes is idempotent: retried like a read while the network fails
@@ -182,7 +187,7 @@ class ZarrBackend(Backend):
             raise FileNotFoundError(key)
         return ZarrRange(self, key, size)
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str) -> builtins.list[str]:
         async def collect() -> list[str]:
             return [k async for k in self.zstore.list_prefix(prefix)]
 
@@ -190,7 +195,7 @@ class ZarrBackend(Backend):
             keys = with_retries(lambda: sync(collect()), f"listing {prefix or 'the store'}", self.location)
         return sorted(k for k in keys if not k.rsplit("/", 1)[-1].startswith(TMP_PREFIX))
 
-    def list_dir(self, prefix: str) -> list[str]:
+    def list_dir(self, prefix: str) -> builtins.list[str]:
         async def collect() -> list[str]:
             return [k async for k in self.zstore.list_dir(prefix.rstrip("/") + "/" if prefix else "")]
 
@@ -224,5 +229,5 @@ class ZarrBackend(Backend):
     def remove(self, key: str) -> None:
         sync(self.zstore.delete(key))
 
-    def temp_files(self) -> list[tuple[str, float]]:
+    def temp_files(self) -> builtins.list[tuple[str, float]]:
         return []  # puts here are single PUTs: no temporary objects

@@ -164,7 +164,8 @@ class SampleTable:
             self._index = ((keys if h is None else h)[order], order)
         ranked, order = self._index
         probe = np.array([want], dtype=keys.dtype)
-        probe = _fold(probe) if keys.dtype != object else probe
+        folded = _fold(probe)  # None for object keys, compared as they are
+        probe = probe if folded is None else folded
         for j in range(int(np.searchsorted(ranked, probe[0], "left")), int(np.searchsorted(ranked, probe[0], "right"))):
             if keys[order[j]] == want:
                 return int(order[j])  # the first of equal keys: the served one

@@ -17,7 +17,7 @@ import itertools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import crc32c
 import numpy as np
@@ -31,6 +31,9 @@ from hsstore.storage import layout
 from hsstore.storage.backend import Backend, BufferRange, RangeSource
 from hsstore.storage.codecs import REGISTRY, codec_of, compressors
 from hsstore.storage.fileio import convert_strict, parse_json
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 # --- Memory the shard reader reuses: a per-thread scratch buffer for chunk bytes, and recently decoded
 
@@ -133,11 +136,11 @@ EMPTY_INT = 2**64 - 1
 DATA_TYPES = ("int32", "uint8", "uint16", "float16", "float32")  # what hsstore writes (bf16: uint16 bits)
 
 
-def _crc(data: Any) -> bytes:
+def _crc(data: Buffer) -> bytes:
     return crc32c.crc32c(data).to_bytes(4, "little")
 
 
-def encode_shard(data: np.ndarray, chunk_rows: int, codec: str) -> list[Any]:
+def encode_shard(data: np.ndarray, chunk_rows: int, codec: str) -> list[Buffer]:
     """The shard file of ``data`` (rows chunked by ``chunk_rows``) as a list of buffers to write in order."""
     data = np.ascontiguousarray(data)
     if data.dtype.byteorder == ">":
@@ -146,7 +149,7 @@ def encode_shard(data: np.ndarray, chunk_rows: int, codec: str) -> list[Any]:
     n = data.shape[0]
     n_chunks = max(1, -(-n // chunk_rows))
     index = np.empty((n_chunks, 2), dtype="<u8")
-    parts: list[Any] = []
+    parts: list[Buffer] = []
     off = 0
     for k in range(n_chunks):
         block = data[k * chunk_rows : (k + 1) * chunk_rows]
@@ -154,7 +157,7 @@ def encode_shard(data: np.ndarray, chunk_rows: int, codec: str) -> list[Any]:
             pad = np.zeros((chunk_rows, *data.shape[1:]), dtype=data.dtype)
             pad[: block.shape[0]] = block
             block = pad
-        payload = memoryview(block).cast("B") if comp is None else comp.encode(block)
+        payload = block.data.cast("B") if comp is None else comp.encode(block)
         parts += [payload, _crc(payload)]
         index[k] = (off, len(payload) + 4)
         off += len(payload) + 4
@@ -179,7 +182,10 @@ def array_metadata(shape: tuple[int, ...], chunk_rows: int, dtype: np.dtype, cod
         mem, name="a", shape=shape, chunks=(chunk_rows, *shape[1:]), shards=(shard, *shape[1:]), dtype=dtype,
         compressors=compressors(codec), fill_value=0, config={"write_empty_chunks": True}, attributes=attributes,
     )
-    return sync(mem.get(layout.array_files("a", len(shape))[0], prototype=default_buffer_prototype())).to_bytes()
+    written = sync(mem.get(layout.array_files("a", len(shape))[0], prototype=default_buffer_prototype()))
+    if written is None:
+        raise AssertionError("zarr wrote no array metadata")  # it just did: create_array wrote it
+    return written.to_bytes()
 
 
 @dataclass(frozen=True)
@@ -325,7 +331,7 @@ class ShardReader:
         if self.comp is not None or not whole or not dest.flags.c_contiguous \
                 or nbytes != self.chunk_rows * row_bytes + 4:
             return False
-        view = memoryview(dest).cast("B")
+        view = dest.data.cast("B")
         tail = bytearray(4)
         got = src.readinto([view, memoryview(tail)], off)
         self.bytes_read += got if src is self.src else 0
@@ -375,7 +381,7 @@ class ShardReader:
         """Rows of uncompressed chunk ``k``, whose crc32c this reader has checked, read alone into ``dest``."""
         row_bytes = self.row_width * self.dtype.itemsize
         n = dest.shape[0] * row_bytes
-        view = memoryview(dest).cast("B") if dest.flags.c_contiguous else scratch.view(n)
+        view = dest.data.cast("B") if dest.flags.c_contiguous else scratch.view(n)
         got = src.readinto([view], off + first * row_bytes)
         self.bytes_read += got if src is self.src else 0
         if got != n:

@@ -103,7 +103,8 @@ def summary(s: Mapping[str, float]) -> LayerHealth:
     n = max(1, s["n"])
     mean = s["sum"] / n
     var = max(0.0, s["sumsq"] / n - mean * mean)
-    return LayerHealth(mean=mean, std=math.sqrt(var), absmax=s["absmax"], nan=s["nan"], inf=s["inf"],
+    # the counts are ints at run time (HealthStats, array_stats, from_stats_tensor); int() says so to the type
+    return LayerHealth(mean=mean, std=math.sqrt(var), absmax=s["absmax"], nan=int(s["nan"]), inf=int(s["inf"]),
                        zero_fraction=s["zeros"] / n)
 
 
@@ -119,7 +120,7 @@ def problems(s: Mapping[str, float]) -> list[str]:
     return out
 
 
-def merge_health(parts: list) -> object:
+def merge_health(parts: list[torch.Tensor]) -> torch.Tensor:
     """One ``stats_tensor`` of concatenated samples from each sample's own (``[head..., absmax]``)."""
     import torch
 

@@ -8,7 +8,7 @@ Decoding straight into shared memory in a worker saves that copy of every sample
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import numpy as np
 import torch
@@ -18,6 +18,27 @@ from hsstore.core.fp8_cpu import dequantize_bf16_bits
 from hsstore.core.quant import FP8
 from hsstore.storage import layout
 from hsstore.storage.shardio import scratch
+
+if TYPE_CHECKING:
+    from hsstore.core.schema.store_records import VariantRecord
+    from hsstore.storage.sample_table import SampleRef
+
+# a group of layers' states [T, n, H]; raw FP8: (float8_e4m3fn codes [T, n, H], float32 scales [T, n, 1])
+Stacked: TypeAlias = "torch.Tensor | tuple[torch.Tensor, torch.Tensor]"
+
+
+class Reader(Protocol):
+    """What a quantized read needs of hsstore.storage.reader.VariantReader (which imports this module)."""
+
+    id: str
+    record: VariantRecord
+
+    def pieces(self, ref: SampleRef, name: str, row_bytes: int) -> list[tuple[int, int]]: ...
+
+    def run_tasks(self, tasks: list[tuple[Any, ...]], nbytes: int) -> None: ...
+
+    def read_array(self, ref: SampleRef, name: str, out: np.ndarray | None = None, a: int = 0,
+                   b: int | None = None) -> np.ndarray: ...
 
 # numpy dtypes reads produce -> a torch dtype of the same width (bf16 bits are uint16: int16 holds them)
 _TORCH = {np.dtype(np.uint8): torch.uint8, np.dtype(np.uint16): torch.int16, np.dtype(np.int16): torch.int16,
@@ -45,7 +66,7 @@ def as_dtype(tensor: torch.Tensor, name: str) -> torch.Tensor:
 
 # --- Reading a variant stored quantized (FP8 e4m3 codes + per-token scales): a sample's layers stacked per
 
-def quantized_groups(reader: Any, ref: Any, groups: list[list[int]], raw: bool = False) -> list[Any]:
+def quantized_groups(reader: Reader, ref: SampleRef, groups: list[list[int]], raw: bool = False) -> list[Stacked]:
     """Each group's ``[T, n, H]`` bf16 states of sample ``ref``; with ``raw``, the e4m3 codes as a
     ``float8_e4m3fn`` tensor ``[T, n, H]`` and their scales ``[T, n, 1]`` float32 (value = code * scale).
     Every layer of the sample read in one pass
@@ -70,7 +91,7 @@ def quantized_groups(reader: Any, ref: Any, groups: list[list[int]], raw: bool =
     return [d.view(torch.bfloat16) for d, _ in outs]
 
 
-def _one_piece(reader: Any, ref: Any, layer: int, a: int, b: int, scales: np.ndarray, dest: np.ndarray,
+def _one_piece(reader: Reader, ref: SampleRef, layer: int, a: int, b: int, scales: np.ndarray, dest: np.ndarray,
                raw: bool) -> None:
     """Rows ``[a, b)`` of one layer: scales into ``scales``, codes (``raw``) or their bf16 bits into ``dest``."""
     reader.read_array(ref, layout.scale_array(layer), scales, a, b)

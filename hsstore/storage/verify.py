@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from hsstore.core.dtypes import as_float32
 from hsstore.core.errors import CorruptData, HsstoreError, StoreUnreachable
@@ -22,6 +21,7 @@ from hsstore.core.schema.store_records import CommitRecord
 from hsstore.storage import layout
 from hsstore.storage.fileio import parse_json
 from hsstore.storage.reader import VariantReader
+from hsstore.storage.sample_table import SampleRef
 from hsstore.storage.stats import health_problems, problems
 from hsstore.storage.store import Store, group_attributes
 
@@ -91,7 +91,7 @@ def _verify_variant(reader: VariantReader, report: Report, progress: Callable[[i
                             "readers use the first unit, the rest is wasted space")
 
 
-def _layer_problems(reader: VariantReader, ref: Any, layers: list[int]) -> list[list[str]]:
+def _layer_problems(reader: VariantReader, ref: SampleRef, layers: list[int]) -> list[list[str]]:
     """What is wrong with each layer of one sample: states stored as computed are read and judged with
     numpy alone (min and max decide unless a value is NaN or Inf); FP8 variants are dequantized first
     (the one path that needs torch)."""
@@ -103,7 +103,7 @@ def _layer_problems(reader: VariantReader, ref: Any, layers: list[int]) -> list[
     return [health_problems(as_float32(reader.read_array(ref, layout.layer_array(i)), rec.dtype)) for i in layers]
 
 
-def _verify_sample(reader: VariantReader, ref: Any, report: Report) -> None:
+def _verify_sample(reader: VariantReader, ref: SampleRef, report: Report) -> None:
     layers = reader.record.all_layers
     try:
         reader.read_tokens(ref)
@@ -126,22 +126,22 @@ def _verify_tree(store: Store, report: Report) -> None:
     except HsstoreError as e:
         report.add(f"the store's tree cannot be listed: {e}")
         return
-    for e in entries:
-        if e.kind == "dir":
-            if layout.parse_key(e.key).kind == "temp":
+    for entry in entries:
+        if entry.kind == "dir":
+            if layout.parse_key(entry.key).kind == "temp":
                 temporary += 1
-            elif not layout.is_dir_key(e.key):
-                report.add(f"directory {e.key} has no place in the format (not written by hsstore)")
+            elif not layout.is_dir_key(entry.key):
+                report.add(f"directory {entry.key} has no place in the format (not written by hsstore)")
             continue
-        if e.kind in _ODD:
-            report.add(f"{e.key} is {_ODD[e.kind]}; hsstore writes only regular files")
+        if entry.kind in _ODD:
+            report.add(f"{entry.key} is {_ODD[entry.kind]}; hsstore writes only regular files")
             continue
-        if e.executable:
-            report.add(f"file {e.key} is executable; hsstore writes none")
-        if layout.parse_key(e.key).kind == "temp":
+        if entry.executable:
+            report.add(f"file {entry.key} is executable; hsstore writes none")
+        if layout.parse_key(entry.key).kind == "temp":
             temporary += 1
             continue
-        uncommitted += _verify_file(store, e.key, report)
+        uncommitted += _verify_file(store, entry.key, report)
     if temporary:
         report.notes.append(f"{temporary} temporary file(s) of writes that never finished (a write in progress, or "
                             "debris of a killed one: `hsstore gc` removes them)")
@@ -155,12 +155,15 @@ def _verify_file(store: Store, key: str, report: Report) -> int:
     if k.kind == "unknown":
         report.add(f"file {key} was not written by hsstore", k.vid)
     elif k.kind == "unit-file":
-        c = report.committed.get((k.vid, k.uid))
-        if k.rel == layout.META or k.rel.endswith("/" + layout.META):  # whatever the commit state
-            _verify_document(store, key, "group" if k.rel == layout.META else "array", report, k, c is not None)
+        vid, uid, rel = k.vid, k.uid, k.rel
+        if vid is None or uid is None or rel is None:
+            raise AssertionError(f"{key}: parse_key names the variant, unit and file of every unit file")
+        c = report.committed.get((vid, uid))
+        if rel == layout.META or rel.endswith("/" + layout.META):  # whatever the commit state
+            _verify_document(store, key, "group" if rel == layout.META else "array", report, k, c is not None)
         if c is None:
             return 1
-        if k.rel not in c.files:
+        if rel not in c.files:
             report.add(f"file {key} was not recorded by the unit's commit", k.vid, None, k.uid)
     elif k.kind in ("build", "lineage", "label", "model"):
         _verify_document(store, key, None, report, k, True)
@@ -169,7 +172,7 @@ def _verify_file(store: Store, key: str, report: Report) -> int:
     return 0
 
 
-def _verify_document(store: Store, key: str, node: str | None, report: Report, k: Any, whole: bool) -> None:
+def _verify_document(store: Store, key: str, node: str | None, report: Report, k: layout.Key, whole: bool) -> None:
     """A problem naming ``key`` when it is not a JSON document (``node``: a zarr group or array document). An
     empty one of an uncommitted unit (``whole`` False) is a write in progress, not damage."""
     try:

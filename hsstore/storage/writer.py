@@ -10,7 +10,7 @@ import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -46,6 +46,18 @@ def _rows(t: torch.Tensor | Quantized, idx: torch.Tensor) -> torch.Tensor | Quan
     if isinstance(t, Quantized):
         return Quantized(t.codes.index_select(0, idx), t.scales.index_select(0, idx))
     return t.index_select(0, idx)
+
+
+def _quant_error(e: Mapping[str, float]) -> QuantError:
+    """The commit record of an additive error record of hsstore.core.quant (its ``tokens`` an int)."""
+    return QuantError(tokens=int(e["tokens"]), sum_sq_err=e["sum_sq_err"], sum_sq_ref=e["sum_sq_ref"],
+                      cos_sum=e["cos_sum"], cos_min=e["cos_min"], max_abs=e["max_abs"])
+
+
+def _health_stats(s: Mapping[str, float]) -> HealthStats:
+    """The commit record of additive health stats (hsstore.storage.stats: the counts are ints)."""
+    return HealthStats(n=int(s["n"]), sum=s["sum"], sumsq=s["sumsq"], absmax=s["absmax"], min=s["min"],
+                       max=s["max"], nan=int(s["nan"]), inf=int(s["inf"]), zeros=int(s["zeros"]))
 
 
 def _now() -> str:
@@ -84,10 +96,10 @@ class UnitWriter:
     def write(
         self,
         samples: Sequence[SampleTokens],
-        states: dict[int, torch.Tensor],
+        states: Mapping[int, torch.Tensor | Quantized],
         skip_committed: bool = True,
-        health: dict[int, torch.Tensor] | None = None,
-        quant_error: dict[int, Mapping[str, float]] | None = None,
+        health: Mapping[int, torch.Tensor] | None = None,
+        quant_error: Mapping[int, Mapping[str, float]] | None = None,
     ) -> CommitRecord | None:
         """Write ``samples`` and their states (``layer -> [sum of lengths, H]``, in sample order) as one unit.
 
@@ -121,7 +133,7 @@ class UnitWriter:
             samples = [samples[i] for i in keep]
             health = quant_error = None  # computed over other rows (the error record is then left out)
         stats = self._health(samples, states, health)
-        errors = {str(k): QuantError(**v) for k, v in (quant_error or {}).items()}
+        errors = {str(k): _quant_error(v) for k, v in (quant_error or {}).items()}
         return self._write_unit(samples, states, stats, errors)
 
     def _check_states(self, layer: int, t: torch.Tensor | Quantized, total: int) -> None:
@@ -137,22 +149,23 @@ class UnitWriter:
             got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"layer {layer} states {got}; expected {(total, rec.hidden_size)} {TORCH[rec.dtype]}")
 
-    def _health(self, samples: Sequence[SampleTokens], states: dict[int, torch.Tensor | Quantized],
-                health: dict[int, torch.Tensor] | None) -> dict[str, dict]:
+    def _health(self, samples: Sequence[SampleTokens], states: Mapping[int, torch.Tensor | Quantized],
+                health: Mapping[int, torch.Tensor] | None) -> dict[str, dict[str, float]]:
         if health is None:  # (of quantized states: their dequantized values; callers pass the computed ones)
             lengths = [s.length for s in samples]
             health = {layer: stats_tensor(dequantize(t, torch.float32) if isinstance(t, Quantized) else t, lengths)
                       for layer, t in states.items()}
-        stats, absmax = {}, {}
+        stats: dict[str, dict[str, float]] = {}
+        absmax: dict[int, list[float]] = {}
         for layer, t in health.items():
             stats[str(layer)], absmax[layer] = from_stats_tensor(t.tolist())
         if not self.check_health:
             return stats
-        for layer, s in stats.items():
-            bad = problems(s)
-            if s["nan"] or s["inf"] or (bad and "zero" in bad[0]):
+        for name, st in stats.items():
+            bad = problems(st)
+            if st["nan"] or st["inf"] or (bad and "zero" in bad[0]):
                 raise BuildFailed(
-                    f"layer {layer} of variant {self.vid}: {'; '.join(bad)} — refusing to commit. "
+                    f"layer {name} of variant {self.vid}: {'; '.join(bad)} — refusing to commit. "
                     "Check the model and dtype (fp16 overflow?) or pass --allow-unhealthy to store anyway"
                 )
         for layer, per_sample in absmax.items():
@@ -183,7 +196,7 @@ class UnitWriter:
                                   f"same command: `hsstore {self.command}` resumes from its committed units")
 
     def _write_arrays(self, uid: str, samples: Sequence[SampleTokens],
-                      states: dict[int, torch.Tensor]) -> dict[str, Written]:
+                      states: Mapping[int, torch.Tensor | Quantized]) -> dict[str, Written]:
         """The unit's token arrays and one array per layer, written side by side; keys relative to the unit."""
         rec = self.record
         n = sum(s.length for s in samples)
@@ -191,7 +204,7 @@ class UnitWriter:
         mask = np.concatenate([s.loss_mask.astype(np.uint8) for s in samples])
         c = min(rec.chunk_tokens, max(1, n))
         tok_c = min(TOKEN_CHUNK_ROWS, max(1, n))
-        arrays = [("input_ids", ids, tok_c, "none", {}), ("loss_mask", mask, tok_c, "none", {})]
+        arrays: list[tuple[str, np.ndarray, int, str, dict[str, Any]]] = [("input_ids", ids, tok_c, "none", {}), ("loss_mask", mask, tok_c, "none", {})]
         for layer, t in states.items():
             if isinstance(t, Quantized):  # e4m3 codes (uint8) and their per-token float32 scales
                 arrays.append((layout.layer_array(layer), t.codes.cpu().numpy(), c, rec.codec,
@@ -208,7 +221,7 @@ class UnitWriter:
         return out
 
     def _write_array(self, uid: str, name: str, data: np.ndarray, chunk: int, codec: str,
-                     attrs: dict) -> dict[str, Written]:
+                     attrs: dict[str, Any]) -> dict[str, Written]:
         """One single-shard zarr v3 array: zarr's own metadata, the shard encoded here (the same bytes
         zarr writes); both written through the checked put. Returns what each file holds."""
         meta_rel, shard_rel = layout.array_files(name, data.ndim)
@@ -217,8 +230,8 @@ class UnitWriter:
                               [array_metadata(data.shape, chunk, data.dtype, codec, attrs)]),
                 shard_rel: put(layout.unit_key(self.vid, uid, shard_rel), encode_shard(data, chunk, codec))}
 
-    def _write_unit(self, samples: Sequence[SampleTokens], states: dict[int, torch.Tensor],
-                    stats: dict[str, dict], quant_error: dict[str, QuantError] | None = None) -> CommitRecord:
+    def _write_unit(self, samples: Sequence[SampleTokens], states: Mapping[int, torch.Tensor | Quantized],
+                    stats: dict[str, dict[str, float]], quant_error: dict[str, QuantError] | None = None) -> CommitRecord:
         """Claim a new unit id, write its files, then its commit record (last, atomically)."""
         with self._lock:
             uid = f"{self.writer_id}-{self.seq:06d}"
@@ -247,7 +260,7 @@ class UnitWriter:
             commit = CommitRecord(
                 unit=uid, samples=[(s.key, offsets[i], s.length) for i, s in enumerate(samples)], layers=sorted(states),
                 files={rel: w.size for rel, w in sorted(written.items())},
-                stats={k: HealthStats(**v) for k, v in stats.items()}, writer=self.info, committed_at=_now(),
+                stats={k: _health_stats(v) for k, v in stats.items()}, writer=self.info, committed_at=_now(),
                 crc32c={rel: w.crc32c for rel, w in sorted(written.items())},
                 **({"quant_error": quant_error} if quant_error else {}),
             )
