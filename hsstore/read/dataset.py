@@ -35,7 +35,8 @@ from hsstore.storage.store import Store, split_target
 
 # --- ``require=``: a dataset refuses a variant of other provenance than the one required — a provenance
 
-# what ``require=`` takes: a provenance, a dataset (either form), a reader or "STORE#SELECTOR"
+# what ``require=`` takes: a provenance, a dataset (either form, or a training adapter over one:
+# hsstore.interop.adapters), a reader or "STORE#SELECTOR"
 Required: TypeAlias = "Mapping[str, Any] | _Base | VariantReader | str"
 
 
@@ -45,13 +46,16 @@ def resolve_provenance(required: Required) -> dict[str, Any]:
         return dict(required)
     if isinstance(getattr(required, "reader", None), VariantReader):  # a HiddenStateDataset (either form)
         return cast(_Base, required).provenance
+    if isinstance(getattr(getattr(required, "base", None), "reader", None), VariantReader):
+        return cast(_Base, required.base).provenance  # type: ignore[union-attr]  # a training adapter's dataset
     if isinstance(required, VariantReader):
         return required.record.provenance
     if isinstance(required, str):
         path, sel = split_target(required)
         s = Store.open(path)
         return s.variant_record(s.select(sel)).provenance
-    raise TypeError(f"require= takes a provenance dict, a dataset or 'STORE#SELECTOR', not {type(required).__name__}")
+    raise TypeError(f"require= takes a provenance dict, a dataset (or a training adapter over one), a reader or "
+                    f"'STORE#SELECTOR', not {type(required).__name__}")
 
 
 def require_provenance(reader: VariantReader, required: Required, allow_drift: Iterable[str] = ()) -> None:

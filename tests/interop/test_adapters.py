@@ -174,3 +174,19 @@ def test_per_sample_health_merges_into_the_units_stats():
     whole = stats_tensor(torch.cat(parts), [3, 5, 2])
     merged = merge_health([stats_tensor(p, [p.shape[0]]) for p in parts])
     assert merged.shape == whole.shape and torch.allclose(merged, whole, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("adapter", [SpecForgeDataset, SpeculatorsDataset])
+def test_an_adapter_is_a_provenance_to_require(imported, adapter):
+    """Training on a peer's dataset form and evaluating on hsstore's (or the other way round) checks provenance
+    the same way: ``require=`` takes the training adapter as it takes a dataset (it was a TypeError), and a
+    dataset of other provenance is refused by it."""
+    from hsstore import HiddenStateDataset, ProvenanceMismatch
+
+    store, _ = imported
+    train = adapter(str(store))
+    assert HiddenStateDataset(store, require=train).provenance == train.provenance
+    assert adapter(str(store), require=train).provenance == train.provenance
+    other = dict(train.provenance, recipe=dict(train.provenance["recipe"], dtype="fp32"))
+    with pytest.raises(ProvenanceMismatch):
+        HiddenStateDataset(store, require=other)
