@@ -235,25 +235,36 @@ def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: i
 
     g = m.generate
     jobs = jobs_from_rows(load_rows(m.data_files) if rows is None else rows, m.data_format, g, InputReport(), limit)
+    tok = inp.spec.tokenizer()  # loaded once: the prompts and the calibrating engine share it
+    prompts = _prompts(m, tok, jobs)
     replies = sum(len(j.turns) for j in jobs)
     most = replies * g.max_new_tokens
     data = sum(int(s.loss_mask.sum()) for s in inp.samples) * g.n  # the data's replies, as an estimate
     expected = min(most, data) if data else most
-    tok = inp.spec.tokenizer()  # loaded once: the prompts and the calibrating engine share it
-    prompts = _prompts(m, tok, jobs)
     batches = prompt_batches([len(p) for p in prompts], g.max_new_tokens, m.token_budget)
     common = dict(engine=g.engine, prompts=len({(j.file, j.row) for j in jobs}), replies=replies,
                   max_generated_tokens=most, expected_generated_tokens=expected, batches=len(batches))
-    if not (calibrate and g.engine == "model" and batches):
+    if (why := _not_timed(g.engine, calibrate, batches)) is not None:
         return GenerationPlan(**common, generated_tokens_per_second=None, first_batch_extra_seconds=None,
-                              calibration_prompts=None, seconds=None, seconds_source=(
-                                  "not estimated: pass --calibrate to generate one batch here (engine = \"model\")"))
+                              calibration_prompts=None, seconds=None, seconds_source=f"not estimated: {why}")
     first = [prompts[i] for i in batches[0]]
     rate, extra = _generation_rate(m, inp, tok, first)
     return GenerationPlan(**common, generated_tokens_per_second=rate, first_batch_extra_seconds=extra,
                           calibration_prompts=len(first), seconds=expected / rate + extra,
                           seconds_source=f"measured: the build's first batch ({len(first)} prompts) generated here, "
                                          f"cold then warm; the warm rate, plus the cold one-off {extra:.1f} s")
+
+
+def _not_timed(engine: str, calibrate: int, batches: list[list[int]]) -> str | None:
+    """Why the plan does not time the generation (None: it does)."""
+    if not batches:
+        return "no prompts to calibrate on: no row gives a prompt the build would regenerate from (it refuses such data)"
+    if engine != "model":
+        return (f"the {engine} engine's server is not run by plan (its speed is the server's; time a batch "
+                "against it)")
+    if not calibrate:
+        return "pass --calibrate to generate one batch here (engine = \"model\")"
+    return None
 
 
 def _prompts(m: Any, tok: Any, jobs: list[Any]) -> list[list[int]]:

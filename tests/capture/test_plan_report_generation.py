@@ -1,0 +1,43 @@
+"""``hsstore plan`` of a manifest that regenerates its replies ([generate]): what it says when it cannot time the
+generation, and that the replies and the calibration batch it plans are those the build generates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from helpers import run_cli, write_manifest
+
+
+def _manifest(d: Path, generate: str, *, files: list[str] | None = None, max_length: int = 256) -> Path:
+    p = write_manifest(d / "m.toml", model="builtin:tiny-llama", dtypes='["fp32"]', files=files, max_length=max_length)
+    p.write_text(p.read_text() + "[generate]\n" + generate)
+    return p
+
+
+def _generation(m: Path, *args: str) -> dict:
+    r = run_cli("plan", str(m), "--json", *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["generation"]
+
+
+def test_a_server_engine_plan_says_plan_does_not_run_the_server(tmp_path: Path) -> None:
+    """--calibrate cannot time an openai server's generation: the plan must not tell the user to pass the
+    --calibrate they passed."""
+    m = _manifest(tmp_path, 'engine = "openai"\nurl = "http://127.0.0.1:9/v1"\nmax_new_tokens = 4\n')
+    for args in ((), ("--calibrate", "1")):
+        g = _generation(m, "--limit", "2", *args)
+        assert g["seconds"] is None and g["generated_tokens_per_second"] is None
+        assert "pass --calibrate" not in g["seconds_source"], g["seconds_source"]
+        assert "openai" in g["seconds_source"] and "server" in g["seconds_source"], g["seconds_source"]
+
+
+def test_a_plan_with_no_prompts_says_there_is_nothing_to_calibrate_on(tmp_path: Path) -> None:
+    """Text rows tokenize as the data's own samples but give no prompt to regenerate from."""
+    data = tmp_path / "text.jsonl"
+    data.write_text('{"text": "a row of plain text"}\n{"text": "another row of text"}\n')
+    m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 2\n', files=[str(data)])
+    g = _generation(m, "--calibrate", "1")
+    assert (g["prompts"], g["replies"], g["batches"], g["seconds"]) == (0, 0, 0, None)
+    assert "pass --calibrate" not in g["seconds_source"] and "no prompts" in g["seconds_source"], g["seconds_source"]
+
