@@ -41,3 +41,16 @@ def test_a_plan_with_no_prompts_says_there_is_nothing_to_calibrate_on(tmp_path: 
     assert (g["prompts"], g["replies"], g["batches"], g["seconds"]) == (0, 0, 0, None)
     assert "pass --calibrate" not in g["seconds_source"] and "no prompts" in g["seconds_source"], g["seconds_source"]
 
+
+def test_prompts_the_build_drops_as_too_long_are_neither_planned_nor_calibrated_on(tmp_path: Path) -> None:
+    """The build drops a prompt of max_length tokens or more before generating (regenerate.prompt_tokens); the
+    plan counted it, and its batches (longest prompts first) timed the build's 'first batch' on exactly the
+    prompts the build never generates. Of the first 6 rows, 2 prompts exceed 80 tiny-llama tokens."""
+    m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 2\n', max_length=80)
+    g = _generation(m, "--limit", "6", "--calibrate", "1")
+    r = run_cli("build", str(m), "--quiet", "--json", "--limit", "6")
+    assert r.returncode == 0, r.stderr
+    built = json.loads(r.stdout)["replies_generated"]
+    assert built == 4
+    assert (g["prompts"], g["replies"], g["calibration_prompts"]) == (built, built, built)
+    assert g["max_generated_tokens"] == 2 * built

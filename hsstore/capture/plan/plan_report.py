@@ -236,7 +236,7 @@ def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: i
     g = m.generate
     jobs = jobs_from_rows(load_rows(m.data_files) if rows is None else rows, m.data_format, g, InputReport(), limit)
     tok = inp.spec.tokenizer()  # loaded once: the prompts and the calibrating engine share it
-    prompts = _prompts(m, tok, jobs)
+    jobs, prompts = _prompts(m, tok, jobs)
     replies = sum(len(j.turns) for j in jobs)
     most = replies * g.max_new_tokens
     data = sum(int(s.loss_mask.sum()) for s in inp.samples) * g.n  # the data's replies, as an estimate
@@ -267,14 +267,23 @@ def _not_timed(engine: str, calibrate: int, batches: list[list[int]]) -> str | N
     return None
 
 
-def _prompts(m: Any, tok: Any, jobs: list[Any]) -> list[list[int]]:
-    """Every job's prompt tokens, as the build renders them (their lengths form the engine's batches)."""
+def _prompts(m: Any, tok: Any, jobs: list[Any]) -> tuple[list[Any], list[list[int]]]:
+    """The jobs the build generates and their prompt tokens, as the build renders them (their lengths form the
+    engine's batches): the build drops a job whose prompt holds max_length tokens or more."""
     from hsstore.capture.generate.regenerate import prompt_tokens
     from hsstore.capture.inputs.lossmask import ChatMasker
+    from hsstore.capture.inputs.messages import RowRejected
 
     masker = ChatMasker(tok)
     masker.kwargs.update(m.generate.chat_template_kwargs)
-    return [prompt_tokens(masker, j, 1 << 30) for j in jobs]
+    kept, prompts = [], []
+    for j in jobs:
+        try:
+            prompts.append(prompt_tokens(masker, j, m.max_length))
+        except RowRejected:
+            continue
+        kept.append(j)
+    return kept, prompts
 
 
 def _generation_rate(m: Any, inp: Any, tok: Any, batch: list[list[int]]) -> tuple[float, float]:
