@@ -54,3 +54,20 @@ def test_prompts_the_build_drops_as_too_long_are_neither_planned_nor_calibrated_
     assert built == 4
     assert (g["prompts"], g["replies"], g["calibration_prompts"]) == (built, built, built)
     assert g["max_generated_tokens"] == 2 * built
+
+
+def test_docs_json_names_every_key_of_plan_json() -> None:
+    """docs/json.md is where a script's author looks up ``plan --json``: it left out ``generation`` (and the
+    ratio's ``expected_error``), so the regeneration estimate and its calibration keys were undocumented."""
+    import re
+
+    from helpers import REPO
+
+    from hsstore.core.schema.plan import GenerationPlan, PlanReport, Ratio
+
+    doc = (REPO / "docs" / "json.md").read_text()
+    bullet = re.search(r"^- `plan --json`(.*?)(?=^- )", doc, re.S | re.M)
+    assert bullet, "docs/json.md has no plan --json bullet"
+    keys = {*PlanReport.__struct_fields__, *GenerationPlan.__struct_fields__, *Ratio.__struct_fields__}
+    missing = sorted(k for k in keys if f'"{k}"' not in bullet.group(1))
+    assert not missing, f"docs/json.md's plan --json leaves out {missing}"
