@@ -71,3 +71,13 @@ def test_docs_json_names_every_key_of_plan_json() -> None:
     keys = {*PlanReport.__struct_fields__, *GenerationPlan.__struct_fields__, *Ratio.__struct_fields__}
     missing = sorted(k for k in keys if f'"{k}"' not in bullet.group(1))
     assert not missing, f"docs/json.md's plan --json leaves out {missing}"
+
+
+def test_a_sampled_plan_scales_the_generation_to_the_whole_data(tmp_path: Path) -> None:
+    """--sample N extrapolated the tokens to every row but planned the generation of the N sampled rows only
+    (10 replies of a 120-row file whose build generates 120)."""
+    m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 2\n', max_length=512)
+    whole, sampled = _generation(m), _generation(m, "--sample", "10")
+    assert whole["prompts"] == whole["replies"] == 120
+    assert (sampled["prompts"], sampled["replies"], sampled["max_generated_tokens"]) == (120, 120, 240)
+    assert abs(sampled["batches"] - whole["batches"]) <= max(1, whole["batches"] // 2)

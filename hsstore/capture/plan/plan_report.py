@@ -222,14 +222,16 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
         variants=variants, forms=_forms(m, inp, {**probed, **calibrated}, scale), space=space(m, found, tokens.samples),
         batches=len(token_budget_batches(lengths, m.token_budget)),
         calibration_batches=max((c.batches for c in cal.values()), default=0),
-        generation=generation_plan(m, inp, rows, limit, calibrate))
+        generation=generation_plan(m, inp, rows, limit, calibrate,
+                                   population / len(rows) if rows and population else 1.0))
 
 
-def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: int) -> GenerationPlan | None:
-    """Replies, generated tokens and time of regenerating the replies (None without [generate])."""
+def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: int,
+                    scale: float = 1.0) -> GenerationPlan | None:
+    """Replies, generated tokens and time of regenerating the replies (None without [generate]); ``scale``: the
+    rows of the data per row of ``rows`` (a --sample's), which the counts are multiplied by."""
     if m.generate is None:
         return None
-    from hsstore.capture.generate.engines import prompt_batches
     from hsstore.capture.generate.regenerate import jobs_from_rows
     from hsstore.capture.inputs.tokenizing import InputReport, load_rows
 
@@ -241,18 +243,29 @@ def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: i
     most = replies * g.max_new_tokens
     data = sum(int(s.loss_mask.sum()) for s in inp.samples) * g.n  # the data's replies, as an estimate
     expected = min(most, data) if data else most
-    batches = prompt_batches([len(p) for p in prompts], g.max_new_tokens, m.token_budget)
-    common = dict(engine=g.engine, prompts=len({(j.file, j.row) for j in jobs}), replies=replies,
-                  max_generated_tokens=most, expected_generated_tokens=expected, batches=len(batches))
+    batches = _prompt_batches(prompts, scale, g.max_new_tokens, m.token_budget)
+    common = dict(engine=g.engine, prompts=round(len({(j.file, j.row) for j in jobs}) * scale),
+                  replies=round(replies * scale), max_generated_tokens=round(most * scale),
+                  expected_generated_tokens=round(expected * scale), batches=len(batches))
     if (why := _not_timed(g.engine, calibrate, batches)) is not None:
         return GenerationPlan(**common, generated_tokens_per_second=None, first_batch_extra_seconds=None,
                               calibration_prompts=None, seconds=None, seconds_source=f"not estimated: {why}")
     first = [prompts[i] for i in batches[0]]
     rate, extra = _generation_rate(m, inp, tok, first)
     return GenerationPlan(**common, generated_tokens_per_second=rate, first_batch_extra_seconds=extra,
-                          calibration_prompts=len(first), seconds=expected / rate + extra,
+                          calibration_prompts=len(first),
+                          seconds=common["expected_generated_tokens"] / rate + extra,
                           seconds_source=f"measured: the build's first batch ({len(first)} prompts) generated here, "
                                          f"cold then warm; the warm rate, plus the cold one-off {extra:.1f} s")
+
+
+def _prompt_batches(prompts: list[list[int]], scale: float, max_new_tokens: int, budget: int) -> list[list[int]]:
+    """The engine's batches (indices into ``prompts``) of the whole data: each prompt of a --sample stands for
+    ``scale`` prompts (a batch holds as many prompts of a length in the sample as in the data)."""
+    from hsstore.capture.generate.engines import prompt_batches
+
+    every = [int(i / scale) for i in range(round(len(prompts) * scale))]
+    return [[every[k] for k in b] for b in prompt_batches([len(prompts[i]) for i in every], max_new_tokens, budget)]
 
 
 def _not_timed(engine: str, calibrate: int, batches: list[list[int]]) -> str | None:
