@@ -81,3 +81,30 @@ def test_a_sampled_plan_scales_the_generation_to_the_whole_data(tmp_path: Path) 
     assert whole["prompts"] == whole["replies"] == 120
     assert (sampled["prompts"], sampled["replies"], sampled["max_generated_tokens"]) == (120, 120, 240)
     assert abs(sampled["batches"] - whole["batches"]) <= max(1, whole["batches"] // 2)
+
+
+def test_a_plan_of_prompts_only_data_plans_the_build_that_regenerates_them(tmp_path: Path) -> None:
+    """Rows that are prompts (no assistant turn) are what regeneration is for, and the build takes them; the plan
+    refused the data as 'no usable rows in the data files ... check [data] files and format'."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "Write fizzbuzz in Python."}\n{"prompt": "Explain recursion briefly."}\n'
+                    '{"messages": [{"role": "user", "content": "hi there"}]}\n')
+    m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 3\n', files=[str(data)])
+    r = run_cli("plan", str(m), "--json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert (plan["inputs"]["usable"], plan["tokens"]["samples"]) == (3, 3)
+    g = plan["generation"]
+    assert (g["prompts"], g["replies"], g["max_generated_tokens"], g["expected_generated_tokens"]) == (3, 3, 9, 9)
+    r = run_cli("build", str(m), "--quiet", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["replies_generated"] == 3
+
+
+def test_a_plan_of_prompts_the_build_would_all_drop_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "Write fizzbuzz in Python."}\n{"prompt": "Explain recursion briefly."}\n')
+    m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 3\n', files=[str(data)], max_length=8)
+    r = run_cli("plan", str(m))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "no reply of their own" in r.stderr and "prompt longer than max_length=8: 2" in r.stderr, r.stderr
