@@ -359,7 +359,9 @@ def samples_of_rows(m: Any, spec: Any, tok: Any, tok_id: Any, model_id: Any, row
         try:
             return (*tokenize_rows(rows, tok, tok_id.fingerprint, m.data_format, m.max_length, m.too_long, limit),
                     None)
-        except BadInput:  # no row has a reply of its own (e.g. every row is a prompt): the build still takes them
+        except BadInput as e:  # no row has a reply of its own (e.g. every row is a prompt): the build takes them
+            if not str(e).startswith("no usable rows"):
+                raise
             return (*placeholder_samples(m, tok, tok_id.fingerprint, rows, limit, pad_id), None)
     if m.generate is None or store is None:
         return (*tokenize_rows(rows, tok, tok_id.fingerprint, m.data_format, m.max_length, m.too_long, limit), None)
