@@ -108,3 +108,20 @@ def test_a_plan_of_prompts_the_build_would_all_drop_is_one_line_and_exit_2(tmp_p
     r = run_cli("plan", str(m))
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "no reply of their own" in r.stderr and "prompt longer than max_length=8: 2" in r.stderr, r.stderr
+
+
+def test_a_plan_after_an_earlier_build_counts_only_the_replies_still_to_generate(tmp_path: Path) -> None:
+    """A build reuses every reply an earlier build checkpointed in the store (a re-run generates nothing already
+    generated); the plan ignored them and estimated the whole generation again, as it does not the capture
+    (its 'to write' is what the store lacks)."""
+    m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 2\n')
+    r = run_cli("build", str(m), "--quiet", "--json", "--limit", "2")
+    assert r.returncode == 0, r.stderr
+    g = _generation(m, "--limit", "3", "--calibrate", "1")
+    assert (g["prompts"], g["replies"], g["checkpointed_replies"]) == (3, 3, 2)
+    assert (g["max_generated_tokens"], g["batches"], g["calibration_prompts"]) == (2, 1, 1)
+    g = _generation(m, "--limit", "2", "--calibrate", "1")
+    assert (g["checkpointed_replies"], g["max_generated_tokens"], g["batches"], g["seconds"]) == (2, 0, 0, 0.0)
+    assert "checkpointed" in g["seconds_source"], g["seconds_source"]
+    r = run_cli("plan", str(m), "--limit", "2")  # the text form too
+    assert r.returncode == 0 and "2 checkpointed in the store" in r.stdout and "nothing to generate" in r.stdout, r.stderr

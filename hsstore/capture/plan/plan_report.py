@@ -239,14 +239,21 @@ def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: i
     jobs = jobs_from_rows(load_rows(m.data_files) if rows is None else rows, m.data_format, g, InputReport(), limit)
     tok = inp.spec.tokenizer()  # loaded once: the prompts and the calibrating engine share it
     jobs, prompts = _prompts(m, tok, jobs)
+    done = _checkpointed(m, inp, jobs, prompts)
+    prompts = [p for k, p in enumerate(prompts) if k not in done]  # the build batches only the missing ones
     replies = sum(len(j.turns) for j in jobs)
-    most = replies * g.max_new_tokens
+    most = (replies - len(done)) * g.max_new_tokens
     data = sum(int(s.loss_mask.sum()) for s in inp.samples) * g.n  # the data's replies, as an estimate
-    expected = min(most, data) if data else most
+    expected = min(most, round(data * (replies - len(done)) / replies)) if data and replies else most
     batches = _prompt_batches(prompts, scale, g.max_new_tokens, m.token_budget)
     common = dict(engine=g.engine, prompts=round(len({(j.file, j.row) for j in jobs}) * scale),
-                  replies=round(replies * scale), max_generated_tokens=round(most * scale),
-                  expected_generated_tokens=round(expected * scale), batches=len(batches))
+                  replies=round(replies * scale), checkpointed_replies=round(len(done) * scale),
+                  max_generated_tokens=round(most * scale), expected_generated_tokens=round(expected * scale),
+                  batches=len(batches))
+    if done and not prompts:
+        return GenerationPlan(**common, generated_tokens_per_second=None, first_batch_extra_seconds=None,
+                              calibration_prompts=None, seconds=0.0, seconds_source=(
+                                  "nothing to generate: the store holds every reply, checkpointed by an earlier build"))
     if (why := _not_timed(g.engine, calibrate, batches)) is not None:
         return GenerationPlan(**common, generated_tokens_per_second=None, first_batch_extra_seconds=None,
                               calibration_prompts=None, seconds=None, seconds_source=f"not estimated: {why}")
@@ -257,6 +264,27 @@ def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: i
                           seconds=common["expected_generated_tokens"] / rate + extra,
                           seconds_source=f"measured: the build's first batch ({len(first)} prompts) generated here, "
                                          f"cold then warm; the warm rate, plus the cold one-off {extra:.1f} s")
+
+
+def _checkpointed(m: Any, inp: Any, jobs: list[Any], prompts: list[list[int]]) -> set[int]:
+    """Positions of ``jobs`` whose (first) reply an earlier build checkpointed in the store: the build reuses it
+    (regenerate.load_replies, keyed as the build keys it)."""
+    from hsstore.capture.generate.regenerate import config_of, load_replies, reply_key
+    from hsstore.core.errors import StoreNotFound
+    from hsstore.core.keys import fingerprint
+    from hsstore.core.provenance_match import numeric_fields
+    from hsstore.storage.store import Store
+
+    try:
+        store = Store.open(m.store_path)
+    except StoreNotFound:
+        return set()
+    g = m.generate
+    model_fp = fingerprint(numeric_fields({"model": inp.recipe.model.to_dict()}))
+    config = config_of(g, model_fp, inp.recipe.tokenizer.fingerprint,
+                       f"{m.devices[0]}/{m.dtypes[0]}" if g.engine == "model" else "")
+    cache = load_replies(store, config)
+    return {k for k, (j, p) in enumerate(zip(jobs, prompts)) if reply_key(config, p, j.index) in cache}
 
 
 def _prompt_batches(prompts: list[list[int]], scale: float, max_new_tokens: int, budget: int) -> list[list[int]]:
