@@ -267,7 +267,8 @@ def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: i
 
 
 def _checkpointed(m: Any, inp: Any, jobs: list[Any], prompts: list[list[int]]) -> set[int]:
-    """Positions of ``jobs`` whose (first) reply an earlier build checkpointed in the store: the build reuses it
+    """Positions of ``jobs`` of one reply (turns = "all" chains are planned whole: a later turn's prompt is made
+    of the earlier replies) whose reply an earlier build checkpointed in the store: the build reuses it
     (regenerate.load_replies, keyed as the build keys it)."""
     from hsstore.capture.generate.regenerate import config_of, load_replies, reply_key
     from hsstore.core.errors import StoreNotFound
@@ -284,7 +285,8 @@ def _checkpointed(m: Any, inp: Any, jobs: list[Any], prompts: list[list[int]]) -
     config = config_of(g, model_fp, inp.recipe.tokenizer.fingerprint,
                        f"{m.devices[0]}/{m.dtypes[0]}" if g.engine == "model" else "")
     cache = load_replies(store, config)
-    return {k for k, (j, p) in enumerate(zip(jobs, prompts)) if reply_key(config, p, j.index) in cache}
+    return {k for k, (j, p) in enumerate(zip(jobs, prompts))
+            if len(j.turns) == 1 and reply_key(config, p, j.index) in cache}
 
 
 def _prompt_batches(prompts: list[list[int]], scale: float, max_new_tokens: int, budget: int) -> list[list[int]]:
