@@ -71,11 +71,14 @@ def _lines(r: PlanReport) -> list[str]:
                   f"  codec ratio {v.ratio.value:.2f}x ({how})",
                   f"  time: {duration(v.seconds)} for {v.flops:.3g} FLOPs{mfu} — {v.seconds_source}"]
     if (g := r.generation) is not None:
-        when = f"{duration(g.seconds)} at {g.generated_tokens_per_second:,.1f} tokens/s" if g.seconds is not None else ""
-        lines.append(f"regenerating ({g.engine}): {g.replies:,} replies to {g.prompts:,} prompts, about "
+        rate = g.generated_tokens_per_second
+        when = "" if g.seconds is None else duration(g.seconds) + (f" at {rate:,.1f} tokens/s" if rate is not None else "")
+        ck = f" ({g.checkpointed_replies:,} checkpointed in the store: reused)" if g.checkpointed_replies else ""
+        lines.append(f"regenerating ({g.engine}): {g.replies:,} replies to {g.prompts:,} prompts{ck}, about "
                      f"{g.expected_generated_tokens:,} generated tokens (at most {g.max_generated_tokens:,}) in "
                      f"{g.batches:,} batch(es); "
-                     f"time: {when or '?'} — {g.seconds_source}; sizes below are of the data's own replies")
+                     f"time: {when or '?'} — {g.seconds_source}; sizes below are of the data's own replies (of "
+                     "max_new_tokens where it has none)")
     lines.append("storage forms, all samples: " + "; ".join(
         f"{f.form}/{f.codec} {byte_size(f.bytes)} ({f.ratio.value:.2f}x{'' if f.ratio.measured else ' assumed'})"
         for f in r.forms))

@@ -354,8 +354,48 @@ def samples_of_rows(m: Any, spec: Any, tok: Any, tok_id: Any, model_id: Any, row
     from hsstore.capture.run.progress import status
 
     rows = load_rows(m.data_files) if rows is None else rows
+    if m.generate is not None and store is None:  # a plan: the data's own replies stand for the regenerated ones
+        rows = list(rows)
+        try:
+            return (*tokenize_rows(rows, tok, tok_id.fingerprint, m.data_format, m.max_length, m.too_long, limit),
+                    None)
+        except BadInput as e:  # no row has a reply of its own (e.g. every row is a prompt): the build takes them
+            if not str(e).startswith("no usable rows"):
+                raise
+            return (*placeholder_samples(m, tok, tok_id.fingerprint, rows, limit, pad_id), None)
     if m.generate is None or store is None:
         return (*tokenize_rows(rows, tok, tok_id.fingerprint, m.data_format, m.max_length, m.too_long, limit), None)
     status(f"regenerating the replies with {m.generate.engine} ({m.model_path})", quiet)
     regen = regenerate_rows(m, spec, tok, tok_id, model_id, rows, store, build_id, limit, pad_id, world)
     return regen.samples, regen.report, regen
+
+
+def placeholder_samples(m: Any, tok: Any, tok_fp: str, rows: list[tuple], limit: int | None,
+                        pad_id: int) -> tuple[list[SampleTokens], InputReport]:
+    """For a plan of data with no reply of its own: each job's prompt as the build renders it, followed by a
+    reply of max_new_tokens placeholder tokens (the longest the build generates; cut at max_length); BadInput
+    when no row gives a prompt the build keeps."""
+    from hsstore.capture.inputs.lossmask import ChatMasker
+
+    g, report = m.generate, InputReport()
+    masker = ChatMasker(tok)
+    masker.kwargs.update(g.chat_template_kwargs)
+    samples = []
+    for j in jobs_from_rows(rows, m.data_format, g, report, limit):
+        try:
+            prompt = prompt_tokens(masker, j, m.max_length)
+        except RowRejected as r:
+            report.rejected[r.reason] += 1
+            report.note("rejected", j.file, j.row, r.reason, r.detail)
+            continue
+        n = min(g.max_new_tokens, m.max_length - len(prompt))
+        reply = [pad_id] * (n - 1) + [j.index]  # the reply index: each of n replies its own key
+        ids, mask = np.asarray(prompt + reply, dtype=np.int32), np.asarray([0] * len(prompt) + [1] * n, np.uint8)
+        samples.append(SampleTokens(sample_key(tok_fp, ids, mask), ids, mask))
+        report.usable += 1
+    report.close()
+    if not samples:
+        reasons = ", ".join(f"{k}: {v}" for k, v in report.rejected.items()) or "no rows"
+        raise BadInput(f"no usable rows in the data files ({report.rows} rows read; no reply of their own, and as "
+                       f"prompts to regenerate from: {reasons}); check [data] files, format and max_length")
+    return samples, report

@@ -222,48 +222,111 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
         variants=variants, forms=_forms(m, inp, {**probed, **calibrated}, scale), space=space(m, found, tokens.samples),
         batches=len(token_budget_batches(lengths, m.token_budget)),
         calibration_batches=max((c.batches for c in cal.values()), default=0),
-        generation=generation_plan(m, inp, rows, limit, calibrate))
+        generation=generation_plan(m, inp, rows, limit, calibrate,
+                                   population / len(rows) if rows and population else 1.0))
 
 
-def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: int) -> GenerationPlan | None:
-    """Replies, generated tokens and time of regenerating the replies (None without [generate])."""
+def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: int,
+                    scale: float = 1.0) -> GenerationPlan | None:
+    """Replies, generated tokens and time of regenerating the replies (None without [generate]); ``scale``: the
+    rows of the data per row of ``rows`` (a --sample's), which the counts are multiplied by."""
     if m.generate is None:
         return None
-    from hsstore.capture.generate.engines import prompt_batches
     from hsstore.capture.generate.regenerate import jobs_from_rows
     from hsstore.capture.inputs.tokenizing import InputReport, load_rows
 
     g = m.generate
     jobs = jobs_from_rows(load_rows(m.data_files) if rows is None else rows, m.data_format, g, InputReport(), limit)
-    replies = sum(len(j.turns) for j in jobs)
-    most = replies * g.max_new_tokens
-    data = sum(int(s.loss_mask.sum()) for s in inp.samples) * g.n  # the data's replies, as an estimate
-    expected = min(most, data) if data else most
     tok = inp.spec.tokenizer()  # loaded once: the prompts and the calibrating engine share it
-    prompts = _prompts(m, tok, jobs)
-    batches = prompt_batches([len(p) for p in prompts], g.max_new_tokens, m.token_budget)
-    common = dict(engine=g.engine, prompts=len({(j.file, j.row) for j in jobs}), replies=replies,
-                  max_generated_tokens=most, expected_generated_tokens=expected, batches=len(batches))
-    if not (calibrate and g.engine == "model" and batches):
+    jobs, prompts = _prompts(m, tok, jobs)
+    done = _checkpointed(m, inp, jobs, prompts)
+    prompts = [p for k, p in enumerate(prompts) if k not in done]  # the build batches only the missing ones
+    replies = sum(len(j.turns) for j in jobs)
+    most = (replies - len(done)) * g.max_new_tokens
+    data = sum(int(s.loss_mask.sum()) for s in inp.samples) * g.n  # the data's replies, as an estimate
+    expected = min(most, round(data * (replies - len(done)) / replies)) if data and replies else most
+    batches = _prompt_batches(prompts, scale, g.max_new_tokens, m.token_budget)
+    common = dict(engine=g.engine, prompts=round(len({(j.file, j.row) for j in jobs}) * scale),
+                  replies=round(replies * scale), checkpointed_replies=round(len(done) * scale),
+                  max_generated_tokens=round(most * scale), expected_generated_tokens=round(expected * scale),
+                  batches=len(batches))
+    if done and not prompts:
         return GenerationPlan(**common, generated_tokens_per_second=None, first_batch_extra_seconds=None,
-                              calibration_prompts=None, seconds=None, seconds_source=(
-                                  "not estimated: pass --calibrate to generate one batch here (engine = \"model\")"))
+                              calibration_prompts=None, seconds=0.0, seconds_source=(
+                                  "nothing to generate: the store holds every reply, checkpointed by an earlier build"))
+    if (why := _not_timed(g.engine, calibrate, batches)) is not None:
+        return GenerationPlan(**common, generated_tokens_per_second=None, first_batch_extra_seconds=None,
+                              calibration_prompts=None, seconds=None, seconds_source=f"not estimated: {why}")
     first = [prompts[i] for i in batches[0]]
     rate, extra = _generation_rate(m, inp, tok, first)
     return GenerationPlan(**common, generated_tokens_per_second=rate, first_batch_extra_seconds=extra,
-                          calibration_prompts=len(first), seconds=expected / rate + extra,
+                          calibration_prompts=len(first),
+                          seconds=common["expected_generated_tokens"] / rate + extra,
                           seconds_source=f"measured: the build's first batch ({len(first)} prompts) generated here, "
                                          f"cold then warm; the warm rate, plus the cold one-off {extra:.1f} s")
 
 
-def _prompts(m: Any, tok: Any, jobs: list[Any]) -> list[list[int]]:
-    """Every job's prompt tokens, as the build renders them (their lengths form the engine's batches)."""
+def _checkpointed(m: Any, inp: Any, jobs: list[Any], prompts: list[list[int]]) -> set[int]:
+    """Positions of ``jobs`` of one reply (turns = "all" chains are planned whole: a later turn's prompt is made
+    of the earlier replies) whose reply an earlier build checkpointed in the store: the build reuses it
+    (regenerate.load_replies, keyed as the build keys it)."""
+    from hsstore.capture.generate.regenerate import config_of, load_replies, reply_key
+    from hsstore.core.errors import StoreNotFound
+    from hsstore.core.keys import fingerprint
+    from hsstore.core.provenance_match import numeric_fields
+    from hsstore.storage.store import Store
+
+    try:
+        store = Store.open(m.store_path)
+    except StoreNotFound:
+        return set()
+    g = m.generate
+    model_fp = fingerprint(numeric_fields({"model": inp.recipe.model.to_dict()}))
+    config = config_of(g, model_fp, inp.recipe.tokenizer.fingerprint,
+                       f"{m.devices[0]}/{m.dtypes[0]}" if g.engine == "model" else "")
+    cache = load_replies(store, config)
+    return {k for k, (j, p) in enumerate(zip(jobs, prompts))
+            if len(j.turns) == 1 and reply_key(config, p, j.index) in cache}
+
+
+def _prompt_batches(prompts: list[list[int]], scale: float, max_new_tokens: int, budget: int) -> list[list[int]]:
+    """The engine's batches (indices into ``prompts``) of the whole data: each prompt of a --sample stands for
+    ``scale`` prompts (a batch holds as many prompts of a length in the sample as in the data)."""
+    from hsstore.capture.generate.engines import prompt_batches
+
+    every = [int(i / scale) for i in range(round(len(prompts) * scale))]
+    return [[every[k] for k in b] for b in prompt_batches([len(prompts[i]) for i in every], max_new_tokens, budget)]
+
+
+def _not_timed(engine: str, calibrate: int, batches: list[list[int]]) -> str | None:
+    """Why the plan does not time the generation (None: it does)."""
+    if not batches:
+        return "no prompts to calibrate on: no row gives a prompt the build would regenerate from (it refuses such data)"
+    if engine != "model":
+        return (f"the {engine} engine's server is not run by plan (its speed is the server's; time a batch "
+                "against it)")
+    if not calibrate:
+        return "pass --calibrate to generate one batch here (engine = \"model\")"
+    return None
+
+
+def _prompts(m: Any, tok: Any, jobs: list[Any]) -> tuple[list[Any], list[list[int]]]:
+    """The jobs the build generates and their prompt tokens, as the build renders them (their lengths form the
+    engine's batches): the build drops a job whose prompt holds max_length tokens or more."""
     from hsstore.capture.generate.regenerate import prompt_tokens
     from hsstore.capture.inputs.lossmask import ChatMasker
+    from hsstore.capture.inputs.messages import RowRejected
 
     masker = ChatMasker(tok)
     masker.kwargs.update(m.generate.chat_template_kwargs)
-    return [prompt_tokens(masker, j, 1 << 30) for j in jobs]
+    kept, prompts = [], []
+    for j in jobs:
+        try:
+            prompts.append(prompt_tokens(masker, j, m.max_length))
+        except RowRejected:
+            continue
+        kept.append(j)
+    return kept, prompts
 
 
 def _generation_rate(m: Any, inp: Any, tok: Any, batch: list[list[int]]) -> tuple[float, float]:

@@ -105,6 +105,8 @@ class GenerationPlan(Record):
     calibration_prompts: int | None  # prompts in that batch
     seconds: float | None  # expected_generated_tokens at that rate, plus the one-off cost
     seconds_source: str
+    checkpointed_replies: int = 0  # of ``replies``, held in the store by an earlier build (reused, not generated;
+    # the generated tokens, batches and seconds are of the rest)
 
 
 class PlanReport(Record):

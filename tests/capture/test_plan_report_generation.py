@@ -1,0 +1,127 @@
+"""``hsstore plan`` of a manifest that regenerates its replies ([generate]): what it says when it cannot time the
+generation, and that the replies and the calibration batch it plans are those the build generates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from helpers import run_cli, write_manifest
+
+
+def _manifest(d: Path, generate: str, *, files: list[str] | None = None, max_length: int = 256) -> Path:
+    p = write_manifest(d / "m.toml", model="builtin:tiny-llama", dtypes='["fp32"]', files=files, max_length=max_length)
+    p.write_text(p.read_text() + "[generate]\n" + generate)
+    return p
+
+
+def _generation(m: Path, *args: str) -> dict:
+    r = run_cli("plan", str(m), "--json", *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["generation"]
+
+
+def test_a_server_engine_plan_says_plan_does_not_run_the_server(tmp_path: Path) -> None:
+    """--calibrate cannot time an openai server's generation: the plan must not tell the user to pass the
+    --calibrate they passed."""
+    m = _manifest(tmp_path, 'engine = "openai"\nurl = "http://127.0.0.1:9/v1"\nmax_new_tokens = 4\n')
+    for args in ((), ("--calibrate", "1")):
+        g = _generation(m, "--limit", "2", *args)
+        assert g["seconds"] is None and g["generated_tokens_per_second"] is None
+        assert "pass --calibrate" not in g["seconds_source"], g["seconds_source"]
+        assert "openai" in g["seconds_source"] and "server" in g["seconds_source"], g["seconds_source"]
+
+
+def test_a_plan_with_no_prompts_says_there_is_nothing_to_calibrate_on(tmp_path: Path) -> None:
+    """Text rows tokenize as the data's own samples but give no prompt to regenerate from."""
+    data = tmp_path / "text.jsonl"
+    data.write_text('{"text": "a row of plain text"}\n{"text": "another row of text"}\n')
+    m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 2\n', files=[str(data)])
+    g = _generation(m, "--calibrate", "1")
+    assert (g["prompts"], g["replies"], g["batches"], g["seconds"]) == (0, 0, 0, None)
+    assert "pass --calibrate" not in g["seconds_source"] and "no prompts" in g["seconds_source"], g["seconds_source"]
+
+
+def test_prompts_the_build_drops_as_too_long_are_neither_planned_nor_calibrated_on(tmp_path: Path) -> None:
+    """The build drops a prompt of max_length tokens or more before generating (regenerate.prompt_tokens); the
+    plan counted it, and its batches (longest prompts first) timed the build's 'first batch' on exactly the
+    prompts the build never generates. Of the first 6 rows, 2 prompts exceed 80 tiny-llama tokens."""
+    m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 2\n', max_length=80)
+    g = _generation(m, "--limit", "6", "--calibrate", "1")
+    r = run_cli("build", str(m), "--quiet", "--json", "--limit", "6")
+    assert r.returncode == 0, r.stderr
+    built = json.loads(r.stdout)["replies_generated"]
+    assert built == 4
+    assert (g["prompts"], g["replies"], g["calibration_prompts"]) == (built, built, built)
+    assert g["max_generated_tokens"] == 2 * built
+
+
+def test_docs_json_names_every_key_of_plan_json() -> None:
+    """docs/json.md is where a script's author looks up ``plan --json``: it left out ``generation`` (and the
+    ratio's ``expected_error``), so the regeneration estimate and its calibration keys were undocumented."""
+    import re
+
+    from helpers import REPO
+
+    from hsstore.core.schema.plan import GenerationPlan, PlanReport, Ratio
+
+    doc = (REPO / "docs" / "json.md").read_text()
+    bullet = re.search(r"^- `plan --json`(.*?)(?=^- )", doc, re.S | re.M)
+    assert bullet, "docs/json.md has no plan --json bullet"
+    keys = {*PlanReport.__struct_fields__, *GenerationPlan.__struct_fields__, *Ratio.__struct_fields__}
+    missing = sorted(k for k in keys if f'"{k}"' not in bullet.group(1))
+    assert not missing, f"docs/json.md's plan --json leaves out {missing}"
+
+
+def test_a_sampled_plan_scales_the_generation_to_the_whole_data(tmp_path: Path) -> None:
+    """--sample N extrapolated the tokens to every row but planned the generation of the N sampled rows only
+    (10 replies of a 120-row file whose build generates 120)."""
+    m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 2\n', max_length=512)
+    whole, sampled = _generation(m), _generation(m, "--sample", "10")
+    assert whole["prompts"] == whole["replies"] == 120
+    assert (sampled["prompts"], sampled["replies"], sampled["max_generated_tokens"]) == (120, 120, 240)
+    assert abs(sampled["batches"] - whole["batches"]) <= max(1, whole["batches"] // 2)
+
+
+def test_a_plan_of_prompts_only_data_plans_the_build_that_regenerates_them(tmp_path: Path) -> None:
+    """Rows that are prompts (no assistant turn) are what regeneration is for, and the build takes them; the plan
+    refused the data as 'no usable rows in the data files ... check [data] files and format'."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "Write fizzbuzz in Python."}\n{"prompt": "Explain recursion briefly."}\n'
+                    '{"messages": [{"role": "user", "content": "hi there"}]}\n')
+    m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 3\n', files=[str(data)])
+    r = run_cli("plan", str(m), "--json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert (plan["inputs"]["usable"], plan["tokens"]["samples"]) == (3, 3)
+    g = plan["generation"]
+    assert (g["prompts"], g["replies"], g["max_generated_tokens"], g["expected_generated_tokens"]) == (3, 3, 9, 9)
+    r = run_cli("build", str(m), "--quiet", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["replies_generated"] == 3
+
+
+def test_a_plan_of_prompts_the_build_would_all_drop_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "Write fizzbuzz in Python."}\n{"prompt": "Explain recursion briefly."}\n')
+    m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 3\n', files=[str(data)], max_length=8)
+    r = run_cli("plan", str(m))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "no reply of their own" in r.stderr and "prompt longer than max_length=8: 2" in r.stderr, r.stderr
+
+
+def test_a_plan_after_an_earlier_build_counts_only_the_replies_still_to_generate(tmp_path: Path) -> None:
+    """A build reuses every reply an earlier build checkpointed in the store (a re-run generates nothing already
+    generated); the plan ignored them and estimated the whole generation again, as it does not the capture
+    (its 'to write' is what the store lacks)."""
+    m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 2\n')
+    r = run_cli("build", str(m), "--quiet", "--json", "--limit", "2")
+    assert r.returncode == 0, r.stderr
+    g = _generation(m, "--limit", "3", "--calibrate", "1")
+    assert (g["prompts"], g["replies"], g["checkpointed_replies"]) == (3, 3, 2)
+    assert (g["max_generated_tokens"], g["batches"], g["calibration_prompts"]) == (2, 1, 1)
+    g = _generation(m, "--limit", "2", "--calibrate", "1")
+    assert (g["checkpointed_replies"], g["max_generated_tokens"], g["batches"], g["seconds"]) == (2, 0, 0, 0.0)
+    assert "checkpointed" in g["seconds_source"], g["seconds_source"]
+    r = run_cli("plan", str(m), "--limit", "2")  # the text form too
+    assert r.returncode == 0 and "2 checkpointed in the store" in r.stdout and "nothing to generate" in r.stdout, r.stderr
