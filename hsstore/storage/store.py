@@ -137,12 +137,15 @@ class Store:
             raise BadInput(f"cannot open store directory {path!r}: {e.strerror or e}; choose a writable path") from None
 
     def discard_if_unused(self) -> bool:
-        """Remove the store if this object made it, it holds no variant, and no other command has it open
+        """Remove the store if this object made it, it holds nothing but its empty root and variants group, and
+        no other command has it open
         for writing (a failed command's cleanup: it never removes what another command wrote). Returns
         whether it was removed."""
         if not (self.created and self._held is not None and leases.take_folder_alone(self._held)):
             return False
         if [v for v in self.io.list_dir(layout.variants_dir()) if v != layout.META]:
+            return False
+        if set(os.listdir(self.location)) - {layout.META, layout.variants_dir()}:  # e.g. checkpointed replies
             return False
         shutil.rmtree(self.location, ignore_errors=True)
         return True

@@ -16,6 +16,7 @@ from helpers import DATA, kill_build, run_cli, start_build, wait_for, write_mani
 
 from hsstore.core.errors import ProvenanceMismatch
 from hsstore.read.dataset import HiddenStateDataset
+from hsstore.storage.store import Store
 
 GENERATE = """
 [generate]
@@ -318,3 +319,21 @@ def test_a_server_serving_another_model_is_refused(served: tuple[Path, Path, str
     r = run_cli("build", str(m), "--limit", "2")
     assert r.returncode == 2 and "not the manifest's model" in r.stderr, r.stderr
     assert not (tmp_path / "store.zarr").exists()
+
+
+def test_a_regenerating_build_refused_for_its_data_leaves_no_store_behind(tmp_path: Path):
+    """A regenerating build makes its store first (its replies are checkpointed there as they come): refused
+    for its data before a reply is saved, it left an empty store folder behind, which later commands took for
+    a store. The store it made is removed; a store that was there before stays, untouched."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "Write fizzbuzz in Python."}\n{"prompt": "Explain recursion briefly."}\n')
+    m = write_manifest(tmp_path / "m.toml", model="builtin:tiny-llama", dtypes='["fp32"]', files=[str(data)],
+                       max_length=8)
+    m.write_text(m.read_text() + '[generate]\nengine = "model"\nmax_new_tokens = 3\n')
+    r = run_cli("build", str(m), "--quiet")
+    assert r.returncode == 2 and "no usable rows" in r.stderr, r.stderr
+    assert not (tmp_path / "store.zarr").exists()
+    Store.create(tmp_path / "store.zarr")
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "store.zarr").rglob("*"))
+    assert run_cli("build", str(m), "--quiet").returncode == 2
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "store.zarr").rglob("*")) == before

@@ -347,12 +347,17 @@ def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float,
 
     started = now()
     early, build_id = store_first(m), new_build_id()  # a regenerating build checkpoints replies as it goes
-    inp = plan_inputs(m, limit, quiet or ctx.rank != 0, store=early, build_id=build_id, world=ctx.world)
-    if space_check:
-        from hsstore.capture.plan.plan_sizes import check_space
+    try:
+        inp = plan_inputs(m, limit, quiet or ctx.rank != 0, store=early, build_id=build_id, world=ctx.world)
+        if space_check:
+            from hsstore.capture.plan.plan_sizes import check_space
 
-        check_space(m, inp)  # before the store is made, a model loads or a worker starts
-    check_joining(m, inp.recipe.to_dict())  # the store's model and labels: before any state is written
+            check_space(m, inp)  # before the store is made, a model loads or a worker starts
+        check_joining(m, inp.recipe.to_dict())  # the store's model and labels: before any state is written
+    except BaseException:
+        if early is not None:  # refused before a reply was saved: the store it made is not left behind
+            early.discard_if_unused()
+        raise
     store = early or Store.create(m.store_path)  # a bad store path fails before any model runs
     before = set(store.variant_ids())
     group = process_group(ctx.world)
