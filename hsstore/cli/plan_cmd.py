@@ -25,7 +25,8 @@ def plan(
     sample: Annotated[int | None, typer.Option(
         "--sample", min=2, help="Tokenize N seeded rows, not all, and extrapolate (with a 95% interval).")] = None,
     calibrate: Annotated[int, typer.Option(
-        "--calibrate", min=0, help="Run N batches through the model to measure codec ratios and tokens/s.")] = 0,
+        "--calibrate", min=0, help="Run N batches through the model to measure codec ratios and tokens/s; with [generate], "
+        "also generate the build's first batch twice (cold, then warm) to time the generation, whatever N.")] = 0,
     peak_tflops: Annotated[float | None, typer.Option(
         "--peak-tflops", min=0.001, help="The device's dense peak TFLOP/s for the time estimate.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
