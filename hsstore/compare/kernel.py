@@ -101,17 +101,17 @@ ULP_CLAMP = 17  # distances above 16 ULPs share one bucket: the int16 path clamp
 
 def ulp_distance_clamped(a: torch.Tensor, b: torch.Tensor, ws: Workspace) -> torch.Tensor:
     """ULP distances of two bf16 blocks ``[r, H]``, clamped to ULP_CLAMP, as uint8 ``[r, H]`` (a Workspace
-    buffer). Exact where neither value of a pair is a NaN: the ordered ints (as ``bf16_ordered``, here
-    ``(x ^ s) + 32767·s``) are subtracted in int16, which wraps a distance of 2^15 or more, but to at least
-    2^16 - 2·0x7F80 = 256 (NaNs are the only patterns beyond infinity's 0x7F80)."""
+    buffer); exact where neither value of a pair is a NaN. From the bits x (int16) and magnitudes m: the
+    distance is |xa - xb| for two values of one sign, ma + mb for opposite signs. With f = -1 where the signs
+    differ (else 0), xb' = (xb ^ f) + 32767·f is xb or -xb - 2^15, so xa - xb' is xa - xb or ma + mb modulo
+    2^16. Only ma + mb >= 2^15 wraps, to at least 2^16 - 2·0x7F80 = 256 (infinity is 0x7F80; only NaNs lie
+    beyond), which the clamp takes to ULP_CLAMP as it should."""
     r, H = a.shape
-    ordered_a, ordered_b, sign = (ws.buf(f"u{k}", r, H, torch.int16) for k in range(3))
-    for x, ordered in ((a, ordered_a), (b, ordered_b)):
-        bits = x.view(torch.int16)
-        torch.bitwise_right_shift(bits, 15, out=sign)  # 0, or -1 for a negative value
-        torch.bitwise_xor(bits, sign, out=ordered)
-        ordered.add_(sign, alpha=32767)
-    distance = ordered_a.sub_(ordered_b).clamp_(-ULP_CLAMP, ULP_CLAMP).abs_()
+    xa, xb = a.view(torch.int16), b.view(torch.int16)
+    flip, distance = ws.buf("u0", r, H, torch.int16), ws.buf("u1", r, H, torch.int16)
+    torch.bitwise_xor(xa, xb, out=flip).bitwise_right_shift_(15)
+    torch.bitwise_xor(xb, flip, out=distance).add_(flip, alpha=32767)
+    torch.sub(xa, distance, out=distance).clamp_(-ULP_CLAMP, ULP_CLAMP).abs_()
     return ws.buf("u8", r, H, torch.uint8).copy_(distance)
 
 
