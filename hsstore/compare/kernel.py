@@ -22,10 +22,9 @@ Where float32 is exact enough and where float64 is needed:
 On a CPU (where numba imports; a core dependency, as for ``hsstore.core.fp8_cpu``) the parts whose
 result is exact come from compiled loops (``compiled_kernel``): max |d| and the count of differing values
 in one pass over d's float32 bit patterns (instead of torch's abs, amax, sign and sum), and the ULP
-buckets of two bf16 variants in one pass over the bits (instead of ~11 torch passes over int16 and uint8
-blocks and a bincount). Their results are
-the same as the torch ops' (exact by construction, for every bit pattern); the float32 sums stay torch's,
-so every reported number is the same on either path, to the bit. A ``Workspace`` says which path its
+buckets of two bf16 variants in one pass over the bits (instead of 9 torch passes: 7 over int16, a uint8
+copy and a bincount). Their results are the same as the torch ops' (exact by construction, for every bit
+pattern); the float32 sums stay torch's, so every reported number is the same on either path, to the bit. A ``Workspace`` says which path its
 blocks take: loading the compiled loops costs a process ~1 s, which only a large diff wins back.
 Overflow: squares are float32, so a state above ~1e19 in magnitude would overflow; hidden states are
 orders of magnitude below that (build health stats flag anything near it).
@@ -117,7 +116,7 @@ def ulp_distance_clamped(a: torch.Tensor, b: torch.Tensor, ws: Workspace) -> tor
 
 def _ulp_counts_int16(a: torch.Tensor, b: torch.Tensor, ws: Workspace) -> torch.Tensor:
     """``_ulp_counts`` of two NaN-free bf16 blocks: the clamped distances (uint8) read two at a time as int16
-    codes ``lo + 256·hi``, one ``bincount`` of those codes (a bincount of single bytes runs ~3x slower: runs
+    codes ``lo + 256·hi``, one ``bincount`` of those codes (a bincount of single bytes runs 2-3x slower: runs
     of equal values chain its increments), and a fixed matrix folding the code counts into the six counts."""
     flat = ulp_distance_clamped(a, b, ws).view(-1)
     pairs = flat[: flat.numel() // 2 * 2].view(torch.int16)
