@@ -81,9 +81,9 @@ def bf16_ordered(bits: torch.Tensor, out: torch.Tensor | None = None,
 
 def _ulp_counts(a: torch.Tensor, b: torch.Tensor, ws: Workspace, sums: torch.Tensor) -> torch.Tensor:
     """``[6]`` counts (float64) of value pairs more than 0, 1, 2, 4, 8 and 16 ULPs apart, of two bf16 blocks
-    ``[r, H]`` whose per-row sums ``_block`` wrote into ``sums [7, r]``: the compiled loop where loaded, else
-    nothing for a block without a differing value, else torch's int16 path, exact where no value is a NaN
-    (a NaN makes a row's sum |d| NaN); a block holding a NaN takes the float path."""
+    ``[r, H]`` whose per-row sums ``_block`` wrote into ``sums [7, r]``: the compiled loop where loaded; else,
+    where a row's sum |d| is NaN (a NaN value, or infinities of one sign facing each other), the float path;
+    else (no NaN: torch's int16 path is exact) nothing for a block without a differing value, or that path."""
     if kernel := ws.kernel():  # one compiled pass, the same counts
         ulp = np.zeros(len(_ULP_STEPS), np.float64)
         kernel("_ulp_rows", a.contiguous().view(torch.int16).numpy(), b.contiguous().view(torch.int16).numpy(), ulp)
