@@ -16,7 +16,9 @@ cost any ``hsstore diff`` pays before reading a byte); arithmetic = the statisti
 (``token_sums`` + ``summarize``, on the compiled loops or torch's ops as the diff chooses) on states
 already in memory, on the diff's threads. Reported: medians, the ratio read / (diff - start-up) (>= 0.8:
 the diff, past its start-up, streams at 80% of the read rate or better) and its bound read / (read +
-arithmetic): reading and arithmetic share the cores, so a diff cannot beat it. Also reported: the diff's
+arithmetic): reading and arithmetic share the cores, so a diff cannot beat it; and the ceiling read / (read +
+one pass), one pass = a ``torch.sum`` of every state of both variants in memory on the same threads: what any
+statistics of every value would leave at best, their arithmetic at memory speed. Also reported: the diff's
 own work, the ``seconds`` of its JSON report (opening both variants, reading, arithmetic, verdict, and
 numba's import and loading of its cached loops where a large bf16 vs bf16 diff takes them; no interpreter
 start-up or imports), and read / work: the difference of two processes' wall times is noisy where
@@ -91,10 +93,11 @@ def read_both(store: str, a: str, b: str) -> int:
     return total
 
 
-def arithmetic(store: str, a: str, b: str, threads: int | None) -> float:
+def arithmetic(store: str, a: str, b: str, threads: int | None) -> tuple[float, float]:
     """Seconds of the diff's own arithmetic (``kernel.token_sums`` + ``divergence.summarize``, what the
     statistics need) on states already in memory, on the diff's threads: the part of a diff that reading
-    cannot hide, since both run on the same cores."""
+    cannot hide, since both run on the same cores; and seconds of one minimal pass over the same values
+    (a ``torch.sum`` of every layer of both variants, same threads): what any statistics cost at least."""
     from concurrent.futures import ThreadPoolExecutor
 
     from hsstore.compare.diff import (
@@ -118,9 +121,13 @@ def arithmetic(store: str, a: str, b: str, threads: int | None) -> float:
     def one(item: tuple) -> None:  # type: ignore[type-arg]
         summarize(item[0], token_sums(item[1], item[2], workspaces.get(), ulps), hidden)
 
+    def one_pass(item: tuple) -> None:  # type: ignore[type-arg]
+        for x in (*item[1], *item[2]):
+            torch.sum(x)
+
     with torch_single_threaded(), ThreadPoolExecutor(threads or cpu_threads()) as pool:
         list(pool.map(one, states[:2]))  # (compiled kernels loaded, buffers made)
-        return _timed(lambda: list(pool.map(one, states)))
+        return _timed(lambda: list(pool.map(one, states))), _timed(lambda: list(pool.map(one_pass, states)))
 
 
 def _timed(fn) -> float:  # type: ignore[no-untyped-def]
@@ -150,7 +157,7 @@ def bench_pair(store: str, a: str, b: str, reps: int, threads: int | None, basel
         _process(*diff)
         if baseline:
             _process(*diff, tree=baseline)
-        reads, diffs, starts, ariths, works, base_works = [], [], [], [], [], []
+        reads, diffs, starts, ariths, passes, works, base_works = [], [], [], [], [], [], []
         for rep in range(reps):
             reads.append(_timed(lambda: read_both(store, a, b)))
             for tree in ((None, baseline) if rep % 2 == 0 else (baseline, None)):
@@ -162,13 +169,16 @@ def bench_pair(store: str, a: str, b: str, reps: int, threads: int | None, basel
                     _process(*diff, tree=baseline)
                     base_works.append(json.loads(Path(out).read_text())["seconds"])
             starts.append(_timed(lambda: _process("-c", STARTUP)))
-            ariths.append(arithmetic(store, a, b, threads))
-    r, d, s, ar, w = (statistics.median(x) for x in (reads, diffs, starts, ariths, works))
+            arith, one_pass = arithmetic(store, a, b, threads)
+            ariths.append(arith)
+            passes.append(one_pass)
+    r, d, s, ar, w, p = (statistics.median(x) for x in (reads, diffs, starts, ariths, works, passes))
     row = {"store": store, "a": a, "b": b, "state_bytes": nbytes, "tokens": report["tokens"],
            "read_s": reads, "diff_s": diffs, "startup_s": starts, "arith_s": ariths, "work_s": works, "read": r,
            "diff": d, "work": w, "work_ratio": r / max(w, 1e-9),
            "startup": s, "arith": ar, "diff_net": d - s, "ratio": r / max(d - s, 1e-9),
-           "bound": r / (r + ar), "verdict": report["verdict_kind"]}
+           "bound": r / (r + ar), "pass_s": passes, "pass": p, "ceiling": r / (r + p),
+           "verdict": report["verdict_kind"]}
     if base_works:
         bw = statistics.median(base_works)
         row.update(baseline_work_s=base_works, baseline_work=bw, baseline_work_ratio=r / max(bw, 1e-9))
@@ -217,7 +227,8 @@ def main() -> None:
                   f"read {row['read']:.2f} s, diff {row['diff']:.2f} s - start-up {row['startup']:.2f} s = "
                   f"{row['diff_net']:.2f} s; read/diff {row['ratio']:.2f}; the diff's own work (its report's seconds) "
                   f"{row['work']:.2f} s, read/work {row['work_ratio']:.2f}; arithmetic {row['arith']:.2f} s, "
-                  f"bound read/(read + arithmetic) {row['bound']:.2f}  (reads {_fmt(row['read_s'])}; diffs "
+                  f"bound read/(read + arithmetic) {row['bound']:.2f}; one pass {row['pass']:.3f} s, ceiling read/(read "
+                  f"+ one pass) {row['ceiling']:.2f}  (reads {_fmt(row['read_s'])}; diffs "
                   f"{_fmt(row['diff_s'])}; start-ups {_fmt(row['startup_s'])}; arithmetic {_fmt(row['arith_s'])})",
                   flush=True)
             if "baseline_work" in row:

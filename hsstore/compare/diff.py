@@ -298,9 +298,10 @@ def both_bf16(a: VariantReader, b: VariantReader) -> bool:
 
 
 # Loading numba's compiled loops costs a process ~0.8-1 s (numba's import and its target's set-up, even from
-# the disk cache); they clearly beat the torch ops only on bf16 ULP buckets, by ~5 ns a value pair (count and
+# the disk cache); they clearly beat the torch ops only on bf16 ULP buckets, by ~0.4 ns a value pair at rest
+# and 1-2 ns on loaded cores (scripts/bench_ulp.py: torch's int16 path 1.0 ns, the loops 0.6 ns; count and
 # max |d|: 0.9-1.25x, by machine). Both paths give the same numbers: a diff loads the loops where they pay.
-COMPILED_MIN_VALUES = 1 << 27  # bf16 value pairs to bucket per worker thread (~0.9 s / 5 ns, rounded down)
+COMPILED_MIN_VALUES = 1 << 30  # bf16 value pairs to bucket per worker thread (~0.9 s / ~0.8 ns, rounded down)
 
 
 def use_compiled(a: VariantReader, keys: Sequence[str], layers: Sequence[int], ulps: Sequence[bool],

@@ -3,10 +3,18 @@ a diff may take either (``hsstore.compare.diff.use_compiled``) without changing 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from hsstore.compare.kernel import TokenSums, Workspace, token_sums
+from hsstore.compare.kernel import (
+    ULP_CLAMP,
+    TokenSums,
+    Workspace,
+    _ulp_counts_int16,
+    token_sums,
+    ulp_distance_clamped,
+)
 
 FIELDS = ("sum_abs", "max_abs", "differing", "dd", "aa", "bb", "ad", "ulp")
 
@@ -49,3 +57,62 @@ def test_count_and_max_agree_against_fp32(scale: float) -> None:
     b[::7] = a[::7].float()  # rows where nothing differs
     b[:, ::5] = torch.tensor([0.0, -0.0, float("inf"), float("nan")]).repeat(52)[: b[:, ::5].shape[1]]
     _assert_same(*_both([a], [b], ulps=False))
+
+
+def _every_non_nan_bf16() -> torch.Tensor:
+    """The 65,282 bf16 bit patterns that are not NaNs (infinities, -0, subnormals included), flat."""
+    a = _every_bf16().flatten()
+    return a[~torch.isnan(a)]
+
+
+def _ulp_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """ULP distances in int64 (no wrapping), clamped to ULP_CLAMP."""
+    def ordered(x: torch.Tensor) -> torch.Tensor:
+        bits = x.view(torch.int16).long()
+        return torch.where(bits < 0, -(bits & 0x7FFF), bits)
+    return (ordered(a) - ordered(b)).abs().clamp_max(ULP_CLAMP)
+
+
+def _non_nan_partners(a: torch.Tensor) -> list[torch.Tensor]:
+    """Partners for ``a``'s patterns: a shuffle, the negation (distances up to 65,280: the int16 difference
+    wraps), neighbours a few patterns away (wrapping past the extremes), and the extremes themselves."""
+    g = torch.Generator().manual_seed(2)
+    finite = _every_non_nan_bf16()
+    bits = a.view(torch.int16).to(torch.int32)
+    near = (bits + torch.randint(-20, 21, bits.shape, generator=g)).to(torch.int16).view(torch.bfloat16)
+    near = torch.where(torch.isnan(near), -a, near)
+    extremes = torch.tensor([float("inf"), -float("inf"), 0.0, -0.0, 3.3895e38, -3.3895e38]).bfloat16()
+    return [finite[torch.randperm(a.numel(), generator=g)], -a, near] + [e.expand(a.numel()) for e in extremes]
+
+
+def test_int16_ulp_distances_exact_for_every_non_nan_pattern() -> None:
+    """The torch int16 path, per value against int64 distances and in total against the compiled loops."""
+    a = _every_non_nan_bf16()
+    compiled = Workspace("cpu", compiled=True).kernel()
+    ws = Workspace("cpu", compiled=False)
+    for b in _non_nan_partners(a):
+        x, y = a.view(2, -1), b.contiguous().view(2, -1)
+        got = ulp_distance_clamped(x, y, ws)
+        assert torch.equal(got.long().flatten(), _ulp_reference(a, b))
+        want = np.zeros(6)
+        compiled("_ulp_rows", x.view(torch.int16).numpy(), y.view(torch.int16).numpy(), want)
+        torch.testing.assert_close(_ulp_counts_int16(x, y, ws), torch.from_numpy(want), rtol=0, atol=0)
+        odd = slice(0, 2 * 32641 - 1)  # an odd count of values: the last one is counted on its own
+        torch.testing.assert_close(_ulp_counts_int16(a[odd].view(1, -1), b[odd].view(1, -1), ws),
+                                   _ulp_counts_int16(a[odd][:-1].view(1, -1), b[odd][:-1].view(1, -1), ws)
+                                   + _ulp_counts_int16(a[odd][-1:].view(1, -1), b[odd][-1:].view(1, -1), ws),
+                                   rtol=0, atol=0)
+
+
+def test_ulp_paths_agree_without_nans() -> None:
+    """Through ``token_sums``: NaN-free blocks take the int16 path, blocks with nothing differing (+-0 only)
+    skip it, a block with a NaN takes the float path; the compiled loops give the same numbers."""
+    a = _every_non_nan_bf16()[: 255 * 256].view(255, 256)
+    g = torch.Generator().manual_seed(3)
+    partners = [b[: a.numel()].reshape(a.shape) for b in _non_nan_partners(a.flatten())]
+    zeros = torch.zeros(a.shape).bfloat16()
+    with_nan = a.clone()
+    with_nan[7, 9] = float("nan")
+    noisy = (a.float() * (1 + 1e-2 * torch.randn(a.shape, generator=g))).bfloat16()
+    _assert_same(*_both([a] * len(partners) + [zeros, a, a], partners + [-zeros, a.clone(), with_nan], ulps=True))
+    _assert_same(*_both([a], [noisy], ulps=True))
