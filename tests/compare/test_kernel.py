@@ -116,3 +116,23 @@ def test_ulp_paths_agree_without_nans() -> None:
     noisy = (a.float() * (1 + 1e-2 * torch.randn(a.shape, generator=g))).bfloat16()
     _assert_same(*_both([a] * len(partners) + [zeros, a, a], partners + [-zeros, a.clone(), with_nan], ulps=True))
     _assert_same(*_both([a], [noisy], ulps=True))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine: docs/notes/gpu-report.md)")
+def test_cuda_sums_equal_the_cpu_loops() -> None:
+    """``hsstore diff --device cuda`` runs the torch path on the GPU (int16 bincount, the NaN fallback, the
+    skip): its counts (ULP buckets, differing values, the max) equal the CPU loops' exactly, and its float
+    sums to float32 rounding (a GPU reduction adds in another order)."""
+    a = _every_non_nan_bf16()[: 255 * 256].view(255, 256)
+    partners = [b[: a.numel()].reshape(a.shape) for b in _non_nan_partners(a.flatten())]
+    every = _every_bf16()
+    with_nan = a.clone()
+    with_nan[7, 9] = float("nan")
+    xs = [a] * len(partners) + [a, a, every, every]
+    ys = partners + [a.clone(), with_nan, (-every.float()).bfloat16(), every.flip(0)]
+    cpu = token_sums(xs, ys, Workspace("cpu", compiled=True), True)
+    gpu = token_sums([x.cuda() for x in xs], [y.cuda() for y in ys], Workspace("cuda", compiled=False), True)
+    for name in FIELDS:
+        u, v = getattr(cpu, name), getattr(gpu, name).cpu()
+        exact = name in ("ulp", "differing", "max_abs")
+        torch.testing.assert_close(v, u.to(v.dtype), rtol=0 if exact else 1e-5, atol=0, equal_nan=True, msg=name)
