@@ -33,6 +33,7 @@ from hsstore.compare.sampling import (
     with_floor,
     without_floor,
 )
+from hsstore.core.batching import memory_budget
 from hsstore.core.dtypes import STORED
 from hsstore.core.errors import BadInput
 from hsstore.core.provenance_match import flatten, is_informational
@@ -112,11 +113,12 @@ def map_samples(readers: Sequence[VariantReader], keys: Sequence[str], layers: l
                 threads: int | None = None, budget_bytes: int | None = None) -> Iterator[R]:
     """``fn(key, [[states [T, H] of each layer] of each reader])`` for every key, in order; T counts the
     first reader's loss-masked tokens only when ``loss_only``. Reading and ``fn`` run on worker threads,
+    with BYTES_PER_THREAD of states in flight per thread, at most the command's memory budget in all;
     each reading its sample's layers one after the other (no nested pools: one thread per core).
     ``layers``: the same layer ids for every reader, or one list per reader."""
     per_reader = layers if layers and isinstance(layers[0], list) else [layers] * len(readers)
     threads = threads or cpu_threads()
-    budget = budget_bytes or BYTES_PER_THREAD * threads
+    budget = budget_bytes or min(BYTES_PER_THREAD * threads, memory_budget())  # never more than the machine's
     window = 2 * threads
 
     def task(key: str) -> R:

@@ -177,3 +177,34 @@ def test_compiled_loops_are_loaded_only_where_they_pay(attn_store: Path, monkeyp
     large = diff.run_diff(diff.DiffRequest(a_target=a, b_target=b)).to_dict()
     assert loaded
     assert {**small, "seconds": 0} == {**large, "seconds": 0}
+
+
+def test_states_in_flight_stay_within_the_memory_budget_whatever_the_threads(tiny_store: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch):
+    """The diff keeps 256 MB of states in flight per thread: `--threads 1000` asked for 256 GB. The states in
+    flight are capped by the command's memory budget (HSSTORE_MEMORY_BUDGET, else half the available memory)
+    as well, so a thread count can never ask for more memory than the machine has."""
+    import threading
+    import time
+
+    from hsstore.compare.diff import _sample_bytes, map_samples
+
+    s = Store.open(tiny_store)
+    readers = [s.reader(v) for v in s.variant_ids()[:2]]
+    layers = [0, 1]
+    keys = [k for k in readers[0].keys if k in readers[1].refs]
+    smallest = min(_sample_bytes(readers, readers[0].refs[k].length, [layers, layers]) for k in keys)
+    monkeypatch.setenv("HSSTORE_MEMORY_BUDGET", str(2 * smallest - 1))  # room for one sample, never two
+    active, most, lock = [0], [0], threading.Lock()
+
+    def slow(key: str, states: list) -> str:
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.02)
+        with lock:
+            active[0] -= 1
+        return key
+
+    assert list(map_samples(readers, keys, layers, slow, threads=64)) == keys
+    assert most[0] == 1, f"{most[0]} samples in flight with a budget of one"
