@@ -101,8 +101,8 @@ class ImportLog:
         """(items to read, [(item, key)] already imported and unchanged since)."""
         recorded: dict[str, ImportEntry] = {}
         for chunk in self._chunks():
-            for e in chunk.entries:
-                recorded[e.item] = e
+            for entry in chunk.entries:
+                recorded[entry.item] = entry
         todo, known = [], []
         for item in items:
             e = recorded.get(item)
