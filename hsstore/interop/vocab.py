@@ -46,9 +46,9 @@ def record_name(size: int) -> str:
     return f"vocab-map-{size}.json"
 
 
-def _records(root: Path) -> dict[str, dict]:
+def _records(root: Path) -> dict[str, dict[str, Any]]:
     """The vocab-map records in ``root`` by file name; BadInput for one that is not a vocab-map record."""
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for p in sorted(root.glob(RECORD_GLOB)):
         try:
             rec = json.loads(p.read_bytes()[: 1 << 20]) if p.is_file() and not p.is_symlink() else None
