@@ -25,7 +25,8 @@ from hsstore.core.layer_numbering import (
     parse_layer_list,
     slot_layers,
 )
-from hsstore.core.schema.provenance import ExportRecord, ImportSource
+from hsstore.core.schema.provenance import UNKNOWN, ExportRecord, ImportSource
+from hsstore.core.schema.record import or_none
 from hsstore.core.schema.reports import BadFile, ImportReport
 from hsstore.interop.formats import get_format
 from hsstore.interop.formats.interface import Format
@@ -167,7 +168,7 @@ def _import_held(req: ImportRequest, fmt: Format, root: Path, t0: float) -> Impo
                req.unit_tokens or max(1, UNIT_BYTES // per_token))
     counts = run.go(items)
     return ImportReport(store=req.store, variant=vid, format=fmt.name, source=str(root), layers=layers,
-                        capture=prov.recipe.capture, stated=source, seconds=time.time() - t0,
+                        capture=str(or_none(prov.recipe.capture) or UNKNOWN), stated=source, seconds=time.time() - t0,
                         provenance="restored" if restored else "imported", provenance_note=note, **counts)
 
 
