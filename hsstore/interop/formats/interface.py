@@ -29,6 +29,8 @@ from hsstore.storage.fileio import replace_file
 if TYPE_CHECKING:
     import numpy as np
 
+    from hsstore.core.schema.reports import FormatName
+
 TMP_SUFFIX = ".hsstore-tmp"  # never matches a tool's suffix (.ckpt, .pt, .safetensors), removed on failure
 
 
@@ -87,7 +89,7 @@ class FormatWriter:
 class Format:
     """A cache layout of another tool: slots per token are ``n_aux`` aux states (if ``has_aux``) and a target."""
 
-    name = ""
+    name: FormatName  # each format's own
     tool = ""
     has_aux = True
     layout = ""  # one line for --help and the README: where the files are and what they hold
