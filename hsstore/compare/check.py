@@ -60,12 +60,12 @@ from hsstore.storage.reader import VariantReader
 
 # --- Whether a model can produce a variant's stored shapes — hidden size, layer count (and every stored layer
 
-def model_config(spec: Any) -> Any:
+def model_config(spec: ModelSpec) -> Any:
     """The model's config (a builtin's sized to its tokenizer), without loading weights."""
     return spec.config(len(spec.tokenizer())) if spec.builtin is not None else spec.config()
 
 
-def check_shapes(spec: Any, reader: VariantReader, keys: list[str], config: Any = None) -> tuple[int, int]:
+def check_shapes(spec: ModelSpec, reader: VariantReader, keys: list[str], config: Any = None) -> tuple[int, int]:
     """(num_layers, vocab) of the model's config; BadInput (exit 2) when it cannot produce the stored shapes
     — read from the config alone, before any weights load."""
     from hsstore.capture.model.spec import text_config
