@@ -23,7 +23,7 @@ from hsstore.compare.sampling import choose, sample_count
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.record import or_none
 from hsstore.core.schema.reports import AlignLayer, AlignReport
-from hsstore.storage.store import VariantReader
+from hsstore.storage.reader import VariantReader
 
 DEFAULT_SAMPLES = 16
 MATCH_REL = 0.25  # a best match above this rel-L2 is no match

@@ -20,7 +20,7 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,6 +37,7 @@ from hsstore.compare.check import (
 from hsstore.compare.defects import (
     CLEAN,
     DEFECTS,
+    LayerEvidence,
     apply,
     health_rows,
     judge_sample,
@@ -58,7 +59,10 @@ from hsstore.core.schema.manifest import ATTENTION, BACKENDS
 from hsstore.core.schema.provenance import Batching, ImportSource
 from hsstore.core.schema.record import Record, or_none
 from hsstore.core.schema.reports import CheckReport, CheckVerdictKind, Finding, Restatement, SampleVerdict
-from hsstore.storage.store import VariantReader
+from hsstore.storage.reader import VariantReader
+
+if TYPE_CHECKING:
+    from hsstore.capture.model.spec import ModelSpec
 
 # --- What an audit is asked: the model, the variant, which of its samples, and how to recompute them
 
@@ -253,8 +257,8 @@ def held_points(verdicts: Sequence[SampleVerdict], findings: Sequence[Finding],
             kind = v.layers.get(str(i))
             if kind in CLEAN:
                 held[i].add(i)
-            elif "capture_point" in str(kind).split("+") and isinstance(match.get((v.key, i)), int):
-                held[i].add(int(match[(v.key, i)]))
+            elif "capture_point" in str(kind).split("+") and isinstance(m := match.get((v.key, i)), int):
+                held[i].add(int(m))
     return held
 
 
@@ -312,7 +316,7 @@ def bind(how: Recompute) -> None:
         pass  # modeling modules already imported (a second audit in one process): compared by load()
 
 
-def load(spec: Any, how: Recompute, dtype: str) -> Any:
+def load(spec: ModelSpec, how: Recompute, dtype: str) -> Any:
     """The model at ``dtype``; BadInput when this process binds other kernels than ``how.backend``'s."""
     from hsstore.capture.model.kernels import bound_kernels, why_not
 
@@ -366,7 +370,7 @@ class Recomputed:
 
     reader: VariantReader
     how: Recompute
-    spec: Any
+    spec: ModelSpec
     models: list[Any]
     keys: list[str]
     plan: BatchPlan
@@ -430,7 +434,7 @@ def recompute_setup(request: AuditRequest) -> Recomputed:
 
 
 def _judge_all(stream: Iterator[tuple[str, list[dict[int, torch.Tensor]]]], run: Recomputed, noise_factor: float
-               ) -> tuple[dict, list, list[Finding], Totals, Totals]:
+               ) -> tuple[dict[str, list[LayerEvidence]], list[SampleVerdict], list[Finding], Totals, Totals]:
     """Evidence, verdicts and findings of every recomputed sample, and the per-layer sums of live against
     stored states (and of stored against the floor)."""
     reader, in_live, dev = run.reader, run.in_live, run.how.device
@@ -438,7 +442,9 @@ def _judge_all(stream: Iterator[tuple[str, list[dict[int, torch.Tensor]]]], run:
     target_label = tgt[0] if len(tgt) == 1 else None
     ws = Workspace("cpu")
     totals, ftotals = Totals(len(in_live)), Totals(len(in_live))
-    evidence, verdicts, findings = {}, [], []
+    evidence: dict[str, list[LayerEvidence]] = {}
+    verdicts: list[SampleVerdict] = []
+    findings: list[Finding] = []
     for key, outs in stream:
         # computed at the recompute dtype, stored as the variant stores its states (its dtype, its quantizer)
         live = {j: as_stored(x.to(TORCH[reader.record.dtype]), reader) for j, x in outs[0].items()}
@@ -516,7 +522,7 @@ def _report(request: AuditRequest, run: Recomputed, judged: Judged, t0: float) -
 UNSET_FLOOR = "none"
 
 
-def _tokenizer_fingerprint(spec: Any) -> str | None:
+def _tokenizer_fingerprint(spec: ModelSpec) -> str | None:
     """The fingerprint of the model's tokenizer as a build would record it; None when it has none to load."""
     try:
         return spec.tokenizer_identity(spec.tokenizer()).fingerprint
@@ -529,11 +535,11 @@ def _plural(findings: list[Finding], kind: str) -> str:
     return ("s " if len(layers) > 1 else " ") + ", ".join(map(str, layers)) if layers else "s -"
 
 
-def _verdict(verdicts: list, findings: list[Finding], N: int, named: bool = False
-             ) -> tuple[list, dict[str, int], float | None, str, CheckVerdictKind, str]:
+def _verdict(verdicts: list[SampleVerdict], findings: list[Finding], N: int, named: bool = False
+             ) -> tuple[list[SampleVerdict], dict[str, int], float | None, str, CheckVerdictKind, str]:
     """(defective verdicts, samples per class, the defect-rate bound and its words, verdict kind, verdict line)."""
     bad = [v for v in verdicts if v.verdict not in ("bit_exact", "within_noise")]
-    counts = {k: sum(1 for v in verdicts if k in v.verdict.split("+")) for k in DEFECTS}
+    counts: dict[str, int] = {k: sum(1 for v in verdicts if k in v.verdict.split("+")) for k in DEFECTS}
     counts = {k: n for k, n in counts.items() if n}
     n = len(verdicts)
     upper, bound = rate_bound(len(bad), n, N, named)

@@ -56,16 +56,16 @@ from hsstore.core.provenance_match import flatten, require_match
 from hsstore.core.schema.provenance import Batching, Recipe
 from hsstore.core.schema.record import is_set, or_none
 from hsstore.core.schema.reports import CheckReport, CheckVerdictKind, FieldDifference, LayerDiff, LiveFingerprint
-from hsstore.storage.store import VariantReader
+from hsstore.storage.reader import VariantReader
 
 # --- Whether a model can produce a variant's stored shapes — hidden size, layer count (and every stored layer
 
-def model_config(spec: Any) -> Any:
+def model_config(spec: ModelSpec) -> Any:
     """The model's config (a builtin's sized to its tokenizer), without loading weights."""
     return spec.config(len(spec.tokenizer())) if spec.builtin is not None else spec.config()
 
 
-def check_shapes(spec: Any, reader: VariantReader, keys: list[str], config: Any = None) -> tuple[int, int]:
+def check_shapes(spec: ModelSpec, reader: VariantReader, keys: list[str], config: Any = None) -> tuple[int, int]:
     """(num_layers, vocab) of the model's config; BadInput (exit 2) when it cannot produce the stored shapes
     — read from the config alone, before any weights load."""
     from hsstore.capture.model.spec import text_config
@@ -321,12 +321,15 @@ def check_geometry(identity: dict[str, Any], reader: VariantReader) -> None:
 def check_verdict(est: Estimate, ftotals: Totals | None, layers: list[int], reader: VariantReader,
                   floor: VariantReader | None, noise_factor: float,
                   other_weights: bool = False) -> tuple[list[LayerDiff], str, CheckVerdictKind, dict[str, Any]]:
-    dtype, extra = reader.record.dtype, {}
+    dtype = reader.record.dtype
+    extra: dict[str, Any] = {}
     if all(L.bit_exact == 1.0 for L in est.layers):
         return est.layers, "identical: the live model reproduces every stored value bit-exactly", "identical", extra
     if floor is not None and ftotals is not None:
         fest = full_layers(layers, ftotals, dtype == "bf16" and floor.record.dtype == "bf16")
         reps, text, kind = with_floor(est, fest, dtype, noise_factor, 0.95)
+        # (the floor's full totals have no replicates, so no interval straddles the bound)
+        assert kind != "inconclusive", "a check's floor comparison has no intervals"
         extra = {"floor": f"{floor.store.location}#{floor.id}", "floor_layers": fest.layers}
         return reps, text.replace("A and B differ", "live and stored states differ"), kind, extra
     reps, text = without_floor(est, dtype)

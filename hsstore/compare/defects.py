@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import get_args
+from typing import Literal, Protocol, TypedDict, get_args
 
 import torch
 import xxhash
 
 from hsstore.compare.align import MARGIN, MATCH_REL, point
 from hsstore.compare.kernel import coherent_difference, rel_l2, row_rel
+from hsstore.core.schema.record import UNSET, UnsetType
 from hsstore.core.schema.reports import DefectKind, Finding, SampleVerdict
 
 # --- What one sample's stored states say against a live recomputation: the numbers the defect classifier
@@ -43,6 +44,10 @@ from hsstore.core.schema.reports import DefectKind, Finding, SampleVerdict
 SHIFTS = (1, 2, 3, -1, -2, -3)  # token shifts always tried: row t holds the truth of row t - k
 PROBES = 8  # rows whose nearest truth row proposes a further shift
 ROW_SLACK = 4.0  # a row is "beyond noise" above this multiple of max(its own noise, the layer's)
+
+
+# the whole-layer value bugs transform_fits undoes (defect kinds)
+ValueBug = Literal["scaled", "clipped", "wrong_dtype"]
 
 
 @dataclass
@@ -64,7 +69,7 @@ class LayerEvidence:
     bad_rows: list[int] = field(default_factory=list)  # finite rows beyond noise (without a floor: not bit-exact)
     bad_row_hashes: dict[int, int] = field(default_factory=dict)
     rel_to_target: float | None = None  # aux layers: against the stored target layer
-    transforms: dict[str, tuple[float, str]] = field(default_factory=dict)  # beyond noise: rel-L2 with a value bug undone
+    transforms: dict[ValueBug, tuple[float, str]] = field(default_factory=dict)  # beyond noise: rel-L2 with a value bug undone
     noise_like: bool = False  # beyond noise: the difference is incoherent across rows of one token (noise added)
 
 
@@ -81,7 +86,8 @@ def health_rows(s: torch.Tensor) -> tuple[list[int], list[int], list[int], list[
     finite = ~(nan | inf)
     zero = finite & (f == 0).all(1)
     const = finite & ~zero & (f.amax(1) == f.amin(1))
-    return [torch.nonzero(m).flatten().tolist() for m in (nan, inf, zero, const)]
+    rows: list[list[int]] = [torch.nonzero(m).flatten().tolist() for m in (nan, inf, zero, const)]
+    return rows[0], rows[1], rows[2], rows[3]
 
 
 def sample_evidence(stored: dict[int, torch.Tensor], live: dict[int, torch.Tensor],
@@ -159,7 +165,21 @@ DEFECTS: tuple[DefectKind, ...] = get_args(DefectKind)  # in the order a verdict
 MAX_ROWS = 32  # rows listed per finding (n_rows counts them all)
 
 
-def row_fields(rows: Sequence[int]) -> dict:
+class RowFields(TypedDict):
+    """A finding's rows: the first MAX_ROWS and how many."""
+
+    rows: list[int]
+    n_rows: int
+
+
+class Found(Protocol):
+    """judge_layer's ``found``: a Finding of this sample's layer."""
+
+    def __call__(self, kind: DefectKind, detail: str, *, rows: list[int] | UnsetType = UNSET,
+                 n_rows: int | UnsetType = UNSET, match: int | UnsetType = UNSET) -> Finding: ...
+
+
+def row_fields(rows: Sequence[int]) -> RowFields:
     return {"rows": list(rows[:MAX_ROWS]), "n_rows": len(rows)}
 
 
@@ -207,15 +227,19 @@ def judge_layer(ev: LayerEvidence, key: str, n_layers: int, is_aux: bool, target
     them (none when clean): rows of NaN/Inf/zero/constant first, then what the other rows hold."""
     T, i = ev.rows, ev.label
 
-    def found(kind: DefectKind, detail: str, **kw: object) -> Finding:
-        return Finding(kind=kind, key=key, layer=i, detail=detail, **kw)
+    def found(kind: DefectKind, detail: str, *, rows: list[int] | UnsetType = UNSET, n_rows: int | UnsetType = UNSET,
+              match: int | UnsetType = UNSET) -> Finding:
+        return Finding(kind=kind, key=key, layer=i, detail=detail, rows=rows, n_rows=n_rows, match=match)
 
-    out = []
-    for kind, rows, what in (("nan", ev.nan_rows, "NaN"), ("inf", ev.inf_rows, "Inf")):
+    out: list[Finding] = []
+    unhealthy: tuple[tuple[DefectKind, list[int], str], ...] = (("nan", ev.nan_rows, "NaN"), ("inf", ev.inf_rows, "Inf"))
+    for kind, rows, what in unhealthy:
         if rows:
             whole = "every row" if len(rows) == T else span_words(rows)
             out.append(found(kind, f"layer {i}: {whole} of {T} hold{'s' if len(rows) == 1 else ''} {what}", **row_fields(rows)))
-    for kind, rows, what in (("all_zero", ev.zero_rows, "zero"), ("constant", ev.const_rows, "constant")):
+    blank: tuple[tuple[DefectKind, list[int], str], ...] = (("all_zero", ev.zero_rows, "zero"),
+                                                            ("constant", ev.const_rows, "constant"))
+    for kind, rows, what in blank:
         if len(rows) == T:
             return kind, [found(kind, f"layer {i}: all {T} rows are {what} (a state slot never written)", **row_fields(rows))]
     if len(ev.nan_rows) + len(ev.inf_rows) == T:
@@ -223,7 +247,9 @@ def judge_layer(ev: LayerEvidence, key: str, n_layers: int, is_aux: bool, target
     rest = _healthy_rows(ev, is_aux, target_noise, factor, n_layers, found)
     if rest and rest.kind == "suffix_states":
         return rest.kind, [rest]  # its zero or constant rows are part of it
-    for kind, rows, what in (("all_zero", ev.zero_rows, "all zero"), ("constant", ev.const_rows, "constant")):
+    partly_blank: tuple[tuple[DefectKind, list[int], str], ...] = (("all_zero", ev.zero_rows, "all zero"),
+                                                                   ("constant", ev.const_rows, "constant"))
+    for kind, rows, what in partly_blank:
         if rows:
             verb = "is" if len(rows) == 1 else "are"
             out.append(found(kind, f"layer {i}: {span_words(rows)} of {T} {verb} {what}", **row_fields(rows)))
@@ -234,7 +260,7 @@ def judge_layer(ev: LayerEvidence, key: str, n_layers: int, is_aux: bool, target
 
 
 def _healthy_rows(ev: LayerEvidence, is_aux: bool, target_noise: float | None, factor: float, n_layers: int,
-                  found: Callable[..., Finding]) -> Finding | None:
+                  found: Found) -> Finding | None:
     """What the layer's healthy rows (not NaN/Inf/zero/constant) hold, when it is not this sample's states of
     this layer; None when they agree (bit-exact or within noise)."""
     T, i, bad = ev.rows, ev.label, ev.bad_rows
@@ -284,7 +310,7 @@ def _healthy_rows(ev: LayerEvidence, is_aux: bool, target_noise: float | None, f
                  f"({ev.noise:.3g}), {where}", **row_fields(bad))
 
 
-def _value_bug(ev: LayerEvidence, factor: float, found: Callable[..., Finding]) -> Finding | None:
+def _value_bug(ev: LayerEvidence, factor: float, found: Found) -> Finding | None:
     """A whole-layer value bug (``hsstore.compare.defects``) that, undone, leaves the layer within noise."""
     fits = {k: r for k, (r, _) in ev.transforms.items() if _within(r, ev.noise, factor)}
     if not fits:
@@ -411,10 +437,10 @@ def stale_copies(findings: list[Finding], evidence: dict[str, list[LayerEvidence
     hits: dict[int, list[Hit]] = {}
     for n, f in enumerate(findings):
         ev = next((e for e in evidence.get(f.key, []) if e.label == f.layer), None)
-        if ev is not None and _searched(f, ev):
+        if ev is not None and f.layer is not None and _searched(f, ev):  # (_searched: False without a layer)
             hits[n] = [(r, whose(f.key, src, sr), sr) for r, h in ev.bad_row_hashes.items()
                        for src, sr in index.get((f.layer, h), []) if copied(f.key, r, src, sr)]
-    votes: dict[str, Counter] = {}
+    votes: dict[str, Counter[str]] = {}
     for n, hs in hits.items():
         votes.setdefault(findings[n].key, Counter()).update(src for _, src, _ in hs)
     return [_named(f, hits[n], tokens, votes[f.key], vocab) if hits.get(n) else f for n, f in enumerate(findings)]
@@ -437,7 +463,7 @@ def _searched(f: Finding, ev: LayerEvidence) -> bool:
     return f.kind == "suffix_states" and not isinstance(f.match, int) and not blank and bool(ev.bad_rows)
 
 
-def _named(f: Finding, hits: list[Hit], tokens: dict[str, Sequence[int]], votes: Counter,
+def _named(f: Finding, hits: list[Hit], tokens: dict[str, Sequence[int]], votes: Counter[str],
            vocab: int | None = None) -> Finding:
     """The finding rewritten for the source that holds most of the sample's copied rows over all its layers
     (a layer with short memory repeats bytes in every sample ending alike; the layers that remember longer
@@ -514,13 +540,13 @@ NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def transform_fits(s: torch.Tensor, truth: torch.Tensor, healthy: torch.Tensor, noise: float | None,
-                   noise_factor: float) -> dict[str, tuple[float, str]]:
+                   noise_factor: float) -> dict[ValueBug, tuple[float, str]]:
     """For each transform that could explain stored ``s`` ``[T, H]`` against ``truth``: (rel-L2 of the
     healthy rows once it is undone, the transform in words). A fitted scale alpha is a candidate only when
     it is itself a difference beyond the precision noise (``|alpha - 1| > noise_factor x noise``: rel-L2 of
     alpha x truth against the truth): the measured noise of the cache's dtype sets how small a scale is
     seen (x 1.001 in an fp32 cache, whose noise is ~1e-7; not in a bf16 one, whose rounding is ~3e-3)."""
-    out: dict[str, tuple[float, str]] = {}
+    out: dict[ValueBug, tuple[float, str]] = {}
     sf, tf = s[healthy].double(), truth[healthy].double()
     if sf.numel() == 0:
         return out

@@ -24,6 +24,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Literal
 
 import numpy as np
 
@@ -39,7 +40,7 @@ from hsstore.compare.divergence import (
 from hsstore.core.dtypes import UNIT_ROUNDOFF
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.reports import LayerDiff, Sampling
-from hsstore.storage.store import VariantReader
+from hsstore.storage.reader import VariantReader
 
 BOOTSTRAP = 1000
 MAX_STRATA = 10
@@ -87,7 +88,7 @@ def choose(lengths: Sequence[int], keys: Sequence[str], n: int, seed: int) -> Ch
 def _allocate(pops: np.ndarray, n: int) -> np.ndarray:
     """Proportional allocation of ``n`` over strata of ``pops``, at least min(2, N_h) each."""
     share = pops * n / pops.sum()
-    alloc = np.minimum(pops, np.maximum(np.minimum(2, pops), np.floor(share))).astype(int)
+    alloc: np.ndarray = np.minimum(pops, np.maximum(np.minimum(2, pops), np.floor(share))).astype(int)
     while alloc.sum() < n:  # largest remainders first, never above a stratum's population
         room = np.where(alloc < pops, share - alloc, -np.inf)
         alloc[int(np.argmax(room))] += 1
@@ -289,11 +290,17 @@ def sampled_layers(layers: list[int], table: SampleTable, choice: Choice, ulps: 
     return Estimate(out, rstats["rel_l2"], df)
 
 
+# what a comparison against a floor concludes (a bit-exact comparison needs no floor: "identical" is decided before)
+FloorVerdictKind = Literal["within_noise", "beyond_noise", "inconclusive"]
+
+
 def with_floor(est: Estimate, floor: Estimate, dtype: str, noise_factor: float,
-               confidence: float) -> tuple[list[LayerDiff], str, str]:
-    """Layers with floor ratios and verdicts, the overall verdict and its kind
-    (identical | within_noise | beyond_noise | inconclusive)."""
-    out = []
+               confidence: float) -> tuple[list[LayerDiff], str, FloorVerdictKind]:
+    """Layers with floor ratios and verdicts, the overall verdict and its kind (within_noise | beyond_noise |
+    inconclusive: only a sampled diff, whose estimates and floor both have replicates, has intervals)."""
+    out: list[LayerDiff] = []
+    ratios: list[float] = []  # each layer's floor_ratio ...
+    ratio_cis: list[tuple[float, float]] = []  # ... and its interval (when both have replicates)
     ratio_reps = None
     if est.rel_l2_replicates is not None and floor.rel_l2_replicates is not None:
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -301,19 +308,22 @@ def with_floor(est: Estimate, floor: Estimate, dtype: str, noise_factor: float,
     for j, (L, F) in enumerate(zip(est.layers, floor.layers)):
         ratio = L.rel_l2 / F.rel_l2 if F.rel_l2 > 0 else (0.0 if L.rel_l2 == 0 else float("inf"))
         v = "identical (bit-exact)" if L.bit_exact == 1.0 else verdict(ratio, dtype, noise_factor)
-        extra = {}
+        extra: dict[str, dict[str, tuple[float, float]]] = {}
         if ratio_reps is not None:
-            extra["ci"] = {**L.ci, "floor_ratio": interval(ratio, ratio_reps[:, j], confidence, est.df)}
+            ratio_cis.append(interval(ratio, ratio_reps[:, j], confidence, est.df))
+            extra["ci"] = {**(L.ci or {}), "floor_ratio": ratio_cis[-1]}  # (sampled layers have their ci)
+        ratios.append(ratio)
         out.append(L.replace(floor_rel_l2=F.rel_l2, floor_ratio=ratio, verdict=v, **extra))
-    worst = max(out, key=lambda L: L.floor_ratio)
-    worst_ratio = max(0.0, worst.floor_ratio)
+    w = max(range(len(out)), key=ratios.__getitem__)  # the worst layer (the first of equals, as max gives)
+    worst = out[w]
+    worst_ratio = max(0.0, ratios[w])
     within = worst_ratio <= noise_factor
-    kind = "within_noise" if within else "beyond_noise"
+    kind: FloorVerdictKind = "within_noise" if within else "beyond_noise"
     span = ""
     if ratio_reps is not None:
-        lo, hi = worst.ci["floor_ratio"]
+        lo, hi = ratio_cis[w]
         span = f", {confidence:.0%} interval {lo:.2f}-{hi:.2f}x"
-        if any(L.ci["floor_ratio"][0] <= noise_factor < L.ci["floor_ratio"][1] for L in out):
+        if any(low <= noise_factor < high for low, high in ratio_cis):
             kind = "inconclusive"
     text = (f"A and B differ {'within' if within else 'beyond'} precision noise: worst layer {worst.layer} at "
             f"{worst_ratio:.2f}x the floor{span} (noise up to {noise_factor:g}x)")

@@ -17,6 +17,7 @@ and nothing in their files says which way, so the user states it (``--capture``)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 from hsstore.core.errors import BadInput
 
@@ -54,18 +55,20 @@ def check_no_leak(aux: Sequence[int], target: Sequence[int], num_layers: int, fi
                    f"leaks into the conditioning layers; {fix}")
 
 
-CAPTURES = ("output", "input", "unknown")
+Capture = Literal["output", "input", "unknown"]  # the numbering of stated ids (ImportSource.capture)
+CAPTURES: tuple[Capture, ...] = ("output", "input", "unknown")
 # the numbering each tool's own configuration uses for layer ids
-TOOL_CAPTURE = {"specforge": "output", "modelopt": "output", "eagle": "output", "speculators": "input"}
+TOOL_CAPTURE: dict[str, Capture] = {"specforge": "output", "modelopt": "output", "eagle": "output", "speculators": "input"}
 FINAL_NORM = "final_norm"
 Stated = int | str  # a layer id as the user wrote it: an int, or "final_norm"
 
 
-def parse_capture(text: str) -> str:
-    if text not in CAPTURES:
-        raise BadInput(f"unknown --capture {text!r}; choose output (id i = output of layer i, SGLang/HF), "
-                       "input (id i = state entering layer i, vLLM) or unknown")
-    return text
+def parse_capture(text: str) -> Capture:
+    for capture in CAPTURES:
+        if text == capture:
+            return capture
+    raise BadInput(f"unknown --capture {text!r}; choose output (id i = output of layer i, SGLang/HF), "
+                   "input (id i = state entering layer i, vLLM) or unknown")
 
 
 def parse_layer_list(text: str) -> list[Stated]:

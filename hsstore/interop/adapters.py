@@ -14,21 +14,24 @@ packages by ``scripts/check_interop_peers.py``):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import Dataset
 
 from hsstore.core.errors import BadInput
 
+if TYPE_CHECKING:
+    from hsstore.read.dataset import HiddenStateDataset, Required, StoreArg
+
 Batch = dict[str, Any]
 
 
-class _Adapter(Dataset):
+class _Adapter(Dataset[Batch]):
     """A HiddenStateDataset with one target layer and at least one aux layer, re-shaped per item."""
 
-    def __init__(self, source: Any, variant: str | None = None, require: Any = None,
-                 allow_drift: Iterable[str] = (), max_len: int | None = None) -> None:
+    def __init__(self, source: HiddenStateDataset | StoreArg, variant: str | None = None,
+                 require: Required | None = None, allow_drift: Iterable[str] = (), max_len: int | None = None) -> None:
         from hsstore.read.dataset import HiddenStateDataset
 
         self.base = source if isinstance(source, HiddenStateDataset) else HiddenStateDataset(
@@ -50,7 +53,8 @@ class _Adapter(Dataset):
     def hidden_states_dtype(self) -> torch.dtype:
         from hsstore.core.dtypes import TORCH
 
-        return TORCH[self.base.reader.record.dtype]
+        dtype: torch.dtype = TORCH[self.base.reader.record.dtype]  # (TORCH is built lazily: typed Any)
+        return dtype
 
     @property
     def approx_lengths(self) -> list[int]:
@@ -132,8 +136,8 @@ class SpecForgeDataset(_Adapter):
     Example: ``DataLoader(SpecForgeDataset("cache.zarr", max_len=2048), batch_size=4, collate_fn=SpecForgeCollate())``
     """
 
-    def __init__(self, source: Any, variant: str | None = None, require: Any = None,
-                 allow_drift: Iterable[str] = (), max_len: int = 2048) -> None:
+    def __init__(self, source: HiddenStateDataset | StoreArg, variant: str | None = None,
+                 require: Required | None = None, allow_drift: Iterable[str] = (), max_len: int = 2048) -> None:
         super().__init__(source, variant, require, allow_drift, max_len)
 
     def __getitem__(self, index: int) -> Batch:

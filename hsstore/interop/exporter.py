@@ -18,18 +18,18 @@ import shutil
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from hsstore.core.errors import BadInput, BuildInterrupted
 from hsstore.core.interrupt import Stopped, stop_on_signals
-from hsstore.core.layer_numbering import TOOL_CAPTURE, check_no_leak, from_hsstore
+from hsstore.core.layer_numbering import TOOL_CAPTURE, Capture, check_no_leak, from_hsstore
 from hsstore.core.schema.provenance import ExportRecord
-from hsstore.core.schema.record import is_set, or_none
+from hsstore.core.schema.record import UNSET, is_set, or_none
 from hsstore.core.schema.reports import ExportReport
 from hsstore.interop.formats import get_format
 from hsstore.interop.formats.interface import TMP_SUFFIX, Format
@@ -46,6 +46,10 @@ from hsstore.interop.importer import folder_mark, mark_folder
 from hsstore.storage.leases import lock_folder_alone
 from hsstore.storage.store import check_outside_stores
 
+if TYPE_CHECKING:
+    from hsstore.core.schema.store_records import VariantRecord
+    from hsstore.storage.reader import VariantReader
+
 
 @dataclass(frozen=True)
 class ExportRequest:
@@ -61,7 +65,7 @@ class ExportRequest:
     limit: int | None = None
 
 
-def _slots(fmt: Format, rec: Any, req: ExportRequest) -> tuple[list[int], int]:
+def _slots(fmt: Format, rec: VariantRecord, req: ExportRequest) -> tuple[list[int], int]:
     aux = list(req.aux) if req.aux is not None else list(rec.layers.get("aux", []))
     if not fmt.has_aux:
         aux = []
@@ -84,8 +88,8 @@ def _check_dest(fmt: Format, dest: Path, store: str, vid: str, held: bool = True
     """An export goes into a new or empty folder, or the folder of an earlier export of the same variant
     (whose files are checked, a walk of the folder, once it is ``held``)."""
     sidecar = fmt.sidecar(dest)
-    if sidecar.is_file():
-        rec = read_sidecar(sidecar, fmt.name, "choose a new folder (an export folder holds one export)")
+    rec = read_sidecar(sidecar, fmt.name, "choose a new folder (an export folder holds one export)")  # None: no file
+    if rec is not None:
         if rec.variant != vid:
             raise BadInput(f"{dest} holds an export of variant {rec.variant}, not {vid}; choose a new folder")
         if held:
@@ -132,23 +136,23 @@ def _make_dest(dest: Path) -> None:
         raise BadInput(f"export folder {str(dest)!r} is not writable; choose a writable folder")
 
 
-def _record(fmt: Format, reader: Any, store: str, aux: list[int], target: int, n: int, files: int,
+def _record(fmt: Format, reader: VariantReader, store: str, aux: list[int], target: int, n: int, files: int,
             complete: bool, written: dict[str, int] | None = None, token: str | None = None) -> ExportRecord:
     prov = reader.record.provenance
     recipe = reader.record.prov.recipe
     num_layers = or_none(recipe.model.num_layers)
     known = recipe.capture == "decoder_layer_output" and isinstance(num_layers, int)
-    capture = TOOL_CAPTURE[fmt.name] if known else "unknown"
+    capture: Capture = TOOL_CAPTURE[fmt.name] if known else "unknown"
     tool_layers = [from_hsstore(i, capture, num_layers if known else -1) for i in [*aux, target]]
     return ExportRecord(kind="hsstore-export", complete=complete, format=fmt.name, store=store, variant=reader.id,
                         provenance=prov, num_layers=num_layers if isinstance(num_layers, int) else -1,
                         slots={"aux": aux, "target": [target]}, tool_layers=tool_layers, tool_capture=capture,
                         n_samples=n, files_fingerprint=f"{files:032x}", exported_at=now(),
-                        **({"folder_files": len(written), "folder_bytes": sum(written.values())} if written else {}),
-                        **({"folder_token": token} if token else {}))
+                        folder_files=len(written) if written else UNSET,
+                        folder_bytes=sum(written.values()) if written else UNSET, folder_token=token or UNSET)
 
 
-def _claims(reader: Any, target: int) -> dict[str, bool]:
+def _claims(reader: VariantReader, target: int) -> dict[str, bool]:
     """Whether the target slot is pre-norm, when the provenance says (Model-Optimizer records it)."""
     recipe = reader.record.prov.recipe
     n = recipe.model.num_layers
@@ -162,7 +166,7 @@ def _write_all(one: Callable[[int], tuple[int, int]], n: int, jobs: int, dest: P
     fingerprint, tokens). A stop signal drops the samples not started and raises BuildInterrupted."""
     files, tokens = 0, 0
     with stop_on_signals(), ThreadPoolExecutor(jobs, thread_name_prefix="hsstore-export") as pool:
-        window: deque = deque()
+        window: deque[Future[tuple[int, int]]] = deque()
         try:
             for i in range(n):
                 window.append(pool.submit(one, i))
@@ -202,7 +206,7 @@ def export_cache(req: ExportRequest) -> ExportReport:
         alone.release()
 
 
-def _export_held(req: ExportRequest, fmt: Format, reader: Any, path: str, dest: Path, keys: list[str], aux: list[int],
+def _export_held(req: ExportRequest, fmt: Format, reader: VariantReader, path: str, dest: Path, keys: list[str], aux: list[int],
                  target: int, t0: float) -> ExportReport:
     """The export, once this process holds ``dest``: what the folder holds is judged again here (another
     export may have finished in it since the first look), then written."""

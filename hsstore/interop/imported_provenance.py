@@ -19,7 +19,7 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
@@ -41,9 +41,12 @@ from hsstore.core.schema.provenance import (
     Recipe,
     TokenizerIdentity,
 )
-from hsstore.core.schema.record import UNSET, is_set
+from hsstore.core.schema.record import UNSET, Record, is_set
 from hsstore.interop.formats.interface import Format, atomic_write
 from hsstore.interop.sample import FileDigest, SourceSample, read_bytes
+
+if TYPE_CHECKING:
+    from hsstore.storage.store import Store
 
 # --- Import records in the store (which files became which samples) and export records beside the files.
 
@@ -68,7 +71,7 @@ def add_hash(total: int, h: int) -> int:
 class ImportLog:
     """Reads earlier import records of a variant and writes this run's."""
 
-    def __init__(self, store: Any, vid: str, fmt: Format, root: Path, run: str) -> None:
+    def __init__(self, store: Store, vid: str, fmt: Format, root: Path, run: str) -> None:
         from hsstore.storage import layout
 
         self.store, self.fmt, self.root, self.run = store, fmt, root, run
@@ -101,8 +104,8 @@ class ImportLog:
         """(items to read, [(item, key)] already imported and unchanged since)."""
         recorded: dict[str, ImportEntry] = {}
         for chunk in self._chunks():
-            for e in chunk.entries:
-                recorded[e.item] = e
+            for entry in chunk.entries:
+                recorded[entry.item] = entry
         todo, known = [], []
         for item in items:
             e = recorded.get(item)
@@ -114,7 +117,7 @@ class ImportLog:
                 todo.append(item)
         return todo, known
 
-    def _put(self, name: str, record: Any) -> None:
+    def _put(self, name: str, record: Record) -> None:
         self.store.io.put_atomic(f"{self.prefix}{name}", json.dumps(record.to_dict()).encode())
 
     def chunk(self, entries: list[tuple[str, str, list[FileDigest]]], unit: str | None) -> None:

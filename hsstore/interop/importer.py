@@ -11,21 +11,23 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from hsstore.core.errors import BadInput, BuildInterrupted
 from hsstore.core.interrupt import Stopped, stop_on_signals
 from hsstore.core.keys import SampleTokens, sample_key
 from hsstore.core.layer_numbering import (
     FINAL_NORM,
+    Capture,
     parse_capture,
     parse_layer_list,
     slot_layers,
 )
-from hsstore.core.schema.provenance import ExportRecord, ImportSource
+from hsstore.core.schema.provenance import UNKNOWN, ExportRecord, ImportSource
+from hsstore.core.schema.record import or_none
 from hsstore.core.schema.reports import BadFile, ImportReport
 from hsstore.interop.formats import get_format
 from hsstore.interop.formats.interface import Format
@@ -36,10 +38,19 @@ from hsstore.interop.imported_provenance import (
     tokenizer_identity,
     variant_provenance,
 )
-from hsstore.interop.sample import SourceSample, check_vocab
+from hsstore.interop.sample import FileDigest, SourceSample, check_vocab
 from hsstore.storage.leases import share_folder
 from hsstore.storage.stats import merge_health
 from hsstore.storage.store import check_store_outside_source
+
+if TYPE_CHECKING:
+    import torch
+
+    from hsstore.capture.run.progress import Progress
+    from hsstore.storage.store import Store
+
+# a sample as read: the sample, its states per slot and their health stats (importer._Run._read)
+_Read: TypeAlias = "tuple[SourceSample, list[torch.Tensor], list[torch.Tensor]]"
 
 UNIT_BYTES = 256 << 20  # states per unit: bounds the memory an import holds (two copies while writing)
 
@@ -70,8 +81,8 @@ class Statement:
     """The layer ids and convention of the files' slots, and who stated them."""
 
     layers: list[int | str]
-    capture: str
-    stated_by: str
+    capture: Capture
+    stated_by: Literal["user", "hsstore-export"]
     num_layers: int | None
 
 
@@ -102,7 +113,7 @@ def _check_claims(stmt: Statement, claims: dict[str, bool], item: str) -> None:
                        f"but --layers names the target {stmt.layers[-1]!r}; state the target layer that matches")
 
 
-def _first_readable(fmt: Any, root: Path, items: list[str], vocab: int, skip_bad: bool) -> tuple[SourceSample, str]:
+def _first_readable(fmt: Format, root: Path, items: list[str], vocab: int, skip_bad: bool) -> tuple[SourceSample, str]:
     """The first file that reads: the probe the others are checked against (--skip-bad: bad ones passed over)."""
     first: BadInput | None = None
     for item in items:
@@ -167,14 +178,14 @@ def _import_held(req: ImportRequest, fmt: Format, root: Path, t0: float) -> Impo
                req.unit_tokens or max(1, UNIT_BYTES // per_token))
     counts = run.go(items)
     return ImportReport(store=req.store, variant=vid, format=fmt.name, source=str(root), layers=layers,
-                        capture=prov.recipe.capture, stated=source, seconds=time.time() - t0,
+                        capture=str(or_none(prov.recipe.capture) or UNKNOWN), stated=source, seconds=time.time() - t0,
                         provenance="restored" if restored else "imported", provenance_note=note, **counts)
 
 
 class _Run:
     """One import run: read in parallel, check each sample against the first, write units, log them."""
 
-    def __init__(self, req: ImportRequest, fmt: Format, root: Path, store: Any, vid: str,
+    def __init__(self, req: ImportRequest, fmt: Format, root: Path, store: Store, vid: str,
                  layers: dict[str, list[int]], stmt: Statement, probe: SourceSample, probe_item: str, tok_fp: str,
                  vocab: int, unit_tokens: int) -> None:
         from hsstore.storage.writer import UnitWriter
@@ -188,9 +199,9 @@ class _Run:
         self.log = ImportLog(store, vid, fmt, root, self.run_id)
         self.done = set(self.writer.committed_keys())
         self.seen: set[str] = set()
-        self.pending: list[tuple[SampleTokens, list, list]] = []
+        self.pending: list[tuple[SampleTokens, list[torch.Tensor], list[torch.Tensor]]] = []
         self.pending_tokens = 0
-        self.entries: list[tuple[str, str, list]] = []
+        self.entries: list[tuple[str, str, list[FileDigest]]] = []
         self.counts = {"written": 0, "present": 0, "duplicates": 0, "tokens_written": 0}
         self.bad: list[BadFile] = []
 
@@ -216,7 +227,7 @@ class _Run:
                 "tokens_written": self.counts["tokens_written"], "skipped_bad": len(self.bad),
                 "bad": self.bad[:20], "missing_states": getattr(self.fmt, "missing", 0), "run": self.run_id}
 
-    def _all(self, todo: list[str], progress: Any) -> None:
+    def _all(self, todo: list[str], progress: Progress) -> None:
         """Read, check and write every item of ``todo``, in units."""
         for item, got in self._stream(todo):
             if isinstance(got, BadInput):
@@ -230,7 +241,7 @@ class _Run:
                 self._flush()
         self._flush()
 
-    def _read(self, item: str) -> tuple[SourceSample, list, list] | BadInput:
+    def _read(self, item: str) -> _Read | BadInput:
         """The sample, its states per slot (contiguous, aux slots then target) and their health stats —
         done here, on the reader threads, so the writing thread only concatenates."""
         from hsstore.storage.stats import stats_tensor
@@ -239,14 +250,15 @@ class _Run:
             s = self.probe if item == self.probe_item else self.fmt.read(self.root, item)
         except BadInput as e:
             return e
-        slots = [s.aux[:, j].contiguous() for j in range(s.n_aux)] + [s.target]
+        aux = [] if s.aux is None else [s.aux[:, j].contiguous() for j in range(s.n_aux)]
+        slots = aux + [s.target]
         return s, slots, [stats_tensor(t, [s.length]) for t in slots]
 
-    def _stream(self, items: list[str]) -> Iterator[tuple[str, Any]]:
+    def _stream(self, items: list[str]) -> Iterator[tuple[str, _Read | BadInput]]:
         """Samples in item order; up to ``4 * jobs`` files are read ahead, in parallel."""
         jobs = max(1, self.req.jobs)
         with ThreadPoolExecutor(jobs, thread_name_prefix="hsstore-import") as pool:
-            window: deque = deque()
+            window: deque[tuple[str, Future[_Read | BadInput]]] = deque()
             try:
                 for item in items:
                     window.append((item, pool.submit(self._read, item)))
@@ -270,7 +282,7 @@ class _Run:
                            "the folder mixes two caches (pre-norm and post-norm targets?)")
         check_vocab(s, self.vocab)
 
-    def _take(self, item: str, s: SourceSample, slots: list, health: list) -> None:
+    def _take(self, item: str, s: SourceSample, slots: list[torch.Tensor], health: list[torch.Tensor]) -> None:
         try:
             self._check(s)
         except BadInput as e:

@@ -14,7 +14,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 import torch
@@ -49,7 +49,7 @@ class SourceSample:
     input_ids: np.ndarray  # int32 [T]
     loss_mask: np.ndarray  # uint8 [T], 0/1
     aux: torch.Tensor | None  # [T, n_aux, H]
-    target: torch.Tensor | None  # [T, H]
+    target: torch.Tensor  # [T, H]
     files: list[FileDigest] = field(default_factory=list)
     claims: dict[str, Any] = field(default_factory=dict)  # what the file says about itself (e.g. prenorm)
 
@@ -59,13 +59,11 @@ class SourceSample:
 
     @property
     def hidden_size(self) -> int:
-        t = self.target if self.target is not None else self.aux
-        return int(t.shape[-1])
+        return int(self.target.shape[-1])
 
     @property
     def dtype(self) -> str:
-        t = self.target if self.target is not None else self.aux
-        return name_of(t.dtype)
+        return name_of(self.target.dtype)
 
     @property
     def n_aux(self) -> int:
@@ -170,6 +168,10 @@ def _why(e: Exception) -> str:
     return f"{type(e).__name__}: {first}"[:160]
 
 
+@overload
+def tensor(obj: dict[str, Any], key: str, rel: str, optional: Literal[False] = False) -> torch.Tensor: ...
+@overload
+def tensor(obj: dict[str, Any], key: str, rel: str, optional: bool) -> torch.Tensor | None: ...
 def tensor(obj: dict[str, Any], key: str, rel: str, optional: bool = False) -> torch.Tensor | None:
     """``obj[key]`` as a tensor, or a one-line error naming the file and the keys it has."""
     if key not in obj or obj[key] is None:
@@ -226,7 +228,7 @@ def tokens(ids: torch.Tensor | np.ndarray | None, mask: torch.Tensor | np.ndarra
         raise BadInput(f"{rel}: token ids outside 0..2^31-1 (min {int(ids_t.min())}, max {int(ids_t.max())})")
     m = mask_t.to(torch.int64)
     if bool(((m != 0) & (m != 1)).any()):
-        raise BadInput(f"{rel}: loss_mask holds values other than 0 and 1 ({sorted(set(m.unique().tolist()))[:5]})")
+        raise BadInput(f"{rel}: loss_mask holds values other than 0 and 1 ({sorted(set(m.tolist()))[:5]})")
     return ids_t.to(torch.int32).numpy().copy(), m.to(torch.uint8).numpy().copy()
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -37,6 +37,9 @@ from hsstore.storage.fileio import write_file
 from hsstore.storage.leases import Lease, lock_folder_alone
 from hsstore.storage.store import check_outside_stores
 
+if TYPE_CHECKING:
+    from hsstore.storage.reader import VariantReader
+
 # --- The folder ``hsstore vocab-map`` writes into: new, empty, or holding vocab-maps of the same variant only.
 
 RECORD_GLOB = "vocab-map-*.json"
@@ -46,9 +49,9 @@ def record_name(size: int) -> str:
     return f"vocab-map-{size}.json"
 
 
-def _records(root: Path) -> dict[str, dict]:
+def _records(root: Path) -> dict[str, dict[str, Any]]:
     """The vocab-map records in ``root`` by file name; BadInput for one that is not a vocab-map record."""
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for p in sorted(root.glob(RECORD_GLOB)):
         try:
             rec = json.loads(p.read_bytes()[: 1 << 20]) if p.is_file() and not p.is_symlink() else None
@@ -131,7 +134,7 @@ def _rename_in(root: Path, staged: list[tuple[str, str]], record: str) -> None:
 COUNT_BATCH = 1 << 20  # loss tokens gathered before one bincount (one per sample costs O(vocab) each)
 
 
-def token_counts(reader: Any, vocab: int) -> tuple[np.ndarray, int]:
+def token_counts(reader: VariantReader, vocab: int) -> tuple[np.ndarray, int]:
     """Counts ``[vocab]`` of every loss-masked token of the variant, and the number of samples read."""
     counts = np.zeros(vocab, dtype=np.int64)
     pending: list[np.ndarray] = []
@@ -179,13 +182,13 @@ def checked_vocab(vocab: int, source: str) -> int:
     return vocab
 
 
-def target_vocab(reader: Any, override: int | None) -> tuple[int, str]:
+def target_vocab(reader: VariantReader, override: int | None) -> tuple[int, str]:
     """The target model's vocabulary size and where it was read (t2d must have exactly this length)."""
     vocab, source = _target_vocab(reader, override)
     return checked_vocab(vocab, source), source
 
 
-def _target_vocab(reader: Any, override: int | None) -> tuple[int, str]:
+def _target_vocab(reader: VariantReader, override: int | None) -> tuple[int, str]:
     if override is not None:
         return int(override), "--target-vocab-size"
     recipe = reader.record.prov.recipe
@@ -230,7 +233,7 @@ def write_vocab_map(target: str, size: int, out: str, target_vocab_size: int | N
         held.release()
 
 
-def _write_held(root: Path, outputs: Any, reader: Any, path: str, size: int, vocab: int, vocab_from: str,
+def _write_held(root: Path, outputs: Sequence[tuple[str, bytes]], reader: VariantReader, path: str, size: int, vocab: int, vocab_from: str,
                 counts: np.ndarray, t2d: torch.Tensor, n_samples: int) -> VocabMapReport:
     """Write the files, then the record that says they belong together (vocab_folder holds the folder)."""
     total = int(counts.sum())

@@ -70,7 +70,7 @@ def audit_line(a: AuditSummary) -> str:
             f"{a.bound}")
 
 
-def import_gaps(store: Store, vid: str) -> list[str]:
+def import_gaps(store: StoreLike, vid: str) -> list[str]:
     """What finished imports into the variant left out (files skipped as unreadable or misaligned, rows
     without a states file), in words: an audit of the variant cannot see them."""
     out = []

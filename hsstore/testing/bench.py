@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO
 
 import numpy as np
 import torch
@@ -51,11 +51,11 @@ def write_hsstore(d: Path, samples: list[SampleTokens], states: list[torch.Tenso
                                layers, H, "bf16", codec, chunk or chunk_tokens(H, 2))
     w = UnitWriter(store, vid, check_health=False)
     for a in range(0, len(samples), unit_samples):
-        chunk = states[a: a + unit_samples]
-        w.write(samples[a: a + unit_samples], {layer: torch.cat([s[:, j] for s in chunk]) for j, layer in enumerate(BENCH_LAYERS)})
+        part = states[a: a + unit_samples]
+        w.write(samples[a: a + unit_samples], {layer: torch.cat([s[:, j] for s in part]) for j, layer in enumerate(BENCH_LAYERS)})
 
 
-class TorchDS(Dataset):
+class TorchDS(Dataset[dict[str, torch.Tensor]]):
     """Map-style reader of ``write_torch``'s files (``torch.load``, weights only)."""
 
     def __init__(self, d: Path, n: int) -> None:
@@ -64,8 +64,9 @@ class TorchDS(Dataset):
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, i: int) -> Any:
-        return torch.load(self.d / f"{i}.pt", weights_only=True)
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        item: dict[str, torch.Tensor] = torch.load(self.d / f"{i}.pt", weights_only=True)
+        return item
 
 
 def write_tiny_store(path: Path, n_samples: int, unit_samples: int = 1000, length: int = 4, hidden: int = 8,
@@ -164,7 +165,8 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "conversations.jsonl"
 SIZES = {"tiny": ("tiny", 512), "gpu": ("1.6b", 2048)}
 
 
-def sh(args: list[str], out: Path | None = None, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+def sh(args: list[str], out: Path | None = None, check: bool = True,
+       env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``args`` (echoed), its stdout saved to ``out``; a failure ends the script with its output."""
     print("+", " ".join(args), flush=True)
     r = subprocess.run(args, capture_output=True, text=True, env={**os.environ, **(env or {})})
@@ -226,7 +228,7 @@ path = "{out / 'store.zarr'}"
 # --- An S3 server on loopback for tests and benchmarks: moto in a subprocess, with one bucket (moto, boto3
 
 _ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL")
-_SERVERS: dict[str, subprocess.Popen] = {}  # s3://BUCKET -> its running server
+_SERVERS: dict[str, subprocess.Popen[bytes]] = {}  # s3://BUCKET -> its running server
 
 
 def kill_server(url: str) -> None:
@@ -240,7 +242,8 @@ def kill_server(url: str) -> None:
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _create_bucket(bucket: str, log: Path | None) -> None:
@@ -262,9 +265,9 @@ def moto_s3(bucket: str, log: Path | None = None) -> Iterator[str]:
     every client (and child process) at it; afterwards they are restored and the server stopped. The
     server's output goes to ``log`` if given."""
     port = _free_port()
-    out = open(log, "w") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    out: IO[str] | None = open(log, "w") if log is not None else None  # noqa: SIM115 - closed below
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=out, stderr=subprocess.STDOUT)
+                              stdout=subprocess.DEVNULL if out is None else out, stderr=subprocess.STDOUT)
     old = {k: os.environ.get(k) for k in _ENV}
     os.environ.update(dict(zip(_ENV, ("testing", "testing", "us-east-1", f"http://127.0.0.1:{port}"))))
     _SERVERS[f"s3://{bucket}"] = server
@@ -275,7 +278,7 @@ def moto_s3(bucket: str, log: Path | None = None) -> Iterator[str]:
         _SERVERS.pop(f"s3://{bucket}", None)
         server.terminate()
         server.wait(timeout=30)
-        if log is not None:
+        if out is not None:
             out.close()
         for k, v in old.items():
             if v is None:

@@ -71,7 +71,7 @@ def make_states(samples: list[SampleTokens], hidden: int, dtype: str, layers: li
     return {i: torch.randn(n, hidden, generator=g).to(TORCH_DTYPES[dtype]) for i in layers}
 
 
-def provenance(dtype: str = "bf16", backend: str = "torch", tok: str = "tok", layers: dict | None = None,
+def provenance(dtype: str = "bf16", backend: str = "torch", tok: str = "tok", layers: dict[str, list[int]] | None = None,
                model: str = "test", precision: str | None = None) -> dict[str, Any]:
     """The smallest provenance that fits the ``Provenance`` schema (what a 1.0 store records);
     ``precision`` (e.g. "fp8-e4m3"): the states are stored quantized (``environment.storage``)."""
@@ -87,7 +87,7 @@ def provenance(dtype: str = "bf16", backend: str = "torch", tok: str = "tok", la
 
 
 def new_variant(store: Store, dtype: str = "bf16", hidden: int = 16, codec: str = "zstd", chunk: int = 64,
-                backend: str = "torch", layers: dict | None = None) -> str:
+                backend: str = "torch", layers: dict[str, list[int]] | None = None) -> str:
     """A variant of ``provenance(dtype, backend)`` in ``store``; returns its id."""
     layers = layers or LAYERS
     return store.create_variant(provenance(dtype, backend, layers=layers), layers, hidden, dtype, codec, chunk)

@@ -7,7 +7,7 @@ import io
 import re
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import xxhash
@@ -25,6 +25,11 @@ from hsstore.interop.sample import (
     walk,
 )
 from hsstore.storage.fileio import replace_file
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from hsstore.core.schema.reports import FormatName
 
 TMP_SUFFIX = ".hsstore-tmp"  # never matches a tool's suffix (.ckpt, .pt, .safetensors), removed on failure
 
@@ -55,7 +60,7 @@ def atomic_write(root: Path, rel: str, data: bytes) -> FileDigest:
     return FileDigest(rel, len(data), xxhash.xxh3_128_hexdigest(data))
 
 
-def torch_bytes(obj: dict[str, Any]) -> bytes:
+def torch_bytes(obj: dict[str, Any] | dict[int, int]) -> bytes:
     """``torch.save(obj)`` as bytes (the zip format every torch since 1.6 reads, mmap-able)."""
     buf = io.BytesIO()
     torch.save(obj, buf)
@@ -84,7 +89,7 @@ class FormatWriter:
 class Format:
     """A cache layout of another tool: slots per token are ``n_aux`` aux states (if ``has_aux``) and a target."""
 
-    name = ""
+    name: FormatName  # each format's own
     tool = ""
     has_aux = True
     layout = ""  # one line for --help and the README: where the files are and what they hold
@@ -134,7 +139,7 @@ class TorchDictFormat(Format):
         data, digest = read_bytes(root, item)
         return load_torch(data, item), digest
 
-    def sample_states(self, obj: dict[str, Any], item: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
+    def sample_states(self, obj: dict[str, Any], item: str) -> tuple[np.ndarray, np.ndarray, torch.Tensor | None,
                                                                      torch.Tensor]:
         """(input ids, loss mask, aux states [T, n, H] or None, target [T, H]) of a loaded dict, checked."""
         ids, mask = tokens(tensor(obj, "input_ids", item), tensor(obj, "loss_mask", item), item)
