@@ -13,7 +13,7 @@ from typing import Any
 from hsstore.core.errors import BadInput, OutputFailed
 from hsstore.core.outputs import PLOT_SUFFIXES
 from hsstore.core.schema.provenance import Provenance
-from hsstore.core.schema.record import is_set, or_none
+from hsstore.core.schema.record import UnsetType, is_set, or_none
 from hsstore.core.schema.reports import (
     AlignReport,
     CheckReport,
@@ -117,7 +117,7 @@ def _variant_lines(v: VariantInfo, location: str) -> list[str]:
     for layer, h in sorted(v.health.items(), key=lambda x: int(x[0])):
         lines.append(f"  {int(layer):5d} {h.mean:9.4f} {h.std:9.4f} {h.absmax:9.3f} {h.nan:4d} "
                      f"{h.inf:4d} {100 * h.zero_fraction:6.2f}" + ("  (final norm)" if int(layer) == norm_id else ""))
-    if is_set(v.storage) and v.storage is not None:
+    if not isinstance(v.storage, UnsetType):
         lines += storage_lines(v.storage)
     for a in v.audits:
         lines.append(f"  {audit_line(a)}")
@@ -296,8 +296,9 @@ def _series(ax: Any, layers: list[int], rows: list[LayerDiff], key: str, label: 
     values = [max(float(getattr(L, key) if key != "1-cos" else 1.0 - L.cos_mean), 1e-16) for L in rows]
     err = None
     ci_key = "cos_mean" if key == "1-cos" else key
-    if all(L.ci and ci_key in L.ci for L in rows):
-        bounds = [sorted(1.0 - x for x in L.ci[ci_key]) if key == "1-cos" else L.ci[ci_key] for L in rows]
+    cis = [L.ci for L in rows if not isinstance(L.ci, UnsetType) and ci_key in L.ci]
+    if len(cis) == len(rows):  # every row has the interval
+        bounds = [sorted(1.0 - x for x in ci[ci_key]) if key == "1-cos" else ci[ci_key] for ci in cis]
         err = [[max(0.0, v - lo) for v, (lo, _) in zip(values, bounds)], [max(0.0, hi - v) for v, (_, hi) in zip(values, bounds)]]
     ax.errorbar(layers, values, yerr=err, fmt=style, label=label, capsize=3, color=color)
 
