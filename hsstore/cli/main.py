@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from typing import Protocol, TypeGuard
 
 import typer
 
@@ -24,6 +25,28 @@ def _whole_summaries() -> None:
 
 
 _whole_summaries()
+
+
+class _UsageError(Protocol):
+    """What main needs of click's (typer-vendored) usage error, told apart by its attributes."""
+    exit_code: int
+
+    def format_message(self) -> str: ...
+
+
+class _ShowableError(Protocol):
+    """What main needs of any other click exception: it prints itself and carries an exit code."""
+    exit_code: int
+
+    def show(self) -> None: ...
+
+
+def _is_usage_error(e: Exception) -> TypeGuard[_UsageError]:
+    return callable(getattr(e, "format_message", None)) and getattr(e, "exit_code", None) == 2
+
+
+def _is_showable(e: Exception) -> TypeGuard[_ShowableError]:
+    return callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int)
 
 
 def main() -> None:
@@ -50,13 +73,13 @@ def main() -> None:
         typer.echo("aborted", err=True)
         sys.exit(130)
     except Exception as e:  # click (as vendored by typer) usage errors carry their own exit code
-        if callable(getattr(e, "format_message", None)) and getattr(e, "exit_code", None) == 2:
+        if _is_usage_error(e):
             ctx = getattr(e, "ctx", None)  # one line, as every other error: what is wrong and where help is
             sub = f" {ctx.info_name}" if ctx is not None and ctx.parent is not None else ""
             where = f" (see hsstore{sub} --help)"
             typer.echo(f"error: {escape_controls(e.format_message())}{where}", err=True)
             sys.exit(2)
-        if callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int):
+        if _is_showable(e):
             e.show()
             sys.exit(e.exit_code)
         raise
