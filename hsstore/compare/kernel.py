@@ -230,7 +230,7 @@ def _block(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, ws: Workspace) -
     out[4].sub_(out[3])
 
 
-def _count_max_rows(dbits, count, mx):  # pragma: no cover (runs compiled)
+def _count_max_rows(dbits: np.ndarray, count: np.ndarray, mx: np.ndarray) -> None:  # pragma: no cover (runs compiled)
     """Per row of d's float32 bit patterns (int32 ``[r, H]``): the count of nonzero values into ``count``
     and max |d| into ``mx`` (both float32 ``[r]``)."""
     for r in range(dbits.shape[0]):
@@ -239,12 +239,12 @@ def _count_max_rows(dbits, count, mx):  # pragma: no cover (runs compiled)
         mx[r] = np.array([m], np.int32).view(np.float32)[0]
 
 
-def _ulp_rows(a, b, ulp):  # pragma: no cover (runs compiled)
+def _ulp_rows(a: np.ndarray, b: np.ndarray, ulp: np.ndarray) -> None:  # pragma: no cover (runs compiled)
     for r in range(a.shape[0]):
         _ulp_row(a[r], b[r], ulp)
 
 
-def _count_max(dbits):  # pragma: no cover (runs compiled)
+def _count_max(dbits: np.ndarray) -> tuple[np.int32, np.int32]:  # pragma: no cover (runs compiled)
     """(count of nonzero d, max |d|'s bit pattern) from float32 d's bit patterns (int32): |d|'s patterns
     order as integers, with NaN above infinity (a NaN d makes the max NaN, as torch's amax, and is not
     counted, as torch's sign gives it 0); -0 is 0."""
@@ -256,7 +256,7 @@ def _count_max(dbits):  # pragma: no cover (runs compiled)
     return nd, m
 
 
-def _ulp_row(a, b, ulp):  # pragma: no cover (runs compiled)
+def _ulp_row(a: np.ndarray, b: np.ndarray, ulp: np.ndarray) -> None:  # pragma: no cover (runs compiled)
     """Add one row's counts of bf16 pairs more than 0, 1, 2, 4, 8, 16 ULPs apart to ``ulp``: bits
     (int16) to ordered ints as ``bf16_ordered``, e = distance - 1 clamped to [-1, 16], and the count
     above t is the sum of clamp(e - t + 1, 0, 1) (int32 lanes: vectorized)."""
