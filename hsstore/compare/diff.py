@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -40,11 +40,13 @@ from hsstore.core.provenance_match import flatten, is_informational
 from hsstore.core.schema.record import UNSET, Record
 from hsstore.core.schema.reports import (
     DiffReport,
+    DiffVerdictKind,
     FieldDifference,
     LayerDiff,
     WorstSample,
 )
-from hsstore.storage.store import Store, VariantReader, split_target
+from hsstore.storage.reader import VariantReader
+from hsstore.storage.store import Store, split_target
 
 # --- What a diff is asked: the two variants and the floor, which layers, samples and tokens, and where
 
@@ -116,7 +118,8 @@ def map_samples(readers: Sequence[VariantReader], keys: Sequence[str], layers: l
     with BYTES_PER_THREAD of states in flight per thread, at most the command's memory budget in all;
     each reading its sample's layers one after the other (no nested pools: one thread per core).
     ``layers``: the same layer ids for every reader, or one list per reader."""
-    per_reader = layers if layers and isinstance(layers[0], list) else [layers] * len(readers)
+    # (the isinstance narrows the nested case; mypy does not narrow the other to list[int]: the cast says so)
+    per_reader = layers if layers and isinstance(layers[0], list) else [cast("list[int]", layers)] * len(readers)
     threads = threads or cpu_threads()
     budget = budget_bytes or min(BYTES_PER_THREAD * threads, memory_budget())  # never more than the machine's
     window = 2 * threads
@@ -387,7 +390,7 @@ def open_targets(request: DiffRequest, a_reader: VariantReader | None = None) ->
         notes.append(f"A and B are one variant ({a.id} of {a.store.location}): the diff compares its states with "
                      "themselves, so 'identical' is by construction (a self-test of diff, not a comparison)")
     c = open_target(floor_t) if floor_t else None
-    if c is not None:
+    if c is not None and floor_t:
         check_floor(a, b, c, floor_t)
         notes += check_same_model(a, c, ("A", "the floor C"), allow_different_models)
     use = check_layers(a, b, request.layers)
@@ -409,6 +412,7 @@ def run_diff(request: DiffRequest, a_reader: VariantReader | None = None) -> Dif
     res = stream_pass(a, others, plan.keys if plan else keys, use, request, plan is not None)
     ests = [estimate(use, res, j, plan, both_bf16(a, o)) for j, o in enumerate(others)]
     floor = None
+    kind: DiffVerdictKind
     if c is not None:
         floor = ests[1] if len(ests) > 1 else _floor_pass(a, c, use, request)
         reps, text, kind = with_floor(ests[0], floor, a.record.dtype, request.noise_factor, request.confidence)
@@ -424,13 +428,13 @@ def run_diff(request: DiffRequest, a_reader: VariantReader | None = None) -> Dif
                                                       c.record.provenance if c is not None else None),
         sampling=plan.record if plan is not None else UNSET,
         floor=f"{c.store.location}#{c.id}" if c is not None else UNSET,
-        floor_target=request.floor if c is not None else UNSET,
+        floor_target=request.floor if c is not None and request.floor else UNSET,
         floor_layers=floor.layers if floor is not None else UNSET, seconds=time.perf_counter() - t0,
     )
 
 
-def _verdict(layers: list[LayerDiff], text: str, kind: str, plan: SamplePlan | None,
-             notes: list[str]) -> tuple[str, str]:
+def _verdict(layers: list[LayerDiff], text: str, kind: DiffVerdictKind, plan: SamplePlan | None,
+             notes: list[str]) -> tuple[str, DiffVerdictKind]:
     """The verdict in words and its kind: bit-exact layers are "identical", whatever the floor says; states
     of different models say so first."""
     if all(L.bit_exact == 1.0 for L in layers):
