@@ -53,6 +53,21 @@ def end_ids(tok: Any) -> list[int]:
     return sorted(set(int(x) for x in out))
 
 
+def generate_attention(device: Any) -> Any:
+    """The context ``generate`` runs in: on a GPU, every SDPA kernel but cuDNN's. cuDNN's attention builds a
+    plan for each new shape, and decoding makes a new one every step (the keys grow by one token), so each
+    batch's first generation took 3x its second on an H100 (21.8 s against 7.1 s, docs/notes/regen-gap.md),
+    and a build generates each batch once. The flash and memory-efficient kernels take any length: without
+    cuDNN the first generation took what the second did, and the second no longer."""
+    import contextlib
+
+    if getattr(device, "type", str(device)) != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 class LocalEngine:
     """The target itself, in this process: ``model`` (loaded by ModelSpec.load on the build's first device
     and dtype) generates batches of left-padded prompts."""
@@ -89,7 +104,7 @@ class LocalEngine:
             mask[r, width - len(x):] = 1
         torch.manual_seed(seed)
         t0 = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), generate_attention(dev):
             out = self.model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), **self.kwargs(p))
         seconds = time.perf_counter() - t0
         return [self._cut(row[width:].tolist(), p, seconds) for row in out.cpu()]
