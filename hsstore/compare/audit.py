@@ -47,7 +47,7 @@ from hsstore.compare.defects import (
     stale_copies,
     upper_bound,
 )
-from hsstore.compare.diff import NOISE_FACTOR, check_device, open_target
+from hsstore.compare.diff import NOISE_FACTOR, check_device, open_target, use_compiled
 from hsstore.compare.divergence import Totals, summarize
 from hsstore.compare.kernel import Workspace, token_sums
 from hsstore.compare.sampling import choose, full_layers
@@ -440,7 +440,8 @@ def _judge_all(stream: Iterator[tuple[str, list[dict[int, torch.Tensor]]]], run:
     reader, in_live, dev = run.reader, run.in_live, run.how.device
     labels, aux, tgt = reader.record.all_layers, reader.record.layers.get("aux", []), reader.record.layers.get("target", [])
     target_label = tgt[0] if len(tgt) == 1 else None
-    ws = Workspace("cpu")
+    bf16 = reader.record.dtype == "bf16"
+    ws = Workspace("cpu", use_compiled(reader, run.keys, in_live, [bf16], threads=1))  # numba only where it pays
     totals, ftotals = Totals(len(in_live)), Totals(len(in_live))
     evidence: dict[str, list[LayerEvidence]] = {}
     verdicts: list[SampleVerdict] = []

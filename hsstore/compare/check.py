@@ -36,6 +36,7 @@ from hsstore.compare.diff import (
     open_target,
     provenance_differences,
     same_variant,
+    use_compiled,
 )
 from hsstore.compare.divergence import Totals, summarize
 from hsstore.compare.kernel import Workspace, token_sums
@@ -207,8 +208,8 @@ def as_stored(x: torch.Tensor, reader: VariantReader) -> torch.Tensor:
 def compare_live(reader: VariantReader, live: dict[str, list[torch.Tensor]], keys: list[str],
                  layers: list[int], floor: VariantReader | None = None) -> tuple[Totals, Totals | None]:
     """Sums of live (A) against stored (B) states, and of stored against the floor's, per layer."""
-    ws = Workspace("cpu")
     ulps = reader.record.dtype == "bf16"
+    ws = Workspace("cpu", use_compiled(reader, keys, layers, [ulps], threads=1))  # numba only where it pays
     totals, ftotals = Totals(len(layers)), (Totals(len(layers)) if floor is not None else None)
     for key in keys:
         stored = reader.read_layers(reader.refs[key], layers)

@@ -144,3 +144,19 @@ def test_check_with_another_builtin_model_says_the_model_differs(tiny_store: Pat
     rec = Store.open(tiny_store).reader(Store.open(tiny_store).select("dtype=bf16")).record.prov.recipe.model
     assert "another model" in errors[0] and "builtin:tiny-llama" in errors[0] and "builtin:tiny-qwen3_5" in errors[0]
     assert rec.fingerprint in errors[0] and "fresh process" not in errors[0]
+
+
+def test_check_and_audit_of_a_few_samples_do_not_load_the_compiled_loops(tiny_store: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch):
+    """numba's loops cost ~1 s to load in a process and pay only past 2^30 bf16 pairs a thread (diff's
+    gate, hsstore.compare.diff.use_compiled); check and audit loaded them for any sample count. A check or
+    audit of a few samples takes torch's ops (the same numbers, tests/compare/test_kernel.py)."""
+    from hsstore.compare import kernel
+    from hsstore.compare.audit import AuditRequest, run_audit
+
+    loaded: list[bool] = []
+    real = kernel.compiled_kernel
+    monkeypatch.setattr(kernel, "compiled_kernel", lambda: loaded.append(True) or real())
+    assert run_check("builtin:tiny-qwen3_5", f"{tiny_store}#dtype=bf16", samples=2).verdict_kind == "identical"
+    assert run_audit(AuditRequest(model="builtin:tiny-qwen3_5", target=f"{tiny_store}#dtype=bf16", samples=2))
+    assert not loaded
