@@ -29,6 +29,7 @@ from hsstore.core.schema.manifest import DATA_FORMATS as FORMATS
 MARGIN = 2  # a cut string spans twice max_length tokens: the text near the cut never reaches the kept tokens
 ROW_STRINGS = 8  # a row may hold this many cut-size strings in all (a chat of many long turns)
 UNKNOWN_LONGEST = 1024  # characters per token assumed of a tokenizer that cannot list its vocabulary
+InputRow = tuple[str, int, Any] | tuple[str, Any]  # (file, number, row) as load_rows gives, or (file, row)
 
 
 def longest_token(tok: Any) -> int:
@@ -136,7 +137,7 @@ class InputReport:
                 "loss_mask": METHOD}
 
 
-__all__ = ["InputReport", "detect_format", "load_rows", "tokenize_rows"]
+__all__ = ["InputReport", "InputRow", "detect_format", "load_rows", "tokenize_rows"]
 UNKNOWN = "unknown format (no conversations/messages/text/prompt+completion)"
 
 
@@ -229,7 +230,7 @@ def check_encodes_text(tok: Any) -> None:
                        "added): samples would hold control tokens only; use the model's complete tokenizer")
 
 
-def _numbered(rows: Iterable[tuple]) -> Iterable[tuple[str, int, Any]]:
+def _numbered(rows: Iterable[InputRow]) -> Iterable[tuple[str, int, Any]]:
     """(file, number, row) from (file, number, row) or (file, row) items (numbered per file from 1)."""
     count: Counter = Counter()
     for item in rows:
