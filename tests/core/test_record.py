@@ -6,7 +6,7 @@ import pkgutil
 import pytest
 
 import hsstore
-from hsstore.core.schema.record import Record
+from hsstore.core.schema.record import UNSET, Record, present
 
 
 def _records() -> list[type[Record]]:
@@ -34,3 +34,9 @@ def test_every_record_is_built_by_keyword_only():
         if "positional" not in str(e.value):
             positional.append(f"{c.__module__}.{c.__qualname__}: {e.value}")
     assert not positional, positional
+
+
+def test_present_gives_a_set_field_and_names_an_unset_one():
+    assert present(0, "recipe.model.hidden_size") == 0  # a falsy value is still set
+    with pytest.raises(TypeError, match="recipe.model.num_layers is not set"):
+        present(UNSET, "recipe.model.num_layers")

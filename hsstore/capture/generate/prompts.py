@@ -15,11 +15,14 @@ the regenerated conversation is rendered by the chat template and masked like an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hsstore.capture.inputs.datafiles import BadRow
 from hsstore.capture.inputs.messages import THINK_CLOSE, RowRejected, to_chat
 from hsstore.capture.inputs.tokenizing import detect_format
+
+if TYPE_CHECKING:
+    from hsstore.capture.inputs.lossmask import ChatMasker
 
 
 @dataclass
@@ -89,7 +92,7 @@ def reply_text(tok: Any, ids: list[int], eos: list[int], drop_reasoning: bool) -
     body = ids[:-1] if ids and ids[-1] in eos else ids
     if drop_reasoning:
         body = body[reasoning_end(tok, body):]
-    text = tok.decode(body, skip_special_tokens=True)
+    text: str = tok.decode(body, skip_special_tokens=True)
     return text.lstrip() if drop_reasoning else text
 
 
@@ -104,7 +107,7 @@ def last_turn_sample(tok: Any, job: Job, eos: list[int], drop_reasoning: bool) -
     return list(job.prompt) + list(reply), [0] * len(job.prompt) + mask
 
 
-def all_turns_sample(masker: Any, job: Job) -> tuple[list[int], list[int]]:
+def all_turns_sample(masker: ChatMasker, job: Job) -> tuple[list[int], list[int]]:
     """The regenerated conversation as the chat template renders it, each regenerated reply masked."""
     if any(not t.strip() for t in job.texts):
         raise RowRejected("empty reply", "a regenerated turn has no text")

@@ -36,7 +36,7 @@ import re
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 from datetime import date
 from functools import lru_cache
@@ -216,7 +216,10 @@ def read_markers(text: str, nonce: str, plain: str, placement: tuple[str, str]) 
     found = list(pattern.finditer(text))
     if pattern.sub("", text) != plain or len({m.group() for m in found}) != len(found):
         return None
-    starts, removed, where, total = [], [], {}, 0
+    starts: list[int] = []
+    removed: list[int] = []
+    where: dict[int, list[int]] = {}
+    total = 0
     for m in found:
         starts.append(m.start())
         removed.append(total)
@@ -411,7 +414,7 @@ class ChatMasker:
         return msgs, {i for i, m in enumerate(msgs) if m["role"] == "assistant" and "reasoning_content" not in m
                       and inline_reasoning(m["content"])}
 
-    def _check_text(self, msgs: list[dict[str, Any]], tools: Any, inline: set[int] = frozenset()) -> None:
+    def _check_text(self, msgs: list[dict[str, Any]], tools: Any, inline: Set[int] = frozenset()) -> None:
         if self.special_re is None:
             return
         for i, m in enumerate(msgs):
@@ -482,8 +485,8 @@ class ChatMasker:
             end = self._reply_end(max(own, default=start), foreign, ids, offsets, len(plain))
             if any(start < q < end for q in foreign):
                 raise RowRejected("an assistant reply would cover another message's text", f"message {k}")
-            for t, (s, e) in enumerate(offsets):
-                if s >= start and e <= end:  # a token crossing the start (header + reply text) is prompt
+            for t, (first, last) in enumerate(offsets):
+                if first >= start and last <= end:  # a token crossing the start (header + reply text) is prompt
                     mask[t] = 1
         return ids, mask
 
@@ -506,14 +509,14 @@ class ChatMasker:
                               f"message {k}")
         lo = max((q for i, qs in mk.where.items() if i != k for q in qs if q <= first), default=0)
         if prefix is not None:  # 2. after the previous message's text comes the prompt's very text
-            start = self._after_same_tail(prefix, nonce, mk, plain, lo, first)
-            if start is not None:
-                return start
+            after = self._after_same_tail(prefix, nonce, mk, plain, lo, first)
+            if after is not None:
+                return after
         gen = self._generation_prompt(msgs[:k], tools) if k else None  # transformers renders no empty prefix
         if gen is None:  # nor Qwen3.5 one without a user query: the prompt that follows one user message
             gen = self._generation_prompt(PROBE[:1], tools)
         if gen:  # 3. after the generation prompt (or its longest token prefix present)
-            ends = sorted({e for _, e in self.tok(gen, add_special_tokens=False,
+            ends: list[int] = sorted({e for _, e in self.tok(gen, add_special_tokens=False,
                                                   return_offsets_mapping=True)["offset_mapping"] if e > 0},
                           reverse=True)
             for cut in ends:

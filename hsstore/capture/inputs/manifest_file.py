@@ -39,7 +39,8 @@ def _read_toml(p: Path, source: str) -> dict[str, Any]:
         raise _err(source, f"is {p.stat().st_size:,} bytes; a manifest is a small TOML file (pass the manifest, "
                            "not a data file)")
     try:
-        return check_depth(tomllib.loads(p.read_text(encoding="utf-8")))
+        data: dict[str, Any] = check_depth(tomllib.loads(p.read_text(encoding="utf-8")))
+        return data
     except tomllib.TOMLDecodeError as e:
         raise _err(source, f"malformed TOML: {e}") from None
     except (RecursionError, TooDeep):

@@ -21,7 +21,7 @@ from hsstore.capture.inputs.lossmask import METHOD, ChatMasker
 from hsstore.capture.inputs.messages import RowRejected, to_chat
 from hsstore.core.errors import BadInput
 from hsstore.core.keys import SampleTokens, sample_key
-from hsstore.core.schema.build import RowIssue
+from hsstore.core.schema.build import RowIssue, RowIssueKind
 from hsstore.core.schema.manifest import DATA_FORMATS as FORMATS
 
 # --- A row's text is bounded before it is tokenized: tokenizing costs ~250 bytes of memory per character (a
@@ -29,6 +29,7 @@ from hsstore.core.schema.manifest import DATA_FORMATS as FORMATS
 MARGIN = 2  # a cut string spans twice max_length tokens: the text near the cut never reaches the kept tokens
 ROW_STRINGS = 8  # a row may hold this many cut-size strings in all (a chat of many long turns)
 UNKNOWN_LONGEST = 1024  # characters per token assumed of a tokenizer that cannot list its vocabulary
+InputRow = tuple[str, int, Any] | tuple[str, Any]  # (file, number, row) as load_rows gives, or (file, row)
 
 
 def longest_token(tok: Any) -> int:
@@ -101,13 +102,15 @@ class InputReport:
     replies_dropped: int = 0  # trained replies (loss-mask runs) that truncation cut off whole
     duplicates: int = 0
     empty_replies: int = 0  # kept rows with an empty trained reply among others (rows of only empty ones: rejected)
-    rejected: Counter = field(default_factory=Counter)
+    rejected: Counter[str] = field(default_factory=Counter)  # reason -> rows
     issues: list[RowIssue] = field(default_factory=list)  # rejected, duplicate and truncated rows, in order
-    named: Counter = field(default_factory=Counter)  # (kind, reason) -> rows named in ``issues``
-    unnamed: dict[tuple[str, str], list] = field(default_factory=dict)  # (kind, reason) -> [file, row, count]
-    summarized: set[tuple[str, str]] = field(default_factory=set)  # reasons ``close`` named the unnamed rows of
+    named: Counter[tuple[RowIssueKind, str]] = field(default_factory=Counter)  # (kind, reason) -> rows in ``issues``
+    # (kind, reason) -> [file, row, count]: the first unnamed row, and how many
+    unnamed: dict[tuple[RowIssueKind, str], list[Any]] = field(default_factory=dict)
+    # reasons ``close`` named the unnamed rows of
+    summarized: set[tuple[RowIssueKind, str]] = field(default_factory=set)
 
-    def note(self, kind: str, file: str, row: int, reason: str, detail: str = "") -> None:
+    def note(self, kind: RowIssueKind, file: str, row: int, reason: str, detail: str = "") -> None:
         if self.named[(kind, reason)] >= NAMED_PER_REASON:
             self.unnamed.setdefault((kind, reason), [file, row, 0])[2] += 1
             return
@@ -127,7 +130,8 @@ class InputReport:
     @property
     def issue_count(self) -> int:
         """Rows not taken as they were: every one counted, named or not."""
-        return sum(self.named.values()) + sum(n for _, _, n in self.unnamed.values())
+        unnamed: int = sum(n for _, _, n in self.unnamed.values())
+        return sum(self.named.values()) + unnamed
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": self.rows, "usable": self.usable, "truncated": self.truncated,
@@ -136,7 +140,7 @@ class InputReport:
                 "loss_mask": METHOD}
 
 
-__all__ = ["InputReport", "detect_format", "load_rows", "tokenize_rows"]
+__all__ = ["InputReport", "InputRow", "detect_format", "load_rows", "tokenize_rows"]
 UNKNOWN = "unknown format (no conversations/messages/text/prompt+completion)"
 
 
@@ -160,7 +164,8 @@ class _Tokens:
     def __init__(self, tok: Any, fmt: str, max_length: int) -> None:
         if fmt not in FORMATS:
             raise BadInput(f"unknown data format {fmt!r}; choose one of {', '.join(FORMATS)}")
-        self.tok, self.fmt, self.masker = tok, fmt, None
+        self.tok, self.fmt = tok, fmt
+        self.masker: ChatMasker | None = None  # made at the first chat row
         self.empty_replies: tuple[int, ...] = ()  # the last chat row's empty trained replies (kept)
         self.cap, self.max_length, self.cut = string_cap(tok, max_length), max_length, False
 
@@ -229,9 +234,9 @@ def check_encodes_text(tok: Any) -> None:
                        "added): samples would hold control tokens only; use the model's complete tokenizer")
 
 
-def _numbered(rows: Iterable[tuple]) -> Iterable[tuple[str, int, Any]]:
+def _numbered(rows: Iterable[InputRow]) -> Iterable[tuple[str, int, Any]]:
     """(file, number, row) from (file, number, row) or (file, row) items (numbered per file from 1)."""
-    count: Counter = Counter()
+    count: Counter[str] = Counter()
     for item in rows:
         if len(item) == 3:
             yield item
@@ -270,7 +275,7 @@ def _fit(ids: list[int], mask: list[int], max_length: int, too_long: str, report
 
 
 def tokenize_rows(
-    rows: Iterable[tuple],
+    rows: Iterable[InputRow],
     tok: Any,
     tokenizer_fingerprint: str,
     fmt: str = "auto",

@@ -109,7 +109,7 @@ def _probe_here(model: str | None, backend: str | None, device: str) -> dict[str
         tok = spec.tokenizer()
         config = spec.config(len(tok))
         with torch.device("meta"):
-            m = AutoModelForCausalLM.from_config(config)
+            m = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]  # unannotated in transformers
         out["model"] = model
         out["kernels_bound"] = bound_kernels(m, device)
     return out

@@ -8,11 +8,14 @@ numbers are those of the same kernels on one GPU; only one GPU of a group comput
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from hsstore.core.errors import BadInput
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def decoder_layers(model: nn.Module, num_layers: int) -> nn.ModuleList:
@@ -61,7 +64,7 @@ def _bytes(module: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
-def device_map(model: nn.Module, num_layers: int, devices: Sequence[str]) -> dict[str, str]:
+def device_map(model: PreTrainedModel, num_layers: int, devices: Sequence[str]) -> dict[str, str]:
     """``{module name: device}`` covering every parameter and buffer: the decoder layers in contiguous
     stages (the embedding counted in the first); the embedding, modules registered before the layers
     and buffer-only modules (rotary tables, used before layer 0) on the first device; the rest (final
@@ -69,7 +72,8 @@ def device_map(model: nn.Module, num_layers: int, devices: Sequence[str]) -> dic
     layers = decoder_layers(model, num_layers)
     order = {n: i for i, (n, _) in enumerate(model.named_modules())}
     layers_name = next(n for n, m in model.named_modules() if m is layers)
-    embed, out = model.get_input_embeddings(), model.get_output_embeddings()
+    embed = model.get_input_embeddings()
+    out = model.get_output_embeddings()  # type: ignore[no-untyped-call]  # unannotated in transformers
     tied = out is not None and getattr(out, "weight", None) is embed.weight
     stage = contiguous_split([_bytes(embed)] + [_bytes(layer) for layer in layers], len(devices))
     dmap = {f"{layers_name}.{i}": devices[stage[i + 1]] for i in range(num_layers)}

@@ -118,7 +118,8 @@ def raw_text_config(config_json: Path) -> Any:
         return None
     if not isinstance(raw, dict):
         return None
-    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    nested = raw.get("text_config")
+    text = nested if isinstance(nested, dict) else raw
     return SimpleNamespace(**{k: int(v) if isinstance(v, float) and v.is_integer() else v
                               for k, v in text.items() if isinstance(k, str) and k.isidentifier()})
 
@@ -360,7 +361,6 @@ class ModelSpec:
     def _draw_builtin(self, dtype: Any, devices: list[str], attn_implementation: str | None) -> Any:
         """A builtin model's weights drawn from its seed (on the CPU or the device), placed on ``devices``."""
         import torch
-        from transformers import AutoModelForCausalLM
 
         spread = len(devices) > 1
         config = self.config(len(builtin_tokenizer()))
@@ -372,9 +372,9 @@ class ModelSpec:
                 raise BadInput("[model] init_device = \"device\" draws weights on one GPU; a model spread over "
                                "several GPUs is drawn on the CPU: set init_device = \"cpu\"")
             with torch.device(devices[0]):
-                return AutoModelForCausalLM.from_config(config, dtype=dtype)
+                return _from_config(config, dtype=dtype)
         with torch.device("cpu"):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            model = _from_config(config, dtype=torch.float32)
         model = model.to(dtype=dtype, device="cpu" if spread else devices[0])
         if spread:
             from hsstore.capture.model import placement
@@ -390,14 +390,15 @@ class ModelSpec:
         from transformers import AutoModelForCausalLM
         from transformers import logging as hf_logging
 
-        hf_logging.disable_progress_bar()  # its "Loading weights" bar: the build's status line says it instead
+        # its "Loading weights" bar: the build's status line says it instead (unannotated in transformers)
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         dmap = None
         if len(devices) > 1:
             from hsstore.capture.model import placement
 
             config = self.config()
             with torch.device("meta"):  # names and sizes only: no memory, no weights read
-                skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=self.trust_remote_code)
+                skeleton = _from_config(config, trust_remote_code=self.trust_remote_code)
             dmap = placement.device_map(skeleton, int(text_config(config).num_hidden_layers), devices)
         self.check()
         try:
@@ -411,23 +412,30 @@ class ModelSpec:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise BadInput(f"cannot load a model from {self.path!r}: {first}; pass a save_pretrained folder "
                            "(config.json and its weights)") from None
-        return model if dmap is not None else model.to(devices[0])
+        # transformers declares PreTrainedModel.to @wraps(nn.Module.to): mypy reads the unbound signature (self first)
+        return model if dmap is not None else model.to(devices[0])  # type: ignore[arg-type]
 
 
 # --- The cost shape of a capture forward (hsstore.core.flops.ForwardShape) read off a model skeleton on
+
+def _from_config(config: Any, **kwargs: Any) -> Any:
+    """``AutoModelForCausalLM.from_config(config, **kwargs)``: unannotated in transformers, so called here."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(config, **kwargs)  # type: ignore[no-untyped-call]
+
 
 def forward_shape(config: Any, deepest: int, trust_remote_code: bool = False) -> ForwardShape:
     """What decoder layers ``0..deepest`` of ``config``'s model execute per token (``deepest`` = the
     number of layers: all of them, then the final norm)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from hsstore.capture.model.placement import decoder_layers
 
     tc = text_config(config)
     n = int(tc.num_hidden_layers)
     with torch.device("meta"):  # shapes only: no memory, no initialization
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        model = _from_config(config, trust_remote_code=trust_remote_code)
     run = list(decoder_layers(model, n))[: min(deepest, n - 1) + 1]
     params = sum(p.numel() for layer in run for p in layer.parameters())
     kinds = list(getattr(tc, "layer_types", None) or ["full_attention"] * n)[: len(run)]

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hsstore.core.batching import default_unit_tokens
 from hsstore.storage.codecs import SCALE_CHUNK_ROWS, chunk_tokens
 from hsstore.storage.sizing import FORMS, Ratios, StoredForm
+
+if TYPE_CHECKING:
+    from hsstore.core.keys import SampleTokens
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ def form_ratios(batches: list[dict[int, Any]], codec: str, units: Any,
     return out
 
 
-def _states(cap: Any, samples: list, batch: list[int], pad_id: int, device: str) -> tuple[dict[int, Any], int]:
+def _states(cap: Any, samples: list[SampleTokens], batch: list[int], pad_id: int, device: str) -> tuple[dict[int, Any], int]:
     """One batch through ``cap``: each captured layer's states of the batch's real tokens ``[T, H]``."""
     import torch
 
@@ -131,7 +134,8 @@ def calibrate(inp: Any, batches: list[list[int]], n: int, dtype: str, device: st
                        ratios=ratios, device_name=name, encode_seconds=encode)
 
 
-def _forwards(inp: Any, run: list[list[int]], dtype: str, device: str, attn: str) -> tuple[list, tuple]:
+def _forwards(inp: Any, run: list[list[int]], dtype: str, device: str, attn: str
+              ) -> tuple[list[dict[int, Any]], tuple[int, float, list[tuple[int, int]], str]]:
     """The captured states of each batch of ``run`` and (tokens, seconds, shapes, device name) of them all,
     timed after an untimed warm-up forward of the first sample of the shortest batch."""
     import torch
@@ -143,7 +147,8 @@ def _forwards(inp: Any, run: list[list[int]], dtype: str, device: str, attn: str
     model = inp.spec.load(TORCH[dtype], [device], attn)
     cap = LayerCapture(model, int(inp.recipe.model.num_layers), inp.recipe.layers.all)
     kept: list[dict[int, Any]] = []
-    tokens, seconds, shapes = 0, 0.0, []
+    tokens, seconds = 0, 0.0
+    shapes: list[tuple[int, int]] = []
     try:
         shortest = min(run, key=lambda b: sum(inp.samples[i].length for i in b))
         _states(cap, inp.samples, shortest[:1], inp.pad_id, device)  # the warm-up: not timed, not kept

@@ -35,6 +35,7 @@ from hsstore.core.schema.plan import (
     Tokens,
     VariantPlan,
 )
+from hsstore.core.schema.record import or_none, present
 from hsstore.storage.sizing import FORMS
 
 DEFAULT_GPU = "H200"  # whose peak an uncalibrated plan of a cuda build assumes when no GPU is visible here
@@ -208,7 +209,7 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
     cal = _calibrations(m, inp, calibrate)
     n_batches = len(token_budget_batches([s.length for s in inp.samples], m.token_budget))
     calibrated = {d: _measured(c, n_batches) for d, c in cal.items()}
-    config = inp.spec.config(inp.recipe.tokenizer.vocab_size, drawn=False)
+    config = inp.spec.config(or_none(inp.recipe.tokenizer.vocab_size), drawn=False)
     shape = forward_shape(config, max(inp.recipe.layers.all), m.trust_remote_code)
     probed = {} if cal else probe_ratios(m, inp, shape)
     found = sizes(m, inp, calibrated, scale, probed)
@@ -216,7 +217,7 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
     variants = [_variant(v, tokens, _timing(v, shape, lengths, cal.get(v.run.dtype), scale, peak_tflops), scale)
                 for v in found]
     return PlanReport(
-        manifest=m.source, store=m.store_path, model=m.model_path, hidden_size=int(inp.recipe.model.hidden_size),
+        manifest=m.source, store=m.store_path, model=m.model_path, hidden_size=present(inp.recipe.model.hidden_size, "recipe.model.hidden_size"),
         layers=inp.recipe.layers.all, inputs=counts(inp), tokens=tokens,
         flops_per_token=shape.sequence_flops(round(tokens.mean_length)) / max(1.0, tokens.mean_length),
         variants=variants, forms=_forms(m, inp, {**probed, **calibrated}, scale), space=space(m, found, tokens.samples),

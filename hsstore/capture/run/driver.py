@@ -31,11 +31,11 @@ from hsstore.capture.model.spec import ModelSpec, check_vocabulary, text_config
 from hsstore.capture.run.lineage import Lineage, agree_build_id, new_build_id, now
 from hsstore.capture.run.signals import (
     TEMP_PREFIX,
-    Stopped,
     run_worker,
     stop_on_signals,
 )
 from hsstore.core.errors import BadInput, BuildFailed, BuildInterrupted, HsstoreError
+from hsstore.core.interrupt import Stopped
 from hsstore.core.keys import SampleTokens
 from hsstore.core.schema.build import (
     BuildResult,

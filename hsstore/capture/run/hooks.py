@@ -41,7 +41,7 @@ class LayerCapture:
         if EMBEDDINGS in self.layers:
             self._handles.append(mods[0].register_forward_pre_hook(self._entering, with_kwargs=True))
 
-    def _entering(self, _module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def _entering(self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         x = args[0] if args else kwargs.get("hidden_states")
         if isinstance(x, torch.Tensor):  # a layer called otherwise leaves the point out (not captured)
             self._out[EMBEDDINGS] = x

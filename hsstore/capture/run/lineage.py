@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from hsstore.core.errors import BadInput, BuildFailed
 from hsstore.core.keys import fingerprint, hash_file, hash_files, tree_files
@@ -110,6 +110,13 @@ class Lineage:
         """Write the end record: how the build ended, what each worker built, what is committed."""
         self._put("end", self.start.replace(outcome=outcome, finished_at=now(), error=error, variants=list(variants),
                                             committed=dict(committed or {}), complete=complete))
+
+    @overload
+    def where(self, key: str) -> str: ...
+    @overload
+    def where(self, key: None) -> None: ...
+    @overload
+    def where(self, key: str | None) -> str | None: ...
 
     def where(self, key: str | None) -> str | None:
         """Where a key of this store is, for people and scripts."""

@@ -113,13 +113,17 @@ class PinnedReservation:
                 "pinned_reserve_bytes": self.allocated, "pinned_reserve_error": self.error}
 
 
+# what a BackgroundWriter's thread writes: (samples, states, copy events, pinned buffers, health, quant error)
+_Unit = tuple[list[Any], dict[int, Any], list[torch.cuda.Event], list[torch.Tensor], dict[int, torch.Tensor] | None,
+              dict[int, torch.Tensor] | None]
 PINNED_POOL = PinnedPool()  # shared by every capture in this process: buffers outlive one variant
 
 
-def copy_to_host(states: dict[int, Any], pool: PinnedPool) -> tuple[dict[int, Any], list, list]:
+def copy_to_host(states: dict[int, Any], pool: PinnedPool
+                 ) -> tuple[dict[int, Any], list[torch.Tensor], list[torch.cuda.Event]]:
     """Asynchronous device-to-host copies of a unit's states (tensors or Quantized) into pinned
     buffers from ``pool``. Returns (host states, the buffers to give back, one event per GPU)."""
-    bufs: list = []
+    bufs: list[torch.Tensor] = []
 
     def host(t: torch.Tensor) -> torch.Tensor:
         nbytes = t.numel() * t.element_size()
@@ -130,7 +134,7 @@ def copy_to_host(states: dict[int, Any], pool: PinnedPool) -> tuple[dict[int, An
         return h
 
     out: dict[int, Any] = {}
-    devices = set()
+    devices: set[torch.device] = set()
     for i, t in states.items():
         if isinstance(t, Quantized):
             out[i] = Quantized(host(t.codes), host(t.scales))
@@ -138,10 +142,10 @@ def copy_to_host(states: dict[int, Any], pool: PinnedPool) -> tuple[dict[int, An
         else:
             out[i] = host(t)
             devices.add(t.device)
-    events = []
+    events: list[torch.cuda.Event] = []
     for dev in devices:  # copies run on the stream of each state's own GPU: one event per GPU
         with torch.cuda.device(dev):
-            events.append(torch.cuda.Event())
+            events.append(torch.cuda.Event())  # type: ignore[no-untyped-call]  # unannotated in torch
             events[-1].record(torch.cuda.current_stream(dev))
     return out, bufs, events
 
@@ -151,7 +155,7 @@ class BackgroundWriter:
 
     def __init__(self, writer: Any, threads: int = 2, pool: PinnedPool | None = None) -> None:
         self.writer, self.pool = writer, pool
-        self.q: queue.Queue = queue.Queue(maxsize=threads + 1)
+        self.q: queue.Queue[_Unit | None] = queue.Queue(maxsize=threads + 1)  # None: a thread's stop
         self.error: BaseException | None = None
         self.written = 0
         self.bytes = 0
@@ -185,12 +189,14 @@ class BackgroundWriter:
             except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
                 self.error = e
             finally:
-                for b in bufs:
-                    self.pool.give(b)
+                if self.pool is not None:  # the buffers are this pool's (none without one)
+                    for b in bufs:
+                        self.pool.give(b)
                 self.q.task_done()
 
-    def put(self, samples: list, states: dict, events: list, bufs: list, health: Any = None,
-            quant_error: Any = None) -> None:
+    def put(self, samples: list[Any], states: dict[int, Any], events: list[torch.cuda.Event],
+            bufs: list[torch.Tensor], health: dict[int, torch.Tensor] | None = None,
+            quant_error: dict[int, torch.Tensor] | None = None) -> None:
         if self.error is not None:
             raise self.error
         self.q.put((samples, states, events, bufs, health, quant_error))
@@ -258,9 +264,10 @@ class UnitBuffer:
         states = {i: torch.cat(self.states[i]) for i in self.layers}
         cuda = self.pool is not None
         payload, health, err = unit_payload(states, [s.length for s in self.samples], self.precision, cuda)
-        events, bufs = [], []
-        if cuda:  # health and error stats travel with the states
-            health = {i: h.to("cpu", non_blocking=True) for i, h in health.items()}
+        events: list[torch.cuda.Event] = []
+        bufs: list[torch.Tensor] = []
+        if self.pool is not None:  # (cuda) health and error stats travel with the states
+            health = None if health is None else {i: h.to("cpu", non_blocking=True) for i, h in health.items()}
             err = None if err is None else {i: e.to("cpu", non_blocking=True) for i, e in err.items()}
             payload, bufs, events = copy_to_host(payload, self.pool)
         self.bg.put(self.samples, payload, events, bufs, health, err)
@@ -283,7 +290,7 @@ class LoopClock:
         self.t_first: float | None = None
         self.t_tail = 0.0
         self.alloc0 = pool.alloc_seconds if pool is not None else 0.0
-        self.gpus: set = set()  # the input GPU and the GPUs holding captured layers
+        self.gpus: set[torch.device] = set()  # the input GPU and the GPUs holding captured layers
 
     def shape(self, rows: int, width: int) -> None:
         if self.cuda and (rows, width) not in self.shapes and self.progress is not None:

@@ -29,14 +29,23 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import TypedDict
 
-from hsstore.core.interrupt import Stopped  # noqa: F401  (the driver catches it: one class for every command)
+from hsstore.core.interrupt import Stopped  # one class for every command: the driver catches it from there
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 TEMP_PREFIX = "hsstore-build-"  # the driver's temporary folder (a worker removes only such a folder)
 WATCH_SECONDS = 0.5
 _PR_SET_PDEATHSIG = 1
-_state: dict = {"stopping": False, "hurry": False, "worker": None}
+
+
+class _State(TypedDict):
+    stopping: bool  # a stop signal came
+    hurry: bool  # a second one came: skip the grace period
+    worker: int | None  # the running worker's pid (its process group)
+
+
+_state: _State = {"stopping": False, "hurry": False, "worker": None}
 
 
 def grace_seconds() -> float:
@@ -62,7 +71,7 @@ def stop_on_signals() -> Iterator[None]:
         _state["stopping"] = True
         raise Stopped(signum)
 
-    _state.update(stopping=False, hurry=False)
+    _state.update({"stopping": False, "hurry": False})
     old = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
     old[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, _suspend)
     try:
@@ -70,7 +79,7 @@ def stop_on_signals() -> Iterator[None]:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        _state.update(stopping=False, hurry=False)
+        _state.update({"stopping": False, "hurry": False})
 
 
 def _suspend(signum: int, frame: FrameType | None) -> None:
@@ -99,7 +108,7 @@ def run_worker(argv: Sequence[str], env: dict[str, str]) -> int:
         _state["worker"] = None
 
 
-def stop_worker(proc: subprocess.Popen) -> None:
+def stop_worker(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM to the worker's group, the grace period (cut short by a second stop signal), then SIGKILL."""
     _signal_group(proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_seconds()

@@ -17,7 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hsstore.core.schema.build import VariantResult, WorkerOutcome, WorkerPlan
 from hsstore.core.schema.provenance import (
@@ -28,6 +28,10 @@ from hsstore.core.schema.provenance import (
     Stage,
     Storage,
 )
+from hsstore.core.schema.record import present
+
+if TYPE_CHECKING:
+    from hsstore.core.keys import SampleTokens
 
 # pinned host buffers allocated while the model loads, in units: one unit copying while one is written
 # (more are allocated on demand when the writers fall behind)
@@ -48,7 +52,7 @@ class Geometry:
         from hsstore.core.batching import default_unit_tokens
         from hsstore.core.dtypes import STORED
 
-        hidden = int(plan.recipe.model.hidden_size)
+        hidden = present(plan.recipe.model.hidden_size, "recipe.model.hidden_size")
         itemsize = 1 if plan.precision else STORED[dtype].itemsize  # fp8 codes: one byte
         layers = plan.recipe.layers.all
         unit_tokens = plan.unit_tokens or default_unit_tokens(hidden, itemsize, len(layers))
@@ -107,7 +111,7 @@ def planned_provenance(recipe: Any, token_budget: int, precision: str | None, ba
 def _provenance(plan: WorkerPlan, model: Any, dtype: str, devices: list[str], kernels: Kernels) -> Provenance:
     prov = planned_provenance(plan.recipe, plan.token_budget, plan.precision, plan.backend, dtype, devices[0], kernels)
     if len(devices) > 1:
-        mp = model_parallel(model, int(plan.recipe.model.num_layers), devices)
+        mp = model_parallel(model, present(plan.recipe.model.num_layers, "recipe.model.num_layers"), devices)
         prov = prov.replace(environment=prov.environment.replace(model_parallel=mp))
     return prov
 
@@ -140,7 +144,7 @@ def _open_variant(plan: WorkerPlan, provenance: Provenance, g: Geometry, dtype: 
     return vid, writer
 
 
-def run_variant(plan: WorkerPlan, spec: Any, samples: list, dtype: str, device: str) -> VariantResult:
+def run_variant(plan: WorkerPlan, spec: Any, samples: list[SampleTokens], dtype: str, device: str) -> VariantResult:
     """Load the model for (dtype, device), compute every batch with an uncommitted sample, write units."""
     import torch
 
@@ -161,8 +165,9 @@ def run_variant(plan: WorkerPlan, spec: Any, samples: list, dtype: str, device: 
     tokens = sum(samples[i].length for b in batches for i in b)
     progress = Progress(f"{vid} {plan.backend}/{dtype}/{device}", sum(map(len, batches)), tokens, plan.quiet)
     reserved = reservation.wait() if reservation is not None else {}
-    out = capture_to_store(model, int(plan.recipe.model.num_layers), g.layers, samples, batches, writer, devices[0],
-                           plan.pad_id, g.unit_tokens, skip=done, progress=progress, precision=plan.precision)
+    num_layers = present(plan.recipe.model.num_layers, "recipe.model.num_layers")
+    out = capture_to_store(model, num_layers, g.layers, samples, batches, writer, devices[0], plan.pad_id,
+                           g.unit_tokens, skip=done, progress=progress, precision=plan.precision)
     loop_s = out.loop_seconds
     pending = {samples[i].key for b in batches for i in b} - done
     by_others = len(pending & writer.committed_keys()) - out.samples_written

@@ -177,12 +177,15 @@ class BuildRecord(Record, kw_only=True):
 
 # --- Records about input rows: each row a build did not take as it was (rejected, duplicate, truncated).
 
+RowIssueKind = Literal["rejected", "duplicate", "truncated", "empty_reply"]
+
+
 class RowIssue(Record):
     """One named row: ``row`` is 1-based (the line of a .jsonl file, the element of a JSON list, the row of a
     parquet file or dataset folder). ``reason`` is the counted category; ``detail`` names the spot."""
 
     file: str
     row: int
-    kind: Literal["rejected", "duplicate", "truncated", "empty_reply"]
+    kind: RowIssueKind
     reason: str
     detail: str | UnsetType = UNSET

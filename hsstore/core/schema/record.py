@@ -24,6 +24,7 @@ from hsstore.core.errors import CorruptData, HsstoreError
 __all__ = ["UNSET", "Record", "UnsetType", "decode_json", "explain", "is_set", "or_none"]
 
 R = TypeVar("R", bound="Record")
+T = TypeVar("T")
 _PATH = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]|\[['\"]?([^\]'\"]*)['\"]?\]")
 _TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "a boolean (true/false)",
                "array": "a list", "object": "a table/object", "null": "null"}
@@ -84,6 +85,14 @@ class Record(_Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
 
 def is_set(value: Any) -> bool:
     return value is not UNSET
+
+
+def present(value: T | UnsetType, what: str) -> T:
+    """An optional field's value where the record always holds it (one this build made); TypeError naming
+    ``what`` where it is ``UNSET``."""
+    if isinstance(value, UnsetType):
+        raise TypeError(f"{what} is not set")
+    return value
 
 
 def or_none(value: Any) -> Any:
