@@ -271,20 +271,15 @@ def _checkpointed(m: Any, inp: Any, jobs: list[Any], prompts: list[list[int]]) -
     """Positions of ``jobs`` of one reply (turns = "all" chains are planned whole: a later turn's prompt is made
     of the earlier replies) whose reply an earlier build checkpointed in the store: the build reuses it
     (regenerate.load_replies, keyed as the build keys it)."""
-    from hsstore.capture.generate.regenerate import config_of, load_replies, reply_key
+    from hsstore.capture.generate.regenerate import load_replies, model_fingerprint, reply_config, reply_key
     from hsstore.core.errors import StoreNotFound
-    from hsstore.core.keys import fingerprint
-    from hsstore.core.provenance_match import numeric_fields
     from hsstore.storage.store import Store
 
     try:
         store = Store.open(m.store_path)
     except StoreNotFound:
         return set()
-    g = m.generate
-    model_fp = fingerprint(numeric_fields({"model": inp.recipe.model.to_dict()}))
-    config = config_of(g, model_fp, inp.recipe.tokenizer.fingerprint,
-                       f"{m.devices[0]}/{m.dtypes[0]}" if g.engine == "model" else "")
+    config = reply_config(m, model_fingerprint(inp.recipe.model), inp.recipe.tokenizer.fingerprint)
     cache = load_replies(store, config)
     return {k for k, (j, p) in enumerate(zip(jobs, prompts))
             if len(j.turns) == 1 and reply_key(config, p, j.index) in cache}
@@ -314,12 +309,10 @@ def _not_timed(engine: str, calibrate: int, batches: list[list[int]]) -> str | N
 def _prompts(m: Any, tok: Any, jobs: list[Any]) -> tuple[list[Any], list[list[int]]]:
     """The jobs the build generates and their prompt tokens, as the build renders them (their lengths form the
     engine's batches): the build drops a job whose prompt holds max_length tokens or more."""
-    from hsstore.capture.generate.regenerate import prompt_tokens
-    from hsstore.capture.inputs.lossmask import ChatMasker
+    from hsstore.capture.generate.regenerate import prompt_masker, prompt_tokens
     from hsstore.capture.inputs.messages import RowRejected
 
-    masker = ChatMasker(tok)
-    masker.kwargs.update(m.generate.chat_template_kwargs)
+    masker = prompt_masker(tok, m.generate)
     kept, prompts = [], []
     for j in jobs:
         try:
