@@ -27,7 +27,7 @@ from hsstore.capture.generate.prompts import (
     turn_messages,
 )
 from hsstore.capture.inputs.messages import RowRejected
-from hsstore.capture.inputs.tokenizing import InputReport, InputRow, _fit, _numbered
+from hsstore.capture.inputs.tokenizing import InputReport, InputRow, NoUsableRows, _fit, _numbered
 from hsstore.core.errors import BadInput
 from hsstore.core.keys import SampleTokens, fingerprint, sample_key
 from hsstore.core.schema.record import Record
@@ -385,9 +385,7 @@ def samples_of_rows(m: Any, spec: Any, tok: Any, tok_id: Any, model_id: Any, row
         try:
             return (*tokenize_rows(rows, tok, tok_id.fingerprint, m.data_format, m.max_length, m.too_long, limit),
                     None)
-        except BadInput as e:  # no row has a reply of its own (e.g. every row is a prompt): the build takes them
-            if not str(e).startswith("no usable rows"):
-                raise
+        except NoUsableRows:  # no row has a reply of its own (e.g. every row is a prompt): the build takes them
             return (*placeholder_samples(m, tok, tok_id.fingerprint, rows, limit, pad_id), None)
     if m.generate is None or store is None:
         return (*tokenize_rows(rows, tok, tok_id.fingerprint, m.data_format, m.max_length, m.too_long, limit), None)

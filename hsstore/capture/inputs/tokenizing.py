@@ -32,6 +32,10 @@ UNKNOWN_LONGEST = 1024  # characters per token assumed of a tokenizer that canno
 InputRow = tuple[str, int, Any] | tuple[str, Any]  # (file, number, row) as load_rows gives, or (file, row)
 
 
+class NoUsableRows(BadInput):
+    """No row of the data files gives a sample (each was rejected, or there were none)."""
+
+
 def longest_token(tok: Any) -> int:
     """Characters of the tokenizer's longest vocabulary entry (added and special tokens included)."""
     try:
@@ -321,6 +325,6 @@ def tokenize_rows(
     if not samples:
         reasons = ", ".join(f"{k}: {v}" for k, v in report.rejected.items()) or "no rows"
         first = next((f"; first: {i.file} row {i.row}" for i in report.issues if i.kind == "rejected"), "")
-        raise BadInput(f"no usable rows in the data files ({report.rows} rows read; {reasons}{first}); "
+        raise NoUsableRows(f"no usable rows in the data files ({report.rows} rows read; {reasons}{first}); "
                        "check [data] files and format")
     return samples, report
