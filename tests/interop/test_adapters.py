@@ -190,3 +190,5 @@ def test_an_adapter_is_a_provenance_to_require(imported, adapter):
     other = dict(train.provenance, recipe=dict(train.provenance["recipe"], dtype="fp32"))
     with pytest.raises(ProvenanceMismatch):
         HiddenStateDataset(store, require=other)
+    with pytest.raises(TypeError, match=r"a training adapter over one\), a reader or 'STORE#SELECTOR', not list$"):
+        HiddenStateDataset(store, require=[train.provenance])
