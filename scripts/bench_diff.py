@@ -2,7 +2,7 @@
 variants in a warm process; in one run, read and diff runs interleaved.
 
     python scripts/bench_diff.py --hidden 512 2048 5120 --reps 3            # synthetic stores, both pairs
-    python scripts/bench_diff.py --store out/s.zarr --pair dtype=bf16,dtype=fp32 --reps 3   # a built store
+    python scripts/bench_diff.py --store out/s.zarr --pair 'dtype=bf16|dtype=fp32' --reps 3   # a built store
     python scripts/bench_diff.py --hidden 512 2048 --reps 5 --baseline DIR   # and another tree's diff, same reps
 
 Without ``--store`` it writes, per hidden size, a store of three variants of synthetic residual-stream-like
@@ -115,7 +115,7 @@ def arithmetic(store: str, a: str, b: str, threads: int | None) -> tuple[float, 
     ra, rb = open_target(f"{store}#{a}"), open_target(f"{store}#{b}")
     layers, ulps, hidden = ra.record.all_layers, both_bf16(ra, rb), ra.record.hidden_size
     states = [(k, ra.read_layers(ra.refs[k], layers), rb.read_layers(rb.refs[k], layers)) for k in shared_keys(ra, rb)]
-    compiled = use_compiled(ra, [k for k, _, _ in states], layers, [ulps], threads)  # the diff's own choice
+    compiled = use_compiled(ra, [k for k, _, _ in states], layers, [ulps])  # the diff's own choice
     workspaces = ThreadLocal(lambda: Workspace("cpu", compiled))
 
     def one(item: tuple) -> None:  # type: ignore[type-arg]

@@ -1,6 +1,7 @@
-"""The bf16-vs-bf16 ULP buckets per value pair, one thread, on blocks shaped like the diff's: torch's int16 path
-(what a diff uses unless it loads numba's loops), the float path it keeps for blocks holding a NaN (the torch path
-of every block before issue 41), numba's compiled loop, and the rest of a block's arithmetic (``_block``).
+"""The diff's per-value arithmetic per value pair, one thread, on blocks shaped like the diff's: on torch's path
+(what a diff uses unless it loads numba's loops) the bf16 ULP buckets (the int16 path, and the float path kept for
+blocks holding a NaN) and the rest of a block's sums (``_block``); and numba's fused pass a row (``_fused_rows``),
+which gives all of them at once: bf16 vs bf16 with the ULP buckets, and bf16 vs fp32 (sums only).
 
     python scripts/bench_ulp.py --hidden 512 2048 --repeats 7
 
@@ -47,7 +48,11 @@ def main() -> None:
                  "torch float (NaN blocks; before)": lambda: kernel._ulp_counts_float(a, b, ws),
                  "_block (the rest)": lambda: kernel._block(a, b, sums, ws)}
         if loops:
-            cases["numba loop"] = lambda: loops("_ulp_rows", *bits, counts)
+            out, scratch, b32 = np.zeros((7, a.shape[0]), np.float32), np.zeros((3, hidden), np.float32), b.float().numpy()
+            cases["numba fused, bf16 vs bf16 (sums + ULP buckets)"] = lambda: loops(
+                "_fused_rows", *bits, True, True, True, out, counts, scratch)
+            cases["numba fused, bf16 vs fp32 (sums)"] = lambda: loops(
+                "_fused_rows", bits[0], b32, True, False, False, out, counts, scratch)
         best = {name: min(benchmark.Timer("fn()", globals={"fn": fn}, num_threads=1).blocked_autorange(
             min_run_time=0.2).median for _ in range(args.repeats)) for name, fn in cases.items()}
         print(f"{a.shape[0]}x{hidden}: " + "; ".join(f"{name} {t / a.numel() * 1e9:.2f} ns" for name, t in best.items()),

@@ -209,7 +209,7 @@ def compare_live(reader: VariantReader, live: dict[str, list[torch.Tensor]], key
                  layers: list[int], floor: VariantReader | None = None) -> tuple[Totals, Totals | None]:
     """Sums of live (A) against stored (B) states, and of stored against the floor's, per layer."""
     ulps = reader.record.dtype == "bf16"
-    ws = Workspace("cpu", use_compiled(reader, keys, layers, [ulps], threads=1))  # numba only where it pays
+    ws = Workspace("cpu", use_compiled(reader, keys, layers, [ulps]))  # numba only where it pays
     totals, ftotals = Totals(len(layers)), (Totals(len(layers)) if floor is not None else None)
     for key in keys:
         stored = reader.read_layers(reader.refs[key], layers)

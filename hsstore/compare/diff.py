@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from hsstore.compare.divergence import SampleSums, Totals, summarize
-from hsstore.compare.kernel import Workspace, token_sums
+from hsstore.compare.kernel import Workspace, compiled_kernel, token_sums
 from hsstore.compare.sampling import (
     Estimate,
     SamplePlan,
@@ -302,22 +302,22 @@ def both_bf16(a: VariantReader, b: VariantReader) -> bool:
     return a.record.dtype == "bf16" and b.record.dtype == "bf16"
 
 
-# Loading numba's compiled loops costs a process ~0.8-1 s (numba's import and its target's set-up, even from
-# the disk cache); they clearly beat the torch ops only on bf16 ULP buckets, by ~0.4 ns a value pair at rest
-# and 1-2 ns on loaded cores (scripts/bench_ulp.py: torch's int16 path 1.0 ns, the loops 0.6 ns; count and
-# max |d|: 0.9-1.25x, by machine). Both paths give the same numbers: a diff loads the loops where they pay.
-COMPILED_MIN_VALUES = 1 << 30  # bf16 value pairs to bucket per worker thread (~0.9 s / ~0.8 ns, rounded down)
+# Loading numba's compiled loops costs a process ~0.35 s at rest (numba's import and its target's set-up, from the
+# disk cache; ~1 s on busy cores); their fused pass a row then saves ~0.5 ns a value pair against torch's ops, and
+# ~1 ns for two bf16 variants (ULP buckets too): 0.3-0.4 ns against 0.8-0.9 ns, 0.6-0.7 against 1.6-1.7, one thread
+# at rest (tests/compare/test_kernel.py's shapes; scripts/bench_diff.py). A diff takes them where its pairs pay that
+# back. The choice depends on the data alone (not on --threads): the same diff gives the same numbers however run.
+COMPILED_MIN_VALUES = 1 << 29  # value pairs to compare, bf16-vs-bf16 pairs counted twice (~0.35 s / ~0.5 ns, rounded down)
 
 
-def use_compiled(a: VariantReader, keys: Sequence[str], layers: Sequence[int], ulps: Sequence[bool],
-                 threads: int | None) -> bool:
-    """Whether the ULP buckets of ``keys`` are enough work to pay for loading the compiled loops."""
-    per_token = a.record.hidden_size * len(layers) * sum(ulps)
-    need = COMPILED_MIN_VALUES * (threads or cpu_threads())
+def use_compiled(a: VariantReader, keys: Sequence[str], layers: Sequence[int], ulps: Sequence[bool] = (False,)) -> bool:
+    """Whether comparing ``layers`` of ``keys`` against one variant per ``ulps`` entry (True: both bf16, the ULP
+    buckets too) is enough work to pay for loading the compiled loops."""
+    per_token = a.record.hidden_size * len(layers) * sum(1 + bool(u) for u in ulps)
     tokens = 0
     for key in keys if per_token else ():
         tokens += a.refs[key].length
-        if tokens * per_token >= need:
+        if tokens * per_token >= COMPILED_MIN_VALUES:
             return True
     return False
 
@@ -328,7 +328,9 @@ def sample_sums(a: VariantReader, others: Sequence[VariantReader], keys: Sequenc
     and threads)."""
     hidden = a.record.hidden_size
     ulps = [both_bf16(a, o) for o in others]
-    compiled = use_compiled(a, keys, layers, ulps, request.threads)
+    compiled = use_compiled(a, keys, layers, ulps)
+    if compiled:  # loaded on a thread of its own while the first samples are read (workers wait for it)
+        threading.Thread(target=compiled_kernel, name="hsstore-diff-jit", daemon=True).start()
     workspaces = ThreadLocal(lambda: Workspace(request.device, compiled))
 
     def reduce(key: str, states: list[list[torch.Tensor]]) -> tuple[SampleSums, ...]:

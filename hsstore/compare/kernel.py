@@ -19,13 +19,14 @@ Where float32 is exact enough and where float64 is needed:
   T·L numbers, not T·L·H).
 - Sums across tokens and samples are float64 and counts int64 (``divergence``): a diff adds up 1e9+
   values, which float32 would round to ~1e-4 and counts it would stop at 2^24.
-On a CPU (where numba imports; a core dependency, as for ``hsstore.core.fp8_cpu``) the parts whose
-result is exact come from compiled loops (``compiled_kernel``): max |d| and the count of differing values
-in one pass over d's float32 bit patterns (instead of torch's abs, amax, sign and sum), and the ULP
-buckets of two bf16 variants in one pass over the bits (instead of 9 torch passes: 7 over int16, a uint8
-copy and a bincount). Their results are the same as the torch ops' (exact by construction, for every bit
-pattern); the float32 sums stay torch's, so every reported number is the same on either path, to the bit. A ``Workspace`` says which path its
-blocks take: loading the compiled loops costs a process ~1 s, which only a large diff wins back.
+On a CPU (where numba imports; a core dependency, as for ``hsstore.core.fp8_cpu``) a large diff takes one
+compiled pass a row (``_fused_rows``) instead of the torch ops (~11 passes a block, 9 more for bf16 ULP buckets):
+bf16 widened in the loop, d = a - b in float32 as torch's sub gives it, the five sums in float64 accumulators
+rounded to float32 once, count and max |d| from d's bit patterns, and the ULP buckets from the bits. Counts, the
+max and the ULP buckets are the torch ops' exactly (for every bit pattern); the float sums are more accurate than
+torch's float32 ones, so the two paths agree to float32 rounding of those sums, not to the bit. Loading the loops
+costs a process ~0.4 s (~1 s on busy cores), which only a large diff wins back: which path a diff takes depends
+on its data alone (``hsstore.compare.diff.use_compiled``), so the same diff always gives the same numbers.
 Overflow: squares are float32, so a state above ~1e19 in magnitude would overflow; hidden states are
 orders of magnitude below that (build health stats flag anything near it).
 """
@@ -81,13 +82,9 @@ def bf16_ordered(bits: torch.Tensor, out: torch.Tensor | None = None,
 
 def _ulp_counts(a: torch.Tensor, b: torch.Tensor, ws: Workspace, sums: torch.Tensor) -> torch.Tensor:
     """``[6]`` counts (float64) of value pairs more than 0, 1, 2, 4, 8 and 16 ULPs apart, of two bf16 blocks
-    ``[r, H]`` whose per-row sums ``_block`` wrote into ``sums [7, r]``: the compiled loop where loaded; else,
-    where a row's sum |d| is NaN (a NaN value, or infinities of one sign facing each other), the float path;
-    else (no NaN: torch's int16 path is exact) nothing for a block without a differing value, or that path."""
-    if kernel := ws.kernel():  # one compiled pass, the same counts
-        ulp = np.zeros(len(_ULP_STEPS), np.float64)
-        kernel("_ulp_rows", a.contiguous().view(torch.int16).numpy(), b.contiguous().view(torch.int16).numpy(), ulp)
-        return torch.from_numpy(ulp)
+    ``[r, H]`` whose per-row sums ``_block`` wrote into ``sums [7, r]``: where a row's sum |d| is NaN (a NaN value,
+    or infinities of one sign facing each other), the float path; else (no NaN: torch's int16 path is exact)
+    nothing for a block without a differing value, or that path."""
     if bool(torch.isnan(sums[0]).any()):
         return _ulp_counts_float(a, b, ws)
     if not bool(sums[2].any()):  # no NaN and no pair differs: every pair is equal (or +-0), 0 ULPs apart
@@ -196,14 +193,38 @@ def token_sums(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], ws: Workspa
             raise ValueError(f"states of shape {tuple(x.shape)} and {tuple(y.shape)} cannot be compared")
     out = torch.empty((7, L, T), dtype=torch.float32, device=ws.device)
     ulp = torch.zeros((L, len(_ULP_STEPS)), dtype=torch.float64, device=ws.device) if ulps else None
+    kernel = ws.kernel()
     step = max(1, (BLOCK_VALUES if ws.device.type == "cpu" else GPU_BLOCK_VALUES) // H)  # tokens per block
     for j, (x, y) in enumerate(zip(a, b)):
         x, y = x.to(ws.device, non_blocking=True), y.to(ws.device, non_blocking=True)
+        if kernel:  # one fused pass a row over the whole layer
+            _fused(x, y, out[:, j], None if ulp is None else ulp[j], ws, kernel)
+            continue
         for r0 in range(0, T, step):
             _block(x[r0 : r0 + step], y[r0 : r0 + step], out[:, j, r0 : r0 + step], ws)
             if ulp is not None:
                 ulp[j] += _ulp_counts(x[r0 : r0 + step], y[r0 : r0 + step], ws, out[:, j, r0 : r0 + step])
     return TokenSums(out[0], out[1], out[2], out[3], out[4], out[5], out[6], ulp)
+
+
+def _fused_operand(x: torch.Tensor, ws: Workspace, name: str) -> tuple[np.ndarray, bool]:
+    """``x [T, H]`` as the compiled loop reads it: bf16 as its bit patterns (int16, widened in the loop), float32
+    as it is, any other dtype copied to float32 first; and whether it is bf16."""
+    if x.dtype == torch.bfloat16:
+        return x.contiguous().view(torch.int16).numpy(), True
+    return _as_f32(x.contiguous(), ws, name).numpy(), False
+
+
+def _fused(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, ulp: torch.Tensor | None, ws: Workspace,
+           kernel: Any) -> None:
+    """The seven per-row sums of one layer ``[T, H]`` into ``out [7, T]`` (and the ULP counts of two bf16 layers
+    into ``ulp [6]``) in one compiled pass a row: float64 accumulators, rounded to float32 once."""
+    (xa, a16), (yb, b16) = _fused_operand(x, ws, "a"), _fused_operand(y, ws, "b")
+    scratch = ws.buf("fused", 3, x.shape[1]).numpy()
+    counts = np.zeros(len(_ULP_STEPS), np.float64)
+    kernel("_fused_rows", xa, yb, a16, b16, ulp is not None and a16 and b16, out.numpy(), counts, scratch)
+    if ulp is not None:
+        ulp += torch.from_numpy(counts)
 
 
 def _block(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, ws: Workspace) -> None:
@@ -218,11 +239,8 @@ def _block(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, ws: Workspace) -
     torch.sum(torch.mul(af, d, out=s), dim=1, out=out[6])
     torch.abs(d, out=s)
     torch.sum(s, dim=1, out=out[0])
-    if kernel := ws.kernel():  # one pass for both, exactly what the two torch lines below give
-        kernel("_count_max_rows", d.numpy().view(np.int32), out[2].numpy(), out[1].numpy())
-    else:
-        torch.amax(s, dim=1, out=out[1])
-        torch.sum(torch.sign(s, out=s), dim=1, out=out[2])  # 1 where a value differs, else 0
+    torch.amax(s, dim=1, out=out[1])
+    torch.sum(torch.sign(s, out=s), dim=1, out=out[2])  # 1 where a value differs, else 0
     out[3].square_()
     out[5].square_()
     # |a|^2 = |b|^2 + 2 a.d - |d|^2 (exactly 0 for a zero vector a: then d = -b and a.d = 0)
@@ -230,18 +248,43 @@ def _block(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, ws: Workspace) -
     out[4].sub_(out[3])
 
 
-def _count_max_rows(dbits: np.ndarray, count: np.ndarray, mx: np.ndarray) -> None:  # pragma: no cover (runs compiled)
-    """Per row of d's float32 bit patterns (int32 ``[r, H]``): the count of nonzero values into ``count``
-    and max |d| into ``mx`` (both float32 ``[r]``)."""
-    for r in range(dbits.shape[0]):
-        nd, m = _count_max(dbits[r])
-        count[r] = nd
-        mx[r] = np.array([m], np.int32).view(np.float32)[0]
-
-
-def _ulp_rows(a: np.ndarray, b: np.ndarray, ulp: np.ndarray) -> None:  # pragma: no cover (runs compiled)
+def _fused_rows(a: np.ndarray, b: np.ndarray, a16: bool, b16: bool, ulps: bool, out: np.ndarray,
+                ulp: np.ndarray, scratch: np.ndarray) -> None:  # pragma: no cover (runs compiled)
+    """Per row of ``a``, ``b`` ``[T, H]`` (bf16 bit patterns as int16 where ``a16``/``b16``, else float32): the
+    seven sums of ``_block`` into ``out [7, T]`` from one pass over the row (d = a - b in float32, as torch's sub;
+    the sums in float64), count and max |d| from d's bit patterns, and where ``ulps`` the ULP counts into ``ulp``.
+    ``scratch``: float32 ``[3, H]`` (the row of a, of b, and d)."""
+    fa, fb, fd = scratch[0], scratch[1], scratch[2]
+    ia, ib = fa.view(np.int32), fb.view(np.int32)
     for r in range(a.shape[0]):
-        _ulp_row(a[r], b[r], ulp)
+        if a16:
+            for j in range(a.shape[1]):
+                ia[j] = np.int32(a[r, j]) << np.int32(16)
+        else:
+            for j in range(a.shape[1]):
+                fa[j] = a[r, j]
+        if b16:
+            for j in range(b.shape[1]):
+                ib[j] = np.int32(b[r, j]) << np.int32(16)
+        else:
+            for j in range(b.shape[1]):
+                fb[j] = b[r, j]
+        s_abs = dd = aa = bb = ad = 0.0
+        for j in range(fa.shape[0]):
+            x, y = fa[j], fb[j]
+            d = x - y
+            fd[j] = d
+            x64, y64, d64 = np.float64(x), np.float64(y), np.float64(d)
+            s_abs += abs(d64)
+            dd += d64 * d64
+            aa += x64 * x64
+            bb += y64 * y64
+            ad += x64 * d64
+        nd, m = _count_max(fd.view(np.int32))
+        out[0, r], out[2, r], out[3, r], out[4, r], out[5, r], out[6, r] = s_abs, nd, dd, aa, bb, ad
+        out[1, r] = np.array([m], np.int32).view(np.float32)[0]
+        if ulps:
+            _ulp_row(a[r], b[r], ulp)
 
 
 def _count_max(dbits: np.ndarray) -> tuple[np.int32, np.int32]:  # pragma: no cover (runs compiled)
@@ -286,7 +329,7 @@ _kernel_lock = ForkSafeLock()
 
 
 def compiled_kernel() -> Any:
-    """``_count_max_rows`` (and ``_ulp_rows``) compiled on first use (cached on disk where numba can write, as
+    """``_fused_rows`` compiled on first use (cached on disk where numba can write, as
     ``hsstore.core.fp8_cpu``); False where numba cannot be imported (the torch block path serves)."""
     global _kernel
     with _kernel_lock:  # worker threads ask together on their first sample
@@ -307,7 +350,7 @@ def _compile(numba: Any, cache: bool) -> dict[str, Any]:
     for name in ("_count_max", "_ulp_row"):
         g[name] = numba.njit(cache=cache, **opts)(getattr(g[name], "py_func", g[name]))
     return {name: numba.njit(cache=cache, **opts)(getattr(g[name], "py_func", g[name]))
-            for name in ("_count_max_rows", "_ulp_rows")}
+            for name in ("_fused_rows",)}
 
 
 # --- Relative L2 distances between stored and live states, in float64 sums; and whether a difference is noise

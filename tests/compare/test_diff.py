@@ -162,9 +162,19 @@ def test_default_diff_opens_each_target_store_once(tiny_store: Path, monkeypatch
     assert len(opened) == 2, opened  # A once, B once
 
 
+def _approx(x: object) -> object:
+    """A report with every float as ``pytest.approx`` (1e-4 relative): counts and words compared exactly."""
+    if isinstance(x, dict):
+        return {k: _approx(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_approx(v) for v in x]
+    return pytest.approx(x, rel=1e-4, abs=1e-12, nan_ok=True) if isinstance(x, float) else x
+
+
 def test_compiled_loops_are_loaded_only_where_they_pay(attn_store: Path, monkeypatch: pytest.MonkeyPatch):
-    """Loading numba's loops costs a process ~1 s, more than a small diff's whole work: a small bf16-vs-bf16
-    diff takes the torch ops, a large one (here: the bar lowered to 0) the loops, with the same report."""
+    """Loading numba's loops costs a process ~0.4 s, more than a small diff's whole work: a small bf16-vs-bf16
+    diff takes the torch ops, a large one (here: the bar lowered to 0) the fused loop, with the same report: the
+    same counts, ULP buckets, maxima and verdict, and float statistics to float32 rounding of their sums."""
     from hsstore.compare import diff, kernel
 
     loaded: list[bool] = []
@@ -176,7 +186,38 @@ def test_compiled_loops_are_loaded_only_where_they_pay(attn_store: Path, monkeyp
     monkeypatch.setattr(diff, "COMPILED_MIN_VALUES", 0)
     large = diff.run_diff(diff.DiffRequest(a_target=a, b_target=b)).to_dict()
     assert loaded
-    assert {**small, "seconds": 0} == {**large, "seconds": 0}
+    assert {**large, "seconds": 0} == _approx({**small, "seconds": 0})
+    for x, y in zip(small["layers"], large["layers"]):
+        assert (x["ulp_distribution"], x["bit_exact"], x["max_abs"]) == (y["ulp_distribution"], y["bit_exact"], y["max_abs"])
+
+
+def test_the_fused_loop_serves_every_dtype_pair_from_its_size_alone(attn_store: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    """The fused loop speeds up every pair (bf16 vs fp32 too, not only ULP buckets), so the bar counts every value
+    pair a diff compares, bf16-vs-bf16 pairs twice; and not --threads: a diff takes one path however it is run."""
+    from hsstore.compare import diff, kernel
+    from hsstore.compare.diff import open_target, shared_keys
+
+    loaded: list[bool] = []
+    real = kernel.compiled_kernel
+    monkeypatch.setattr(kernel, "compiled_kernel", lambda: loaded.append(True) or real())
+    a, b = open_target(f"{attn_store}#attention=sdpa,dtype=bf16"), open_target(f"{attn_store}#dtype=fp32")
+    keys, layers = shared_keys(a, b), a.record.all_layers
+    pairs = sum(a.refs[k].length for k in keys) * a.record.hidden_size * len(layers)
+    monkeypatch.setattr(diff, "COMPILED_MIN_VALUES", pairs)
+    assert diff.use_compiled(a, keys, layers, [False]) and not diff.use_compiled(a, keys[:-1], layers, [False])
+    monkeypatch.setattr(diff, "COMPILED_MIN_VALUES", 2 * pairs)  # ULP buckets too: twice the work
+    assert diff.use_compiled(a, keys, layers, [True]) and not diff.use_compiled(a, keys, layers, [False])
+    monkeypatch.setattr(diff, "COMPILED_MIN_VALUES", pairs)
+    for threads in (1, 2):
+        loaded.clear()
+        diff.run_diff(diff.DiffRequest(a_target=f"{attn_store}#attention=sdpa,dtype=bf16",
+                                       b_target=f"{attn_store}#dtype=fp32", threads=threads))
+        assert loaded
+    monkeypatch.setattr(diff, "COMPILED_MIN_VALUES", pairs + 1)
+    loaded.clear()
+    diff.run_diff(diff.DiffRequest(a_target=f"{attn_store}#attention=sdpa,dtype=bf16", b_target=f"{attn_store}#dtype=fp32"))
+    assert not loaded
 
 
 def test_states_in_flight_stay_within_the_memory_budget_whatever_the_threads(tiny_store: Path,
