@@ -94,12 +94,13 @@ def main() -> None:
     held_out = HiddenStateDataset(args.eval, require=train.provenance)  # refuses other provenance
     first_eval = evaluate(model, held_out, device=args.device)
     step, epoch, history = 0, 0, []
+    # spawned workers (forking a process that already runs DDP and gloo threads is not safe), kept across epochs:
+    # set_epoch and mark_consumed reach persistent workers (the dataset hands them to the workers' next iterator)
+    loader = DataLoader(train, batch_size=None, num_workers=args.workers,
+                        multiprocessing_context="spawn" if args.workers else None, persistent_workers=args.workers > 0)
     while step < args.steps:
         train.set_epoch(epoch)
-        # spawned workers: forking a process that already runs DDP and gloo threads is not safe
-        ctx = "spawn" if args.workers else None
-        for batch in DataLoader(train, batch_size=None, num_workers=args.workers, multiprocessing_context=ctx,
-                                persistent_workers=False):
+        for batch in loader:
             loss = losses(ddp, to_device(batch, args.device))
             opt.zero_grad()
             loss.backward()

@@ -19,8 +19,8 @@ def test_train_drafter_example_learns_and_refuses_mismatched_eval(tiny_store: Pa
            str(REPO / "scripts" / "train_drafter_example.py"), "--train", f"{tiny_store}#dtype=bf16",
            "--eval", f"{tiny_store}#dtype=bf16", "--mismatched", f"{tiny_store}#dtype=fp32",
            "--steps", "24", "--batch-tokens", "512", "--json", str(out)]
-    # 24 steps of 512 tokens span two epochs: DataLoader workers are spawned afresh each epoch (~1 CPU-second
-    # each, per rank and worker), so fewer, longer epochs cost less and still cross an epoch boundary
+    # 24 steps of 512 tokens span two epochs: the spawned DataLoader workers persist across the epoch boundary
+    # (set_epoch and mark_consumed reach them), as a training loop keeps them
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
