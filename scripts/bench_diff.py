@@ -22,7 +22,9 @@ statistics of every value would leave at best, their arithmetic at memory speed.
 own work, the ``seconds`` of its JSON report (opening both variants, reading, arithmetic, verdict, and
 numba's import and loading of its cached loops where a large bf16 vs bf16 diff takes them; no interpreter
 start-up or imports), and read / work: the difference of two processes' wall times is noisy where
-start-up is seconds and the work is a fraction of it.
+start-up is seconds and the work is a fraction of it. And the warm diff: ``run_diff`` again in this process
+(numba's loops loaded, imports and allocator warm), read / warm diff: the rate a diff many times larger
+approaches once its fixed costs (numba's ~0.35 s load among them) are paid.
 """
 
 from __future__ import annotations
@@ -130,6 +132,16 @@ def arithmetic(store: str, a: str, b: str, threads: int | None) -> tuple[float, 
         return _timed(lambda: list(pool.map(one, states))), _timed(lambda: list(pool.map(one_pass, states)))
 
 
+def warm_diff(store: str, a: str, b: str, threads: int | None) -> float:
+    """Seconds of ``run_diff`` in this process, which has run it before (imports, numba's loops and the allocator
+    warm): the diff's cost per byte once its fixed costs are paid, which a diff many times larger approaches."""
+    from hsstore.compare.diff import DiffRequest, run_diff
+
+    request = DiffRequest(a_target=f"{store}#{a}", b_target=f"{store}#{b}", threads=threads)
+    run_diff(request)
+    return _timed(lambda: run_diff(request))
+
+
 def _timed(fn) -> float:  # type: ignore[no-untyped-def]
     t0 = time.perf_counter()
     fn()
@@ -157,7 +169,7 @@ def bench_pair(store: str, a: str, b: str, reps: int, threads: int | None, basel
         _process(*diff)
         if baseline:
             _process(*diff, tree=baseline)
-        reads, diffs, starts, ariths, passes, works, base_works = [], [], [], [], [], [], []
+        reads, diffs, starts, ariths, passes, works, base_works, warms = [], [], [], [], [], [], [], []
         for rep in range(reps):
             reads.append(_timed(lambda: read_both(store, a, b)))
             for tree in ((None, baseline) if rep % 2 == 0 else (baseline, None)):
@@ -172,13 +184,15 @@ def bench_pair(store: str, a: str, b: str, reps: int, threads: int | None, basel
             arith, one_pass = arithmetic(store, a, b, threads)
             ariths.append(arith)
             passes.append(one_pass)
+            warms.append(warm_diff(store, a, b, threads))
     r, d, s, ar, w, p = (statistics.median(x) for x in (reads, diffs, starts, ariths, works, passes))
     row = {"store": store, "a": a, "b": b, "state_bytes": nbytes, "tokens": report["tokens"],
            "read_s": reads, "diff_s": diffs, "startup_s": starts, "arith_s": ariths, "work_s": works, "read": r,
            "diff": d, "work": w, "work_ratio": r / max(w, 1e-9),
            "startup": s, "arith": ar, "diff_net": d - s, "ratio": r / max(d - s, 1e-9),
            "bound": r / (r + ar), "pass_s": passes, "pass": p, "ceiling": r / (r + p),
-           "verdict": report["verdict_kind"]}
+           "verdict": report["verdict_kind"], "warm_s": warms, "warm": statistics.median(warms),
+           "warm_ratio": r / statistics.median(warms)}
     if base_works:
         bw = statistics.median(base_works)
         row.update(baseline_work_s=base_works, baseline_work=bw, baseline_work_ratio=r / max(bw, 1e-9))
@@ -228,7 +242,8 @@ def main() -> None:
                   f"{row['diff_net']:.2f} s; read/diff {row['ratio']:.2f}; the diff's own work (its report's seconds) "
                   f"{row['work']:.2f} s, read/work {row['work_ratio']:.2f}; arithmetic {row['arith']:.2f} s, "
                   f"bound read/(read + arithmetic) {row['bound']:.2f}; one pass {row['pass']:.3f} s, ceiling read/(read "
-                  f"+ one pass) {row['ceiling']:.2f}  (reads {_fmt(row['read_s'])}; diffs "
+                  f"+ one pass) {row['ceiling']:.2f}; warm diff (in this process, fixed costs paid) {row['warm']:.2f} s, "
+                  f"read/warm diff {row['warm_ratio']:.2f}  (reads {_fmt(row['read_s'])}; diffs "
                   f"{_fmt(row['diff_s'])}; start-ups {_fmt(row['startup_s'])}; arithmetic {_fmt(row['arith_s'])})",
                   flush=True)
             if "baseline_work" in row:

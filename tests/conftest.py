@@ -83,7 +83,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"  {n:3d}  {t}")
     terminalreporter.write_line(f"CPU seconds of the tests (with their processes): {sum(cpu.values()):.0f}, "
                                 f"{sum(cpu[t] for t in marked):.0f} in tests marked process; the most:")
-    for t, c in sorted(cpu.items(), key=lambda kv: -kv[1])[:15]:
+    for t, c in sorted(cpu.items(), key=lambda kv: -kv[1])[:int(os.environ.get("HSSTORE_TOP_CPU", 15))]:
         terminalreporter.write_line(f"  {c:6.1f}  {t}")
 
 

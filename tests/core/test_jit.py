@@ -17,10 +17,10 @@ import numpy as np, torch
 from hsstore.compare.kernel import compiled_kernel
 from hsstore.core.fp8_cpu import dequantize_bf16_bits
 k = compiled_kernel()
-d = torch.tensor([[0.0, -2.5, 1.0], [0.0, 0.0, 3.0]])
-count, mx = np.zeros(2, np.float32), np.zeros(2, np.float32)
-k("_count_max_rows", d.numpy().view(np.int32), count, mx)
-assert count.tolist() == [2, 1] and mx.tolist() == [2.5, 3.0], (count, mx)
+a = np.array([[0.0, -2.5, 1.0], [0.0, 0.0, 3.0]], np.float32)
+out, ulp, scratch = np.zeros((7, 2), np.float32), np.zeros(6), np.zeros((3, 3), np.float32)
+k("_fused_rows", a, np.zeros_like(a), False, False, False, out, ulp, scratch)
+assert out[2].tolist() == [2, 1] and out[1].tolist() == [2.5, 3.0] and out[0].tolist() == [3.5, 3.0], out
 codes = np.arange(256, dtype=np.uint8).reshape(4, 64)
 a = dequantize_bf16_bits(codes, np.full((4, 1), 2.0, np.float32))
 b = dequantize_bf16_bits(codes, np.full((4, 1), 2.0, np.float32), compiled=False)
