@@ -257,18 +257,8 @@ def _fused_rows(a: np.ndarray, b: np.ndarray, a16: bool, b16: bool, ulps: bool, 
     fa, fb, fd = scratch[0], scratch[1], scratch[2]
     ia, ib = fa.view(np.int32), fb.view(np.int32)
     for r in range(a.shape[0]):
-        if a16:
-            for j in range(a.shape[1]):
-                ia[j] = np.int32(a[r, j]) << np.int32(16)
-        else:
-            for j in range(a.shape[1]):
-                fa[j] = a[r, j]
-        if b16:
-            for j in range(b.shape[1]):
-                ib[j] = np.int32(b[r, j]) << np.int32(16)
-        else:
-            for j in range(b.shape[1]):
-                fb[j] = b[r, j]
+        _widen_row(a[r], a16, fa, ia)
+        _widen_row(b[r], b16, fb, ib)
         s_abs = dd = aa = bb = ad = 0.0
         for j in range(fa.shape[0]):
             x, y = fa[j], fb[j]
@@ -285,6 +275,17 @@ def _fused_rows(a: np.ndarray, b: np.ndarray, a16: bool, b16: bool, ulps: bool, 
         out[1, r] = np.array([m], np.int32).view(np.float32)[0]
         if ulps:
             _ulp_row(a[r], b[r], ulp)
+
+
+def _widen_row(src: np.ndarray, bf16: bool, f: np.ndarray, bits: np.ndarray) -> None:  # pragma: no cover (runs compiled)
+    """One row as float32 into ``f``: bf16 bit patterns (int16, ``bf16``) widened through ``bits`` (``f``'s int32
+    view), else each value converted."""
+    if bf16:
+        for j in range(src.shape[0]):
+            bits[j] = np.int32(src[j]) << np.int32(16)
+    else:
+        for j in range(src.shape[0]):
+            f[j] = src[j]
 
 
 def _count_max(dbits: np.ndarray) -> tuple[np.int32, np.int32]:  # pragma: no cover (runs compiled)
@@ -347,7 +348,7 @@ def _compile(numba: Any, cache: bool) -> dict[str, Any]:
     """The helpers first (the row loops call them by their module names), then the row loops."""
     opts: dict[str, Any] = dict(nogil=True, fastmath={"reassoc", "contract"})  # (NaN states stay NaN)
     g = globals()
-    for name in ("_count_max", "_ulp_row"):
+    for name in ("_count_max", "_ulp_row", "_widen_row"):
         g[name] = numba.njit(cache=cache, **opts)(getattr(g[name], "py_func", g[name]))
     return {name: numba.njit(cache=cache, **opts)(getattr(g[name], "py_func", g[name]))
             for name in ("_fused_rows",)}
