@@ -441,7 +441,8 @@ def _judge_all(stream: Iterator[tuple[str, list[dict[int, torch.Tensor]]]], run:
     labels, aux, tgt = reader.record.all_layers, reader.record.layers.get("aux", []), reader.record.layers.get("target", [])
     target_label = tgt[0] if len(tgt) == 1 else None
     bf16 = reader.record.dtype == "bf16"
-    ws = Workspace("cpu", use_compiled(reader, run.keys, in_live, [bf16]))  # numba only where it pays
+    pairs = [bf16] + ([False] if run.floor_dtype or run.stored_floor is not None else [])  # (the floor: no ULPs)
+    ws = Workspace("cpu", use_compiled(reader, run.keys, in_live, pairs))  # numba only where it pays
     totals, ftotals = Totals(len(in_live)), Totals(len(in_live))
     evidence: dict[str, list[LayerEvidence]] = {}
     verdicts: list[SampleVerdict] = []

@@ -209,14 +209,15 @@ def compare_live(reader: VariantReader, live: dict[str, list[torch.Tensor]], key
                  layers: list[int], floor: VariantReader | None = None) -> tuple[Totals, Totals | None]:
     """Sums of live (A) against stored (B) states, and of stored against the floor's, per layer."""
     ulps = reader.record.dtype == "bf16"
-    ws = Workspace("cpu", use_compiled(reader, keys, layers, [ulps]))  # numba only where it pays
+    fulps = ulps and floor is not None and floor.record.dtype == "bf16"
+    pairs = [ulps] + ([fulps] if floor is not None else [])
+    ws = Workspace("cpu", use_compiled(reader, keys, layers, pairs))  # numba only where it pays
     totals, ftotals = Totals(len(layers)), (Totals(len(layers)) if floor is not None else None)
     for key in keys:
         stored = reader.read_layers(reader.refs[key], layers)
         totals.add(summarize(key, token_sums(live[key], stored, ws, ulps), reader.record.hidden_size))
         if floor is not None and ftotals is not None:
             ref = floor.read_layers(floor.refs[key], layers)
-            fulps = ulps and floor.record.dtype == "bf16"
             ftotals.add(summarize(key, token_sums(stored, ref, ws, fulps), reader.record.hidden_size))
     return totals, ftotals
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from hsstore.compare.divergence import SampleSums, Totals, summarize
-from hsstore.compare.kernel import Workspace, compiled_kernel, token_sums
+from hsstore.compare.kernel import Workspace, token_sums, warm_kernel
 from hsstore.compare.sampling import (
     Estimate,
     SamplePlan,
@@ -298,6 +298,11 @@ def shared_keys(a: VariantReader, b: VariantReader) -> list[str]:
     return shared
 
 
+def reads_bf16(r: VariantReader) -> bool:
+    """Whether ``r``'s states read as bf16 (stored so, or dequantized from a reduced precision)."""
+    return r.record.dtype == "bf16" or bool(r.record.stored_precision)
+
+
 def both_bf16(a: VariantReader, b: VariantReader) -> bool:
     return a.record.dtype == "bf16" and b.record.dtype == "bf16"
 
@@ -328,9 +333,10 @@ def sample_sums(a: VariantReader, others: Sequence[VariantReader], keys: Sequenc
     and threads)."""
     hidden = a.record.hidden_size
     ulps = [both_bf16(a, o) for o in others]
-    compiled = use_compiled(a, keys, layers, ulps)
-    if compiled:  # loaded on a thread of its own while the first samples are read (workers wait for it)
-        threading.Thread(target=compiled_kernel, name="hsstore-diff-jit", daemon=True).start()
+    compiled = torch.device(request.device).type == "cpu" and use_compiled(a, keys, layers, ulps)
+    if compiled:  # imported, and its cached loops loaded, on a thread of its own while the first samples are read
+        pairs = [(reads_bf16(a), reads_bf16(o), u) for o, u in zip(others, ulps)]
+        threading.Thread(target=warm_kernel, args=(pairs, len(layers)), name="hsstore-diff-jit", daemon=True).start()
     workspaces = ThreadLocal(lambda: Workspace(request.device, compiled))
 
     def reduce(key: str, states: list[list[torch.Tensor]]) -> tuple[SampleSums, ...]:

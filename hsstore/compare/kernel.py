@@ -191,6 +191,8 @@ def token_sums(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], ws: Workspa
     for x, y in zip(a, b):
         if x.shape != y.shape or x.shape != (T, H):
             raise ValueError(f"states of shape {tuple(x.shape)} and {tuple(y.shape)} cannot be compared")
+        if ulps and (x.dtype != torch.bfloat16 or y.dtype != torch.bfloat16):
+            raise ValueError(f"ULP buckets count bf16 pairs; these states are {x.dtype} and {y.dtype}")
     out = torch.empty((7, L, T), dtype=torch.float32, device=ws.device)
     ulp = torch.zeros((L, len(_ULP_STEPS)), dtype=torch.float64, device=ws.device) if ulps else None
     kernel = ws.kernel()
@@ -342,6 +344,20 @@ def compiled_kernel() -> Any:
                 return _kernel
             _kernel = JitLoops(lambda cache: _compile(numba, cache))
     return _kernel
+
+
+def warm_kernel(pairs: Sequence[tuple[bool, bool, bool]], layers: int) -> None:
+    """Load the compiled loops and, for each pair (A is bf16, B is bf16, ULP buckets too) of ``layers`` layers,
+    the machine code of its call: ``token_sums`` on two tokens of zeros (a signature's first call loads it from
+    numba's disk cache, or compiles it). Errors are left to the real first call, which reports them."""
+    dtype = {True: torch.bfloat16, False: torch.float32}
+    ws = Workspace("cpu", compiled=True)
+    try:
+        for a16, b16, ulps in dict.fromkeys(pairs):
+            token_sums([torch.zeros(2, 1, dtype=dtype[a16])] * layers, [torch.zeros(2, 1, dtype=dtype[b16])] * layers,
+                       ws, ulps)
+    except Exception:  # noqa: BLE001 (a worker's own call raises it, on its thread, where the diff reports it)
+        pass
 
 
 def _compile(numba: Any, cache: bool) -> dict[str, Any]:

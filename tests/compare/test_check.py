@@ -160,3 +160,25 @@ def test_check_and_audit_of_a_few_samples_do_not_load_the_compiled_loops(tiny_st
     assert run_check("builtin:tiny-qwen3_5", f"{tiny_store}#dtype=bf16", samples=2).verdict_kind == "identical"
     assert run_audit(AuditRequest(model="builtin:tiny-qwen3_5", target=f"{tiny_store}#dtype=bf16", samples=2))
     assert not loaded
+
+
+def test_a_check_with_a_floor_counts_both_comparisons_toward_the_compiled_loops(tiny_store: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch):
+    """A check with a floor compares twice (live against stored, stored against the floor): the bar for loading
+    the compiled loops (hsstore.compare.diff.use_compiled) counts both, as the diff counts B and its floor."""
+    from hsstore.compare import diff, kernel
+    from hsstore.compare.check import compare_live
+
+    loaded: list[bool] = []
+    real = kernel.compiled_kernel
+    monkeypatch.setattr(kernel, "compiled_kernel", lambda: loaded.append(True) or real())
+    s = Store.open(tiny_store)
+    bf16, fp32 = (s.reader(s.select(f"dtype={d}")) for d in ("bf16", "fp32"))
+    keys, layers = bf16.keys[:2], bf16.record.all_layers
+    live = {k: bf16.read_layers(bf16.refs[k], layers) for k in keys}
+    pairs = sum(bf16.refs[k].length for k in keys) * bf16.record.hidden_size * len(layers)
+    monkeypatch.setattr(diff, "COMPILED_MIN_VALUES", 3 * pairs)  # bf16 live vs stored: ULPs too (2x), the floor 1x
+    compare_live(bf16, live, keys, layers)
+    assert not loaded
+    totals, ftotals = compare_live(bf16, live, keys, layers, floor=fp32)
+    assert loaded and ftotals is not None
