@@ -4,6 +4,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+# bytecode is cached (hsstore's modules, pytest's rewritten tests): with PYTHONDONTWRITEBYTECODE=1 (set on some
+# images) every pytest worker and each of the ~100 processes the tests start compiled them again, ~12 CPU-s a run
+unset PYTHONDONTWRITEBYTECODE
 # two pytest workers (pytest-xdist), one per core of a 2-core machine: builds and CLI calls run in the
 # test process (tests/inline_cli.py); tests marked `process` start real ones (docs/testing.md says which
 # and why, and how long the suite takes). HSSTORE_TEST_WORKERS=0 runs in one process; -m "not process"
