@@ -90,7 +90,7 @@ def info_text(d: StoreInfo) -> str:
         finish = ", ".join(f"{n} {k}" for k, n in sorted(g.finish.items()))
         lines += ["", f"regenerated replies of build {g.build_id}: {g.replies} ({finish}; {g.reused} reused from "
                       f"earlier runs, {g.dropped} dropped), {g.prompt_tokens:,} prompt + {g.reply_tokens:,} reply "
-                      f"tokens; {'; '.join(g.engines)}"]
+                      f"tokens; {'; '.join(g.engines)}; kernels: {'; '.join(g.kernels) or 'not recorded'}"]
     return "\n".join(lines)
 
 

@@ -118,6 +118,12 @@ def _models(provs: dict[str, dict[str, Any]]) -> list[ModelGroup]:
     return [ModelGroup(model=model_name(p), fingerprint=model_fingerprint(p), variants=v) for p, v in groups]
 
 
+def kernel_set(kernels: dict[str, str] | None) -> str:
+    """A reply's kernels in one line (``chunk_gated_delta_rule=fla causal_conv1d=fla attention=sdpa``); a server's
+    replies, and those of builds before kernels were recorded: "not recorded"."""
+    return " ".join(f"{k}={v}" for k, v in kernels.items()) if kernels else "not recorded"
+
+
 def generations(store: Store) -> list[GenerationSummary]:
     """Every regenerating build's ledger, summed up (hsstore.capture.generate.regenerate writes them)."""
     from hsstore.storage import layout
@@ -133,7 +139,8 @@ def generations(store: Store) -> list[GenerationSummary]:
             build_id=build_id, replies=len(recs), reused=sum(r.get("generated_by") != build_id for r in recs),
             dropped=sum(r.get("sample_key") is None for r in recs), finish=finish,
             prompt_tokens=sum(r["prompt_tokens"] for r in recs), reply_tokens=sum(r["reply_tokens"] for r in recs),
-            engines=sorted({f"{r['engine']} {r['engine_version']}" for r in recs})))
+            engines=sorted({f"{r['engine']} {r['engine_version']}" for r in recs}),
+            kernels=sorted({kernel_set(r.get("kernels")) for r in recs})))
     return out
 
 

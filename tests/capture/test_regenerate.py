@@ -84,6 +84,27 @@ def test_generated_replies_are_masked_exactly_and_each_has_a_ledger_record(regen
         [(summary["build_id"], 4, sum(r["reply_tokens"] for r in ledger))]
 
 
+def test_each_reply_records_the_kernels_generate_called_and_info_shows_them(tmp_path: Path) -> None:
+    """The replies are the data a drafter learns from, and fla against its torch fallback can change which token
+    greedy decoding picks: each reply (checkpoint and ledger) records the kernels generate really called in the
+    build's process, as a capture records its own, and ``info`` names them."""
+    import torch
+
+    from hsstore.capture.model.kernels import bound_kernels
+    from hsstore.capture.model.spec import ModelSpec
+
+    plain = write_manifest(tmp_path / "m.toml", model="builtin:tiny-qwen3_5", dtypes='["fp32"]')
+    summary = build_json(plain, "--limit", "2", "--engine", "model", "--max-new-tokens", "2")
+    want = bound_kernels(ModelSpec("builtin:tiny-qwen3_5").load(torch.float32, "cpu", None))
+    assert want["chunk_gated_delta_rule"] not in ("n/a", "unknown")  # a hybrid: the families that differ are there
+    ledger, replies = lineage(tmp_path / "store.zarr", summary["build_id"])
+    assert len(ledger) == 2 and all(r["kernels"] == want for r in [*ledger, *replies.values()])
+    line = " ".join(f"{k}={v}" for k, v in want.items())
+    info = json.loads(run_cli("info", str(tmp_path / "store.zarr"), "--json").stdout)["generations"]
+    assert [g["kernels"] for g in info] == [[line]]
+    assert f"kernels: {line}" in run_cli("info", str(tmp_path / "store.zarr")).stdout
+
+
 def test_build_options_turn_regeneration_on(tmp_path: Path) -> None:
     """``hsstore build --engine model --max-new-tokens N`` regenerates a manifest without [generate]."""
     plain = write_manifest(tmp_path / "m.toml", model="builtin:tiny-llama", dtypes='["fp32"]')
@@ -296,6 +317,9 @@ def test_the_server_engine_regenerates_end_to_end(served: tuple[Path, Path, str]
     assert summary["replies_generated"] == 3
     ledger, replies = lineage(tmp_path / "store.zarr", summary["build_id"])
     assert [r["engine"] for r in ledger] == ["openai"] * 3 and all(r["engine_version"] for r in ledger)
+    assert all(r["kernels"] == {} for r in ledger)  # a server's kernels are not known here: none claimed
+    info = json.loads(run_cli("info", str(tmp_path / "store.zarr"), "--json").stdout)["generations"]
+    assert [g["kernels"] for g in info] == [["not recorded"]]
     ds = HiddenStateDataset(str(tmp_path / "store.zarr"))
     items = {ds[i]["key"]: ds[i] for i in range(len(ds))}
     for rec in ledger:

@@ -75,8 +75,15 @@ class LocalEngine:
     name = "model"
 
     def __init__(self, model: Any, tok: Any, pad_id: int, token_budget: int) -> None:
+        from hsstore.capture.model.kernels import bound_kernels, device_type
+
         self.model, self.tok, self.pad_id, self.token_budget = model, tok, pad_id, token_budget
         self.eos = end_ids(tok)
+        # what generate really calls in this process (fla or its torch fallback, the attention), as a capture
+        # records its own: the replies are the data, and a kernel can change which token greedy decoding picks
+        self.kernels = bound_kernels(model)
+        if device_type(model) == "cuda":
+            self.kernels["sdpa_backends"] = "flash,efficient,math"  # generate_attention: no cuDNN
 
     @property
     def version(self) -> str:
@@ -176,6 +183,7 @@ class ServerEngine:
 
     def __init__(self, g: Any, tok: Any, model_path: str) -> None:
         self.g, self.tok, self.url = g, tok, g.url.rstrip("/")
+        self.kernels: dict[str, str] = {}  # a server's kernels are not known here (its version names the server)
         self.eos = end_ids(tok)
         self.model, server = check_served(g, model_path)
         self.version = server

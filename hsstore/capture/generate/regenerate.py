@@ -49,6 +49,7 @@ class Reply(Record):
     engine: str
     engine_version: str
     model: str  # the model's identity fingerprint (or name) the reply came from
+    kernels: dict[str, str] = {}  # kernel family -> what generate called (LocalEngine); {}: a server, or unrecorded
     sampling: dict[str, Any]
     seed: int
     at: str
@@ -203,6 +204,7 @@ def _generate(run: Run, missing: dict[str, tuple[list[int], int]]) -> None:
         at = now()
         replies = [Reply(key=keys[i], ids=list(o.ids), finish_reason=o.finish_reason, prompt_tokens=len(missing[keys[i]][0]),
                          seconds=o.seconds, engine=engine.name, engine_version=engine.version, model=run.model,
+                         kernels=dict(engine.kernels),
                          sampling=sampling(run.g), seed=run.g.seed, at=at, build_id=run.build_id, error=o.error)
                    for i, o in zip(batch, out)]
         put_batch(run.store, run.build_id, run.config, run.parts, replies)  # before anything is captured
@@ -276,7 +278,7 @@ def ledger_records(keyed: list[tuple[Job, str | None]]) -> list[dict[str, Any]]:
     for j, key in keyed:
         for turn, r in enumerate(j.replies):
             out.append({"file": j.file, "row": j.row, "turn": turn, "index": j.index, "sample_key": key,
-                        "engine": r.engine, "engine_version": r.engine_version, "model": r.model,
+                        "engine": r.engine, "engine_version": r.engine_version, "kernels": r.kernels, "model": r.model,
                         "sampling": r.sampling, "seed": r.seed, "finish_reason": r.finish_reason,
                         "prompt_tokens": r.prompt_tokens, "reply_tokens": len(r.ids), "seconds": r.seconds,
                         "at": r.at, "generated_by": r.build_id, **({"error": r.error} if r.error else {})})

@@ -122,6 +122,7 @@ class GenerationSummary(Record):
     prompt_tokens: int
     reply_tokens: int
     engines: list[str]  # "engine version"
+    kernels: list[str] = []  # each distinct kernel set the replies were generated with ("family=kernel ..."; "not recorded")
 
 
 class StoreInfo(Record):
