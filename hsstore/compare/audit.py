@@ -441,7 +441,9 @@ def _judge_all(stream: Iterator[tuple[str, list[dict[int, torch.Tensor]]]], run:
     labels, aux, tgt = reader.record.all_layers, reader.record.layers.get("aux", []), reader.record.layers.get("target", [])
     target_label = tgt[0] if len(tgt) == 1 else None
     bf16 = reader.record.dtype == "bf16"
-    pairs = [bf16] + ([False] if run.floor_dtype or run.stored_floor is not None else [])  # (the floor: no ULPs)
+    floored = run.floor_dtype is not None or (run.stored_floor is not None  # (compared only where it holds them all)
+                                              and set(in_live) <= set(run.stored_floor.record.all_layers))
+    pairs = [bf16] + ([False] if floored else [])  # (the floor: no ULPs)
     ws = Workspace("cpu", use_compiled(reader, run.keys, in_live, pairs))  # numba only where it pays
     totals, ftotals = Totals(len(in_live)), Totals(len(in_live))
     evidence: dict[str, list[LayerEvidence]] = {}

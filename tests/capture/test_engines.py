@@ -30,15 +30,13 @@ def test_on_the_cpu_generate_attention_changes_nothing() -> None:
         assert torch.backends.cuda.cudnn_sdp_enabled() == before
 
 
-class _Model:
-    """A stand-in for a causal LM: one parameter on ``device``; generate appends one token per row."""
+class _Model(torch.nn.Module):
+    """A stand-in for a causal LM: one parameter (on the CPU); generate appends one token per row."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.p = torch.nn.Parameter(torch.zeros(1))
         self.calls: list[dict[str, Any]] = []
-
-    def parameters(self) -> Any:
-        return iter([self.p])
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kw: Any) -> torch.Tensor:
         self.calls.append({"shape": tuple(input_ids.shape), "cudnn": torch.backends.cuda.cudnn_sdp_enabled()})

@@ -86,16 +86,17 @@ def test_generated_replies_are_masked_exactly_and_each_has_a_ledger_record(regen
 
 def test_each_reply_records_the_kernels_generate_called_and_info_shows_them(tmp_path: Path) -> None:
     """The replies are the data a drafter learns from, and fla against its torch fallback can change which token
-    greedy decoding picks: each reply (checkpoint and ledger) records the kernels generate really called in the
-    build's process, as a capture records its own, and ``info`` names them."""
+    greedy decoding picks: each reply (checkpoint and ledger) records the kernels its engine calls in the build's
+    process, as a capture records its own, and ``info`` names them."""
     import torch
 
-    from hsstore.capture.model.kernels import bound_kernels
+    from hsstore.capture.generate.engines import LocalEngine
     from hsstore.capture.model.spec import ModelSpec
 
     plain = write_manifest(tmp_path / "m.toml", model="builtin:tiny-qwen3_5", dtypes='["fp32"]')
     summary = build_json(plain, "--limit", "2", "--engine", "model", "--max-new-tokens", "2")
-    want = bound_kernels(ModelSpec("builtin:tiny-qwen3_5").load(torch.float32, "cpu", None))
+    spec = ModelSpec("builtin:tiny-qwen3_5")  # what the engine records (checked against the calls below)
+    want = LocalEngine(spec.load(torch.float32, "cpu", None), spec.tokenizer(), 0, 4096).kernels
     assert want["chunk_gated_delta_rule"] not in ("n/a", "unknown")  # a hybrid: the families that differ are there
     ledger, replies = lineage(tmp_path / "store.zarr", summary["build_id"])
     assert len(ledger) == 2 and all(r["kernels"] == want for r in [*ledger, *replies.values()])
@@ -103,6 +104,46 @@ def test_each_reply_records_the_kernels_generate_called_and_info_shows_them(tmp_
     info = json.loads(run_cli("info", str(tmp_path / "store.zarr"), "--json").stdout)["generations"]
     assert [g["kernels"] for g in info] == [[line]]
     assert f"kernels: {line}" in run_cli("info", str(tmp_path / "store.zarr")).stdout
+
+
+@pytest.mark.parametrize("attention", [None, "eager"])
+def test_the_recorded_kernels_cover_every_kernel_function_generate_calls(attention: str | None,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked against the calls, not against the recording function: every gated-delta and conv function the
+    modeling module defines that generate calls (the prompt's forward, then each decoding step's recurrent rule
+    and conv update) is recorded under its family with what it is, and the attention is the one that ran."""
+    import torch
+
+    from hsstore.capture.generate.engines import LocalEngine
+    from hsstore.capture.model.kernels import DECODE_FAMILIES, FAMILIES, installed
+    from hsstore.capture.model.spec import ModelSpec
+
+    spec = ModelSpec("builtin:tiny-qwen3_5")
+    engine = LocalEngine(spec.load(torch.float32, "cpu", attention), spec.tokenizer(), 0, 4096)
+    module = __import__(type(engine.model).__module__, fromlist=["_"])
+    family_of = {n: f for f, names in {**FAMILIES, **DECODE_FAMILIES}.items() for n in names}
+    called: set[str] = set()
+
+    def recording(name: str, fn):
+        return lambda *a, **k: called.add(name) or fn(*a, **k)
+
+    for name in family_of:
+        if callable(getattr(module, name, None)):
+            monkeypatch.setattr(module, name, recording(name, getattr(module, name)))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: called.add("sdpa") or sdpa(*a, **k))
+
+    class Greedy:
+        max_new_tokens, temperature, top_p, top_k, stop, seed = 4, 0.0, 1.0, 0, (), 0
+
+    engine.batch([[5, 6, 7, 8], [9, 10, 11]], Greedy, 0)
+    kernels = {family_of[n] for n in called if n in family_of}
+    assert {"chunk_gated_delta_rule", "recurrent_gated_delta_rule"} <= kernels  # the prompt, then the steps
+    assert all(engine.kernels.get(f) not in (None, "unknown", "n/a") for f in kernels), (kernels, engine.kernels)
+    if not installed("fla") and not installed("causal_conv1d"):  # (this machine) transformers' torch code ran
+        assert all(engine.kernels[f] == "torch" for f in kernels), engine.kernels
+    assert engine.kernels["attention"] == ("sdpa" if "sdpa" in called else "eager") == (attention or "sdpa")
 
 
 def test_build_options_turn_regeneration_on(tmp_path: Path) -> None:

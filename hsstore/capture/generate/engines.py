@@ -75,14 +75,15 @@ class LocalEngine:
     name = "model"
 
     def __init__(self, model: Any, tok: Any, pad_id: int, token_budget: int) -> None:
-        from hsstore.capture.model.kernels import bound_kernels, device_type
+        from hsstore.capture.model.kernels import DECODE_FAMILIES, FAMILIES, bound_kernels, device_type
 
         self.model, self.tok, self.pad_id, self.token_budget = model, tok, pad_id, token_budget
         self.eos = end_ids(tok)
-        # what generate really calls in this process (fla or its torch fallback, the attention), as a capture
-        # records its own: the replies are the data, and a kernel can change which token greedy decoding picks
-        self.kernels = bound_kernels(model)
-        if device_type(model) == "cuda":
+        # what generate calls in this process (fla or its torch fallback, for the prompt's forward and for each
+        # decoding step; the attention), as a capture records its own: the replies are the data, and a kernel
+        # can change which token greedy decoding picks
+        self.kernels = bound_kernels(model, families={**FAMILIES, **DECODE_FAMILIES})
+        if device_type(model) == "cuda" and self.kernels.get("attention") == "sdpa":
             self.kernels["sdpa_backends"] = "flash,efficient,math"  # generate_attention: no cuDNN
 
     @property

@@ -23,6 +23,13 @@ FAMILIES = {
     "chunk_gated_delta_rule": ("torch_chunk_gated_delta_rule", "chunk_gated_delta_rule"),
     "causal_conv1d": ("causal_conv1d_fn",),
 }
+# the families a decoding step calls instead (generate, after the prompt's forward): the recurrent rule and the
+# conv's one-token update. Not part of a capture's record (a capture runs whole sequences).
+DECODE_FAMILIES = {
+    "recurrent_gated_delta_rule": ("torch_recurrent_gated_delta_rule", "recurrent_gated_delta_rule",
+                                   "fused_recurrent_gated_delta_rule"),
+    "causal_conv1d_update": ("causal_conv1d_update",),
+}
 
 
 def installed(package: str) -> bool:
@@ -147,14 +154,15 @@ def device_type(model: Any) -> str:
     return p.device.type if p is not None else "cpu"
 
 
-def bound_kernels(model: Any, device: str | None = None) -> dict[str, str]:
-    """What the loaded model calls for each kernel family on ``device`` inputs (default: where its weights
-    are; 'n/a' where the model has no such layer)."""
+def bound_kernels(model: Any, device: str | None = None, families: dict[str, tuple[str, ...]] = FAMILIES
+                  ) -> dict[str, str]:
+    """What the loaded model calls for each kernel family (``FAMILIES``: a forward over whole sequences) on
+    ``device`` inputs (default: where its weights are; 'n/a' where the model has no such layer)."""
     modname = type(model).__module__
     where = (device or device_type(model)).split(":")[0]
     has_linear = any("GatedDeltaNet" in type(m).__name__ or hasattr(m, "chunk_gated_delta_rule") for m in model.modules())
     out: dict[str, str] = {}
-    for family, names in FAMILIES.items():
+    for family, names in families.items():
         found = _bound(model, names) if has_linear else None
         out[family] = "n/a" if not has_linear else (
             classify(_implementation(found, where), modname) if found is not None else "unknown")
