@@ -298,11 +298,6 @@ def shared_keys(a: VariantReader, b: VariantReader) -> list[str]:
     return shared
 
 
-def reads_bf16(r: VariantReader) -> bool:
-    """Whether ``r``'s states read as bf16 (stored so, or dequantized from a reduced precision)."""
-    return r.record.dtype == "bf16" or bool(r.record.stored_precision)
-
-
 def both_bf16(a: VariantReader, b: VariantReader) -> bool:
     return a.record.dtype == "bf16" and b.record.dtype == "bf16"
 
@@ -335,7 +330,7 @@ def sample_sums(a: VariantReader, others: Sequence[VariantReader], keys: Sequenc
     ulps = [both_bf16(a, o) for o in others]
     compiled = torch.device(request.device).type == "cpu" and use_compiled(a, keys, layers, ulps)
     if compiled:  # imported, and its cached loops loaded, on a thread of its own while the first samples are read
-        pairs = [(reads_bf16(a), reads_bf16(o), u) for o, u in zip(others, ulps)]
+        pairs = [(a.reads_bf16, o.reads_bf16, u) for o, u in zip(others, ulps)]
         threading.Thread(target=warm_kernel, args=(pairs, len(layers)), name="hsstore-diff-jit", daemon=True).start()
     workspaces = ThreadLocal(lambda: Workspace(request.device, compiled))
 

@@ -381,6 +381,11 @@ class VariantReader:
         if missing:
             raise BadInput(f"layer(s) {missing} are not stored in variant {self.id}; stored: {self.record.all_layers}")
 
+    @property
+    def reads_bf16(self) -> bool:
+        """Whether ``read_layers`` returns bf16 states (stored so, or dequantized from a reduced precision)."""
+        return self.record.dtype == "bf16" or bool(self.record.stored_precision)
+
     def read_layers(self, ref: SampleRef, layers: list[int]) -> list[torch.Tensor]:
         """States ``[T, H]`` of each requested layer, in the stored dtype (bf16 as torch.bfloat16)."""
         self._check_layers(layers)

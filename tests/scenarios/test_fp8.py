@@ -243,3 +243,15 @@ def test_a_damaged_scale_file_is_named_by_verify(converted: Path) -> None:
     scale.write_bytes(bytes(data))
     v = verify(Store.open(converted))
     assert not v.ok and any("scale_0" in p.what or "crc32c" in p.what for p in v.problems)
+
+
+def test_reads_bf16_says_what_read_layers_returns_for_every_kind_of_variant(converted_once: Path) -> None:
+    """The diff warms its compiled loops for the dtypes read_layers will return before reading a sample
+    (VariantReader.reads_bf16): bf16, fp32 and an FP8 variant dequantized to bf16 each answer as they read."""
+    store = Store.open(converted_once)
+    readers = [store.reader(v) for v in store.variant_ids()]
+    assert {r.record.stored_precision is not None for r in readers} == {r.reads_bf16 for r in readers} == {True, False}
+    for r in readers:
+        key = r.keys[0]
+        states = r.read_layers(r.refs[key], r.record.all_layers)
+        assert r.reads_bf16 == all(s.dtype == torch.bfloat16 for s in states), (r.id, states[0].dtype)
