@@ -62,11 +62,12 @@ def run_cli_process(*args: str, cwd: Path | None = None, env: dict | None = None
                           cwd=cwd or REPO, env=e, timeout=timeout)
 
 
-def start_build(manifest: Path, *args: str) -> subprocess.Popen:
+def start_build(manifest: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
     """``hsstore build MANIFEST --quiet ARGS`` started in a session of its own (``kill_build`` stops it with
-    its worker); stdout dropped, stderr piped."""
+    its worker); stdout dropped, stderr piped; ``env`` added to this process's environment."""
     return subprocess.Popen([sys.executable, "-m", "hsstore", "build", str(manifest), "--quiet", *args], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                            env={**os.environ, **(env or {})})
 
 
 def build_racing(procs: list[subprocess.Popen], committed, *args: str) -> subprocess.CompletedProcess:  # noqa: ANN001

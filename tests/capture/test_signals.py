@@ -204,3 +204,71 @@ def test_any_command_stopped_by_a_signal_says_so_in_one_line(sig: int) -> None:
     assert p.returncode == 128 + sig, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"error: info stopped by {signal.Signals(sig).name}"), err
+
+
+# --- A driver folder whose owner was killed outright is removed by the next build; nothing else is
+
+
+def _folder(tmp: Path, name: str, owner: object | None) -> Path:
+    d = tmp / f"hsstore-build-{name}"
+    d.mkdir()
+    (d / "samples.npz").write_bytes(b"x")
+    if owner is not None:
+        (d / "owner.json").write_text(owner if isinstance(owner, str) else json.dumps(owner))
+    return d
+
+
+def test_only_folders_whose_owner_is_certainly_gone_are_swept(tmp_path: Path):
+    from hsstore.capture.run.signals import process_id, sweep_stale_temps
+
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    me = process_id(os.getpid())
+    assert me["started"] is not None and me["boot"] and me["pidns"]  # (Linux: every field is known)
+    gone = {
+        "dead": {**me, "pid": ended.pid},
+        "reused": {**me, "started": me["started"] - 1},  # this pid, but a process that started earlier
+        "rebooted": {**me, "boot": "another-boot"},
+    }
+    kept = {
+        "alive": me,
+        "other-host": {**me, "host": me["host"] + "-elsewhere", "pid": ended.pid},
+        "other-container": {**me, "pidns": me["pidns"] + 1, "pid": ended.pid},
+        "unreadable": "{not json",
+        "not-a-record": [ended.pid],
+        "no-owner": None,  # being made, or made before owners were recorded
+    }
+    folders = {name: _folder(tmp_path, name, owner) for name, owner in {**gone, **kept}.items()}
+    (tmp_path / "elsewhere").mkdir()
+    target = _folder(tmp_path / "elsewhere", "target", gone["dead"])
+    (tmp_path / "hsstore-build-link").symlink_to(target)  # a link to a stale folder: not followed, not removed
+    (tmp_path / "hsstore-build-file").write_text("x")
+    other = _folder(tmp_path, "x", None).rename(tmp_path / "another-tool-dead")  # not a driver folder
+    (other / "owner.json").write_text(json.dumps(gone["dead"]))
+
+    removed = sweep_stale_temps(tmp_path)
+    assert sorted(removed) == sorted(str(folders[n]) for n in gone)
+    assert not any(folders[n].exists() for n in gone)
+    assert all((folders[n] / "samples.npz").exists() for n in kept)
+    assert target.exists() and (tmp_path / "hsstore-build-link").is_symlink() and other.exists()
+    assert (tmp_path / "hsstore-build-file").exists()
+
+
+def test_a_build_names_itself_owner_of_its_folder_and_removes_stale_ones(tmp_path: Path, monkeypatch):
+    import tempfile
+
+    from hsstore.capture.run.signals import owned_temp, owner_gone, process_id
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with owned_temp() as tmp:
+        owner = json.loads((Path(tmp) / "owner.json").read_text())
+        assert owner == process_id(os.getpid()) and not owner_gone(owner)
+    assert not Path(tmp).exists()
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    stale = _folder(tmp_path, "stale", {**process_id(os.getpid()), "pid": ended.pid})
+    m = write_manifest(tmp_path / "m.toml", store=str(tmp_path / "s.zarr"))
+    r = run_cli("build", str(m), "--limit", "2")  # in this process, whose temporary folder is tmp_path
+    assert r.returncode == 0, r.stderr
+    assert not stale.exists() and f"temporary folder(s) of builds killed outright: {stale}" in r.stderr
+    assert not list(tmp_path.glob("hsstore-build-*"))

@@ -8,6 +8,7 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,8 +44,8 @@ def _small_units(path: Path) -> Path:
     return path
 
 
-def _start_build(manifest: Path, *extra: str) -> subprocess.Popen:
-    return start_build(manifest, "--limit", LIMIT, *extra)
+def _start_build(manifest: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    return start_build(manifest, "--limit", LIMIT, *extra, env=env)
 
 
 def _bit_exact_and_complete(store: Path, reference: Path, n: int) -> None:
@@ -102,19 +103,21 @@ def _kill_moments(store: Path, units: int, rng: random.Random) -> list[tuple[str
 
 
 @pytest.mark.process
-def test_sigkill_at_seeded_moments_then_resume(reference: Path, tmp_path: Path):
+def test_sigkill_at_seeded_moments_then_resume(reference: Path, tmp_path: Path, monkeypatch):
     """SIGKILLs (driver and worker at once) at five seeded moments over a build's whole course: start-up,
     model loading, mid-unit and at commits early and late in the build, and while it completes. No kill
     loses a sample committed before it or leaves a store verify would flag; the resumed build is complete
-    and bit-identical to an uninterrupted one."""
+    and bit-identical to an uninterrupted one, and removes the temporary folders the killed builds left."""
     m = _small_units(_manifest(tmp_path, "crash"))
     store = tmp_path / "crash.zarr"
+    temp = tmp_path / "tmp"
+    temp.mkdir()
     units = len(list(reference.glob("variants/*/commits/*.json")))
     assert units >= 6, f"the reference build committed only {units} units: too few to kill mid-way"
     committed_after_kill = {}
     for what, condition, delay in _kill_moments(store, units, random.Random(1234)):
         started = _starts(store)
-        p = _start_build(m)
+        p = _start_build(m, env={"TMPDIR": str(temp)})
         _when(lambda: condition(started), p)
         time.sleep(delay)
         seen = _committed_keys(store)
@@ -131,9 +134,13 @@ def test_sigkill_at_seeded_moments_then_resume(reference: Path, tmp_path: Path):
     counts = list(committed_after_kill.values())
     assert len(counts) >= 4 and counts == sorted(counts)
     assert all(0 < n < int(LIMIT) for w, n in committed_after_kill.items() if w.startswith("a unit"))
+    left = list(temp.glob("hsstore-build-*"))  # killed with their workers: nobody removed their folders
+    assert left, "no kill left a driver's temporary folder behind: the sweep below proves nothing"
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # the resume (in this process) makes its folder there
     r = run_cli("build", str(m), "--limit", LIMIT, "--quiet")  # the resume (the kills were the processes')
     assert r.returncode == 0, r.stderr
     _bit_exact_and_complete(store, reference, int(LIMIT))
+    assert not list(temp.glob("hsstore-build-*")), "the resume left the killed builds' temporary folders"
     gc = run_cli("gc", str(store), "--json")
     assert gc.returncode == 0
     _bit_exact_and_complete(store, reference, int(LIMIT))  # still, after gc

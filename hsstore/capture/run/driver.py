@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -29,11 +28,7 @@ from hsstore.capture.generate.regenerate import (
 from hsstore.capture.inputs.manifest_file import validate
 from hsstore.capture.model.spec import ModelSpec, check_vocabulary, text_config
 from hsstore.capture.run.lineage import Lineage, agree_build_id, new_build_id, now
-from hsstore.capture.run.signals import (
-    TEMP_PREFIX,
-    run_worker,
-    stop_on_signals,
-)
+from hsstore.capture.run.signals import owned_temp, run_worker, stop_on_signals, sweep_stale_temps
 from hsstore.core.errors import BadInput, BuildFailed, BuildInterrupted, HsstoreError
 from hsstore.core.interrupt import Stopped
 from hsstore.core.keys import SampleTokens
@@ -390,8 +385,12 @@ def _run_workers(m: Manifest, inp: Inputs, mine: list[int], batches: list[list[i
     from hsstore.capture.run.progress import status
 
     results: list[VariantResult] = []
+    removed = sweep_stale_temps()
+    if removed:
+        status(f"removed {len(removed)} temporary folder(s) of builds killed outright: {', '.join(removed)}",
+               quiet or ctx.rank != 0)
     # a worker whose driver died removes the folder itself; a stray one may have done so already
-    with tempfile.TemporaryDirectory(prefix=TEMP_PREFIX, ignore_cleanup_errors=True) as tmp:
+    with owned_temp() as tmp:
         save_samples(os.path.join(tmp, "samples.npz"), [inp.samples[i] for i in mine])
         for backend in m.backends:
             status(f"starting the {backend} worker (a fresh process: imports torch and transformers)", quiet or ctx.rank != 0)

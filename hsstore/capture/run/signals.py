@@ -7,6 +7,9 @@ turns it into BuildInterrupted with what was committed); on the way out the driv
 A worker whose driver is gone (even SIGKILLed) exits by itself: on Linux the kernel sends it SIGHUP
 when its parent dies (PR_SET_PDEATHSIG), and everywhere a watchdog thread notices the parent pid
 change within half a second; either way it removes the driver's temporary folder and exits.
+A driver and worker killed together (SIGKILL to the group, an OOM kill of the job's cgroup) leave the
+folder behind: it records its owner, and the next build on the host removes the folders of owners
+that are gone (``sweep_stale_temps``).
 
 Ctrl-Z (SIGTSTP) suspends the worker with the driver, and continuing the driver continues it.
 
@@ -18,23 +21,27 @@ killed at any moment loses only its uncommitted unit.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from hsstore.core.interrupt import Stopped  # one class for every command: the driver catches it from there
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 TEMP_PREFIX = "hsstore-build-"  # the driver's temporary folder (a worker removes only such a folder)
+OWNER_FILE = "owner.json"  # in it: which process made it (ProcessId)
 WATCH_SECONDS = 0.5
 _PR_SET_PDEATHSIG = 1
 
@@ -154,3 +161,83 @@ def exit_with_parent(parent_pid: int, temp: str | os.PathLike[str] | None = None
         leave(1)
 
     threading.Thread(target=watch, name="hsstore-parent-watchdog", daemon=True).start()
+
+
+# --- The driver's temporary folder: it names its owner, so a folder whose owner was killed outright is removed
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def process_id(pid: int) -> dict[str, Any]:
+    """What names process ``pid`` beyond its number: the host, this boot, the pid namespace and when the process
+    started (clock ticks since boot; None where /proc does not say)."""
+    stat = _read(f"/proc/{pid}/stat")
+    try:
+        started = int(stat.rsplit(")", 1)[1].split()[19]) if stat else None  # field 22, starttime
+    except (IndexError, ValueError):
+        started = None
+    try:
+        pidns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        pidns = None
+    return {"host": socket.gethostname(), "boot": _read("/proc/sys/kernel/random/boot_id"), "pidns": pidns,
+            "pid": pid, "started": started}
+
+
+def owner_gone(owner: Any) -> bool:
+    """Whether the process ``owner`` (a ``process_id``) has certainly ended: on this host, after a reboot, or in
+    this boot and pid namespace with no such pid or a pid now taken by a later process. Anything this process
+    cannot tell (another host or container, an unreadable record) counts as alive."""
+    here = process_id(os.getpid())
+    if not isinstance(owner, dict) or owner.get("host") != here["host"]:
+        return False
+    if owner.get("boot") and here["boot"] and owner["boot"] != here["boot"]:
+        return True  # the host rebooted since: every process of that boot is gone
+    pid = owner.get("pid")
+    if owner.get("pidns") != here["pidns"] or not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, another user's
+    now = process_id(pid)["started"]
+    return owner.get("started") is not None and now is not None and now != owner["started"]
+
+
+def sweep_stale_temps(folder: str | os.PathLike[str] | None = None) -> list[str]:
+    """Remove the driver folders (``TEMP_PREFIX``*) in ``folder`` (default: the temporary folder) whose owner is
+    gone (``owner_gone``); returns the removed paths. A folder without a readable owner record (being made, or
+    by hsstore before it wrote one) and anything that is not a real folder stay."""
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(folder or tempfile.gettempdir()))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(TEMP_PREFIX) or not entry.is_dir(follow_symlinks=False):
+            continue
+        raw = _read(os.path.join(entry.path, OWNER_FILE))
+        try:
+            owner = json.loads(raw) if raw else None
+        except ValueError:
+            owner = None
+        if owner_gone(owner):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            if not os.path.lexists(entry.path):
+                removed.append(entry.path)
+    return removed
+
+
+@contextmanager
+def owned_temp() -> Iterator[str]:
+    """A new driver folder in the temporary folder, naming this process as its owner; removed on the way out."""
+    with tempfile.TemporaryDirectory(prefix=TEMP_PREFIX, ignore_cleanup_errors=True) as tmp:
+        Path(tmp, OWNER_FILE).write_text(json.dumps(process_id(os.getpid())))
+        yield tmp
