@@ -121,7 +121,8 @@ def arithmetic(store: str, a: str, b: str, threads: int | None) -> tuple[float, 
     workspaces = ThreadLocal(lambda: Workspace("cpu", compiled))
 
     def one(item: tuple) -> None:  # type: ignore[type-arg]
-        summarize(item[0], token_sums(item[1], item[2], workspaces.get(), ulps), hidden)
+        ws = workspaces.get()
+        summarize(item[0], token_sums(item[1], item[2], ws, ulps), hidden, ws)
 
     def one_pass(item: tuple) -> None:  # type: ignore[type-arg]
         for x in (*item[1], *item[2]):

@@ -461,11 +461,11 @@ def _judge_all(stream: Iterator[tuple[str, list[dict[int, torch.Tensor]]]], run:
         verdicts.append(v)
         findings += f
         totals.add(summarize(key, token_sums([live[i].cpu() for i in in_live], [stored[i] for i in in_live], ws,
-                                             reader.record.dtype == "bf16"), reader.record.hidden_size))
+                                             reader.record.dtype == "bf16"), reader.record.hidden_size, ws))
         if floor is not None and all(i in floor for i in in_live):
             ftotals.add(summarize(key, token_sums([stored[i] for i in in_live],
                                                   [floor[i].float().cpu() for i in in_live], ws),
-                                  reader.record.hidden_size))
+                                  reader.record.hidden_size, ws))
     return evidence, verdicts, findings, totals, ftotals
 
 

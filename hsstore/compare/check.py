@@ -215,10 +215,10 @@ def compare_live(reader: VariantReader, live: dict[str, list[torch.Tensor]], key
     totals, ftotals = Totals(len(layers)), (Totals(len(layers)) if floor is not None else None)
     for key in keys:
         stored = reader.read_layers(reader.refs[key], layers)
-        totals.add(summarize(key, token_sums(live[key], stored, ws, ulps), reader.record.hidden_size))
+        totals.add(summarize(key, token_sums(live[key], stored, ws, ulps), reader.record.hidden_size, ws))
         if floor is not None and ftotals is not None:
             ref = floor.read_layers(floor.refs[key], layers)
-            ftotals.add(summarize(key, token_sums(stored, ref, ws, fulps), reader.record.hidden_size))
+            ftotals.add(summarize(key, token_sums(stored, ref, ws, fulps), reader.record.hidden_size, ws))
     return totals, ftotals
 
 

@@ -336,7 +336,7 @@ def sample_sums(a: VariantReader, others: Sequence[VariantReader], keys: Sequenc
 
     def reduce(key: str, states: list[list[torch.Tensor]]) -> tuple[SampleSums, ...]:
         ws = workspaces.get()
-        return tuple(summarize(key, token_sums(states[0], s, ws, u), hidden) for s, u in zip(states[1:], ulps))
+        return tuple(summarize(key, token_sums(states[0], s, ws, u), hidden, ws) for s, u in zip(states[1:], ulps))
 
     yield from map_samples([a, *others], keys, layers, reduce, request.loss_only, request.threads)
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hsstore.compare.kernel import ULP_BUCKETS, TokenSums
+from hsstore.compare.kernel import ULP_BUCKETS, TokenSums, Workspace
 
 EDGES = torch.logspace(-12, math.log10(2.0), 1201, dtype=torch.float64)  # bins of (1 - cos)
 N_BINS = len(EDGES) + 1
@@ -55,8 +55,13 @@ def one_minus_cos(dd: torch.Tensor, aa: torch.Tensor, bb: torch.Tensor, ad: torc
     return torch.where(den > 0, num / den.clamp_min(1e-300), degenerate).clamp(0.0, 2.0)
 
 
-def summarize(key: str, ts: TokenSums, hidden: int) -> SampleSums:
-    """The per-layer sums of one sample from its per-token sums ``[L, T]``."""
+def summarize(key: str, ts: TokenSums, hidden: int, ws: Workspace | None = None) -> SampleSums:
+    """The per-layer sums of one sample from its per-token sums ``[L, T]``: on ``ws``'s compiled loops where it
+    takes them (one pass, no torch op: the same maxima and histogram, sums within float64 rounding), else
+    torch's ops."""
+    kernel = ws.kernel() if ws is not None and ts.dd.device.type == "cpu" else False
+    if kernel:
+        return _summarize_compiled(key, ts, hidden, kernel)
     L, T = ts.dd.shape
     omc = one_minus_cos(ts.dd, ts.aa, ts.bb, ts.ad)  # [L, T]
     cols = torch.zeros((L, len(COLUMNS)), dtype=torch.float64, device=omc.device)
@@ -71,10 +76,30 @@ def summarize(key: str, ts: TokenSums, hidden: int) -> SampleSums:
         above = torch.cat([ts.ulp, torch.zeros((L, 1), dtype=torch.float64, device=ts.ulp.device)], dim=1)
         below = torch.cat([cols[:, C["values"]:C["values"] + 1], ts.ulp], dim=1)
         cols[:, C["ulp_0"]:] = below - above
-    maxes = torch.stack([ts.max_abs.amax(1).double(), omc.amax(1)], dim=1) if T else torch.zeros((L, 2))
+    maxes = torch.stack([ts.max_abs.amax(1).double(), omc.amax(1)], dim=1) if T else torch.zeros((L, 2), dtype=torch.float64)
     bins = torch.bucketize(omc, EDGES.to(omc.device)) + N_BINS * torch.arange(L, device=omc.device)[:, None]
     hist = torch.bincount(bins.view(-1), minlength=N_BINS * L).view(L, N_BINS)
     return SampleSums(key, cols.cpu().numpy(), maxes.cpu().numpy(), hist.cpu().numpy())
+
+
+_EDGES = EDGES.numpy()
+
+
+def _summarize_compiled(key: str, ts: TokenSums, hidden: int, kernel: Any) -> SampleSums:
+    L, T = ts.dd.shape
+    part, maxes = np.zeros((L, 5)), np.zeros((L, len(MAXES)))
+    hist = np.zeros((L, N_BINS), dtype=np.int64)
+    kernel("_summary_rows", *(x.numpy() for x in (ts.dd, ts.aa, ts.bb, ts.ad, ts.sum_abs, ts.differing, ts.max_abs)),
+           _EDGES, part, maxes, hist)
+    cols = np.zeros((L, len(COLUMNS)))
+    cols[:, C["tokens"]], cols[:, C["values"]] = T, T * hidden
+    cols[:, C["sum_abs"]], cols[:, C["exact"]] = part[:, 0], T * hidden - part[:, 1]
+    cols[:, C["sq_diff"]], cols[:, C["sq_ref"]], cols[:, C["cos1m_sum"]] = part[:, 2], part[:, 3], part[:, 4]
+    if ts.ulp is not None:  # as summarize's torch path
+        ulp = ts.ulp.numpy()
+        cols[:, C["ulp_0"]:] = np.concatenate([cols[:, C["values"]:C["values"] + 1], ulp], axis=1) - np.concatenate(
+            [ulp, np.zeros((L, 1))], axis=1)
+    return SampleSums(key, cols, maxes, hist)
 
 
 class Totals:

@@ -24,7 +24,9 @@ compiled pass a row (``_fused_rows``) instead of the torch ops (~11 passes a blo
 bf16 widened in the loop, d = a - b in float32 as torch's sub gives it, the five sums in float64 accumulators
 rounded to float32 once, count and max |d| from d's bit patterns, and the ULP buckets from the bits. Counts, the
 max and the ULP buckets are the torch ops' exactly (for every bit pattern); the float sums are more accurate than
-torch's float32 ones, so the two paths agree to float32 rounding of those sums, not to the bit. Loading the loops
+torch's float32 ones, so the two paths agree to float32 rounding of those sums, not to the bit. A sample's sums
+then reduce per layer on a compiled loop too (``_summary_rows``: 1 - cos, its maxima and histogram torch's to the bit,
+no torch op per sample). Loading the loops
 costs a process ~0.4 s (~1 s on busy cores), which only a large diff wins back: which path a diff takes depends
 on its data alone (``hsstore.compare.diff.use_compiled``), so the same diff always gives the same numbers.
 Overflow: squares are float32, so a state above ~1e19 in magnitude would overflow; hidden states are
@@ -280,6 +282,65 @@ def _fused_rows(a: np.ndarray, b: np.ndarray, a16: bool, b16: bool, ulps: bool, 
             _ulp_row(a[r], b[r], ulp)
 
 
+def _summary_rows(dd: np.ndarray, aa: np.ndarray, bb: np.ndarray, ad: np.ndarray, sum_abs: np.ndarray,
+                  differing: np.ndarray, max_abs: np.ndarray, edges: np.ndarray, sums: np.ndarray, maxes: np.ndarray,
+                  hist: np.ndarray) -> None:  # pragma: no cover (runs compiled)
+    """One sample's per-layer sums from its per-token sums ``[L, T]`` (float32), as ``divergence.summarize``
+    makes them with torch's ops: into ``sums [L, 5]`` the float64 sums of sum |d|, of the differing counts, of
+    |d|², of |b|² and of 1 - cos; into ``maxes [L, 2]`` max |d| and max 1 - cos (NaN if any is, as torch's amax);
+    into ``hist [L, len(edges) + 1]`` the tokens per bin of 1 - cos (torch's bucketize: bin i holds edges[i-1]
+    < v <= edges[i], NaN the last). 1 - cos is ``divergence.one_minus_cos``: the same float64 operations in the
+    same order (compiled without fastmath: no contraction), so it, the maxima and the bins are torch's to the bit;
+    the sums differ from torch's in summation order only."""
+    n_edges = edges.shape[0]
+    for layer in range(dd.shape[0]):
+        s_abs = s_diff = s_dd = s_bb = s_omc = 0.0
+        m_abs = m_omc = 0.0
+        for t in range(dd.shape[1]):
+            d, a2, b2, x = np.float64(dd[layer, t]), np.float64(aa[layer, t]), np.float64(bb[layer, t]), np.float64(ad[layer, t])
+            na, nb = np.sqrt(a2), np.sqrt(b2)
+            norm_sum = na + nb
+            if norm_sum < 1e-300:  # (clamp_min: a NaN stays NaN)
+                norm_sum = 1e-300
+            gap = (2.0 * x - d) / norm_sum
+            num = d - gap * gap
+            if num < 0.0:
+                num = 0.0
+            den = 2.0 * na * nb
+            if den > 0.0:
+                v = num / (den if den >= 1e-300 else 1e-300)
+            else:
+                v = 0.0 if na == nb else 1.0
+            if v < 0.0:
+                v = 0.0
+            elif v > 2.0:
+                v = 2.0
+            s_abs += np.float64(sum_abs[layer, t])
+            s_diff += np.float64(differing[layer, t])
+            s_dd += d
+            s_bb += b2
+            s_omc += v
+            m = np.float64(max_abs[layer, t])
+            if t == 0 or (m_abs == m_abs and (m > m_abs or m != m)):
+                m_abs = m
+            if t == 0 or (m_omc == m_omc and (v > m_omc or v != v)):
+                m_omc = v
+            if v != v:
+                k = n_edges
+            else:
+                lo, hi = 0, n_edges
+                while lo < hi:
+                    mid = (lo + hi) >> 1
+                    if edges[mid] < v:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                k = lo
+            hist[layer, k] += 1
+        sums[layer, 0], sums[layer, 1], sums[layer, 2], sums[layer, 3], sums[layer, 4] = s_abs, s_diff, s_dd, s_bb, s_omc
+        maxes[layer, 0], maxes[layer, 1] = m_abs, m_omc
+
+
 def _widen_row(src: np.ndarray, bf16: bool, f: np.ndarray, bits: np.ndarray) -> None:  # pragma: no cover (runs compiled)
     """One row as float32 into ``f``: bf16 bit patterns (int16, ``bf16``) widened through ``bits`` (``f``'s int32
     view), else each value converted."""
@@ -349,14 +410,16 @@ def compiled_kernel() -> Any:
 
 def warm_kernel(pairs: Sequence[tuple[bool, bool, bool]], layers: int) -> None:
     """Load the compiled loops and, for each pair (A is bf16, B is bf16, ULP buckets too) of ``layers`` layers,
-    the machine code of its call: ``token_sums`` on two tokens of zeros (a signature's first call loads it from
+    the machine code of its calls: ``token_sums`` and ``summarize`` on two tokens of zeros (a signature's first call loads it from
     numba's disk cache, or compiles it). Errors are left to the real first call, which reports them."""
     dtype = {True: torch.bfloat16, False: torch.float32}
     ws = Workspace("cpu", compiled=True)
     try:
+        from hsstore.compare.divergence import summarize
+
         for a16, b16, ulps in dict.fromkeys(pairs):
-            token_sums([torch.zeros(2, 1, dtype=dtype[a16])] * layers, [torch.zeros(2, 1, dtype=dtype[b16])] * layers,
-                       ws, ulps)
+            summarize("", token_sums([torch.zeros(2, 1, dtype=dtype[a16])] * layers,
+                                     [torch.zeros(2, 1, dtype=dtype[b16])] * layers, ws, ulps), 1, ws)
     except Exception:  # noqa: BLE001 (a worker's own call raises it, on its thread, where the diff reports it)
         pass
 
@@ -367,8 +430,10 @@ def _compile(numba: Any, cache: bool) -> dict[str, Any]:
     g = globals()
     for name in ("_count_max", "_ulp_row", "_widen_row"):
         g[name] = numba.njit(cache=cache, **opts)(getattr(g[name], "py_func", g[name]))
-    return {name: numba.njit(cache=cache, **opts)(getattr(g[name], "py_func", g[name]))
-            for name in ("_fused_rows",)}
+    loops = {name: numba.njit(cache=cache, **opts)(getattr(g[name], "py_func", g[name])) for name in ("_fused_rows",)}
+    # (no fastmath: 1 - cos must round as torch's ops do, and contraction into fused multiply-adds would not)
+    loops["_summary_rows"] = numba.njit(cache=cache, nogil=True)(getattr(g["_summary_rows"], "py_func", g["_summary_rows"]))
+    return loops
 
 
 # --- Relative L2 distances between stored and live states, in float64 sums; and whether a difference is noise

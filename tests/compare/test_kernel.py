@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hsstore.compare.divergence import summarize
 from hsstore.compare.kernel import (
     ULP_CLAMP,
     TokenSums,
@@ -180,14 +181,16 @@ def test_warming_up_loads_the_machine_code_a_diffs_first_sample_calls(pair: tupl
     monkeypatch.setattr(kernel, "_kernel", None)  # new dispatchers: nothing loaded yet
     a16, b16 = pair
     kernel.warm_kernel([(a16, b16, a16 and b16)], layers)
-    dispatcher = kernel.compiled_kernel()._loops["_fused_rows"]
-    assert dispatcher.signatures
-    dispatcher.disable_compile()
+    for name in ("_fused_rows", "_summary_rows"):
+        dispatcher = kernel.compiled_kernel()._loops[name]
+        assert dispatcher.signatures, name
+        dispatcher.disable_compile()
     g = torch.Generator().manual_seed(layers)
     dtype = {True: torch.bfloat16, False: torch.float32}
     a = [torch.randn(17, 40, generator=g).to(dtype[a16]) for _ in range(layers)]
     b = [torch.randn(17, 40, generator=g).to(dtype[b16]) for _ in range(layers)]
-    token_sums(a, b, Workspace("cpu", compiled=True), a16 and b16)  # RuntimeError("compilation disabled") if missed
+    ws = Workspace("cpu", compiled=True)
+    summarize("k", token_sums(a, b, ws, a16 and b16), 40, ws)  # RuntimeError("compilation disabled") if missed
 
 
 def test_ulp_buckets_of_a_pair_that_is_not_bf16_are_refused() -> None:
@@ -199,3 +202,47 @@ def test_ulp_buckets_of_a_pair_that_is_not_bf16_are_refused() -> None:
             token_sums(a, [b[0].bfloat16()], Workspace("cpu", compiled=compiled), ulps=True)
         with pytest.raises(ValueError, match="ULP buckets count bf16 pairs"):
             token_sums(a, b, Workspace("cpu", compiled=compiled), ulps=True)
+
+
+def _hostile_token_sums(ulps: bool) -> TokenSums:
+    """Per-token sums ``[3, T]`` as a diff meets them: of real states (both kernels' paths), and by hand the cases
+    one_minus_cos treats apart (two zero vectors, one zero vector, equal vectors, NaN and infinite sums, 1 - cos
+    rounding to 0 or beyond 2)."""
+    g = torch.Generator().manual_seed(7)
+    a = [torch.randn(300, 64, generator=g) * s for s in (1e-3, 1.0, 30.0)]
+    b = [x + torch.randn(300, 64, generator=g) * 1e-3 * x.abs().mean() for x in a]
+    if ulps:
+        a, b = [x.bfloat16() for x in a], [y.bfloat16() for y in b]
+    ts = token_sums(a, b, Workspace("cpu", compiled=True), ulps)
+    nan, inf = float("nan"), float("inf")
+    hand = {  # (dd, aa, bb, ad) per token
+        "zero vectors": (0.0, 0.0, 0.0, 0.0), "a zero": (4.0, 0.0, 4.0, 0.0), "b zero": (4.0, 4.0, 0.0, 4.0),
+        "equal": (0.0, 9.0, 9.0, 0.0), "nan": (nan, 1.0, 1.0, 0.0), "inf": (inf, inf, 1.0, inf),
+        "opposite": (16.0, 4.0, 4.0, 8.0), "beyond 2": (17.0, 4.0, 4.0, 8.5), "tiny": (1e-30, 1.0, 1.0, 5e-31),
+    }
+    cols = torch.tensor(list(hand.values()), dtype=torch.float32).T  # [4, n]
+    for j, name in enumerate(("dd", "aa", "bb", "ad")):
+        getattr(ts, name)[0, :cols.shape[1]] = cols[j]
+    ts.max_abs[1, 5] = nan
+    ts.sum_abs[2, 3] = inf
+    return ts
+
+
+@pytest.mark.parametrize("ulps", [False, True])
+def test_the_compiled_summary_gives_torchs_maxima_and_histogram_to_the_bit(ulps: bool) -> None:
+    """A diff on the compiled loops also sums up each sample (``summarize``) without torch's ops: its 1 - cos per
+    token is the same float64 arithmetic, so the maxima and the histogram of 1 - cos (cos_min, cos_p01) are
+    torch's exactly, NaN included; the sums differ only in the order of adding (float64)."""
+    ts = _hostile_token_sums(ulps)
+    for t in (ts, TokenSums(*(None if x is None else x[:, :0] for x in vars(ts).values()))):  # and no tokens
+        if ulps and t is not ts:
+            t.ulp = ts.ulp
+        ws = Workspace("cpu", compiled=True)
+        compiled, eager = summarize("k", t, 64, ws), summarize("k", t, 64)
+        assert ws.kernel(), "numba imports here: the compiled path must be the one tested"
+        assert compiled.maxes.shape == eager.maxes.shape and compiled.hist.dtype == eager.hist.dtype
+        torch.testing.assert_close(torch.from_numpy(compiled.maxes), torch.from_numpy(eager.maxes), rtol=0, atol=0,
+                                   equal_nan=True)
+        assert (compiled.hist == eager.hist).all() and compiled.hist.sum() == eager.hist.sum() == t.dd.numel()
+        torch.testing.assert_close(torch.from_numpy(compiled.sums), torch.from_numpy(eager.sums), rtol=1e-12, atol=0,
+                                   equal_nan=True)
