@@ -288,57 +288,66 @@ def _summary_rows(dd: np.ndarray, aa: np.ndarray, bb: np.ndarray, ad: np.ndarray
     """One sample's per-layer sums from its per-token sums ``[L, T]`` (float32), as ``divergence.summarize``
     makes them with torch's ops: into ``sums [L, 5]`` the float64 sums of sum |d|, of the differing counts, of
     |d|², of |b|² and of 1 - cos; into ``maxes [L, 2]`` max |d| and max 1 - cos (NaN if any is, as torch's amax);
-    into ``hist [L, len(edges) + 1]`` the tokens per bin of 1 - cos (torch's bucketize: bin i holds edges[i-1]
-    < v <= edges[i], NaN the last). 1 - cos is ``divergence.one_minus_cos``: the same float64 operations in the
-    same order (compiled without fastmath: no contraction), so it, the maxima and the bins are torch's to the bit;
-    the sums differ from torch's in summation order only."""
-    n_edges = edges.shape[0]
+    into ``hist [L, len(edges) + 1]`` the tokens per bin of 1 - cos (``_bin``). 1 - cos is ``_one_minus_cos``,
+    torch's to the bit, so the maxima and the bins are too; the sums differ from torch's in adding order only."""
     for layer in range(dd.shape[0]):
         s_abs = s_diff = s_dd = s_bb = s_omc = 0.0
         m_abs = m_omc = 0.0
         for t in range(dd.shape[1]):
-            d, a2, b2, x = np.float64(dd[layer, t]), np.float64(aa[layer, t]), np.float64(bb[layer, t]), np.float64(ad[layer, t])
-            na, nb = np.sqrt(a2), np.sqrt(b2)
-            norm_sum = na + nb
-            if norm_sum < 1e-300:  # (clamp_min: a NaN stays NaN)
-                norm_sum = 1e-300
-            gap = (2.0 * x - d) / norm_sum
-            num = d - gap * gap
-            if num < 0.0:
-                num = 0.0
-            den = 2.0 * na * nb
-            if den > 0.0:
-                v = num / (den if den >= 1e-300 else 1e-300)
-            else:
-                v = 0.0 if na == nb else 1.0
-            if v < 0.0:
-                v = 0.0
-            elif v > 2.0:
-                v = 2.0
+            d, b2 = np.float64(dd[layer, t]), np.float64(bb[layer, t])
+            v = _one_minus_cos(d, np.float64(aa[layer, t]), b2, np.float64(ad[layer, t]))
             s_abs += np.float64(sum_abs[layer, t])
             s_diff += np.float64(differing[layer, t])
             s_dd += d
             s_bb += b2
             s_omc += v
             m = np.float64(max_abs[layer, t])
-            if t == 0 or (m_abs == m_abs and (m > m_abs or m != m)):
+            if t == 0 or (m_abs == m_abs and (m > m_abs or m != m)):  # (a NaN stays the max, as torch's amax)
                 m_abs = m
             if t == 0 or (m_omc == m_omc and (v > m_omc or v != v)):
                 m_omc = v
-            if v != v:
-                k = n_edges
-            else:
-                lo, hi = 0, n_edges
-                while lo < hi:
-                    mid = (lo + hi) >> 1
-                    if edges[mid] < v:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                k = lo
-            hist[layer, k] += 1
+            hist[layer, _bin(edges, v)] += 1
         sums[layer, 0], sums[layer, 1], sums[layer, 2], sums[layer, 3], sums[layer, 4] = s_abs, s_diff, s_dd, s_bb, s_omc
         maxes[layer, 0], maxes[layer, 1] = m_abs, m_omc
+
+
+def _one_minus_cos(d: float, a2: float, b2: float, ad: float) -> float:  # pragma: no cover (runs compiled)
+    """``divergence.one_minus_cos`` of one token: the same float64 operations in the same order (compiled without
+    fastmath: no contraction into fused multiply-adds), the clamps keeping a NaN as torch's do."""
+    na, nb = np.sqrt(a2), np.sqrt(b2)
+    norm_sum = na + nb
+    if norm_sum < 1e-300:
+        norm_sum = 1e-300
+    gap = (2.0 * ad - d) / norm_sum
+    num = d - gap * gap
+    if num < 0.0:
+        num = 0.0
+    den = 2.0 * na * nb
+    v: float
+    if den > 0.0:
+        v = num / (den if den >= 1e-300 else 1e-300)
+    else:
+        v = 0.0 if na == nb else 1.0
+    if v < 0.0:
+        v = 0.0
+    elif v > 2.0:
+        v = 2.0
+    return v
+
+
+def _bin(edges: np.ndarray, v: float) -> int:  # pragma: no cover (runs compiled)
+    """torch.bucketize's bin of ``v``: i with edges[i-1] < v <= edges[i]; a NaN in the last bin."""
+    n: int = edges.shape[0]
+    if v != v:
+        return n
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if edges[mid] < v:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def _widen_row(src: np.ndarray, bf16: bool, f: np.ndarray, bits: np.ndarray) -> None:  # pragma: no cover (runs compiled)
@@ -410,16 +419,17 @@ def compiled_kernel() -> Any:
 
 def warm_kernel(pairs: Sequence[tuple[bool, bool, bool]], layers: int) -> None:
     """Load the compiled loops and, for each pair (A is bf16, B is bf16, ULP buckets too) of ``layers`` layers,
-    the machine code of its calls: ``token_sums`` and ``summarize`` on two tokens of zeros (a signature's first call loads it from
+    the machine code of its calls: ``token_sums`` and the summary (``divergence.summarize``) on two tokens of zeros (a signature's first call loads it from
     numba's disk cache, or compiles it). Errors are left to the real first call, which reports them."""
     dtype = {True: torch.bfloat16, False: torch.float32}
     ws = Workspace("cpu", compiled=True)
     try:
-        from hsstore.compare.divergence import summarize
-
         for a16, b16, ulps in dict.fromkeys(pairs):
-            summarize("", token_sums([torch.zeros(2, 1, dtype=dtype[a16])] * layers,
-                                     [torch.zeros(2, 1, dtype=dtype[b16])] * layers, ws, ulps), 1, ws)
+            token_sums([torch.zeros(2, 1, dtype=dtype[a16])] * layers, [torch.zeros(2, 1, dtype=dtype[b16])] * layers,
+                       ws, ulps)
+        per_token = [np.zeros((layers, 2), np.float32) for _ in range(7)]  # as divergence.summarize passes them
+        compiled_kernel()("_summary_rows", *per_token, np.ones(3), np.zeros((layers, 5)), np.zeros((layers, 2)),
+                          np.zeros((layers, 4), np.int64))
     except Exception:  # noqa: BLE001 (a worker's own call raises it, on its thread, where the diff reports it)
         pass
 
@@ -430,8 +440,10 @@ def _compile(numba: Any, cache: bool) -> dict[str, Any]:
     g = globals()
     for name in ("_count_max", "_ulp_row", "_widen_row"):
         g[name] = numba.njit(cache=cache, **opts)(getattr(g[name], "py_func", g[name]))
-    loops = {name: numba.njit(cache=cache, **opts)(getattr(g[name], "py_func", g[name])) for name in ("_fused_rows",)}
     # (no fastmath: 1 - cos must round as torch's ops do, and contraction into fused multiply-adds would not)
+    for name in ("_one_minus_cos", "_bin"):
+        g[name] = numba.njit(cache=cache, nogil=True)(getattr(g[name], "py_func", g[name]))
+    loops = {name: numba.njit(cache=cache, **opts)(getattr(g[name], "py_func", g[name])) for name in ("_fused_rows",)}
     loops["_summary_rows"] = numba.njit(cache=cache, nogil=True)(getattr(g["_summary_rows"], "py_func", g["_summary_rows"]))
     return loops
 
