@@ -62,11 +62,12 @@ def import_(
     from hsstore.interop.importer import ImportRequest, import_cache
     from hsstore.storage.names import another_model_allowed
 
-    _check_request(store, source, label, audit is not None and model is None)
+    _check_request(label, audit is not None and model is None)
     with another_model_allowed("import" if another_model else None):  # else refused before a state is written
         report = import_cache(ImportRequest(format, source, store, tokenizer, model, num_layers, layers, capture,
                                             codec=codec, skip_bad=skip_bad, allow_unhealthy=allow_unhealthy, limit=limit,
-                                            quiet=quiet or json_out, **({} if jobs is None else {"jobs": jobs})))
+                                            quiet=quiet or json_out, label=label,
+                                            **({} if jobs is None else {"jobs": jobs})))
     report = _label_imported(store, report, label)
     found = _audit(str(model), store, report.variant, audit) if audit is not None else None
     if found is not None:
@@ -77,27 +78,16 @@ def import_(
                           f"{model} '{store}#{report.variant}' names them)")
 
 
-def _check_request(store: str, source: str, label: str | None, audit_without_model: bool) -> None:
-    """Before the import: BadInput for --audit without --model, or if ``label`` is not a label or names a
-    variant of the store that is not an import of ``source`` (re-running an import keeps its label)."""
-    import os
-
-    from hsstore.core.errors import BadInput, StoreNotFound
+def _check_request(label: str | None, audit_without_model: bool) -> None:
+    """Before the import: BadInput for --audit without --model, or a ``label`` that is not a label (whether
+    another variant holds it is checked once the import knows its variant, before it writes a sample)."""
+    from hsstore.core.errors import BadInput
     from hsstore.storage.names import check_label
-    from hsstore.storage.store import Store
 
     if audit_without_model:
         raise BadInput("--audit N recomputes samples with the model: pass --model DIR (the target's folder with weights)")
-    if label is None:
-        return
-    check_label(label)
-    try:
-        s = Store.open(store)
-    except StoreNotFound:
-        return
-    holder = next((v for v, lab in s.labels().items() if lab == label), None)
-    if holder is not None and s.variant_record(holder).provenance.get("source", {}).get("path") != os.path.realpath(source):
-        raise BadInput(f"label {label!r} already names variant {holder} in {store}; choose another --label")
+    if label is not None:
+        check_label(label)
 
 
 def _label_imported(store: str, report: ImportReport, label: str | None) -> ImportReport:

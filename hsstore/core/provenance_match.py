@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hsstore.core.errors import ProvenanceMismatch
+from hsstore.core.errors import BadInput, ProvenanceMismatch
 from hsstore.core.keys import fingerprint
 
 # Fields recorded for people but never matched and never part of a variant id:
@@ -54,6 +54,17 @@ def variant_id(provenance: Mapping[str, Any]) -> str:
     return fingerprint(numeric_fields(provenance))[:VARIANT_ID_LENGTH]
 
 
+def drift_names(allow_drift: Iterable[str] | str | None) -> tuple[str, ...]:
+    """``allow_drift`` as field names: None allows none, one string is one name (not its letters)."""
+    if allow_drift is None:
+        return ()
+    names = (allow_drift,) if isinstance(allow_drift, str) else tuple(allow_drift)
+    bad = [n for n in names if not isinstance(n, str) or not n]
+    if bad:
+        raise BadInput(f"allow_drift takes provenance field names (e.g. ['kernels', 'versions']), not {bad[0]!r}")
+    return names
+
+
 def _allowed(field: str, allow_drift: Iterable[str]) -> bool:
     """An allowed name matches a field when its dotted segments occur in the field's, in a row
     (``"dtype"``, ``"kernels"`` and ``"environment.versions.torch"`` all name fields)."""
@@ -66,10 +77,10 @@ def _allowed(field: str, allow_drift: Iterable[str]) -> bool:
 
 
 def differences(
-    have: Mapping[str, Any], want: Mapping[str, Any], allow_drift: Iterable[str] = ()
+    have: Mapping[str, Any], want: Mapping[str, Any], allow_drift: Iterable[str] | str | None = ()
 ) -> list[tuple[str, Any, Any]]:
     """Every numeric field where ``have`` and ``want`` differ, as (field, have, want), sorted."""
-    allow = tuple(allow_drift)
+    allow = drift_names(allow_drift)
     a, b = numeric_fields(have), numeric_fields(want)
     out = []
     for field in sorted(set(a) | set(b)):
@@ -80,7 +91,7 @@ def differences(
 
 
 def require_match(
-    have: Mapping[str, Any], want: Mapping[str, Any], allow_drift: Iterable[str] = (), what: str = "store"
+    have: Mapping[str, Any], want: Mapping[str, Any], allow_drift: Iterable[str] | str | None = (), what: str = "store"
 ) -> None:
     """Raise ProvenanceMismatch listing every differing numeric field."""
     diffs = differences(have, want, allow_drift)
@@ -99,11 +110,19 @@ def model_fingerprint(provenance: Mapping[str, Any]) -> str | None:
     return fp if isinstance(fp, str) and fp and fp != "unknown" else None
 
 
+def identified(provenance: Mapping[str, Any]) -> bool:
+    """Whether the model of a variant is known by more than its shape (an import given no model is not)."""
+    return model_fingerprint(provenance) is not None or _model(provenance).get("config_fingerprint") != "unknown"
+
+
 def model_name(provenance: Mapping[str, Any]) -> str:
-    """The model's name and fingerprint prefix, as a one-line error or ``info`` names it."""
+    """The model's name and fingerprint prefix (or, for a model known by its shape only, that shape), as a
+    one-line error or ``info`` names it."""
     m = _model(provenance)
-    fp = model_fingerprint(provenance) or f"config {str(m.get('config_fingerprint'))[:12]}"
-    return f"{m.get('name', '?')} ({fp[:12]})"
+    if not identified(provenance):
+        return f"{m.get('name', '?')} (shape only: {m.get('num_layers', '?')} layers, hidden {m.get('hidden_size', '?')})"
+    fp = model_fingerprint(provenance)
+    return f"{m.get('name', '?')} ({fp[:12] if fp else 'config ' + str(m.get('config_fingerprint'))[:12]})"
 
 
 def same_model(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

@@ -323,12 +323,11 @@ def _values_held(pairs: Mapping[str, str], variants: Mapping[str, Mapping[str, A
 
 
 def _word(word: str, variants: Mapping[str, Mapping[str, Any]], labels: Mapping[str, str]) -> list[str]:
-    """The variants one word names: ids it prefixes (if it is hex), else the variant labelled so."""
-    if set(word) <= _HEX:
-        hits = [vid for vid in variants if vid.startswith(word)]
-        if hits:
-            return hits
-    return [vid for vid, lab in labels.items() if lab == word and vid in variants]
+    """The variants one word names: the variant labelled so and every id it prefixes (a hex word may be both:
+    then two variants, refused as ambiguous, never one of them by a rule the user cannot see)."""
+    labelled = [vid for vid, lab in labels.items() if lab == word and vid in variants]
+    prefixed = [vid for vid in variants if vid.startswith(word)] if set(word) <= _HEX else []
+    return labelled + [vid for vid in prefixed if vid not in labelled]
 
 
 def _hits(variants: Mapping[str, Mapping[str, Any]], selector: str, labels: Mapping[str, str]) -> list[str]:

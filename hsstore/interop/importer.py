@@ -26,6 +26,7 @@ from hsstore.core.layer_numbering import (
     parse_layer_list,
     slot_layers,
 )
+from hsstore.core.provenance_match import variant_id
 from hsstore.core.schema.provenance import UNKNOWN, ExportRecord, ImportSource
 from hsstore.core.schema.record import or_none
 from hsstore.core.schema.reports import BadFile, ImportReport
@@ -74,6 +75,7 @@ class ImportRequest:
     allow_unhealthy: bool = False
     limit: int | None = None
     quiet: bool = True
+    label: str | None = None  # checked free for the variant the import makes before any sample is written
 
 
 @dataclass
@@ -128,6 +130,30 @@ def _first_readable(fmt: Format, root: Path, items: list[str], vocab: int, skip_
     raise BadInput(f"none of the {len(items)} {fmt.name} files under {str(root)!r} could be imported; first: {first}")
 
 
+def _recorded_model(record: ExportRecord | None) -> str | None:
+    """The model an hsstore export's record names, where its tokenizer loads here (a builtin, or a folder that
+    exists): an export imported back needs no --tokenizer."""
+    model = record.provenance.get("recipe", {}).get("model", {}) if record is not None else {}
+    path = model.get("path") if isinstance(model, dict) else None
+    return path if isinstance(path, str) and (path.startswith("builtin:") or os.path.isdir(path)) else None
+
+
+def _recorded_tokenizer(record: ExportRecord) -> Any:
+    tokenizer = record.provenance.get("recipe", {}).get("tokenizer", {})
+    return tokenizer.get("fingerprint") if isinstance(tokenizer, dict) else None
+
+
+def _check_label(location: str, vid: str, label: str) -> None:
+    from hsstore.core.errors import StoreNotFound
+    from hsstore.storage.names import check_label_free
+    from hsstore.storage.store import Store
+
+    try:
+        check_label_free(Store.open(location), vid, label)
+    except StoreNotFound:
+        pass
+
+
 def import_cache(req: ImportRequest) -> ImportReport:
     """Import ``req.source`` into ``req.store``; returns the report ``hsstore import --json`` prints."""
     t0 = time.time()
@@ -156,10 +182,14 @@ def _import_held(req: ImportRequest, fmt: Format, root: Path, t0: float) -> Impo
     if not items:
         raise BadInput(f"no {fmt.name} sample files under {str(root)!r} (expected {fmt.layout})")
     stmt = _statement(req, fmt, root, sidecar := read_sidecar(fmt.sidecar(root), fmt.name))
-    tok_path = req.tokenizer or req.model
+    recorded = _recorded_model(sidecar) if req.tokenizer is None and req.model is None else None
+    tok_path = req.tokenizer or req.model or recorded
     if tok_path is None:
         raise BadInput("pass --tokenizer PATH (the target model's tokenizer folder): sample keys hash its identity")
     tok, vocab = tokenizer_identity(tok_path)
+    if recorded is not None and sidecar is not None and tok["fingerprint"] != _recorded_tokenizer(sidecar):
+        raise BadInput(f"the export names its model {recorded!r}, whose tokenizer here is not the one its samples "
+                       "were keyed with; pass --tokenizer PATH (the tokenizer the states were made with)")
     probe, probe_item = _first_readable(fmt, root, items, vocab, req.skip_bad)
     _check_claims(stmt, probe.claims, probe.name)
     model = model_identity(req.model, stmt.num_layers, probe.hidden_size)
@@ -169,6 +199,8 @@ def _import_held(req: ImportRequest, fmt: Format, root: Path, t0: float) -> Impo
     record = sidecar if stmt.stated_by == "hsstore-export" else None
     prov, restored, note = variant_provenance(fmt, root, record, source, tok, model, req.model is not None, layers,
                                               probe, req.jobs)
+    if req.label is not None:  # before the store is made or a sample written: a re-import keeps its own label
+        _check_label(req.store, variant_id(prov.to_dict()), req.label)
     store = Store.create(req.store)
     itemsize = probe.target.element_size()
     vid = store.create_variant(prov.to_dict(), layers, probe.hidden_size, probe.dtype, req.codec or DEFAULT_CODEC,

@@ -58,7 +58,7 @@ def resolve_provenance(required: Required) -> dict[str, Any]:
                     f"'STORE#SELECTOR', not {type(required).__name__}")
 
 
-def require_provenance(reader: VariantReader, required: Required, allow_drift: Iterable[str] = ()) -> None:
+def require_provenance(reader: VariantReader, required: Required, allow_drift: Iterable[str] | str | None = ()) -> None:
     """ProvenanceMismatch unless ``reader``'s variant has the ``required`` provenance (``allow_drift``: fields
     that may differ); the message ends with the variant's audits."""
     try:
@@ -328,7 +328,7 @@ class _Base:
     """Shared opening, provenance check and item assembly."""
 
     def _setup(self, store: StoreArg, variant: str | None, layers: Sequence[int] | None, require: Required | None,
-               allow_drift: Iterable[str], raw: bool = False) -> None:
+               allow_drift: Iterable[str] | str | None, raw: bool = False) -> None:
         self.reader = _open(store, variant)
         self._pid = os.getpid()
         rec = self.reader.record
@@ -418,7 +418,7 @@ class HiddenStateDataset(_Base, Dataset[dict[str, Any]]):
     """
 
     def __init__(self, store: StoreArg, variant: str | None = None, layers: Sequence[int] | None = None,
-                 require: Required | None = None, allow_drift: Iterable[str] = (), raw: bool = False) -> None:
+                 require: Required | None = None, allow_drift: Iterable[str] | str | None = (), raw: bool = False) -> None:
         self._setup(store, variant, layers, require, allow_drift, raw)
 
     def __len__(self) -> int:
@@ -471,7 +471,7 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
     """
 
     def __init__(self, store: StoreArg, variant: str | None = None, layers: Sequence[int] | None = None,
-                 require: Required | None = None, allow_drift: Iterable[str] = (), seed: int = 0, shuffle: bool = True,
+                 require: Required | None = None, allow_drift: Iterable[str] | str | None = (), seed: int = 0, shuffle: bool = True,
                  batch_tokens: int | None = None, remainder: str = "keep", rank: int | None = None,
                  world_size: int | None = None, prefetch: int | None = None, raw: bool = False,
                  readahead: bool = True, new_samples: str = "next_epoch") -> None:

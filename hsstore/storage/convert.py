@@ -196,15 +196,12 @@ class _Units:
 def _check_fits(out: Store, prov: dict[str, Any], label: str | None, another_model: bool) -> None:
     """Before anything is written: BadInput if the derived variant is of another model than ``out``'s
     (unless ``another_model``) or ``label`` names another variant there."""
-    from hsstore.storage.names import another_model_allowed, check_label, check_model
+    from hsstore.storage.names import another_model_allowed, check_label_free, check_model
 
     with another_model_allowed("convert" if another_model else None):
         check_model(out, prov, what="the converted variant")
-    if label is None:
-        return
-    holder = next((v for v, lab in out.labels().items() if lab == check_label(label)), None)
-    if holder not in (None, variant_id(prov)):
-        raise BadInput(f"label {label!r} already names variant {holder} in {out.location}; choose another --label")
+    if label is not None:
+        check_label_free(out, variant_id(prov), label)
 
 
 def convert(target: str, precision: str, dest: str | None = None, workers: int | None = None,

@@ -9,7 +9,7 @@ from typing import Any
 
 from hsstore.core.dtypes import STORED
 from hsstore.core.errors import CorruptData
-from hsstore.core.provenance_match import model_fingerprint, model_name, same_model
+from hsstore.core.provenance_match import identified, model_fingerprint, model_name, same_model
 from hsstore.core.schema.record import UNSET, UnsetType, or_none
 from hsstore.core.schema.reports import (
     AuditSummary,
@@ -109,8 +109,13 @@ def store_info(store: Store) -> StoreInfo:
 def _models(provs: dict[str, dict[str, Any]]) -> list[ModelGroup]:
     """The variants grouped by the model they are of."""
     groups: list[tuple[dict[str, Any], list[str]]] = []
-    for vid, p in provs.items():
-        group = next((g for g in groups if same_model(g[0], p)), None)
+    # models known by more than their shape first; a shape-only variant (an import given no model) joins the
+    # one known model of its shape, else a group of its own: it never joins two models into one
+    for vid, p in sorted(provs.items(), key=lambda kv: not identified(kv[1])):
+        fits = [g for g in groups if same_model(g[0], p)]
+        known = [g for g in fits if identified(g[0])]
+        group = (fits[0] if fits else None) if identified(p) else (
+            known[0] if len(known) == 1 else next((g for g in fits if not identified(g[0])), None))
         if group is None:
             groups.append((p, [vid]))
         else:

@@ -10,7 +10,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from hsstore.core.errors import BadInput, CorruptData, HsstoreError
-from hsstore.core.provenance_match import model_fingerprint, model_name, same_model
+from hsstore.core.provenance_match import identified, model_fingerprint, model_name, same_model
 from hsstore.core.schema.store_records import LABEL_PATTERN, LabelRecord, ModelRecord
 from hsstore.storage import layout
 
@@ -64,20 +64,33 @@ def labels(store: Store, records: list[tuple[int, LabelRecord]] | None = None) -
         out[rec.variant] = rec.label
     return out
 
-def set_label(store: Store, vid: str, label: str, by: str) -> str | None:
-    """Give variant ``vid`` the label ``label`` (its previous one, if any, is returned); BadInput if
-    another variant holds it. Atomic: each change is a new record claimed by number, so of two
-    commands racing for one label exactly one gets it."""
+def check_label_free(store: Store, vid: str | None, label: str, held: Mapping[str, str] | None = None) -> bool:
+    """Whether variant ``vid`` (None: one not made yet) already holds ``label``; BadInput if it is not a label,
+    another variant holds it, or it reads as a prefix of another variant's id (``#label`` would name two)."""
     check_label(label)
+    held = labels(store) if held is None else held
+    holder = next((v for v, lab in held.items() if lab == label), None)
+    if holder == vid:
+        return True
+    if holder is not None:
+        raise BadInput(f"label {label!r} already names variant {holder} in {store.location}; choose another "
+                       f"label, or first rename that one: hsstore label '{store.location}#{label}' NEW")
+    prefixed = sorted(v for v in store.variant_ids() if v != vid and v.startswith(label))
+    if prefixed:
+        raise BadInput(f"label {label!r} reads as a prefix of variant {prefixed[0]}'s id in {store.location}: "
+                       f"#{label} would name two variants; choose a label with a letter past 'f' (e.g. v{label})")
+    return False
+
+
+def set_label(store: Store, vid: str, label: str, by: str) -> str | None:
+    """Give variant ``vid`` the label ``label`` (its previous one, if any, is returned); BadInput as
+    ``check_label_free``. Atomic: each change is a new record claimed by number, so of two
+    commands racing for one label exactly one gets it."""
     for _ in range(1000):
         records = label_records(store)
         held = labels(store, records)
-        holder = next((v for v, lab in held.items() if lab == label), None)
-        if holder == vid:
+        if check_label_free(store, vid, label, held):
             return label
-        if holder is not None:
-            raise BadInput(f"label {label!r} already names variant {holder} in {store.location}; choose another "
-                           f"label, or first rename that one: hsstore label '{store.location}#{label}' NEW")
         n = records[-1][0] + 1 if records else 0
         rec = LabelRecord(variant=vid, label=label, previous=held.get(vid), at=_now(), by=by)
         if store.io.put_if_absent(layout.label_key(n), json.dumps(rec.to_dict()).encode()):
@@ -89,12 +102,15 @@ def check_model(store: Store, provenance: Mapping[str, Any], what: str = "this v
     the store's variants, unless the model was let in (a model record) or the caller allows it
     (``another_model_allowed``: the model record is written now)."""
     held = store.provenances(skip_unreadable=True)  # an unreadable record is verify's to report
-    if not held or any(same_model(p, provenance) for p in held.values()):
+    known = [p for p in held.values() if identified(p)]
+    # a variant known by its shape only (an import given no model) vouches for no model: once the store holds
+    # a known one, a model of the same shape must be that one (or be let in)
+    if not held or any(same_model(p, provenance) for p in (known if known and identified(provenance) else held.values())):
         return
     name = _model_record_name(provenance)
     if store.io.exists(layout.model_key(name)):
         return
-    others = sorted({model_name(p) for p in held.values()})
+    others = sorted({model_name(p) for p in known or held.values()})
     by = _ANOTHER_MODEL.get()
     if by is None:
         raise BadInput(f"{store.location} holds states of {', '.join(others)}; {what} is of another model, "

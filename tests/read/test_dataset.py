@@ -13,6 +13,7 @@ from helpers import REPO, make_samples, make_states, new_variant, shared_dir
 from hsstore import HiddenStateDataset, ProvenanceMismatch, Store
 from hsstore.capture.model.spec import ModelSpec
 from hsstore.compare.check import check_live_model
+from hsstore.core.errors import BadInput
 from hsstore.read.dataset import pad_collate
 from hsstore.storage.writer import UnitWriter
 
@@ -39,6 +40,18 @@ def test_require_names_dtype_and_passes_for_itself(tiny_store: Path):
     HiddenStateDataset(tiny_store, variant="dtype=bf16", require=bf16)
     HiddenStateDataset(tiny_store, variant="dtype=bf16", require=f"{tiny_store}#dtype=bf16")
     HiddenStateDataset(tiny_store, variant="dtype=fp32", require=bf16, allow_drift=["dtype"])
+
+
+def test_allow_drift_takes_none_and_one_name_not_its_letters(tiny_store: Path):
+    bf16 = HiddenStateDataset(tiny_store, variant="dtype=bf16")
+    HiddenStateDataset(tiny_store, variant="dtype=bf16", require=bf16, allow_drift=None)  # None: nothing drifts
+    with pytest.raises(ProvenanceMismatch):
+        HiddenStateDataset(tiny_store, variant="dtype=fp32", require=bf16, allow_drift=None)
+    HiddenStateDataset(tiny_store, variant="dtype=fp32", require=bf16, allow_drift="dtype")  # one name
+    with pytest.raises(ProvenanceMismatch):  # ("d", "t", "y", ...) would allow nothing, silently
+        HiddenStateDataset(tiny_store, variant="dtype=fp32", require=bf16, allow_drift="kernels")
+    with pytest.raises(BadInput, match="allow_drift takes provenance field names"):
+        HiddenStateDataset(tiny_store, variant="dtype=fp32", require=bf16, allow_drift=[1])
 
 
 def test_require_names_the_kernel_field(tmp_path: Path):

@@ -243,3 +243,69 @@ def test_reimporting_the_stores_own_export_is_that_variant_and_keeps_its_label(m
     assert Store.open(store).variant_ids() == before.variant_ids() and held in ("sdpa-bf16", "baseline")
     assert Store.open(store).labels() == before.labels() and json.loads(r.stdout)["label"] == held
     assert f"already labelled {held!r}" in r.stderr
+
+
+def test_a_word_that_is_a_label_and_another_variants_id_prefix_names_neither(many, tmp_path: Path):
+    """``#2`` where one variant is labelled 2 and another's id starts with 2: refused as ambiguous, never one of
+    them by a rule the user cannot see; and such a label is refused when given while the id exists."""
+    variants = {"21a03a664467": {"environment": {"dtype": "bf16"}}, "7bd7372938bb": {"environment": {"dtype": "fp32"}}}
+    with pytest.raises(SelectorError, match="matches 2 variants"):
+        select(variants, "2", labels={"7bd7372938bb": "2"})
+    assert select(variants, "label=2", labels={"7bd7372938bb": "2"}) == "7bd7372938bb"
+    assert select(variants, "21", labels={"7bd7372938bb": "2"}) == "21a03a664467"
+    assert select(variants, "7b", labels={"7bd7372938bb": "7b"}) == "7bd7372938bb"  # its own id: one variant
+
+    src, _ = many
+    shutil.copytree(src, tmp_path / "s.zarr")
+    store = tmp_path / "s.zarr"
+    ids = Store.open(store).variant_ids()
+    mine = Store.open(store).select("sdpa-bf16")
+    other = next(v for v in ids if v[0] != mine[0])
+    r = run_cli("label", f"{store}#sdpa-bf16", other[:2])
+    assert r.returncode == 2 and "reads as a prefix of variant" in r.stderr and other in r.stderr, r.stderr
+    assert Store.open(store).labels()[mine] == "sdpa-bf16"
+
+
+def test_a_shape_only_import_vouches_for_no_model(many, tmp_path: Path):
+    """An import given no model is known by its shape alone: it must not let another model of that shape (the
+    tiny qwen3.5 hybrid has the tiny llama's 4 layers and hidden 64) into the store unasked, and info never
+    groups two models under it."""
+    src, _ = many
+    shutil.copytree(src, tmp_path / "s.zarr")
+    store = tmp_path / "s.zarr"
+    _ok("import", "specforge", str(src.parent / "foreign"), "--store", str(store), "--tokenizer", "builtin:tiny-llama",
+        "--num-layers", "4", "--layers", "0,1,3", "--capture", "output", "--quiet")
+    models = json.loads(_info(store, "--json"))["models"]
+    assert [len(g["variants"]) for g in models] == [8]  # the one known model of its shape takes it
+    m = write_manifest(tmp_path / "qwen.toml", model="builtin:tiny-qwen3_5", store=str(store))
+    before = _tree(store)
+    r = run_cli("build", str(m), "--quiet", "--limit", "4")
+    assert r.returncode == 2 and "--another-model" in r.stderr and _tree(store) == before, r.stderr
+    _ok("build", str(m), "--quiet", "--limit", "4", "--another-model")
+    models = json.loads(_info(store, "--json"))["models"]
+    assert sorted(len(g["variants"]) for g in models) == [1, 1, 7]  # shape-only: its own group beside two models
+    assert any("shape only: 4 layers, hidden 64" in g["model"] for g in models)
+
+
+def test_an_import_whose_label_another_variant_holds_writes_nothing(many, tmp_path: Path):
+    """Importing again with other options makes another variant: a --label the first import holds is refused
+    before a sample of it is written (it used to write the whole variant, then refuse the label)."""
+    src, _ = many
+    shutil.copytree(src, tmp_path / "s.zarr")
+    store = tmp_path / "s.zarr"
+    before = _tree(store)
+    r = run_cli("import", "specforge", str(src.parent / "foreign"), "--store", str(store), "--tokenizer",
+                "builtin:tiny-llama", "--num-layers", "4", "--layers", "0,1,3", "--capture", "output",
+                "--label", "imported", "--quiet")
+    assert r.returncode == 2 and "label 'imported' already names variant" in r.stderr, r.stderr
+    assert _tree(store) == before
+
+
+def test_an_export_imports_back_with_no_flags(many, tmp_path: Path):
+    """The export record names the model (a builtin here): its tokenizer loads, is checked against the one the
+    samples were keyed with, and the import restores the variant as exported."""
+    store, _ = many
+    exported = Store.open(store).select("sdpa-bf16")
+    r = run_cli("import", "specforge", str(store.parent / "exported"), "--store", str(tmp_path / "b.zarr"), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["provenance"] == "restored" and json.loads(r.stdout)["variant"] == exported

@@ -44,7 +44,7 @@ from hsstore.core.schema.manifest import FINAL_NORM, Manifest, resolve_layers
 from hsstore.core.schema.provenance import LayerRoles, Recipe
 from hsstore.core.schema.store_records import HashedFile
 from hsstore.storage import layout
-from hsstore.storage.names import another_model_allowed, check_model, labels
+from hsstore.storage.names import another_model_allowed, check_label_free, check_model, labels
 from hsstore.storage.store import Store
 
 # --- Where each rank of a build runs: its rank numbers under torchrun and the devices it binds, checked
@@ -451,6 +451,8 @@ def check_joining(m: Any, recipe: Mapping[str, Any]) -> None:
         check_model(store, {"recipe": dict(recipe)}, what=what)
     holder = next((v for v, lab in labels(store).items() if lab == label), None) if label else None
     if holder is None:
+        if label:  # a label no variant holds yet must not read as another's id prefix
+            check_label_free(store, None, label)
         return
     rec = store.variant_record(holder)
     env = rec.prov.environment
