@@ -111,7 +111,7 @@ def main() -> None:
             if step >= args.steps:
                 break
         epoch += 1
-        if distributed:  # ranks may hold one batch more or less; stop together
+        if distributed:  # remainder="drop": every rank takes as many batches; the step count stays in step
             t = torch.tensor([step], dtype=torch.long)
             dist.all_reduce(t, op=dist.ReduceOp.MIN)
             step = int(t)

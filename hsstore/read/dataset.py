@@ -12,23 +12,29 @@ How the streaming dataset splits an epoch over ranks and workers, and why: hssto
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
-import zlib
+import warnings
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeAlias, cast
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from hsstore.core.errors import BadInput, CorruptData, ProvenanceMismatch
-from hsstore.core.partition import epoch_sequence, split_for, worker_runs
+from hsstore.core.errors import BadInput, ProvenanceMismatch
+from hsstore.core.partition import epoch_sequence, split_for, token_batches, worker_runs
 from hsstore.core.provenance_match import require_match
 from hsstore.core.schema.reports import AuditSummary
 from hsstore.read.prefetch_reads import Fetched, Lookahead, Readahead, in_order
+from hsstore.read.stream_state import (
+    LiveMarks,
+    check_join,
+    load_state,
+    marks_by_key,
+    save_state,
+    snapshot,
+    snapshot_digest,
+)
 from hsstore.storage.info import audit_line, audits
 from hsstore.storage.reader import VariantReader
 from hsstore.storage.store import Store, split_target
@@ -66,190 +72,6 @@ def require_provenance(reader: VariantReader, required: Required, allow_drift: I
     except ProvenanceMismatch as e:
         notes = [f"variant {reader.id}: {audit_line(a)}" for a in audits(reader.store, reader.id)]
         raise ProvenanceMismatch(e.differences, notes=notes) from None
-
-
-# --- The resumable state of a streaming dataset (``state_dict`` / ``load_state_dict``), checked as it is
-
-FORMAT = 2
-OLD_FIELDS = {"epoch": int, "seed": int, "n": int, "variant": str, "consumed": str}
-FIELDS = {**OLD_FIELDS, "format": int, "units": list, "digest": str}
-FIX = "pass the dict state_dict() returned"
-
-
-@dataclass(frozen=True)
-class SavedState:
-    """A loaded state: its epoch, its marks (bool [n] over its snapshot) and that snapshot (``units`` is
-    None for the old format, whose marks are by index)."""
-
-    epoch: int
-    consumed: np.ndarray
-    units: list[tuple[str, int]] | None
-    digest: str | None
-
-
-def snapshot_digest(units: Sequence[tuple[str, int]]) -> str:
-    """The committed set a dataset reads: its units (ascending id) and how many samples each serves."""
-    text = "\n".join(f"{u}:{c}" for u, c in units)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def pack_marks(bits: np.ndarray) -> str:
-    """bool [n] -> the compact text a state holds."""
-    return base64.b64encode(zlib.compress(np.packbits(bits).tobytes(), 6)).decode()
-
-
-def _inflate(data: bytes, size: int) -> bytes:
-    """The marks a state packed, never more than ``size`` bytes (a state is input: no zip bomb)."""
-    d = zlib.decompressobj()
-    raw = d.decompress(data, size)
-    if d.unconsumed_tail or not d.eof:
-        raise ValueError("marks longer than the snapshot")
-    return raw
-
-
-def _unpack(text: str, n: int, old: bool) -> np.ndarray:
-    try:
-        raw = bytes.fromhex(text) if old else _inflate(base64.b64decode(text, validate=True), (n + 7) // 8)
-    except (ValueError, zlib.error):
-        raise BadInput(f"state['consumed'] is not the text state_dict() writes; {FIX}") from None
-    bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8))[:n]
-    if bits.shape[0] != n:
-        raise BadInput(f"state['consumed'] marks {bits.shape[0]} samples, not {n}; {FIX}")
-    return bits.astype(bool)
-
-
-def _check_fields(state: object) -> bool:
-    """True for the old format; BadInput for anything state_dict() never returned."""
-    if not isinstance(state, Mapping):
-        raise BadInput(f"load_state_dict takes the dict state_dict() returned, not a {type(state).__name__}")
-    old = "format" not in state
-    fields = OLD_FIELDS if old else FIELDS
-    missing = sorted(set(fields) - set(state))
-    if missing:
-        raise BadInput(f"state lacks {missing} (has {sorted(map(str, state))}); {FIX}")
-    for name, kind in fields.items():
-        if not isinstance(state[name], kind) or isinstance(state[name], bool):
-            raise BadInput(f"state[{name!r}] is a {type(state[name]).__name__}, not {kind.__name__}; {FIX}")
-    for name in ("epoch", "seed", "n"):
-        if not 0 <= state[name] < 2**62:
-            raise BadInput(f"state[{name!r}] = {state[name]} is not a count from 0; {FIX}")
-    if not old and state["format"] != FORMAT:
-        raise BadInput(f"state is in format {state['format']}; this hsstore reads format {FORMAT} and the one "
-                       "before it: resume with the hsstore that saved it")
-    return old
-
-
-def _units(raw: list[Any]) -> list[tuple[str, int]]:
-    if not all(isinstance(u, (list, tuple)) and len(u) == 2 and isinstance(u[0], str) and isinstance(u[1], int)
-               for u in raw):
-        raise BadInput(f"state['units'] is not the [[unit id, samples], ...] list state_dict() writes; {FIX}")
-    return [(u, int(c)) for u, c in raw]
-
-
-def load_state(state: Mapping[str, Any], variant: str, n: int, seed: int) -> SavedState:
-    """``state`` checked against this dataset (variant, seed; the old format also its sample count)."""
-    old = _check_fields(state)
-    if (state["variant"], state["seed"]) != (variant, seed):
-        raise BadInput(f"state is for variant {state['variant']} with seed {state['seed']}; this dataset is "
-                       f"{variant} with seed {seed}")
-    if old and state["n"] != n:
-        raise BadInput(f"state is in the old format (marks by position, no snapshot) and was saved over "
-                       f"{state['n']} samples; the store serves {n} now, so its marks cannot be tied to samples: "
-                       "start the epoch over (set_epoch) or resume with a state saved by this hsstore")
-    if old:
-        return SavedState(state["epoch"], _unpack(state["consumed"], n, True), None, None)
-    units = _units(state["units"])
-    if sum(c for _, c in units) != state["n"] or snapshot_digest(units) != state["digest"]:
-        raise BadInput(f"state['units'] does not add up to its n and digest (edited by hand?); {FIX}")
-    return SavedState(state["epoch"], _unpack(state["consumed"], state["n"], False), units, state["digest"])
-
-
-def check_join(new_samples: str) -> str:
-    """When samples committed after a state was saved are trained: "next_epoch" or "this_epoch"."""
-    if new_samples not in ("next_epoch", "this_epoch"):
-        raise BadInput(f"new_samples={new_samples!r}; choose 'next_epoch' or 'this_epoch'")
-    return new_samples
-
-
-def snapshot(reader: VariantReader) -> list[tuple[str, int]]:
-    """(unit id, samples it serves) of the units ``reader`` reads, in key order (= unit id order)."""
-    return reader.unit_counts()
-
-
-def save_state(epoch: int, seed: int, variant: str, units: list[tuple[str, int]], consumed: np.ndarray,
-               gather: bool) -> dict[str, Any]:
-    """The format-2 state; with torch.distributed initialized (and ``gather``) the marks of every rank."""
-    if gather and torch.distributed.is_available() and torch.distributed.is_initialized():
-        t = torch.from_numpy(consumed.astype(np.uint8))
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        consumed = t.numpy().astype(bool)
-    return {"format": FORMAT, "epoch": epoch, "seed": seed, "n": int(consumed.shape[0]), "variant": variant,
-            "units": [[u, c] for u, c in units], "digest": snapshot_digest(units), "consumed": pack_marks(consumed)}
-
-
-def marks_by_key(reader: VariantReader, saved: SavedState, join: str) -> np.ndarray:
-    """A state saved over another snapshot, as marks over ``reader``'s: its consumed samples by key, and
-    (``join="next_epoch"``) the samples it did not know, held back to the next epoch. BadInput when a
-    unit it names is not committed now or serves other samples."""
-    try:
-        then = VariantReader(reader.store, reader.id, units=[u for u, _ in saved.units or []])
-    except CorruptData as e:
-        raise BadInput(f"the state was saved over units of variant {reader.id} that are not committed now "
-                       f"({str(e).split(';')[0]}): its marks cannot be tied to samples; start epoch "
-                       f"{saved.epoch + 1} with set_epoch") from None
-    if snapshot_digest(snapshot(then)) != saved.digest:
-        raise BadInput(f"the units the state names serve other samples than when it was saved (digest "
-                       f"{saved.digest}): its marks cannot be tied to samples; start epoch {saved.epoch + 1} with set_epoch")
-    index = {k: i for i, k in enumerate(reader.keys)}
-    then_keys = list(then.keys)
-    marks = np.zeros(len(index), dtype=bool)
-    done = [index[then_keys[i]] for i in np.flatnonzero(saved.consumed) if then_keys[i] in index]
-    marks[np.asarray(done, np.int64)] = True
-    if join == "next_epoch":
-        known = set(then_keys)
-        marks[np.asarray([i for k, i in index.items() if k not in known], np.int64)] = True
-    return marks
-
-
-class LiveMarks:
-    """The epoch and marks a streaming dataset's DataLoader workers read when an iteration starts: torch
-    tensors in shared memory (made before workers fork; spawned ones get them as shared memory when the
-    dataset is pickled to them), written only by the main process. ``base``: the marks the ranks' split
-    was fixed with (a loaded state's, the same on every rank); ``plan``: the marks this rank's workers'
-    split was fixed with (at the last ``set_epoch`` that went on with the epoch); ``marks``: all of them.
-    About n/4 bytes: 1.25 MB for 5M samples."""
-
-    def __init__(self, n: int) -> None:
-        self.n, size = n, max(1, (n + 7) // 8)
-        # (torch's Tensor.share_memory_ has no annotations)
-        self.ctl: torch.Tensor = torch.zeros(1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]  # [epoch]
-        self.t: dict[str, torch.Tensor] = {name: torch.zeros(size, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
-                                           for name in ("base", "plan", "marks")}
-
-    @property
-    def epoch(self) -> int:
-        return int(self.ctl[0])
-
-    def bits(self, name: str) -> np.ndarray:
-        return np.unpackbits(self.t[name].numpy())[: self.n].astype(bool)
-
-    def start(self, epoch: int, marks: np.ndarray) -> None:
-        """Epoch ``epoch`` with ``marks`` (bool [n]) consumed; the split is fixed with them."""
-        packed = np.zeros(self.t["marks"].shape[0], np.uint8)
-        packed[: (self.n + 7) // 8] = np.packbits(marks)
-        for t in self.t.values():
-            t.numpy()[:] = packed
-        self.ctl[0] = epoch
-
-    def replan(self) -> None:
-        """This rank's workers share out what is left of its run (the marks made so far are a prefix)."""
-        self.t["plan"].numpy()[:] = self.t["marks"].numpy()
-
-    def mark(self, idx: np.ndarray) -> None:
-        if idx.size and (idx.min() < 0 or idx.max() >= self.n):
-            bad = int(idx.max() if idx.max() >= self.n else idx.min())
-            raise BadInput(f"mark_consumed: index {bad} is not one of this dataset's {self.n} samples; pass batch['index']")
-        np.bitwise_or.at(self.t["marks"].numpy(), idx >> 3, (128 >> (idx & 7)).astype(np.uint8))
 
 
 # --- Padding dataset items into a batch.
@@ -319,6 +141,9 @@ def _open(store: StoreArg, variant: str | None) -> VariantReader:
     else:
         path, sel_in_path = split_target(str(store))
         s, sel = Store.open(path), variant if variant is not None else sel_in_path
+        if variant is not None and sel_in_path and s.select(sel_in_path) != s.select(variant):
+            raise BadInput(f"{store!r} names variant {s.select(sel_in_path)} but variant={variant!r} names "
+                           f"{s.select(variant)}; name one variant, in the path or in variant=")
     reader = s.reader(s.select(sel))
     reader.check_corrupt_commits()
     return reader
@@ -339,6 +164,8 @@ class _Base:
         if require is not None:
             require_provenance(self.reader, require, allow_drift)
         stored = rec.all_layers
+        if layers is not None and not list(layers):
+            raise BadInput(f"layers=[] reads no state; pass some of the stored layers {stored}, or None for all")
         want = stored if layers is None else sorted(set(layers))
         bad = [i for i in want if i not in stored]
         if bad:
@@ -455,12 +282,13 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
     resume (``state_dict`` / ``load_state_dict``) that continues the epoch exactly.
 
     - each rank takes a contiguous run of the epoch order (``remainder="keep"``: ranks may differ by one
-      sample; ``"drop"``: the last ``len % world`` wait for a later epoch); its DataLoader workers take
+      sample; ``"drop"``: the last ``len % world`` wait for a later epoch, and with ``batch_tokens`` every
+      rank takes the fewest batches any rank cuts: DDP's steps stay in step); its DataLoader workers take
       that run's items (or ``batch_tokens`` batches) in turn: the loader yields the run in order;
     - the order is a function of (seed, epoch, the committed snapshot) only;
     - ``set_epoch``, ``mark_consumed`` and ``load_state_dict`` in the main process write a shared-memory
       block every worker reads when its iteration starts (persistent, spawned or forked workers follow);
-    - ``set_epoch(e)`` starts epoch ``e``; for the epoch in progress it goes on, unless nothing is left;
+    - ``set_epoch(e)`` starts epoch ``e``; for the epoch in progress it goes on (``set_epoch``'s docstring);
     - ``state_dict()`` names its snapshot (units, digest): on a store changed since, ``load_state_dict``
       carries marks over by key; new samples join next epoch (``new_samples="this_epoch"``: this one);
     - ``batch_tokens=N`` yields padded batches of at most N (padded) tokens instead of single items;
@@ -507,18 +335,34 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         return self.live.bits("marks")
 
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` (fresh marks); the epoch in progress goes on unless nothing of it is left."""
+        """Start epoch ``epoch`` (fresh marks). The epoch in progress goes on: after ``load_state_dict`` on every
+        rank alike (a rank whose share of what is left is empty or done keeps the marks: starting the epoch
+        again would split all of it while the others split the rest), and refused once all of it is consumed;
+        otherwise while this rank's share has samples left (a fully consumed epoch starts again)."""
         epoch = int(epoch)
         if not 0 <= epoch < 2**62:
             raise BadInput(f"set_epoch({epoch}): an epoch is a count from 0")
         if self._resumed is not None and epoch < self._resumed:
             raise BadInput(f"set_epoch({epoch}) after load_state_dict of a state in epoch {self._resumed} would drop "
                            f"the resume; call set_epoch({self._resumed}) (Accelerate: loader.set_epoch({self._resumed}))")
-        if epoch == self.epoch and any(len(r) for r in self._runs(whole_rank=True)):
+        if epoch == self._resumed and not self._left_of_resumed():
+            raise BadInput(f"set_epoch({epoch}): the loaded state's epoch {epoch} is fully consumed on every rank; "
+                           f"call set_epoch({epoch + 1}) (training it again would train each sample twice)")
+        if epoch == self.epoch and (epoch == self._resumed or (~self.consumed[self._rank_seq()]).any()):
             self.live.replan()  # the workers share out what is left, in order
             return
+        if self._resumed is not None and epoch > self._resumed and (left := self._left_of_resumed()):
+            warnings.warn(f"set_epoch({epoch}) after load_state_dict of a state in epoch {self._resumed}: its {left} "
+                          f"samples not yet consumed are skipped (set_epoch({self._resumed}) goes on with them)",
+                          stacklevel=2)
         self._resumed = None
         self.live.start(epoch, np.zeros(self.n, dtype=bool))
+
+    def _left_of_resumed(self) -> int:
+        """Samples the ranks' runs of the loaded epoch hold that are not consumed (the state merged every rank's
+        marks)."""
+        consumed = self.consumed
+        return sum(int((~consumed[self._rank_split(r)]).sum()) for r in range(self._world_and_rank()[0]))
 
     def mark_consumed(self, indices: Iterable[int] | torch.Tensor) -> None:
         """Record samples the training loop has finished with (call in the main process)."""
@@ -544,11 +388,11 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
             return torch.distributed.get_world_size(), torch.distributed.get_rank()
         return int(self._world or 1), int(self._rank or 0)
 
-    def _runs(self, whole_rank: bool = False) -> list[np.ndarray]:
+    def _runs(self) -> list[np.ndarray]:
         """This (rank, worker)'s unconsumed items (one run) or batches (a run each), in order. The split is
         fixed by marks the main process froze (``load_state_dict``, ``set_epoch``): later marks only drop
         samples (re-iterating without ``set_epoch`` gets each once, the workers' turns possibly shifted)."""
-        info = None if whole_rank else get_worker_info()
+        info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         seq = self._rank_seq()
         lengths = [self.reader.ref(int(i)).length for i in seq] if self.batch_tokens else None
@@ -556,20 +400,43 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
 
     def _rank_seq(self) -> np.ndarray:
         """This rank's samples of the epoch in order, as the split was fixed (consumed ones included)."""
-        order = epoch_sequence(self.unit_sizes, self.seed, self.epoch, self.shuffle)
-        order = order[~self.live.bits("base")[order]]
-        world, rank = self._world_and_rank()
-        seq = split_for(order, world, rank, drop_remainder=self.remainder == "drop")
+        seq = self._rank_split(self._world_and_rank()[1])
         unplanned: np.ndarray = seq[~self.live.bits("plan")[seq]]  # (numpy types a fancy index as Any)
         return unplanned
 
+    def _rank_split(self, rank: int) -> np.ndarray:
+        """Rank ``rank``'s part of the epoch, as every rank computes it from the marks the split was fixed with."""
+        order = epoch_sequence(self.unit_sizes, self.seed, self.epoch, self.shuffle)
+        order = order[~self.live.bits("base")[order]]
+        world = self._world_and_rank()[0]
+        if self.remainder == "drop" and 0 < len(order) < world and not self.live.bits("base").any():  # (a resume's
+            # few samples left wait for a later epoch, as drop says; a whole epoch that feeds no rank is a mistake)
+            raise BadInput(f"remainder='drop' over {world} ranks leaves every rank nothing of the {len(order)} samples "
+                           f"of epoch {self.epoch}; use remainder='keep' (ranks differ by at most one sample) or "
+                           "fewer ranks")
+        seq = split_for(order, world, rank, drop_remainder=self.remainder == "drop")
+        if self.batch_tokens and self.remainder == "drop" and world > 1:
+            seq = seq[: self._equal_batches(order, world, rank)]
+        return seq
+
+    def _equal_batches(self, order: np.ndarray, world: int, rank: int) -> int:
+        """How many of this rank's samples its first k batches hold, k the fewest batches any rank's run cuts
+        into: with ``remainder="drop"`` every rank takes as many steps (a DDP rank with one batch more would wait
+        in its gradients' all-reduce forever); the samples past them wait for a later epoch, as drop's do."""
+        table = self.reader.table
+        lengths = table.spans[table.served_flat(), 1]
+        cuts = [token_batches(lengths[split_for(order, world, r, drop_remainder=True)].tolist(), self.batch_tokens or 0)
+                for r in range(world)]
+        fewest = min(len(c) for c in cuts)
+        return cuts[rank][fewest - 1][1] if fewest else 0
+
     def _check_not_spent(self) -> None:
-        """BadInput when every sample of this rank's epoch is marked consumed: iterating would silently train
-        on nothing (a loop that marks samples but never calls set_epoch)."""
-        seq = self._rank_seq()
-        if len(seq) and self.consumed[seq].all():
-            raise BadInput(f"epoch {self.epoch} is fully consumed (every sample of this rank is marked with "
-                           f"mark_consumed): call set_epoch({self.epoch + 1}) before iterating again")
+        """BadInput when every sample of this rank's epoch, or of the whole epoch (a loaded state's), is marked
+        consumed: iterating would silently train on nothing (a loop that marks samples but never calls set_epoch)."""
+        seq, order = self._rank_seq(), epoch_sequence(self.unit_sizes, self.seed, self.epoch, self.shuffle)
+        if (len(seq) and self.consumed[seq].all()) or (len(order) and self.consumed[order].all()):
+            raise BadInput(f"epoch {self.epoch} is fully consumed (every sample of this rank, or of the loaded epoch, "
+                           f"is marked with mark_consumed): call set_epoch({self.epoch + 1}) before iterating again")
 
     def _items(self, indices: np.ndarray) -> Generator[dict[str, Any], None, None]:
         """Items in order, read ahead by the kernel (local, ``readahead``) and threads (``prefetch``)."""

@@ -239,3 +239,16 @@ def test_load_state_dict_refuses_what_state_dict_never_returns(state, tmp_path: 
     with pytest.raises(BadInput, match="state"):
         ds.load_state_dict(state)
     ds.load_state_dict(good)  # what state_dict returns still loads
+
+
+def test_a_store_path_and_variant_that_name_two_variants_are_refused(tiny_store: Path):
+    """A config's ``STORE#dtype=fp32`` and a code default ``variant="dtype=bf16"``: which did the user mean?"""
+    with pytest.raises(BadInput, match="names variant .* but variant='dtype=bf16' names"):
+        HiddenStateDataset(f"{tiny_store}#dtype=fp32", variant="dtype=bf16")
+    fp32 = HiddenStateDataset(f"{tiny_store}#dtype=fp32", variant="dtype=fp32")  # the same one: fine
+    assert fp32.provenance["environment"]["dtype"] == "fp32"
+
+
+def test_no_layers_is_refused_not_items_without_states(tiny_store: Path):
+    with pytest.raises(BadInput, match=r"layers=\[\] reads no state"):
+        HiddenStateDataset(tiny_store, variant="dtype=bf16", layers=[])

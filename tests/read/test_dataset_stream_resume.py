@@ -5,8 +5,11 @@ uninterrupted order. Every check is by sample key on real stores."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import warnings
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -215,7 +218,7 @@ def test_accelerate_prepared_loader_stopped_and_resumed_trains_the_uninterrupted
 
 
 def test_a_state_stays_compact_for_five_million_samples():
-    from hsstore.read.dataset import pack_marks
+    from hsstore.read.stream_state import pack_marks
 
     rng = np.random.default_rng(0)
     half = rng.random(5_000_000) < 0.5  # mid-epoch marks look random: the worst case
@@ -263,3 +266,91 @@ def test_a_negative_epoch_or_seed_is_refused_in_one_line(tmp_path: Path):
     state = ds.state_dict()
     with pytest.raises(BadInput, match=r"state\['epoch'\] = -1 is not a count"):
         StreamingHiddenStateDataset(store.location, variant=vid, seed=1).load_state_dict({**state, "epoch": -1})
+
+
+def _ranks(path: Path, world: int, **kw: Any) -> list[StreamingHiddenStateDataset]:
+    return [StreamingHiddenStateDataset(path, seed=3, rank=r, world_size=world, **kw) for r in range(world)]
+
+
+@pytest.mark.parametrize(("world", "resume_world", "steps"), [(4, 8, 9), (3, 3, 13), (2, 3, 6)])
+def test_set_epoch_after_a_resume_goes_on_on_every_rank_even_one_whose_share_is_done(tmp_path: Path, world: int,
+                                                                                    resume_world: int, steps: int):
+    """A resumed loop calls set_epoch(e) for the epoch in progress (Accelerate does). A rank whose share of what
+    is left is empty (fewer samples left than ranks) or done used to start the epoch afresh, splitting the whole
+    epoch while the others split the rest: samples trained twice. Every key exactly once, on every rank alike."""
+    _, _, keys = _store(tmp_path / "s.zarr")
+    ranks = _ranks(tmp_path / "s.zarr", world)
+    first = []
+    for ds in ranks:
+        ds.set_epoch(0)
+        first += _train(ds, stop=steps)
+    for ds in ranks[1:]:  # what state_dict gathers over a process group
+        ranks[0].mark_consumed(np.flatnonzero(ds.consumed))
+    state = _reload(ranks[0].state_dict())
+    rest = []
+    for ds in _ranks(tmp_path / "s.zarr", resume_world):
+        ds.load_state_dict(state)
+        ds.set_epoch(0)
+        rest += _train(ds)
+    _once(first + rest, keys)
+
+
+def test_set_epoch_of_a_resumed_epoch_that_is_done_refuses_to_train_it_again(tmp_path: Path):
+    _store(tmp_path / "s.zarr", units=2, per=5)
+    ranks = _ranks(tmp_path / "s.zarr", 2)
+    for ds in ranks:
+        _train(ds)
+    ranks[0].mark_consumed(np.flatnonzero(ranks[1].consumed))
+    state = _reload(ranks[0].state_dict())
+    for ds in _ranks(tmp_path / "s.zarr", 2):
+        ds.load_state_dict(state)
+        with pytest.raises(BadInput, match=r"epoch 0 is fully consumed on every rank; call set_epoch\(1\)"):
+            ds.set_epoch(0)  # the epoch the state is in is over: it would run again
+        with pytest.raises(BadInput, match=r"epoch 0 is fully consumed .*call set_epoch\(1\)"):
+            _train(ds)
+        with _no_warning():  # nothing of epoch 0 is left to skip
+            ds.set_epoch(1)
+        assert len(_train(ds)) == 5
+
+
+@contextlib.contextmanager
+def _no_warning() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
+
+
+def test_skipping_the_rest_of_a_resumed_epoch_says_how_many_samples_it_skips(tmp_path: Path):
+    _store(tmp_path / "s.zarr", units=2, per=5)
+    ds = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=1)
+    _train(ds, stop=4)
+    again = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=1)
+    again.load_state_dict(_reload(ds.state_dict()))
+    with pytest.warns(UserWarning, match=r"set_epoch\(1\) .* epoch 0: its 6 samples not yet consumed are skipped"):
+        again.set_epoch(1)
+
+
+@pytest.mark.parametrize("world", [3, 4, 7])
+def test_drop_with_batch_tokens_gives_every_rank_as_many_batches(tmp_path: Path, world: int):
+    """DDP needs every rank to take as many steps: one with a batch more waits in its gradients' all-reduce
+    forever. remainder="drop" with batch_tokens cuts each rank to the fewest batches any rank has."""
+    _store(tmp_path / "s.zarr")
+    for epoch in (0, 1):
+        per_rank, seen = [], []
+        for ds in _ranks(tmp_path / "s.zarr", world, batch_tokens=64, remainder="drop"):
+            ds.set_epoch(epoch)
+            batches = list(ds)
+            per_rank.append(len(batches))
+            seen += [k for b in batches for k in b["key"]]
+        assert len(set(per_rank)) == 1 and per_rank[0] > 0, per_rank
+        assert len(seen) == len(set(seen))
+    keep = [len(list(ds)) for ds in _ranks(tmp_path / "s.zarr", 4, batch_tokens=64)]
+    assert len(set(keep)) > 1  # (what "keep" gives on this store: the drop above is not vacuous)
+
+
+def test_drop_over_more_ranks_than_samples_is_refused_not_an_empty_epoch(tmp_path: Path):
+    _store(tmp_path / "s.zarr", units=1, per=5)
+    ds = StreamingHiddenStateDataset(tmp_path / "s.zarr", rank=0, world_size=6, remainder="drop")
+    with pytest.raises(BadInput, match="remainder='drop' over 6 ranks leaves every rank nothing of the 5 samples"):
+        list(ds)
+    assert len(list(StreamingHiddenStateDataset(tmp_path / "s.zarr", rank=0, world_size=6))) == 1  # keep: one each

@@ -1,0 +1,201 @@
+"""The resumable state of a streaming dataset: what ``state_dict`` saves and ``load_state_dict`` checks (marks
+by sample, tied to the committed snapshot's units and digest, carried over by key when the store changed), and
+the live marks a streaming dataset's DataLoader workers read from shared memory."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from hsstore.core.errors import BadInput, CorruptData
+from hsstore.storage.reader import VariantReader
+
+# --- The resumable state of a streaming dataset (``state_dict`` / ``load_state_dict``), checked as it is
+
+FORMAT = 2
+OLD_FIELDS = {"epoch": int, "seed": int, "n": int, "variant": str, "consumed": str}
+FIELDS = {**OLD_FIELDS, "format": int, "units": list, "digest": str}
+FIX = "pass the dict state_dict() returned"
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """A loaded state: its epoch, its marks (bool [n] over its snapshot) and that snapshot (``units`` is
+    None for the old format, whose marks are by index)."""
+
+    epoch: int
+    consumed: np.ndarray
+    units: list[tuple[str, int]] | None
+    digest: str | None
+
+
+def snapshot_digest(units: Sequence[tuple[str, int]]) -> str:
+    """The committed set a dataset reads: its units (ascending id) and how many samples each serves."""
+    text = "\n".join(f"{u}:{c}" for u, c in units)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def pack_marks(bits: np.ndarray) -> str:
+    """bool [n] -> the compact text a state holds."""
+    return base64.b64encode(zlib.compress(np.packbits(bits).tobytes(), 6)).decode()
+
+
+def _inflate(data: bytes, size: int) -> bytes:
+    """The marks a state packed, never more than ``size`` bytes (a state is input: no zip bomb)."""
+    d = zlib.decompressobj()
+    raw = d.decompress(data, size)
+    if d.unconsumed_tail or not d.eof:
+        raise ValueError("marks longer than the snapshot")
+    return raw
+
+
+def _unpack(text: str, n: int, old: bool) -> np.ndarray:
+    try:
+        raw = bytes.fromhex(text) if old else _inflate(base64.b64decode(text, validate=True), (n + 7) // 8)
+    except (ValueError, zlib.error):
+        raise BadInput(f"state['consumed'] is not the text state_dict() writes; {FIX}") from None
+    bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8))[:n]
+    if bits.shape[0] != n:
+        raise BadInput(f"state['consumed'] marks {bits.shape[0]} samples, not {n}; {FIX}")
+    return bits.astype(bool)
+
+
+def _check_fields(state: object) -> bool:
+    """True for the old format; BadInput for anything state_dict() never returned."""
+    if not isinstance(state, Mapping):
+        raise BadInput(f"load_state_dict takes the dict state_dict() returned, not a {type(state).__name__}")
+    old = "format" not in state
+    fields = OLD_FIELDS if old else FIELDS
+    missing = sorted(set(fields) - set(state))
+    if missing:
+        raise BadInput(f"state lacks {missing} (has {sorted(map(str, state))}); {FIX}")
+    for name, kind in fields.items():
+        if not isinstance(state[name], kind) or isinstance(state[name], bool):
+            raise BadInput(f"state[{name!r}] is a {type(state[name]).__name__}, not {kind.__name__}; {FIX}")
+    for name in ("epoch", "seed", "n"):
+        if not 0 <= state[name] < 2**62:
+            raise BadInput(f"state[{name!r}] = {state[name]} is not a count from 0; {FIX}")
+    if not old and state["format"] != FORMAT:
+        raise BadInput(f"state is in format {state['format']}; this hsstore reads format {FORMAT} and the one "
+                       "before it: resume with the hsstore that saved it")
+    return old
+
+
+def _units(raw: list[Any]) -> list[tuple[str, int]]:
+    if not all(isinstance(u, (list, tuple)) and len(u) == 2 and isinstance(u[0], str) and isinstance(u[1], int)
+               for u in raw):
+        raise BadInput(f"state['units'] is not the [[unit id, samples], ...] list state_dict() writes; {FIX}")
+    return [(u, int(c)) for u, c in raw]
+
+
+def load_state(state: Mapping[str, Any], variant: str, n: int, seed: int) -> SavedState:
+    """``state`` checked against this dataset (variant, seed; the old format also its sample count)."""
+    old = _check_fields(state)
+    if (state["variant"], state["seed"]) != (variant, seed):
+        raise BadInput(f"state is for variant {state['variant']} with seed {state['seed']}; this dataset is "
+                       f"{variant} with seed {seed}")
+    if old and state["n"] != n:
+        raise BadInput(f"state is in the old format (marks by position, no snapshot) and was saved over "
+                       f"{state['n']} samples; the store serves {n} now, so its marks cannot be tied to samples: "
+                       "start the epoch over (set_epoch) or resume with a state saved by this hsstore")
+    if old:
+        return SavedState(state["epoch"], _unpack(state["consumed"], n, True), None, None)
+    units = _units(state["units"])
+    if sum(c for _, c in units) != state["n"] or snapshot_digest(units) != state["digest"]:
+        raise BadInput(f"state['units'] does not add up to its n and digest (edited by hand?); {FIX}")
+    return SavedState(state["epoch"], _unpack(state["consumed"], state["n"], False), units, state["digest"])
+
+
+def check_join(new_samples: str) -> str:
+    """When samples committed after a state was saved are trained: "next_epoch" or "this_epoch"."""
+    if new_samples not in ("next_epoch", "this_epoch"):
+        raise BadInput(f"new_samples={new_samples!r}; choose 'next_epoch' or 'this_epoch'")
+    return new_samples
+
+
+def snapshot(reader: VariantReader) -> list[tuple[str, int]]:
+    """(unit id, samples it serves) of the units ``reader`` reads, in key order (= unit id order)."""
+    return reader.unit_counts()
+
+
+def save_state(epoch: int, seed: int, variant: str, units: list[tuple[str, int]], consumed: np.ndarray,
+               gather: bool) -> dict[str, Any]:
+    """The format-2 state; with torch.distributed initialized (and ``gather``) the marks of every rank."""
+    if gather and torch.distributed.is_available() and torch.distributed.is_initialized():
+        t = torch.from_numpy(consumed.astype(np.uint8))
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        consumed = t.numpy().astype(bool)
+    return {"format": FORMAT, "epoch": epoch, "seed": seed, "n": int(consumed.shape[0]), "variant": variant,
+            "units": [[u, c] for u, c in units], "digest": snapshot_digest(units), "consumed": pack_marks(consumed)}
+
+
+def marks_by_key(reader: VariantReader, saved: SavedState, join: str) -> np.ndarray:
+    """A state saved over another snapshot, as marks over ``reader``'s: its consumed samples by key, and
+    (``join="next_epoch"``) the samples it did not know, held back to the next epoch. BadInput when a
+    unit it names is not committed now or serves other samples."""
+    try:
+        then = VariantReader(reader.store, reader.id, units=[u for u, _ in saved.units or []])
+    except CorruptData as e:
+        raise BadInput(f"the state was saved over units of variant {reader.id} that are not committed now "
+                       f"({str(e).split(';')[0]}): its marks cannot be tied to samples; start epoch "
+                       f"{saved.epoch + 1} with set_epoch") from None
+    if snapshot_digest(snapshot(then)) != saved.digest:
+        raise BadInput(f"the units the state names serve other samples than when it was saved (digest "
+                       f"{saved.digest}): its marks cannot be tied to samples; start epoch {saved.epoch + 1} with set_epoch")
+    index = {k: i for i, k in enumerate(reader.keys)}
+    then_keys = list(then.keys)
+    marks = np.zeros(len(index), dtype=bool)
+    done = [index[then_keys[i]] for i in np.flatnonzero(saved.consumed) if then_keys[i] in index]
+    marks[np.asarray(done, np.int64)] = True
+    if join == "next_epoch":
+        known = set(then_keys)
+        marks[np.asarray([i for k, i in index.items() if k not in known], np.int64)] = True
+    return marks
+
+
+class LiveMarks:
+    """The epoch and marks a streaming dataset's DataLoader workers read when an iteration starts: torch
+    tensors in shared memory (made before workers fork; spawned ones get them as shared memory when the
+    dataset is pickled to them), written only by the main process. ``base``: the marks the ranks' split
+    was fixed with (a loaded state's, the same on every rank); ``plan``: the marks this rank's workers'
+    split was fixed with (at the last ``set_epoch`` that went on with the epoch); ``marks``: all of them.
+    About n/4 bytes: 1.25 MB for 5M samples."""
+
+    def __init__(self, n: int) -> None:
+        self.n, size = n, max(1, (n + 7) // 8)
+        # (torch's Tensor.share_memory_ has no annotations)
+        self.ctl: torch.Tensor = torch.zeros(1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]  # [epoch]
+        self.t: dict[str, torch.Tensor] = {name: torch.zeros(size, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
+                                           for name in ("base", "plan", "marks")}
+
+    @property
+    def epoch(self) -> int:
+        return int(self.ctl[0])
+
+    def bits(self, name: str) -> np.ndarray:
+        return np.unpackbits(self.t[name].numpy())[: self.n].astype(bool)
+
+    def start(self, epoch: int, marks: np.ndarray) -> None:
+        """Epoch ``epoch`` with ``marks`` (bool [n]) consumed; the split is fixed with them."""
+        packed = np.zeros(self.t["marks"].shape[0], np.uint8)
+        packed[: (self.n + 7) // 8] = np.packbits(marks)
+        for t in self.t.values():
+            t.numpy()[:] = packed
+        self.ctl[0] = epoch
+
+    def replan(self) -> None:
+        """This rank's workers share out what is left of its run (the marks made so far are a prefix)."""
+        self.t["plan"].numpy()[:] = self.t["marks"].numpy()
+
+    def mark(self, idx: np.ndarray) -> None:
+        if idx.size and (idx.min() < 0 or idx.max() >= self.n):
+            bad = int(idx.max() if idx.max() >= self.n else idx.min())
+            raise BadInput(f"mark_consumed: index {bad} is not one of this dataset's {self.n} samples; pass batch['index']")
+        np.bitwise_or.at(self.t["marks"].numpy(), idx >> 3, (128 >> (idx & 7)).astype(np.uint8))
