@@ -51,8 +51,8 @@ def _inflate(data: bytes, size: int) -> bytes:
     """The marks a state packed, never more than ``size`` bytes (a state is input: no zip bomb)."""
     d = zlib.decompressobj()
     raw = d.decompress(data, size)
-    if d.unconsumed_tail or not d.eof:
-        raise ValueError("marks longer than the snapshot")
+    if d.unconsumed_tail or not d.eof or d.unused_data:
+        raise ValueError("marks longer than the snapshot, or bytes after them")
     return raw
 
 
@@ -83,8 +83,8 @@ def _check_fields(state: object) -> bool:
         if not 0 <= state[name] < 2**62:
             raise BadInput(f"state[{name!r}] = {state[name]} is not a count from 0; {FIX}")
     if not old and state["format"] != FORMAT:
-        raise BadInput(f"state is in format {state['format']}; this hsstore reads format {FORMAT} and the one "
-                       "before it: resume with the hsstore that saved it")
+        raise BadInput(f"state['format'] is {state['format']}; this hsstore writes format {FORMAT} (and reads the older "
+                       "states that carry no format field): resume with the hsstore that saved it")
     return old
 
 

@@ -225,7 +225,7 @@ def test_a_non_integer_index_is_a_clear_type_error(tmp_path: Path):
 
 
 @pytest.mark.parametrize("state", [{}, {"epoch": 0}, [], {"epoch": "0", "seed": 0, "n": 3, "variant": "v", "consumed": ""},
-                                   "bad-hex"])
+                                   "bad-hex", "bytes-after-the-marks", "format-1"])
 def test_load_state_dict_refuses_what_state_dict_never_returns(state, tmp_path: Path):
     from hsstore import StreamingHiddenStateDataset
     from hsstore.core.errors import BadInput
@@ -236,6 +236,12 @@ def test_load_state_dict_refuses_what_state_dict_never_returns(state, tmp_path: 
     good = ds.state_dict()
     if state == "bad-hex":
         state = {**good, "consumed": "zz"}
+    elif state == "bytes-after-the-marks":  # a zlib stream that ends, then garbage: not what state_dict writes
+        import base64
+
+        state = {**good, "consumed": base64.b64encode(base64.b64decode(good["consumed"]) + b"junk").decode()}
+    elif state == "format-1":
+        state = {**good, "format": 1}
     with pytest.raises(BadInput, match="state"):
         ds.load_state_dict(state)
     ds.load_state_dict(good)  # what state_dict returns still loads
