@@ -57,7 +57,8 @@ def one_minus_cos(dd: torch.Tensor, aa: torch.Tensor, bb: torch.Tensor, ad: torc
 
 def summarize(key: str, ts: TokenSums, hidden: int, ws: Workspace | None = None) -> SampleSums:
     """The per-layer sums of one sample from its per-token sums ``[L, T]``: on ``ws``'s compiled loops where it
-    takes them (one pass, no torch op: the same maxima and histogram, sums within float64 rounding), else
+    takes them (one pass, no torch op: maxima within 1 ULP, a histogram that moves only tokens within 1 ULP of an
+    edge, sums within float64 rounding), else
     torch's ops."""
     kernel = ws.kernel() if ws is not None and ts.dd.device.type == "cpu" else False
     if kernel:

@@ -25,8 +25,9 @@ bf16 widened in the loop, d = a - b in float32 as torch's sub gives it, the five
 rounded to float32 once, count and max |d| from d's bit patterns, and the ULP buckets from the bits. Counts, the
 max and the ULP buckets are the torch ops' exactly (for every bit pattern); the float sums are more accurate than
 torch's float32 ones, so the two paths agree to float32 rounding of those sums, not to the bit. A sample's sums
-then reduce per layer on a compiled loop too (``_summary_rows``: 1 - cos, its maxima and histogram torch's to the bit,
-no torch op per sample). Loading the loops
+then reduce per layer on a compiled loop too (``_summary_rows``, no torch op per sample: 1 - cos is torch's formula in
+IEEE float64, which ~0.5% of tokens round 1 ULP apart from torch's kernels, so a maximum may differ by 1 ULP and a
+token within 1 ULP of a histogram edge may change bins). Loading the loops
 costs a process ~0.4 s (~1 s on busy cores), which only a large diff wins back: which path a diff takes depends
 on its data alone (``hsstore.compare.diff.use_compiled``), so the same diff always gives the same numbers.
 Overflow: squares are float32, so a state above ~1e19 in magnitude would overflow; hidden states are
@@ -288,8 +289,8 @@ def _summary_rows(dd: np.ndarray, aa: np.ndarray, bb: np.ndarray, ad: np.ndarray
     """One sample's per-layer sums from its per-token sums ``[L, T]`` (float32), as ``divergence.summarize``
     makes them with torch's ops: into ``sums [L, 5]`` the float64 sums of sum |d|, of the differing counts, of
     |d|², of |b|² and of 1 - cos; into ``maxes [L, 2]`` max |d| and max 1 - cos (NaN if any is, as torch's amax);
-    into ``hist [L, len(edges) + 1]`` the tokens per bin of 1 - cos (``_bin``). 1 - cos is ``_one_minus_cos``,
-    torch's to the bit, so the maxima and the bins are too; the sums differ from torch's in adding order only."""
+    into ``hist [L, len(edges) + 1]`` the tokens per bin of 1 - cos (``_bin``). 1 - cos is ``_one_minus_cos``:
+    torch's or 1 ULP from it, so the maxima too; the bins too but for a token within 1 ULP of an edge."""
     for layer in range(dd.shape[0]):
         s_abs = s_diff = s_dd = s_bb = s_omc = 0.0
         m_abs = m_omc = 0.0
@@ -312,8 +313,9 @@ def _summary_rows(dd: np.ndarray, aa: np.ndarray, bb: np.ndarray, ad: np.ndarray
 
 
 def _one_minus_cos(d: float, a2: float, b2: float, ad: float) -> float:  # pragma: no cover (runs compiled)
-    """``divergence.one_minus_cos`` of one token: the same float64 operations in the same order (compiled without
-    fastmath: no contraction into fused multiply-adds), the clamps keeping a NaN as torch's do."""
+    """``divergence.one_minus_cos`` of one token: the same float64 operations in the same order, each rounded as IEEE
+    says (compiled without fastmath: no contraction into fused multiply-adds; torch's vectorized kernels round ~0.5%
+    of tokens 1 ULP apart), the clamps keeping a NaN as torch's do."""
     na, nb = np.sqrt(a2), np.sqrt(b2)
     norm_sum = na + nb
     if norm_sum < 1e-300:

@@ -12,6 +12,7 @@ How the streaming dataset splits an epoch over ranks and workers, and why: hssto
 
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
@@ -337,8 +338,9 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` (fresh marks). The epoch in progress goes on: after ``load_state_dict`` on every
         rank alike (a rank whose share of what is left is empty or done keeps the marks: starting the epoch
-        again would split all of it while the others split the rest), and refused once all of it is consumed;
-        otherwise while this rank's share has samples left (a fully consumed epoch starts again)."""
+        again would split all of it while the others split the rest), an empty epoch, with a warning, once
+        nothing of it is left (``for e in range(state["epoch"], E)`` then trains each sample once); otherwise
+        while this rank's share has samples left (a fully consumed epoch starts again)."""
         epoch = int(epoch)
         if not 0 <= epoch < 2**62:
             raise BadInput(f"set_epoch({epoch}): an epoch is a count from 0")
@@ -346,8 +348,9 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
             raise BadInput(f"set_epoch({epoch}) after load_state_dict of a state in epoch {self._resumed} would drop "
                            f"the resume; call set_epoch({self._resumed}) (Accelerate: loader.set_epoch({self._resumed}))")
         if epoch == self._resumed and not self._left_of_resumed():
-            raise BadInput(f"set_epoch({epoch}): the loaded state's epoch {epoch} is fully consumed on every rank; "
-                           f"call set_epoch({epoch + 1}) (training it again would train each sample twice)")
+            warnings.warn(f"set_epoch({epoch}): the loaded state's epoch {epoch} has nothing left to train (every sample "
+                          "consumed, or left for a later epoch by remainder='drop'): it yields nothing; "
+                          f"set_epoch({epoch + 1}) starts the next", stacklevel=2)
         if epoch == self.epoch and (epoch == self._resumed or (~self.consumed[self._rank_seq()]).any()):
             self.live.replan()  # the workers share out what is left, in order
             return
@@ -361,8 +364,8 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
     def _left_of_resumed(self) -> int:
         """Samples the ranks' runs of the loaded epoch hold that are not consumed (the state merged every rank's
         marks)."""
-        consumed = self.consumed
-        return sum(int((~consumed[self._rank_split(r)]).sum()) for r in range(self._world_and_rank()[0]))
+        consumed, order = self.consumed, self._epoch_order()
+        return sum(int((~consumed[self._rank_split(r, order)]).sum()) for r in range(self._world_and_rank()[0]))
 
     def mark_consumed(self, indices: Iterable[int] | torch.Tensor) -> None:
         """Record samples the training loop has finished with (call in the main process)."""
@@ -404,10 +407,16 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         unplanned: np.ndarray = seq[~self.live.bits("plan")[seq]]  # (numpy types a fancy index as Any)
         return unplanned
 
-    def _rank_split(self, rank: int) -> np.ndarray:
-        """Rank ``rank``'s part of the epoch, as every rank computes it from the marks the split was fixed with."""
+    def _epoch_order(self) -> np.ndarray:
+        """The epoch's order less the samples its split was fixed as consumed (a loaded state's marks)."""
         order = epoch_sequence(self.unit_sizes, self.seed, self.epoch, self.shuffle)
-        order = order[~self.live.bits("base")[order]]
+        kept: np.ndarray = order[~self.live.bits("base")[order]]
+        return kept
+
+    def _rank_split(self, rank: int, order: np.ndarray | None = None) -> np.ndarray:
+        """Rank ``rank``'s part of the epoch (``order``: ``_epoch_order()``), as every rank computes it from the
+        marks the split was fixed with."""
+        order = self._epoch_order() if order is None else order
         world = self._world_and_rank()[0]
         if self.remainder == "drop" and 0 < len(order) < world and not self.live.bits("base").any():  # (a resume's
             # few samples left wait for a later epoch, as drop says; a whole epoch that feeds no rank is a mistake)
@@ -416,27 +425,36 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
                            "fewer ranks")
         seq = split_for(order, world, rank, drop_remainder=self.remainder == "drop")
         if self.batch_tokens and self.remainder == "drop" and world > 1:
-            seq = seq[: self._equal_batches(order, world, rank)]
+            seq = seq[: self._equal_batches(order, world)[rank]]
         return seq
 
-    def _equal_batches(self, order: np.ndarray, world: int, rank: int) -> int:
-        """How many of this rank's samples its first k batches hold, k the fewest batches any rank's run cuts
+    def _equal_batches(self, order: np.ndarray, world: int) -> list[int]:
+        """Per rank, how many of its samples its first k batches hold, k the fewest batches any rank's run cuts
         into: with ``remainder="drop"`` every rank takes as many steps (a DDP rank with one batch more would wait
-        in its gradients' all-reduce forever); the samples past them wait for a later epoch, as drop's do."""
+        in its gradients' all-reduce forever); the samples past them wait for a later epoch, as drop's do.
+        Every rank's cut once per epoch and split (kept until either changes)."""
+        key = (self.epoch, world, self.batch_tokens, hashlib.sha1(self.live.t["base"].numpy().tobytes()).hexdigest())
+        cached = self.__dict__.get("_equal_cache")
+        if cached is not None and cached[0] == key:
+            kept: list[int] = cached[1]
+            return kept
         table = self.reader.table
         lengths = table.spans[table.served_flat(), 1]
         cuts = [token_batches(lengths[split_for(order, world, r, drop_remainder=True)].tolist(), self.batch_tokens or 0)
                 for r in range(world)]
         fewest = min(len(c) for c in cuts)
-        return cuts[rank][fewest - 1][1] if fewest else 0
+        kept = [c[fewest - 1][1] if fewest else 0 for c in cuts]
+        self._equal_cache = (key, kept)
+        return kept
 
     def _check_not_spent(self) -> None:
-        """BadInput when every sample of this rank's epoch, or of the whole epoch (a loaded state's), is marked
-        consumed: iterating would silently train on nothing (a loop that marks samples but never calls set_epoch)."""
-        seq, order = self._rank_seq(), epoch_sequence(self.unit_sizes, self.seed, self.epoch, self.shuffle)
-        if (len(seq) and self.consumed[seq].all()) or (len(order) and self.consumed[order].all()):
-            raise BadInput(f"epoch {self.epoch} is fully consumed (every sample of this rank, or of the loaded epoch, "
-                           f"is marked with mark_consumed): call set_epoch({self.epoch + 1}) before iterating again")
+        """BadInput when every sample of this rank's epoch is marked consumed since its split was fixed: iterating
+        would silently train on nothing (a loop that marks samples but never calls set_epoch). (A loaded state with
+        nothing left is an empty epoch: ``set_epoch`` warned.)"""
+        seq = self._rank_seq()
+        if len(seq) and self.consumed[seq].all():
+            raise BadInput(f"epoch {self.epoch} is fully consumed (every sample of this rank is marked with "
+                           f"mark_consumed): call set_epoch({self.epoch + 1}) before iterating again")
 
     def _items(self, indices: np.ndarray) -> Generator[dict[str, Any], None, None]:
         """Items in order, read ahead by the kernel (local, ``readahead``) and threads (``prefetch``)."""

@@ -74,7 +74,7 @@ def check_label_free(store: Store, vid: str | None, label: str, held: Mapping[st
         return True
     if holder is not None:
         raise BadInput(f"label {label!r} already names variant {holder} in {store.location}; choose another "
-                       f"label, or first rename that one: hsstore label '{store.location}#{label}' NEW")
+                       f"label, or first rename that one: hsstore label '{store.location}#label={label}' NEW")
     prefixed = sorted(v for v in store.variant_ids() if v != vid and v.startswith(label))
     if prefixed:
         raise BadInput(f"label {label!r} reads as a prefix of variant {prefixed[0]}'s id in {store.location}: "

@@ -228,12 +228,13 @@ def test_only_folders_whose_owner_is_certainly_gone_are_swept(tmp_path: Path):
     gone = {
         "dead": {**me, "pid": ended.pid},
         "reused": {**me, "started": me["started"] - 1},  # this pid, but a process that started earlier
-        "rebooted": {**me, "boot": "another-boot"},
     }
     kept = {
         "alive": me,
         "other-host": {**me, "host": me["host"] + "-elsewhere", "pid": ended.pid},
         "other-container": {**me, "pidns": me["pidns"] + 1, "pid": ended.pid},
+        "other-boot": {**me, "boot": "another-boot"},  # rebooted, or another sandbox's boot: cannot tell
+        "other-boot-and-pidns": {**me, "boot": "another-boot", "pidns": me["pidns"] + 1},
         "unreadable": "{not json",
         "not-a-record": [ended.pid],
         "no-owner": None,  # being made, or made before owners were recorded

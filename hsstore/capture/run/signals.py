@@ -190,16 +190,15 @@ def process_id(pid: int) -> dict[str, Any]:
 
 
 def owner_gone(owner: Any) -> bool:
-    """Whether the process ``owner`` (a ``process_id``) has certainly ended: on this host, after a reboot, or in
-    this boot and pid namespace with no such pid or a pid now taken by a later process. Anything this process
-    cannot tell (another host or container, an unreadable record) counts as alive."""
+    """Whether the process ``owner`` (a ``process_id``) has certainly ended: in this host's boot and pid namespace,
+    no such pid, or a pid now taken by a later process. Anything this process cannot tell (another host, boot,
+    container or sandbox sharing the folder and the host name, an unreadable record) counts as alive: a reboot
+    cannot be told from another sandbox's boot, so a folder left by one stays."""
     here = process_id(os.getpid())
-    if not isinstance(owner, dict) or owner.get("host") != here["host"]:
+    if not isinstance(owner, dict) or any(owner.get(k) != here[k] for k in ("host", "boot", "pidns")):
         return False
-    if owner.get("boot") and here["boot"] and owner["boot"] != here["boot"]:
-        return True  # the host rebooted since: every process of that boot is gone
     pid = owner.get("pid")
-    if owner.get("pidns") != here["pidns"] or not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
     try:
         os.kill(pid, 0)
