@@ -1,5 +1,5 @@
 """``python -m hsstore`` is the same CLI (so ``torchrun -m hsstore build ...`` works)."""
 
-from hsstore.cli.main import main
+from hsstore.cli.main import run
 
-main()
+run()

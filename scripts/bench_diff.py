@@ -11,8 +11,8 @@ and a second bf16 variant C = B rounded (backend ``ref``); about ``--mb`` MB of 
 pair. Pairs: A vs B (bf16 vs fp32) and A vs C (bf16 vs bf16, ULP buckets too). Per pair and rep, in this
 order: read = every sample of both variants through ``HiddenStateDataset`` (all layers, 0 workers: what a
 training loop reads) in this warm process; diff = ``python -m hsstore diff A B --json FILE`` as a user
-runs it; start-up = a fresh process importing torch, the CLI and the read and diff modules (the fixed
-cost any ``hsstore diff`` pays before reading a byte); arithmetic = the statistics' own work
+runs it; start-up = a fresh process importing torch, the CLI and the read and diff modules and ending as the
+CLI ends (the fixed cost any ``hsstore diff`` pays besides its work); arithmetic = the statistics' own work
 (``token_sums`` + ``summarize``, on the compiled loops or torch's ops as the diff chooses) on states
 already in memory, on the diff's threads. Reported: medians, the ratio read / (diff - start-up) (>= 0.8:
 the diff, past its start-up, streams at 80% of the read rate or better) and its bound read / (read +
@@ -48,7 +48,9 @@ from hsstore.storage.codecs import DEFAULT, chunk_tokens
 from hsstore.storage.writer import UnitWriter
 from hsstore.testing.factories import provenance
 
-STARTUP = "import torch, hsstore.cli.main, hsstore.cli.compare_cmd, hsstore.compare.diff, hsstore.read.dataset"
+# (ended as the CLI ends: without the interpreter's teardown, hsstore.core.interrupt.end_process)
+STARTUP = ("import torch, hsstore.cli.main, hsstore.cli.compare_cmd, hsstore.compare.diff, hsstore.read.dataset\n"
+           "from hsstore.core.interrupt import end_process; end_process(0)")
 
 
 VARIANTS = (("bf16", "torch", 2), ("fp32", "torch", 4), ("bf16", "ref", 2))  # A, B, C (= B rounded)

@@ -12,7 +12,7 @@ import typer
 from hsstore.cli import build_cmd, compare_cmd, interop_cmd, plan_cmd, store_cmd  # noqa: F401  (each registers its commands)  # noqa: F401
 from hsstore.cli.app import app, state
 from hsstore.core.errors import HsstoreError, escape_controls
-from hsstore.core.interrupt import Stopped, stop_on_signals
+from hsstore.core.interrupt import Stopped, end_process, exit_code, stop_on_signals
 
 
 def _whole_summaries() -> None:
@@ -47,6 +47,17 @@ def _is_usage_error(e: Exception) -> TypeGuard[_UsageError]:
 
 def _is_showable(e: Exception) -> TypeGuard[_ShowableError]:
     return callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int)
+
+
+def run() -> None:
+    """The ``hsstore`` console script and ``python -m hsstore``: ``main``, then the process ends without the
+    interpreter's teardown (``hsstore.core.interrupt.end_process``)."""
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = exit_code(e.code)
+    end_process(code)
 
 
 def main() -> None:

@@ -69,3 +69,30 @@ def test_a_real_process_exits_and_prints_as_the_inline_runner_reports(command: s
 def test_a_real_process_succeeds_as_the_inline_runner_reports(command: str, tiny_store: Path, tmp_path: Path) -> None:
     r = _same([command, *_argv(GOOD[command], tmp_path, tiny_store)])
     assert r.returncode == 0 and r.stdout, r.stderr
+
+
+def _ended(tmp: Path, setup: str, argv: list[str]) -> subprocess.CompletedProcess:
+    """A real process that runs ``setup`` then the console script's ``run`` with ``argv``."""
+    import sys
+
+    from helpers import REPO
+
+    code = f"import atexit, sys, threading, time\n{setup}\nsys.argv = ['hsstore', *{argv!r}]\nfrom hsstore.cli.main import run\nrun()\n"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+
+
+@pytest.mark.process
+def test_the_console_script_ends_without_teardown_but_as_an_exit_would(tmp_path: Path) -> None:
+    """``run`` ends the process with os._exit (torch's and transformers' teardown cost ~1 CPU-second a process):
+    what an exit does that matters still happens: exit handlers run, buffered output is flushed whole, a
+    non-daemon thread still working is waited for, and the exit status is main's."""
+    done, handler = tmp_path / "thread-done", tmp_path / "handler-ran"
+    r = _ended(tmp_path, f"atexit.register(lambda: open({str(handler)!r}, 'w').write('x'))\n"
+                         f"threading.Thread(target=lambda: (time.sleep(0.5), open({str(done)!r}, 'w').write('x'))).start()\n"
+                         "sys.stdout.write('y' * 100000)", ["--help"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("y" * 100000) and "Usage" in r.stdout  # buffered text first, all of it, then help
+    assert done.exists() and handler.exists()
+    r = _ended(tmp_path, "", ["info", str(tmp_path / "none.zarr")])
+    assert r.returncode == 2 and r.stderr.startswith("error: ")

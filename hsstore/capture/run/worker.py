@@ -235,4 +235,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from hsstore.core.interrupt import end_process
+
+    end_process(main(sys.argv[1:]))  # its outcome is in the result file: no teardown of torch and transformers
