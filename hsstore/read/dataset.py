@@ -353,6 +353,7 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
                           f"set_epoch({epoch + 1}) starts the next", stacklevel=2)
         if epoch == self.epoch and (epoch == self._resumed or (~self.consumed[self._rank_seq()]).any()):
             self.live.replan()  # the workers share out what is left, in order
+            self._warn_uneven_steps()
             return
         if self._resumed is not None and epoch > self._resumed and (left := self._left_of_resumed()):
             warnings.warn(f"set_epoch({epoch}) after load_state_dict of a state in epoch {self._resumed}: its {left} "
@@ -360,6 +361,7 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
                           stacklevel=2)
         self._resumed = None
         self.live.start(epoch, np.zeros(self.n, dtype=bool))
+        self._warn_uneven_steps()
 
     def _left_of_resumed(self) -> int:
         """Samples the ranks' runs of the loaded epoch hold that are not consumed (the state merged every rank's
@@ -431,21 +433,41 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
     def _equal_batches(self, order: np.ndarray, world: int) -> list[int]:
         """Per rank, how many of its samples its first k batches hold, k the fewest batches any rank's run cuts
         into: with ``remainder="drop"`` every rank takes as many steps (a DDP rank with one batch more would wait
-        in its gradients' all-reduce forever); the samples past them wait for a later epoch, as drop's do.
-        Every rank's cut once per epoch and split (kept until either changes)."""
-        key = (self.epoch, world, self.batch_tokens, hashlib.sha1(self.live.t["base"].numpy().tobytes()).hexdigest())
-        cached = self.__dict__.get("_equal_cache")
+        in its gradients' all-reduce forever); the samples past them wait for a later epoch, as drop's do."""
+        cuts = self._rank_cuts(order, world)
+        fewest = min(len(c) for c in cuts)
+        return [c[fewest - 1][1] if fewest else 0 for c in cuts]
+
+    def _rank_cuts(self, order: np.ndarray, world: int) -> list[list[tuple[int, int]]]:
+        """Every rank's batches (start, end into its run) of ``order``: once per epoch, split and remainder (kept
+        until any changes; every rank computes the same)."""
+        key = (self.epoch, world, self.batch_tokens, self.remainder,
+               hashlib.sha1(self.live.t["base"].numpy().tobytes()).hexdigest())
+        cached = self.__dict__.get("_cuts_cache")
         if cached is not None and cached[0] == key:
-            kept: list[int] = cached[1]
-            return kept
+            cuts: list[list[tuple[int, int]]] = cached[1]
+            return cuts
         table = self.reader.table
         lengths = table.spans[table.served_flat(), 1]
-        cuts = [token_batches(lengths[split_for(order, world, r, drop_remainder=True)].tolist(), self.batch_tokens or 0)
+        drop = self.remainder == "drop"
+        cuts = [token_batches(lengths[split_for(order, world, r, drop_remainder=drop)].tolist(), self.batch_tokens or 0)
                 for r in range(world)]
-        fewest = min(len(c) for c in cuts)
-        kept = [c[fewest - 1][1] if fewest else 0 for c in cuts]
-        self._equal_cache = (key, kept)
-        return kept
+        self._cuts_cache = (key, cuts)
+        return cuts
+
+    def _warn_uneven_steps(self) -> None:
+        """Once: a warning where ``remainder="keep"`` with ``batch_tokens`` gives the ranks of this epoch different
+        numbers of batches (under DDP the rank with more waits in its gradients' all-reduce forever)."""
+        world = self._world_and_rank()[0]
+        if not self.batch_tokens or self.remainder != "keep" or world < 2 or self.__dict__.get("_warned_uneven"):
+            return
+        counts = sorted({len(c) for c in self._rank_cuts(self._epoch_order(), world)})
+        if len(counts) > 1:
+            self._warned_uneven = True
+            warnings.warn(f"epoch {self.epoch}: with remainder='keep' and batch_tokens the {world} ranks take "
+                          f"{counts[0]} to {counts[-1]} batches; under DDP a rank with more batches waits in its "
+                          "gradients' all-reduce forever: use remainder='drop' (every rank as many batches) or "
+                          "torch.distributed.algorithms.Join", stacklevel=3)
 
     def _check_not_spent(self) -> None:
         """BadInput when every sample of this rank's epoch is marked consumed since its split was fixed: iterating

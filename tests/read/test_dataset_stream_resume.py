@@ -353,3 +353,19 @@ def test_drop_over_more_ranks_than_samples_is_refused_not_an_empty_epoch(tmp_pat
     with pytest.raises(BadInput, match="remainder='drop' over 6 ranks leaves every rank nothing of the 5 samples"):
         list(ds)
     assert len(list(StreamingHiddenStateDataset(tmp_path / "s.zarr", rank=0, world_size=6))) == 1  # keep: one each
+
+
+def test_keep_with_batch_tokens_warns_when_ranks_would_take_different_numbers_of_batches(tmp_path: Path):
+    """The default remainder keeps every sample, so token batches may leave ranks with different step counts: a
+    DDP job would hang in an all-reduce. set_epoch says so once, naming the counts and the way out."""
+    _store(tmp_path / "s.zarr")
+    ranks = _ranks(tmp_path / "s.zarr", 4, batch_tokens=64)
+    counts = sorted({len(list(ds)) for ds in ranks})
+    assert len(counts) > 1  # (this store's cut: the warning is due)
+    with pytest.warns(UserWarning, match=rf"ranks take {counts[0]} to {counts[-1]} batches; .*remainder='drop'"):
+        ranks[0].set_epoch(0)
+    with _no_warning():
+        ranks[0].set_epoch(1)  # once
+        for ds in _ranks(tmp_path / "s.zarr", 4, batch_tokens=64, remainder="drop"):
+            ds.set_epoch(0)  # drop: every rank as many batches
+        StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=3, batch_tokens=64).set_epoch(0)  # one rank
