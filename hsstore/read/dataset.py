@@ -321,6 +321,7 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()  # a spawned worker has no process group: it keeps its parent's rank
         state["_world"], state["_rank"] = self._world_and_rank()
+        state.pop("_cuts_cache", None)  # every rank's batches: made again where needed, not shipped to each worker
         return state
 
     def __len__(self) -> int:
