@@ -253,11 +253,9 @@ def _runs(mask: list[bool]) -> list[tuple[int, int]]:
 
 
 def test_all_turns_are_regenerated_in_order_each_conditioned_on_the_earlier_ones(tmp_path: Path) -> None:
-    """``turns = "all"``: every assistant turn is regenerated (a prompt row gets one appended); the sample is
-    the regenerated conversation with each regenerated reply masked, and a later turn's prompt holds the
-    regenerated text of the earlier ones."""
-    from hsstore.capture.model.builtin import builtin_tokenizer
-
+    """``turns = "all"``: every assistant turn is regenerated (a prompt row gets one appended), a later turn's prompt
+    holding the regenerated text of the earlier ones; the sample is the last turn's prompt, as the target saw it,
+    then its reply's tokens exactly, and an earlier reply is masked only on tokens the target generated."""
     lines = DATA.read_text().splitlines()
     multi = [x for x in lines if sum(m.get("role", m.get("from")) in ("assistant", "gpt")
                                      for m in (json.loads(x).get("messages") or json.loads(x)["conversations"])) == 2]
@@ -269,18 +267,36 @@ def test_all_turns_are_regenerated_in_order_each_conditioned_on_the_earlier_ones
     ledger, replies = lineage(tmp_path / "store.zarr", summary["build_id"])
     assert [(r["row"], r["turn"]) for r in ledger] == [(1, 0), (1, 1), (2, 0)]
     assert ledger[1]["prompt_tokens"] > ledger[0]["prompt_tokens"] + ledger[0]["reply_tokens"]
-    tok = builtin_tokenizer()
     ds = HiddenStateDataset(str(tmp_path / "store.zarr"))
     items = {ds[i]["key"]: ds[i] for i in range(len(ds))}
     for key in {r["sample_key"] for r in ledger}:
         item, recs = items[key], [r for r in ledger if r["sample_key"] == key]
         runs = _runs(item["loss_mask"].tolist())
-        assert len(runs) == len(recs)  # one masked reply per regenerated turn
         ids = item["input_ids"].tolist()
-        for (a, b), rec in zip(runs, recs):
-            want = [v for v in replies.values() if v["prompt_tokens"] == rec["prompt_tokens"]]
-            assert len(want) == 1 and tok.decode(ids[a:b], skip_special_tokens=True).strip() == \
-                tok.decode(want[0]["ids"], skip_special_tokens=True).strip()
+        made = [v["ids"] for v in replies.values() if any(v["prompt_tokens"] == r["prompt_tokens"] for r in recs)]
+        assert len(made) == len(recs)
+        # the last reply is the target's tokens exactly, after the prompt it saw: never re-tokenized text, nor an
+        # end-of-turn token after a reply cut at max_new_tokens (what the target never emitted)
+        last = [v for v in replies.values() if v["prompt_tokens"] == recs[-1]["prompt_tokens"]][0]
+        assert runs and runs[-1] == (recs[-1]["prompt_tokens"], len(ids)) and ids[runs[-1][0]:] == last["ids"]
+        for a, b in runs[:-1]:  # an earlier reply is masked only where its tokens are the ones generated
+            assert any(ids[a:b] == g[: b - a] and b - a == len(g) for g in made), (ids[a:b], made)
+
+
+def test_earlier_replies_are_masked_only_on_the_tokens_the_target_generated() -> None:
+    """turns = "all" renders earlier replies as text for the later turns' prompts; their masks stay only where
+    that text came back as the generated tokens, and the end-of-turn token only where the target emitted it."""
+    from hsstore.capture.generate.prompts import Job, _exact_only
+
+    end = 9
+    reply = lambda ids: type("R", (), {"ids": ids})()  # noqa: E731 (a ledger Reply's ids are all that is read)
+    job = Job("f", 1, [], None, [1, 3, 5], 0, replies=[reply([4, 5, end]), reply([6, 7]), reply([8])])
+    context = [1, 2, 4, 5, end, 3, 6, 7, end, 3]
+    mask = [0, 0, 1, 1, 1, 0, 1, 1, 1, 0]
+    assert _exact_only(context, mask, job, [end]) == [0, 0, 1, 1, 1, 0, 1, 1, 0, 0]  # the cut reply's end: unmasked
+    changed = [1, 2, 4, 6, end, 3, 6, 7, end, 3]  # the first reply's text came back as other tokens
+    assert _exact_only(changed, mask, job, [end]) == [0, 0, 0, 0, 0, 0, 1, 1, 0, 0]
+    assert _exact_only(context, [0, 0, 1, 1, 1, 1, 1, 1, 1, 0], job, [end]) == [0] * 10  # runs merged: none kept
 
 
 def test_plan_estimates_generated_tokens_and_time(tmp_path: Path) -> None:

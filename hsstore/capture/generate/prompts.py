@@ -107,12 +107,47 @@ def last_turn_sample(tok: Any, job: Job, eos: list[int], drop_reasoning: bool) -
     return list(job.prompt) + list(reply), [0] * len(job.prompt) + mask
 
 
-def all_turns_sample(masker: ChatMasker, job: Job) -> tuple[list[int], list[int]]:
-    """The regenerated conversation as the chat template renders it, each regenerated reply masked."""
+def all_turns_sample(masker: ChatMasker, job: Job, eos: list[int], drop_reasoning: bool) -> tuple[list[int], list[int]]:
+    """The last turn's prompt, as the target saw it when it generated the last reply (the earlier replies as
+    their text renders in the chat template, each masked), then the last reply's tokens exactly, masked as
+    ``last_turn_sample`` masks them: never a re-tokenized reply, or an end-of-turn token the target did not emit."""
     if any(not t.strip() for t in job.texts):
         raise RowRejected("empty reply", "a regenerated turn has no text")
-    full = [dict(m) for m in job.msgs[: job.turns[-1]]] + [{}]
-    for t, text in zip(job.turns, job.texts):
-        full[t] = {"role": "assistant", "content": text}
-    trained = [i in job.turns for i in range(len(full))]
-    return masker(full, job.tools, trained)
+    ids, mask = last_turn_sample(masker.tok, job, eos, drop_reasoning)
+    if len(job.turns) == 1:
+        return ids, mask
+    before = [dict(m) for m in job.msgs[: job.turns[-1]]]  # up to the last turn's prompt, earlier replies as text
+    for t, text in zip(job.turns[:-1], job.texts[:-1]):
+        before[t] = {"role": "assistant", "content": text}
+    context, context_mask = masker(before, job.tools, [i in job.turns[:-1] for i in range(len(before))])
+    if list(job.prompt[: len(context)]) != list(context):
+        raise RowRejected("chat template renders a prompt unlike its conversation",
+                          "the last turn's prompt does not begin with the conversation before it as rendered: "
+                          "the earlier replies' masks cannot be placed")
+    n = len(job.prompt)
+    return ids, _exact_only(context, list(context_mask), job, eos) + [0] * (n - len(context)) + mask[n:]
+
+
+def _exact_only(context: list[int], mask: list[int], job: Job, eos: list[int]) -> list[int]:
+    """``mask`` over the earlier replies in ``context`` (one masked run each, in order), kept only on tokens the
+    target generated: a run whose reply text did not come back as the generated tokens (bytes that are not UTF-8,
+    a tokenization the tokenizer would not choose, reasoning dropped) is context only, and the end-of-turn token
+    the template closes a reply with stays unmasked where the target did not emit one (cut at max_new_tokens)."""
+    runs, start = [], None
+    for i, b in enumerate([*mask, 0]):
+        if b and start is None:
+            start = i
+        elif not b and start is not None:
+            runs.append((start, i))
+            start = None
+    if len(runs) != len(job.replies) - 1:  # (the template merged or split replies: nothing can be told apart)
+        return [0] * len(mask)
+    out = list(mask)
+    for (a, b), reply in zip(runs, job.replies[:-1]):
+        body = [t for t in reply.ids[:-1]] if reply.ids and reply.ids[-1] in eos else list(reply.ids)
+        emitted_end = len(body) < len(reply.ids)
+        if context[a : a + len(body)] != body or b - a not in (len(body), len(body) + 1):
+            out[a:b] = [0] * (b - a)
+        elif b - a == len(body) + 1 and not emitted_end:
+            out[b - 1] = 0
+    return out

@@ -248,8 +248,9 @@ def samples_of(jobs: list[Job], masker: Any, m: Any, tok_fp: str, eos: list[int]
         try:
             if j.dropped is not None:
                 raise RowRejected(*j.dropped)
-            ids, mask = (last_turn_sample(masker.tok, j, eos, m.generate.reasoning == "drop")
-                         if m.generate.turns == "last" else all_turns_sample(masker, j))
+            drop = m.generate.reasoning == "drop"
+            ids, mask = (last_turn_sample(masker.tok, j, eos, drop) if m.generate.turns == "last"
+                         else all_turns_sample(masker, j, eos, drop))
             ids, mask = _fit(ids, mask, m.max_length, m.too_long, report, j.file, j.row)
             a, b = np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.uint8)
             key = sample_key(tok_fp, a, b)
