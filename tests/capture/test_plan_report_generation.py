@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers import run_cli, write_manifest
+from helpers import DATA, run_cli, write_manifest
 
 
 def _manifest(d: Path, generate: str, *, files: list[str] | None = None, max_length: int = 256) -> Path:
@@ -32,14 +32,33 @@ def test_a_server_engine_plan_says_plan_does_not_run_the_server(tmp_path: Path) 
         assert "openai" in g["seconds_source"] and "server" in g["seconds_source"], g["seconds_source"]
 
 
-def test_a_plan_with_no_prompts_says_there_is_nothing_to_calibrate_on(tmp_path: Path) -> None:
-    """Text rows tokenize as the data's own samples but give no prompt to regenerate from."""
+def test_a_plan_of_rows_with_no_prompt_is_refused_as_the_build_refuses_them(tmp_path: Path) -> None:
+    """Text rows give no prompt to regenerate from: the build refuses them in one line (exit 2), so the plan does
+    too, for the same reason (it used to plan them as the data's own samples)."""
     data = tmp_path / "text.jsonl"
     data.write_text('{"text": "a row of plain text"}\n{"text": "another row of text"}\n')
     m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 2\n', files=[str(data)])
-    g = _generation(m, "--calibrate", "1")
-    assert (g["prompts"], g["replies"], g["batches"], g["seconds"]) == (0, 0, 0, None)
-    assert "pass --calibrate" not in g["seconds_source"] and "no prompts" in g["seconds_source"], g["seconds_source"]
+    for cmd in ("plan", "build"):
+        r = run_cli(cmd, str(m), "--quiet") if cmd == "build" else run_cli(cmd, str(m), "--calibrate", "1")
+        assert r.returncode == 2 and "no prompt to regenerate from: 2" in r.stderr, (cmd, r.stderr)
+        assert r.stderr.count("\n") == 1
+
+
+def test_a_plan_counts_the_samples_the_build_writes_prompt_rows_and_n_replies_too(tmp_path: Path) -> None:
+    """The plan stood the data's own replies in for the regenerated ones: a prompt row (no reply of its own) was
+    'rejected', and n replies a row were one sample. It counts one stand-in a reply chain, as the build writes."""
+    data = tmp_path / "rows.jsonl"
+    rows = [json.loads(x) for x in DATA.read_text().splitlines()[:3]] + [{"messages": [{"role": "user", "content": "Hi."}]}]
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 3\ntemperature = 1.0\nseed = 1\nn = 2\n', files=[str(data)])
+    r = run_cli("plan", str(m), "--json")
+    assert r.returncode == 0, r.stderr
+    planned = json.loads(r.stdout)
+    r = run_cli("build", str(m), "--quiet", "--json")
+    assert r.returncode == 0, r.stderr
+    built = json.loads(r.stdout)
+    assert planned["inputs"]["usable"] == built["inputs"]["usable"] == 8 and not planned["inputs"]["rejected"]
+    assert planned["generation"]["replies"] == built["replies_generated"] == 8
 
 
 def test_prompts_the_build_drops_as_too_long_are_neither_planned_nor_calibrated_on(tmp_path: Path) -> None:

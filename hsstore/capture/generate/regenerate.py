@@ -27,7 +27,7 @@ from hsstore.capture.generate.prompts import (
     turn_messages,
 )
 from hsstore.capture.inputs.messages import RowRejected
-from hsstore.capture.inputs.tokenizing import InputReport, InputRow, NoUsableRows, _fit, _numbered
+from hsstore.capture.inputs.tokenizing import InputReport, InputRow, _fit, _numbered
 from hsstore.core.errors import BadInput
 from hsstore.core.keys import SampleTokens, fingerprint, sample_key
 from hsstore.core.schema.record import Record
@@ -373,6 +373,23 @@ def summary_fields(inp: Any, lineage: Any) -> dict[str, Any]:
             "ledger": lineage.where(ledger_key(lineage.start.build_id)) if lineage.start.world_size == 1 else None}
 
 
+def _last_prompt(masker: Any, job: Job, max_length: int) -> list[int]:
+    """The prompt of the job's last turn, the data's own earlier replies in it (a plan's stand-in)."""
+    text = masker._render([dict(x) for x in job.msgs[: job.turns[-1]]], job.tools, True)
+    ids = list(masker.tok(text, add_special_tokens=False)["input_ids"])
+    if len(ids) >= max_length:
+        raise RowRejected(f"prompt longer than max_length={max_length}", f"{len(ids)} tokens before the reply")
+    return ids
+
+
+def _own_reply_tokens(tok: Any, job: Job) -> int | None:
+    """Tokens of the data's own reply at the job's last turn, and its end token (None: a prompt, no reply)."""
+    at = job.turns[-1]
+    if at >= len(job.msgs) or not isinstance(job.msgs[at].get("content"), str):
+        return None
+    return len(tok(job.msgs[at]["content"], add_special_tokens=False)["input_ids"]) + 1
+
+
 def samples_of_rows(m: Any, spec: Any, tok: Any, tok_id: Any, model_id: Any, rows: Any, limit: int | None, pad_id: int,
                     quiet: bool = True, store: Any = None, build_id: str = "",
                     world: int = 1) -> tuple[list[SampleTokens], Any, Regenerated | None]:
@@ -383,13 +400,8 @@ def samples_of_rows(m: Any, spec: Any, tok: Any, tok_id: Any, model_id: Any, row
     from hsstore.capture.run.progress import status
 
     rows = load_rows(m.data_files) if rows is None else rows
-    if m.generate is not None and store is None:  # a plan: the data's own replies stand for the regenerated ones
-        rows = list(rows)
-        try:
-            return (*tokenize_rows(rows, tok, tok_id.fingerprint, m.data_format, m.max_length, m.too_long, limit),
-                    None)
-        except NoUsableRows:  # no row has a reply of its own (e.g. every row is a prompt): the build takes them
-            return (*placeholder_samples(m, tok, tok_id.fingerprint, rows, limit, pad_id), None)
+    if m.generate is not None and store is None:  # a plan: one stand-in sample per reply the build makes
+        return (*placeholder_samples(m, tok, tok_id.fingerprint, list(rows), limit, pad_id), None)
     if m.generate is None or store is None:
         return (*tokenize_rows(rows, tok, tok_id.fingerprint, m.data_format, m.max_length, m.too_long, limit), None)
     status(f"regenerating the replies with {m.generate.engine} ({m.model_path})", quiet)
@@ -399,20 +411,22 @@ def samples_of_rows(m: Any, spec: Any, tok: Any, tok_id: Any, model_id: Any, row
 
 def placeholder_samples(m: Any, tok: Any, tok_fp: str, rows: list[InputRow], limit: int | None,
                         pad_id: int) -> tuple[list[SampleTokens], InputReport]:
-    """For a plan of data with no reply of its own: each job's prompt as the build renders it, followed by a
-    reply of max_new_tokens placeholder tokens (the longest the build generates; cut at max_length); BadInput
-    when no row gives a prompt the build keeps."""
+    """For a plan: a stand-in of each sample the build makes, one per reply chain (``n`` per row; a prompt row
+    too): the last turn's prompt as the build renders it (the data's own earlier replies standing for the
+    regenerated ones), then a reply as long as the data's own (its tokens and end token; a prompt row's:
+    max_new_tokens, the longest the build generates), at most max_new_tokens, cut at max_length. BadInput when
+    no row gives a prompt the build keeps."""
     g, report = m.generate, InputReport()
     masker = prompt_masker(tok, g)
     samples = []
     for j in jobs_from_rows(rows, m.data_format, g, report, limit):
         try:
-            prompt = prompt_tokens(masker, j, m.max_length)
+            prompt = _last_prompt(masker, j, m.max_length)
         except RowRejected as r:
             report.rejected[r.reason] += 1
             report.note("rejected", j.file, j.row, r.reason, r.detail)
             continue
-        n = min(g.max_new_tokens, m.max_length - len(prompt))
+        n = min(_own_reply_tokens(tok, j) or g.max_new_tokens, g.max_new_tokens, m.max_length - len(prompt))
         reply = [pad_id] * (n - 1) + [j.index]  # the reply index: each of n replies its own key
         ids, mask = np.asarray(prompt + reply, dtype=np.int32), np.asarray([0] * len(prompt) + [1] * n, np.uint8)
         samples.append(SampleTokens(sample_key(tok_fp, ids, mask), ids, mask))

@@ -244,7 +244,8 @@ def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: i
     prompts = [p for k, p in enumerate(prompts) if k not in done]  # the build batches only the missing ones
     replies = sum(len(j.turns) for j in jobs)
     most = (replies - len(done)) * g.max_new_tokens
-    data = sum(int(s.loss_mask.sum()) for s in inp.samples) * g.n  # the data's replies, as an estimate
+    # the stand-ins' replies (one a chain: its last turn's, as long as the data's own), for every turn of a chain
+    data = round(sum(int(s.loss_mask.sum()) for s in inp.samples) * replies / max(1, len(jobs)))
     expected = min(most, round(data * (replies - len(done)) / replies)) if data and replies else most
     batches = _prompt_batches(prompts, scale, g.max_new_tokens, m.token_budget)
     common = dict(engine=g.engine, prompts=round(len({(j.file, j.row) for j in jobs}) * scale),
