@@ -137,7 +137,7 @@ def test_the_recorded_kernels_cover_every_kernel_function_generate_calls(attenti
     class Greedy:
         max_new_tokens, temperature, top_p, top_k, stop, seed = 4, 0.0, 1.0, 0, (), 0
 
-    engine.batch([[5, 6, 7, 8], [9, 10, 11]], Greedy, 0)
+    engine.batch([[5, 6, 7, 8], [9, 10, 11]], Greedy, [0, 0])
     kernels = {family_of[n] for n in called if n in family_of}
     assert {"chunk_gated_delta_rule", "recurrent_gated_delta_rule"} <= kernels  # the prompt, then the steps
     assert all(engine.kernels.get(f) not in (None, "unknown", "n/a") for f in kernels), (kernels, engine.kernels)
@@ -418,3 +418,19 @@ def test_a_regenerating_build_refused_for_its_data_leaves_no_store_behind(tmp_pa
     before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "store.zarr").rglob("*"))
     assert run_cli("build", str(m), "--quiet").returncode == 2
     assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "store.zarr").rglob("*")) == before
+
+
+def test_a_sampled_reply_does_not_depend_on_the_batch_it_was_made_in(tmp_path: Path) -> None:
+    """temperature 1, seed 3, n = 2: each reply draws from a generator of its own (the seed, its prompt, its index),
+    so token budgets that batch the prompts differently (as another --limit, or a resume after a kill, does) give
+    the same replies; the n replies of one prompt differ."""
+    got = []
+    for budget in (300, 4096):
+        d = tmp_path / f"b{budget}"
+        d.mkdir()
+        m = regen_manifest(d, extra="temperature = 1.0\nseed = 3\nn = 2", budget=budget, store=str(d / "s.zarr"))
+        summary = build_json(m, "--limit", "5")
+        _, replies = lineage(d / "s.zarr", summary["build_id"])
+        got.append({k: r["ids"] for k, r in replies.items()})
+    assert got[0] and got[0].keys() == got[1].keys() and got[0] == got[1]
+    assert len({tuple(ids) for ids in got[0].values()}) > len(got[0]) // 2  # sampled: not one reply for all

@@ -68,6 +68,39 @@ def generate_attention(device: Any) -> Any:
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
+def reply_seed(seed: int, prompt: Sequence[int], index: int) -> int:
+    """The seed of one sampled reply: of the build's seed, the prompt's tokens and the reply's index."""
+    import numpy as np
+    import xxhash
+
+    return xxhash.xxh64_intdigest(np.asarray(prompt, dtype=np.int64).tobytes(), seed=seed + index) >> 1
+
+
+def row_sampler(seeds: list[int], p: Any) -> Any:
+    """A transformers logits processor drawing each batch row's next token from its own generator: the scores,
+    warped as generate's sampling warps them (temperature, top-k, top-p: transformers applies its own warpers after
+    any processor given), become one-hot at the row's draw, which the warpers and generate's draw then keep."""
+    import torch
+    from transformers import LogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    warpers: list[Any] = [TemperatureLogitsWarper(p.temperature)]
+    warpers += [TopKLogitsWarper(p.top_k)] if p.top_k else []
+    warpers += [TopPLogitsWarper(p.top_p)] if p.top_p < 1.0 else []
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+
+    class RowSampler(LogitsProcessor):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            for w in warpers:
+                scores = w(input_ids, scores)
+            probs = torch.softmax(scores.float(), dim=-1).cpu()
+            out = torch.full_like(scores, float("-inf"))
+            for b, g in enumerate(gens):
+                out[b, int(torch.multinomial(probs[b], 1, generator=g))] = 0.0
+            return out
+
+    return RowSampler()
+
+
 class LocalEngine:
     """The target itself, in this process: ``model`` (loaded by ModelSpec.load on the build's first device
     and dtype) generates batches of left-padded prompts."""
@@ -95,12 +128,15 @@ class LocalEngine:
 
     def run(self, prompts: list[list[int]], indices: list[int], params: Any,
             on_batch: Callable[[list[int], list[Generated]], None]) -> None:
-        """Generate every prompt, ``on_batch(positions, replies)`` after each batch (a checkpoint). Sampling is
-        seeded per batch from ``params.seed`` (greedy needs no seed: the same batches give the same tokens)."""
+        """Generate every prompt, ``on_batch(positions, replies)`` after each batch (a checkpoint). A sampled
+        reply draws from a generator of its own, seeded by ``params.seed``, its prompt and its index: it does not
+        depend on the batch it was made in (another token budget, ``--limit``, a resume after a kill); greedy
+        needs no seed."""
         for b in prompt_batches([len(p) for p in prompts], params.max_new_tokens, self.token_budget):
-            on_batch(b, self.batch([prompts[i] for i in b], params, params.seed + b[0] + indices[b[0]]))
+            seeds = [reply_seed(params.seed, prompts[i], indices[i]) for i in b]
+            on_batch(b, self.batch([prompts[i] for i in b], params, seeds))
 
-    def batch(self, prompts: list[list[int]], p: Any, seed: int) -> list[Generated]:
+    def batch(self, prompts: list[list[int]], p: Any, seeds: list[int]) -> list[Generated]:
         import torch
 
         width = max(len(x) for x in prompts)
@@ -110,10 +146,12 @@ class LocalEngine:
         for r, x in enumerate(prompts):  # left-padded: every prompt ends where generation starts
             ids[r, width - len(x):] = torch.tensor(x, dtype=torch.long)
             mask[r, width - len(x):] = 1
-        torch.manual_seed(seed)
+        kw = self.kwargs(p)
+        if p.temperature > 0:
+            kw["logits_processor"] = [row_sampler(seeds, p)]
         t0 = time.perf_counter()
         with torch.inference_mode(), generate_attention(dev):
-            out = self.model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), **self.kwargs(p))
+            out = self.model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), **kw)
         seconds = time.perf_counter() - t0
         return [self._cut(row[width:].tolist(), p, seconds) for row in out.cpu()]
 

@@ -337,7 +337,7 @@ def _generation_rate(m: Any, inp: Any, tok: Any, batch: list[list[int]]) -> tupl
     times = []
     for _ in range(2):
         t0 = time.perf_counter()
-        out = engine.batch(batch, m.generate, m.generate.seed)
+        out = engine.batch(batch, m.generate, list(range(m.generate.seed, m.generate.seed + len(batch))))
         times.append(max(time.perf_counter() - t0, 1e-9))
     return sum(len(o.ids) for o in out) / times[1], max(0.0, times[0] - times[1])
 
