@@ -78,7 +78,8 @@ def end_process(code: int) -> NoReturn:
     atexit._run_exitfuncs()  # (the handlers the interpreter would run; a private but long-stable name)
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:  # (None where the process started with that descriptor closed)
+                stream.flush()
         except (OSError, ValueError):
             code = code or 120
     os._exit(code)

@@ -144,3 +144,16 @@ def test_a_plan_after_an_earlier_build_counts_only_the_replies_still_to_generate
     assert "checkpointed" in g["seconds_source"], g["seconds_source"]
     r = run_cli("plan", str(m), "--limit", "2")  # the text form too
     assert r.returncode == 0 and "2 checkpointed in the store" in r.stdout and "nothing to generate" in r.stdout, r.stderr
+
+
+def test_a_sampled_plan_scales_n_replies_a_row_to_the_whole_data(tmp_path: Path) -> None:
+    """``--sample`` extrapolates the sampled rows' tokens to every row: with n replies a row each row holds n
+    samples, which the extrapolation took for n rows (tokens n times low)."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text("\n".join(DATA.read_text().splitlines()[:12]) + "\n")
+    m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 3\ntemperature = 1.0\nseed = 1\nn = 3\n', files=[str(data)])
+    whole = run_cli("plan", str(m), "--json")
+    sampled = run_cli("plan", str(m), "--json", "--sample", "6")
+    assert whole.returncode == 0 and sampled.returncode == 0, (whole.stderr, sampled.stderr)
+    full, est = json.loads(whole.stdout)["tokens"], json.loads(sampled.stdout)["tokens"]
+    assert full["samples"] == 36 and 0.6 * full["tokens"] < est["tokens"] < 1.6 * full["tokens"], (full, est)

@@ -297,6 +297,9 @@ def test_earlier_replies_are_masked_only_on_the_tokens_the_target_generated() ->
     changed = [1, 2, 4, 6, end, 3, 6, 7, end, 3]  # the first reply's text came back as other tokens
     assert _exact_only(changed, mask, job, [end]) == [0, 0, 0, 0, 0, 0, 1, 1, 0, 0]
     assert _exact_only(context, [0, 0, 1, 1, 1, 1, 1, 1, 1, 0], job, [end]) == [0] * 10  # runs merged: none kept
+    other_end = 10  # the target ended with another of its end tokens than the template closes the turn with
+    job.replies[0] = reply([4, 5, other_end])
+    assert _exact_only(context, mask, job, [end, other_end]) == [0, 0, 1, 1, 0, 0, 1, 1, 0, 0]
 
 
 def test_plan_estimates_generated_tokens_and_time(tmp_path: Path) -> None:

@@ -96,3 +96,6 @@ def test_the_console_script_ends_without_teardown_but_as_an_exit_would(tmp_path:
     assert done.exists() and handler.exists()
     r = _ended(tmp_path, "", ["info", str(tmp_path / "none.zarr")])
     assert r.returncode == 2 and r.stderr.startswith("error: ")
+    closed = subprocess.run(["bash", "-c", f"{__import__('sys').executable} -m hsstore --help >/dev/null 2>&-"],
+                            cwd=str(tmp_path), env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert closed.returncode == 0  # stderr closed at start (sys.stderr None): nothing to flush, not a failure

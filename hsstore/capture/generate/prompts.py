@@ -8,8 +8,9 @@ the chat template's rendering of the messages before the turn with the generatio
 ``turns = "last"``: the sample is the prompt's tokens followed by the generated tokens exactly, the loss mask
 over the generated tokens (with the end-of-turn token where the reply stopped there); ``reasoning = "drop"``
 keeps a reply's leading reasoning (up to ``</think>``) in the sequence but out of the mask. ``turns = "all"``:
-the regenerated conversation is rendered by the chat template and masked like any chat row
-(hsstore.capture.inputs.lossmask), so the replies are the template's tokens of the generated text.
+the last turn's prompt, as the target saw it (the earlier replies rendered by the chat template from their
+text), then the last reply's tokens exactly; an earlier reply keeps its mask only where the template's tokens
+are the generated ones, its end token only where it is the one the target emitted (``all_turns_sample``).
 """
 
 from __future__ import annotations
@@ -148,6 +149,6 @@ def _exact_only(context: list[int], mask: list[int], job: Job, eos: list[int]) -
         emitted_end = len(body) < len(reply.ids)
         if context[a : a + len(body)] != body or b - a not in (len(body), len(body) + 1):
             out[a:b] = [0] * (b - a)
-        elif b - a == len(body) + 1 and not emitted_end:
-            out[b - 1] = 0
+        elif b - a == len(body) + 1 and (not emitted_end or context[b - 1] != reply.ids[-1]):
+            out[b - 1] = 0  # the template's end token, not the one the target emitted (or none)
     return out

@@ -205,7 +205,7 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
         bind_backend(m.backends[0])  # before transformers loads a model module (tokenizing does not)
     rows, population = sampled_rows(m.data_files, sample) if sample else (None, None)
     inp = plan_inputs(m, limit, rows=rows, drawn=bool(calibrate))  # a plan draws weights only to calibrate
-    tokens, scale = tokens_of(inp, population)
+    tokens, scale = tokens_of(inp, population, m.generate.n if m.generate is not None else 1)
     cal = _calibrations(m, inp, calibrate)
     n_batches = len(token_budget_batches([s.length for s in inp.samples], m.token_budget))
     calibrated = {d: _measured(c, n_batches) for d, c in cal.items()}

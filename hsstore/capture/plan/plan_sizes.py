@@ -260,17 +260,19 @@ def sampled_rows(files: list[str], n: int, seed: int = SAMPLE_SEED) -> tuple[lis
     return [r for k, r in enumerate(load_rows(files)) if k in want], total
 
 
-def tokens_of(inp: Any, population: int | None) -> tuple[Tokens, float]:
+def tokens_of(inp: Any, population: int | None, per_row: int = 1) -> tuple[Tokens, float]:
     """The samples and tokens the build keeps (an interval when ``population`` rows were sampled), and
-    the factor that scales the sample's sizes to the whole data."""
+    the factor that scales the sample's sizes to the whole data. ``per_row``: the samples a row gives
+    (a regenerating build's ``n``: a row's n samples are consecutive and kept or refused together)."""
     lengths = [s.length for s in inp.samples]
     tokens = sum(lengths)
     mean = tokens / max(1, len(lengths))
     if population is None or population <= inp.report.rows:
         return Tokens(samples=len(lengths), tokens=tokens, sampled_rows=None, tokens_low=None, tokens_high=None,
                       confidence=None, max_length=max(lengths), mean_length=mean), 1.0
-    per_row = lengths + [0] * (inp.report.rows - len(lengths))  # rejected and duplicate rows keep nothing
-    t = total_from_sample(per_row, population)
+    rows_kept = [sum(lengths[i : i + per_row]) for i in range(0, len(lengths), per_row)]
+    row_tokens = rows_kept + [0] * (inp.report.rows - len(rows_kept))  # rejected and duplicate rows keep nothing
+    t = total_from_sample(row_tokens, population)
     kept = round(population * len(lengths) / inp.report.rows)
     return Tokens(samples=kept, tokens=round(t.estimate), sampled_rows=inp.report.rows, tokens_low=round(t.low),
                   tokens_high=round(t.high), confidence=t.confidence, max_length=max(lengths),
