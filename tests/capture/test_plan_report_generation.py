@@ -126,7 +126,7 @@ def test_a_plan_of_prompts_the_build_would_all_drop_is_one_line_and_exit_2(tmp_p
     m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 3\n', files=[str(data)], max_length=8)
     r = run_cli("plan", str(m))
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert "no reply of their own" in r.stderr and "prompt longer than max_length=8: 2" in r.stderr, r.stderr
+    assert "as prompts to regenerate from" in r.stderr and "prompt longer than max_length=8: 2" in r.stderr, r.stderr
 
 
 def test_a_plan_after_an_earlier_build_counts_only_the_replies_still_to_generate(tmp_path: Path) -> None:

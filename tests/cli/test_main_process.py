@@ -4,11 +4,13 @@ for the same call, on a failure (exit 2 with one ``error:`` line) and on a succe
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from helpers import run_cli
+from helpers import REPO, run_cli
 
 # command -> its arguments that are bad input ({tmp}: a fresh folder, {store}: the session's tiny store)
 BAD = {
@@ -73,13 +75,9 @@ def test_a_real_process_succeeds_as_the_inline_runner_reports(command: str, tiny
 
 def _ended(tmp: Path, setup: str, argv: list[str]) -> subprocess.CompletedProcess:
     """A real process that runs ``setup`` then the console script's ``run`` with ``argv``."""
-    import sys
-
-    from helpers import REPO
-
     code = f"import atexit, sys, threading, time\n{setup}\nsys.argv = ['hsstore', *{argv!r}]\nfrom hsstore.cli.main import run\nrun()\n"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
-                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 @pytest.mark.process
@@ -96,6 +94,6 @@ def test_the_console_script_ends_without_teardown_but_as_an_exit_would(tmp_path:
     assert done.exists() and handler.exists()
     r = _ended(tmp_path, "", ["info", str(tmp_path / "none.zarr")])
     assert r.returncode == 2 and r.stderr.startswith("error: ")
-    closed = subprocess.run(["bash", "-c", f"{__import__('sys').executable} -m hsstore --help >/dev/null 2>&-"],
-                            cwd=str(tmp_path), env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    closed = subprocess.run(["bash", "-c", f"{sys.executable} -m hsstore --help >/dev/null 2>&-"], cwd=str(tmp_path),
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
     assert closed.returncode == 0  # stderr closed at start (sys.stderr None): nothing to flush, not a failure

@@ -168,7 +168,13 @@ def jobs_from_rows(rows: Iterable[InputRow], fmt: str, g: Any, report: InputRepo
 
 
 def prompt_tokens(masker: Any, job: Job, max_length: int) -> list[int]:
-    text = masker._render(turn_messages(job), job.tools, True)
+    """The prompt of the job's next turn, earlier turns as regenerated."""
+    return rendered_prompt(masker, turn_messages(job), job.tools, max_length)
+
+
+def rendered_prompt(masker: Any, msgs: list[dict[str, Any]], tools: Any, max_length: int) -> list[int]:
+    """``msgs`` rendered with the generation prompt and tokenized; RowRejected from ``max_length`` tokens on."""
+    text = masker._render(msgs, tools, True)
     ids = list(masker.tok(text, add_special_tokens=False)["input_ids"])
     if len(ids) >= max_length:
         raise RowRejected(f"prompt longer than max_length={max_length}", f"{len(ids)} tokens before the reply")
@@ -373,15 +379,6 @@ def summary_fields(inp: Any, lineage: Any) -> dict[str, Any]:
             "ledger": lineage.where(ledger_key(lineage.start.build_id)) if lineage.start.world_size == 1 else None}
 
 
-def _last_prompt(masker: Any, job: Job, max_length: int) -> list[int]:
-    """The prompt of the job's last turn, the data's own earlier replies in it (a plan's stand-in)."""
-    text = masker._render([dict(x) for x in job.msgs[: job.turns[-1]]], job.tools, True)
-    ids = list(masker.tok(text, add_special_tokens=False)["input_ids"])
-    if len(ids) >= max_length:
-        raise RowRejected(f"prompt longer than max_length={max_length}", f"{len(ids)} tokens before the reply")
-    return ids
-
-
 def _own_reply_tokens(tok: Any, job: Job) -> int | None:
     """Tokens of the data's own reply at the job's last turn, and its end token (None: a prompt, no reply)."""
     at = job.turns[-1]
@@ -421,7 +418,7 @@ def placeholder_samples(m: Any, tok: Any, tok_fp: str, rows: list[InputRow], lim
     samples = []
     for j in jobs_from_rows(rows, m.data_format, g, report, limit):
         try:
-            prompt = _last_prompt(masker, j, m.max_length)
+            prompt = rendered_prompt(masker, [dict(x) for x in j.msgs[: j.turns[-1]]], j.tools, m.max_length)
         except RowRejected as r:
             report.rejected[r.reason] += 1
             report.note("rejected", j.file, j.row, r.reason, r.detail)
@@ -434,6 +431,6 @@ def placeholder_samples(m: Any, tok: Any, tok_fp: str, rows: list[InputRow], lim
     report.close()
     if not samples:
         reasons = ", ".join(f"{k}: {v}" for k, v in report.rejected.items()) or "no rows"
-        raise BadInput(f"no usable rows in the data files ({report.rows} rows read; no reply of their own, and as "
-                       f"prompts to regenerate from: {reasons}); check [data] files, format and max_length")
+        raise BadInput(f"no usable rows in the data files ({report.rows} rows read; as prompts to regenerate "
+                       f"from: {reasons}); check [data] files, format and max_length")
     return samples, report

@@ -189,12 +189,13 @@ def process_id(pid: int) -> dict[str, Any]:
             "pid": pid, "started": started}
 
 
-def owner_gone(owner: Any) -> bool:
+def owner_gone(owner: Any, here: dict[str, Any] | None = None) -> bool:
     """Whether the process ``owner`` (a ``process_id``) has certainly ended: in this host's boot and pid namespace,
     no such pid, or a pid now taken by a later process. Anything this process cannot tell (another host, boot,
     container or sandbox sharing the folder and the host name, an unreadable record) counts as alive: a reboot
-    cannot be told from another sandbox's boot, so a folder left by one stays."""
-    here = process_id(os.getpid())
+    cannot be told from another sandbox's boot, so a folder left by one stays. ``here``: this process's
+    ``process_id`` (read once by a caller judging many owners)."""
+    here = here or process_id(os.getpid())
     if not isinstance(owner, dict) or any(owner.get(k) != here[k] for k in ("host", "boot", "pidns")):
         return False
     pid = owner.get("pid")
@@ -219,6 +220,7 @@ def sweep_stale_temps(folder: str | os.PathLike[str] | None = None) -> list[str]
         entries = list(os.scandir(folder or tempfile.gettempdir()))
     except OSError:
         return removed
+    here = process_id(os.getpid())
     for entry in entries:
         if not entry.name.startswith(TEMP_PREFIX) or not entry.is_dir(follow_symlinks=False):
             continue
@@ -227,7 +229,7 @@ def sweep_stale_temps(folder: str | os.PathLike[str] | None = None) -> list[str]
             owner = json.loads(raw) if raw else None
         except ValueError:
             owner = None
-        if owner_gone(owner):
+        if owner_gone(owner, here):
             shutil.rmtree(entry.path, ignore_errors=True)
             if not os.path.lexists(entry.path):
                 removed.append(entry.path)
