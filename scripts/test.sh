@@ -16,4 +16,7 @@ unset PYTHONDONTWRITEBYTECODE
 # types next (pyproject's [tool.mypy]: strict on core/storage/read, every module clean, no baseline);
 # offline, ~20 s with its cache (.mypy_cache), ~4 min cold on a shared 2-core machine
 .venv/bin/mypy
-.venv/bin/python -m pytest -n "${HSSTORE_TEST_WORKERS:-2}" "$@"
+# --dist worksteal: xdist's default ("load") hands each worker a first chunk of 1/8 of the tests in order, so every
+# `process` test (sorted first, tests/conftest.py) went to one worker, which ran them alone for minutes after the
+# other had finished the short ones (8 min 39 s against 6 min 26 s, docs/testing.md); stealing rebalances the queues
+.venv/bin/python -m pytest -n "${HSSTORE_TEST_WORKERS:-2}" --dist worksteal "$@"

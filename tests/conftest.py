@@ -56,7 +56,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked ``process`` run first (order otherwise kept): they are the long ones (a minute or more of
     wall time each, much of it waiting on their processes), and collected last — ``tests/scenarios``,
     ``tests/storage`` — they left one xdist worker running the S3 or SIGKILL test alone while the other had
-    nothing left. First, the ~1,170 short tests fill in behind them on both workers."""
+    nothing left. First, the ~1,200 short tests fill in behind them on both workers (with ``--dist worksteal``, as
+    scripts/test.sh runs: xdist's default "load" gives the first 1/8 of the tests, all of these, to one worker)."""
     items.sort(key=lambda item: item.get_closest_marker("process") is None)
 
 
