@@ -105,7 +105,7 @@ def main() -> None:
             opt.zero_grad()
             loss.backward()
             opt.step()
-            train.mark_consumed(batch["index"])
+            train.mark_consumed(batch)
             history.append(float(loss.detach()))
             step += 1
             if step >= args.steps:

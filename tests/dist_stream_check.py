@@ -19,7 +19,7 @@ def keys_of(ds: StreamingHiddenStateDataset, loader: DataLoader, stop_after: int
         if stop_after is not None and step >= stop_after:
             break
         seen += batch["key"]
-        ds.mark_consumed(batch["index"])
+        ds.mark_consumed(batch)
     return seen
 
 

@@ -79,7 +79,7 @@ def require_provenance(reader: VariantReader, required: Required, allow_drift: I
 
 REQUIRED = ("input_ids", "loss_mask")
 STATES = ("aux_hidden", "target_hidden", "aux_scales", "target_scales")
-OPTIONAL = ("key", "index")  # a dataset's items carry them; items built elsewhere may not: kept when all do
+OPTIONAL = ("key", "index", "epoch")  # a dataset's items carry them (epoch: streaming ones); kept when all items do
 
 
 def _check_items(items: Sequence[dict[str, Any]]) -> list[str]:
@@ -99,7 +99,7 @@ def _check_items(items: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def pad_collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Right-pad items into a batch with ``attention_mask`` (True = real token). ``key`` and ``index``
+    """Right-pad items into a batch with ``attention_mask`` (True = real token). ``key``, ``index`` and ``epoch``
     are carried when every item has them (items built outside a dataset may have neither); an item
     without ``input_ids``, ``loss_mask`` or a state field the first item has is a BadInput naming it."""
     fields = _check_items(items)
@@ -113,8 +113,9 @@ def pad_collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
     if "key" in fields:
         out["key"] = [it["key"] for it in items]
-    if "index" in fields:
-        out["index"] = torch.tensor([it["index"] for it in items], dtype=torch.long)
+    for k in ("index", "epoch"):
+        if k in fields:
+            out[k] = torch.tensor([it[k] for it in items], dtype=torch.long)
     padded = [k for k in STATES if k in fields]
     for k in padded:  # (float8 codes are padded through their bytes: zeros either way)
         x = first[k].view(torch.uint8) if first[k].dtype == torch.float8_e4m3fn else first[k]
@@ -130,6 +131,12 @@ def pad_collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if first[k].dtype == torch.float8_e4m3fn:
             out[k] = out[k].view(torch.float8_e4m3fn)
     return out
+
+
+def _int_array(x: Any) -> np.ndarray:
+    """Indices or epochs (an int, a sequence, a tensor) as a flat int64 array."""
+    raw = x.tolist() if isinstance(x, torch.Tensor) else x
+    return np.asarray(raw if isinstance(raw, (int, np.integer)) else list(raw), np.int64).ravel()
 
 
 # a dataset's store: an open Store, or its path or URL ("STORE#SELECTOR" too)
@@ -290,6 +297,8 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
     - ``set_epoch``, ``mark_consumed`` and ``load_state_dict`` in the main process write a shared-memory
       block every worker reads when its iteration starts (persistent, spawned or forked workers follow);
     - ``set_epoch(e)`` starts epoch ``e``; for the epoch in progress it goes on (``set_epoch``'s docstring);
+    - each item carries ``epoch``, the epoch its iteration began in: ``mark_consumed(batch)`` leaves out late marks
+      of an epoch that is over;
     - ``state_dict()`` names its snapshot (units, digest): on a store changed since, ``load_state_dict``
       carries marks over by key; new samples join next epoch (``new_samples="this_epoch"``: this one);
     - ``batch_tokens=N`` yields padded batches of at most N (padded) tokens instead of single items;
@@ -317,6 +326,7 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         self.digest, self.unit_sizes, self.n = snapshot_digest(self.snapshot), [c for _, c in self.snapshot], len(self.reader.keys)
         self.live = LiveMarks(self.n)  # what DataLoader workers read when an iteration starts
         self._resumed: int | None = None
+        self._warned_marks_of: int | None = None  # the epoch whose mark_consumed warned of another epoch's marks
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()  # a spawned worker has no process group: it keeps its parent's rank
@@ -370,10 +380,37 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         consumed, order = self.consumed, self._epoch_order()
         return sum(int((~consumed[self._rank_split(r, order)]).sum()) for r in range(self._world_and_rank()[0]))
 
-    def mark_consumed(self, indices: Iterable[int] | torch.Tensor) -> None:
-        """Record samples the training loop has finished with (call in the main process)."""
-        raw = indices.tolist() if isinstance(indices, torch.Tensor) else indices
-        self.live.mark(np.asarray(raw if isinstance(raw, (int, np.integer)) else list(raw), np.int64).ravel())
+    def mark_consumed(self, indices: Iterable[int] | torch.Tensor | Mapping[str, Any], epoch: Any = None) -> None:
+        """Record samples the training loop has finished with (call in the main process): a batch or item
+        (``mark_consumed(batch)``: its ``index`` and the ``epoch`` its items were read in), or indices with their
+        ``epoch`` (an int, or one per index). Marks of an epoch other than the one in progress are left out, with a
+        warning: set_epoch(e + 1) before a late mark of epoch e would otherwise skip that sample in e + 1."""
+        if isinstance(indices, Mapping):
+            if "index" not in indices:
+                raise BadInput(f"mark_consumed: the batch has no 'index' (it has {sorted(indices)}); pass a batch or "
+                               "item of this dataset, or its indices")
+            batch = indices
+            indices, epoch = batch["index"], batch.get("epoch") if epoch is None else epoch
+        idx = _int_array(indices)
+        if epoch is not None:
+            idx = self._of_this_epoch(idx, _int_array(epoch))
+        self.live.mark(idx)
+
+    def _of_this_epoch(self, idx: np.ndarray, epochs: np.ndarray) -> np.ndarray:
+        """The marks of ``idx`` whose epoch (one for all, or one each) is the one in progress; a warning names the rest."""
+        if epochs.size != 1 and epochs.size != idx.size:
+            raise BadInput(f"mark_consumed: {idx.size} indices and {epochs.size} epochs; pass one epoch, or one per "
+                           "index (a batch's 'epoch')")
+        here = np.broadcast_to(epochs == self.epoch, idx.shape)
+        if not here.all() and self._warned_marks_of != self.epoch:
+            self._warned_marks_of = self.epoch  # once an epoch: a loop that marks late does so every step
+            other = sorted({int(e) for e in np.broadcast_to(epochs, idx.shape)[~here]})
+            warnings.warn(f"mark_consumed: {int((~here).sum())} mark(s) of epoch {', '.join(map(str, other))} ignored: "
+                          f"the dataset is in epoch {self.epoch} (set_epoch ran before these marks; their samples "
+                          "were trained in their own epoch, and stay in this one; later such marks are ignored "
+                          "without a warning)", stacklevel=3)
+        kept: np.ndarray = idx[here]
+        return kept
 
     def state_dict(self, gather: bool = True) -> dict[str, Any]:
         """Resumable state (JSON-ready, compact); with torch.distributed initialized (and ``gather``) it
@@ -479,23 +516,26 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
             raise BadInput(f"epoch {self.epoch} is fully consumed (every sample of this rank is marked with "
                            f"mark_consumed): call set_epoch({self.epoch + 1}) before iterating again")
 
-    def _items(self, indices: np.ndarray) -> Generator[dict[str, Any], None, None]:
-        """Items in order, read ahead by the kernel (local, ``readahead``) and threads (``prefetch``)."""
+    def _items(self, indices: np.ndarray, epoch: int) -> Generator[dict[str, Any], None, None]:
+        """Items of ``epoch`` in order, read ahead by the kernel (local, ``readahead``) and threads (``prefetch``)."""
         ahead = None
         if self.readahead and self.reader.store.is_local and len(indices):
             layers = sorted({i for ids in self.layer_roles.values() for i in ids})
             ahead = Readahead(self.reader, [self.reader.ref(int(i)) for i in indices], layers)
         try:
-            yield from in_order(self._item, [int(i) for i in indices], self.prefetch, None if ahead is None else ahead.at)
+            for item in in_order(self._item, [int(i) for i in indices], self.prefetch, None if ahead is None else ahead.at):
+                item["epoch"] = epoch
+                yield item
         finally:
             if ahead is not None:
                 ahead.close()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        epoch = self.epoch  # each item carries it: mark_consumed(batch) tells a late mark of an epoch that is over
         runs = self._runs()  # the epoch and marks are read here, when this iteration starts
         if not any(len(r) for r in runs):
             self._check_not_spent()
-        items = self._items(np.concatenate(runs) if runs else np.zeros(0, np.int64))
+        items = self._items(np.concatenate(runs) if runs else np.zeros(0, np.int64), epoch)
         try:
             if not self.batch_tokens:
                 yield from items

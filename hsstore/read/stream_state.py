@@ -197,5 +197,5 @@ class LiveMarks:
     def mark(self, idx: np.ndarray) -> None:
         if idx.size and (idx.min() < 0 or idx.max() >= self.n):
             bad = int(idx.max() if idx.max() >= self.n else idx.min())
-            raise BadInput(f"mark_consumed: index {bad} is not one of this dataset's {self.n} samples; pass batch['index']")
+            raise BadInput(f"mark_consumed: index {bad} is not one of this dataset's {self.n} samples; pass the batch (or its 'index')")
         np.bitwise_or.at(self.t["marks"].numpy(), idx >> 3, (128 >> (idx & 7)).astype(np.uint8))

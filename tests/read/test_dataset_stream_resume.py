@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import warnings
 from collections import Counter
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from hsstore import Store, StreamingHiddenStateDataset
+from hsstore import Store, StreamingHiddenStateDataset, pad_collate
 from hsstore.core.errors import BadInput
 from hsstore.storage.writer import UnitWriter
 from hsstore.testing.factories import make_samples, make_states, new_variant
@@ -369,3 +370,63 @@ def test_keep_with_batch_tokens_warns_when_ranks_would_take_different_numbers_of
         for ds in _ranks(tmp_path / "s.zarr", 4, batch_tokens=64, remainder="drop"):
             ds.set_epoch(0)  # drop: every rank as many batches
         StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=3, batch_tokens=64).set_epoch(0)  # one rank
+
+
+@pytest.mark.parametrize("batch_tokens", [None, 64])
+def test_marks_of_an_epoch_that_is_over_do_not_skip_samples_of_the_next(tmp_path: Path, batch_tokens: int | None):
+    """A loop that marks late (its last steps' marks flushed after set_epoch(e + 1): gradient accumulation across
+    the epoch's end, a step-behind checkpoint hook) marks samples epoch e trained: ``mark_consumed(batch)`` reads
+    the epoch each item carries and leaves the new epoch's marks alone (one warning), so epoch e + 1 trains all."""
+    _, _, keys = _store(tmp_path / "s.zarr")
+    ds = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=2, batch_tokens=batch_tokens)
+    ds.set_epoch(0)
+    late = []
+    for step, batch in enumerate(ds):
+        assert (batch["epoch"] == 0).all() if batch_tokens else batch["epoch"] == 0
+        if step % 3 == 2:
+            late.append(batch)  # every third step's marks wait ...
+        else:
+            ds.mark_consumed(batch)
+    ds.set_epoch(1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for batch in late:  # ... and are flushed once the next epoch started
+            ds.mark_consumed(batch)
+    assert len(caught) == 1 and re.search(r"of epoch 0 ignored.* in epoch 1", str(caught[0].message)), caught
+    assert not ds.consumed.any()
+    _once(_train(ds), keys)
+
+
+def test_mark_consumed_takes_the_epoch_of_each_mark(tmp_path: Path):
+    """``mark_consumed(indices, epoch=)``: an int for all, or one per index (a DataLoader batch's
+    ``epoch`` tensor); only the marks of the epoch in progress count."""
+    _store(tmp_path / "s.zarr", units=1)
+    ds = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=2)
+    ds.set_epoch(3)
+    ds.mark_consumed([0, 1], epoch=3)
+    with pytest.warns(UserWarning, match="1 mark"):
+        ds.mark_consumed(torch.tensor([2, 3]), epoch=torch.tensor([3, 2]))
+    assert np.flatnonzero(ds.consumed).tolist() == [0, 1, 2]
+    with pytest.raises(BadInput, match="epoch"):
+        ds.mark_consumed([4, 5], epoch=[3, 3, 3])
+    with pytest.raises(BadInput, match="index"):
+        ds.mark_consumed({"epoch": torch.tensor([3])})
+    with pytest.raises(BadInput, match=f"index {len(ds)} is not one of this dataset's {len(ds)} samples"):
+        ds.mark_consumed([len(ds)], epoch=3)
+
+
+def test_items_of_workers_carry_the_epoch_their_iteration_began_in(tmp_path: Path):
+    """DataLoader workers (fork) stamp each item with the epoch they read when the iteration began; the default
+    pad_collate makes it a tensor that ``mark_consumed(batch)`` takes."""
+    _, _, keys = _store(tmp_path / "s.zarr")
+    ds = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=2)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True, collate_fn=pad_collate)
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        seen = []
+        for batch in loader:
+            assert batch["epoch"].tolist() == [epoch] * len(batch["index"])
+            ds.mark_consumed(batch)
+            seen += batch["key"]
+        _once(seen, keys)
+        assert ds.consumed.all()
