@@ -24,19 +24,20 @@ def keys_of(ds: StreamingHiddenStateDataset, loader: DataLoader, stop_after: int
 
 
 def main(store: str, out: str, modes: str, context: str = "fork") -> None:
-    """``modes``: comma-separated, each run on a fresh dataset in this one process group (one launch)."""
+    """``modes``: comma-separated, run one after another on one dataset and loader (persistent spawned workers
+    serve them all: each spawned worker imports torch, seconds of CPU) in this one process group (one launch)."""
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    for mode in modes.split(","):
-        run(store, out, mode, rank, context)
-    dist.destroy_process_group()
-
-
-def run(store: str, out: str, mode: str, rank: int, context: str) -> None:
-    """One mode's streaming; what this rank saw goes to ``{out}{mode}-{rank}.json``."""
     ds = StreamingHiddenStateDataset(store, variant="dtype=bf16", seed=7, batch_tokens=600, layers=[3])
     spawn = {"multiprocessing_context": "spawn", "persistent_workers": True} if context == "spawn" else {}
     loader = DataLoader(ds, batch_size=None, num_workers=2, **spawn)
+    for mode in modes.split(","):
+        run(ds, loader, out, mode, rank)
+    dist.destroy_process_group()
+
+
+def run(ds: StreamingHiddenStateDataset, loader: DataLoader, out: str, mode: str, rank: int) -> None:
+    """One mode's streaming; what this rank saw goes to ``{out}{mode}-{rank}.json``."""
     result: dict = {"world": dist.get_world_size()}
     if mode == "full":
         for name, epoch in (("epoch0", 0), ("epoch0_again", 0), ("epoch1", 1)):
