@@ -157,3 +157,29 @@ def test_a_sampled_plan_scales_n_replies_a_row_to_the_whole_data(tmp_path: Path)
     assert whole.returncode == 0 and sampled.returncode == 0, (whole.stderr, sampled.stderr)
     full, est = json.loads(whole.stdout)["tokens"], json.loads(sampled.stdout)["tokens"]
     assert full["samples"] == 36 and 0.6 * full["tokens"] < est["tokens"] < 1.6 * full["tokens"], (full, est)
+
+
+def test_a_plan_after_a_build_counts_its_samples_committed_as_it_does_for_data_replies(tmp_path: Path) -> None:
+    """A plan stood a placeholder in for each regenerated sample, whose key is not the built one: on a store the
+    build had filled it planned every sample again (0 committed, the whole size to write). A reply chain whose
+    replies the store holds is planned as the sample the build made of them: committed, nothing left to write.
+    Chains with a reply still missing stay stand-ins (here: the third row after a build of two), for both n and
+    turns = "all"."""
+    for generate, per_row in (('max_new_tokens = 3\ntemperature = 1.0\nseed = 1\nn = 2\n', 2),
+                              ('max_new_tokens = 2\nturns = "all"\n', 1)):
+        d = tmp_path / str(per_row)
+        d.mkdir()
+        m = _manifest(d, 'engine = "model"\n' + generate)
+        r = run_cli("build", str(m), "--quiet", "--json", "--limit", "2")
+        assert r.returncode == 0, r.stderr
+        built = json.loads(r.stdout)["inputs"]["usable"]
+        for limit, committed in (("2", built), ("3", built)):
+            r = run_cli("plan", str(m), "--json", "--limit", limit)
+            assert r.returncode == 0, r.stderr
+            plan = json.loads(r.stdout)
+            v = plan["variants"][0]
+            assert v["committed_samples"] == committed, (generate, limit, v)
+            if limit == "2":
+                assert v["remaining_bytes"] == 0 and plan["inputs"]["usable"] == built, (generate, v)
+            else:
+                assert plan["inputs"]["usable"] > built and v["remaining_bytes"] > 0, (generate, plan["inputs"], v)

@@ -398,7 +398,9 @@ def samples_of_rows(m: Any, spec: Any, tok: Any, tok_id: Any, model_id: Any, row
 
     rows = load_rows(m.data_files) if rows is None else rows
     if m.generate is not None and store is None:  # a plan: one stand-in sample per reply the build makes
-        return (*placeholder_samples(m, tok, tok_id.fingerprint, list(rows), limit, pad_id), None)
+        plan = planned_samples(m, tok, tok_id.fingerprint, list(rows), limit, pad_id,
+                               checkpointed_replies(m, model_id, tok_id.fingerprint))
+        return plan.samples, plan.report, plan
     if m.generate is None or store is None:
         return (*tokenize_rows(rows, tok, tok_id.fingerprint, m.data_format, m.max_length, m.too_long, limit), None)
     status(f"regenerating the replies with {m.generate.engine} ({m.model_path})", quiet)
@@ -406,17 +408,49 @@ def samples_of_rows(m: Any, spec: Any, tok: Any, tok_id: Any, model_id: Any, row
     return regen.samples, regen.report, regen
 
 
-def placeholder_samples(m: Any, tok: Any, tok_fp: str, rows: list[InputRow], limit: int | None,
-                        pad_id: int) -> tuple[list[SampleTokens], InputReport]:
-    """For a plan: a stand-in of each sample the build makes, one per reply chain (``n`` per row; a prompt row
-    too): the last turn's prompt as the build renders it (the data's own earlier replies standing for the
-    regenerated ones), then a reply as long as the data's own (its tokens and end token; a prompt row's:
-    max_new_tokens, the longest the build generates), at most max_new_tokens, cut at max_length. BadInput when
-    no row gives a prompt the build keeps."""
+class _NotCheckpointed(Exception):
+    """A reply the store does not hold (a plan generates nothing)."""
+
+
+def _no_engine() -> Any:
+    raise _NotCheckpointed
+
+
+def checkpointed_replies(m: Any, model_id: Any, tok_fp: str) -> tuple[str, dict[str, Reply]]:
+    """(the reply configuration, every reply of it that builds of ``m``'s store checkpointed); none where the
+    store does not exist yet."""
+    from hsstore.core.errors import StoreNotFound
+    from hsstore.storage.store import Store
+
+    config = reply_config(m, model_fingerprint(model_id), tok_fp)
+    try:
+        return config, load_replies(Store.open(m.store_path), config)
+    except StoreNotFound:
+        return config, {}
+
+
+def planned_samples(m: Any, tok: Any, tok_fp: str, rows: list[InputRow], limit: int | None,
+                    pad_id: int, checkpointed: tuple[str, dict[str, Reply]] = ("", {})) -> Regenerated:
+    """For a plan, what the build regenerates (nothing generated here): the sample the build makes of each reply
+    chain whose replies the store holds (``checkpointed``: their configuration and replies), with its key and the
+    provenance's generation record (so the plan finds the variant and the samples it committed); a stand-in of
+    each other chain
+    (``n`` per row; a prompt row too): the last turn's prompt as the build renders it (the data's own earlier
+    replies standing for the regenerated ones), then a reply as long as the data's own (its tokens and end
+    token; a prompt row's: max_new_tokens, the longest the build generates), at most max_new_tokens, cut at
+    max_length. BadInput when no row gives a prompt the build keeps."""
+    from hsstore.capture.generate.engines import end_ids
+
     g, report = m.generate, InputReport()
-    masker = prompt_masker(tok, g)
-    samples = []
+    masker, eos = prompt_masker(tok, g), end_ids(tok)
+    run = Run(None, "", checkpointed[0], g, "", checkpointed[1], _no_engine)
+    samples: list[SampleTokens] = []
+    whole: list[Job] = []
+    keyed: list[tuple[Job, str | None]] = []
     for j in jobs_from_rows(rows, m.data_format, g, report, limit):
+        if run.cache and _replayed(run, j, masker, m.max_length, eos):
+            whole.append(j)
+            continue
         try:
             prompt = rendered_prompt(masker, [dict(x) for x in j.msgs[: j.turns[-1]]], j.tools, m.max_length)
         except RowRejected as r:
@@ -428,9 +462,27 @@ def placeholder_samples(m: Any, tok: Any, tok_fp: str, rows: list[InputRow], lim
         ids, mask = np.asarray(prompt + reply, dtype=np.int32), np.asarray([0] * len(prompt) + [1] * n, np.uint8)
         samples.append(SampleTokens(sample_key(tok_fp, ids, mask), ids, mask))
         report.usable += 1
+    if whole:
+        try:
+            real, keyed = samples_of(whole, masker, m, tok_fp, eos, report)
+            samples += real
+        except BadInput:  # every checkpointed chain dropped (the build drops them too): the stand-ins remain
+            pass
     report.close()
     if not samples:
         reasons = ", ".join(f"{k}: {v}" for k, v in report.rejected.items()) or "no rows"
         raise BadInput(f"no usable rows in the data files ({report.rows} rows read; as prompts to regenerate "
                        f"from: {reasons}); check [data] files, format and max_length")
-    return samples, report
+    ledger = ledger_records(keyed)  # (the engine version of the build's replies: none generated, none known)
+    return Regenerated(samples, report, generation_of(m, ledger, []), ledger, 0)
+
+
+def _replayed(run: Run, job: Job, masker: Any, max_length: int, eos: list[int]) -> bool:
+    """Whether the store holds every reply of ``job``'s chain: then the job is as the build regenerates it
+    (its replies, or dropped where the build drops it)."""
+    try:
+        regenerate_jobs(run, [job], masker, max_length, eos)
+    except _NotCheckpointed:
+        job.prompt, job.replies, job.texts, job.dropped = [], [], [], None  # (as jobs_of made it)
+        return False
+    return True
