@@ -79,7 +79,7 @@ def require_provenance(reader: VariantReader, required: Required, allow_drift: I
 
 REQUIRED = ("input_ids", "loss_mask")
 STATES = ("aux_hidden", "target_hidden", "aux_scales", "target_scales")
-OPTIONAL = ("key", "index", "epoch")  # a dataset's items carry them (epoch: streaming ones); kept when all items do
+OPTIONAL = ("key", "index", "epoch", "epoch_start")  # a dataset's items carry them (epochs: streaming ones); kept when all do
 
 
 def _check_items(items: Sequence[dict[str, Any]]) -> list[str]:
@@ -99,9 +99,9 @@ def _check_items(items: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def pad_collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Right-pad items into a batch with ``attention_mask`` (True = real token). ``key``, ``index`` and ``epoch``
-    are carried when every item has them (items built outside a dataset may have neither); an item
-    without ``input_ids``, ``loss_mask`` or a state field the first item has is a BadInput naming it."""
+    """Right-pad items into a batch with ``attention_mask`` (True = real token). ``key``, ``index``,
+    ``epoch`` and ``epoch_start`` are carried when every item has them (items built outside a dataset may have
+    none); an item without ``input_ids``, ``loss_mask`` or a state field the first item has is a BadInput naming it."""
     fields = _check_items(items)
     T = max(it["input_ids"].shape[0] for it in items)
     B = len(items)
@@ -113,7 +113,7 @@ def pad_collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
     if "key" in fields:
         out["key"] = [it["key"] for it in items]
-    for k in ("index", "epoch"):
+    for k in ("index", "epoch", "epoch_start"):
         if k in fields:
             out[k] = torch.tensor([it[k] for it in items], dtype=torch.long)
     padded = [k for k in STATES if k in fields]
@@ -133,10 +133,26 @@ def pad_collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _int_array(x: Any) -> np.ndarray:
-    """Indices or epochs (an int, a sequence, a tensor) as a flat int64 array."""
-    raw = x.tolist() if isinstance(x, torch.Tensor) else x
-    return np.asarray(raw if isinstance(raw, (int, np.integer)) else list(raw), np.int64).ravel()
+def _int_array(x: Any, what: str) -> np.ndarray:
+    """Indices or epochs (an int, a sequence, an array or tensor of integers) as a flat int64 array; BadInput
+    for anything else (floats, bools, text, items)."""
+    try:
+        arr = np.asarray(x.tolist() if isinstance(x, torch.Tensor) else x)
+    except ValueError:  # (ragged nesting)
+        arr = np.asarray(None)
+    if arr.dtype.kind not in "iu" and arr.size:
+        raise BadInput(f"mark_consumed: {what} must be whole numbers (an int, a list, an array or tensor of them), not "
+                       f"{type(x).__name__} of {arr.dtype}; pass the batch, or batch['index']")
+    return arr.astype(np.int64).ravel()
+
+
+def _same(stamps: np.ndarray, now: int, n: int) -> np.ndarray:
+    """bool [n]: which of ``n`` marks carry the stamp ``now`` (``stamps``: one for all, or one each)."""
+    if stamps.size not in (1, n):
+        raise BadInput(f"mark_consumed: {n} indices and {stamps.size} epochs; pass one epoch, or one per "
+                       "index (a batch's 'epoch')")
+    same: np.ndarray = np.broadcast_to(stamps == now, (n,))
+    return same
 
 
 # a dataset's store: an open Store, or its path or URL ("STORE#SELECTOR" too)
@@ -297,8 +313,8 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
     - ``set_epoch``, ``mark_consumed`` and ``load_state_dict`` in the main process write a shared-memory
       block every worker reads when its iteration starts (persistent, spawned or forked workers follow);
     - ``set_epoch(e)`` starts epoch ``e``; for the epoch in progress it goes on (``set_epoch``'s docstring);
-    - each item carries ``epoch``, the epoch its iteration began in: ``mark_consumed(batch)`` leaves out late marks
-      of an epoch that is over;
+    - each item carries ``epoch`` and ``epoch_start``, the epoch its iteration began in and which start of it
+      (set_epoch, load_state_dict): ``mark_consumed(batch)`` leaves out late marks of an earlier pass;
     - ``state_dict()`` names its snapshot (units, digest): on a store changed since, ``load_state_dict``
       carries marks over by key; new samples join next epoch (``new_samples="this_epoch"``: this one);
     - ``batch_tokens=N`` yields padded batches of at most N (padded) tokens instead of single items;
@@ -326,7 +342,7 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         self.digest, self.unit_sizes, self.n = snapshot_digest(self.snapshot), [c for _, c in self.snapshot], len(self.reader.keys)
         self.live = LiveMarks(self.n)  # what DataLoader workers read when an iteration starts
         self._resumed: int | None = None
-        self._warned_marks_of: int | None = None  # the epoch whose mark_consumed warned of another epoch's marks
+        self._warned_marks_of: int | None = None  # the epoch start (live.starts) whose mark_consumed warned
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()  # a spawned worker has no process group: it keeps its parent's rank
@@ -368,7 +384,8 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
             return
         if self._resumed is not None and epoch > self._resumed and (left := self._left_of_resumed()):
             warnings.warn(f"set_epoch({epoch}) after load_state_dict of a state in epoch {self._resumed}: its {left} "
-                          f"samples not yet consumed are skipped (set_epoch({self._resumed}) goes on with them)",
+                          f"samples not yet consumed are skipped (set_epoch({self._resumed}) goes on with them; "
+                          "if they were trained and only their marks are late, nothing is lost)",
                           stacklevel=2)
         self._resumed = None
         self.live.start(epoch, np.zeros(self.n, dtype=bool))
@@ -382,35 +399,35 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
 
     def mark_consumed(self, indices: Iterable[int] | torch.Tensor | Mapping[str, Any], epoch: Any = None) -> None:
         """Record samples the training loop has finished with (call in the main process): a batch or item
-        (``mark_consumed(batch)``: its ``index`` and the ``epoch`` its items were read in), or indices with their
-        ``epoch`` (an int, or one per index). Marks of an epoch other than the one in progress are left out, with a
-        warning: set_epoch(e + 1) before a late mark of epoch e would otherwise skip that sample in e + 1."""
+        (``mark_consumed(batch)``: its ``index``, and the ``epoch`` and ``epoch_start`` its items were read in), or
+        indices with their ``epoch`` (an int, or one per index). Marks of items read before the epoch in progress
+        started (set_epoch, load_state_dict) are left out, with a warning: a late mark of epoch e after
+        set_epoch(e + 1), or of a pass a rollback discarded, would otherwise skip that sample now."""
+        start = None
         if isinstance(indices, Mapping):
             if "index" not in indices:
                 raise BadInput(f"mark_consumed: the batch has no 'index' (it has {sorted(indices)}); pass a batch or "
                                "item of this dataset, or its indices")
             batch = indices
-            indices, epoch = batch["index"], batch.get("epoch") if epoch is None else epoch
-        idx = _int_array(indices)
-        if epoch is not None:
-            idx = self._of_this_epoch(idx, _int_array(epoch))
-        self.live.mark(idx)
-
-    def _of_this_epoch(self, idx: np.ndarray, epochs: np.ndarray) -> np.ndarray:
-        """The marks of ``idx`` whose epoch (one for all, or one each) is the one in progress; a warning names the rest."""
-        if epochs.size != 1 and epochs.size != idx.size:
-            raise BadInput(f"mark_consumed: {idx.size} indices and {epochs.size} epochs; pass one epoch, or one per "
-                           "index (a batch's 'epoch')")
-        here = np.broadcast_to(epochs == self.epoch, idx.shape)
-        if not here.all() and self._warned_marks_of != self.epoch:
-            self._warned_marks_of = self.epoch  # once an epoch: a loop that marks late does so every step
-            other = sorted({int(e) for e in np.broadcast_to(epochs, idx.shape)[~here]})
-            warnings.warn(f"mark_consumed: {int((~here).sum())} mark(s) of epoch {', '.join(map(str, other))} ignored: "
-                          f"the dataset is in epoch {self.epoch} (set_epoch ran before these marks; their samples "
-                          "were trained in their own epoch, and stay in this one; later such marks are ignored "
-                          "without a warning)", stacklevel=3)
-        kept: np.ndarray = idx[here]
-        return kept
+            indices, start = batch["index"], batch.get("epoch_start")
+            epoch = batch.get("epoch") if epoch is None else epoch
+        idx = _int_array(indices, "indices")
+        self.live.check(idx)  # every index, also those left out below
+        epochs = None if epoch is None else _int_array(epoch, "epochs")
+        here = np.ones(idx.shape, bool)
+        for stamps, now in ((epochs, self.epoch), (None if start is None else _int_array(start, "epoch starts"),
+                                                   self.live.starts)):
+            if stamps is not None:
+                here &= _same(stamps, now, idx.size)
+        self.live.mark(idx[here])  # (before the warning: under warnings-as-errors the kept marks still count)
+        if not here.all() and self._warned_marks_of != self.live.starts:
+            self._warned_marks_of = self.live.starts  # once an epoch's start: a loop that marks late does so every step
+            read_in = "" if epochs is None else " (read in epoch {})".format(
+                ", ".join(str(e) for e in sorted(set(np.broadcast_to(epochs, idx.shape)[~here].tolist()))))
+            warnings.warn(f"mark_consumed: {int((~here).sum())} mark(s) left out: their items{read_in} were read before "
+                          f"the dataset started epoch {self.epoch} anew (set_epoch or load_state_dict); a sample counts in "
+                          "the pass that read it, not this one (later such marks are left out without a warning)",
+                          stacklevel=2)
 
     def state_dict(self, gather: bool = True) -> dict[str, Any]:
         """Resumable state (JSON-ready, compact); with torch.distributed initialized (and ``gather``) it
@@ -516,26 +533,28 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
             raise BadInput(f"epoch {self.epoch} is fully consumed (every sample of this rank is marked with "
                            f"mark_consumed): call set_epoch({self.epoch + 1}) before iterating again")
 
-    def _items(self, indices: np.ndarray, epoch: int) -> Generator[dict[str, Any], None, None]:
-        """Items of ``epoch`` in order, read ahead by the kernel (local, ``readahead``) and threads (``prefetch``)."""
+    def _items(self, indices: np.ndarray, epoch: int, start: int) -> Generator[dict[str, Any], None, None]:
+        """Items of ``epoch`` (its ``start``-th start) in order, read ahead by the kernel (local, ``readahead``) and
+        threads (``prefetch``)."""
         ahead = None
         if self.readahead and self.reader.store.is_local and len(indices):
             layers = sorted({i for ids in self.layer_roles.values() for i in ids})
             ahead = Readahead(self.reader, [self.reader.ref(int(i)) for i in indices], layers)
         try:
             for item in in_order(self._item, [int(i) for i in indices], self.prefetch, None if ahead is None else ahead.at):
-                item["epoch"] = epoch
+                item["epoch"], item["epoch_start"] = epoch, start
                 yield item
         finally:
             if ahead is not None:
                 ahead.close()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        epoch = self.epoch  # each item carries it: mark_consumed(batch) tells a late mark of an epoch that is over
+        # each item carries the epoch and its start: mark_consumed(batch) tells a late mark of an earlier pass
+        epoch, start = self.epoch, self.live.starts
         runs = self._runs()  # the epoch and marks are read here, when this iteration starts
         if not any(len(r) for r in runs):
             self._check_not_spent()
-        items = self._items(np.concatenate(runs) if runs else np.zeros(0, np.int64), epoch)
+        items = self._items(np.concatenate(runs) if runs else np.zeros(0, np.int64), epoch, start)
         try:
             if not self.batch_tokens:
                 yield from items

@@ -171,13 +171,18 @@ class LiveMarks:
     def __init__(self, n: int) -> None:
         self.n, size = n, max(1, (n + 7) // 8)
         # (torch's Tensor.share_memory_ has no annotations)
-        self.ctl: torch.Tensor = torch.zeros(1, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]  # [epoch]
+        # [epoch, starts: how many times an epoch was started (set_epoch, load_state_dict); items carry it]
+        self.ctl: torch.Tensor = torch.zeros(2, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self.t: dict[str, torch.Tensor] = {name: torch.zeros(size, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
                                            for name in ("base", "plan", "marks")}
 
     @property
     def epoch(self) -> int:
         return int(self.ctl[0])
+
+    @property
+    def starts(self) -> int:
+        return int(self.ctl[1])
 
     def bits(self, name: str) -> np.ndarray:
         return np.unpackbits(self.t[name].numpy())[: self.n].astype(bool)
@@ -189,13 +194,18 @@ class LiveMarks:
         for t in self.t.values():
             t.numpy()[:] = packed
         self.ctl[0] = epoch
+        self.ctl[1] += 1
 
     def replan(self) -> None:
         """This rank's workers share out what is left of its run (the marks made so far are a prefix)."""
         self.t["plan"].numpy()[:] = self.t["marks"].numpy()
 
-    def mark(self, idx: np.ndarray) -> None:
+    def check(self, idx: np.ndarray) -> None:
+        """BadInput naming an index that is not one of the ``n`` samples."""
         if idx.size and (idx.min() < 0 or idx.max() >= self.n):
             bad = int(idx.max() if idx.max() >= self.n else idx.min())
             raise BadInput(f"mark_consumed: index {bad} is not one of this dataset's {self.n} samples; pass the batch (or its 'index')")
+
+    def mark(self, idx: np.ndarray) -> None:
+        self.check(idx)
         np.bitwise_or.at(self.t["marks"].numpy(), idx >> 3, (128 >> (idx & 7)).astype(np.uint8))
