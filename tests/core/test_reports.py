@@ -106,11 +106,14 @@ def test_vocab_map_returns_its_record_and_prints_its_keys(tiny_store: Path, tmp_
 
 
 @pytest.mark.process  # the probe runs in a fresh process (forcing a backend patches what it imports)
-def test_env_returns_its_record_and_prints_its_keys():
-    from hsstore.capture.model.environment import probe
+def test_env_returns_its_record_and_prints_its_keys(monkeypatch: pytest.MonkeyPatch):
+    from hsstore.capture.model import environment
 
+    returned = []  # the record the real probe returned to the command (one probe process, not two)
+    real = environment.probe
+    monkeypatch.setattr(environment, "probe", lambda *a: returned.append(real(*a)) or returned[-1])
     doc = _json("env", "--model", MODEL)
-    rec = probe(MODEL, None, "cpu")
+    [rec] = returned
     _same(doc, rec, EnvReport, "env", optional={"model", "kernels_bound"})
     assert rec.model == doc["model"] == MODEL and isinstance(rec.kernels_bound, dict)
 
