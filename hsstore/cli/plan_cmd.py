@@ -78,8 +78,8 @@ def _lines(r: PlanReport) -> list[str]:
         lines.append(f"regenerating ({g.engine}): {g.replies:,} replies to {g.prompts:,} prompts{ck}, about "
                      f"{g.expected_generated_tokens:,} generated tokens (at most {g.max_generated_tokens:,}) in "
                      f"{g.batches:,} batch(es); "
-                     f"time: {when or '?'} — {g.seconds_source}; sizes below are of the data's own replies (of "
-                     "max_new_tokens where it has none)")
+                     f"time: {when or '?'} — {g.seconds_source}; the sizes are of the replies the store holds, and "
+                     "of the data's own (of max_new_tokens where it has none) for the replies still to generate")
     lines.append("storage forms, all samples: " + "; ".join(
         f"{f.form}/{f.codec} {byte_size(f.bytes)} ({f.ratio.value:.2f}x{'' if f.ratio.measured else ' assumed'})"
         for f in r.forms))

@@ -162,24 +162,34 @@ def test_a_sampled_plan_scales_n_replies_a_row_to_the_whole_data(tmp_path: Path)
 def test_a_plan_after_a_build_counts_its_samples_committed_as_it_does_for_data_replies(tmp_path: Path) -> None:
     """A plan stood a placeholder in for each regenerated sample, whose key is not the built one: on a store the
     build had filled it planned every sample again (0 committed, the whole size to write). A reply chain whose
-    replies the store holds is planned as the sample the build made of them: committed, nothing left to write.
-    Chains with a reply still missing stay stand-ins (here: the third row after a build of two), for both n and
-    turns = "all"."""
-    for generate, per_row in (('max_new_tokens = 3\ntemperature = 1.0\nseed = 1\nn = 2\n', 2),
-                              ('max_new_tokens = 2\nturns = "all"\n', 1)):
+    replies the store holds is planned as the sample the build made of them: committed, nothing left to write;
+    and the generation plan counts the same chains' replies checkpointed, two-turn chains too (nothing to
+    generate, no batch, no calibration run). Chains with a reply still missing stay stand-ins (here: the third
+    row after a build of two), for both n and turns = "all"."""
+    data = tmp_path / "chats.jsonl"
+    two_turns = {"messages": [{"role": "user", "content": "Name a prime."}, {"role": "assistant", "content": "7"},
+                              {"role": "user", "content": "And another?"}, {"role": "assistant", "content": "11"}]}
+    third = {"messages": [{**two_turns["messages"][0], "content": "Name an even number."}, *two_turns["messages"][1:]]}
+    rows = [two_turns, json.loads(DATA.read_text().splitlines()[1]), third]
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    for generate, per_row, replies in (('max_new_tokens = 3\ntemperature = 1.0\nseed = 1\nn = 2\n', 2, 4),
+                                       ('max_new_tokens = 2\nturns = "all"\n', 1, 3)):  # (of the first 2 rows)
         d = tmp_path / str(per_row)
         d.mkdir()
-        m = _manifest(d, 'engine = "model"\n' + generate)
+        m = _manifest(d, 'engine = "model"\n' + generate, files=[str(data)])
         r = run_cli("build", str(m), "--quiet", "--json", "--limit", "2")
         assert r.returncode == 0, r.stderr
         built = json.loads(r.stdout)["inputs"]["usable"]
-        for limit, committed in (("2", built), ("3", built)):
-            r = run_cli("plan", str(m), "--json", "--limit", limit)
+        for limit in ("2", "3"):
+            r = run_cli("plan", str(m), "--json", "--limit", limit, "--calibrate", "1")
             assert r.returncode == 0, r.stderr
             plan = json.loads(r.stdout)
-            v = plan["variants"][0]
-            assert v["committed_samples"] == committed, (generate, limit, v)
+            v, g = plan["variants"][0], plan["generation"]
+            assert v["committed_samples"] == built, (generate, limit, v)
             if limit == "2":
                 assert v["remaining_bytes"] == 0 and plan["inputs"]["usable"] == built, (generate, v)
+                assert g["checkpointed_replies"] == g["replies"] == replies, (generate, g)
+                assert (g["batches"], g["max_generated_tokens"], g["seconds"]) == (0, 0, 0.0), (generate, g)
             else:
                 assert plan["inputs"]["usable"] > built and v["remaining_bytes"] > 0, (generate, plan["inputs"], v)
+                assert g["checkpointed_replies"] == replies < g["replies"] and g["batches"] == 1, (generate, g)

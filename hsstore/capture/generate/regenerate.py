@@ -432,23 +432,21 @@ def checkpointed_replies(m: Any, model_id: Any, tok_fp: str) -> tuple[str, dict[
 def planned_samples(m: Any, tok: Any, tok_fp: str, rows: list[InputRow], limit: int | None,
                     pad_id: int, checkpointed: tuple[str, dict[str, Reply]] = ("", {})) -> Regenerated:
     """For a plan, what the build regenerates (nothing generated here): the sample the build makes of each reply
-    chain whose replies the store holds (``checkpointed``: their configuration and replies), with its key and the
-    provenance's generation record (so the plan finds the variant and the samples it committed); a stand-in of
-    each other chain
+    chain whose replies the store holds (``checkpointed``: their configuration and replies), with its key (so the
+    plan finds the samples the build committed), and a generation record for the recipe (as the built variant's
+    has one); a stand-in of each other chain
     (``n`` per row; a prompt row too): the last turn's prompt as the build renders it (the data's own earlier
     replies standing for the regenerated ones), then a reply as long as the data's own (its tokens and end
     token; a prompt row's: max_new_tokens, the longest the build generates), at most max_new_tokens, cut at
     max_length. BadInput when no row gives a prompt the build keeps."""
-    from hsstore.capture.generate.engines import end_ids
-
     g, report = m.generate, InputReport()
-    masker, eos = prompt_masker(tok, g), end_ids(tok)
-    run = Run(None, "", checkpointed[0], g, "", checkpointed[1], _no_engine)
+    replay = Replay(m, tok, checkpointed)
+    masker, eos = replay.masker, replay.eos
     samples: list[SampleTokens] = []
     whole: list[Job] = []
     keyed: list[tuple[Job, str | None]] = []
     for j in jobs_from_rows(rows, m.data_format, g, report, limit):
-        if run.cache and _replayed(run, j, masker, m.max_length, eos):
+        if replay(j):
             whole.append(j)
             continue
         try:
@@ -477,12 +475,24 @@ def planned_samples(m: Any, tok: Any, tok_fp: str, rows: list[InputRow], limit: 
     return Regenerated(samples, report, generation_of(m, ledger, []), ledger, 0)
 
 
-def _replayed(run: Run, job: Job, masker: Any, max_length: int, eos: list[int]) -> bool:
-    """Whether the store holds every reply of ``job``'s chain: then the job is as the build regenerates it
-    (its replies, or dropped where the build drops it)."""
-    try:
-        regenerate_jobs(run, [job], masker, max_length, eos)
-    except _NotCheckpointed:
-        job.prompt, job.replies, job.texts, job.dropped = [], [], [], None  # (as jobs_of made it)
-        return False
-    return True
+class Replay:
+    """Reply chains replayed from the replies a store checkpointed (``checkpointed``: their configuration and
+    replies), as the build regenerates them; for a plan: no engine is made, a missing reply stops the replay."""
+
+    def __init__(self, m: Any, tok: Any, checkpointed: tuple[str, dict[str, Reply]]) -> None:
+        from hsstore.capture.generate.engines import end_ids
+
+        self.max_length, self.masker, self.eos = m.max_length, prompt_masker(tok, m.generate), end_ids(tok)
+        self.run = Run(None, "", checkpointed[0], m.generate, "", checkpointed[1], _no_engine)
+
+    def __call__(self, job: Job) -> bool:
+        """Whether the store holds every reply of ``job``'s chain: then ``job`` is as the build regenerates it
+        (its replies, or dropped where the build drops it); else ``job.replies`` holds those before the first
+        missing one."""
+        if not self.run.cache:
+            return False
+        try:
+            regenerate_jobs(self.run, [job], self.masker, self.max_length, self.eos)
+        except _NotCheckpointed:
+            return False
+        return True

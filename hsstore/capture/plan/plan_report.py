@@ -240,19 +240,19 @@ def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: i
     jobs = jobs_from_rows(load_rows(m.data_files) if rows is None else rows, m.data_format, g, InputReport(), limit)
     tok = inp.spec.tokenizer()  # loaded once: the prompts and the calibrating engine share it
     jobs, prompts = _prompts(m, tok, jobs)
-    done = _checkpointed(m, inp, jobs, prompts)
-    prompts = [p for k, p in enumerate(prompts) if k not in done]  # the build batches only the missing ones
+    whole, reused, pending = _checkpointed(m, inp, tok, jobs)
+    prompts = [p for k, p in enumerate(prompts) if k not in whole]  # the build batches only the chains not done
     replies = sum(len(j.turns) for j in jobs)
-    most = (replies - len(done)) * g.max_new_tokens
-    # the stand-ins' replies (one a chain: its last turn's, as long as the data's own), for every turn of a chain
+    most = pending * g.max_new_tokens
+    # the samples' replies (a stand-in's: its last turn's, as long as the data's own), for every turn of a chain
     data = round(sum(int(s.loss_mask.sum()) for s in inp.samples) * replies / max(1, len(jobs)))
-    expected = min(most, round(data * (replies - len(done)) / replies)) if data and replies else most
+    expected = min(most, round(data * pending / replies)) if data and replies else most
     batches = _prompt_batches(prompts, scale, g.max_new_tokens, m.token_budget)
     common = dict(engine=g.engine, prompts=round(len({(j.file, j.row) for j in jobs}) * scale),
-                  replies=round(replies * scale), checkpointed_replies=round(len(done) * scale),
+                  replies=round(replies * scale), checkpointed_replies=round(reused * scale),
                   max_generated_tokens=round(most * scale), expected_generated_tokens=round(expected * scale),
                   batches=len(batches))
-    if done and not prompts:
+    if reused and not pending:
         return GenerationPlan(**common, generated_tokens_per_second=None, first_batch_extra_seconds=None,
                               calibration_prompts=None, seconds=0.0, seconds_source=(
                                   "nothing to generate: the store holds every reply, checkpointed by an earlier build"))
@@ -268,22 +268,25 @@ def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: i
                                          f"cold then warm; the warm rate, plus the cold one-off {extra:.1f} s")
 
 
-def _checkpointed(m: Any, inp: Any, jobs: list[Any], prompts: list[list[int]]) -> set[int]:
-    """Positions of ``jobs`` of one reply (turns = "all" chains are planned whole: a later turn's prompt is made
-    of the earlier replies) whose reply an earlier build checkpointed in the store: the build reuses it
-    (regenerate.load_replies, keyed as the build keys it)."""
-    from hsstore.capture.generate.regenerate import load_replies, model_fingerprint, reply_config, reply_key
-    from hsstore.core.errors import StoreNotFound
-    from hsstore.storage.store import Store
+def _checkpointed(m: Any, inp: Any, tok: Any, jobs: list[Any]) -> tuple[set[int], int, int]:
+    """(positions of ``jobs`` whose every reply an earlier build checkpointed in the store, the replies of ``jobs``
+    it holds, the replies still to generate): the build reuses what the store holds (``regenerate.Replay``, keyed
+    as the build keys them): a whole chain's replies (one that the build drops at a turn generates no later one),
+    and a chain's replies before its first missing one."""
+    from dataclasses import replace
 
-    try:
-        store = Store.open(m.store_path)
-    except StoreNotFound:
-        return set()
-    config = reply_config(m, model_fingerprint(inp.recipe.model), inp.recipe.tokenizer.fingerprint)
-    cache = load_replies(store, config)
-    return {k for k, (j, p) in enumerate(zip(jobs, prompts))
-            if len(j.turns) == 1 and reply_key(config, p, j.index) in cache}
+    from hsstore.capture.generate.regenerate import Replay, checkpointed_replies
+
+    replay = Replay(m, tok, checkpointed_replies(m, inp.recipe.model, inp.recipe.tokenizer.fingerprint))
+    whole, reused, pending = set(), 0, 0
+    for k, j in enumerate(jobs):
+        chain = replace(j, replies=[], texts=[], prompt=[], dropped=None)  # (the plan's jobs stay as they were)
+        if replay(chain):
+            whole.add(k)
+        else:
+            pending += len(j.turns) - len(chain.replies)
+        reused += len(chain.replies)
+    return whole, reused, pending
 
 
 def _prompt_batches(prompts: list[list[int]], scale: float, max_new_tokens: int, budget: int) -> list[list[int]]:
