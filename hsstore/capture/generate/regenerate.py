@@ -445,6 +445,7 @@ def planned_samples(m: Any, tok: Any, tok_fp: str, rows: list[InputRow], limit: 
     samples: list[SampleTokens] = []
     whole: list[Job] = []
     keyed: list[tuple[Job, str | None]] = []
+    seen: dict[tuple[tuple[int, ...], int], str] = {}  # a chain's last prompt and reply index -> its row
     for j in jobs_from_rows(rows, m.data_format, g, report, limit):
         if replay(j):
             whole.append(j)
@@ -455,6 +456,11 @@ def planned_samples(m: Any, tok: Any, tok_fp: str, rows: list[InputRow], limit: 
             report.rejected[r.reason] += 1
             report.note("rejected", j.file, j.row, r.reason, r.detail)
             continue
+        if (tuple(prompt), j.index) in seen:  # the same prompt makes the same reply (a seeded draw): one sample
+            report.duplicates += 1
+            report.note("duplicate", j.file, j.row, "duplicate of an earlier row", seen[tuple(prompt), j.index])
+            continue
+        seen[tuple(prompt), j.index] = f"{j.file} row {j.row}"
         n = min(_own_reply_tokens(tok, j) or g.max_new_tokens, g.max_new_tokens, m.max_length - len(prompt))
         reply = [pad_id] * (n - 1) + [j.index]  # the reply index: each of n replies its own key
         ids, mask = np.asarray(prompt + reply, dtype=np.int32), np.asarray([0] * len(prompt) + [1] * n, np.uint8)
