@@ -197,15 +197,20 @@ def test_a_plan_after_a_build_counts_its_samples_committed_as_it_does_for_data_r
 
 def test_a_plan_before_any_build_counts_a_duplicate_row_once_as_the_build_does(tmp_path: Path) -> None:
     """The same prompt regenerates the same reply (greedy, or a draw seeded by the prompt): the build keeps one
-    sample; the plan's stand-ins counted the duplicate row as a sample of its own."""
+    sample and generates the reply once; the plan's stand-ins counted the duplicate row as a sample of its own, and
+    its generation plan the reply twice."""
     data = tmp_path / "dup.jsonl"
     rows = [json.loads(x) for x in DATA.read_text().splitlines()[1:3]]
     data.write_text("\n".join(json.dumps(r) for r in [*rows, rows[0]]) + "\n")
     m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 2\n', files=[str(data)])
     r = run_cli("plan", str(m), "--json")
     assert r.returncode == 0, r.stderr
-    planned = json.loads(r.stdout)["inputs"]
+    plan = json.loads(r.stdout)
+    planned, generation = plan["inputs"], plan["generation"]
     r = run_cli("build", str(m), "--quiet", "--json")
     assert r.returncode == 0, r.stderr
-    built = json.loads(r.stdout)["inputs"]
+    build = json.loads(r.stdout)
+    built = build["inputs"]
     assert (planned["usable"], planned["duplicates"]) == (built["usable"], built["duplicates"]) == (2, 1)
+    # the duplicate's reply is generated once (the build's second copy is a reuse)
+    assert generation["max_generated_tokens"] == 2 * build["replies_generated"] == 2 * 2, (generation, build)
