@@ -434,11 +434,11 @@ def planned_samples(m: Any, tok: Any, tok_fp: str, rows: list[InputRow], limit: 
     """For a plan, what the build regenerates (nothing generated here): the sample the build makes of each reply
     chain whose replies the store holds (``checkpointed``: their configuration and replies), with its key (so the
     plan finds the samples the build committed), and a generation record for the recipe (as the built variant's
-    has one); a stand-in of each other chain
-    (``n`` per row; a prompt row too): the last turn's prompt as the build renders it (the data's own earlier
-    replies standing for the regenerated ones), then a reply as long as the data's own (its tokens and end
-    token; a prompt row's: max_new_tokens, the longest the build generates), at most max_new_tokens, cut at
-    max_length. BadInput when no row gives a prompt the build keeps."""
+    has one); a stand-in of each other chain (``n`` per row; a prompt row too; a duplicate's once): the last
+    turn's prompt as the build renders it (the data's own earlier replies standing for the regenerated ones), then
+    a reply as long as the data's own (its tokens and end token; a prompt row's: max_new_tokens, the longest the
+    build generates), at most max_new_tokens, cut at max_length. BadInput when no row gives a prompt the build
+    keeps."""
     g, report = m.generate, InputReport()
     replay = Replay(m, tok, checkpointed)
     masker, eos = replay.masker, replay.eos

@@ -240,8 +240,8 @@ def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: i
     jobs = jobs_from_rows(load_rows(m.data_files) if rows is None else rows, m.data_format, g, InputReport(), limit)
     tok = inp.spec.tokenizer()  # loaded once: the prompts and the calibrating engine share it
     jobs, prompts = _prompts(m, tok, jobs)
-    whole, reused, pending = _checkpointed(m, inp, tok, jobs, prompts)
-    prompts = [p for k, p in enumerate(prompts) if k not in whole]  # the build batches only the replies it lacks
+    skip, reused, pending = _checkpointed(m, inp, tok, jobs, prompts)
+    prompts = [p for k, p in enumerate(prompts) if k not in skip]  # the build batches only the replies it lacks
     replies = sum(len(j.turns) for j in jobs)
     most = pending * g.max_new_tokens
     # the samples' replies (a stand-in's: its last turn's, as long as the data's own), for every turn of a chain
@@ -279,21 +279,21 @@ def _checkpointed(m: Any, inp: Any, tok: Any, jobs: list[Any], prompts: list[lis
     from hsstore.capture.generate.regenerate import Replay, checkpointed_replies
 
     replay = Replay(m, tok, checkpointed_replies(m, inp.recipe.model, inp.recipe.tokenizer.fingerprint))
-    whole, reused, pending = set(), 0, 0
+    skip, reused, pending = set(), 0, 0
     first: set[tuple[tuple[int, ...], int]] = set()  # the first replies to generate: (prompt, reply index)
     for k, j in enumerate(jobs):
         chain = replace(j, replies=[], texts=[], prompt=[], dropped=None)  # (the plan's jobs stay as they were)
         if replay(chain):
-            whole.add(k)
+            skip.add(k)
         else:
             pending += len(j.turns) - len(chain.replies)
             if not chain.replies:
                 if (tuple(prompts[k]), j.index) in first:
-                    whole.add(k)  # a duplicate's first reply: generated once, for the first of them
+                    skip.add(k)  # a duplicate's first reply: generated once, for the first of them
                     pending -= 1
                 first.add((tuple(prompts[k]), j.index))
         reused += len(chain.replies)
-    return whole, reused, pending
+    return skip, reused, pending
 
 
 def _prompt_batches(prompts: list[list[int]], scale: float, max_new_tokens: int, budget: int) -> list[list[int]]:
