@@ -53,12 +53,17 @@ def _count_launches(request: pytest.FixtureRequest):
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``process`` run first (order otherwise kept): they are the long ones (a minute or more of
-    wall time each, much of it waiting on their processes), and collected last — ``tests/scenarios``,
-    ``tests/storage`` — they left one xdist worker running the S3 or SIGKILL test alone while the other had
-    nothing left. First, the ~1,200 short tests fill in behind them on both workers (with ``--dist worksteal``, as
-    scripts/test.sh runs: xdist's default "load" gives the first 1/8 of the tests, all of these, to one worker)."""
-    items.sort(key=lambda item: item.get_closest_marker("process") is None)
+    """Tests marked ``process`` run first on both xdist workers (order otherwise kept): they are the long ones (a
+    minute or more of wall time each, much of it waiting on their processes), and collected last —
+    ``tests/scenarios``, ``tests/storage`` — they left one worker running the S3 or SIGKILL test alone while the other
+    had nothing left. ``--dist worksteal`` (scripts/test.sh) first gives each worker one contiguous half of the
+    tests, so each half begins with every other process test, then its share of the ~1,200 short ones, which fill
+    in behind; a worker that runs out takes half of the other's queue (xdist's default "load" sent the first 1/8
+    of the tests, all of these, to one worker)."""
+    procs = [i for i in items if i.get_closest_marker("process") is not None]
+    rest = [i for i in items if i.get_closest_marker("process") is None]
+    first_half = len(items) // 2 - len(procs[0::2])  # the short tests in the first worker's half
+    items[:] = procs[0::2] + rest[:first_half] + procs[1::2] + rest[first_half:] if first_half >= 0 else procs + rest
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
