@@ -95,6 +95,14 @@ def _check_items(items: Sequence[dict[str, Any]]) -> list[str]:
             raise BadInput(f"pad_collate: item {n} has no {', '.join(repr(k) for k in missing)} (it has "
                            f"{sorted(it)}); pass items as HiddenStateDataset returns them, each with "
                            f"{', '.join(REQUIRED)} and the same state fields")
+        # (a raw FP8 item after a dequantized one would be copied in as its codes' values, its scales dropped;
+        # an fp32 item after a bf16 one rounded to bf16)
+        other = [k for k in STATES if (k in it) != (k in first) or (k in it and it[k].dtype != first[k].dtype)]
+        if other:
+            raise BadInput(f"pad_collate: item {n}'s {', '.join(repr(k) for k in other)} "
+                           f"({', '.join(str(it[k].dtype) if k in it else 'absent' for k in other)}) differ from item "
+                           f"0's ({', '.join(str(first[k].dtype) if k in first else 'absent' for k in other)}); batch "
+                           "items of one variant and one form (raw FP8 or not)")
     return [k for k in OPTIONAL if all(k in it for it in items)] + states
 
 
@@ -337,6 +345,8 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
             raise BadInput(f"seed={seed}: a seed is a whole number from 0 (numpy's generators take no negative seed)")
         self.seed, self.shuffle, self.batch_tokens, self.remainder = seed, shuffle, batch_tokens, remainder
         self._rank, self._world = rank, world_size
+        if rank is not None and world_size is not None:
+            self._world_and_rank()  # refused here, not at the first iteration
         self.prefetch, self.readahead = (prefetch if prefetch is not None else 0 if self.reader.store.is_local else 8), readahead
         self.snapshot = snapshot(self.reader)
         self.digest, self.unit_sizes, self.n = snapshot_digest(self.snapshot), [c for _, c in self.snapshot], len(self.reader.keys)
@@ -444,9 +454,21 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         self._resumed = saved.epoch
 
     def _world_and_rank(self) -> tuple[int, int]:
-        if self._world is None and torch.distributed.is_available() and torch.distributed.is_initialized():
-            return torch.distributed.get_world_size(), torch.distributed.get_rank()
-        return int(self._world or 1), int(self._rank or 0)
+        """(world size, rank): as given, the rest from torch.distributed's process group. BadInput where one is given
+        and the other cannot be known (every rank would take rank 0's share: half the data never trained), or the
+        rank is not one of the world's."""
+        grouped = torch.distributed.is_available() and torch.distributed.is_initialized()
+        world = self._world if self._world is not None else torch.distributed.get_world_size() if grouped else None
+        rank = self._rank if self._rank is not None else torch.distributed.get_rank() if grouped else None
+        if (world is None) != (rank is None):
+            given = f"world_size={world}" if rank is None else f"rank={rank}"
+            raise BadInput(f"StreamingHiddenStateDataset({given}) without {'rank' if rank is None else 'world_size'}= "
+                           "and no torch.distributed process group to tell it: pass both, or neither and initialize "
+                           "the process group first")
+        world, rank = int(world or 1), int(rank or 0)
+        if not 0 <= rank < world:
+            raise BadInput(f"rank={rank} is not one of world_size={world}'s ranks (0 to {world - 1})")
+        return world, rank
 
     def _runs(self) -> list[np.ndarray]:
         """This (rank, worker)'s unconsumed items (one run) or batches (a run each), in order. The split is

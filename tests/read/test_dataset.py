@@ -84,6 +84,43 @@ def test_pad_collate_masks():
     assert b["aux_hidden"][0, 3:].abs().sum() == 0
 
 
+def test_pad_collate_refuses_items_of_another_form_or_dtype_in_one_batch(tiny_store: Path):
+    """A batch takes its states' dtype and fields from its first item: a raw FP8 item after a dequantized one was
+    copied in as its codes' values (254.0 for a state of 0.078) with its scales dropped, and an fp32 item after a
+    bf16 one rounded to bf16, both silently (a ConcatDataset over variants). Either order is refused now."""
+    bf16 = HiddenStateDataset(tiny_store, variant="dtype=bf16")[0]
+    fp32 = HiddenStateDataset(tiny_store, variant="dtype=fp32")[1]
+    raw = {**fp32, **{f"{r}_hidden": fp32[f"{r}_hidden"].to(torch.float8_e4m3fn) for r in ("aux", "target")},
+           **{f"{r}_scales": torch.ones(fp32[f"{r}_hidden"].shape[:2]) for r in ("aux", "target")}}
+    for items, first, other in (([bf16, fp32], "bfloat16", "float32"), ([fp32, bf16], "float32", "bfloat16"),
+                                ([bf16, raw], "absent", "float32")):
+        with pytest.raises(BadInput, match="item 1's .*differ from item 0's") as e:
+            pad_collate(items)
+        assert other in str(e.value).split("differ")[0] and first in str(e.value).split("differ")[1], e.value
+    with pytest.raises(BadInput, match="item 1 has no 'aux_scales'"):  # (this order was refused before too)
+        pad_collate([raw, bf16])
+    assert pad_collate([bf16, HiddenStateDataset(tiny_store, variant="dtype=bf16")[2]])["aux_hidden"].dtype == torch.bfloat16
+
+
+def test_a_world_size_without_a_rank_is_refused_not_every_rank_reading_rank_0s_share(tmp_path: Path):
+    """``world_size=2`` alone, outside a process group, read rank 0's share on every rank (half the data never
+    trained; under torchrun the group's rank is taken now: tests/dist_stream_check.py passes world_size alone);
+    a rank alone, or one past the world, failed only at the first iteration with an error naming workers."""
+    from hsstore import StreamingHiddenStateDataset
+
+    store = Store.create(tmp_path / "s.zarr")
+    UnitWriter(store, new_variant(store)).write(make_samples([4, 5, 6]), make_states(make_samples([4, 5, 6]), 16, "bf16", [0, 1, 2]))
+    ds = StreamingHiddenStateDataset(tmp_path / "s.zarr", world_size=2)
+    with pytest.raises(BadInput, match=r"world_size=2\) without rank= and no torch.distributed process group"):
+        list(ds)
+    with pytest.raises(BadInput, match=r"rank=1 is not one of world_size=1's ranks"):
+        StreamingHiddenStateDataset(tmp_path / "s.zarr", rank=1, world_size=1)
+    ds = StreamingHiddenStateDataset(tmp_path / "s.zarr", rank=1)
+    with pytest.raises(BadInput, match=r"rank=1\) without world_size="):
+        list(ds)
+    assert len(list(StreamingHiddenStateDataset(tmp_path / "s.zarr", rank=1, world_size=2))) in (1, 2)
+
+
 def test_pad_collate_takes_items_without_key_and_names_a_missing_field():
     """Items built outside a dataset (no ``key``/``index``) batch; an item without a field the batch needs
     is a one-line error naming the field and the item. Before, both were a bare KeyError from inside hsstore."""
