@@ -361,7 +361,11 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         return state
 
     def __len__(self) -> int:
-        return self.n
+        """What iterating now yields on this rank, over all its DataLoader workers: the epoch's samples of its share
+        not consumed yet, or with ``batch_tokens`` their batches; what a DataLoader's len, and a learning-rate
+        schedule sized from it, needs (the store's samples: ``n``)."""
+        runs = self._runs(1, 0)
+        return len(runs) if self.batch_tokens else sum(len(r) for r in runs)
 
     @property
     def epoch(self) -> int:
@@ -470,12 +474,14 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
             raise BadInput(f"rank={rank} is not one of world_size={world}'s ranks (0 to {world - 1})")
         return world, rank
 
-    def _runs(self) -> list[np.ndarray]:
-        """This (rank, worker)'s unconsumed items (one run) or batches (a run each), in order. The split is
-        fixed by marks the main process froze (``load_state_dict``, ``set_epoch``): later marks only drop
-        samples (re-iterating without ``set_epoch`` gets each once, the workers' turns possibly shifted)."""
-        info = get_worker_info()
-        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+    def _runs(self, workers: int | None = None, worker: int = 0) -> list[np.ndarray]:
+        """This (rank, worker)'s unconsumed items (one run) or batches (a run each), in order (``workers``: of so
+        many workers, default this DataLoader worker's). The split is fixed by marks the main process froze
+        (``load_state_dict``, ``set_epoch``): later marks only drop samples (re-iterating without ``set_epoch``
+        gets each once, the workers' turns possibly shifted)."""
+        if workers is None:
+            info = get_worker_info()
+            workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         seq = self._rank_seq()
         lengths = [self.reader.ref(int(i)).length for i in seq] if self.batch_tokens else None
         return worker_runs(seq, workers, worker, self.consumed, lengths, self.batch_tokens)

@@ -412,10 +412,10 @@ def test_mark_consumed_takes_the_epoch_of_each_mark(tmp_path: Path):
         ds.mark_consumed([4, 5], epoch=[3, 3, 3])
     with pytest.raises(BadInput, match="index"):
         ds.mark_consumed({"epoch": torch.tensor([3])})
-    with pytest.raises(BadInput, match=f"index {len(ds)} is not one of this dataset's {len(ds)} samples"):
-        ds.mark_consumed([len(ds)], epoch=3)
-    with pytest.raises(BadInput, match=f"index {len(ds)} is not"):  # checked also where the epoch is another
-        ds.mark_consumed([len(ds)], epoch=2)
+    with pytest.raises(BadInput, match=f"index {ds.n} is not one of this dataset's {ds.n} samples"):
+        ds.mark_consumed([ds.n], epoch=3)
+    with pytest.raises(BadInput, match=f"index {ds.n} is not"):  # checked also where the epoch is another
+        ds.mark_consumed([ds.n], epoch=2)
     for bad in ([0.0, 1.7], torch.tensor([True, False]), ["3"], [{"index": 1}]):
         with pytest.raises(BadInput, match="whole numbers"):
             ds.mark_consumed(bad, epoch=3)
@@ -472,3 +472,19 @@ def test_items_of_workers_carry_the_epoch_their_iteration_began_in(tmp_path: Pat
             seen += batch["key"]
         _once(seen, keys)
         assert ds.consumed.all()
+
+
+@pytest.mark.parametrize("batch_tokens", [None, 64])
+def test_len_is_what_this_rank_yields_now_as_a_loader_and_its_schedule_need(tmp_path: Path, batch_tokens: int | None):
+    """``len(loader)`` (a learning-rate schedule's steps, Trainer's max_steps) came from ``len(ds)``: every sample
+    of the store, whatever the rank, world size or batch_tokens (24 where a rank yielded 5 batches). It is what
+    iterating yields now on this rank (its unconsumed samples, or their batches), through 2 DataLoader workers too."""
+    _store(tmp_path / "s.zarr")
+    for rank in (0, 1):
+        ds = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=5, batch_tokens=batch_tokens, rank=rank, world_size=2)
+        ds.set_epoch(0)
+        loader = DataLoader(ds, batch_size=None, num_workers=2)
+        steps = list(loader)
+        assert len(ds) == len(loader) == len(steps) < ds.n, (rank, len(ds), len(steps))
+        ds.mark_consumed(steps[0])
+        assert len(ds) == len(list(loader)) == len(steps) - 1
