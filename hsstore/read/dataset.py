@@ -198,6 +198,9 @@ class _Base:
         stored = rec.all_layers
         if layers is not None and not list(layers):
             raise BadInput(f"layers=[] reads no state; pass some of the stored layers {stored}, or None for all")
+        if layers is not None and len(set(layers)) != len(list(layers)):
+            raise BadInput(f"layers={list(layers)} names a layer twice; items hold each layer once, in stored order "
+                           f"by role (aux, then target): pass each once")
         want = stored if layers is None else sorted(set(layers))
         bad = [i for i in want if i not in stored]
         if bad:

@@ -295,3 +295,12 @@ def test_a_store_path_and_variant_that_name_two_variants_are_refused(tiny_store:
 def test_no_layers_is_refused_not_items_without_states(tiny_store: Path):
     with pytest.raises(BadInput, match=r"layers=\[\] reads no state"):
         HiddenStateDataset(tiny_store, variant="dtype=bf16", layers=[])
+
+
+def test_a_layer_named_twice_is_refused_not_read_once(tiny_store: Path):
+    """``layers=[0, 0, 3]`` gave one aux layer where the caller counted two slots, without a word."""
+    from hsstore import StreamingHiddenStateDataset
+
+    for cls in (HiddenStateDataset, StreamingHiddenStateDataset):
+        with pytest.raises(BadInput, match=r"layers=\[0, 0, 3\] names a layer twice"):
+            cls(tiny_store, variant="dtype=bf16", layers=[0, 0, 3])
