@@ -449,13 +449,13 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
     def state_dict(self, gather: bool = True) -> dict[str, Any]:
         """Resumable state (JSON-ready, compact); with torch.distributed initialized (and ``gather``) it
         merges every rank's."""
-        return save_state(self.epoch, self.seed, self.variant_id, self.snapshot, self.consumed, gather)
+        return save_state(self.epoch, self.seed, self.variant_id, self.snapshot, self.consumed, gather, self.shuffle)
 
     def load_state_dict(self, state: Mapping[str, Any], new_samples: str | None = None) -> None:
         """Resume ``state`` (state_dict()'s; anything else is one BadInput), by sample key when the store
         changed (class docstring); live workers follow at their next iteration."""
         join = check_join(new_samples or self.new_samples)
-        saved = load_state(state, self.variant_id, self.n, self.seed)
+        saved = load_state(state, self.variant_id, self.n, self.seed, self.shuffle)
         same = saved.units is None or saved.digest == self.digest
         self.live.start(saved.epoch, saved.consumed if same else marks_by_key(self.reader, saved, join))
         self._resumed = saved.epoch

@@ -95,12 +95,17 @@ def _units(raw: list[Any]) -> list[tuple[str, int]]:
     return [(u, int(c)) for u, c in raw]
 
 
-def load_state(state: Mapping[str, Any], variant: str, n: int, seed: int) -> SavedState:
-    """``state`` checked against this dataset (variant, seed; the old format also its sample count)."""
+def load_state(state: Mapping[str, Any], variant: str, n: int, seed: int, shuffle: bool = True) -> SavedState:
+    """``state`` checked against this dataset (variant, seed, shuffle where the state records it; the old format
+    also its sample count)."""
     old = _check_fields(state)
     if (state["variant"], state["seed"]) != (variant, seed):
         raise BadInput(f"state is for variant {state['variant']} with seed {state['seed']}; this dataset is "
                        f"{variant} with seed {seed}")
+    if state.get("shuffle", shuffle) != shuffle:  # (states saved before it was recorded carry none)
+        raise BadInput(f"state was saved with shuffle={state['shuffle']}; this dataset has shuffle={shuffle}, so the "
+                       f"rest of the epoch would run in another order than the one it resumes: pass "
+                       f"shuffle={state['shuffle']}")
     if old and state["n"] != n:
         raise BadInput(f"state is in the old format (marks by position, no snapshot) and was saved over "
                        f"{state['n']} samples; the store serves {n} now, so its marks cannot be tied to samples: "
@@ -126,14 +131,15 @@ def snapshot(reader: VariantReader) -> list[tuple[str, int]]:
 
 
 def save_state(epoch: int, seed: int, variant: str, units: list[tuple[str, int]], consumed: np.ndarray,
-               gather: bool) -> dict[str, Any]:
+               gather: bool, shuffle: bool = True) -> dict[str, Any]:
     """The format-2 state; with torch.distributed initialized (and ``gather``) the marks of every rank."""
     if gather and torch.distributed.is_available() and torch.distributed.is_initialized():
         t = torch.from_numpy(consumed.astype(np.uint8))
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         consumed = t.numpy().astype(bool)
     return {"format": FORMAT, "epoch": epoch, "seed": seed, "n": int(consumed.shape[0]), "variant": variant,
-            "units": [[u, c] for u, c in units], "digest": snapshot_digest(units), "consumed": pack_marks(consumed)}
+            "units": [[u, c] for u, c in units], "digest": snapshot_digest(units), "consumed": pack_marks(consumed),
+            "shuffle": shuffle}
 
 
 def marks_by_key(reader: VariantReader, saved: SavedState, join: str) -> np.ndarray:

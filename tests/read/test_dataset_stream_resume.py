@@ -488,3 +488,17 @@ def test_len_is_what_this_rank_yields_now_as_a_loader_and_its_schedule_need(tmp_
         assert len(ds) == len(loader) == len(steps) < ds.n, (rank, len(ds), len(steps))
         ds.mark_consumed(steps[0])
         assert len(ds) == len(list(loader)) == len(steps) - 1
+
+
+def test_a_state_saved_with_shuffle_resumes_only_with_shuffle(tmp_path: Path):
+    """The state named its seed and variant, not whether the order was shuffled: a shuffled epoch's state loaded
+    into ``shuffle=False`` ran the rest in key order, not the order it resumes (each sample still once)."""
+    _store(tmp_path / "s.zarr")
+    ds = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=6)
+    ds.set_epoch(0)
+    _train(ds, stop=5)
+    state = _reload(ds.state_dict())
+    with pytest.raises(BadInput, match="saved with shuffle=True; this dataset has shuffle=False"):
+        StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=6, shuffle=False).load_state_dict(state)
+    del state["shuffle"]  # a state saved before it was recorded: loads as it did
+    StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=6, shuffle=False).load_state_dict(state)
