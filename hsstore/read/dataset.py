@@ -486,8 +486,14 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
             info = get_worker_info()
             workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         seq = self._rank_seq()
-        lengths = [self.reader.ref(int(i)).length for i in seq] if self.batch_tokens else None
+        lengths = self._lengths()[seq].tolist() if self.batch_tokens else None
         return worker_runs(seq, workers, worker, self.consumed, lengths, self.batch_tokens)
+
+    def _lengths(self) -> np.ndarray:
+        """Every sample's token count, by index (one array op: ``len()`` and each iteration ask for them)."""
+        table = self.reader.table
+        lengths: np.ndarray = table.spans[table.served_flat(), 1]
+        return lengths
 
     def _rank_seq(self) -> np.ndarray:
         """This rank's samples of the epoch in order, as the split was fixed (consumed ones included)."""
@@ -533,8 +539,7 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         if cached is not None and cached[0] == key:
             cuts: list[list[tuple[int, int]]] = cached[1]
             return cuts
-        table = self.reader.table
-        lengths = table.spans[table.served_flat(), 1]
+        lengths = self._lengths()
         drop = self.remainder == "drop"
         cuts = [token_batches(lengths[split_for(order, world, r, drop_remainder=drop)].tolist(), self.batch_tokens or 0)
                 for r in range(world)]

@@ -213,5 +213,5 @@ class LiveMarks:
             raise BadInput(f"mark_consumed: index {bad} is not one of this dataset's {self.n} samples; pass the batch (or its 'index')")
 
     def mark(self, idx: np.ndarray) -> None:
-        self.check(idx)
+        """Mark ``idx`` consumed (``check``ed by the caller)."""
         np.bitwise_or.at(self.t["marks"].numpy(), idx >> 3, (128 >> (idx & 7)).astype(np.uint8))

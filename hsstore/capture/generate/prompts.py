@@ -145,7 +145,7 @@ def _exact_only(context: list[int], mask: list[int], job: Job, eos: list[int]) -
         return [0] * len(mask)
     out = list(mask)
     for (a, b), reply in zip(runs, job.replies[:-1]):
-        body = [t for t in reply.ids[:-1]] if reply.ids and reply.ids[-1] in eos else list(reply.ids)
+        body = list(reply.ids[:-1]) if reply.ids and reply.ids[-1] in eos else list(reply.ids)
         emitted_end = len(body) < len(reply.ids)
         if context[a : a + len(body)] != body or b - a not in (len(body), len(body) + 1):
             out[a:b] = [0] * (b - a)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -299,6 +299,7 @@ class Regenerated:
     generation: Any  # hsstore.core.schema.provenance.Generation
     ledger: list[dict[str, Any]]
     generated: int  # replies this run generated (the rest were checkpointed by an earlier run)
+    checkpointed: tuple[str, dict[str, Reply]] = field(default_factory=lambda: ("", {}))  # a plan's: what it replayed from
 
 
 def make_engine(m: Any, spec: Any, tok: Any, pad_id: int, world: int) -> Any:
@@ -478,7 +479,7 @@ def planned_samples(m: Any, tok: Any, tok_fp: str, rows: list[InputRow], limit: 
         raise BadInput(f"no usable rows in the data files ({report.rows} rows read; as prompts to regenerate "
                        f"from: {reasons}); check [data] files, format and max_length")
     ledger = ledger_records(keyed)  # (the engine version of the build's replies: none generated, none known)
-    return Regenerated(samples, report, generation_of(m, ledger, []), ledger, 0)
+    return Regenerated(samples, report, generation_of(m, ledger, []), ledger, 0, checkpointed)
 
 
 class Replay:

@@ -276,9 +276,9 @@ def _checkpointed(m: Any, inp: Any, tok: Any, jobs: list[Any], prompts: list[lis
     (``prompts``) and reply index (the same reply: duplicate rows)."""
     from dataclasses import replace
 
-    from hsstore.capture.generate.regenerate import Replay, checkpointed_replies
+    from hsstore.capture.generate.regenerate import Replay
 
-    replay = Replay(m, tok, checkpointed_replies(m, inp.recipe.model, inp.recipe.tokenizer.fingerprint))
+    replay = Replay(m, tok, inp.regenerated.checkpointed)  # the replies the plan's samples were replayed from
     skip, reused, pending = set(), 0, 0
     first: set[tuple[tuple[int, ...], int]] = set()  # the first replies to generate: (prompt, reply index)
     for k, j in enumerate(jobs):
