@@ -30,8 +30,10 @@ from hsstore.read.prefetch_reads import Fetched, Lookahead, Readahead, in_order
 from hsstore.read.stream_state import (
     LiveMarks,
     check_join,
+    int_array,
     load_state,
     marks_by_key,
+    same_stamp,
     save_state,
     snapshot,
     snapshot_digest,
@@ -97,13 +99,18 @@ def _check_items(items: Sequence[dict[str, Any]]) -> list[str]:
                            f"{', '.join(REQUIRED)} and the same state fields")
         # (a raw FP8 item after a dequantized one would be copied in as its codes' values, its scales dropped;
         # an fp32 item after a bf16 one rounded to bf16)
-        other = [k for k in STATES if (k in it) != (k in first) or (k in it and it[k].dtype != first[k].dtype)]
+        other = [k for k in STATES if (k in it) != (k in first) or (k in it and _form(it[k]) != _form(first[k]))]
         if other:
             raise BadInput(f"pad_collate: item {n}'s {', '.join(repr(k) for k in other)} "
-                           f"({', '.join(str(it[k].dtype) if k in it else 'absent' for k in other)}) differ from item "
-                           f"0's ({', '.join(str(first[k].dtype) if k in first else 'absent' for k in other)}); batch "
-                           "items of one variant and one form (raw FP8 or not)")
+                           f"({', '.join(_form(it[k]) if k in it else 'absent' for k in other)}) differ from item "
+                           f"0's ({', '.join(_form(first[k]) if k in first else 'absent' for k in other)}); batch "
+                           "items of one variant, one form (raw FP8 or not) and one choice of layers")
     return [k for k in OPTIONAL if all(k in it for it in items)] + states
+
+
+def _form(x: torch.Tensor) -> str:
+    """A state's dtype and per-token shape (layers, hidden), as a batch must share them."""
+    return f"{str(x.dtype).removeprefix('torch.')} {list(x.shape[1:])}"
 
 
 def pad_collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -139,28 +146,6 @@ def pad_collate(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if first[k].dtype == torch.float8_e4m3fn:
             out[k] = out[k].view(torch.float8_e4m3fn)
     return out
-
-
-def _int_array(x: Any, what: str) -> np.ndarray:
-    """Indices or epochs (an int, a sequence, an array or tensor of integers) as a flat int64 array; BadInput
-    for anything else (floats, bools, text, items)."""
-    try:
-        arr = np.asarray(x.tolist() if isinstance(x, torch.Tensor) else x)
-    except ValueError:  # (ragged nesting)
-        arr = np.asarray(None)
-    if arr.dtype.kind not in "iu" and arr.size:
-        raise BadInput(f"mark_consumed: {what} must be whole numbers (an int, a list, an array or tensor of them), not "
-                       f"{type(x).__name__} of {arr.dtype}; pass the batch, or batch['index']")
-    return arr.astype(np.int64).ravel()
-
-
-def _same(stamps: np.ndarray, now: int, n: int) -> np.ndarray:
-    """bool [n]: which of ``n`` marks carry the stamp ``now`` (``stamps``: one for all, or one each)."""
-    if stamps.size not in (1, n):
-        raise BadInput(f"mark_consumed: {n} indices and {stamps.size} epochs; pass one epoch, or one per "
-                       "index (a batch's 'epoch')")
-    same: np.ndarray = np.broadcast_to(stamps == now, (n,))
-    return same
 
 
 # a dataset's store: an open Store, or its path or URL ("STORE#SELECTOR" too)
@@ -346,8 +331,13 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         self._setup(store, variant, layers, require, allow_drift, raw)
         if not 0 <= int(seed) < 2**62:
             raise BadInput(f"seed={seed}: a seed is a whole number from 0 (numpy's generators take no negative seed)")
+        if not isinstance(shuffle, bool):
+            raise BadInput(f"shuffle={shuffle!r}; pass True or False")
+        for name, value, least in (("world_size", world_size, 1), ("rank", rank, 0)):
+            if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least):
+                raise BadInput(f"{name}={value!r}: a whole number from {least}")
         self.seed, self.shuffle, self.batch_tokens, self.remainder = seed, shuffle, batch_tokens, remainder
-        self._rank, self._world = rank, world_size
+        self._rank, self._world = (None if rank is None else int(rank)), (None if world_size is None else int(world_size))
         if rank is not None and world_size is not None:
             self._world_and_rank()  # refused here, not at the first iteration
         self.prefetch, self.readahead = (prefetch if prefetch is not None else 0 if self.reader.store.is_local else 8), readahead
@@ -358,15 +348,19 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         self._warned_marks_of: int | None = None  # the epoch start (live.starts) whose mark_consumed warned
 
     def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()  # a spawned worker has no process group: it keeps its parent's rank
-        state["_world"], state["_rank"] = self._world_and_rank()
+        state = super().__getstate__()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # a spawned DataLoader worker has no process group: it keeps its parent's rank (what is not known yet,
+            # as in a dataset made before the group and sent to the ranks, stays for the receiving process)
+            state["_world"], state["_rank"] = self._world_and_rank()
         state.pop("_cuts_cache", None)  # every rank's batches: made again where needed, not shipped to each worker
         return state
 
     def __len__(self) -> int:
         """What iterating now yields on this rank, over all its DataLoader workers: the epoch's samples of its share
-        not consumed yet, or with ``batch_tokens`` their batches; what a DataLoader's len, and a learning-rate
-        schedule sized from it, needs (the store's samples: ``n``)."""
+        not consumed yet, or with ``batch_tokens`` their batches; what ``len(DataLoader(ds, batch_size=None))``, and a
+        learning-rate schedule sized from it, needs (with ``batch_size`` > 1 and several workers each worker batches
+        its own items, so the loader's count is approximate; the store's samples: ``n``)."""
         runs = self._runs(1, 0)
         return len(runs) if self.batch_tokens else sum(len(r) for r in runs)
 
@@ -428,14 +422,14 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
             batch = indices
             indices, start = batch["index"], batch.get("epoch_start")
             epoch = batch.get("epoch") if epoch is None else epoch
-        idx = _int_array(indices, "indices")
+        idx = int_array(indices, "indices")
         self.live.check(idx)  # every index, also those left out below
-        epochs = None if epoch is None else _int_array(epoch, "epochs")
+        epochs = None if epoch is None else int_array(epoch, "epochs")
         here = np.ones(idx.shape, bool)
-        for stamps, now in ((epochs, self.epoch), (None if start is None else _int_array(start, "epoch starts"),
+        for stamps, now in ((epochs, self.epoch), (None if start is None else int_array(start, "epoch starts"),
                                                    self.live.starts)):
             if stamps is not None:
-                here &= _same(stamps, now, idx.size)
+                here &= same_stamp(stamps, now, idx.size)
         self.live.mark(idx[here])  # (before the warning: under warnings-as-errors the kept marks still count)
         if not here.all() and self._warned_marks_of != self.live.starts:
             self._warned_marks_of = self.live.starts  # once an epoch's start: a loop that marks late does so every step
@@ -472,6 +466,10 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
             raise BadInput(f"StreamingHiddenStateDataset({given}) without {'rank' if rank is None else 'world_size'}= "
                            "and no torch.distributed process group to tell it: pass both, or neither and initialize "
                            "the process group first")
+        if grouped and self._world is not None and self._world > torch.distributed.get_world_size():
+            raise BadInput(f"world_size={self._world} but the process group has {torch.distributed.get_world_size()} "
+                           f"ranks: the shares of ranks {torch.distributed.get_world_size()} to {self._world - 1} would "
+                           "never be read; pass the group's size (or leave world_size out)")
         world, rank = int(world or 1), int(rank or 0)
         if not 0 <= rank < world:
             raise BadInput(f"rank={rank} is not one of world_size={world}'s ranks (0 to {world - 1})")

@@ -1,6 +1,7 @@
 """The resumable state of a streaming dataset: what ``state_dict`` saves and ``load_state_dict`` checks (marks
-by sample, tied to the committed snapshot's units and digest, carried over by key when the store changed), and
-the live marks a streaming dataset's DataLoader workers read from shared memory."""
+by sample, tied to the committed snapshot's units and digest, carried over by key when the store changed), the
+live marks a streaming dataset's DataLoader workers read from shared memory, and the indices and epoch stamps
+``mark_consumed`` is given."""
 
 from __future__ import annotations
 
@@ -102,6 +103,8 @@ def load_state(state: Mapping[str, Any], variant: str, n: int, seed: int, shuffl
     if (state["variant"], state["seed"]) != (variant, seed):
         raise BadInput(f"state is for variant {state['variant']} with seed {state['seed']}; this dataset is "
                        f"{variant} with seed {seed}")
+    if not isinstance(state.get("shuffle", shuffle), bool):
+        raise BadInput(f"state['shuffle'] is {state['shuffle']!r}, not True or False; {FIX}")
     if state.get("shuffle", shuffle) != shuffle:  # (states saved before it was recorded carry none)
         raise BadInput(f"state was saved with shuffle={state['shuffle']}; this dataset has shuffle={shuffle}, so the "
                        f"rest of the epoch would run in another order than the one it resumes: pass "
@@ -215,3 +218,28 @@ class LiveMarks:
     def mark(self, idx: np.ndarray) -> None:
         """Mark ``idx`` consumed (``check``ed by the caller)."""
         np.bitwise_or.at(self.t["marks"].numpy(), idx >> 3, (128 >> (idx & 7)).astype(np.uint8))
+
+
+# --- What mark_consumed is given: indices and the epoch stamps their items carry
+
+
+def int_array(x: Any, what: str) -> np.ndarray:
+    """Indices or epochs (an int, a sequence, an array or tensor of integers) as a flat int64 array; BadInput
+    for anything else (floats, bools, text, items)."""
+    try:
+        arr = np.asarray(x.tolist() if isinstance(x, torch.Tensor) else x)
+    except ValueError:  # (ragged nesting)
+        arr = np.asarray(None)
+    if arr.dtype.kind not in "iu" and arr.size:
+        raise BadInput(f"mark_consumed: {what} must be whole numbers (an int, a list, an array or tensor of them), not "
+                       f"{type(x).__name__} of {arr.dtype}; pass the batch, or batch['index']")
+    return arr.astype(np.int64).ravel()
+
+
+def same_stamp(stamps: np.ndarray, now: int, n: int) -> np.ndarray:
+    """bool [n]: which of ``n`` marks carry the stamp ``now`` (``stamps``: one for all, or one each)."""
+    if stamps.size not in (1, n):
+        raise BadInput(f"mark_consumed: {n} indices and {stamps.size} epochs; pass one epoch, or one per "
+                       "index (a batch's 'epoch')")
+    same: np.ndarray = np.broadcast_to(stamps == now, (n,))
+    return same

@@ -99,6 +99,9 @@ def test_pad_collate_refuses_items_of_another_form_or_dtype_in_one_batch(tiny_st
         assert other in str(e.value).split("differ")[0] and first in str(e.value).split("differ")[1], e.value
     with pytest.raises(BadInput, match="item 1 has no 'aux_scales'"):  # (this order was refused before too)
         pad_collate([raw, bf16])
+    fewer = HiddenStateDataset(tiny_store, variant="dtype=bf16", layers=[0, 3])[0]  # one aux layer, not three
+    with pytest.raises(BadInput, match=r"item 1's 'aux_hidden' \(bfloat16 \[1, 64\]\) differ"):
+        pad_collate([bf16, fewer])  # (before: a RuntimeError from a tensor copy)
     assert pad_collate([bf16, HiddenStateDataset(tiny_store, variant="dtype=bf16")[2]])["aux_hidden"].dtype == torch.bfloat16
 
 
@@ -119,6 +122,35 @@ def test_a_world_size_without_a_rank_is_refused_not_every_rank_reading_rank_0s_s
     with pytest.raises(BadInput, match=r"rank=1\) without world_size="):
         list(ds)
     assert len(list(StreamingHiddenStateDataset(tmp_path / "s.zarr", rank=1, world_size=2))) in (1, 2)
+    for bad in ({"world_size": 0, "rank": 0}, {"world_size": 2, "rank": 0.5}, {"world_size": 2, "rank": True},
+                {"world_size": "2", "rank": 1}):  # (world_size=0 read the whole store as world 1)
+        with pytest.raises(BadInput, match="a whole number from"):
+            StreamingHiddenStateDataset(tmp_path / "s.zarr", **bad)
+
+
+def test_ranks_left_to_the_process_group_are_the_receiving_processes_and_a_world_past_it_is_refused(tmp_path: Path):
+    """A dataset made before the process group and sent to the ranks (``mp.spawn(main, args=(ds,))``) froze
+    world 1, rank 0 when pickled: every rank read the whole store. Unknown ranks now stay unknown in the pickle
+    (a world_size alone, which could not be pickled, pickles); under a group they are the group's, and a
+    world_size past the group's size (ranks whose shares no process reads) is refused."""
+    import pickle
+
+    from hsstore import StreamingHiddenStateDataset
+
+    store = Store.create(tmp_path / "s.zarr")
+    samples = make_samples([4, 5, 6, 7])
+    UnitWriter(store, new_variant(store)).write(samples, make_states(samples, 16, "bf16", [0, 1, 2]))
+    for kw in ({}, {"world_size": 2}):
+        sent = pickle.loads(pickle.dumps(StreamingHiddenStateDataset(tmp_path / "s.zarr", **kw)))
+        assert (sent._world, sent._rank) == (kw.get("world_size"), None)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        ds = StreamingHiddenStateDataset(tmp_path / "s.zarr")
+        assert (pickle.loads(pickle.dumps(ds))._world, pickle.loads(pickle.dumps(ds))._rank) == (1, 0)
+        with pytest.raises(BadInput, match="world_size=2 but the process group has 1 ranks"):
+            list(StreamingHiddenStateDataset(tmp_path / "s.zarr", world_size=2))
+    finally:
+        torch.distributed.destroy_process_group()
 
 
 def test_pad_collate_takes_items_without_key_and_names_a_missing_field():

@@ -500,5 +500,10 @@ def test_a_state_saved_with_shuffle_resumes_only_with_shuffle(tmp_path: Path):
     state = _reload(ds.state_dict())
     with pytest.raises(BadInput, match="saved with shuffle=True; this dataset has shuffle=False"):
         StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=6, shuffle=False).load_state_dict(state)
+    for bad in ("true", None, 1):
+        with pytest.raises(BadInput, match=r"state\['shuffle'\] is .*not True or False"):
+            StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=6).load_state_dict({**state, "shuffle": bad})
+    with pytest.raises(BadInput, match="shuffle='no'; pass True or False"):  # ("no" shuffled: it is truthy)
+        StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=6, shuffle="no")  # type: ignore[arg-type]
     del state["shuffle"]  # a state saved before it was recorded: loads as it did
     StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=6, shuffle=False).load_state_dict(state)
