@@ -14,7 +14,14 @@ from hsstore.core.provenance_match import flatten, is_informational, numeric_fie
 # --- Telling variants apart: the one-line description of a variant, the FEWEST fields that name each variant
 
 LABEL_KEY = "label"  # the selector key of a variant's human label (kept beside the provenance, not in it)
+VARIANT_KEY = "variant"  # the selector key of a variant's own id (a prefix), never a provenance field
 PRECISION_KEYS = ("precision", "storage", "storage.precision")  # keys that name a storage precision
+_RESERVED = (LABEL_KEY, VARIANT_KEY, "storage")  # never a provenance field's key: they mean the above
+
+
+def field_key(key: str) -> str:
+    """The provenance key a selector key names: ``storage`` is the storage precision, as ``precision``."""
+    return "storage.precision" if key == "storage" else key
 
 
 def as_text(value: Any) -> str:
@@ -69,7 +76,7 @@ def selector_key(path: str, paths: Iterable[str]) -> str:
     parts, others = path.split("."), [p for p in paths if p != path]
     for n in range(1, len(parts) + 1):
         key = ".".join(parts[-n:])
-        if not any(o == key or o.endswith("." + key) for o in others):
+        if key not in _RESERVED and not any(o == key or o.endswith("." + key) for o in others):
             return key
     return path
 
@@ -108,17 +115,32 @@ class Apart:
     def __init__(self, variants: Mapping[str, Mapping[str, Any]]) -> None:
         self.variants = variants
         self.fields = {vid: numeric_fields(p) for vid, p in variants.items()}
-        every = {k for p in variants.values() for k in flatten(p)}
+        every = self.every = {k for p in variants.values() for k in flatten(p)}
         paths = sorted({k for f in self.fields.values() for k in f}, key=_rank)
         differing = [k for k in paths if len({repr(f.get(k, _ABSENT)) for f in self.fields.values()}) > 1]
         self.keys = {k: selector_key(k, every) for k in differing}
 
     def fewest(self, vid: str) -> list[tuple[str, str]] | None:
         """The fewest ``(key, value)`` pairs that name ``vid`` alone (``[]``: it is the only variant), most
-        telling first; None when no selector of fields can (then only its id names it)."""
+        telling first; None when no selector of fields can (then only its id names it). A selector naming no
+        storage precision names only variants stored as computed, so an FP8 variant's always names its precision
+        and is told apart from the other FP8 ones only."""
+        if len(self.variants) == 1:
+            return []
+        mine, stored = self.fields[vid], _stored(self.variants[vid])
+        others = {u for u in self.variants if u != vid and _stored(self.variants[u]) == stored}
+        pairs = self._cover(vid, others)
+        if pairs is None or any(k in PRECISION_KEYS for k, _ in pairs):
+            return pairs
+        if stored:
+            return [("precision", as_text(self.variants[vid]["environment"]["storage"]["precision"])), *pairs]
+        # as computed, alone among those: any of its fields names it (FP8 ones are left out without precision=)
+        dtype = "environment.dtype"
+        return pairs or ([(selector_key(dtype, self.every), as_text(mine[dtype]))] if dtype in mine else [])
+
+    def _cover(self, vid: str, others: set[str]) -> list[tuple[str, str]] | None:
+        """The fewest pairs of ``vid``'s fields that exclude every one of ``others`` (``[]`` for none)."""
         mine = self.fields[vid]
-        # a selector naming no precision means the states as computed: an FP8 twin need not be told apart
-        others = {u for u in self.variants if u != vid and not (not _stored(self.variants[vid]) and _stored(self.variants[u]))}
         if not others:
             return []
         columns: dict[frozenset[str], tuple[str, str]] = {}
@@ -232,7 +254,7 @@ def fork_note(vid: str, provenance: Mapping[str, Any], existing: Mapping[str, Ma
 
 
 # Selector keys always accepted (they name fields a store may hold none of yet, e.g. no FP8 variant).
-ALWAYS_KEYS = (*PRECISION_KEYS, LABEL_KEY)
+ALWAYS_KEYS = (*PRECISION_KEYS, LABEL_KEY, VARIANT_KEY)
 _HEX = set("0123456789abcdef")
 
 
@@ -259,15 +281,21 @@ def parse_selector(selector: str) -> dict[str, str] | str:
     return pairs
 
 
-def matches(provenance: Mapping[str, Any], pairs: Mapping[str, str], label: str | None = None) -> bool:
-    """True if every key (a dotted path, or its last segments; ``label``: the variant's label) has the given
-    value (a hash: or a prefix of it)."""
+def matches(provenance: Mapping[str, Any], pairs: Mapping[str, str], label: str | None = None,
+            vid: str | None = None) -> bool:
+    """True if every key (a dotted path, or its last segments; ``label``: the variant's label, ``variant``: a
+    prefix of its id ``vid``) has the given value (a hash: or a prefix of it)."""
     flat = flatten(provenance)
     for key, want in pairs.items():
         if key == LABEL_KEY:
             if label != want:
                 return False
             continue
+        if key == VARIANT_KEY:
+            if not (vid and want and set(want) <= _HEX and vid.startswith(want)):
+                return False
+            continue
+        key = field_key(key)
         hits = [v for path, v in flat.items() if path == key or path.endswith("." + key)]
         if not hits or not any(value_matches(v, want) for v in hits):
             return False
@@ -301,7 +329,7 @@ def _check_keys(selector: str, pairs: Mapping[str, str], variants: Mapping[str, 
         if not known(key):
             leaves = sorted({p.rsplit(".", 1)[-1] for p in paths
                              if not is_informational(p) and not p.startswith("recipe.model.weights.")}
-                            | {"precision", LABEL_KEY})
+                            | {"precision", LABEL_KEY, VARIANT_KEY})
             close = difflib.get_close_matches(key, leaves + sorted(paths), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise SelectorError(
@@ -314,8 +342,9 @@ def _values_held(pairs: Mapping[str, str], variants: Mapping[str, Mapping[str, A
     """`` (dtype here: bf16, fp32)`` for each key whose value no variant holds (a typo in a value)."""
     said = []
     for key, want in pairs.items():
-        values = list(labels.values()) if key == LABEL_KEY else [
-            v for p in variants.values() for path, v in flatten(p).items() if path == key or path.endswith("." + key)]
+        field = field_key(key)
+        values = list(labels.values()) if key == LABEL_KEY else list(variants) if key == VARIANT_KEY else [
+            v for p in variants.values() for path, v in flatten(p).items() if path == field or path.endswith("." + field)]
         held = sorted({as_text(v) for v in values})
         if not any(value_matches(v, want) for v in values):
             said.append(f"{key} here: {', '.join(held[:8]) or '(none)'}{' …' if len(held) > 8 else ''}")
@@ -335,13 +364,23 @@ def _hits(variants: Mapping[str, Mapping[str, Any]], selector: str, labels: Mapp
     if isinstance(parsed, str):
         return _word(parsed, variants, labels)
     _check_keys(selector, parsed, variants)
-    hits = [vid for vid, p in variants.items() if matches(p, parsed, labels.get(vid))]
-    if len(hits) > 1 and not any(k in PRECISION_KEYS or k.endswith("storage.precision") for k in parsed):
-        # a selector that names no storage precision means the states as computed (#dtype=bf16 keeps
-        # naming the bf16 variant when an FP8 one is derived from it); FP8 ones are named by precision=
-        computed = [vid for vid in hits if _stored_as_computed(variants[vid])]
-        hits = computed if len(computed) == 1 else hits
+    hits = [vid for vid, p in variants.items() if matches(p, parsed, labels.get(vid), vid)]
+    if not names_storage(parsed, variants):
+        # a selector that names no storage precision means the states as computed, whatever the store holds
+        # or comes to hold: #dtype=bf16 never names an FP8 variant, so a variant built later cannot silently
+        # take its place (it is named alone, or the selector becomes ambiguous); FP8 ones by precision=
+        hits = [vid for vid in hits if _stored_as_computed(variants[vid])]
     return hits
+
+
+def names_storage(pairs: Mapping[str, str], variants: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether a selector's pairs may name a variant stored in another precision than computed: a precision
+    key, a field under ``environment.storage``, or the variant's id or label (which name one variant as it is)."""
+    def under_storage(key: str) -> bool:
+        paths = {p for v in variants.values() for p in flatten(v) if p == key or p.endswith("." + key)}
+        return bool(paths) and all(p.startswith("environment.storage.") for p in paths)
+
+    return any(k in (*PRECISION_KEYS, LABEL_KEY, VARIANT_KEY) or under_storage(field_key(k)) for k in pairs)
 
 
 def select(variants: Mapping[str, Mapping[str, Any]], selector: str | None, where: str = "store",
@@ -366,6 +405,12 @@ def select(variants: Mapping[str, Mapping[str, Any]], selector: str | None, wher
         parsed = parse_selector(selector)
         held = f" (labels here: {', '.join(sorted(labels.values())) or '(none)'})" if isinstance(parsed, str) else \
             _values_held(parsed, variants, labels)
+        stored = [] if isinstance(parsed, str) else [
+            vid for vid, p in variants.items() if not _stored_as_computed(p) and matches(p, parsed, labels.get(vid), vid)]
+        if stored:  # FP8 ones match: a selector naming no precision means the states as computed
+            precisions = sorted({variants[v]["environment"]["storage"].get("precision") for v in stored})
+            held = (f" among those stored as computed ({len(stored)} stored in {', '.join(map(str, precisions))} "
+                    f"match: name one with precision=, e.g. #{selector.strip()},precision={precisions[0]})")
         raise SelectorError(f"selector {selector!r} matches no variant in {where}{held}. "
                             f"Choices: {_choices(variants, list(variants), labels)}")
     raise SelectorError(f"selector {selector!r} matches {len(hits)} variants in {where}{_differ(variants, hits, labels)}. "

@@ -155,3 +155,47 @@ def test_a_store_command_given_a_variant_refuses_it_instead_of_dropping_it(tiny_
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr == (f"error: hsstore {command} reads a whole store, not one variant: pass {str(tiny_store)!r} "
                         "without '#dtype=bf61'\n")
+
+
+def _fp8_of(source: str, **kw: str) -> dict:
+    p = provenance(precision="fp8-e4m3", **kw)
+    p["environment"]["storage"]["source"] = {"variant": source, "store": "s.zarr"}
+    return p
+
+
+def test_a_selector_naming_no_precision_never_names_an_fp8_variant_so_a_growing_store_cannot_repoint_it():
+    """#dtype=bf16 means the states as computed: in a store of one FP8 copy it names nothing (and says how to
+    name the copy), so a variant of another model built there later cannot silently become what it names."""
+    fp8 = _fp8_of("e522cf1e7b27a1b2")
+    only_fp8 = {"21a03a664467": fp8}
+    with pytest.raises(SelectorError) as e:
+        select(only_fp8, "dtype=bf16")
+    assert "matches no variant in store among those stored as computed" in str(e.value)
+    assert "e.g. #dtype=bf16,precision=fp8-e4m3" in str(e.value)  # the way to name the copy
+    assert select(only_fp8, "dtype=bf16,precision=fp8-e4m3") == "21a03a664467"
+    grown = {**only_fp8, "ae53725e2008": provenance(model="llama")}
+    assert select(grown, "dtype=bf16") == "ae53725e2008"  # as computed: the one there is
+    assert select(grown, "precision=fp8-e4m3") == "21a03a664467"
+    two_fp8 = {**grown, "77aa00000000": _fp8_of("ae53725e2008", model="llama")}
+    with pytest.raises(SelectorError, match="matches 2 variants"):
+        select(two_fp8, "precision=fp8-e4m3")
+    for vid, pairs in distinguishing(two_fp8).items():  # each naming selector names its variant under this rule
+        assert select(two_fp8, ",".join(f"{k}={v}" for k, v in pairs.items())) == vid, (vid, pairs)
+    assert distinguishing(grown) == {"21a03a664467": {"precision": "fp8-e4m3"}, "ae53725e2008": {"dtype": "bf16"}}
+
+
+def test_variant_and_storage_keys_mean_the_variant_id_and_its_storage_precision():
+    """``variant=`` is the variant's own id (a prefix), never a field of another variant's provenance that ends in
+    ``variant`` (an FP8 copy's source); ``storage=`` is the storage precision, as ``precision=``."""
+    variants = {"e522cf1e7b27": provenance(), "49c1d70f4462": provenance("fp32"),
+                "21a03a664467": _fp8_of("e522cf1e7b27")}
+    assert select(variants, "variant=e522") == "e522cf1e7b27"
+    assert select(variants, "variant=49c1d70f4462") == "49c1d70f4462"
+    assert select(variants, "variant=21a0") == "21a03a664467"
+    with pytest.raises(SelectorError, match="matches no variant"):
+        select(variants, "variant=ffff")
+    with pytest.raises(SelectorError, match="matches 2 variants"):
+        select({**variants, "e5aa00000000": provenance("fp16")}, "variant=e5")
+    assert select(variants, "storage=fp8-e4m3") == "21a03a664467"
+    assert select(variants, "storage.precision=fp8-e4m3") == "21a03a664467"
+    assert select(variants, "source.variant=e522cf1e7b27") == "21a03a664467"  # the copy's source, spelled as a path
