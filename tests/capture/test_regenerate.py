@@ -437,3 +437,69 @@ def test_a_sampled_reply_does_not_depend_on_the_batch_it_was_made_in(tmp_path: P
         got.append({k: r["ids"] for k, r in replies.items()})
     assert got[0] and got[0].keys() == got[1].keys() and got[0] == got[1]
     assert len({tuple(ids) for ids in got[0].values()}) > len(got[0]) // 2  # sampled: not one reply for all
+
+
+def _gen_files(store: Path) -> list[str]:
+    return sorted(str(p.relative_to(store)) for p in (store / "builds").glob("*/*") if p.name.startswith(("gen-", "ledger")))
+
+
+def test_replies_generated_in_another_dtype_are_another_variant(tmp_path: Path) -> None:
+    """One build of bf16 and fp32 generates its replies once, in bf16, and captures both variants over them; a
+    later fp32 build generates in fp32: its replies are not the first build's fp32 variant's, so they make
+    another variant (they went into that one, which then held two replies of one prompt)."""
+    m = regen_manifest(tmp_path, extra="temperature = 1.0\nseed = 5")
+    first = build_json(m, "--limit", "3", "--dtype", "bf16", "--dtype", "fp32")
+    second = build_json(m, "--limit", "3", "--dtype", "fp32")
+    fp32_first = next(v["variant"] for v in first["variants"] if v["dtype"] == "fp32")
+    (fp32_second,) = (v["variant"] for v in second["variants"])
+    assert fp32_second != fp32_first
+    store = Store.open(tmp_path / "store.zarr")
+    made = {vid: store.variant_record(vid).provenance["recipe"]["generation"]["generated_on"]
+            for vid in (fp32_first, fp32_second)}
+    assert made == {fp32_first: "cpu/bf16", fp32_second: "cpu/fp32"}
+
+
+def test_a_build_of_another_model_is_refused_before_it_generates_a_reply(tmp_path: Path) -> None:
+    m = regen_manifest(tmp_path)
+    build_json(m, "--limit", "2")
+    store = tmp_path / "store.zarr"
+    before = _gen_files(store)
+    m.write_text(m.read_text().replace('path = "builtin:tiny-llama"', 'path = "builtin:tiny-llama"\nseed = 1'))
+    r = run_cli("build", str(m), "--limit", "2", "--quiet")
+    assert r.returncode == 2 and "another model" in r.stderr, r.stderr
+    assert _gen_files(store) == before  # no reply generated, no ledger of a build that never ran
+
+
+def _served_manifest(d: Path, url: str) -> Path:
+    m = write_manifest(d / "m.toml", model="builtin:tiny-llama", dtypes='["fp32"]')
+    m.write_text(m.read_text() + f'[generate]\nengine = "openai"\nurl = "{url}"\nmax_new_tokens = 5\nretries = 0\n')
+    return m
+
+
+def test_a_server_is_recorded_by_its_url_and_server_header_and_another_one_is_another_variant(tmp_path: Path) -> None:
+    """Two servers serving the same model path (e.g. another quantization behind each) answer differently: the
+    replies of each are a variant of their own, whose generation names the url and the server's Server header."""
+    from fake_openai import fake_server
+
+    got = {}
+    for text in ("Fine, thanks.", "Not bad at all."):
+        with fake_server("builtin:tiny-llama", text) as (url, header):
+            summary = build_json(_served_manifest(tmp_path, url), "--limit", "2")
+            ledger, _ = lineage(tmp_path / "store.zarr", summary["build_id"])
+            assert {r["engine_version"] for r in ledger} == {header}
+            (vid,) = (v["variant"] for v in summary["variants"])
+            got[vid] = (url, header)
+    assert len(got) == 2  # two variants
+    store = Store.open(tmp_path / "store.zarr")
+    for vid, (url, header) in got.items():
+        g = store.variant_record(vid).provenance["recipe"]["generation"]
+        assert (g["server"], g["engine_version"]) == (url, header)
+
+
+@pytest.mark.parametrize("mode,says", [("list", "GET /models"), ("str-choice", "no usable rows")])
+def test_a_server_answering_out_of_shape_is_one_line_exit_2(tmp_path: Path, mode: str, says: str) -> None:
+    from fake_openai import fake_server
+
+    with fake_server("builtin:tiny-llama", mode=mode) as (url, _):
+        r = run_cli("build", str(_served_manifest(tmp_path, url)), "--limit", "2", "--quiet")
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr

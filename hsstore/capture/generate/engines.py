@@ -191,7 +191,10 @@ def _call(url: str, body: dict[str, Any] | None, timeout: float) -> tuple[dict[s
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     with _OPENER.open(req, timeout=timeout) as r:
-        return json.loads(r.read().decode()), dict(r.headers)
+        answer = json.loads(r.read().decode())
+        if not isinstance(answer, dict):
+            raise ValueError(f"the answer is a JSON {type(answer).__name__}, not an object: {str(answer)[:200]}")
+        return answer, {k.lower(): v for k, v in r.headers.items()}  # (header names are case-insensitive)
 
 
 def served_names(model_path: str) -> set[str]:
@@ -209,12 +212,22 @@ def check_served(g: Any, model_path: str) -> tuple[str, str]:
     except (OSError, ValueError) as e:
         raise BadInput(f"[generate] url {url!r}: the server did not answer GET /models ({e}); start an "
                        "OpenAI-compatible server there serving the manifest's model") from None
-    models = [m for m in listing.get("data", []) if isinstance(m, dict)]
+    data = listing.get("data", [])
+    models = [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
     mine = [m for m in models if m.get("id", "") in served_names(model_path)]
     if not mine:
         raise BadInput(f"[generate] the server at {url} serves {[m.get('id') for m in models]}, not the manifest's "
                        f"model {model_path!r}; serve that model there (or set [model] path to the model it serves)")
     return mine[0]["id"], headers.get("server", "openai-compatible server")
+
+
+def _first_choice(answer: dict[str, Any]) -> dict[str, Any]:
+    """The first choice of a completions answer; ValueError when the answer is not shaped as one."""
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) \
+            or not isinstance(choices[0].get("text", ""), (str, type(None))):
+        raise ValueError(f"not a completions answer (choices[0] an object with a text): {str(answer)[:200]}")
+    return choices[0]
 
 
 class ServerEngine:
@@ -247,7 +260,7 @@ class ServerEngine:
         for attempt in range(p.retries + 1):
             try:
                 out, _ = _call(f"{self.url}/completions", body, p.timeout_s)
-                return self._reply(out["choices"][0], time.perf_counter() - t0)
+                return self._reply(_first_choice(out), time.perf_counter() - t0)
             except urllib.error.HTTPError as e:
                 error = f"HTTP {e.code}: {e.read()[:200]!r}"
                 if e.code < 500 and e.code != 429:

@@ -116,8 +116,12 @@ def model_fingerprint(model_id: Any) -> str:
 def reply_config(m: Any, model_fp: str, tok_fp: str) -> str:
     """``config_of`` a manifest's [generate]: what the build keys its checkpointed replies by (and what
     ``hsstore plan`` looks them up by)."""
-    g = m.generate
-    return config_of(g, model_fp, tok_fp, f"{m.devices[0]}/{m.dtypes[0]}" if g.engine == "model" else "")
+    return config_of(m.generate, model_fp, tok_fp, generated_on(m))
+
+
+def generated_on(m: Any) -> str:
+    """Where an in-process engine makes a manifest's replies: its first device and dtype ("" for a server)."""
+    return f"{m.devices[0]}/{m.dtypes[0]}" if m.generate.engine == "model" else ""
 
 
 def prompt_masker(tok: Any, g: Any) -> Any:
@@ -353,7 +357,8 @@ def generation_of(m: Any, ledger: list[dict[str, Any]], made: list[Any]) -> Any:
     version = made[0].version if made else next((r["engine_version"] for r in ledger), "")
     return Generation(engine=g.engine, engine_version=version, turns=g.turns, max_new_tokens=g.max_new_tokens,
                       temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, seed=g.seed, n=g.n, stop=list(g.stop),
-                      chat_template_kwargs=dict(g.chat_template_kwargs), reasoning=g.reasoning)
+                      chat_template_kwargs=dict(g.chat_template_kwargs), reasoning=g.reasoning,
+                      **({"generated_on": generated_on(m)} if g.engine == "model" else {"server": g.url.rstrip("/")}))
 
 
 def store_first(m: Any) -> Any:

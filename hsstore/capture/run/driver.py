@@ -174,6 +174,8 @@ def plan_inputs(m: Manifest, limit: int | None, quiet: bool = True, rows: Any = 
         status(f"hashing the model's weights ({len(files)} file(s), {_mb(files)})", quiet)
     weights = spec.hash_weights()  # every build: a variant only gets states of weights hashed for it
     status(f"tokenizing {len(m.data_files)} data file(s) ({_mb(m.data_files)})", quiet or bool(m.generate and to))
+    if m.generate is not None and to.get("store") is not None:  # a build's replies: not for a store it cannot join
+        check_model_joins(m, spec.identity(config, weights).to_dict())
     samples, report, regen = samples_of_rows(m, spec, tok, tok_id, spec.identity(config, weights), rows, limit, pad,
                                              quiet, **to)
     recipe = Recipe(
@@ -434,21 +436,30 @@ def new_variant_notes(store: Store, before: set[str], built: list[Any]) -> list[
     return [n for n in notes if n]
 
 
+def check_model_joins(m: Any, model: Mapping[str, Any]) -> Store | None:
+    """BadInput if the store of manifest ``m`` holds another model's states than ``model`` (a model identity),
+    unless ``m.another_model`` (then the model is recorded as let in); the store, or None where there is none."""
+    from hsstore.core.errors import StoreNotFound
+
+    another_model = "build" if m.another_model else None
+    try:
+        store = Store.open(m.store_path, mode="a" if another_model else "r")
+    except StoreNotFound:
+        return None
+    with another_model_allowed(another_model):
+        check_model(store, {"recipe": {"model": dict(model)}}, what=f"this build ({m.source})")
+    return store
+
+
 def check_joining(m: Any, recipe: Mapping[str, Any]) -> None:
     """Before the build of manifest ``m`` (hsstore.core.schema.manifest.Manifest) writes anything or runs
     a model: BadInput if its store holds another model's states than ``recipe``'s (unless
     ``m.another_model``: the model is recorded as let in) or its label names a variant of another recipe
     or backend/dtype/device."""
-    from hsstore.core.errors import StoreNotFound
-
-    path, label, what = m.store_path, m.label, f"this build ({m.source})"
-    another_model, run = "build" if m.another_model else None, (m.backends[0], m.dtypes[0], m.devices[0])
-    try:
-        store = Store.open(path, mode="a" if another_model else "r")
-    except StoreNotFound:
+    path, label, run = m.store_path, m.label, (m.backends[0], m.dtypes[0], m.devices[0])
+    store = check_model_joins(m, recipe["model"])
+    if store is None:
         return  # a new store: nothing to join
-    with another_model_allowed(another_model):
-        check_model(store, {"recipe": dict(recipe)}, what=what)
     holder = next((v for v, lab in labels(store).items() if lab == label), None) if label else None
     if holder is None:
         if label:  # a label no variant holds yet must not read as another's id prefix

@@ -173,6 +173,10 @@ class Generation(Record):
     stop: list[str]
     chat_template_kwargs: dict[str, int | float | str | bool | list[int | float | str | bool]]
     reasoning: str
+    # where the replies were made, as their checkpoints are keyed: "cpu/bf16" (engine "model": the build's first
+    # device and dtype), the server's url (engine "openai"); absent in records made before either was kept
+    generated_on: str | UnsetType = UNSET
+    server: str | UnsetType = UNSET
 
 
 class Recipe(Record):
