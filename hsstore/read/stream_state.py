@@ -38,7 +38,7 @@ class SavedState:
 
 
 def snapshot_digest(units: Sequence[tuple[str, int]]) -> str:
-    """The committed set a dataset reads: its units (ascending id) and how many samples each serves."""
+    """The committed set a dataset reads: its units (in the reader's order) and how many samples each serves."""
     text = "\n".join(f"{u}:{c}" for u, c in units)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -129,7 +129,7 @@ def check_join(new_samples: str) -> str:
 
 
 def snapshot(reader: VariantReader) -> list[tuple[str, int]]:
-    """(unit id, samples it serves) of the units ``reader`` reads, in key order (= unit id order)."""
+    """(unit id, samples it serves) of the units ``reader`` reads, in the reader's order (commit order; a snapshot's own when it was given one)."""
     return reader.unit_counts()
 
 

@@ -125,6 +125,13 @@ class StoreLike(Protocol):
     def variant_record(self, vid: str) -> VariantRecord: ...
 
 
+def commit_order(rec: CommitRecord) -> tuple[str, str]:
+    """Where a unit comes in a reader's order: by when it was committed (a record without the time first), then
+    by id. A store that grows keeps every index it had (unit ids begin with a random writer id: by id, a later
+    unit could come first); a writer whose clock is behind another's may still commit before what it follows."""
+    return (rec.committed_at if isinstance(rec.committed_at, str) else ""), rec.unit  # (UTC ISO times sort as text)
+
+
 class VariantReader:
     """Reads committed samples of one variant (units committed as hsstore.storage.commits defines)."""
 
@@ -142,9 +149,11 @@ class VariantReader:
             if gone:
                 raise CorruptData(f"unit {gone[0]} of variant {vid} was committed when this reader's snapshot was "
                                   f"taken and is not now ({len(gone)} such unit(s)); run `hsstore verify`")
-            parts = {u: c for u, c in parts.items() if u in units}
+            parts = {u: parts[u] for u in units}  # in the snapshot's order
+        else:
+            parts = {u: parts[u] for u in sorted(parts, key=lambda u: commit_order(parts[u].header))}
         self.bad_commits = found.bad
-        # units sorted by id: the first unit to hold a key wins, so racing writers never show a key twice
+        # units in commit order: the first unit to hold a key wins, so racing writers never show a key twice
         self.table = SampleTable(list(parts.values()))  # (held as arrays: hsstore.storage.sample_table)
         self.units = UnitRecords(self.table)  # uid -> CommitRecord, its sample list made when asked for
         self.refs = Refs(self.table, vid)
@@ -160,7 +169,7 @@ class VariantReader:
 
     @property
     def commits(self) -> Sequence[CommitRecord]:
-        """The committed units' records, by unit id (each made when reached: one at a time in a loop)."""
+        """The committed units' records, in the reader's (commit) order (each made when reached: one at a time in a loop)."""
         return self.units.records()
 
     @property

@@ -7,8 +7,9 @@ unit's commit record with its sample list are made only when asked for. Each com
 to its arrays as it is read (hsstore.storage.commits.scan's ``keep``), so the per-sample objects JSON
 decoding makes live for one unit at a time.
 
-Which sample is served is the rule readers always had: units in id order, samples in record order, and
-the first unit to hold a key wins (racing writers never show a key twice).
+Which sample is served is the rule readers have: units in commit order (hsstore.storage.reader.commit_order:
+by id before that was recorded), samples in record order, and the first unit to hold a key wins (racing writers
+never show a key twice).
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def _first_of_each(keys: np.ndarray) -> tuple[np.ndarray | None, int]:
 
 
 class SampleTable:
-    """The samples of a reader's units (UnitParts in unit-id order), flat, with the served ones chosen."""
+    """The samples of a reader's units (UnitParts in the reader's order), flat, with the served ones chosen."""
 
     def __init__(self, parts: list[UnitPart]) -> None:
         self.headers = [p.header for p in parts]
@@ -270,7 +271,7 @@ class Refs(Mapping[str, SampleRef]):
 
 
 class UnitRecords(Mapping[str, CommitRecord]):
-    """uid -> the unit's commit record (its sample list made on each lookup), in unit-id order."""
+    """uid -> the unit's commit record (its sample list made on each lookup), in the reader's order."""
 
     def __init__(self, table: SampleTable) -> None:
         self.table = table

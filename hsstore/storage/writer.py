@@ -61,7 +61,8 @@ def _health_stats(s: Mapping[str, float]) -> HealthStats:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    """UTC, to the millisecond: readers order units by it (hsstore.storage.reader.commit_order)."""
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
 
 
 class UnitWriter:

@@ -25,12 +25,19 @@ from hsstore.storage.writer import UnitWriter
 from hsstore.testing.factories import make_samples, make_states, new_variant
 
 
-def _commit(store: Store, vid: str, samples: list, writer: str) -> None:
+def _commit(store: Store, vid: str, samples: list, writer: str, clock_behind: bool = False) -> None:
     """Commit ``samples`` as one unit by ``writer`` without skipping keys committed meanwhile: a writer that
-    raced the others (it read the committed set before they committed)."""
+    raced the others (it read the committed set before they committed); ``clock_behind``: on a host whose clock
+    is behind the others', so its unit comes first in commit order and the indices of the store shift."""
+    from unittest import mock
+
+    from hsstore.storage import writer as writer_module
+
     rec = store.variant_record(vid)
     states = make_states(samples, rec.hidden_size, rec.dtype, rec.all_layers)
-    UnitWriter(store, vid, writer_id=writer).write(samples, states, skip_committed=False)
+    with mock.patch.object(writer_module, "_now", lambda: "2000-01-01T00:00:00.000+00:00") if clock_behind \
+            else contextlib.nullcontext():
+        UnitWriter(store, vid, writer_id=writer).write(samples, states, skip_committed=False)
 
 
 def _store(path: Path, units: int = 4, per: int = 10) -> tuple[Store, str, list[str]]:
@@ -103,8 +110,8 @@ def test_persistent_spawned_workers_follow_set_epoch_mark_consumed_and_load_stat
 
 @pytest.mark.parametrize("stop", [1, 2, 3, 4, 5])
 def test_resume_after_a_racing_commit_reordered_the_store_trains_each_key_once(tmp_path: Path, stop: int):
-    """Two writers commit three samples each; a state is saved after ``stop`` steps; a racing writer whose unit
-    id sorts first commits one sample of each (the first unit by id wins a key, so indices shift)."""
+    """Two writers commit three samples each; a state is saved after ``stop`` steps; a racing writer whose clock is
+    behind commits one sample of each (its unit comes first in commit order and wins those keys: indices shift)."""
     path = tmp_path / "s.zarr"
     store = Store.create(path)
     vid = new_variant(store)
@@ -115,7 +122,7 @@ def test_resume_after_a_racing_commit_reordered_the_store_trains_each_key_once(t
     ds.set_epoch(2)
     first = _train(ds, stop=stop)
     state = _reload(ds.state_dict())
-    _commit(store, vid, [b[0], a[1]], "a")
+    _commit(store, vid, [b[0], a[1]], "a", clock_behind=True)
     again = StreamingHiddenStateDataset(path, seed=4)
     assert [again.reader.ref(i).unit for i in range(2)] == ["a-000000"] * 2  # the store did reorder
     again.load_state_dict(state)
@@ -156,7 +163,7 @@ def test_resume_on_another_number_of_ranks_after_a_reorder(tmp_path: Path, world
         ranks[0].mark_consumed(np.flatnonzero(ds.consumed))
     state = _reload(ranks[0].state_dict())
     raced = make_samples([5 + (i * 7 + 1) % 20 for i in range(10)], seed=2)[3:8]  # five of unit m1's samples
-    _commit(store, vid, raced, "a")
+    _commit(store, vid, raced, "a", clock_behind=True)
     rest = []
     for r in range(resume_world):
         ds = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=2, batch_tokens=48, rank=r, world_size=resume_world)
@@ -507,3 +514,28 @@ def test_a_state_saved_with_shuffle_resumes_only_with_shuffle(tmp_path: Path):
         StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=6, shuffle="no")  # type: ignore[arg-type]
     del state["shuffle"]  # a state saved before it was recorded: loads as it did
     StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=6, shuffle=False).load_state_dict(state)
+
+
+def test_a_state_saved_when_units_were_read_by_id_resumes_each_key_once(tmp_path: Path):
+    """Readers used to take units by id; they take them in commit order now. A state saved then names its units in
+    id order and marks samples by their place in it: it resumes by key, each key of the epoch once."""
+    from hsstore.read.stream_state import pack_marks, snapshot_digest
+
+    path = tmp_path / "s.zarr"
+    store = Store.create(path)
+    vid = new_variant(store)
+    samples = make_samples([6, 7, 8, 9, 10, 11], seed=3)
+    for writer, part in (("z", samples[:3]), ("b", samples[3:])):  # committed in the other order than by id
+        _commit(store, vid, part, writer)
+    ds = StreamingHiddenStateDataset(path, seed=4)
+    assert [ds.reader.ref(i).unit for i in (0, 3)] == ["z-000000", "b-000000"]
+    first = _train(ds, stop=4)
+    state = _reload(ds.state_dict())
+    by_id = sorted(state["units"])  # the state the older reader saved: units by id, marks by place in that order
+    old_keys = [k for u, _ in by_id for k in (r.key for r in ds.reader.unit_refs(u))]
+    marked = set(np.asarray(list(ds.reader.keys))[ds.consumed].tolist())
+    state.update(units=by_id, digest=snapshot_digest([(u, c) for u, c in by_id]),
+                 consumed=pack_marks(np.array([k in marked for k in old_keys])))
+    again = StreamingHiddenStateDataset(path, seed=4)
+    again.load_state_dict(state)
+    _once(first + _train(again), [s.key for s in samples])

@@ -14,7 +14,7 @@ import torch
 
 from hsstore.core.schema.store_records import CommitRecord
 from hsstore.read.dataset import StreamingHiddenStateDataset
-from hsstore.storage.reader import SampleRef
+from hsstore.storage.reader import SampleRef, commit_order
 from hsstore.storage.sample_table import Keys, Refs, SampleTable, UnitRecords, unit_part
 from hsstore.storage.stats import array_stats, health_problems, problems
 from hsstore.storage.store import Store
@@ -25,9 +25,9 @@ from hsstore.testing.factories import make_samples, make_states, new_variant
 
 
 def _rule(records: list[CommitRecord]) -> dict[str, SampleRef]:
-    """The reader's rule, written the plain way: units by id, first unit to hold a key wins."""
+    """The reader's rule, written the plain way: units in commit order, first unit to hold a key wins."""
     refs: dict[str, SampleRef] = {}
-    for c in sorted(records, key=lambda c: c.unit):
+    for c in sorted(records, key=commit_order):
         for k, off, n in c.samples:
             refs.setdefault(k, SampleRef(k, c.unit, off, n))
     return refs
@@ -40,7 +40,7 @@ def _sizes(refs: dict[str, SampleRef]) -> list[int]:
     return list(sizes.values())
 
 
-def test_units_sharing_samples_read_as_the_first_unit_by_id_wins(tmp_path: Path):
+def test_units_sharing_samples_read_as_the_first_unit_committed_wins(tmp_path: Path):
     store = Store.create(tmp_path / "s.zarr")
     vid = new_variant(store)
     s = make_samples([3, 5, 2, 7, 4, 6], seed=1)
@@ -163,3 +163,25 @@ def test_verify_names_the_bad_samples_and_only_those(tmp_path: Path):
                             (s[2].key, "layer 1: all values are equal (constant layer)"),
                             (s[3].key, "layer 2: 5 NaN and 0 Inf values")])
 
+
+
+def test_samples_committed_later_come_after_every_earlier_one_whatever_their_writer_ids(tmp_path: Path):
+    """A map-style index is a place in commit order: a store that grows keeps every index it had (units by id put a
+    later writer whose random id sorts first at index 0, and every sample an index-based hold-out, ``random_split``
+    or a sampler's checkpoint had named moved)."""
+    path = tmp_path / "s.zarr"
+    store = Store.create(path)
+    vid = new_variant(store)
+    seen: list[str] = []
+    for seed, wid in enumerate(["f0", "a0", "c0", "00"]):  # each writer's id sorts before the last one's
+        UnitWriter(store, vid, writer_id=wid).write(*_unit_of([5, 3, 4], seed))
+        keys = list(Store.open(path).reader(vid).keys)
+        assert keys[: len(seen)] == seen, wid  # nothing committed earlier moved
+        seen = keys
+    assert [Store.open(path).reader(vid).ref(i).unit for i in range(0, 12, 3)] == ["f0-000000", "a0-000000",
+                                                                                   "c0-000000", "00-000000"]
+
+
+def _unit_of(lengths: list[int], seed: int) -> tuple[list, dict]:
+    samples = make_samples(lengths, seed=seed + 100)
+    return samples, make_states(samples, 16, "bf16", [0, 1, 2], seed=seed)
