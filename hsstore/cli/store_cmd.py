@@ -47,6 +47,7 @@ def info(
 def verify(
     store: Annotated[str, typer.Argument(help="Store path or URL.")],
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
+    quarantine: Annotated[bool, typer.Option("--quarantine", help="Take back the commit of each unit whose files fail their checks (kept under quarantine/): its samples read as never built, and re-running the build that wrote them computes them again.")] = False,
 ) -> None:
     """Check every checksum, sample, token key and layer; name each bad sample (exit 1 if any).
 
@@ -56,7 +57,7 @@ def verify(
     from hsstore.storage.store import Store
     from hsstore.storage.verify import verify as run_verify
 
-    r = run_verify(Store.open(_whole_store(store, "verify")))
+    r = run_verify(Store.open(_whole_store(store, "verify"), mode="a" if quarantine else "r"), quarantine=quarantine)
     emit(r, json_out, verify_text)
     if not r.ok:
         raise typer.Exit(1)

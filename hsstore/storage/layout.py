@@ -13,6 +13,8 @@ tree against it).
                                                 uint8 e4m3 codes in variants stored as fp8-e4m3
     variants/<vid>/units/<uid>/scale_<i>        float32 [N, 1] per-token scales of layer i (fp8-e4m3 only)
     variants/<vid>/commits/<uid>.json           commit record, written last and atomically
+    variants/<vid>/quarantine/<uid>.json        a commit record taken back by verify --quarantine (the unit failed
+                                                its checks; its files are debris for gc, its samples unbuilt)
     variants/<vid>/builds/<build>.json          "build complete" records
     builds/<build_id>/r<rank>-start.json        lineage: a build record written when a rank starts ...
     builds/<build_id>/r<rank>-end.json          ... and one written when it ends (never replaced)
@@ -110,6 +112,10 @@ def builds_prefix(vid: str) -> str:
     return f"{variant_prefix(vid)}/builds/"
 
 
+def quarantine_key(vid: str, uid: str) -> str:
+    return f"{variant_prefix(vid)}/quarantine/{check_name(uid, 'unit id')}.json"
+
+
 def build_key(vid: str, name: str) -> str:
     return f"{builds_prefix(vid)}{check_name(name, 'build record name')}.json"
 
@@ -187,8 +193,8 @@ def unit_files(layers: list[int], quantized: bool = False) -> set[str]:
 class Key:
     """What a key is: ``kind`` and the names in it (``rel`` is a unit file relative to its unit)."""
 
-    kind: str  # root-meta variants-meta variant-meta units-meta unit-file commit build lineage lineage-rows
-    # lineage-generations lineage-ledger label model temp unknown
+    kind: str  # root-meta variants-meta variant-meta units-meta unit-file commit quarantine build lineage
+    # lineage-rows lineage-generations lineage-ledger label model temp unknown
     vid: str | None = None
     uid: str | None = None
     rel: str | None = None
@@ -222,8 +228,10 @@ def parse_key(key: str) -> Key:
         return Key("variant-meta", vid)
     if rest == ["units", META]:
         return Key("units-meta", vid)
-    if len(rest) == 2 and rest[0] in ("commits", "builds") and rest[1].endswith(".json") and is_name(rest[1][:-5]):
-        return Key("commit" if rest[0] == "commits" else "build", vid, rest[1][:-5] if rest[0] == "commits" else None)
+    if len(rest) == 2 and rest[0] in ("commits", "builds", "quarantine") and rest[1].endswith(".json") \
+            and is_name(rest[1][:-5]):
+        kind = {"commits": "commit", "builds": "build", "quarantine": "quarantine"}[rest[0]]
+        return Key(kind, vid, rest[1][:-5] if kind != "build" else None)
     if len(rest) >= 3 and rest[0] == "units" and is_name(rest[1]) and _is_unit_file(rest[2:]):
         return Key("unit-file", vid, rest[1], "/".join(rest[2:]))
     return Key("unknown", vid)
@@ -231,7 +239,7 @@ def parse_key(key: str) -> Key:
 
 def _examples() -> list[str]:
     """One key of every kind the format has (placeholder names)."""
-    return [root_meta(), variants_meta(), variant_meta("v"), units_meta("v"), commit_key("v", "u"),
+    return [root_meta(), variants_meta(), variant_meta("v"), units_meta("v"), commit_key("v", "u"), quarantine_key("v", "u"),
             build_key("v", "b"), lineage_record_key("b", 0, "start"), lineage_rows_key("b"), label_key(0), model_key("m"),
             generations_key("b", "0" * 16, 0), ledger_key("b"),
             *(unit_key("v", "u", rel) for rel in unit_files([0], quantized=True))]

@@ -36,18 +36,22 @@ class Report:
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     committed: dict[tuple[str, str], CommitRecord] = field(default_factory=dict)
+    damaged: dict[tuple[str, str], None] = field(default_factory=dict)  # committed units whose files fail checks
     checked: int = 0
 
     def add(self, what: str, vid: str | None = None, key: str | None = None, unit: str | None = None) -> None:
+        for hint in (". Run `hsstore verify` to list them", ". Run `hsstore verify`", "; run `hsstore verify`"):
+            what = what.removesuffix(hint)  # (a read's hint: this is verify)
         self.problems.append(Problem(variant=vid, key=key, unit=unit, what=what))
 
-    def for_samples(self, c: CommitRecord, vid: str, what: str) -> None:
-        for k, _, _ in c.samples:
-            self.add(what, vid, k, c.unit)
+    def damage(self, e: CorruptData, vid: str, unit: str, key: str | None = None) -> None:
+        """A committed unit's file failing its checks: a problem, and the unit is damaged."""
+        self.add(str(e), vid, key, unit)
+        self.damaged[(vid, unit)] = None
 
-
-def verify(store: Store, progress: Callable[[int], None] | None = None) -> VerifyReport:
-    """Check the whole store: every problem found (``ok`` when none), and notes on what is not damage."""
+def verify(store: Store, progress: Callable[[int], None] | None = None, quarantine: bool = False) -> VerifyReport:
+    """Check the whole store: every problem found (``ok`` when none), and notes on what is not damage;
+    ``quarantine``: then take back the commit of each damaged unit (``take_back``)."""
     report = Report()
     try:
         vids = store.variant_ids()
@@ -66,8 +70,22 @@ def verify(store: Store, progress: Callable[[int], None] | None = None) -> Verif
             continue
         _verify_variant(reader, report, progress)
     _verify_tree(store, report)
+    damaged = [f"{vid}/{uid}" for vid, uid in report.damaged]
+    taken = [f"{vid}/{uid}" for vid, uid in report.damaged if take_back(store, vid, uid)] if quarantine else []
     return VerifyReport(ok=not report.problems, samples_checked=report.checked, problems=report.problems,
-                        notes=report.notes)
+                        notes=report.notes, damaged_units=damaged, quarantined=taken)
+
+
+def take_back(store: Store, vid: str, uid: str) -> bool:
+    """Move unit ``uid``'s commit record to ``quarantine/`` (kept there as it was): its samples read as never
+    built, so re-running the build that wrote them computes them again, and its files are debris for gc. False
+    when the record is gone already. A kill between the two steps leaves the unit committed: run it again."""
+    raw = store.io.get(layout.commit_key(vid, uid))
+    if raw is None:
+        return False
+    store.io.put_if_absent(layout.quarantine_key(vid, uid), raw)  # (there already: an earlier run was cut short)
+    store.io.remove(layout.commit_key(vid, uid))
+    return True
 
 
 def _verify_variant(reader: VariantReader, report: Report, progress: Callable[[int], None] | None) -> None:
@@ -79,7 +97,8 @@ def _verify_variant(reader: VariantReader, report: Report, progress: Callable[[i
         try:
             reader.check_unit(head.unit, checksums=True)
         except CorruptData as e:
-            report.for_samples(reader.units[head.unit], vid, str(e))
+            for k, _, _ in reader.units[head.unit].samples:
+                report.damage(e, vid, head.unit, k)
             continue
         for ref in reader.unit_refs(head.unit):  # a duplicate of a racing writer is skipped; the winner is read
             _verify_sample(reader, ref, report)
@@ -112,7 +131,7 @@ def _verify_sample(reader: VariantReader, ref: SampleRef, report: Report) -> Non
             if bad:
                 report.add(f"layer {layer}: {'; '.join(bad)}", reader.id, ref.key, ref.unit)
     except CorruptData as e:
-        report.add(str(e), reader.id, ref.key, ref.unit)
+        report.damage(e, reader.id, ref.unit, ref.key)
     report.checked += 1
 
 
@@ -165,7 +184,7 @@ def _verify_file(store: Store, key: str, report: Report) -> int:
             return 1
         if rel not in c.files:
             report.add(f"file {key} was not recorded by the unit's commit", k.vid, None, k.uid)
-    elif k.kind in ("build", "lineage", "label", "model"):
+    elif k.kind in ("build", "lineage", "label", "model", "quarantine"):
         _verify_document(store, key, None, report, k, True)
     elif k.kind in ("root-meta", "variants-meta", "variant-meta", "units-meta"):
         _verify_document(store, key, "group", report, k, True)

@@ -28,7 +28,8 @@ BF16, FP32 = "b4b21ec5d215", "3cd16953cadd"  # the fixture's variants
 ADDED = {("info", ("variants", "*", "distinguished_by")), ("info", ("variants", "*", "audits", "*", "restatement")),
          ("info", ("models",)), ("info", ("variants", "*", "label")), ("info", ("variants", "*", "selector")),
          ("info", ("variants", "*", "model")),
-         ("info", ("generations",))}  # labels, selectors and models: issue 43
+         ("info", ("generations",)),  # labels, selectors and models: issue 43
+         *((doc, (field,)) for doc in ("verify_clean", "verify_damaged") for field in ("damaged_units", "quarantined"))}
 AUDIT = {"kind": "audit", "audited_at": "2026-12-01T00:00:00+00:00", "model": "builtin:tiny-llama",
          "model_fingerprint": "0123456789abcdef0123", "samples": 3, "population": 3, "verdict": "every checked sample "
          "is bit-exact", "verdict_kind": "identical", "defects": {}, "defective_samples": 0, "defect_rate_upper": 0.63,

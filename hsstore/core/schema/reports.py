@@ -149,6 +149,8 @@ class VerifyReport(Record):
     samples_checked: int
     problems: list[Problem]
     notes: list[str]  # not damage (debris of killed writers, wasted space of racing ones)
+    damaged_units: list[str] = []  # "<variant>/<unit>" of each committed unit whose files fail their checks
+    quarantined: list[str] = []  # of those, the ones whose commit ``--quarantine`` took back
 
 
 # --- What ``hsstore gc --json`` prints, as typed records (stable keys, docs/json.md).
