@@ -96,9 +96,14 @@ def _lines(summary: BuildResult) -> list[str]:
         k = r.kernels
         lines.append(
             f"variant {r.variant} {r.backend}/{r.dtype}/{r.device}: {what}, {r.samples_present} "
-            f"already present; {r.tokens:,} tokens, {r.bytes / 1e6:.1f} MB, {r.seconds:.1f}s; kernels: "
+            f"already present; {r.tokens:,} tokens computed, {r.bytes / 1e6:.1f} MB written, {r.seconds:.1f}s; kernels: "
             f"gated-delta={k.chunk_gated_delta_rule} conv1d={k.causal_conv1d} attention={k.attention}"
         )
+    for vid, n in sorted((summary.samples_not_in_inputs or {}).items()):
+        if n:  # a variant keeps every sample committed to it: say so where a user fixed or removed rows
+            lines.append(f"  variant {vid} also holds {n:,} committed sample(s) not among these inputs (an earlier "
+                         "build's: other rows, a larger --limit, or rows changed since), and readers read them too; "
+                         "build into a new store to hold only these")
     lines.append(f"build {summary.build_id} recorded in {summary.build_record}")
     lines.append(f"done in {summary.seconds:.1f}s")
     return lines

@@ -83,3 +83,25 @@ def test_a_build_stopped_before_any_variant_says_nothing_was_committed():
     msg = Context("/s.zarr", 0, 1, ["cpu"]).stopped("SIGINT")
     assert msg == ("interrupted by SIGINT before any variant was written; nothing was committed — run the same "
                    "command again to build")
+
+
+def test_a_rebuild_after_a_row_was_fixed_says_the_variant_still_holds_the_old_sample(tmp_path):
+    """A variant keeps every sample committed to it: a row corrected (or removed) since the last build leaves that
+    build's sample in the variant, which readers read too. The build says how many samples are not among its
+    inputs (it said "1 samples written, 7 already present" and nothing else)."""
+    from helpers import run_cli, write_manifest
+
+    rows = [json.dumps({"messages": [{"role": "user", "content": f"Question {i}?"},
+                                     {"role": "assistant", "content": f"Answer {i}."}]}) for i in range(5)]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    m = write_manifest(tmp_path / "m.toml", model="builtin:tiny-llama", files=[str(data)])
+    first = json.loads(run_cli("build", str(m), "--quiet", "--json").stdout)
+    (vid,) = first["complete"]
+    assert first["samples_not_in_inputs"] == {vid: 0}
+    data.write_text("\n".join(rows[:2] + [rows[2].replace("Answer 2.", "Answer two, corrected.")] + rows[3:]) + "\n")
+    r = run_cli("build", str(m), "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert f"variant {vid} also holds 1 committed sample(s) not among these inputs" in r.stdout, r.stdout
+    again = json.loads(run_cli("build", str(m), "--quiet", "--json").stdout)
+    assert again["samples_not_in_inputs"] == {vid: 1} and again["variants"][0]["samples_present"] == 5

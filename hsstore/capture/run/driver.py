@@ -367,7 +367,7 @@ def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float,
             share_tokens=sum(inp.samples[i].length for i in mine), started_at=started)
         results = _run_workers(m, inp, mine, batches, quiet, ctx)
         barrier(group)
-        complete = _record_complete(m, inp.samples, results) if ctx.rank == 0 else None
+        complete, others = _record_complete(m, inp.samples, results) if ctx.rank == 0 else (None, None)
     finally:
         if group is not None:
             group.destroy_process_group()
@@ -375,7 +375,7 @@ def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float,
     sys.stderr.write("".join(f"{n}\n" for n in new_variant_notes(store, before, results if ctx.rank == 0 else [])))
     return BuildResult(store=m.store_path, rank=ctx.rank, world_size=ctx.world,
                        inputs=InputCounts.from_dict(inp.report.to_dict(), "input report", BuildFailed),
-                       variants=results, complete=complete, seconds=time.time() - t0,
+                       variants=results, complete=complete, seconds=time.time() - t0, samples_not_in_inputs=others,
                        build_id=ctx.lineage.start.build_id, build_record=ctx.lineage.where(ctx.lineage.record_key),
                        rows_report=ctx.lineage.where(ctx.lineage.start.rows_report), **summary_fields(inp, ctx.lineage))
 
@@ -400,16 +400,19 @@ def _run_workers(m: Manifest, inp: Inputs, mine: list[int], batches: list[list[i
     return results
 
 
-def _record_complete(m: Manifest, samples: list[SampleTokens], results: list[VariantResult]) -> dict[str, bool]:
-    """Check every input sample is committed for every variant built; record the build as complete."""
+def _record_complete(m: Manifest, samples: list[SampleTokens],
+                     results: list[VariantResult]) -> tuple[dict[str, bool], dict[str, int]]:
+    """Check every input sample is committed for every variant built; record the build as complete. Returns
+    that, and how many committed samples of each variant are not among the inputs."""
     from hsstore.core.keys import fingerprint
     from hsstore.storage.store import Store
 
     store = Store.open(m.store_path, mode="a")
     keys = sorted(s.key for s in samples)
-    out = {}
+    out, others = {}, {}
     for vid in sorted({r.variant for r in results}):
         have = store.reader(vid, refresh=True).refs
+        others[vid] = len(have) - len(set(keys))  # (every input key is committed, below)
         missing = [k for k in keys if k not in have]
         if missing:
             raise BuildFailed(f"variant {vid}: {len(missing)} of {len(keys)} samples are not committed after the "
@@ -418,7 +421,7 @@ def _record_complete(m: Manifest, samples: list[SampleTokens], results: list[Var
                   "manifest": m.source, "finished_at": now()}
         store.io.put_atomic(layout.build_key(vid, fingerprint(keys)[:16]), json.dumps(record).encode())
         out[vid] = True
-    return out
+    return out, others
 
 
 # --- What a build checks before it joins a store (the store's one model, the label it gives) and what it

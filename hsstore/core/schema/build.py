@@ -136,6 +136,9 @@ class BuildResult(Record):
     replies_generated: int | None = None
     replies_reused: int | None = None
     ledger: str | None = None  # where the ledger of the replies is (store location + key)
+    # rank 0: variant -> its committed samples that are not among this build's inputs (earlier builds' of other
+    # rows, of a larger --limit, or of rows changed since): a variant keeps every sample committed to it
+    samples_not_in_inputs: dict[str, int] | None = None
 
 
 class DataFile(Record):
