@@ -104,6 +104,9 @@ def _lines(summary: BuildResult) -> list[str]:
             lines.append(f"  variant {vid} also holds {n:,} committed sample(s) not among these inputs (an earlier "
                          "build's: other rows, a larger --limit, or rows changed since), and readers read them too; "
                          "build into a new store to hold only these")
+    if summary.replies_generated is not None:  # [generate]
+        lines.append(f"replies: {summary.replies_generated} generated, {summary.replies_reused} reused from an earlier "
+                     f"build's checkpoints; ledger: {summary.ledger}")
     lines.append(f"build {summary.build_id} recorded in {summary.build_record}")
     lines.append(f"done in {summary.seconds:.1f}s")
     return lines

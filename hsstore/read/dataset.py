@@ -153,6 +153,7 @@ StoreArg: TypeAlias = "Store | str | os.PathLike[str]"
 
 
 def _open(store: StoreArg, variant: str | None) -> VariantReader:
+    variant = variant.strip() or None if isinstance(variant, str) else variant  # (variant="": none given)
     if isinstance(store, Store):
         s, sel = store, variant
     else:

@@ -503,3 +503,11 @@ def test_a_server_answering_out_of_shape_is_one_line_exit_2(tmp_path: Path, mode
     with fake_server("builtin:tiny-llama", mode=mode) as (url, _):
         r = run_cli("build", str(_served_manifest(tmp_path, url)), "--limit", "2", "--quiet")
     assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_build_summary_says_how_many_replies_were_generated_and_reused(tmp_path: Path) -> None:
+    m = regen_manifest(tmp_path)
+    r = run_cli("build", str(m), "--limit", "2", "--quiet")
+    assert r.returncode == 0 and "\nreplies: 2 generated, 0 reused from an earlier build's checkpoints; ledger: " in r.stdout
+    r = run_cli("build", str(m), "--limit", "3", "--quiet")
+    assert "\nreplies: 1 generated, 2 reused from an earlier build's checkpoints; ledger: " in r.stdout, r.stdout

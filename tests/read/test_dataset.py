@@ -322,6 +322,8 @@ def test_a_store_path_and_variant_that_name_two_variants_are_refused(tiny_store:
         HiddenStateDataset(f"{tiny_store}#dtype=fp32", variant="dtype=bf16")
     fp32 = HiddenStateDataset(f"{tiny_store}#dtype=fp32", variant="dtype=fp32")  # the same one: fine
     assert fp32.provenance["environment"]["dtype"] == "fp32"
+    for empty in ("", " "):  # a config's empty variant is none given: the path's selector holds (it was dropped)
+        assert HiddenStateDataset(f"{tiny_store}#dtype=fp32", variant=empty).variant_id == fp32.variant_id
 
 
 def test_no_layers_is_refused_not_items_without_states(tiny_store: Path):
