@@ -192,7 +192,8 @@ def test_a_plan_after_a_build_counts_its_samples_committed_as_it_does_for_data_r
                 assert (g["batches"], g["max_generated_tokens"], g["seconds"]) == (0, 0, 0.0), (generate, g)
             else:
                 assert plan["inputs"]["usable"] > built and v["remaining_bytes"] > 0, (generate, plan["inputs"], v)
-                assert g["checkpointed_replies"] == replies < g["replies"] and g["batches"] == 1, (generate, g)
+                rounds = 2 if "all" in generate else 1  # turns = "all": the third row's two turns, a round each
+                assert g["checkpointed_replies"] == replies < g["replies"] and g["batches"] == rounds, (generate, g)
 
 
 def test_a_plan_before_any_build_counts_a_duplicate_row_once_as_the_build_does(tmp_path: Path) -> None:
@@ -214,3 +215,25 @@ def test_a_plan_before_any_build_counts_a_duplicate_row_once_as_the_build_does(t
     assert (planned["usable"], planned["duplicates"]) == (built["usable"], built["duplicates"]) == (2, 1)
     # the duplicate's reply is generated once (the build's second copy is a reuse)
     assert generation["max_generated_tokens"] == 2 * build["replies_generated"] == 2 * 2, (generation, build)
+
+
+def test_a_plan_of_every_turn_counts_a_batch_a_round_and_earlier_replies_at_most_max_new_tokens(tmp_path: Path) -> None:
+    """turns = "all" regenerates turn by turn, a round of batches per turn, each earlier reply at most
+    max_new_tokens: the plan counted one round and the data's own earlier replies (3,819 tokens planned for 2,313
+    built). Now its batches are the build's, and its tokens differ from the build's by less than what the unknown
+    reply lengths can make (each regenerated reply of each sample is 1 to max_new_tokens tokens)."""
+    rows = DATA.read_text().splitlines()[60:80]
+    data = tmp_path / "multi.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    tokens = 8
+    m = _manifest(tmp_path, f'engine = "model"\nturns = "all"\nmax_new_tokens = {tokens}\ntemperature = 1.0\nseed = 11\n',
+                  files=[str(data)], max_length=512)
+    plan = json.loads(run_cli("plan", str(m), "--limit", "10", "--json").stdout)
+    r = run_cli("build", str(m), "--limit", "10", "--quiet", "--json")
+    assert r.returncode == 0, r.stderr
+    built = json.loads(r.stdout)
+    store = tmp_path / "store.zarr"
+    turns = max(len(json.loads(x).get("messages", json.loads(x).get("conversations", []))) for x in rows[:10]) // 2
+    assert plan["generation"]["batches"] == len(list((store / "builds").glob("*/gen-*.jsonl")))  # a batch a file
+    samples, written = built["variants"][0]["samples_written"], built["variants"][0]["tokens"]
+    assert abs(plan["tokens"]["tokens"] - written) < samples * turns * tokens, (plan["tokens"], written)

@@ -385,6 +385,18 @@ def summary_fields(inp: Any, lineage: Any) -> dict[str, Any]:
             "ledger": lineage.where(ledger_key(lineage.start.build_id)) if lineage.start.world_size == 1 else None}
 
 
+def capped_history(tok: Any, job: Job, upto: int, max_new_tokens: int) -> list[dict[str, Any]]:
+    """``job.msgs`` before position ``upto`` as a plan stands them for the build's: each earlier turn the build
+    regenerates (``turns = "all"``) cut to its first ``max_new_tokens`` tokens, as the target's reply is no longer."""
+    out = []
+    for k, msg in enumerate(job.msgs[:upto]):
+        msg = dict(msg)
+        if k in job.turns and isinstance(msg.get("content"), str):
+            msg["content"] = tok.decode(tok(msg["content"], add_special_tokens=False)["input_ids"][:max_new_tokens])
+        out.append(msg)
+    return out
+
+
 def _own_reply_tokens(tok: Any, job: Job) -> int | None:
     """Tokens of the data's own reply at the job's last turn, and its end token (None: a prompt, no reply)."""
     at = job.turns[-1]
@@ -457,7 +469,7 @@ def planned_samples(m: Any, tok: Any, tok_fp: str, rows: list[InputRow], limit: 
             whole.append(j)
             continue
         try:
-            prompt = rendered_prompt(masker, [dict(x) for x in j.msgs[: j.turns[-1]]], j.tools, m.max_length)
+            prompt = rendered_prompt(masker, capped_history(tok, j, j.turns[-1], g.max_new_tokens), j.tools, m.max_length)
         except RowRejected as r:
             report.rejected[r.reason] += 1
             report.note("rejected", j.file, j.row, r.reason, r.detail)

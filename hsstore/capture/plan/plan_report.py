@@ -248,10 +248,11 @@ def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: i
     data = round(sum(int(s.loss_mask.sum()) for s in inp.samples) * replies / max(1, len(jobs)))
     expected = min(most, round(data * pending / replies)) if data and replies else most
     batches = _prompt_batches(prompts, scale, g.max_new_tokens, m.token_budget)
+    later = _later_rounds(m, tok, [j for k, j in enumerate(jobs) if k not in skip], scale)
     common = dict(engine=g.engine, prompts=round(len({(j.file, j.row) for j in jobs}) * scale),
                   replies=round(replies * scale), checkpointed_replies=round(reused * scale),
                   max_generated_tokens=round(most * scale), expected_generated_tokens=round(expected * scale),
-                  batches=len(batches))
+                  batches=len(batches) + later)
     if reused and not pending:
         return GenerationPlan(**common, generated_tokens_per_second=None, first_batch_extra_seconds=None,
                               calibration_prompts=None, seconds=0.0, seconds_source=(
@@ -303,6 +304,25 @@ def _prompt_batches(prompts: list[list[int]], scale: float, max_new_tokens: int,
 
     every = [int(i / scale) for i in range(round(len(prompts) * scale))]
     return [[every[k] for k in b] for b in prompt_batches([len(prompts[i]) for i in every], max_new_tokens, budget)]
+
+
+def _later_rounds(m: Any, tok: Any, jobs: list[Any], scale: float) -> int:
+    """The engine's batches after the first turn's (``turns = "all"`` regenerates round by round, a turn a round):
+    each round's prompts with the earlier replies at most max_new_tokens (``regenerate.capped_history``)."""
+    from hsstore.capture.generate.regenerate import capped_history, prompt_masker, rendered_prompt
+    from hsstore.capture.inputs.messages import RowRejected
+
+    g, masker, batches = m.generate, prompt_masker(tok, m.generate), 0
+    for r in range(1, max((len(j.turns) for j in jobs), default=0)):
+        prompts = []
+        for j in (j for j in jobs if len(j.turns) > r):
+            try:
+                prompts.append(rendered_prompt(masker, capped_history(tok, j, j.turns[r], g.max_new_tokens), j.tools,
+                                               m.max_length))
+            except RowRejected:  # the build drops the chain at this turn
+                continue
+        batches += len(_prompt_batches(prompts, scale, g.max_new_tokens, m.token_budget))
+    return batches
 
 
 def _not_timed(engine: str, calibrate: int, batches: list[list[int]]) -> str | None:
