@@ -511,3 +511,16 @@ def test_the_build_summary_says_how_many_replies_were_generated_and_reused(tmp_p
     assert r.returncode == 0 and "\nreplies: 2 generated, 0 reused from an earlier build's checkpoints; ledger: " in r.stdout
     r = run_cli("build", str(m), "--limit", "3", "--quiet")
     assert "\nreplies: 1 generated, 2 reused from an earlier build's checkpoints; ledger: " in r.stdout, r.stdout
+
+
+def test_replies_kept_whole_only_are_another_variant_than_replies_kept_cut_too(tmp_path: Path) -> None:
+    """drop_cut = true keeps only replies that ended before max_new_tokens; a later build keeping cut ones too
+    went into that variant, which silently stopped being one of whole replies only."""
+    stops = ", ".join(f'"{c}"' for c in "abcdefghijklmnopqrstuvwxyz")  # most replies stop early, some are cut
+    m = regen_manifest(tmp_path, tokens=16, extra=f"drop_cut = true\ntemperature = 1.0\nseed = 3\nstop = [{stops}]")
+    kept_whole = build_json(m, "--limit", "3")
+    m.write_text(m.read_text().replace("drop_cut = true", "drop_cut = false"))
+    kept_cut = build_json(m, "--limit", "3")
+    assert kept_whole["variants"][0]["variant"] != kept_cut["variants"][0]["variant"]
+    vid = kept_whole["variants"][0]["variant"]
+    assert Store.open(tmp_path / "store.zarr").variant_record(vid).provenance["recipe"]["generation"]["drop_cut"]

@@ -358,7 +358,8 @@ def generation_of(m: Any, ledger: list[dict[str, Any]], made: list[Any]) -> Any:
     return Generation(engine=g.engine, engine_version=version, turns=g.turns, max_new_tokens=g.max_new_tokens,
                       temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, seed=g.seed, n=g.n, stop=list(g.stop),
                       chat_template_kwargs=dict(g.chat_template_kwargs), reasoning=g.reasoning,
-                      **({"generated_on": generated_on(m)} if g.engine == "model" else {"server": g.url.rstrip("/")}))
+                      **({"generated_on": generated_on(m)} if g.engine == "model" else {"server": g.url.rstrip("/")}),
+                      **({"drop_cut": True} if g.drop_cut else {}))
 
 
 def store_first(m: Any) -> Any:

@@ -177,6 +177,7 @@ class Generation(Record):
     # device and dtype), the server's url (engine "openai"); absent in records made before either was kept
     generated_on: str | UnsetType = UNSET
     server: str | UnsetType = UNSET
+    drop_cut: bool | UnsetType = UNSET  # true: replies cut at max_new_tokens were dropped (absent: kept)
 
 
 class Recipe(Record):
