@@ -353,13 +353,16 @@ def generation_of(m: Any, ledger: list[dict[str, Any]], made: list[Any]) -> Any:
     """The provenance's record of how the replies were made."""
     from hsstore.core.schema.provenance import Generation
 
+    from hsstore.core.schema.record import UNSET
+
     g = m.generate
     version = made[0].version if made else next((r["engine_version"] for r in ledger), "")
+    model = g.engine == "model"
     return Generation(engine=g.engine, engine_version=version, turns=g.turns, max_new_tokens=g.max_new_tokens,
                       temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, seed=g.seed, n=g.n, stop=list(g.stop),
                       chat_template_kwargs=dict(g.chat_template_kwargs), reasoning=g.reasoning,
-                      **({"generated_on": generated_on(m)} if g.engine == "model" else {"server": g.url.rstrip("/")}),
-                      **({"drop_cut": True} if g.drop_cut else {}))
+                      generated_on=generated_on(m) if model else UNSET, server=UNSET if model else g.url.rstrip("/"),
+                      drop_cut=True if g.drop_cut else UNSET)
 
 
 def store_first(m: Any) -> Any:
