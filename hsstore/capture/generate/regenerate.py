@@ -352,7 +352,6 @@ def regenerate_rows(m: Any, spec: Any, tok: Any, tok_id: Any, model_id: Any, row
 def generation_of(m: Any, ledger: list[dict[str, Any]], made: list[Any]) -> Any:
     """The provenance's record of how the replies were made."""
     from hsstore.core.schema.provenance import Generation
-
     from hsstore.core.schema.record import UNSET
 
     g = m.generate
