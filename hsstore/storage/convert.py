@@ -141,6 +141,7 @@ class _Units:
         done = UnitWriter(out, self.dvid, writer_id=f"convert-{self.run}").committed_keys() if self.made else set()
         self.done = set(done)
         self.present = sum(1 for k in reader.keys if k in self.done)
+        self.writer: UnitWriter | None = None  # made with the variant's record (record())
         self.written = {"samples": 0, "tokens": 0, "bytes": 0}
         self.lock = threading.Lock()
         self.stopping = False  # set when the command is stopped: units not yet written are not started
@@ -152,12 +153,10 @@ class _Units:
         if payload is None or self.stopping:
             return
         samples, states, health, errors = payload
-        self.record()
-        # unit ids sort like the source's units whatever order the threads finish in (and across resumes):
-        # a dataset over the derived variant sees the source's sample order
-        writer = UnitWriter(self.out, self.dvid, writer_id=f"c{index:06d}-{self.run}", check_health=self.check_health,
-                            command="convert")
-        c = writer.write(samples, states, skip_committed=False, health=health, quant_error=errors)
+        # one writer a run, its units in the source's order whatever order the threads finish in: a dataset over
+        # the derived variant sees the source's sample order (a resumed run's units come after the earlier run's)
+        writer = self.record()
+        c = writer.write(samples, states, skip_committed=False, health=health, quant_error=errors, seq=index)
         if c is None:
             return
         with self.lock:
@@ -166,12 +165,16 @@ class _Units:
             self.written["bytes"] += sum(c.files.values())
             self._progress()
 
-    def record(self) -> None:
-        """Record the derived variant (once)."""
+    def record(self) -> UnitWriter:
+        """Record the derived variant (once); its writer."""
         with self.lock:
             if not self.made:
                 self.out.create_variant(*self.variant, precision=self.precision)
                 self.made = True
+            if self.writer is None:
+                self.writer = UnitWriter(self.out, self.dvid, writer_id=f"c-{self.run}", check_health=self.check_health,
+                                         command="convert")
+            return self.writer
 
     def _progress(self) -> None:
         if self.on_progress is not None:

@@ -125,11 +125,21 @@ class StoreLike(Protocol):
     def variant_record(self, vid: str) -> VariantRecord: ...
 
 
-def commit_order(rec: CommitRecord) -> tuple[str, str]:
-    """Where a unit comes in a reader's order: by when it was committed (a record without the time first), then
-    by id. A store that grows keeps every index it had (unit ids begin with a random writer id: by id, a later
-    unit could come first); a writer whose clock is behind another's may still commit before what it follows."""
-    return (rec.committed_at if isinstance(rec.committed_at, str) else ""), rec.unit  # (UTC ISO times sort as text)
+def commit_order(records: Mapping[str, CommitRecord]) -> list[str]:
+    """The units (unit id -> commit record) in a reader's order: writers by their first commit (a record without
+    the time first; UTC ISO times sort as text), then each writer's units in the order it made them (a unit id is
+    ``<writer id>-<sequence>``). A store that grows keeps every index it had (by id, a later writer's random id
+    could come first), and one writer's units keep its order though its threads commit them out of turn, so a
+    build of the same inputs, or a convert of a variant, orders its samples alike; a writer whose clock is behind
+    another's may still come before what it follows."""
+    def writer(uid: str) -> str:
+        return uid.rsplit("-", 1)[0]
+
+    first: dict[str, str] = {}
+    for uid, rec in records.items():
+        at = rec.committed_at if isinstance(rec.committed_at, str) else ""
+        first[writer(uid)] = min(first.get(writer(uid), at), at)
+    return sorted(records, key=lambda u: (first[writer(u)], writer(u), u))
 
 
 class VariantReader:
@@ -151,7 +161,7 @@ class VariantReader:
                                   f"taken and is not now ({len(gone)} such unit(s)); run `hsstore verify`")
             parts = {u: parts[u] for u in units}  # in the snapshot's order
         else:
-            parts = {u: parts[u] for u in sorted(parts, key=lambda u: commit_order(parts[u].header))}
+            parts = {u: parts[u] for u in commit_order({u: p.header for u, p in parts.items()})}
         self.bad_commits = found.bad
         # units in commit order: the first unit to hold a key wins, so racing writers never show a key twice
         self.table = SampleTable(list(parts.values()))  # (held as arrays: hsstore.storage.sample_table)

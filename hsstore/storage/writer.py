@@ -101,8 +101,11 @@ class UnitWriter:
         skip_committed: bool = True,
         health: Mapping[int, torch.Tensor] | None = None,
         quant_error: Mapping[int, Mapping[str, float]] | None = None,
+        seq: int | None = None,
     ) -> CommitRecord | None:
         """Write ``samples`` and their states (``layer -> [sum of lengths, H]``, in sample order) as one unit.
+        ``seq``: its place among this writer's units (``reserve()``; default: the next), which readers order
+        them by, whichever thread commits first.
 
         Samples already committed are dropped first (re-writing is a no-op). ``health`` = ``layer ->
         stats_tensor(states, lengths)`` computed by the caller (on the GPU, copied back with the states)
@@ -135,7 +138,14 @@ class UnitWriter:
             health = quant_error = None  # computed over other rows (the error record is then left out)
         stats = self._health(samples, states, health)
         errors = {str(k): _quant_error(v) for k, v in (quant_error or {}).items()}
-        return self._write_unit(samples, states, stats, errors)
+        return self._write_unit(samples, states, stats, errors, seq)
+
+    def reserve(self) -> int:
+        """The next unit's place among this writer's units, taken now (e.g. in batch order, before the unit is
+        handed to a writing thread)."""
+        with self._lock:
+            self.seq += 1
+            return self.seq - 1
 
     def _check_states(self, layer: int, t: torch.Tensor | Quantized, total: int) -> None:
         rec = self.record
@@ -232,11 +242,10 @@ class UnitWriter:
                 shard_rel: put(layout.unit_key(self.vid, uid, shard_rel), encode_shard(data, chunk, codec))}
 
     def _write_unit(self, samples: Sequence[SampleTokens], states: Mapping[int, torch.Tensor | Quantized],
-                    stats: dict[str, dict[str, float]], quant_error: dict[str, QuantError] | None = None) -> CommitRecord:
+                    stats: dict[str, dict[str, float]], quant_error: dict[str, QuantError] | None = None,
+                    seq: int | None = None) -> CommitRecord:
         """Claim a new unit id, write its files, then its commit record (last, atomically)."""
-        with self._lock:
-            uid = f"{self.writer_id}-{self.seq:06d}"
-            self.seq += 1
+        uid = f"{self.writer_id}-{self.reserve() if seq is None else seq:06d}"
         io = self.store.io
         info = UnitInfo(**self.info.to_dict(), started_at=_now())
         unit_meta = group_json({layout.UNIT_ATTR: info.to_dict()})

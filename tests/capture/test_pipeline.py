@@ -64,3 +64,35 @@ def test_a_reservation_that_cannot_pin_reports_it_and_the_pool_stays_usable():
 def test_pinned_sizes_are_the_power_of_two_the_allocator_hands_out_anyway():
     assert [pinned_size(n) for n in (1, 2, 3, 1 << 20, (1 << 20) + 1, 382_515_200)] == \
         [1, 2, 4, 1 << 20, 2 << 20, 1 << 29]
+
+
+def test_units_take_their_place_in_batch_order_whichever_writing_thread_commits_first(tmp_path):
+    """Two threads write a capture's units, and either may commit first: a unit's place among the writer's units
+    is taken when it is handed over, in batch order, so two builds of the same inputs order their samples alike
+    (the first unit here commits last)."""
+    import threading
+
+    from hsstore.capture.run.pipeline import BackgroundWriter
+    from hsstore.testing.factories import make_states
+
+    store = Store.create(tmp_path / "s.zarr")
+    vid = new_variant(store)
+    writer = UnitWriter(store, vid, writer_id="w")
+    second_done = threading.Event()
+    write = writer.write
+
+    def first_waits(samples, states, **kw):  # the first unit's thread is the slow one
+        if kw["seq"] == 0:
+            assert second_done.wait(60)
+        out = write(samples, states, **kw)
+        if kw["seq"] == 1:
+            second_done.set()
+        return out
+
+    writer.write = first_waits  # type: ignore[method-assign]
+    background = BackgroundWriter(writer, threads=2)
+    units = [make_samples([5, 7], seed=1), make_samples([6, 4], seed=2)]
+    for samples in units:
+        background.put(samples, make_states(samples, 16, "bf16", [0, 1, 2]), [], [])
+    background.close()
+    assert list(Store.open(tmp_path / "s.zarr").reader(vid).keys) == [s.key for u in units for s in u]

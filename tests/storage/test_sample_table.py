@@ -27,7 +27,8 @@ from hsstore.testing.factories import make_samples, make_states, new_variant
 def _rule(records: list[CommitRecord]) -> dict[str, SampleRef]:
     """The reader's rule, written the plain way: units in commit order, first unit to hold a key wins."""
     refs: dict[str, SampleRef] = {}
-    for c in sorted(records, key=commit_order):
+    by_unit = {c.unit: c for c in records}
+    for c in (by_unit[u] for u in commit_order(by_unit)):
         for k, off, n in c.samples:
             refs.setdefault(k, SampleRef(k, c.unit, off, n))
     return refs
@@ -185,3 +186,26 @@ def test_samples_committed_later_come_after_every_earlier_one_whatever_their_wri
 def _unit_of(lengths: list[int], seed: int) -> tuple[list, dict]:
     samples = make_samples(lengths, seed=seed + 100)
     return samples, make_states(samples, 16, "bf16", [0, 1, 2], seed=seed)
+
+
+def test_one_writers_units_keep_its_order_whenever_its_threads_commit_them(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch):
+    """A writer's threads commit its units out of turn (unit 1 a millisecond before unit 0): ordered by commit
+    time alone, two builds of the same inputs, or a variant and its FP8 copy, put their samples at other indices.
+    A writer's units come in the order it made them, after every writer that committed first."""
+    from hsstore.storage import writer as writer_module
+
+    path = tmp_path / "s.zarr"
+    store = Store.create(path)
+    vid = new_variant(store)
+    w = UnitWriter(store, vid, writer_id="w0")
+    made = []
+    for seq, at in enumerate(["2026-01-01T00:00:02.000+00:00", "2026-01-01T00:00:01.000+00:00"]):
+        monkeypatch.setattr(writer_module, "_now", lambda at=at: at)
+        samples, states = _unit_of([4, 6], seq)
+        w.write(samples, states)
+        made += [s.key for s in samples]
+    monkeypatch.setattr(writer_module, "_now", lambda: "2026-01-01T00:00:03.000+00:00")
+    later, states = _unit_of([5], 9)
+    UnitWriter(store, vid, writer_id="a0").write(later, states)
+    assert list(Store.open(path).reader(vid).keys) == made + [later[0].key]

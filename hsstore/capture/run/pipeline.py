@@ -113,9 +113,10 @@ class PinnedReservation:
                 "pinned_reserve_bytes": self.allocated, "pinned_reserve_error": self.error}
 
 
-# what a BackgroundWriter's thread writes: (samples, states, copy events, pinned buffers, health, quant error)
+# what a BackgroundWriter's thread writes: (samples, states, copy events, pinned buffers, health, quant error,
+# the unit's place among the writer's units)
 _Unit = tuple[list[Any], dict[int, Any], list[torch.cuda.Event], list[torch.Tensor], dict[int, torch.Tensor] | None,
-              dict[int, torch.Tensor] | None]
+              dict[int, torch.Tensor] | None, int]
 PINNED_POOL = PinnedPool()  # shared by every capture in this process: buffers outlive one variant
 
 
@@ -172,7 +173,7 @@ class BackgroundWriter:
             if item is None:
                 self.q.task_done()
                 return
-            samples, states, events, bufs, health, quant_error = item
+            samples, states, events, bufs, health, quant_error, seq = item
             try:
                 if self.error is None:
                     for event in events:
@@ -180,7 +181,7 @@ class BackgroundWriter:
                     t0 = time.time()
                     extra = {} if quant_error is None else {
                         "quant_error": {i: from_error_tensor(t.tolist()) for i, t in quant_error.items()}}
-                    commit = self.writer.write(samples, states, health=health, **extra)
+                    commit = self.writer.write(samples, states, health=health, seq=seq, **extra)
                     with self.stats_lock:
                         self.write_seconds += time.time() - t0
                         if commit is not None:
@@ -199,7 +200,8 @@ class BackgroundWriter:
             quant_error: dict[int, torch.Tensor] | None = None) -> None:
         if self.error is not None:
             raise self.error
-        self.q.put((samples, states, events, bufs, health, quant_error))
+        # its place among the units taken now, in batch order: two threads write, either may commit first
+        self.q.put((samples, states, events, bufs, health, quant_error, self.writer.reserve()))
 
     def close(self) -> None:
         if not self.closed:
