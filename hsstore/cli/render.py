@@ -137,12 +137,12 @@ def verify_text(r: VerifyReport) -> str:
     lines += [f"  note: {n}" for n in r.notes]
     if r.quarantined:
         lines.append(f"  quarantined {len(r.quarantined)} damaged unit(s) ({', '.join(r.quarantined)}): their samples "
-                     "read as never built; re-run the build that wrote them to compute them "
-                     "again, and `hsstore gc` removes their files")
+                     "read as never built; re-run the command that wrote them (the build, or `hsstore convert` for "
+                     "an FP8 copy) to compute them again, and `hsstore gc` removes their files")
     elif r.damaged_units:
         lines.append(f"  fix: `hsstore verify STORE --quarantine` takes back the commit of the {len(r.damaged_units)} "
-                     "damaged unit(s) (their records kept under quarantine/), then re-running the build that wrote "
-                     "them computes their samples again")
+                     "damaged unit(s) (their records kept under quarantine/), then re-running the command that wrote "
+                     "them (the build, or `hsstore convert` for an FP8 copy) computes their samples again")
     return "\n".join(lines)
 
 

@@ -92,6 +92,9 @@ def _verify_variant(reader: VariantReader, report: Report, progress: Callable[[i
     vid = reader.id
     for ckey, why in reader.bad_commits:
         report.add(f"commit record {ckey} unreadable (it commits nothing): {why}", vid)
+        uid = layout.parse_key(ckey).uid
+        if uid is not None and ckey == layout.commit_key(vid, uid):  # (readers refuse the variant while it is there)
+            report.damaged[(vid, uid)] = None
     for head in reader.table.headers:
         report.committed[(vid, head.unit)] = head  # (its files, for the tree check: not its sample list)
         try:
@@ -184,7 +187,7 @@ def _verify_file(store: Store, key: str, report: Report) -> int:
             return 1
         if rel not in c.files:
             report.add(f"file {key} was not recorded by the unit's commit", k.vid, None, k.uid)
-    elif k.kind in ("build", "lineage", "label", "model", "quarantine"):
+    elif k.kind in ("build", "lineage", "label", "model"):  # (a quarantined record is kept as it was: damaged too)
         _verify_document(store, key, None, report, k, True)
     elif k.kind in ("root-meta", "variants-meta", "variant-meta", "units-meta"):
         _verify_document(store, key, "group", report, k, True)

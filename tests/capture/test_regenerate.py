@@ -524,3 +524,15 @@ def test_replies_kept_whole_only_are_another_variant_than_replies_kept_cut_too(t
     assert kept_whole["variants"][0]["variant"] != kept_cut["variants"][0]["variant"]
     vid = kept_whole["variants"][0]["variant"]
     assert Store.open(tmp_path / "store.zarr").variant_record(vid).provenance["recipe"]["generation"]["drop_cut"]
+
+
+def test_a_server_url_with_a_trailing_slash_reuses_the_replies_of_the_url_without(tmp_path: Path) -> None:
+    """The variant named the url without its trailing "/", the checkpoints with it: the same variant took a second
+    reply of each prompt."""
+    from fake_openai import fake_server
+
+    with fake_server("builtin:tiny-llama") as (url, _):
+        first = build_json(_served_manifest(tmp_path, url), "--limit", "2")
+        again = build_json(_served_manifest(tmp_path, url + "/"), "--limit", "2")
+    assert again["variants"][0]["variant"] == first["variants"][0]["variant"]
+    assert (again["replies_generated"], again["replies_reused"]) == (0, 2)

@@ -181,7 +181,7 @@ def test_records_forged_to_declare_huge_shapes_are_refused_before_allocating(sto
         _read_all(path, vid)
 
 
-@pytest.mark.parametrize("damage", ["delete", "flip"])
+@pytest.mark.parametrize("damage", ["delete", "flip", "record"])
 def test_a_damaged_unit_is_quarantined_and_the_build_that_wrote_it_recomputes_its_samples(tmp_path: Path,
                                                                                           damage: str):
     """verify names a fix that is not itself, ``verify --quarantine`` takes back the damaged unit's commit (its
@@ -201,6 +201,8 @@ def test_a_damaged_unit_is_quarantined_and_the_build_that_wrote_it_recomputes_it
     chunk = units[0] / "layer_1/c/0/0"
     if damage == "delete":
         chunk.unlink()
+    elif damage == "record":  # its commit record: the whole variant was unreadable, and nothing recovered it
+        (path / "variants" / vid / "commits" / f"{units[0].name}.json").write_text('{"unit": "cut sh')
     else:
         data = bytearray(chunk.read_bytes())
         data[len(data) // 2] ^= 0x40

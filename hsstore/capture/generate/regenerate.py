@@ -102,7 +102,7 @@ def sampling(g: Any) -> dict[str, Any]:
 
 def config_of(g: Any, model_fp: str, tok_fp: str, where: str) -> str:
     """What decides a reply beyond its prompt: the model, tokenizer, engine (and where it runs), sampling, seed."""
-    return fingerprint({"model": model_fp, "tokenizer": tok_fp, "engine": g.engine, "url": g.url or "",
+    return fingerprint({"model": model_fp, "tokenizer": tok_fp, "engine": g.engine, "url": (g.url or "").rstrip("/"),
                         "where": where, "sampling": sampling(g), "seed": g.seed})
 
 
