@@ -29,13 +29,13 @@ from hsstore.core.schema.reports import AuditSummary
 from hsstore.read.prefetch_reads import Fetched, Lookahead, Readahead, in_order
 from hsstore.read.stream_state import (
     LiveMarks,
+    agreed_snapshot,
     check_join,
     int_array,
     load_state,
     marks_by_key,
     same_stamp,
     save_state,
-    snapshot,
     snapshot_digest,
 )
 from hsstore.storage.info import audit_line, audits
@@ -342,7 +342,7 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         if rank is not None and world_size is not None:
             self._world_and_rank()  # refused here, not at the first iteration
         self.prefetch, self.readahead = (prefetch if prefetch is not None else 0 if self.reader.store.is_local else 8), readahead
-        self.snapshot = snapshot(self.reader)
+        self.reader, self.snapshot = agreed_snapshot(self.reader)  # (collective under a process group)
         self.digest, self.unit_sizes, self.n = snapshot_digest(self.snapshot), [c for _, c in self.snapshot], len(self.reader.keys)
         self.live = LiveMarks(self.n)  # what DataLoader workers read when an iteration starts
         self._resumed: int | None = None

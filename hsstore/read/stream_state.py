@@ -128,6 +128,24 @@ def check_join(new_samples: str) -> str:
     return new_samples
 
 
+def agreed_snapshot(reader: VariantReader) -> tuple[VariantReader, list[tuple[str, int]]]:
+    """The reader of the units rank 0 opened, and its snapshot, on every rank of an initialized process group
+    (collective: every rank makes its dataset): ranks that opened a growing store moments apart read one snapshot,
+    not each its own (each rank's share was cut from its own: samples went to two ranks or none, and the marks'
+    gather failed on their sizes). BadInput where rank 0 opened another variant."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        held = [reader.id, list(reader.units)]
+        dist.broadcast_object_list(held, src=0)  # (in memory, between the ranks: nothing of it is stored)
+        if held[0] != reader.id:
+            raise BadInput(f"rank {dist.get_rank()} opened variant {reader.id} but rank 0 opened {held[0]}: name the "
+                           "variant with one selector on every rank (a store that gained variants between the ranks' "
+                           "starts can make a selector name another)")
+        if held[1] != list(reader.units):
+            reader = VariantReader(reader.store, reader.id, units=held[1])
+    return reader, snapshot(reader)
+
+
 def snapshot(reader: VariantReader) -> list[tuple[str, int]]:
     """(unit id, samples it serves) of the units ``reader`` reads, in the reader's order (commit order; a snapshot's own when it was given one)."""
     return reader.unit_counts()

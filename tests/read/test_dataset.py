@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -338,3 +339,55 @@ def test_a_layer_named_twice_is_refused_not_read_once(tiny_store: Path):
     for cls in (HiddenStateDataset, StreamingHiddenStateDataset):
         with pytest.raises(BadInput, match=r"layers=\[0, 0, 3\] names a layer twice"):
             cls(tiny_store, variant="dtype=bf16", layers=[0, 0, 3])
+
+
+_SKEWED_RANK = """
+import json, os, sys, time
+from pathlib import Path
+import torch.distributed as dist
+from hsstore import StreamingHiddenStateDataset
+path, d, rank = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+dist.init_process_group("gloo", init_method=f"file://{d / 'rendezvous'}", rank=rank, world_size=2)
+if rank == 0:
+    (d / "r0-opens").write_text("")
+else:  # this rank opens the store after it grew
+    while not (d / "grown").exists():
+        time.sleep(0.02)
+ds = StreamingHiddenStateDataset(path, seed=3)
+ds.set_epoch(0)
+keys = []
+for it in ds:
+    keys.append(it["key"])
+    ds.mark_consumed(it)
+state = ds.state_dict()  # gathers every rank's marks
+(d / f"r{rank}.json").write_text(json.dumps({"keys": keys, "n": ds.n, "consumed": int(ds.consumed.sum())}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.process
+def test_ranks_that_open_a_growing_store_moments_apart_read_rank_0s_snapshot(tmp_path: Path):
+    """torchrun ranks start seconds apart while a build commits: each rank cut its share from its own snapshot (15
+    samples on one, 30 on the other: samples trained twice or never, without a word), then the marks' gather failed
+    on their sizes and aborted a rank. Every rank reads the units rank 0 opened: each of its samples once."""
+    path = tmp_path / "s.zarr"
+    store = Store.create(path)
+    vid = new_variant(store)
+    first = make_samples([5, 6, 7, 8, 9, 10], seed=1)
+    UnitWriter(store, vid).write(first, make_states(first, 16, "bf16", [0, 1, 2]))
+    procs = [subprocess.Popen([sys.executable, "-c", _SKEWED_RANK, str(path), str(tmp_path), str(r)], cwd=REPO,
+                              stderr=subprocess.PIPE) for r in (0, 1)]
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "r0-opens").exists():
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+        time.sleep(0.02)
+    time.sleep(1.0)  # rank 0 has opened the store (and waits for rank 1 to open it)
+    later = make_samples([11, 12, 13, 14], seed=2)
+    UnitWriter(store, vid).write(later, make_states(later, 16, "bf16", [0, 1, 2]))
+    (tmp_path / "grown").write_text("")
+    for p in procs:
+        assert p.wait(timeout=120) == 0, p.stderr.read().decode()[-2000:]
+    got = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in (0, 1)]
+    keys = got[0]["keys"] + got[1]["keys"]
+    assert sorted(keys) == sorted(s.key for s in first)  # rank 0's snapshot, each sample once
+    assert [g["n"] for g in got] == [len(first)] * 2 and sum(g["consumed"] for g in got) == len(first)
