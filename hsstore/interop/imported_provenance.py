@@ -314,8 +314,11 @@ def restored_provenance(record: ExportRecord, layers: dict[str, list[int]], dtyp
         return "--tokenizer is not the tokenizer of the exported variant (its content keys would differ)"
     if model is not None and model.get("fingerprint") not in (UNKNOWN, recipe.get("model", {}).get("fingerprint")):
         return "--model is not the model of the exported variant"
+    stored = env.get("storage")
+    if isinstance(stored, dict):  # without it, the provenance is its source's: the import took the source's variant
+        return (f"the exported variant is stored in {stored.get('precision')}: its files hold the states decoded, "
+                "which are neither its codes nor its source's states (to copy it, convert its source again)")
     recipe["layers"] = {"aux": list(layers["aux"]), "target": list(layers["target"])}
-    env.pop("storage", None)  # the files hold the states as read (a converted variant's, decoded): not its codes
     try:
         return Provenance.from_dict(prov, "the export record's provenance", BadInput)
     except BadInput as e:

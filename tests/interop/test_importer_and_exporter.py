@@ -484,3 +484,23 @@ def test_an_export_record_that_does_not_match_its_files_is_ignored(fmt: str, dam
     env = _reader(tmp_path / "b.zarr").record.provenance["environment"]
     assert env["backend"] == env["device"] == "unknown"
 
+
+
+def test_an_export_of_an_fp8_variant_imported_again_is_not_its_source(tiny_store: Path, tmp_path: Path):
+    """An FP8 copy's export holds its states decoded: neither its codes nor its source's states. Its provenance was
+    restored without the storage precision, so the import took the bf16 source's variant id (and, into a store
+    holding the source, added FP8 values to the genuine variant). It is imported with a provenance of its own."""
+    from hsstore.storage.convert import convert
+
+    src = tmp_path / "src.zarr"
+    import shutil
+
+    shutil.copytree(tiny_store, src)
+    source = Store.open(src).select("dtype=bf16")
+    held = list(Store.open(src).reader(source).keys)
+    fp8 = convert(f"{src}#dtype=bf16", "fp8-e4m3").variant
+    export_cache(ExportRequest(f"{src}#{fp8}", "specforge", str(tmp_path / "out")))
+    r = import_cache(ImportRequest("specforge", str(tmp_path / "out"), str(src), tokenizer="builtin:tiny-qwen3_5"))
+    assert r["provenance"] == "imported" and "fp8-e4m3" in r["provenance_note"], r["provenance_note"]
+    assert r["variant"] not in (source, fp8) and r["samples_written"] == len(held)
+    assert list(Store.open(src).reader(source).keys) == held  # the source holds its own samples only
