@@ -394,7 +394,7 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
             self.live.replan()  # the workers share out what is left, in order
             self._warn_uneven_steps()
             return
-        if self._resumed is not None and epoch > self._resumed and (left := self._left_of_resumed()):
+        if self._resumed is not None and epoch > self._resumed and (left := self._left_of_resumed(mine=True)):
             warnings.warn(f"set_epoch({epoch}) after load_state_dict of a state in epoch {self._resumed}: its {left} "
                           f"samples not yet consumed are skipped (set_epoch({self._resumed}) goes on with them; "
                           "if they were trained and only their marks are late, nothing is lost)",
@@ -403,11 +403,11 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         self.live.start(epoch, np.zeros(self.n, dtype=bool))
         self._warn_uneven_steps()
 
-    def _left_of_resumed(self) -> int:
+    def _left_of_resumed(self, mine: bool = False) -> int:
         """Samples the ranks' runs of the loaded epoch hold that are not consumed (the state merged every rank's
-        marks)."""
-        consumed, order = self.consumed, self._epoch_order()
-        return sum(int((~consumed[self._rank_split(r, order)]).sum()) for r in range(self._world_and_rank()[0]))
+        marks; ``mine``: this rank's run only, as the other ranks' marks since are not known here)."""
+        (world, rank), consumed, order = self._world_and_rank(), self.consumed, self._epoch_order()
+        return sum(int((~consumed[self._rank_split(r, order)]).sum()) for r in ([rank] if mine else range(world)))
 
     def mark_consumed(self, indices: Iterable[int] | torch.Tensor | Mapping[str, Any], epoch: Any = None) -> None:
         """Record samples the training loop has finished with (call in the main process): a batch or item

@@ -539,3 +539,30 @@ def test_a_state_saved_when_units_were_read_by_id_resumes_each_key_once(tmp_path
     again = StreamingHiddenStateDataset(path, seed=4)
     again.load_state_dict(state)
     _once(first + _train(again), [s.key for s in samples])
+
+
+def test_a_rank_that_trained_its_whole_share_after_a_resume_is_not_told_samples_are_skipped(tmp_path: Path):
+    """A state of one rank resumed on two: each rank trains its whole share of what is left, then set_epoch(1). Each
+    rank counted the other's share as not consumed (its marks since are not known here) and warned that samples
+    were skipped, though every sample was trained once."""
+    _, _, keys = _store(tmp_path / "s.zarr", units=2, per=10)
+    one = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=2, rank=0, world_size=1)
+    one.set_epoch(0)
+    first = _train(one, stop=6)
+    state = _reload(one.state_dict())
+    ranks = [StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=2, rank=r, world_size=2) for r in (0, 1)]
+    rest = []
+    for ds in ranks:
+        ds.load_state_dict(state)
+        ds.set_epoch(0)
+        rest += _train(ds)
+    _once(first + rest, keys)
+    for ds in ranks:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ds.set_epoch(1)
+    with pytest.warns(UserWarning, match="its 3 samples not yet consumed are skipped"):  # a rank that stopped early
+        late = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=2, rank=1, world_size=2)
+        late.load_state_dict(state)
+        _train(late, stop=len(rest) // 2 - 3)
+        late.set_epoch(1)
