@@ -172,8 +172,7 @@ class _Base:
 
     def _setup(self, store: StoreArg, variant: str | None, layers: Sequence[int] | None, require: Required | None,
                allow_drift: Iterable[str] | str | None, raw: bool = False) -> None:
-        self.reader = _open(store, variant)
-        self._pid = os.getpid()
+        self.reader, self._pid = _open(store, variant), os.getpid()
         rec = self.reader.record
         if raw and not rec.stored_precision:
             raise BadInput(f"raw=True reads FP8 codes and scales; variant {self.reader.id} is stored as computed "
@@ -188,11 +187,15 @@ class _Base:
             raise BadInput(f"layers={list(layers)} names a layer twice; items hold each layer once, in stored order "
                            f"by role (aux, then target): pass each once")
         want = stored if layers is None else sorted(set(layers))
-        bad = [i for i in want if i not in stored]
-        if bad:
+        if bad := [i for i in want if i not in stored]:
             raise BadInput(f"layer(s) {bad} are not stored in variant {self.reader.id}; stored: {stored}")
         # layers are handed out by role, so a target layer can never end up among the conditioning ones
         self.layer_roles = {role: [i for i in ids if i in want] for role, ids in rec.layers.items()}
+        theirs = getattr(require, "layer_roles", getattr(getattr(require, "base", None), "layer_roles", None))
+        if isinstance(theirs, dict) and theirs != self.layer_roles and not {"layers", "recipe.layers"} & set(
+                [allow_drift] if isinstance(allow_drift, str) else allow_drift or ()):  # a dataset's own choice
+            raise BadInput(f"require= a dataset that reads layers {theirs}; this one reads {self.layer_roles}: pass "
+                           "layers= the same ones (or allow_drift=['layers'])")
 
     @property
     def provenance(self) -> dict[str, Any]:
@@ -242,12 +245,8 @@ class _Base:
         self._reader_here()
         ref = self.reader.ref(index)
         ids, mask = self.reader.read_tokens(ref) if fetched is None else fetched.tokens
-        item = {
-            "key": ref.key,
-            "index": index,
-            "input_ids": torch.from_numpy(ids.astype(np.int64)),
-            "loss_mask": torch.from_numpy(mask.astype(np.bool_)),
-        }
+        item = {"key": ref.key, "index": index, "input_ids": torch.from_numpy(ids.astype(np.int64)),
+                "loss_mask": torch.from_numpy(mask.astype(np.bool_))}
         roles = ("aux", "target")
         groups = self.reader.read_groups(ref, [self.layer_roles.get(r, []) for r in roles], self.raw,
                                          None if fetched is None else fetched.chunks)

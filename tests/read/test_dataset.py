@@ -391,3 +391,19 @@ def test_ranks_that_open_a_growing_store_moments_apart_read_rank_0s_snapshot(tmp
     keys = got[0]["keys"] + got[1]["keys"]
     assert sorted(keys) == sorted(s.key for s in first)  # rank 0's snapshot, each sample once
     assert [g["n"] for g in got] == [len(first)] * 2 and sum(g["consumed"] for g in got) == len(first)
+
+
+def test_require_a_dataset_refuses_another_choice_of_layers_unless_allowed(tiny_store: Path):
+    """An eval dataset required to match the training one read other conditioning layers in the same slots (train
+    aux [0], eval aux [1], both [T, 1, H]) without a word: only the variant's provenance was compared."""
+    from hsstore import StreamingHiddenStateDataset
+
+    train = HiddenStateDataset(tiny_store, variant="dtype=bf16", layers=[0, 3])
+    with pytest.raises(BadInput, match=r"reads layers \{'aux': \[0\], 'target': \[3\]\}; this one reads"):
+        HiddenStateDataset(tiny_store, variant="dtype=bf16", layers=[1, 3], require=train)
+    with pytest.raises(BadInput, match="pass layers= the same ones"):
+        StreamingHiddenStateDataset(tiny_store, variant="dtype=bf16", require=train)  # all layers: another choice
+    same = HiddenStateDataset(tiny_store, variant="dtype=bf16", layers=[3, 0], require=train)
+    assert same.layer_roles == train.layer_roles
+    other = HiddenStateDataset(tiny_store, variant="dtype=bf16", layers=[1, 3], require=train, allow_drift=["layers"])
+    assert other.layer_roles["aux"] == [1]
