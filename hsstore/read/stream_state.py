@@ -16,7 +16,10 @@ import numpy as np
 import torch
 
 from hsstore.core.errors import BadInput, CorruptData
+from hsstore.core.schema.store_records import CommitRecord
+from hsstore.storage import commits, layout
 from hsstore.storage.reader import VariantReader
+from hsstore.storage.sample_table import Keys, SampleTable, unit_part
 
 # --- The resumable state of a streaming dataset (``state_dict`` / ``load_state_dict``), checked as it is
 
@@ -163,21 +166,31 @@ def save_state(epoch: int, seed: int, variant: str, units: list[tuple[str, int]]
             "shuffle": shuffle}
 
 
+def _saved_table(reader: VariantReader, units: list[str], epoch: int) -> SampleTable:
+    """The samples of ``units`` (a saved snapshot's, in its order) from their commit records: committed, or taken
+    back by ``verify --quarantine`` (their samples rebuilt since in other units). BadInput for a unit neither."""
+    found = commits.scan(reader.io, reader.id, keep=unit_part).committed
+    parts = []
+    for u in units:
+        raw = None if u in found else reader.io.get(layout.quarantine_key(reader.id, u))
+        try:
+            parts.append(found[u] if u in found else unit_part(CommitRecord.from_json(raw or b"", u, CorruptData)))
+        except CorruptData:
+            raise BadInput(f"the state was saved over unit {u} of variant {reader.id}, which is not committed now: "
+                           f"its marks cannot be tied to samples; start epoch {epoch + 1} with set_epoch") from None
+    return SampleTable(parts)
+
+
 def marks_by_key(reader: VariantReader, saved: SavedState, join: str) -> np.ndarray:
     """A state saved over another snapshot, as marks over ``reader``'s: its consumed samples by key, and
     (``join="next_epoch"``) the samples it did not know, held back to the next epoch. BadInput when a
     unit it names is not committed now or serves other samples."""
-    try:
-        then = VariantReader(reader.store, reader.id, units=[u for u, _ in saved.units or []])
-    except CorruptData as e:
-        raise BadInput(f"the state was saved over units of variant {reader.id} that are not committed now "
-                       f"({str(e).split(';')[0]}): its marks cannot be tied to samples; start epoch "
-                       f"{saved.epoch + 1} with set_epoch") from None
-    if snapshot_digest(snapshot(then)) != saved.digest:
+    then = _saved_table(reader, [u for u, _ in saved.units or []], saved.epoch)
+    if snapshot_digest(then.unit_counts()) != saved.digest:
         raise BadInput(f"the units the state names serve other samples than when it was saved (digest "
                        f"{saved.digest}): its marks cannot be tied to samples; start epoch {saved.epoch + 1} with set_epoch")
     index = {k: i for i, k in enumerate(reader.keys)}
-    then_keys = list(then.keys)
+    then_keys = list(Keys(then))
     marks = np.zeros(len(index), dtype=bool)
     done = [index[then_keys[i]] for i in np.flatnonzero(saved.consumed) if then_keys[i] in index]
     marks[np.asarray(done, np.int64)] = True

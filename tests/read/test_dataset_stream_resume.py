@@ -566,3 +566,23 @@ def test_a_rank_that_trained_its_whole_share_after_a_resume_is_not_told_samples_
         late.load_state_dict(state)
         _train(late, stop=len(rest) // 2 - 3)
         late.set_epoch(1)
+
+
+def test_a_state_saved_before_a_unit_was_quarantined_and_rebuilt_resumes_by_key(tmp_path: Path):
+    """A unit damaged after a checkpoint: verify --quarantine takes back its commit, its samples are written again
+    in a new unit, and the checkpoint resumes by key (it was refused: a unit it names is not committed now)."""
+    from hsstore.storage.verify import verify
+
+    store, vid, keys = _store(tmp_path / "s.zarr", units=2, per=10)
+    ds = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=2)
+    ds.set_epoch(0)
+    first = _train(ds, stop=6)
+    state = _reload(ds.state_dict())
+    damaged = ds.reader.ref(len(keys) - 1).unit  # a unit with samples not trained yet
+    (tmp_path / "s.zarr" / "variants" / vid / "units" / damaged / "layer_1" / "c" / "0" / "0").unlink()
+    assert verify(store, quarantine=True).quarantined == [f"{vid}/{damaged}"]
+    u = int(damaged[1:].split("-")[0])  # _store's writer m<u>
+    _commit(store, vid, make_samples([5 + (i * 7 + u) % 20 for i in range(10)], seed=u + 1), "rebuilt")
+    again = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=2)
+    again.load_state_dict(state)
+    _once(first + _train(again), keys)
