@@ -21,6 +21,7 @@ from hsstore import Store
 from hsstore.core.errors import BadInput, CorruptData, StoreNotFound, UnsupportedFormat
 from hsstore.core.provenance_match import variant_id
 from hsstore.storage.codecs import compressors
+from hsstore.storage.reader import commit_order
 from hsstore.storage.verify import verify
 from hsstore.storage.writer import UnitWriter
 
@@ -122,8 +123,8 @@ def test_racing_writers_never_show_a_sample_twice(tmp_path: Path):
     _in_two_processes(_write_same, path, vid)
     reader = Store.open(path).reader(vid)
     assert len(reader.commits) == 2  # both committed their unit...
-    assert len(reader.keys) == 4  # ...but each sample is visible once, from the first unit by id
-    winner = min(c.unit for c in reader.commits)
+    assert len(reader.keys) == 4  # ...but each sample is visible once, from the first unit committed
+    winner = commit_order({c.unit: c for c in reader.commits})[0]
     assert {r.unit for r in reader.refs.values()} == {winner}
     assert verify(Store.open(path)).ok
 
