@@ -34,8 +34,13 @@ class _Adapter(Dataset[Batch]):
                  require: Required | None = None, allow_drift: Iterable[str] = (), max_len: int | None = None) -> None:
         from hsstore.read.dataset import HiddenStateDataset
 
+        if hasattr(source, "reader") and not isinstance(source, HiddenStateDataset):
+            raise BadInput(f"{type(self).__name__} takes a HiddenStateDataset (map-style) or a store, not a "
+                           f"{type(source).__name__}")
         self.base = source if isinstance(source, HiddenStateDataset) else HiddenStateDataset(
             source, variant=variant, require=require, allow_drift=allow_drift)
+        if source is self.base and require is not None:  # a dataset given: its require= was its own
+            self.base.check_required(require, allow_drift)
         roles = self.base.layer_roles
         if len(roles.get("target", [])) != 1 or not roles.get("aux"):
             raise BadInput(f"variant {self.base.variant_id} has layers {roles}; EAGLE-3 trainers need aux layers "

@@ -67,16 +67,6 @@ def resolve_provenance(required: Required) -> dict[str, Any]:
                     f"'STORE#SELECTOR', not {type(required).__name__}")
 
 
-def require_provenance(reader: VariantReader, required: Required, allow_drift: Iterable[str] | str | None = ()) -> None:
-    """ProvenanceMismatch unless ``reader``'s variant has the ``required`` provenance (``allow_drift``: fields
-    that may differ); the message ends with the variant's audits."""
-    try:
-        require_match(reader.record.provenance, resolve_provenance(required), allow_drift)
-    except ProvenanceMismatch as e:
-        notes = [f"variant {reader.id}: {audit_line(a)}" for a in audits(reader.store, reader.id)]
-        raise ProvenanceMismatch(e.differences, notes=notes) from None
-
-
 # --- Padding dataset items into a batch.
 
 REQUIRED = ("input_ids", "loss_mask")
@@ -172,14 +162,11 @@ class _Base:
 
     def _setup(self, store: StoreArg, variant: str | None, layers: Sequence[int] | None, require: Required | None,
                allow_drift: Iterable[str] | str | None, raw: bool = False) -> None:
-        self.reader, self._pid = _open(store, variant), os.getpid()
+        self.reader, self._pid, self.raw = _open(store, variant), os.getpid(), raw
         rec = self.reader.record
         if raw and not rec.stored_precision:
             raise BadInput(f"raw=True reads FP8 codes and scales; variant {self.reader.id} is stored as computed "
                            f"({rec.dtype}): read it without raw=True")
-        self.raw = raw
-        if require is not None:
-            require_provenance(self.reader, require, allow_drift)
         stored = rec.all_layers
         if layers is not None and not list(layers):
             raise BadInput(f"layers=[] reads no state; pass some of the stored layers {stored}, or None for all")
@@ -191,6 +178,17 @@ class _Base:
             raise BadInput(f"layer(s) {bad} are not stored in variant {self.reader.id}; stored: {stored}")
         # layers are handed out by role, so a target layer can never end up among the conditioning ones
         self.layer_roles = {role: [i for i in ids if i in want] for role, ids in rec.layers.items()}
+        if require is not None:
+            self.check_required(require, allow_drift)
+
+    def check_required(self, require: Required, allow_drift: Iterable[str] | str | None = ()) -> None:
+        """ProvenanceMismatch unless the variant has the ``required`` provenance (``allow_drift``: fields that may
+        differ; the message ends with the variant's audits); BadInput when a required dataset reads other layers."""
+        try:
+            require_match(self.reader.record.provenance, resolve_provenance(require), allow_drift)
+        except ProvenanceMismatch as e:
+            notes = [f"variant {self.reader.id}: {audit_line(a)}" for a in audits(self.reader.store, self.reader.id)]
+            raise ProvenanceMismatch(e.differences, notes=notes) from None
         theirs = getattr(require, "layer_roles", getattr(getattr(require, "base", None), "layer_roles", None))
         if isinstance(theirs, dict) and theirs != self.layer_roles and not {"layers", "recipe.layers"} & set(
                 [allow_drift] if isinstance(allow_drift, str) else allow_drift or ()):  # a dataset's own choice
@@ -341,7 +339,8 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         if rank is not None and world_size is not None:
             self._world_and_rank()  # refused here, not at the first iteration
         self.prefetch, self.readahead = (prefetch if prefetch is not None else 0 if self.reader.store.is_local else 8), readahead
-        self.reader, self.snapshot = agreed_snapshot(self.reader)  # (collective under a process group)
+        # collective under a process group, unless rank= and world_size= are given (a dataset of one rank's)
+        self.reader, self.snapshot = agreed_snapshot(self.reader, rank is None and world_size is None)
         self.digest, self.unit_sizes, self.n = snapshot_digest(self.snapshot), [c for _, c in self.snapshot], len(self.reader.keys)
         self.live = LiveMarks(self.n)  # what DataLoader workers read when an iteration starts
         self._resumed: int | None = None

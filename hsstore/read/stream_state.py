@@ -131,13 +131,13 @@ def check_join(new_samples: str) -> str:
     return new_samples
 
 
-def agreed_snapshot(reader: VariantReader) -> tuple[VariantReader, list[tuple[str, int]]]:
+def agreed_snapshot(reader: VariantReader, collective: bool = True) -> tuple[VariantReader, list[tuple[str, int]]]:
     """The reader of the units rank 0 opened, and its snapshot, on every rank of an initialized process group
-    (collective: every rank makes its dataset): ranks that opened a growing store moments apart read one snapshot,
-    not each its own (each rank's share was cut from its own: samples went to two ranks or none, and the marks'
-    gather failed on their sizes). BadInput where rank 0 opened another variant."""
+    (``collective``: every rank makes its dataset): ranks that opened a growing store moments apart read one
+    snapshot, not each its own (each rank's share was cut from its own: samples went to two ranks or none, and the
+    marks' gather failed on their sizes). BadInput where rank 0 opened another variant."""
     dist = torch.distributed
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if collective and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         held = [reader.id, list(reader.units)]
         dist.broadcast_object_list(held, src=0)  # (in memory, between the ranks: nothing of it is stored)
         if held[0] != reader.id:
@@ -154,10 +154,23 @@ def snapshot(reader: VariantReader) -> list[tuple[str, int]]:
     return reader.unit_counts()
 
 
+def _check_same_snapshot(units: list[tuple[str, int]], n: int) -> None:
+    """BadInput on every rank unless all ranks read one snapshot (their marks gather only then: a rank aborted)."""
+    digest = int(snapshot_digest(units)[:15], 16)
+    mine = torch.tensor([n, digest, -n, -digest], dtype=torch.int64)
+    torch.distributed.all_reduce(mine, op=torch.distributed.ReduceOp.MAX)
+    if int(mine[0]) != -int(mine[2]) or int(mine[1]) != -int(mine[3]):
+        raise BadInput(f"the ranks read different snapshots of the store ({-int(mine[2])} to {int(mine[0])} samples): "
+                       "each cut its share from its own, so samples went to two ranks or none; make the dataset after "
+                       "init_process_group on every rank (it reads rank 0's snapshot), or open the store once it is "
+                       "complete")
+
+
 def save_state(epoch: int, seed: int, variant: str, units: list[tuple[str, int]], consumed: np.ndarray,
                gather: bool, shuffle: bool = True) -> dict[str, Any]:
     """The format-2 state; with torch.distributed initialized (and ``gather``) the marks of every rank."""
     if gather and torch.distributed.is_available() and torch.distributed.is_initialized():
+        _check_same_snapshot(units, consumed.shape[0])
         t = torch.from_numpy(consumed.astype(np.uint8))
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         consumed = t.numpy().astype(bool)

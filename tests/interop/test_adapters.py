@@ -192,3 +192,22 @@ def test_an_adapter_is_a_provenance_to_require(imported, adapter):
         HiddenStateDataset(store, require=other)
     with pytest.raises(TypeError, match=r"a training adapter over one\), a reader or 'STORE#SELECTOR', not list$"):
         HiddenStateDataset(store, require=[train.provenance])
+
+
+@pytest.mark.parametrize("adapter", [SpecForgeDataset, SpeculatorsDataset])
+def test_an_adapter_over_a_dataset_checks_require_as_the_dataset_does(tiny_store: Path, adapter):
+    """An adapter given a dataset dropped its require= and allow_drift= without a word: an eval reading other
+    conditioning layers, or a variant of other provenance, opened. Now they are checked as the dataset checks them;
+    a streaming dataset (which an adapter cannot index) is refused by name."""
+    from hsstore import HiddenStateDataset, ProvenanceMismatch, StreamingHiddenStateDataset
+
+    train = HiddenStateDataset(tiny_store, variant="dtype=bf16", layers=[0, 3])
+    with pytest.raises(BadInput, match="pass layers= the same ones"):
+        adapter(HiddenStateDataset(tiny_store, variant="dtype=bf16", layers=[1, 3]), require=train)
+    with pytest.raises(ProvenanceMismatch):
+        adapter(HiddenStateDataset(tiny_store, variant="dtype=fp32", layers=[0, 3]), require=train)
+    kept = adapter(HiddenStateDataset(tiny_store, variant="dtype=fp32", layers=[0, 3]), require=train,
+                   allow_drift=["dtype"])
+    assert kept.base.layer_roles == train.layer_roles
+    with pytest.raises(BadInput, match="takes a HiddenStateDataset .map-style. or a store, not a StreamingHiddenStateDataset"):
+        adapter(StreamingHiddenStateDataset(tiny_store, variant="dtype=bf16"))

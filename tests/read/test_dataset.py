@@ -407,3 +407,56 @@ def test_require_a_dataset_refuses_another_choice_of_layers_unless_allowed(tiny_
     assert same.layer_roles == train.layer_roles
     other = HiddenStateDataset(tiny_store, variant="dtype=bf16", layers=[1, 3], require=train, allow_drift=["layers"])
     assert other.layer_roles["aux"] == [1]
+
+
+_PRE_INIT_RANK = """
+import json, sys, time
+from pathlib import Path
+import torch.distributed as dist
+from hsstore import StreamingHiddenStateDataset
+from hsstore.core.errors import BadInput
+path, d, rank = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+if rank == 1:  # this rank opens the store after it grew, both before the process group
+    while not (d / "grown").exists():
+        time.sleep(0.02)
+ds = StreamingHiddenStateDataset(path, seed=3)
+(d / f"r{rank}-opened").write_text("")
+dist.init_process_group("gloo", init_method=f"file://{d / 'rendezvous'}", rank=rank, world_size=2)
+if rank == 0:  # a dataset of this rank alone (rank= and world_size= given): not collective, no hang
+    alone = len(list(StreamingHiddenStateDataset(path, rank=0, world_size=1)))
+dist.barrier()
+try:
+    ds.state_dict()
+    said = None
+except BadInput as e:
+    said = str(e)
+(d / f"r{rank}.json").write_text(json.dumps({"said": said, "alone": alone if rank == 0 else None}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.process
+def test_ranks_whose_datasets_were_made_before_the_process_group_on_other_snapshots_are_told_at_the_gather(
+        tmp_path: Path):
+    """Datasets made before init_process_group cannot agree on a snapshot: the marks' gather aborted a rank in gloo
+    (sizes differ); it is one BadInput on every rank naming the fix. A dataset given rank= and world_size= is one
+    rank's own: made on rank 0 alone it neither waits for the others nor hangs."""
+    path = tmp_path / "s.zarr"
+    store = Store.create(path)
+    vid = new_variant(store)
+    first = make_samples([5, 6, 7, 8], seed=1)
+    UnitWriter(store, vid).write(first, make_states(first, 16, "bf16", [0, 1, 2]))
+    procs = [subprocess.Popen([sys.executable, "-c", _PRE_INIT_RANK, str(path), str(tmp_path), str(r)], cwd=REPO,
+                              stderr=subprocess.PIPE) for r in (0, 1)]
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "r0-opened").exists():
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+        time.sleep(0.02)
+    later = make_samples([9, 10], seed=2)
+    UnitWriter(store, vid).write(later, make_states(later, 16, "bf16", [0, 1, 2]))
+    (tmp_path / "grown").write_text("")
+    for p in procs:
+        assert p.wait(timeout=120) == 0, p.stderr.read().decode()[-2000:]
+    got = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in (0, 1)]
+    assert all("different snapshots of the store (4 to 6 samples)" in g["said"] for g in got), got
+    assert got[0]["alone"] == len(first) + len(later)  # made after the store grew
