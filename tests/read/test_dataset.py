@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -341,6 +343,28 @@ def test_a_layer_named_twice_is_refused_not_read_once(tiny_store: Path):
             cls(tiny_store, variant="dtype=bf16", layers=[0, 0, 3])
 
 
+@contextlib.contextmanager
+def _ranks(script: str, path: Path, d: Path) -> Iterator[list[subprocess.Popen]]:
+    """Two ranks running ``script`` (gloo, a file rendezvous in ``d``); each must exit 0, and none outlives the test."""
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(path), str(d), str(r)], cwd=REPO,
+                              stderr=subprocess.PIPE) for r in (0, 1)]
+    try:
+        yield procs
+        for p in procs:
+            assert p.wait(timeout=120) == 0, p.stderr.read().decode()[-2000:]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def _wait_for(flag: Path, procs: list[subprocess.Popen]) -> None:
+    deadline = time.monotonic() + 120
+    while not flag.exists():
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+        time.sleep(0.02)
+
+
 _SKEWED_RANK = """
 import json, os, sys, time
 from pathlib import Path
@@ -375,18 +399,12 @@ def test_ranks_that_open_a_growing_store_moments_apart_read_rank_0s_snapshot(tmp
     vid = new_variant(store)
     first = make_samples([5, 6, 7, 8, 9, 10], seed=1)
     UnitWriter(store, vid).write(first, make_states(first, 16, "bf16", [0, 1, 2]))
-    procs = [subprocess.Popen([sys.executable, "-c", _SKEWED_RANK, str(path), str(tmp_path), str(r)], cwd=REPO,
-                              stderr=subprocess.PIPE) for r in (0, 1)]
-    deadline = time.monotonic() + 120
-    while not (tmp_path / "r0-opens").exists():
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
-        time.sleep(0.02)
-    time.sleep(1.0)  # rank 0 has opened the store (and waits for rank 1 to open it)
-    later = make_samples([11, 12, 13, 14], seed=2)
-    UnitWriter(store, vid).write(later, make_states(later, 16, "bf16", [0, 1, 2]))
-    (tmp_path / "grown").write_text("")
-    for p in procs:
-        assert p.wait(timeout=120) == 0, p.stderr.read().decode()[-2000:]
+    with _ranks(_SKEWED_RANK, path, tmp_path) as procs:
+        _wait_for(tmp_path / "r0-opens", procs)
+        time.sleep(1.0)  # rank 0 has opened the store (and waits for rank 1 to open it)
+        later = make_samples([11, 12, 13, 14], seed=2)
+        UnitWriter(store, vid).write(later, make_states(later, 16, "bf16", [0, 1, 2]))
+        (tmp_path / "grown").write_text("")
     got = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in (0, 1)]
     keys = got[0]["keys"] + got[1]["keys"]
     assert sorted(keys) == sorted(s.key for s in first)  # rank 0's snapshot, each sample once
@@ -446,17 +464,11 @@ def test_ranks_whose_datasets_were_made_before_the_process_group_on_other_snapsh
     vid = new_variant(store)
     first = make_samples([5, 6, 7, 8], seed=1)
     UnitWriter(store, vid).write(first, make_states(first, 16, "bf16", [0, 1, 2]))
-    procs = [subprocess.Popen([sys.executable, "-c", _PRE_INIT_RANK, str(path), str(tmp_path), str(r)], cwd=REPO,
-                              stderr=subprocess.PIPE) for r in (0, 1)]
-    deadline = time.monotonic() + 120
-    while not (tmp_path / "r0-opened").exists():
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
-        time.sleep(0.02)
-    later = make_samples([9, 10], seed=2)
-    UnitWriter(store, vid).write(later, make_states(later, 16, "bf16", [0, 1, 2]))
-    (tmp_path / "grown").write_text("")
-    for p in procs:
-        assert p.wait(timeout=120) == 0, p.stderr.read().decode()[-2000:]
+    with _ranks(_PRE_INIT_RANK, path, tmp_path) as procs:
+        _wait_for(tmp_path / "r0-opened", procs)
+        later = make_samples([9, 10], seed=2)
+        UnitWriter(store, vid).write(later, make_states(later, 16, "bf16", [0, 1, 2]))
+        (tmp_path / "grown").write_text("")
     got = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in (0, 1)]
     assert all("different snapshots of the store (4 to 6 samples)" in g["said"] for g in got), got
     assert got[0]["alone"] == len(first) + len(later)  # made after the store grew
