@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import time
 import warnings
 from collections import Counter
 from collections.abc import Iterator
@@ -527,6 +528,7 @@ def test_a_state_saved_when_units_were_read_by_id_resumes_each_key_once(tmp_path
     samples = make_samples([6, 7, 8, 9, 10, 11], seed=3)
     for writer, part in (("z", samples[:3]), ("b", samples[3:])):  # committed in the other order than by id
         _commit(store, vid, part, writer)
+        time.sleep(0.01)  # (commit times are kept to the millisecond)
     ds = StreamingHiddenStateDataset(path, seed=4)
     assert [ds.reader.ref(i).unit for i in (0, 3)] == ["z-000000", "b-000000"]
     first = _train(ds, stop=4)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -176,6 +177,7 @@ def test_samples_committed_later_come_after_every_earlier_one_whatever_their_wri
     seen: list[str] = []
     for seed, wid in enumerate(["f0", "a0", "c0", "00"]):  # each writer's id sorts before the last one's
         UnitWriter(store, vid, writer_id=wid).write(*_unit_of([5, 3, 4], seed))
+        time.sleep(0.01)  # (commit times are kept to the millisecond)
         keys = list(Store.open(path).reader(vid).keys)
         assert keys[: len(seen)] == seen, wid  # nothing committed earlier moved
         seen = keys
