@@ -206,7 +206,7 @@ def served_names(model_path: str) -> set[str]:
 def check_served(g: Any, model_path: str) -> tuple[str, str]:
     """The served model's id (BadInput unless it is the manifest's: its name, and its fingerprint where the
     server lists one) and the server's name and version."""
-    url = g.url.rstrip("/")
+    url = g.url
     try:
         listing, headers = _call(f"{url}/models", None, g.timeout_s)
     except (OSError, ValueError) as e:
@@ -234,7 +234,7 @@ class ServerEngine:
     name = "openai"
 
     def __init__(self, g: Any, tok: Any, model_path: str) -> None:
-        self.g, self.tok, self.url = g, tok, g.url.rstrip("/")
+        self.g, self.tok, self.url = g, tok, g.url
         self.kernels: dict[str, str] = {}  # a server's kernels are not known here (its version names the server)
         self.eos = end_ids(tok)
         self.model, server = check_served(g, model_path)

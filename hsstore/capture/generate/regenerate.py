@@ -102,7 +102,7 @@ def sampling(g: Any) -> dict[str, Any]:
 
 def config_of(g: Any, model_fp: str, tok_fp: str, where: str) -> str:
     """What decides a reply beyond its prompt: the model, tokenizer, engine (and where it runs), sampling, seed."""
-    return fingerprint({"model": model_fp, "tokenizer": tok_fp, "engine": g.engine, "url": (g.url or "").rstrip("/"),
+    return fingerprint({"model": model_fp, "tokenizer": tok_fp, "engine": g.engine, "url": g.url or "",
                         "where": where, "sampling": sampling(g), "seed": g.seed})
 
 
@@ -360,7 +360,7 @@ def generation_of(m: Any, ledger: list[dict[str, Any]], made: list[Any]) -> Any:
     return Generation(engine=g.engine, engine_version=version, turns=g.turns, max_new_tokens=g.max_new_tokens,
                       temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, seed=g.seed, n=g.n, stop=list(g.stop),
                       chat_template_kwargs=dict(g.chat_template_kwargs), reasoning=g.reasoning,
-                      generated_on=generated_on(m) if model else UNSET, server=UNSET if model else g.url.rstrip("/"),
+                      generated_on=generated_on(m) if model else UNSET, server=UNSET if model else g.url,
                       drop_cut=True if g.drop_cut else UNSET)
 
 

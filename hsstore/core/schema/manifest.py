@@ -51,6 +51,10 @@ class GenerateTable(Record):
     timeout_s: float = 300.0  # openai: per request
     retries: int = 3  # openai: attempts after the first, per request
 
+    def __post_init__(self) -> None:
+        if self.url is not None:  # one spelling of a base URL: with a trailing "/" it keyed other checkpoints
+            msgspec.structs.force_setattr(self, "url", self.url.rstrip("/"))
+
 
 def check_generate(g: GenerateTable) -> None:
     """The value rules of ``[generate]`` (one line naming the key and what it takes)."""
