@@ -20,11 +20,10 @@ arithmetic): reading and arithmetic share the cores, so a diff cannot beat it; a
 one pass), one pass = a ``torch.sum`` of every state of both variants in memory on the same threads: what any
 statistics of every value would leave at best, their arithmetic at memory speed. Also reported: the diff's
 own work, the ``seconds`` of its JSON report (opening both variants, reading, arithmetic, verdict, and
-numba's import and loading of its cached loops where a large bf16 vs bf16 diff takes them; no interpreter
-start-up or imports), and read / work: the difference of two processes' wall times is noisy where
+loading the compiled loops where the diff takes them; no interpreter start-up or imports), and read / work: the difference of two processes' wall times is noisy where
 start-up is seconds and the work is a fraction of it. And the warm diff: ``run_diff`` again in this process
-(numba's loops loaded, imports and allocator warm), read / warm diff: the rate a diff many times larger
-approaches once its fixed costs (numba's ~0.35 s load among them) are paid.
+(compiled loops loaded, imports and allocator warm), read / warm diff: the rate a diff many times larger
+approaches once its fixed costs are paid.
 """
 
 from __future__ import annotations
@@ -136,7 +135,7 @@ def arithmetic(store: str, a: str, b: str, threads: int | None) -> tuple[float, 
 
 
 def warm_diff(store: str, a: str, b: str, threads: int | None) -> float:
-    """Seconds of ``run_diff`` in this process, which has run it before (imports, numba's loops and the allocator
+    """Seconds of ``run_diff`` in this process, which has run it before (imports, compiled loops and the allocator
     warm): the diff's cost per byte once its fixed costs are paid, which a diff many times larger approaches."""
     from hsstore.compare.diff import DiffRequest, run_diff
 
@@ -168,7 +167,7 @@ def bench_pair(store: str, a: str, b: str, reps: int, threads: int | None, basel
         out = str(Path(tmp) / "d.json")
         diff = ["-m", "hsstore", "diff", f"{store}#{a}", f"{store}#{b}", "--json", out]
         diff += ["--threads", str(threads)] if threads else []
-        nbytes = read_both(store, a, b)  # warm-up: page cache, and the numba kernel's disk cache
+        nbytes = read_both(store, a, b)  # warm-up: page cache, and the compiled loops' disk cache
         _process(*diff)
         if baseline:
             _process(*diff, tree=baseline)

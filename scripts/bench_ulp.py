@@ -1,6 +1,6 @@
 """The diff's per-value arithmetic per value pair, one thread, on blocks shaped like the diff's: on torch's path
-(what a diff uses unless it loads numba's loops) the bf16 ULP buckets (the int16 path, and the float path kept for
-blocks holding a NaN) and the rest of a block's sums (``_block``); and numba's fused pass a row (``_fused_rows``),
+(what a diff uses where no C compiler built its loops) the bf16 ULP buckets (the int16 path, and the float path kept
+for blocks holding a NaN) and the rest of a block's sums (``_block``); and the C fused pass a row (``fused_rows``),
 which gives all of them at once: bf16 vs bf16 with the ULP buckets, and bf16 vs fp32 (sums only).
 
     python scripts/bench_ulp.py --hidden 512 2048 --repeats 7
@@ -43,16 +43,14 @@ def main() -> None:
         ws, sums = kernel.Workspace("cpu", compiled=False), torch.empty(7, a.shape[0])
         kernel._block(a, b, sums, ws)
         assert torch.equal(kernel._ulp_counts(a, b, ws, sums), kernel._ulp_counts_float(a, b, ws))  # the same counts
-        bits, counts = (a.view(torch.int16).numpy(), b.view(torch.int16).numpy()), np.zeros(6)
+        bits, counts = (a.view(torch.int16).numpy(), b.view(torch.int16).numpy()), np.zeros(6, np.int64)
         cases = {"torch int16": lambda: kernel._ulp_counts(a, b, ws, sums),
                  "torch float (NaN blocks; before)": lambda: kernel._ulp_counts_float(a, b, ws),
                  "_block (the rest)": lambda: kernel._block(a, b, sums, ws)}
         if loops:
-            out, scratch, b32 = np.zeros((7, a.shape[0]), np.float32), np.zeros((3, hidden), np.float32), b.float().numpy()
-            cases["numba fused, bf16 vs bf16 (sums + ULP buckets)"] = lambda: loops(
-                "_fused_rows", *bits, True, True, True, out, counts, scratch)
-            cases["numba fused, bf16 vs fp32 (sums)"] = lambda: loops(
-                "_fused_rows", bits[0], b32, True, False, False, out, counts, scratch)
+            out, b32 = np.zeros((7, a.shape[0]), np.float32), b.float().numpy()
+            cases["C fused, bf16 vs bf16 (sums + ULP buckets)"] = lambda: loops.fused_rows(*bits, True, out, counts)
+            cases["C fused, bf16 vs fp32 (sums)"] = lambda: loops.fused_rows(bits[0], b32, False, out, counts)
         best = {name: min(benchmark.Timer("fn()", globals={"fn": fn}, num_threads=1).blocked_autorange(
             min_run_time=0.2).median for _ in range(args.repeats)) for name, fn in cases.items()}
         print(f"{a.shape[0]}x{hidden}: " + "; ".join(f"{name} {t / a.numel() * 1e9:.2f} ns" for name, t in best.items()),

@@ -64,7 +64,7 @@ def main() -> None:
 
     request = DiffRequest(a_target=a_t, b_target=b_t)
     compiled_kernel()
-    run_diff(request)  # numba's loops and their machine code loaded
+    run_diff(request)  # the C loops built (the first time on this host) and loaded
 
     def pass_open() -> float:
         a, b = open_target(a_t), open_target(b_t)

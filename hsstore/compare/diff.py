@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from hsstore.compare.divergence import SampleSums, Totals, summarize
-from hsstore.compare.kernel import Workspace, token_sums, warm_kernel
+from hsstore.compare.kernel import Workspace, compiled_kernel, token_sums
 from hsstore.compare.sampling import (
     Estimate,
     SamplePlan,
@@ -329,9 +329,8 @@ def sample_sums(a: VariantReader, others: Sequence[VariantReader], keys: Sequenc
     hidden = a.record.hidden_size
     ulps = [both_bf16(a, o) for o in others]
     compiled = torch.device(request.device).type == "cpu" and use_compiled(a, keys, layers, ulps)
-    if compiled:  # imported, and its cached loops loaded, on a thread of its own while the first samples are read
-        pairs = [(a.reads_bf16, o.reads_bf16, u) for o, u in zip(others, ulps)]
-        threading.Thread(target=warm_kernel, args=(pairs, len(layers)), name="hsstore-diff-jit", daemon=True).start()
+    if compiled:  # loaded (built, the first time on this host) on a thread of its own while the first samples are read
+        threading.Thread(target=compiled_kernel, name="hsstore-diff-loops", daemon=True).start()
     workspaces = ThreadLocal(lambda: Workspace(request.device, compiled))
 
     def reduce(key: str, states: list[list[torch.Tensor]]) -> tuple[SampleSums, ...]:

@@ -90,8 +90,8 @@ def _summarize_compiled(key: str, ts: TokenSums, hidden: int, kernel: Any) -> Sa
     L, T = ts.dd.shape
     part, maxes = np.zeros((L, 5)), np.zeros((L, len(MAXES)))
     hist = np.zeros((L, N_BINS), dtype=np.int64)
-    kernel("_summary_rows", *(x.numpy() for x in (ts.dd, ts.aa, ts.bb, ts.ad, ts.sum_abs, ts.differing, ts.max_abs)),
-           _EDGES, part, maxes, hist)
+    kernel.summary_rows([x.numpy() for x in (ts.dd, ts.aa, ts.bb, ts.ad, ts.sum_abs, ts.differing, ts.max_abs)],
+                        _EDGES, part, maxes, hist)
     cols = np.zeros((L, len(COLUMNS)))
     cols[:, C["tokens"]], cols[:, C["values"]] = T, T * hidden
     cols[:, C["sum_abs"]], cols[:, C["exact"]] = part[:, 0], T * hidden - part[:, 1]

@@ -36,16 +36,19 @@ orders of magnitude below that (build health stats flag anything near it).
 
 from __future__ import annotations
 
+import ctypes
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 
 from hsstore.core.interrupt import ForkSafeLock
-from hsstore.core.jit import JitLoops
+from hsstore.core.jit import NativeUnavailable, native_library
 
 # values per block (rows x hidden): on a CPU the block buffers (~1 MiB each) stay in L2/L3 cache; on a
 # GPU a block is a whole sample up to this many values (each op is one kernel launch)
@@ -166,7 +169,7 @@ class Workspace:
         self.compiled = compiled and self.device.type == "cpu"
         self._bufs: dict[str, torch.Tensor] = {}
 
-    def kernel(self) -> Any:
+    def kernel(self) -> CLoops | Literal[False]:
         """The compiled loops, or False: the torch ops serve."""
         return self.compiled and compiled_kernel()
 
@@ -222,13 +225,12 @@ def _fused_operand(x: torch.Tensor, ws: Workspace, name: str) -> tuple[np.ndarra
 
 
 def _fused(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, ulp: torch.Tensor | None, ws: Workspace,
-           kernel: Any) -> None:
+           kernel: CLoops) -> None:
     """The seven per-row sums of one layer ``[T, H]`` into ``out [7, T]`` (and the ULP counts of two bf16 layers
-    into ``ulp [6]``) in one compiled pass a row: float64 accumulators, rounded to float32 once."""
+    into ``ulp [6]``) in one compiled pass a row."""
     (xa, a16), (yb, b16) = _fused_operand(x, ws, "a"), _fused_operand(y, ws, "b")
-    scratch = ws.buf("fused", 3, x.shape[1]).numpy()
-    counts = np.zeros(len(_ULP_STEPS), np.float64)
-    kernel("_fused_rows", xa, yb, a16, b16, ulp is not None and a16 and b16, out.numpy(), counts, scratch)
+    counts = np.zeros(len(_ULP_STEPS), np.int64)
+    kernel.fused_rows(xa, yb, ulp is not None and a16 and b16, out.numpy(), counts)
     if ulp is not None:
         ulp += torch.from_numpy(counts)
 
@@ -254,200 +256,73 @@ def _block(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, ws: Workspace) -
     out[4].sub_(out[3])
 
 
-def _fused_rows(a: np.ndarray, b: np.ndarray, a16: bool, b16: bool, ulps: bool, out: np.ndarray,
-                ulp: np.ndarray, scratch: np.ndarray) -> None:  # pragma: no cover (runs compiled)
-    """Per row of ``a``, ``b`` ``[T, H]`` (bf16 bit patterns as int16 where ``a16``/``b16``, else float32): the
-    seven sums of ``_block`` into ``out [7, T]`` from one pass over the row (d = a - b in float32, as torch's sub;
-    the sums in float64), count and max |d| from d's bit patterns, and where ``ulps`` the ULP counts into ``ulp``.
-    ``scratch``: float32 ``[3, H]`` (the row of a, of b, and d)."""
-    fa, fb, fd = scratch[0], scratch[1], scratch[2]
-    ia, ib = fa.view(np.int32), fb.view(np.int32)
-    for r in range(a.shape[0]):
-        _widen_row(a[r], a16, fa, ia)
-        _widen_row(b[r], b16, fb, ib)
-        s_abs = dd = aa = bb = ad = 0.0
-        for j in range(fa.shape[0]):
-            x, y = fa[j], fb[j]
-            d = x - y
-            fd[j] = d
-            x64, y64, d64 = np.float64(x), np.float64(y), np.float64(d)
-            s_abs += abs(d64)
-            dd += d64 * d64
-            aa += x64 * x64
-            bb += y64 * y64
-            ad += x64 * d64
-        nd, m = _count_max(fd.view(np.int32))
-        out[0, r], out[2, r], out[3, r], out[4, r], out[5, r], out[6, r] = s_abs, nd, dd, aa, bb, ad
-        out[1, r] = np.array([m], np.int32).view(np.float32)[0]
-        if ulps:
-            _ulp_row(a[r], b[r], ulp)
+class CLoops:
+    """The loops of ``kernel.c`` (``hsstore.core.jit.native_library``), called with numpy arrays whose dtypes, shapes
+    and layouts are checked first (a C loop trusts its pointers). ctypes lets go of the GIL for each call."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        P, Int, N = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+        self._fused, self._summary = lib.hsstore_fused_rows, lib.hsstore_summary_rows
+        self._fused.argtypes, self._fused.restype = [P, P, Int, Int, Int, N, N, P, N, P], None
+        self._summary.argtypes, self._summary.restype = [P] * 7 + [N, N, P, N, P, P, P], None
+
+    def fused_rows(self, a: np.ndarray, b: np.ndarray, ulps: bool, out: np.ndarray, ulp: np.ndarray) -> None:
+        """Per row of ``a``, ``b`` ``[T, H]`` (bf16 as int16 bit patterns, or float32): the seven sums of ``_block``
+        into ``out [7, T]`` float32 (its rows may lie apart: a view of one layer); where ``ulps`` (both bf16) the counts of pairs more than 0, 1, 2, 4, 8, 16 ULPs
+        apart added to ``ulp [6]`` int64."""
+        T, H = a.shape
+        for name, x in (("a", a), ("b", b)):
+            _need(name, x, x.dtype in (np.int16, np.float32), (T, H))
+        rows_apart = out.strides[0] // 4
+        if not (out.dtype == np.float32 and out.shape == (7, T) and out.strides[1] == 4 and out.strides[0] % 4 == 0
+                and rows_apart >= T and out.flags.aligned):
+            raise ValueError(f"out: {out.dtype} {out.shape} strides {out.strides}; the loop takes float32 (7, {T}), "
+                             "each row contiguous")
+        _need("ulp", ulp, ulp.dtype == np.int64, (6,))
+        a16, b16 = a.dtype == np.int16, b.dtype == np.int16
+        if ulps and not (a16 and b16):
+            raise ValueError("ULP counts take two bf16 operands")
+        self._fused(a.ctypes.data, b.ctypes.data, a16, b16, ulps, T, H, out.ctypes.data, rows_apart, ulp.ctypes.data)
+
+    def summary_rows(self, per_token: Sequence[np.ndarray], edges: np.ndarray, sums: np.ndarray, maxes: np.ndarray,
+                     hist: np.ndarray) -> None:
+        """One sample's per-layer sums from its per-token sums (dd, aa, bb, ad, sum_abs, differing, max_abs, each
+        ``[L, T]`` float32), as ``divergence.summarize`` makes them with torch's ops: ``sums [L, 5]``, ``maxes [L, 2]``
+        (float64) and ``hist [L, len(edges) + 1]`` (int64; the bins of ``edges``, float64, as torch.bucketize's)."""
+        L, T = per_token[0].shape
+        for x in per_token:
+            _need("per-token sums", x, x.dtype == np.float32, (L, T))
+        _need("edges", edges, edges.dtype == np.float64, edges.shape[:1])
+        _need("sums", sums, sums.dtype == np.float64, (L, 5))
+        _need("maxes", maxes, maxes.dtype == np.float64, (L, 2))
+        _need("hist", hist, hist.dtype == np.int64, (L, len(edges) + 1))
+        self._summary(*(x.ctypes.data for x in per_token), L, T, edges.ctypes.data, len(edges), sums.ctypes.data,
+                      maxes.ctypes.data, hist.ctypes.data)
 
 
-def _summary_rows(dd: np.ndarray, aa: np.ndarray, bb: np.ndarray, ad: np.ndarray, sum_abs: np.ndarray,
-                  differing: np.ndarray, max_abs: np.ndarray, edges: np.ndarray, sums: np.ndarray, maxes: np.ndarray,
-                  hist: np.ndarray) -> None:  # pragma: no cover (runs compiled)
-    """One sample's per-layer sums from its per-token sums ``[L, T]`` (float32), as ``divergence.summarize``
-    makes them with torch's ops: into ``sums [L, 5]`` the float64 sums of sum |d|, of the differing counts, of
-    |d|², of |b|² and of 1 - cos; into ``maxes [L, 2]`` max |d| and max 1 - cos (NaN if any is, as torch's amax);
-    into ``hist [L, len(edges) + 1]`` the tokens per bin of 1 - cos (``_bin``). 1 - cos is ``_one_minus_cos``:
-    torch's or 1 ULP from it, so the maxima too; the bins too but for a token within 1 ULP of an edge."""
-    for layer in range(dd.shape[0]):
-        s_abs = s_diff = s_dd = s_bb = s_omc = 0.0
-        m_abs = m_omc = 0.0
-        for t in range(dd.shape[1]):
-            d, b2 = np.float64(dd[layer, t]), np.float64(bb[layer, t])
-            v = _one_minus_cos(d, np.float64(aa[layer, t]), b2, np.float64(ad[layer, t]))
-            s_abs += np.float64(sum_abs[layer, t])
-            s_diff += np.float64(differing[layer, t])
-            s_dd += d
-            s_bb += b2
-            s_omc += v
-            m = np.float64(max_abs[layer, t])
-            if t == 0 or (m_abs == m_abs and (m > m_abs or m != m)):  # (a NaN stays the max, as torch's amax)
-                m_abs = m
-            if t == 0 or (m_omc == m_omc and (v > m_omc or v != v)):
-                m_omc = v
-            hist[layer, _bin(edges, v)] += 1
-        sums[layer, 0], sums[layer, 1], sums[layer, 2], sums[layer, 3], sums[layer, 4] = s_abs, s_diff, s_dd, s_bb, s_omc
-        maxes[layer, 0], maxes[layer, 1] = m_abs, m_omc
+def _need(name: str, x: np.ndarray, dtype_ok: bool, shape: tuple[int, ...]) -> None:
+    if not (dtype_ok and x.shape == shape and x.flags.c_contiguous and x.flags.aligned):
+        raise ValueError(f"{name}: {x.dtype} {x.shape} (contiguous: {x.flags.c_contiguous}); the loop takes {shape}")
 
 
-def _one_minus_cos(d: float, a2: float, b2: float, ad: float) -> float:  # pragma: no cover (runs compiled)
-    """``divergence.one_minus_cos`` of one token: the same float64 operations in the same order, each rounded as IEEE
-    says (compiled without fastmath: no contraction into fused multiply-adds; torch's vectorized kernels round ~0.5%
-    of tokens 1 ULP apart), the clamps keeping a NaN as torch's do."""
-    na, nb = np.sqrt(a2), np.sqrt(b2)
-    norm_sum = na + nb
-    if norm_sum < 1e-300:
-        norm_sum = 1e-300
-    gap = (2.0 * ad - d) / norm_sum
-    num = d - gap * gap
-    if num < 0.0:
-        num = 0.0
-    den = 2.0 * na * nb
-    v: float
-    if den > 0.0:
-        v = num / (den if den >= 1e-300 else 1e-300)
-    else:
-        v = 0.0 if na == nb else 1.0
-    if v < 0.0:
-        v = 0.0
-    elif v > 2.0:
-        v = 2.0
-    return v
-
-
-def _bin(edges: np.ndarray, v: float) -> int:  # pragma: no cover (runs compiled)
-    """torch.bucketize's bin of ``v``: i with edges[i-1] < v <= edges[i]; a NaN in the last bin."""
-    n: int = edges.shape[0]
-    if v != v:
-        return n
-    lo, hi = 0, n
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if edges[mid] < v:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-def _widen_row(src: np.ndarray, bf16: bool, f: np.ndarray, bits: np.ndarray) -> None:  # pragma: no cover (runs compiled)
-    """One row as float32 into ``f``: bf16 bit patterns (int16, ``bf16``) widened through ``bits`` (``f``'s int32
-    view), else each value converted."""
-    if bf16:
-        for j in range(src.shape[0]):
-            bits[j] = np.int32(src[j]) << np.int32(16)
-    else:
-        for j in range(src.shape[0]):
-            f[j] = src[j]
-
-
-def _count_max(dbits: np.ndarray) -> tuple[np.int32, np.int32]:  # pragma: no cover (runs compiled)
-    """(count of nonzero d, max |d|'s bit pattern) from float32 d's bit patterns (int32): |d|'s patterns
-    order as integers, with NaN above infinity (a NaN d makes the max NaN, as torch's amax, and is not
-    counted, as torch's sign gives it 0); -0 is 0."""
-    nd, m = np.int32(0), np.int32(0)
-    for j in range(dbits.shape[0]):
-        v = dbits[j] & np.int32(0x7FFFFFFF)
-        nd += np.int32(min(v, 1)) - np.int32(v > 0x7F800000)  # (torch's sign(NaN) is 0: not counted)
-        m = max(m, v)
-    return nd, m
-
-
-def _ulp_row(a: np.ndarray, b: np.ndarray, ulp: np.ndarray) -> None:  # pragma: no cover (runs compiled)
-    """Add one row's counts of bf16 pairs more than 0, 1, 2, 4, 8, 16 ULPs apart to ``ulp``: bits
-    (int16) to ordered ints as ``bf16_ordered``, e = distance - 1 clamped to [-1, 16], and the count
-    above t is the sum of clamp(e - t + 1, 0, 1) (int32 lanes: vectorized)."""
-    one, zero = np.int32(1), np.int32(0)
-    c0 = c1 = c2 = c3 = c4 = c5 = zero
-    for j in range(a.shape[0]):
-        va, vb = np.int32(a[j]), np.int32(b[j])
-        sa, sb = va >> np.int32(15), vb >> np.int32(15)
-        e = ((va ^ (sa & np.int32(0x7FFF))) - sa) - ((vb ^ (sb & np.int32(0x7FFF))) - sb)
-        e = min(max(max(e, -e) - one, -one), np.int32(16))
-        c0 += min(max(e + one, zero), one)
-        c1 += min(max(e, zero), one)
-        c2 += min(max(e - one, zero), one)
-        c3 += min(max(e - np.int32(3), zero), one)
-        c4 += min(max(e - np.int32(7), zero), one)
-        c5 += min(max(e - np.int32(15), zero), one)
-    ulp[0] += c0
-    ulp[1] += c1
-    ulp[2] += c2
-    ulp[3] += c3
-    ulp[4] += c4
-    ulp[5] += c5
-
-
-_kernel: Any = None
+_kernel: CLoops | Literal[False] | None = None
 _kernel_lock = ForkSafeLock()
+SOURCE = Path(__file__).with_name("kernel.c")
 
 
-def compiled_kernel() -> Any:
-    """``_fused_rows`` compiled on first use (cached on disk where numba can write, as
-    ``hsstore.core.fp8_cpu``); False where numba cannot be imported (the torch block path serves)."""
+def compiled_kernel() -> CLoops | Literal[False]:
+    """The C loops, built on first use (``hsstore.core.jit.native_library``: once per host, then loaded from the
+    cache); False, with one warning, where no C compiler builds them (torch's ops serve, ~2-3x slower)."""
     global _kernel
     with _kernel_lock:  # worker threads ask together on their first sample
         if _kernel is None:
             try:
-                import numba
-            except ImportError:
+                _kernel = CLoops(native_library(SOURCE))
+            except NativeUnavailable as e:
+                warnings.warn(f"hsstore: the diff's C loops were not built ({e}); torch's ops compare the states, "
+                              "~2-3x slower on a CPU (install a C compiler, or set CC)", stacklevel=2)
                 _kernel = False
-                return _kernel
-            _kernel = JitLoops(lambda cache: _compile(numba, cache))
     return _kernel
-
-
-def warm_kernel(pairs: Sequence[tuple[bool, bool, bool]], layers: int) -> None:
-    """Load the compiled loops and, for each pair (A is bf16, B is bf16, ULP buckets too) of ``layers`` layers,
-    the machine code of its calls: ``token_sums`` and the summary (``divergence.summarize``) on two tokens of zeros (a signature's first call loads it from
-    numba's disk cache, or compiles it). Errors are left to the real first call, which reports them."""
-    dtype = {True: torch.bfloat16, False: torch.float32}
-    ws = Workspace("cpu", compiled=True)
-    try:
-        for a16, b16, ulps in dict.fromkeys(pairs):
-            token_sums([torch.zeros(2, 1, dtype=dtype[a16])] * layers, [torch.zeros(2, 1, dtype=dtype[b16])] * layers,
-                       ws, ulps)
-        per_token = [np.zeros((layers, 2), np.float32) for _ in range(7)]  # as divergence.summarize passes them
-        compiled_kernel()("_summary_rows", *per_token, np.ones(3), np.zeros((layers, 5)), np.zeros((layers, 2)),
-                          np.zeros((layers, 4), np.int64))
-    except Exception:  # noqa: BLE001 (a worker's own call raises it, on its thread, where the diff reports it)
-        pass
-
-
-def _compile(numba: Any, cache: bool) -> dict[str, Any]:
-    """The helpers first (the row loops call them by their module names), then the row loops."""
-    opts: dict[str, Any] = dict(nogil=True, fastmath={"reassoc", "contract"})  # (NaN states stay NaN)
-    g = globals()
-    for name in ("_count_max", "_ulp_row", "_widen_row"):
-        g[name] = numba.njit(cache=cache, **opts)(getattr(g[name], "py_func", g[name]))
-    # (no fastmath: 1 - cos must round as torch's ops do, and contraction into fused multiply-adds would not)
-    for name in ("_one_minus_cos", "_bin"):
-        g[name] = numba.njit(cache=cache, nogil=True)(getattr(g[name], "py_func", g[name]))
-    loops = {name: numba.njit(cache=cache, **opts)(getattr(g[name], "py_func", g[name])) for name in ("_fused_rows",)}
-    loops["_summary_rows"] = numba.njit(cache=cache, nogil=True)(getattr(g["_summary_rows"], "py_func", g["_summary_rows"]))
-    return loops
 
 
 # --- Relative L2 distances between stored and live states, in float64 sums; and whether a difference is noise

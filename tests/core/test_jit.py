@@ -1,4 +1,5 @@
-"""numba's machine-code cache is an optimisation: where it cannot be saved the compiled loops still run."""
+"""Compiled loops are an optimisation: numba's run where their machine code cannot be saved; the C library is built
+once per CPU and loaded from the cache after, and where no compiler builds it torch's ops serve."""
 
 from __future__ import annotations
 
@@ -7,25 +8,30 @@ import resource
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 CHECK = """
+import warnings
 import numpy as np, torch
-from hsstore.compare.kernel import compiled_kernel
-from hsstore.core.fp8_cpu import dequantize_bf16_bits
-k = compiled_kernel()
-a = np.array([[0.0, -2.5, 1.0], [0.0, 0.0, 3.0]], np.float32)
-out, ulp, scratch = np.zeros((7, 2), np.float32), np.zeros(6), np.zeros((3, 3), np.float32)
-k("_fused_rows", a, np.zeros_like(a), False, False, False, out, ulp, scratch)
-assert out[2].tolist() == [2, 1] and out[1].tolist() == [2.5, 3.0] and out[0].tolist() == [3.5, 3.0], out
+from hsstore.compare.kernel import Workspace, compiled_kernel, token_sums
+from hsstore.core.fp8_cpu import _compiled_kernel, dequantize_bf16_bits
 codes = np.arange(256, dtype=np.uint8).reshape(4, 64)
 a = dequantize_bf16_bits(codes, np.full((4, 1), 2.0, np.float32))
 b = dequantize_bf16_bits(codes, np.full((4, 1), 2.0, np.float32), compiled=False)
 assert (a == b).all()
-print("ok", k._cached)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    assert compiled_kernel() is False
+assert len(caught) == 1 and "C loops were not built" in str(caught[0].message), [str(w.message) for w in caught]
+x = torch.tensor([[0.0, -2.5, 1.0], [0.0, 0.0, 3.0]])
+ts = token_sums([x], [torch.zeros_like(x)], Workspace("cpu", compiled=True))
+assert ts.differing[0].tolist() == [2, 1] and ts.max_abs[0].tolist() == [2.5, 3.0], ts
+print("ok", _compiled_kernel()._cached)
 """
 
 
@@ -37,8 +43,92 @@ def _tiny_files_only() -> None:
 
 @pytest.mark.process  # a file-size limit is set on a process of its own
 def test_loops_run_where_their_machine_code_cannot_be_saved(tmp_path: Path) -> None:
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "HSSTORE_CACHE_DIR": str(tmp_path / "native"),
+           "PYTHONPATH": str(REPO)}
     r = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env,
                        preexec_fn=_tiny_files_only, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == ["ok", "False"]  # the save failed, so the loops were compiled in process
+    # numba's save failed, so its loops were compiled in process; the C library could not be written at all, so the
+    # diff's torch ops served (with one warning)
+    assert r.stdout.split() == ["ok", "False"]
+
+
+def _fresh_loops(monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
+    from hsstore.compare import kernel
+
+    monkeypatch.setenv("HSSTORE_CACHE_DIR", str(cache))
+    monkeypatch.setattr(kernel, "_kernel", None)
+
+
+def _diff_once() -> list[float]:
+    from hsstore.compare.kernel import Workspace, token_sums
+
+    x = torch.tensor([[0.0, -2.5, 1.0], [0.0, 0.0, 3.0]])
+    ts = token_sums([x], [torch.zeros_like(x)], Workspace("cpu", compiled=True))
+    return ts.differing[0].tolist()
+
+
+def test_the_c_loops_are_built_once_and_then_loaded_even_without_a_compiler(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from hsstore.compare import kernel
+    from hsstore.core.jit import library_path
+
+    _fresh_loops(monkeypatch, tmp_path / "cache")
+    built = library_path(kernel.SOURCE)
+    assert not built.exists()
+    assert kernel.compiled_kernel() and _diff_once() == [2, 1]
+    assert built.is_file() and [p.name for p in built.parent.iterdir()] == [built.name]  # no temporary left
+    stamp = built.stat().st_mtime_ns
+    monkeypatch.setattr(kernel, "_kernel", None)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no compiler at all
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    assert kernel.compiled_kernel() and _diff_once() == [2, 1]  # loaded from the cache, not built again
+    assert built.stat().st_mtime_ns == stamp
+
+
+def test_a_damaged_cached_library_is_built_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hsstore.compare import kernel
+    from hsstore.core.jit import library_path
+
+    _fresh_loops(monkeypatch, tmp_path / "cache")
+    built = library_path(kernel.SOURCE)
+    built.parent.mkdir(parents=True)
+    built.write_bytes(b"\x7fELF cut short")
+    assert kernel.compiled_kernel() and _diff_once() == [2, 1]
+    assert built.stat().st_size > 1000
+
+
+def test_a_cache_folder_that_cannot_be_written_builds_a_library_for_the_process(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from hsstore.compare import kernel
+
+    (tmp_path / "a-file").write_text("")
+    _fresh_loops(monkeypatch, tmp_path / "a-file" / "cache")  # mkdir fails: NotADirectoryError
+    assert kernel.compiled_kernel() and _diff_once() == [2, 1]
+
+
+def test_without_a_compiler_torchs_ops_serve_with_one_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hsstore.compare import kernel
+
+    _fresh_loops(monkeypatch, tmp_path / "cache")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CC", raising=False)
+    with pytest.warns(UserWarning, match=r"C loops were not built \(no C compiler found"):
+        assert kernel.compiled_kernel() is False
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        assert kernel.compiled_kernel() is False
+    assert again == []  # one warning a process, not one a sample
+    assert _diff_once() == [2, 1]
+
+
+def test_a_compiler_that_fails_is_named_with_its_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hsstore.compare import kernel
+
+    cc = tmp_path / "broken-cc"
+    cc.write_text("#!/bin/sh\necho 'broken-cc: cannot exec the assembler' >&2\nexit 1\n")
+    cc.chmod(0o755)
+    _fresh_loops(monkeypatch, tmp_path / "cache")
+    monkeypatch.setenv("CC", str(cc))
+    with pytest.warns(UserWarning, match="broken-cc could not compile kernel.c: broken-cc: cannot exec the assembler"):
+        assert kernel.compiled_kernel() is False

@@ -1,0 +1,239 @@
+/* The diff's per-row and per-sample loops (hsstore.compare.kernel), compiled by the host's C compiler at first use
+ * and loaded through ctypes (hsstore.core.native). Plain C99 with GCC/Clang vector extensions: the hot loop is
+ * vectorized by hand, so the file compiles with strict IEEE arithmetic (-ffp-contract=off, no fast-math) and
+ * 1 - cos rounds exactly as torch's float64 ops do. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define W 8 /* lanes: one AVX2 register of float32 (two SSE ones); AVX-512's 16 were no faster here */
+#define BLOCK 8 /* vectors per block: each lane adds 8 terms of sum |d| in float32, then the block joins a float64 sum */
+typedef float fv __attribute__((vector_size(W * 4)));
+typedef double dv __attribute__((vector_size(W * 8)));
+typedef int32_t iv __attribute__((vector_size(W * 4)));
+
+typedef int16_t hv __attribute__((vector_size(W * 2)));
+
+#define ABS_MASK 0x7FFFFFFF
+#define INF_BITS 0x7F800000
+
+/* W values at j as float32: bf16 bit patterns (int16) widened, or float32 as they are */
+static inline __attribute__((always_inline)) fv loadv(const void *row, int bf16, int64_t j) {
+    fv f;
+    if (bf16) {
+        hv h;
+        memcpy(&h, (const int16_t *)row + j, sizeof h);
+        iv w = __builtin_convertvector(h, iv) << 16;
+        memcpy(&f, &w, sizeof f);
+    } else {
+        memcpy(&f, (const float *)row + j, sizeof f);
+    }
+    return f;
+}
+
+static inline __attribute__((always_inline)) float load1(const void *row, int bf16, int64_t j) {
+    if (bf16) {
+        uint32_t w = (uint32_t)(uint16_t)((const int16_t *)row)[j] << 16;
+        float f;
+        memcpy(&f, &w, sizeof f);
+        return f;
+    }
+    return ((const float *)row)[j];
+}
+
+/* bf16 bits to ints whose differences count ULPs: sign-magnitude to two's complement, +0 = -0 = 0 */
+static inline int32_t ordered1(int32_t v) {
+    int32_t s = v >> 15;
+    return (v ^ (s & 0x7FFF)) - s;
+}
+
+static inline __attribute__((always_inline)) iv orderedv(const int16_t *p) {
+    hv h;
+    memcpy(&h, p, sizeof h);
+    iv v = __builtin_convertvector(h, iv);
+    iv s = v >> 15;
+    return (v ^ (s & 0x7FFF)) - s;
+}
+
+static inline double hsum(const dv *v) {
+    double s = 0.0;
+    for (int k = 0; k < W; k++) s += (*v)[k];
+    return s;
+}
+
+static const int32_t STEPS[6] = {0, 1, 2, 4, 8, 16};
+
+/* One row: the seven float32 sums into out[k * ostride + r] (k: sum |d|, max |d|, differing, |d|^2, |a|^2, |b|^2, a.d)
+ * with d = a - b in float32; the float sums in float64 (sum |d| in blocks of 8 float32 terms a lane); count and
+ * max |d| from d's bit patterns (NaN above infinity: a NaN d makes the max NaN and is not counted, as torch's
+ * sign(NaN) is 0); with ulps, the pairs more than 0, 1, 2, 4, 8, 16 ULPs apart added to ulp. */
+static inline __attribute__((always_inline)) void row_sums(const void *a, const void *b, int a16, int b16, int ulps,
+                                                           int64_t H, int64_t ostride, int64_t r, float *out,
+                                                           int64_t *ulp) {
+    dv DD = {0}, AA = {0}, BB = {0}, AD = {0};
+    dv S_abs = {0};
+    iv nd = {0}, mx = {0};
+    iv c[6] = {{0}};
+    const int64_t whole = H - H % W;
+    int64_t j = 0;
+    while (j < whole) {
+        fv s_abs = {0};
+        const int64_t end = j + W * BLOCK < whole ? j + W * BLOCK : whole;
+        for (; j < end; j += W) {
+            fv x = loadv(a, a16, j), y = loadv(b, b16, j);
+            fv d = x - y;
+            iv bits;
+            memcpy(&bits, &d, sizeof bits);
+            iv v = bits & ABS_MASK;
+            nd += (v != 0) & 1;
+            nd -= (v > INF_BITS) & 1;
+            iv gt = v > mx;
+            mx = (v & gt) | (mx & ~gt);
+            fv dabs;
+            memcpy(&dabs, &v, sizeof dabs);
+            s_abs += dabs; /* |d| exactly; 8 float32 terms a lane, then float64 */
+            /* squares and products in float64: exact for every float32 (no underflow, no overflow) */
+            dv X = __builtin_convertvector(x, dv), Y = __builtin_convertvector(y, dv), D = __builtin_convertvector(d, dv);
+            DD += D * D;
+            AA += X * X;
+            BB += Y * Y;
+            AD += X * D;
+            if (ulps) {
+                iv e = orderedv((const int16_t *)a + j) - orderedv((const int16_t *)b + j);
+                iv sign = e >> 31;
+                e = (e ^ sign) - sign;
+                for (int k = 0; k < 6; k++) c[k] += (e > STEPS[k]) & 1;
+            }
+        }
+        S_abs += __builtin_convertvector(s_abs, dv);
+    }
+    double s_abs = hsum(&S_abs), dd = hsum(&DD), aa = hsum(&AA), bb = hsum(&BB), ad = hsum(&AD);
+    int64_t count = 0, C[6] = {0};
+    int32_t m = 0;
+    for (int k = 0; k < W; k++) {
+        count += nd[k];
+        m = mx[k] > m ? mx[k] : m;
+        for (int s = 0; s < 6; s++) C[s] += c[s][k];
+    }
+    for (; j < H; j++) {
+        float x = load1(a, a16, j), y = load1(b, b16, j);
+        float d = x - y;
+        int32_t bits;
+        memcpy(&bits, &d, sizeof bits);
+        int32_t v = bits & ABS_MASK;
+        count += (v != 0) - (v > INF_BITS);
+        m = v > m ? v : m;
+        s_abs += fabsf(d);
+        dd += d * d;
+        aa += x * x;
+        bb += y * y;
+        ad += x * d;
+        if (ulps) {
+            int32_t e = ordered1(((const int16_t *)a)[j]) - ordered1(((const int16_t *)b)[j]);
+            e = e < 0 ? -e : e;
+            for (int s = 0; s < 6; s++) C[s] += e > STEPS[s];
+        }
+    }
+    float max_abs;
+    memcpy(&max_abs, &m, sizeof max_abs);
+    out[0 * ostride + r] = (float)s_abs;
+    out[1 * ostride + r] = max_abs;
+    out[2 * ostride + r] = (float)count;
+    out[3 * ostride + r] = (float)dd;
+    out[4 * ostride + r] = (float)aa;
+    out[5 * ostride + r] = (float)bb;
+    out[6 * ostride + r] = (float)ad;
+    if (ulps)
+        for (int s = 0; s < 6; s++) ulp[s] += C[s];
+}
+
+#define ROWS(NAME, A16, B16, ULPS)                                                                                    \
+    static void NAME(const void *a, const void *b, int64_t T, int64_t H, float *out, int64_t os, int64_t *ulp) {    \
+        for (int64_t r = 0; r < T; r++)                                                                              \
+            row_sums((const char *)a + r * H * ((A16) ? 2 : 4), (const char *)b + r * H * ((B16) ? 2 : 4), A16, B16, \
+                     ULPS, H, os, r, out, ulp);                                                                      \
+    }
+ROWS(rows_ff, 0, 0, 0)
+ROWS(rows_hf, 1, 0, 0)
+ROWS(rows_fh, 0, 1, 0)
+ROWS(rows_hh, 1, 1, 0)
+ROWS(rows_hh_ulp, 1, 1, 1)
+
+/* Per row of a, b [T, H] (row-major; bf16 as int16 bit patterns where a16/b16, else float32): the seven sums into
+ * out [7, T] (its rows ostride floats apart); where ulps (both bf16), the counts of pairs more than 0, 1, 2, 4, 8, 16 ULPs apart added to ulp [6]. */
+void hsstore_fused_rows(const void *a, const void *b, int a16, int b16, int ulps, int64_t T, int64_t H, float *out,
+                        int64_t ostride, int64_t *ulp) {
+    if (a16 && b16)
+        (ulps ? rows_hh_ulp : rows_hh)(a, b, T, H, out, ostride, ulp);
+    else if (a16)
+        rows_hf(a, b, T, H, out, ostride, ulp);
+    else if (b16)
+        rows_fh(a, b, T, H, out, ostride, ulp);
+    else
+        rows_ff(a, b, T, H, out, ostride, ulp);
+}
+
+/* divergence.one_minus_cos of one token: the same float64 operations in the same order, each rounded as IEEE says
+ * (no contraction into fused multiply-adds), the clamps keeping a NaN as torch's do */
+static double one_minus_cos(double d, double a2, double b2, double ad) {
+    double na = sqrt(a2), nb = sqrt(b2);
+    double norm_sum = na + nb;
+    if (norm_sum < 1e-300) norm_sum = 1e-300;
+    double gap = (2.0 * ad - d) / norm_sum;
+    double num = d - gap * gap;
+    if (num < 0.0) num = 0.0;
+    double den = 2.0 * na * nb;
+    double v;
+    if (den > 0.0)
+        v = num / (den >= 1e-300 ? den : 1e-300);
+    else
+        v = na == nb ? 0.0 : 1.0;
+    if (v < 0.0)
+        v = 0.0;
+    else if (v > 2.0)
+        v = 2.0;
+    return v;
+}
+
+/* torch.bucketize's bin of v: i with edges[i-1] < v <= edges[i]; a NaN in the last bin */
+static int64_t bin(const double *edges, int64_t n, double v) {
+    if (v != v) return n;
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        int64_t mid = (lo + hi) >> 1;
+        if (edges[mid] < v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* One sample's per-layer sums from its per-token sums [L, T] (float32, row-major), as divergence.summarize makes them
+ * with torch's ops: into sums [L, 5] the float64 sums of sum |d|, of the differing counts, of |d|^2, of |b|^2 and of
+ * 1 - cos; into maxes [L, 2] max |d| and max 1 - cos (NaN if any is, as torch's amax); into hist [L, n_edges + 1] the
+ * tokens per bin of 1 - cos. */
+void hsstore_summary_rows(const float *dd, const float *aa, const float *bb, const float *ad, const float *sum_abs,
+                          const float *differing, const float *max_abs, int64_t L, int64_t T, const double *edges,
+                          int64_t n_edges, double *sums, double *maxes, int64_t *hist) {
+    for (int64_t layer = 0; layer < L; layer++) {
+        double s_abs = 0.0, s_diff = 0.0, s_dd = 0.0, s_bb = 0.0, s_omc = 0.0, m_abs = 0.0, m_omc = 0.0;
+        for (int64_t t = 0; t < T; t++) {
+            int64_t i = layer * T + t;
+            double d = dd[i], b2 = bb[i];
+            double v = one_minus_cos(d, aa[i], b2, ad[i]);
+            s_abs += sum_abs[i];
+            s_diff += differing[i];
+            s_dd += d;
+            s_bb += b2;
+            s_omc += v;
+            double m = max_abs[i];
+            if (t == 0 || (m_abs == m_abs && (m > m_abs || m != m))) m_abs = m; /* a NaN stays the max */
+            if (t == 0 || (m_omc == m_omc && (v > m_omc || v != v))) m_omc = v;
+            hist[layer * (n_edges + 1) + bin(edges, n_edges, v)] += 1;
+        }
+        double *s = sums + layer * 5;
+        s[0] = s_abs, s[1] = s_diff, s[2] = s_dd, s[3] = s_bb, s[4] = s_omc;
+        maxes[layer * 2] = m_abs, maxes[layer * 2 + 1] = m_omc;
+    }
+}
