@@ -302,12 +302,11 @@ def both_bf16(a: VariantReader, b: VariantReader) -> bool:
     return a.record.dtype == "bf16" and b.record.dtype == "bf16"
 
 
-# Loading numba's compiled loops costs a process ~0.35 s at rest (numba's import and its target's set-up, from the
-# disk cache; ~1 s on busy cores); their fused pass a row then saves ~0.5 ns a value pair against torch's ops, and
-# ~1 ns for two bf16 variants (ULP buckets too): 0.3-0.4 ns against 0.8-0.9 ns, 0.6-0.7 against 1.6-1.7, one thread
-# at rest (tests/compare/test_kernel.py's shapes; scripts/bench_diff.py). A diff takes them where its pairs pay that
-# back. The choice depends on the data alone (not on --threads): the same diff gives the same numbers however run.
-COMPILED_MIN_VALUES = 1 << 29  # value pairs to compare, bf16-vs-bf16 pairs counted twice (~0.35 s / ~0.5 ns, rounded down)
+# The C loops (compare/kernel.c) load from their cache in ~1 ms (a host's first diff builds them once, ~0.3 CPU-s of
+# the compiler's, on a thread while the first samples are read); their fused pass a row then saves ~0.5-1 ns a value
+# pair against torch's ops (scripts/bench_ulp.py). A diff takes them where its pairs pay the load back many times
+# over. The choice depends on the data alone (not on --threads): the same diff gives the same numbers however run.
+COMPILED_MIN_VALUES = 1 << 22  # value pairs to compare, bf16-vs-bf16 pairs counted twice (~4 ms of work saved)
 
 
 def use_compiled(a: VariantReader, keys: Sequence[str], layers: Sequence[int], ulps: Sequence[bool] = (False,)) -> bool:

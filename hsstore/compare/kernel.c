@@ -1,7 +1,8 @@
 /* The diff's per-row and per-sample loops (hsstore.compare.kernel), compiled by the host's C compiler at first use
- * and loaded through ctypes (hsstore.core.native). Plain C99 with GCC/Clang vector extensions: the hot loop is
- * vectorized by hand, so the file compiles with strict IEEE arithmetic (-ffp-contract=off, no fast-math) and
- * 1 - cos rounds exactly as torch's float64 ops do. */
+ * and loaded through ctypes (hsstore.core.jit.native_library). Plain C99 with GCC/Clang vector extensions: the hot loop is
+ * vectorized by hand, so the file compiles without fast-math: IEEE arithmetic, but for fused multiply-adds in the sums
+ * (-ffp-contract=fast: one rounding instead of two); 1 - cos keeps its two roundings (a volatile product) and rounds
+ * exactly as torch's float64 ops do. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -47,12 +48,45 @@ static inline int32_t ordered1(int32_t v) {
     return (v ^ (s & 0x7FFF)) - s;
 }
 
-static inline __attribute__((always_inline)) iv orderedv(const int16_t *p) {
-    hv h;
-    memcpy(&h, p, sizeof h);
-    iv v = __builtin_convertvector(h, iv);
-    iv s = v >> 15;
-    return (v ^ (s & 0x7FFF)) - s;
+static const int16_t STEPS[6] = {0, 1, 2, 4, 8, 16};
+
+typedef int16_t hw __attribute__((vector_size(W * 4))); /* twice W lanes of int16 (the register's width) */
+typedef uint16_t uw __attribute__((vector_size(W * 4)));
+
+static inline __attribute__((always_inline)) hw orderedw(const int16_t *p) {
+    hw v;
+    memcpy(&v, p, sizeof v);
+    hw s = v >> 15;
+    return (v ^ (s & 0x7FFF)) - s; /* in [-32767, 32767] */
+}
+
+/* Add one row's counts of bf16 pairs more than 0, 1, 2, 4, 8, 16 ULPs apart to ulp: int16 lanes, the distance
+ * |oa - ob| as uint16 (at most 65534), clamped to 17 so the signed compares hold */
+static void ulp_row(const void *a, const void *b, int64_t H, int64_t *ulp) {
+    const int16_t *pa = a, *pb = b;
+    const int64_t lanes = 2 * W, whole = H - H % lanes;
+    hw c[6] = {{0}};
+    int64_t j = 0;
+    while (j < whole) { /* int16 counters: flushed every 16384 vectors */
+        const int64_t end = j + lanes * 16384 < whole ? j + lanes * 16384 : whole;
+        for (; j < end; j += lanes) {
+            hw oa = orderedw(pa + j), ob = orderedw(pb + j);
+            hw gt = oa > ob;
+            hw hi = (oa & gt) | (ob & ~gt), lo = (ob & gt) | (oa & ~gt);
+            uw dist = (uw)(hi - lo);
+            hw small = dist < 17;
+            hw e = ((hw)dist & small) | (17 & ~small);
+            for (int k = 0; k < 6; k++) c[k] -= e > STEPS[k]; /* a true compare is -1 */
+        }
+        for (int k = 0; k < 6; k++)
+            for (int l = 0; l < lanes; l++) ulp[k] += c[k][l];
+        memset(c, 0, sizeof c);
+    }
+    for (; j < H; j++) {
+        int32_t e = ordered1(pa[j]) - ordered1(pb[j]);
+        e = e < 0 ? -e : e;
+        for (int k = 0; k < 6; k++) ulp[k] += e > STEPS[k];
+    }
 }
 
 static inline double hsum(const dv *v) {
@@ -60,8 +94,6 @@ static inline double hsum(const dv *v) {
     for (int k = 0; k < W; k++) s += (*v)[k];
     return s;
 }
-
-static const int32_t STEPS[6] = {0, 1, 2, 4, 8, 16};
 
 /* One row: the seven float32 sums into out[k * ostride + r] (k: sum |d|, max |d|, differing, |d|^2, |a|^2, |b|^2, a.d)
  * with d = a - b in float32; the float sums in float64 (sum |d| in blocks of 8 float32 terms a lane); count and
@@ -73,7 +105,6 @@ static inline __attribute__((always_inline)) void row_sums(const void *a, const 
     dv DD = {0}, AA = {0}, BB = {0}, AD = {0};
     dv S_abs = {0};
     iv nd = {0}, mx = {0};
-    iv c[6] = {{0}};
     const int64_t whole = H - H % W;
     int64_t j = 0;
     while (j < whole) {
@@ -85,8 +116,7 @@ static inline __attribute__((always_inline)) void row_sums(const void *a, const 
             iv bits;
             memcpy(&bits, &d, sizeof bits);
             iv v = bits & ABS_MASK;
-            nd += (v != 0) & 1;
-            nd -= (v > INF_BITS) & 1;
+            nd -= v != 0; /* a true compare is -1; a NaN d is counted here and taken off after the row */
             iv gt = v > mx;
             mx = (v & gt) | (mx & ~gt);
             fv dabs;
@@ -98,23 +128,23 @@ static inline __attribute__((always_inline)) void row_sums(const void *a, const 
             AA += X * X;
             BB += Y * Y;
             AD += X * D;
-            if (ulps) {
-                iv e = orderedv((const int16_t *)a + j) - orderedv((const int16_t *)b + j);
-                iv sign = e >> 31;
-                e = (e ^ sign) - sign;
-                for (int k = 0; k < 6; k++) c[k] += (e > STEPS[k]) & 1;
-            }
         }
         S_abs += __builtin_convertvector(s_abs, dv);
     }
     double s_abs = hsum(&S_abs), dd = hsum(&DD), aa = hsum(&AA), bb = hsum(&BB), ad = hsum(&AD);
-    int64_t count = 0, C[6] = {0};
+    int64_t count = 0;
     int32_t m = 0;
     for (int k = 0; k < W; k++) {
         count += nd[k];
         m = mx[k] > m ? mx[k] : m;
-        for (int s = 0; s < 6; s++) C[s] += c[s][k];
     }
+    if (m > INF_BITS) /* a NaN d (max |d| is NaN): count again without the NaNs, as torch's sign(NaN) is 0 */
+        for (int64_t i = count = 0; i < whole; i++) {
+            float d = load1(a, a16, i) - load1(b, b16, i);
+            int32_t bits;
+            memcpy(&bits, &d, sizeof bits);
+            count += (bits & ABS_MASK) != 0 && (bits & ABS_MASK) <= INF_BITS;
+        }
     for (; j < H; j++) {
         float x = load1(a, a16, j), y = load1(b, b16, j);
         float d = x - y;
@@ -128,11 +158,6 @@ static inline __attribute__((always_inline)) void row_sums(const void *a, const 
         aa += x * x;
         bb += y * y;
         ad += x * d;
-        if (ulps) {
-            int32_t e = ordered1(((const int16_t *)a)[j]) - ordered1(((const int16_t *)b)[j]);
-            e = e < 0 ? -e : e;
-            for (int s = 0; s < 6; s++) C[s] += e > STEPS[s];
-        }
     }
     float max_abs;
     memcpy(&max_abs, &m, sizeof max_abs);
@@ -143,8 +168,7 @@ static inline __attribute__((always_inline)) void row_sums(const void *a, const 
     out[4 * ostride + r] = (float)aa;
     out[5 * ostride + r] = (float)bb;
     out[6 * ostride + r] = (float)ad;
-    if (ulps)
-        for (int s = 0; s < 6; s++) ulp[s] += C[s];
+    if (ulps) ulp_row(a, b, H, ulp);
 }
 
 #define ROWS(NAME, A16, B16, ULPS)                                                                                    \
@@ -174,13 +198,14 @@ void hsstore_fused_rows(const void *a, const void *b, int a16, int b16, int ulps
 }
 
 /* divergence.one_minus_cos of one token: the same float64 operations in the same order, each rounded as IEEE says
- * (no contraction into fused multiply-adds), the clamps keeping a NaN as torch's do */
+ * (gap * gap rounded before the subtraction, as torch's kernels do), the clamps keeping a NaN as torch's do */
 static double one_minus_cos(double d, double a2, double b2, double ad) {
     double na = sqrt(a2), nb = sqrt(b2);
     double norm_sum = na + nb;
     if (norm_sum < 1e-300) norm_sum = 1e-300;
     double gap = (2.0 * ad - d) / norm_sum;
-    double num = d - gap * gap;
+    volatile double gap2 = gap * gap; /* rounded on its own: no fused multiply-add here (the file allows them) */
+    double num = d - gap2;
     if (num < 0.0) num = 0.0;
     double den = 2.0 * na * nb;
     double v;

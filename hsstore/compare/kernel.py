@@ -19,17 +19,19 @@ Where float32 is exact enough and where float64 is needed:
   T·L numbers, not T·L·H).
 - Sums across tokens and samples are float64 and counts int64 (``divergence``): a diff adds up 1e9+
   values, which float32 would round to ~1e-4 and counts it would stop at 2^24.
-On a CPU (where numba imports; a core dependency, as for ``hsstore.core.fp8_cpu``) a large diff takes one
-compiled pass a row (``_fused_rows``) instead of the torch ops (~11 passes a block, 9 more for bf16 ULP buckets):
-bf16 widened in the loop, d = a - b in float32 as torch's sub gives it, the five sums in float64 accumulators
-rounded to float32 once, count and max |d| from d's bit patterns, and the ULP buckets from the bits. Counts, the
-max and the ULP buckets are the torch ops' exactly (for every bit pattern); the float sums are more accurate than
-torch's float32 ones, so the two paths agree to float32 rounding of those sums, not to the bit. A sample's sums
-then reduce per layer on a compiled loop too (``_summary_rows``, no torch op per sample: 1 - cos is torch's formula in
-IEEE float64, which ~0.5% of tokens round 1 ULP apart from torch's kernels, so a maximum may differ by 1 ULP and a
-token within 1 ULP of a histogram edge may change bins). Loading the loops
-costs a process ~0.4 s (~1 s on busy cores), which only a large diff wins back: which path a diff takes depends
-on its data alone (``hsstore.compare.diff.use_compiled``), so the same diff always gives the same numbers.
+On a CPU where a C compiler built ``kernel.c`` (``hsstore.core.jit.native_library``: once per host and CPU, then
+loaded from the cache in ~1 ms) a large diff takes one compiled pass a row (``CLoops.fused_rows``) instead of the
+torch ops (~11 passes a block, 9 more for bf16 ULP buckets): 8 lanes at a time, bf16 widened in the loop, d = a - b
+in float32 as torch's sub gives it, the squares and products in float64 (exact) and their sums in float64
+accumulators rounded to float32 once (sum |d| adds 8 float32 terms a lane first), count and max |d| from d's bit
+patterns, and the ULP buckets from the bits. Counts, the max and the ULP buckets are the torch ops' exactly (for
+every bit pattern); the float sums are more accurate than torch's float32 ones, so the two paths agree to float32
+rounding of those sums, not to the bit. A sample's sums then reduce per layer on a compiled loop too
+(``CLoops.summary_rows``, no torch op per sample: 1 - cos is torch's formula in IEEE float64, compiled without
+fused multiply-adds, which ~0.5% of tokens round 1 ULP apart from torch's kernels, so a maximum may differ by 1 ULP
+and a token within 1 ULP of a histogram edge may change bins). Which path a diff takes depends on its data alone
+(``hsstore.compare.diff.use_compiled``) and on whether the host built the loops, so the same diff on one host
+always gives the same numbers.
 Overflow: squares are float32, so a state above ~1e19 in magnitude would overflow; hidden states are
 orders of magnitude below that (build health stats flag anything near it).
 """

@@ -172,8 +172,8 @@ def _approx(x: object) -> object:
 
 
 def test_compiled_loops_are_loaded_only_where_they_pay(attn_store: Path, monkeypatch: pytest.MonkeyPatch):
-    """Loading numba's loops costs a process ~0.4 s, more than a small diff's whole work: a small bf16-vs-bf16
-    diff takes the torch ops, a large one (here: the bar lowered to 0) the fused loop, with the same report: the
+    """A small bf16-vs-bf16 diff (under ``COMPILED_MIN_VALUES``) takes the torch ops and never loads the C loops, a
+    large one (here: the bar lowered to 0) the fused loop, with the same report: the
     same counts, ULP buckets, maxima and verdict, and float statistics to float32 rounding of their sums."""
     from hsstore.compare import diff, kernel
 
