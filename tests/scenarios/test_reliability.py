@@ -4,6 +4,7 @@ not killed, raced or distributed run in this process)."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ from helpers import (
     REPO,
     assert_bit_exact,
     build_racing,
+    diff_report,
     kill_build,
     run_cli,
     start_build,
@@ -55,7 +57,26 @@ def _bit_exact_and_complete(store: Path, reference: Path, n: int) -> None:
     assert len(reader.keys) == len(set(reader.keys)) == n
     result = verify(Store.open(store))
     assert result.ok, result.problems
-    assert_bit_exact(str(store), str(reference), n)
+    try:
+        assert_bit_exact(str(store), str(reference), n)
+    except AssertionError as e:  # name who wrote the samples that differ: a process, or this one (inline)
+        raise AssertionError(f"{_writers_of_differing(store, reference)}\n{e}") from None
+
+
+def _writers_of_differing(store: Path, reference: Path) -> str:
+    """Each sample whose states differ from the reference's, with the writer (pid, this process or not), unit and
+    commit time of every commit record holding it."""
+    rep = diff_report(str(store), str(reference))
+    held: dict[str, list[str]] = {}
+    for c in sorted(store.glob("variants/*/commits/*.json")):
+        rec = json.loads(c.read_text())
+        w = rec["writer"]
+        who = f"pid {w['pid']}{' (this test process)' if w['pid'] == os.getpid() else ''}"
+        for key, _, _ in rec["samples"]:
+            held.setdefault(key, []).append(f"{who}, unit {rec['unit']} at {rec['committed_at']}")
+    bad = [s for s in rep["worst_samples"] if s["rel_l2"] > 0]
+    return "samples that differ (worst first): " + "; ".join(f"{s['key']} rel_l2 {s['rel_l2']:.2e} written by "
+                                                             f"{held.get(s['key'])}" for s in bad)
 
 
 @pytest.fixture(scope="module")
