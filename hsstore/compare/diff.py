@@ -322,12 +322,13 @@ def use_compiled(a: VariantReader, keys: Sequence[str], layers: Sequence[int], u
 
 
 def sample_sums(a: VariantReader, others: Sequence[VariantReader], keys: Sequence[str], layers: list[int],
-                request: DiffRequest) -> Iterator[tuple[SampleSums, ...]]:
+                request: DiffRequest, population: Sequence[str] | None = None) -> Iterator[tuple[SampleSums, ...]]:
     """For each key (in order): one SampleSums of A against each of ``others`` (``request``'s loss_only, device
-    and threads)."""
+    and threads). ``population`` (default ``keys``): the samples whose size picks the arithmetic, so that a sampled
+    diff computes each sample as the full diff does (its one-sided bounds on max |d| and min cos then hold)."""
     hidden = a.record.hidden_size
     ulps = [both_bf16(a, o) for o in others]
-    compiled = torch.device(request.device).type == "cpu" and use_compiled(a, keys, layers, ulps)
+    compiled = torch.device(request.device).type == "cpu" and use_compiled(a, population or keys, layers, ulps)
     if compiled:  # loaded (built, the first time on this host) on a thread of its own while the first samples are read
         threading.Thread(target=compiled_kernel, name="hsstore-diff-loops", daemon=True).start()
     workspaces = ThreadLocal(lambda: Workspace(request.device, compiled))
@@ -350,11 +351,12 @@ class PassResult:
 
 
 def stream_pass(a: VariantReader, others: list[VariantReader], keys: Sequence[str], layers: list[int],
-                request: DiffRequest, keep: bool) -> PassResult:
-    """Stream ``keys``; ``keep`` the per-sample sums (a sampled diff) instead of only adding them up."""
+                request: DiffRequest, keep: bool, population: Sequence[str] | None = None) -> PassResult:
+    """Stream ``keys``; ``keep`` the per-sample sums (a sampled diff) instead of only adding them up; ``population``:
+    as ``sample_sums``."""
     res = PassResult([Totals(len(layers)) for _ in others], [SampleTable() for _ in others] if keep else [], [], 0)
     heap: list[tuple[float, str]] = []
-    for sums in sample_sums(a, others, keys, layers, request):
+    for sums in sample_sums(a, others, keys, layers, request, population):
         for j, s in enumerate(sums):
             res.totals[j].add(s)
             if keep:
@@ -410,7 +412,7 @@ def run_diff(request: DiffRequest, a_reader: VariantReader | None = None) -> Dif
     a, b, c, use, keys = t.a, t.b, t.c, t.layers, t.keys
     plan = plan_samples(a, b, c, keys, request.samples, request.fraction, request.seed, request.confidence)
     others = [b] if c is None or (plan is None and shared_keys(a, c) != keys) else [b, c]
-    res = stream_pass(a, others, plan.keys if plan else keys, use, request, plan is not None)
+    res = stream_pass(a, others, plan.keys if plan else keys, use, request, plan is not None, population=keys)
     ests = [estimate(use, res, j, plan, both_bf16(a, o)) for j, o in enumerate(others)]
     floor = None
     kind: DiffVerdictKind

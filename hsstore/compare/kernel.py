@@ -1,7 +1,7 @@
 """Per-token divergence sums of one sample's states, computed in cache-sized blocks (torch, any device).
 
 For each token and layer this reduces the hidden dimension to seven float32 numbers: sum |a-b|,
-max |a-b|, the count of values that differ, |a-b|², |a|², |b|² and a·(a-b) (|a|² derived from the others). Everything the diff
+max |a-b|, the count of values that differ, |a-b|², |a|², |b|² and a·(a-b). Everything the diff
 reports is derived from these per-token sums (``hsstore.compare.divergence``), so the pass over a
 sample's ``[T, H]`` values of each layer is a handful of vectorized torch reductions on blocks that stay in cache, with
 no float64 copy of the states and no per-value temporaries beyond one block.
@@ -245,17 +245,14 @@ def _block(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, ws: Workspace) -
     d, s = ws.buf("d", r, H), ws.buf("s", r, H)
     torch.sub(af, bf, out=d)
     torch.linalg.vector_norm(d, dim=1, out=out[3])
-    torch.linalg.vector_norm(bf, dim=1, out=out[5])
+    torch.linalg.vector_norm(af, dim=1, out=out[4])  # (as the C loops: derived from |b|^2, a.d and |d|^2 it was NaN
+    torch.linalg.vector_norm(bf, dim=1, out=out[5])  # for an infinite value, and the two paths' 1 - cos differed)
     torch.sum(torch.mul(af, d, out=s), dim=1, out=out[6])
     torch.abs(d, out=s)
     torch.sum(s, dim=1, out=out[0])
     torch.amax(s, dim=1, out=out[1])
     torch.sum(torch.sign(s, out=s), dim=1, out=out[2])  # 1 where a value differs, else 0
-    out[3].square_()
-    out[5].square_()
-    # |a|^2 = |b|^2 + 2 a.d - |d|^2 (exactly 0 for a zero vector a: then d = -b and a.d = 0)
-    torch.add(out[5], out[6], alpha=2, out=out[4])
-    out[4].sub_(out[3])
+    out[3:6].square_()
 
 
 class CLoops:
@@ -275,12 +272,14 @@ class CLoops:
         T, H = a.shape
         for name, x in (("a", a), ("b", b)):
             _need(name, x, x.dtype in (np.int16, np.float32), (T, H))
+        _need("ulp", ulp, ulp.dtype == np.int64, (6,), out=True)
+        if T == 0:  # (a layer of no tokens, e.g. a sample whose loss mask is empty under --loss-only)
+            return
         rows_apart = out.strides[0] // 4
         if not (out.dtype == np.float32 and out.shape == (7, T) and out.strides[1] == 4 and out.strides[0] % 4 == 0
-                and rows_apart >= T and out.flags.aligned):
+                and rows_apart >= T and out.flags.aligned and out.flags.writeable):
             raise ValueError(f"out: {out.dtype} {out.shape} strides {out.strides}; the loop takes float32 (7, {T}), "
                              "each row contiguous")
-        _need("ulp", ulp, ulp.dtype == np.int64, (6,))
         a16, b16 = a.dtype == np.int16, b.dtype == np.int16
         if ulps and not (a16 and b16):
             raise ValueError("ULP counts take two bf16 operands")
@@ -290,21 +289,23 @@ class CLoops:
                      hist: np.ndarray) -> None:
         """One sample's per-layer sums from its per-token sums (dd, aa, bb, ad, sum_abs, differing, max_abs, each
         ``[L, T]`` float32), as ``divergence.summarize`` makes them with torch's ops: ``sums [L, 5]``, ``maxes [L, 2]``
-        (float64) and ``hist [L, len(edges) + 1]`` (int64; the bins of ``edges``, float64, as torch.bucketize's)."""
+        (float64) and ``hist [L, len(edges) + 1]`` (int64, added to; the bins of ``edges``, float64, as torch.bucketize's)."""
         L, T = per_token[0].shape
         for x in per_token:
             _need("per-token sums", x, x.dtype == np.float32, (L, T))
         _need("edges", edges, edges.dtype == np.float64, edges.shape[:1])
-        _need("sums", sums, sums.dtype == np.float64, (L, 5))
-        _need("maxes", maxes, maxes.dtype == np.float64, (L, 2))
-        _need("hist", hist, hist.dtype == np.int64, (L, len(edges) + 1))
+        _need("sums", sums, sums.dtype == np.float64, (L, 5), out=True)
+        _need("maxes", maxes, maxes.dtype == np.float64, (L, 2), out=True)
+        _need("hist", hist, hist.dtype == np.int64, (L, len(edges) + 1), out=True)
         self._summary(*(x.ctypes.data for x in per_token), L, T, edges.ctypes.data, len(edges), sums.ctypes.data,
                       maxes.ctypes.data, hist.ctypes.data)
 
 
-def _need(name: str, x: np.ndarray, dtype_ok: bool, shape: tuple[int, ...]) -> None:
-    if not (dtype_ok and x.shape == shape and x.flags.c_contiguous and x.flags.aligned):
-        raise ValueError(f"{name}: {x.dtype} {x.shape} (contiguous: {x.flags.c_contiguous}); the loop takes {shape}")
+def _need(name: str, x: np.ndarray, dtype_ok: bool, shape: tuple[int, ...], out: bool = False) -> None:
+    """``x`` as a C loop reads it (or, ``out``, writes it): the dtype, this shape, contiguous, aligned (writable)."""
+    if not (dtype_ok and x.shape == shape and x.flags.c_contiguous and x.flags.aligned and (x.flags.writeable or not out)):
+        raise ValueError(f"{name}: {x.dtype} {x.shape} (contiguous: {x.flags.c_contiguous}, writable: "
+                         f"{x.flags.writeable}); the loop takes {shape}")
 
 
 _kernel: CLoops | Literal[False] | None = None

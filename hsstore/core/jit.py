@@ -2,11 +2,12 @@
 (``native_library``), or numba's (``JitLoops``).
 
 C (the diff's loops, ``hsstore/compare/kernel.c``): the host's C compiler (``$CC``, else ``cc``, ``gcc`` or ``clang``)
-builds a shared library for this CPU (``-march=native``) once, into ``$HSSTORE_CACHE_DIR`` (default
-``$XDG_CACHE_HOME/hsstore`` or ``~/.cache/hsstore``) under ``native/``, named by a hash of the source, the flags and
-the CPU, and renamed into place whole; later processes load it through ctypes in ~1 ms. Where that folder cannot be
-written, the library is built in a temporary folder for the process. Where no compiler works, ``NativeUnavailable``
-says why and the caller takes its torch path.
+builds a shared library for this CPU (``-march=native``) once, in a private folder, then copies it into
+``$HSSTORE_CACHE_DIR`` (default ``$XDG_CACHE_HOME/hsstore`` or ``~/.cache/hsstore``) under ``native/``, named by a hash
+of the source, the flags and the CPU, with its own hash beside it; later processes check both and load it through
+ctypes in ~1 ms. A cache folder or file that is not this user's alone, or a library that does not match its hash, is
+never loaded (built again instead). Where no compiler builds a library that loads, ``NativeUnavailable`` says why and
+the caller takes its torch path.
 
 numba compiles a function at its first call and saves the machine code beside the source (or in
 ``NUMBA_CACHE_DIR``). A read-only install raises RuntimeError when a function is wrapped; a save that fails
@@ -20,7 +21,9 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -55,31 +58,48 @@ class JitLoops:
 
 
 class NativeUnavailable(RuntimeError):
-    """No C compiler built the library (none found, or each attempt failed): the message says which and why."""
+    """No C library could be built or loaded (no compiler, a failed build, a library that does not load): the
+    message says which and why."""
 
 
-# -march=native: the vector loops use the widest registers this CPU has; no fast-math: IEEE rounding, NaNs and
-# infinities kept, fused multiply-adds allowed (a source that must round a product on its own says so)
+# -march=native: the vector loops use the widest registers this CPU has (only where the CPU's features are known and
+# key the cache); no fast-math: IEEE rounding, NaNs and infinities kept, fused multiply-adds allowed (a source that
+# must round a product on its own says so)
 _FLAGS = ("-O3", "-ffp-contract=fast", "-fno-math-errno", "-shared", "-fPIC")
 _TUNED = ("-march=native",)
+COMPILE_SECONDS = 60
 
 
-def _compiler() -> str:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        found = shutil.which(name) if name else None
+def _compiler() -> list[str]:
+    """The compiler's command: ``$CC`` (split as a shell would: ``ccache gcc``), else the first of cc, gcc, clang."""
+    cc = os.environ.get("CC")
+    if cc:
+        argv = shlex.split(cc)
+        found = shutil.which(argv[0]) if argv else None
+        if not found:
+            raise NativeUnavailable(f"$CC={cc!r} is not a command here (unset CC to use cc, gcc or clang)")
+        return [found, *argv[1:]]
+    for name in ("cc", "gcc", "clang"):
+        found = shutil.which(name)
         if found:
-            return found
+            return [found]
     raise NativeUnavailable("no C compiler found ($CC, cc, gcc, clang)")
 
 
-def _cpu() -> str:
-    """What the machine code depends on: the architecture and, on Linux, the CPU's feature flags."""
+def _cpu() -> str | None:
+    """This CPU's architecture and feature flags (Linux's /proc/cpuinfo), which code tuned for it depends on; None
+    where they are not known (only plain builds are made and cached there)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+            flags = next((line.strip() for line in f if line.startswith(("flags", "Features"))), "")
     except OSError:
-        flags = platform.processor()
-    return f"{platform.machine()} {flags.strip()}"
+        return None
+    return f"{platform.machine()} {flags}" if flags else None
+
+
+def _builds() -> list[tuple[str, ...]]:
+    """The flag sets a library may be built with here, best first."""
+    return [(*_FLAGS, *_TUNED), _FLAGS] if _cpu() else [_FLAGS]
 
 
 def cache_dir() -> Path:
@@ -90,48 +110,108 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hsstore"
 
 
-def _build(cc: str, source: Path, out: Path) -> None:
-    """Compile ``source`` into the shared library ``out`` (tuned for this CPU, else plain); NativeUnavailable if neither."""
-    errors = []
-    for flags in ((*_FLAGS, *_TUNED), _FLAGS):
-        try:
-            r = subprocess.run([cc, *flags, "-o", str(out), str(source)], capture_output=True, text=True, timeout=120)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise NativeUnavailable(f"{cc} did not run: {e}") from None
-        if r.returncode == 0:
-            return
-        errors.append(r.stderr.strip().splitlines()[-1:] or [f"exit {r.returncode}"])
-    raise NativeUnavailable(f"{cc} could not compile {source.name}: {errors[-1][0]}")
-
-
-def library_path(source: Path) -> Path:
-    """Where the library built from ``source`` for this CPU is cached (named by a hash of the source, the flags and
-    the CPU, not the compiler: a library any compiler built serves, even on a host that has none)."""
+def library_path(source: Path, flags: tuple[str, ...] | None = None) -> Path:
+    """Where the library built from ``source`` with ``flags`` (default: the best for this host) is cached: named by a
+    hash of the source, the flags and, for a tuned build, the CPU (not the compiler: a library any compiler built
+    serves, even on a host that has none). Its xxh64 is kept beside it (``.xxh64``)."""
     import xxhash
 
-    key = xxhash.xxh64(b"\0".join([source.read_bytes(), " ".join((*_FLAGS, *_TUNED)).encode(), _cpu().encode()]))
+    flags = flags or _builds()[0]
+    where = _cpu() if _TUNED[0] in flags else platform.machine()
+    key = xxhash.xxh64(b"\0".join([source.read_bytes(), " ".join(flags).encode(), str(where).encode()]))
     return cache_dir() / "native" / f"{source.stem}-{key.hexdigest()}.so"
 
 
-def native_library(source: Path) -> ctypes.CDLL:
-    """``source`` (C) as a loaded shared library: from the cache when built before, else compiled now."""
-    lib = library_path(source)
+def _ours(path: Path) -> bool:
+    """Whether ``path`` belongs to this user and no one else may write it (a library loaded from there runs as us)."""
+    if not hasattr(os, "geteuid"):
+        return True
+    st = path.stat()
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def _digest(data: bytes) -> str:
+    import xxhash
+
+    return xxhash.xxh64(data).hexdigest()
+
+
+def _load_cached(lib: Path) -> ctypes.CDLL | None:
+    """The cached library, if it is whole (its bytes match the hash beside it: a file cut short by a crash would
+    kill the process that maps it) and ours alone; else None."""
+    try:
+        if not (_ours(lib.parent) and _ours(lib)):
+            return None
+        data, want = lib.read_bytes(), lib.with_name(lib.name + ".xxh64").read_text().strip()
+    except OSError:
+        return None
+    if _digest(data) != want:
+        return None
     try:
         return ctypes.CDLL(str(lib))
-    except OSError:  # not built yet here (or a damaged file: built again)
-        pass
-    cc = _compiler()
+    except OSError:
+        return None
+
+
+def _build(cc: list[str], source: Path, out: Path) -> tuple[str, ...]:
+    """Compile ``source`` into the shared library ``out`` with the best flags that work here; the flags."""
+    errors: list[str] = []
+    for flags in _builds():
+        try:
+            with subprocess.Popen([*cc, *flags, "-o", str(out), str(source)], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, start_new_session=True) as p:
+                try:
+                    _, err = p.communicate(timeout=COMPILE_SECONDS)
+                except subprocess.TimeoutExpired:  # (its own session: the compiler's children go too)
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.communicate()
+                    raise NativeUnavailable(f"{cc[0]} did not compile {source.name} in {COMPILE_SECONDS} s") from None
+        except OSError as e:
+            raise NativeUnavailable(f"{cc[0]} did not run: {e}") from None
+        if p.returncode == 0 and out.is_file():
+            return flags
+        errors.append((err.strip().splitlines() or [f"exit {p.returncode} and no library written"])[-1])
+    raise NativeUnavailable(f"{cc[0]} could not compile {source.name}: {errors[-1]}")
+
+
+def _publish(built: Path, lib: Path) -> bool:
+    """Copy ``built`` into the cache as ``lib``, then its hash beside it, each written whole (fsynced, renamed into
+    place); False where the cache folder cannot be written or is not ours alone."""
     try:
         lib.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = lib.with_name(f".{lib.name}.{os.getpid()}.tmp")
-        try:
-            _build(cc, source, tmp)
-            os.replace(tmp, lib)  # whole or not at all: a concurrent process loads either
-        finally:
-            tmp.unlink(missing_ok=True)
-        return ctypes.CDLL(str(lib))
-    except OSError:  # the cache folder cannot be written: a library for this process only
-        with tempfile.TemporaryDirectory(prefix="hsstore-native-") as tmp_dir:
-            private = Path(tmp_dir) / lib.name
-            _build(cc, source, private)
-            return ctypes.CDLL(str(private))  # (mapped: the file may go)
+        if not _ours(lib.parent):
+            return False
+        data = built.read_bytes()
+        for path, content in ((lib, data), (lib.with_name(lib.name + ".xxh64"), _digest(data).encode())):
+            fd, tmp = tempfile.mkstemp(dir=lib.parent, prefix=f".{path.name}.")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(content)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+        return True
+    except OSError:
+        return False
+
+
+def native_library(source: Path) -> ctypes.CDLL:
+    """``source`` (C) as a loaded shared library: from the cache when built before, else compiled now (in a private
+    folder, then copied into the cache where it can be). NativeUnavailable where neither works."""
+    for flags in _builds():  # (a plain build is cached where a tuned one failed: not tried again)
+        loaded = _load_cached(library_path(source, flags))
+        if loaded is not None:
+            return loaded
+    cc = _compiler()
+    with tempfile.TemporaryDirectory(prefix="hsstore-native-") as tmp:
+        private = Path(tmp) / f"{source.stem}.so"
+        lib = library_path(source, _build(cc, source, private))
+        errors = []
+        for candidate in ([lib] if _publish(private, lib) else []) + [private]:
+            try:
+                return ctypes.CDLL(str(candidate))  # (mapped: the private file may go)
+            except OSError as e:  # e.g. a folder mounted noexec
+                errors.append(str(e))
+        raise NativeUnavailable(f"{source.name} was built but does not load: {errors[-1]}")

@@ -5,6 +5,7 @@ count or what a sum says."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -244,3 +245,44 @@ def test_the_compiled_summary_is_within_one_ulp_of_torchs_on_many_tokens() -> No
     assert (compiled.hist.sum(1) == eager.hist.sum(1)).all() and compiled.hist.sum() == L * T
     assert abs(compiled.hist - eager.hist).sum() <= 2 * L * T // 1000  # a token moves from one bin to the next
     torch.testing.assert_close(torch.from_numpy(compiled.sums), torch.from_numpy(eager.sums), rtol=1e-12, atol=0)
+
+
+def test_a_layer_of_no_tokens_gives_empty_sums_on_both_paths() -> None:
+    """``diff --loss-only`` of a sample whose loss mask is empty (an import may hold one) compares ``[0, H]`` layers:
+    the compiled loops refused the (7, 0) view torch hands them, so the diff exited 1."""
+    a, b = [torch.zeros(0, 16, dtype=torch.bfloat16)] * 2, [torch.zeros(0, 16, dtype=torch.bfloat16)] * 2
+    for ulps in (True, False):
+        compiled, eager, _ = _both(a, b, ulps)
+        assert compiled.dd.shape == eager.dd.shape == (2, 0)
+        assert compiled.ulp is None or torch.equal(compiled.ulp, eager.ulp)
+        ws = Workspace("cpu", compiled=True)
+        assert (summarize("k", compiled, 16, ws).sums == summarize("k", eager, 16).sums).all()
+
+
+def test_an_infinite_value_gives_the_same_cosine_on_both_paths() -> None:
+    """The torch ops derived |a|² from |b|², a·d and |d|², NaN for an infinite value where the compiled loops sum
+    it: the same data reported another 1 - cos on either path (and diffs of 4M value pairs or more take the loops)."""
+    a = [torch.tensor([[float("inf"), 1.0], [1.0, 2.0], [3e19, 1.0]])]
+    b = [torch.tensor([[1.0, 1.0], [1.0, 2.5], [1.0, 1.0]])]
+    compiled, eager, _ = _both(a, b, False)
+    torch.testing.assert_close(compiled.aa, eager.aa, equal_nan=True)
+    ws = Workspace("cpu", compiled=True)
+    x, y = summarize("k", compiled, 2, ws), summarize("k", eager, 2)
+    torch.testing.assert_close(torch.from_numpy(x.maxes), torch.from_numpy(y.maxes), equal_nan=True)
+    torch.testing.assert_close(torch.from_numpy(x.sums), torch.from_numpy(y.sums), equal_nan=True)
+
+
+def test_the_loops_refuse_an_output_they_may_not_write() -> None:
+    """A read-only array (a memory map, bytes) handed to a C loop as its output would be written through."""
+    from hsstore.compare.kernel import compiled_kernel
+
+    loops = compiled_kernel()
+    assert loops, "a C compiler builds the loops here"
+    x = np.zeros((3, 8), np.float32)
+    out = np.zeros((7, 3), np.float32)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="out: float32"):
+        loops.fused_rows(x, x, False, out, np.zeros(6, np.int64))
+    ulp = np.frombuffer(bytes(48), np.int64)
+    with pytest.raises(ValueError, match="ulp: int64 .* writable: False"):
+        loops.fused_rows(x, x, False, np.zeros((7, 3), np.float32), ulp)

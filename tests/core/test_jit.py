@@ -8,6 +8,7 @@ import resource
 import signal
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -77,7 +78,7 @@ def test_the_c_loops_are_built_once_and_then_loaded_even_without_a_compiler(tmp_
     built = library_path(kernel.SOURCE)
     assert not built.exists()
     assert kernel.compiled_kernel() and _diff_once() == [2, 1]
-    assert built.is_file() and [p.name for p in built.parent.iterdir()] == [built.name]  # no temporary left
+    assert built.is_file() and sorted(p.name for p in built.parent.iterdir()) == [built.name, built.name + ".xxh64"]
     stamp = built.stat().st_mtime_ns
     monkeypatch.setattr(kernel, "_kernel", None)
     monkeypatch.setenv("PATH", str(tmp_path))  # no compiler at all
@@ -132,3 +133,84 @@ def test_a_compiler_that_fails_is_named_with_its_error(tmp_path: Path, monkeypat
     monkeypatch.setenv("CC", str(cc))
     with pytest.warns(UserWarning, match="broken-cc could not compile kernel.c: broken-cc: cannot exec the assembler"):
         assert kernel.compiled_kernel() is False
+
+
+def test_a_cached_library_cut_short_is_built_again_not_mapped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library file cut short (a crash before it reached the disk) killed every process that mapped it (SIGBUS):
+    its bytes are checked against the hash kept beside it first."""
+    from hsstore.compare import kernel
+    from hsstore.core.jit import library_path
+
+    _fresh_loops(monkeypatch, tmp_path / "cache")
+    assert kernel.compiled_kernel()
+    built = library_path(kernel.SOURCE)
+    cut = built.with_name("cut")  # a new file in its place, as a later process finds it (this one maps the old)
+    cut.write_bytes(built.read_bytes()[:5000])
+    os.replace(cut, built)
+    monkeypatch.setattr(kernel, "_kernel", None)
+    assert kernel.compiled_kernel() and _diff_once() == [2, 1]
+    assert built.stat().st_size > 5000
+
+
+def test_a_cache_folder_others_may_write_is_never_loaded_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library planted where another user could write (a shared cache folder) would run as whoever loads it: such a
+    folder is not used; the library is built privately and nothing is written there."""
+    from hsstore.compare import kernel
+    from hsstore.core.jit import library_path
+
+    _fresh_loops(monkeypatch, tmp_path / "cache")
+    planted = library_path(kernel.SOURCE)
+    planted.parent.mkdir(parents=True)
+    planted.parent.chmod(0o777)
+    (planted.parent / "planted.c").write_text('#include <stdlib.h>\n__attribute__((constructor)) static void f(void) '
+                                              '{ abort(); }\n')
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(planted), str(planted.parent / "planted.c")], check=True)
+    from hsstore.core.jit import _digest
+
+    (planted.parent / (planted.name + ".xxh64")).write_text(_digest(planted.read_bytes()))  # even with its hash
+    before = sorted(p.name for p in planted.parent.iterdir())
+    assert kernel.compiled_kernel() and _diff_once() == [2, 1]  # (loading the planted one would abort)
+    assert sorted(p.name for p in planted.parent.iterdir()) == before
+
+
+def test_cc_is_split_as_a_shell_would_and_one_that_is_not_there_is_named(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from hsstore.compare import kernel
+
+    _fresh_loops(monkeypatch, tmp_path / "cache")
+    monkeypatch.setenv("CC", "env cc")  # a wrapper with arguments, as `ccache gcc`
+    assert kernel.compiled_kernel() and _diff_once() == [2, 1]
+    _fresh_loops(monkeypatch, tmp_path / "other-cache")
+    monkeypatch.setenv("CC", "no-such-cc -O2")
+    with pytest.warns(UserWarning, match=r"\$CC='no-such-cc -O2' is not a command here"):
+        assert kernel.compiled_kernel() is False
+
+
+def test_a_compiler_that_writes_nothing_or_hangs_is_given_up_on(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``CC=true`` exits 0 and writes no library; a compiler that hangs is stopped (its children too) after
+    ``COMPILE_SECONDS``; either way one warning, and torch's ops serve."""
+    from hsstore.compare import kernel
+    from hsstore.core import jit
+
+    _fresh_loops(monkeypatch, tmp_path / "cache")
+    monkeypatch.setenv("CC", "true")
+    with pytest.warns(UserWarning, match="could not compile kernel.c: exit 0 and no library written"):
+        assert kernel.compiled_kernel() is False
+    hang = tmp_path / "hang-cc"
+    hang.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {tmp_path / 'child'}\nwait\n")
+    hang.chmod(0o755)
+    _fresh_loops(monkeypatch, tmp_path / "cache")
+    monkeypatch.setenv("CC", str(hang))
+    monkeypatch.setattr(jit, "COMPILE_SECONDS", 1)
+    with pytest.warns(UserWarning, match="did not compile kernel.c in 1 s"):
+        assert kernel.compiled_kernel() is False
+    child = int((tmp_path / "child").read_text())
+    for _ in range(100):  # (killed at once; reaped by init a moment later)
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the compiler's child {child} outlived the timeout")
