@@ -444,7 +444,7 @@ def _judge_all(stream: Iterator[tuple[str, list[dict[int, torch.Tensor]]]], run:
     floored = run.floor_dtype is not None or (run.stored_floor is not None  # (compared only where it holds them all)
                                               and set(in_live) <= set(run.stored_floor.record.all_layers))
     pairs = [bf16] + ([False] if floored else [])  # (the floor: no ULPs)
-    ws = Workspace("cpu", use_compiled(reader, run.keys, in_live, pairs))  # numba only where it pays
+    ws = Workspace("cpu", use_compiled(reader, run.keys, in_live, pairs))  # the C loops only where they pay
     totals, ftotals = Totals(len(in_live)), Totals(len(in_live))
     evidence: dict[str, list[LayerEvidence]] = {}
     verdicts: list[SampleVerdict] = []

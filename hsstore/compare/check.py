@@ -211,7 +211,7 @@ def compare_live(reader: VariantReader, live: dict[str, list[torch.Tensor]], key
     ulps = reader.record.dtype == "bf16"
     fulps = ulps and floor is not None and floor.record.dtype == "bf16"
     pairs = [ulps] + ([fulps] if floor is not None else [])
-    ws = Workspace("cpu", use_compiled(reader, keys, layers, pairs))  # numba only where it pays
+    ws = Workspace("cpu", use_compiled(reader, keys, layers, pairs))  # the C loops only where they pay
     totals, ftotals = Totals(len(layers)), (Totals(len(layers)) if floor is not None else None)
     for key in keys:
         stored = reader.read_layers(reader.refs[key], layers)

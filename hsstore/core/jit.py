@@ -200,6 +200,8 @@ def _publish(built: Path, lib: Path) -> bool:
 def native_library(source: Path) -> ctypes.CDLL:
     """``source`` (C) as a loaded shared library: from the cache when built before, else compiled now (in a private
     folder, then copied into the cache where it can be). NativeUnavailable where neither works."""
+    if not source.is_file():
+        raise NativeUnavailable(f"{source} is missing from this install (reinstall hsstore)")
     for flags in _builds():  # (a plain build is cached where a tuned one failed: not tried again)
         loaded = _load_cached(library_path(source, flags))
         if loaded is not None:
