@@ -322,13 +322,14 @@ def use_compiled(a: VariantReader, keys: Sequence[str], layers: Sequence[int], u
 
 
 def sample_sums(a: VariantReader, others: Sequence[VariantReader], keys: Sequence[str], layers: list[int],
-                request: DiffRequest, population: Sequence[str] | None = None) -> Iterator[tuple[SampleSums, ...]]:
+                request: DiffRequest, compiled: bool | None = None) -> Iterator[tuple[SampleSums, ...]]:
     """For each key (in order): one SampleSums of A against each of ``others`` (``request``'s loss_only, device
-    and threads). ``population`` (default ``keys``): the samples whose size picks the arithmetic, so that a sampled
-    diff computes each sample as the full diff does (its one-sided bounds on max |d| and min cos then hold)."""
+    and threads). ``compiled``: whether the C loops serve (default: as ``use_compiled`` says for these keys)."""
     hidden = a.record.hidden_size
     ulps = [both_bf16(a, o) for o in others]
-    compiled = torch.device(request.device).type == "cpu" and use_compiled(a, population or keys, layers, ulps)
+    if compiled is None:
+        compiled = use_compiled(a, keys, layers, ulps)
+    compiled = compiled and torch.device(request.device).type == "cpu"
     if compiled:  # loaded (built, the first time on this host) on a thread of its own while the first samples are read
         threading.Thread(target=compiled_kernel, name="hsstore-diff-loops", daemon=True).start()
     workspaces = ThreadLocal(lambda: Workspace(request.device, compiled))
@@ -351,12 +352,12 @@ class PassResult:
 
 
 def stream_pass(a: VariantReader, others: list[VariantReader], keys: Sequence[str], layers: list[int],
-                request: DiffRequest, keep: bool, population: Sequence[str] | None = None) -> PassResult:
-    """Stream ``keys``; ``keep`` the per-sample sums (a sampled diff) instead of only adding them up; ``population``:
+                request: DiffRequest, keep: bool, compiled: bool | None = None) -> PassResult:
+    """Stream ``keys``; ``keep`` the per-sample sums (a sampled diff) instead of only adding them up; ``compiled``:
     as ``sample_sums``."""
     res = PassResult([Totals(len(layers)) for _ in others], [SampleTable() for _ in others] if keep else [], [], 0)
     heap: list[tuple[float, str]] = []
-    for sums in sample_sums(a, others, keys, layers, request, population):
+    for sums in sample_sums(a, others, keys, layers, request, compiled):
         for j, s in enumerate(sums):
             res.totals[j].add(s)
             if keep:
@@ -412,12 +413,16 @@ def run_diff(request: DiffRequest, a_reader: VariantReader | None = None) -> Dif
     a, b, c, use, keys = t.a, t.b, t.c, t.layers, t.keys
     plan = plan_samples(a, b, c, keys, request.samples, request.fraction, request.seed, request.confidence)
     others = [b] if c is None or (plan is None and shared_keys(a, c) != keys) else [b, c]
-    res = stream_pass(a, others, plan.keys if plan else keys, use, request, plan is not None, population=keys)
+    # one choice of arithmetic for every pass, from A against B over every shared sample: a sampled diff (with or
+    # without a floor) then computes each sample as the full diff does, and its one-sided bounds on max |d| and
+    # min cos hold against it
+    compiled = use_compiled(a, keys, use, [both_bf16(a, b)])
+    res = stream_pass(a, others, plan.keys if plan else keys, use, request, plan is not None, compiled)
     ests = [estimate(use, res, j, plan, both_bf16(a, o)) for j, o in enumerate(others)]
     floor = None
     kind: DiffVerdictKind
     if c is not None:
-        floor = ests[1] if len(ests) > 1 else _floor_pass(a, c, use, request)
+        floor = ests[1] if len(ests) > 1 else _floor_pass(a, c, use, request, compiled)
         reps, text, kind = with_floor(ests[0], floor, a.record.dtype, request.noise_factor, request.confidence)
     else:
         (reps, text), kind = without_floor(ests[0], a.record.dtype), "no_floor"
@@ -455,6 +460,6 @@ def estimate(layers: list[int], res: PassResult, j: int, plan: SamplePlan | None
     return sampled_layers(layers, res.tables[j], plan.choice, ulps, plan.record.confidence, plan.record.seed)
 
 
-def _floor_pass(a: VariantReader, c: VariantReader, layers: list[int], request: DiffRequest) -> Estimate:
-    res = stream_pass(a, [c], shared_keys(a, c), layers, request, keep=False)
+def _floor_pass(a: VariantReader, c: VariantReader, layers: list[int], request: DiffRequest, compiled: bool) -> Estimate:
+    res = stream_pass(a, [c], shared_keys(a, c), layers, request, False, compiled)
     return full_layers(layers, res.totals[0], both_bf16(a, c))

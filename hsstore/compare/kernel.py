@@ -321,9 +321,10 @@ def compiled_kernel() -> CLoops | Literal[False]:
         if _kernel is None:
             try:
                 _kernel = CLoops(native_library(SOURCE))
-            except NativeUnavailable as e:
-                warnings.warn(f"hsstore: the diff's C loops were not built ({e}); torch's ops compare the states, "
-                              "~2-3x slower on a CPU (install a C compiler, or set CC)", stacklevel=2)
+            except Exception as e:  # noqa: BLE001 (an optimisation: whatever keeps it from loading, torch's ops serve)
+                why = str(e) if isinstance(e, NativeUnavailable) else f"{type(e).__name__}: {e}"
+                warnings.warn(f"hsstore: the C loops of diff, check and audit were not built ({why}); torch's ops "
+                              "compare the states, ~2-3x slower on a CPU (install a C compiler, or set CC)", stacklevel=1)
                 _kernel = False
     return _kernel
 

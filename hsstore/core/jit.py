@@ -4,8 +4,8 @@
 C (the diff's loops, ``hsstore/compare/kernel.c``): the host's C compiler (``$CC``, else ``cc``, ``gcc`` or ``clang``)
 builds a shared library for this CPU (``-march=native``) once, in a private folder, then copies it into
 ``$HSSTORE_CACHE_DIR`` (default ``$XDG_CACHE_HOME/hsstore`` or ``~/.cache/hsstore``) under ``native/``, named by a hash
-of the source, the flags and the CPU, with its own hash beside it; later processes check both and load it through
-ctypes in ~1 ms. A cache folder or file that is not this user's alone, or a library that does not match its hash, is
+of the source, the flags and the CPU, with its own hash beside it; later processes read it, check it against the hash and load those very bytes
+(through an in-memory file on Linux) in ~1 ms. A cache folder or file that is not this user's alone, or a library that does not match its hash, is
 never loaded (built again instead). Where no compiler builds a library that loads, ``NativeUnavailable`` says why and
 the caller takes its torch path.
 
@@ -24,6 +24,7 @@ import platform
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -74,7 +75,10 @@ def _compiler() -> list[str]:
     """The compiler's command: ``$CC`` (split as a shell would: ``ccache gcc``), else the first of cc, gcc, clang."""
     cc = os.environ.get("CC")
     if cc:
-        argv = shlex.split(cc)
+        try:
+            argv = shlex.split(cc)
+        except ValueError as e:
+            raise NativeUnavailable(f"$CC={cc!r} does not parse as a command ({e})") from None
         found = shutil.which(argv[0]) if argv else None
         if not found:
             raise NativeUnavailable(f"$CC={cc!r} is not a command here (unset CC to use cc, gcc or clang)")
@@ -103,11 +107,15 @@ def _builds() -> list[tuple[str, ...]]:
 
 
 def cache_dir() -> Path:
-    """Where compiled libraries are kept: ``$HSSTORE_CACHE_DIR``, ``$XDG_CACHE_HOME/hsstore`` or ``~/.cache/hsstore``."""
+    """Where compiled libraries are kept: ``$HSSTORE_CACHE_DIR``, ``$XDG_CACHE_HOME/hsstore`` or ``~/.cache/hsstore``
+    (``~`` expanded, made absolute)."""
     root = os.environ.get("HSSTORE_CACHE_DIR")
-    if root:
-        return Path(root)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hsstore"
+    try:
+        if root:
+            return Path(root).expanduser().absolute()
+        return (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hsstore").expanduser().absolute()
+    except RuntimeError as e:  # no HOME and no passwd entry (cron, env -i)
+        raise NativeUnavailable(f"no cache folder: {e} (set HSSTORE_CACHE_DIR)") from None
 
 
 def library_path(source: Path, flags: tuple[str, ...] | None = None) -> Path:
@@ -136,19 +144,47 @@ def _digest(data: bytes) -> str:
     return xxhash.xxh64(data).hexdigest()
 
 
+def _read_ours(path: Path) -> bytes:
+    """The bytes of the regular file ``path`` (not a symlink), checked on the open file to be ours alone: what is
+    read is what was checked, whatever is renamed meanwhile. OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (hasattr(os, "geteuid") and (st.st_uid != os.geteuid()
+                                                                          or st.st_mode & 0o022)):
+            raise PermissionError(f"{path} is not this user's alone")
+        return f.read()
+
+
+def _load(data: bytes, name: str) -> ctypes.CDLL:
+    """A shared library from its bytes: through an anonymous in-memory file on Linux (the very bytes checked, on no
+    mount that may forbid executing), else from a private temporary file. OSError if it does not load."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create(name)
+        try:
+            os.write(fd, data)
+            # the descriptor stays open: the loader knows a library by its path, and a number closed and reused
+            # would hand a later library this one's handle
+            return ctypes.CDLL(f"/proc/self/fd/{fd}")
+        except OSError:
+            os.close(fd)
+            raise
+    with tempfile.TemporaryDirectory(prefix="hsstore-native-") as tmp:
+        path = Path(tmp) / name
+        path.write_bytes(data)
+        return ctypes.CDLL(str(path))
+
+
 def _load_cached(lib: Path) -> ctypes.CDLL | None:
     """The cached library, if it is whole (its bytes match the hash beside it: a file cut short by a crash would
-    kill the process that maps it) and ours alone; else None."""
+    kill the process that maps it) and both files are ours alone; else None."""
     try:
-        if not (_ours(lib.parent) and _ours(lib)):
+        if not _ours(lib.parent):
             return None
-        data, want = lib.read_bytes(), lib.with_name(lib.name + ".xxh64").read_text().strip()
-    except OSError:
-        return None
-    if _digest(data) != want:
-        return None
-    try:
-        return ctypes.CDLL(str(lib))
+        data, want = _read_ours(lib), _read_ours(lib.with_name(lib.name + ".xxh64")).strip()
+        if _digest(data).encode() != want:
+            return None
+        return _load(data, lib.name)
     except OSError:
         return None
 
@@ -159,7 +195,7 @@ def _build(cc: list[str], source: Path, out: Path) -> tuple[str, ...]:
     for flags in _builds():
         try:
             with subprocess.Popen([*cc, *flags, "-o", str(out), str(source)], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True, start_new_session=True) as p:
+                                  stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True) as p:
                 try:
                     _, err = p.communicate(timeout=COMPILE_SECONDS)
                 except subprocess.TimeoutExpired:  # (its own session: the compiler's children go too)
@@ -170,7 +206,9 @@ def _build(cc: list[str], source: Path, out: Path) -> tuple[str, ...]:
             raise NativeUnavailable(f"{cc[0]} did not run: {e}") from None
         if p.returncode == 0 and out.is_file():
             return flags
-        errors.append((err.strip().splitlines() or [f"exit {p.returncode} and no library written"])[-1])
+        lines = err.strip().splitlines()
+        said = [line for line in lines if "error" in line.lower()]  # (gcc's last line may be where to report bugs)
+        errors.append((said[:1] or lines[-1:] or [f"exit {p.returncode} and no library written"])[0])
     raise NativeUnavailable(f"{cc[0]} could not compile {source.name}: {errors[-1]}")
 
 
@@ -210,10 +248,8 @@ def native_library(source: Path) -> ctypes.CDLL:
     with tempfile.TemporaryDirectory(prefix="hsstore-native-") as tmp:
         private = Path(tmp) / f"{source.stem}.so"
         lib = library_path(source, _build(cc, source, private))
-        errors = []
-        for candidate in ([lib] if _publish(private, lib) else []) + [private]:
-            try:
-                return ctypes.CDLL(str(candidate))  # (mapped: the private file may go)
-            except OSError as e:  # e.g. a folder mounted noexec
-                errors.append(str(e))
-        raise NativeUnavailable(f"{source.name} was built but does not load: {errors[-1]}")
+        _publish(private, lib)
+        try:
+            return _load(private.read_bytes(), lib.name)
+        except OSError as e:
+            raise NativeUnavailable(f"{source.name} was built but does not load: {e}") from None

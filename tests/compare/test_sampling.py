@@ -90,3 +90,33 @@ def test_t_quantile_matches_tables():
     assert t_quantile(0.975, 5) == pytest.approx(2.571, abs=0.01)
     assert t_quantile(0.975, 30) == pytest.approx(2.042, abs=0.002)
     assert t_quantile(0.975, 1e9) == pytest.approx(1.960, abs=0.001)
+
+
+def test_a_sampled_diff_with_a_floor_on_fewer_samples_computes_each_sample_as_the_full_diff(
+        attn_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A floor that holds fewer samples than A and B share: the full diff compares A with B alone (the floor in a
+    pass of its own), the sampled one A with B and C in one pass. Each chose its arithmetic from its own pass's
+    work, so around the bar they took different paths, and the sampled min cos fell below the full one."""
+    import shutil
+
+    from hsstore.compare import diff
+    from hsstore.compare.diff import open_target, shared_keys
+
+    store = tmp_path / "s.zarr"
+    shutil.copytree(attn_store, store)
+    a, b, c = _targets(store)
+    floor = open_target(c)
+    next(iter(sorted((store / "variants" / floor.id / "commits").glob("*.json")))).unlink()  # a unit fewer
+    ra, rb = open_target(a), open_target(b)
+    keys = shared_keys(ra, rb)
+    assert len(shared_keys(ra, open_target(c))) < len(keys)
+    ab_pairs = 2 * sum(ra.refs[k].length for k in keys) * ra.record.hidden_size * len(ra.record.all_layers)
+    monkeypatch.setattr(diff, "COMPILED_MIN_VALUES", int(ab_pairs * 1.2))  # A-B alone under the bar, with C over
+    full = run_diff(DiffRequest(a_target=a, b_target=b, floor=c))
+    sampled = run_diff(DiffRequest(a_target=a, b_target=b, floor=c, fraction=1.0, seed=0))
+    for F, S in zip(full.layers, sampled.layers):
+        assert S.max_abs <= F.max_abs and S.cos_min >= F.cos_min, (F.layer, F.cos_min, S.cos_min)
+    # the same sample, the same numbers to the bit (on two paths they differed by ~1e-12)
+    in_full = {w.key: w.rel_l2 for w in full.worst_samples}
+    both = [(w.key, w.rel_l2, in_full[w.key]) for w in sampled.worst_samples if w.key in in_full]
+    assert both and all(x == y for _, x, y in both), both

@@ -28,7 +28,7 @@ assert (a == b).all()
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     assert compiled_kernel() is False
-assert len(caught) == 1 and "C loops were not built" in str(caught[0].message), [str(w.message) for w in caught]
+assert len(caught) == 1 and "C loops of diff, check and audit were not built" in str(caught[0].message), [str(w.message) for w in caught]
 x = torch.tensor([[0.0, -2.5, 1.0], [0.0, 0.0, 3.0]])
 ts = token_sums([x], [torch.zeros_like(x)], Workspace("cpu", compiled=True))
 assert ts.differing[0].tolist() == [2, 1] and ts.max_abs[0].tolist() == [2.5, 3.0], ts
@@ -114,7 +114,7 @@ def test_without_a_compiler_torchs_ops_serve_with_one_warning(tmp_path: Path, mo
     _fresh_loops(monkeypatch, tmp_path / "cache")
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("CC", raising=False)
-    with pytest.warns(UserWarning, match=r"C loops were not built \(no C compiler found"):
+    with pytest.warns(UserWarning, match=r"C loops of diff, check and audit were not built \(no C compiler found"):
         assert kernel.compiled_kernel() is False
     with warnings.catch_warnings(record=True) as again:
         warnings.simplefilter("always")
@@ -214,3 +214,51 @@ def test_a_compiler_that_writes_nothing_or_hangs_is_given_up_on(tmp_path: Path,
         time.sleep(0.05)
     else:
         pytest.fail(f"the compiler's child {child} outlived the timeout")
+
+
+def test_whatever_keeps_the_loops_from_loading_falls_back_to_torch_with_one_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Errors the loader did not expect crashed the diff (exit 1, a traceback): a hash file of garbage, CC with an
+    unbalanced quote, a compiler writing Latin-1 to stderr, a library without the loops' symbols, no home folder."""
+    from hsstore.compare import kernel
+    from hsstore.core.jit import library_path
+
+    _fresh_loops(monkeypatch, tmp_path / "cache")
+    assert kernel.compiled_kernel()
+    built = library_path(kernel.SOURCE)
+    built.with_name(built.name + ".xxh64").write_bytes(b"\xff\xfe")  # not even UTF-8: built again
+    monkeypatch.setattr(kernel, "_kernel", None)
+    assert kernel.compiled_kernel() and _diff_once() == [2, 1]
+
+    latin1 = tmp_path / "latin1-cc"
+    latin1.write_text("#!/bin/sh\nprintf 'erreur: \\351chec\\n' >&2\nexit 1\n")
+    empty = tmp_path / "empty-cc"  # compiles an empty file wherever -o says: a library without the symbols
+    empty.write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done\n'
+                     'printf "int unrelated;\\n" | cc -x c -shared -fPIC -o "$out" -\n')
+    for script in (latin1, empty):
+        script.chmod(0o755)
+    cases = [("CC", "gcc '-O2", "does not parse as a command"), ("CC", str(latin1), "could not compile kernel.c: erreur"),
+             ("CC", str(empty), "AttributeError: .*undefined symbol: hsstore_fused_rows")]
+    for n, (var, value, said) in enumerate(cases):
+        _fresh_loops(monkeypatch, tmp_path / f"cache-{n}")
+        monkeypatch.setenv(var, value)
+        with pytest.warns(UserWarning, match=said):
+            assert kernel.compiled_kernel() is False
+        assert _diff_once() == [2, 1]
+    monkeypatch.delenv("CC")
+    monkeypatch.delenv("HSSTORE_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(kernel, "_kernel", None)
+    monkeypatch.setattr(Path, "home", lambda: (_ for _ in ()).throw(RuntimeError("Could not determine home directory.")))
+    with pytest.warns(UserWarning, match="no cache folder: Could not determine home directory"):
+        assert kernel.compiled_kernel() is False
+
+
+def test_the_cache_folder_is_absolute_and_its_tilde_expanded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hsstore.core.jit import cache_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HSSTORE_CACHE_DIR", "relative/cache")
+    assert cache_dir() == tmp_path / "relative" / "cache"
+    monkeypatch.setenv("HSSTORE_CACHE_DIR", "~/hcache")
+    assert cache_dir() == Path.home() / "hcache"
