@@ -21,9 +21,10 @@ Where float32 is exact enough and where float64 is needed:
   values, which float32 would round to ~1e-4 and counts it would stop at 2^24.
 On a CPU where a C compiler built ``kernel.c`` (``hsstore.core.jit.native_library``: once per host and CPU, then
 loaded from the cache in ~1 ms) a large diff takes one compiled pass a row (``CLoops.fused_rows``) instead of the
-torch ops (~11 passes a block, 9 more for bf16 ULP buckets): 8 lanes at a time, bf16 widened in the loop, d = a - b
-in float32 as torch's sub gives it, the squares and products in float64 (exact) and their sums in float64
-accumulators rounded to float32 once (sum |d| adds 8 float32 terms a lane first), count and max |d| from d's bit
+torch ops (~11 passes a block, 9 more for bf16 ULP buckets): 16 lanes at a time, bf16 widened in the loop, d = a - b
+in float32 as torch's sub gives it, the sums as fused multiply-adds in float32 blocks of 8 terms a lane joined in
+float64 accumulators and rounded to float32 once (within 2^-21 of the terms' magnitudes; a row whose sums leave
+float32's normal range, 2^-100 to 2^100, is added again with float64 products), count and max |d| from d's bit
 patterns, and the ULP buckets from the bits. Counts, the max and the ULP buckets are the torch ops' exactly (for
 every bit pattern); the float sums are more accurate than torch's float32 ones, so the two paths agree to float32
 rounding of those sums, not to the bit. A sample's sums then reduce per layer on a compiled loop too
