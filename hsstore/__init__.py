@@ -10,13 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from hsstore.core.errors import (
-    BadInput,
-    CorruptData,
-    HsstoreError,
-    ProvenanceMismatch,
-    SelectorError,
-)
+from hsstore.core.errors import BadInput, CorruptData, HsstoreError, ProvenanceMismatch, SelectorError
 
 __version__ = "0.1.0"
 

@@ -102,10 +102,21 @@ def main() -> None:
 
     timed(capture_only)  # warm-up (kernels, autotuning)
     itemsize = 2 if args.dtype != "fp32" else 4
-    results = {"kernels": bound_kernels(model), "shape": args.shape, "device": args.device, "dtype": args.dtype,
-               "tokens": tokens, "rows": args.rows, "length": args.length, "layers": layers, "hidden": hidden,
-               "model_load_seconds": load_s, "device_name": torch.cuda.get_device_name() if cuda else "cpu",
-               "state_bytes": tokens * hidden * itemsize * len(layers), "runs": []}
+    results = {
+        "kernels": bound_kernels(model),
+        "shape": args.shape,
+        "device": args.device,
+        "dtype": args.dtype,
+        "tokens": tokens,
+        "rows": args.rows,
+        "length": args.length,
+        "layers": layers,
+        "hidden": hidden,
+        "model_load_seconds": load_s,
+        "device_name": torch.cuda.get_device_name() if cuda else "cpu",
+        "state_bytes": tokens * hidden * itemsize * len(layers),
+        "runs": [],
+    }
     base = Path(args.store_dir or tempfile.mkdtemp(prefix="hsstore-bench-"))
     results["capture_seconds"] = timed(capture_only)
     for rep in range(args.repeat):
@@ -116,8 +127,18 @@ def main() -> None:
     report(results, args)
 
 
-def build_pass(model, n_layers: int, aux: list, target: list, samples: list, batches: list, name: str,
-               args: argparse.Namespace, base: Path, timed) -> dict:
+def build_pass(
+    model,
+    n_layers: int,
+    aux: list,
+    target: list,
+    samples: list,
+    batches: list,
+    name: str,
+    args: argparse.Namespace,
+    base: Path,
+    timed,
+) -> dict:
     """One build into a fresh store with codec (and precision) ``name``; its time, bytes and FP8 error."""
     from hsstore.capture.run.pipeline import capture_to_store
     from hsstore.core.precision_names import codec_for_codes
@@ -136,18 +157,39 @@ def build_pass(model, n_layers: int, aux: list, target: list, samples: list, bat
     layers = {"aux": aux, "target": target}
     prov = provenance(args.dtype, layers=layers, model=f"bench-{codec}", precision=precision)
     itemsize = 1 if precision else (2 if args.dtype != "fp32" else 4)
-    vid = store.create_variant(prov, layers,
-                               hidden, args.dtype, codec, chunk_tokens(hidden, itemsize), precision=precision)
+    vid = store.create_variant(
+        prov, layers, hidden, args.dtype, codec, chunk_tokens(hidden, itemsize), precision=precision
+    )
     out: dict = {}
-    secs = timed(lambda: out.update(capture_to_store(model, n_layers, aux + target, samples, batches,
-                                                     UnitWriter(store, vid), args.device, 0, args.unit_tokens,
-                                                     precision=precision).to_dict()))
-    run = {"seconds": secs, "writer_busy_seconds": out["writer_busy_seconds"], "bytes": out["bytes"],
-           "tail_seconds": out["tail_seconds"], "first_batch_seconds": out["first_batch_seconds"]}
+    secs = timed(
+        lambda: out.update(
+            capture_to_store(
+                model,
+                n_layers,
+                aux + target,
+                samples,
+                batches,
+                UnitWriter(store, vid),
+                args.device,
+                0,
+                args.unit_tokens,
+                precision=precision,
+            ).to_dict()
+        )
+    )
+    run = {
+        "seconds": secs,
+        "writer_busy_seconds": out["writer_busy_seconds"],
+        "bytes": out["bytes"],
+        "tail_seconds": out["tail_seconds"],
+        "first_batch_seconds": out["first_batch_seconds"],
+    }
     if precision:
         from hsstore.core.quant import summary
 
-        run["fp8_error"] = {str(i): summary(e).to_dict() for i, e in store.reader(vid, refresh=True).quant_error().items()}
+        run["fp8_error"] = {
+            str(i): summary(e).to_dict() for i, e in store.reader(vid, refresh=True).quant_error().items()
+        }
     shutil.rmtree(path, ignore_errors=True)
     return run
 
@@ -159,20 +201,33 @@ def report(results: dict, args: argparse.Namespace) -> None:
         if r["pass"] not in best or r["seconds"] < best[r["pass"]]["seconds"]:
             best[r["pass"]] = r
     bare = best["bare"]["seconds"]
-    results["best"] = {k: {**v, "x_bare": v["seconds"] / bare,
-                           "smaller_than_raw": (state_bytes / v["bytes"]) if v.get("bytes") else None}
-                       for k, v in best.items()}
-    print(f"{args.shape} on {results['device_name']}: {tokens:,} tokens, {state_bytes / 1e9:.2f} GB of states "
-          f"({args.dtype}); fastest of {args.repeat} alternating run(s)")
+    results["best"] = {
+        k: {
+            **v,
+            "x_bare": v["seconds"] / bare,
+            "smaller_than_raw": (state_bytes / v["bytes"]) if v.get("bytes") else None,
+        }
+        for k, v in best.items()
+    }
+    print(
+        f"{args.shape} on {results['device_name']}: {tokens:,} tokens, {state_bytes / 1e9:.2f} GB of states "
+        f"({args.dtype}); fastest of {args.repeat} alternating run(s)"
+    )
     print(f"{'pass':<26}{'seconds':>9}{'tokens/s':>12}{'GB/s states':>13}{'vs bare':>9}{'x smaller':>11}")
-    print(f"{'capture':<26}{results['capture_seconds']:9.2f}{tokens / results['capture_seconds']:12,.0f}"
-          f"{state_bytes / results['capture_seconds'] / 1e9:13.2f}{results['capture_seconds'] / bare:9.3f}")
+    print(
+        f"{'capture':<26}{results['capture_seconds']:9.2f}{tokens / results['capture_seconds']:12,.0f}"
+        f"{state_bytes / results['capture_seconds'] / 1e9:13.2f}{results['capture_seconds'] / bare:9.3f}"
+    )
     for key, r in results["best"].items():
         small = f"{r['smaller_than_raw']:11.2f}" if r["smaller_than_raw"] else ""
-        print(f"{key:<26}{r['seconds']:9.2f}{tokens / r['seconds']:12,.0f}{state_bytes / r['seconds'] / 1e9:13.2f}"
-              f"{r['x_bare']:9.3f}{small}")
+        print(
+            f"{key:<26}{r['seconds']:9.2f}{tokens / r['seconds']:12,.0f}{state_bytes / r['seconds'] / 1e9:13.2f}"
+            f"{r['x_bare']:9.3f}{small}"
+        )
         for layer, e in sorted(r.get("fp8_error", {}).items(), key=lambda x: int(x[0])):
-            print(f"    fp8 layer {layer}: rel-L2 {e['rel_l2']:.3e}, cos mean {e['cos_mean']:.6f}, min {e['cos_min']:.6f}")
+            print(
+                f"    fp8 layer {layer}: rel-L2 {e['rel_l2']:.3e}, cos mean {e['cos_mean']:.6f}, min {e['cos_min']:.6f}"
+            )
     if args.repeat > 1:  # each round against its own bare pass, and the median over rounds
         rounds: dict[str, list[float]] = {}
         for rep in range(args.repeat):

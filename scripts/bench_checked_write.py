@@ -67,12 +67,16 @@ def main() -> None:
     args = ap.parse_args()
     g = torch.Generator().manual_seed(0)
     chunk = chunk_tokens(args.hidden, 2)
-    print(f"one unit: {args.tokens:,} tokens x {args.layers} layers x {args.hidden} bf16 "
-          f"({args.tokens * args.hidden * 2 * args.layers / 1e6:.0f} MB raw); {os.cpu_count()} cores; "
-          f"medians of {args.reps}; files in {args.dir or tempfile.gettempdir()}")
+    print(
+        f"one unit: {args.tokens:,} tokens x {args.layers} layers x {args.hidden} bf16 "
+        f"({args.tokens * args.hidden * 2 * args.layers / 1e6:.0f} MB raw); {os.cpu_count()} cores; "
+        f"medians of {args.reps}; files in {args.dir or tempfile.gettempdir()}"
+    )
     for codec in args.codecs.split(","):
-        layers = [encode_shard(to_stored(torch.randn(args.tokens, args.hidden, generator=g).to(torch.bfloat16)),
-                               chunk, codec) for _ in range(args.layers)]
+        layers = [
+            encode_shard(to_stored(torch.randn(args.tokens, args.hidden, generator=g).to(torch.bfloat16)), chunk, codec)
+            for _ in range(args.layers)
+        ]
         size = sum(memoryview(p).nbytes for parts in layers for p in parts)
         t: dict[str, list[float]] = {"unchecked": [], "fsync": [], "checked": [], "re-read": []}
         modes = ["unchecked", "fsync", "checked"]
@@ -92,11 +96,12 @@ def main() -> None:
                     t["re-read"].append(reread_s)
             shutil.rmtree(d)
         m = {k: statistics.median(v) for k, v in t.items()}
-        print(f"{codec:>13}: {size / 1e6:.0f} MB on disk; unit write unchecked {m['unchecked']:.3f}s, "
-              f"+fsync {m['fsync']:.3f}s, checked {m['checked']:.3f}s ({m['checked'] / m['unchecked']:.2f}x "
-              f"unchecked, {m['checked'] / m['fsync']:.2f}x fsync only); "
-              f"a re-read + crc32c instead would add {m['re-read']:.3f}s")
-
+        print(
+            f"{codec:>13}: {size / 1e6:.0f} MB on disk; unit write unchecked {m['unchecked']:.3f}s, "
+            f"+fsync {m['fsync']:.3f}s, checked {m['checked']:.3f}s ({m['checked'] / m['unchecked']:.2f}x "
+            f"unchecked, {m['checked'] / m['fsync']:.2f}x fsync only); "
+            f"a re-read + crc32c instead would add {m['re-read']:.3f}s"
+        )
 
 
 if __name__ == "__main__":

@@ -44,8 +44,9 @@ def main() -> None:
         sets = model_states(args.tokens)
     codecs = {name: REGISTRY[name].numcodec(2) for name in CHOICES if name != "none"}
     codecs["shuffle-zstd, blosc auto block size"] = Blosc(cname="zstd", clevel=1, shuffle=Blosc.SHUFFLE, typesize=2)
-    codecs["shuffle-zstd with bitshuffle"] = Blosc(cname="zstd", clevel=1, shuffle=Blosc.BITSHUFFLE, typesize=2,
-                                                   blocksize=1 << 20)
+    codecs["shuffle-zstd with bitshuffle"] = Blosc(
+        cname="zstd", clevel=1, shuffle=Blosc.BITSHUFFLE, typesize=2, blocksize=1 << 20
+    )
     report = {}
     for label, states in sets.items():
         print(f"\n{label}:")
@@ -98,14 +99,19 @@ def measure(states, codecs: dict, reps: int) -> dict:
             for e in encoded:
                 codec.decode(e)
             dec = min(dec, time.perf_counter() - t0)
-        results[name] = {"raw_over_size": raw / sum(map(len, encoded)), "encode_mb_s": raw / enc / 1e6,
-                         "decode_mb_s": raw / dec / 1e6}
+        results[name] = {
+            "raw_over_size": raw / sum(map(len, encoded)),
+            "encode_mb_s": raw / enc / 1e6,
+            "decode_mb_s": raw / dec / 1e6,
+        }
     base = results["zstd"]["decode_mb_s"]
     print(f"{len(chunks)} chunks of {rows} tokens x {hidden} bf16 ({raw / 1e6:.0f} MB); one thread; best of {reps}")
     print(f"{'codec':40s}{'raw/size':>9}{'encode MB/s':>13}{'decode MB/s':>13}{'decode vs zstd':>16}")
     for name, r in results.items():
-        print(f"{name:40s}{r['raw_over_size']:>9.3f}{r['encode_mb_s']:>13,.0f}{r['decode_mb_s']:>13,.0f}"
-              f"{r['decode_mb_s'] / base:>15.2f}x")
+        print(
+            f"{name:40s}{r['raw_over_size']:>9.3f}{r['encode_mb_s']:>13,.0f}{r['decode_mb_s']:>13,.0f}"
+            f"{r['decode_mb_s'] / base:>15.2f}x"
+        )
     return results
 
 

@@ -48,8 +48,10 @@ from hsstore.storage.writer import UnitWriter
 from hsstore.testing.factories import provenance
 
 # (ended as the CLI ends: without the interpreter's teardown, hsstore.core.interrupt.end_process)
-STARTUP = ("import torch, hsstore.cli.main, hsstore.cli.compare_cmd, hsstore.compare.diff, hsstore.read.dataset\n"
-           "from hsstore.core.interrupt import end_process; end_process(0)")
+STARTUP = (
+    "import torch, hsstore.cli.main, hsstore.cli.compare_cmd, hsstore.compare.diff, hsstore.read.dataset\n"
+    "from hsstore.core.interrupt import end_process; end_process(0)"
+)
 
 
 VARIANTS = (("bf16", "torch", 2), ("fp32", "torch", 4), ("bf16", "ref", 2))  # A, B, C (= B rounded)
@@ -66,8 +68,13 @@ def make_store(path: Path, n: int, hidden: int, n_layers: int, mean_len: int, co
     g = torch.Generator().manual_seed(seed)
     store = Store.create(path)
     layers, roles = list(range(n_layers)), {"aux": list(range(n_layers - 1)), "target": [n_layers - 1]}
-    writers = [UnitWriter(store, store.create_variant(_provenance(dt, be, layers), roles, hidden, dt, codec,
-                                                      chunk_tokens(hidden, size))) for dt, be, size in VARIANTS]
+    writers = [
+        UnitWriter(
+            store,
+            store.create_variant(_provenance(dt, be, layers), roles, hidden, dt, codec, chunk_tokens(hidden, size)),
+        )
+        for dt, be, size in VARIANTS
+    ]
     scale = torch.exp(torch.randn(hidden, generator=g))  # per-channel scales, like a residual stream
     for start in range(0, n, 8):
         samples = []
@@ -78,8 +85,9 @@ def make_store(path: Path, n: int, hidden: int, n_layers: int, mean_len: int, co
             samples.append(SampleTokens(sample_key("bench", ids, mask), ids, mask))
         total = sum(s.length for s in samples)
         ref = {i: torch.randn(total, hidden, generator=g) * scale * (1 + i) for i in layers}
-        noisy = {i: (x + 2e-3 * (1 + i) * torch.randn(total, hidden, generator=g) * scale).bfloat16()
-                 for i, x in ref.items()}
+        noisy = {
+            i: (x + 2e-3 * (1 + i) * torch.randn(total, hidden, generator=g) * scale).bfloat16() for i, x in ref.items()
+        }
         for w, states in zip(writers, (noisy, ref, {i: x.bfloat16() for i, x in ref.items()})):
             w.write(samples, states)
     return str(path)
@@ -153,8 +161,12 @@ def _timed(fn) -> float:  # type: ignore[no-untyped-def]
 def _process(*args: str, tree: str | None = None) -> None:
     """``python ARGS`` with ``tree``'s ``hsstore/`` (default: this checkout's) first on the path, run from ``/``:
     ``-m`` and ``-c`` put the working folder ahead of PYTHONPATH, which ran this checkout as the baseline."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [tree or str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [tree or str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
+        ),
+    }
     r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd="/")
     if r.returncode not in (0, 1):  # (diff exits 1 only for --max-rel, which is not passed)
         raise SystemExit(f"{' '.join(args)} failed ({r.returncode}): {r.stderr[-2000:]}")
@@ -174,7 +186,7 @@ def bench_pair(store: str, a: str, b: str, reps: int, threads: int | None, basel
         reads, diffs, starts, ariths, passes, works, base_works, warms = [], [], [], [], [], [], [], []
         for rep in range(reps):
             reads.append(_timed(lambda: read_both(store, a, b)))
-            for tree in ((None, baseline) if rep % 2 == 0 else (baseline, None)):
+            for tree in (None, baseline) if rep % 2 == 0 else (baseline, None):
                 if tree is None:
                     diffs.append(_timed(lambda: _process(*diff)))
                     report = json.loads(Path(out).read_text())
@@ -188,13 +200,34 @@ def bench_pair(store: str, a: str, b: str, reps: int, threads: int | None, basel
             passes.append(one_pass)
             warms.append(warm_diff(store, a, b, threads))
     r, d, s, ar, w, p = (statistics.median(x) for x in (reads, diffs, starts, ariths, works, passes))
-    row = {"store": store, "a": a, "b": b, "state_bytes": nbytes, "tokens": report["tokens"],
-           "read_s": reads, "diff_s": diffs, "startup_s": starts, "arith_s": ariths, "work_s": works, "read": r,
-           "diff": d, "work": w, "work_ratio": r / max(w, 1e-9),
-           "startup": s, "arith": ar, "diff_net": d - s, "ratio": r / max(d - s, 1e-9),
-           "bound": r / (r + ar), "pass_s": passes, "pass": p, "ceiling": r / (r + p),
-           "verdict": report["verdict_kind"], "warm_s": warms, "warm": statistics.median(warms),
-           "warm_ratio": r / statistics.median(warms)}
+    row = {
+        "store": store,
+        "a": a,
+        "b": b,
+        "state_bytes": nbytes,
+        "tokens": report["tokens"],
+        "read_s": reads,
+        "diff_s": diffs,
+        "startup_s": starts,
+        "arith_s": ariths,
+        "work_s": works,
+        "read": r,
+        "diff": d,
+        "work": w,
+        "work_ratio": r / max(w, 1e-9),
+        "startup": s,
+        "arith": ar,
+        "diff_net": d - s,
+        "ratio": r / max(d - s, 1e-9),
+        "bound": r / (r + ar),
+        "pass_s": passes,
+        "pass": p,
+        "ceiling": r / (r + p),
+        "verdict": report["verdict_kind"],
+        "warm_s": warms,
+        "warm": statistics.median(warms),
+        "warm_ratio": r / statistics.median(warms),
+    }
     if base_works:
         bw = statistics.median(base_works)
         row.update(baseline_work_s=base_works, baseline_work=bw, baseline_work_ratio=r / max(bw, 1e-9))
@@ -231,27 +264,35 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="diff --threads (default: every core)")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--baseline", help="a folder holding another tree's hsstore/ (git archive REV hsstore | tar -x -C "
-                    "DIR): its diff's own work is measured in the same reps")
+    ap.add_argument(
+        "--baseline",
+        help="a folder holding another tree's hsstore/ (git archive REV hsstore | tar -x -C "
+        "DIR): its diff's own work is measured in the same reps",
+    )
     args = ap.parse_args()
     rows = []
     for store, pairs in _stores(args):
         for a, b in pairs:
             row = bench_pair(store, a, b, args.reps, args.threads, args.baseline)
             rows.append(row)
-            print(f"{Path(store).name} {a} vs {b}: {row['state_bytes'] / 1e9:.2f} GB, {row['tokens']:,} tokens; "
-                  f"read {row['read']:.2f} s, diff {row['diff']:.2f} s - start-up {row['startup']:.2f} s = "
-                  f"{row['diff_net']:.2f} s; read/diff {row['ratio']:.2f}; the diff's own work (its report's seconds) "
-                  f"{row['work']:.2f} s, read/work {row['work_ratio']:.2f}; arithmetic {row['arith']:.2f} s, "
-                  f"bound read/(read + arithmetic) {row['bound']:.2f}; one pass {row['pass']:.3f} s, ceiling read/(read "
-                  f"+ one pass) {row['ceiling']:.2f}; warm diff (in this process, fixed costs paid) {row['warm']:.2f} s, "
-                  f"read/warm diff {row['warm_ratio']:.2f}  (reads {_fmt(row['read_s'])}; diffs "
-                  f"{_fmt(row['diff_s'])}; start-ups {_fmt(row['startup_s'])}; arithmetic {_fmt(row['arith_s'])})",
-                  flush=True)
+            print(
+                f"{Path(store).name} {a} vs {b}: {row['state_bytes'] / 1e9:.2f} GB, {row['tokens']:,} tokens; "
+                f"read {row['read']:.2f} s, diff {row['diff']:.2f} s - start-up {row['startup']:.2f} s = "
+                f"{row['diff_net']:.2f} s; read/diff {row['ratio']:.2f}; the diff's own work (its report's seconds) "
+                f"{row['work']:.2f} s, read/work {row['work_ratio']:.2f}; arithmetic {row['arith']:.2f} s, "
+                f"bound read/(read + arithmetic) {row['bound']:.2f}; one pass {row['pass']:.3f} s, ceiling read/(read "
+                f"+ one pass) {row['ceiling']:.2f}; warm diff (in this process, fixed costs paid) {row['warm']:.2f} s, "
+                f"read/warm diff {row['warm_ratio']:.2f}  (reads {_fmt(row['read_s'])}; diffs "
+                f"{_fmt(row['diff_s'])}; start-ups {_fmt(row['startup_s'])}; arithmetic {_fmt(row['arith_s'])})",
+                flush=True,
+            )
             if "baseline_work" in row:
-                print(f"  baseline {args.baseline}: work {row['baseline_work']:.2f} s, read/work "
-                      f"{row['baseline_work_ratio']:.2f}  (works {_fmt(row['baseline_work_s'])}; this tree "
-                      f"{_fmt(row['work_s'])})", flush=True)
+                print(
+                    f"  baseline {args.baseline}: work {row['baseline_work']:.2f} s, read/work "
+                    f"{row['baseline_work_ratio']:.2f}  (works {_fmt(row['baseline_work_s'])}; this tree "
+                    f"{_fmt(row['work_s'])})",
+                    flush=True,
+                )
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

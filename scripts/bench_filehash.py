@@ -80,13 +80,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hsstore-bench-hash-", dir=a.dir) as tmp:
         paths = _make(Path(tmp), a.kind, int(a.total_gb * 1e9), a.files)
         for threads in a.threads:
-            for label, fn in (("read only (baseline)", lambda: list(ThreadPoolExecutor(threads).map(_read_only, paths))),
-                              ("xxh3_128 (hash_files)", lambda: hash_files(paths, threads=threads))):
+            for label, fn in (
+                ("read only (baseline)", lambda: list(ThreadPoolExecutor(threads).map(_read_only, paths))),
+                ("xxh3_128 (hash_files)", lambda: hash_files(paths, threads=threads)),
+            ):
                 if a.kind == "real":
                     _evict(paths)
-                    print(json.dumps({"kind": a.kind, "cache": "cold", **_timed(label, fn, paths, threads)}), flush=True)
-                print(json.dumps({"kind": a.kind, "cache": "warm" if a.kind == "real" else "sparse",
-                                  **_timed(label, fn, paths, threads)}), flush=True)
+                    print(
+                        json.dumps({"kind": a.kind, "cache": "cold", **_timed(label, fn, paths, threads)}), flush=True
+                    )
+                print(
+                    json.dumps(
+                        {
+                            "kind": a.kind,
+                            "cache": "warm" if a.kind == "real" else "sparse",
+                            **_timed(label, fn, paths, threads),
+                        }
+                    ),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -28,9 +28,27 @@ def _first_line(tree: Path, tmp: str) -> tuple[float, str]:
     env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     store = tempfile.mkdtemp(dir=tmp) + "/s.zarr"
     t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-m", "hsstore", "build", str(tree / "manifests" / "tiny.toml"), "--limit", "2",
-                          "--dtype", "bf16", "--store", store], cwd=tmp, env=env, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hsstore",
+            "build",
+            str(tree / "manifests" / "tiny.toml"),
+            "--limit",
+            "2",
+            "--dtype",
+            "bf16",
+            "--store",
+            store,
+        ],
+        cwd=tmp,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     sel = selectors.DefaultSelector()
     sel.register(p.stdout, selectors.EVENT_READ)
     sel.register(p.stderr, selectors.EVENT_READ)

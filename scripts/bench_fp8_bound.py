@@ -36,7 +36,7 @@ def entropy_bytes(codes: np.ndarray) -> float:
 
 
 def blocks(buf: bytes, size: int = SHUFFLE_BLOCK_BYTES) -> list[bytes]:
-    return [buf[i: i + size] for i in range(0, len(buf), size)]
+    return [buf[i : i + size] for i in range(0, len(buf), size)]
 
 
 def main() -> None:
@@ -47,8 +47,16 @@ def main() -> None:
     ap.add_argument("--json", help="write the figures here too")
     a = ap.parse_args()
     _, states = make_data(a.samples, a.hidden, a.seed)
-    sizes = {"raw bf16": 0.0, "bf16 default (shuffle + zstd-1)": 0.0, "bf16 shuffle + zstd-19": 0.0,
-             "fp8 none": 0.0, "fp8 zstd-1": 0.0, "fp8 zstd-19": 0.0, "fp8 lzma-9": 0.0, "fp8 order-0 entropy": 0.0}
+    sizes = {
+        "raw bf16": 0.0,
+        "bf16 default (shuffle + zstd-1)": 0.0,
+        "bf16 shuffle + zstd-19": 0.0,
+        "fp8 none": 0.0,
+        "fp8 zstd-1": 0.0,
+        "fp8 zstd-19": 0.0,
+        "fp8 lzma-9": 0.0,
+        "fp8 order-0 entropy": 0.0,
+    }
     tokens = 0
     for st in states:
         T, n, H = st.shape
@@ -78,8 +86,18 @@ def main() -> None:
     print(f"ceiling on disk-bound FP8 read speed-up over the bf16 default codec: {default / best_fp8:.2f}x")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"samples": a.samples, "hidden": a.hidden, "tokens": tokens, "layers": n,
-                       "bytes": sizes, "ceiling": default / best_fp8}, f, indent=1)
+            json.dump(
+                {
+                    "samples": a.samples,
+                    "hidden": a.hidden,
+                    "tokens": tokens,
+                    "layers": n,
+                    "bytes": sizes,
+                    "ceiling": default / best_fp8,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

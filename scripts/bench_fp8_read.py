@@ -45,8 +45,10 @@ def build(path: Path, samples, states, codec: str, unit_samples: int = 8) -> tup
     vid = store.create_variant(prov, {"aux": AUX, "target": TARGET}, H, "bf16", codec, chunk_tokens(H, 2))
     w = UnitWriter(store, vid, check_health=False)
     for a in range(0, len(samples), unit_samples):
-        part = states[a: a + unit_samples]
-        w.write(samples[a: a + unit_samples], {layer: torch.cat([s[:, j] for s in part]) for j, layer in enumerate(LAYERS)})
+        part = states[a : a + unit_samples]
+        w.write(
+            samples[a : a + unit_samples], {layer: torch.cat([s[:, j] for s in part]) for j, layer in enumerate(LAYERS)}
+        )
     r = convert(f"{path}#{vid}", "fp8-e4m3")
     convert(f"{path}#{vid}", "fp8-e4m3", dest=str(path.with_name(path.name + "-none")), codec="none")
     return vid, r.variant
@@ -93,8 +95,12 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--workers", default="0,2")
-    ap.add_argument("--prefetch", type=int, default=0,
-                    help="also read with the streaming dataset, 0 workers, this many samples ahead on threads")
+    ap.add_argument(
+        "--prefetch",
+        type=int,
+        default=0,
+        help="also read with the streaming dataset, 0 workers, this many samples ahead on threads",
+    )
     ap.add_argument("--codec", default=DEFAULT)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -108,15 +114,27 @@ def main() -> None:
     t0 = time.perf_counter()
     bf16, fp8 = build(path, samples, states, args.codec)
     none = path.with_name(path.name + "-none")
-    res: dict = {"samples": args.samples, "hidden": args.hidden, "tokens": tokens, "logical_bf16_bytes": logical,
-                 "codec": args.codec, "build_seconds": time.perf_counter() - t0, "cpus": os.cpu_count(),
-                 "bytes": {name: du(path / "variants" / v) for name, v in (("bf16", bf16), ("fp8", fp8))}}
+    res: dict = {
+        "samples": args.samples,
+        "hidden": args.hidden,
+        "tokens": tokens,
+        "logical_bf16_bytes": logical,
+        "codec": args.codec,
+        "build_seconds": time.perf_counter() - t0,
+        "cpus": os.cpu_count(),
+        "bytes": {name: du(path / "variants" / v) for name, v in (("bf16", bf16), ("fp8", fp8))},
+    }
     res["bytes"]["fp8-none"] = du(none / "variants")
     res["smaller_than_raw_bf16"] = {k: logical / b for k, b in res["bytes"].items()}
     res["dequant_GBps_one_thread"] = dequant_speed(states, args.reps)
     res["dequant_table_path_GBps_one_thread"] = dequant_speed(states, args.reps, compiled=False)
-    passes = [("bf16", path, bf16, False), ("fp8", path, fp8, False), ("fp8-raw", path, fp8, True),
-              ("fp8-none", none, None, False), ("fp8-none-raw", none, None, True)]
+    passes = [
+        ("bf16", path, bf16, False),
+        ("fp8", path, fp8, False),
+        ("fp8-raw", path, fp8, True),
+        ("fp8-none", none, None, False),
+        ("fp8-none-raw", none, None, True),
+    ]
     for w in runs(args):
         for cache in ("cold", "warm"):
             times: dict[str, list[float]] = {p[0]: [] for p in passes}
@@ -128,7 +146,9 @@ def main() -> None:
             for name in times:
                 res[f"{name}_{cache}_w{w}_tokens_per_s"] = tokens / statistics.median(times[name])
             for name in ("fp8", "fp8-raw", "fp8-none", "fp8-none-raw"):
-                res[f"{name}_over_bf16_{cache}_w{w}"] = res[f"{name}_{cache}_w{w}_tokens_per_s"] / res[f"bf16_{cache}_w{w}_tokens_per_s"]
+                res[f"{name}_over_bf16_{cache}_w{w}"] = (
+                    res[f"{name}_{cache}_w{w}_tokens_per_s"] / res[f"bf16_{cache}_w{w}_tokens_per_s"]
+                )
     report(res, args)
 
 
@@ -138,20 +158,30 @@ def runs(args: argparse.Namespace) -> list:
 
 
 def report(res: dict, args: argparse.Namespace) -> None:
-    print(f"{res['samples']} samples, {res['tokens']:,} tokens, hidden {res['hidden']}, 5 layers; codec {res['codec']}; "
-          f"{res['cpus']} CPUs; medians of {args.reps}")
-    sizes = ", ".join(f"{k} {b / 1e6:,.0f} MB ({res['smaller_than_raw_bf16'][k]:.2f}x smaller than raw bf16)"
-                      for k, b in res["bytes"].items())
+    print(
+        f"{res['samples']} samples, {res['tokens']:,} tokens, hidden {res['hidden']}, 5 layers; codec {res['codec']}; "
+        f"{res['cpus']} CPUs; medians of {args.reps}"
+    )
+    sizes = ", ".join(
+        f"{k} {b / 1e6:,.0f} MB ({res['smaller_than_raw_bf16'][k]:.2f}x smaller than raw bf16)"
+        for k, b in res["bytes"].items()
+    )
     print(f"bytes on disk: {sizes}")
-    print(f"CPU dequantization, one thread: {res['dequant_GBps_one_thread']:.2f} GB/s of bf16 "
-          f"(the numpy table path: {res['dequant_table_path_GBps_one_thread']:.2f})")
+    print(
+        f"CPU dequantization, one thread: {res['dequant_GBps_one_thread']:.2f} GB/s of bf16 "
+        f"(the numpy table path: {res['dequant_table_path_GBps_one_thread']:.2f})"
+    )
     names = ("fp8", "fp8-raw", "fp8-none", "fp8-none-raw")
     print(f"{'workers':>8}{'cache':>7}{'bf16 tok/s':>12}" + "".join(f"{n + ' (x)':>20}" for n in names))
     for w in runs(args):
         for cache in ("cold", "warm"):
-            cells = "".join(f"{res[f'{n}_{cache}_w{w}_tokens_per_s']:12,.0f} ({res[f'{n}_over_bf16_{cache}_w{w}']:4.2f})"
-                            for n in names)
-            print(f"{w if w != 'p' else 'pf' + str(args.prefetch):>8}{cache:>7}{res[f'bf16_{cache}_w{w}_tokens_per_s']:12,.0f}{cells}")
+            cells = "".join(
+                f"{res[f'{n}_{cache}_w{w}_tokens_per_s']:12,.0f} ({res[f'{n}_over_bf16_{cache}_w{w}']:4.2f})"
+                for n in names
+            )
+            print(
+                f"{w if w != 'p' else 'pf' + str(args.prefetch):>8}{cache:>7}{res[f'bf16_{cache}_w{w}_tokens_per_s']:12,.0f}{cells}"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
 

@@ -77,7 +77,7 @@ def quantize_scheme(states: list[torch.Tensor], scheme: str, pow2: bool) -> list
         return [quant.Quantized(q.codes.reshape(T, H), q.scales) for q in flat]
     if scheme == "per-token-all-layers":
         q = _quantize_with(torch.cat(states, dim=1), pow2)
-        return [quant.Quantized(q.codes[:, j * H:(j + 1) * H], q.scales) for j in range(len(states))]
+        return [quant.Quantized(q.codes[:, j * H : (j + 1) * H], q.scales) for j in range(len(states))]
     if scheme == "per-token-and-channel":  # scales [T, 1] x channel scales [H] (kept on the Quantized)
         out = []
         for x in states:
@@ -136,31 +136,42 @@ def measure(named: dict[str, torch.Tensor], codec: Zstd) -> dict:
             layers, stored = {}, 0
             for name, x, q in zip(names, states, qs):
                 y = _dequant(q, (T, H))
-                layers[name] = quant.summary(quant.from_error_tensor(
-                    quant.error_tensor(x.float(), y).tolist())).to_dict()
+                layers[name] = quant.summary(
+                    quant.from_error_tensor(quant.error_tensor(x.float(), y).tolist())
+                ).to_dict()
                 codes = q.codes.contiguous().numpy()
-                stored += sum(len(codec.encode(np.ascontiguousarray(codes[i:i + rows]))) for i in range(0, T, rows))
-            scales = sum(q.scales.numel() for q in qs) * 4 if scheme != "per-token-all-layers" else qs[0].scales.numel() * 4
+                stored += sum(len(codec.encode(np.ascontiguousarray(codes[i : i + rows]))) for i in range(0, T, rows))
+            scales = (
+                sum(q.scales.numel() for q in qs) * 4 if scheme != "per-token-all-layers" else qs[0].scales.numel() * 4
+            )
             scales += sum(q.columns.numel() * 4 for q in qs if isinstance(q, ChannelScaled))
             bits = float(np.mean([entropy_bits(q.codes.contiguous().numpy()) for q in qs]))
             scales_z = len(codec.encode(np.ascontiguousarray(torch.cat([q.scales.reshape(-1) for q in qs]).numpy())))
             values = T * H * len(states)
             key = f"{scheme}{'' if pow2 else ' (exact amax/448)'}"
-            out[key] = {"layers": layers, "bytes_per_value": (values + scales) / values,
-                        "bytes_per_value_zstd": (stored + scales_z) / values,
-                        "bf16_over_zstd": 2 * values / (stored + scales_z), "code_entropy_bits": bits}
+            out[key] = {
+                "layers": layers,
+                "bytes_per_value": (values + scales) / values,
+                "bytes_per_value_zstd": (stored + scales_z) / values,
+                "bf16_over_zstd": 2 * values / (stored + scales_z),
+                "code_entropy_bits": bits,
+            }
     return {"schemes": out, "tokens": T, "hidden": H}
 
 
 def show(label: str, r: dict) -> None:
     names = list(next(iter(r["schemes"].values()))["layers"])
     print(f"\n{label}: {r['tokens']} tokens x hidden {r['hidden']}; rel-L2 per layer (min per-token cosine)")
-    print(f"{'scheme':38s}{'B/value':>8}{'zstd B/v':>9}{'vs bf16':>8}{'bits':>6}  "
-          + "  ".join(f"{n.split()[-1]:>17s}" for n in names))
+    print(
+        f"{'scheme':38s}{'B/value':>8}{'zstd B/v':>9}{'vs bf16':>8}{'bits':>6}  "
+        + "  ".join(f"{n.split()[-1]:>17s}" for n in names)
+    )
     for key, s in r["schemes"].items():
         cells = "  ".join(f"{s['layers'][n]['rel_l2']:.2e} ({s['layers'][n]['cos_min']:.5f})" for n in names)
-        print(f"{key:38s}{s['bytes_per_value']:8.4f}{s['bytes_per_value_zstd']:9.4f}{s['bf16_over_zstd']:7.2f}x"
-              f"{s['code_entropy_bits']:6.2f}  {cells}")
+        print(
+            f"{key:38s}{s['bytes_per_value']:8.4f}{s['bytes_per_value_zstd']:9.4f}{s['bf16_over_zstd']:7.2f}x"
+            f"{s['code_entropy_bits']:6.2f}  {cells}"
+        )
 
 
 def main() -> None:
@@ -176,7 +187,7 @@ def main() -> None:
         if source == "synthetic":
             named = synthetic(args.tokens, args.hidden)
         elif source.startswith("model-"):
-            named = model_states(source[len("model-"):], args.tokens)
+            named = model_states(source[len("model-") :], args.tokens)
         else:
             raise SystemExit(f"unknown source {source!r}")
         report[source] = measure(named, codec)

@@ -69,8 +69,9 @@ def prompts_of(rows: list[str]) -> list:
     return [jobs_of("bench", i + 1, json.loads(r), "auto", "last", 1)[0] for i, r in enumerate(rows)]
 
 
-def plain(model: object, prompts: list[list[int]], batches: list[list[int]], pad: int, eos: list[int],
-          new: int) -> tuple[float, int]:
+def plain(
+    model: object, prompts: list[list[int]], batches: list[list[int]], pad: int, eos: list[int], new: int
+) -> tuple[float, int]:
     """The plain loop: each batch left-padded through model.generate; generated tokens up to the first end."""
     import torch
 
@@ -80,12 +81,18 @@ def plain(model: object, prompts: list[list[int]], batches: list[list[int]], pad
         ids = torch.full((len(b), width), pad, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for r, i in enumerate(b):
-            ids[r, width - len(prompts[i]):] = torch.tensor(prompts[i])
-            mask[r, width - len(prompts[i]):] = 1
+            ids[r, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+            mask[r, width - len(prompts[i]) :] = 1
         dev = next(model.parameters()).device
         with torch.inference_mode():
-            out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=new,
-                                 do_sample=False, eos_token_id=eos, pad_token_id=pad)
+            out = model.generate(
+                input_ids=ids.to(dev),
+                attention_mask=mask.to(dev),
+                max_new_tokens=new,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=pad,
+            )
         for row in out[:, width:].tolist():
             ends = [j for j, t in enumerate(row) if t in eos]
             tokens += ends[0] + 1 if ends else len(row)
@@ -117,8 +124,11 @@ def batch_seconds(replies: object) -> list[float]:
 
 def spread(xs: list[float]) -> dict:
     xs = sorted(xs)
-    return {"min": xs[0], "median": xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2,
-            "max": xs[-1]}
+    return {
+        "min": xs[0],
+        "median": xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2,
+        "max": xs[-1],
+    }
 
 
 def build_run(args: argparse.Namespace, man: object | None, rows: list[str], tmp: Path) -> dict:
@@ -131,23 +141,37 @@ def build_run(args: argparse.Namespace, man: object | None, rows: list[str], tmp
     data = tmp / "rows.jsonl"
     data.write_text("\n".join(rows) + "\n")
     m = tmp / "m.toml"
-    m.write_text(f'[model]\npath = "{args.model}"\nlayers = {{ aux = [0], target = [1] }}\n[data]\nfiles = ["{data}"]\n'
-                 f'max_length = 4096\n[generate]\nmax_new_tokens = {args.max_new_tokens}\n[build]\n'
-                 f'dtypes = ["{args.dtype}"]\ndevices = ["{args.device}"]\ntoken_budget = {args.token_budget}\n'
-                 f'[store]\npath = "{tmp / "build.zarr"}"\n')
+    m.write_text(
+        f'[model]\npath = "{args.model}"\nlayers = {{ aux = [0], target = [1] }}\n[data]\nfiles = ["{data}"]\n'
+        f"max_length = 4096\n[generate]\nmax_new_tokens = {args.max_new_tokens}\n[build]\n"
+        f'dtypes = ["{args.dtype}"]\ndevices = ["{args.device}"]\ntoken_budget = {args.token_budget}\n'
+        f'[store]\npath = "{tmp / "build.zarr"}"\n'
+    )
     recipe = load_manifest(m)
     if man is not None:  # the manifest's model, layers and [generate], on these prompts, device and dtype
-        recipe = man.replace(data_files=[str(data)], store_path=recipe.store_path, devices=recipe.devices,
-                             dtypes=recipe.dtypes, backends=["torch"])
+        recipe = man.replace(
+            data_files=[str(data)],
+            store_path=recipe.store_path,
+            devices=recipe.devices,
+            dtypes=recipe.dtypes,
+            backends=["torch"],
+        )
     t0 = time.perf_counter()
     s = build(recipe, quiet=True, inline=True)
     total = time.perf_counter() - t0
-    ledger = [json.loads(x) for x in (tmp / "build.zarr" / "builds" / s.build_id / "ledger.jsonl").read_text().splitlines()]
+    ledger = [
+        json.loads(x) for x in (tmp / "build.zarr" / "builds" / s.build_id / "ledger.jsonl").read_text().splitlines()
+    ]
     batches = batch_seconds(ledger)
     gen = sum(batches)
-    return {"seconds": total, "generation_seconds": gen, "generation_batch_seconds": batches,
-            "capture_and_rest_seconds": total - gen, "overhead_vs_generation": (total - gen) / gen,
-            "samples": s.variants[0].samples_written}
+    return {
+        "seconds": total,
+        "generation_seconds": gen,
+        "generation_batch_seconds": batches,
+        "capture_and_rest_seconds": total - gen,
+        "overhead_vs_generation": (total - gen) / gen,
+        "samples": s.variants[0].samples_written,
+    }
 
 
 def main() -> None:
@@ -161,8 +185,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-build", action="store_true", help="measure generation only (no hsstore build)")
-    ap.add_argument("--manifest", default=None, help="a build manifest with [generate]: its model, prompts and layers "
-                    "(and its max_new_tokens, token budget, device and dtype, unless given)")
+    ap.add_argument(
+        "--manifest",
+        default=None,
+        help="a build manifest with [generate]: its model, prompts and layers "
+        "(and its max_new_tokens, token budget, device and dtype, unless given)",
+    )
     args = ap.parse_args()
     man = None
     if args.manifest:
@@ -170,9 +198,12 @@ def main() -> None:
 
         man = load_manifest(args.manifest)
         args.model = man.model_path
-    given = {"device": (man.devices[0] if man else "cpu"), "dtype": (man.dtypes[0] if man else "fp32"),
-             "max_new_tokens": (man.generate.max_new_tokens if man and man.generate else 32),
-             "token_budget": (man.token_budget if man else 16384)}
+    given = {
+        "device": (man.devices[0] if man else "cpu"),
+        "dtype": (man.dtypes[0] if man else "fp32"),
+        "max_new_tokens": (man.generate.max_new_tokens if man and man.generate else 32),
+        "token_budget": (man.token_budget if man else 16384),
+    }
     for key, default in given.items():
         if getattr(args, key) is None:
             setattr(args, key, default)
@@ -184,8 +215,11 @@ def main() -> None:
     from hsstore.core.dtypes import TORCH
     from hsstore.core.schema.manifest import GenerateTable
 
-    spec = ModelSpec(man.model_path, man.config_overrides, man.seed, init_device=man.init_device) if man else \
-        ModelSpec(args.model)
+    spec = (
+        ModelSpec(man.model_path, man.config_overrides, man.seed, init_device=man.init_device)
+        if man
+        else ModelSpec(args.model)
+    )
     tok = spec.tokenizer()
     model = spec.load(TORCH[args.dtype], args.device, "sdpa")
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -203,9 +237,12 @@ def main() -> None:
     runs: dict[str, list] = {"plain": [], "hsstore": []}
     with tempfile.TemporaryDirectory() as d:
         for rep in range(args.repeat):  # alternate which goes first, so neither always follows the other
-            for name in (("plain", "hsstore") if rep % 2 == 0 else ("hsstore", "plain")):
-                runs[name].append(plain(model, prompts, batches, pad, end_ids(tok), args.max_new_tokens)
-                                  if name == "plain" else hsstore_run(engine, jobs, masker, g, Path(d)))
+            for name in ("plain", "hsstore") if rep % 2 == 0 else ("hsstore", "plain"):
+                runs[name].append(
+                    plain(model, prompts, batches, pad, end_ids(tok), args.max_new_tokens)
+                    if name == "plain"
+                    else hsstore_run(engine, jobs, masker, g, Path(d))
+                )
                 print(f"{name}: {runs[name][-1]}", file=sys.stderr, flush=True)
         del model, engine
         built = None if args.no_build else build_run(args, man, rows, Path(d))
@@ -215,12 +252,20 @@ def main() -> None:
         built["hsstore_generation_seconds"] = spread(passes)
         built["generation_vs_hsstore"] = {k: built["generation_seconds"] / v for k, v in spread(passes).items()}
     best = {k: min(v) for k, v in runs.items()}
-    out = {"model": args.model, "device": args.device, "dtype": args.dtype, "prompts": args.prompts,
-           "max_new_tokens": args.max_new_tokens, "batches": len(batches), "cold_plain_seconds": cold,
-           **{f"{k}_tokens_per_s": v[1] / v[0] for k, v in best.items()},
-           **{f"{k}_generated_tokens": v[1] for k, v in best.items()},
-           "hsstore_vs_plain": (best["hsstore"][1] / best["hsstore"][0]) / (best["plain"][1] / best["plain"][0]),
-           "build": built, "runs": runs}
+    out = {
+        "model": args.model,
+        "device": args.device,
+        "dtype": args.dtype,
+        "prompts": args.prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "batches": len(batches),
+        "cold_plain_seconds": cold,
+        **{f"{k}_tokens_per_s": v[1] / v[0] for k, v in best.items()},
+        **{f"{k}_generated_tokens": v[1] for k, v in best.items()},
+        "hsstore_vs_plain": (best["hsstore"][1] / best["hsstore"][0]) / (best["plain"][1] / best["plain"][0]),
+        "build": built,
+        "runs": runs,
+    }
     print(json.dumps(out, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

@@ -46,8 +46,15 @@ def prefix_diff(tok: Any, msgs: list[dict[str, str]]) -> tuple[list[int], list[i
     mask = [0] * len(ids)
     for k, m in enumerate(msgs):
         if m["role"] == "assistant":
-            start = len(tok.apply_chat_template(msgs[:k], tokenize=True, add_generation_prompt=True,
-                                                return_dict=True)["input_ids"]) if k else 0
+            start = (
+                len(
+                    tok.apply_chat_template(msgs[:k], tokenize=True, add_generation_prompt=True, return_dict=True)[
+                        "input_ids"
+                    ]
+                )
+                if k
+                else 0
+            )
             end = len(tok.apply_chat_template(msgs[: k + 1], tokenize=True, return_dict=True)["input_ids"])
             mask[start:end] = [1] * (min(end, len(ids)) - start)
     return ids, mask
@@ -69,10 +76,13 @@ def main() -> None:
     masker = ChatMasker(tok)
     convs = conversations(args.rows, args.turns)
     rate(masker, convs[:50])  # warm the template cache
-    results = {"rows": args.rows, "turns": args.turns,
-               "hsstore rows/s": rate(masker, convs),
-               "generation markers rows/s": rate(lambda c: generation_markers(tok, c), convs),
-               "prefix diff rows/s": rate(lambda c: prefix_diff(tok, c), convs)}
+    results = {
+        "rows": args.rows,
+        "turns": args.turns,
+        "hsstore rows/s": rate(masker, convs),
+        "generation markers rows/s": rate(lambda c: generation_markers(tok, c), convs),
+        "prefix diff rows/s": rate(lambda c: prefix_diff(tok, c), convs),
+    }
     same = sum(masker(c) == generation_markers(tok, c) for c in convs[:200])
     results["masks equal to the generation markers' (of 200)"] = same
     print(json.dumps(results, indent=1))

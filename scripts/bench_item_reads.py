@@ -46,9 +46,12 @@ def prepare(base: Path, samples: int, hidden: int) -> None:
         return
     shutil.rmtree(base, ignore_errors=True)
     data = make_data(samples, hidden)
-    for name, write in (("torch", write_torch), (DEFAULT, lambda d, s, st: write_hsstore(d, s, st, DEFAULT)),
-                        ("none", lambda d, s, st: write_hsstore(d, s, st, "none")),
-                        (OLD, lambda d, s, st: write_hsstore(d, s, st, DEFAULT, chunk=(1 << 20) // (hidden * 2)))):
+    for name, write in (
+        ("torch", write_torch),
+        (DEFAULT, lambda d, s, st: write_hsstore(d, s, st, DEFAULT)),
+        ("none", lambda d, s, st: write_hsstore(d, s, st, "none")),
+        (OLD, lambda d, s, st: write_hsstore(d, s, st, DEFAULT, chunk=(1 << 20) // (hidden * 2))),
+    ):
         (base / name).mkdir(parents=True)
         write(base / name, *data)
     (base / "ready").write_text("")
@@ -91,7 +94,9 @@ def main() -> None:
     ap.add_argument("--orders", default="seq,random")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--old-chunks", action="store_true", help=f"also read the default codec in ~1 MiB chunks ({OLD})")
-    ap.add_argument("--decode-floor", action="store_true", help=f"also time decoding every chunk of the {DEFAULT} store once")
+    ap.add_argument(
+        "--decode-floor", action="store_true", help=f"also time decoding every chunk of the {DEFAULT} store once"
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     base = Path(args.dir)
@@ -100,7 +105,10 @@ def main() -> None:
     orders = {"seq": list(range(n)), "random": [int(i) for i in np.random.default_rng(1).permutation(n)]}
     names = ["torch", DEFAULT, "none"] + ([OLD] if args.old_chunks else [])
     # one dataset per reader for the whole run, as a training loop keeps it across epochs
-    sets = {name: TorchDS(base / name, n) if name == "torch" else HiddenStateDataset(base / name / "s.zarr") for name in names}
+    sets = {
+        name: TorchDS(base / name, n) if name == "torch" else HiddenStateDataset(base / name / "s.zarr")
+        for name in names
+    }
     rates: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
     for _ in range(args.rounds):
@@ -112,10 +120,19 @@ def main() -> None:
                     rate, spent = one_pass(base, name, sets[name], orders[order], w, args.cache == "cold")
                     rates.setdefault(f"{name}|{order}|w{w}", []).append(rate)
                     cpu.setdefault(f"{name}|{order}|w{w}", []).append(spent)
-    res = {"samples": n, "hidden": args.hidden, "cache": args.cache, "rounds": args.rounds, "rates": rates,
-           "cpu_s": cpu, "ratios": {}}
-    print(f"{n} samples, hidden {args.hidden}, 5 bf16 layers, {args.cache}; {args.rounds} rounds, passes interleaved; "
-          "samples/s (median) and hsstore / torch.load per round (median [min, max])")
+    res = {
+        "samples": n,
+        "hidden": args.hidden,
+        "cache": args.cache,
+        "rounds": args.rounds,
+        "rates": rates,
+        "cpu_s": cpu,
+        "ratios": {},
+    }
+    print(
+        f"{n} samples, hidden {args.hidden}, 5 bf16 layers, {args.cache}; {args.rounds} rounds, passes interleaved; "
+        "samples/s (median) and hsstore / torch.load per round (median [min, max])"
+    )
     for order in args.orders.split(","):
         ws = [int(x) for x in args.workers.split(",")]
         for name in names:
@@ -124,11 +141,15 @@ def main() -> None:
                 mine, ref = rates[f"{name}|{order}|w{w}"], rates[f"torch|{order}|w{w}"]
                 r = [a / b for a, b in zip(mine, ref)]
                 res["ratios"][f"{name}|{order}|w{w}"] = r
-                cells.append(f"w{w} {statistics.median(mine):8.0f}/s {statistics.median(r):5.2f}x [{min(r):.2f}, {max(r):.2f}]"
-                             + (f" cpu {statistics.median(cpu[f'{name}|{order}|w0']):.3f} s/pass" if w == 0 else ""))
+                cells.append(
+                    f"w{w} {statistics.median(mine):8.0f}/s {statistics.median(r):5.2f}x [{min(r):.2f}, {max(r):.2f}]"
+                    + (f" cpu {statistics.median(cpu[f'{name}|{order}|w0']):.3f} s/pass" if w == 0 else "")
+                )
             if len(ws) > 1:  # best of the worker counts, each side its own best, per round
-                best = [max(rates[f"{name}|{order}|w{w}"][k] for w in ws) / max(rates[f"torch|{order}|w{w}"][k] for w in ws)
-                        for k in range(args.rounds)]
+                best = [
+                    max(rates[f"{name}|{order}|w{w}"][k] for w in ws) / max(rates[f"torch|{order}|w{w}"][k] for w in ws)
+                    for k in range(args.rounds)
+                ]
                 res["ratios"][f"{name}|{order}|best"] = best
                 cells.append(f"best-of-workers {statistics.median(best):5.2f}x")
             print(f"{order:<7}{name:<20}" + "   ".join(cells))
@@ -136,8 +157,10 @@ def main() -> None:
         floor = statistics.median(decode_floor(sets[DEFAULT]) for _ in range(3))
         torch_pass = n / statistics.median(rates[f"torch|{args.orders.split(',')[0]}|w{args.workers.split(',')[0]}"])
         res["decode_floor_s"], res["torch_pass_s"] = floor, torch_pass
-        print(f"{DEFAULT}: decoding every chunk once takes {floor:.3f} s; torch.load's pass {torch_pass:.3f} s "
-              f"({floor / torch_pass:.2f}x of it)")
+        print(
+            f"{DEFAULT}: decoding every chunk once takes {floor:.3f} s; torch.load's pass {torch_pass:.3f} s "
+            f"({floor / torch_pass:.2f}x of it)"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
 

@@ -55,8 +55,9 @@ print(json.dumps({"s": dt, "n": n, "mb": resource.getrusage(resource.RUSAGE_SELF
 def _child(tree: Path, what: str, store: Path) -> dict:
     rest = os.environ.get("PYTHONPATH")  # kept after the tree: packages installed there (a GPU machine's overlay)
     env = {**os.environ, "PYTHONPATH": str(tree) + (os.pathsep + rest if rest else ""), "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-c", _CHILD, what, str(store)], env=env, check=True,
-                         capture_output=True, text=True, cwd="/")
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, what, str(store)], env=env, check=True, capture_output=True, text=True, cwd="/"
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -77,9 +78,12 @@ def _store(d: Path, n: int, unit_samples: int) -> Path:
 
 
 def _row(label: str, base: dict, mine: dict, per: int) -> None:
-    print(f"  {label:32s} baseline {base['s']:7.3f} s {base['mb']:7.1f} MB | this tree {mine['s']:7.3f} s "
-          f"{mine['mb']:7.1f} MB | x{base['s'] / max(mine['s'], 1e-9):5.1f} faster, per 1M samples: "
-          f"{mine['s'] * 1e6 / per:6.2f} s {mine['mb'] * 1e6 / per:6.1f} MB", flush=True)
+    print(
+        f"  {label:32s} baseline {base['s']:7.3f} s {base['mb']:7.1f} MB | this tree {mine['s']:7.3f} s "
+        f"{mine['mb']:7.1f} MB | x{base['s'] / max(mine['s'], 1e-9):5.1f} faster, per 1M samples: "
+        f"{mine['s'] * 1e6 / per:6.2f} s {mine['mb'] * 1e6 / per:6.1f} MB",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -87,21 +91,29 @@ def main() -> None:
     ap.add_argument("--sizes", default="10000,100000,1000000", help="sample counts, comma-separated")
     ap.add_argument("--unit-samples", type=int, default=1000, help="samples per unit")
     ap.add_argument("--verify-samples", type=int, default=10000, help="size of the store verify runs on (0: skip)")
-    ap.add_argument("--baseline", default="efc5ed2", help="git commit to compare with, or a folder holding that "
-                    "commit's hsstore/ (where the tree has no git history: `git archive REV hsstore | tar -x -C DIR`)")
+    ap.add_argument(
+        "--baseline",
+        default="efc5ed2",
+        help="git commit to compare with, or a folder holding that "
+        "commit's hsstore/ (where the tree has no git history: `git archive REV hsstore | tar -x -C DIR`)",
+    )
     ap.add_argument("--dir", default="/tmp/hsstore-bench-open", help="where the stores are kept")
     args = ap.parse_args()
     d = Path(args.dir)
     d.mkdir(parents=True, exist_ok=True)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; baseline {args.baseline}")
     given = Path(args.baseline)
-    with tempfile.TemporaryDirectory() as tmp, \
-            (contextlib.nullcontext(given.resolve()) if given.is_dir() else baseline_tree(REPO, args.baseline, tmp)) as base:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        contextlib.nullcontext(given.resolve()) if given.is_dir() else baseline_tree(REPO, args.baseline, tmp) as base,
+    ):
         for n in [int(x) for x in args.sizes.split(",")]:
             store = _store(d, n, args.unit_samples)
             floor = _child(REPO, "floor", store)
-            print(f"{n} samples, {-(-n // args.unit_samples)} units: list + read the commit files "
-                  f"{floor['s']:.3f} s", flush=True)
+            print(
+                f"{n} samples, {-(-n // args.unit_samples)} units: list + read the commit files {floor['s']:.3f} s",
+                flush=True,
+            )
             for what in ("HiddenStateDataset", "StreamingHiddenStateDataset"):
                 b, m = _child(base, what, store), _child(REPO, what, store)
                 assert b["n"] == m["n"] == n, (b, m)
@@ -109,8 +121,10 @@ def main() -> None:
         if args.verify_samples:
             store = _store(d, args.verify_samples, args.unit_samples)
             b, m = _child(base, "verify", store), _child(REPO, "verify", store)
-            print(f"verify {m['n']} samples: baseline {b['s'] * 1e6 / b['n']:.0f} µs/sample, this tree "
-                  f"{m['s'] * 1e6 / m['n']:.0f} µs/sample (x{b['s'] / m['s']:.2f})")
+            print(
+                f"verify {m['n']} samples: baseline {b['s'] * 1e6 / b['n']:.0f} µs/sample, this tree "
+                f"{m['s'] * 1e6 / m['n']:.0f} µs/sample (x{b['s'] / m['s']:.2f})"
+            )
 
 
 if __name__ == "__main__":

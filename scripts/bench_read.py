@@ -36,25 +36,39 @@ def write_memmap(d: Path, samples, states) -> None:
     lengths = np.array([s.length for s in samples])
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     H = states[0].shape[-1]
-    mm = np.lib.format.open_memmap(d / "states.npy", mode="w+", dtype=np.uint16, shape=(len(LAYERS), int(offsets[-1]), int(H)))
+    mm = np.lib.format.open_memmap(
+        d / "states.npy", mode="w+", dtype=np.uint16, shape=(len(LAYERS), int(offsets[-1]), int(H))
+    )
     for i, st in enumerate(states):
-        mm[:, offsets[i]: offsets[i + 1]] = st.view(torch.uint16).numpy().transpose(1, 0, 2)
+        mm[:, offsets[i] : offsets[i + 1]] = st.view(torch.uint16).numpy().transpose(1, 0, 2)
     mm.flush()
     np.save(d / "offsets.npy", offsets)
 
 
 def write_torch(d: Path, samples, states) -> None:
     for i, (s, st) in enumerate(zip(samples, states)):
-        torch.save({"input_ids": torch.from_numpy(s.input_ids), "aux_hidden": st[:, :4].clone(),
-                    "target_hidden": st[:, 4:].clone()}, d / f"{i}.pt")
+        torch.save(
+            {
+                "input_ids": torch.from_numpy(s.input_ids),
+                "aux_hidden": st[:, :4].clone(),
+                "target_hidden": st[:, 4:].clone(),
+            },
+            d / f"{i}.pt",
+        )
 
 
 def write_safetensors(d: Path, samples, states) -> None:
     from safetensors.torch import save_file
 
     for i, (s, st) in enumerate(zip(samples, states)):
-        save_file({"input_ids": torch.from_numpy(s.input_ids), "aux_hidden": st[:, :4].contiguous(),
-                   "target_hidden": st[:, 4:].contiguous()}, str(d / f"{i}.safetensors"))
+        save_file(
+            {
+                "input_ids": torch.from_numpy(s.input_ids),
+                "aux_hidden": st[:, :4].contiguous(),
+                "target_hidden": st[:, 4:].contiguous(),
+            },
+            str(d / f"{i}.safetensors"),
+        )
 
 
 # ---- readers (map-style datasets returning the same materialized tensors) ------------------------
@@ -100,8 +114,9 @@ def serial_reader(d: Path, layers: list[int]) -> HiddenStateDataset:
 
 
 def read_pass(ds: Dataset, workers: int, order: list[int]) -> float:
-    loader = DataLoader(torch.utils.data.Subset(ds, order), batch_size=None, num_workers=workers,
-                        persistent_workers=False)
+    loader = DataLoader(
+        torch.utils.data.Subset(ds, order), batch_size=None, num_workers=workers, persistent_workers=False
+    )
     t0 = time.perf_counter()
     for item in loader:
         for k in ("aux_hidden", "target_hidden"):  # touch every page: a lazily mapped tensor must be read too
@@ -118,8 +133,11 @@ def main() -> None:
     ap.add_argument("--workers", default="0,2")
     ap.add_argument("--codecs", default="none,zstd,shuffle-zstd,blosc-lz4")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--serial", action="store_true",
-                    help="also read each hsstore store with one thread per sample (the layer-parallel read's baseline)")
+    ap.add_argument(
+        "--serial",
+        action="store_true",
+        help="also read each hsstore store with one thread per sample (the layer-parallel read's baseline)",
+    )
     args = ap.parse_args()
     base = Path(args.dir)
     shutil.rmtree(base, ignore_errors=True)
@@ -129,12 +147,16 @@ def main() -> None:
     rng = np.random.default_rng(1)
     seq = list(range(len(samples)))
     rnd = [int(i) for i in rng.permutation(len(samples))]
-    formats = {"memmap": (write_memmap, lambda d, L: MemmapDS(d, L)),
-               "torch.save": (write_torch, lambda d, L: TorchDS(d, len(samples))),
-               "safetensors": (write_safetensors, lambda d, L: SafetensorsDS(d, len(samples)))}
+    formats = {
+        "memmap": (write_memmap, lambda d, L: MemmapDS(d, L)),
+        "torch.save": (write_torch, lambda d, L: TorchDS(d, len(samples))),
+        "safetensors": (write_safetensors, lambda d, L: SafetensorsDS(d, len(samples))),
+    }
     for c in args.codecs.split(","):
-        formats[f"hsstore-{c}"] = (lambda d, s, st, c=c: write_hsstore(d, s, st, c),
-                                   lambda d, L: HiddenStateDataset(d / "s.zarr", layers=L))
+        formats[f"hsstore-{c}"] = (
+            lambda d, s, st, c=c: write_hsstore(d, s, st, c),
+            lambda d, L: HiddenStateDataset(d / "s.zarr", layers=L),
+        )
         if args.serial:
             formats[f"hsstore-{c}-1t"] = (lambda d, s, st, c=c: write_hsstore(d, s, st, c), serial_reader)
     results: dict = {"logical_bytes": logical, "samples": args.samples, "hidden": args.hidden, "rows": {}}
@@ -168,25 +190,32 @@ def main() -> None:
                     evict(d)
                     times.append(read_pass(reader(d, LAYERS[1:]), workers, seq))
                 row[f"subset4of5_cold_w{workers}_time_ratio"] = statistics.median(times) / (
-                    logical / row[f"seq_cold_w{workers}_MBps"] / 1e6)
+                    logical / row[f"seq_cold_w{workers}_MBps"] / 1e6
+                )
     report(results, args)
 
 
 def report(results: dict, args) -> None:
     rows = results["rows"]
-    print(f"{args.samples} samples, hidden {args.hidden}, 5 layers bf16: {results['logical_bytes'] / 1e9:.2f} GB logical; "
-          f"medians of {args.reps}; MB/s of logical state bytes")
+    print(
+        f"{args.samples} samples, hidden {args.hidden}, 5 layers bf16: {results['logical_bytes'] / 1e9:.2f} GB logical; "
+        f"medians of {args.reps}; MB/s of logical state bytes"
+    )
     for w in [int(x) for x in args.workers.split(",")]:
         print(f"\nworkers={w}")
-        print(f"{'format':<20}{'write':>8}{'seq cold':>10}{'rand cold':>10}{'seq warm':>10}{'rand warm':>10}"
-              f"{'bytes/raw':>10}{'4of5 t':>8}{'vs mmap':>9}{'vs t.save':>10}")
+        print(
+            f"{'format':<20}{'write':>8}{'seq cold':>10}{'rand cold':>10}{'seq warm':>10}{'rand warm':>10}"
+            f"{'bytes/raw':>10}{'4of5 t':>8}{'vs mmap':>9}{'vs t.save':>10}"
+        )
         for name, r in rows.items():
             sc = r[f"seq_cold_w{w}_MBps"]
             sub = r.get(f"subset4of5_cold_w{w}_time_ratio")
-            print(f"{name:<20}{r['write_MBps']:8.0f}{sc:10.0f}{r[f'random_cold_w{w}_MBps']:10.0f}"
-                  f"{r[f'seq_warm_w{w}_MBps']:10.0f}{r[f'random_warm_w{w}_MBps']:10.0f}{r['bytes_vs_raw']:10.2f}"
-                  f"{(f'{sub:.2f}' if sub else '-'):>8}{sc / rows['memmap'][f'seq_cold_w{w}_MBps']:9.2f}"
-                  f"{sc / rows['torch.save'][f'seq_cold_w{w}_MBps']:10.2f}")
+            print(
+                f"{name:<20}{r['write_MBps']:8.0f}{sc:10.0f}{r[f'random_cold_w{w}_MBps']:10.0f}"
+                f"{r[f'seq_warm_w{w}_MBps']:10.0f}{r[f'random_warm_w{w}_MBps']:10.0f}{r['bytes_vs_raw']:10.2f}"
+                f"{(f'{sub:.2f}' if sub else '-'):>8}{sc / rows['memmap'][f'seq_cold_w{w}_MBps']:9.2f}"
+                f"{sc / rows['torch.save'][f'seq_cold_w{w}_MBps']:10.2f}"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

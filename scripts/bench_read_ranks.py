@@ -75,9 +75,18 @@ def prepare(base: Path, samples: int, hidden: int, probe_gib: float) -> dict[str
     none_path = base / "none" / "s.zarr"
     none = sorted(p.name for p in (none_path / "variants").iterdir())[0]
     write_probe(base / "probe.bin", int(probe_gib * (1 << 30)))
-    out = {"logical_bytes": logical, "samples": samples, "hidden": hidden, "prepare_s": time.perf_counter() - t0,
-           "variants": {f"bf16-{DEFAULT}": [str(path), bf16], "bf16-none": [str(none_path), none],
-                        "fp8": [str(path), fp8], "fp8-none": [str(base / "fp8-none" / "s.zarr"), fp8_none]}}
+    out = {
+        "logical_bytes": logical,
+        "samples": samples,
+        "hidden": hidden,
+        "prepare_s": time.perf_counter() - t0,
+        "variants": {
+            f"bf16-{DEFAULT}": [str(path), bf16],
+            "bf16-none": [str(none_path), none],
+            "fp8": [str(path), fp8],
+            "fp8-none": [str(base / "fp8-none" / "s.zarr"), fp8_none],
+        },
+    }
     meta.write_text(json.dumps(out))
     return out
 
@@ -111,14 +120,24 @@ def cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def epoch(mode: str, path: str, vid: str, rank: int, size: int, workers: int, prefetch: int | None,
-          readahead: bool, threads: int | None = None) -> int:
+def epoch(
+    mode: str,
+    path: str,
+    vid: str,
+    rank: int,
+    size: int,
+    workers: int,
+    prefetch: int | None,
+    readahead: bool,
+    threads: int | None = None,
+) -> int:
     """Read this rank's part of one epoch; returns the state bytes handed out."""
     n = 0
     if mode == "stream":
         more = {} if readahead else {"readahead": False}  # (so the script also runs on code without the option)
-        ds = StreamingHiddenStateDataset(path, variant=vid, seed=0, rank=rank, world_size=size, prefetch=prefetch,
-                                         **more)
+        ds = StreamingHiddenStateDataset(
+            path, variant=vid, seed=0, rank=rank, world_size=size, prefetch=prefetch, **more
+        )
         if threads is not None:
             ds.reader.read_threads = threads
         for item in ds:
@@ -159,9 +178,12 @@ def main() -> None:
     disk = [probe(base / "probe.bin")] if rank == 0 else []
     runs = []
     for mode in args.modes.split(","):
-        settings = [(0, None, True, None)] + [(0, int(p), True, None) for p in args.prefetch.split(",") if p] \
-            + ([(0, None, False, None)] if args.no_readahead else []) \
+        settings = (
+            [(0, None, True, None)]
+            + [(0, int(p), True, None) for p in args.prefetch.split(",") if p]
+            + ([(0, None, False, None)] if args.no_readahead else [])
             + [(0, None, True, int(t)) for t in args.read_threads.split(",") if t]
+        )
         if mode == "map":
             settings = [(int(w), None, True, None) for w in args.workers.split(",")]
         for workers, prefetch, readahead, threads in settings:
@@ -184,10 +206,22 @@ def main() -> None:
                     if adjacent:
                         adjacent.append(probe(base / "probe.bin"))
                         disk += adjacent
-                    runs.append({"variant": name, "mode": mode, "workers": workers, "prefetch": prefetch,
-                                 "readahead": readahead if mode == "stream" else None, "read_threads": threads,
-                                 "cache": cache, "seconds": dt, "cpu_seconds": cpu, "logical_bytes": got,
-                                 "disk_bytes": on_disk, "adjacent_probes": adjacent})
+                    runs.append(
+                        {
+                            "variant": name,
+                            "mode": mode,
+                            "workers": workers,
+                            "prefetch": prefetch,
+                            "readahead": readahead if mode == "stream" else None,
+                            "read_threads": threads,
+                            "cache": cache,
+                            "seconds": dt,
+                            "cpu_seconds": cpu,
+                            "logical_bytes": got,
+                            "disk_bytes": on_disk,
+                            "adjacent_probes": adjacent,
+                        }
+                    )
     barrier()
     if rank != 0:
         return
@@ -200,20 +234,33 @@ def main() -> None:
         adj = r["adjacent_probes"]
         r["disk_ratio_adjacent"] = r["disk_GBps"] * 1e9 / (sum(adj) / len(adj)) if adj else None
         r["cpu_s_per_logical_GB"] = r["cpu_seconds"] / (r["logical_bytes"] / 1e9)
-    res = {"ranks": size, "cpus": os.cpu_count(), "read_threads_default": read_threads(usable_cpus()) if read_threads else None, "disk_probe_GBps": [d / 1e9 for d in disk], **meta, "runs": runs}
-    print(f"{size} rank(s), {os.cpu_count()} CPUs, {res['read_threads_default']} read threads a rank; {meta['samples']} samples, hidden {meta['hidden']}, "
-          f"{meta['logical_bytes'] / 1e9:.2f} GB logical; disk probe (16 MiB reads, evicted) "
-          f"{', '.join(f'{d / 1e9:.2f}' for d in disk)} GB/s (ratios vs the best)")
-    print(f"{'variant':<20}{'mode':<8}{'w':>3}{'pf':>4}{'ra':>4}{'thr':>4}{'cache':>6}{'logical GB/s':>14}"
-          f"{'disk GB/s':>11}{'x disk':>8}{'x adj':>7}{'CPU s/GB':>10}")
+    res = {
+        "ranks": size,
+        "cpus": os.cpu_count(),
+        "read_threads_default": read_threads(usable_cpus()) if read_threads else None,
+        "disk_probe_GBps": [d / 1e9 for d in disk],
+        **meta,
+        "runs": runs,
+    }
+    print(
+        f"{size} rank(s), {os.cpu_count()} CPUs, {res['read_threads_default']} read threads a rank; {meta['samples']} samples, hidden {meta['hidden']}, "
+        f"{meta['logical_bytes'] / 1e9:.2f} GB logical; disk probe (16 MiB reads, evicted) "
+        f"{', '.join(f'{d / 1e9:.2f}' for d in disk)} GB/s (ratios vs the best)"
+    )
+    print(
+        f"{'variant':<20}{'mode':<8}{'w':>3}{'pf':>4}{'ra':>4}{'thr':>4}{'cache':>6}{'logical GB/s':>14}"
+        f"{'disk GB/s':>11}{'x disk':>8}{'x adj':>7}{'CPU s/GB':>10}"
+    )
     for r in runs:
         pf = "-" if r["prefetch"] is None else str(r["prefetch"])
         ra = {True: "on", False: "off", None: "-"}[r["readahead"]]
         thr = "-" if r["read_threads"] is None else str(r["read_threads"])
         adj = "-" if r["disk_ratio_adjacent"] is None else f"{r['disk_ratio_adjacent']:.2f}"
-        print(f"{r['variant']:<20}{r['mode']:<8}{r['workers']:>3}{pf:>4}{ra:>4}{thr:>4}{r['cache']:>6}"
-              f"{r['logical_GBps']:14.2f}{r['disk_GBps']:11.2f}{r['disk_ratio']:8.2f}{adj:>7}"
-              f"{r['cpu_s_per_logical_GB']:10.2f}")
+        print(
+            f"{r['variant']:<20}{r['mode']:<8}{r['workers']:>3}{pf:>4}{ra:>4}{thr:>4}{r['cache']:>6}"
+            f"{r['logical_GBps']:14.2f}{r['disk_GBps']:11.2f}{r['disk_ratio']:8.2f}{adj:>7}"
+            f"{r['cpu_s_per_logical_GB']:10.2f}"
+        )
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res, indent=1))

@@ -69,8 +69,10 @@ def run(args: argparse.Namespace, bucket: str) -> None:
             (hsstore_reads if name.startswith("hsstore") else zarr_reads)()
             ts.append(time.perf_counter() - t0)
     mb = args.samples * args.tokens * args.hidden * 2 * 3 / 1e6
-    print(f"{args.samples} samples x {args.tokens} tokens x 3 layers x {args.hidden} bf16 ({mb:.0f} MB), "
-          f"chunks of {chunk_tokens(args.hidden, 2)} tokens, moto S3 on loopback; medians of {args.reps}")
+    print(
+        f"{args.samples} samples x {args.tokens} tokens x 3 layers x {args.hidden} bf16 ({mb:.0f} MB), "
+        f"chunks of {chunk_tokens(args.hidden, 2)} tokens, moto S3 on loopback; medians of {args.reps}"
+    )
     for name, ts in times.items():
         m = statistics.median(ts)
         print(f"{name:>22}: {m:.2f} s, {mb / m:.0f} MB/s")

@@ -57,8 +57,10 @@ def main() -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     for name, seconds in best.items():
-        print(f"{name:9s} {args.files} files of {args.kib} KiB: {seconds * 1e3 / args.files:.2f} ms a file "
-              f"({seconds:.2f} s)")
+        print(
+            f"{name:9s} {args.files} files of {args.kib} KiB: {seconds * 1e3 / args.files:.2f} ms a file "
+            f"({seconds:.2f} s)"
+        )
 
 
 if __name__ == "__main__":

@@ -49,8 +49,18 @@ def write_inputs(out: Path, rows: int, min_len: int, max_len: int) -> Path:
     return path
 
 
-def write_manifest(out: Path, data: Path, store: Path, shape: str, backend: str, device: str, codec: str,
-                   max_len: int, token_budget: int, init: str) -> Path:
+def write_manifest(
+    out: Path,
+    data: Path,
+    store: Path,
+    shape: str,
+    backend: str,
+    device: str,
+    codec: str,
+    max_len: int,
+    token_budget: int,
+    init: str,
+) -> Path:
     text = f"""[model]
 path = "builtin:tiny-qwen3_5"
 {config_toml(shape)}
@@ -90,9 +100,25 @@ def run_build(manifest: Path, ranks: int, logs: Path, extra: list[str]) -> tuple
     if ranks == 1:
         cmd = [sys.executable, "-m", "hsstore", "build", str(manifest), "--quiet", "--json", *extra]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-               "--log-dir", str(logs), "--redirects", "1", "-m", "hsstore", "build", str(manifest), "--quiet", "--json",
-               *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(ranks),
+            "--log-dir",
+            str(logs),
+            "--redirects",
+            "1",
+            "-m",
+            "hsstore",
+            "build",
+            str(manifest),
+            "--quiet",
+            "--json",
+            *extra,
+        ]
     t0 = time.time()
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     wall = time.time() - t0
@@ -112,8 +138,12 @@ def main() -> None:
     ap.add_argument("--configs", default="1x1,2x1", help="RANKSxGPUS_PER_RANK, comma-separated; a config may repeat")
     ap.add_argument("--baseline", default=None, help="the config speed-ups are relative to (default: the first)")
     ap.add_argument("--warmup-rows", type=int, default=64, help="rows of the warm-up build (fills the triton caches)")
-    ap.add_argument("--init", choices=("device", "cpu"), default=None,
-                    help="where random weights are drawn (default: device on cuda; cpu is needed for G > 1)")
+    ap.add_argument(
+        "--init",
+        choices=("device", "cpu"),
+        default=None,
+        help="where random weights are drawn (default: device on cuda; cpu is needed for G > 1)",
+    )
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--backend", default="fla")
@@ -125,7 +155,11 @@ def main() -> None:
     ap.add_argument("--out", default="out/scaling")
     ap.add_argument("--store-dir", default=None, help="where the stores go (default: --out)")
     ap.add_argument("--keep", action="store_true", help="keep the stores afterwards")
-    ap.add_argument("--no-diff", action="store_true", help="skip the bit-exactness diffs (they read every store); each store is deleted after its run")
+    ap.add_argument(
+        "--no-diff",
+        action="store_true",
+        help="skip the bit-exactness diffs (they read every store); each store is deleted after its run",
+    )
     args = ap.parse_args()
 
     out = Path(args.out).resolve()
@@ -139,8 +173,9 @@ def main() -> None:
     def manifest(name: str) -> Path:
         store = stores / f"{name}.zarr"
         shutil.rmtree(store, ignore_errors=True)
-        return write_manifest(out, data, store, args.shape, args.backend, args.device, args.codec, args.max_len,
-                              args.token_budget, init)
+        return write_manifest(
+            out, data, store, args.shape, args.backend, args.device, args.codec, args.max_len, args.token_budget, init
+        )
 
     warm = manifest("warmup")
     run_build(warm, 1, out / "logs-warmup", ["--limit", str(args.warmup_rows)])  # JIT + autotuning land on disk
@@ -157,34 +192,58 @@ def main() -> None:
         variants = [v for s in summaries for v in s["variants"]]
         tokens = sum(v["tokens"] for v in variants)
         loop = max(v["loop_seconds"] for v in variants)
-        runs.append({
-            "config": name, "ranks": n, "gpus_per_rank": g, "tokens": tokens, "samples": sum(v["samples_written"] for v in variants),
-            "loop_seconds": loop, "tokens_per_second": tokens / loop, "wall_seconds": wall,
-            "steady_tokens_per_second": sum(v["steady_tokens"] / v["steady_seconds"] for v in variants
-                                            if v.get("steady_seconds")),
-            "triton_cache_files_added": cache_added,
-            "wall_tokens_per_second": tokens / wall,
-            "per_rank": [{"rank": s["rank"], "device": v["device"], "tokens": v["tokens"], "loop_seconds": v["loop_seconds"],
-                          "worker_seconds": v["seconds"], "writer_busy_seconds": v["writer_busy_seconds"],
-                          "first_batch_seconds": v.get("first_batch_seconds"), "tail_seconds": v.get("tail_seconds"),
-                          "pinned_alloc_seconds": v.get("pinned_alloc_seconds"),
-                          "pinned_reserve_seconds": v.get("pinned_reserve_seconds"),
-                          "pinned_reserve_wait_seconds": v.get("pinned_reserve_wait_seconds"),
-                          "pinned_reserve_error": v.get("pinned_reserve_error"),
-                          "steady_tokens": v.get("steady_tokens"), "steady_seconds": v.get("steady_seconds"),
-                          "peak_gpu_memory_gb": v.get("peak_gpu_memory_gb")}
-                         for s in summaries for v in s["variants"]],
-            "complete": summaries[0]["complete"], "variant": variants[0]["variant"],
-        })
+        runs.append(
+            {
+                "config": name,
+                "ranks": n,
+                "gpus_per_rank": g,
+                "tokens": tokens,
+                "samples": sum(v["samples_written"] for v in variants),
+                "loop_seconds": loop,
+                "tokens_per_second": tokens / loop,
+                "wall_seconds": wall,
+                "steady_tokens_per_second": sum(
+                    v["steady_tokens"] / v["steady_seconds"] for v in variants if v.get("steady_seconds")
+                ),
+                "triton_cache_files_added": cache_added,
+                "wall_tokens_per_second": tokens / wall,
+                "per_rank": [
+                    {
+                        "rank": s["rank"],
+                        "device": v["device"],
+                        "tokens": v["tokens"],
+                        "loop_seconds": v["loop_seconds"],
+                        "worker_seconds": v["seconds"],
+                        "writer_busy_seconds": v["writer_busy_seconds"],
+                        "first_batch_seconds": v.get("first_batch_seconds"),
+                        "tail_seconds": v.get("tail_seconds"),
+                        "pinned_alloc_seconds": v.get("pinned_alloc_seconds"),
+                        "pinned_reserve_seconds": v.get("pinned_reserve_seconds"),
+                        "pinned_reserve_wait_seconds": v.get("pinned_reserve_wait_seconds"),
+                        "pinned_reserve_error": v.get("pinned_reserve_error"),
+                        "steady_tokens": v.get("steady_tokens"),
+                        "steady_seconds": v.get("steady_seconds"),
+                        "peak_gpu_memory_gb": v.get("peak_gpu_memory_gb"),
+                    }
+                    for s in summaries
+                    for v in s["variants"]
+                ],
+                "complete": summaries[0]["complete"],
+                "variant": variants[0]["variant"],
+            }
+        )
         # partial results survive a run cut short (a device command has a time limit)
         (out / "scaling.partial.json").write_text(json.dumps(runs, indent=2))
         for p in runs[-1]["per_rank"]:
             p = {k: (0.0 if v is None else v) for k, v in p.items()}  # a rank with nothing to do times nothing
-            print(f"{name} rank {p['rank']}: {p['tokens']:,} tokens, loop {p['loop_seconds']:.1f} s (first batch "
-                  f"{p['first_batch_seconds']:.1f}, tail {p['tail_seconds']:.1f}, pinned alloc "
-                  f"{p['pinned_alloc_seconds']:.1f}; reserved while loading {p['pinned_reserve_seconds']:.1f}, "
-                  f"waited {p['pinned_reserve_wait_seconds']:.1f}), steady {p['steady_tokens']:,} tokens in "
-                  f"{p['steady_seconds']:.1f} s, writers busy {p['writer_busy_seconds']:.1f} s", flush=True)
+            print(
+                f"{name} rank {p['rank']}: {p['tokens']:,} tokens, loop {p['loop_seconds']:.1f} s (first batch "
+                f"{p['first_batch_seconds']:.1f}, tail {p['tail_seconds']:.1f}, pinned alloc "
+                f"{p['pinned_alloc_seconds']:.1f}; reserved while loading {p['pinned_reserve_seconds']:.1f}, "
+                f"waited {p['pinned_reserve_wait_seconds']:.1f}), steady {p['steady_tokens']:,} tokens in "
+                f"{p['steady_seconds']:.1f} s, writers busy {p['writer_busy_seconds']:.1f} s",
+                flush=True,
+            )
     # the baseline is the fastest run of its config (repeat it last to see run-order effects)
     base_cfg = tuple(int(v) for v in args.baseline.split("x")) if args.baseline else configs[0]
     base_runs = [r for r in runs if (r["ranks"], r["gpus_per_rank"]) == base_cfg]
@@ -201,28 +260,49 @@ def main() -> None:
         a, b = stores / f"{base['config']}.zarr", stores / f"{r['config']}.zarr"
         dev = ["--device", "cuda"] if args.device == "cuda" else []
         js = out / f"diff-{base['config']}-{r['config']}.json"
-        d = subprocess.run([sys.executable, "-m", "hsstore", "diff", str(a), str(b), "--json", str(js), *dev],
-                           cwd=REPO, capture_output=True, text=True)
+        d = subprocess.run(
+            [sys.executable, "-m", "hsstore", "diff", str(a), str(b), "--json", str(js), *dev],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
         diff = json.loads(js.read_text()) if d.returncode in (0, 1) and js.exists() else {"error": d.stderr[-2000:]}
         checks.append({"config": r["config"], "same_variant": r["variant"] == base["variant"], "diff": diff})
-    result = {"shape": args.shape, "backend": args.backend, "codec": args.codec, "device": args.device, "init": init,
-              "rows": args.rows, "runs": runs, "checks": checks}
+    result = {
+        "shape": args.shape,
+        "backend": args.backend,
+        "codec": args.codec,
+        "device": args.device,
+        "init": init,
+        "rows": args.rows,
+        "runs": runs,
+        "checks": checks,
+    }
     if args.device == "cuda":
         import torch
 
         result["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     (out / "scaling.json").write_text(json.dumps(result, indent=2))
-    print(f"{'RxG':>5}{'tokens':>11}{'loop s':>9}{'tok/s':>10}{'speed-up':>10}{'steady tok/s':>14}{'speed-up':>10}"
-          f"{'wall s':>9}{'wall speed-up':>15}{'new JIT files':>15}")
+    print(
+        f"{'RxG':>5}{'tokens':>11}{'loop s':>9}{'tok/s':>10}{'speed-up':>10}{'steady tok/s':>14}{'speed-up':>10}"
+        f"{'wall s':>9}{'wall speed-up':>15}{'new JIT files':>15}"
+    )
     for r in runs:
         steady = f"{r['steady_speedup']:>9.2f}x" if r["steady_speedup"] else f"{'-':>10}"
-        print(f"{r['config']:>5}{r['tokens']:>11,}{r['loop_seconds']:>9.1f}{r['tokens_per_second']:>10,.0f}"
-              f"{r['speedup']:>9.2f}x{r['steady_tokens_per_second']:>14,.0f}{steady}"
-              f"{r['wall_seconds']:>9.1f}{r['wall_speedup']:>14.2f}x{r['triton_cache_files_added']:>15}")
+        print(
+            f"{r['config']:>5}{r['tokens']:>11,}{r['loop_seconds']:>9.1f}{r['tokens_per_second']:>10,.0f}"
+            f"{r['speedup']:>9.2f}x{r['steady_tokens_per_second']:>14,.0f}{steady}"
+            f"{r['wall_seconds']:>9.1f}{r['wall_speedup']:>14.2f}x{r['triton_cache_files_added']:>15}"
+        )
     for c in checks:
-        print(f"{c['config']} vs {base['config']}: same variant {c['same_variant']}; diff: "
-              + json.dumps({k: c['diff'].get(k) for k in ('verdict', 'shared_samples', 'only_a', 'only_b')}
-                           if "error" not in c["diff"] else c["diff"]))
+        print(
+            f"{c['config']} vs {base['config']}: same variant {c['same_variant']}; diff: "
+            + json.dumps(
+                {k: c["diff"].get(k) for k in ("verdict", "shared_samples", "only_a", "only_b")}
+                if "error" not in c["diff"]
+                else c["diff"]
+            )
+        )
     if not args.keep:
         for r in runs:
             shutil.rmtree(stores / f"{r['config']}.zarr", ignore_errors=True)

@@ -44,12 +44,17 @@ def _pydantic_twin(pydantic: Any, record: type) -> type:
 
 
 def _record(n: int) -> bytes:
-    return json.dumps({
-        "unit": "w-000001", "samples": [[f"{i:032x}", i * 100, 100] for i in range(n)], "layers": [1, 16, 31, 46, 61],
-        "files": {f"layer_{i}/c/0/0": 123 for i in (1, 16, 31, 46, 61)},
-        "stats": {str(i): {"n": 1.0, "sum": 2.0, "sumsq": 3.0} for i in (1, 16, 31, 46, 61)},
-        "writer": {"host": "h", "pid": 1, "writer": "w"}, "committed_at": "2026-12-01T00:00:00+00:00",
-    }).encode()
+    return json.dumps(
+        {
+            "unit": "w-000001",
+            "samples": [[f"{i:032x}", i * 100, 100] for i in range(n)],
+            "layers": [1, 16, 31, 46, 61],
+            "files": {f"layer_{i}/c/0/0": 123 for i in (1, 16, 31, 46, 61)},
+            "stats": {str(i): {"n": 1.0, "sum": 2.0, "sumsq": 3.0} for i in (1, 16, 31, 46, 61)},
+            "writer": {"host": "h", "pid": 1, "writer": "w"},
+            "committed_at": "2026-12-01T00:00:00+00:00",
+        }
+    ).encode()
 
 
 def _best(fn: Any, repeats: int) -> float:
@@ -69,8 +74,10 @@ def main() -> None:
     args = ap.parse_args()
     raw = _record(args.samples)
     decoder = msgspec.json.Decoder(Commit, strict=True)
-    rows = {"json.loads (no checks)": _best(lambda: json.loads(raw), args.repeats),
-            "msgspec Record (strict)": _best(lambda: decoder.decode(raw), args.repeats)}
+    rows = {
+        "json.loads (no checks)": _best(lambda: json.loads(raw), args.repeats),
+        "msgspec Record (strict)": _best(lambda: decoder.decode(raw), args.repeats),
+    }
     try:
         import pydantic
 

@@ -52,11 +52,23 @@ def child(bucketed: bool, rows: int, budget: int) -> dict:
     first, second = run(), run()
     cache = Path(os.environ["TRITON_CACHE_DIR"])
     shapes = batch_shapes(lengths, batches, bucketed)
-    return {"bucketed": bucketed, "kernels": bound_kernels(model), "batches": len(batches), "shapes": len(shapes),
-            "tokens": sum(lengths), "padded_tokens": sum(len(s) * w for s, w in zip(batches, [
-                (padded_length if bucketed else int)(max(lengths[i] for i in b)) for b in batches])),
-            "first_pass_seconds": first, "second_pass_seconds": second, "compile_seconds": first - second,
-            "triton_cache_files": sum(1 for p in cache.rglob("*") if p.is_file())}
+    return {
+        "bucketed": bucketed,
+        "kernels": bound_kernels(model),
+        "batches": len(batches),
+        "shapes": len(shapes),
+        "tokens": sum(lengths),
+        "padded_tokens": sum(
+            len(s) * w
+            for s, w in zip(
+                batches, [(padded_length if bucketed else int)(max(lengths[i] for i in b)) for b in batches]
+            )
+        ),
+        "first_pass_seconds": first,
+        "second_pass_seconds": second,
+        "compile_seconds": first - second,
+        "triton_cache_files": sum(1 for p in cache.rglob("*") if p.is_file()),
+    }
 
 
 def main() -> None:
@@ -73,16 +85,33 @@ def main() -> None:
     for mode in ("plain", "bucketed"):
         with tempfile.TemporaryDirectory(prefix=f"triton-{mode}-") as cache:
             env = {**os.environ, "TRITON_CACHE_DIR": cache}
-            r = subprocess.run([sys.executable, __file__, "--child", mode, "--rows", str(args.rows),
-                                "--token-budget", str(args.token_budget)], capture_output=True, text=True, env=env)
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    mode,
+                    "--rows",
+                    str(args.rows),
+                    "--token-budget",
+                    str(args.token_budget),
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
             if r.returncode != 0:
                 raise SystemExit(f"{mode}: {r.stderr[-3000:]}")
             results[mode] = json.loads(r.stdout.strip().splitlines()[-1])
-    print(f"{'padding':<10}{'batches':>8}{'shapes':>8}{'padded tok':>12}{'triton files':>14}{'1st pass s':>12}"
-          f"{'2nd pass s':>12}{'compile s':>11}")
+    print(
+        f"{'padding':<10}{'batches':>8}{'shapes':>8}{'padded tok':>12}{'triton files':>14}{'1st pass s':>12}"
+        f"{'2nd pass s':>12}{'compile s':>11}"
+    )
     for mode, r in results.items():
-        print(f"{mode:<10}{r['batches']:8d}{r['shapes']:8d}{r['padded_tokens']:12,d}{r['triton_cache_files']:14d}"
-              f"{r['first_pass_seconds']:12.1f}{r['second_pass_seconds']:12.1f}{r['compile_seconds']:11.1f}")
+        print(
+            f"{mode:<10}{r['batches']:8d}{r['shapes']:8d}{r['padded_tokens']:12,d}{r['triton_cache_files']:14d}"
+            f"{r['first_pass_seconds']:12.1f}{r['second_pass_seconds']:12.1f}{r['compile_seconds']:11.1f}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -35,8 +35,9 @@ def _time(cmd: list[str], env: dict[str, str], repeats: int, cwd: str) -> float:
 
 def _heavy_imports(argv: list[str], env: dict[str, str], cwd: str) -> list[str]:
     """Which heavy packages the command really imports (read from ``python -X importtime``)."""
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "hsstore", *argv], env=env, cwd=cwd,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "hsstore", *argv], env=env, cwd=cwd, capture_output=True, text=True
+    )
     names = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
     return [m for m in ("torch", "torch.distributed", "zarr", "transformers", "datasets", "numpy") if m in names]
 
@@ -50,13 +51,18 @@ def main() -> None:
     store = args.store or str(REPO / "tests" / "data" / "format-v1.zarr")
     with tempfile.TemporaryDirectory() as tmp, baseline_tree(REPO, args.baseline, tmp) as base:
         print(f"median of {args.repeats} runs; baseline {args.baseline}")
-        for name, argv in (("hsstore --help", ["--help"]), ("hsstore info", ["info", store]),
-                           ("hsstore verify", ["verify", store])):
+        for name, argv in (
+            ("hsstore --help", ["--help"]),
+            ("hsstore info", ["info", store]),
+            ("hsstore verify", ["verify", store]),
+        ):
             row = []
             for label, tree in (("baseline", base), ("this tree", REPO)):
                 env = {**os.environ, "PYTHONPATH": str(tree)}
                 row.append(_time([sys.executable, "-m", "hsstore", *argv], env, args.repeats, tmp))
-                print(f"  {name:16s} {label:10s} {row[-1]:6.2f} s  loads: {', '.join(_heavy_imports(argv, env, tmp)) or '-'}")
+                print(
+                    f"  {name:16s} {label:10s} {row[-1]:6.2f} s  loads: {', '.join(_heavy_imports(argv, env, tmp)) or '-'}"
+                )
             print(f"  {name:16s} speed-up {row[0] / row[1]:.1f}x")
 
 

@@ -44,17 +44,26 @@ def main() -> None:
         kernel._block(a, b, sums, ws)
         assert torch.equal(kernel._ulp_counts(a, b, ws, sums), kernel._ulp_counts_float(a, b, ws))  # the same counts
         bits, counts = (a.view(torch.int16).numpy(), b.view(torch.int16).numpy()), np.zeros(6, np.int64)
-        cases = {"torch int16": lambda: kernel._ulp_counts(a, b, ws, sums),
-                 "torch float (NaN blocks; before)": lambda: kernel._ulp_counts_float(a, b, ws),
-                 "_block (the rest)": lambda: kernel._block(a, b, sums, ws)}
+        cases = {
+            "torch int16": lambda: kernel._ulp_counts(a, b, ws, sums),
+            "torch float (NaN blocks; before)": lambda: kernel._ulp_counts_float(a, b, ws),
+            "_block (the rest)": lambda: kernel._block(a, b, sums, ws),
+        }
         if loops:
             out, b32 = np.zeros((7, a.shape[0]), np.float32), b.float().numpy()
             cases["C fused, bf16 vs bf16 (sums + ULP buckets)"] = lambda: loops.fused_rows(*bits, True, out, counts)
             cases["C fused, bf16 vs fp32 (sums)"] = lambda: loops.fused_rows(bits[0], b32, False, out, counts)
-        best = {name: min(benchmark.Timer("fn()", globals={"fn": fn}, num_threads=1).blocked_autorange(
-            min_run_time=0.2).median for _ in range(args.repeats)) for name, fn in cases.items()}
-        print(f"{a.shape[0]}x{hidden}: " + "; ".join(f"{name} {t / a.numel() * 1e9:.2f} ns" for name, t in best.items()),
-              flush=True)
+        best = {
+            name: min(
+                benchmark.Timer("fn()", globals={"fn": fn}, num_threads=1).blocked_autorange(min_run_time=0.2).median
+                for _ in range(args.repeats)
+            )
+            for name, fn in cases.items()
+        }
+        print(
+            f"{a.shape[0]}x{hidden}: " + "; ".join(f"{name} {t / a.numel() * 1e9:.2f} ns" for name, t in best.items()),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

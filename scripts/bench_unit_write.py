@@ -49,8 +49,10 @@ def main() -> None:
             ids = rng.integers(0, 250, n).astype(np.int32)
             samples.append(SampleTokens(sample_key(f"r{rep}", ids, np.ones(n, np.uint8)), ids, np.ones(n, np.uint8)))
         g = torch.Generator().manual_seed(rep)
-        states = {i: torch.randn(sum(lengths), args.hidden, generator=g).to(torch.bfloat16)
-                  for i in layers["aux"] + layers["target"]}
+        states = {
+            i: torch.randn(sum(lengths), args.hidden, generator=g).to(torch.bfloat16)
+            for i in layers["aux"] + layers["target"]
+        }
         health = {i: stats_tensor(t, lengths) for i, t in states.items()}
         for codec in args.codecs.split(","):
             for serial in (True, False) if rep % 2 == 0 else (False, True):
@@ -67,8 +69,10 @@ def main() -> None:
                 times.setdefault((codec, threads), []).append(time.perf_counter() - t0)
                 shutil.rmtree(d)
     mb = sum(lengths) * args.hidden * 2 * 5 / 1e6
-    print(f"one unit: {sum(lengths):,} tokens x 5 layers x {args.hidden} bf16 = {mb:.0f} MB; {os.cpu_count()} cores; "
-          f"medians of {args.reps}")
+    print(
+        f"one unit: {sum(lengths):,} tokens x 5 layers x {args.hidden} bf16 = {mb:.0f} MB; {os.cpu_count()} cores; "
+        f"medians of {args.reps}"
+    )
     for codec in args.codecs.split(","):
         a, b = statistics.median(times[(codec, 1)]), statistics.median(times[(codec, default_threads)])
         print(f"{codec:>6}: serial {a:.2f}s, {default_threads} threads {b:.2f}s -> {a / b:.2f}x faster")

@@ -20,11 +20,7 @@ from pathlib import Path
 import torch
 
 from hsstore import Store
-from hsstore.interop.adapters import (
-    SpecForgeDataset,
-    SpeculatorsCollate,
-    SpeculatorsDataset,
-)
+from hsstore.interop.adapters import SpecForgeDataset, SpeculatorsCollate, SpeculatorsDataset
 from hsstore.interop.exporter import ExportRequest, export_cache
 from hsstore.interop.importer import ImportRequest, import_cache
 from hsstore.interop.vocab import write_vocab_map
@@ -40,15 +36,18 @@ def build_native(work: Path, rows: int) -> Path:
 path = "{MODEL}"
 layers = {{ aux = [0, 1, 2], target = [3] }}
 [data]
-files = ["{REPO / 'hsstore' / 'data' / 'conversations.jsonl'}"]
+files = ["{REPO / "hsstore" / "data" / "conversations.jsonl"}"]
 max_length = {MAX_LEN}
 [build]
 dtypes = ["bf16"]
 [store]
-path = "{work / 'native.zarr'}"
+path = "{work / "native.zarr"}"
 ''')
-    r = subprocess.run([sys.executable, "-m", "hsstore", "build", str(manifest), "--limit", str(rows), "--quiet"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "hsstore", "build", str(manifest), "--limit", str(rows), "--quiet"],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode:
         raise SystemExit(f"native build failed: {r.stderr}")
     return work / "native.zarr"
@@ -65,8 +64,14 @@ def expected(store: Path, work: Path) -> dict:
     for key in r.keys:  # export order = the store's key order = speculators' row order
         ref = r.ref(key)
         ids, mask = r.read_tokens(ref)
-        raw.append({"input_ids": torch.from_numpy(ids.astype("int64")), "loss_mask": torch.from_numpy(mask.astype("int64")),
-                    "aux": r.read_stacked(ref, aux).reshape(ref.length, -1), "target": r.read_stacked(ref, [target])[:, 0]})
+        raw.append(
+            {
+                "input_ids": torch.from_numpy(ids.astype("int64")),
+                "loss_mask": torch.from_numpy(mask.astype("int64")),
+                "aux": r.read_stacked(ref, aux).reshape(ref.length, -1),
+                "target": r.read_stacked(ref, [target])[:, 0],
+            }
+        )
     torch.save(raw, exp / "raw.pt")
     spec = SpeculatorsDataset(str(store), max_len=MAX_LEN)
     torch.save([spec[i] for i in range(len(spec))], exp / "speculators_items.pt")
@@ -74,9 +79,16 @@ def expected(store: Path, work: Path) -> dict:
     sf = SpecForgeDataset(str(store), max_len=MAX_LEN)
     torch.save([sf[i] for i in range(len(sf))], exp / "specforge_items.pt")
     n_layers = r.record.provenance["recipe"]["model"]["num_layers"]
-    meta = {"n": len(raw), "max_len": MAX_LEN, "pack_len": PACK_LEN, "hidden": r.record.hidden_size,
-            "n_aux": len(aux), "lengths": [x["input_ids"].numel() for x in raw], "draft_vocab": DRAFT_VOCAB,
-            "prenorm": target == n_layers - 1}
+    meta = {
+        "n": len(raw),
+        "max_len": MAX_LEN,
+        "pack_len": PACK_LEN,
+        "hidden": r.record.hidden_size,
+        "n_aux": len(aux),
+        "lengths": [x["input_ids"].numel() for x in raw],
+        "draft_vocab": DRAFT_VOCAB,
+        "prenorm": target == n_layers - 1,
+    }
     vm = write_vocab_map(str(store), DRAFT_VOCAB, str(work / "vm"))
     meta["target_vocab"] = vm["target_vocab_size"]
     (exp / "meta.json").write_text(json.dumps(meta))
@@ -105,16 +117,28 @@ def round_trips(native: Path, work: Path) -> dict:
         try:
             rep = import_cache(ImportRequest(fmt, str(work / fmt), str(work / f"back-{fmt}.zarr"), tokenizer=MODEL))
             if fmt == "eagle":  # one slot only: compare the target layer
-                out[name] = {"ok": True, "detail": f"{rep['samples']} samples, layers {rep['layers']}; " +
-                             bit_exact_layers(native, work / f"back-{fmt}.zarr", rep["layers"]["target"])}
+                out[name] = {
+                    "ok": True,
+                    "detail": f"{rep['samples']} samples, layers {rep['layers']}; "
+                    + bit_exact_layers(native, work / f"back-{fmt}.zarr", rep["layers"]["target"]),
+                }
             else:
                 out[name] = {"ok": True, "detail": bit_exact(native, work / f"back-{fmt}.zarr")}
         except Exception as e:  # noqa: BLE001 - reported
             out[name] = {"ok": False, "detail": f"{type(e).__name__}: {e}"}
     name = "speculators prepare-data Arrow table + hs files -> hsstore import --layers 1,2,3,4 --capture input"
     try:
-        import_cache(ImportRequest("speculators", str(work / "speculators_native"), str(work / "back-native.zarr"),
-                                   tokenizer=MODEL, model=MODEL, layers="1,2,3,4", capture="input"))
+        import_cache(
+            ImportRequest(
+                "speculators",
+                str(work / "speculators_native"),
+                str(work / "back-native.zarr"),
+                tokenizer=MODEL,
+                model=MODEL,
+                layers="1,2,3,4",
+                capture="input",
+            )
+        )
         out[name] = {"ok": True, "detail": bit_exact(native, work / "back-native.zarr")}
     except Exception as e:  # noqa: BLE001
         out[name] = {"ok": False, "detail": f"{type(e).__name__}: {e}"}
@@ -142,17 +166,25 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="hsstore-peers-"))
     native = build_native(work, args.rows)
     meta = expected(native, work)
-    exports = {fmt: export_cache(ExportRequest(str(native), fmt, str(work / fmt)))["tool_layers"]
-               for fmt in ("specforge", "modelopt", "speculators", "eagle")}
-    peer = subprocess.run([args.peer_python, str(REPO / "scripts" / "interop_peer_side.py"), str(work)],
-                          capture_output=True, text=True)
+    exports = {
+        fmt: export_cache(ExportRequest(str(native), fmt, str(work / fmt)))["tool_layers"]
+        for fmt in ("specforge", "modelopt", "speculators", "eagle")
+    }
+    peer = subprocess.run(
+        [args.peer_python, str(REPO / "scripts" / "interop_peer_side.py"), str(work)], capture_output=True, text=True
+    )
     if not (work / "peer.json").is_file():
         raise SystemExit(f"the peer side failed: {peer.stderr[-3000:]}")
     peer_results = json.loads((work / "peer.json").read_text())
     checks = {**peer_results["checks"], **round_trips(native, work)}
-    result = {"command": f"bash scripts/check_interop_peers.sh (rows={args.rows})", "peer_versions": peer_results["versions"],
-              "native": {"model": MODEL, "samples": meta["n"], "layers": {"aux": [0, 1, 2], "target": [3]}},
-              "exported_tool_layers": exports, "checks": checks, "seconds": round(time.time() - t0, 1)}
+    result = {
+        "command": f"bash scripts/check_interop_peers.sh (rows={args.rows})",
+        "peer_versions": peer_results["versions"],
+        "native": {"model": MODEL, "samples": meta["n"], "layers": {"aux": [0, 1, 2], "target": [3]}},
+        "exported_tool_layers": exports,
+        "checks": checks,
+        "seconds": round(time.time() - t0, 1),
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     for c in checks.values():
         c.pop("traceback", None) if c["ok"] else None

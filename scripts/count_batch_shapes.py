@@ -14,12 +14,7 @@ import argparse
 
 import numpy as np
 
-from hsstore.core.batching import (
-    POLICY,
-    batch_shapes,
-    padded_length,
-    token_budget_batches,
-)
+from hsstore.core.batching import POLICY, batch_shapes, padded_length, token_budget_batches
 
 
 def main() -> None:
@@ -30,8 +25,10 @@ def main() -> None:
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     print(f"token budget {args.budget}; bucketed = {POLICY}")
-    print(f"{'rows':>8} {'plain batches':>14} {'plain shapes':>13} {'bucketed batches':>17} {'bucketed shapes':>16}"
-          f" {'padding +%':>11}")
+    print(
+        f"{'rows':>8} {'plain batches':>14} {'plain shapes':>13} {'bucketed batches':>17} {'bucketed shapes':>16}"
+        f" {'padding +%':>11}"
+    )
     for n in (int(x) for x in args.rows.split(",")):
         lengths = np.clip(rng.lognormal(6.3, 0.9, n).astype(int), 16, 4096).tolist()
         row, padded = [], []

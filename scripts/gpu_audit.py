@@ -66,8 +66,11 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--backend", default="fla")
     ap.add_argument("--damaged", action="store_true", help="also audit a copy with three damaged files")
-    ap.add_argument("--steps", default=",".join(STEPS),
-                    help=f"which of {','.join(STEPS)} to run (a later call reuses OUT, to split the run over two calls)")
+    ap.add_argument(
+        "--steps",
+        default=",".join(STEPS),
+        help=f"which of {','.join(STEPS)} to run (a later call reuses OUT, to split the run over two calls)",
+    )
     args = ap.parse_args()
     steps = set(args.steps.split(","))
     if steps - set(STEPS):
@@ -81,7 +84,11 @@ def main() -> None:
     shape, aux, target = SHAPES[SIZES[args.size][0]][0], *SHAPES[SIZES[args.size][0]][1:]
     n_layers = shape.get("num_hidden_layers", 4) if shape else 4
     summary = out / "summary.json"
-    s = json.loads(summary.read_text()) if summary.exists() and "build" not in steps else {"rows": args.rows, "commands": []}
+    s = (
+        json.loads(summary.read_text())
+        if summary.exists() and "build" not in steps
+        else {"rows": args.rows, "commands": []}
+    )
     native, spec = f"{out / 'store.zarr'}#backend={args.backend}", out / "spec"
     ids = ",".join(str(i + 1) for i in [*aux, *target])  # vLLM's numbering: the state entering layer i
     if "build" in steps:
@@ -89,7 +96,9 @@ def main() -> None:
         sh(hs("build", str(m), "--backend", args.backend, "--quiet"))
         s["build_s"] = time.perf_counter() - t
     if "native" in steps:
-        cmd = hs("check", str(m), native, "--fraction", "0.01", "--floor", "live", "--device", args.device, "--json", "-")
+        cmd = hs(
+            "check", str(m), native, "--fraction", "0.01", "--floor", "live", "--device", args.device, "--json", "-"
+        )
         s["commands"].append(" ".join(cmd[2:]))
         s["native_s"], s["native"] = timed(cmd, out / "native.json")
     if "import" in steps:
@@ -100,9 +109,27 @@ def main() -> None:
         s["imported_s"], s["imported"] = timed(cmd, out / "imported.json")
     if args.damaged:
         damaged(spec, out, m, ids, n_layers, s)
-    brief = {k: ({f: v.get(f) for f in ("verdict", "verdict_kind", "samples", "population", "defects", "bound",
-                                         "assumed", "recompute", "seconds")} if isinstance(v, dict) and "verdict_kind" in v else v)
-             for k, v in s.items()}
+    brief = {
+        k: (
+            {
+                f: v.get(f)
+                for f in (
+                    "verdict",
+                    "verdict_kind",
+                    "samples",
+                    "population",
+                    "defects",
+                    "bound",
+                    "assumed",
+                    "recompute",
+                    "seconds",
+                )
+            }
+            if isinstance(v, dict) and "verdict_kind" in v
+            else v
+        )
+        for k, v in s.items()
+    }
     summary.write_text(json.dumps(brief, indent=1, default=str))
     print(json.dumps(brief, indent=1, default=str))
 
@@ -112,17 +139,51 @@ def imported_copy(native: str, spec: Path, imported: Path, ids: str, n_layers: i
     says what it holds), imported with the user's statement of layers and capture point alone."""
     sh(hs("export", native, "speculators", str(spec)))
     (spec / "hsstore-export.json").unlink()
-    sh(hs("import", "speculators", str(spec), "--store", str(imported), "--tokenizer", "builtin:tiny-qwen3_5",
-          "--num-layers", str(n_layers), "--layers", ids, "--capture", "input", "--quiet"))
+    sh(
+        hs(
+            "import",
+            "speculators",
+            str(spec),
+            "--store",
+            str(imported),
+            "--tokenizer",
+            "builtin:tiny-qwen3_5",
+            "--num-layers",
+            str(n_layers),
+            "--layers",
+            ids,
+            "--capture",
+            "input",
+            "--quiet",
+        )
+    )
 
 
 def damaged(spec: Path, out: Path, m: Path, ids: str, n_layers: int, s: dict) -> None:
     """The speculators copy with three files damaged, imported again and audited on its first 8 samples."""
     s["damaged_files"] = damage(spec, [0, 1, 2])
     broken = out / "damaged.zarr"
-    sh(hs("import", "speculators", str(spec), "--store", str(broken), "--tokenizer", "builtin:tiny-qwen3_5",
-          "--num-layers", str(n_layers), "--layers", ids, "--capture", "input", "--allow-unhealthy", "--limit", "8",
-          "--quiet"))
+    sh(
+        hs(
+            "import",
+            "speculators",
+            str(spec),
+            "--store",
+            str(broken),
+            "--tokenizer",
+            "builtin:tiny-qwen3_5",
+            "--num-layers",
+            str(n_layers),
+            "--layers",
+            ids,
+            "--capture",
+            "input",
+            "--allow-unhealthy",
+            "--limit",
+            "8",
+            "--quiet",
+        )
+    )
     cmd = hs("check", str(m), str(broken), "--samples", "8", "--json", "-")
     s["commands"].append(" ".join(cmd[2:]))
     s["damaged_s"], s["damaged"] = timed(cmd, out / "damaged.json")

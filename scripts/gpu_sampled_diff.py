@@ -31,8 +31,9 @@ def covers(full: dict, sampled: dict) -> dict:
     out = {}
     for F, S in zip(full["layers"], sampled["layers"]):
         ci = S.get("ci", {})
-        out[str(F["layer"])] = {name: (ci[name][0] <= F[name] <= ci[name][1]) if name in ci else None
-                                for name in ("rel_l2", "floor_ratio")}
+        out[str(F["layer"])] = {
+            name: (ci[name][0] <= F[name] <= ci[name][1]) if name in ci else None for name in ("rel_l2", "floor_ratio")
+        }
     return out
 
 
@@ -54,11 +55,14 @@ def main() -> None:
     m = manifest(out, data, args.size, args.device)
     # the pair of kernels: fla against the torch fallback; in a dry run (no fla), eager against sdpa attention
     other = m.with_name("other.toml")
-    other.write_text(m.read_text().replace('[model]\n', '[model]\nattn_implementation = "eager"\n')
-                     if args.no_fla else m.read_text())
+    other.write_text(
+        m.read_text().replace("[model]\n", '[model]\nattn_implementation = "eager"\n') if args.no_fla else m.read_text()
+    )
     summary: dict = {"rows": args.rows, "fraction": args.fraction}
-    for name, man, extra in (("torch", m, ["--backend", "torch", "--dtype", "bf16", "--dtype", "fp32"]),
-                             ("kernels", other, ["--backend", "torch" if args.no_fla else "fla", "--dtype", "bf16"])):
+    for name, man, extra in (
+        ("torch", m, ["--backend", "torch", "--dtype", "bf16", "--dtype", "fp32"]),
+        ("kernels", other, ["--backend", "torch" if args.no_fla else "fla", "--dtype", "bf16"]),
+    ):
         t0 = time.perf_counter()
         r = sh(hs("build", str(man), "--quiet", "--json", *extra))
         summary[f"build_{name}"] = {"seconds": time.perf_counter() - t0, **json.loads(r.stdout)}
@@ -75,9 +79,17 @@ def main() -> None:
     for seed in [int(s) for s in args.seeds.split(",")]:
         rep, secs = diff(a, b, c, "--device", args.device, "--fraction", str(args.fraction), "--seed", str(seed))
         same = rep.get("verdict_kind") == full.get("verdict_kind")
-        runs.append({"seed": seed, "seconds": secs, "samples": rep.get("sampling", {}).get("samples"),
-                     "verdict_kind": rep.get("verdict_kind"), "same_verdict": same,
-                     "covers": covers(full, rep) if "layers" in rep else None, "report": rep})
+        runs.append(
+            {
+                "seed": seed,
+                "seconds": secs,
+                "samples": rep.get("sampling", {}).get("samples"),
+                "verdict_kind": rep.get("verdict_kind"),
+                "same_verdict": same,
+                "covers": covers(full, rep) if "layers" in rep else None,
+                "report": rep,
+            }
+        )
         save()
     if args.fp8:  # the torch bf16 states converted to FP8: their error against the bf16-vs-fp32 floor
         t0 = time.perf_counter()
@@ -87,11 +99,15 @@ def main() -> None:
         summary["fp8_diff"] = diff(a, fp8, c, "--device", args.device)[0]
         summary["info"] = json.loads(sh(hs("info", str(S), "--json")).stdout)
         save()
-    print(f"full diff: {full.get('verdict_kind')} in {summary['full']['seconds']:.1f} s "
-          f"({full.get('shared_samples')} samples)")
+    print(
+        f"full diff: {full.get('verdict_kind')} in {summary['full']['seconds']:.1f} s "
+        f"({full.get('shared_samples')} samples)"
+    )
     for r in runs:
-        print(f"seed {r['seed']}: {r['samples']} samples, {r['verdict_kind']} (same: {r['same_verdict']}) in "
-              f"{r['seconds']:.1f} s; covers {r['covers']}")
+        print(
+            f"seed {r['seed']}: {r['samples']} samples, {r['verdict_kind']} (same: {r['same_verdict']}) in "
+            f"{r['seconds']:.1f} s; covers {r['covers']}"
+        )
 
 
 if __name__ == "__main__":

@@ -30,16 +30,21 @@ def check(name: str):
             detail = fn()
             RESULTS["checks"][name] = {"ok": True, "detail": detail}
         except Exception as e:  # noqa: BLE001 - every failure is reported, the run goes on
-            RESULTS["checks"][name] = {"ok": False, "detail": f"{type(e).__name__}: {e}",
-                                       "traceback": traceback.format_exc()[-2000:]}
+            RESULTS["checks"][name] = {
+                "ok": False,
+                "detail": f"{type(e).__name__}: {e}",
+                "traceback": traceback.format_exc()[-2000:],
+            }
         return fn
+
     return wrap
 
 
 def same(a, b, what: str) -> None:
     if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, \
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, (
             f"{what}: {getattr(a, 'dtype', a)} {tuple(a.shape)} vs {getattr(b, 'dtype', b)} {tuple(getattr(b, 'shape', ()))}"
+        )
         assert torch.equal(a, b), f"{what}: values differ"
     else:
         assert a == b, f"{what}: {a!r} != {b!r}"
@@ -48,7 +53,16 @@ def same(a, b, what: str) -> None:
 RAW = torch.load(EXP / "raw.pt", weights_only=True)  # per sample: input_ids, loss_mask, aux [T, n*H], target [T, H]
 BY_IDS = {tuple(r["input_ids"].tolist()): r for r in RAW}
 META = json.loads((EXP / "meta.json").read_text())
-for dist in ("speculators", "hs-connectors", "specforge", "nvidia-modelopt", "eagle-llm", "torch", "transformers", "datasets"):
+for dist in (
+    "speculators",
+    "hs-connectors",
+    "specforge",
+    "nvidia-modelopt",
+    "eagle-llm",
+    "torch",
+    "transformers",
+    "datasets",
+):
     RESULTS["versions"][dist] = md.version(dist)
 
 
@@ -83,13 +97,12 @@ def _spec_collate():
 @check("speculators: prepare-data code writes the Arrow table; its loader reads it with hsstore's hs files")
 def _spec_prepare():
     from datasets import Dataset
-    from speculators.data_generation.preprocessing import (
-        build_speculator_training_dataset,
-    )
+    from speculators.data_generation.preprocessing import build_speculator_training_dataset
     from speculators.train.data import ArrowDataset
 
-    rows = Dataset.from_dict({"input_ids": [r["input_ids"].tolist() for r in RAW],
-                              "loss_mask": [r["loss_mask"].tolist() for r in RAW]})
+    rows = Dataset.from_dict(
+        {"input_ids": [r["input_ids"].tolist() for r in RAW], "loss_mask": [r["loss_mask"].tolist() for r in RAW]}
+    )
     ds = build_speculator_training_dataset(rows, processor=None, max_length=META["max_len"], num_proc=1)
     out = WORK / "speculators_native"
     ds.save_to_disk(str(out))
@@ -130,7 +143,7 @@ def _specforge():
         for k in it:
             same(it[k], w[k], k)
     batch = DataCollatorWithPadding()(items[:4])
-    return f"{len(ds)} items equal; collated {({k: tuple(v.shape) for k, v in batch.items() if v is not None})}"
+    return f"{len(ds)} items equal; collated { ({k: tuple(v.shape) for k, v in batch.items() if v is not None}) }"
 
 
 @check("SpecForge: process_token_dict_to_mappings on the same counts picks the same draft vocabulary")
@@ -148,10 +161,7 @@ def _specforge_vocab():
 
 @check("Model-Optimizer: OfflineSupervisedDataset + EagleOfflineDataCollator read the export")
 def _modelopt():
-    from modelopt.torch.speculative.eagle.utils import (
-        EagleOfflineDataCollator,
-        OfflineSupervisedDataset,
-    )
+    from modelopt.torch.speculative.eagle.utils import EagleOfflineDataCollator, OfflineSupervisedDataset
 
     files = sorted(str(p) for p in (WORK / "modelopt").rglob("*.pt"))
     ds = OfflineSupervisedDataset(files, answer_only_loss=True)
@@ -172,9 +182,17 @@ def _eagle():
 
     src = Path(eagle.train.__file__).with_name("main.py").read_text()
     tree = ast.parse(src)
-    keep = [n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name in ("CustomDataset", "list_files")]
-    ns = {"torch": torch, "Dataset": torch.utils.data.Dataset, "os": __import__("os"),
-          "train_config": {"max_len": META["max_len"]}}
+    keep = [
+        n
+        for n in tree.body
+        if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name in ("CustomDataset", "list_files")
+    ]
+    ns = {
+        "torch": torch,
+        "Dataset": torch.utils.data.Dataset,
+        "os": __import__("os"),
+        "train_config": {"max_len": META["max_len"]},
+    }
     exec(compile(ast.Module(body=keep, type_ignores=[]), "eagle/train/main.py", "exec"), ns)  # their code, verbatim
     files = ns["list_files"](str(WORK / "eagle"))
     ds = ns["CustomDataset"](files)

@@ -26,7 +26,11 @@ if __name__ == "__main__":
         states = make_states(samples, 8, dtype, [0, 1, 2], seed=2)
         UnitWriter(store, vid, writer_id="fixture").write(samples, states)
         r = Store.open(out).reader(vid)
-        expected[vid] = {"n_samples": len(samples), "layer_sums": {
-            s.key: {str(i): float(t.double().sum()) for i, t in r.read(s.key)["layers"].items()} for s in samples}}
+        expected[vid] = {
+            "n_samples": len(samples),
+            "layer_sums": {
+                s.key: {str(i): float(t.double().sum()) for i, t in r.read(s.key)["layers"].items()} for s in samples
+            },
+        }
     (REPO / "tests" / "data" / "format-v1.expected.json").write_text(json.dumps(expected, indent=1))
     print(f"wrote {out}")

@@ -31,15 +31,19 @@ def main(manifest: str, *extra: str) -> None:
         _, t_build = _cli("build", manifest, "--store", store, *extra, "--quiet")
         again, t_again = _cli("plan", manifest, "--store", store, *extra, "--json")
         info = {v["dtype"]: v for v in json.loads(_cli("info", store, "--json")[0])["variants"]}
-    print(f"{manifest} {' '.join(extra)}: plan {t_fresh:.1f}s (fresh store), build {t_build:.1f}s, "
-          f"plan {t_again:.1f}s (built store)")
+    print(
+        f"{manifest} {' '.join(extra)}: plan {t_fresh:.1f}s (fresh store), build {t_build:.1f}s, "
+        f"plan {t_again:.1f}s (built store)"
+    )
     for name, plan in (("fresh store", fresh), ("built store", again)):
         for v in json.loads(plan)["variants"]:
             real = info[v["dtype"]]["bytes"]
             err = v["ratio"]["expected_error"]
-            print(f"  {name:11s} {v['dtype']:5s} planned {v['bytes']:>11,} built {real:>11,} "
-                  f"{v['bytes'] / real - 1:+7.1%} (stated ±{'unbounded' if err is None else f'{err:.0%}'}; "
-                  f"ratio {v['ratio']['value']:.2f}x: {v['ratio']['source']})")
+            print(
+                f"  {name:11s} {v['dtype']:5s} planned {v['bytes']:>11,} built {real:>11,} "
+                f"{v['bytes'] / real - 1:+7.1%} (stated ±{'unbounded' if err is None else f'{err:.0%}'}; "
+                f"ratio {v['ratio']['value']:.2f}x: {v['ratio']['source']})"
+            )
 
 
 if __name__ == "__main__":

@@ -58,8 +58,9 @@ def main() -> None:
         return (time.perf_counter() - t0) / (len(units) * len(names))
 
     per = _median(args.reps, open_arrays)
-    arrays = len({ref.unit for ref in open_target(b_t).refs.values()}) * (len(layout.TOKEN_ARRAYS) + len(
-        open_target(b_t).record.all_layers))
+    arrays = len({ref.unit for ref in open_target(b_t).refs.values()}) * (
+        len(layout.TOKEN_ARRAYS) + len(open_target(b_t).record.all_layers)
+    )
     print(f"opening one unit's array: {per * 1e3:.3f} ms ({arrays} arrays in variant {sel_b})")
 
     request = DiffRequest(a_target=a_t, b_target=b_t)
@@ -79,8 +80,10 @@ def main() -> None:
         run_diff(request)
         return time.perf_counter() - t0
 
-    print(f"streaming pass (read + arithmetic), readers already open: {_median(args.reps, pass_open):.2f} s; "
-          f"run_diff, warm: {_median(args.reps, whole):.2f} s")
+    print(
+        f"streaming pass (read + arithmetic), readers already open: {_median(args.reps, pass_open):.2f} s; "
+        f"run_diff, warm: {_median(args.reps, whole):.2f} s"
+    )
 
 
 if __name__ == "__main__":

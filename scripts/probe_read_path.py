@@ -93,7 +93,7 @@ class Recycled:
         n = int(np.prod(shape)) * dt.itemsize
         if self.at + n > self.arena.nbytes:
             self.at = 0
-        a = self.arena[self.at: self.at + n].view(dt).reshape(shape)
+        a = self.arena[self.at : self.at + n].view(dt).reshape(shape)
         self.at += n
         return a, torch.from_numpy(a.view(np.int16) if dt == np.uint16 else a)
 
@@ -113,8 +113,11 @@ def warm(path: str, vid: str, threads: list[int], order: np.ndarray) -> list[dic
             finally:
                 tensor_reads.empty = rec.orig
             out.append({"threads": t, "recycled": recycle, **r})
-            print(f"warm {vid[:8]} threads {t:2d} {'recycled' if recycle else 'fresh   '} {r['GB/s']:6.2f} GB/s "
-                  f"user {r['user_s/GB']:.2f} sys {r['sys_s/GB']:.2f} s/GB", flush=True)
+            print(
+                f"warm {vid[:8]} threads {t:2d} {'recycled' if recycle else 'fresh   '} {r['GB/s']:6.2f} GB/s "
+                f"user {r['user_s/GB']:.2f} sys {r['sys_s/GB']:.2f} s/GB",
+                flush=True,
+            )
     return out
 
 
@@ -148,7 +151,7 @@ def io_pass(reader: VariantReader, order: np.ndarray, threads: int, hint: bool) 
             for k in range(len(order)):
                 if ahead is not None:
                     ahead.at(k)
-                total += sum(pool.map(one, tasks[k * per:(k + 1) * per]))
+                total += sum(pool.map(one, tasks[k * per : (k + 1) * per]))
         return total
     finally:
         if ahead is not None:
@@ -193,10 +196,12 @@ def timeline(label: str, dev: str, fn: Any) -> None:
         while end < len(rows) - 1 and rows[end][0] - rows[at][0] < step:
             end += 1
         (ta, sa, ia, _), (tb, sb, ib, _) = rows[at], rows[end]
-        flight = sum(r[3] for r in rows[at:end + 1]) / (end - at + 1)
+        flight = sum(r[3] for r in rows[at : end + 1]) / (end - at + 1)
         done = sum(1 for m in marks if ta <= m < tb)
-        print(f"{1e3 * (ta - t0):6.0f} {(sb - sa) * 512 / 1e6:8.1f} {100 * (ib - ia) / max(1e-9, 1e3 * (tb - ta)):7.0f}"
-              f" {flight:9.1f} {done:8d}")
+        print(
+            f"{1e3 * (ta - t0):6.0f} {(sb - sa) * 512 / 1e6:8.1f} {100 * (ib - ia) / max(1e-9, 1e3 * (tb - ta)):7.0f}"
+            f" {flight:9.1f} {done:8d}"
+        )
         at = end
 
 
@@ -251,24 +256,36 @@ def main() -> None:
         res: dict[str, Any] = {"warm": warm(path, vid, threads, shuffled)}
         files = Path(path) / "variants" / vid
         stored = du(files)
-        for label, order, hint in (("shuffled", shuffled, True), ("in-order", inorder, True),
-                                   ("shuffled-nohint", shuffled, False)):
+        for label, order, hint in (
+            ("shuffled", shuffled, True),
+            ("in-order", inorder, True),
+            ("shuffled-nohint", shuffled, False),
+        ):
             r = cold_probe(base, files, lambda o=order, h=hint: io_pass(open_reader(path, vid), o, a.io_threads, h))
             res[f"io-{label}"] = r
-            print(f"io   {name} {label:16s} {r['GB/s']:5.2f} GB/s of disk bytes = {r['x_probe']:.2f}x probe "
-                  f"{r['probe_GB/s']:.2f}", flush=True)
+            print(
+                f"io   {name} {label:16s} {r['GB/s']:5.2f} GB/s of disk bytes = {r['x_probe']:.2f}x probe "
+                f"{r['probe_GB/s']:.2f}",
+                flush=True,
+            )
         for label, shuffle in (("shuffled", True), ("in-order", False)):
+
             def stream(s: bool = shuffle) -> int:
-                n = sum(it["aux_hidden"].numel() * 2 + it["target_hidden"].numel() * 2
-                        for it in StreamingHiddenStateDataset(path, variant=vid, shuffle=s))
+                n = sum(
+                    it["aux_hidden"].numel() * 2 + it["target_hidden"].numel() * 2
+                    for it in StreamingHiddenStateDataset(path, variant=vid, shuffle=s)
+                )
                 return n
+
             r = cold_probe(base, files, stream)
             disk_rate = r["GB/s"] * stored / (r["GB"] * 1e9)  # stored bytes/s (each file read once)
             r.update({"disk_GB/s": disk_rate, "x_probe": disk_rate * 1e9 / (r["probe_GB/s"] * 1e9)})
             res[f"stream-{label}"] = r
-            print(f"cold {name} stream {label:9s} {r['GB/s']:5.2f} GB/s logical, {disk_rate:.2f} of disk bytes = "
-                  f"{r['x_probe']:.2f}x probe {r['probe_GB/s']:.2f}; user {r['user_s/GB']:.2f} sys {r['sys_s/GB']:.2f} s/GB",
-                  flush=True)
+            print(
+                f"cold {name} stream {label:9s} {r['GB/s']:5.2f} GB/s logical, {disk_rate:.2f} of disk bytes = "
+                f"{r['x_probe']:.2f}x probe {r['probe_GB/s']:.2f}; user {r['user_s/GB']:.2f} sys {r['sys_s/GB']:.2f} s/GB",
+                flush=True,
+            )
         result["variants"][name] = res
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1))

@@ -23,9 +23,13 @@ def main() -> None:
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
     ap.add_argument("--cpu-limit", type=int, default=16, help="samples for the CPU variants (a subset)")
     ap.add_argument("--limit", type=int, default=None, help="samples for the GPU variants")
-    ap.add_argument("--long-rows", type=int, default=0,
-                    help="use N long text rows (near max_length) built from the bundled conversations; the "
-                         "first --cpu-limit rows are kept short so the CPU subset stays cheap")
+    ap.add_argument(
+        "--long-rows",
+        type=int,
+        default=0,
+        help="use N long text rows (near max_length) built from the bundled conversations; the "
+        "first --cpu-limit rows are kept short so the CPU subset stays cheap",
+    )
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -52,9 +56,31 @@ def main() -> None:
     build("cpu-torch-bf16", "--device", "cpu", "--dtype", "bf16", limit=args.cpu_limit)
     build("cpu-torch-fp32", "--device", "cpu", "--dtype", "fp32", limit=args.cpu_limit)
     if gpu:
-        build("cuda-torch", "--device", "cuda", "--backend", "torch", "--dtype", "bf16", "--dtype", "fp32", limit=args.limit)
+        build(
+            "cuda-torch",
+            "--device",
+            "cuda",
+            "--backend",
+            "torch",
+            "--dtype",
+            "bf16",
+            "--dtype",
+            "fp32",
+            limit=args.limit,
+        )
         if fla:
-            build("cuda-fla", "--device", "cuda", "--backend", "fla", "--dtype", "bf16", "--dtype", "fp32", limit=args.limit)
+            build(
+                "cuda-fla",
+                "--device",
+                "cuda",
+                "--backend",
+                "fla",
+                "--dtype",
+                "bf16",
+                "--dtype",
+                "fp32",
+                limit=args.limit,
+            )
         else:
             skipped.append("fla variants: the fla package is not installed here")
     else:
@@ -63,8 +89,17 @@ def main() -> None:
     diffs = []
 
     def diff(name: str, a: str, b: str, floor: str | None) -> None:
-        cmd = hs("diff", f"{store}#{a}", f"{store}#{b}", "--json", str(out / f"diff-{name}.json"),
-                 "--plot", str(out / f"diff-{name}.png"), "--device", "cuda" if gpu else "cpu")
+        cmd = hs(
+            "diff",
+            f"{store}#{a}",
+            f"{store}#{b}",
+            "--json",
+            str(out / f"diff-{name}.json"),
+            "--plot",
+            str(out / f"diff-{name}.png"),
+            "--device",
+            "cuda" if gpu else "cpu",
+        )
         if floor:
             cmd += ["--floor", f"{store}#{floor}"]
         sh(cmd, out / f"diff-{name}.txt")
@@ -75,12 +110,22 @@ def main() -> None:
     if gpu:
         diff("cuda-bf16-vs-fp32", "device=cuda,backend=torch,dtype=bf16", "device=cuda,backend=torch,dtype=fp32", None)
         diff("cpu-vs-cuda-fp32", "device=cuda,backend=torch,dtype=fp32", "device=cpu,dtype=fp32", None)
-        diff("cpu-vs-cuda-bf16", "device=cuda,backend=torch,dtype=bf16", "device=cpu,dtype=bf16",
-             "device=cuda,backend=torch,dtype=fp32")
+        diff(
+            "cpu-vs-cuda-bf16",
+            "device=cuda,backend=torch,dtype=bf16",
+            "device=cpu,dtype=bf16",
+            "device=cuda,backend=torch,dtype=fp32",
+        )
         if fla:
-            diff("fla-vs-torch-bf16", "device=cuda,backend=torch,dtype=bf16", "device=cuda,backend=fla,dtype=bf16",
-                 "device=cuda,backend=torch,dtype=fp32")
-            diff("fla-vs-torch-fp32", "device=cuda,backend=torch,dtype=fp32", "device=cuda,backend=fla,dtype=fp32", None)
+            diff(
+                "fla-vs-torch-bf16",
+                "device=cuda,backend=torch,dtype=bf16",
+                "device=cuda,backend=fla,dtype=bf16",
+                "device=cuda,backend=torch,dtype=fp32",
+            )
+            diff(
+                "fla-vs-torch-fp32", "device=cuda,backend=torch,dtype=fp32", "device=cuda,backend=fla,dtype=fp32", None
+            )
 
     # hsstore env with and without the kernel packages importable
     sh(hs("env", "--model", "builtin:tiny-qwen3_5", "--json"), out / "env-default.json")
@@ -88,13 +133,15 @@ def main() -> None:
 
     refusal = "not run (needs the fla variant)"
     if gpu and fla:
-        code = ("from hsstore import HiddenStateDataset, ProvenanceMismatch\n"
-                f"train = HiddenStateDataset('{store}', variant='device=cuda,backend=torch,dtype=bf16')\n"
-                "try:\n"
-                f"    HiddenStateDataset('{store}', variant='device=cuda,backend=fla,dtype=bf16', require=train)\n"
-                "    print('NOT REFUSED')\n"
-                "except ProvenanceMismatch as e:\n"
-                "    print(e)\n")
+        code = (
+            "from hsstore import HiddenStateDataset, ProvenanceMismatch\n"
+            f"train = HiddenStateDataset('{store}', variant='device=cuda,backend=torch,dtype=bf16')\n"
+            "try:\n"
+            f"    HiddenStateDataset('{store}', variant='device=cuda,backend=fla,dtype=bf16', require=train)\n"
+            "    print('NOT REFUSED')\n"
+            "except ProvenanceMismatch as e:\n"
+            "    print(e)\n"
+        )
         refusal = sh([sys.executable, "-c", code]).stdout.strip()
 
     write_report(out, builds, diffs, skipped, refusal, args, gpu, fla)
@@ -102,25 +149,40 @@ def main() -> None:
 
 
 def write_report(out: Path, builds: dict, diffs: list, skipped: list, refusal: str, args, gpu: bool, fla: bool) -> None:
-    lines = [f"# Seed experiment ({args.size} model)", "", "## Variants", "",
-             "| build | variant | backend | dtype | device | gated-delta | conv1d | attention | tokens | tokens/s (capture+write) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Seed experiment ({args.size} model)",
+        "",
+        "## Variants",
+        "",
+        "| build | variant | backend | dtype | device | gated-delta | conv1d | attention | tokens | tokens/s (capture+write) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, b in builds.items():
         for v in b["variants"]:
             k = v["kernels"]
             tps = f"{v['tokens_per_second']:,.0f}" if v.get("tokens_per_second") else "-"
-            lines.append(f"| {name} | `{v['variant']}` | {v['backend']} | {v['dtype']} | {v['device']} | "
-                         f"{k['chunk_gated_delta_rule']} | {k['causal_conv1d']} | {k['attention']} | {v['tokens']:,} | {tps} |")
+            lines.append(
+                f"| {name} | `{v['variant']}` | {v['backend']} | {v['dtype']} | {v['device']} | "
+                f"{k['chunk_gated_delta_rule']} | {k['causal_conv1d']} | {k['attention']} | {v['tokens']:,} | {tps} |"
+            )
     for name, a, b, floor, rep in diffs:
-        lines += ["", f"## diff {name}", "", f"A = `{a}`, B = `{b}`" + (f", floor C = `{floor}`" if floor else ""),
-                  f"shared samples {rep['shared_samples']}, tokens {rep['tokens']:,}", "",
-                  "| layer | rel-L2 A↔B | floor rel-L2 A↔C | ratio | cos mean | cos p01 | bit-exact | verdict |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"## diff {name}",
+            "",
+            f"A = `{a}`, B = `{b}`" + (f", floor C = `{floor}`" if floor else ""),
+            f"shared samples {rep['shared_samples']}, tokens {rep['tokens']:,}",
+            "",
+            "| layer | rel-L2 A↔B | floor rel-L2 A↔C | ratio | cos mean | cos p01 | bit-exact | verdict |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for L in rep["layers"]:
             fr = f"{L['floor_rel_l2']:.3e}" if "floor_rel_l2" in L else "-"
             ratio = f"{L['floor_ratio']:.2f}" if "floor_ratio" in L else "-"
-            lines.append(f"| {L['layer']} | {L['rel_l2']:.3e} | {fr} | {ratio} | {L['cos_mean']:.6f} | "
-                         f"{L['cos_p01']:.6f} | {L['bit_exact']:.4f} | {L.get('verdict', '')} |")
+            lines.append(
+                f"| {L['layer']} | {L['rel_l2']:.3e} | {fr} | {ratio} | {L['cos_mean']:.6f} | "
+                f"{L['cos_p01']:.6f} | {L['bit_exact']:.4f} | {L.get('verdict', '')} |"
+            )
         lines += ["", f"**verdict:** {rep['verdict']}", "", f"![{name}](diff-{name}.png)"]
     lines += ["", "## Provenance refusal", "", "```", refusal, "```", "", "## Skipped on this machine", ""]
     lines += [f"- {s}" for s in skipped] or ["- nothing"]

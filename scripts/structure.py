@@ -27,19 +27,27 @@ def main() -> None:
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 50:
                 long_functions += 1
-    print(f"modules (besides __init__): {len(mods)}; lines: median {statistics.median(lines.values()):.0f}, "
-          f"max {max(lines.values())}")
+    print(
+        f"modules (besides __init__): {len(mods)}; lines: median {statistics.median(lines.values()):.0f}, "
+        f"max {max(lines.values())}"
+    )
     for p, n in sorted(lines.items(), key=lambda kv: -kv[1])[:5]:
         print(f"  {n:5d}  {p.relative_to(REPO)}")
     print(f"functions over 50 lines: {long_functions}")
-    ruff = subprocess.run([str(Path(sys.executable).parent / "ruff"), "check", "-q", "hsstore", "tests", "scripts"],
-                          cwd=REPO, capture_output=True, text=True)
+    ruff = subprocess.run(
+        [str(Path(sys.executable).parent / "ruff"), "check", "-q", "hsstore", "tests", "scripts"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     print(f"ruff check: {'clean' if ruff.returncode == 0 else 'NOT clean'}")
     print_mypy()
     results = cli_results()
     dicts = sorted(k for k, r in results.items() if r.split("[")[0] in ("dict", "Any", "(none)"))
-    print(f"package functions the CLI calls: {len(results)}; returning a dict, Any or unannotated: {len(dicts)}"
-          + "".join(f"\n  {k}" for k in dicts))
+    print(
+        f"package functions the CLI calls: {len(results)}; returning a dict, Any or unannotated: {len(dicts)}"
+        + "".join(f"\n  {k}" for k in dicts)
+    )
     tests = sorted((REPO / "tests").rglob("test_*.py"))
     folders: dict[str, int] = {}
     for t in tests:
@@ -83,15 +91,19 @@ BENCHMARKS_MAX_LINES = 300  # docs/benchmarks.md is the current table; dated rou
 def print_doc_split() -> None:
     """Reference pages (docs/*.md: what is true of today's code) apart from lab notes (docs/notes/: dated
     rounds, kept as written), and docs/benchmarks.md against its cap."""
-    for title, pages in (("reference", sorted((REPO / "docs").glob("*.md"))),
-                         ("notes", sorted((REPO / "docs" / "notes").glob("*.md")))):
+    for title, pages in (
+        ("reference", sorted((REPO / "docs").glob("*.md"))),
+        ("notes", sorted((REPO / "docs" / "notes").glob("*.md"))),
+    ):
         words = sum(len(d.read_text().split()) for d in pages)
         print(f"docs, {title}: {len(pages)} pages, {words:,} words: {', '.join(d.stem for d in pages)}")
     bench = (REPO / "docs" / "benchmarks.md").read_text()
     n = len(bench.splitlines())
-    print(f"docs/benchmarks.md: {n} lines (at most {BENCHMARKS_MAX_LINES}: "
-          f"{'within' if n <= BENCHMARKS_MAX_LINES else 'OVER'}); "
-          f"{len(re.findall(r'^##+ ', bench, re.M))} sections, {bench.count('not yet filled')} not yet filled")
+    print(
+        f"docs/benchmarks.md: {n} lines (at most {BENCHMARKS_MAX_LINES}: "
+        f"{'within' if n <= BENCHMARKS_MAX_LINES else 'OVER'}); "
+        f"{len(re.findall(r'^##+ ', bench, re.M))} sections, {bench.count('not yet filled')} not yet filled"
+    )
 
 
 if __name__ == "__main__":

@@ -96,8 +96,13 @@ def main() -> None:
     step, epoch, history = 0, 0, []
     # spawned workers (forking a process that already runs DDP and gloo threads is not safe), kept across epochs:
     # set_epoch and mark_consumed reach persistent workers (the dataset hands them to the workers' next iterator)
-    loader = DataLoader(train, batch_size=None, num_workers=args.workers,
-                        multiprocessing_context="spawn" if args.workers else None, persistent_workers=args.workers > 0)
+    loader = DataLoader(
+        train,
+        batch_size=None,
+        num_workers=args.workers,
+        multiprocessing_context="spawn" if args.workers else None,
+        persistent_workers=args.workers > 0,
+    )
     while step < args.steps:
         train.set_epoch(epoch)
         for batch in loader:
@@ -132,9 +137,21 @@ def main() -> None:
             print(f"eval on {args.mismatched} refused:\n{refusal}")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"train_first": first, "train_last": last, "eval_first": first_eval,
-                           "eval_last": last_eval, "steps": step, "epochs": epoch, "refusal": refusal, "train": args.train,
-                           "provenance": train.provenance, "losses": history}, f)
+                json.dump(
+                    {
+                        "train_first": first,
+                        "train_last": last,
+                        "eval_first": first_eval,
+                        "eval_last": last_eval,
+                        "steps": step,
+                        "epochs": epoch,
+                        "refusal": refusal,
+                        "train": args.train,
+                        "provenance": train.provenance,
+                        "losses": history,
+                    },
+                    f,
+                )
     if distributed:
         dist.destroy_process_group()
 

@@ -57,8 +57,13 @@ class Walk:
             self.returns += 1
 
     def report(self) -> dict[str, Any]:
-        return {"modules": len(self.modules), "calls": len(self.calls), "crossings": self.crossings,
-                "returns": self.returns, "module_names": sorted(self.modules)}
+        return {
+            "modules": len(self.modules),
+            "calls": len(self.calls),
+            "crossings": self.crossings,
+            "returns": self.returns,
+            "module_names": sorted(self.modules),
+        }
 
 
 def run_here(argv: list[str], hook: bool = True) -> dict[str, Any]:
@@ -106,20 +111,28 @@ def main() -> None:
     if args.here:
         print(json.dumps(run_here(argv, hook=not args.imports_only)))
         return
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [args.tree, os.environ.get("PYTHONPATH")])),
-           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [args.tree, os.environ.get("PYTHONPATH")])),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
     child = [sys.executable, __file__, "--here", *(["--imports-only"] if args.imports_only else []), *argv]
     out = subprocess.run(child, env=env, capture_output=True, text=True)
     if out.returncode != 0 or not out.stdout.strip():
         sys.exit(f"walk of hsstore {' '.join(argv)} failed:\n{out.stderr[-2000:]}")
     report = json.loads(out.stdout.strip().splitlines()[-1])
     if args.imports_only:
-        print(f"hsstore {' '.join(argv)} ({args.tree}): exit {report['exit']}; {report['imported']} package modules "
-              "imported (packages' __init__ included)")
+        print(
+            f"hsstore {' '.join(argv)} ({args.tree}): exit {report['exit']}; {report['imported']} package modules "
+            "imported (packages' __init__ included)"
+        )
     else:
-        print(f"hsstore {' '.join(argv)} ({args.tree}): exit {report['exit']}; {report['modules']} modules entered, "
-              f"{report['calls']} distinct cross-module calls, {report['crossings']} crossings, "
-              f"{report['returns']} returns")
+        print(
+            f"hsstore {' '.join(argv)} ({args.tree}): exit {report['exit']}; {report['modules']} modules entered, "
+            f"{report['calls']} distinct cross-module calls, {report['crossings']} crossings, "
+            f"{report['returns']} returns"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
 

@@ -82,14 +82,18 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not counts:
         return
     unmarked = sorted((n, t) for t, n in counts.items() if n and t not in marked)
-    line = (f"python processes started by tests: {sum(counts.values())} ({sum(counts[t] for t in marked)} by "
-            f"tests marked process); unmarked tests that started some: {len(unmarked)}")
+    line = (
+        f"python processes started by tests: {sum(counts.values())} ({sum(counts[t] for t in marked)} by "
+        f"tests marked process); unmarked tests that started some: {len(unmarked)}"
+    )
     terminalreporter.write_line(line)
     for n, t in unmarked[::-1][:20]:
         terminalreporter.write_line(f"  {n:3d}  {t}")
-    terminalreporter.write_line(f"CPU seconds of the tests (with their processes): {sum(cpu.values()):.0f}, "
-                                f"{sum(cpu[t] for t in marked):.0f} in tests marked process; the most:")
-    for t, c in sorted(cpu.items(), key=lambda kv: -kv[1])[:int(os.environ.get("HSSTORE_TOP_CPU", 15))]:
+    terminalreporter.write_line(
+        f"CPU seconds of the tests (with their processes): {sum(cpu.values()):.0f}, "
+        f"{sum(cpu[t] for t in marked):.0f} in tests marked process; the most:"
+    )
+    for t, c in sorted(cpu.items(), key=lambda kv: -kv[1])[: int(os.environ.get("HSSTORE_TOP_CPU", 15))]:
         terminalreporter.write_line(f"  {c:6.1f}  {t}")
 
 
@@ -115,8 +119,13 @@ def attn_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _build_attn(d: Path) -> None:
     layers = "{ aux = [0, 1], target = [3] }"
     sdpa = write_manifest(d / "sdpa.toml", model="builtin:tiny-llama", dtypes='["bf16", "fp32"]', layers=layers)
-    eager = write_manifest(d / "eager.toml", model="builtin:tiny-llama", dtypes='["bf16"]', layers=layers,
-                           extra_model='attn_implementation = "eager"')
+    eager = write_manifest(
+        d / "eager.toml",
+        model="builtin:tiny-llama",
+        dtypes='["bf16"]',
+        layers=layers,
+        extra_model='attn_implementation = "eager"',
+    )
     for m in (sdpa, eager):
         r = run_cli("build", str(m), "--limit", "40", "--quiet")
         assert r.returncode == 0, r.stderr

@@ -29,8 +29,9 @@ def main(store: str, out: str, modes: str, context: str = "fork") -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     # world_size given and the rank left to the process group, as a launcher script often does
-    ds = StreamingHiddenStateDataset(store, variant="dtype=bf16", seed=7, batch_tokens=600, layers=[3],
-                                     world_size=dist.get_world_size())
+    ds = StreamingHiddenStateDataset(
+        store, variant="dtype=bf16", seed=7, batch_tokens=600, layers=[3], world_size=dist.get_world_size()
+    )
     spawn = {"multiprocessing_context": "spawn", "persistent_workers": True} if context == "spawn" else {}
     loader = DataLoader(ds, batch_size=None, num_workers=2, **spawn)
     for mode in modes.split(","):

@@ -40,8 +40,9 @@ DATA = REPO / "hsstore" / "data" / "conversations.jsonl"
 FLA_INSTALLED = installed("fla")
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300,
-            process: bool = False) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300, process: bool = False
+) -> subprocess.CompletedProcess:
     """``hsstore ARGS``: in this process through the real entry point, builds with inline workers
     (inline_cli.run_inline), answered as a subprocess would; in a real ``python -m hsstore``
     subprocess with ``process=True`` or where ``env`` sets a ``PYTHON*`` variable (read at a process's
@@ -53,21 +54,33 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
     return run_inline(args, cwd=cwd or REPO, env=env)
 
 
-def run_cli_process(*args: str, cwd: Path | None = None, env: dict | None = None,
-                    timeout: float = 300) -> subprocess.CompletedProcess:
+def run_cli_process(
+    *args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
     """``python -m hsstore ARGS`` in a real subprocess (for tests where the process is the subject)."""
     e = dict(os.environ)
     e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "hsstore", *args], capture_output=True, text=True,
-                          cwd=cwd or REPO, env=e, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hsstore", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd or REPO,
+        env=e,
+        timeout=timeout,
+    )
 
 
 def start_build(manifest: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
     """``hsstore build MANIFEST --quiet ARGS`` started in a session of its own (``kill_build`` stops it with
     its worker); stdout dropped, stderr piped; ``env`` added to this process's environment."""
-    return subprocess.Popen([sys.executable, "-m", "hsstore", "build", str(manifest), "--quiet", *args], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**os.environ, **(env or {})})
+    return subprocess.Popen(
+        [sys.executable, "-m", "hsstore", "build", str(manifest), "--quiet", *args],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def build_racing(procs: list[subprocess.Popen], committed, *args: str) -> subprocess.CompletedProcess:  # noqa: ANN001
@@ -97,9 +110,19 @@ def assert_bit_exact(a: str, b: str, n: int) -> dict:
     return rep
 
 
-def write_manifest(path: Path, *, model: str = "builtin:tiny-qwen3_5", layers: str = "{ aux = [0, 1], target = [2] }",
-                   files: list[str] | None = None, store: str = "store.zarr", dtypes: str = '["bf16"]',
-                   extra_model: str = "", extra_data: str = "", extra_build: str = "", max_length: int = 256) -> Path:
+def write_manifest(
+    path: Path,
+    *,
+    model: str = "builtin:tiny-qwen3_5",
+    layers: str = "{ aux = [0, 1], target = [2] }",
+    files: list[str] | None = None,
+    store: str = "store.zarr",
+    dtypes: str = '["bf16"]',
+    extra_model: str = "",
+    extra_data: str = "",
+    extra_build: str = "",
+    max_length: int = 256,
+) -> Path:
     files = files or [str(DATA)]
     text = f"""
 [model]
@@ -273,8 +296,9 @@ def garbage_metadata(io, vid: str, doc: str, commits: bool) -> str:  # noqa: ANN
     return key
 
 
-def read_path_store(tmp_path: Path, lengths: list[list[int]], hidden: int = 16, codec: str = "zstd",
-           chunk: int = 4096) -> tuple[Path, dict[str, dict[int, torch.Tensor]]]:
+def read_path_store(
+    tmp_path: Path, lengths: list[list[int]], hidden: int = 16, codec: str = "zstd", chunk: int = 4096
+) -> tuple[Path, dict[str, dict[int, torch.Tensor]]]:
     """A store with one unit per list of lengths; returns its path and each key's states per layer."""
     store = Store.create(tmp_path / "s.zarr")
     vid = new_variant(store, codec=codec, chunk=chunk, hidden=hidden)
@@ -285,7 +309,7 @@ def read_path_store(tmp_path: Path, lengths: list[list[int]], hidden: int = 16, 
         UnitWriter(store, vid).write(samples, states)
         a = 0
         for s in samples:
-            want[s.key] = {i: states[i][a:a + s.length] for i in (0, 1, 2)}
+            want[s.key] = {i: states[i][a : a + s.length] for i in (0, 1, 2)}
             a += s.length
     return tmp_path / "s.zarr", want
 

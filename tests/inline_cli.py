@@ -56,11 +56,18 @@ def _environ(env: Mapping[str, str] | None) -> Iterator[None]:
 def _logging_to(out: io.TextIOBase, err: io.TextIOBase) -> Iterator[None]:
     """Logging handlers that write to this process's stdout/stderr write to ``out``/``err`` meanwhile."""
     moved = []
-    loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values()
-                                      if isinstance(v, logging.Logger))]
+    loggers = [
+        logging.getLogger(),
+        *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger)),
+    ]
     for lg in loggers:
         for h in lg.handlers:
-            if type(h) is logging.StreamHandler and h.stream in (sys.stderr, sys.__stderr__, sys.stdout, sys.__stdout__):
+            if type(h) is logging.StreamHandler and h.stream in (
+                sys.stderr,
+                sys.__stderr__,
+                sys.stdout,
+                sys.__stdout__,
+            ):
                 moved.append((h, h.stream))
                 h.setStream(out if h.stream in (sys.stdout, sys.__stdout__) else err)
     try:
@@ -80,8 +87,9 @@ def _warnings_shown() -> Iterator[None]:
         yield
 
 
-def run_inline(args: Sequence[str], cwd: str | os.PathLike[str] | None = None,
-               env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_inline(
+    args: Sequence[str], cwd: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``hsstore ARGS`` in this process: its exit code, stdout and stderr, as ``subprocess.run`` gives them."""
     from hsstore.capture.run.driver import inline_workers
     from hsstore.cli.app import state
@@ -92,8 +100,14 @@ def run_inline(args: Sequence[str], cwd: str | os.PathLike[str] | None = None,
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTSTP)}
     code = 0
     try:
-        with _environ(env), redirect_stdout(out), redirect_stderr(err), _logging_to(out, err), \
-                _warnings_shown(), inline_workers():
+        with (
+            _environ(env),
+            redirect_stdout(out),
+            redirect_stderr(err),
+            _logging_to(out, err),
+            _warnings_shown(),
+            inline_workers(),
+        ):
             os.chdir(cwd if cwd is not None else here)
             sys.argv = ["hsstore", *map(str, args)]
             try:

@@ -18,8 +18,15 @@ Slots = tuple[torch.Tensor | None, torch.Tensor]
 
 def sample_file(fmt: str, root: Path, index: int, key: str) -> Path:
     """The file ``hsstore export`` wrote for the ``index``-th sample (content key ``key``)."""
-    return root / {"specforge": f"rows_0-2000/data_{index}.ckpt", "eagle": f"0/data_{index}.ckpt",
-                   "modelopt": f"{key}.pt", "speculators": f"hidden_states/hs_{index}.safetensors"}[fmt]
+    return (
+        root
+        / {
+            "specforge": f"rows_0-2000/data_{index}.ckpt",
+            "eagle": f"0/data_{index}.ckpt",
+            "modelopt": f"{key}.pt",
+            "speculators": f"hidden_states/hs_{index}.safetensors",
+        }[fmt]
+    )
 
 
 def sidecar(fmt: str, root: Path) -> Path:

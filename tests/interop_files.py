@@ -28,14 +28,21 @@ class Sample:
     target: torch.Tensor  # [T, H]
 
 
-def random_samples(n: int = 6, hidden: int = 32, n_aux: int = 3, dtype: torch.dtype = torch.bfloat16,
-                   seed: int = 0) -> list[Sample]:
+def random_samples(
+    n: int = 6, hidden: int = 32, n_aux: int = 3, dtype: torch.dtype = torch.bfloat16, seed: int = 0
+) -> list[Sample]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
         t = 7 + 3 * i
-        out.append(Sample(torch.randint(0, VOCAB, (t,), generator=g), (torch.rand(t, generator=g) > 0.4).long(),
-                          torch.randn(t, n_aux, hidden, generator=g).to(dtype), torch.randn(t, hidden, generator=g).to(dtype)))
+        out.append(
+            Sample(
+                torch.randint(0, VOCAB, (t,), generator=g),
+                (torch.rand(t, generator=g) > 0.4).long(),
+                torch.randn(t, n_aux, hidden, generator=g).to(dtype),
+                torch.randn(t, hidden, generator=g).to(dtype),
+            )
+        )
     return out
 
 
@@ -44,9 +51,12 @@ def specforge_files(root: Path, samples: list[Sample], compress: bool = False, g
         g = (idx // group) * group
         out = root / f"rows_{g}-{g + group}" / (f"data_{idx}.ckpt" + (".gz" if compress else ""))
         out.parent.mkdir(parents=True, exist_ok=True)
-        record = {"input_ids": s.ids.clone(), "loss_mask": s.mask.clone(),
-                  "aux_hidden_state": s.aux.reshape(s.aux.shape[0], -1).clone().unsqueeze(0),
-                  "hidden_state": s.target.clone().unsqueeze(0)}
+        record = {
+            "input_ids": s.ids.clone(),
+            "loss_mask": s.mask.clone(),
+            "aux_hidden_state": s.aux.reshape(s.aux.shape[0], -1).clone().unsqueeze(0),
+            "hidden_state": s.target.clone().unsqueeze(0),
+        }
         if compress:
             with gzip.open(out, "wb", compresslevel=6) as f:
                 torch.save(record, f)
@@ -57,9 +67,13 @@ def specforge_files(root: Path, samples: list[Sample], compress: bool = False, g
 def modelopt_files(root: Path, samples: list[Sample], prenorm: bool | None = None) -> None:
     root.mkdir(parents=True, exist_ok=True)
     for idx, s in enumerate(samples):
-        record = {"input_ids": s.ids, "hidden_states": s.target,
-                  "aux_hidden_states": torch.cat([s.aux[:, j] for j in range(s.aux.shape[1])], dim=-1),
-                  "loss_mask": s.mask, "conversation_id": f"conv-{idx}"}
+        record = {
+            "input_ids": s.ids,
+            "hidden_states": s.target,
+            "aux_hidden_states": torch.cat([s.aux[:, j] for j in range(s.aux.shape[1])], dim=-1),
+            "loss_mask": s.mask,
+            "conversation_id": f"conv-{idx}",
+        }
         if prenorm is not None:
             record["hidden_states_prenorm"] = prenorm
         with open(root / f"conv-{idx}.pt", "wb") as f:
@@ -70,9 +84,13 @@ def speculators_files(root: Path, samples: list[Sample], skip_rows: tuple[int, .
     from datasets import Dataset
     from safetensors.torch import save_file
 
-    ds = Dataset.from_dict({"input_ids": [s.ids.tolist() for s in samples],
-                            "loss_mask": [s.mask.tolist() for s in samples],
-                            "seq_len": [len(s.ids) for s in samples]})
+    ds = Dataset.from_dict(
+        {
+            "input_ids": [s.ids.tolist() for s in samples],
+            "loss_mask": [s.mask.tolist() for s in samples],
+            "seq_len": [len(s.ids) for s in samples],
+        }
+    )
     ds.set_format(type="torch")
     ds.save_to_disk(str(root))
     (root / "hidden_states").mkdir()
@@ -80,7 +98,9 @@ def speculators_files(root: Path, samples: list[Sample], skip_rows: tuple[int, .
         if i in skip_rows:
             continue
         hs = torch.cat([s.aux, s.target.unsqueeze(1)], dim=1)
-        save_file({"hidden_states": hs.contiguous(), "token_ids": s.ids}, str(root / "hidden_states" / f"hs_{i}.safetensors"))
+        save_file(
+            {"hidden_states": hs.contiguous(), "token_ids": s.ids}, str(root / "hidden_states" / f"hs_{i}.safetensors")
+        )
 
 
 def eagle_files(root: Path, samples: list[Sample], index: int = 0) -> None:
@@ -91,5 +111,9 @@ def eagle_files(root: Path, samples: list[Sample], index: int = 0) -> None:
         torch.save({"input_ids": s.ids, "hidden_state": s.target, "loss_mask": s.mask}, f"{name}/data_{idx}.ckpt")
 
 
-WRITERS = {"specforge": specforge_files, "modelopt": modelopt_files, "speculators": speculators_files,
-           "eagle": eagle_files}
+WRITERS = {
+    "specforge": specforge_files,
+    "modelopt": modelopt_files,
+    "speculators": speculators_files,
+    "eagle": eagle_files,
+}

@@ -59,8 +59,19 @@ def import_folder(store: Path, fmt: str, folder: str, layers: str, capture: str)
 
     from hsstore.interop.importer import ImportRequest, import_cache
 
-    r = import_cache(ImportRequest(fmt, folder, str(store), tokenizer=TOKENIZER, num_layers=4, layers=layers,
-                                   capture=capture, unit_tokens=1, jobs=1))
+    r = import_cache(
+        ImportRequest(
+            fmt,
+            folder,
+            str(store),
+            tokenizer=TOKENIZER,
+            num_layers=4,
+            layers=layers,
+            capture=capture,
+            unit_tokens=1,
+            jobs=1,
+        )
+    )
     print(json.dumps({k: r.to_dict()[k] for k in ("samples", "samples_written", "samples_present", "duplicates")}))
 
 
@@ -120,8 +131,18 @@ def soak_export(store: Path, seed: int, folder: str) -> None:
         # two slot choices that differ in their files (layer 1 as target with aux [0]: no target in aux)
         aux, target = rng.choice([(None, None), ([0], 1)])
         try:
-            export_cache(ExportRequest(f"{store}#dtype=fp32", "specforge", folder, aux=aux, target_layer=target,
-                                       limit=rng.choice([None, 3, 12]), compress=rng.random() < 0.3, jobs=2))
+            export_cache(
+                ExportRequest(
+                    f"{store}#dtype=fp32",
+                    "specforge",
+                    folder,
+                    aux=aux,
+                    target_layer=target,
+                    limit=rng.choice([None, 3, 12]),
+                    compress=rng.random() < 0.3,
+                    jobs=2,
+                )
+            )
         except BadInput as e:  # soak_import is reading the folder: the expected answer, not an error
             if "read by an import" not in str(e):
                 raise
@@ -151,8 +172,13 @@ def soak_import(store: Path, seed: int, folder: str, into: str) -> None:
 
 def start(role: str, store: Path, *args: object) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
-    return subprocess.Popen([sys.executable, __file__, role, str(store), *map(str, args)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, __file__, role, str(store), *map(str, args)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def stop_all(store: Path, procs: list[subprocess.Popen], timeout: float = 120) -> list[tuple[int, str]]:

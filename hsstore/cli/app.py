@@ -15,7 +15,10 @@ R = TypeVar("R", bound="Record")
 
 app = typer.Typer(
     help="Cached hidden states for speculative-decoding drafters, with provenance you can check.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 state = {"debug": False}
 

@@ -21,27 +21,54 @@ def build(
     backend: Annotated[list[str] | None, typer.Option("--backend", help="torch | fla (repeatable).")] = None,
     dtype: Annotated[list[str] | None, typer.Option("--dtype", help="bf16 | fp16 | fp32 (repeatable).")] = None,
     device: Annotated[list[str] | None, typer.Option("--device", help="cpu | cuda | cuda:N (repeatable).")] = None,
-    gpus_per_rank: Annotated[int | None, typer.Option(
-        "--gpus-per-rank", help="Spread the model over this many GPUs per rank (needs accelerate).")] = None,
+    gpus_per_rank: Annotated[
+        int | None,
+        typer.Option("--gpus-per-rank", help="Spread the model over this many GPUs per rank (needs accelerate)."),
+    ] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Use only the first N usable samples.")] = None,
-    codec: Annotated[str | None, typer.Option("--codec", help="none | zstd | shuffle-zstd (default) | blosc-lz4 | blosc-zstd.")] = None,
-    precision: Annotated[str | None, typer.Option(
-        "--precision", help="Store quantized: fp8-e4m3 (default: as computed; overrides [store] precision).")] = None,
+    codec: Annotated[
+        str | None, typer.Option("--codec", help="none | zstd | shuffle-zstd (default) | blosc-lz4 | blosc-zstd.")
+    ] = None,
+    precision: Annotated[
+        str | None,
+        typer.Option(
+            "--precision", help="Store quantized: fp8-e4m3 (default: as computed; overrides [store] precision)."
+        ),
+    ] = None,
     allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf/all-zero states.")] = False,
-    no_space_check: Annotated[bool, typer.Option(
-        "--no-space-check", help="Start even if the estimate exceeds the free space of a local store's disk.")] = False,
-    label: Annotated[str | None, typer.Option(
-        "--label", help="Name the variant (a build of one variant): select it as STORE#LABEL.")] = None,
-    another_model: Annotated[bool, typer.Option(
-        "--another-model", help="Let this model into a store that holds another model's states.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="Print nothing while the build runs (no progress, no phase lines: a long build is silent for minutes); errors and the final summary still print.")] = False,
+    no_space_check: Annotated[
+        bool,
+        typer.Option(
+            "--no-space-check", help="Start even if the estimate exceeds the free space of a local store's disk."
+        ),
+    ] = False,
+    label: Annotated[
+        str | None, typer.Option("--label", help="Name the variant (a build of one variant): select it as STORE#LABEL.")
+    ] = None,
+    another_model: Annotated[
+        bool, typer.Option("--another-model", help="Let this model into a store that holds another model's states.")
+    ] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet",
+            help="Print nothing while the build runs (no progress, no phase lines: a long build is silent for minutes); errors and the final summary still print.",
+        ),
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
-    engine: Annotated[str | None, typer.Option(
-        "--engine", help="Regenerate the replies first: model (in process) | openai (with --url); [generate] engine.")] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            "--engine",
+            help="Regenerate the replies first: model (in process) | openai (with --url); [generate] engine.",
+        ),
+    ] = None,
     url: Annotated[str | None, typer.Option("--url", help="The OpenAI-compatible server ([generate] url).")] = None,
     turns: Annotated[str | None, typer.Option("--turns", help="last | all ([generate] turns).")] = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="[generate] max_new_tokens.")] = None,
-    temperature: Annotated[float | None, typer.Option("--temperature", help="0 = greedy ([generate] temperature).")] = None,
+    temperature: Annotated[
+        float | None, typer.Option("--temperature", help="0 = greedy ([generate] temperature).")
+    ] = None,
     gen_seed: Annotated[int | None, typer.Option("--gen-seed", help="[generate] seed.")] = None,
     reasoning: Annotated[str | None, typer.Option("--reasoning", help="keep | drop ([generate] reasoning).")] = None,
 ) -> None:
@@ -55,11 +82,30 @@ def build(
     from hsstore.capture.run.driver import build as run_build
     from hsstore.core.outputs import expand_user
 
-    m = load_manifest(manifest).with_overrides(
-        store_path=expand_user(store) if store else store, backends=backend, dtypes=dtype, devices=device, codec=codec, gpus_per_rank=gpus_per_rank,
-        allow_unhealthy=allow_unhealthy or None, precision=precision, label=label, another_model=another_model or None,
-    ).with_generate(engine=engine, url=url, turns=turns, max_new_tokens=max_new_tokens, temperature=temperature,
-                    seed=gen_seed, reasoning=reasoning)
+    m = (
+        load_manifest(manifest)
+        .with_overrides(
+            store_path=expand_user(store) if store else store,
+            backends=backend,
+            dtypes=dtype,
+            devices=device,
+            codec=codec,
+            gpus_per_rank=gpus_per_rank,
+            allow_unhealthy=allow_unhealthy or None,
+            precision=precision,
+            label=label,
+            another_model=another_model or None,
+        )
+        .with_generate(
+            engine=engine,
+            url=url,
+            turns=turns,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=gen_seed,
+            reasoning=reasoning,
+        )
+    )
     summary = run_build(m, limit=limit, quiet=quiet, space_check=not no_space_check)
     if summary.rows_report is not None and json_out:  # on stderr, so --json output stays one document
         typer.echo(_rows_line(summary), err=True)
@@ -69,8 +115,10 @@ def build(
 def _rows_line(summary: BuildResult) -> str:
     inp = summary.inputs
     n = sum(inp.rejected.values()) + inp.duplicates + inp.truncated
-    return (f"inputs: {n} row(s) not taken as they were ({sum(inp.rejected.values())} rejected, {inp.duplicates} "
-            f"duplicate, {inp.truncated} truncated{dropped_note(summary.inputs)}), each named in {summary.rows_report}")
+    return (
+        f"inputs: {n} row(s) not taken as they were ({sum(inp.rejected.values())} rejected, {inp.duplicates} "
+        f"duplicate, {inp.truncated} truncated{dropped_note(summary.inputs)}), each named in {summary.rows_report}"
+    )
 
 
 def dropped_note(inputs: InputCounts) -> str:
@@ -84,13 +132,18 @@ def _lines(summary: BuildResult) -> list[str]:
     lines = [f"store {summary.store}  (rank {summary.rank}/{summary.world_size})"]
     inp = summary.inputs
     rej = ", ".join(f"{k}: {v}" for k, v in inp.rejected.items()) or "none"
-    lines.append(f"inputs: {inp.rows} rows, {inp.usable} usable, {inp.truncated} truncated{dropped_note(summary.inputs)}, "
-                 f"{inp.duplicates} duplicate; rejected: {rej}")
+    lines.append(
+        f"inputs: {inp.rows} rows, {inp.usable} usable, {inp.truncated} truncated{dropped_note(summary.inputs)}, "
+        f"{inp.duplicates} duplicate; rejected: {rej}"
+    )
     if summary.rows_report is not None:
         lines.append(f"  rows not taken as they were, each with its reason: {summary.rows_report}")
     for r in summary.variants:
-        what = "nothing new (all present)" if r.samples_written == r.samples_by_others == 0 else \
-            f"{r.samples_written} samples written"
+        what = (
+            "nothing new (all present)"
+            if r.samples_written == r.samples_by_others == 0
+            else f"{r.samples_written} samples written"
+        )
         if r.samples_by_others:  # computed here, committed first by a concurrent build
             what += f", {r.samples_by_others} committed meanwhile by another writer"
         k = r.kernels
@@ -101,12 +154,16 @@ def _lines(summary: BuildResult) -> list[str]:
         )
     for vid, n in sorted((summary.samples_not_in_inputs or {}).items()):
         if n:  # a variant keeps every sample committed to it: say so where a user fixed or removed rows
-            lines.append(f"  variant {vid} also holds {n:,} committed sample(s) not among these inputs (an earlier "
-                         "build's: other rows, a larger --limit, or rows changed since), and readers read them too; "
-                         "build into a new store to hold only these")
+            lines.append(
+                f"  variant {vid} also holds {n:,} committed sample(s) not among these inputs (an earlier "
+                "build's: other rows, a larger --limit, or rows changed since), and readers read them too; "
+                "build into a new store to hold only these"
+            )
     if summary.replies_generated is not None:  # [generate]
-        lines.append(f"replies: {summary.replies_generated} generated, {summary.replies_reused} reused from an earlier "
-                     f"build's checkpoints; ledger: {summary.ledger}")
+        lines.append(
+            f"replies: {summary.replies_generated} generated, {summary.replies_reused} reused from an earlier "
+            f"build's checkpoints; ledger: {summary.ledger}"
+        )
     lines.append(f"build {summary.build_id} recorded in {summary.build_record}")
     lines.append(f"done in {summary.seconds:.1f}s")
     return lines
@@ -115,7 +172,9 @@ def _lines(summary: BuildResult) -> list[str]:
 @app.command()
 def env(
     model: Annotated[str | None, typer.Option("--model", help="Model dir or builtin:NAME to probe.")] = None,
-    backend: Annotated[str | None, typer.Option("--backend", help="Probe as this backend would run (torch | fla).")] = None,
+    backend: Annotated[
+        str | None, typer.Option("--backend", help="Probe as this backend would run (torch | fla).")
+    ] = None,
     device: Annotated[str, typer.Option("--device", help="Device to probe on.")] = "cpu",
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
 ) -> None:

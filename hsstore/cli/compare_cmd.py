@@ -10,12 +10,7 @@ import typer
 
 from hsstore.cli.app import app, json_text
 from hsstore.core.errors import BadInput, CheckFailed
-from hsstore.core.outputs import (
-    PLOT_SUFFIXES,
-    check_distinct_outputs,
-    check_not_an_input,
-    check_output_file,
-)
+from hsstore.core.outputs import PLOT_SUFFIXES, check_distinct_outputs, check_not_an_input, check_output_file
 from hsstore.storage.store import check_outside_stores
 
 if TYPE_CHECKING:
@@ -39,8 +34,9 @@ def _emit(report: R, json_path: str | None, render: Callable[[R], str]) -> None:
         write_output_file(json_path, json_text(report).encode(), "--json")
 
 
-def _check_numbers(json_path: str | None, noise: float, max_rel: float | None,
-                   inputs: dict[str, str] | None = None) -> None:
+def _check_numbers(
+    json_path: str | None, noise: float, max_rel: float | None, inputs: dict[str, str] | None = None
+) -> None:
     """Refuse, before any work, a report path that cannot be written (or would replace a file of one of
     ``inputs``) and thresholds that compare nothing."""
     if json_path is not None and json_path != "-":  # (an empty --json is refused, not taken for "no report")
@@ -57,21 +53,50 @@ def _check_numbers(json_path: str | None, noise: float, max_rel: float | None,
 def diff(
     a: Annotated[str, typer.Argument(help="STORE#SELECTOR of the first variant.")],
     b: Annotated[str, typer.Argument(help="STORE#SELECTOR of the second variant (the reference).")],
-    floor: Annotated[str | None, typer.Option("--floor", help="STORE#SELECTOR of a precision floor (e.g. fp32).")] = None,
+    floor: Annotated[
+        str | None, typer.Option("--floor", help="STORE#SELECTOR of a precision floor (e.g. fp32).")
+    ] = None,
     layers: Annotated[list[int] | None, typer.Option("--layers", help="Only these layers (repeatable).")] = None,
     loss_only: Annotated[bool, typer.Option("--loss-only", help="Only loss-masked tokens.")] = False,
     json_path: Annotated[str | None, typer.Option("--json", help="Write the JSON report here ('-' = stdout).")] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Write a PNG plot here.")] = None,
-    max_rel: Annotated[float | None, typer.Option("--max-rel", help="Exit 1 if any layer's rel-L2 exceeds this.")] = None,
-    noise: Annotated[float, typer.Option("--noise", help="Divergence up to this multiple of the floor is noise.")] = 2.0,
+    max_rel: Annotated[
+        float | None, typer.Option("--max-rel", help="Exit 1 if any layer's rel-L2 exceeds this.")
+    ] = None,
+    noise: Annotated[
+        float, typer.Option("--noise", help="Divergence up to this multiple of the floor is noise.")
+    ] = 2.0,
     device: Annotated[str, typer.Option("--device", help="Where to do the arithmetic (cpu | cuda | cuda:N).")] = "cpu",
-    threads: Annotated[int | None, typer.Option("--threads", min=1, help="Worker threads (default: every core).")] = None,
-    samples: Annotated[int | None, typer.Option("--samples", help="Compare a seeded, length-stratified choice of N shared samples, with confidence intervals.")] = None,
-    fraction: Annotated[float | None, typer.Option("--fraction", help="Like --samples, as a fraction of the shared samples (e.g. 0.01).")] = None,
+    threads: Annotated[
+        int | None, typer.Option("--threads", min=1, help="Worker threads (default: every core).")
+    ] = None,
+    samples: Annotated[
+        int | None,
+        typer.Option(
+            "--samples",
+            help="Compare a seeded, length-stratified choice of N shared samples, with confidence intervals.",
+        ),
+    ] = None,
+    fraction: Annotated[
+        float | None,
+        typer.Option("--fraction", help="Like --samples, as a fraction of the shared samples (e.g. 0.01)."),
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sample choice.")] = 0,
     confidence: Annotated[float, typer.Option("--confidence", help="Confidence level of the intervals.")] = 0.95,
-    allow_different_models: Annotated[bool, typer.Option("--allow-different-models", help="Compare states of different models or tokenizers (refused by default: their divergence says nothing about precision).")] = False,
-    align: Annotated[bool, typer.Option("--align", help="Match each of A's layers against B's layers and capture points (output of i, input of i = output of i-1, pre/post final norm) and name off-by-one and pre/post-norm mismatches. Automatic when A's capture point is unknown.")] = False,
+    allow_different_models: Annotated[
+        bool,
+        typer.Option(
+            "--allow-different-models",
+            help="Compare states of different models or tokenizers (refused by default: their divergence says nothing about precision).",
+        ),
+    ] = False,
+    align: Annotated[
+        bool,
+        typer.Option(
+            "--align",
+            help="Match each of A's layers against B's layers and capture points (output of i, input of i = output of i-1, pre/post final norm) and name off-by-one and pre/post-norm mismatches. Automatic when A's capture point is unknown.",
+        ),
+    ] = False,
 ) -> None:
     """Per-layer divergence of two variants over all shared samples, with a verdict against a floor.
 
@@ -95,9 +120,21 @@ def diff(
         if not rep.ok:  # a layer that is not what its label says is a failed check (exit 1)
             raise CheckFailed(f"A's layers are not what their labels say: {rep.summary}")
         return
-    request = DiffRequest(a_target=a, b_target=b, floor=floor, layers=layers or None, loss_only=loss_only,
-                          noise_factor=noise, device=device, threads=threads, samples=samples, fraction=fraction,
-                          seed=seed, confidence=confidence, allow_different_models=allow_different_models)
+    request = DiffRequest(
+        a_target=a,
+        b_target=b,
+        floor=floor,
+        layers=layers or None,
+        loss_only=loss_only,
+        noise_factor=noise,
+        device=device,
+        threads=threads,
+        samples=samples,
+        fraction=fraction,
+        seed=seed,
+        confidence=confidence,
+        allow_different_models=allow_different_models,
+    )
     report = run_diff(request, a_reader)
     _emit(report, json_path, diff_text)
     _plot_and_bound(report, plot, max_rel)
@@ -118,20 +155,71 @@ def _plot_and_bound(report: DiffReport, plot: str | None, max_rel: float | None)
 
 @app.command()
 def check(
-    model: Annotated[str, typer.Argument(help="The model: a local HF model directory, builtin:NAME, or the build manifest (.toml).")],
+    model: Annotated[
+        str, typer.Argument(help="The model: a local HF model directory, builtin:NAME, or the build manifest (.toml).")
+    ],
     target: Annotated[str, typer.Argument(help="STORE#SELECTOR of the variant to check (native or imported).")],
-    samples: Annotated[int | None, typer.Option("--samples", min=1, help="Stored samples to recompute (a seeded, length-stratified choice; default 8).")] = None,
-    fraction: Annotated[float | None, typer.Option("--fraction", help="Like --samples, as a fraction of the variant's samples (e.g. 0.01); an audit.")] = None,
-    keys: Annotated[str | None, typer.Option("--keys", help="Check these samples: keys (or unique prefixes), comma-separated, e.g. the ones verify or an earlier audit named; an audit.")] = None,
+    samples: Annotated[
+        int | None,
+        typer.Option(
+            "--samples", min=1, help="Stored samples to recompute (a seeded, length-stratified choice; default 8)."
+        ),
+    ] = None,
+    fraction: Annotated[
+        float | None,
+        typer.Option(
+            "--fraction", help="Like --samples, as a fraction of the variant's samples (e.g. 0.01); an audit."
+        ),
+    ] = None,
+    keys: Annotated[
+        str | None,
+        typer.Option(
+            "--keys",
+            help="Check these samples: keys (or unique prefixes), comma-separated, e.g. the ones verify or an earlier audit named; an audit.",
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sample choice.")] = 0,
-    device: Annotated[str | None, typer.Option("--device", help="Where to run the model (default: the recorded device type; unknown: cuda if visible, else cpu).")] = None,
-    floor: Annotated[str | None, typer.Option("--floor", help="STORE#SELECTOR of a precision floor (e.g. the fp32 variant), or 'live': recompute the samples in fp32 too (the default for an imported variant).")] = None,
-    backend: Annotated[str | None, typer.Option("--backend", help="torch | fla, where the provenance says unknown (default: fla on a GPU where installed, else torch).")] = None,
-    dtype: Annotated[str | None, typer.Option("--dtype", help="bf16 | fp16 | fp32 to recompute in (default: the stored dtype).")] = None,
-    attn: Annotated[str | None, typer.Option("--attn", help="Attention implementation where unknown (default: sdpa).")] = None,
-    token_budget: Annotated[int | None, typer.Option("--token-budget", help="Recompute in hsstore's token-budget batches of N padded tokens (default for an import: each sample alone).")] = None,
-    noise: Annotated[float, typer.Option("--noise", help="Divergence up to this multiple of the floor is noise.")] = 2.0,
-    max_rel: Annotated[float | None, typer.Option("--max-rel", help="Pass when every layer's rel-L2 is at most this (instead of the verdict).")] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            "--device",
+            help="Where to run the model (default: the recorded device type; unknown: cuda if visible, else cpu).",
+        ),
+    ] = None,
+    floor: Annotated[
+        str | None,
+        typer.Option(
+            "--floor",
+            help="STORE#SELECTOR of a precision floor (e.g. the fp32 variant), or 'live': recompute the samples in fp32 too (the default for an imported variant).",
+        ),
+    ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend",
+            help="torch | fla, where the provenance says unknown (default: fla on a GPU where installed, else torch).",
+        ),
+    ] = None,
+    dtype: Annotated[
+        str | None, typer.Option("--dtype", help="bf16 | fp16 | fp32 to recompute in (default: the stored dtype).")
+    ] = None,
+    attn: Annotated[
+        str | None, typer.Option("--attn", help="Attention implementation where unknown (default: sdpa).")
+    ] = None,
+    token_budget: Annotated[
+        int | None,
+        typer.Option(
+            "--token-budget",
+            help="Recompute in hsstore's token-budget batches of N padded tokens (default for an import: each sample alone).",
+        ),
+    ] = None,
+    noise: Annotated[
+        float, typer.Option("--noise", help="Divergence up to this multiple of the floor is noise.")
+    ] = 2.0,
+    max_rel: Annotated[
+        float | None,
+        typer.Option("--max-rel", help="Pass when every layer's rel-L2 is at most this (instead of the verdict)."),
+    ] = None,
     json_path: Annotated[str | None, typer.Option("--json", help="Write the JSON report here ('-' = stdout).")] = None,
 ) -> None:
     """Recompute stored samples with a model in this process and compare per layer. On an imported variant
@@ -152,9 +240,21 @@ def check(
 
     _check_numbers(json_path, noise, max_rel, inputs={"the model": model})
     check_sampling(samples, fraction, 0.95)
-    request = AuditRequest(model=model, target=target, samples=samples, fraction=fraction, seed=seed, floor=floor,
-                           noise_factor=noise, backend=backend, dtype=dtype, device=device, attention=attn,
-                           token_budget=token_budget, keys=None if keys is None else keys.split(","))
+    request = AuditRequest(
+        model=model,
+        target=target,
+        samples=samples,
+        fraction=fraction,
+        seed=seed,
+        floor=floor,
+        noise_factor=noise,
+        backend=backend,
+        dtype=dtype,
+        device=device,
+        attention=attn,
+        token_budget=token_budget,
+        keys=None if keys is None else keys.split(","),
+    )
     if wants_audit(open_target(target), request):
         report, render = run_audit(request), audit_text
     else:

@@ -30,27 +30,67 @@ def import_(
     format: Annotated[str, typer.Argument(help=f"The cache's format: {FORMATS_HELP}.")],
     source: Annotated[str, typer.Argument(help="The cache folder the tool wrote.")],
     store: Annotated[str, typer.Option("--store", help="The hsstore store to import into (created if new).")],
-    layers: Annotated[str | None, typer.Option(
-        "--layers", help="Layer id of each state slot in the files, aux slots in file order then the target, "
-                         "e.g. 2,16,29,final_norm (not needed for an `hsstore export` folder).")] = None,
-    capture: Annotated[str | None, typer.Option(
-        "--capture", help="What an id means: output (output of layer i: SGLang, HF hidden_states[i+1]), input "
-                          "(state entering layer i = output of i-1: vLLM) or unknown (find it with diff --align).")] = None,
-    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="The target's tokenizer folder (default: --model).")] = None,
-    model: Annotated[str | None, typer.Option(
-        "--model", help="The target model's folder: config (layers, width) and, if present, weights identity.")] = None,
-    num_layers: Annotated[int | None, typer.Option("--num-layers", min=1, help="Decoder layers of the target (without --model).")] = None,
-    jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="Files read in parallel (default: cores, max 8).")] = None,
+    layers: Annotated[
+        str | None,
+        typer.Option(
+            "--layers",
+            help="Layer id of each state slot in the files, aux slots in file order then the target, "
+            "e.g. 2,16,29,final_norm (not needed for an `hsstore export` folder).",
+        ),
+    ] = None,
+    capture: Annotated[
+        str | None,
+        typer.Option(
+            "--capture",
+            help="What an id means: output (output of layer i: SGLang, HF hidden_states[i+1]), input "
+            "(state entering layer i = output of i-1: vLLM) or unknown (find it with diff --align).",
+        ),
+    ] = None,
+    tokenizer: Annotated[
+        str | None, typer.Option("--tokenizer", help="The target's tokenizer folder (default: --model).")
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model", help="The target model's folder: config (layers, width) and, if present, weights identity."
+        ),
+    ] = None,
+    num_layers: Annotated[
+        int | None, typer.Option("--num-layers", min=1, help="Decoder layers of the target (without --model).")
+    ] = None,
+    jobs: Annotated[
+        int | None, typer.Option("--jobs", min=1, help="Files read in parallel (default: cores, max 8).")
+    ] = None,
     codec: Annotated[str | None, typer.Option("--codec", help="Compression of the imported states.")] = None,
-    skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip unreadable or foreign files (counted) instead of stopping.")] = False,
-    allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf or all-zero states anyway.")] = False,
+    skip_bad: Annotated[
+        bool, typer.Option("--skip-bad", help="Skip unreadable or foreign files (counted) instead of stopping.")
+    ] = False,
+    allow_unhealthy: Annotated[
+        bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf or all-zero states anyway.")
+    ] = False,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N files.")] = None,
-    audit: Annotated[int | None, typer.Option("--audit", min=1, help="When the import finishes, audit N samples against --model (as hsstore check does) and record the result for hsstore info.")] = None,
-    label: Annotated[str | None, typer.Option("--label", help="Name the imported variant: select it as STORE#LABEL.")] = None,
-    another_model: Annotated[bool, typer.Option(
-        "--another-model", help="Let this model into a store that holds another model's states.")] = False,
+    audit: Annotated[
+        int | None,
+        typer.Option(
+            "--audit",
+            min=1,
+            help="When the import finishes, audit N samples against --model (as hsstore check does) and record the result for hsstore info.",
+        ),
+    ] = None,
+    label: Annotated[
+        str | None, typer.Option("--label", help="Name the imported variant: select it as STORE#LABEL.")
+    ] = None,
+    another_model: Annotated[
+        bool, typer.Option("--another-model", help="Let this model into a store that holds another model's states.")
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="Print nothing while the import runs (no progress, no phase lines: a long import is silent for minutes); errors and the final summary still print.")] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet",
+            help="Print nothing while the import runs (no progress, no phase lines: a long import is silent for minutes); errors and the final summary still print.",
+        ),
+    ] = False,
 ) -> None:
     """Import another tool's hidden-state cache as a variant, keyed by hsstore's content keys.
 
@@ -64,18 +104,35 @@ def import_(
 
     _check_request(label, audit is not None and model is None)
     with another_model_allowed("import" if another_model else None):  # else refused before a state is written
-        report = import_cache(ImportRequest(format, source, store, tokenizer, model, num_layers, layers, capture,
-                                            codec=codec, skip_bad=skip_bad, allow_unhealthy=allow_unhealthy, limit=limit,
-                                            quiet=quiet or json_out, label=label,
-                                            **({} if jobs is None else {"jobs": jobs})))
+        report = import_cache(
+            ImportRequest(
+                format,
+                source,
+                store,
+                tokenizer,
+                model,
+                num_layers,
+                layers,
+                capture,
+                codec=codec,
+                skip_bad=skip_bad,
+                allow_unhealthy=allow_unhealthy,
+                limit=limit,
+                quiet=quiet or json_out,
+                label=label,
+                **({} if jobs is None else {"jobs": jobs}),
+            )
+        )
     report = _label_imported(store, report, label)
     found = _audit(str(model), store, report.variant, audit) if audit is not None else None
     if found is not None:
         report = report.replace(audit=found)
     emit(report, json_out, _import_text)
     if found is not None and found.verdict_kind not in ("identical", "within_noise"):
-        raise CheckFailed(f"imported, but the audit found defects: {found.verdict} (hsstore check "
-                          f"{model} '{store}#{report.variant}' names them)")
+        raise CheckFailed(
+            f"imported, but the audit found defects: {found.verdict} (hsstore check "
+            f"{model} '{store}#{report.variant}' names them)"
+        )
 
 
 def _check_request(label: str | None, audit_without_model: bool) -> None:
@@ -85,7 +142,9 @@ def _check_request(label: str | None, audit_without_model: bool) -> None:
     from hsstore.storage.names import check_label
 
     if audit_without_model:
-        raise BadInput("--audit N recomputes samples with the model: pass --model DIR (the target's folder with weights)")
+        raise BadInput(
+            "--audit N recomputes samples with the model: pass --model DIR (the target's folder with weights)"
+        )
     if label is not None:
         check_label(label)
 
@@ -102,8 +161,11 @@ def _label_imported(store: str, report: ImportReport, label: str | None) -> Impo
     s = Store.open(store, mode="a")
     held = s.labels().get(report.variant)
     if held is not None and held != label:
-        print(f"note: the import is variant {report.variant}, already labelled {held!r}; it keeps that label "
-              f"(rename it with: hsstore label '{store}#{held}' {label})", file=sys.stderr)
+        print(
+            f"note: the import is variant {report.variant}, already labelled {held!r}; it keeps that label "
+            f"(rename it with: hsstore label '{store}#{held}' {label})",
+            file=sys.stderr,
+        )
         return report.replace(label=held)
     s.set_label(report.variant, label, by="import")
     return report.replace(label=label)
@@ -124,8 +186,12 @@ def export(
     target: Annotated[str, typer.Argument(help="STORE#SELECTOR of the variant to export.")],
     format: Annotated[str, typer.Argument(help=f"The tool's format: {FORMATS_HELP}.")],
     dest: Annotated[str, typer.Argument(help="A new or empty folder (or an earlier export of the same variant).")],
-    aux: Annotated[str | None, typer.Option("--aux", help="Stored layers for the aux slots, in order (default: the aux role).")] = None,
-    target_layer: Annotated[int | None, typer.Option("--target", help="Stored layer for the target slot (default: the target role).")] = None,
+    aux: Annotated[
+        str | None, typer.Option("--aux", help="Stored layers for the aux slots, in order (default: the aux role).")
+    ] = None,
+    target_layer: Annotated[
+        int | None, typer.Option("--target", help="Stored layer for the target slot (default: the target role).")
+    ] = None,
     compress: Annotated[bool, typer.Option("--compress", help="specforge: write .ckpt.gz files.")] = False,
     jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="Samples written in parallel.")] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N samples.")] = None,
@@ -138,8 +204,9 @@ def export(
     from hsstore.interop.exporter import ExportRequest, export_cache
 
     kw = {} if jobs is None else {"jobs": jobs}
-    report = export_cache(ExportRequest(target, format, dest, _ints(aux, "--aux"), target_layer, compress,
-                                        limit=limit, **kw))
+    report = export_cache(
+        ExportRequest(target, format, dest, _ints(aux, "--aux"), target_layer, compress, limit=limit, **kw)
+    )
     emit(report, json_out, _export_text)
 
 
@@ -148,8 +215,14 @@ def vocab_map(
     target: Annotated[str, typer.Argument(help="STORE#SELECTOR of the variant whose loss-masked tokens to count.")],
     size: Annotated[int, typer.Option("--size", help="Draft vocabulary size, e.g. 32000.")],
     out: Annotated[str | None, typer.Option("--out", help="Output folder (default: vocab-map-VARIANT-SIZE).")] = None,
-    target_vocab_size: Annotated[int | None, typer.Option(
-        "--target-vocab-size", min=1, help="The target model's vocabulary (default: its config, else the tokenizer's).")] = None,
+    target_vocab_size: Annotated[
+        int | None,
+        typer.Option(
+            "--target-vocab-size",
+            min=1,
+            help="The target model's vocabulary (default: its config, else the tokenizer's).",
+        ),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
 ) -> None:
     """EAGLE-3 draft vocabulary (d2t/t2d) from a variant's loss-masked token frequencies.
@@ -170,26 +243,35 @@ def vocab_map(
 
 
 def _vocab_text(r: VocabMapReport) -> str:
-    return (f"draft vocabulary of {r.draft_vocab_size} tokens from {r.samples} samples ({r.loss_tokens} loss-masked "
-            f"tokens, {r.distinct_tokens} distinct): covers {r.coverage:.2%} of them\n"
-            f"target vocabulary {r.target_vocab_size} (from {r.target_vocab_from}); wrote "
-            + ", ".join(sorted(r.files)) + f" to {r.out}")
+    return (
+        f"draft vocabulary of {r.draft_vocab_size} tokens from {r.samples} samples ({r.loss_tokens} loss-masked "
+        f"tokens, {r.distinct_tokens} distinct): covers {r.coverage:.2%} of them\n"
+        f"target vocabulary {r.target_vocab_size} (from {r.target_vocab_from}); wrote "
+        + ", ".join(sorted(r.files))
+        + f" to {r.out}"
+    )
 
 
 def _import_text(r: ImportReport) -> str:
     src = r.stated
-    lines = [f"imported {r.samples} samples of {r.format} cache {r.source} into {r.store}#{r.variant}: "
-             f"{r.samples_written} written, {r.samples_present} already there, {r.duplicates} duplicate(s)"
-             f" ({r.tokens_written:,} tokens, {r.seconds:.1f}s)",
-             f"  layers {src.layers} stated by {src.stated_by} under --capture {src.capture} -> hsstore "
-             f"aux={r.layers['aux']} target={r.layers['target']} (recipe.capture={r.capture})"]
+    lines = [
+        f"imported {r.samples} samples of {r.format} cache {r.source} into {r.store}#{r.variant}: "
+        f"{r.samples_written} written, {r.samples_present} already there, {r.duplicates} duplicate(s)"
+        f" ({r.tokens_written:,} tokens, {r.seconds:.1f}s)",
+        f"  layers {src.layers} stated by {src.stated_by} under --capture {src.capture} -> hsstore "
+        f"aux={r.layers['aux']} target={r.layers['target']} (recipe.capture={r.capture})",
+    ]
     if r.provenance == "restored":
-        lines.append("  provenance restored from hsstore's export record (sealed, files matching): require= the "
-                     "exported variant opens this one")
+        lines.append(
+            "  provenance restored from hsstore's export record (sealed, files matching): require= the "
+            "exported variant opens this one"
+        )
     elif r.provenance_note:
         lines.append(f"  {r.provenance_note}; fields the files do not record are 'unknown'")
     if r.capture == "unknown":
-        lines.append("  capture convention unknown: find each layer's match with `hsstore diff IMPORTED NATIVE --align`")
+        lines.append(
+            "  capture convention unknown: find each layer's match with `hsstore diff IMPORTED NATIVE --align`"
+        )
     from msgspec import UnsetType
 
     if not isinstance(r.audit, UnsetType):
@@ -203,8 +285,10 @@ def _import_text(r: ImportReport) -> str:
 
 
 def _export_text(r: ExportReport) -> str:
-    return (f"exported {r.samples} samples ({r.tokens:,} tokens) of {r.store}#{r.variant} as {r.format} "
-            f"to {r.dest} in {r.seconds:.1f}s\n"
-            f"  slots: aux={r.slots['aux']} target={r.slots['target']} (hsstore ids) = {r.tool_layers} in "
-            f"{r.format}'s numbering ({r.tool_capture})\n"
-            f"  record: {r.record}; read with {r.loader}")
+    return (
+        f"exported {r.samples} samples ({r.tokens:,} tokens) of {r.store}#{r.variant} as {r.format} "
+        f"to {r.dest} in {r.seconds:.1f}s\n"
+        f"  slots: aux={r.slots['aux']} target={r.slots['target']} (hsstore ids) = {r.tool_layers} in "
+        f"{r.format}'s numbering ({r.tool_capture})\n"
+        f"  record: {r.record}; read with {r.loader}"
+    )

@@ -29,6 +29,7 @@ _whole_summaries()
 
 class _UsageError(Protocol):
     """What main needs of click's (typer-vendored) usage error, told apart by its attributes."""
+
     exit_code: int
 
     def format_message(self) -> str: ...
@@ -36,6 +37,7 @@ class _UsageError(Protocol):
 
 class _ShowableError(Protocol):
     """What main needs of any other click exception: it prints itself and carries an exit code."""
+
     exit_code: int
 
     def show(self) -> None: ...
@@ -70,8 +72,11 @@ def main() -> None:
         sys.exit(rc if isinstance(rc, int) else 0)
     except Stopped as e:
         cmd = next((a for a in sys.argv[1:] if not a.startswith("-")), "hsstore")
-        typer.echo(f"error: {cmd} stopped by {e} before it finished; nothing it was "
-                   "writing is left half-written (re-run it to finish)", err=True)
+        typer.echo(
+            f"error: {cmd} stopped by {e} before it finished; nothing it was "
+            "writing is left half-written (re-run it to finish)",
+            err=True,
+        )
         sys.exit(128 + e.signum)
     except HsstoreError as e:
         if state["debug"] or os.environ.get("HSSTORE_DEBUG"):

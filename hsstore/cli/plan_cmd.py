@@ -19,16 +19,28 @@ def plan(
     backend: Annotated[list[str] | None, typer.Option("--backend", help="torch | fla (repeatable).")] = None,
     dtype: Annotated[list[str] | None, typer.Option("--dtype", help="bf16 | fp16 | fp32 (repeatable).")] = None,
     device: Annotated[list[str] | None, typer.Option("--device", help="cpu | cuda | cuda:N (repeatable).")] = None,
-    codec: Annotated[str | None, typer.Option("--codec", help="none | zstd | shuffle-zstd | blosc-lz4 | blosc-zstd.")] = None,
+    codec: Annotated[
+        str | None, typer.Option("--codec", help="none | zstd | shuffle-zstd | blosc-lz4 | blosc-zstd.")
+    ] = None,
     precision: Annotated[str | None, typer.Option("--precision", help="fp8-e4m3 to plan a quantized store.")] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Plan only the first N usable samples.")] = None,
-    sample: Annotated[int | None, typer.Option(
-        "--sample", min=2, help="Tokenize N seeded rows, not all, and extrapolate (with a 95% interval).")] = None,
-    calibrate: Annotated[int, typer.Option(
-        "--calibrate", min=0, help="Run N batches through the model to measure codec ratios and tokens/s; with [generate], "
-        "also generate the build's first batch twice (cold, then warm) to time the generation, whatever N.")] = 0,
-    peak_tflops: Annotated[float | None, typer.Option(
-        "--peak-tflops", min=0.001, help="The device's dense peak TFLOP/s for the time estimate.")] = None,
+    sample: Annotated[
+        int | None,
+        typer.Option("--sample", min=2, help="Tokenize N seeded rows, not all, and extrapolate (with a 95% interval)."),
+    ] = None,
+    calibrate: Annotated[
+        int,
+        typer.Option(
+            "--calibrate",
+            min=0,
+            help="Run N batches through the model to measure codec ratios and tokens/s; with [generate], "
+            "also generate the build's first batch twice (cold, then warm) to time the generation, whatever N.",
+        ),
+    ] = 0,
+    peak_tflops: Annotated[
+        float | None,
+        typer.Option("--peak-tflops", min=0.001, help="The device's dense peak TFLOP/s for the time estimate."),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Tokens, bytes per variant and layer, what the store holds already, free space and time of a build.
@@ -42,8 +54,13 @@ def plan(
     from hsstore.core.outputs import expand_user
 
     m = load_manifest(manifest).with_overrides(
-        store_path=expand_user(store) if store else store, backends=backend, dtypes=dtype, devices=device,
-        codec=codec, precision=precision)
+        store_path=expand_user(store) if store else store,
+        backends=backend,
+        dtypes=dtype,
+        devices=device,
+        codec=codec,
+        precision=precision,
+    )
     report = make_plan(m, limit=limit, sample=sample, calibrate=calibrate, peak_tflops=peak_tflops)
     emit(report, json_out, lambda r: "\n".join(_lines(r)))
 
@@ -52,45 +69,68 @@ def _lines(r: PlanReport) -> list[str]:
     """The text form of a plan."""
     inp, t = r.inputs, r.tokens
     rej = ", ".join(f"{k}: {v}" for k, v in inp.rejected.items()) or "none"
-    lines = [f"plan of {r.manifest} into {r.store}",
-             f"inputs: {inp.rows} rows read, {inp.usable} usable, {inp.truncated} truncated{dropped_note(inp)}, "
-             f"{inp.duplicates} duplicate; rejected: {rej}"]
+    lines = [
+        f"plan of {r.manifest} into {r.store}",
+        f"inputs: {inp.rows} rows read, {inp.usable} usable, {inp.truncated} truncated{dropped_note(inp)}, "
+        f"{inp.duplicates} duplicate; rejected: {rej}",
+    ]
     tok = f"tokens: {t.tokens:,} in {t.samples:,} samples (mean length {t.mean_length:.0f}, max {t.max_length})"
     if t.sampled_rows is not None:
-        tok += (f"; estimated from {t.sampled_rows:,} sampled rows, {t.confidence:.0%} interval "
-                f"{t.tokens_low:,}-{t.tokens_high:,}")
-    lines += [tok, f"model {r.model}: hidden {r.hidden_size}, layers {r.layers}; forward {r.flops_per_token:.3g} "
-                   f"FLOPs/token"]
+        tok += (
+            f"; estimated from {t.sampled_rows:,} sampled rows, {t.confidence:.0%} interval "
+            f"{t.tokens_low:,}-{t.tokens_high:,}"
+        )
+    lines += [
+        tok,
+        f"model {r.model}: hidden {r.hidden_size}, layers {r.layers}; forward {r.flops_per_token:.3g} FLOPs/token",
+    ]
     for v in r.variants:
         per_layer = byte_size(max(v.bytes_per_layer.values()) if v.bytes_per_layer else 0)
-        done = (f"{v.committed_samples:,} samples committed in {v.committed_variant}" if v.committed_variant
-                else "nothing committed")
+        done = (
+            f"{v.committed_samples:,} samples committed in {v.committed_variant}"
+            if v.committed_variant
+            else "nothing committed"
+        )
         how = "measured" if v.ratio.measured else f"assumed: {v.ratio.source}"
         mfu = f", MFU {v.mfu:.2f}" if v.mfu is not None else ""
-        lines += [f"variant {v.backend}/{v.dtype}/{v.device} stored {v.form}/{v.codec}: {byte_size(v.bytes)} in "
-                  f"{v.units} units, {per_layer} per layer; {done}; to write {byte_size(v.remaining_bytes)}",
-                  f"  codec ratio {v.ratio.value:.2f}x ({how})",
-                  f"  time: {duration(v.seconds)} for {v.flops:.3g} FLOPs{mfu} — {v.seconds_source}"]
+        lines += [
+            f"variant {v.backend}/{v.dtype}/{v.device} stored {v.form}/{v.codec}: {byte_size(v.bytes)} in "
+            f"{v.units} units, {per_layer} per layer; {done}; to write {byte_size(v.remaining_bytes)}",
+            f"  codec ratio {v.ratio.value:.2f}x ({how})",
+            f"  time: {duration(v.seconds)} for {v.flops:.3g} FLOPs{mfu} — {v.seconds_source}",
+        ]
     if (g := r.generation) is not None:
         rate = g.generated_tokens_per_second
-        when = "" if g.seconds is None else duration(g.seconds) + (f" at {rate:,.1f} tokens/s" if rate is not None else "")
+        when = (
+            "" if g.seconds is None else duration(g.seconds) + (f" at {rate:,.1f} tokens/s" if rate is not None else "")
+        )
         ck = f" ({g.checkpointed_replies:,} checkpointed in the store: reused)" if g.checkpointed_replies else ""
-        lines.append(f"regenerating ({g.engine}): {g.replies:,} replies to {g.prompts:,} prompts{ck}, about "
-                     f"{g.expected_generated_tokens:,} generated tokens (at most {g.max_generated_tokens:,}) in "
-                     f"{g.batches:,} batch(es); "
-                     f"time: {when or '?'} — {g.seconds_source}; the sizes are of the replies the store holds, and "
-                     "of the data's own (of max_new_tokens where it has none) for the replies still to generate")
-    lines.append("storage forms, all samples: " + "; ".join(
-        f"{f.form}/{f.codec} {byte_size(f.bytes)} ({f.ratio.value:.2f}x{'' if f.ratio.measured else ' assumed'})"
-        for f in r.forms))
+        lines.append(
+            f"regenerating ({g.engine}): {g.replies:,} replies to {g.prompts:,} prompts{ck}, about "
+            f"{g.expected_generated_tokens:,} generated tokens (at most {g.max_generated_tokens:,}) in "
+            f"{g.batches:,} batch(es); "
+            f"time: {when or '?'} — {g.seconds_source}; the sizes are of the replies the store holds, and "
+            "of the data's own (of max_new_tokens where it has none) for the replies still to generate"
+        )
+    lines.append(
+        "storage forms, all samples: "
+        + "; ".join(
+            f"{f.form}/{f.codec} {byte_size(f.bytes)} ({f.ratio.value:.2f}x{'' if f.ratio.measured else ' assumed'})"
+            for f in r.forms
+        )
+    )
     s = r.space
     if not s.local:
-        lines.append(f"space: {s.path} is an object store: free space unknown (not checked); "
-                     f"the build writes {byte_size(s.needed_bytes)}")
+        lines.append(
+            f"space: {s.path} is an object store: free space unknown (not checked); "
+            f"the build writes {byte_size(s.needed_bytes)}"
+        )
     else:
         verdict = "fits" if s.fits else "does NOT fit (hsstore build will refuse; free space or use another --store)"
         if (words := s.limit_words()) is not None:
             verdict = f"does NOT fit (hsstore build will refuse): {words}"
-        lines.append(f"space: {s.path} has {byte_size(s.free_bytes)} free; the build needs "
-                     f"{byte_size(s.needed_bytes)}: {verdict}")
+        lines.append(
+            f"space: {s.path} has {byte_size(s.free_bytes)} free; the build needs "
+            f"{byte_size(s.needed_bytes)}: {verdict}"
+        )
     return lines

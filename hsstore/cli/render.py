@@ -59,13 +59,18 @@ def _failed(code: int | None, why: str, done: int, total: int) -> OutputFailed:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         except OSError:
             pass
-        return OutputFailed(f"writing the report to stdout failed: the pipe was closed after {done} of {total} "
-                            "bytes; read the whole output or write it to a file")
-    return OutputFailed(f"writing the report to stdout failed after {done} of {total} bytes: {why}; the output "
-                        "is incomplete — free space or raise the file-size limit (ulimit -f), or write it elsewhere")
+        return OutputFailed(
+            f"writing the report to stdout failed: the pipe was closed after {done} of {total} "
+            "bytes; read the whole output or write it to a file"
+        )
+    return OutputFailed(
+        f"writing the report to stdout failed after {done} of {total} bytes: {why}; the output "
+        "is incomplete — free space or raise the file-size limit (ulimit -f), or write it elsewhere"
+    )
 
 
 # --- Human-readable text of ``info``, ``verify`` and ``gc``, rendered from their records (``--json`` is the
+
 
 def _fmt_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
@@ -77,8 +82,10 @@ def _fmt_bytes(n: float) -> str:
 
 def info_text(d: StoreInfo) -> str:
     several = len(d.models) > 1
-    lines = [f"store {d.location}  (format {d.format_version}, {len(d.variants)} variant(s)"
-             + (f" of {len(d.models)} models)" if several else ")")]
+    lines = [
+        f"store {d.location}  (format {d.format_version}, {len(d.variants)} variant(s)"
+        + (f" of {len(d.models)} models)" if several else ")")
+    ]
     by_id = {v.id: v for v in d.variants}
     for group in d.models if several else []:  # a store of several models (--another-model): by model
         lines += ["", f"model {group.model}: {len(group.variants)} variant(s)"]
@@ -88,9 +95,12 @@ def info_text(d: StoreInfo) -> str:
         lines += ["", *_variant_lines(v, d.location)]
     for g in d.generations:  # regenerating builds: their ledger of replies
         finish = ", ".join(f"{n} {k}" for k, n in sorted(g.finish.items()))
-        lines += ["", f"regenerated replies of build {g.build_id}: {g.replies} ({finish}; {g.reused} reused from "
-                      f"earlier runs, {g.dropped} dropped), {g.prompt_tokens:,} prompt + {g.reply_tokens:,} reply "
-                      f"tokens; {'; '.join(g.engines)}; kernels: {'; '.join(g.kernels) or 'not recorded'}"]
+        lines += [
+            "",
+            f"regenerated replies of build {g.build_id}: {g.replies} ({finish}; {g.reused} reused from "
+            f"earlier runs, {g.dropped} dropped), {g.prompt_tokens:,} prompt + {g.reply_tokens:,} reply "
+            f"tokens; {'; '.join(g.engines)}; kernels: {'; '.join(g.kernels) or 'not recorded'}",
+        ]
     return "\n".join(lines)
 
 
@@ -98,11 +108,17 @@ def _variant_lines(v: VariantInfo, location: str) -> list[str]:
     prov = Provenance.from_dict(v.provenance, f"variant {v.id}: provenance")
     env, rec, k = prov.environment, prov.recipe, prov.environment.kernels
     ratio = f"{v.compression_ratio:.2f}x" if v.compression_ratio else "-"
-    shown = {f"backend={env.backend}", f"dtype={env.dtype}", f"device={env.device}", f"attention={k.attention}",
-             f"precision={v.precision}"}
+    shown = {
+        f"backend={env.backend}",
+        f"dtype={env.dtype}",
+        f"device={env.device}",
+        f"attention={k.attention}",
+        f"precision={v.precision}",
+    }
     lines = [
         f"variant {v.label + ' ' if v.label else ''}{v.id}: backend={env.backend} dtype={env.dtype} device={env.device}"
-        + (f" ({env.device_name})" if or_none(env.device_name) else "") + f" attention={k.attention}"
+        + (f" ({env.device_name})" if or_none(env.device_name) else "")
+        + f" attention={k.attention}"
         + (f" precision={v.precision}" if v.precision else "")
         + _apart({a: b for a, b in v.distinguished_by.items() if f"{a}={b}" not in shown}),
         *([f"  select as {location}#{v.selector}"] if v.selector else []),  # (absent from older documents)
@@ -115,8 +131,10 @@ def _variant_lines(v: VariantInfo, location: str) -> list[str]:
     ]
     norm_id = or_none(rec.model.num_layers) if rec.final_norm is True else None
     for layer, h in sorted(v.health.items(), key=lambda x: int(x[0])):
-        lines.append(f"  {int(layer):5d} {h.mean:9.4f} {h.std:9.4f} {h.absmax:9.3f} {h.nan:4d} "
-                     f"{h.inf:4d} {100 * h.zero_fraction:6.2f}" + ("  (final norm)" if int(layer) == norm_id else ""))
+        lines.append(
+            f"  {int(layer):5d} {h.mean:9.4f} {h.std:9.4f} {h.absmax:9.3f} {h.nan:4d} "
+            f"{h.inf:4d} {100 * h.zero_fraction:6.2f}" + ("  (final norm)" if int(layer) == norm_id else "")
+        )
     if not isinstance(v.storage, UnsetType):
         lines += storage_lines(v.storage)
     for a in v.audits:
@@ -136,20 +154,26 @@ def verify_text(r: VerifyReport) -> str:
     lines += [f"  {p.variant or '-'} {p.key or '-'}: {p.what}" for p in r.problems]
     lines += [f"  note: {n}" for n in r.notes]
     if r.quarantined:
-        lines.append(f"  quarantined {len(r.quarantined)} damaged unit(s) ({', '.join(r.quarantined)}): their samples "
-                     "read as never built; re-run the command that wrote them (the build, or `hsstore convert` for "
-                     "an FP8 copy) to compute them again, and `hsstore gc` removes their files")
+        lines.append(
+            f"  quarantined {len(r.quarantined)} damaged unit(s) ({', '.join(r.quarantined)}): their samples "
+            "read as never built; re-run the command that wrote them (the build, or `hsstore convert` for "
+            "an FP8 copy) to compute them again, and `hsstore gc` removes their files"
+        )
     elif r.damaged_units:
-        lines.append(f"  fix: `hsstore verify STORE --quarantine` takes back the commit of the {len(r.damaged_units)} "
-                     "damaged unit(s) (their records kept under quarantine/), then re-running the command that wrote "
-                     "them (the build, or `hsstore convert` for an FP8 copy) computes their samples again")
+        lines.append(
+            f"  fix: `hsstore verify STORE --quarantine` takes back the commit of the {len(r.damaged_units)} "
+            "damaged unit(s) (their records kept under quarantine/), then re-running the command that wrote "
+            "them (the build, or `hsstore convert` for an FP8 copy) computes their samples again"
+        )
     return "\n".join(lines)
 
 
 def gc_text(r: GcReport) -> str:
     verb = "would remove" if r.dry_run else "removed"
-    lines = [f"{verb} {len(r.removed_units)} uncommitted unit(s) ({r.removed_files} files); "
-             f"kept {len(r.kept_in_progress)} that may still be in progress"]
+    lines = [
+        f"{verb} {len(r.removed_units)} uncommitted unit(s) ({r.removed_files} files); "
+        f"kept {len(r.kept_in_progress)} that may still be in progress"
+    ]
     if r.dry_run:
         lines += [f"  {u}" for u in r.removed_units]
     lines += [f"  not removed: {s.what}: {s.why}" for s in r.skipped]
@@ -158,8 +182,10 @@ def gc_text(r: GcReport) -> str:
 
 def storage_lines(st: StorageReport) -> list[str]:
     """How an FP8 variant is stored and what it costs, against the bf16-vs-fp32 floor when there is one."""
-    lines = [f"  stored as {st.precision} (scales {st.scale}), computed in {st.computed_dtype}"
-             + (f"; converted from {st.source.variant}" if st.source else "; quantized at build time")]
+    lines = [
+        f"  stored as {st.precision} (scales {st.scale}), computed in {st.computed_dtype}"
+        + (f"; converted from {st.source.variant}" if st.source else "; quantized at build time")
+    ]
     floor = st.floor
     head = "  layer  fp8 rel-L2  cos mean    cos min"
     if floor:
@@ -177,6 +203,7 @@ def storage_lines(st: StorageReport) -> list[str]:
 
 
 # --- Human-readable text of the ``diff``, ``check`` and ``diff --align`` reports, rendered from their records
+
 
 def _value(v: Any) -> str:
     text = repr(v) if not isinstance(v, str) else v
@@ -212,40 +239,53 @@ def diff_text(r: DiffReport) -> str:
     lines += provenance_lines(r.provenance_differences)
     s = r.sampling
     if s:
-        lines.append(f"SAMPLED: {s.samples:,} of {s.population:,} shared samples ({s.fraction:.2%}, seed "
-                     f"{s.seed}, {s.strata} length strata); [lo, hi] = {s.confidence:.0%} intervals")
-    lines.append(f"shared samples {r.shared_samples:,} ({r.tokens:,} tokens compared), only in A "
-                 f"{r.only_a:,}, only in B {r.only_b:,}")
+        lines.append(
+            f"SAMPLED: {s.samples:,} of {s.population:,} shared samples ({s.fraction:.2%}, seed "
+            f"{s.seed}, {s.strata} length strata); [lo, hi] = {s.confidence:.0%} intervals"
+        )
+    lines.append(
+        f"shared samples {r.shared_samples:,} ({r.tokens:,} tokens compared), only in A "
+        f"{r.only_a:,}, only in B {r.only_b:,}"
+    )
     head = " layer   mean_abs    max_abs    rel_l2  cos_mean   cos_min   cos_p01  bit_exact"
     lines.append(head + ("  floor_x" if r.floor else ""))
     for L in r.layers:
-        lines.append(f"{L.layer:6d} {L.mean_abs:10.3e} {L.max_abs:10.3e} {L.rel_l2:9.3e} {L.cos_mean:9.6f} "
-                     f"{L.cos_min:9.6f} {L.cos_p01:9.6f} {L.bit_exact:10.4f}" + (_floor_cell(L) if r.floor else ""))
+        lines.append(
+            f"{L.layer:6d} {L.mean_abs:10.3e} {L.max_abs:10.3e} {L.rel_l2:9.3e} {L.cos_mean:9.6f} "
+            f"{L.cos_min:9.6f} {L.cos_p01:9.6f} {L.bit_exact:10.4f}" + (_floor_cell(L) if r.floor else "")
+        )
         if L.ci:
-            lines.append(f"        rel_l2{_ci(L, 'rel_l2', '.3e')}" + (f"  floor_x{_ci(L, 'floor_ratio', '.2f')}"
-                                                                      if "floor_ratio" in L.ci else ""))
+            lines.append(
+                f"        rel_l2{_ci(L, 'rel_l2', '.3e')}"
+                + (f"  floor_x{_ci(L, 'floor_ratio', '.2f')}" if "floor_ratio" in L.ci else "")
+            )
         if L.verdict:
             lines.append(f"        {L.verdict}")
     if r.worst_samples:
-        lines.append("worst samples (rel-L2 at the deepest layer): " +
-                     ", ".join(f"{w.key[:12]}… {w.rel_l2:.2e}" for w in r.worst_samples[:5]))
+        lines.append(
+            "worst samples (rel-L2 at the deepest layer): "
+            + ", ".join(f"{w.key[:12]}… {w.rel_l2:.2e}" for w in r.worst_samples[:5])
+        )
     lines += [f"note: {n}" for n in r.notes]
     lines.append(f"verdict: {r.verdict}")
     return "\n".join(lines)
 
 
 def check_text(r: CheckReport) -> str:
-    lines = [f"model: {r.model}  (fingerprint {r.model_fingerprint[:16]}"
-             + (", as recorded)" if r.same_model else f", recorded {r.recorded_model_fingerprint[:16]}: OTHER WEIGHTS)"),
-             f"variant: {r.target}  ({r.variant}), {r.dtype} on {r.device}",
-             f"recomputed {r.samples} samples ({r.tokens:,} tokens) in their {r.batches} recorded batch(es): "
-             f"{r.batching}"]
+    lines = [
+        f"model: {r.model}  (fingerprint {r.model_fingerprint[:16]}"
+        + (", as recorded)" if r.same_model else f", recorded {r.recorded_model_fingerprint[:16]}: OTHER WEIGHTS)"),
+        f"variant: {r.target}  ({r.variant}), {r.dtype} on {r.device}",
+        f"recomputed {r.samples} samples ({r.tokens:,} tokens) in their {r.batches} recorded batch(es): {r.batching}",
+    ]
     for d in r.environment_differences:
         lines.append(f"  differs from the record: {d.field}: {_value(d.a)} here, {_value(d.b)} recorded")
     lines.append(" layer    rel_l2   bit_exact   max_abs   cos_min" + ("  floor_x" if r.floor else ""))
     for L in r.layers:
-        lines.append(f"{L.layer:6d} {L.rel_l2:9.3e} {L.bit_exact:10.6f} {L.max_abs:9.3e} {L.cos_min:9.6f}"
-                     + (_floor_cell(L) if r.floor else ""))
+        lines.append(
+            f"{L.layer:6d} {L.rel_l2:9.3e} {L.bit_exact:10.6f} {L.max_abs:9.3e} {L.cos_min:9.6f}"
+            + (_floor_cell(L) if r.floor else "")
+        )
     lines += [f"note: {n}" for n in r.notes]
     lines.append(f"verdict: {r.verdict}")
     return "\n".join(lines)
@@ -255,12 +295,14 @@ def audit_text(r: CheckReport) -> str:
     """The audit: one verdict line, how it recomputed (and what it assumed), the bound, a table of samples
     by stored layer, then each finding."""
     rc = or_none(r.recompute) or {}
-    lines = [f"verdict: {r.verdict}",
-             f"variant: {r.target}  ({r.variant}); model {r.model} (fingerprint {r.model_fingerprint[:16]}"
-             + (", as recorded)" if r.same_model else f", recorded {r.recorded_model_fingerprint[:16]})"),
-             f"recomputed {r.samples} of {or_none(r.population)} samples ({r.tokens:,} tokens) with backend "
-             f"{rc.get('backend')}, {rc.get('dtype')}, {rc.get('attention')} attention on {rc.get('device')}, "
-             f"{r.batching}; floor: {r.floor if is_set(r.floor) else 'none'}"]
+    lines = [
+        f"verdict: {r.verdict}",
+        f"variant: {r.target}  ({r.variant}); model {r.model} (fingerprint {r.model_fingerprint[:16]}"
+        + (", as recorded)" if r.same_model else f", recorded {r.recorded_model_fingerprint[:16]})"),
+        f"recomputed {r.samples} of {or_none(r.population)} samples ({r.tokens:,} tokens) with backend "
+        f"{rc.get('backend')}, {rc.get('dtype')}, {rc.get('attention')} attention on {rc.get('device')}, "
+        f"{r.batching}; floor: {r.floor if is_set(r.floor) else 'none'}",
+    ]
     lines += [f"  assumed {k}: {v}" for k, v in r.assumed.items()]
     lines.append(f"bound: {or_none(r.bound)}")
     labels = list(r.sample_verdicts[0].layers) if r.sample_verdicts else []
@@ -276,8 +318,11 @@ def audit_text(r: CheckReport) -> str:
 
 
 def align_text(r: AlignReport) -> str:
-    lines = [f"A: {r.a_target}  ({r.a}), capture {r.a_capture}", f"B: {r.b_target}  ({r.b})",
-             f"matched each of A's layers against B's on {r.samples} shared samples ({r.tokens:,} tokens):"]
+    lines = [
+        f"A: {r.a_target}  ({r.a}), capture {r.a_capture}",
+        f"B: {r.b_target}  ({r.b})",
+        f"matched each of A's layers against B's on {r.samples} shared samples ({r.tokens:,} tokens):",
+    ]
     lines += [f"  B's layer {j}: {p}" for j, p in r.b_points.items()]
     head = "  A layer  " + " ".join(f"B{j:>9}" for j in r.b_layers) + "   best"
     lines.append("rel-L2 of A's layer against each of B's:")
@@ -293,21 +338,24 @@ def align_text(r: AlignReport) -> str:
 
 # --- ``hsstore diff --plot``: per-layer rel-L2 and 1 - cosine of A against B and against the floor C,
 
+
 def _name(target: str | None, variant: str | None, which: str) -> str:
     """How the legend names A, B or the floor: as the user named it (else its STORE#VARIANT_ID), shortened."""
     target = target or variant or which
     return target if len(target) <= 48 else "…" + target[-47:]
 
 
-def _series(ax: Any, layers: list[int], rows: list[LayerDiff], key: str, label: str, style: str,
-            color: str) -> None:
+def _series(ax: Any, layers: list[int], rows: list[LayerDiff], key: str, label: str, style: str, color: str) -> None:
     values = [max(float(getattr(L, key) if key != "1-cos" else 1.0 - L.cos_mean), 1e-16) for L in rows]
     err = None
     ci_key = "cos_mean" if key == "1-cos" else key
     cis = [L.ci for L in rows if not isinstance(L.ci, UnsetType) and ci_key in L.ci]
     if len(cis) == len(rows):  # every row has the interval
         bounds = [sorted(1.0 - x for x in ci[ci_key]) if key == "1-cos" else ci[ci_key] for ci in cis]
-        err = [[max(0.0, v - lo) for v, (lo, _) in zip(values, bounds)], [max(0.0, hi - v) for v, (_, hi) in zip(values, bounds)]]
+        err = [
+            [max(0.0, v - lo) for v, (lo, _) in zip(values, bounds)],
+            [max(0.0, hi - v) for v, (_, hi) in zip(values, bounds)],
+        ]
     ax.errorbar(layers, values, yerr=err, fmt=style, label=label, capsize=3, color=color)
 
 
@@ -325,8 +373,9 @@ def plot_diff(report: DiffReport, path: str) -> bytes:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     _series(ax1, layers, report.layers, "rel_l2", f"A vs B\nA = {a}\nB = {b}", "o-", "C0")
     _series(ax2, layers, report.layers, "1-cos", "A vs B (mean over tokens)", "o-", "C0")
-    ax2.plot(layers, [max(1.0 - L.cos_p01, 1e-16) for L in report.layers], "x:", color="C0",
-             label="A vs B (99th percentile)")
+    ax2.plot(
+        layers, [max(1.0 - L.cos_p01, 1e-16) for L in report.layers], "x:", color="C0", label="A vs B (99th percentile)"
+    )
     if report.floor_layers:
         c = _name(or_none(report.floor_target), or_none(report.floor), "floor")
         _series(ax1, layers, report.floor_layers, "rel_l2", f"floor: A vs C\nC = {c}", "s--", "C1")

@@ -21,8 +21,7 @@ def _whole_store(target: str, command: str) -> str:
 
     path, selector = split_target(target)
     if selector is not None:
-        raise BadInput(f"hsstore {command} reads a whole store, not one variant: pass {path!r} without "
-                       f"'#{selector}'")
+        raise BadInput(f"hsstore {command} reads a whole store, not one variant: pass {path!r} without '#{selector}'")
     return path
 
 
@@ -47,7 +46,13 @@ def info(
 def verify(
     store: Annotated[str, typer.Argument(help="Store path or URL.")],
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
-    quarantine: Annotated[bool, typer.Option("--quarantine", help="Take back the commit of each unit whose files fail their checks (kept under quarantine/): its samples read as never built, and re-running the build that wrote them computes them again.")] = False,
+    quarantine: Annotated[
+        bool,
+        typer.Option(
+            "--quarantine",
+            help="Take back the commit of each unit whose files fail their checks (kept under quarantine/): its samples read as never built, and re-running the build that wrote them computes them again.",
+        ),
+    ] = False,
 ) -> None:
     """Check every checksum, sample, token key and layer; name each bad sample (exit 1 if any).
 
@@ -66,8 +71,16 @@ def verify(
 @app.command()
 def gc(
     store: Annotated[str, typer.Argument(help="Store path or URL.")],
-    grace: Annotated[float, typer.Option("--grace", help="Seconds before another host's uncommitted unit is debris.")] = UNIT_GRACE_SECONDS,
-    force: Annotated[bool, typer.Option("--force", help="Remove every uncommitted unit whose writer does not hold it (local stores: running writers keep theirs; object stores: only when no writer runs).")] = False,
+    grace: Annotated[
+        float, typer.Option("--grace", help="Seconds before another host's uncommitted unit is debris.")
+    ] = UNIT_GRACE_SECONDS,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Remove every uncommitted unit whose writer does not hold it (local stores: running writers keep theirs; object stores: only when no writer runs).",
+        ),
+    ] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
 ) -> None:
@@ -106,18 +119,26 @@ def label(
     vid = store.select(selector)
     previous = store.set_label(vid, new_label, by="label")
     said = "unchanged" if previous == new_label else f"was {previous!r}" if previous else "was unlabelled"
-    emit(LabelChange(store=path, variant=vid, label=new_label, previous=previous), json_out,
-         lambda r: f"variant {r.variant} labelled {r.label!r} ({said}); select it as {r.store}#{label_selector(r.label)}")
+    emit(
+        LabelChange(store=path, variant=vid, label=new_label, previous=previous),
+        json_out,
+        lambda r: (
+            f"variant {r.variant} labelled {r.label!r} ({said}); select it as {r.store}#{label_selector(r.label)}"
+        ),
+    )
 
 
 # --- `hsstore convert`: derive a variant of another storage precision from a stored one (no model).
 
+
 def convert_text(r: ConvertReport) -> str:
-    lines = [f"{r.source} -> {r.store}#{r.variant} ({r.precision}, codec {r.codec})",
-             f"converted {r.samples_converted:,} samples ({r.tokens:,} tokens, {r.bytes / 1e6:,.1f} MB) in "
-             f"{r.seconds:.1f} s on {r.workers} thread(s); {r.samples_present:,} were there already"
-             + ("" if r.complete else "; NOT complete: re-run the same command to finish"),
-             " layer    rel_l2  cos_mean   cos_min    max_abs   (storage error against the source, all samples)"]
+    lines = [
+        f"{r.source} -> {r.store}#{r.variant} ({r.precision}, codec {r.codec})",
+        f"converted {r.samples_converted:,} samples ({r.tokens:,} tokens, {r.bytes / 1e6:,.1f} MB) in "
+        f"{r.seconds:.1f} s on {r.workers} thread(s); {r.samples_present:,} were there already"
+        + ("" if r.complete else "; NOT complete: re-run the same command to finish"),
+        " layer    rel_l2  cos_mean   cos_min    max_abs   (storage error against the source, all samples)",
+    ]
     for layer, e in sorted(r.error.items(), key=lambda x: int(x[0])):
         lines.append(f"{int(layer):6d} {e.rel_l2:9.3e} {e.cos_mean:9.6f} {e.cos_min:9.6f} {e.max_abs:10.3e}")
     return "\n".join(lines)
@@ -127,14 +148,31 @@ def convert_text(r: ConvertReport) -> str:
 def convert(
     target: Annotated[str, typer.Argument(help="STORE#SELECTOR of a variant stored as computed (bf16/fp16/fp32).")],
     precision: Annotated[str, typer.Option("--precision", help="Storage precision of the new variant: fp8-e4m3.")],
-    store: Annotated[str | None, typer.Option("--store", help="Write the new variant here (default: the same store).")] = None,
-    workers: Annotated[int | None, typer.Option("--workers", min=1, help="Units converted side by side (default: up to 4).")] = None,
-    codec: Annotated[str | None, typer.Option("--codec", help="Compression of the new variant (default: the source's).")] = None,
-    allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf/all-zero states anyway.")] = False,
-    label: Annotated[str | None, typer.Option("--label", help="Name the new variant: select it as STORE#LABEL.")] = None,
-    another_model: Annotated[bool, typer.Option(
-        "--another-model", help="Let this model into a --store that holds another model's states.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="Print nothing while the conversion runs (no progress, no phase lines: a long conversion is silent for minutes); errors and the final summary still print.")] = False,
+    store: Annotated[
+        str | None, typer.Option("--store", help="Write the new variant here (default: the same store).")
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option("--workers", min=1, help="Units converted side by side (default: up to 4).")
+    ] = None,
+    codec: Annotated[
+        str | None, typer.Option("--codec", help="Compression of the new variant (default: the source's).")
+    ] = None,
+    allow_unhealthy: Annotated[
+        bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf/all-zero states anyway.")
+    ] = False,
+    label: Annotated[
+        str | None, typer.Option("--label", help="Name the new variant: select it as STORE#LABEL.")
+    ] = None,
+    another_model: Annotated[
+        bool, typer.Option("--another-model", help="Let this model into a --store that holds another model's states.")
+    ] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet",
+            help="Print nothing while the conversion runs (no progress, no phase lines: a long conversion is silent for minutes); errors and the final summary still print.",
+        ),
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
 ) -> None:
     """Derive an FP8 variant from a stored one, streaming and resumable, with its storage error measured.
@@ -149,13 +187,27 @@ def convert(
     from hsstore.storage.convert import convert as run_convert
 
     # the bar on a terminal's stderr only: stdout holds the report alone
-    bar = Progress(TextColumn("convert"), BarColumn(), TextColumn("{task.completed}/{task.total} samples"),
-                   transient=True, disable=quiet or json_out or not sys.stderr.isatty(), console=Console(stderr=True))
+    bar = Progress(
+        TextColumn("convert"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} samples"),
+        transient=True,
+        disable=quiet or json_out or not sys.stderr.isatty(),
+        console=Console(stderr=True),
+    )
     with bar:
         task = bar.add_task("convert", total=None)
-        r = run_convert(target, precision, store, workers, allow_unhealthy,
-                        on_progress=lambda done, total: bar.update(task, completed=done, total=total), codec=codec,
-                        label=label, another_model=another_model)
+        r = run_convert(
+            target,
+            precision,
+            store,
+            workers,
+            allow_unhealthy,
+            on_progress=lambda done, total: bar.update(task, completed=done, total=total),
+            codec=codec,
+            label=label,
+            another_model=another_model,
+        )
     emit(r, json_out, convert_text)
     if not r.complete:
         raise typer.Exit(1)

@@ -55,19 +55,26 @@ def relation(i: int, j: int, n_layers: int) -> tuple[str, str]:
     if i == j:
         return "as_labelled", f"A's layer {i} is B's layer {j}, as labelled: {point(j, n_layers)}"
     if i == n_layers and j == n_layers - 1:
-        return "pre_norm", (f"A's layer {i} is PRE-norm (B's layer {j}, the last decoder layer's output) where "
-                            "post-final-norm is labelled: vLLM's last state is pre-norm (speculators PR #313)")
+        return "pre_norm", (
+            f"A's layer {i} is PRE-norm (B's layer {j}, the last decoder layer's output) where "
+            "post-final-norm is labelled: vLLM's last state is pre-norm (speculators PR #313)"
+        )
     if i == n_layers - 1 and j == n_layers:
-        return "post_norm", (f"A's layer {i} is POST-norm (B's final-norm output, transformers' hidden_states[-1]) "
-                             "where the last decoder layer's pre-norm output is labelled")
+        return "post_norm", (
+            f"A's layer {i} is POST-norm (B's final-norm output, transformers' hidden_states[-1]) "
+            "where the last decoder layer's pre-norm output is labelled"
+        )
     if j == i - 1:
-        return "off_by_one", (f"A's layer {i} is B's layer {j}: OFF BY ONE — A holds the state entering layer {i} "
-                              f"(= output of {j}), the input convention of vLLM aux layers; import with --capture input")
+        return "off_by_one", (
+            f"A's layer {i} is B's layer {j}: OFF BY ONE — A holds the state entering layer {i} "
+            f"(= output of {j}), the input convention of vLLM aux layers; import with --capture input"
+        )
     return "shifted", f"A's layer {i} is B's layer {j} ({point(j, n_layers)}): shifted by {j - i:+d}"
 
 
-def rel_matrix(a: VariantReader, b: VariantReader, keys: list[str], threads: int | None,
-               device: str) -> tuple[np.ndarray, np.ndarray, int]:
+def rel_matrix(
+    a: VariantReader, b: VariantReader, keys: list[str], threads: int | None, device: str
+) -> tuple[np.ndarray, np.ndarray, int]:
     """rel-L2 and mean cosine ``[|A layers|, |B layers|]`` over ``keys``, and the tokens compared."""
     la, lb = a.record.all_layers, b.record.all_layers
     pairs = [(i, j) for i in range(len(la)) for j in range(len(lb))]
@@ -88,17 +95,29 @@ def rel_matrix(a: VariantReader, b: VariantReader, keys: list[str], threads: int
     return rel, cos, int(total[0, C["tokens"]]) if pairs else 0
 
 
-def align(a: VariantReader, b: VariantReader, keys: list[str], a_target: str, b_target: str,
-          samples: int | None = DEFAULT_SAMPLES, seed: int = 0, threads: int | None = None,
-          device: str = "cpu") -> AlignReport:
+def align(
+    a: VariantReader,
+    b: VariantReader,
+    keys: list[str],
+    a_target: str,
+    b_target: str,
+    samples: int | None = DEFAULT_SAMPLES,
+    seed: int = 0,
+    threads: int | None = None,
+    device: str = "cpu",
+) -> AlignReport:
     """Match each of A's layers against B's layers and capture points on shared samples."""
     if not capture_known(b):
-        raise BadInput(f"B ({b.id}) has no known capture point (recipe.capture = "
-                       f"{or_none(b.record.prov.recipe.capture)!r}); --align matches A against a native "
-                       "variant: pass one built by hsstore as B")
+        raise BadInput(
+            f"B ({b.id}) has no known capture point (recipe.capture = "
+            f"{or_none(b.record.prov.recipe.capture)!r}); --align matches A against a native "
+            "variant: pass one built by hsstore as B"
+        )
     if a.record.hidden_size != b.record.hidden_size:
-        raise BadInput(f"hidden sizes differ: {a.record.hidden_size} (A) vs {b.record.hidden_size} (B): these are "
-                       "states of different models")
+        raise BadInput(
+            f"hidden sizes differ: {a.record.hidden_size} (A) vs {b.record.hidden_size} (B): these are "
+            "states of different models"
+        )
     n_layers = num_layers(b)
     n = sample_count(len(keys), samples, None)
     chosen = [keys[int(i)] for i in choose([a.refs[k].length for k in keys], keys, n, seed).indices]
@@ -107,11 +126,20 @@ def align(a: VariantReader, b: VariantReader, keys: list[str], a_target: str, b_
     layers = [_layer(i, la[i], lb, rel[i], cos[i], n_layers) for i in range(len(la))]
     wrong = [L for L in layers if L.relation != "as_labelled"]
     summary = summarize_layers(layers)
-    return AlignReport(a=f"{a.store.location}#{a.id}", b=f"{b.store.location}#{b.id}", a_target=a_target,
-                       b_target=b_target, a_capture=str(or_none(a.record.prov.recipe.capture)),
-                       samples=len(chosen), tokens=tokens, b_layers=lb,
-                       b_points={str(j): point(j, n_layers) for j in lb}, layers=layers, summary=summary,
-                       ok=not wrong)
+    return AlignReport(
+        a=f"{a.store.location}#{a.id}",
+        b=f"{b.store.location}#{b.id}",
+        a_target=a_target,
+        b_target=b_target,
+        a_capture=str(or_none(a.record.prov.recipe.capture)),
+        samples=len(chosen),
+        tokens=tokens,
+        b_layers=lb,
+        b_points={str(j): point(j, n_layers) for j in lb},
+        layers=layers,
+        summary=summary,
+        ok=not wrong,
+    )
 
 
 SHORT = {
@@ -146,23 +174,36 @@ def _layer(row: int, label: int, lb: list[int], rel: np.ndarray, cos: np.ndarray
         kind, words = relation(label, lb[best], n_layers)
     else:
         kind = "no_match"
-        words = (f"A's layer {label} matches no layer of B clearly (best B's layer {lb[best]} at rel-L2 {best_rel:.3g}, "
-                 f"next {runner_rel:.3g}): other model, other inputs, or a capture point B does not store")
-    return AlignLayer(layer=label, match=lb[best], rel_l2=best_rel, cos_mean=float(cos[best]),
-                      runner_up=lb[runner] if runner is not None else None, runner_up_rel_l2=runner_rel,
-                      relation=kind, message=words, rel_l2_by_b_layer={str(j): float(r) for j, r in zip(lb, rel)})
-
-
-def run_align(a_t: str, b_t: str, samples: int | None = None, fraction: float | None = None, seed: int = 0,
-              threads: int | None = None, device: str = "cpu", allow_different_models: bool = False,
-              auto: bool = False) -> AlignReport:
-    """``hsstore diff A B --align`` (``auto``: run because A's capture point is unknown)."""
-    from hsstore.compare.diff import (
-        check_device,
-        check_same_model,
-        open_target,
-        shared_keys,
+        words = (
+            f"A's layer {label} matches no layer of B clearly (best B's layer {lb[best]} at rel-L2 {best_rel:.3g}, "
+            f"next {runner_rel:.3g}): other model, other inputs, or a capture point B does not store"
+        )
+    return AlignLayer(
+        layer=label,
+        match=lb[best],
+        rel_l2=best_rel,
+        cos_mean=float(cos[best]),
+        runner_up=lb[runner] if runner is not None else None,
+        runner_up_rel_l2=runner_rel,
+        relation=kind,
+        message=words,
+        rel_l2_by_b_layer={str(j): float(r) for j, r in zip(lb, rel)},
     )
+
+
+def run_align(
+    a_t: str,
+    b_t: str,
+    samples: int | None = None,
+    fraction: float | None = None,
+    seed: int = 0,
+    threads: int | None = None,
+    device: str = "cpu",
+    allow_different_models: bool = False,
+    auto: bool = False,
+) -> AlignReport:
+    """``hsstore diff A B --align`` (``auto``: run because A's capture point is unknown)."""
+    from hsstore.compare.diff import check_device, check_same_model, open_target, shared_keys
     from hsstore.compare.sampling import check_sampling
 
     check_sampling(samples, fraction, 0.95)
@@ -173,8 +214,11 @@ def run_align(a_t: str, b_t: str, samples: int | None = None, fraction: float | 
     n = sample_count(len(keys), samples, fraction) if (samples or fraction) else DEFAULT_SAMPLES
     report = align(a, b, keys, a_t, b_t, n, seed, threads, device)
     if auto:
-        notes.insert(0, f"A's capture point is {report.a_capture!r} (recipe.capture): its layers were matched against "
-                        "B's capture points instead of compared with B's same-numbered layers")
+        notes.insert(
+            0,
+            f"A's capture point is {report.a_capture!r} (recipe.capture): its layers were matched against "
+            "B's capture points instead of compared with B's same-numbered layers",
+        )
     return report.replace(notes=notes)
 
 

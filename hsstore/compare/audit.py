@@ -25,15 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hsstore.capture.run.hooks import EMBEDDINGS
-from hsstore.compare.check import (
-    BatchPlan,
-    as_stored,
-    batch_plan,
-    check_shapes,
-    live_states,
-    model_spec,
-    pad_id,
-)
+from hsstore.compare.check import BatchPlan, as_stored, batch_plan, check_shapes, live_states, model_spec, pad_id
 from hsstore.compare.defects import (
     CLEAN,
     DEFECTS,
@@ -66,6 +58,7 @@ if TYPE_CHECKING:
 
 # --- What an audit is asked: the model, the variant, which of its samples, and how to recompute them
 
+
 class AuditRequest(Record):
     """An audit of ``target`` (STORE#SELECTOR) against ``model``: ``samples`` (or a ``fraction``, or the ``keys``
     named by prefix; default 8) drawn with ``seed``, judged against ``floor`` (STORE#SELECTOR, or ``live``; None:
@@ -92,8 +85,9 @@ CONFIDENCE = 0.95
 DEFAULT_SAMPLES = 8
 
 
-def choose_keys(reader: VariantReader, samples: int | None, fraction: float | None, seed: int,
-                named: list[str] | None = None) -> list[str]:
+def choose_keys(
+    reader: VariantReader, samples: int | None, fraction: float | None, seed: int, named: list[str] | None = None
+) -> list[str]:
     """The samples named by key prefix (``--keys``), else a seeded, length-stratified choice of ``samples`` (or
     a ``fraction``; default 8; ``hsstore.compare.sampling``), in commit order."""
     keys = reader.keys
@@ -102,7 +96,13 @@ def choose_keys(reader: VariantReader, samples: int | None, fraction: float | No
             raise BadInput("--keys names the samples: leave out --samples and --fraction")
         return named_keys(reader, named)
     N = len(keys)
-    n = min(N, samples) if samples is not None else max(1, math.ceil(fraction * N)) if fraction else min(N, DEFAULT_SAMPLES)
+    n = (
+        min(N, samples)
+        if samples is not None
+        else max(1, math.ceil(fraction * N))
+        if fraction
+        else min(N, DEFAULT_SAMPLES)
+    )
     choice = choose([reader.refs[k].length for k in keys], keys, n, seed)
     return [keys[int(i)] for i in choice.indices]
 
@@ -117,11 +117,15 @@ def named_keys(reader: VariantReader, prefixes: list[str]) -> list[str]:
     for p in prefixes:
         hits = [k for k in reader.keys if k.startswith(p)]
         if not hits:
-            raise BadInput(f"no sample of variant {reader.id} has a key starting with {p!r} (hsstore verify and "
-                           "hsstore check --json name samples by key)")
+            raise BadInput(
+                f"no sample of variant {reader.id} has a key starting with {p!r} (hsstore verify and "
+                "hsstore check --json name samples by key)"
+            )
         if len(hits) > 1:
-            raise BadInput(f"key prefix {p!r} matches {len(hits)} samples of variant {reader.id} ({hits[0][:16]}, "
-                           f"{hits[1][:16]}, ...): give more characters")
+            raise BadInput(
+                f"key prefix {p!r} matches {len(hits)} samples of variant {reader.id} ({hits[0][:16]}, "
+                f"{hits[1][:16]}, ...): give more characters"
+            )
         out.add(hits[0])
     return [k for k in reader.keys if k in out]
 
@@ -130,17 +134,23 @@ def rate_bound(k: int, n: int, N: int, named: bool) -> tuple[float | None, str]:
     """What k defective of n checked samples (of N) say of the variant's defect rate: (upper bound or the rate
     itself, in words); None for samples named by the user (not a random draw: they bound nothing)."""
     if named:
-        return None, (f"{k} defective of the {n} sample(s) named (--keys), not drawn at random: they bound no rate "
-                      "(drop --keys for a seeded random choice that does)")
+        return None, (
+            f"{k} defective of the {n} sample(s) named (--keys), not drawn at random: they bound no rate "
+            "(drop --keys for a seeded random choice that does)"
+        )
     if n >= N:
         return k / N, f"every one of the {N} samples checked: {k} defective, a defect rate of {k / N:.3g} exactly"
     if k == n:
-        return 1.0, (f"all {n} samples chosen at random (seeded, length-stratified) from {N} are defective: the "
-                     "defect rate may be anywhere up to 1")
+        return 1.0, (
+            f"all {n} samples chosen at random (seeded, length-stratified) from {N} are defective: the "
+            "defect rate may be anywhere up to 1"
+        )
     upper = upper_bound(k, n, CONFIDENCE)
-    return upper, (f"{k} defective of {n} samples chosen at random (seeded, length-stratified) from {N}: the "
-                   f"variant's defect rate is below {upper:.3g} at {CONFIDENCE:.0%} confidence"
-                   + (" (about 3/n: check more samples to bound it lower)" if not k else ""))
+    return upper, (
+        f"{k} defective of {n} samples chosen at random (seeded, length-stratified) from {N}: the "
+        f"variant's defect rate is below {upper:.3g} at {CONFIDENCE:.0%} confidence"
+        + (" (about 3/n: check more samples to bound it lower)" if not k else "")
+    )
 
 
 # --- How to recompute a variant's states: from its provenance where it says, from the user's options where
@@ -167,8 +177,14 @@ def _known(value: object) -> str | None:
     return None if v in (None, UNKNOWN, "") else str(v)
 
 
-def _pick(name: str, given: str | None, recorded: str | None, default: tuple[str, str], allowed: tuple[str, ...],
-          assumed: dict[str, str]) -> str:
+def _pick(
+    name: str,
+    given: str | None,
+    recorded: str | None,
+    default: tuple[str, str],
+    allowed: tuple[str, ...],
+    assumed: dict[str, str],
+) -> str:
     """The given value, else the recorded one, else ``default`` (value, why), with what was assumed noted."""
     if given is not None and given not in allowed:
         raise BadInput(f"--{name} {given!r}: choose one of {', '.join(allowed)}")
@@ -194,9 +210,11 @@ def _computed_narrower(reader: VariantReader, assumed: dict[str, str]) -> str | 
     found = {narrower_values(x) for x in reader.read_layers(reader.refs[reader.keys[0]], layers)}
     narrow = found.pop() if len(found) == 1 else None
     if narrow is not None:
-        assumed["dtype"] = (f"{narrow} (every stored value of the first sample is a {narrow} value: computed at "
-                            f"{narrow} and saved as fp32; the import does not record it: pass --dtype fp32 to judge "
-                            "the states at fp32)")
+        assumed["dtype"] = (
+            f"{narrow} (every stored value of the first sample is a {narrow} value: computed at "
+            f"{narrow} and saved as fp32; the import does not record it: pass --dtype fp32 to judge "
+            "the states at fp32)"
+        )
     return narrow
 
 
@@ -217,20 +235,31 @@ def how_to_recompute(reader: VariantReader, request: AuditRequest) -> Recompute:
     dev = request.device or (rec_device.split(":")[0] if rec_device else None)
     if dev is None:
         dev = default_device()
-        assumed["device"] = (f"{dev} ({'a GPU is visible' if dev == 'cuda' else 'no GPU is visible'}; the variant "
-                             "records device unknown: pass --device to change)")
+        assumed["device"] = (
+            f"{dev} ({'a GPU is visible' if dev == 'cuda' else 'no GPU is visible'}; the variant "
+            "records device unknown: pass --device to change)"
+        )
     on_gpu = dev.startswith("cuda")
     fla_default = "fla" if on_gpu and installed("fla") else "torch"
-    why_backend = "the fla kernels are installed and it runs on a GPU" if fla_default == "fla" else (
-        "transformers' reference kernels")
+    why_backend = (
+        "the fla kernels are installed and it runs on a GPU"
+        if fla_default == "fla"
+        else ("transformers' reference kernels")
+    )
     be = _pick("backend", request.backend, _known(env.backend), (fla_default, why_backend), BACKENDS, assumed)
     stored = reader.record.dtype if reader.record.dtype in DTYPES else _known(env.dtype)
     dt = _pick("dtype", request.dtype, stored, ("bf16", "the usual training dtype"), DTYPES, assumed)
     if request.dtype is None and dt == "fp32" and isinstance(reader.record.prov.source, ImportSource):
         dt = _computed_narrower(reader, assumed) or dt
     kernels = env.kernels.to_dict() if hasattr(env.kernels, "to_dict") else {}
-    attn = _pick("attn", request.attention, _known(kernels.get("attention")), ("sdpa", "transformers' default"),
-                 ATTENTION, assumed)
+    attn = _pick(
+        "attn",
+        request.attention,
+        _known(kernels.get("attention")),
+        ("sdpa", "transformers' default"),
+        ATTENTION,
+        assumed,
+    )
     require_attention(attn, "install it on a GPU host, or pass --attn sdpa")
     budget = request.token_budget
     if budget is not None:
@@ -239,15 +268,19 @@ def how_to_recompute(reader: VariantReader, request: AuditRequest) -> Recompute:
         return Recompute(be, dt, dev, attn, "budget", budget, assumed)
     if isinstance(env.batching, Batching) and env.batching.token_budget >= 1:
         return Recompute(be, dt, dev, attn, "recorded", None, assumed)
-    assumed["batching"] = ("each sample alone, unpadded (the variant records no batching; pass --token-budget N "
-                           "to recompute in hsstore's token-budget batches instead)")
+    assumed["batching"] = (
+        "each sample alone, unpadded (the variant records no batching; pass --token-budget N "
+        "to recompute in hsstore's token-budget batches instead)"
+    )
     return Recompute(be, dt, dev, attn, "alone", None, assumed)
 
 
 # --- What an imported cache's ``--layers``/``--capture`` statement should have been, from the audit's findings
 
-def held_points(verdicts: Sequence[SampleVerdict], findings: Sequence[Finding],
-                labels: Sequence[int]) -> dict[int, set[int]]:
+
+def held_points(
+    verdicts: Sequence[SampleVerdict], findings: Sequence[Finding], labels: Sequence[int]
+) -> dict[int, set[int]]:
     """Stored label -> the capture points it held across the checked samples (as labelled where clean; the
     match where a capture point, also beside NaN/zero rows; samples where it shows another defect say nothing)."""
     match = {(f.key, f.layer): f.match for f in findings if f.kind == "capture_point"}
@@ -262,8 +295,9 @@ def held_points(verdicts: Sequence[SampleVerdict], findings: Sequence[Finding],
     return held
 
 
-def restatement(verdicts: Sequence[SampleVerdict], findings: Sequence[Finding], source: ImportSource,
-                n_layers: int) -> Restatement | None:
+def restatement(
+    verdicts: Sequence[SampleVerdict], findings: Sequence[Finding], source: ImportSource, n_layers: int
+) -> Restatement | None:
     """The statement that labels every slot with what it holds, or None when the stated one is right (and
     known), or the samples do not agree on one (then the findings say what is wrong, slot by slot)."""
     labels = [to_hsstore(s, source.capture, n_layers) for s in source.layers]  # hsstore labels, file slot order
@@ -281,11 +315,12 @@ def restatement(verdicts: Sequence[SampleVerdict], findings: Sequence[Finding], 
     stated = ",".join(map(str, source.layers))
     flags = f"--layers {ids} --capture {numbering}"
     what = "leaves the numbering unknown" if source.capture == "unknown" else "is wrong"
-    words = (f"the file slots hold hsstore layers {slots} (output of decoder layer i; {n_layers} = after the final "
-             f"norm): --layers {stated} --capture {source.capture} {what}; import again with {flags} (= --layers "
-             f"{other_ids} --capture {other})")
-    return Restatement(slots=slots, stated=f"--layers {stated} --capture {source.capture}", flags=flags,
-                       words=words)
+    words = (
+        f"the file slots hold hsstore layers {slots} (output of decoder layer i; {n_layers} = after the final "
+        f"norm): --layers {stated} --capture {source.capture} {what}; import again with {flags} (= --layers "
+        f"{other_ids} --capture {other})"
+    )
+    return Restatement(slots=slots, stated=f"--layers {stated} --capture {source.capture}", flags=flags, words=words)
 
 
 NEIGHBOURS = 4  # samples on each side (in commit order) searched for a stale slot's source rows
@@ -308,8 +343,10 @@ def bind(how: Recompute) -> None:
     from hsstore.capture.model.kernels import force_backend, installed
 
     if how.backend == "fla" and not installed("fla"):
-        raise BadInput("backend 'fla' needs the flash-linear-attention kernels, which are not installed here: pip "
-                       "install flash-linear-attention fla-core on a GPU host, or pass --backend torch")
+        raise BadInput(
+            "backend 'fla' needs the flash-linear-attention kernels, which are not installed here: pip "
+            "install flash-linear-attention fla-core on a GPU host, or pass --backend torch"
+        )
     try:
         force_backend(how.backend)
     except RuntimeError:
@@ -324,12 +361,15 @@ def load(spec: ModelSpec, how: Recompute, dtype: str) -> Any:
         model = spec.load(TORCH[dtype] if dtype in TORCH else torch.float64, how.device, how.attention)
     except ImportError as e:  # an attention implementation whose package transformers cannot import
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise BadInput(f"cannot load {spec.path} with {how.attention!r} attention here ({first}); pass --attn "
-                       "sdpa") from e
+        raise BadInput(
+            f"cannot load {spec.path} with {how.attention!r} attention here ({first}); pass --attn sdpa"
+        ) from e
     bound = bound_kernels(model).get("chunk_gated_delta_rule")
     if bound not in (None, "none", how.backend) and how.backend in ("torch", "fla") and bound in ("torch", "fla"):
-        raise BadInput(f"this process binds the {bound!r} gated-delta kernels, not {how.backend!r}; "
-                       f"{why_not(model, how.backend)}; or run `hsstore check` in a fresh process (--backend {how.backend})")
+        raise BadInput(
+            f"this process binds the {bound!r} gated-delta kernels, not {how.backend!r}; "
+            f"{why_not(model, how.backend)}; or run `hsstore check` in a fresh process (--backend {how.backend})"
+        )
     return model
 
 
@@ -344,14 +384,20 @@ def batches(reader: VariantReader, how: Recompute, keys: list[str]) -> BatchPlan
     return BatchPlan([[k] for k in keys], False, 0)
 
 
-def row_index(reader: VariantReader, keys: list[str], labels: list[int]
-              ) -> tuple[dict[tuple[int, int], list[tuple[str, int]]], dict[str, Any]]:
+def row_index(
+    reader: VariantReader, keys: list[str], labels: list[int]
+) -> tuple[dict[tuple[int, int], list[tuple[str, int]]], dict[str, Any]]:
     """(layer, row hash) -> [(key, row)] over the chosen samples and their NEIGHBOURS in commit order (where a
     stale slot's bytes come from: the previous requests), zero and constant rows left out; and each
     candidate's token ids."""
     order = {k: i for i, k in enumerate(reader.keys)}
-    cand = sorted({reader.keys[j] for k in keys for j in range(max(0, order[k] - NEIGHBOURS),
-                                                                  min(len(reader.keys), order[k] + NEIGHBOURS + 1))})
+    cand = sorted(
+        {
+            reader.keys[j]
+            for k in keys
+            for j in range(max(0, order[k] - NEIGHBOURS), min(len(reader.keys), order[k] + NEIGHBOURS + 1))
+        }
+    )
     index: dict[tuple[int, int], list[tuple[str, int]]] = {}
     tokens = {k: reader.read_tokens(reader.refs[k])[0] for k in cand}
     for k in cand:
@@ -418,8 +464,9 @@ def recompute_setup(request: AuditRequest) -> Recomputed:
     reader = open_target(request.target)
     how = how_to_recompute(reader, request)
     bind(how)
-    how = Recompute(how.backend, how.dtype, check_device(how.device), how.attention, how.batching,
-                    how.token_budget, how.assumed)
+    how = Recompute(
+        how.backend, how.dtype, check_device(how.device), how.attention, how.batching, how.token_budget, how.assumed
+    )
     spec = model_spec(request.model, reader.record.prov.recipe)
     keys = choose_keys(reader, request.samples, request.fraction, request.seed, request.keys)
     n_layers, vocab = check_shapes(spec, reader, keys)
@@ -429,20 +476,28 @@ def recompute_setup(request: AuditRequest) -> Recomputed:
     floor_dtype = ("fp64" if how.dtype == "fp32" else "fp32") if use_live_floor else None
     models = [load(spec, how, how.dtype)] + ([load(spec, how, floor_dtype)] if floor_dtype else [])
     in_live = [i for i in reader.record.all_layers if i <= n_layers]
-    return Recomputed(reader, how, spec, models, keys, batches(reader, how, keys), n_layers, vocab, in_live,
-                      floor_dtype, stored_floor)
+    return Recomputed(
+        reader, how, spec, models, keys, batches(reader, how, keys), n_layers, vocab, in_live, floor_dtype, stored_floor
+    )
 
 
-def _judge_all(stream: Iterator[tuple[str, list[dict[int, torch.Tensor]]]], run: Recomputed, noise_factor: float
-               ) -> tuple[dict[str, list[LayerEvidence]], list[SampleVerdict], list[Finding], Totals, Totals]:
+def _judge_all(
+    stream: Iterator[tuple[str, list[dict[int, torch.Tensor]]]], run: Recomputed, noise_factor: float
+) -> tuple[dict[str, list[LayerEvidence]], list[SampleVerdict], list[Finding], Totals, Totals]:
     """Evidence, verdicts and findings of every recomputed sample, and the per-layer sums of live against
     stored states (and of stored against the floor)."""
     reader, in_live, dev = run.reader, run.in_live, run.how.device
-    labels, aux, tgt = reader.record.all_layers, reader.record.layers.get("aux", []), reader.record.layers.get("target", [])
+    labels, aux, tgt = (
+        reader.record.all_layers,
+        reader.record.layers.get("aux", []),
+        reader.record.layers.get("target", []),
+    )
     target_label = tgt[0] if len(tgt) == 1 else None
     bf16 = reader.record.dtype == "bf16"
-    floored = run.floor_dtype is not None or (run.stored_floor is not None  # (compared only where it holds them all)
-                                              and set(in_live) <= set(run.stored_floor.record.all_layers))
+    floored = run.floor_dtype is not None or (
+        run.stored_floor is not None  # (compared only where it holds them all)
+        and set(in_live) <= set(run.stored_floor.record.all_layers)
+    )
     pairs = [bf16] + ([False] if floored else [])  # (the floor: no ULPs)
     ws = Workspace("cpu", use_compiled(reader, run.keys, in_live, pairs))  # the C loops only where they pay
     totals, ftotals = Totals(len(in_live)), Totals(len(in_live))
@@ -460,12 +515,25 @@ def _judge_all(stream: Iterator[tuple[str, list[dict[int, torch.Tensor]]]], run:
         v, f = judge_sample(key, ev, aux, target_label, run.n_layers, noise_factor)
         verdicts.append(v)
         findings += f
-        totals.add(summarize(key, token_sums([live[i].cpu() for i in in_live], [stored[i] for i in in_live], ws,
-                                             reader.record.dtype == "bf16"), reader.record.hidden_size, ws))
+        totals.add(
+            summarize(
+                key,
+                token_sums(
+                    [live[i].cpu() for i in in_live], [stored[i] for i in in_live], ws, reader.record.dtype == "bf16"
+                ),
+                reader.record.hidden_size,
+                ws,
+            )
+        )
         if floor is not None and all(i in floor for i in in_live):
-            ftotals.add(summarize(key, token_sums([stored[i] for i in in_live],
-                                                  [floor[i].float().cpu() for i in in_live], ws),
-                                  reader.record.hidden_size, ws))
+            ftotals.add(
+                summarize(
+                    key,
+                    token_sums([stored[i] for i in in_live], [floor[i].float().cpu() for i in in_live], ws),
+                    reader.record.hidden_size,
+                    ws,
+                )
+            )
     return evidence, verdicts, findings, totals, ftotals
 
 
@@ -492,19 +560,28 @@ def _report(request: AuditRequest, run: Recomputed, judged: Judged, t0: float) -
         rec_tok = str(or_none(reader.record.prov.recipe.tokenizer.fingerprint) or "")
         extra.update(tokenizer_fingerprint=tok, recorded_tokenizer_fingerprint=rec_tok, same_tokenizer=tok == rec_tok)
         if tok != rec_tok:
-            notes.append(f"the variant's tokens were made by tokenizer {rec_tok[:16]} (recipe.tokenizer), {model}'s "
-                         f"tokenizer is {tok[:16]}: the states are judged for the stored token ids, but a dataset "
-                         "tokenized by this model's tokenizer has other sample keys and will not find them")
+            notes.append(
+                f"the variant's tokens were made by tokenizer {rec_tok[:16]} (recipe.tokenizer), {model}'s "
+                f"tokenizer is {tok[:16]}: the states are judged for the stored token ids, but a dataset "
+                "tokenized by this model's tokenizer has other sample keys and will not find them"
+            )
     est = full_layers(run.in_live, judged.totals, reader.record.dtype == "bf16")
     bad, counts, upper, bound, kind, text = _verdict(verdicts, findings, len(reader.keys), request.keys is not None)
     if restated is not None:
         extra["restatement"] = restated
         text += f"; {restated.words}"
-    batching = {"recorded": "the recorded batch plan", "alone": "each sample alone, unpadded",
-                "budget": f"token-budget batches of {how.token_budget} over every sample"}[how.batching]
-    floor_words = (f"live: the same samples recomputed in {run.floor_dtype}" if run.floor_dtype else
-                   f"{run.stored_floor.store.location}#{run.stored_floor.id}" if run.stored_floor is not None
-                   else UNSET_FLOOR)
+    batching = {
+        "recorded": "the recorded batch plan",
+        "alone": "each sample alone, unpadded",
+        "budget": f"token-budget batches of {how.token_budget} over every sample",
+    }[how.batching]
+    floor_words = (
+        f"live: the same samples recomputed in {run.floor_dtype}"
+        if run.floor_dtype
+        else f"{run.stored_floor.store.location}#{run.stored_floor.id}"
+        if run.stored_floor is not None
+        else UNSET_FLOOR
+    )
     diffs = [d for d in live_differences(live_model, reader, identity) if d.b != "unknown"]
     if floor_words != UNSET_FLOOR:
         extra["floor"] = floor_words
@@ -512,15 +589,43 @@ def _report(request: AuditRequest, run: Recomputed, judged: Judged, t0: float) -
             extra["floor_layers"] = full_layers(run.in_live, judged.ftotals, False).layers
     return CheckReport(
         notes=notes,
-        model=model, target=request.target, variant=f"{reader.store.location}#{reader.id}", device=how.device,
-        dtype=how.dtype, model_fingerprint=identity["fingerprint"], recorded_model_fingerprint=recorded_fp,
-        same_model=identity["fingerprint"] == recorded_fp, samples=len(verdicts), tokens=sum(reader.refs[k].length for k in keys),
-        keys=keys, batches=sum(1 for b in run.plan.batches if set(b) & set(keys)), batching=batching, layers=est.layers,
-        environment_differences=diffs, verdict=text, verdict_kind=kind, seconds=time.perf_counter() - t0,
-        recompute={"backend": how.backend, "dtype": how.dtype, "device": how.device, "attention": how.attention,
-                   "batching": how.batching, "token_budget": how.token_budget, "floor_dtype": run.floor_dtype},
-        assumed=how.assumed, population=len(reader.keys), sample_verdicts=verdicts, findings=findings, defects=counts,
-        defective_samples=len(bad), defect_rate_upper=upper, bound=bound, **extra)
+        model=model,
+        target=request.target,
+        variant=f"{reader.store.location}#{reader.id}",
+        device=how.device,
+        dtype=how.dtype,
+        model_fingerprint=identity["fingerprint"],
+        recorded_model_fingerprint=recorded_fp,
+        same_model=identity["fingerprint"] == recorded_fp,
+        samples=len(verdicts),
+        tokens=sum(reader.refs[k].length for k in keys),
+        keys=keys,
+        batches=sum(1 for b in run.plan.batches if set(b) & set(keys)),
+        batching=batching,
+        layers=est.layers,
+        environment_differences=diffs,
+        verdict=text,
+        verdict_kind=kind,
+        seconds=time.perf_counter() - t0,
+        recompute={
+            "backend": how.backend,
+            "dtype": how.dtype,
+            "device": how.device,
+            "attention": how.attention,
+            "batching": how.batching,
+            "token_budget": how.token_budget,
+            "floor_dtype": run.floor_dtype,
+        },
+        assumed=how.assumed,
+        population=len(reader.keys),
+        sample_verdicts=verdicts,
+        findings=findings,
+        defects=counts,
+        defective_samples=len(bad),
+        defect_rate_upper=upper,
+        bound=bound,
+        **extra,
+    )
 
 
 UNSET_FLOOR = "none"
@@ -539,8 +644,9 @@ def _plural(findings: list[Finding], kind: str) -> str:
     return ("s " if len(layers) > 1 else " ") + ", ".join(map(str, layers)) if layers else "s -"
 
 
-def _verdict(verdicts: list[SampleVerdict], findings: list[Finding], N: int, named: bool = False
-             ) -> tuple[list[SampleVerdict], dict[str, int], float | None, str, CheckVerdictKind, str]:
+def _verdict(
+    verdicts: list[SampleVerdict], findings: list[Finding], N: int, named: bool = False
+) -> tuple[list[SampleVerdict], dict[str, int], float | None, str, CheckVerdictKind, str]:
     """(defective verdicts, samples per class, the defect-rate bound and its words, verdict kind, verdict line)."""
     bad = [v for v in verdicts if v.verdict not in ("bit_exact", "within_noise")]
     counts: dict[str, int] = {k: sum(1 for v in verdicts if k in v.verdict.split("+")) for k in DEFECTS}
@@ -549,12 +655,14 @@ def _verdict(verdicts: list[SampleVerdict], findings: list[Finding], N: int, nam
     upper, bound = rate_bound(len(bad), n, N, named)
     if not bad:
         kind: CheckVerdictKind = "identical" if all(v.verdict == "bit_exact" for v in verdicts) else "within_noise"
-        text = (f"AGREES: every one of the {n} checked samples is "
-                + ("bit-exact" if kind == "identical" else "bit-exact or within precision noise")
-                + " in every stored layer")
+        text = (
+            f"AGREES: every one of the {n} checked samples is "
+            + ("bit-exact" if kind == "identical" else "bit-exact or within precision noise")
+            + " in every stored layer"
+        )
     else:
         kind = "beyond_noise"
-        text = (f"DEFECTS in {len(bad)} of {n} checked samples: "
-                + ", ".join(f"{k} ({c} sample{'s' if c > 1 else ''}, layer{_plural(findings, k)})"
-                            for k, c in counts.items()))
+        text = f"DEFECTS in {len(bad)} of {n} checked samples: " + ", ".join(
+            f"{k} ({c} sample{'s' if c > 1 else ''}, layer{_plural(findings, k)})" for k, c in counts.items()
+        )
     return bad, counts, upper, bound, kind, text

@@ -40,14 +40,7 @@ from hsstore.compare.diff import (
 )
 from hsstore.compare.divergence import Totals, summarize
 from hsstore.compare.kernel import Workspace, token_sums
-from hsstore.compare.sampling import (
-    Estimate,
-    choose,
-    full_layers,
-    sample_count,
-    with_floor,
-    without_floor,
-)
+from hsstore.compare.sampling import Estimate, choose, full_layers, sample_count, with_floor, without_floor
 from hsstore.core import quant
 from hsstore.core.batching import POLICY, padded_length, token_budget_batches
 from hsstore.core.dtypes import TORCH
@@ -60,6 +53,7 @@ from hsstore.core.schema.reports import CheckReport, CheckVerdictKind, FieldDiff
 from hsstore.storage.reader import VariantReader
 
 # --- Whether a model can produce a variant's stored shapes — hidden size, layer count (and every stored layer
+
 
 def model_config(spec: ModelSpec) -> Any:
     """The model's config (a builtin's sized to its tokenizer), without loading weights."""
@@ -76,19 +70,27 @@ def check_shapes(spec: ModelSpec, reader: VariantReader, keys: list[str], config
     rec = reader.record
     name = spec.path
     if hidden != rec.hidden_size:
-        raise BadInput(f"{name} has hidden_size {hidden}, variant {reader.id} stores states of width {rec.hidden_size}: "
-                       "this model cannot produce them; pass the model the cache was made with")
+        raise BadInput(
+            f"{name} has hidden_size {hidden}, variant {reader.id} stores states of width {rec.hidden_size}: "
+            "this model cannot produce them; pass the model the cache was made with"
+        )
     recorded = or_none(rec.prov.recipe.model.num_layers)
     if isinstance(recorded, int) and recorded != layers:
-        raise BadInput(f"{name} has {layers} decoder layers, variant {reader.id} was made by a model with {recorded}: "
-                       "pass the model the cache was made with")
+        raise BadInput(
+            f"{name} has {layers} decoder layers, variant {reader.id} was made by a model with {recorded}: "
+            "pass the model the cache was made with"
+        )
     if max(rec.all_layers) > layers:
-        raise BadInput(f"variant {reader.id} stores layer {max(rec.all_layers)}, {name} has layers 0..{layers - 1} "
-                       f"(and {layers} = after the final norm): pass the model the cache was made with")
+        raise BadInput(
+            f"variant {reader.id} stores layer {max(rec.all_layers)}, {name} has layers 0..{layers - 1} "
+            f"(and {layers} = after the final norm): pass the model the cache was made with"
+        )
     top = max((int(reader.read_tokens(reader.refs[k])[0].max()) for k in keys), default=0)
     if top >= vocab:
-        raise BadInput(f"variant {reader.id} holds token id {top}, {name} has a vocabulary of {vocab}: another "
-                       "tokenizer's cache; pass the model the cache was made with")
+        raise BadInput(
+            f"variant {reader.id} holds token id {top}, {name} has a vocabulary of {vocab}: another "
+            "tokenizer's cache; pass the model the cache was made with"
+        )
     return layers, vocab
 
 
@@ -110,16 +112,22 @@ def batch_plan(reader: VariantReader) -> BatchPlan:
     batching = reader.record.prov.environment.batching
     shown = batching.to_dict() if isinstance(batching, Batching) else {}
     if isinstance(batching, Batching) and (batching.padding_side != "right" or not batching.attention_mask):
-        raise BadInput(f"variant {reader.id} records batching {shown}; check recomputes right-padded, "
-                       "attention-masked batches only")
+        raise BadInput(
+            f"variant {reader.id} records batching {shown}; check recomputes right-padded, "
+            "attention-masked batches only"
+        )
     if not isinstance(batching, Batching) or batching.token_budget < 1:
-        raise BadInput(f"variant {reader.id} records no token budget (environment.batching = {shown}); "
-                       "check cannot rebuild the batches its states were computed in")
+        raise BadInput(
+            f"variant {reader.id} records no token budget (environment.batching = {shown}); "
+            "check cannot rebuild the batches its states were computed in"
+        )
     budget = batching.token_budget
     policy = or_none(batching.padded_lengths)
     if policy not in (None, POLICY):
-        raise BadInput(f"variant {reader.id} was padded by policy {policy!r}, which this hsstore does not know "
-                       f"(it knows {POLICY!r}); upgrade hsstore")
+        raise BadInput(
+            f"variant {reader.id} was padded by policy {policy!r}, which this hsstore does not know "
+            f"(it knows {POLICY!r}); upgrade hsstore"
+        )
     keys = reader.keys
     plan = token_budget_batches([reader.refs[k].length for k in keys], budget, bucketed=policy is not None)
     return BatchPlan([[keys[i] for i in b] for b in plan], policy is not None, budget)
@@ -160,14 +168,17 @@ def load_model(spec: ModelSpec, reader: VariantReader, device: str) -> Any:
     if wrong:
         what = ", ".join(f"{k}: {b!r} here, {v!r} recorded" for k, (b, v) in wrong.items())
         refuse_other_model(spec.identity(model.config).to_dict(), reader, f"it binds other kernels ({what})")
-        raise BadInput(f"this process binds other kernels than variant {reader.id} was computed with ({what}): "
-                       f"{why_not(model, env.backend)}; or run `hsstore check` in a fresh process with the recorded "
-                       f"backend's packages installed (backend {env.backend!r})")
+        raise BadInput(
+            f"this process binds other kernels than variant {reader.id} was computed with ({what}): "
+            f"{why_not(model, env.backend)}; or run `hsstore check` in a fresh process with the recorded "
+            f"backend's packages installed (backend {env.backend!r})"
+        )
     return model
 
 
-def live_states(models: list[Any], reader: VariantReader, plan: BatchPlan, keys: list[str], points: list[int],
-                device: str, pad: int) -> Iterator[tuple[str, list[dict[int, torch.Tensor]]]]:
+def live_states(
+    models: list[Any], reader: VariantReader, plan: BatchPlan, keys: list[str], points: list[int], device: str, pad: int
+) -> Iterator[tuple[str, list[dict[int, torch.Tensor]]]]:
     """(key, [per model: capture point -> [T, H] on the device]) for each chosen sample, computed in its
     batch of ``plan``, batch by batch."""
     n_layers = int(text_config(models[0].config).num_hidden_layers)
@@ -190,11 +201,14 @@ def live_states(models: list[Any], reader: VariantReader, plan: BatchPlan, keys:
             c.close()
 
 
-def recompute(model: Any, reader: VariantReader, plan: BatchPlan, chosen: list[str], layers: list[int],
-              device: str, pad_id: int) -> dict[str, list[torch.Tensor]]:
+def recompute(
+    model: Any, reader: VariantReader, plan: BatchPlan, chosen: list[str], layers: list[int], device: str, pad_id: int
+) -> dict[str, list[torch.Tensor]]:
     """The live states ``[T, H]`` per layer of each chosen sample, computed in its recorded batch."""
-    return {key: [as_stored(states[i], reader).to("cpu") for i in layers]
-            for key, (states,) in live_states([model], reader, plan, chosen, layers, device, pad_id)}
+    return {
+        key: [as_stored(states[i], reader).to("cpu") for i in layers]
+        for key, (states,) in live_states([model], reader, plan, chosen, layers, device, pad_id)
+    }
 
 
 def as_stored(x: torch.Tensor, reader: VariantReader) -> torch.Tensor:
@@ -205,8 +219,13 @@ def as_stored(x: torch.Tensor, reader: VariantReader) -> torch.Tensor:
     return quant.dequantize(quant.quantize(x), torch.float32).to(x.dtype)
 
 
-def compare_live(reader: VariantReader, live: dict[str, list[torch.Tensor]], keys: list[str],
-                 layers: list[int], floor: VariantReader | None = None) -> tuple[Totals, Totals | None]:
+def compare_live(
+    reader: VariantReader,
+    live: dict[str, list[torch.Tensor]],
+    keys: list[str],
+    layers: list[int],
+    floor: VariantReader | None = None,
+) -> tuple[Totals, Totals | None]:
     """Sums of live (A) against stored (B) states, and of stored against the floor's, per layer."""
     ulps = reader.record.dtype == "bf16"
     fulps = ulps and floor is not None and floor.record.dtype == "bf16"
@@ -246,20 +265,31 @@ def live_differences(model: Any, reader: VariantReader, identity: dict[str, Any]
     return [d for d in diffs if not d.informational]
 
 
-def run_check(model: str, target: str, samples: int | None = None, seed: int = 0, device: str | None = None,
-              floor_t: str | None = None, noise_factor: float = NOISE_FACTOR) -> CheckReport:
+def run_check(
+    model: str,
+    target: str,
+    samples: int | None = None,
+    seed: int = 0,
+    device: str | None = None,
+    floor_t: str | None = None,
+    noise_factor: float = NOISE_FACTOR,
+) -> CheckReport:
     """Recompute ``samples`` stored samples of ``target`` with ``model`` here and compare, per layer."""
     t0 = time.perf_counter()
     reader = open_target(target)
     floor = open_target(floor_t) if floor_t else None
     if floor is not None and same_variant(floor, reader):
-        raise BadInput(f"the floor {floor_t!r} is the checked variant itself; pass another variant of the same "
-                       "recipe, e.g. the fp32 one")
-    for name, x in ((("the checked variant", reader), ("the floor", floor)) if floor is not None else ()):
+        raise BadInput(
+            f"the floor {floor_t!r} is the checked variant itself; pass another variant of the same "
+            "recipe, e.g. the fp32 one"
+        )
+    for name, x in (("the checked variant", reader), ("the floor", floor)) if floor is not None else ():
         if x.record.stored_precision:
-            raise BadInput(f"{name} ({x.id}) is stored as {x.record.stored_precision}: its divergence from the floor "
-                           "would be storage error, not precision noise; check it without --floor (live states are "
-                           "quantized as the build did, so a correct store reads identical)")
+            raise BadInput(
+                f"{name} ({x.id}) is stored as {x.record.stored_precision}: its divergence from the floor "
+                "would be storage error, not precision noise; check it without --floor (live states are "
+                "quantized as the build did, so a correct store reads identical)"
+            )
     prov = reader.record.prov
     device = check_device(device or prov.environment.device)
     bind_backend(reader)
@@ -276,26 +306,52 @@ def run_check(model: str, target: str, samples: int | None = None, seed: int = 0
     plan, keys, layers = batch_plan(reader), choose_keys(reader, samples, seed), reader.record.all_layers
     recorded_fp = str(or_none(prov.recipe.model.fingerprint) or "")
     other = recorded_fp not in ("", "unknown") and identity["fingerprint"] != recorded_fp
-    notes = [f"the model's fingerprint {identity['fingerprint']} is not the recorded {recorded_fp}: these are other "
-             "weights (or another config), so the states are expected to differ"] if other else []
+    notes = (
+        [
+            f"the model's fingerprint {identity['fingerprint']} is not the recorded {recorded_fp}: these are other "
+            "weights (or another config), so the states are expected to differ"
+        ]
+        if other
+        else []
+    )
     if other:  # said before the recompute, which only measures how far other weights land
-        print(f"note: {notes[0]}; recomputing {len(keys)} sample(s) only to measure how far (Ctrl-C stops it; "
-              "pass the model the variant was built from to check the store)", file=sys.stderr, flush=True)
+        print(
+            f"note: {notes[0]}; recomputing {len(keys)} sample(s) only to measure how far (Ctrl-C stops it; "
+            "pass the model the variant was built from to check the store)",
+            file=sys.stderr,
+            flush=True,
+        )
     live = recompute(live_model, reader, plan, keys, layers, device, pad_id(spec))
     totals, ftotals = compare_live(reader, live, keys, layers, floor)
     est = full_layers(layers, totals, reader.record.dtype == "bf16")
     reps, text, kind, extra = check_verdict(est, ftotals, layers, reader, floor, noise_factor, other)
     n_batches = sum(1 for b in plan.batches if set(b) & set(keys))
     return CheckReport(
-        model=model, target=target, variant=f"{reader.store.location}#{reader.id}", device=device,
-        dtype=reader.record.dtype, model_fingerprint=identity["fingerprint"], recorded_model_fingerprint=recorded_fp,
-        same_model=identity["fingerprint"] == recorded_fp, samples=len(keys), keys=keys,
-        tokens=sum(reader.refs[k].length for k in keys), batches=n_batches,
-        batching=(f"{len(plan.batches)} batches of at most {plan.token_budget} padded tokens over the variant's "
-                  f"{len(reader.keys)} samples, longest first, right-padded "
-                  f"{'to ' + POLICY if plan.bucketed else 'to the longest sample'}, attention-masked"),
-        layers=reps, environment_differences=live_differences(live_model, reader, identity), verdict=text,
-        verdict_kind=kind, notes=notes, seconds=time.perf_counter() - t0, **extra)
+        model=model,
+        target=target,
+        variant=f"{reader.store.location}#{reader.id}",
+        device=device,
+        dtype=reader.record.dtype,
+        model_fingerprint=identity["fingerprint"],
+        recorded_model_fingerprint=recorded_fp,
+        same_model=identity["fingerprint"] == recorded_fp,
+        samples=len(keys),
+        keys=keys,
+        tokens=sum(reader.refs[k].length for k in keys),
+        batches=n_batches,
+        batching=(
+            f"{len(plan.batches)} batches of at most {plan.token_budget} padded tokens over the variant's "
+            f"{len(reader.keys)} samples, longest first, right-padded "
+            f"{'to ' + POLICY if plan.bucketed else 'to the longest sample'}, attention-masked"
+        ),
+        layers=reps,
+        environment_differences=live_differences(live_model, reader, identity),
+        verdict=text,
+        verdict_kind=kind,
+        notes=notes,
+        seconds=time.perf_counter() - t0,
+        **extra,
+    )
 
 
 def refuse_other_model(identity: dict[str, Any], reader: VariantReader, why: str) -> None:
@@ -304,9 +360,11 @@ def refuse_other_model(identity: dict[str, Any], reader: VariantReader, why: str
     rec = reader.record.prov.recipe.model
     recorded = str(or_none(rec.fingerprint) or "")
     if recorded and identity["fingerprint"] != recorded:  # (a variant that recorded none cannot tell)
-        raise BadInput(f"the model is another model than variant {reader.id} was computed by: {identity['name']} "
-                       f"(fingerprint {identity['fingerprint']}) here, {rec.name} (fingerprint {recorded}) "
-                       f"recorded, and {why}; pass the model (or build manifest) the variant was built from")
+        raise BadInput(
+            f"the model is another model than variant {reader.id} was computed by: {identity['name']} "
+            f"(fingerprint {identity['fingerprint']}) here, {rec.name} (fingerprint {recorded}) "
+            f"recorded, and {why}; pass the model (or build manifest) the variant was built from"
+        )
 
 
 def check_geometry(identity: dict[str, Any], reader: VariantReader) -> None:
@@ -315,14 +373,22 @@ def check_geometry(identity: dict[str, Any], reader: VariantReader) -> None:
         if is_set(recorded) and recorded != identity[field]:
             why = f"it has {field} = {identity[field]}, not {recorded}"
             refuse_other_model(identity, reader, why)
-            raise BadInput(f"the model has {field} = {identity[field]}, variant {reader.id} was computed by a model "
-                           f"with {recorded}: these are different models; pass the model (or build manifest) "
-                           "the variant was built from")
+            raise BadInput(
+                f"the model has {field} = {identity[field]}, variant {reader.id} was computed by a model "
+                f"with {recorded}: these are different models; pass the model (or build manifest) "
+                "the variant was built from"
+            )
 
 
-def check_verdict(est: Estimate, ftotals: Totals | None, layers: list[int], reader: VariantReader,
-                  floor: VariantReader | None, noise_factor: float,
-                  other_weights: bool = False) -> tuple[list[LayerDiff], str, CheckVerdictKind, dict[str, Any]]:
+def check_verdict(
+    est: Estimate,
+    ftotals: Totals | None,
+    layers: list[int],
+    reader: VariantReader,
+    floor: VariantReader | None,
+    noise_factor: float,
+    other_weights: bool = False,
+) -> tuple[list[LayerDiff], str, CheckVerdictKind, dict[str, Any]]:
     dtype = reader.record.dtype
     extra: dict[str, Any] = {}
     if all(L.bit_exact == 1.0 for L in est.layers):
@@ -336,19 +402,37 @@ def check_verdict(est: Estimate, ftotals: Totals | None, layers: list[int], read
         return reps, text.replace("A and B differ", "live and stored states differ"), kind, extra
     reps, text = without_floor(est, dtype)
     worst = max(reps, key=lambda L: L.rel_l2)
-    advice = ("the model's weights are not the variant's (see the note): pass the model the variant was built from "
-              "(a precision floor cannot make other weights agree)" if other_weights
-              else "pass --floor STORE#fp32-variant to judge it")
-    return reps, (f"differs: the live model does not reproduce the stored states bit-exactly (worst rel-L2 "
-                  f"{worst.rel_l2:.3g} at layer {worst.layer}); {advice}"), "differs", extra
+    advice = (
+        "the model's weights are not the variant's (see the note): pass the model the variant was built from "
+        "(a precision floor cannot make other weights agree)"
+        if other_weights
+        else "pass --floor STORE#fp32-variant to judge it"
+    )
+    return (
+        reps,
+        (
+            f"differs: the live model does not reproduce the stored states bit-exactly (worst rel-L2 "
+            f"{worst.rel_l2:.3g} at layer {worst.layer}); {advice}"
+        ),
+        "differs",
+        extra,
+    )
 
 
 # --- Fingerprint a model already loaded in this process and check it against a variant's provenance.
 
 # environment fields a live model can be fingerprinted on (batching and host are a build's business)
-LIVE_FIELDS = ("environment.kernels", "environment.dtype", "environment.device", "environment.device_name",
-               "environment.versions", "environment.flags", "recipe.model.config_fingerprint",
-               "recipe.model.num_layers", "recipe.model.hidden_size")
+LIVE_FIELDS = (
+    "environment.kernels",
+    "environment.dtype",
+    "environment.device",
+    "environment.device_name",
+    "environment.versions",
+    "environment.flags",
+    "recipe.model.config_fingerprint",
+    "recipe.model.num_layers",
+    "recipe.model.hidden_size",
+)
 
 
 def live_fingerprint(model: Any) -> dict[str, Any]:
@@ -363,13 +447,25 @@ def live_fingerprint(model: Any) -> dict[str, Any]:
     p = next(model.parameters())
     tc = text_config(model.config)
     dev = str(p.device) if p.device.type != "cuda" else f"cuda:{p.device.index or 0}"
-    env = {**device_info(dev), "dtype": name_of(p.dtype), "kernels": bound_kernels(model), "versions": versions(),
-           "flags": flags()}
+    env = {
+        **device_info(dev),
+        "dtype": name_of(p.dtype),
+        "kernels": bound_kernels(model),
+        "versions": versions(),
+        "flags": flags(),
+    }
     env.pop("device_index", None)
     _ = torch  # imported for device_info's CUDA queries
-    return {"recipe": {"model": {"config_fingerprint": config_fingerprint(model.config), "num_layers": int(tc.num_hidden_layers),
-                                 "hidden_size": int(tc.hidden_size)}},
-            "environment": env}
+    return {
+        "recipe": {
+            "model": {
+                "config_fingerprint": config_fingerprint(model.config),
+                "num_layers": int(tc.num_hidden_layers),
+                "hidden_size": int(tc.hidden_size),
+            }
+        },
+        "environment": env,
+    }
 
 
 def _restrict(prov: Mapping[str, Any], fields: Iterable[str]) -> dict[str, Any]:

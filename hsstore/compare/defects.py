@@ -69,7 +69,9 @@ class LayerEvidence:
     bad_rows: list[int] = field(default_factory=list)  # finite rows beyond noise (without a floor: not bit-exact)
     bad_row_hashes: dict[int, int] = field(default_factory=dict)
     rel_to_target: float | None = None  # aux layers: against the stored target layer
-    transforms: dict[ValueBug, tuple[float, str]] = field(default_factory=dict)  # beyond noise: rel-L2 with a value bug undone
+    transforms: dict[ValueBug, tuple[float, str]] = field(
+        default_factory=dict
+    )  # beyond noise: rel-L2 with a value bug undone
     noise_like: bool = False  # beyond noise: the difference is incoherent across rows of one token (noise added)
 
 
@@ -90,9 +92,14 @@ def health_rows(s: torch.Tensor) -> tuple[list[int], list[int], list[int], list[
     return rows[0], rows[1], rows[2], rows[3]
 
 
-def sample_evidence(stored: dict[int, torch.Tensor], live: dict[int, torch.Tensor],
-                    floor: dict[int, torch.Tensor] | None, target: int | None, noise_factor: float,
-                    tokens: torch.Tensor | None = None) -> list[LayerEvidence]:
+def sample_evidence(
+    stored: dict[int, torch.Tensor],
+    live: dict[int, torch.Tensor],
+    floor: dict[int, torch.Tensor] | None,
+    target: int | None,
+    noise_factor: float,
+    tokens: torch.Tensor | None = None,
+) -> list[LayerEvidence]:
     """Evidence for every stored layer of one sample: ``stored`` label -> ``[T, H]``, ``live`` and
     ``floor`` capture point -> ``[T, H]`` (all on one device; a stored floor holds only its own layers: the
     other points have no noise and are matched by margin), ``target`` the stored target label, ``tokens``
@@ -107,8 +114,9 @@ def sample_evidence(stored: dict[int, torch.Tensor], live: dict[int, torch.Tenso
         healthy = torch.ones(s.shape[0], dtype=torch.bool, device=s.device)
         healthy[nan_rows + inf_rows + zero_rows + const_rows] = False
         sf = s[healthy]
-        ev = LayerEvidence(label, int(s.shape[0]), nan_rows, inf_rows, zero_rows, const_rows, math.nan, math.nan,
-                           noise.get(label))
+        ev = LayerEvidence(
+            label, int(s.shape[0]), nan_rows, inf_rows, zero_rows, const_rows, math.nan, math.nan, noise.get(label)
+        )
         ev.rel_by_point = {j: rel_l2(sf, truth[j][healthy]) for j in points}
         ev.noise_by_point = dict(noise)
         if label in live:
@@ -125,8 +133,7 @@ def sample_evidence(stored: dict[int, torch.Tensor], live: dict[int, torch.Tenso
                 ev.transforms = transform_fits(s, t, healthy, ev.noise, noise_factor)
                 if tokens is not None:
                     ev.noise_like = coherent_difference((s.float() - t.float())[healthy], tokens[healthy]) is False
-            ev.bad_rows = _bad_rows(s, live[label], floor.get(label), healthy,
-                                    ev.noise, noise_factor)
+            ev.bad_rows = _bad_rows(s, live[label], floor.get(label), healthy, ev.noise, noise_factor)
             ev.bad_row_hashes = {r: row_hash(s[r]) for r in ev.bad_rows}
         if target is not None and label != target and target in stored:
             ok = healthy & torch.isfinite(stored[target].float()).all(1)
@@ -148,8 +155,14 @@ def probe_shifts(s: torch.Tensor, truth: torch.Tensor, healthy: torch.Tensor) ->
     return tuple(sorted({k for k in ks if k != 0 and ks.count(k) >= 2}))
 
 
-def _bad_rows(s: torch.Tensor, live: torch.Tensor, floor: torch.Tensor | None, finite: torch.Tensor,
-              noise: float | None, noise_factor: float) -> list[int]:
+def _bad_rows(
+    s: torch.Tensor,
+    live: torch.Tensor,
+    floor: torch.Tensor | None,
+    finite: torch.Tensor,
+    noise: float | None,
+    noise_factor: float,
+) -> list[int]:
     """Finite rows beyond noise: above ROW_SLACK x noise_factor x max(the row's own noise, the layer's)."""
     if floor is None:
         differs = (s != live.to(s.dtype)).any(1)
@@ -175,8 +188,15 @@ class RowFields(TypedDict):
 class Found(Protocol):
     """judge_layer's ``found``: a Finding of this sample's layer."""
 
-    def __call__(self, kind: DefectKind, detail: str, *, rows: list[int] | UnsetType = UNSET,
-                 n_rows: int | UnsetType = UNSET, match: int | UnsetType = UNSET) -> Finding: ...
+    def __call__(
+        self,
+        kind: DefectKind,
+        detail: str,
+        *,
+        rows: list[int] | UnsetType = UNSET,
+        n_rows: int | UnsetType = UNSET,
+        match: int | UnsetType = UNSET,
+    ) -> Finding: ...
 
 
 def row_fields(rows: Sequence[int]) -> RowFields:
@@ -207,48 +227,71 @@ def _matches(rel: float, noise: float | None, others: Sequence[float], factor: f
 def capture_words(i: int, j: int, n_layers: int) -> str:
     """What stored layer ``i`` holding live capture point ``j`` means, in words."""
     if j < 0:
-        return (f"stored layer {i} holds the embeddings, the state entering layer 0 (vLLM's input id 0): "
-                + ("OFF BY ONE" if i == 0 else f"shifted by {j - i:+d}"))
+        return f"stored layer {i} holds the embeddings, the state entering layer 0 (vLLM's input id 0): " + (
+            "OFF BY ONE" if i == 0 else f"shifted by {j - i:+d}"
+        )
     if i == n_layers and j == n_layers - 1:
-        return (f"stored layer {i} (labelled post-final-norm) holds the last decoder layer's output, PRE-norm: "
-                "vLLM's last state is pre-norm (speculators PR #313)")
+        return (
+            f"stored layer {i} (labelled post-final-norm) holds the last decoder layer's output, PRE-norm: "
+            "vLLM's last state is pre-norm (speculators PR #313)"
+        )
     if i == n_layers - 1 and j == n_layers:
-        return (f"stored layer {i} (labelled the last layer's pre-norm output) holds the final norm's output, "
-                "POST-norm (transformers' hidden_states[-1])")
+        return (
+            f"stored layer {i} (labelled the last layer's pre-norm output) holds the final norm's output, "
+            "POST-norm (transformers' hidden_states[-1])"
+        )
     if abs(j - i) == 1:
         entering = f"; it is the state entering layer {i}, which vLLM's input numbering calls {i}" if j == i - 1 else ""
         return f"stored layer {i} holds the output of layer {j}, not of {i}: OFF BY ONE{entering}"
     return f"stored layer {i} holds the {point(j, n_layers)}: shifted by {j - i:+d}"
 
 
-def judge_layer(ev: LayerEvidence, key: str, n_layers: int, is_aux: bool, target_noise: float | None,
-                factor: float) -> tuple[str, list[Finding]]:
+def judge_layer(
+    ev: LayerEvidence, key: str, n_layers: int, is_aux: bool, target_noise: float | None, factor: float
+) -> tuple[str, list[Finding]]:
     """The class of one stored layer of one sample (its defects joined by "+"), and the findings that name
     them (none when clean): rows of NaN/Inf/zero/constant first, then what the other rows hold."""
     T, i = ev.rows, ev.label
 
-    def found(kind: DefectKind, detail: str, *, rows: list[int] | UnsetType = UNSET, n_rows: int | UnsetType = UNSET,
-              match: int | UnsetType = UNSET) -> Finding:
+    def found(
+        kind: DefectKind,
+        detail: str,
+        *,
+        rows: list[int] | UnsetType = UNSET,
+        n_rows: int | UnsetType = UNSET,
+        match: int | UnsetType = UNSET,
+    ) -> Finding:
         return Finding(kind=kind, key=key, layer=i, detail=detail, rows=rows, n_rows=n_rows, match=match)
 
     out: list[Finding] = []
-    unhealthy: tuple[tuple[DefectKind, list[int], str], ...] = (("nan", ev.nan_rows, "NaN"), ("inf", ev.inf_rows, "Inf"))
+    unhealthy: tuple[tuple[DefectKind, list[int], str], ...] = (
+        ("nan", ev.nan_rows, "NaN"),
+        ("inf", ev.inf_rows, "Inf"),
+    )
     for kind, rows, what in unhealthy:
         if rows:
             whole = "every row" if len(rows) == T else span_words(rows)
-            out.append(found(kind, f"layer {i}: {whole} of {T} hold{'s' if len(rows) == 1 else ''} {what}", **row_fields(rows)))
-    blank: tuple[tuple[DefectKind, list[int], str], ...] = (("all_zero", ev.zero_rows, "zero"),
-                                                            ("constant", ev.const_rows, "constant"))
+            out.append(
+                found(kind, f"layer {i}: {whole} of {T} hold{'s' if len(rows) == 1 else ''} {what}", **row_fields(rows))
+            )
+    blank: tuple[tuple[DefectKind, list[int], str], ...] = (
+        ("all_zero", ev.zero_rows, "zero"),
+        ("constant", ev.const_rows, "constant"),
+    )
     for kind, rows, what in blank:
         if len(rows) == T:
-            return kind, [found(kind, f"layer {i}: all {T} rows are {what} (a state slot never written)", **row_fields(rows))]
+            return kind, [
+                found(kind, f"layer {i}: all {T} rows are {what} (a state slot never written)", **row_fields(rows))
+            ]
     if len(ev.nan_rows) + len(ev.inf_rows) == T:
         return out[0].kind, out
     rest = _healthy_rows(ev, is_aux, target_noise, factor, n_layers, found)
     if rest and rest.kind == "suffix_states":
         return rest.kind, [rest]  # its zero or constant rows are part of it
-    partly_blank: tuple[tuple[DefectKind, list[int], str], ...] = (("all_zero", ev.zero_rows, "all zero"),
-                                                                   ("constant", ev.const_rows, "constant"))
+    partly_blank: tuple[tuple[DefectKind, list[int], str], ...] = (
+        ("all_zero", ev.zero_rows, "all zero"),
+        ("constant", ev.const_rows, "constant"),
+    )
     for kind, rows, what in partly_blank:
         if rows:
             verb = "is" if len(rows) == 1 else "are"
@@ -259,8 +302,9 @@ def judge_layer(ev: LayerEvidence, key: str, n_layers: int, is_aux: bool, target
     return "+".join(f.kind for f in out), out
 
 
-def _healthy_rows(ev: LayerEvidence, is_aux: bool, target_noise: float | None, factor: float, n_layers: int,
-                  found: Found) -> Finding | None:
+def _healthy_rows(
+    ev: LayerEvidence, is_aux: bool, target_noise: float | None, factor: float, n_layers: int, found: Found
+) -> Finding | None:
     """What the layer's healthy rows (not NaN/Inf/zero/constant) hold, when it is not this sample's states of
     this layer; None when they agree (bit-exact or within noise)."""
     T, i, bad = ev.rows, ev.label, ev.bad_rows
@@ -270,44 +314,78 @@ def _healthy_rows(ev: LayerEvidence, is_aux: bool, target_noise: float | None, f
     if value is not None:
         return value  # before the suffix rule: a clip of the largest values may hit row 0 alone
     if prefix and len(prefix) < T and prefix == list(range(len(prefix))) and ev.noise is not None:
-        return found("suffix_states", f"layer {i}: rows 0..{len(prefix) - 1} of {T} are not this sample's states, rows "
-                     f"{len(prefix)}..{T - 1} are: states of a suffix only (a prefix-cache hit not written)",
-                     **row_fields(prefix))
+        return found(
+            "suffix_states",
+            f"layer {i}: rows 0..{len(prefix) - 1} of {T} are not this sample's states, rows "
+            f"{len(prefix)}..{T - 1} are: states of a suffix only (a prefix-cache hit not written)",
+            **row_fields(prefix),
+        )
     if ev.bit_exact == 1.0 or _within(ev.rel, ev.noise, factor):
         return None
-    if is_aux and ev.rel_to_target is not None and (
-            ev.rel_to_target == 0.0 or _within(ev.rel_to_target, target_noise, factor)):
-        return found("aux_equals_target", f"aux layer {i} equals the target layer (rel-L2 {ev.rel_to_target:.3g}): "
-                     "the target leaks into the conditioning layers")
+    if (
+        is_aux
+        and ev.rel_to_target is not None
+        and (ev.rel_to_target == 0.0 or _within(ev.rel_to_target, target_noise, factor))
+    ):
+        return found(
+            "aux_equals_target",
+            f"aux layer {i} equals the target layer (rel-L2 {ev.rel_to_target:.3g}): "
+            "the target leaks into the conditioning layers",
+        )
     points = {j: r for j, r in ev.rel_by_point.items() if j != i}
-    hits = [j for j, r in points.items()
-            if _matches(r, ev.noise_by_point.get(j), [x for k, x in ev.rel_by_point.items() if k != j], factor)]
+    hits = [
+        j
+        for j, r in points.items()
+        if _matches(r, ev.noise_by_point.get(j), [x for k, x in ev.rel_by_point.items() if k != j], factor)
+    ]
     if hits:
         j = min(hits, key=lambda j: points[j] / max(ev.noise_by_point.get(j) or 1.0, 1e-30))
         if is_aux and j == n_layers:
-            return found("aux_equals_target", f"aux layer {i} holds the final norm's output (rel-L2 {points[j]:.3g}): "
-                         "the last layer's state leaks into the conditioning layers through the final norm", match=j)
+            return found(
+                "aux_equals_target",
+                f"aux layer {i} holds the final norm's output (rel-L2 {points[j]:.3g}): "
+                "the last layer's state leaks into the conditioning layers through the final norm",
+                match=j,
+            )
         return found("capture_point", f"{capture_words(i, j, n_layers)} (rel-L2 {points[j]:.3g})", match=j)
-    shifts = [k for k, r in ev.rel_shifted.items()
-              if _matches(r, ev.noise, [x for q, x in ev.rel_shifted.items() if q != k] + [ev.rel], factor)]
+    shifts = [
+        k
+        for k, r in ev.rel_shifted.items()
+        if _matches(r, ev.noise, [x for q, x in ev.rel_shifted.items() if q != k] + [ev.rel], factor)
+    ]
     if shifts:
         k = min(shifts, key=lambda k: ev.rel_shifted[k])
         if k < 0 and blank == list(range(T + k, T)):
-            return found("suffix_states", f"layer {i}: rows 0..{T + k - 1} of {T} hold the states of tokens {-k}..{T - 1} "
-                         f"(a suffix written from row 0: a prefix-cache hit of {-k} tokens), rows {T + k}..{T - 1} "
-                         "are blank", match=k, **row_fields(list(range(T))))
+            return found(
+                "suffix_states",
+                f"layer {i}: rows 0..{T + k - 1} of {T} hold the states of tokens {-k}..{T - 1} "
+                f"(a suffix written from row 0: a prefix-cache hit of {-k} tokens), rows {T + k}..{T - 1} "
+                "are blank",
+                match=k,
+                **row_fields(list(range(T))),
+            )
         way = f"row t holds the state of token t{'-' if k > 0 else '+'}{abs(k)}"
-        return found("token_shift", f"layer {i}: tokens and states are misaligned by {k:+d} ({way}; rel-L2 "
-                     f"{ev.rel_shifted[k]:.3g} shifted vs {ev.rel:.3g} as stored)", match=k)
+        return found(
+            "token_shift",
+            f"layer {i}: tokens and states are misaligned by {k:+d} ({way}; rel-L2 "
+            f"{ev.rel_shifted[k]:.3g} shifted vs {ev.rel:.3g} as stored)",
+            match=k,
+        )
     if ev.noise is None:
-        return found("differs", f"layer {i}: rel-L2 {ev.rel:.3g} against the live states, no floor to judge it "
-                     "(pass --floor live)", **row_fields(bad))
+        return found(
+            "differs",
+            f"layer {i}: rel-L2 {ev.rel:.3g} against the live states, no floor to judge it (pass --floor live)",
+            **row_fields(bad),
+        )
     ratio = ev.rel / ev.noise if ev.noise else math.inf
     where = f"in {span_words(bad)}" if bad else "spread over the rows (no row alone beyond noise)"
     if ev.noise_like:
         where += "; the difference does not repeat at rows of one token: noise added to the states"
-    return found("beyond_noise", f"layer {i}: rel-L2 {ev.rel:.3g} = {ratio:.3g} x the precision noise "
-                 f"({ev.noise:.3g}), {where}", **row_fields(bad))
+    return found(
+        "beyond_noise",
+        f"layer {i}: rel-L2 {ev.rel:.3g} = {ratio:.3g} x the precision noise ({ev.noise:.3g}), {where}",
+        **row_fields(bad),
+    )
 
 
 def _value_bug(ev: LayerEvidence, factor: float, found: Found) -> Finding | None:
@@ -317,12 +395,17 @@ def _value_bug(ev: LayerEvidence, factor: float, found: Found) -> Finding | None
         return None
     kind = min(fits, key=fits.__getitem__)
     rel, words = ev.transforms[kind]
-    return found(kind, f"layer {ev.label}: {words} (rel-L2 {ev.rel:.3g} as stored, {rel:.3g} with that undone: "
-                 "within precision noise)", **row_fields(ev.bad_rows))
+    return found(
+        kind,
+        f"layer {ev.label}: {words} (rel-L2 {ev.rel:.3g} as stored, {rel:.3g} with that undone: "
+        "within precision noise)",
+        **row_fields(ev.bad_rows),
+    )
 
 
-def judge_sample(key: str, evidence: list[LayerEvidence], aux: Sequence[int], target: int | None, n_layers: int,
-                 factor: float) -> tuple[SampleVerdict, list[Finding]]:
+def judge_sample(
+    key: str, evidence: list[LayerEvidence], aux: Sequence[int], target: int | None, n_layers: int, factor: float
+) -> tuple[SampleVerdict, list[Finding]]:
     """Every stored layer's class for one sample, its verdict and findings."""
     tnoise = next((e.noise for e in evidence if e.label == target), None)
     kinds: dict[str, str] = {}
@@ -346,21 +429,32 @@ def verdict_of(kinds: dict[str, str]) -> str:
     return "bit_exact" if all(k == "bit_exact" for k in kinds.values()) else "within_noise"
 
 
-def other_weights(verdicts: list[SampleVerdict], findings: list[Finding],
-                  noise_like: frozenset[tuple[str, int]] = frozenset()) -> list[Finding]:
+def other_weights(
+    verdicts: list[SampleVerdict], findings: list[Finding], noise_like: frozenset[tuple[str, int]] = frozenset()
+) -> list[Finding]:
     """When every checked sample (two or more) is beyond noise in two or more layers no rule explains, the
     states are of other weights: those findings are rewritten as ``other_weights``. Layers whose difference
     is noise added to the states (``noise_like``: (key, layer)) are no evidence of other weights."""
-    unexplained = {v.key: [L for L, k in v.layers.items() if {"beyond_noise", "differs"} & set(k.split("+"))
-                           and (v.key, int(L)) not in noise_like] for v in verdicts}
+    unexplained = {
+        v.key: [
+            L
+            for L, k in v.layers.items()
+            if {"beyond_noise", "differs"} & set(k.split("+")) and (v.key, int(L)) not in noise_like
+        ]
+        for v in verdicts
+    }
     if len(verdicts) < 2 or not all(len(ls) >= 2 for ls in unexplained.values()):
         return findings
     out = []
     for f in findings:
         if f.kind in ("beyond_noise", "differs") and (f.key, f.layer) not in noise_like:
-            f = Finding(kind="other_weights", key=f.key, layer=f.layer,
-                        detail=f"{f.detail}; every checked sample diverges so in 2+ layers: states of other "
-                               "weights (another checkpoint or config) than the model given")
+            f = Finding(
+                kind="other_weights",
+                key=f.key,
+                layer=f.layer,
+                detail=f"{f.detail}; every checked sample diverges so in 2+ layers: states of other "
+                "weights (another checkpoint or config) than the model given",
+            )
         out.append(f)
     return out
 
@@ -401,8 +495,10 @@ def _binom_cdf(k: int, n: int, p: float) -> float:
     if p >= 1:
         return 0.0 if k < n else 1.0
     lp, lq = math.log(p), math.log1p(-p)
-    return sum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
-               for i in range(k + 1))
+    return sum(
+        math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
+        for i in range(k + 1)
+    )
 
 
 # --- Rows of another sample: a state slot holding a previous request's bytes (``stale_copy``; of the same sample
@@ -411,9 +507,13 @@ Hit = tuple[int, str, int]  # (row, source key, source row)
 OFFSET_ROWS = 3  # copied rows that must agree on one id offset to call the ids offset
 
 
-def stale_copies(findings: list[Finding], evidence: dict[str, list[LayerEvidence]],
-                 index: dict[tuple[int, int], list[tuple[str, int]]], tokens: dict[str, Sequence[int]],
-                 vocab: int | None = None) -> list[Finding]:
+def stale_copies(
+    findings: list[Finding],
+    evidence: dict[str, list[LayerEvidence]],
+    index: dict[tuple[int, int], list[tuple[str, int]]],
+    tokens: dict[str, Sequence[int]],
+    vocab: int | None = None,
+) -> list[Finding]:
     """Findings of unexplained divergence whose beyond-noise rows are byte-for-byte rows of another sample
     (``index``: (layer, row hash) -> [(key, row)] over the candidates), rewritten as ``stale_copy`` (or
     ``token_shift``). Only rows whose token differs from the source row's count: two rows of one token with
@@ -438,8 +538,12 @@ def stale_copies(findings: list[Finding], evidence: dict[str, list[LayerEvidence
     for n, f in enumerate(findings):
         ev = next((e for e in evidence.get(f.key, []) if e.label == f.layer), None)
         if ev is not None and f.layer is not None and _searched(f, ev):  # (_searched: False without a layer)
-            hits[n] = [(r, whose(f.key, src, sr), sr) for r, h in ev.bad_row_hashes.items()
-                       for src, sr in index.get((f.layer, h), []) if copied(f.key, r, src, sr)]
+            hits[n] = [
+                (r, whose(f.key, src, sr), sr)
+                for r, h in ev.bad_row_hashes.items()
+                for src, sr in index.get((f.layer, h), [])
+                if copied(f.key, r, src, sr)
+            ]
     votes: dict[str, Counter[str]] = {}
     for n, hs in hits.items():
         votes.setdefault(findings[n].key, Counter()).update(src for _, src, _ in hs)
@@ -463,8 +567,9 @@ def _searched(f: Finding, ev: LayerEvidence) -> bool:
     return f.kind == "suffix_states" and not isinstance(f.match, int) and not blank and bool(ev.bad_rows)
 
 
-def _named(f: Finding, hits: list[Hit], tokens: dict[str, Sequence[int]], votes: Counter[str],
-           vocab: int | None = None) -> Finding:
+def _named(
+    f: Finding, hits: list[Hit], tokens: dict[str, Sequence[int]], votes: Counter[str], vocab: int | None = None
+) -> Finding:
     """The finding rewritten for the source that holds most of the sample's copied rows over all its layers
     (a layer with short memory repeats bytes in every sample ending alike; the layers that remember longer
     tell the one the rows came from; on a tie, the sample itself, then the first key)."""
@@ -477,17 +582,29 @@ def _named(f: Finding, hits: list[Hit], tokens: dict[str, Sequence[int]], votes:
         return _token_ids(f, rows, source, *misread)
     if source == f.key:
         held = sorted({sr for _, sr in mine})
-        return Finding(kind="stale_copy", key=f.key, layer=f.layer, source=source, **row_fields(rows),
-                       detail=f"layer {f.layer}: {span_words(rows)} are byte-for-byte this sample's own "
-                              f"{span_words(held)} (a read from the wrong block of the same request, or rows "
-                              "written in the wrong order)")
+        return Finding(
+            kind="stale_copy",
+            key=f.key,
+            layer=f.layer,
+            source=source,
+            **row_fields(rows),
+            detail=f"layer {f.layer}: {span_words(rows)} are byte-for-byte this sample's own "
+            f"{span_words(held)} (a read from the wrong block of the same request, or rows "
+            "written in the wrong order)",
+        )
     ties = sum(1 for src, n in votes.items() if src != source and src in here and n == votes[source])
     also = f"; {ties} other sample(s) hold the same bytes there (they share those tokens)" if ties else ""
     if f.kind == "suffix_states":
         also += "; the rows after them are this sample's: a prefix not written (a prefix-cache hit) over old bytes"
-    return Finding(kind="stale_copy", key=f.key, layer=f.layer, source=source, **row_fields(rows),
-                   detail=f"layer {f.layer}: {span_words(rows)} are byte-for-byte rows of sample {source[:16]} "
-                          f"(a state slot holding a previous request's bytes){also}")
+    return Finding(
+        kind="stale_copy",
+        key=f.key,
+        layer=f.layer,
+        source=source,
+        **row_fields(rows),
+        detail=f"layer {f.layer}: {span_words(rows)} are byte-for-byte rows of sample {source[:16]} "
+        f"(a state slot holding a previous request's bytes){also}",
+    )
 
 
 def _token_ids(f: Finding, rows: list[int], source: str, k: int, d: int) -> Finding:
@@ -498,17 +615,27 @@ def _token_ids(f: Finding, rows: list[int], source: str, k: int, d: int) -> Find
         what.append(f"misaligned by {k:+d} (row t holds the state of token t{'-' if k > 0 else '+'}{abs(k)})")
     if d:
         what.append(f"offset by {d:+d} in value (each id is the true id {d:+d})")
-    cause = ("a token dropped or added before the states were paired with them" if not d else
-             "the states are right for the true tokens, the recorded ids are not")
-    return Finding(kind="token_shift", key=f.key, layer=f.layer, match=k, **row_fields(rows),
-                   detail=f"layer {f.layer}: token ids and states are {' and '.join(what)}: {span_words(rows)} are "
-                          f"byte-for-byte the states of sample {source[:16]} at tokens that are this sample's ids "
-                          f"{'shifted by ' + format(k, '+d') if k else ''}{' and ' if k and d else ''}"
-                          f"{'offset by ' + format(-d, '+d') if d else ''} ({cause}), not a stale slot")
+    cause = (
+        "a token dropped or added before the states were paired with them"
+        if not d
+        else "the states are right for the true tokens, the recorded ids are not"
+    )
+    return Finding(
+        kind="token_shift",
+        key=f.key,
+        layer=f.layer,
+        match=k,
+        **row_fields(rows),
+        detail=f"layer {f.layer}: token ids and states are {' and '.join(what)}: {span_words(rows)} are "
+        f"byte-for-byte the states of sample {source[:16]} at tokens that are this sample's ids "
+        f"{'shifted by ' + format(k, '+d') if k else ''}{' and ' if k and d else ''}"
+        f"{'offset by ' + format(-d, '+d') if d else ''} ({cause}), not a stale slot",
+    )
 
 
-def _misread_ids(hits: list[tuple[int, int]], mine: Sequence[int], theirs: Sequence[int],
-                 vocab: int | None) -> tuple[int, int] | None:
+def _misread_ids(
+    hits: list[tuple[int, int]], mine: Sequence[int], theirs: Sequence[int], vocab: int | None
+) -> tuple[int, int] | None:
     """(k, d) when every copied row whose token r - k exists (two or more) is the source's state of the token
     this sample records at r - k, less d (mod ``vocab``): row r holds the state of the true token behind
     recorded id r - k, and the ids are the true ones + d. The copy is this sample's tokens misread against
@@ -534,13 +661,14 @@ def _signed(d: int, vocab: int | None) -> int:
 
 # --- Whole-layer value bugs of a writer: correct states with one transform applied to every value — scaled by a
 
-CLIP_SLACK = 2.0 ** -7  # the truth must exceed the stored maximum by more than bf16's rounding to call it clipped
+CLIP_SLACK = 2.0**-7  # the truth must exceed the stored maximum by more than bf16's rounding to call it clipped
 OTHER_16BIT = {torch.bfloat16: torch.float16, torch.float16: torch.bfloat16}
 NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def transform_fits(s: torch.Tensor, truth: torch.Tensor, healthy: torch.Tensor, noise: float | None,
-                   noise_factor: float) -> dict[ValueBug, tuple[float, str]]:
+def transform_fits(
+    s: torch.Tensor, truth: torch.Tensor, healthy: torch.Tensor, noise: float | None, noise_factor: float
+) -> dict[ValueBug, tuple[float, str]]:
     """For each transform that could explain stored ``s`` ``[T, H]`` against ``truth``: (rel-L2 of the
     healthy rows once it is undone, the transform in words). A fitted scale alpha is a candidate only when
     it is itself a difference beyond the precision noise (``|alpha - 1| > noise_factor x noise``: rel-L2 of
@@ -558,19 +686,26 @@ def transform_fits(s: torch.Tensor, truth: torch.Tensor, healthy: torch.Tensor, 
     c = float(sf.abs().max())
     if c > 0 and float(tf.abs().max()) > c * (1.0 + CLIP_SLACK):
         hit = int((tf.abs() > c * (1.0 + CLIP_SLACK)).any(1).sum())
-        out["clipped"] = (rel_l2(sf, tf.clamp(-c, c)), f"values clipped at +-{c:.6g} (the truth reaches "
-                                                       f"{float(tf.abs().max()):.6g}, in {hit} row(s))")
+        out["clipped"] = (
+            rel_l2(sf, tf.clamp(-c, c)),
+            f"values clipped at +-{c:.6g} (the truth reaches {float(tf.abs().max()):.6g}, in {hit} row(s))",
+        )
     other = OTHER_16BIT.get(s.dtype)
     if other is not None:
         v = s.view(other).double()
         ok = torch.isfinite(v).all(1)
         if bool(ok.any()):
-            out["wrong_dtype"] = (rel_l2(v[ok], truth[ok].double()),
-                                  f"the bytes are {NAMES[other]} values read as {NAMES[s.dtype]}")
+            out["wrong_dtype"] = (
+                rel_l2(v[ok], truth[ok].double()),
+                f"the bytes are {NAMES[other]} values read as {NAMES[s.dtype]}",
+            )
     if s.dtype == torch.float32 and (narrow := narrower_values(sf)) is not None:  # (a scan of the layer)
-        out["wrong_dtype"] = (0.0, f"every value is a {narrow} value stored as fp32: the states were computed (or "
-                                   f"rounded) at {narrow}, not at fp32; audit again with --dtype {narrow} to judge "
-                                   "them at that precision")
+        out["wrong_dtype"] = (
+            0.0,
+            f"every value is a {narrow} value stored as fp32: the states were computed (or "
+            f"rounded) at {narrow}, not at fp32; audit again with --dtype {narrow} to judge "
+            "them at that precision",
+        )
     return {k: (r, w) for k, (r, w) in out.items() if math.isfinite(r)}
 
 

@@ -38,13 +38,7 @@ from hsstore.core.dtypes import STORED
 from hsstore.core.errors import BadInput
 from hsstore.core.provenance_match import flatten, is_informational
 from hsstore.core.schema.record import UNSET, Record
-from hsstore.core.schema.reports import (
-    DiffReport,
-    DiffVerdictKind,
-    FieldDifference,
-    LayerDiff,
-    WorstSample,
-)
+from hsstore.core.schema.reports import DiffReport, DiffVerdictKind, FieldDifference, LayerDiff, WorstSample
 from hsstore.storage.reader import VariantReader
 from hsstore.storage.store import Store, split_target
 
@@ -110,9 +104,15 @@ def _sample_bytes(readers: Sequence[VariantReader], length: int, layers: Sequenc
     return length * readers[0].record.hidden_size * (per_token + 16)  # + float32 block work
 
 
-def map_samples(readers: Sequence[VariantReader], keys: Sequence[str], layers: list[int] | list[list[int]],
-                fn: Callable[[str, list[list[torch.Tensor]]], R], loss_only: bool = False,
-                threads: int | None = None, budget_bytes: int | None = None) -> Iterator[R]:
+def map_samples(
+    readers: Sequence[VariantReader],
+    keys: Sequence[str],
+    layers: list[int] | list[list[int]],
+    fn: Callable[[str, list[list[torch.Tensor]]], R],
+    loss_only: bool = False,
+    threads: int | None = None,
+    budget_bytes: int | None = None,
+) -> Iterator[R]:
     """``fn(key, [[states [T, H] of each layer] of each reader])`` for every key, in order; T counts the
     first reader's loss-masked tokens only when ``loss_only``. Reading and ``fn`` run on worker threads,
     with BYTES_PER_THREAD of states in flight per thread, at most the command's memory budget in all;
@@ -191,17 +191,21 @@ def check_floor(a: VariantReader, b: VariantReader, c: VariantReader, floor_targ
     then measure storage error, not precision noise)."""
     for name, x in (("A", a), ("B", b)):
         if same_variant(c, x):
-            raise BadInput(f"the floor {floor_target!r} is {name} itself (variant {c.id} of {c.store.location}); a floor "
-                           "must be a third variant whose divergence from A is pure precision (A's recipe in fp32 "
-                           "when B is another kernel or device); to measure bf16 against fp32 itself, diff them "
-                           "without --floor")
+            raise BadInput(
+                f"the floor {floor_target!r} is {name} itself (variant {c.id} of {c.store.location}); a floor "
+                "must be a third variant whose divergence from A is pure precision (A's recipe in fp32 "
+                "when B is another kernel or device); to measure bf16 against fp32 itself, diff them "
+                "without --floor"
+            )
     for name, x in (("A", a), ("the floor C", c)):
         stored = x.record.stored_precision
         if stored:
-            raise BadInput(f"{name} ({floor_target if x is c else 'variant ' + x.id}) is stored as {stored}: A against "
-                           f"the floor would measure {stored} storage error, not precision noise, and hide "
-                           "divergences up to that size; make A and C variants stored as computed (e.g. diff the "
-                           f"{stored} variant as B against its source as A), or diff without --floor")
+            raise BadInput(
+                f"{name} ({floor_target if x is c else 'variant ' + x.id}) is stored as {stored}: A against "
+                f"the floor would measure {stored} storage error, not precision noise, and hide "
+                "divergences up to that size; make A and C variants stored as computed (e.g. diff the "
+                f"{stored} variant as B against its source as A), or diff without --floor"
+            )
 
 
 def _fingerprint(r: VariantReader, field: str) -> Any:
@@ -215,23 +219,30 @@ def check_same_model(x: VariantReader, y: VariantReader, names: tuple[str, str],
     for field, what in IDENTITY:
         fx, fy = _fingerprint(x, field), _fingerprint(y, field)
         if fx in UNKNOWN or fy in UNKNOWN:
-            notes.append(f"{what} identity of {names[0] if fx in UNKNOWN else names[1]} is not recorded: "
-                         f"not checked that {names[0]} and {names[1]} come from the same {what}")
+            notes.append(
+                f"{what} identity of {names[0] if fx in UNKNOWN else names[1]} is not recorded: "
+                f"not checked that {names[0]} and {names[1]} come from the same {what}"
+            )
             continue
         if fx == fy:
             continue
         model = {v: flatten(v.record.provenance).get("recipe.model.name", "?") for v in (x, y)}
         if not allow:
-            raise BadInput(f"{names[0]} and {names[1]} are states of different {what}s: {field} {fx!r} "
-                           f"({model[x]}) != {fy!r} ({model[y]}); their divergence says nothing about precision. "
-                           "Pass --allow-different-models to compare them anyway")
-        notes.append(f"{names[0]} and {names[1]} are states of different {what}s ({field} {fx} != {fy}); "
-                     "compared because --allow-different-models was given")
+            raise BadInput(
+                f"{names[0]} and {names[1]} are states of different {what}s: {field} {fx!r} "
+                f"({model[x]}) != {fy!r} ({model[y]}); their divergence says nothing about precision. "
+                "Pass --allow-different-models to compare them anyway"
+            )
+        notes.append(
+            f"{names[0]} and {names[1]} are states of different {what}s ({field} {fx} != {fy}); "
+            "compared because --allow-different-models was given"
+        )
     return notes
 
 
-def provenance_differences(a: Mapping[str, Any], b: Mapping[str, Any],
-                           c: Mapping[str, Any] | None = None) -> list[FieldDifference]:
+def provenance_differences(
+    a: Mapping[str, Any], b: Mapping[str, Any], c: Mapping[str, Any] | None = None
+) -> list[FieldDifference]:
     """Every provenance field whose value is not the same in A, B (and C), numeric fields first."""
     flats = [flatten(p) for p in (a, b, c) if p is not None]
     fields = sorted(set().union(*flats))
@@ -241,8 +252,9 @@ def provenance_differences(a: Mapping[str, Any], b: Mapping[str, Any],
         if all(v == values[0] for v in values[1:]):
             continue
         extra = {"c": values[2]} if c is not None else {}
-        out.append(FieldDifference(field=field, a=values[0], b=values[1], informational=is_informational(field),
-                                   **extra))
+        out.append(
+            FieldDifference(field=field, a=values[0], b=values[1], informational=is_informational(field), **extra)
+        )
     return sorted(out, key=lambda d: (d.informational, d.field))
 
 
@@ -277,8 +289,10 @@ def check_layers(a: VariantReader, b: VariantReader, layers: list[int] | None) -
     """The layers to compare: ``layers`` if both store them, else all (which must be the same)."""
     la, lb = a.record.all_layers, b.record.all_layers
     if a.record.hidden_size != b.record.hidden_size:
-        raise BadInput(f"hidden sizes differ: {a.record.hidden_size} (A {a.id}) vs {b.record.hidden_size} (B {b.id}); "
-                       "these are states of different models")
+        raise BadInput(
+            f"hidden sizes differ: {a.record.hidden_size} (A {a.id}) vs {b.record.hidden_size} (B {b.id}); "
+            "these are states of different models"
+        )
     if layers:
         missing = [i for i in layers if i not in la or i not in lb]
         if missing:
@@ -293,8 +307,10 @@ def shared_keys(a: VariantReader, b: VariantReader) -> list[str]:
     """Keys committed in both, in A's order (chunk-local reads)."""
     shared = [k for k in a.keys if k in b.refs]
     if not shared:
-        raise BadInput(f"variants {a.id} and {b.id} share no samples (A has {len(a.keys)}, B {len(b.keys)}); "
-                       "were they built from the same inputs and tokenizer?")
+        raise BadInput(
+            f"variants {a.id} and {b.id} share no samples (A has {len(a.keys)}, B {len(b.keys)}); "
+            "were they built from the same inputs and tokenizer?"
+        )
     return shared
 
 
@@ -321,8 +337,14 @@ def use_compiled(a: VariantReader, keys: Sequence[str], layers: Sequence[int], u
     return False
 
 
-def sample_sums(a: VariantReader, others: Sequence[VariantReader], keys: Sequence[str], layers: list[int],
-                request: DiffRequest, compiled: bool | None = None) -> Iterator[tuple[SampleSums, ...]]:
+def sample_sums(
+    a: VariantReader,
+    others: Sequence[VariantReader],
+    keys: Sequence[str],
+    layers: list[int],
+    request: DiffRequest,
+    compiled: bool | None = None,
+) -> Iterator[tuple[SampleSums, ...]]:
     """For each key (in order): one SampleSums of A against each of ``others`` (``request``'s loss_only, device
     and threads). ``compiled``: whether the C loops serve (default: as ``use_compiled`` says for these keys)."""
     hidden = a.record.hidden_size
@@ -351,8 +373,15 @@ class PassResult:
     tokens: int
 
 
-def stream_pass(a: VariantReader, others: list[VariantReader], keys: Sequence[str], layers: list[int],
-                request: DiffRequest, keep: bool, compiled: bool | None = None) -> PassResult:
+def stream_pass(
+    a: VariantReader,
+    others: list[VariantReader],
+    keys: Sequence[str],
+    layers: list[int],
+    request: DiffRequest,
+    keep: bool,
+    compiled: bool | None = None,
+) -> PassResult:
     """Stream ``keys``; ``keep`` the per-sample sums (a sampled diff) instead of only adding them up; ``compiled``:
     as ``sample_sums``."""
     res = PassResult([Totals(len(layers)) for _ in others], [SampleTable() for _ in others] if keep else [], [], 0)
@@ -391,8 +420,10 @@ def open_targets(request: DiffRequest, a_reader: VariantReader | None = None) ->
     a, b = a_reader or open_target(request.a_target), open_target(request.b_target)
     notes = check_same_model(a, b, ("A", "B"), allow_different_models)
     if same_variant(a, b):  # every layer reads "bit-exact" by construction: say so, it is not a finding
-        notes.append(f"A and B are one variant ({a.id} of {a.store.location}): the diff compares its states with "
-                     "themselves, so 'identical' is by construction (a self-test of diff, not a comparison)")
+        notes.append(
+            f"A and B are one variant ({a.id} of {a.store.location}): the diff compares its states with "
+            "themselves, so 'identical' is by construction (a self-test of diff, not a comparison)"
+        )
     c = open_target(floor_t) if floor_t else None
     if c is not None and floor_t:
         check_floor(a, b, c, floor_t)
@@ -428,21 +459,34 @@ def run_diff(request: DiffRequest, a_reader: VariantReader | None = None) -> Dif
         (reps, text), kind = without_floor(ests[0], a.record.dtype), "no_floor"
     text, kind = _verdict(reps, text, kind, plan, t.notes)
     return DiffReport(
-        a=f"{a.store.location}#{a.id}", b=f"{b.store.location}#{b.id}", a_target=request.a_target,
-        b_target=request.b_target, shared_samples=len(keys), only_a=sum(1 for k in a.keys if k not in b.refs),
-        only_b=sum(1 for k in b.keys if k not in a.refs), tokens=res.tokens, loss_only=request.loss_only, layers=reps,
-        worst_samples=res.worst, notes=t.notes, verdict=text, verdict_kind=kind,
-        provenance_differences=provenance_differences(a.record.provenance, b.record.provenance,
-                                                      c.record.provenance if c is not None else None),
+        a=f"{a.store.location}#{a.id}",
+        b=f"{b.store.location}#{b.id}",
+        a_target=request.a_target,
+        b_target=request.b_target,
+        shared_samples=len(keys),
+        only_a=sum(1 for k in a.keys if k not in b.refs),
+        only_b=sum(1 for k in b.keys if k not in a.refs),
+        tokens=res.tokens,
+        loss_only=request.loss_only,
+        layers=reps,
+        worst_samples=res.worst,
+        notes=t.notes,
+        verdict=text,
+        verdict_kind=kind,
+        provenance_differences=provenance_differences(
+            a.record.provenance, b.record.provenance, c.record.provenance if c is not None else None
+        ),
         sampling=plan.record if plan is not None else UNSET,
         floor=f"{c.store.location}#{c.id}" if c is not None else UNSET,
         floor_target=request.floor if c is not None and request.floor else UNSET,
-        floor_layers=floor.layers if floor is not None else UNSET, seconds=time.perf_counter() - t0,
+        floor_layers=floor.layers if floor is not None else UNSET,
+        seconds=time.perf_counter() - t0,
     )
 
 
-def _verdict(layers: list[LayerDiff], text: str, kind: DiffVerdictKind, plan: SamplePlan | None,
-             notes: list[str]) -> tuple[str, DiffVerdictKind]:
+def _verdict(
+    layers: list[LayerDiff], text: str, kind: DiffVerdictKind, plan: SamplePlan | None, notes: list[str]
+) -> tuple[str, DiffVerdictKind]:
     """The verdict in words and its kind: bit-exact layers are "identical", whatever the floor says; states
     of different models say so first."""
     if all(L.bit_exact == 1.0 for L in layers):
@@ -460,6 +504,8 @@ def estimate(layers: list[int], res: PassResult, j: int, plan: SamplePlan | None
     return sampled_layers(layers, res.tables[j], plan.choice, ulps, plan.record.confidence, plan.record.seed)
 
 
-def _floor_pass(a: VariantReader, c: VariantReader, layers: list[int], request: DiffRequest, compiled: bool) -> Estimate:
+def _floor_pass(
+    a: VariantReader, c: VariantReader, layers: list[int], request: DiffRequest, compiled: bool
+) -> Estimate:
     res = stream_pass(a, [c], shared_keys(a, c), layers, request, False, compiled)
     return full_layers(layers, res.totals[0], both_bf16(a, c))

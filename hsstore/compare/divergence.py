@@ -23,7 +23,8 @@ from hsstore.compare.kernel import ULP_BUCKETS, TokenSums, Workspace
 EDGES = torch.logspace(-12, math.log10(2.0), 1201, dtype=torch.float64)  # bins of (1 - cos)
 N_BINS = len(EDGES) + 1
 COLUMNS = ("tokens", "values", "sum_abs", "exact", "sq_diff", "sq_ref", "cos1m_sum") + tuple(
-    f"ulp_{b}" for b in ULP_BUCKETS)
+    f"ulp_{b}" for b in ULP_BUCKETS
+)
 MAXES = ("max_abs", "cos1m_max")
 C = {name: i for i, name in enumerate(COLUMNS)}
 M = {name: i for i, name in enumerate(MAXES)}
@@ -75,9 +76,13 @@ def summarize(key: str, ts: TokenSums, hidden: int, ws: Workspace | None = None)
     cols[:, C["cos1m_sum"]] = omc.sum(1)
     if ts.ulp is not None:  # counts above 0, 1, 2, 4, 8, 16 ULPs -> the buckets of ULP_BUCKETS
         above = torch.cat([ts.ulp, torch.zeros((L, 1), dtype=torch.float64, device=ts.ulp.device)], dim=1)
-        below = torch.cat([cols[:, C["values"]:C["values"] + 1], ts.ulp], dim=1)
-        cols[:, C["ulp_0"]:] = below - above
-    maxes = torch.stack([ts.max_abs.amax(1).double(), omc.amax(1)], dim=1) if T else torch.zeros((L, 2), dtype=torch.float64)
+        below = torch.cat([cols[:, C["values"] : C["values"] + 1], ts.ulp], dim=1)
+        cols[:, C["ulp_0"] :] = below - above
+    maxes = (
+        torch.stack([ts.max_abs.amax(1).double(), omc.amax(1)], dim=1)
+        if T
+        else torch.zeros((L, 2), dtype=torch.float64)
+    )
     bins = torch.bucketize(omc, EDGES.to(omc.device)) + N_BINS * torch.arange(L, device=omc.device)[:, None]
     hist = torch.bincount(bins.view(-1), minlength=N_BINS * L).view(L, N_BINS)
     return SampleSums(key, cols.cpu().numpy(), maxes.cpu().numpy(), hist.cpu().numpy())
@@ -90,16 +95,22 @@ def _summarize_compiled(key: str, ts: TokenSums, hidden: int, kernel: Any) -> Sa
     L, T = ts.dd.shape
     part, maxes = np.zeros((L, 5)), np.zeros((L, len(MAXES)))
     hist = np.zeros((L, N_BINS), dtype=np.int64)
-    kernel.summary_rows([x.numpy() for x in (ts.dd, ts.aa, ts.bb, ts.ad, ts.sum_abs, ts.differing, ts.max_abs)],
-                        _EDGES, part, maxes, hist)
+    kernel.summary_rows(
+        [x.numpy() for x in (ts.dd, ts.aa, ts.bb, ts.ad, ts.sum_abs, ts.differing, ts.max_abs)],
+        _EDGES,
+        part,
+        maxes,
+        hist,
+    )
     cols = np.zeros((L, len(COLUMNS)))
     cols[:, C["tokens"]], cols[:, C["values"]] = T, T * hidden
     cols[:, C["sum_abs"]], cols[:, C["exact"]] = part[:, 0], T * hidden - part[:, 1]
     cols[:, C["sq_diff"]], cols[:, C["sq_ref"]], cols[:, C["cos1m_sum"]] = part[:, 2], part[:, 3], part[:, 4]
     if ts.ulp is not None:  # as summarize's torch path
         ulp = ts.ulp.numpy()
-        cols[:, C["ulp_0"]:] = np.concatenate([cols[:, C["values"]:C["values"] + 1], ulp], axis=1) - np.concatenate(
-            [ulp, np.zeros((L, 1))], axis=1)
+        cols[:, C["ulp_0"] :] = np.concatenate([cols[:, C["values"] : C["values"] + 1], ulp], axis=1) - np.concatenate(
+            [ulp, np.zeros((L, 1))], axis=1
+        )
     return SampleSums(key, cols, maxes, hist)
 
 

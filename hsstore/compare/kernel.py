@@ -78,8 +78,9 @@ class TokenSums:
     ulp: torch.Tensor | None
 
 
-def bf16_ordered(bits: torch.Tensor, out: torch.Tensor | None = None,
-                 scratch: torch.Tensor | None = None) -> torch.Tensor:
+def bf16_ordered(
+    bits: torch.Tensor, out: torch.Tensor | None = None, scratch: torch.Tensor | None = None
+) -> torch.Tensor:
     """bf16 bit patterns (int16) as int16 whose differences count ULPs: sign-magnitude to two's
     complement, +0 and -0 both 0 (``(x ^ (s & 0x7FFF)) - s`` with s = x >> 15, in [-32767, 32767])."""
     out = torch.empty_like(bits) if out is None else out
@@ -192,8 +193,7 @@ def _as_f32(x: torch.Tensor, ws: Workspace, name: str) -> torch.Tensor:
     return out
 
 
-def token_sums(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], ws: Workspace,
-               ulps: bool = False) -> TokenSums:
+def token_sums(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], ws: Workspace, ulps: bool = False) -> TokenSums:
     """Per-token sums of one sample's states: ``a``, ``b`` hold one ``[T, H]`` tensor per layer
     (B is the reference)."""
     L = len(a)
@@ -227,8 +227,9 @@ def _fused_operand(x: torch.Tensor, ws: Workspace, name: str) -> tuple[np.ndarra
     return _as_f32(x.contiguous(), ws, name).numpy(), False
 
 
-def _fused(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, ulp: torch.Tensor | None, ws: Workspace,
-           kernel: CLoops) -> None:
+def _fused(
+    x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, ulp: torch.Tensor | None, ws: Workspace, kernel: CLoops
+) -> None:
     """The seven per-row sums of one layer ``[T, H]`` into ``out [7, T]`` (and the ULP counts of two bf16 layers
     into ``ulp [6]``) in one compiled pass a row."""
     (xa, a16), (yb, b16) = _fused_operand(x, ws, "a"), _fused_operand(y, ws, "b")
@@ -277,17 +278,27 @@ class CLoops:
         if T == 0:  # (a layer of no tokens, e.g. a sample whose loss mask is empty under --loss-only)
             return
         rows_apart = out.strides[0] // 4
-        if not (out.dtype == np.float32 and out.shape == (7, T) and out.strides[1] == 4 and out.strides[0] % 4 == 0
-                and rows_apart >= T and out.flags.aligned and out.flags.writeable):
-            raise ValueError(f"out: {out.dtype} {out.shape} strides {out.strides}; the loop takes float32 (7, {T}), "
-                             "each row contiguous")
+        if not (
+            out.dtype == np.float32
+            and out.shape == (7, T)
+            and out.strides[1] == 4
+            and out.strides[0] % 4 == 0
+            and rows_apart >= T
+            and out.flags.aligned
+            and out.flags.writeable
+        ):
+            raise ValueError(
+                f"out: {out.dtype} {out.shape} strides {out.strides}; the loop takes float32 (7, {T}), "
+                "each row contiguous"
+            )
         a16, b16 = a.dtype == np.int16, b.dtype == np.int16
         if ulps and not (a16 and b16):
             raise ValueError("ULP counts take two bf16 operands")
         self._fused(a.ctypes.data, b.ctypes.data, a16, b16, ulps, T, H, out.ctypes.data, rows_apart, ulp.ctypes.data)
 
-    def summary_rows(self, per_token: Sequence[np.ndarray], edges: np.ndarray, sums: np.ndarray, maxes: np.ndarray,
-                     hist: np.ndarray) -> None:
+    def summary_rows(
+        self, per_token: Sequence[np.ndarray], edges: np.ndarray, sums: np.ndarray, maxes: np.ndarray, hist: np.ndarray
+    ) -> None:
         """One sample's per-layer sums from its per-token sums (dd, aa, bb, ad, sum_abs, differing, max_abs, each
         ``[L, T]`` float32), as ``divergence.summarize`` makes them with torch's ops: ``sums [L, 5]``, ``maxes [L, 2]``
         (float64) and ``hist [L, len(edges) + 1]`` (int64, added to; the bins of ``edges``, float64, as torch.bucketize's)."""
@@ -298,15 +309,27 @@ class CLoops:
         _need("sums", sums, sums.dtype == np.float64, (L, 5), out=True)
         _need("maxes", maxes, maxes.dtype == np.float64, (L, 2), out=True)
         _need("hist", hist, hist.dtype == np.int64, (L, len(edges) + 1), out=True)
-        self._summary(*(x.ctypes.data for x in per_token), L, T, edges.ctypes.data, len(edges), sums.ctypes.data,
-                      maxes.ctypes.data, hist.ctypes.data)
+        self._summary(
+            *(x.ctypes.data for x in per_token),
+            L,
+            T,
+            edges.ctypes.data,
+            len(edges),
+            sums.ctypes.data,
+            maxes.ctypes.data,
+            hist.ctypes.data,
+        )
 
 
 def _need(name: str, x: np.ndarray, dtype_ok: bool, shape: tuple[int, ...], out: bool = False) -> None:
     """``x`` as a C loop reads it (or, ``out``, writes it): the dtype, this shape, contiguous, aligned (writable)."""
-    if not (dtype_ok and x.shape == shape and x.flags.c_contiguous and x.flags.aligned and (x.flags.writeable or not out)):
-        raise ValueError(f"{name}: {x.dtype} {x.shape} (contiguous: {x.flags.c_contiguous}, writable: "
-                         f"{x.flags.writeable}); the loop takes {shape}")
+    if not (
+        dtype_ok and x.shape == shape and x.flags.c_contiguous and x.flags.aligned and (x.flags.writeable or not out)
+    ):
+        raise ValueError(
+            f"{name}: {x.dtype} {x.shape} (contiguous: {x.flags.c_contiguous}, writable: "
+            f"{x.flags.writeable}); the loop takes {shape}"
+        )
 
 
 _kernel: CLoops | Literal[False] | None = None
@@ -324,13 +347,17 @@ def compiled_kernel() -> CLoops | Literal[False]:
                 _kernel = CLoops(native_library(SOURCE))
             except Exception as e:  # noqa: BLE001 (an optimisation: whatever keeps it from loading, torch's ops serve)
                 why = str(e) if isinstance(e, NativeUnavailable) else f"{type(e).__name__}: {e}"
-                warnings.warn(f"hsstore: the C loops of diff, check and audit were not built ({why}); torch's ops "
-                              "compare the states, ~2-3x slower on a CPU (install a C compiler, or set CC)", stacklevel=1)
+                warnings.warn(
+                    f"hsstore: the C loops of diff, check and audit were not built ({why}); torch's ops "
+                    "compare the states, ~2-3x slower on a CPU (install a C compiler, or set CC)",
+                    stacklevel=1,
+                )
                 _kernel = False
     return _kernel
 
 
 # --- Relative L2 distances between stored and live states, in float64 sums; and whether a difference is noise
+
 
 def rel_l2(x: torch.Tensor, y: torch.Tensor) -> float:
     """||x - y|| / ||y|| in float64 sums (nan when y is empty or zero)."""

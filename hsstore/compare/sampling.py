@@ -28,15 +28,7 @@ from typing import Literal
 
 import numpy as np
 
-from hsstore.compare.divergence import (
-    N_BINS,
-    C,
-    SampleSums,
-    Totals,
-    cos_p01,
-    layer_stats,
-    verdict,
-)
+from hsstore.compare.divergence import N_BINS, C, SampleSums, Totals, cos_p01, layer_stats, verdict
 from hsstore.core.dtypes import UNIT_ROUNDOFF
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.reports import LayerDiff, Sampling
@@ -192,11 +184,22 @@ def percentile_interval(replicates: np.ndarray, confidence: float) -> tuple[floa
     return (float(lo), float(hi))
 
 
-__all__ = ["BOOTSTRAP", "Choice", "SampleTable", "choose", "interval", "percentile_interval",
-           "ratio_stats", "replicate_weights", "sample_count", "t_quantile"]
+__all__ = [
+    "BOOTSTRAP",
+    "Choice",
+    "SampleTable",
+    "choose",
+    "interval",
+    "percentile_interval",
+    "ratio_stats",
+    "replicate_weights",
+    "sample_count",
+    "t_quantile",
+]
 
 
 # --- Which shared samples a sampled diff reads (``--samples N`` / ``--fraction F``), and how it says so.
+
 
 @dataclass(frozen=True)
 class SamplePlan:
@@ -216,8 +219,16 @@ def check_sampling(samples: int | None, fraction: float | None, confidence: floa
         raise BadInput(f"--confidence {confidence}: must be in (0, 1), e.g. 0.95")
 
 
-def plan_samples(a: VariantReader, b: VariantReader, c: VariantReader | None, keys: Sequence[str],
-                 samples: int | None, fraction: float | None, seed: int, confidence: float) -> SamplePlan | None:
+def plan_samples(
+    a: VariantReader,
+    b: VariantReader,
+    c: VariantReader | None,
+    keys: Sequence[str],
+    samples: int | None,
+    fraction: float | None,
+    seed: int,
+    confidence: float,
+) -> SamplePlan | None:
     """None for a full diff; else the seeded, length-stratified choice among the shared samples (shared
     with the floor too, when there is one: A against B and against C are read on the same samples)."""
     check_sampling(samples, fraction, confidence)
@@ -228,28 +239,39 @@ def plan_samples(a: VariantReader, b: VariantReader, c: VariantReader | None, ke
     if c is not None:
         population = [k for k in keys if k in c.refs]
         if len(population) < len(keys):
-            notes.append(f"{len(keys) - len(population)} sample(s) shared by A and B are not in the floor and "
-                         "were not eligible")
+            notes.append(
+                f"{len(keys) - len(population)} sample(s) shared by A and B are not in the floor and were not eligible"
+            )
         if not population:
-            raise BadInput(f"the floor {c.id} shares no samples with A and B; a sampled diff reads all three on "
-                           "the same samples")
+            raise BadInput(
+                f"the floor {c.id} shares no samples with A and B; a sampled diff reads all three on the same samples"
+            )
     n = sample_count(len(population), samples, fraction)
     choice = choose([a.refs[k].length for k in population], population, n, seed)
     chosen = [population[int(i)] for i in choice.indices]
     if len(chosen) < 10:
-        notes.append(f"only {len(chosen)} samples: the intervals are wide and approximate (t with "
-                     f"{len(chosen) - len(choice.population)} degree(s) of freedom)")
-    notes += ["max_abs and cos_min are over the sampled tokens: they bound the store's from below "
-              "(max_abs) and above (cos_min); they have no interval",
-              "worst_samples lists the worst of the sampled samples"]
+        notes.append(
+            f"only {len(chosen)} samples: the intervals are wide and approximate (t with "
+            f"{len(chosen) - len(choice.population)} degree(s) of freedom)"
+        )
+    notes += [
+        "max_abs and cos_min are over the sampled tokens: they bound the store's from below "
+        "(max_abs) and above (cos_min); they have no interval",
+        "worst_samples lists the worst of the sampled samples",
+    ]
     record = Sampling(
         method=f"length-stratified random choice without replacement ({len(choice.population)} strata of equal "
-               "count by sample length, proportional allocation, at least 2 per stratum), stratum-weighted "
-               "ratio estimators",
-        seed=seed, population=len(population), samples=len(chosen), fraction=len(chosen) / len(population),
-        strata=len(choice.population), confidence=confidence,
+        "count by sample length, proportional allocation, at least 2 per stratum), stratum-weighted "
+        "ratio estimators",
+        seed=seed,
+        population=len(population),
+        samples=len(chosen),
+        fraction=len(chosen) / len(population),
+        strata=len(choice.population),
+        confidence=confidence,
         interval=f"Rao-Wu rescaling bootstrap over samples within strata, {BOOTSTRAP} replicates, percentile",
-        notes=notes)
+        notes=notes,
+    )
     return SamplePlan(chosen, choice, record)
 
 
@@ -268,12 +290,17 @@ class Estimate:
 
 
 def full_layers(layers: list[int], totals: Totals, ulps: bool) -> Estimate:
-    return Estimate([LayerDiff(layer=i, **layer_stats(totals.sums[j], totals.maxes[j], totals.hist[j], ulps))
-                     for j, i in enumerate(layers)])
+    return Estimate(
+        [
+            LayerDiff(layer=i, **layer_stats(totals.sums[j], totals.maxes[j], totals.hist[j], ulps))
+            for j, i in enumerate(layers)
+        ]
+    )
 
 
-def sampled_layers(layers: list[int], table: SampleTable, choice: Choice, ulps: bool, confidence: float,
-                   seed: int) -> Estimate:
+def sampled_layers(
+    layers: list[int], table: SampleTable, choice: Choice, ulps: bool, confidence: float, seed: int
+) -> Estimate:
     """Point estimates (stratum-weighted) with bootstrap intervals over samples."""
     sums, hist = table.weighted(choice.weights[None, :])
     maxes = np.max(np.stack(table.maxes), axis=0)
@@ -294,8 +321,9 @@ def sampled_layers(layers: list[int], table: SampleTable, choice: Choice, ulps: 
 FloorVerdictKind = Literal["within_noise", "beyond_noise", "inconclusive"]
 
 
-def with_floor(est: Estimate, floor: Estimate, dtype: str, noise_factor: float,
-               confidence: float) -> tuple[list[LayerDiff], str, FloorVerdictKind]:
+def with_floor(
+    est: Estimate, floor: Estimate, dtype: str, noise_factor: float, confidence: float
+) -> tuple[list[LayerDiff], str, FloorVerdictKind]:
     """Layers with floor ratios and verdicts, the overall verdict and its kind (within_noise | beyond_noise |
     inconclusive: only a sampled diff, whose estimates and floor both have replicates, has intervals)."""
     out: list[LayerDiff] = []
@@ -325,8 +353,10 @@ def with_floor(est: Estimate, floor: Estimate, dtype: str, noise_factor: float,
         span = f", {confidence:.0%} interval {lo:.2f}-{hi:.2f}x"
         if any(low <= noise_factor < high for low, high in ratio_cis):
             kind = "inconclusive"
-    text = (f"A and B differ {'within' if within else 'beyond'} precision noise: worst layer {worst.layer} at "
-            f"{worst_ratio:.2f}x the floor{span} (noise up to {noise_factor:g}x)")
+    text = (
+        f"A and B differ {'within' if within else 'beyond'} precision noise: worst layer {worst.layer} at "
+        f"{worst_ratio:.2f}x the floor{span} (noise up to {noise_factor:g}x)"
+    )
     if kind == "inconclusive":
         text += "; not settled at this sample size (an interval straddles the bound): raise --samples"
     return out, text, kind
@@ -337,5 +367,7 @@ def without_floor(est: Estimate, dtype: str) -> tuple[list[LayerDiff], str]:
     out = [L.replace(roundoff_ratio=L.rel_l2 / u) if u else L for L in est.layers]
     worst = max(out, key=lambda L: L.rel_l2)
     scale = f" = {worst.roundoff_ratio:.1f}x the {dtype} unit roundoff" if u else ""
-    return out, (f"no floor given (pass --floor STORE#fp32-variant for a verdict); worst rel-L2 "
-                 f"{worst.rel_l2:.3g} at layer {worst.layer}{scale}")
+    return out, (
+        f"no floor given (pass --floor STORE#fp32-variant for a verdict); worst rel-L2 "
+        f"{worst.rel_l2:.3g} at layer {worst.layer}{scale}"
+    )

@@ -55,7 +55,9 @@ def token_budget_batches(lengths: Sequence[int], budget: int, bucketed: bool = T
     return batches
 
 
-def batch_shapes(lengths: Sequence[int], batches: Sequence[Sequence[int]], bucketed: bool = True) -> set[tuple[int, int]]:
+def batch_shapes(
+    lengths: Sequence[int], batches: Sequence[Sequence[int]], bucketed: bool = True
+) -> set[tuple[int, int]]:
     """The distinct padded shapes ``(batch size, width)`` a plan runs (each compiles kernels once)."""
     pad = padded_length if bucketed else (lambda n: n)
     return {(len(b), pad(max(lengths[i] for i in b))) for b in batches if b}
@@ -150,8 +152,10 @@ def check_fits(nbytes: int | float, what: str, fix: str, share: int = 1) -> None
     ``share`` is how many such allocations may be live at once (e.g. reader threads)."""
     budget = memory_budget() // max(1, share)
     if nbytes > budget:
-        raise ResourceLimit(f"{what} needs {byte_size(nbytes)}, more than the {byte_size(budget)} memory budget "
-                            f"({budget_source()}); {fix}")
+        raise ResourceLimit(
+            f"{what} needs {byte_size(nbytes)}, more than the {byte_size(budget)} memory budget "
+            f"({budget_source()}); {fix}"
+        )
 
 
 def budget_source() -> str:

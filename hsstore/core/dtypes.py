@@ -16,7 +16,11 @@ if TYPE_CHECKING:
     import torch
 
 NAMES = ("bf16", "fp16", "fp32")
-STORED: dict[str, np.dtype[Any]] = {"bf16": np.dtype("uint16"), "fp16": np.dtype("float16"), "fp32": np.dtype("float32")}
+STORED: dict[str, np.dtype[Any]] = {
+    "bf16": np.dtype("uint16"),
+    "fp16": np.dtype("float16"),
+    "fp32": np.dtype("float32"),
+}
 # unit roundoff (half the machine epsilon) of each dtype: the scale of one rounding
 UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}
 

@@ -54,8 +54,9 @@ class ProvenanceMismatch(HsstoreError):
     exit_code = 1
     multiline = True
 
-    def __init__(self, differences: list[tuple[str, object, object]], what: str = "store",
-                 notes: Sequence[str] = ()) -> None:
+    def __init__(
+        self, differences: list[tuple[str, object, object]], what: str = "store", notes: Sequence[str] = ()
+    ) -> None:
         self.differences = differences
         lines = [f"{field}: {a!r} ({what}) != {b!r} (required)" for field, a, b in differences]
         super().__init__(
@@ -114,14 +115,20 @@ WRITE_FIXES = {
     "disk_full": "Free space on the store's disk (or raise its quota), or choose another --store,",
     "file_too_large": "Raise the file-size limit (ulimit -f: this process's RLIMIT_FSIZE), or run where none is set,",
     "permission": "The store is not writable by this process (permissions, a read-only file system, or credentials "
-                  "the store refuses): fix that or choose another --store,",
+    "the store refuses): fix that or choose another --store,",
     "no_bucket": "The bucket does not exist (deleted, or a typo in the URL): create the bucket or choose another "
-                 "--store,",
+    "--store,",
     "network": "The store did not answer: check the network and the server,",
     None: "Fix the cause named above,",
 }
-_ERRNO_CAUSES = {errno.ENOSPC: "disk_full", errno.EDQUOT: "disk_full", errno.EFBIG: "file_too_large",
-                 errno.EACCES: "permission", errno.EPERM: "permission", errno.EROFS: "permission"}
+_ERRNO_CAUSES = {
+    errno.ENOSPC: "disk_full",
+    errno.EDQUOT: "disk_full",
+    errno.EFBIG: "file_too_large",
+    errno.EACCES: "permission",
+    errno.EPERM: "permission",
+    errno.EROFS: "permission",
+}
 
 
 def write_cause(e: BaseException) -> str | None:

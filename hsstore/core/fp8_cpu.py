@@ -80,8 +80,11 @@ def _compiled_kernel() -> Any:
             try:
                 import numba
             except ImportError as e:
-                warnings.warn(f"hsstore: numba cannot be imported ({e}); FP8 states are dequantized by the "
-                              "numpy table path, ~3x slower (pip install -U numba to restore it)", stacklevel=3)
+                warnings.warn(
+                    f"hsstore: numba cannot be imported ({e}); FP8 states are dequantized by the "
+                    "numpy table path, ~3x slower (pip install -U numba to restore it)",
+                    stacklevel=3,
+                )
                 _kernel = False
                 return _kernel
             from hsstore.core.jit import JitLoops
@@ -105,8 +108,9 @@ def _table_path(rows: np.ndarray, ks: np.ndarray, dest: np.ndarray) -> None:
         dst[sel] = np.take(table(int(k)), src[sel], mode="clip")
 
 
-def dequantize_bf16_bits(codes: np.ndarray, scales: np.ndarray, out: np.ndarray | None = None,
-                         compiled: bool = True) -> np.ndarray:
+def dequantize_bf16_bits(
+    codes: np.ndarray, scales: np.ndarray, out: np.ndarray | None = None, compiled: bool = True
+) -> np.ndarray:
     """bf16 bit patterns (uint16, shape of ``codes``) of e4m3 ``codes`` (uint8 ``[..., H]``) times
     ``scales`` (``[..., G]``, powers of two, one per block of ``H // G`` codes). Exact.
     ``compiled=False`` takes the numpy table path (the reference the compiled loop is tested against)."""

@@ -150,8 +150,9 @@ def _read_ours(path: Path) -> bytes:
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or (hasattr(os, "geteuid") and (st.st_uid != os.geteuid()
-                                                                          or st.st_mode & 0o022)):
+        if not stat.S_ISREG(st.st_mode) or (
+            hasattr(os, "geteuid") and (st.st_uid != os.geteuid() or st.st_mode & 0o022)
+        ):
             raise PermissionError(f"{path} is not this user's alone")
         return f.read()
 
@@ -194,8 +195,14 @@ def _build(cc: list[str], source: Path, out: Path) -> tuple[str, ...]:
     errors: list[str] = []
     for flags in _builds():
         try:
-            with subprocess.Popen([*cc, *flags, "-o", str(out), str(source)], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True) as p:
+            with subprocess.Popen(
+                [*cc, *flags, "-o", str(out), str(source)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                errors="replace",
+                start_new_session=True,
+            ) as p:
                 try:
                     _, err = p.communicate(timeout=COMPILE_SECONDS)
                 except subprocess.TimeoutExpired:  # (its own session: the compiler's children go too)

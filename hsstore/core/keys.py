@@ -46,6 +46,7 @@ class SampleTokens:
 
 # --- Canonical JSON and the xxh3_128 fingerprints built on it.
 
+
 def _normalize(value: Any) -> Any:
     # floats that are whole numbers hash like ints; tuples like lists; NaN is refused
     if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
@@ -82,8 +83,7 @@ __all__ = ["FileStamp", "HashedFile", "file_hash", "hash_file", "hash_files", "s
 def stamp(path: str | os.PathLike[str]) -> FileStamp:
     """What the filesystem says about the file behind ``path`` (symlinks followed)."""
     st = os.stat(path)
-    return FileStamp(dev=st.st_dev, ino=st.st_ino, size=st.st_size, mtime_ns=st.st_mtime_ns,
-                     ctime_ns=st.st_ctime_ns)
+    return FileStamp(dev=st.st_dev, ino=st.st_ino, size=st.st_size, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
 
 
 def hash_file(path: str | os.PathLike[str]) -> HashedFile:
@@ -99,8 +99,10 @@ def hash_file(path: str | os.PathLike[str]) -> HashedFile:
             size += n
     after = stamp(path)
     if after != before or size != before.size:
-        raise BuildFailed(f"{os.fspath(path)} changed while it was hashed (a copy or download still running?); "
-                          "re-run when it is complete")
+        raise BuildFailed(
+            f"{os.fspath(path)} changed while it was hashed (a copy or download still running?); "
+            "re-run when it is complete"
+        )
     return HashedFile(size=size, xxh3_128=h.hexdigest(), stamp=after)
 
 

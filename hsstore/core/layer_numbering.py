@@ -23,6 +23,7 @@ from hsstore.core.errors import BadInput
 
 # --- The rule that keeps a drafter's target out of its conditioning: no target state may be computable from an
 
+
 def leaks(aux: Sequence[int], target: Sequence[int], num_layers: int) -> list[tuple[int, int]]:
     """(aux layer, target layer) pairs where the target is the aux state or its final norm (either way)."""
     last, norm = num_layers - 1, num_layers
@@ -51,14 +52,21 @@ def check_no_leak(aux: Sequence[int], target: Sequence[int], num_layers: int, fi
         what = f"target final_norm is RMSNorm of aux layer {a}"
     else:
         what = f"aux final_norm is RMSNorm of target layer {t}"
-    raise BadInput(f"{what} (on a {num_layers}-layer model final_norm = RMSNorm(layer {num_layers - 1})): the target "
-                   f"leaks into the conditioning layers; {fix}")
+    raise BadInput(
+        f"{what} (on a {num_layers}-layer model final_norm = RMSNorm(layer {num_layers - 1})): the target "
+        f"leaks into the conditioning layers; {fix}"
+    )
 
 
 Capture = Literal["output", "input", "unknown"]  # the numbering of stated ids (ImportSource.capture)
 CAPTURES: tuple[Capture, ...] = ("output", "input", "unknown")
 # the numbering each tool's own configuration uses for layer ids
-TOOL_CAPTURE: dict[str, Capture] = {"specforge": "output", "modelopt": "output", "eagle": "output", "speculators": "input"}
+TOOL_CAPTURE: dict[str, Capture] = {
+    "specforge": "output",
+    "modelopt": "output",
+    "eagle": "output",
+    "speculators": "input",
+}
 FINAL_NORM = "final_norm"
 Stated = int | str  # a layer id as the user wrote it: an int, or "final_norm"
 
@@ -67,8 +75,10 @@ def parse_capture(text: str) -> Capture:
     for capture in CAPTURES:
         if text == capture:
             return capture
-    raise BadInput(f"unknown --capture {text!r}; choose output (id i = output of layer i, SGLang/HF), "
-                   "input (id i = state entering layer i, vLLM) or unknown")
+    raise BadInput(
+        f"unknown --capture {text!r}; choose output (id i = output of layer i, SGLang/HF), "
+        "input (id i = state entering layer i, vLLM) or unknown"
+    )
 
 
 def parse_layer_list(text: str) -> list[Stated]:
@@ -80,8 +90,10 @@ def parse_layer_list(text: str) -> list[Stated]:
         elif part.lstrip("-").isdigit():
             out.append(int(part))
         else:
-            raise BadInput(f"--layers part {part!r} is not a layer id; write ids in file order as e.g. "
-                           f"'2,16,29,{FINAL_NORM}' (integers, or {FINAL_NORM} for the post-norm state)")
+            raise BadInput(
+                f"--layers part {part!r} is not a layer id; write ids in file order as e.g. "
+                f"'2,16,29,{FINAL_NORM}' (integers, or {FINAL_NORM} for the post-norm state)"
+            )
     if not out:
         raise BadInput("--layers is empty; name the layer of every state slot in the files, e.g. '2,16,29,36'")
     return out
@@ -90,16 +102,20 @@ def parse_layer_list(text: str) -> list[Stated]:
 def to_hsstore(stated: Stated, capture: str, num_layers: int) -> int:
     """One stated id as an hsstore layer id (``unknown`` keeps integers as written)."""
     if not isinstance(num_layers, int) or num_layers < 1:  # (an export record writes -1 for "unknown")
-        raise BadInput(f"the number of decoder layers is unknown (got {num_layers!r}), so layer {stated!r} cannot be "
-                       "placed: pass --num-layers N (or --model DIR, the target's folder with config.json)")
+        raise BadInput(
+            f"the number of decoder layers is unknown (got {num_layers!r}), so layer {stated!r} cannot be "
+            "placed: pass --num-layers N (or --model DIR, the target's folder with config.json)"
+        )
     if stated == FINAL_NORM:
         return num_layers
     i = int(stated)
     if capture == "input":
         if not 1 <= i <= num_layers:
             what = "the embedding output, which hsstore does not store" if i == 0 else "out of range"
-            raise BadInput(f"layer {i} under --capture input is {what} (valid 1..{num_layers} for a "
-                           f"{num_layers}-layer model: the state entering layer i)")
+            raise BadInput(
+                f"layer {i} under --capture input is {what} (valid 1..{num_layers} for a "
+                f"{num_layers}-layer model: the state entering layer i)"
+            )
         return i - 1
     if not 0 <= i < num_layers + (1 if capture == "unknown" else 0):
         top = num_layers if capture == "unknown" else num_layers - 1
@@ -115,19 +131,29 @@ def from_hsstore(layer: int, capture: str, num_layers: int) -> Stated:
     return layer + 1 if capture == "input" else layer
 
 
-def slot_layers(stated: Sequence[Stated], n_aux: int, has_target: bool, capture: str,
-                num_layers: int) -> dict[str, list[int]]:
+def slot_layers(
+    stated: Sequence[Stated], n_aux: int, has_target: bool, capture: str, num_layers: int
+) -> dict[str, list[int]]:
     """Map the stated ids of a file's slots (``n_aux`` aux slots, then the target slot) to hsstore roles."""
     want = n_aux + (1 if has_target else 0)
     if len(stated) != want:
         slots = f"{n_aux} aux state(s)" + (" and a target state" if has_target else "")
-        raise BadInput(f"the files hold {slots} per token ({want} slot(s)), but --layers names {len(stated)}: "
-                       f"{','.join(map(str, stated))}; list one id per slot, aux first, target last")
+        raise BadInput(
+            f"the files hold {slots} per token ({want} slot(s)), but --layers names {len(stated)}: "
+            f"{','.join(map(str, stated))}; list one id per slot, aux first, target last"
+        )
     ids = [to_hsstore(s, capture, num_layers) for s in stated]
     if len(set(ids)) != len(ids):
-        raise BadInput(f"--layers {','.join(map(str, stated))} names one layer twice (as hsstore ids under "
-                       f"--capture {capture}: {ids}); every slot holds a different layer")
+        raise BadInput(
+            f"--layers {','.join(map(str, stated))} names one layer twice (as hsstore ids under "
+            f"--capture {capture}: {ids}); every slot holds a different layer"
+        )
     if capture != "unknown":  # unknown: ids as written, not hsstore's layers (diff --align finds what they are)
-        check_no_leak(ids[:n_aux], ids[n_aux:], num_layers, "these files cannot train a drafter without the target "
-                      "leaking; check --layers (aux slots first, the target last) and --capture")
+        check_no_leak(
+            ids[:n_aux],
+            ids[n_aux:],
+            num_layers,
+            "these files cannot train a drafter without the target "
+            "leaking; check --layers (aux slots first, the target last) and --capture",
+        )
     return {"aux": ids[:n_aux], "target": ids[n_aux:]}

@@ -48,8 +48,9 @@ def loads_bounded(text: str | bytes, limit: int | None = MAX_INPUT_DEPTH) -> Any
     except json.JSONDecodeError:
         raise
     except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
-        raise json.JSONDecodeError(f"a number longer than {sys.get_int_max_str_digits()} digits",
-                                   text if isinstance(text, str) else "", 0) from None
+        raise json.JSONDecodeError(
+            f"a number longer than {sys.get_int_max_str_digits()} digits", text if isinstance(text, str) else "", 0
+        ) from None
     return value if limit is None else check_depth(value, limit)
 
 

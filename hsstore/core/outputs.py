@@ -45,8 +45,10 @@ def streamed(path: str) -> bool:
     if _through_descriptor(p):
         return True  # /dev/stdout redirected to a file by the shell: the shell chose the file
     where = os.path.realpath(p)
-    raise BadInput(f"output {path!r} is a symbolic link (to {where!r}); hsstore does not write through links — name "
-                   "the file itself, or remove the link")
+    raise BadInput(
+        f"output {path!r} is a symbolic link (to {where!r}); hsstore does not write through links — name "
+        "the file itself, or remove the link"
+    )
 
 
 def _through_descriptor(p: str) -> bool:
@@ -74,7 +76,9 @@ def check_output_file(path: str, option: str, suffixes: tuple[str, ...] = ()) ->
     except BadInput as e:
         raise BadInput(f"{option} {e}".replace("output ", "", 1)) from None
     if suffixes and p.suffix.lower() not in suffixes:
-        raise BadInput(f"{option} {path!r}: unknown file type {p.suffix or '(none)'!r}; use one of {', '.join(suffixes)}")
+        raise BadInput(
+            f"{option} {path!r}: unknown file type {p.suffix or '(none)'!r}; use one of {', '.join(suffixes)}"
+        )
     parent = p.parent
     if not parent.is_dir():
         what = "is not a folder" if parent.exists() else "does not exist"
@@ -92,8 +96,9 @@ def check_distinct_outputs(paths: dict[str, str | None]) -> None:
             continue
         real = os.path.realpath(os.path.expanduser(path))
         if real in seen:
-            raise BadInput(f"{seen[real]} and {option} both name {path!r}; the second would replace the first — "
-                           "name two files")
+            raise BadInput(
+                f"{seen[real]} and {option} both name {path!r}; the second would replace the first — name two files"
+            )
         seen[real] = option
 
 
@@ -109,11 +114,14 @@ def check_not_an_input(path: str | None, option: str, inputs: dict[str, str]) ->
     for what, given in inputs.items():
         root = os.path.realpath(os.path.expanduser(given))
         if real == root or (os.path.isdir(root) and real.startswith(root.rstrip(os.sep) + os.sep)):
-            raise BadInput(f"{option} {path!r} is a file of {what} {given!r}, which this command reads; the report "
-                           "would replace it — write the report elsewhere")
+            raise BadInput(
+                f"{option} {path!r} is a file of {what} {given!r}, which this command reads; the report "
+                "would replace it — write the report elsewhere"
+            )
 
 
 # --- User paths: a leading ``~`` (``~`` or ``~user``) means a home folder, as in a shell, wherever hsstore takes a path.
+
 
 def expand_user(path: str) -> str:
     """``path`` with a leading ``~``/``~user`` expanded (URLs, ``builtin:`` names and other paths unchanged).
@@ -123,6 +131,7 @@ def expand_user(path: str) -> str:
 
 
 # --- Sizes and durations as people read them (pure): three significant digits and a unit.
+
 
 def byte_size(n: float | None) -> str:
     """``n`` bytes as "1.24 GB", "981 kB" or "12 B" (decimal units, as disks are sold); "unknown" for None."""

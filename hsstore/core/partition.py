@@ -46,7 +46,6 @@ def epoch_order(n_blocks: int, seed: int, epoch: int) -> np.ndarray:
     return rng.permutation(n_blocks)
 
 
-
 def epoch_sequence(unit_sizes: Sequence[int], seed: int, epoch: int, shuffle: bool) -> np.ndarray:
     """Global sample order of one epoch: units in a seeded order, samples shuffled inside each unit.
 
@@ -64,8 +63,9 @@ def epoch_sequence(unit_sizes: Sequence[int], seed: int, epoch: int, shuffle: bo
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
-def split_for(order: np.ndarray, world: int, rank: int, workers: int = 1, worker: int = 0,
-              drop_remainder: bool = False) -> np.ndarray:
+def split_for(
+    order: np.ndarray, world: int, rank: int, workers: int = 1, worker: int = 0, drop_remainder: bool = False
+) -> np.ndarray:
     """The contiguous part of ``order`` that (``rank``, ``worker``) reads.
 
     Ranks take contiguous, near-equal runs (sizes differ by at most one); each rank's run is cut the same
@@ -106,8 +106,14 @@ def token_batches(lengths: Sequence[int], budget: int) -> list[tuple[int, int]]:
     return out
 
 
-def worker_runs(seq: np.ndarray, workers: int, worker: int, marks: np.ndarray,
-                lengths: Sequence[int] | None = None, budget: int | None = None) -> list[np.ndarray]:
+def worker_runs(
+    seq: np.ndarray,
+    workers: int,
+    worker: int,
+    marks: np.ndarray,
+    lengths: Sequence[int] | None = None,
+    budget: int | None = None,
+) -> list[np.ndarray]:
     """What DataLoader worker ``worker`` of ``workers`` delivers of a rank's run ``seq``: its items (one run)
     or, with a token ``budget`` and the samples' ``lengths``, its batches (a run each), in turn with the
     other workers; samples ``marks`` (bool, by sample) calls consumed are left out."""

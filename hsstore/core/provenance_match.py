@@ -120,7 +120,9 @@ def model_name(provenance: Mapping[str, Any]) -> str:
     one-line error or ``info`` names it."""
     m = _model(provenance)
     if not identified(provenance):
-        return f"{m.get('name', '?')} (shape only: {m.get('num_layers', '?')} layers, hidden {m.get('hidden_size', '?')})"
+        return (
+            f"{m.get('name', '?')} (shape only: {m.get('num_layers', '?')} layers, hidden {m.get('hidden_size', '?')})"
+        )
     fp = model_fingerprint(provenance)
     return f"{m.get('name', '?')} ({fp[:12] if fp else 'config ' + str(m.get('config_fingerprint'))[:12]})"
 

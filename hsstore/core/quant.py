@@ -118,11 +118,16 @@ def error_tensor(ref: torch.Tensor, stored: torch.Tensor) -> torch.Tensor:
     denom = nr * ns
     # two zero rows agree (cosine 1); a zero row against a non-zero one does not (0)
     cos = torch.where(denom > 0, (r * s).sum(dim=1) / denom.clamp_min(1e-30), (nr == ns).float()).clamp(-1, 1)
-    return torch.stack([
-        r.new_full((), float(r.shape[0]), dtype=torch.float64),  # a fill, not a copy (which would sync)
-        torch.linalg.vector_norm(d, dtype=acc).double().square(), torch.linalg.vector_norm(r, dtype=acc).double().square(),
-        cos.sum(dtype=acc).double(), cos.min().double(), d.abs().amax().double(),
-    ])
+    return torch.stack(
+        [
+            r.new_full((), float(r.shape[0]), dtype=torch.float64),  # a fill, not a copy (which would sync)
+            torch.linalg.vector_norm(d, dtype=acc).double().square(),
+            torch.linalg.vector_norm(r, dtype=acc).double().square(),
+            cos.sum(dtype=acc).double(),
+            cos.min().double(),
+            d.abs().amax().double(),
+        ]
+    )
 
 
 def from_error_tensor(values: list[float]) -> dict[str, float]:
@@ -134,8 +139,14 @@ def from_error_tensor(values: list[float]) -> dict[str, float]:
 
 def merge(parts: Iterable[Mapping[str, float]]) -> dict[str, float]:
     """One record from many (sums add; minimum cosine and maximum error are kept)."""
-    out: dict[str, float] = {"tokens": 0, "sum_sq_err": 0.0, "sum_sq_ref": 0.0, "cos_sum": 0.0,
-                             "cos_min": 1.0, "max_abs": 0.0}
+    out: dict[str, float] = {
+        "tokens": 0,
+        "sum_sq_err": 0.0,
+        "sum_sq_ref": 0.0,
+        "cos_sum": 0.0,
+        "cos_min": 1.0,
+        "max_abs": 0.0,
+    }
     for p in parts:
         for k in ("tokens", "sum_sq_err", "sum_sq_ref", "cos_sum"):
             out[k] += p[k]
@@ -148,5 +159,10 @@ def summary(e: Mapping[str, float]) -> StorageError:
     """rel-L2 (||stored - ref|| / ||ref|| over all values), cosine mean and min per token, max abs error."""
     ref = e["sum_sq_ref"]
     rel = math.sqrt(e["sum_sq_err"] / ref) if ref > 0 else (0.0 if e["sum_sq_err"] == 0 else math.inf)
-    return StorageError(tokens=int(e["tokens"]), rel_l2=rel, cos_mean=e["cos_sum"] / max(1, e["tokens"]),
-                        cos_min=e["cos_min"], max_abs=e["max_abs"])
+    return StorageError(
+        tokens=int(e["tokens"]),
+        rel_l2=rel,
+        cos_mean=e["cos_sum"] / max(1, e["tokens"]),
+        cos_min=e["cos_min"],
+        max_abs=e["max_abs"],
+    )

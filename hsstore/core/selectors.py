@@ -51,18 +51,37 @@ def describe(provenance: Mapping[str, Any]) -> str:
     env = provenance.get("environment", {})
     precision = env.get("storage", {}).get("precision") if isinstance(env.get("storage"), Mapping) else None
     return "backend={} dtype={} device={} attention={}{}".format(
-        env.get("backend"), env.get("dtype"), env.get("device"), env.get("kernels", {}).get("attention"),
+        env.get("backend"),
+        env.get("dtype"),
+        env.get("device"),
+        env.get("kernels", {}).get("attention"),
         f" precision={precision}" if precision else "",
     )
 
 
 # Fields tried first when naming a variant: those the description line shows, then the settings a person
 # changes between builds; among equally few fields the earlier ones are chosen.
-_FIRST = ("environment.dtype", "environment.kernels.attention", "environment.storage.precision",
-          "environment.backend", "environment.device", "environment.batching", "recipe.max_length",
-          "recipe.truncation", "environment.storage", "environment.kernels", "environment.flags",
-          "environment.versions", "environment.device_name", "recipe.layers", "recipe.capture", "recipe.final_norm",
-          "recipe.tokenizer", "recipe.model", "source")
+_FIRST = (
+    "environment.dtype",
+    "environment.kernels.attention",
+    "environment.storage.precision",
+    "environment.backend",
+    "environment.device",
+    "environment.batching",
+    "recipe.max_length",
+    "recipe.truncation",
+    "environment.storage",
+    "environment.kernels",
+    "environment.flags",
+    "environment.versions",
+    "environment.device_name",
+    "recipe.layers",
+    "recipe.capture",
+    "recipe.final_norm",
+    "recipe.tokenizer",
+    "recipe.model",
+    "source",
+)
 MAX_SHOWN = 4  # differing fields shown per variant by a build's note; the rest are counted
 MAX_EXACT = 4  # the most fields the exact search tries together; beyond, fields are added greedily
 
@@ -148,8 +167,11 @@ class Apart:
             spelled = _spelled(mine.get(path, _ABSENT), (f.get(path, _ABSENT) for f in self.fields.values()))
             if spelled is None:
                 continue
-            out = frozenset(u for u in others if not value_matches(self.fields[u].get(path, _ABSENT), spelled)
-                            or path not in self.fields[u])
+            out = frozenset(
+                u
+                for u in others
+                if not value_matches(self.fields[u].get(path, _ABSENT), spelled) or path not in self.fields[u]
+            )
             if out and out not in columns:  # keep the most telling of fields that exclude the same variants
                 columns[out] = (key, spelled)
         return _cover(others, columns)
@@ -222,12 +244,18 @@ WHY = (
 
 def why(path: str) -> str:
     """A short reason why the field at ``path`` (part of a variant id) can change a number."""
-    return next((w for p, w in WHY if path == p or path.startswith(p + ".")),
-                "it is part of how the states were computed")
+    return next(
+        (w for p, w in WHY if path == p or path.startswith(p + ".")), "it is part of how the states were computed"
+    )
 
 
-def fork_note(vid: str, provenance: Mapping[str, Any], existing: Mapping[str, Mapping[str, Any]],
-              labels: Mapping[str, str] | None = None, every: Mapping[str, Mapping[str, Any]] | None = None) -> str | None:
+def fork_note(
+    vid: str,
+    provenance: Mapping[str, Any],
+    existing: Mapping[str, Mapping[str, Any]],
+    labels: Mapping[str, str] | None = None,
+    every: Mapping[str, Mapping[str, Any]] | None = None,
+) -> str | None:
     """What a build says when it makes a new variant beside others: the fields that tell it from the
     closest one, their values on both sides, why each can change numbers, and the selector that names it
     alone among ``every`` (default: ``existing`` and it; ``labels``: variant id -> label); None when
@@ -245,12 +273,16 @@ def fork_note(vid: str, provenance: Mapping[str, Any], existing: Mapping[str, Ma
     fields = diffs(others[other])
     paths = {k for p in [provenance, *others.values()] for k in flatten(p)}
     theirs = numeric_fields(others[other])
-    said = "; ".join(f"{selector_key(k, paths)} {_short(mine.get(k, _ABSENT))} (was {_short(theirs.get(k, _ABSENT))}): "
-                     f"{why(k)}" for k in fields[:MAX_SHOWN])
+    said = "; ".join(
+        f"{selector_key(k, paths)} {_short(mine.get(k, _ABSENT))} (was {_short(theirs.get(k, _ABSENT))}): {why(k)}"
+        for k in fields[:MAX_SHOWN]
+    )
     more = f"; +{len(fields) - MAX_SHOWN} more" if len(fields) > MAX_SHOWN else ""
     name = Apart(every if every is not None else {**others, vid: provenance}).selector(vid, labels)
-    return (f"new variant {vid} beside {other} ({describe(provenance)}): it differs in {said}{more}. Each of these "
-            f"can change numbers, so the states are kept apart; name this one with #{name}")
+    return (
+        f"new variant {vid} beside {other} ({describe(provenance)}): it differs in {said}{more}. Each of these "
+        f"can change numbers, so the states are kept apart; name this one with #{name}"
+    )
 
 
 # Selector keys always accepted (they name fields a store may hold none of yet, e.g. no FP8 variant).
@@ -281,8 +313,9 @@ def parse_selector(selector: str) -> dict[str, str] | str:
     return pairs
 
 
-def matches(provenance: Mapping[str, Any], pairs: Mapping[str, str], label: str | None = None,
-            vid: str | None = None) -> bool:
+def matches(
+    provenance: Mapping[str, Any], pairs: Mapping[str, str], label: str | None = None, vid: str | None = None
+) -> bool:
     """True if every key (a dotted path, or its last segments; ``label``: the variant's label, ``variant``: a
     prefix of its id ``vid``) has the given value (a hash: or a prefix of it)."""
     flat = flatten(provenance)
@@ -308,7 +341,9 @@ def _choices(variants: Mapping[str, Mapping[str, Any]], among: list[str], labels
     out = []
     for vid in sorted(among):
         lab = f" labelled {labels[vid]!r}" if vid in labels else ""
-        out.append(f"{choice(vid, variants[vid], dict(apart.fewest(vid) or []))}{lab} as #{apart.selector(vid, labels)}")
+        out.append(
+            f"{choice(vid, variants[vid], dict(apart.fewest(vid) or []))}{lab} as #{apart.selector(vid, labels)}"
+        )
     return "; ".join(out) or "(none)"
 
 
@@ -327,9 +362,14 @@ def _check_keys(selector: str, pairs: Mapping[str, str], variants: Mapping[str, 
 
     for key in pairs:
         if not known(key):
-            leaves = sorted({p.rsplit(".", 1)[-1] for p in paths
-                             if not is_informational(p) and not p.startswith("recipe.model.weights.")}
-                            | {"precision", LABEL_KEY, VARIANT_KEY})
+            leaves = sorted(
+                {
+                    p.rsplit(".", 1)[-1]
+                    for p in paths
+                    if not is_informational(p) and not p.startswith("recipe.model.weights.")
+                }
+                | {"precision", LABEL_KEY, VARIANT_KEY}
+            )
             close = difflib.get_close_matches(key, leaves + sorted(paths), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise SelectorError(
@@ -343,8 +383,18 @@ def _values_held(pairs: Mapping[str, str], variants: Mapping[str, Mapping[str, A
     said = []
     for key, want in pairs.items():
         field = field_key(key)
-        values = list(labels.values()) if key == LABEL_KEY else list(variants) if key == VARIANT_KEY else [
-            v for p in variants.values() for path, v in flatten(p).items() if path == field or path.endswith("." + field)]
+        values = (
+            list(labels.values())
+            if key == LABEL_KEY
+            else list(variants)
+            if key == VARIANT_KEY
+            else [
+                v
+                for p in variants.values()
+                for path, v in flatten(p).items()
+                if path == field or path.endswith("." + field)
+            ]
+        )
         held = sorted({as_text(v) for v in values})
         if not any(value_matches(v, want) for v in values):
             said.append(f"{key} here: {', '.join(held[:8]) or '(none)'}{' …' if len(held) > 8 else ''}")
@@ -376,6 +426,7 @@ def _hits(variants: Mapping[str, Mapping[str, Any]], selector: str, labels: Mapp
 def names_storage(pairs: Mapping[str, str], variants: Mapping[str, Mapping[str, Any]]) -> bool:
     """Whether a selector's pairs may name a variant stored in another precision than computed: a precision
     key, a field under ``environment.storage``, or the variant's id or label (which name one variant as it is)."""
+
     def under_storage(key: str) -> bool:
         paths = {p for v in variants.values() for p in flatten(v) if p == key or p.endswith("." + key)}
         return bool(paths) and all(p.startswith("environment.storage.") for p in paths)
@@ -383,8 +434,12 @@ def names_storage(pairs: Mapping[str, str], variants: Mapping[str, Mapping[str, 
     return any(k in (*PRECISION_KEYS, LABEL_KEY, VARIANT_KEY) or under_storage(field_key(k)) for k in pairs)
 
 
-def select(variants: Mapping[str, Mapping[str, Any]], selector: str | None, where: str = "store",
-           labels: Mapping[str, str] | None = None) -> str:
+def select(
+    variants: Mapping[str, Mapping[str, Any]],
+    selector: str | None,
+    where: str = "store",
+    labels: Mapping[str, str] | None = None,
+) -> str:
     """The one variant id in ``variants`` (id -> provenance) that ``selector`` names (``labels``: id ->
     label); never a guess: an ambiguous selector is refused with a selector for each candidate."""
     labels = dict(labels or {})
@@ -403,18 +458,34 @@ def select(variants: Mapping[str, Mapping[str, Any]], selector: str | None, wher
         return hits[0]
     if not hits:
         parsed = parse_selector(selector)
-        held = f" (labels here: {', '.join(sorted(labels.values())) or '(none)'})" if isinstance(parsed, str) else \
-            _values_held(parsed, variants, labels)
-        stored = [] if isinstance(parsed, str) else [
-            vid for vid, p in variants.items() if not _stored_as_computed(p) and matches(p, parsed, labels.get(vid), vid)]
+        held = (
+            f" (labels here: {', '.join(sorted(labels.values())) or '(none)'})"
+            if isinstance(parsed, str)
+            else _values_held(parsed, variants, labels)
+        )
+        stored = (
+            []
+            if isinstance(parsed, str)
+            else [
+                vid
+                for vid, p in variants.items()
+                if not _stored_as_computed(p) and matches(p, parsed, labels.get(vid), vid)
+            ]
+        )
         if stored:  # FP8 ones match: a selector naming no precision means the states as computed
             precisions = sorted({variants[v]["environment"]["storage"].get("precision") for v in stored})
-            held = (f" among those stored as computed ({len(stored)} stored in {', '.join(map(str, precisions))} "
-                    f"match: name one with precision=, e.g. #{selector.strip()},precision={precisions[0]})")
-        raise SelectorError(f"selector {selector!r} matches no variant in {where}{held}. "
-                            f"Choices: {_choices(variants, list(variants), labels)}")
-    raise SelectorError(f"selector {selector!r} matches {len(hits)} variants in {where}{_differ(variants, hits, labels)}. "
-                        f"Choices: {_choices(variants, hits, labels)}")
+            held = (
+                f" among those stored as computed ({len(stored)} stored in {', '.join(map(str, precisions))} "
+                f"match: name one with precision=, e.g. #{selector.strip()},precision={precisions[0]})"
+            )
+        raise SelectorError(
+            f"selector {selector!r} matches no variant in {where}{held}. "
+            f"Choices: {_choices(variants, list(variants), labels)}"
+        )
+    raise SelectorError(
+        f"selector {selector!r} matches {len(hits)} variants in {where}{_differ(variants, hits, labels)}. "
+        f"Choices: {_choices(variants, hits, labels)}"
+    )
 
 
 def _differ(variants: Mapping[str, Mapping[str, Any]], hits: list[str], labels: Mapping[str, str]) -> str:

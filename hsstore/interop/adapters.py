@@ -30,21 +30,34 @@ Batch = dict[str, Any]
 class _Adapter(Dataset[Batch]):
     """A HiddenStateDataset with one target layer and at least one aux layer, re-shaped per item."""
 
-    def __init__(self, source: HiddenStateDataset | StoreArg, variant: str | None = None,
-                 require: Required | None = None, allow_drift: Iterable[str] = (), max_len: int | None = None) -> None:
+    def __init__(
+        self,
+        source: HiddenStateDataset | StoreArg,
+        variant: str | None = None,
+        require: Required | None = None,
+        allow_drift: Iterable[str] = (),
+        max_len: int | None = None,
+    ) -> None:
         from hsstore.read.dataset import HiddenStateDataset
 
         if hasattr(source, "reader") and not isinstance(source, HiddenStateDataset):
-            raise BadInput(f"{type(self).__name__} takes a HiddenStateDataset (map-style) or a store, not a "
-                           f"{type(source).__name__}")
-        self.base = source if isinstance(source, HiddenStateDataset) else HiddenStateDataset(
-            source, variant=variant, require=require, allow_drift=allow_drift)
+            raise BadInput(
+                f"{type(self).__name__} takes a HiddenStateDataset (map-style) or a store, not a "
+                f"{type(source).__name__}"
+            )
+        self.base = (
+            source
+            if isinstance(source, HiddenStateDataset)
+            else HiddenStateDataset(source, variant=variant, require=require, allow_drift=allow_drift)
+        )
         if source is self.base and require is not None:  # a dataset given: its require= was its own
             self.base.check_required(require, allow_drift)
         roles = self.base.layer_roles
         if len(roles.get("target", [])) != 1 or not roles.get("aux"):
-            raise BadInput(f"variant {self.base.variant_id} has layers {roles}; EAGLE-3 trainers need aux layers "
-                           "and exactly one target layer")
+            raise BadInput(
+                f"variant {self.base.variant_id} has layers {roles}; EAGLE-3 trainers need aux layers "
+                "and exactly one target layer"
+            )
         self.max_len = max_len
 
     def __len__(self) -> int:
@@ -72,8 +85,12 @@ class _Adapter(Dataset[Batch]):
         it = self.base[index]
         n = it["input_ids"].shape[0] if self.max_len is None else min(self.max_len, it["input_ids"].shape[0])
         aux = it["aux_hidden"][:n]
-        return (it["input_ids"][:n], it["loss_mask"][:n].to(torch.int64), aux.reshape(n, -1),
-                it["target_hidden"][:n, 0])
+        return (
+            it["input_ids"][:n],
+            it["loss_mask"][:n].to(torch.int64),
+            aux.reshape(n, -1),
+            it["target_hidden"][:n, 0],
+        )
 
 
 class SpeculatorsDataset(_Adapter):
@@ -86,16 +103,23 @@ class SpeculatorsDataset(_Adapter):
     def __getitem__(self, index: int) -> Batch:
         ids, mask, aux, target = self._raw(index)
         n = ids.shape[0]
-        return {"hidden_states": aux, "input_ids": ids, "verifier_last_hidden_states": target, "loss_mask": mask,
-                "lengths": torch.tensor([n], dtype=torch.long), "position_ids": torch.arange(n, dtype=torch.long)}
+        return {
+            "hidden_states": aux,
+            "input_ids": ids,
+            "verifier_last_hidden_states": target,
+            "loss_mask": mask,
+            "lengths": torch.tensor([n], dtype=torch.long),
+            "position_ids": torch.arange(n, dtype=torch.long),
+        }
 
 
 class SpeculatorsCollate:
     """speculators' ``CollateFn``: items packed back to back into one ``[1, max_len, ...]`` row (hidden
     states cast to ``dtype``), ``document_ids`` (-1 = padding) and ``error_records``."""
 
-    def __init__(self, max_len: int, dtype: torch.dtype = torch.bfloat16,
-                 preprocess: Callable[[Batch], Batch] | None = None) -> None:
+    def __init__(
+        self, max_len: int, dtype: torch.dtype = torch.bfloat16, preprocess: Callable[[Batch], Batch] | None = None
+    ) -> None:
         self.max_len, self.dtype, self.preprocess = max_len, dtype, preprocess
 
     def __call__(self, items: Sequence[Batch | None]) -> Batch:
@@ -107,12 +131,13 @@ class SpeculatorsCollate:
             if key == "lengths":
                 continue
             first = batch[0][key]
-            buf = torch.zeros((self.max_len, *first.shape[1:]),
-                              dtype=self.dtype if "hidden_states" in key else first.dtype)
+            buf = torch.zeros(
+                (self.max_len, *first.shape[1:]), dtype=self.dtype if "hidden_states" in key else first.dtype
+            )
             offset = 0
             for b in batch:
                 rows = min(b[key].shape[0], self.max_len - offset)
-                buf[offset: offset + rows] = b[key][:rows]
+                buf[offset : offset + rows] = b[key][:rows]
                 offset += rows
                 if offset == self.max_len:
                     break
@@ -141,16 +166,27 @@ class SpecForgeDataset(_Adapter):
     Example: ``DataLoader(SpecForgeDataset("cache.zarr", max_len=2048), batch_size=4, collate_fn=SpecForgeCollate())``
     """
 
-    def __init__(self, source: HiddenStateDataset | StoreArg, variant: str | None = None,
-                 require: Required | None = None, allow_drift: Iterable[str] = (), max_len: int = 2048) -> None:
+    def __init__(
+        self,
+        source: HiddenStateDataset | StoreArg,
+        variant: str | None = None,
+        require: Required | None = None,
+        allow_drift: Iterable[str] = (),
+        max_len: int = 2048,
+    ) -> None:
         super().__init__(source, variant, require, allow_drift, max_len)
 
     def __getitem__(self, index: int) -> Batch:
         ids, mask, aux, target = self._raw(index)
         mask = mask.clone()
         mask[-1] = 0  # SpecForge never trains on the last position (no next token to predict)
-        return {"attention_mask": torch.ones((1, ids.shape[0]), dtype=torch.long), "loss_mask": mask[None, :],
-                "target": target[None, :], "hidden_state": aux[None, :], "input_ids": ids[None, :]}
+        return {
+            "attention_mask": torch.ones((1, ids.shape[0]), dtype=torch.long),
+            "loss_mask": mask[None, :],
+            "target": target[None, :],
+            "hidden_state": aux[None, :],
+            "input_ids": ids[None, :],
+        }
 
 
 class SpecForgeCollate:
@@ -165,5 +201,7 @@ class SpecForgeCollate:
             extra = torch.zeros((t.shape[0], n - t.shape[1], *t.shape[2:]), dtype=t.dtype)
             return torch.cat((t, extra), dim=1)
 
-        return {key: torch.cat([pad(it[key]) for it in items])
-                for key in ("input_ids", "attention_mask", "loss_mask", "hidden_state", "target")}
+        return {
+            key: torch.cat([pad(it[key]) for it in items])
+            for key in ("input_ids", "attention_mask", "loss_mask", "hidden_state", "target")
+        }

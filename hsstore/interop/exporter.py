@@ -71,8 +71,9 @@ def _slots(fmt: Format, rec: VariantRecord, req: ExportRequest) -> tuple[list[in
         aux = []
     targets = [req.target_layer] if req.target_layer is not None else list(rec.layers.get("target", []))
     if len(targets) != 1:
-        raise BadInput(f"variant {rec.id} has target layers {targets}; {fmt.name} files hold one target state: "
-                       "pass --target LAYER")
+        raise BadInput(
+            f"variant {rec.id} has target layers {targets}; {fmt.name} files hold one target state: pass --target LAYER"
+        )
     missing = [i for i in [*aux, *targets] if i not in rec.all_layers]
     if missing:
         raise BadInput(f"layer(s) {missing} are not stored in variant {rec.id}; stored: {rec.all_layers}")
@@ -106,18 +107,22 @@ def _check_holds_the_export(fmt: Format, dest: Path, sidecar: Path, rec: ExportR
     record lies beside its folder and outlives it) must not be taken for the export."""
     if not rec.complete:  # a killed export, resumed: its folder must be the one it marked
         if is_set(rec.folder_token) and folder_mark(dest) not in (rec.folder_token, None):
-            raise BadInput(f"export folder {str(dest)!r} is not the folder the stopped export {str(sidecar)!r} "
-                           "was writing: it was made anew since (another tool's files?); hsstore does not replace "
-                           "files it did not write: choose a new folder")
+            raise BadInput(
+                f"export folder {str(dest)!r} is not the folder the stopped export {str(sidecar)!r} "
+                "was writing: it was made anew since (another tool's files?); hsstore does not replace "
+                "files it did not write: choose a new folder"
+            )
         return
     if not is_set(rec.folder_files):
         return  # a record of an earlier version (counts not recorded)
     files = [p.stat().st_size for p in named_files(fmt, dest)]
     if (len(files), sum(files)) != (rec.folder_files, rec.folder_bytes):
-        raise BadInput(f"export folder {str(dest)!r} is not the export {str(sidecar)!r} describes: it holds "
-                       f"{len(files)} file(s) named as {fmt.name} files ({sum(files):,} bytes), the export left "
-                       f"{rec.folder_files} ({rec.folder_bytes:,} bytes) — another tool's files, or files changed "
-                       "since; hsstore does not replace files it did not write: choose a new folder")
+        raise BadInput(
+            f"export folder {str(dest)!r} is not the export {str(sidecar)!r} describes: it holds "
+            f"{len(files)} file(s) named as {fmt.name} files ({sum(files):,} bytes), the export left "
+            f"{rec.folder_files} ({rec.folder_bytes:,} bytes) — another tool's files, or files changed "
+            "since; hsstore does not replace files it did not write: choose a new folder"
+        )
 
 
 def _stale_files(fmt: Format, dest: Path, written: dict[str, int]) -> list[Path]:
@@ -131,25 +136,49 @@ def _make_dest(dest: Path) -> None:
     try:
         dest.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise BadInput(f"cannot create export folder {str(dest)!r}: {e.strerror or e}; choose a writable path") from None
+        raise BadInput(
+            f"cannot create export folder {str(dest)!r}: {e.strerror or e}; choose a writable path"
+        ) from None
     if not os.access(dest, os.W_OK | os.X_OK):
         raise BadInput(f"export folder {str(dest)!r} is not writable; choose a writable folder")
 
 
-def _record(fmt: Format, reader: VariantReader, store: str, aux: list[int], target: int, n: int, files: int,
-            complete: bool, written: dict[str, int] | None = None, token: str | None = None) -> ExportRecord:
+def _record(
+    fmt: Format,
+    reader: VariantReader,
+    store: str,
+    aux: list[int],
+    target: int,
+    n: int,
+    files: int,
+    complete: bool,
+    written: dict[str, int] | None = None,
+    token: str | None = None,
+) -> ExportRecord:
     prov = reader.record.provenance
     recipe = reader.record.prov.recipe
     num_layers = or_none(recipe.model.num_layers)
     known = recipe.capture == "decoder_layer_output" and isinstance(num_layers, int)
     capture: Capture = TOOL_CAPTURE[fmt.name] if known else "unknown"
     tool_layers = [from_hsstore(i, capture, num_layers if known else -1) for i in [*aux, target]]
-    return ExportRecord(kind="hsstore-export", complete=complete, format=fmt.name, store=store, variant=reader.id,
-                        provenance=prov, num_layers=num_layers if isinstance(num_layers, int) else -1,
-                        slots={"aux": aux, "target": [target]}, tool_layers=tool_layers, tool_capture=capture,
-                        n_samples=n, files_fingerprint=f"{files:032x}", exported_at=now(),
-                        folder_files=len(written) if written else UNSET,
-                        folder_bytes=sum(written.values()) if written else UNSET, folder_token=token or UNSET)
+    return ExportRecord(
+        kind="hsstore-export",
+        complete=complete,
+        format=fmt.name,
+        store=store,
+        variant=reader.id,
+        provenance=prov,
+        num_layers=num_layers if isinstance(num_layers, int) else -1,
+        slots={"aux": aux, "target": [target]},
+        tool_layers=tool_layers,
+        tool_capture=capture,
+        n_samples=n,
+        files_fingerprint=f"{files:032x}",
+        exported_at=now(),
+        folder_files=len(written) if written else UNSET,
+        folder_bytes=sum(written.values()) if written else UNSET,
+        folder_token=token or UNSET,
+    )
 
 
 def _claims(reader: VariantReader, target: int) -> dict[str, bool]:
@@ -175,8 +204,11 @@ def _write_all(one: Callable[[int], tuple[int, int]], n: int, jobs: int, dest: P
                     files, tokens = add_hash(files, h), tokens + k
         except Stopped as e:
             pool.shutdown(wait=False, cancel_futures=True)
-            raise BuildInterrupted(e.signum, f"export interrupted by {e}; {str(dest)!r} is not complete (its record says "
-                                   "complete: false, and import refuses it): re-run the same command to finish") from None
+            raise BuildInterrupted(
+                e.signum,
+                f"export interrupted by {e}; {str(dest)!r} is not complete (its record says "
+                "complete: false, and import refuses it): re-run the same command to finish",
+            ) from None
     return files, tokens
 
 
@@ -198,16 +230,27 @@ def export_cache(req: ExportRequest) -> ExportReport:
     _make_dest(dest)
     alone = lock_folder_alone(str(dest))  # held until this export returns: two exports never mix one folder
     if alone is None:
-        raise BadInput(f"export folder {str(dest)!r} is being written by another export (or read by an import) right "
-                       "now; wait for it to finish, or choose another folder")
+        raise BadInput(
+            f"export folder {str(dest)!r} is being written by another export (or read by an import) right "
+            "now; wait for it to finish, or choose another folder"
+        )
     try:
         return _export_held(req, fmt, reader, path, dest, keys, aux, target, t0)
     finally:
         alone.release()
 
 
-def _export_held(req: ExportRequest, fmt: Format, reader: VariantReader, path: str, dest: Path, keys: list[str], aux: list[int],
-                 target: int, t0: float) -> ExportReport:
+def _export_held(
+    req: ExportRequest,
+    fmt: Format,
+    reader: VariantReader,
+    path: str,
+    dest: Path,
+    keys: list[str],
+    aux: list[int],
+    target: int,
+    t0: float,
+) -> ExportReport:
     """The export, once this process holds ``dest``: what the folder holds is judged again here (another
     export may have finished in it since the first look), then written."""
     _check_dest(fmt, dest, path, reader.id)
@@ -223,8 +266,15 @@ def _export_held(req: ExportRequest, fmt: Format, reader: VariantReader, path: s
         ids, mask = reader.read_tokens(ref)
         aux_t = reader.read_stacked(ref, aux) if aux else None
         tgt = reader.read_stacked(ref, [target])[:, 0]
-        d = writer.write(i, ref.key, torch.from_numpy(ids.astype("int64")), torch.from_numpy(mask.astype("int64")),
-                         aux_t, tgt, claims)
+        d = writer.write(
+            i,
+            ref.key,
+            torch.from_numpy(ids.astype("int64")),
+            torch.from_numpy(mask.astype("int64")),
+            aux_t,
+            tgt,
+            claims,
+        )
         written[d.rel] = d.size
         return entry_hash(d.rel, d.size, d.xxh3), ref.length
 
@@ -238,7 +288,17 @@ def _export_held(req: ExportRequest, fmt: Format, reader: VariantReader, path: s
     record = _record(fmt, reader, path, aux, target, len(keys), files, complete=True, written=written, token=token)
     record = record.replace(seal=seal_of(record))  # an import restores the provenance only from a record as written
     write_sidecar(fmt.sidecar(dest), record)
-    return ExportReport(store=path, variant=reader.id, format=fmt.name, dest=str(dest), samples=len(keys),
-                        tokens=tokens, slots=record.slots, tool_layers=record.tool_layers,
-                        tool_capture=record.tool_capture, record=str(fmt.sidecar(dest)), loader=fmt.loader,
-                        seconds=time.time() - t0)
+    return ExportReport(
+        store=path,
+        variant=reader.id,
+        format=fmt.name,
+        dest=str(dest),
+        samples=len(keys),
+        tokens=tokens,
+        slots=record.slots,
+        tool_layers=record.tool_layers,
+        tool_capture=record.tool_capture,
+        record=str(fmt.sidecar(dest)),
+        loader=fmt.loader,
+        seconds=time.time() - t0,
+    )

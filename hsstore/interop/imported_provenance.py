@@ -137,19 +137,42 @@ class ImportLog:
             self._put_chunk(out, unit)
 
     def _put_chunk(self, entries: list[ImportEntry], unit: str | None) -> None:
-        self._put(f"{PREFIX}{self.run}-{self.seq:06d}.json",
-                  ImportChunk(kind="import-chunk", run=self.run, seq=self.seq, format=self.fmt.name,
-                              context=self.context, unit=unit, entries=entries, created=now()))
+        self._put(
+            f"{PREFIX}{self.run}-{self.seq:06d}.json",
+            ImportChunk(
+                kind="import-chunk",
+                run=self.run,
+                seq=self.seq,
+                format=self.fmt.name,
+                context=self.context,
+                unit=unit,
+                entries=entries,
+                created=now(),
+            ),
+        )
         self.seq += 1
 
-    def finish(self, tool: str, n_items: int, keys: set[str], counts: dict[str, int], n_bad: int,
-               n_missing: int) -> ImportDone:
+    def finish(
+        self, tool: str, n_items: int, keys: set[str], counts: dict[str, int], n_bad: int, n_missing: int
+    ) -> ImportDone:
         done = ImportDone(
-            kind="import", complete=n_bad == 0, run=self.run, tool=tool, format=self.fmt.name,
-            path=str(self.root.resolve()), n_items=n_items, n_samples=len(keys), n_written=counts["written"],
-            n_present=counts["present"], n_duplicates=counts["duplicates"], n_skipped_bad=n_bad,
-            n_missing=n_missing, keys_fingerprint=fingerprint(sorted(keys)),
-            files_fingerprint=f"{self.files_sum:032x}", finished_at=now())
+            kind="import",
+            complete=n_bad == 0,
+            run=self.run,
+            tool=tool,
+            format=self.fmt.name,
+            path=str(self.root.resolve()),
+            n_items=n_items,
+            n_samples=len(keys),
+            n_written=counts["written"],
+            n_present=counts["present"],
+            n_duplicates=counts["duplicates"],
+            n_skipped_bad=n_bad,
+            n_missing=n_missing,
+            keys_fingerprint=fingerprint(sorted(keys)),
+            files_fingerprint=f"{self.files_sum:032x}",
+            finished_at=now(),
+        )
         self._put(f"{PREFIX}{self.run}.json", done)
         return done
 
@@ -169,8 +192,11 @@ def seal_of(record: ExportRecord) -> str:
 
 def named_files(fmt: Format, root: Path) -> list[Path]:
     """Regular files under ``root`` (links not followed) named as an export of the layout names its files."""
-    return [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()
-            and fmt.exported.fullmatch(p.relative_to(root).as_posix())]
+    return [
+        p
+        for p in root.rglob("*")
+        if p.is_file() and not p.is_symlink() and fmt.exported.fullmatch(p.relative_to(root).as_posix())
+    ]
 
 
 def folder_fingerprint(fmt: Format, root: Path, jobs: int) -> str:
@@ -208,8 +234,10 @@ def read_sidecar(path: Path, fmt: str, fix: str | None = None) -> ExportRecord |
         return None
     rec = ExportRecord.from_json(path.read_bytes(), str(path), error=BadInput)
     if rec.format != fmt:
-        raise BadInput(f"{path} says the folder was exported as {rec.format!r}, not {fmt!r}; "
-                       f"{fix or f'import it as {rec.format}: hsstore import {rec.format} ...'}")
+        raise BadInput(
+            f"{path} says the folder was exported as {rec.format!r}, not {fmt!r}; "
+            f"{fix or f'import it as {rec.format}: hsstore import {rec.format} ...'}"
+        )
     return rec
 
 
@@ -232,8 +260,10 @@ def tokenizer_identity(path: str) -> tuple[dict[str, Any], int]:
 
     spec = ModelSpec(path)
     if spec.builtin is None and not Path(path).is_dir():
-        raise BadInput(f"tokenizer {path!r} is not a folder; pass the target model's folder (tokenizer.json, "
-                       "tokenizer_config.json) or builtin:NAME")
+        raise BadInput(
+            f"tokenizer {path!r} is not a folder; pass the target model's folder (tokenizer.json, "
+            "tokenizer_config.json) or builtin:NAME"
+        )
     tok = spec.tokenizer()
     # the cache's tokens were rendered by another tool, on a day hsstore does not know: no pinned chat_date
     ident = spec.tokenizer_identity(tok).replace(chat_date=UNSET).to_dict()
@@ -245,60 +275,89 @@ def model_identity(model: str | None, num_layers: int | None, hidden_size: int) 
     part with weights ``unknown`` when it has only a config; only the shape when no model is given."""
     if model is None:
         if num_layers is None:
-            raise BadInput("the number of decoder layers is unknown: pass --model DIR (the target's folder with "
-                           "config.json) or --num-layers N")
-        return {"name": UNKNOWN, "model_type": UNKNOWN, "num_layers": int(num_layers), "hidden_size": hidden_size,
-                "config_fingerprint": UNKNOWN, "fingerprint": UNKNOWN}
-    from hsstore.capture.model.spec import (
-        WEIGHT_SUFFIXES,
-        ModelSpec,
-        config_fingerprint,
-        text_config,
-    )
+            raise BadInput(
+                "the number of decoder layers is unknown: pass --model DIR (the target's folder with "
+                "config.json) or --num-layers N"
+            )
+        return {
+            "name": UNKNOWN,
+            "model_type": UNKNOWN,
+            "num_layers": int(num_layers),
+            "hidden_size": hidden_size,
+            "config_fingerprint": UNKNOWN,
+            "fingerprint": UNKNOWN,
+        }
+    from hsstore.capture.model.spec import WEIGHT_SUFFIXES, ModelSpec, config_fingerprint, text_config
 
     spec = ModelSpec(model)
     spec.check()
     config = spec.config(len(spec.tokenizer())) if spec.builtin is not None else spec.config()
     tc = text_config(config)
     if int(tc.hidden_size) != hidden_size:
-        raise BadInput(f"the files hold states of width {hidden_size}, but {model!r} has hidden_size "
-                       f"{int(tc.hidden_size)}: another model's cache, or the wrong --model")
+        raise BadInput(
+            f"the files hold states of width {hidden_size}, but {model!r} has hidden_size "
+            f"{int(tc.hidden_size)}: another model's cache, or the wrong --model"
+        )
     if num_layers is not None and int(num_layers) != int(tc.num_hidden_layers):
         raise BadInput(f"--num-layers {num_layers} contradicts {model!r} ({int(tc.num_hidden_layers)} layers)")
     has_weights = spec.builtin is not None or any(
-        p.is_file() and p.name.endswith(WEIGHT_SUFFIXES) for p in Path(model).iterdir())
+        p.is_file() and p.name.endswith(WEIGHT_SUFFIXES) for p in Path(model).iterdir()
+    )
     if has_weights:
         return spec.identity(config).to_dict()  # exactly a native build's: require= and diff match it
-    return {"path": model, "name": Path(model).resolve().name, "model_type": tc.model_type,
-            "num_layers": int(tc.num_hidden_layers), "hidden_size": int(tc.hidden_size),
-            "config_fingerprint": config_fingerprint(config), "fingerprint": UNKNOWN}  # no weights: unknown
+    return {
+        "path": model,
+        "name": Path(model).resolve().name,
+        "model_type": tc.model_type,
+        "num_layers": int(tc.num_hidden_layers),
+        "hidden_size": int(tc.hidden_size),
+        "config_fingerprint": config_fingerprint(config),
+        "fingerprint": UNKNOWN,
+    }  # no weights: unknown
 
 
 def unknown_environment(dtype: str) -> Environment:
     """How the states were computed, as far as a foreign cache tells: only the dtype."""
     from hsstore import __version__
 
-    return Environment(device=UNKNOWN, device_name=UNKNOWN, dtype=dtype, backend=UNKNOWN,
-                       kernels=Kernels(**{k: UNKNOWN for k in KERNEL_FAMILIES}),
-                       versions={**{k: UNKNOWN for k in VERSIONS}, "hsstore": __version__},  # hsstore: the importer's
-                       flags={k: UNKNOWN for k in FLAGS}, host=UNKNOWN)  # batching: absent (not known)
+    return Environment(
+        device=UNKNOWN,
+        device_name=UNKNOWN,
+        dtype=dtype,
+        backend=UNKNOWN,
+        kernels=Kernels(**{k: UNKNOWN for k in KERNEL_FAMILIES}),
+        versions={**{k: UNKNOWN for k in VERSIONS}, "hsstore": __version__},  # hsstore: the importer's
+        flags={k: UNKNOWN for k in FLAGS},
+        host=UNKNOWN,
+    )  # batching: absent (not known)
 
 
-def imported_provenance(source: ImportSource, tokenizer: dict[str, Any], model: dict[str, Any],
-                        layers: dict[str, list[int]], dtype: str) -> Provenance:
+def imported_provenance(
+    source: ImportSource, tokenizer: dict[str, Any], model: dict[str, Any], layers: dict[str, list[int]], dtype: str
+) -> Provenance:
     """The whole provenance of an imported variant (its id hashes every field but ``source.path``)."""
     known = source.capture != "unknown"
     # final_norm absent = unknown (an int id under an unknown capture may be either)
     final_norm = FINAL_NORM in source.layers if known or FINAL_NORM in source.layers else UNSET
-    recipe = Recipe(model=ModelIdentity.from_dict(model, "imported model identity"),
-                    tokenizer=TokenizerIdentity.from_dict(tokenizer, "imported tokenizer identity"),
-                    layers=LayerRoles(aux=layers["aux"], target=layers["target"]),
-                    capture="decoder_layer_output" if known else UNKNOWN, final_norm=final_norm, truncation=UNKNOWN)
+    recipe = Recipe(
+        model=ModelIdentity.from_dict(model, "imported model identity"),
+        tokenizer=TokenizerIdentity.from_dict(tokenizer, "imported tokenizer identity"),
+        layers=LayerRoles(aux=layers["aux"], target=layers["target"]),
+        capture="decoder_layer_output" if known else UNKNOWN,
+        final_norm=final_norm,
+        truncation=UNKNOWN,
+    )
     return Provenance(recipe=recipe, environment=unknown_environment(dtype), source=source)
 
 
-def restored_provenance(record: ExportRecord, layers: dict[str, list[int]], dtype: str, hidden_size: int,
-                        tokenizer: dict[str, Any], model: dict[str, Any] | None) -> Provenance | str:
+def restored_provenance(
+    record: ExportRecord,
+    layers: dict[str, list[int]],
+    dtype: str,
+    hidden_size: int,
+    tokenizer: dict[str, Any],
+    model: dict[str, Any] | None,
+) -> Provenance | str:
     """The provenance an hsstore export recorded for its files (its variant's, with ``recipe.layers`` the
     exported slots), or why it does not describe this import: the files' dtype or width, the slots, the
     ``--tokenizer`` (the content keys hash it) or a ``--model`` given differ from the record's. The record
@@ -308,16 +367,20 @@ def restored_provenance(record: ExportRecord, layers: dict[str, list[int]], dtyp
     if layers != {"aux": record.slots.get("aux", []), "target": record.slots.get("target", [])}:
         return f"the files' layers {layers} are not the exported slots {record.slots}"
     if env.get("dtype") != dtype or recipe.get("model", {}).get("hidden_size") != hidden_size:
-        return (f"the files hold {dtype} states of width {hidden_size}, the record "
-                f"{env.get('dtype')} of width {recipe.get('model', {}).get('hidden_size')}")
+        return (
+            f"the files hold {dtype} states of width {hidden_size}, the record "
+            f"{env.get('dtype')} of width {recipe.get('model', {}).get('hidden_size')}"
+        )
     if recipe.get("tokenizer", {}).get("fingerprint") != tokenizer["fingerprint"]:
         return "--tokenizer is not the tokenizer of the exported variant (its content keys would differ)"
     if model is not None and model.get("fingerprint") not in (UNKNOWN, recipe.get("model", {}).get("fingerprint")):
         return "--model is not the model of the exported variant"
     stored = env.get("storage")
     if isinstance(stored, dict):  # without it, the provenance is its source's: the import took the source's variant
-        return (f"the exported variant is stored in {stored.get('precision')}: its files hold the states decoded, "
-                "which are neither its codes nor its source's states (to copy it, convert its source again)")
+        return (
+            f"the exported variant is stored in {stored.get('precision')}: its files hold the states decoded, "
+            "which are neither its codes nor its source's states (to copy it, convert its source again)"
+        )
     recipe["layers"] = {"aux": list(layers["aux"]), "target": list(layers["target"])}
     try:
         return Provenance.from_dict(prov, "the export record's provenance", BadInput)
@@ -325,10 +388,18 @@ def restored_provenance(record: ExportRecord, layers: dict[str, list[int]], dtyp
         return f"its provenance does not decode ({e})"
 
 
-def variant_provenance(fmt: Format, root: Path, sidecar: ExportRecord | None, source: ImportSource,
-                       tok: dict[str, Any], model: dict[str, Any], model_given: bool,
-                       layers: dict[str, list[int]], probe: SourceSample,
-                       jobs: int) -> tuple[Provenance, bool, str | None]:
+def variant_provenance(
+    fmt: Format,
+    root: Path,
+    sidecar: ExportRecord | None,
+    source: ImportSource,
+    tok: dict[str, Any],
+    model: dict[str, Any],
+    model_given: bool,
+    layers: dict[str, list[int]],
+    probe: SourceSample,
+    jobs: int,
+) -> tuple[Provenance, bool, str | None]:
     """(the variant's provenance, whether restored from hsstore's export record, why a record was not
     trusted): a folder hsstore exported, its record sealed and its files the ones the record
     fingerprints, keeps the exported variant's provenance; anything else gets the imported one (unknowns)."""
@@ -336,8 +407,11 @@ def variant_provenance(fmt: Format, root: Path, sidecar: ExportRecord | None, so
     if sidecar is None:
         return imported, False, None
     why = untrusted_because(fmt, root, sidecar, jobs)
-    restored = restored_provenance(sidecar, layers, probe.dtype, probe.hidden_size, tok,
-                                   model if model_given else None) if why is None else why
+    restored = (
+        restored_provenance(sidecar, layers, probe.dtype, probe.hidden_size, tok, model if model_given else None)
+        if why is None
+        else why
+    )
     if isinstance(restored, str):
         return imported, False, f"the export record {str(fmt.sidecar(root))!r} is ignored: {restored}"
     return restored, True, None

@@ -19,13 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 from hsstore.core.errors import BadInput, BuildInterrupted
 from hsstore.core.interrupt import Stopped, stop_on_signals
 from hsstore.core.keys import SampleTokens, sample_key
-from hsstore.core.layer_numbering import (
-    FINAL_NORM,
-    Capture,
-    parse_capture,
-    parse_layer_list,
-    slot_layers,
-)
+from hsstore.core.layer_numbering import FINAL_NORM, Capture, parse_capture, parse_layer_list, slot_layers
 from hsstore.core.provenance_match import variant_id
 from hsstore.core.schema.provenance import UNKNOWN, ExportRecord, ImportSource
 from hsstore.core.schema.record import or_none
@@ -90,18 +84,24 @@ class Statement:
 
 def _statement(req: ImportRequest, fmt: Format, root: Path, sidecar: ExportRecord | None) -> Statement:
     if sidecar is not None and not sidecar.complete:
-        raise BadInput(f"{fmt.sidecar(root)} records an export that never finished (complete: false; it was stopped, "
-                       f"or is still running): its files may be a part of variant {sidecar.variant}, or a mix. Re-run "
-                       "the same `hsstore export` to finish the folder, then import it")
+        raise BadInput(
+            f"{fmt.sidecar(root)} records an export that never finished (complete: false; it was stopped, "
+            f"or is still running): its files may be a part of variant {sidecar.variant}, or a mix. Re-run "
+            "the same `hsstore export` to finish the folder, then import it"
+        )
     if req.layers is not None and req.capture is not None:
         return Statement(parse_layer_list(req.layers), parse_capture(req.capture), "user", req.num_layers)
     if sidecar is not None and req.layers is None and req.capture is None:
-        known = sidecar.num_layers if isinstance(sidecar.num_layers, int) and sidecar.num_layers > 0 else None  # -1: none
+        known = (
+            sidecar.num_layers if isinstance(sidecar.num_layers, int) and sidecar.num_layers > 0 else None
+        )  # -1: none
         return Statement(list(sidecar.tool_layers), sidecar.tool_capture, "hsstore-export", req.num_layers or known)
     missing = "--layers" if req.layers is None else "--capture"
     slots = "aux layers in file order, then the target" if fmt.has_aux else "the one target layer"
-    raise BadInput(f"{fmt.name} files do not record which layers they hold: pass --layers ({slots}, e.g. "
-                   f"'2,16,29,{FINAL_NORM}') and --capture output|input|unknown; {missing} is missing")
+    raise BadInput(
+        f"{fmt.name} files do not record which layers they hold: pass --layers ({slots}, e.g. "
+        f"'2,16,29,{FINAL_NORM}') and --capture output|input|unknown; {missing} is missing"
+    )
 
 
 def _check_claims(stmt: Statement, claims: dict[str, bool], item: str) -> None:
@@ -111,8 +111,10 @@ def _check_claims(stmt: Statement, claims: dict[str, bool], item: str) -> None:
     says_post = stmt.layers[-1] == FINAL_NORM
     if claims["prenorm"] == says_post:
         file_says = "pre-norm" if claims["prenorm"] else "post-norm"
-        raise BadInput(f"{item} says its target is {file_says} (hidden_states_prenorm={claims['prenorm']}), "
-                       f"but --layers names the target {stmt.layers[-1]!r}; state the target layer that matches")
+        raise BadInput(
+            f"{item} says its target is {file_says} (hidden_states_prenorm={claims['prenorm']}), "
+            f"but --layers names the target {stmt.layers[-1]!r}; state the target layer that matches"
+        )
 
 
 def _first_readable(fmt: Format, root: Path, items: list[str], vocab: int, skip_bad: bool) -> tuple[SourceSample, str]:
@@ -162,8 +164,10 @@ def import_cache(req: ImportRequest) -> ImportReport:
     check_store_outside_source(req.store, req.source)  # (a store inside the folder would become files of it)
     held = share_folder(str(root))  # an export cannot rewrite the folder while this import reads it
     if held is None:
-        raise BadInput(f"{str(root)!r} is being written by an `hsstore export` right now; wait for it to finish, "
-                       "then import the folder")
+        raise BadInput(
+            f"{str(root)!r} is being written by an `hsstore export` right now; wait for it to finish, "
+            "then import the folder"
+        )
     try:
         return _import_held(req, fmt, root, t0)
     finally:
@@ -188,46 +192,97 @@ def _import_held(req: ImportRequest, fmt: Format, root: Path, t0: float) -> Impo
         raise BadInput("pass --tokenizer PATH (the target model's tokenizer folder): sample keys hash its identity")
     tok, vocab = tokenizer_identity(tok_path)
     if recorded is not None and sidecar is not None and tok["fingerprint"] != _recorded_tokenizer(sidecar):
-        raise BadInput(f"the export names its model {recorded!r}, whose tokenizer here is not the one its samples "
-                       "were keyed with; pass --tokenizer PATH (the tokenizer the states were made with)")
+        raise BadInput(
+            f"the export names its model {recorded!r}, whose tokenizer here is not the one its samples "
+            "were keyed with; pass --tokenizer PATH (the tokenizer the states were made with)"
+        )
     probe, probe_item = _first_readable(fmt, root, items, vocab, req.skip_bad)
     _check_claims(stmt, probe.claims, probe.name)
     model = model_identity(req.model, stmt.num_layers, probe.hidden_size)
     layers = slot_layers(stmt.layers, probe.n_aux, True, stmt.capture, int(model["num_layers"]))
-    source = ImportSource(tool=fmt.tool, format=fmt.name, path=str(root.resolve()), layers=stmt.layers,
-                          capture=stmt.capture, stated_by=stmt.stated_by, claims=dict(probe.claims))
+    source = ImportSource(
+        tool=fmt.tool,
+        format=fmt.name,
+        path=str(root.resolve()),
+        layers=stmt.layers,
+        capture=stmt.capture,
+        stated_by=stmt.stated_by,
+        claims=dict(probe.claims),
+    )
     record = sidecar if stmt.stated_by == "hsstore-export" else None
-    prov, restored, note = variant_provenance(fmt, root, record, source, tok, model, req.model is not None, layers,
-                                              probe, req.jobs)
+    prov, restored, note = variant_provenance(
+        fmt, root, record, source, tok, model, req.model is not None, layers, probe, req.jobs
+    )
     if req.label is not None:  # before the store is made or a sample written: a re-import keeps its own label
         _check_label(req.store, variant_id(prov.to_dict()), req.label)
     store = Store.create(req.store)
     itemsize = probe.target.element_size()
-    vid = store.create_variant(prov.to_dict(), layers, probe.hidden_size, probe.dtype, req.codec or DEFAULT_CODEC,
-                               chunk_tokens(probe.hidden_size, itemsize))
+    vid = store.create_variant(
+        prov.to_dict(),
+        layers,
+        probe.hidden_size,
+        probe.dtype,
+        req.codec or DEFAULT_CODEC,
+        chunk_tokens(probe.hidden_size, itemsize),
+    )
     per_token = probe.hidden_size * itemsize * (probe.n_aux + 1)
-    run = _Run(req, fmt, root, store, vid, layers, stmt, probe, probe_item, tok["fingerprint"], vocab,
-               req.unit_tokens or max(1, UNIT_BYTES // per_token))
+    run = _Run(
+        req,
+        fmt,
+        root,
+        store,
+        vid,
+        layers,
+        stmt,
+        probe,
+        probe_item,
+        tok["fingerprint"],
+        vocab,
+        req.unit_tokens or max(1, UNIT_BYTES // per_token),
+    )
     counts = run.go(items)
-    return ImportReport(store=req.store, variant=vid, format=fmt.name, source=str(root), layers=layers,
-                        capture=str(or_none(prov.recipe.capture) or UNKNOWN), stated=source, seconds=time.time() - t0,
-                        provenance="restored" if restored else "imported", provenance_note=note, **counts)
+    return ImportReport(
+        store=req.store,
+        variant=vid,
+        format=fmt.name,
+        source=str(root),
+        layers=layers,
+        capture=str(or_none(prov.recipe.capture) or UNKNOWN),
+        stated=source,
+        seconds=time.time() - t0,
+        provenance="restored" if restored else "imported",
+        provenance_note=note,
+        **counts,
+    )
 
 
 class _Run:
     """One import run: read in parallel, check each sample against the first, write units, log them."""
 
-    def __init__(self, req: ImportRequest, fmt: Format, root: Path, store: Store, vid: str,
-                 layers: dict[str, list[int]], stmt: Statement, probe: SourceSample, probe_item: str, tok_fp: str,
-                 vocab: int, unit_tokens: int) -> None:
+    def __init__(
+        self,
+        req: ImportRequest,
+        fmt: Format,
+        root: Path,
+        store: Store,
+        vid: str,
+        layers: dict[str, list[int]],
+        stmt: Statement,
+        probe: SourceSample,
+        probe_item: str,
+        tok_fp: str,
+        vocab: int,
+        unit_tokens: int,
+    ) -> None:
         from hsstore.storage.writer import UnitWriter
 
         self.req, self.fmt, self.root, self.layers, self.stmt, self.probe = req, fmt, root, layers, stmt, probe
         self.tok_fp, self.vocab, self.unit_tokens = tok_fp, vocab, unit_tokens
         self.probe_item = probe_item
         self.run_id = uuid.uuid4().hex[:12]
-        self.writer = UnitWriter(store, vid, writer_id=f"imp-{self.run_id}", check_health=not req.allow_unhealthy,
-                                 command="import")
+        self.writer = UnitWriter(
+            store, vid, writer_id=f"imp-{self.run_id}", check_health=not req.allow_unhealthy, command="import"
+        )
         self.log = ImportLog(store, vid, fmt, root, self.run_id)
         self.done = set(self.writer.committed_keys())
         self.seen: set[str] = set()
@@ -248,16 +303,27 @@ class _Run:
             with stop_on_signals():
                 self._all(todo, progress)
         except Stopped as e:
-            raise BuildInterrupted(e.signum, f"import interrupted by {e}; {self.counts['written']} samples written by "
-                                   "this run are committed and kept: re-run the same command to finish") from None
+            raise BuildInterrupted(
+                e.signum,
+                f"import interrupted by {e}; {self.counts['written']} samples written by "
+                "this run are committed and kept: re-run the same command to finish",
+            ) from None
         finally:
             progress.close()
         keys = self.seen | {k for _, k in known}
         self.log.finish(self.fmt.tool, len(items), keys, self.counts, len(self.bad), getattr(self.fmt, "missing", 0))
-        return {"items": len(items), "samples": len(keys), "samples_written": self.counts["written"],
-                "samples_present": self.counts["present"], "duplicates": self.counts["duplicates"],
-                "tokens_written": self.counts["tokens_written"], "skipped_bad": len(self.bad),
-                "bad": self.bad[:20], "missing_states": getattr(self.fmt, "missing", 0), "run": self.run_id}
+        return {
+            "items": len(items),
+            "samples": len(keys),
+            "samples_written": self.counts["written"],
+            "samples_present": self.counts["present"],
+            "duplicates": self.counts["duplicates"],
+            "tokens_written": self.counts["tokens_written"],
+            "skipped_bad": len(self.bad),
+            "bad": self.bad[:20],
+            "missing_states": getattr(self.fmt, "missing", 0),
+            "run": self.run_id,
+        }
 
     def _all(self, todo: list[str], progress: Progress) -> None:
         """Read, check and write every item of ``todo``, in units."""
@@ -307,11 +373,15 @@ class _Run:
     def _check(self, s: SourceSample) -> None:
         p = self.probe
         if (s.hidden_size, s.dtype, s.n_aux) != (p.hidden_size, p.dtype, p.n_aux):
-            raise BadInput(f"{s.name}: {s.n_aux} aux state(s) of width {s.hidden_size} in {s.dtype}, but {p.name} "
-                           f"has {p.n_aux} of width {p.hidden_size} in {p.dtype}: the folder mixes two caches")
+            raise BadInput(
+                f"{s.name}: {s.n_aux} aux state(s) of width {s.hidden_size} in {s.dtype}, but {p.name} "
+                f"has {p.n_aux} of width {p.hidden_size} in {p.dtype}: the folder mixes two caches"
+            )
         if s.claims != p.claims:
-            raise BadInput(f"{s.name} states {s.claims or 'nothing'} about itself, {p.name} {p.claims or 'nothing'}: "
-                           "the folder mixes two caches (pre-norm and post-norm targets?)")
+            raise BadInput(
+                f"{s.name} states {s.claims or 'nothing'} about itself, {p.name} {p.claims or 'nothing'}: "
+                "the folder mixes two caches (pre-norm and post-norm targets?)"
+            )
         check_vocab(s, self.vocab)
 
     def _take(self, item: str, s: SourceSample, slots: list[torch.Tensor], health: list[torch.Tensor]) -> None:

@@ -79,8 +79,12 @@ def read_bytes(root: Path, rel: str) -> tuple[bytes, FileDigest]:
             raise BadInput(f"{rel}: not a regular file; an import folder holds only the tool's sample files")
         if st.st_size > MAX_FILE_BYTES:
             raise BadInput(f"{rel}: {st.st_size} bytes is not one sample's file (limit {MAX_FILE_BYTES})")
-        check_fits(st.st_size, f"{rel}: reading its {st.st_size} bytes", "import on a machine with more memory "
-                   "or raise the budget", share=IN_FLIGHT)
+        check_fits(
+            st.st_size,
+            f"{rel}: reading its {st.st_size} bytes",
+            "import on a machine with more memory or raise the budget",
+            share=IN_FLIGHT,
+        )
         data = path.read_bytes()
     except OSError as e:
         raise BadInput(f"{rel}: cannot read ({e.strerror or e}); check the folder's permissions") from None
@@ -97,8 +101,10 @@ def load_torch(data: bytes, rel: str) -> dict[str, Any]:
             warnings.simplefilter("ignore")
             obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError, ... for foreign bytes
-        raise BadInput(f"{rel}: not a plain torch.save file of tensors (torch.load(weights_only=True) refused "
-                       f"it: {_why(e)}); hsstore never unpickles arbitrary objects") from None
+        raise BadInput(
+            f"{rel}: not a plain torch.save file of tensors (torch.load(weights_only=True) refused "
+            f"it: {_why(e)}); hsstore never unpickles arbitrary objects"
+        ) from None
     if not isinstance(obj, dict):
         raise BadInput(f"{rel}: holds a {type(obj).__name__}, not a dict of tensors; is this the right format?")
     return obj
@@ -118,9 +124,11 @@ def check_zip_members(data: bytes, rel: str) -> None:
     declared = sum(m.file_size for m in members)
     cap = inflate_cap(len(data))
     if declared > cap:
-        raise ResourceLimit(f"{rel}: its zip members inflate to {byte_size(declared)} from {byte_size(len(data))} (past "
-                            f"{byte_size(cap)}: more than {MAX_INFLATE_RATIO}x, or beyond the memory budget): a "
-                            "decompression bomb, not a sample (torch.save writes members uncompressed); remove it")
+        raise ResourceLimit(
+            f"{rel}: its zip members inflate to {byte_size(declared)} from {byte_size(len(data))} (past "
+            f"{byte_size(cap)}: more than {MAX_INFLATE_RATIO}x, or beyond the memory budget): a "
+            "decompression bomb, not a sample (torch.save writes members uncompressed); remove it"
+        )
 
 
 def inflate_cap(compressed: int) -> int:
@@ -142,9 +150,11 @@ def inflate(data: bytes, rel: str) -> bytes:
                 piece = d.decompress(rest, 1 << 20)
                 total += len(piece)
                 if total > cap:
-                    raise ResourceLimit(f"{rel}: inflates past {byte_size(cap)} from {byte_size(len(data))} (more than "
-                                        f"{MAX_INFLATE_RATIO}x, or beyond the memory budget): a decompression bomb, "
-                                        "not a sample; remove it or import the uncompressed .ckpt")
+                    raise ResourceLimit(
+                        f"{rel}: inflates past {byte_size(cap)} from {byte_size(len(data))} (more than "
+                        f"{MAX_INFLATE_RATIO}x, or beyond the memory budget): a decompression bomb, "
+                        "not a sample; remove it or import the uncompressed .ckpt"
+                    )
                 out.append(piece)
                 rest = d.unconsumed_tail
                 if d.eof or not (rest or piece):
@@ -162,7 +172,7 @@ def _why(e: Exception) -> str:
     lines = [line.strip() for line in str(e).splitlines()]
     for i, line in enumerate(lines):
         if "WeightsUnpickler error:" in line:
-            rest = line.split("WeightsUnpickler error:", 1)[1].strip() or next((x for x in lines[i + 1:] if x), "")
+            rest = line.split("WeightsUnpickler error:", 1)[1].strip() or next((x for x in lines[i + 1 :] if x), "")
             return rest.split(" was not an allowed global")[0][:160]
     first = next((line for line in lines if line), "")
     return f"{type(e).__name__}: {first}"[:160]
@@ -190,15 +200,23 @@ def check_declared(t: torch.Tensor, rel: str, key: str) -> None:
     a sparse or other non-dense layout, a view with zero or overlapping strides (a 2 KB file declaring
     20 M tokens), or more bytes than the memory budget."""
     if t.layout != torch.strided:
-        raise BadInput(f"{rel}: {key!r} is a {str(t.layout).replace('torch.', '')} tensor; sample files hold dense "
-                       "tensors (save it with .to_dense())")
+        raise BadInput(
+            f"{rel}: {key!r} is a {str(t.layout).replace('torch.', '')} tensor; sample files hold dense "
+            "tensors (save it with .to_dense())"
+        )
     declared = t.numel() * t.element_size()
     held = t.untyped_storage().nbytes()
     if declared > held:
-        raise ResourceLimit(f"{rel}: {key!r} declares shape {tuple(t.shape)} ({byte_size(declared)}) over only "
-                            f"{byte_size(held)} of data (a view with repeated strides); save it with .contiguous()")
-    check_fits(declared, f"{rel}: {key!r} of shape {tuple(t.shape)}", "import on a machine with more memory or "
-               "raise the budget", share=IN_FLIGHT)
+        raise ResourceLimit(
+            f"{rel}: {key!r} declares shape {tuple(t.shape)} ({byte_size(declared)}) over only "
+            f"{byte_size(held)} of data (a view with repeated strides); save it with .contiguous()"
+        )
+    check_fits(
+        declared,
+        f"{rel}: {key!r} of shape {tuple(t.shape)}",
+        "import on a machine with more memory or raise the budget",
+        share=IN_FLIGHT,
+    )
 
 
 def _flat(x: torch.Tensor | np.ndarray | None, what: str, rel: str) -> torch.Tensor:
@@ -213,14 +231,23 @@ def _flat(x: torch.Tensor | np.ndarray | None, what: str, rel: str) -> torch.Ten
     return t.reshape(-1) if t.dim() == 2 and t.shape[0] == 1 else t  # tools add a batch dim of 1
 
 
-def tokens(ids: torch.Tensor | np.ndarray | None, mask: torch.Tensor | np.ndarray | None, rel: str) -> tuple[np.ndarray, np.ndarray]:
+def tokens(
+    ids: torch.Tensor | np.ndarray | None, mask: torch.Tensor | np.ndarray | None, rel: str
+) -> tuple[np.ndarray, np.ndarray]:
     """Token ids (int32) and a 0/1 loss mask (uint8) from whatever integer/bool tensors a tool wrote."""
     ids_t, mask_t = _flat(ids, "input_ids", rel), _flat(mask, "loss_mask", rel)
     if ids_t.dim() != 1 or mask_t.dim() != 1 or ids_t.shape != mask_t.shape:
-        raise BadInput(f"{rel}: input_ids {tuple(ids_t.shape)} and loss_mask {tuple(mask_t.shape)} must be one "
-                       "sequence each, of equal length")
-    if (ids_t.is_floating_point() or ids_t.is_complex() or ids_t.dtype == torch.bool or mask_t.is_floating_point()
-            or mask_t.is_complex()):
+        raise BadInput(
+            f"{rel}: input_ids {tuple(ids_t.shape)} and loss_mask {tuple(mask_t.shape)} must be one "
+            "sequence each, of equal length"
+        )
+    if (
+        ids_t.is_floating_point()
+        or ids_t.is_complex()
+        or ids_t.dtype == torch.bool
+        or mask_t.is_floating_point()
+        or mask_t.is_complex()
+    ):
         raise BadInput(f"{rel}: input_ids ({ids_t.dtype}) and loss_mask ({mask_t.dtype}) must be integer tensors")
     if ids_t.numel() == 0:
         raise BadInput(f"{rel}: an empty sample (0 tokens)")
@@ -266,5 +293,7 @@ def check_vocab(s: SourceSample, vocab: int) -> None:
     """BadInput if ``s`` holds a token id outside a vocabulary of ``vocab`` ids (another tokenizer's cache)."""
     top = int(s.input_ids.max())
     if top >= vocab:
-        raise BadInput(f"{s.name}: token id {top} is outside the tokenizer's vocabulary ({vocab}); the cache "
-                       "was made with another tokenizer — pass the target model's --tokenizer")
+        raise BadInput(
+            f"{s.name}: token id {top} is outside the tokenizer's vocabulary ({vocab}); the cache "
+            "was made with another tokenizer — pass the target model's --tokenizer"
+        )

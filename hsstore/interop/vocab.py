@@ -26,13 +26,7 @@ from hsstore.core.errors import WRITE_FIXES, BadInput, WriteFailed, write_cause
 from hsstore.core.nesting import loads_bounded
 from hsstore.core.schema.record import or_none
 from hsstore.core.schema.reports import VocabMapReport
-from hsstore.interop.formats.interface import (
-    PLACE_ERRORS,
-    TMP_SUFFIX,
-    atomic_write,
-    torch_bytes,
-    write_failed,
-)
+from hsstore.interop.formats.interface import PLACE_ERRORS, TMP_SUFFIX, atomic_write, torch_bytes, write_failed
 from hsstore.storage.fileio import write_file
 from hsstore.storage.leases import Lease, lock_folder_alone
 from hsstore.storage.store import check_outside_stores
@@ -72,27 +66,34 @@ def hold_vocab_folder(root: Path, store: str, vid: str, names: list[str], size: 
     except OSError as e:
         raise write_failed(root, e) from None
     if lease is None:
-        raise BadInput(f"vocab-map folder {str(root)!r} is in use by another command right now (a vocab-map or an "
-                       "export writing it, an import reading it); wait for it to finish, or choose another --out")
+        raise BadInput(
+            f"vocab-map folder {str(root)!r} is in use by another command right now (a vocab-map or an "
+            "export writing it, an import reading it); wait for it to finish, or choose another --out"
+        )
     try:
         records = _records(root)
         for name, rec in records.items():
             if rec.get("variant") != vid:
-                raise BadInput(f"{root} holds a vocab-map of {rec.get('store')}#{rec.get('variant')} ({name}), not of "
-                               f"{store}#{vid}; choose another --out folder")
+                raise BadInput(
+                    f"{root} holds a vocab-map of {rec.get('store')}#{rec.get('variant')} ({name}), not of "
+                    f"{store}#{vid}; choose another --out folder"
+                )
         ours = {f for rec in records.values() for f in rec["files"]} | set(records)
         foreign = [n for n in names if os.path.lexists(root / n) and n not in ours]
         if foreign:
-            raise BadInput(f"{root / foreign[0]} exists and no vocab-map record in {root} names it; hsstore does not "
-                           "overwrite files it did not write — choose another --out folder or move it")
+            raise BadInput(
+                f"{root / foreign[0]} exists and no vocab-map record in {root} names it; hsstore does not "
+                "overwrite files it did not write — choose another --out folder or move it"
+            )
     except BaseException:
         lease.release()
         raise
     return lease
 
 
-def write_together(root: Path, outputs: list[tuple[str, bytes]], record: str,
-                   make_record: Callable[[dict[str, str]], bytes]) -> None:
+def write_together(
+    root: Path, outputs: list[tuple[str, bytes]], record: str, make_record: Callable[[dict[str, str]], bytes]
+) -> None:
     """Give the held folder ``root`` the files ``outputs`` and then their record ``record`` (from
     ``make_record(xxh3 of each file)``): all files are written whole under temporary names first, so a write
     that fails leaves every earlier file and record as they were; only then is the record removed, the files
@@ -110,8 +111,10 @@ def write_together(root: Path, outputs: list[tuple[str, bytes]], record: str,
             path = root / staged[-1][1] if staged else root
             if e.errno in PLACE_ERRORS:
                 raise write_failed(path, e) from None
-            raise WriteFailed(f"writing {path} failed: {e.strerror or e}; the vocab-map folder is as it was (no file "
-                              f"of it was replaced). {WRITE_FIXES[write_cause(e)]} and re-run the same command") from None
+            raise WriteFailed(
+                f"writing {path} failed: {e.strerror or e}; the vocab-map folder is as it was (no file "
+                f"of it was replaced). {WRITE_FIXES[write_cause(e)]} and re-run the same command"
+            ) from None
         _rename_in(root, staged, record)
     finally:
         for tmp, _ in staged:
@@ -126,9 +129,11 @@ def _rename_in(root: Path, staged: list[tuple[str, str]], record: str) -> None:
         try:
             os.replace(root / tmp, root / name)
         except OSError as e:
-            raise WriteFailed(f"putting {root / name} in place failed: {e.strerror or e}; the vocab-map folder now "
-                              "holds part of the new files and no record (hsstore takes it for unfinished): fix that "
-                              "and re-run the same command") from None
+            raise WriteFailed(
+                f"putting {root / name} in place failed: {e.strerror or e}; the vocab-map folder now "
+                "holds part of the new files and no record (hsstore takes it for unfinished): fix that "
+                "and re-run the same command"
+            ) from None
 
 
 COUNT_BATCH = 1 << 20  # loss tokens gathered before one bincount (one per sample costs O(vocab) each)
@@ -143,8 +148,10 @@ def token_counts(reader: VariantReader, vocab: int) -> tuple[np.ndarray, int]:
         ids, mask = reader.read_tokens(reader.ref(key))
         sel = ids[mask.astype(bool)]
         if sel.size and int(sel.max()) >= vocab:
-            raise BadInput(f"sample {key} has token id {int(sel.max())} >= the target vocabulary {vocab}; "
-                           "pass the model's vocabulary with --target-vocab-size")
+            raise BadInput(
+                f"sample {key} has token id {int(sel.max())} >= the target vocabulary {vocab}; "
+                "pass the model's vocabulary with --target-vocab-size"
+            )
         pending.append(sel)
         held += sel.size
         if held >= COUNT_BATCH:
@@ -175,10 +182,15 @@ BYTES_PER_ID = 48  # counts, a bincount, the sort's keys and order (int64 each),
 def checked_vocab(vocab: int, source: str) -> int:
     """``vocab`` if token ids can reach it and mapping it fits the memory budget; one line otherwise."""
     if not 0 < vocab <= MAX_VOCAB:
-        raise BadInput(f"target vocabulary {vocab} (from {source}) must be between 1 and {MAX_VOCAB} (token ids "
-                       "are int32); pass the model's vocabulary with --target-vocab-size")
-    check_fits(vocab * BYTES_PER_ID, f"counting a target vocabulary of {vocab:,} (from {source})",
-               "pass the model's real vocabulary size with --target-vocab-size")
+        raise BadInput(
+            f"target vocabulary {vocab} (from {source}) must be between 1 and {MAX_VOCAB} (token ids "
+            "are int32); pass the model's vocabulary with --target-vocab-size"
+        )
+    check_fits(
+        vocab * BYTES_PER_ID,
+        f"counting a target vocabulary of {vocab:,} (from {source})",
+        "pass the model's real vocabulary size with --target-vocab-size",
+    )
     return vocab
 
 
@@ -223,9 +235,12 @@ def write_vocab_map(target: str, size: int, out: str, target_vocab_size: int | N
     counts, n_samples = token_counts(reader, vocab)
     d2t, t2d = vocab_mapping(counts, size)
     root = Path(out)
-    outputs = ((f"d2t-{size}.npy", _npy(d2t.numpy())), (f"t2d-{size}.npy", _npy(t2d.numpy())),
-               (f"vocab_mapping-{size}.pt", torch_bytes({"d2t": d2t, "t2d": t2d})),
-               ("token_freq.pt", torch_bytes({int(i): int(counts[i]) for i in np.flatnonzero(counts)})))
+    outputs = (
+        (f"d2t-{size}.npy", _npy(d2t.numpy())),
+        (f"t2d-{size}.npy", _npy(t2d.numpy())),
+        (f"vocab_mapping-{size}.pt", torch_bytes({"d2t": d2t, "t2d": t2d})),
+        ("token_freq.pt", torch_bytes({int(i): int(counts[i]) for i in np.flatnonzero(counts)})),
+    )
     held = hold_vocab_folder(root, path, reader.id, [n for n, _ in outputs] + [record_name(size)], size)
     try:
         return _write_held(root, outputs, reader, path, size, vocab, vocab_from, counts, t2d, n_samples)
@@ -233,18 +248,38 @@ def write_vocab_map(target: str, size: int, out: str, target_vocab_size: int | N
         held.release()
 
 
-def _write_held(root: Path, outputs: Sequence[tuple[str, bytes]], reader: VariantReader, path: str, size: int, vocab: int, vocab_from: str,
-                counts: np.ndarray, t2d: torch.Tensor, n_samples: int) -> VocabMapReport:
+def _write_held(
+    root: Path,
+    outputs: Sequence[tuple[str, bytes]],
+    reader: VariantReader,
+    path: str,
+    size: int,
+    vocab: int,
+    vocab_from: str,
+    counts: np.ndarray,
+    t2d: torch.Tensor,
+    n_samples: int,
+) -> VocabMapReport:
     """Write the files, then the record that says they belong together (vocab_folder holds the folder)."""
     total = int(counts.sum())
     written: list[VocabMapReport] = []
 
     def with_files(files: dict[str, str]) -> bytes:
-        written.append(VocabMapReport(
-            store=path, variant=reader.id, tokenizer_fingerprint=reader.record.prov.recipe.tokenizer.fingerprint,
-            draft_vocab_size=size, target_vocab_size=vocab, target_vocab_from=vocab_from, samples=n_samples,
-            loss_tokens=total, distinct_tokens=int((counts > 0).sum()),
-            coverage=float(counts[t2d.numpy()].sum() / total) if total else 0.0, files=files))
+        written.append(
+            VocabMapReport(
+                store=path,
+                variant=reader.id,
+                tokenizer_fingerprint=reader.record.prov.recipe.tokenizer.fingerprint,
+                draft_vocab_size=size,
+                target_vocab_size=vocab,
+                target_vocab_from=vocab_from,
+                samples=n_samples,
+                loss_tokens=total,
+                distinct_tokens=int((counts > 0).sum()),
+                coverage=float(counts[t2d.numpy()].sum() / total) if total else 0.0,
+                files=files,
+            )
+        )
         return json.dumps(written[-1].to_dict(), indent=1, sort_keys=True).encode()
 
     write_together(root, list(outputs), record_name(size), with_files)

@@ -63,15 +63,22 @@ def resolve_provenance(required: Required) -> dict[str, Any]:
         path, sel = split_target(required)
         s = Store.open(path)
         return s.variant_record(s.select(sel)).provenance
-    raise TypeError(f"require= takes a provenance dict, a dataset (or a training adapter over one), a reader or "
-                    f"'STORE#SELECTOR', not {type(required).__name__}")
+    raise TypeError(
+        f"require= takes a provenance dict, a dataset (or a training adapter over one), a reader or "
+        f"'STORE#SELECTOR', not {type(required).__name__}"
+    )
 
 
 # --- Padding dataset items into a batch.
 
 REQUIRED = ("input_ids", "loss_mask")
 STATES = ("aux_hidden", "target_hidden", "aux_scales", "target_scales")
-OPTIONAL = ("key", "index", "epoch", "epoch_start")  # a dataset's items carry them (epochs: streaming ones); kept when all do
+OPTIONAL = (
+    "key",
+    "index",
+    "epoch",
+    "epoch_start",
+)  # a dataset's items carry them (epochs: streaming ones); kept when all do
 
 
 def _check_items(items: Sequence[dict[str, Any]]) -> list[str]:
@@ -84,17 +91,21 @@ def _check_items(items: Sequence[dict[str, Any]]) -> list[str]:
     for n, it in enumerate(items):
         missing = [k for k in (*REQUIRED, *states) if k not in it]
         if missing:
-            raise BadInput(f"pad_collate: item {n} has no {', '.join(repr(k) for k in missing)} (it has "
-                           f"{sorted(it)}); pass items as HiddenStateDataset returns them, each with "
-                           f"{', '.join(REQUIRED)} and the same state fields")
+            raise BadInput(
+                f"pad_collate: item {n} has no {', '.join(repr(k) for k in missing)} (it has "
+                f"{sorted(it)}); pass items as HiddenStateDataset returns them, each with "
+                f"{', '.join(REQUIRED)} and the same state fields"
+            )
         # (a raw FP8 item after a dequantized one would be copied in as its codes' values, its scales dropped;
         # an fp32 item after a bf16 one rounded to bf16)
         other = [k for k in STATES if (k in it) != (k in first) or (k in it and _form(it[k]) != _form(first[k]))]
         if other:
-            raise BadInput(f"pad_collate: item {n}'s {', '.join(repr(k) for k in other)} "
-                           f"({', '.join(_form(it[k]) if k in it else 'absent' for k in other)}) differ from item "
-                           f"0's ({', '.join(_form(first[k]) if k in first else 'absent' for k in other)}); batch "
-                           "items of one variant, one form (raw FP8 or not) and one choice of layers")
+            raise BadInput(
+                f"pad_collate: item {n}'s {', '.join(repr(k) for k in other)} "
+                f"({', '.join(_form(it[k]) if k in it else 'absent' for k in other)}) differ from item "
+                f"0's ({', '.join(_form(first[k]) if k in first else 'absent' for k in other)}); batch "
+                "items of one variant, one form (raw FP8 or not) and one choice of layers"
+            )
     return [k for k in OPTIONAL if all(k in it for it in items)] + states
 
 
@@ -150,8 +161,10 @@ def _open(store: StoreArg, variant: str | None) -> VariantReader:
         path, sel_in_path = split_target(str(store))
         s, sel = Store.open(path), variant if variant is not None else sel_in_path
         if variant is not None and sel_in_path and s.select(sel_in_path) != s.select(variant):
-            raise BadInput(f"{store!r} names variant {s.select(sel_in_path)} but variant={variant!r} names "
-                           f"{s.select(variant)}; name one variant, in the path or in variant=")
+            raise BadInput(
+                f"{store!r} names variant {s.select(sel_in_path)} but variant={variant!r} names "
+                f"{s.select(variant)}; name one variant, in the path or in variant="
+            )
     reader = s.reader(s.select(sel))
     reader.check_corrupt_commits()
     return reader
@@ -160,19 +173,30 @@ def _open(store: StoreArg, variant: str | None) -> VariantReader:
 class _Base:
     """Shared opening, provenance check and item assembly."""
 
-    def _setup(self, store: StoreArg, variant: str | None, layers: Sequence[int] | None, require: Required | None,
-               allow_drift: Iterable[str] | str | None, raw: bool = False) -> None:
+    def _setup(
+        self,
+        store: StoreArg,
+        variant: str | None,
+        layers: Sequence[int] | None,
+        require: Required | None,
+        allow_drift: Iterable[str] | str | None,
+        raw: bool = False,
+    ) -> None:
         self.reader, self._pid, self.raw = _open(store, variant), os.getpid(), raw
         rec = self.reader.record
         if raw and not rec.stored_precision:
-            raise BadInput(f"raw=True reads FP8 codes and scales; variant {self.reader.id} is stored as computed "
-                           f"({rec.dtype}): read it without raw=True")
+            raise BadInput(
+                f"raw=True reads FP8 codes and scales; variant {self.reader.id} is stored as computed "
+                f"({rec.dtype}): read it without raw=True"
+            )
         stored = rec.all_layers
         if layers is not None and not list(layers):
             raise BadInput(f"layers=[] reads no state; pass some of the stored layers {stored}, or None for all")
         if layers is not None and len(set(layers)) != len(list(layers)):
-            raise BadInput(f"layers={list(layers)} names a layer twice; items hold each layer once, in stored order "
-                           f"by role (aux, then target): pass each once")
+            raise BadInput(
+                f"layers={list(layers)} names a layer twice; items hold each layer once, in stored order "
+                f"by role (aux, then target): pass each once"
+            )
         want = stored if layers is None else sorted(set(layers))
         if bad := [i for i in want if i not in stored]:
             raise BadInput(f"layer(s) {bad} are not stored in variant {self.reader.id}; stored: {stored}")
@@ -190,10 +214,16 @@ class _Base:
             notes = [f"variant {self.reader.id}: {audit_line(a)}" for a in audits(self.reader.store, self.reader.id)]
             raise ProvenanceMismatch(e.differences, notes=notes) from None
         theirs = getattr(require, "layer_roles", getattr(getattr(require, "base", None), "layer_roles", None))
-        if isinstance(theirs, dict) and theirs != self.layer_roles and not {"layers", "recipe.layers"} & set(
-                [allow_drift] if isinstance(allow_drift, str) else allow_drift or ()):  # a dataset's own choice
-            raise BadInput(f"require= a dataset that reads layers {theirs}; this one reads {self.layer_roles}: pass "
-                           "layers= the same ones (or allow_drift=['layers'])")
+        if (
+            isinstance(theirs, dict)
+            and theirs != self.layer_roles
+            and not {"layers", "recipe.layers"}
+            & set([allow_drift] if isinstance(allow_drift, str) else allow_drift or ())
+        ):  # a dataset's own choice
+            raise BadInput(
+                f"require= a dataset that reads layers {theirs}; this one reads {self.layer_roles}: pass "
+                "layers= the same ones (or allow_drift=['layers'])"
+            )
 
     @property
     def provenance(self) -> dict[str, Any]:
@@ -235,7 +265,9 @@ class _Base:
         event loop; local files are safe to share)."""
         pid = os.getpid()
         if getattr(self, "_pid", pid) != pid and not self.reader.store.is_local:
-            self.reader = VariantReader(Store.open(self.reader.store.location), self.reader.id, units=list(self.reader.units))
+            self.reader = VariantReader(
+                Store.open(self.reader.store.location), self.reader.id, units=list(self.reader.units)
+            )
         self._pid = pid
         return self.reader
 
@@ -243,11 +275,16 @@ class _Base:
         self._reader_here()
         ref = self.reader.ref(index)
         ids, mask = self.reader.read_tokens(ref) if fetched is None else fetched.tokens
-        item = {"key": ref.key, "index": index, "input_ids": torch.from_numpy(ids.astype(np.int64)),
-                "loss_mask": torch.from_numpy(mask.astype(np.bool_))}
+        item = {
+            "key": ref.key,
+            "index": index,
+            "input_ids": torch.from_numpy(ids.astype(np.int64)),
+            "loss_mask": torch.from_numpy(mask.astype(np.bool_)),
+        }
         roles = ("aux", "target")
-        groups = self.reader.read_groups(ref, [self.layer_roles.get(r, []) for r in roles], self.raw,
-                                         None if fetched is None else fetched.chunks)
+        groups = self.reader.read_groups(
+            ref, [self.layer_roles.get(r, []) for r in roles], self.raw, None if fetched is None else fetched.chunks
+        )
         for role, states in zip(roles, groups):  # all layers of the sample read in one pass
             if isinstance(states, tuple):  # raw FP8: codes and their scales
                 item[f"{role}_hidden"], item[f"{role}_scales"] = states
@@ -262,8 +299,15 @@ class HiddenStateDataset(_Base, Dataset[dict[str, Any]]):
     Example: ``HiddenStateDataset("cache.zarr", variant="backend=torch,dtype=bf16", require=train.provenance)``
     """
 
-    def __init__(self, store: StoreArg, variant: str | None = None, layers: Sequence[int] | None = None,
-                 require: Required | None = None, allow_drift: Iterable[str] | str | None = (), raw: bool = False) -> None:
+    def __init__(
+        self,
+        store: StoreArg,
+        variant: str | None = None,
+        layers: Sequence[int] | None = None,
+        require: Required | None = None,
+        allow_drift: Iterable[str] | str | None = (),
+        raw: bool = False,
+    ) -> None:
         self._setup(store, variant, layers, require, allow_drift, raw)
 
     def __len__(self) -> int:
@@ -318,11 +362,24 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
       bytes ahead while the current one decodes (hsstore.read.prefetch_reads).
     """
 
-    def __init__(self, store: StoreArg, variant: str | None = None, layers: Sequence[int] | None = None,
-                 require: Required | None = None, allow_drift: Iterable[str] | str | None = (), seed: int = 0, shuffle: bool = True,
-                 batch_tokens: int | None = None, remainder: str = "keep", rank: int | None = None,
-                 world_size: int | None = None, prefetch: int | None = None, raw: bool = False,
-                 readahead: bool = True, new_samples: str = "next_epoch") -> None:
+    def __init__(
+        self,
+        store: StoreArg,
+        variant: str | None = None,
+        layers: Sequence[int] | None = None,
+        require: Required | None = None,
+        allow_drift: Iterable[str] | str | None = (),
+        seed: int = 0,
+        shuffle: bool = True,
+        batch_tokens: int | None = None,
+        remainder: str = "keep",
+        rank: int | None = None,
+        world_size: int | None = None,
+        prefetch: int | None = None,
+        raw: bool = False,
+        readahead: bool = True,
+        new_samples: str = "next_epoch",
+    ) -> None:
         if remainder not in ("keep", "drop"):
             raise BadInput(f"remainder={remainder!r}; choose 'keep' or 'drop'")
         self.new_samples = check_join(new_samples)
@@ -332,16 +389,28 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         if not isinstance(shuffle, bool):
             raise BadInput(f"shuffle={shuffle!r}; pass True or False")
         for name, value, least in (("world_size", world_size, 1), ("rank", rank, 0)):
-            if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least):
+            if value is not None and (
+                not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < least
+            ):
                 raise BadInput(f"{name}={value!r}: a whole number from {least}")
         self.seed, self.shuffle, self.batch_tokens, self.remainder = seed, shuffle, batch_tokens, remainder
-        self._rank, self._world = (None if rank is None else int(rank)), (None if world_size is None else int(world_size))
+        self._rank, self._world = (
+            (None if rank is None else int(rank)),
+            (None if world_size is None else int(world_size)),
+        )
         if rank is not None and world_size is not None:
             self._world_and_rank()  # refused here, not at the first iteration
-        self.prefetch, self.readahead = (prefetch if prefetch is not None else 0 if self.reader.store.is_local else 8), readahead
+        self.prefetch, self.readahead = (
+            (prefetch if prefetch is not None else 0 if self.reader.store.is_local else 8),
+            readahead,
+        )
         # collective under a process group, unless rank= and world_size= are given (a dataset of one rank's)
         self.reader, self.snapshot = agreed_snapshot(self.reader, rank is None and world_size is None)
-        self.digest, self.unit_sizes, self.n = snapshot_digest(self.snapshot), [c for _, c in self.snapshot], len(self.reader.keys)
+        self.digest, self.unit_sizes, self.n = (
+            snapshot_digest(self.snapshot),
+            [c for _, c in self.snapshot],
+            len(self.reader.keys),
+        )
         self.live = LiveMarks(self.n)  # what DataLoader workers read when an iteration starts
         self._resumed: int | None = None
         self._warned_marks_of: int | None = None  # the epoch start (live.starts) whose mark_consumed warned
@@ -382,21 +451,28 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         if not 0 <= epoch < 2**62:
             raise BadInput(f"set_epoch({epoch}): an epoch is a count from 0")
         if self._resumed is not None and epoch < self._resumed:
-            raise BadInput(f"set_epoch({epoch}) after load_state_dict of a state in epoch {self._resumed} would drop "
-                           f"the resume; call set_epoch({self._resumed}) (Accelerate: loader.set_epoch({self._resumed}))")
+            raise BadInput(
+                f"set_epoch({epoch}) after load_state_dict of a state in epoch {self._resumed} would drop "
+                f"the resume; call set_epoch({self._resumed}) (Accelerate: loader.set_epoch({self._resumed}))"
+            )
         if epoch == self._resumed and not self._left_of_resumed():
-            warnings.warn(f"set_epoch({epoch}): the loaded state's epoch {epoch} has nothing left to train (every sample "
-                          "consumed, or left for a later epoch by remainder='drop'): it yields nothing; "
-                          f"set_epoch({epoch + 1}) starts the next", stacklevel=2)
+            warnings.warn(
+                f"set_epoch({epoch}): the loaded state's epoch {epoch} has nothing left to train (every sample "
+                "consumed, or left for a later epoch by remainder='drop'): it yields nothing; "
+                f"set_epoch({epoch + 1}) starts the next",
+                stacklevel=2,
+            )
         if epoch == self.epoch and (epoch == self._resumed or (~self.consumed[self._rank_seq()]).any()):
             self.live.replan()  # the workers share out what is left, in order
             self._warn_uneven_steps()
             return
         if self._resumed is not None and epoch > self._resumed and (left := self._left_of_resumed(mine=True)):
-            warnings.warn(f"set_epoch({epoch}) after load_state_dict of a state in epoch {self._resumed}: its {left} "
-                          f"samples not yet consumed are skipped (set_epoch({self._resumed}) goes on with them; "
-                          "if they were trained and only their marks are late, nothing is lost)",
-                          stacklevel=2)
+            warnings.warn(
+                f"set_epoch({epoch}) after load_state_dict of a state in epoch {self._resumed}: its {left} "
+                f"samples not yet consumed are skipped (set_epoch({self._resumed}) goes on with them; "
+                "if they were trained and only their marks are late, nothing is lost)",
+                stacklevel=2,
+            )
         self._resumed = None
         self.live.start(epoch, np.zeros(self.n, dtype=bool))
         self._warn_uneven_steps()
@@ -416,8 +492,10 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         start = None
         if isinstance(indices, Mapping):
             if "index" not in indices:
-                raise BadInput(f"mark_consumed: the batch has no 'index' (it has {sorted(indices)}); pass a batch or "
-                               "item of this dataset, or its indices")
+                raise BadInput(
+                    f"mark_consumed: the batch has no 'index' (it has {sorted(indices)}); pass a batch or "
+                    "item of this dataset, or its indices"
+                )
             batch = indices
             indices, start = batch["index"], batch.get("epoch_start")
             epoch = batch.get("epoch") if epoch is None else epoch
@@ -425,19 +503,28 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         self.live.check(idx)  # every index, also those left out below
         epochs = None if epoch is None else int_array(epoch, "epochs")
         here = np.ones(idx.shape, bool)
-        for stamps, now in ((epochs, self.epoch), (None if start is None else int_array(start, "epoch starts"),
-                                                   self.live.starts)):
+        for stamps, now in (
+            (epochs, self.epoch),
+            (None if start is None else int_array(start, "epoch starts"), self.live.starts),
+        ):
             if stamps is not None:
                 here &= same_stamp(stamps, now, idx.size)
         self.live.mark(idx[here])  # (before the warning: under warnings-as-errors the kept marks still count)
         if not here.all() and self._warned_marks_of != self.live.starts:
             self._warned_marks_of = self.live.starts  # once an epoch's start: a loop that marks late does so every step
-            read_in = "" if epochs is None else " (read in epoch {})".format(
-                ", ".join(str(e) for e in sorted(set(np.broadcast_to(epochs, idx.shape)[~here].tolist()))))
-            warnings.warn(f"mark_consumed: {int((~here).sum())} mark(s) left out: their items{read_in} were read before "
-                          f"the dataset started epoch {self.epoch} anew (set_epoch or load_state_dict); a sample counts in "
-                          "the pass that read it, not this one (later such marks are left out without a warning)",
-                          stacklevel=2)
+            read_in = (
+                ""
+                if epochs is None
+                else " (read in epoch {})".format(
+                    ", ".join(str(e) for e in sorted(set(np.broadcast_to(epochs, idx.shape)[~here].tolist())))
+                )
+            )
+            warnings.warn(
+                f"mark_consumed: {int((~here).sum())} mark(s) left out: their items{read_in} were read before "
+                f"the dataset started epoch {self.epoch} anew (set_epoch or load_state_dict); a sample counts in "
+                "the pass that read it, not this one (later such marks are left out without a warning)",
+                stacklevel=2,
+            )
 
     def state_dict(self, gather: bool = True) -> dict[str, Any]:
         """Resumable state (JSON-ready, compact); with torch.distributed initialized (and ``gather``) it
@@ -462,13 +549,17 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         rank = self._rank if self._rank is not None else torch.distributed.get_rank() if grouped else None
         if (world is None) != (rank is None):
             given = f"world_size={world}" if rank is None else f"rank={rank}"
-            raise BadInput(f"StreamingHiddenStateDataset({given}) without {'rank' if rank is None else 'world_size'}= "
-                           "and no torch.distributed process group to tell it: pass both, or neither and initialize "
-                           "the process group first")
+            raise BadInput(
+                f"StreamingHiddenStateDataset({given}) without {'rank' if rank is None else 'world_size'}= "
+                "and no torch.distributed process group to tell it: pass both, or neither and initialize "
+                "the process group first"
+            )
         if grouped and self._world is not None and self._world > torch.distributed.get_world_size():
-            raise BadInput(f"world_size={self._world} but the process group has {torch.distributed.get_world_size()} "
-                           f"ranks: the shares of ranks {torch.distributed.get_world_size()} to {self._world - 1} would "
-                           "never be read; pass the group's size (or leave world_size out)")
+            raise BadInput(
+                f"world_size={self._world} but the process group has {torch.distributed.get_world_size()} "
+                f"ranks: the shares of ranks {torch.distributed.get_world_size()} to {self._world - 1} would "
+                "never be read; pass the group's size (or leave world_size out)"
+            )
         world, rank = int(world or 1), int(rank or 0)
         if not 0 <= rank < world:
             raise BadInput(f"rank={rank} is not one of world_size={world}'s ranks (0 to {world - 1})")
@@ -511,9 +602,11 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         world = self._world_and_rank()[0]
         if self.remainder == "drop" and 0 < len(order) < world and not self.live.bits("base").any():  # (a resume's
             # few samples left wait for a later epoch, as drop says; a whole epoch that feeds no rank is a mistake)
-            raise BadInput(f"remainder='drop' over {world} ranks leaves every rank nothing of the {len(order)} samples "
-                           f"of epoch {self.epoch}; use remainder='keep' (ranks differ by at most one sample) or "
-                           "fewer ranks")
+            raise BadInput(
+                f"remainder='drop' over {world} ranks leaves every rank nothing of the {len(order)} samples "
+                f"of epoch {self.epoch}; use remainder='keep' (ranks differ by at most one sample) or "
+                "fewer ranks"
+            )
         seq = split_for(order, world, rank, drop_remainder=self.remainder == "drop")
         if self.batch_tokens and self.remainder == "drop" and world > 1:
             seq = seq[: self._equal_batches(order, world)[rank]]
@@ -530,16 +623,23 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
     def _rank_cuts(self, order: np.ndarray, world: int) -> list[list[tuple[int, int]]]:
         """Every rank's batches (start, end into its run) of ``order``: once per epoch, split and remainder (kept
         until any changes; every rank computes the same)."""
-        key = (self.epoch, world, self.batch_tokens, self.remainder,
-               hashlib.sha1(self.live.t["base"].numpy().tobytes()).hexdigest())
+        key = (
+            self.epoch,
+            world,
+            self.batch_tokens,
+            self.remainder,
+            hashlib.sha1(self.live.t["base"].numpy().tobytes()).hexdigest(),
+        )
         cached = self.__dict__.get("_cuts_cache")
         if cached is not None and cached[0] == key:
             cuts: list[list[tuple[int, int]]] = cached[1]
             return cuts
         lengths = self._lengths()
         drop = self.remainder == "drop"
-        cuts = [token_batches(lengths[split_for(order, world, r, drop_remainder=drop)].tolist(), self.batch_tokens or 0)
-                for r in range(world)]
+        cuts = [
+            token_batches(lengths[split_for(order, world, r, drop_remainder=drop)].tolist(), self.batch_tokens or 0)
+            for r in range(world)
+        ]
         self._cuts_cache = (key, cuts)
         return cuts
 
@@ -552,10 +652,13 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         counts = sorted({len(c) for c in self._rank_cuts(self._epoch_order(), world)})
         if len(counts) > 1:
             self._warned_uneven = True
-            warnings.warn(f"epoch {self.epoch}: with remainder='keep' and batch_tokens the {world} ranks take "
-                          f"{counts[0]} to {counts[-1]} batches; under DDP a rank with more batches waits in its "
-                          "gradients' all-reduce forever: use remainder='drop' (every rank as many batches) or "
-                          "torch.distributed.algorithms.Join", stacklevel=3)
+            warnings.warn(
+                f"epoch {self.epoch}: with remainder='keep' and batch_tokens the {world} ranks take "
+                f"{counts[0]} to {counts[-1]} batches; under DDP a rank with more batches waits in its "
+                "gradients' all-reduce forever: use remainder='drop' (every rank as many batches) or "
+                "torch.distributed.algorithms.Join",
+                stacklevel=3,
+            )
 
     def _check_not_spent(self) -> None:
         """BadInput when every sample of this rank's epoch is marked consumed since its split was fixed: iterating
@@ -563,8 +666,10 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
         nothing left is an empty epoch: ``set_epoch`` warned.)"""
         seq = self._rank_seq()
         if len(seq) and self.consumed[seq].all():
-            raise BadInput(f"epoch {self.epoch} is fully consumed (every sample of this rank is marked with "
-                           f"mark_consumed): call set_epoch({self.epoch + 1}) before iterating again")
+            raise BadInput(
+                f"epoch {self.epoch} is fully consumed (every sample of this rank is marked with "
+                f"mark_consumed): call set_epoch({self.epoch + 1}) before iterating again"
+            )
 
     def _items(self, indices: np.ndarray, epoch: int, start: int) -> Generator[dict[str, Any], None, None]:
         """Items of ``epoch`` (its ``start``-th start) in order, read ahead by the kernel (local, ``readahead``) and
@@ -574,7 +679,9 @@ class StreamingHiddenStateDataset(_Base, IterableDataset[dict[str, Any]]):
             layers = sorted({i for ids in self.layer_roles.values() for i in ids})
             ahead = Readahead(self.reader, [self.reader.ref(int(i)) for i in indices], layers)
         try:
-            for item in in_order(self._item, [int(i) for i in indices], self.prefetch, None if ahead is None else ahead.at):
+            for item in in_order(
+                self._item, [int(i) for i in indices], self.prefetch, None if ahead is None else ahead.at
+            ):
                 item["epoch"], item["epoch_start"] = epoch, start
                 yield item
         finally:

@@ -62,8 +62,9 @@ class Readahead:
     """Requests samples ahead of a reader walking ``refs`` in order (call ``at(i)`` before reading
     ``refs[i]``; ``close()`` when done)."""
 
-    def __init__(self, reader: VariantReader, refs: Sequence[SampleRef], layers: list[int],
-                 budget: int | None = None) -> None:
+    def __init__(
+        self, reader: VariantReader, refs: Sequence[SampleRef], layers: list[int], budget: int | None = None
+    ) -> None:
         self.reader, self.refs, self.layers = reader, refs, layers
         itemsize = 1 if reader.record.stored_precision else STORED[reader.record.dtype].itemsize  # FP8: 1-byte codes
         row = max(1, len(layers)) * reader.record.hidden_size * itemsize  # about the bytes a row reads
@@ -128,8 +129,13 @@ class Fetched:
     chunks: dict[str, BufferRange]
 
 
-def fetch(reader: VariantReader, ref: SampleRef, layers: list[int], buffer: Callable[[int], bytearray],
-          last: dict[str, tuple[str, int]]) -> Fetched:
+def fetch(
+    reader: VariantReader,
+    ref: SampleRef,
+    layers: list[int],
+    buffer: Callable[[int], bytearray],
+    last: dict[str, tuple[str, int]],
+) -> Fetched:
     """``ref``'s tokens (``read_tokens``) and the bytes of its chunks of each of ``layers``, read now into
     ``buffer(n)``s. ``last``: array name -> (unit, offset) of the last chunk fetched before; a sample's
     first chunk that is the one before's last is not fetched again (that read decodes it for both)."""
@@ -302,8 +308,9 @@ def _read_here(read: Callable[[int], T], i: int) -> Future[T]:
     return done
 
 
-def in_order(read: Callable[[int], T], indices: Sequence[int], depth: int,
-             at: Callable[[int], None] | None = None) -> Iterator[T]:
+def in_order(
+    read: Callable[[int], T], indices: Sequence[int], depth: int, at: Callable[[int], None] | None = None
+) -> Iterator[T]:
     """``read(i)`` for each of ``indices`` in order, the next ``depth`` read on threads meanwhile (in this
     thread once the interpreter is exiting: thread pools then take no new work). ``at(pos)`` is called
     before position ``pos`` is read."""

@@ -87,14 +87,17 @@ def _check_fields(state: object) -> bool:
         if not 0 <= state[name] < 2**62:
             raise BadInput(f"state[{name!r}] = {state[name]} is not a count from 0; {FIX}")
     if not old and state["format"] != FORMAT:
-        raise BadInput(f"state['format'] is {state['format']}; this hsstore writes format {FORMAT} (and reads the older "
-                       "states that carry no format field): resume with the hsstore that saved it")
+        raise BadInput(
+            f"state['format'] is {state['format']}; this hsstore writes format {FORMAT} (and reads the older "
+            "states that carry no format field): resume with the hsstore that saved it"
+        )
     return old
 
 
 def _units(raw: list[Any]) -> list[tuple[str, int]]:
-    if not all(isinstance(u, (list, tuple)) and len(u) == 2 and isinstance(u[0], str) and isinstance(u[1], int)
-               for u in raw):
+    if not all(
+        isinstance(u, (list, tuple)) and len(u) == 2 and isinstance(u[0], str) and isinstance(u[1], int) for u in raw
+    ):
         raise BadInput(f"state['units'] is not the [[unit id, samples], ...] list state_dict() writes; {FIX}")
     return [(u, int(c)) for u, c in raw]
 
@@ -104,18 +107,24 @@ def load_state(state: Mapping[str, Any], variant: str, n: int, seed: int, shuffl
     also its sample count)."""
     old = _check_fields(state)
     if (state["variant"], state["seed"]) != (variant, seed):
-        raise BadInput(f"state is for variant {state['variant']} with seed {state['seed']}; this dataset is "
-                       f"{variant} with seed {seed}")
+        raise BadInput(
+            f"state is for variant {state['variant']} with seed {state['seed']}; this dataset is "
+            f"{variant} with seed {seed}"
+        )
     if not isinstance(state.get("shuffle", shuffle), bool):
         raise BadInput(f"state['shuffle'] is {state['shuffle']!r}, not True or False; {FIX}")
     if state.get("shuffle", shuffle) != shuffle:  # (states saved before it was recorded carry none)
-        raise BadInput(f"state was saved with shuffle={state['shuffle']}; this dataset has shuffle={shuffle}, so the "
-                       f"rest of the epoch would run in another order than the one it resumes: pass "
-                       f"shuffle={state['shuffle']}")
+        raise BadInput(
+            f"state was saved with shuffle={state['shuffle']}; this dataset has shuffle={shuffle}, so the "
+            f"rest of the epoch would run in another order than the one it resumes: pass "
+            f"shuffle={state['shuffle']}"
+        )
     if old and state["n"] != n:
-        raise BadInput(f"state is in the old format (marks by position, no snapshot) and was saved over "
-                       f"{state['n']} samples; the store serves {n} now, so its marks cannot be tied to samples: "
-                       "start the epoch over (set_epoch) or resume with a state saved by this hsstore")
+        raise BadInput(
+            f"state is in the old format (marks by position, no snapshot) and was saved over "
+            f"{state['n']} samples; the store serves {n} now, so its marks cannot be tied to samples: "
+            "start the epoch over (set_epoch) or resume with a state saved by this hsstore"
+        )
     if old:
         return SavedState(state["epoch"], _unpack(state["consumed"], n, True), None, None)
     units = _units(state["units"])
@@ -141,9 +150,11 @@ def agreed_snapshot(reader: VariantReader, collective: bool = True) -> tuple[Var
         held = [reader.id, list(reader.units)]
         dist.broadcast_object_list(held, src=0)  # (in memory, between the ranks: nothing of it is stored)
         if held[0] != reader.id:
-            raise BadInput(f"rank {dist.get_rank()} opened variant {reader.id} but rank 0 opened {held[0]}: name the "
-                           "variant with one selector on every rank (a store that gained variants between the ranks' "
-                           "starts can make a selector name another)")
+            raise BadInput(
+                f"rank {dist.get_rank()} opened variant {reader.id} but rank 0 opened {held[0]}: name the "
+                "variant with one selector on every rank (a store that gained variants between the ranks' "
+                "starts can make a selector name another)"
+            )
         if held[1] != list(reader.units):
             reader = VariantReader(reader.store, reader.id, units=held[1])
     return reader, snapshot(reader)
@@ -160,23 +171,40 @@ def _check_same_snapshot(units: list[tuple[str, int]], n: int) -> None:
     mine = torch.tensor([n, digest, -n, -digest], dtype=torch.int64)
     torch.distributed.all_reduce(mine, op=torch.distributed.ReduceOp.MAX)
     if int(mine[0]) != -int(mine[2]) or int(mine[1]) != -int(mine[3]):
-        raise BadInput(f"the ranks read different snapshots of the store ({-int(mine[2])} to {int(mine[0])} samples): "
-                       "each cut its share from its own, so samples went to two ranks or none; make the dataset after "
-                       "init_process_group on every rank (it reads rank 0's snapshot), or open the store once it is "
-                       "complete")
+        raise BadInput(
+            f"the ranks read different snapshots of the store ({-int(mine[2])} to {int(mine[0])} samples): "
+            "each cut its share from its own, so samples went to two ranks or none; make the dataset after "
+            "init_process_group on every rank (it reads rank 0's snapshot), or open the store once it is "
+            "complete"
+        )
 
 
-def save_state(epoch: int, seed: int, variant: str, units: list[tuple[str, int]], consumed: np.ndarray,
-               gather: bool, shuffle: bool = True) -> dict[str, Any]:
+def save_state(
+    epoch: int,
+    seed: int,
+    variant: str,
+    units: list[tuple[str, int]],
+    consumed: np.ndarray,
+    gather: bool,
+    shuffle: bool = True,
+) -> dict[str, Any]:
     """The format-2 state; with torch.distributed initialized (and ``gather``) the marks of every rank."""
     if gather and torch.distributed.is_available() and torch.distributed.is_initialized():
         _check_same_snapshot(units, consumed.shape[0])
         t = torch.from_numpy(consumed.astype(np.uint8))
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         consumed = t.numpy().astype(bool)
-    return {"format": FORMAT, "epoch": epoch, "seed": seed, "n": int(consumed.shape[0]), "variant": variant,
-            "units": [[u, c] for u, c in units], "digest": snapshot_digest(units), "consumed": pack_marks(consumed),
-            "shuffle": shuffle}
+    return {
+        "format": FORMAT,
+        "epoch": epoch,
+        "seed": seed,
+        "n": int(consumed.shape[0]),
+        "variant": variant,
+        "units": [[u, c] for u, c in units],
+        "digest": snapshot_digest(units),
+        "consumed": pack_marks(consumed),
+        "shuffle": shuffle,
+    }
 
 
 def _saved_table(reader: VariantReader, units: list[str], epoch: int) -> SampleTable:
@@ -189,8 +217,10 @@ def _saved_table(reader: VariantReader, units: list[str], epoch: int) -> SampleT
         try:
             parts.append(found[u] if u in found else unit_part(CommitRecord.from_json(raw or b"", u, CorruptData)))
         except CorruptData:
-            raise BadInput(f"the state was saved over unit {u} of variant {reader.id}, which is not committed now: "
-                           f"its marks cannot be tied to samples; start epoch {epoch + 1} with set_epoch") from None
+            raise BadInput(
+                f"the state was saved over unit {u} of variant {reader.id}, which is not committed now: "
+                f"its marks cannot be tied to samples; start epoch {epoch + 1} with set_epoch"
+            ) from None
     return SampleTable(parts)
 
 
@@ -200,8 +230,10 @@ def marks_by_key(reader: VariantReader, saved: SavedState, join: str) -> np.ndar
     unit it names is not committed now or serves other samples."""
     then = _saved_table(reader, [u for u, _ in saved.units or []], saved.epoch)
     if snapshot_digest(then.unit_counts()) != saved.digest:
-        raise BadInput(f"the units the state names serve other samples than when it was saved (digest "
-                       f"{saved.digest}): its marks cannot be tied to samples; start epoch {saved.epoch + 1} with set_epoch")
+        raise BadInput(
+            f"the units the state names serve other samples than when it was saved (digest "
+            f"{saved.digest}): its marks cannot be tied to samples; start epoch {saved.epoch + 1} with set_epoch"
+        )
     index = {k: i for i, k in enumerate(reader.keys)}
     then_keys = list(Keys(then))
     marks = np.zeros(len(index), dtype=bool)
@@ -226,8 +258,10 @@ class LiveMarks:
         # (torch's Tensor.share_memory_ has no annotations)
         # [epoch, starts: how many times an epoch was started (set_epoch, load_state_dict); items carry it]
         self.ctl: torch.Tensor = torch.zeros(2, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
-        self.t: dict[str, torch.Tensor] = {name: torch.zeros(size, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
-                                           for name in ("base", "plan", "marks")}
+        self.t: dict[str, torch.Tensor] = {
+            name: torch.zeros(size, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
+            for name in ("base", "plan", "marks")
+        }
 
     @property
     def epoch(self) -> int:
@@ -257,7 +291,9 @@ class LiveMarks:
         """BadInput naming an index that is not one of the ``n`` samples."""
         if idx.size and (idx.min() < 0 or idx.max() >= self.n):
             bad = int(idx.max() if idx.max() >= self.n else idx.min())
-            raise BadInput(f"mark_consumed: index {bad} is not one of this dataset's {self.n} samples; pass the batch (or its 'index')")
+            raise BadInput(
+                f"mark_consumed: index {bad} is not one of this dataset's {self.n} samples; pass the batch (or its 'index')"
+            )
 
     def mark(self, idx: np.ndarray) -> None:
         """Mark ``idx`` consumed (``check``ed by the caller)."""
@@ -275,15 +311,18 @@ def int_array(x: Any, what: str) -> np.ndarray:
     except ValueError:  # (ragged nesting)
         arr = np.asarray(None)
     if arr.dtype.kind not in "iu" and arr.size:
-        raise BadInput(f"mark_consumed: {what} must be whole numbers (an int, a list, an array or tensor of them), not "
-                       f"{type(x).__name__} of {arr.dtype}; pass the batch, or batch['index']")
+        raise BadInput(
+            f"mark_consumed: {what} must be whole numbers (an int, a list, an array or tensor of them), not "
+            f"{type(x).__name__} of {arr.dtype}; pass the batch, or batch['index']"
+        )
     return arr.astype(np.int64).ravel()
 
 
 def same_stamp(stamps: np.ndarray, now: int, n: int) -> np.ndarray:
     """bool [n]: which of ``n`` marks carry the stamp ``now`` (``stamps``: one for all, or one each)."""
     if stamps.size not in (1, n):
-        raise BadInput(f"mark_consumed: {n} indices and {stamps.size} epochs; pass one epoch, or one per "
-                       "index (a batch's 'epoch')")
+        raise BadInput(
+            f"mark_consumed: {n} indices and {stamps.size} epochs; pass one epoch, or one per index (a batch's 'epoch')"
+        )
     same: np.ndarray = np.broadcast_to(stamps == now, (n,))
     return same

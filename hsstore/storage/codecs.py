@@ -49,33 +49,55 @@ def _zarr(name: str, **configuration: Any) -> Any:
 def _blosc(cname: str, byte_shuffle: bool | None) -> Callable[[list[tuple[str, dict[str, Any]]]], bool]:
     """Blosc with ``cname``; ``byte_shuffle`` True/False tells the zstd pair apart (None: any shuffle;
     blosc decoding is self-describing, so the shuffle never changes how a chunk is read)."""
-    return lambda m: len(m) == 1 and m[0][0] == "blosc" and m[0][1].get("cname") == cname \
+    return lambda m: (
+        len(m) == 1
+        and m[0][0] == "blosc"
+        and m[0][1].get("cname") == cname
         and (byte_shuffle is None or (m[0][1].get("shuffle") == "shuffle") == byte_shuffle)
+    )
 
 
-REGISTRY: dict[str, Codec] = {c.name: c for c in (
-    Codec("none", lambda: [], lambda itemsize: None, lambda m: m == []),
-    Codec("zstd", lambda: [_zarr("ZstdCodec", level=1)], lambda itemsize: Zstd(level=1),
-          lambda m: len(m) == 1 and m[0][0] == "zstd"),
-    Codec("shuffle-zstd",
-          lambda: [_zarr("BloscCodec", cname="zstd", clevel=1, shuffle="shuffle", blocksize=SHUFFLE_BLOCK_BYTES)],
-          lambda itemsize: Blosc(cname="zstd", clevel=1, shuffle=Blosc.SHUFFLE, blocksize=SHUFFLE_BLOCK_BYTES,
-                                 typesize=itemsize),
-          _blosc("zstd", True)),
-    Codec("blosc-lz4", lambda: [_zarr("BloscCodec", cname="lz4", clevel=5, shuffle="bitshuffle")],
-          lambda itemsize: Blosc(cname="lz4", clevel=5, shuffle=Blosc.BITSHUFFLE, blocksize=0, typesize=itemsize),
-          _blosc("lz4", None)),
-    Codec("blosc-zstd", lambda: [_zarr("BloscCodec", cname="zstd", clevel=1, shuffle="bitshuffle")],
-          lambda itemsize: Blosc(cname="zstd", clevel=1, shuffle=Blosc.BITSHUFFLE, blocksize=0, typesize=itemsize),
-          _blosc("zstd", False)),
-)}
+REGISTRY: dict[str, Codec] = {
+    c.name: c
+    for c in (
+        Codec("none", lambda: [], lambda itemsize: None, lambda m: m == []),
+        Codec(
+            "zstd",
+            lambda: [_zarr("ZstdCodec", level=1)],
+            lambda itemsize: Zstd(level=1),
+            lambda m: len(m) == 1 and m[0][0] == "zstd",
+        ),
+        Codec(
+            "shuffle-zstd",
+            lambda: [_zarr("BloscCodec", cname="zstd", clevel=1, shuffle="shuffle", blocksize=SHUFFLE_BLOCK_BYTES)],
+            lambda itemsize: Blosc(
+                cname="zstd", clevel=1, shuffle=Blosc.SHUFFLE, blocksize=SHUFFLE_BLOCK_BYTES, typesize=itemsize
+            ),
+            _blosc("zstd", True),
+        ),
+        Codec(
+            "blosc-lz4",
+            lambda: [_zarr("BloscCodec", cname="lz4", clevel=5, shuffle="bitshuffle")],
+            lambda itemsize: Blosc(cname="lz4", clevel=5, shuffle=Blosc.BITSHUFFLE, blocksize=0, typesize=itemsize),
+            _blosc("lz4", None),
+        ),
+        Codec(
+            "blosc-zstd",
+            lambda: [_zarr("BloscCodec", cname="zstd", clevel=1, shuffle="bitshuffle")],
+            lambda itemsize: Blosc(cname="zstd", clevel=1, shuffle=Blosc.BITSHUFFLE, blocksize=0, typesize=itemsize),
+            _blosc("zstd", False),
+        ),
+    )
+}
 CHOICES = tuple(REGISTRY)
 
 
 def kept_codec_note(vid: str, kept: str, asked: str) -> str:
     """What a command asking existing variant ``vid`` for another codec says: a codec changes no number."""
-    return (f"variant {vid} keeps its codec {kept} (codec {asked} was asked for): a codec changes no stored number, "
-            "so it is not a new variant; it applies to new variants and stores")
+    return (
+        f"variant {vid} keeps its codec {kept} (codec {asked} was asked for): a codec changes no stored number, "
+        "so it is not a new variant; it applies to new variants and stores"
+    )
 
 
 def parse_codec(name: str) -> str:

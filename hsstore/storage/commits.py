@@ -53,8 +53,12 @@ def commit_keys(io: Backend, vid: str) -> list[str]:
     return io.list(layout.commits_prefix(vid))
 
 
-def scan(io: Backend, vid: str, skip: set[str] | frozenset[str] = frozenset(),
-         keep: Callable[[CommitRecord], Any] | None = None) -> Commits:
+def scan(
+    io: Backend,
+    vid: str,
+    skip: set[str] | frozenset[str] = frozenset(),
+    keep: Callable[[CommitRecord], Any] | None = None,
+) -> Commits:
     """Judge every commit record of ``vid`` (keys in ``skip`` are left out: already seen by the caller);
     ``keep``: what to hold of each committed record, made as it is read (a reader's compact form, so the
     records of a large variant are never all in memory at once)."""

@@ -30,15 +30,7 @@ from hsstore.core.interrupt import Stopped, stop_on_signals
 from hsstore.core.keys import SampleTokens
 from hsstore.core.precision_names import SCALE_SCHEME, codec_for_codes, parse_precision
 from hsstore.core.provenance_match import numeric_fields, variant_id
-from hsstore.core.quant import (
-    Quantized,
-    dequantize,
-    error_tensor,
-    from_error_tensor,
-    merge,
-    quantize,
-    summary,
-)
+from hsstore.core.quant import Quantized, dequantize, error_tensor, from_error_tensor, merge, quantize, summary
 from hsstore.core.schema.provenance import Provenance, Storage, StorageSource
 from hsstore.core.schema.record import is_set, or_none
 from hsstore.core.schema.reports import ConvertReport, FloorMeasure, StorageReport
@@ -59,8 +51,9 @@ QUANT_ROWS = 4096  # rows quantized at a time: bounds the float32 temporaries (8
 
 def derived_provenance(provenance: Provenance, precision: str, source_id: str, source_store: str) -> Provenance:
     """The source's provenance with ``environment.storage`` describing the stored precision."""
-    storage = Storage(precision=precision, scale=SCALE_SCHEME,
-                      source=StorageSource(variant=source_id, store=source_store))
+    storage = Storage(
+        precision=precision, scale=SCALE_SCHEME, source=StorageSource(variant=source_id, store=source_store)
+    )
     return provenance.replace(environment=provenance.environment.replace(storage=storage))
 
 
@@ -76,8 +69,9 @@ def quantize_rows(x: torch.Tensor) -> tuple[Quantized, dict[str, float]]:
     return Quantized(torch.cat(codes), torch.cat(scales)), merge(errs)
 
 
-def _unit_payload(reader: VariantReader, commit: CommitRecord, skip: set[str]) -> tuple[
-        list[SampleTokens], dict[int, Quantized], dict[int, torch.Tensor], dict[int, dict[str, float]]] | None:
+def _unit_payload(
+    reader: VariantReader, commit: CommitRecord, skip: set[str]
+) -> tuple[list[SampleTokens], dict[int, Quantized], dict[int, torch.Tensor], dict[int, dict[str, float]]] | None:
     """(samples, quantized states, health tensors, error records) of the samples of ``commit`` that this
     unit holds for the reader (first unit wins) and that are not in ``skip``; None if there are none."""
     refs = [reader.refs[k] for k, _, _ in commit.samples if k not in skip and reader.refs[k].unit == commit.unit]
@@ -110,15 +104,20 @@ def _source(target: str) -> tuple[str, Store, str, VariantReader]:
     if selector:
         vid = source.select(selector)
     else:  # only a variant stored as computed can be a source: a derived one (even half done) is not a choice
-        computed = {v: source.variant_record(v).provenance for v in source.variant_ids()
-                    if not source.variant_record(v).stored_precision}
+        computed = {
+            v: source.variant_record(v).provenance
+            for v in source.variant_ids()
+            if not source.variant_record(v).stored_precision
+        }
         vid = select(computed, None, where=source.location) if computed else source.select(None)
     reader = source.reader(vid)
     reader.check_corrupt_commits()
     rec = reader.record
     if rec.stored_precision:
-        raise BadInput(f"variant {vid} is already stored as {rec.stored_precision}; convert a variant stored as computed "
-                       f"({rec.dtype}) instead")
+        raise BadInput(
+            f"variant {vid} is already stored as {rec.stored_precision}; convert a variant stored as computed "
+            f"({rec.dtype}) instead"
+        )
     return path, source, vid, reader
 
 
@@ -129,8 +128,15 @@ class _Units:
     to commit: a convert that fails before (a damaged source) leaves no empty variant behind; one recorded
     before (a killed convert) is resumed."""
 
-    def __init__(self, reader: VariantReader, out: Store, variant: VariantArgs, precision: str, allow_unhealthy: bool,
-                 on_progress: Callable[[int, int], None] | None) -> None:
+    def __init__(
+        self,
+        reader: VariantReader,
+        out: Store,
+        variant: VariantArgs,
+        precision: str,
+        allow_unhealthy: bool,
+        on_progress: Callable[[int, int], None] | None,
+    ) -> None:
         self.reader, self.out, self.on_progress = reader, out, on_progress
         self.variant, self.precision, self.dvid = variant, precision, variant_id(variant[0])
         self.made = out.io.exists(layout.variant_meta(self.dvid))
@@ -172,8 +178,9 @@ class _Units:
                 self.out.create_variant(*self.variant, precision=self.precision)
                 self.made = True
             if self.writer is None:
-                self.writer = UnitWriter(self.out, self.dvid, writer_id=f"c-{self.run}", check_health=self.check_health,
-                                         command="convert")
+                self.writer = UnitWriter(
+                    self.out, self.dvid, writer_id=f"c-{self.run}", check_health=self.check_health, command="convert"
+                )
             return self.writer
 
     def _progress(self) -> None:
@@ -207,9 +214,17 @@ def _check_fits(out: Store, prov: dict[str, Any], label: str | None, another_mod
         check_label_free(out, variant_id(prov), label)
 
 
-def convert(target: str, precision: str, dest: str | None = None, workers: int | None = None,
-            allow_unhealthy: bool = False, on_progress: Callable[[int, int], None] | None = None,
-            codec: str | None = None, label: str | None = None, another_model: bool = False) -> ConvertReport:
+def convert(
+    target: str,
+    precision: str,
+    dest: str | None = None,
+    workers: int | None = None,
+    allow_unhealthy: bool = False,
+    on_progress: Callable[[int, int], None] | None = None,
+    codec: str | None = None,
+    label: str | None = None,
+    another_model: bool = False,
+) -> ConvertReport:
     """Derive a ``precision`` variant of ``target`` ("STORE#SELECTOR") into ``dest`` (default: the same
     store), compressed with ``codec`` (default: the source's; see precision.codec_for_codes).
     ``on_progress(samples done, samples in all)`` is called at the start and as units finish.
@@ -239,9 +254,12 @@ def convert(target: str, precision: str, dest: str | None = None, workers: int |
             out.discard_if_unused()
         if isinstance(e, Stopped):
             done = units.present + units.written["samples"]
-            raise BuildInterrupted(e.signum, f"convert interrupted by {e}; {done} of {len(reader.keys)} samples of "
-                                   f"variant {units.dvid} are committed and kept: re-run the same command to "
-                                   "finish") from None
+            raise BuildInterrupted(
+                e.signum,
+                f"convert interrupted by {e}; {done} of {len(reader.keys)} samples of "
+                f"variant {units.dvid} are committed and kept: re-run the same command to "
+                "finish",
+            ) from None
         raise
     units.record()  # an empty source: the variant is recorded, as a build of nothing records it
     dvid = units.dvid
@@ -251,11 +269,21 @@ def convert(target: str, precision: str, dest: str | None = None, workers: int |
         print(kept_codec_note(dvid, kept, codec), file=sys.stderr, flush=True)
         codec = kept
     derived = out.reader(dvid, refresh=True)
-    return ConvertReport(source=f"{source.location}#{vid}", variant=dvid, store=out.location, precision=precision,
-                         codec=codec, samples_converted=units.written["samples"], samples_present=units.present,
-                         tokens=units.written["tokens"], bytes=units.written["bytes"], seconds=time.time() - t0,
-                         workers=n, complete=all(k in derived.refs for k in reader.keys),
-                         error={str(i): summary(e) for i, e in derived.quant_error().items()})
+    return ConvertReport(
+        source=f"{source.location}#{vid}",
+        variant=dvid,
+        store=out.location,
+        precision=precision,
+        codec=codec,
+        samples_converted=units.written["samples"],
+        samples_present=units.present,
+        tokens=units.written["tokens"],
+        bytes=units.written["bytes"],
+        seconds=time.time() - t0,
+        workers=n,
+        complete=all(k in derived.refs for k in reader.keys),
+        error={str(i): summary(e) for i, e in derived.quant_error().items()},
+    )
 
 
 # --- Storage precision in a store: what an FP8 variant reports about itself, and the precision floor it is
@@ -267,8 +295,11 @@ _DIFFERS = ("environment.dtype", "environment.storage")
 def _recipe_key(provenance: dict[str, Any]) -> dict[str, Any]:
     """The numeric fields that must match for two variants to be "the same recipe and environment"
     (everything but the dtype computed in and the storage precision)."""
-    return {k: v for k, v in numeric_fields(provenance).items()
-            if not any(k == p or k.startswith(p + ".") for p in _DIFFERS)}
+    return {
+        k: v
+        for k, v in numeric_fields(provenance).items()
+        if not any(k == p or k.startswith(p + ".") for p in _DIFFERS)
+    }
 
 
 def floor_pair(store: Store, vid: str) -> tuple[str, str] | None:
@@ -322,7 +353,17 @@ def storage_report(store: Store, vid: str, floor_tokens: int = FLOOR_TOKENS) -> 
     error = {str(i): summary(e) for i, e in reader.quant_error().items()}
     pair = floor_pair(store, vid) if floor_tokens > 0 else None
     floor = measure_floor(store, *pair, max_tokens=floor_tokens) if pair is not None else None
-    ratios = None if floor is None else {i: (e.rel_l2 / floor.rel_l2[i] if floor.rel_l2.get(i) else None)
-                                         for i, e in error.items()}
-    return StorageReport(precision=rec.stored_precision, scale=scale, source=source, computed_dtype=rec.dtype,
-                         error=error, floor=floor, error_vs_floor=ratios)
+    ratios = (
+        None
+        if floor is None
+        else {i: (e.rel_l2 / floor.rel_l2[i] if floor.rel_l2.get(i) else None) for i, e in error.items()}
+    )
+    return StorageReport(
+        precision=rec.stored_precision,
+        scale=scale,
+        source=source,
+        computed_dtype=rec.dtype,
+        error=error,
+        floor=floor,
+        error_vs_floor=ratios,
+    )

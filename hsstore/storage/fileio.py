@@ -27,13 +27,7 @@ import msgspec
 from hsstore.core.errors import WRITE_FIXES, CorruptData, WriteFailed, write_cause
 from hsstore.core.nesting import nesting_depth
 from hsstore.core.schema.record import explain
-from hsstore.core.schema.store_records import (
-    CommitRecord,
-    HealthStats,
-    UnitInfo,
-    VariantRecord,
-    WriterInfo,
-)
+from hsstore.core.schema.store_records import CommitRecord, HealthStats, UnitInfo, VariantRecord, WriterInfo
 
 T = TypeVar("T")
 _IOV_MAX = 512  # writev takes a bounded number of buffers
@@ -158,14 +152,25 @@ def write_output_file(path: str, data: bytes, option: str) -> None:
             replace_file(p, data, f".{os.path.basename(p)}.{uuid.uuid4().hex[:12]}.tmp")
     except OSError as e:
         fix = WRITE_FIXES[write_cause(e)].rstrip(",")
-        raise WriteFailed(f"writing {option} {path!r} failed: {e.strerror or e}; {fix[0].lower()}{fix[1:]}, or write it "
-                          "elsewhere") from None
+        raise WriteFailed(
+            f"writing {option} {path!r} failed: {e.strerror or e}; {fix[0].lower()}{fix[1:]}, or write it elsewhere"
+        ) from None
 
 
 # --- Reading and writing a store's JSON metadata: bounded parsing, zarr group documents, the typed records.
 
-__all__ = ["MAX_DEPTH", "MAX_RECORD_BYTES", "CommitRecord", "HealthStats", "UnitInfo", "VariantRecord",
-           "WriterInfo", "convert_strict", "group_json", "parse_json"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_RECORD_BYTES",
+    "CommitRecord",
+    "HealthStats",
+    "UnitInfo",
+    "VariantRecord",
+    "WriterInfo",
+    "convert_strict",
+    "group_json",
+    "parse_json",
+]
 
 # the largest metadata file hsstore writes is a commit record: ~50 bytes per sample, so a unit of
 # 100,000 short samples is ~5 MB; 64 MiB leaves room and still bounds what a reader takes in

@@ -71,14 +71,17 @@ def _is_debris(info: UnitInfo | None, grace_seconds: float, force: bool) -> bool
     return alive is None and age > grace_seconds
 
 
-def collect_garbage(store: Store, grace_seconds: float = layout.UNIT_GRACE_SECONDS, force: bool = False,
-                    dry_run: bool = False) -> GcReport:
+def collect_garbage(
+    store: Store, grace_seconds: float = layout.UNIT_GRACE_SECONDS, force: bool = False, dry_run: bool = False
+) -> GcReport:
     """Delete uncommitted units whose writer is dead (this host) or older than ``grace_seconds``, and old
     temporary files. ``force`` deletes every uncommitted unit whose lease is free (on a local disk a running
     writer's unit is kept even so); on an object store, use it only when no writer runs anywhere."""
     if not (isinstance(grace_seconds, (int, float)) and math.isfinite(grace_seconds) and grace_seconds >= 0):
-        raise BadInput(f"--grace {grace_seconds}: must be a number of seconds >= 0 (a shorter grace can remove a "
-                       "running writer's unit; use --force when no writer runs)")
+        raise BadInput(
+            f"--grace {grace_seconds}: must be a number of seconds >= 0 (a shorter grace can remove a "
+            "running writer's unit; use --force when no writer runs)"
+        )
     io = store.io
     out = _Tally()
     for vid in io.list_dir(layout.variants_dir()):
@@ -99,12 +102,16 @@ def collect_garbage(store: Store, grace_seconds: float = layout.UNIT_GRACE_SECON
             finally:
                 lease.release()
             out.removed_files += 1
-    return GcReport(removed_units=out.removed_units, removed_files=out.removed_files,
-                    kept_in_progress=out.kept_in_progress, skipped=out.skipped, dry_run=dry_run)
+    return GcReport(
+        removed_units=out.removed_units,
+        removed_files=out.removed_files,
+        kept_in_progress=out.kept_in_progress,
+        skipped=out.skipped,
+        dry_run=dry_run,
+    )
 
 
-def _collect_variant(io: Backend, vid: str, grace_seconds: float, force: bool, dry_run: bool,
-                     out: _Tally) -> None:
+def _collect_variant(io: Backend, vid: str, grace_seconds: float, force: bool, dry_run: bool, out: _Tally) -> None:
     keep = commits.scan(io, vid).protected
     for uid in io.list_dir(layout.units_dir(vid)):
         if uid == layout.META or not layout.is_name(uid) or uid in keep:
@@ -122,8 +129,13 @@ def _collect_variant(io: Backend, vid: str, grace_seconds: float, force: bool, d
             files = io.list(prefix + "/")
             foreign = [k for k in files if layout.parse_key(k).kind not in ("unit-file", "temp")]
             if foreign:  # gc removes only what a writer of this store writes (not, say, a store put here)
-                out.skipped.append(Skipped(what=f"unit {vid}/{uid}", why=f"it holds {len(foreign)} file(s) hsstore "
-                                           f"does not write there, first {foreign[0]}; move them out, then re-run gc"))
+                out.skipped.append(
+                    Skipped(
+                        what=f"unit {vid}/{uid}",
+                        why=f"it holds {len(foreign)} file(s) hsstore "
+                        f"does not write there, first {foreign[0]}; move them out, then re-run gc",
+                    )
+                )
                 continue
             out.removed_files += len(files) if dry_run else io.remove_tree(prefix)
         except (CorruptData, OSError) as e:

@@ -36,14 +36,23 @@ def record_audit(store: Store, vid: str, report: CheckReport) -> AuditSummary:
     the time."""
     stamp = _dt.datetime.now(_dt.UTC)
     restatement = or_none(report.restatement)
-    rec = AuditSummary(kind="audit", audited_at=stamp.isoformat(timespec="seconds"), model=report.model,
-                       model_fingerprint=report.model_fingerprint, samples=report.samples,
-                       population=or_none(report.population), verdict=report.verdict,
-                       verdict_kind=report.verdict_kind, defects=report.defects,
-                       defective_samples=or_none(report.defective_samples),
-                       defect_rate_upper=or_none(report.defect_rate_upper), bound=or_none(report.bound),
-                       recompute=or_none(report.recompute), assumed=report.assumed,
-                       restatement=None if restatement is None else restatement.to_dict())
+    rec = AuditSummary(
+        kind="audit",
+        audited_at=stamp.isoformat(timespec="seconds"),
+        model=report.model,
+        model_fingerprint=report.model_fingerprint,
+        samples=report.samples,
+        population=or_none(report.population),
+        verdict=report.verdict,
+        verdict_kind=report.verdict_kind,
+        defects=report.defects,
+        defective_samples=or_none(report.defective_samples),
+        defect_rate_upper=or_none(report.defect_rate_upper),
+        bound=or_none(report.bound),
+        recompute=or_none(report.recompute),
+        assumed=report.assumed,
+        restatement=None if restatement is None else restatement.to_dict(),
+    )
     name = f"{PREFIX}{stamp.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
     store.io.put_atomic(layout.build_key(vid, name), json.dumps(rec.to_dict(), sort_keys=True).encode())
     return rec
@@ -66,8 +75,7 @@ def audits(store: StoreLike, vid: str) -> list[AuditSummary]:
 
 def audit_line(a: AuditSummary) -> str:
     """One audit record in words: when, against which model, what it found and what that bounds."""
-    return (f"audited {a.audited_at} against {a.model} ({str(a.model_fingerprint)[:16]}): {a.verdict}; "
-            f"{a.bound}")
+    return f"audited {a.audited_at} against {a.model} ({str(a.model_fingerprint)[:16]}): {a.verdict}; {a.bound}"
 
 
 def import_gaps(store: StoreLike, vid: str) -> list[str]:
@@ -86,9 +94,11 @@ def import_gaps(store: StoreLike, vid: str) -> list[str]:
             continue
         bad, missing = int(rec.get("n_skipped_bad", 0)), int(rec.get("n_missing", 0))
         if bad or missing:
-            out.append(f"the import of {rec.get('path')} ({rec.get('finished_at')}) left out {bad} file(s) it could not "
-                       f"read or whose states do not line up with their tokens (--skip-bad) and {missing} row(s) "
-                       "without a states file: they are not in this variant, so this audit cannot judge them")
+            out.append(
+                f"the import of {rec.get('path')} ({rec.get('finished_at')}) left out {bad} file(s) it could not "
+                f"read or whose states do not line up with their tokens (--skip-bad) and {missing} row(s) "
+                "without a states file: they are not in this variant, so this audit cannot judge them"
+            )
     return out
 
 
@@ -97,13 +107,21 @@ def store_info(store: Store) -> StoreInfo:
     readers = [store.reader(vid) for vid in store.variant_ids()]
     provs = {r.id: r.record.provenance for r in readers}
     apart, labels = Apart(provs), store.labels()
-    variants = [variant_info(store, r, dict(apart.fewest(r.id) or [])).replace(
-        label=labels.get(r.id), selector=apart.selector(r.id, labels), model=model_name(provs[r.id])) for r in readers]
+    variants = [
+        variant_info(store, r, dict(apart.fewest(r.id) or [])).replace(
+            label=labels.get(r.id), selector=apart.selector(r.id, labels), model=model_name(provs[r.id])
+        )
+        for r in readers
+    ]
     models = _models(provs)
     order = {vid: i for i, g in enumerate(models) for vid in g.variants}
-    return StoreInfo(format_version=store.format_version, location=store.location,
-                     variants=sorted(variants, key=lambda v: order[v.id]), models=models,
-                     generations=generations(store))
+    return StoreInfo(
+        format_version=store.format_version,
+        location=store.location,
+        variants=sorted(variants, key=lambda v: order[v.id]),
+        models=models,
+        generations=generations(store),
+    )
 
 
 def _models(provs: dict[str, dict[str, Any]]) -> list[ModelGroup]:
@@ -114,8 +132,11 @@ def _models(provs: dict[str, dict[str, Any]]) -> list[ModelGroup]:
     for vid, p in sorted(provs.items(), key=lambda kv: not identified(kv[1])):
         fits = [g for g in groups if same_model(g[0], p)]
         known = [g for g in fits if identified(g[0])]
-        group = (fits[0] if fits else None) if identified(p) else (
-            known[0] if len(known) == 1 else next((g for g in fits if not identified(g[0])), None))
+        group = (
+            (fits[0] if fits else None)
+            if identified(p)
+            else (known[0] if len(known) == 1 else next((g for g in fits if not identified(g[0])), None))
+        )
         if group is None:
             groups.append((p, [vid]))
         else:
@@ -140,12 +161,19 @@ def generations(store: Store) -> list[GenerationSummary]:
         finish: dict[str, int] = {}
         for r in recs:
             finish[r["finish_reason"]] = finish.get(r["finish_reason"], 0) + 1
-        out.append(GenerationSummary(
-            build_id=build_id, replies=len(recs), reused=sum(r.get("generated_by") != build_id for r in recs),
-            dropped=sum(r.get("sample_key") is None for r in recs), finish=finish,
-            prompt_tokens=sum(r["prompt_tokens"] for r in recs), reply_tokens=sum(r["reply_tokens"] for r in recs),
-            engines=sorted({f"{r['engine']} {r['engine_version']}" for r in recs}),
-            kernels=sorted({kernel_set(r.get("kernels")) for r in recs})))
+        out.append(
+            GenerationSummary(
+                build_id=build_id,
+                replies=len(recs),
+                reused=sum(r.get("generated_by") != build_id for r in recs),
+                dropped=sum(r.get("sample_key") is None for r in recs),
+                finish=finish,
+                prompt_tokens=sum(r["prompt_tokens"] for r in recs),
+                reply_tokens=sum(r["reply_tokens"] for r in recs),
+                engines=sorted({f"{r['engine']} {r['engine_version']}" for r in recs}),
+                kernels=sorted({kernel_set(r.get("kernels")) for r in recs}),
+            )
+        )
     return out
 
 
@@ -162,11 +190,22 @@ def variant_info(store: Store, r: VariantReader, distinguished_by: dict[str, str
         report = storage_report(store, vid)  # (None only for a variant stored as computed: not this one)
         storage = UNSET if report is None else report
     return VariantInfo(
-        id=vid, provenance=rec.provenance, distinguished_by=distinguished_by, n_samples=len(r.refs),
-        n_tokens=r.n_tokens, n_units=len(r.commits), bytes=files, raw_state_bytes=raw,
-        compression_ratio=(raw / files) if files else None, codec=rec.codec, dtype=rec.dtype,
-        hidden_size=rec.hidden_size, layers=rec.layers, health={str(k): summary(v) for k, v in r.stats().items()},
-        unreadable_commits=len(r.bad_commits), precision=rec.stored_precision,
+        id=vid,
+        provenance=rec.provenance,
+        distinguished_by=distinguished_by,
+        n_samples=len(r.refs),
+        n_tokens=r.n_tokens,
+        n_units=len(r.commits),
+        bytes=files,
+        raw_state_bytes=raw,
+        compression_ratio=(raw / files) if files else None,
+        codec=rec.codec,
+        dtype=rec.dtype,
+        hidden_size=rec.hidden_size,
+        layers=rec.layers,
+        health={str(k): summary(v) for k, v in r.stats().items()},
+        unreadable_commits=len(r.bad_commits),
+        precision=rec.stored_precision,
         audits=audits(store, vid),  # hsstore import --audit N: when, against what, what it found
         storage=storage,
     )

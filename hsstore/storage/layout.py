@@ -155,6 +155,7 @@ def models_prefix() -> str:
 def model_key(name: str) -> str:
     return f"{models_prefix()}{check_name(name, 'model record name')}.json"
 
+
 def generations_key(build_id: str, config: str, n: int) -> str:
     """The ``n``-th batch of replies a regenerating build generated under configuration ``config``."""
     return f"{lineage_prefix(build_id)}gen-{config[:16]}-{int(n)}.jsonl"
@@ -228,8 +229,12 @@ def parse_key(key: str) -> Key:
         return Key("variant-meta", vid)
     if rest == ["units", META]:
         return Key("units-meta", vid)
-    if len(rest) == 2 and rest[0] in ("commits", "builds", "quarantine") and rest[1].endswith(".json") \
-            and is_name(rest[1][:-5]):
+    if (
+        len(rest) == 2
+        and rest[0] in ("commits", "builds", "quarantine")
+        and rest[1].endswith(".json")
+        and is_name(rest[1][:-5])
+    ):
         kind = {"commits": "commit", "builds": "build", "quarantine": "quarantine"}[rest[0]]
         return Key(kind, vid, rest[1][:-5] if kind != "build" else None)
     if len(rest) >= 3 and rest[0] == "units" and is_name(rest[1]) and _is_unit_file(rest[2:]):
@@ -239,10 +244,22 @@ def parse_key(key: str) -> Key:
 
 def _examples() -> list[str]:
     """One key of every kind the format has (placeholder names)."""
-    return [root_meta(), variants_meta(), variant_meta("v"), units_meta("v"), commit_key("v", "u"), quarantine_key("v", "u"),
-            build_key("v", "b"), lineage_record_key("b", 0, "start"), lineage_rows_key("b"), label_key(0), model_key("m"),
-            generations_key("b", "0" * 16, 0), ledger_key("b"),
-            *(unit_key("v", "u", rel) for rel in unit_files([0], quantized=True))]
+    return [
+        root_meta(),
+        variants_meta(),
+        variant_meta("v"),
+        units_meta("v"),
+        commit_key("v", "u"),
+        quarantine_key("v", "u"),
+        build_key("v", "b"),
+        lineage_record_key("b", 0, "start"),
+        lineage_rows_key("b"),
+        label_key(0),
+        model_key("m"),
+        generations_key("b", "0" * 16, 0),
+        ledger_key("b"),
+        *(unit_key("v", "u", rel) for rel in unit_files([0], quantized=True)),
+    ]
 
 
 def is_dir_key(key: str) -> bool:
@@ -250,7 +267,7 @@ def is_dir_key(key: str) -> bool:
     is a key ``parse_key`` knows."""
     parts = key.split("/")
     for example in _examples():
-        tail = example.split("/")[len(parts):]
+        tail = example.split("/")[len(parts) :]
         if tail and parse_key("/".join(parts + tail)).kind not in ("unknown", "temp"):
             return True
     return False

@@ -52,8 +52,9 @@ def claim(units_fd: int, uid: str, record_name: str, data: bytes, tmp_prefix: st
     try:
         dfd = os.open(tmp, _DIR_FLAGS, dir_fd=units_fd)
         try:
-            fd = os.open(record_name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                         dir_fd=dfd)
+            fd = os.open(
+                record_name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd
+            )
             fcntl.flock(fd, fcntl.LOCK_EX)
             write_all(fd, [data])
             os.fsync(fd)
@@ -168,4 +169,3 @@ def share_folder(path: str) -> Lease | None:
     except OSError:
         return Lease()
     return _try_flock(fd, fcntl.LOCK_SH)
-

@@ -136,8 +136,9 @@ class LocalBackend(Backend):
     def _put_via_temp(self, key: str, data: bytes, replace: bool) -> bool:
         """An fsync'd temporary file, then renamed over (``replace``) or linked to (if absent) ``key``."""
         head, _, name = key.rpartition("/")
-        return self._in_dir(key, head, lambda dfd: install_file(dfd, name, [data], f"{TMP_PREFIX}{uuid.uuid4().hex}",
-                                                                 replace))
+        return self._in_dir(
+            key, head, lambda dfd: install_file(dfd, name, [data], f"{TMP_PREFIX}{uuid.uuid4().hex}", replace)
+        )
 
     def claim(self, key: str, data: bytes) -> leases.Lease | None:
         head, _, name = key.rpartition("/")
@@ -172,8 +173,11 @@ class LocalBackend(Backend):
     def list(self, prefix: str) -> builtins.list[str]:
         base = prefix.rstrip("/")
         with reading(base):
-            return sorted(k for k, st in walk(self.root, base)
-                          if not stat.S_ISDIR(st.st_mode) and not k.rsplit("/", 1)[-1].startswith(TMP_PREFIX))
+            return sorted(
+                k
+                for k, st in walk(self.root, base)
+                if not stat.S_ISDIR(st.st_mode) and not k.rsplit("/", 1)[-1].startswith(TMP_PREFIX)
+            )
 
     def list_dir(self, prefix: str) -> builtins.list[str]:
         with reading(prefix):
@@ -223,9 +227,12 @@ class LocalBackend(Backend):
 
     def temp_files(self) -> builtins.list[tuple[str, float]]:
         now = time.time()
-        return [(k, now - st.st_mtime) for k, st in walk(self.root)
-                if k.rsplit("/", 1)[-1].startswith(TMP_PREFIX)
-                and (stat.S_ISREG(st.st_mode) or (stat.S_ISDIR(st.st_mode) and _is_claim_folder(k)))]
+        return [
+            (k, now - st.st_mtime)
+            for k, st in walk(self.root)
+            if k.rsplit("/", 1)[-1].startswith(TMP_PREFIX)
+            and (stat.S_ISREG(st.st_mode) or (stat.S_ISDIR(st.st_mode) and _is_claim_folder(k)))
+        ]
 
 
 # --- Local filesystem access that never follows a symlink, never leaves the store's root, never blocks.
@@ -254,10 +261,14 @@ def reading(key: str) -> Iterator[None]:
 
 # each kind of entry: (its test, its name in Entry.kind, how an error names it)
 _KINDS: tuple[tuple[Callable[[int], bool], EntryKind, str], ...] = (
-    (stat.S_ISREG, "file", "a regular file"), (stat.S_ISDIR, "dir", "a directory"),
-    (stat.S_ISLNK, "symlink", "a symlink"), (stat.S_ISFIFO, "fifo", "a FIFO"),
-    (stat.S_ISSOCK, "socket", "a socket"), (stat.S_ISCHR, "device", "a character device"),
-    (stat.S_ISBLK, "device", "a block device"))
+    (stat.S_ISREG, "file", "a regular file"),
+    (stat.S_ISDIR, "dir", "a directory"),
+    (stat.S_ISLNK, "symlink", "a symlink"),
+    (stat.S_ISFIFO, "fifo", "a FIFO"),
+    (stat.S_ISSOCK, "socket", "a socket"),
+    (stat.S_ISCHR, "device", "a character device"),
+    (stat.S_ISBLK, "device", "a block device"),
+)
 
 
 def _kind(mode: int) -> str:

@@ -34,8 +34,10 @@ def another_model_allowed(by: str | None) -> Iterator[None]:
 def check_label(label: str) -> str:
     """BadInput unless ``label`` can be a variant's label."""
     if not LABEL_PATTERN.match(label):
-        raise BadInput(f"label {label!r} is not a label: use letters, digits, '_', '-' and '.' (at most 64, "
-                       "starting with a letter or digit), e.g. sdpa-bf16")
+        raise BadInput(
+            f"label {label!r} is not a label: use letters, digits, '_', '-' and '.' (at most 64, "
+            "starting with a letter or digit), e.g. sdpa-bf16"
+        )
     return label
 
 
@@ -43,7 +45,6 @@ def _now() -> str:
     import datetime
 
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-
 
 
 def label_records(store: Store) -> list[tuple[int, LabelRecord]]:
@@ -56,6 +57,7 @@ def label_records(store: Store) -> list[tuple[int, LabelRecord]]:
             out.append((layout.label_number(key), LabelRecord.from_json(raw, f"label record {key}", CorruptData)))
     return out
 
+
 def labels(store: Store, records: list[tuple[int, LabelRecord]] | None = None) -> dict[str, str]:
     """Variant id -> its label (the label records replayed: a later one moves or replaces a label)."""
     out: dict[str, str] = {}
@@ -63,6 +65,7 @@ def labels(store: Store, records: list[tuple[int, LabelRecord]] | None = None) -
         out = {v: lab for v, lab in out.items() if lab != rec.label}
         out[rec.variant] = rec.label
     return out
+
 
 def check_label_free(store: Store, vid: str | None, label: str, held: Mapping[str, str] | None = None) -> bool:
     """Whether variant ``vid`` (None: one not made yet) already holds ``label``; BadInput if it is not a label,
@@ -73,12 +76,16 @@ def check_label_free(store: Store, vid: str | None, label: str, held: Mapping[st
     if holder == vid:
         return True
     if holder is not None:
-        raise BadInput(f"label {label!r} already names variant {holder} in {store.location}; choose another "
-                       f"label, or first rename that one: hsstore label '{store.location}#label={label}' NEW")
+        raise BadInput(
+            f"label {label!r} already names variant {holder} in {store.location}; choose another "
+            f"label, or first rename that one: hsstore label '{store.location}#label={label}' NEW"
+        )
     prefixed = sorted(v for v in store.variant_ids() if v != vid and v.startswith(label))
     if prefixed:
-        raise BadInput(f"label {label!r} reads as a prefix of variant {prefixed[0]}'s id in {store.location}: "
-                       f"#{label} would name two variants; choose a label with a letter past 'f' (e.g. v{label})")
+        raise BadInput(
+            f"label {label!r} reads as a prefix of variant {prefixed[0]}'s id in {store.location}: "
+            f"#{label} would name two variants; choose a label with a letter past 'f' (e.g. v{label})"
+        )
     return False
 
 
@@ -97,6 +104,7 @@ def set_label(store: Store, vid: str, label: str, by: str) -> str | None:
             return rec.previous
     raise HsstoreError(f"could not record label {label!r}: label records keep changing; re-run the command")
 
+
 def check_model(store: Store, provenance: Mapping[str, Any], what: str = "this variant") -> None:
     """BadInput (one line naming both models and the option) if ``provenance`` is of another model than
     the store's variants, unless the model was let in (a model record) or the caller allows it
@@ -105,7 +113,9 @@ def check_model(store: Store, provenance: Mapping[str, Any], what: str = "this v
     known = [p for p in held.values() if identified(p)]
     # a variant known by its shape only (an import given no model) vouches for no model: once the store holds
     # a known one, a model of the same shape must be that one (or be let in)
-    if not held or any(same_model(p, provenance) for p in (known if known and identified(provenance) else held.values())):
+    if not held or any(
+        same_model(p, provenance) for p in (known if known and identified(provenance) else held.values())
+    ):
         return
     name = _model_record_name(provenance)
     if store.io.exists(layout.model_key(name)):
@@ -113,17 +123,24 @@ def check_model(store: Store, provenance: Mapping[str, Any], what: str = "this v
     others = sorted({model_name(p) for p in known or held.values()})
     by = _ANOTHER_MODEL.get()
     if by is None:
-        raise BadInput(f"{store.location} holds states of {', '.join(others)}; {what} is of another model, "
-                       f"{model_name(provenance)}: one store holds one model unless asked — pass --another-model "
-                       "(a manifest: [build] another_model = true) to keep both, or choose another --store")
-    rec = ModelRecord(name=model_name(provenance), fingerprint=model_fingerprint(provenance), beside=others,
-                      at=_now(), by=by)
+        raise BadInput(
+            f"{store.location} holds states of {', '.join(others)}; {what} is of another model, "
+            f"{model_name(provenance)}: one store holds one model unless asked — pass --another-model "
+            "(a manifest: [build] another_model = true) to keep both, or choose another --store"
+        )
+    rec = ModelRecord(
+        name=model_name(provenance), fingerprint=model_fingerprint(provenance), beside=others, at=_now(), by=by
+    )
     store.io.put_if_absent(layout.model_key(name), json.dumps(rec.to_dict()).encode())
+
 
 def model_records(store: Store) -> list[ModelRecord]:
     """The models let in beside another (``--another-model``), in no particular order."""
-    return [ModelRecord.from_json(raw, k, CorruptData) for k in store.io.list(layout.models_prefix())
-            if layout.parse_key(k).kind == "model" and (raw := store.io.get(k)) is not None]
+    return [
+        ModelRecord.from_json(raw, k, CorruptData)
+        for k in store.io.list(layout.models_prefix())
+        if layout.parse_key(k).kind == "model" and (raw := store.io.get(k)) is not None
+    ]
 
 
 def _model_record_name(provenance: Mapping[str, Any]) -> str:
@@ -131,8 +148,8 @@ def _model_record_name(provenance: Mapping[str, Any]) -> str:
     from hsstore.core.keys import fingerprint
 
     model = provenance.get("recipe", {}).get("model", {})
-    return model_fingerprint(provenance) or "config-" + fingerprint(
-        {k: model.get(k) for k in ("config_fingerprint", "model_type", "num_layers", "hidden_size")})[:32]
-
-
-
+    return (
+        model_fingerprint(provenance)
+        or "config-"
+        + fingerprint({k: model.get(k) for k in ("config_fingerprint", "model_type", "num_layers", "hidden_size")})[:32]
+    )

@@ -17,14 +17,7 @@ from hsstore.core.keys import sample_key
 from hsstore.core.schema.store_records import CommitRecord, VariantRecord
 from hsstore.storage import commits, layout
 from hsstore.storage.backend import Backend, BufferRange, RangeSource
-from hsstore.storage.sample_table import (
-    Keys,
-    Refs,
-    SampleRef,
-    SampleTable,
-    UnitRecords,
-    unit_part,
-)
+from hsstore.storage.sample_table import Keys, Refs, SampleRef, SampleTable, UnitRecords, unit_part
 from hsstore.storage.shardio import ShardReader, check_declared_bytes
 from hsstore.storage.stats import merge
 
@@ -35,6 +28,7 @@ if TYPE_CHECKING:
 
 
 # --- Running one sample's read tasks: in the calling thread, or shared between it and a thread pool.
+
 
 def run_shared(tasks: list[tuple[Any, ...]], pool: ThreadPoolExecutor | None, threads: int) -> None:
     """Call each ``(function, *args)``; with a ``pool``, this thread and up to ``threads - 1`` pool threads
@@ -113,6 +107,7 @@ def process_pool(threads: int) -> tuple[ThreadPoolExecutor | None, int]:
 THREAD_MIN_BYTES = 4 << 20
 PIECE_BYTES = 2 << 20  # a large sample's layers are read in tasks of about this much output
 
+
 class StoreLike(Protocol):
     """What a reader needs of its store (hsstore.storage.store.Store)."""
 
@@ -132,6 +127,7 @@ def commit_order(records: Mapping[str, CommitRecord]) -> list[str]:
     could come first), and one writer's units keep its order though its threads commit them out of turn, so a
     build of the same inputs, or a convert of a variant, orders its samples alike; a writer whose clock is behind
     another's may still come before what it follows."""
+
     def writer(uid: str) -> str:
         return uid.rsplit("-", 1)[0]
 
@@ -157,8 +153,10 @@ class VariantReader:
         if units is not None:
             gone = sorted(set(units) - set(parts))
             if gone:
-                raise CorruptData(f"unit {gone[0]} of variant {vid} was committed when this reader's snapshot was "
-                                  f"taken and is not now ({len(gone)} such unit(s)); run `hsstore verify`")
+                raise CorruptData(
+                    f"unit {gone[0]} of variant {vid} was committed when this reader's snapshot was "
+                    f"taken and is not now ({len(gone)} such unit(s)); run `hsstore verify`"
+                )
             parts = {u: parts[u] for u in units}  # in the snapshot's order
         else:
             parts = {u: parts[u] for u in commit_order({u: p.header for u, p in parts.items()})}
@@ -205,8 +203,10 @@ class VariantReader:
 
     def stats(self) -> dict[int, dict[str, float]]:
         """Per-layer additive health stats over all committed units."""
-        return {layer: merge(c.stats[str(layer)].to_dict() for c in self.table.headers if str(layer) in c.stats)
-                for layer in self.record.all_layers}
+        return {
+            layer: merge(c.stats[str(layer)].to_dict() for c in self.table.headers if str(layer) in c.stats)
+            for layer in self.record.all_layers
+        }
 
     def check_corrupt_commits(self) -> None:
         if self.bad_commits:
@@ -243,7 +243,9 @@ class VariantReader:
     def commit_shape_problem(self, c: CommitRecord) -> str | None:
         """Why a committed unit's record does not fit its variant and the format (None if it does)."""
         if c.layers != self.record.all_layers:
-            return f"commit record of unit {c.unit} lists layers {c.layers}, the variant stores {self.record.all_layers}"
+            return (
+                f"commit record of unit {c.unit} lists layers {c.layers}, the variant stores {self.record.all_layers}"
+            )
         want = layout.unit_files(c.layers, quantized=bool(self.record.stored_precision))
         if set(c.files) != want:
             odd = sorted(set(c.files) ^ want)
@@ -260,8 +262,11 @@ class VariantReader:
                 reader = self._shards.get(key)
                 if reader is None:
                     self.check_unit(uid)
-                    reader = ShardReader(self.io, f"{layout.unit_prefix(self.id, uid)}/{name}",
-                                         f"unit {uid} of variant {self.id}, {name}")
+                    reader = ShardReader(
+                        self.io,
+                        f"{layout.unit_prefix(self.id, uid)}/{name}",
+                        f"unit {uid} of variant {self.id}, {name}",
+                    )
                     self._check_geometry(reader, uid, name)
                     self._shards[key] = reader
         return reader
@@ -278,11 +283,20 @@ class VariantReader:
         else:
             want = ((n, rec.hidden_size), STORED[rec.dtype].newbyteorder("<"))
         if (reader.shape, reader.dtype) != want:
-            raise CorruptData(f"unit {uid} of variant {self.id}: {name} is {reader.shape} {reader.dtype}, its commit "
-                              f"and variant record say {want[0]} {want[1]}. Run `hsstore verify`")
+            raise CorruptData(
+                f"unit {uid} of variant {self.id}: {name} is {reader.shape} {reader.dtype}, its commit "
+                f"and variant record say {want[0]} {want[1]}. Run `hsstore verify`"
+            )
 
-    def _slice(self, ref: SampleRef, name: str, out: np.ndarray | None = None, a: int = 0,
-               b: int | None = None, src: BufferRange | None = None) -> np.ndarray:
+    def _slice(
+        self,
+        ref: SampleRef,
+        name: str,
+        out: np.ndarray | None = None,
+        a: int = 0,
+        b: int | None = None,
+        src: BufferRange | None = None,
+    ) -> np.ndarray:
         """Rows ``[a, b)`` of ``ref`` (default: all) of array ``name``, into ``out``, from ``src`` if given."""
         b = ref.length if b is None else b
         try:
@@ -319,8 +333,9 @@ class VariantReader:
                 out.append((shard.src, *span))
         return out
 
-    def read_array(self, ref: SampleRef, name: str, out: np.ndarray | None = None, a: int = 0,
-                   b: int | None = None) -> np.ndarray:
+    def read_array(
+        self, ref: SampleRef, name: str, out: np.ndarray | None = None, a: int = 0, b: int | None = None
+    ) -> np.ndarray:
         """Rows ``[a, b)`` (default: all) of ``ref``'s array ``name``, into ``out`` if given (may be strided)."""
         return self._slice(ref, name, out, a, b)
 
@@ -331,10 +346,15 @@ class VariantReader:
     def quant_error(self) -> dict[int, dict[str, float]]:
         """Per-layer storage error over all committed units of a quantized variant ({} otherwise)."""
         from hsstore.core.quant import merge as merge_errors
+
         if not self.record.stored_precision:
             return {}
-        return {layer: merge_errors(e[str(layer)] for e in (c.storage_errors for c in self.table.headers) if str(layer) in e)
-                for layer in self.record.all_layers}
+        return {
+            layer: merge_errors(
+                e[str(layer)] for e in (c.storage_errors for c in self.table.headers) if str(layer) in e
+            )
+            for layer in self.record.all_layers
+        }
 
     @overload
     def read_stacked(self, ref: SampleRef, layers: list[int], raw: Literal[False] = False) -> torch.Tensor: ...
@@ -347,14 +367,25 @@ class VariantReader:
         return self.read_groups(ref, [layers], raw)[0]
 
     @overload
-    def read_groups(self, ref: SampleRef, groups: list[list[int]], raw: Literal[False] = False,
-                    fetched: Mapping[str, BufferRange] | None = None) -> list[torch.Tensor]: ...
+    def read_groups(
+        self,
+        ref: SampleRef,
+        groups: list[list[int]],
+        raw: Literal[False] = False,
+        fetched: Mapping[str, BufferRange] | None = None,
+    ) -> list[torch.Tensor]: ...
     @overload
-    def read_groups(self, ref: SampleRef, groups: list[list[int]], raw: bool,
-                    fetched: Mapping[str, BufferRange] | None = None) -> list[Stacked]: ...
+    def read_groups(
+        self, ref: SampleRef, groups: list[list[int]], raw: bool, fetched: Mapping[str, BufferRange] | None = None
+    ) -> list[Stacked]: ...
 
-    def read_groups(self, ref: SampleRef, groups: list[list[int]], raw: bool = False,
-                    fetched: Mapping[str, BufferRange] | None = None) -> list[Stacked] | list[torch.Tensor]:
+    def read_groups(
+        self,
+        ref: SampleRef,
+        groups: list[list[int]],
+        raw: bool = False,
+        fetched: Mapping[str, BufferRange] | None = None,
+    ) -> list[Stacked] | list[torch.Tensor]:
         """``read_stacked`` of each group of layers (e.g. aux and target), all layers in one pass: side by side
         on the reader's threads when the sample pays for the hand-offs, else in this thread; ``fetched``:
         array name -> its chunk bytes read ahead (hsstore.read.prefetch_reads; ignored for FP8 variants)."""
@@ -363,6 +394,7 @@ class VariantReader:
         rec = self.record
         if rec.stored_precision:
             from hsstore.storage.tensor_reads import quantized_groups
+
             return quantized_groups(self, ref, groups, raw)
         from hsstore.storage import (
             tensor_reads,  # (torch: imported on the first read of states, not for metadata)
@@ -370,12 +402,16 @@ class VariantReader:
 
         tasks, outs, nbytes = [], [], 0
         for layers in groups:
-            check_declared_bytes(ref.length * len(layers) * rec.hidden_size * STORED[rec.dtype].itemsize, f"sample {ref.key}")
+            check_declared_bytes(
+                ref.length * len(layers) * rec.hidden_size * STORED[rec.dtype].itemsize, f"sample {ref.key}"
+            )
             buf, tensor = tensor_reads.empty((ref.length, len(layers), rec.hidden_size), STORED[rec.dtype])
             for j, layer in enumerate(layers):
                 name = layout.layer_array(layer)
-                tasks += [(self._slice, ref, name, buf[a:b, j], a, b, (fetched or {}).get(name))
-                          for a, b in self.pieces(ref, name, buf.strides[1])]
+                tasks += [
+                    (self._slice, ref, name, buf[a:b, j], a, b, (fetched or {}).get(name))
+                    for a, b in self.pieces(ref, name, buf.strides[1])
+                ]
             outs.append(tensor)
             nbytes += buf.nbytes
         self.run_tasks(tasks, nbytes)

@@ -18,14 +18,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import FsspecStore
 
-from hsstore.core.errors import (
-    CorruptData,
-    HsstoreError,
-    StoreGone,
-    StoreUnreachable,
-    WriteFailed,
-    write_cause,
-)
+from hsstore.core.errors import CorruptData, HsstoreError, StoreGone, StoreUnreachable, WriteFailed, write_cause
 from hsstore.storage.backend import Backend, Entry, RangeSource
 from hsstore.storage.fileio import MAX_RECORD_BYTES, Written, digest
 from hsstore.storage.layout import TMP_PREFIX
@@ -38,14 +31,40 @@ T = TypeVar("T")
 ATTEMPTS = 4  # tries of one request that fails on the network (botocore is told to try once: see _client_options)
 BACKOFF_SECONDS = 0.25  # before the second try; doubled before each further one
 # clients' names for a connection that failed, dropped or timed out (aiohttp, botocore, urllib3, requests)
-_NETWORK_NAMES = frozenset({
-    "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
-    "ClientConnectorError", "ClientConnectionError", "ServerDisconnectedError", "ClientOSError",
-    "ClientPayloadError", "ServerTimeoutError", "ProxyConnectionError", "IncompleteRead", "ProtocolError",
-    "ConnectionError", "Timeout", "ReadTimeout", "ConnectTimeout", "ResponseStreamingError",
-})
-_NETWORK_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.ETIMEDOUT,
-                             errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ENETDOWN, errno.EPIPE})
+_NETWORK_NAMES = frozenset(
+    {
+        "EndpointConnectionError",
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
+        "ConnectionClosedError",
+        "ClientConnectorError",
+        "ClientConnectionError",
+        "ServerDisconnectedError",
+        "ClientOSError",
+        "ClientPayloadError",
+        "ServerTimeoutError",
+        "ProxyConnectionError",
+        "IncompleteRead",
+        "ProtocolError",
+        "ConnectionError",
+        "Timeout",
+        "ReadTimeout",
+        "ConnectTimeout",
+        "ResponseStreamingError",
+    }
+)
+_NETWORK_ERRNOS = frozenset(
+    {
+        errno.ECONNREFUSED,
+        errno.ECONNRESET,
+        errno.ECONNABORTED,
+        errno.ETIMEDOUT,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+        errno.ENETDOWN,
+        errno.EPIPE,
+    }
+)
 
 
 def is_network_error(e: BaseException) -> bool:
@@ -64,8 +83,10 @@ def is_network_error(e: BaseException) -> bool:
 
 def unreachable(what: str, location: str, e: BaseException) -> StoreUnreachable:
     first = (str(e).strip().splitlines() or [""])[0][:200]
-    return StoreUnreachable(f"{location} did not answer {what} after {ATTEMPTS} tries ({type(e).__name__}: {first}); "
-                            "the data is not known to be damaged — check the network or the server and re-run")
+    return StoreUnreachable(
+        f"{location} did not answer {what} after {ATTEMPTS} tries ({type(e).__name__}: {first}); "
+        "the data is not known to be damaged — check the network or the server and re-run"
+    )
 
 
 def with_retries(fn: Callable[[], T], what: str, location: str) -> T:
@@ -75,8 +96,10 @@ def with_retries(fn: Callable[[], T], what: str, location: str) -> T:
             return fn()
         except FileNotFoundError as e:
             if write_cause(e) == "no_bucket":  # the bucket, not a key, is missing: no key can be read or written
-                raise StoreGone(f"{what} in {location} failed: its bucket does not exist (deleted, or a typo in the "
-                                "URL); create the bucket or choose another store, then re-run") from None
+                raise StoreGone(
+                    f"{what} in {location} failed: its bucket does not exist (deleted, or a typo in the "
+                    "URL); create the bucket or choose another store, then re-run"
+                ) from None
             raise
         except HsstoreError:
             raise
@@ -85,7 +108,7 @@ def with_retries(fn: Callable[[], T], what: str, location: str) -> T:
                 raise
             if attempt + 1 == ATTEMPTS:
                 raise unreachable(what, location, e) from None
-            time.sleep(BACKOFF_SECONDS * 2 ** attempt)
+            time.sleep(BACKOFF_SECONDS * 2**attempt)
     raise AssertionError("unreachable")
 
 
@@ -115,6 +138,7 @@ class ZarrRange(RangeSource):
     """Ranged GETs of one object."""
 
     coalesce = True
+
     def __init__(self, backend: ZarrBackend, key: str, size: int) -> None:
         self.backend, self.key, self.size = backend, key, size
 
@@ -135,7 +159,9 @@ class ZarrBackend(Backend):
     def from_url(cls, url: str, read_only: bool) -> ZarrBackend:
         # no listing cache: with several writers a cached listing hides their commits
         try:
-            zstore = FsspecStore.from_url(url, read_only=read_only, storage_options={"use_listings_cache": False, **_client_options(url)})
+            zstore = FsspecStore.from_url(
+                url, read_only=read_only, storage_options={"use_listings_cache": False, **_client_options(url)}
+            )
         except TypeError:  # a filesystem that takes no such option (e.g. memory://)
             zstore = FsspecStore.from_url(url, read_only=read_only)
         return cls(zstore, url)
@@ -149,8 +175,11 @@ class ZarrBackend(Backend):
 
     def get_range(self, key: str, offset: int, n: int) -> bytes | None:
         def get() -> ZarrBuffer | None:
-            return sync(self.zstore.get(key, prototype=default_buffer_prototype(),
-                                        byte_range=RangeByteRequest(offset, offset + n)))
+            return sync(
+                self.zstore.get(
+                    key, prototype=default_buffer_prototype(), byte_range=RangeByteRequest(offset, offset + n)
+                )
+            )
 
         with reading(key, self.location):
             buf = with_retries(get, f"reading {key}", self.location)
@@ -160,8 +189,11 @@ class ZarrBackend(Backend):
         want = digest(parts)
         data = b"".join(p if isinstance(p, bytes) else bytes(p) for p in parts)
         try:  # a PUT of the same bytes is idempotent: retried like a read while the network fails
-            with_retries(lambda: sync(self.zstore.set(key, default_buffer_prototype().buffer.from_bytes(data))),
-                         f"writing {key}", self.location)
+            with_retries(
+                lambda: sync(self.zstore.set(key, default_buffer_prototype().buffer.from_bytes(data))),
+                f"writing {key}",
+                self.location,
+            )
             got = self.size(key)
         except StoreUnreachable:
             raise

@@ -190,14 +190,17 @@ class SampleTable:
 
     def unit_tokens(self, uid: str) -> int:
         u = self.uid_index[uid]
-        return int(self.spans[self.starts[u]: self.starts[u + 1], 1].sum())
+        return int(self.spans[self.starts[u] : self.starts[u + 1], 1].sum())
 
     def unit_refs(self, uid: str) -> list[SampleRef]:
         """The served samples of unit ``uid``, in record order."""
         u = self.uid_index[uid]
         a, b = int(self.starts[u]), int(self.starts[u + 1])
-        flat = range(a, b) if self.served is None else self.served[np.searchsorted(self.served, a):
-                                                                    np.searchsorted(self.served, b)].tolist()
+        flat = (
+            range(a, b)
+            if self.served is None
+            else self.served[np.searchsorted(self.served, a) : np.searchsorted(self.served, b)].tolist()
+        )
         return [self._ref(x) for x in flat]
 
     def record(self, uid: str) -> CommitRecord:
@@ -231,7 +234,7 @@ class Keys(Sequence[str]):
     def __iter__(self) -> Iterator[str]:
         flat, keys = self.table.served_flat(), self.table.all_keys
         for a in range(0, len(flat), 1 << 16):
-            for k in keys[flat[a: a + (1 << 16)]].tolist():
+            for k in keys[flat[a : a + (1 << 16)]].tolist():
                 yield k if isinstance(k, str) else k.decode("ascii")
 
     def __contains__(self, key: object) -> bool:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 # --- Memory the shard reader reuses: a per-thread scratch buffer for chunk bytes, and recently decoded
 
+
 class Scratch:
     """A growable byte buffer one thread reuses for every chunk it reads (no allocation per chunk)."""
 
@@ -166,8 +167,9 @@ def encode_shard(data: np.ndarray, chunk_rows: int, codec: str) -> list[Buffer]:
     return parts
 
 
-def array_metadata(shape: tuple[int, ...], chunk_rows: int, dtype: np.dtype, codec: str,
-                   attributes: dict[str, Any]) -> bytes:
+def array_metadata(
+    shape: tuple[int, ...], chunk_rows: int, dtype: np.dtype, codec: str, attributes: dict[str, Any]
+) -> bytes:
     """The ``zarr.json`` zarr-python writes for a single-shard array of ``shape`` (rendered in memory by
     zarr itself, so it is the metadata of whichever zarr version is installed; zarr is imported here, on
     the write path only)."""
@@ -179,8 +181,16 @@ def array_metadata(shape: tuple[int, ...], chunk_rows: int, dtype: np.dtype, cod
     mem = MemoryStore()
     shard = -(-shape[0] // chunk_rows) * chunk_rows
     zarr.create_array(
-        mem, name="a", shape=shape, chunks=(chunk_rows, *shape[1:]), shards=(shard, *shape[1:]), dtype=dtype,
-        compressors=compressors(codec), fill_value=0, config={"write_empty_chunks": True}, attributes=attributes,
+        mem,
+        name="a",
+        shape=shape,
+        chunks=(chunk_rows, *shape[1:]),
+        shards=(shard, *shape[1:]),
+        dtype=dtype,
+        compressors=compressors(codec),
+        fill_value=0,
+        config={"write_empty_chunks": True},
+        attributes=attributes,
     )
     written = sync(mem.get(layout.array_files("a", len(shape))[0], prototype=default_buffer_prototype()))
     if written is None:
@@ -213,8 +223,15 @@ def array_layout(raw: bytes, what: str) -> ArrayLayout:
     """The layout of the array whose ``zarr.json`` is ``raw``; CorruptData for anything hsstore never writes."""
     meta = convert_strict(parse_json(raw, what), ArrayMeta, what)
     shape, grid = meta.shape, meta.chunk_grid.configuration.chunk_shape
-    if meta.node_type != "array" or meta.zarr_format != 3 or not 1 <= len(shape) <= 2 or shape[0] < 1 \
-            or min(shape) < 1 or meta.data_type not in DATA_TYPES or len(grid) != len(shape):
+    if (
+        meta.node_type != "array"
+        or meta.zarr_format != 3
+        or not 1 <= len(shape) <= 2
+        or shape[0] < 1
+        or min(shape) < 1
+        or meta.data_type not in DATA_TYPES
+        or len(grid) != len(shape)
+    ):
         raise CorruptData(f"{what}: not an array hsstore writes (shape {shape}, {meta.data_type})")
     dtype = np.dtype(meta.data_type).newbyteorder("<")
     if len(meta.codecs) == 1 and meta.codecs[0].name == "sharding_indexed":
@@ -222,8 +239,15 @@ def array_layout(raw: bytes, what: str) -> ArrayLayout:
         middle, index = _middle(cfg.codecs), _middle(cfg.index_codecs)
         codec = codec_of(middle) if middle is not None else None
         rows = cfg.chunk_shape[0] if cfg.chunk_shape else 0
-        if codec and index == [] and cfg.index_location == "end" and grid[0] >= shape[0] and rows >= 1 \
-                and grid[1:] == shape[1:] and cfg.chunk_shape[1:] == shape[1:]:
+        if (
+            codec
+            and index == []
+            and cfg.index_location == "end"
+            and grid[0] >= shape[0]
+            and rows >= 1
+            and grid[1:] == shape[1:]
+            and cfg.chunk_shape[1:] == shape[1:]
+        ):
             return ArrayLayout(tuple(shape), dtype, rows, codec, True)
     else:
         middle = _middle(meta.codecs)
@@ -237,8 +261,10 @@ def check_declared_bytes(nbytes: int, what: str) -> None:
     """CorruptData when a store's records declare more bytes than this machine has memory (a sample of 10^10
     tokens, a chunk of 10^9 rows): damaged or forged records, refused before anything is allocated."""
     if nbytes > physical_memory():
-        raise CorruptData(f"{what} declares {byte_size(nbytes)}, more than this machine's {byte_size(physical_memory())} "
-                          "of memory: its records are damaged or forged (hsstore writes no such thing). Run `hsstore verify`")
+        raise CorruptData(
+            f"{what} declares {byte_size(nbytes)}, more than this machine's {byte_size(physical_memory())} "
+            "of memory: its records are damaged or forged (hsstore writes no such thing). Run `hsstore verify`"
+        )
 
 
 class ShardReader:
@@ -328,8 +354,12 @@ class ShardReader:
     def _read_in_place(self, src: RangeSource, dest: np.ndarray, k: int, off: int, nbytes: int, whole: bool) -> bool:
         """An uncompressed whole chunk read straight into a contiguous ``dest`` (one ``preadv``)."""
         row_bytes = self.row_width * self.dtype.itemsize
-        if self.comp is not None or not whole or not dest.flags.c_contiguous \
-                or nbytes != self.chunk_rows * row_bytes + 4:
+        if (
+            self.comp is not None
+            or not whole
+            or not dest.flags.c_contiguous
+            or nbytes != self.chunk_rows * row_bytes + 4
+        ):
             return False
         view = dest.data.cast("B")
         tail = bytearray(4)
@@ -354,9 +384,13 @@ class ShardReader:
         payload = self._payload(src, k, off, nbytes, buf)
         if self.comp is None:
             if payload.nbytes != self.chunk_rows * self.row_width * self.dtype.itemsize:
-                raise CorruptData(f"{self.what}: chunk {k} holds {payload.nbytes} bytes, not the "
-                                  f"{self.chunk_rows} x {self.row_width} values its metadata declare")
-            dest[...] = np.frombuffer(payload, dtype=self.dtype).reshape(self.chunk_rows, self.row_width)[first : first + rows]
+                raise CorruptData(
+                    f"{self.what}: chunk {k} holds {payload.nbytes} bytes, not the "
+                    f"{self.chunk_rows} x {self.row_width} values its metadata declare"
+                )
+            dest[...] = np.frombuffer(payload, dtype=self.dtype).reshape(self.chunk_rows, self.row_width)[
+                first : first + rows
+            ]
             self.verified.add(k)
             return
         shape = (self.chunk_rows, self.row_width)
@@ -367,7 +401,9 @@ class ShardReader:
         elif keep:  # the chunk holds other samples' rows too: the next read may want them
             chunk = DECODED.buffer(shape, self.dtype)
         else:  # only this read wants it: decoded in this thread's reused (so cache-warm) buffer
-            chunk = np.frombuffer(scratch("decoded").view(shape[0] * shape[1] * self.dtype.itemsize), self.dtype).reshape(shape)
+            chunk = np.frombuffer(
+                scratch("decoded").view(shape[0] * shape[1] * self.dtype.itemsize), self.dtype
+            ).reshape(shape)
         try:
             self.comp.decode(payload, out=chunk)
         except Exception as e:  # noqa: BLE001 - a decoder error on checksummed data is corruption too

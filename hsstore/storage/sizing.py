@@ -26,17 +26,21 @@ CHUNK_OVERHEAD = 4 + 16  # per chunk: its crc32c and its shard-index entry
 SHARD_OVERHEAD = 4  # per shard: the index's crc32c
 COMMIT_BYTES_PER_SAMPLE = 60  # a commit record's line per sample (key, offset, length)
 COMMIT_BYTES_PER_LAYER = 400  # ... its health statistics, file sizes and checksums per layer
-DOCS = "docs/benchmarks.md, \"Codecs\" and \"FP8 storage\""
+DOCS = 'docs/benchmarks.md, "Codecs" and "FP8 storage"'
 # (form, codec) -> (raw bytes / stored bytes of the states, where the figure comes from); the low end of
 # what was measured, so the size check errs towards refusing; unmeasured pairs assume no compression
 ASSUMED_RATIOS: dict[tuple[str, str], tuple[float, str]] = {
-    ("bf16", "shuffle-zstd"): (1.42, f"{DOCS}: 1.42-1.48x on bf16 model states "
-                                     "(1.47x in a 27B-shaped build on an H200)"),
+    ("bf16", "shuffle-zstd"): (
+        1.42,
+        f"{DOCS}: 1.42-1.48x on bf16 model states (1.47x in a 27B-shaped build on an H200)",
+    ),
     ("bf16", "zstd"): (1.24, f"{DOCS}: 1.24-1.30x on bf16 model states"),
     ("bf16", "blosc-lz4"): (1.14, f"{DOCS}: 1.14-1.22x on bf16 model states"),
     ("bf16", "blosc-zstd"): (1.04, f"{DOCS}: 1.04-1.13x on bf16 model states"),
-    ("fp8-e4m3", "zstd"): (1.11, f"{DOCS}: e4m3 codes and scales 2.22x smaller than raw bf16 with zstd-1, "
-                                 "2.00x without"),
+    ("fp8-e4m3", "zstd"): (
+        1.11,
+        f"{DOCS}: e4m3 codes and scales 2.22x smaller than raw bf16 with zstd-1, 2.00x without",
+    ),
 }
 
 
@@ -44,8 +48,14 @@ def assumed_ratio(form: str, codec: str) -> tuple[float, str]:
     """(ratio, its source) for states stored as ``form`` with ``codec`` when nothing was measured."""
     if codec == "none":
         return 1.0, "no codec"
-    return ASSUMED_RATIOS.get((form, codec), (1.0, f"not measured for {form} with {codec}: no compression assumed "
-                                                    "(run hsstore plan --calibrate N to measure it)"))
+    return ASSUMED_RATIOS.get(
+        (form, codec),
+        (
+            1.0,
+            f"not measured for {form} with {codec}: no compression assumed "
+            "(run hsstore plan --calibrate N to measure it)",
+        ),
+    )
 
 
 ASSUMED_ERROR = 0.25  # a table entry's bytes against a build of another model (docs/plan.md: how it was tested)
@@ -111,8 +121,11 @@ def unit_bytes(tokens: int, hidden: int, layers: list[int], form: StoredForm, ra
     (with its scales when FP8)."""
     compressed = form.codec != "none"
     c = chunk_tokens(hidden, form.itemsize)
-    out = {"tokens": _shard(tokens, TOKEN_CHUNK_ROWS, 4, None) + _shard(tokens, TOKEN_CHUNK_ROWS, 1, None)
-           + UNIT_GROUP_BYTES}
+    out = {
+        "tokens": _shard(tokens, TOKEN_CHUNK_ROWS, 4, None)
+        + _shard(tokens, TOKEN_CHUNK_ROWS, 1, None)
+        + UNIT_GROUP_BYTES
+    }
     for i in layers:
         n = _shard(tokens, c, hidden * form.itemsize, ratios.of(i) if compressed else None)
         if form.quantized:
@@ -143,6 +156,7 @@ def commit_bytes(samples: int, units: int, n_layers: int) -> int:
 
 # --- Free space where a store lives: ``statvfs`` of the store's directory, or of its nearest existing parent
 
+
 @dataclass(frozen=True)
 class FreeSpace:
     """What the filesystem that will hold ``path`` has left for this user; ``block``: its allocation unit."""
@@ -158,7 +172,7 @@ def free_space(location: str) -> FreeSpace | None:
     store's own creation names that)."""
     if is_url(location):
         return None
-    p = Path(location[len("file://"):] if location.startswith("file://") else location).absolute()
+    p = Path(location[len("file://") :] if location.startswith("file://") else location).absolute()
     while not p.exists() and p != p.parent:
         p = p.parent
     st = os.statvfs(p)

@@ -50,11 +50,19 @@ def stats_tensor(states: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     row_lo, row_hi = torch.aminmax(xf, dim=1) if xf.dim() > 1 else (xf, xf)
     row = torch.maximum(row_lo.abs(), row_hi.abs())
     per = torch.segment_reduce(row, "max", lengths=torch.tensor(lengths, device=x.device))
-    head = torch.stack([
-        torch.tensor(float(xf.numel()), dtype=torch.float64, device=x.device), total, sumsq,
-        torch.maximum(lo.abs(), hi.abs()).double(), lo.double(), hi.double(),
-        nan.double(), inf.double(), (xf == 0).sum().double(),
-    ])
+    head = torch.stack(
+        [
+            torch.tensor(float(xf.numel()), dtype=torch.float64, device=x.device),
+            total,
+            sumsq,
+            torch.maximum(lo.abs(), hi.abs()).double(),
+            lo.double(),
+            hi.double(),
+            nan.double(),
+            inf.double(),
+            (xf == 0).sum().double(),
+        ]
+    )
     return torch.cat([head, per.double()])
 
 
@@ -80,9 +88,17 @@ def array_stats(x: np.ndarray) -> dict[str, float]:
     if x.size == 0:
         return {k: 0 if k in COUNTS else 0.0 for k in FIELDS}
     lo, hi = float(x.min()), float(x.max())
-    return {"n": int(x.size), "sum": float(x.sum(dtype=np.float64)),
-            "sumsq": float(np.square(x, dtype=np.float64).sum()), "absmax": max(abs(lo), abs(hi)),
-            "min": lo, "max": hi, "nan": nan, "inf": inf, "zeros": int((x == 0).sum())}
+    return {
+        "n": int(x.size),
+        "sum": float(x.sum(dtype=np.float64)),
+        "sumsq": float(np.square(x, dtype=np.float64).sum()),
+        "absmax": max(abs(lo), abs(hi)),
+        "min": lo,
+        "max": hi,
+        "nan": nan,
+        "inf": inf,
+        "zeros": int((x == 0).sum()),
+    }
 
 
 def merge(parts: Iterable[Mapping[str, float]]) -> dict[str, float]:
@@ -104,8 +120,14 @@ def summary(s: Mapping[str, float]) -> LayerHealth:
     mean = s["sum"] / n
     var = max(0.0, s["sumsq"] / n - mean * mean)
     # the counts are ints at run time (HealthStats, array_stats, from_stats_tensor); int() says so to the type
-    return LayerHealth(mean=mean, std=math.sqrt(var), absmax=s["absmax"], nan=int(s["nan"]), inf=int(s["inf"]),
-                       zero_fraction=s["zeros"] / n)
+    return LayerHealth(
+        mean=mean,
+        std=math.sqrt(var),
+        absmax=s["absmax"],
+        nan=int(s["nan"]),
+        inf=int(s["inf"]),
+        zero_fraction=s["zeros"] / n,
+    )
 
 
 def problems(s: Mapping[str, float]) -> list[str]:
@@ -129,7 +151,7 @@ def merge_health(parts: list[torch.Tensor]) -> torch.Tensor:
     out[FIELDS.index("absmax")] = head[:, FIELDS.index("absmax")].max()
     out[FIELDS.index("max")] = head[:, FIELDS.index("max")].max()
     out[FIELDS.index("min")] = head[:, FIELDS.index("min")].min()
-    return torch.cat([out, *[p[len(FIELDS):] for p in parts]])
+    return torch.cat([out, *[p[len(FIELDS) :] for p in parts]])
 
 
 def health_problems(x: np.ndarray) -> list[str]:

@@ -10,13 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hsstore.core.dtypes import STORED
-from hsstore.core.errors import (
-    BadInput,
-    CorruptData,
-    HsstoreError,
-    StoreNotFound,
-    UnsupportedFormat,
-)
+from hsstore.core.errors import BadInput, CorruptData, HsstoreError, StoreNotFound, UnsupportedFormat
 from hsstore.core.outputs import expand_user
 from hsstore.core.provenance_match import variant_id
 from hsstore.core.schema.provenance import Provenance, Storage
@@ -161,7 +155,9 @@ class Store:
             )
         version = info["format_version"]
         if not isinstance(version, str) or not version.split(".")[0].isdigit():
-            raise CorruptData(f"{self.location}/zarr.json: format_version = {version!r}: expected a string such as '1.0'")
+            raise CorruptData(
+                f"{self.location}/zarr.json: format_version = {version!r}: expected a string such as '1.0'"
+            )
         if version.split(".")[0] != layout.FORMAT_VERSION.split(".")[0]:
             raise UnsupportedFormat(
                 f"{self.location!r} has hsstore format version {version}, this hsstore reads "
@@ -173,8 +169,11 @@ class Store:
     def variant_ids(self) -> list[str]:
         """Ids of variants with at least one commit record (names the format cannot hold are skipped:
         ``verify`` reports them)."""
-        return [v for v in self.io.list_dir(layout.variants_dir())
-                if layout.is_name(v) and v != layout.META and self.io.list(layout.commits_prefix(v))]
+        return [
+            v
+            for v in self.io.list_dir(layout.variants_dir())
+            if layout.is_name(v) and v != layout.META and self.io.list(layout.commits_prefix(v))
+        ]
 
     def variant_record(self, vid: str) -> VariantRecord:
         key = layout.variant_meta(vid)
@@ -225,8 +224,16 @@ class Store:
         its previous label."""
         return names.set_label(self, vid, label, by)
 
-    def create_variant(self, provenance: dict[str, Any], layers: dict[str, list[int]], hidden_size: int, dtype: str,
-                       codec: str, chunk_tokens: int, precision: str | None = None) -> str:
+    def create_variant(
+        self,
+        provenance: dict[str, Any],
+        layers: dict[str, list[int]],
+        hidden_size: int,
+        dtype: str,
+        codec: str,
+        chunk_tokens: int,
+        precision: str | None = None,
+    ) -> str:
         """Record a variant (idempotent: the same provenance gives the same id and keeps the first record).
         ``precision``: how states are stored when not as computed (e.g. "fp8-e4m3"); the provenance must
         say so too (``environment.storage``), so it is part of the id. ``provenance`` must decode as a
@@ -234,19 +241,33 @@ class Store:
         storage = Provenance.from_dict(provenance, "variant provenance", BadInput).environment.storage
         stored = storage.precision if isinstance(storage, Storage) else None
         if stored != precision:
-            raise ValueError(f"precision {precision!r} but the provenance records environment.storage.precision {stored!r}")
+            raise ValueError(
+                f"precision {precision!r} but the provenance records environment.storage.precision {stored!r}"
+            )
         vid = variant_id(provenance)
         if not self.io.exists(layout.variant_meta(vid)):  # one model per store unless asked
             names.check_model(self, provenance)
         plain = json.loads(json.dumps(provenance))  # plain JSON values (a version string may be a str subclass)
-        fields = {"id": vid, "provenance": plain, "layers": layers, "hidden_size": hidden_size, "dtype": dtype,
-                  "codec": codec, "chunk_tokens": chunk_tokens, **({"precision": precision} if precision else {})}
+        fields = {
+            "id": vid,
+            "provenance": plain,
+            "layers": layers,
+            "hidden_size": hidden_size,
+            "dtype": dtype,
+            "codec": codec,
+            "chunk_tokens": chunk_tokens,
+            **({"precision": precision} if precision else {}),
+        }
         rec = VariantRecord.from_dict(fields, f"variant {vid}", BadInput)
         _check_readable(rec, f"variant {vid}", BadInput)
         if not self.io.put_if_absent(layout.variant_meta(vid), group_json({layout.VARIANT_ATTR: rec.to_dict()})):
             have = self.variant_record(vid)
-            if (have.layers != layers or have.hidden_size != hidden_size or have.dtype != dtype
-                    or have.stored_precision != precision):
+            if (
+                have.layers != layers
+                or have.hidden_size != hidden_size
+                or have.dtype != dtype
+                or have.stored_precision != precision
+            ):
                 raise CorruptData(f"variant {vid} exists with other layers/geometry; the store is inconsistent")
         self.io.put_if_absent(layout.units_meta(vid), group_json({}))
         return vid
@@ -265,8 +286,10 @@ class Store:
 def _check_readable(rec: VariantRecord, what: str, error: type[HsstoreError]) -> None:
     """The codec and dtype a variant record names must be ones this hsstore reads (written and read alike)."""
     if rec.codec not in REGISTRY or rec.dtype not in STORED:
-        raise error(f"{what}: codec {rec.codec!r} / dtype {rec.dtype!r} is not one this hsstore reads "
-                    f"(codecs: {', '.join(REGISTRY)}; dtypes: {', '.join(STORED)})")
+        raise error(
+            f"{what}: codec {rec.codec!r} / dtype {rec.dtype!r} is not one this hsstore reads "
+            f"(codecs: {', '.join(REGISTRY)}; dtypes: {', '.join(STORED)})"
+        )
 
 
 def enclosing_store(p: Path) -> Path | None:
@@ -290,8 +313,10 @@ def check_not_nested(p: Path) -> None:
     """Refuse (exit 2) a store path inside another store: stores do not nest."""
     outer = enclosing_store(p)
     if outer is not None:
-        raise BadInput(f"store path {str(p)!r} is inside the hsstore store {str(outer)!r} (stores do not nest: gc "
-                       "of the outer one would count the inner one as its debris); choose a path outside it")
+        raise BadInput(
+            f"store path {str(p)!r} is inside the hsstore store {str(outer)!r} (stores do not nest: gc "
+            "of the outer one would count the inner one as its debris); choose a path outside it"
+        )
 
 
 def _prepare_directory(p: Path) -> None:
@@ -303,8 +328,10 @@ def _prepare_directory(p: Path) -> None:
         raise BadInput(f"store path {path!r} is a file; choose a directory path for the store")
     others = [c for c in p.iterdir() if not c.name.startswith(layout.TMP_PREFIX)] if p.is_dir() else []
     if others and not (p / layout.root_meta()).exists():  # a racing creator's temp file is not "others"
-        raise BadInput(f"store path {path!r} is a non-empty directory that is not an hsstore store; "
-                       "choose a new or empty directory")
+        raise BadInput(
+            f"store path {path!r} is a non-empty directory that is not an hsstore store; "
+            "choose a new or empty directory"
+        )
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -315,6 +342,7 @@ def _prepare_directory(p: Path) -> None:
 
 # --- What hsstore writes outside its stores stays outside them: a report (``--json``, ``--plot``), an export
 
+
 def check_outside_stores(path: str, what: str) -> None:
     """Refuse (exit 2) an output file or folder ``path`` that is empty (an unset shell variable: it would
     mean the current folder), an hsstore store or inside one."""
@@ -322,8 +350,10 @@ def check_outside_stores(path: str, what: str) -> None:
         raise BadInput(f"{what} is an empty path ({path!r}); name the file or folder to write")
     outer = enclosing_store(Path(os.path.expanduser(path)) / layout.root_meta())  # the store itself, or one above
     if outer is not None:
-        raise BadInput(f"{what} {path!r} is inside the hsstore store {str(outer)!r}; hsstore writes reports and "
-                       "exports outside its stores — choose a path outside it")
+        raise BadInput(
+            f"{what} {path!r} is inside the hsstore store {str(outer)!r}; hsstore writes reports and "
+            "exports outside its stores — choose a path outside it"
+        )
 
 
 def check_store_outside_source(store: str, source: str) -> None:
@@ -335,5 +365,7 @@ def check_store_outside_source(store: str, source: str) -> None:
     s, src = os.path.realpath(os.path.expanduser(store)), os.path.realpath(os.path.expanduser(source))
     inside = s == src or s.startswith(src.rstrip(os.sep) + os.sep) or src.startswith(s.rstrip(os.sep) + os.sep)
     if inside:
-        raise BadInput(f"store {store!r} and the import folder {source!r} lie one inside the other; the store's files "
-                       "would become part of the tool's cache — put the store outside the folder")
+        raise BadInput(
+            f"store {store!r} and the import folder {source!r} lie one inside the other; the store's files "
+            "would become part of the tool's cache — put the store outside the folder"
+        )

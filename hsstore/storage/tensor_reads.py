@@ -37,12 +37,20 @@ class Reader(Protocol):
 
     def run_tasks(self, tasks: list[tuple[Any, ...]], nbytes: int) -> None: ...
 
-    def read_array(self, ref: SampleRef, name: str, out: np.ndarray | None = None, a: int = 0,
-                   b: int | None = None) -> np.ndarray: ...
+    def read_array(
+        self, ref: SampleRef, name: str, out: np.ndarray | None = None, a: int = 0, b: int | None = None
+    ) -> np.ndarray: ...
+
 
 # numpy dtypes reads produce -> a torch dtype of the same width (bf16 bits are uint16: int16 holds them)
-_TORCH = {np.dtype(np.uint8): torch.uint8, np.dtype(np.uint16): torch.int16, np.dtype(np.int16): torch.int16,
-          np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32, np.dtype(np.int32): torch.int32}
+_TORCH = {
+    np.dtype(np.uint8): torch.uint8,
+    np.dtype(np.uint16): torch.int16,
+    np.dtype(np.int16): torch.int16,
+    np.dtype(np.float16): torch.float16,
+    np.dtype(np.float32): torch.float32,
+    np.dtype(np.int32): torch.int32,
+}
 
 
 def empty(shape: tuple[int, ...], dtype: np.dtype | type) -> tuple[np.ndarray, torch.Tensor]:
@@ -66,6 +74,7 @@ def as_dtype(tensor: torch.Tensor, name: str) -> torch.Tensor:
 
 # --- Reading a variant stored quantized (FP8 e4m3 codes + per-token scales): a sample's layers stacked per
 
+
 def quantized_groups(reader: Reader, ref: SampleRef, groups: list[list[int]], raw: bool = False) -> list[Stacked]:
     """Each group's ``[T, n, H]`` bf16 states of sample ``ref``; with ``raw``, the e4m3 codes as a
     ``float8_e4m3fn`` tensor ``[T, n, H]`` and their scales ``[T, n, 1]`` float32 (value = code * scale).
@@ -78,8 +87,10 @@ def quantized_groups(reader: Reader, ref: SampleRef, groups: list[list[int]], ra
         scales, scales_t = empty((T, n, 1), np.float32)
         data, data_t = empty((T, n, H), np.uint8 if raw else np.uint16)
         for j, layer in enumerate(layers):
-            tasks += [(_one_piece, reader, ref, layer, a, b, scales[a:b, j], data[a:b, j], raw)
-                      for a, b in reader.pieces(ref, layout.layer_array(layer), 2 * H)]
+            tasks += [
+                (_one_piece, reader, ref, layer, a, b, scales[a:b, j], data[a:b, j], raw)
+                for a, b in reader.pieces(ref, layout.layer_array(layer), 2 * H)
+            ]
         outs.append((data_t, scales_t))
         nbytes += T * n * H * 2  # the bf16 it becomes (or the codes' reads when raw)
     try:
@@ -91,8 +102,9 @@ def quantized_groups(reader: Reader, ref: SampleRef, groups: list[list[int]], ra
     return [d.view(torch.bfloat16) for d, _ in outs]
 
 
-def _one_piece(reader: Reader, ref: SampleRef, layer: int, a: int, b: int, scales: np.ndarray, dest: np.ndarray,
-               raw: bool) -> None:
+def _one_piece(
+    reader: Reader, ref: SampleRef, layer: int, a: int, b: int, scales: np.ndarray, dest: np.ndarray, raw: bool
+) -> None:
     """Rows ``[a, b)`` of one layer: scales into ``scales``, codes (``raw``) or their bf16 bits into ``dest``."""
     reader.read_array(ref, layout.scale_array(layer), scales, a, b)
     if raw:

@@ -25,8 +25,13 @@ from hsstore.storage.sample_table import SampleRef
 from hsstore.storage.stats import health_problems, problems
 from hsstore.storage.store import Store, group_attributes
 
-_ODD = {"symlink": "a symlink (hsstore writes none: a link can lead reads out of the store)", "fifo": "a FIFO",
-        "socket": "a socket", "device": "a device file", "other": "a special file"}
+_ODD = {
+    "symlink": "a symlink (hsstore writes none: a link can lead reads out of the store)",
+    "fifo": "a FIFO",
+    "socket": "a socket",
+    "device": "a device file",
+    "other": "a special file",
+}
 
 
 @dataclass
@@ -48,6 +53,7 @@ class Report:
         """A committed unit's file failing its checks: a problem, and the unit is damaged."""
         self.add(str(e), vid, key, unit)
         self.damaged[(vid, unit)] = None
+
 
 def verify(store: Store, progress: Callable[[int], None] | None = None, quarantine: bool = False) -> VerifyReport:
     """Check the whole store: every problem found (``ok`` when none), and notes on what is not damage;
@@ -72,8 +78,14 @@ def verify(store: Store, progress: Callable[[int], None] | None = None, quaranti
     _verify_tree(store, report)
     damaged = [f"{vid}/{uid}" for vid, uid in report.damaged]
     taken = [f"{vid}/{uid}" for vid, uid in report.damaged if take_back(store, vid, uid)] if quarantine else []
-    return VerifyReport(ok=not report.problems, samples_checked=report.checked, problems=report.problems,
-                        notes=report.notes, damaged_units=damaged, quarantined=taken)
+    return VerifyReport(
+        ok=not report.problems,
+        samples_checked=report.checked,
+        problems=report.problems,
+        notes=report.notes,
+        damaged_units=damaged,
+        quarantined=taken,
+    )
 
 
 def take_back(store: Store, vid: str, uid: str) -> bool:
@@ -109,8 +121,10 @@ def _verify_variant(reader: VariantReader, report: Report, progress: Callable[[i
                 progress(ref.length)
     dups = reader.table.duplicated_keys
     if dups:
-        report.notes.append(f"variant {vid}: {dups} sample(s) committed by more than one unit (racing writers); "
-                            "readers use the first unit, the rest is wasted space")
+        report.notes.append(
+            f"variant {vid}: {dups} sample(s) committed by more than one unit (racing writers); "
+            "readers use the first unit, the rest is wasted space"
+        )
 
 
 def _layer_problems(reader: VariantReader, ref: SampleRef, layers: list[int]) -> list[list[str]]:
@@ -165,10 +179,14 @@ def _verify_tree(store: Store, report: Report) -> None:
             continue
         uncommitted += _verify_file(store, entry.key, report)
     if temporary:
-        report.notes.append(f"{temporary} temporary file(s) of writes that never finished (a write in progress, or "
-                            "debris of a killed one: `hsstore gc` removes them)")
+        report.notes.append(
+            f"{temporary} temporary file(s) of writes that never finished (a write in progress, or "
+            "debris of a killed one: `hsstore gc` removes them)"
+        )
     if uncommitted:
-        report.notes.append(f"{uncommitted} file(s) of uncommitted units (a build in progress, or debris: `hsstore gc`)")
+        report.notes.append(
+            f"{uncommitted} file(s) of uncommitted units (a build in progress, or debris: `hsstore gc`)"
+        )
 
 
 def _verify_file(store: Store, key: str, report: Report) -> int:
@@ -202,10 +220,13 @@ def _verify_document(store: Store, key: str, node: str | None, report: Report, k
         if not raw and not whole:
             return
         meta = parse_json(raw, key)
-        if node is not None and (not isinstance(meta, dict) or meta.get("node_type") != node
-                                 or meta.get("zarr_format") != 3):
-            raise CorruptData(f"{key}: not a zarr v3 {node} document (node_type "
-                              f"{meta.get('node_type') if isinstance(meta, dict) else type(meta).__name__!r})")
+        if node is not None and (
+            not isinstance(meta, dict) or meta.get("node_type") != node or meta.get("zarr_format") != 3
+        ):
+            raise CorruptData(
+                f"{key}: not a zarr v3 {node} document (node_type "
+                f"{meta.get('node_type') if isinstance(meta, dict) else type(meta).__name__!r})"
+            )
         if node == "group":
             group_attributes(raw, key)
     except CorruptData as e:

@@ -16,22 +16,10 @@ import numpy as np
 import torch
 
 from hsstore.core.dtypes import TORCH, to_stored
-from hsstore.core.errors import (
-    WRITE_FIXES,
-    BuildFailed,
-    HsstoreError,
-    WriteFailed,
-    write_cause,
-)
+from hsstore.core.errors import WRITE_FIXES, BuildFailed, HsstoreError, WriteFailed, write_cause
 from hsstore.core.keys import SampleTokens
 from hsstore.core.quant import Quantized, dequantize
-from hsstore.core.schema.store_records import (
-    CommitRecord,
-    HealthStats,
-    QuantError,
-    UnitInfo,
-    WriterInfo,
-)
+from hsstore.core.schema.store_records import CommitRecord, HealthStats, QuantError, UnitInfo, WriterInfo
 from hsstore.storage import commits, layout
 from hsstore.storage.codecs import SCALE_CHUNK_ROWS, TOKEN_CHUNK_ROWS
 from hsstore.storage.fileio import Written, digest, group_json
@@ -50,14 +38,29 @@ def _rows(t: torch.Tensor | Quantized, idx: torch.Tensor) -> torch.Tensor | Quan
 
 def _quant_error(e: Mapping[str, float]) -> QuantError:
     """The commit record of an additive error record of hsstore.core.quant (its ``tokens`` an int)."""
-    return QuantError(tokens=int(e["tokens"]), sum_sq_err=e["sum_sq_err"], sum_sq_ref=e["sum_sq_ref"],
-                      cos_sum=e["cos_sum"], cos_min=e["cos_min"], max_abs=e["max_abs"])
+    return QuantError(
+        tokens=int(e["tokens"]),
+        sum_sq_err=e["sum_sq_err"],
+        sum_sq_ref=e["sum_sq_ref"],
+        cos_sum=e["cos_sum"],
+        cos_min=e["cos_min"],
+        max_abs=e["max_abs"],
+    )
 
 
 def _health_stats(s: Mapping[str, float]) -> HealthStats:
     """The commit record of additive health stats (hsstore.storage.stats: the counts are ints)."""
-    return HealthStats(n=int(s["n"]), sum=s["sum"], sumsq=s["sumsq"], absmax=s["absmax"], min=s["min"],
-                       max=s["max"], nan=int(s["nan"]), inf=int(s["inf"]), zeros=int(s["zeros"]))
+    return HealthStats(
+        n=int(s["n"]),
+        sum=s["sum"],
+        sumsq=s["sumsq"],
+        absmax=s["absmax"],
+        min=s["min"],
+        max=s["max"],
+        nan=int(s["nan"]),
+        inf=int(s["inf"]),
+        zeros=int(s["zeros"]),
+    )
 
 
 def _now() -> str:
@@ -68,8 +71,9 @@ def _now() -> str:
 class UnitWriter:
     """Writes units of one variant. Exactly one writer owns a unit id; nothing is visible until commit."""
 
-    def __init__(self, store: Store, vid: str, writer_id: str | None = None, check_health: bool = True,
-                 command: str = "build") -> None:
+    def __init__(
+        self, store: Store, vid: str, writer_id: str | None = None, check_health: bool = True, command: str = "build"
+    ) -> None:
         self.store = store
         self.command = command  # the hsstore command that resumes this writer's work (named in failures)
         self.vid = vid
@@ -150,22 +154,36 @@ class UnitWriter:
     def _check_states(self, layer: int, t: torch.Tensor | Quantized, total: int) -> None:
         rec = self.record
         if rec.stored_precision:
-            ok = (isinstance(t, Quantized) and tuple(t.codes.shape) == (total, rec.hidden_size)
-                  and t.codes.dtype == torch.uint8 and tuple(t.scales.shape) == (total, 1)
-                  and t.scales.dtype == torch.float32)
+            ok = (
+                isinstance(t, Quantized)
+                and tuple(t.codes.shape) == (total, rec.hidden_size)
+                and t.codes.dtype == torch.uint8
+                and tuple(t.scales.shape) == (total, 1)
+                and t.scales.dtype == torch.float32
+            )
             if not ok:
-                raise ValueError(f"layer {layer}: variant {self.vid} is stored as {rec.stored_precision} and takes "
-                                 f"Quantized codes [{total}, {rec.hidden_size}] uint8 with scales [{total}, 1] float32")
-        elif not isinstance(t, torch.Tensor) or tuple(t.shape) != (total, rec.hidden_size) or t.dtype != TORCH[rec.dtype]:
+                raise ValueError(
+                    f"layer {layer}: variant {self.vid} is stored as {rec.stored_precision} and takes "
+                    f"Quantized codes [{total}, {rec.hidden_size}] uint8 with scales [{total}, 1] float32"
+                )
+        elif (
+            not isinstance(t, torch.Tensor) or tuple(t.shape) != (total, rec.hidden_size) or t.dtype != TORCH[rec.dtype]
+        ):
             got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"layer {layer} states {got}; expected {(total, rec.hidden_size)} {TORCH[rec.dtype]}")
 
-    def _health(self, samples: Sequence[SampleTokens], states: Mapping[int, torch.Tensor | Quantized],
-                health: Mapping[int, torch.Tensor] | None) -> dict[str, dict[str, float]]:
+    def _health(
+        self,
+        samples: Sequence[SampleTokens],
+        states: Mapping[int, torch.Tensor | Quantized],
+        health: Mapping[int, torch.Tensor] | None,
+    ) -> dict[str, dict[str, float]]:
         if health is None:  # (of quantized states: their dequantized values; callers pass the computed ones)
             lengths = [s.length for s in samples]
-            health = {layer: stats_tensor(dequantize(t, torch.float32) if isinstance(t, Quantized) else t, lengths)
-                      for layer, t in states.items()}
+            health = {
+                layer: stats_tensor(dequantize(t, torch.float32) if isinstance(t, Quantized) else t, lengths)
+                for layer, t in states.items()
+            }
         stats: dict[str, dict[str, float]] = {}
         absmax: dict[int, list[float]] = {}
         for layer, t in health.items():
@@ -190,9 +208,11 @@ class UnitWriter:
 
     def _failed(self, uid: str, e: WriteFailed) -> WriteFailed:
         cause = write_cause(e)  # the fix advised is the one for this cause (a missing bucket is no full disk)
-        return WriteFailed(f"unit {uid} of variant {self.vid}: {e}; the unit is not committed. {WRITE_FIXES[cause]} "
-                           f"and re-run the same command: `hsstore {self.command}` resumes from its committed units",
-                           cause)
+        return WriteFailed(
+            f"unit {uid} of variant {self.vid}: {e}; the unit is not committed. {WRITE_FIXES[cause]} "
+            f"and re-run the same command: `hsstore {self.command}` resumes from its committed units",
+            cause,
+        )
 
     def _check_written(self, uid: str, written: Mapping[str, Written]) -> None:
         """Every file the commit will name is there with the size written (a commit never names a missing
@@ -202,12 +222,15 @@ class UnitWriter:
             got = self.store.io.size(layout.unit_key(self.vid, uid, rel))
             if got != w.size:
                 what = "is gone" if got is None else f"holds {got} bytes, not the {w.size} written"
-                raise WriteFailed(f"unit {uid} of variant {self.vid}: file {rel} {what} before its commit (removed by "
-                                  f"another command while this writer ran?); the unit is not committed. Re-run the "
-                                  f"same command: `hsstore {self.command}` resumes from its committed units")
+                raise WriteFailed(
+                    f"unit {uid} of variant {self.vid}: file {rel} {what} before its commit (removed by "
+                    f"another command while this writer ran?); the unit is not committed. Re-run the "
+                    f"same command: `hsstore {self.command}` resumes from its committed units"
+                )
 
-    def _write_arrays(self, uid: str, samples: Sequence[SampleTokens],
-                      states: Mapping[int, torch.Tensor | Quantized]) -> dict[str, Written]:
+    def _write_arrays(
+        self, uid: str, samples: Sequence[SampleTokens], states: Mapping[int, torch.Tensor | Quantized]
+    ) -> dict[str, Written]:
         """The unit's token arrays and one array per layer, written side by side; keys relative to the unit."""
         rec = self.record
         n = sum(s.length for s in samples)
@@ -215,35 +238,68 @@ class UnitWriter:
         mask = np.concatenate([s.loss_mask.astype(np.uint8) for s in samples])
         c = min(rec.chunk_tokens, max(1, n))
         tok_c = min(TOKEN_CHUNK_ROWS, max(1, n))
-        arrays: list[tuple[str, np.ndarray, int, str, dict[str, Any]]] = [("input_ids", ids, tok_c, "none", {}), ("loss_mask", mask, tok_c, "none", {})]
+        arrays: list[tuple[str, np.ndarray, int, str, dict[str, Any]]] = [
+            ("input_ids", ids, tok_c, "none", {}),
+            ("loss_mask", mask, tok_c, "none", {}),
+        ]
         for layer, t in states.items():
             if isinstance(t, Quantized):  # e4m3 codes (uint8) and their per-token float32 scales
-                arrays.append((layout.layer_array(layer), t.codes.cpu().numpy(), c, rec.codec,
-                               {"hsstore_dtype": rec.stored_precision, "computed_dtype": rec.dtype, "layer": int(layer)}))
-                arrays.append((layout.scale_array(layer), t.scales.cpu().numpy(), min(SCALE_CHUNK_ROWS, max(1, n)),
-                               rec.codec, {"hsstore_dtype": "float32", "scales_of": layout.layer_array(layer)}))
+                arrays.append(
+                    (
+                        layout.layer_array(layer),
+                        t.codes.cpu().numpy(),
+                        c,
+                        rec.codec,
+                        {"hsstore_dtype": rec.stored_precision, "computed_dtype": rec.dtype, "layer": int(layer)},
+                    )
+                )
+                arrays.append(
+                    (
+                        layout.scale_array(layer),
+                        t.scales.cpu().numpy(),
+                        min(SCALE_CHUNK_ROWS, max(1, n)),
+                        rec.codec,
+                        {"hsstore_dtype": "float32", "scales_of": layout.layer_array(layer)},
+                    )
+                )
             else:
-                arrays.append((layout.layer_array(layer), to_stored(t.cpu()), c, rec.codec,
-                               {"hsstore_dtype": rec.dtype, "layer": int(layer)}))
+                arrays.append(
+                    (
+                        layout.layer_array(layer),
+                        to_stored(t.cpu()),
+                        c,
+                        rec.codec,
+                        {"hsstore_dtype": rec.dtype, "layer": int(layer)},
+                    )
+                )
         out: dict[str, Written] = {}
         with ThreadPoolExecutor(max(1, min(self.io_threads, len(arrays)))) as pool:
             for part in pool.map(lambda a: self._write_array(uid, *a), arrays):
                 out.update(part)
         return out
 
-    def _write_array(self, uid: str, name: str, data: np.ndarray, chunk: int, codec: str,
-                     attrs: dict[str, Any]) -> dict[str, Written]:
+    def _write_array(
+        self, uid: str, name: str, data: np.ndarray, chunk: int, codec: str, attrs: dict[str, Any]
+    ) -> dict[str, Written]:
         """One single-shard zarr v3 array: zarr's own metadata, the shard encoded here (the same bytes
         zarr writes); both written through the checked put. Returns what each file holds."""
         meta_rel, shard_rel = layout.array_files(name, data.ndim)
         put = self.store.io.put
-        return {meta_rel: put(layout.unit_key(self.vid, uid, meta_rel),
-                              [array_metadata(data.shape, chunk, data.dtype, codec, attrs)]),
-                shard_rel: put(layout.unit_key(self.vid, uid, shard_rel), encode_shard(data, chunk, codec))}
+        return {
+            meta_rel: put(
+                layout.unit_key(self.vid, uid, meta_rel), [array_metadata(data.shape, chunk, data.dtype, codec, attrs)]
+            ),
+            shard_rel: put(layout.unit_key(self.vid, uid, shard_rel), encode_shard(data, chunk, codec)),
+        }
 
-    def _write_unit(self, samples: Sequence[SampleTokens], states: Mapping[int, torch.Tensor | Quantized],
-                    stats: dict[str, dict[str, float]], quant_error: dict[str, QuantError] | None = None,
-                    seq: int | None = None) -> CommitRecord:
+    def _write_unit(
+        self,
+        samples: Sequence[SampleTokens],
+        states: Mapping[int, torch.Tensor | Quantized],
+        stats: dict[str, dict[str, float]],
+        quant_error: dict[str, QuantError] | None = None,
+        seq: int | None = None,
+    ) -> CommitRecord:
         """Claim a new unit id, write its files, then its commit record (last, atomically)."""
         uid = f"{self.writer_id}-{self.reserve() if seq is None else seq:06d}"
         io = self.store.io
@@ -254,8 +310,10 @@ class UnitWriter:
         except WriteFailed as e:
             raise self._failed(uid, e) from None
         if lease is None:
-            raise BuildFailed(f"unit {uid} of variant {self.vid} exists already: two writers share the id "
-                              f"{self.writer_id!r}; give each writer its own")
+            raise BuildFailed(
+                f"unit {uid} of variant {self.vid} exists already: two writers share the id "
+                f"{self.writer_id!r}; give each writer its own"
+            )
         try:
             try:
                 written = {layout.META: digest([unit_meta]), **self._write_arrays(uid, samples, states)}
@@ -268,9 +326,13 @@ class UnitWriter:
             self._check_written(uid, written)
             offsets = np.cumsum([0] + [s.length for s in samples]).tolist()
             commit = CommitRecord(
-                unit=uid, samples=[(s.key, offsets[i], s.length) for i, s in enumerate(samples)], layers=sorted(states),
+                unit=uid,
+                samples=[(s.key, offsets[i], s.length) for i, s in enumerate(samples)],
+                layers=sorted(states),
                 files={rel: w.size for rel, w in sorted(written.items())},
-                stats={k: _health_stats(v) for k, v in stats.items()}, writer=self.info, committed_at=_now(),
+                stats={k: _health_stats(v) for k, v in stats.items()},
+                writer=self.info,
+                committed_at=_now(),
                 crc32c={rel: w.crc32c for rel, w in sorted(written.items())},
                 **({"quant_error": quant_error} if quant_error else {}),
             )

@@ -22,37 +22,50 @@ from hsstore.core.keys import SampleTokens, sample_key
 from hsstore.storage.codecs import chunk_tokens
 from hsstore.storage.store import Store
 from hsstore.storage.writer import UnitWriter
-from hsstore.testing.factories import (
-    AUX,
-    BENCH_LAYERS,
-    TARGET,
-    config_toml,
-    layers_toml,
-    new_variant,
-    provenance,
-)
+from hsstore.testing.factories import AUX, BENCH_LAYERS, TARGET, config_toml, layers_toml, new_variant, provenance
 
 
 def write_torch(d: Path, samples: list[SampleTokens], states: list[torch.Tensor]) -> None:
     """One ``i.pt`` per sample: input_ids, aux_hidden [T, 4, H], target_hidden [T, 1, H]."""
     for i, (s, st) in enumerate(zip(samples, states)):
-        torch.save({"input_ids": torch.from_numpy(s.input_ids), "aux_hidden": st[:, :4].clone(),
-                    "target_hidden": st[:, 4:].clone()}, d / f"{i}.pt")
+        torch.save(
+            {
+                "input_ids": torch.from_numpy(s.input_ids),
+                "aux_hidden": st[:, :4].clone(),
+                "target_hidden": st[:, 4:].clone(),
+            },
+            d / f"{i}.pt",
+        )
 
 
-def write_hsstore(d: Path, samples: list[SampleTokens], states: list[torch.Tensor], codec: str,
-                  unit_samples: int = 8, chunk: int | None = None) -> None:
+def write_hsstore(
+    d: Path,
+    samples: list[SampleTokens],
+    states: list[torch.Tensor],
+    codec: str,
+    unit_samples: int = 8,
+    chunk: int | None = None,
+) -> None:
     """``d/s.zarr``: one bf16 variant with ``codec``, the samples in units of ``unit_samples``, chunks of
     ``chunk`` rows (default: what a build picks, ``chunk_tokens``)."""
     store = Store.create(d / "s.zarr")
     H = states[0].shape[-1]
     layers = {"aux": AUX, "target": TARGET}
-    vid = store.create_variant(provenance("bf16", tok="bench", layers=layers, model=f"bench-{codec}"),
-                               layers, H, "bf16", codec, chunk or chunk_tokens(H, 2))
+    vid = store.create_variant(
+        provenance("bf16", tok="bench", layers=layers, model=f"bench-{codec}"),
+        layers,
+        H,
+        "bf16",
+        codec,
+        chunk or chunk_tokens(H, 2),
+    )
     w = UnitWriter(store, vid, check_health=False)
     for a in range(0, len(samples), unit_samples):
-        part = states[a: a + unit_samples]
-        w.write(samples[a: a + unit_samples], {layer: torch.cat([s[:, j] for s in part]) for j, layer in enumerate(BENCH_LAYERS)})
+        part = states[a : a + unit_samples]
+        w.write(
+            samples[a : a + unit_samples],
+            {layer: torch.cat([s[:, j] for s in part]) for j, layer in enumerate(BENCH_LAYERS)},
+        )
 
 
 class TorchDS(Dataset[dict[str, torch.Tensor]]):
@@ -69,8 +82,9 @@ class TorchDS(Dataset[dict[str, torch.Tensor]]):
         return item
 
 
-def write_tiny_store(path: Path, n_samples: int, unit_samples: int = 1000, length: int = 4, hidden: int = 8,
-                     seed: int = 0) -> tuple[Store, str]:
+def write_tiny_store(
+    path: Path, n_samples: int, unit_samples: int = 1000, length: int = 4, hidden: int = 8, seed: int = 0
+) -> tuple[Store, str]:
     """A store at ``path`` with one bf16 variant (``factories.LAYERS``, width ``hidden``) of ``n_samples``
     distinct samples of ``length`` tokens, ``unit_samples`` to a unit, written straight through the
     UnitWriter (no model): the many-small-samples shape of a large DFlash run, built in seconds.
@@ -89,19 +103,24 @@ def write_tiny_store(path: Path, n_samples: int, unit_samples: int = 1000, lengt
             ids[0] = i  # distinct token ids: distinct keys
             samples.append(SampleTokens(sample_key("tok", ids, mask), ids, mask))
         n = len(samples) * length
-        w.write(samples, {layer: torch.randn(n, hidden, generator=g).to(torch.bfloat16) for layer in rec.all_layers},
-                skip_committed=False)
+        w.write(
+            samples,
+            {layer: torch.randn(n, hidden, generator=g).to(torch.bfloat16) for layer in rec.all_layers},
+            skip_committed=False,
+        )
     return store, vid
 
 
 # --- A baseline commit checked out beside this tree, for benchmarks that time both in the same run.
 
+
 @contextmanager
 def baseline_tree(repo: Path, rev: str, parent: str) -> Iterator[Path]:
     """``rev`` of ``repo`` as a detached git worktree under ``parent``; removed on exit."""
     base = Path(parent) / "baseline"
-    subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(base), rev], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(repo), "worktree", "add", "--detach", str(base), rev], check=True, capture_output=True
+    )
     try:
         yield base
     finally:
@@ -165,8 +184,9 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "conversations.jsonl"
 SIZES = {"tiny": ("tiny", 512), "gpu": ("1.6b", 2048)}
 
 
-def sh(args: list[str], out: Path | None = None, check: bool = True,
-       env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def sh(
+    args: list[str], out: Path | None = None, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``args`` (echoed), its stdout saved to ``out``; a failure ends the script with its output."""
     print("+", " ".join(args), flush=True)
     r = subprocess.run(args, capture_output=True, text=True, env={**os.environ, **(env or {})})
@@ -194,7 +214,7 @@ def long_rows(n: int, short: int, max_len: int) -> str:
     rows, pos = [], 0
     for i in range(n):
         size = max_len // 8 if i < short else max_len - 16
-        chunk = blob[pos: pos + size]
+        chunk = blob[pos : pos + size]
         if len(chunk) < size:
             pos, chunk = 0, blob[:size]
         pos += size
@@ -220,7 +240,7 @@ dtypes = ["bf16"]
 devices = ["{device}"]
 token_budget = 16384
 {units}[store]
-path = "{out / 'store.zarr'}"
+path = "{out / "store.zarr"}"
 """)
     return m
 
@@ -266,8 +286,11 @@ def moto_s3(bucket: str, log: Path | None = None) -> Iterator[str]:
     server's output goes to ``log`` if given."""
     port = _free_port()
     out: IO[str] | None = open(log, "w") if log is not None else None  # noqa: SIM115 - closed below
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL if out is None else out, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL if out is None else out,
+        stderr=subprocess.STDOUT,
+    )
     old = {k: os.environ.get(k) for k in _ENV}
     os.environ.update(dict(zip(_ENV, ("testing", "testing", "us-east-1", f"http://127.0.0.1:{port}"))))
     _SERVERS[f"s3://{bucket}"] = server

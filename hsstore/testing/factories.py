@@ -22,13 +22,39 @@ SHAPES: dict[str, tuple[dict[str, Any], list[int], list[int]]] = {
     "tiny": ({}, [0, 1, 2], [3]),
     # Qwen3.5/3.6-27B-shaped decoder (64 layers, hidden 5120; the builtin byte tokenizer keeps the
     # embedding small, so the model has ~24.5 B decoder parameters rather than 26.9 B in total)
-    "27b": ({"hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 64, "num_attention_heads": 24,
-             "num_key_value_heads": 4, "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
-             "linear_key_head_dim": 128, "linear_value_head_dim": 128}, [1, 16, 31, 46], [61]),
+    "27b": (
+        {
+            "hidden_size": 5120,
+            "intermediate_size": 17408,
+            "num_hidden_layers": 64,
+            "num_attention_heads": 24,
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 48,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+        },
+        [1, 16, 31, 46],
+        [61],
+    ),
     # the 1.6 B hybrid of the seed experiment (hidden 2048, 24 layers): small enough to draw on a CPU
-    "1.6b": ({"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 24, "num_attention_heads": 16,
-              "num_key_value_heads": 4, "head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
-              "linear_key_head_dim": 128, "linear_value_head_dim": 128}, [1, 8, 15], [22]),
+    "1.6b": (
+        {
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 4,
+            "head_dim": 128,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 32,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+        },
+        [1, 8, 15],
+        [22],
+    ),
 }
 
 
@@ -63,46 +89,70 @@ def make_samples(lengths: list[int], seed: int = 0, tok: str = "tok") -> list[Sa
     return out
 
 
-def make_states(samples: list[SampleTokens], hidden: int, dtype: str, layers: list[int],
-                seed: int = 0) -> dict[int, torch.Tensor]:
+def make_states(
+    samples: list[SampleTokens], hidden: int, dtype: str, layers: list[int], seed: int = 0
+) -> dict[int, torch.Tensor]:
     """layer -> [total tokens, hidden] standard-normal states in ``dtype``."""
     g = torch.Generator().manual_seed(seed)
     n = sum(s.length for s in samples)
     return {i: torch.randn(n, hidden, generator=g).to(TORCH_DTYPES[dtype]) for i in layers}
 
 
-def provenance(dtype: str = "bf16", backend: str = "torch", tok: str = "tok", layers: dict[str, list[int]] | None = None,
-               model: str = "test", precision: str | None = None) -> dict[str, Any]:
+def provenance(
+    dtype: str = "bf16",
+    backend: str = "torch",
+    tok: str = "tok",
+    layers: dict[str, list[int]] | None = None,
+    model: str = "test",
+    precision: str | None = None,
+) -> dict[str, Any]:
     """The smallest provenance that fits the ``Provenance`` schema (what a 1.0 store records);
     ``precision`` (e.g. "fp8-e4m3"): the states are stored quantized (``environment.storage``)."""
     prov: dict[str, Any] = {
-        "recipe": {"model": {"name": model, "path": "/x"}, "tokenizer": {"fingerprint": tok},
-                   "layers": layers or LAYERS},
-        "environment": {"dtype": dtype, "backend": backend, "device": "cpu", "host": "h",
-                        "kernels": {"chunk_gated_delta_rule": backend, "causal_conv1d": backend, "attention": "sdpa"}},
+        "recipe": {
+            "model": {"name": model, "path": "/x"},
+            "tokenizer": {"fingerprint": tok},
+            "layers": layers or LAYERS,
+        },
+        "environment": {
+            "dtype": dtype,
+            "backend": backend,
+            "device": "cpu",
+            "host": "h",
+            "kernels": {"chunk_gated_delta_rule": backend, "causal_conv1d": backend, "attention": "sdpa"},
+        },
     }
     if precision:
         prov["environment"]["storage"] = {"precision": precision, "scale": SCALE_SCHEME}
     return prov
 
 
-def new_variant(store: Store, dtype: str = "bf16", hidden: int = 16, codec: str = "zstd", chunk: int = 64,
-                backend: str = "torch", layers: dict[str, list[int]] | None = None) -> str:
+def new_variant(
+    store: Store,
+    dtype: str = "bf16",
+    hidden: int = 16,
+    codec: str = "zstd",
+    chunk: int = 64,
+    backend: str = "torch",
+    layers: dict[str, list[int]] | None = None,
+) -> str:
     """A variant of ``provenance(dtype, backend)`` in ``store``; returns its id."""
     layers = layers or LAYERS
     return store.create_variant(provenance(dtype, backend, layers=layers), layers, hidden, dtype, codec, chunk)
 
 
-def _unit(store: Store, vid: str, lengths: list[int], seed: int,
-          writer_id: str | None) -> tuple[list[SampleTokens], dict[int, torch.Tensor], CommitRecord | None]:
+def _unit(
+    store: Store, vid: str, lengths: list[int], seed: int, writer_id: str | None
+) -> tuple[list[SampleTokens], dict[int, torch.Tensor], CommitRecord | None]:
     rec = store.variant_record(vid)
     samples = make_samples(lengths, seed=seed)
     states = make_states(samples, rec.hidden_size, rec.dtype, rec.all_layers)
     return samples, states, UnitWriter(store, vid, writer_id=writer_id).write(samples, states)
 
 
-def write_unit(store: Store, vid: str, lengths: list[int], seed: int = 0,
-               writer_id: str | None = None) -> tuple[list[SampleTokens], dict[int, torch.Tensor]]:
+def write_unit(
+    store: Store, vid: str, lengths: list[int], seed: int = 0, writer_id: str | None = None
+) -> tuple[list[SampleTokens], dict[int, torch.Tensor]]:
     """One committed unit of variant ``vid`` (stored as computed): samples of ``lengths`` (token seed
     ``seed``) with random states of the variant's width, dtype and layers (samples committed already
     are skipped, as by any writer). Returns (samples, states)."""
@@ -120,8 +170,9 @@ def crashed_unit(store: Store, vid: str, lengths: list[int], seed: int = 0, writ
     return commit.unit
 
 
-def store_with_unit(path: Any, lengths: list[int], seed: int = 0, writer_id: str = "w",
-                    **variant: Any) -> tuple[Store, str, list[SampleTokens], dict[int, torch.Tensor]]:
+def store_with_unit(
+    path: Any, lengths: list[int], seed: int = 0, writer_id: str = "w", **variant: Any
+) -> tuple[Store, str, list[SampleTokens], dict[int, torch.Tensor]]:
     """A new store at ``path`` (a path or a back end) with one variant (``new_variant(store, **variant)``)
     holding one committed unit by ``writer_id`` (``write_unit``). Returns (store, variant id, samples, states)."""
     store = Store.create(path)

@@ -12,17 +12,40 @@ from hsstore.core.batching import token_budget_batches
 from hsstore.core.errors import BuildFailed, CorruptData
 from hsstore.core.schema.build import BuildResult, WorkerOutcome, WorkerPlan
 
-RECIPE = {"model": {"name": "builtin:tiny-llama", "path": "builtin:tiny-llama", "hidden_size": 64, "num_layers": 4},
-          "tokenizer": {"fingerprint": "t"}, "layers": {"aux": [1], "target": [2]}}
+RECIPE = {
+    "model": {"name": "builtin:tiny-llama", "path": "builtin:tiny-llama", "hidden_size": 64, "num_layers": 4},
+    "tokenizer": {"fingerprint": "t"},
+    "layers": {"aux": [1], "target": [2]},
+}
 PLAN = {
-    "backend": "torch", "store": "/s.zarr", "recipe": RECIPE,
-    "model": {"path": "builtin:tiny-llama", "config_overrides": {}, "seed": 0, "trust_remote_code": False,
-              "init_device": "cpu"},
+    "backend": "torch",
+    "store": "/s.zarr",
+    "recipe": RECIPE,
+    "model": {
+        "path": "builtin:tiny-llama",
+        "config_overrides": {},
+        "seed": 0,
+        "trust_remote_code": False,
+        "init_device": "cpu",
+    },
     "weight_stamps": {"model.safetensors": {"dev": 1, "ino": 2, "size": 3, "mtime_ns": 4, "ctime_ns": 5}},
-    "samples_file": "/t/samples.npz", "batches": [[0, 1], [2]], "runs": [["bf16", "cpu"]],
-    "attn_implementation": "sdpa", "token_budget": 2048, "unit_tokens": None, "codec": "zstd",
-    "allow_unhealthy": False, "pad_id": 0, "writer_prefix": "r0-", "quiet": True, "result": "/t/r.json",
-    "progress": "/t/v", "parent_pid": 1, "precision": None, "label": None, "another_model": None,
+    "samples_file": "/t/samples.npz",
+    "batches": [[0, 1], [2]],
+    "runs": [["bf16", "cpu"]],
+    "attn_implementation": "sdpa",
+    "token_budget": 2048,
+    "unit_tokens": None,
+    "codec": "zstd",
+    "allow_unhealthy": False,
+    "pad_id": 0,
+    "writer_prefix": "r0-",
+    "quiet": True,
+    "result": "/t/r.json",
+    "progress": "/t/v",
+    "parent_pid": 1,
+    "precision": None,
+    "label": None,
+    "another_model": None,
 }
 
 
@@ -70,10 +93,27 @@ def test_build_result_keeps_the_documented_keys(tiny_store, tmp_path):
     BuildResult.from_dict(out, "build --json")  # strict: every key typed, none unknown
     assert {"store", "rank", "world_size", "inputs", "variants", "complete", "seconds"} <= set(out)
     assert {"rows", "usable", "truncated", "duplicates", "rejected"} <= set(out["inputs"])
-    documented = {"variant", "backend", "dtype", "device", "kernels", "samples_written", "samples_present", "tokens",
-                  "bytes", "seconds", "loop_seconds", "tokens_per_second", "writer_busy_seconds",
-                  "first_batch_seconds", "tail_seconds", "pinned_alloc_seconds", "steady_tokens", "steady_seconds",
-                  "peak_gpu_memory_gb"}
+    documented = {
+        "variant",
+        "backend",
+        "dtype",
+        "device",
+        "kernels",
+        "samples_written",
+        "samples_present",
+        "tokens",
+        "bytes",
+        "seconds",
+        "loop_seconds",
+        "tokens_per_second",
+        "writer_busy_seconds",
+        "first_batch_seconds",
+        "tail_seconds",
+        "pinned_alloc_seconds",
+        "steady_tokens",
+        "steady_seconds",
+        "peak_gpu_memory_gb",
+    }
     assert len(out["variants"]) == 2 and all(documented <= set(v) for v in out["variants"])
 
 
@@ -81,8 +121,10 @@ def test_a_build_stopped_before_any_variant_says_nothing_was_committed():
     from hsstore.capture.run.driver import Context
 
     msg = Context("/s.zarr", 0, 1, ["cpu"]).stopped("SIGINT")
-    assert msg == ("interrupted by SIGINT before any variant was written; nothing was committed — run the same "
-                   "command again to build")
+    assert msg == (
+        "interrupted by SIGINT before any variant was written; nothing was committed — run the same "
+        "command again to build"
+    )
 
 
 def test_a_rebuild_after_a_row_was_fixed_says_the_variant_still_holds_the_old_sample(tmp_path):
@@ -91,8 +133,17 @@ def test_a_rebuild_after_a_row_was_fixed_says_the_variant_still_holds_the_old_sa
     inputs (it said "1 samples written, 7 already present" and nothing else)."""
     from helpers import run_cli, write_manifest
 
-    rows = [json.dumps({"messages": [{"role": "user", "content": f"Question {i}?"},
-                                     {"role": "assistant", "content": f"Answer {i}."}]}) for i in range(5)]
+    rows = [
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": f"Question {i}?"},
+                    {"role": "assistant", "content": f"Answer {i}."},
+                ]
+            }
+        )
+        for i in range(5)
+    ]
     data = tmp_path / "rows.jsonl"
     data.write_text("\n".join(rows) + "\n")
     m = write_manifest(tmp_path / "m.toml", model="builtin:tiny-llama", files=[str(data)])

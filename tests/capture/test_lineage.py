@@ -35,8 +35,14 @@ def _records(store: Path) -> dict[str, dict[str, BuildRecord]]:
 
 def test_each_build_appends_its_records_and_names_every_row_it_did_not_take(tmp_path: Path):
     data = _data(tmp_path)
-    m = write_manifest(tmp_path / "m.toml", model="builtin:tiny-llama", layers="{ aux = [1], target = [2] }",
-                       files=[str(data)], store=str(tmp_path / "s.zarr"), dtypes='["fp32"]')
+    m = write_manifest(
+        tmp_path / "m.toml",
+        model="builtin:tiny-llama",
+        layers="{ aux = [1], target = [2] }",
+        files=[str(data)],
+        store=str(tmp_path / "s.zarr"),
+        dtypes='["fp32"]',
+    )
     r = run_cli("build", str(m), "--quiet", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -69,7 +75,11 @@ def test_each_build_appends_its_records_and_names_every_row_it_did_not_take(tmp_
     assert end.outcome == "succeeded" and end.error is None and end.finished_at >= end.started_at
     assert end.manifest.data_files == [str(data)] and end.manifest.store_path == str(tmp_path / "s.zarr")
     (f,) = end.data_files
-    assert (f.path, f.size, f.xxh3_128) == (str(data), data.stat().st_size, xxhash.xxh3_128_hexdigest(data.read_bytes()))
+    assert (f.path, f.size, f.xxh3_128) == (
+        str(data),
+        data.stat().st_size,
+        xxhash.xxh3_128_hexdigest(data.read_bytes()),
+    )
     assert (end.world_size, end.samples, end.share_samples) == (1, 6, 6) and end.inputs.rows == 9
     (v,) = end.variants
     assert end.committed == {v.variant: 6} and end.complete == {v.variant: True}

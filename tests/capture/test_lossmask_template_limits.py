@@ -9,8 +9,10 @@ from hsstore.capture.inputs.lossmask import ChatMasker
 from hsstore.capture.model.builtin import builtin_tokenizer
 from hsstore.core.errors import ResourceLimit
 
-GOOD = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+GOOD = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}" + GOOD
 GROWS = "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}" + GOOD
 WRITES = "{% for i in range(100000) %}{{ messages[0].content * 100000 }}{% endfor %}" + GOOD
@@ -22,8 +24,14 @@ def _masker(template: str) -> ChatMasker:
     return ChatMasker(tok)
 
 
-@pytest.mark.parametrize("template,says", [(LOOPS, "ran for more than 1 s"), (GROWS, "grew memory by more than"),
-                                           (WRITES, "(grew memory by|wrote) more than")])
+@pytest.mark.parametrize(
+    "template,says",
+    [
+        (LOOPS, "ran for more than 1 s"),
+        (GROWS, "grew memory by more than"),
+        (WRITES, "(grew memory by|wrote) more than"),
+    ],
+)
 def test_a_template_that_loops_or_grows_is_stopped_in_one_line(template: str, says: str, monkeypatch) -> None:
     monkeypatch.setenv("HSSTORE_RENDER_SECONDS", "1")
     monkeypatch.setenv("HSSTORE_RENDER_BYTES", "32M")

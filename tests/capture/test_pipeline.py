@@ -62,8 +62,14 @@ def test_a_reservation_that_cannot_pin_reports_it_and_the_pool_stays_usable():
 
 
 def test_pinned_sizes_are_the_power_of_two_the_allocator_hands_out_anyway():
-    assert [pinned_size(n) for n in (1, 2, 3, 1 << 20, (1 << 20) + 1, 382_515_200)] == \
-        [1, 2, 4, 1 << 20, 2 << 20, 1 << 29]
+    assert [pinned_size(n) for n in (1, 2, 3, 1 << 20, (1 << 20) + 1, 382_515_200)] == [
+        1,
+        2,
+        4,
+        1 << 20,
+        2 << 20,
+        1 << 29,
+    ]
 
 
 def test_units_take_their_place_in_batch_order_whichever_writing_thread_commits_first(tmp_path):

@@ -20,10 +20,22 @@ from hsstore.capture.model.spec import ModelSpec
 from hsstore.capture.run.hooks import LayerCapture, decoder_layers
 
 
-@pytest.mark.parametrize("sizes,parts", [([5, 1, 1, 1, 1, 1, 1, 1, 1, 5], 2), ([3] * 64, 4), ([1] * 7, 3),
-                                         ([100, 1, 1], 3), ([1, 2, 3, 4, 5, 6, 7, 8], 3), ([1, 1], 2),
-                                         ([100, 1, 1, 1], 4), ([1, 1, 1, 100], 4), ([100, 1, 1, 1, 1, 1], 4),
-                                         ([0, 0, 0], 3), ([7], 1)])
+@pytest.mark.parametrize(
+    "sizes,parts",
+    [
+        ([5, 1, 1, 1, 1, 1, 1, 1, 1, 5], 2),
+        ([3] * 64, 4),
+        ([1] * 7, 3),
+        ([100, 1, 1], 3),
+        ([1, 2, 3, 4, 5, 6, 7, 8], 3),
+        ([1, 1], 2),
+        ([100, 1, 1, 1], 4),
+        ([1, 1, 1, 100], 4),
+        ([100, 1, 1, 1, 1, 1], 4),
+        ([0, 0, 0], 3),
+        ([7], 1),
+    ],
+)
 def test_contiguous_split_is_contiguous_complete_and_balanced(sizes: list[int], parts: int):
     stage = contiguous_split(sizes, parts)
     assert len(stage) == len(sizes)
@@ -67,7 +79,9 @@ def test_spread_builtin_model_captures_the_same_states(name: str):
     whole = spec.load(torch.float32, "cpu", None)
     spread = spec.load(torch.float32, ["cpu", "cpu"], None)
     layers = decoder_layers(spread, 4)
-    assert len(layers) == 4 and all(hasattr(layer, "_hf_hook") for layer in layers), "accelerate's hooks must be in the path"
+    assert len(layers) == 4 and all(hasattr(layer, "_hf_hook") for layer in layers), (
+        "accelerate's hooks must be in the path"
+    )
     ids = torch.randint(3, 250, (2, 40), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[1, 25:] = 0
@@ -95,8 +109,10 @@ def test_spread_local_model_loads_with_a_device_map_and_matches(tmp_path: Path):
 
 @pytest.mark.process
 def test_missing_accelerate_is_a_clear_error():
-    code = ("import sys; sys.modules['accelerate'] = None\n"
-            "from hsstore.capture.model.placement import require_accelerate\n"
-            "try:\n    require_accelerate()\nexcept Exception as e:\n    print(type(e).__name__, e)")
+    code = (
+        "import sys; sys.modules['accelerate'] = None\n"
+        "from hsstore.capture.model.placement import require_accelerate\n"
+        "try:\n    require_accelerate()\nexcept Exception as e:\n    print(type(e).__name__, e)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True).stdout
     assert out.startswith("BadInput") and "pip install 'hsstore[multi-gpu]'" in out, out

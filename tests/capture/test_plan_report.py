@@ -41,8 +41,11 @@ def test_a_calibrated_plan_predicts_the_build_it_plans(attn_store: Path):
     r = run_cli("plan", str(manifest), "--limit", "40", "--dtype", "bf16", "--calibrate", "1000", "--json")
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
-    built = {v["dtype"]: v for v in json.loads(run_cli("info", str(attn_store), "--json").stdout)["variants"]
-             if v["provenance"]["environment"]["kernels"]["attention"] == "sdpa"}
+    built = {
+        v["dtype"]: v
+        for v in json.loads(run_cli("info", str(attn_store), "--json").stdout)["variants"]
+        if v["provenance"]["environment"]["kernels"]["attention"] == "sdpa"
+    }
     assert plan["calibration_batches"] == plan["batches"] > 1 and plan["tokens"]["samples"] == 40
     assert [v["dtype"] for v in plan["variants"]] == ["bf16"]
     for v in plan["variants"]:
@@ -57,12 +60,20 @@ def test_a_calibrated_plan_predicts_the_build_it_plans(attn_store: Path):
 
 def test_plan_of_the_tiny_manifest_prints_tokens_bytes_space_and_time(tmp_path: Path):
     store = tmp_path / "t.zarr"
-    r = CliRunner().invoke(app, ["plan", str(REPO / "manifests" / "tiny.toml"), "--store", str(store),
-                                 "--peak-tflops", "1"])
+    r = CliRunner().invoke(
+        app, ["plan", str(REPO / "manifests" / "tiny.toml"), "--store", str(store), "--peak-tflops", "1"]
+    )
     assert r.exit_code == 0, r.output
     text = r.output
-    for what in ("tokens: ", "variant torch/bf16/cpu stored bf16/shuffle-zstd", "variant torch/fp32/cpu",
-                 "fp8-e4m3/zstd", "free; the build needs", "time: ", "nothing committed"):
+    for what in (
+        "tokens: ",
+        "variant torch/bf16/cpu stored bf16/shuffle-zstd",
+        "variant torch/fp32/cpu",
+        "fp8-e4m3/zstd",
+        "free; the build needs",
+        "time: ",
+        "nothing committed",
+    ):
         assert what in text, (what, text)
     assert "unknown" not in text.split("time: ")[1].split(" for ")[0], text
     assert not store.exists(), "planning made the store"
@@ -82,8 +93,13 @@ def test_plan_of_a_27b_shaped_builtin_states_bf16_and_fp8_sizes_and_an_assumed_t
     follow from tokens x hidden x bytes / ratio, and the time rests on the stated MFU of an H200's peak."""
     import resource
 
-    m = write_manifest(tmp_path / "m.toml", layers=layers_toml("27b"), extra_model=config_toml("27b"),
-                       store=str(tmp_path / "s.zarr"), max_length=512)
+    m = write_manifest(
+        tmp_path / "m.toml",
+        layers=layers_toml("27b"),
+        extra_model=config_toml("27b"),
+        store=str(tmp_path / "s.zarr"),
+        max_length=512,
+    )
     m.write_text(m.read_text().replace('devices = ["cpu"]', 'devices = ["cuda"]'))
     plan = _plan(str(m), "--limit", "24")
     (v,) = plan["variants"]
@@ -120,8 +136,10 @@ def test_a_build_its_filesystem_cannot_hold_is_refused_before_any_model_loads(tm
     if probe.returncode != 0:
         pytest.skip(f"user namespaces are not allowed here: {probe.stderr.decode().strip()}")
     build = f"{sys.executable} -m hsstore build {m} --limit 2"  # not quiet: its status lines name each phase
-    script = (f"mount -t tmpfs -o size=64k none {small} && {build}; echo rc=$?; ls -A {small}; echo ---; "
-              f"{build} --no-space-check; echo rc=$?")
+    script = (
+        f"mount -t tmpfs -o size=64k none {small} && {build}; echo rc=$?; ls -A {small}; echo ---; "
+        f"{build} --no-space-check; echo rc=$?"
+    )
     r = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, cwd=REPO)
     refused, forced = r.stdout.split("---")
     assert refused.strip() == "rc=2", (r.stdout, r.stderr)  # nothing listed: the filesystem is empty
@@ -144,8 +162,14 @@ def _under_file_size_limit(limit: int, *args: str) -> subprocess.CompletedProces
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    return subprocess.run([sys.executable, "-m", "hsstore", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=300, preexec_fn=apply)
+    return subprocess.run(
+        [sys.executable, "-m", "hsstore", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=apply,
+    )
 
 
 @pytest.mark.process
@@ -222,8 +246,9 @@ def test_plan_counts_the_replies_truncation_drops_as_the_build_does(tmp_path: Pa
     assert said in r.output.splitlines()[1], r.output
 
 
-def test_an_uncalibrated_plan_of_a_fresh_store_probes_the_model_within_its_stated_error(tiny_store: Path,
-                                                                                        tmp_path: Path):
+def test_an_uncalibrated_plan_of_a_fresh_store_probes_the_model_within_its_stated_error(
+    tiny_store: Path, tmp_path: Path
+):
     """No --calibrate, a store with nothing in it: the plan runs a batch of its own through the (small)
     model per dtype to measure the codec, and its bytes land within the expected error it states of what
     the build wrote. Before, it assumed 1.42x for bf16 and no compression for fp32 (15-58 % high)."""
@@ -246,16 +271,20 @@ def test_an_uncalibrated_plan_uses_the_ratio_a_variant_on_disk_reached(tiny_stor
     built = _info(tiny_store)
     for v in plan["variants"]:
         assert "committed tokens of variant" in v["ratio"]["source"] and v["ratio"]["measured"], v["ratio"]
-        assert abs(v["bytes"] / built[v["dtype"]]["bytes"] - 1) <= v["ratio"]["expected_error"], \
-            (v["dtype"], v["bytes"], built[v["dtype"]]["bytes"])
+        assert abs(v["bytes"] / built[v["dtype"]]["bytes"] - 1) <= v["ratio"]["expected_error"], (
+            v["dtype"],
+            v["bytes"],
+            built[v["dtype"]]["bytes"],
+        )
 
 
 def test_a_calibration_times_every_batch_it_says_and_the_encoding_per_dtype(tiny_store: Path, tmp_path: Path):
     """--calibrate 2 times 2 batches (the warm-up is an extra, untimed forward), and the time includes
     encoding each dtype's own states (fp32 has twice the bytes to compress). Before, the first of the N
     batches was the untimed warm-up ("1 timed batch(es)" for --calibrate 2) and only the forward counted."""
-    plan = _plan(str(tiny_store.parent / "m.toml"), "--limit", "40", "--calibrate", "2",
-                 "--store", str(tmp_path / "fresh.zarr"))
+    plan = _plan(
+        str(tiny_store.parent / "m.toml"), "--limit", "40", "--calibrate", "2", "--store", str(tmp_path / "fresh.zarr")
+    )
     assert plan["batches"] > 2 and plan["calibration_batches"] == 2
     for v in plan["variants"]:
         assert "2 timed batch(es) after a warm-up" in v["seconds_source"], v["seconds_source"]

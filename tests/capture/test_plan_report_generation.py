@@ -48,9 +48,13 @@ def test_a_plan_counts_the_samples_the_build_writes_prompt_rows_and_n_replies_to
     """The plan stood the data's own replies in for the regenerated ones: a prompt row (no reply of its own) was
     'rejected', and n replies a row were one sample. It counts one stand-in a reply chain, as the build writes."""
     data = tmp_path / "rows.jsonl"
-    rows = [json.loads(x) for x in DATA.read_text().splitlines()[:3]] + [{"messages": [{"role": "user", "content": "Hi."}]}]
+    rows = [json.loads(x) for x in DATA.read_text().splitlines()[:3]] + [
+        {"messages": [{"role": "user", "content": "Hi."}]}
+    ]
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 3\ntemperature = 1.0\nseed = 1\nn = 2\n', files=[str(data)])
+    m = _manifest(
+        tmp_path, 'engine = "model"\nmax_new_tokens = 3\ntemperature = 1.0\nseed = 1\nn = 2\n', files=[str(data)]
+    )
     r = run_cli("plan", str(m), "--json")
     assert r.returncode == 0, r.stderr
     planned = json.loads(r.stdout)
@@ -106,8 +110,10 @@ def test_a_plan_of_prompts_only_data_plans_the_build_that_regenerates_them(tmp_p
     """Rows that are prompts (no assistant turn) are what regeneration is for, and the build takes them; the plan
     refused the data as 'no usable rows in the data files ... check [data] files and format'."""
     data = tmp_path / "prompts.jsonl"
-    data.write_text('{"prompt": "Write fizzbuzz in Python."}\n{"prompt": "Explain recursion briefly."}\n'
-                    '{"messages": [{"role": "user", "content": "hi there"}]}\n')
+    data.write_text(
+        '{"prompt": "Write fizzbuzz in Python."}\n{"prompt": "Explain recursion briefly."}\n'
+        '{"messages": [{"role": "user", "content": "hi there"}]}\n'
+    )
     m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 3\n', files=[str(data)])
     r = run_cli("plan", str(m), "--json")
     assert r.returncode == 0, r.stderr
@@ -143,7 +149,9 @@ def test_a_plan_after_an_earlier_build_counts_only_the_replies_still_to_generate
     assert (g["checkpointed_replies"], g["max_generated_tokens"], g["batches"], g["seconds"]) == (2, 0, 0, 0.0)
     assert "checkpointed" in g["seconds_source"], g["seconds_source"]
     r = run_cli("plan", str(m), "--limit", "2")  # the text form too
-    assert r.returncode == 0 and "2 checkpointed in the store" in r.stdout and "nothing to generate" in r.stdout, r.stderr
+    assert r.returncode == 0 and "2 checkpointed in the store" in r.stdout and "nothing to generate" in r.stdout, (
+        r.stderr
+    )
 
 
 def test_a_sampled_plan_scales_n_replies_a_row_to_the_whole_data(tmp_path: Path) -> None:
@@ -151,7 +159,9 @@ def test_a_sampled_plan_scales_n_replies_a_row_to_the_whole_data(tmp_path: Path)
     samples, which the extrapolation took for n rows (tokens n times low)."""
     data = tmp_path / "rows.jsonl"
     data.write_text("\n".join(DATA.read_text().splitlines()[:12]) + "\n")
-    m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 3\ntemperature = 1.0\nseed = 1\nn = 3\n', files=[str(data)])
+    m = _manifest(
+        tmp_path, 'engine = "model"\nmax_new_tokens = 3\ntemperature = 1.0\nseed = 1\nn = 3\n', files=[str(data)]
+    )
     whole = run_cli("plan", str(m), "--json")
     sampled = run_cli("plan", str(m), "--json", "--sample", "6")
     assert whole.returncode == 0 and sampled.returncode == 0, (whole.stderr, sampled.stderr)
@@ -167,13 +177,21 @@ def test_a_plan_after_a_build_counts_its_samples_committed_as_it_does_for_data_r
     generate, no batch, no calibration run). Chains with a reply still missing stay stand-ins (here: the third
     row after a build of two), for both n and turns = "all"."""
     data = tmp_path / "chats.jsonl"
-    two_turns = {"messages": [{"role": "user", "content": "Name a prime."}, {"role": "assistant", "content": "7"},
-                              {"role": "user", "content": "And another?"}, {"role": "assistant", "content": "11"}]}
+    two_turns = {
+        "messages": [
+            {"role": "user", "content": "Name a prime."},
+            {"role": "assistant", "content": "7"},
+            {"role": "user", "content": "And another?"},
+            {"role": "assistant", "content": "11"},
+        ]
+    }
     third = {"messages": [{**two_turns["messages"][0], "content": "Name an even number."}, *two_turns["messages"][1:]]}
     rows = [two_turns, json.loads(DATA.read_text().splitlines()[1]), third]
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    for generate, per_row, replies in (('max_new_tokens = 3\ntemperature = 1.0\nseed = 1\nn = 2\n', 2, 4),
-                                       ('max_new_tokens = 2\nturns = "all"\n', 1, 3)):  # (of the first 2 rows)
+    for generate, per_row, replies in (
+        ("max_new_tokens = 3\ntemperature = 1.0\nseed = 1\nn = 2\n", 2, 4),
+        ('max_new_tokens = 2\nturns = "all"\n', 1, 3),
+    ):  # (of the first 2 rows)
         d = tmp_path / str(per_row)
         d.mkdir()
         m = _manifest(d, 'engine = "model"\n' + generate, files=[str(data)])
@@ -226,8 +244,12 @@ def test_a_plan_of_every_turn_counts_a_batch_a_round_and_earlier_replies_at_most
     data = tmp_path / "multi.jsonl"
     data.write_text("\n".join(rows) + "\n")
     tokens = 8
-    m = _manifest(tmp_path, f'engine = "model"\nturns = "all"\nmax_new_tokens = {tokens}\ntemperature = 1.0\nseed = 11\n',
-                  files=[str(data)], max_length=512)
+    m = _manifest(
+        tmp_path,
+        f'engine = "model"\nturns = "all"\nmax_new_tokens = {tokens}\ntemperature = 1.0\nseed = 11\n',
+        files=[str(data)],
+        max_length=512,
+    )
     plan = json.loads(run_cli("plan", str(m), "--limit", "10", "--json").stdout)
     r = run_cli("build", str(m), "--limit", "10", "--quiet", "--json")
     assert r.returncode == 0, r.stderr

@@ -26,8 +26,15 @@ max_new_tokens = {tokens}
 """
 
 
-def regen_manifest(d: Path, *, tokens: int = 6, extra: str = "", budget: int = 2048, store: str = "store.zarr",
-                   files: list[str] | None = None) -> Path:
+def regen_manifest(
+    d: Path,
+    *,
+    tokens: int = 6,
+    extra: str = "",
+    budget: int = 2048,
+    store: str = "store.zarr",
+    files: list[str] | None = None,
+) -> Path:
     p = write_manifest(d / "m.toml", model="builtin:tiny-llama", dtypes='["fp32"]', store=store, files=files)
     text = p.read_text().replace("token_budget = 2048", f"token_budget = {budget}")
     p.write_text(text + GENERATE.format(tokens=tokens, extra=extra))
@@ -76,12 +83,13 @@ def test_generated_replies_are_masked_exactly_and_each_has_a_ledger_record(regen
         assert len(ids) == rec["prompt_tokens"] + rec["reply_tokens"]
         # the mask is exactly the generated tokens: zeros over the prompt, ones over the reply
         assert mask == [False] * rec["prompt_tokens"] + [True] * rec["reply_tokens"]
-        assert tuple(ids[rec["prompt_tokens"]:]) in generated
+        assert tuple(ids[rec["prompt_tokens"] :]) in generated
     gen = ds.provenance["recipe"]["generation"]
     assert gen["engine"] == "model" and gen["turns"] == "last" and gen["max_new_tokens"] == 6
     info = json.loads(run_cli("info", str(d / "store.zarr"), "--json").stdout)["generations"]
-    assert [(g["build_id"], g["replies"], g["reply_tokens"]) for g in info] == \
-        [(summary["build_id"], 4, sum(r["reply_tokens"] for r in ledger))]
+    assert [(g["build_id"], g["replies"], g["reply_tokens"]) for g in info] == [
+        (summary["build_id"], 4, sum(r["reply_tokens"] for r in ledger))
+    ]
 
 
 def test_each_reply_records_the_kernels_generate_called_and_info_shows_them(tmp_path: Path) -> None:
@@ -107,8 +115,9 @@ def test_each_reply_records_the_kernels_generate_called_and_info_shows_them(tmp_
 
 
 @pytest.mark.parametrize("attention", [None, "eager"])
-def test_the_recorded_kernels_cover_every_kernel_function_generate_calls(attention: str | None,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_recorded_kernels_cover_every_kernel_function_generate_calls(
+    attention: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Checked against the calls, not against the recording function: every gated-delta and conv function the
     modeling module defines that generate calls (the prompt's forward, then each decoding step's recurrent rule
     and conv update) is recorded under its family with what it is, and the attention is the one that ran."""
@@ -131,8 +140,9 @@ def test_the_recorded_kernels_cover_every_kernel_function_generate_calls(attenti
         if callable(getattr(module, name, None)):
             monkeypatch.setattr(module, name, recording(name, getattr(module, name)))
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                        lambda *a, **k: called.add("sdpa") or sdpa(*a, **k))
+    monkeypatch.setattr(
+        torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: called.add("sdpa") or sdpa(*a, **k)
+    )
 
     class Greedy:
         max_new_tokens, temperature, top_p, top_k, stop, seed = 4, 0.0, 1.0, 0, (), 0
@@ -156,8 +166,9 @@ def test_build_options_turn_regeneration_on(tmp_path: Path) -> None:
     assert r.returncode == 2 and "turns = 'every'" in r.stderr
 
 
-def test_a_rerun_generates_nothing_and_greedy_is_reproducible_bit_for_bit(regenerated: tuple[Path, dict],
-                                                                           tmp_path: Path) -> None:
+def test_a_rerun_generates_nothing_and_greedy_is_reproducible_bit_for_bit(
+    regenerated: tuple[Path, dict], tmp_path: Path
+) -> None:
     d, first = regenerated
     again = build_json(regen_manifest(d), "--limit", "4")
     assert again["replies_generated"] == 0 and again["replies_reused"] == 4
@@ -172,8 +183,9 @@ def test_a_rerun_generates_nothing_and_greedy_is_reproducible_bit_for_bit(regene
     assert first["variants"][0]["variant"] == fresh["variants"][0]["variant"]
 
 
-def test_require_of_the_datas_replies_refuses_regenerated_ones_unless_allowed(regenerated: tuple[Path, dict],
-                                                                              tmp_path: Path) -> None:
+def test_require_of_the_datas_replies_refuses_regenerated_ones_unless_allowed(
+    regenerated: tuple[Path, dict], tmp_path: Path
+) -> None:
     d, _ = regenerated
     plain = write_manifest(tmp_path / "m.toml", model="builtin:tiny-llama", dtypes='["fp32"]')
     r = run_cli("build", str(plain), "--quiet", "--limit", "2")
@@ -184,13 +196,16 @@ def test_require_of_the_datas_replies_refuses_regenerated_ones_unless_allowed(re
     assert len(HiddenStateDataset(str(d / "store.zarr"), require=original, allow_drift=["generation"])) == 4
 
 
-@pytest.mark.parametrize("extra, says", [
-    ("temprature = 0.5", "unknown key(s) ['temprature'] in [generate]"),
-    ('engine = "openai"', "needs url"),
-    ('engine = "vllm"', "engine = 'vllm'"),
-    ('turns = "first"', "turns = 'first'"),
-    ("n = 2", "identical replies"),
-])
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        ("temprature = 0.5", "unknown key(s) ['temprature'] in [generate]"),
+        ('engine = "openai"', "needs url"),
+        ('engine = "vllm"', "engine = 'vllm'"),
+        ('turns = "first"', "turns = 'first'"),
+        ("n = 2", "identical replies"),
+    ],
+)
 def test_a_bad_generate_table_is_one_line_and_exit_2(tmp_path: Path, extra: str, says: str) -> None:
     text = regen_manifest(tmp_path).read_text().replace('engine = "model"\n', "") + extra + "\n"
     (tmp_path / "m.toml").write_text(text)
@@ -212,8 +227,10 @@ def test_rows_dropped_for_cut_replies_are_named(tmp_path: Path) -> None:
     assert summary["replies_generated"] == 0  # dropping is decided after generating: the replies are reused
     ledger, _ = lineage(tmp_path / "store.zarr", summary["build_id"])
     assert {r["row"] for r in ledger if r["sample_key"] is None} == cut
-    rows = [json.loads(x) for x in (tmp_path / "store.zarr" / "builds" / summary["build_id"] / "rows.jsonl")
-            .read_text().splitlines()]
+    rows = [
+        json.loads(x)
+        for x in (tmp_path / "store.zarr" / "builds" / summary["build_id"] / "rows.jsonl").read_text().splitlines()
+    ]
     assert {r["row"] for r in rows if r["reason"] == "reply cut at max_new_tokens"} == cut
     assert summary["inputs"]["usable"] == len(first) - len(cut)
 
@@ -257,8 +274,15 @@ def test_all_turns_are_regenerated_in_order_each_conditioned_on_the_earlier_ones
     holding the regenerated text of the earlier ones; the sample is the last turn's prompt, as the target saw it,
     then its reply's tokens exactly, and an earlier reply is masked only on tokens the target generated."""
     lines = DATA.read_text().splitlines()
-    multi = [x for x in lines if sum(m.get("role", m.get("from")) in ("assistant", "gpt")
-                                     for m in (json.loads(x).get("messages") or json.loads(x)["conversations"])) == 2]
+    multi = [
+        x
+        for x in lines
+        if sum(
+            m.get("role", m.get("from")) in ("assistant", "gpt")
+            for m in (json.loads(x).get("messages") or json.loads(x)["conversations"])
+        )
+        == 2
+    ]
     data = tmp_path / "rows.jsonl"
     data.write_text("\n".join([multi[0], json.dumps({"messages": [{"role": "user", "content": "Say hi."}]})]) + "\n")
     m = regen_manifest(tmp_path, extra='turns = "all"', files=[str(data)])
@@ -278,7 +302,7 @@ def test_all_turns_are_regenerated_in_order_each_conditioned_on_the_earlier_ones
         # the last reply is the target's tokens exactly, after the prompt it saw: never re-tokenized text, nor an
         # end-of-turn token after a reply cut at max_new_tokens (what the target never emitted)
         last = [v for v in replies.values() if v["prompt_tokens"] == recs[-1]["prompt_tokens"]][0]
-        assert runs and runs[-1] == (recs[-1]["prompt_tokens"], len(ids)) and ids[runs[-1][0]:] == last["ids"]
+        assert runs and runs[-1] == (recs[-1]["prompt_tokens"], len(ids)) and ids[runs[-1][0] :] == last["ids"]
         for a, b in runs[:-1]:  # an earlier reply is masked only where its tokens are the ones generated
             assert any(ids[a:b] == g[: b - a] and b - a == len(g) for g in made), (ids[a:b], made)
 
@@ -313,7 +337,8 @@ def test_plan_estimates_generated_tokens_and_time(tmp_path: Path) -> None:
     g = json.loads(r.stdout)["generation"]
     assert g["generated_tokens_per_second"] > 0 and g["first_batch_extra_seconds"] >= 0
     assert g["seconds"] == pytest.approx(
-        g["expected_generated_tokens"] / g["generated_tokens_per_second"] + g["first_batch_extra_seconds"])
+        g["expected_generated_tokens"] / g["generated_tokens_per_second"] + g["first_batch_extra_seconds"]
+    )
     assert not (tmp_path / "store.zarr").exists()  # a plan generates nothing into the store
 
 
@@ -348,9 +373,20 @@ def served(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     exe = Path(sys.executable).parent / "transformers"
-    proc = subprocess.Popen([str(exe if exe.exists() else shutil.which("transformers")), "serve", str(model), "--host",
-                             "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            str(exe if exe.exists() else shutil.which("transformers")),
+            "serve",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}/v1"
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -411,8 +447,9 @@ def test_a_regenerating_build_refused_for_its_data_leaves_no_store_behind(tmp_pa
     a store. The store it made is removed; a store that was there before stays, untouched."""
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"prompt": "Write fizzbuzz in Python."}\n{"prompt": "Explain recursion briefly."}\n')
-    m = write_manifest(tmp_path / "m.toml", model="builtin:tiny-llama", dtypes='["fp32"]', files=[str(data)],
-                       max_length=8)
+    m = write_manifest(
+        tmp_path / "m.toml", model="builtin:tiny-llama", dtypes='["fp32"]', files=[str(data)], max_length=8
+    )
     m.write_text(m.read_text() + '[generate]\nengine = "model"\nmax_new_tokens = 3\n')
     r = run_cli("build", str(m), "--quiet")
     assert r.returncode == 2 and "no usable rows" in r.stderr, r.stderr
@@ -440,7 +477,9 @@ def test_a_sampled_reply_does_not_depend_on_the_batch_it_was_made_in(tmp_path: P
 
 
 def _gen_files(store: Path) -> list[str]:
-    return sorted(str(p.relative_to(store)) for p in (store / "builds").glob("*/*") if p.name.startswith(("gen-", "ledger")))
+    return sorted(
+        str(p.relative_to(store)) for p in (store / "builds").glob("*/*") if p.name.startswith(("gen-", "ledger"))
+    )
 
 
 def test_replies_generated_in_another_dtype_are_another_variant(tmp_path: Path) -> None:
@@ -454,8 +493,10 @@ def test_replies_generated_in_another_dtype_are_another_variant(tmp_path: Path) 
     (fp32_second,) = (v["variant"] for v in second["variants"])
     assert fp32_second != fp32_first
     store = Store.open(tmp_path / "store.zarr")
-    made = {vid: store.variant_record(vid).provenance["recipe"]["generation"]["generated_on"]
-            for vid in (fp32_first, fp32_second)}
+    made = {
+        vid: store.variant_record(vid).provenance["recipe"]["generation"]["generated_on"]
+        for vid in (fp32_first, fp32_second)
+    }
     assert made == {fp32_first: "cpu/bf16", fp32_second: "cpu/fp32"}
 
 
@@ -508,7 +549,10 @@ def test_a_server_answering_out_of_shape_is_one_line_exit_2(tmp_path: Path, mode
 def test_the_build_summary_says_how_many_replies_were_generated_and_reused(tmp_path: Path) -> None:
     m = regen_manifest(tmp_path)
     r = run_cli("build", str(m), "--limit", "2", "--quiet")
-    assert r.returncode == 0 and "\nreplies: 2 generated, 0 reused from an earlier build's checkpoints; ledger: " in r.stdout
+    assert (
+        r.returncode == 0
+        and "\nreplies: 2 generated, 0 reused from an earlier build's checkpoints; ledger: " in r.stdout
+    )
     r = run_cli("build", str(m), "--limit", "3", "--quiet")
     assert "\nreplies: 1 generated, 2 reused from an earlier build's checkpoints; ledger: " in r.stdout, r.stdout
 

@@ -31,11 +31,19 @@ LIMIT = 60
 def _manifest(tmp: Path) -> Path:
     """A model wide enough (hidden 512) and units small enough (600 tokens) that a build of LIMIT samples
     commits many units over several seconds: a signal always lands mid-build."""
-    m = write_manifest(tmp / "m.toml", model="builtin:tiny-llama", layers="{ aux = [1], target = [2] }",
-                       store=str(tmp / "s.zarr"), dtypes='["fp32"]',
-                       extra_model="config = { hidden_size = 512, intermediate_size = 2048 }")
-    m.write_text(m.read_text().replace("unit_tokens = 2048", "unit_tokens = 600").replace(
-        "token_budget = 2048", "token_budget = 600"))
+    m = write_manifest(
+        tmp / "m.toml",
+        model="builtin:tiny-llama",
+        layers="{ aux = [1], target = [2] }",
+        store=str(tmp / "s.zarr"),
+        dtypes='["fp32"]',
+        extra_model="config = { hidden_size = 512, intermediate_size = 2048 }",
+    )
+    m.write_text(
+        m.read_text()
+        .replace("unit_tokens = 2048", "unit_tokens = 600")
+        .replace("token_budget = 2048", "token_budget = 600")
+    )
     return m
 
 
@@ -44,13 +52,15 @@ def _start(cmd: list[str], tmp: Path) -> subprocess.Popen:
     env = {**os.environ, "TMPDIR": str(tmp / "tmp")}  # the driver's temporary folder lands here
     # its own process group in this session, as a shell runs a job (a new session's group would be
     # orphaned, and the kernel ignores Ctrl-Z's SIGTSTP for orphaned groups)
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            process_group=0)
+    return subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0
+    )
 
 
 def _build(tmp: Path, *extra: str) -> subprocess.Popen:
-    return _start([sys.executable, "-m", "hsstore", "build", str(_manifest(tmp)), "--limit", str(LIMIT), "--quiet",
-                   *extra], tmp)
+    return _start(
+        [sys.executable, "-m", "hsstore", "build", str(_manifest(tmp)), "--limit", str(LIMIT), "--quiet", *extra], tmp
+    )
 
 
 def _temp_folders(tmp: Path) -> list[Path]:
@@ -83,8 +93,7 @@ def _stop(p: subprocess.Popen, sig: int) -> str:
 
 def test_sigterm_stops_the_worker_cleans_up_and_a_rerun_resumes(tmp_path: Path):
     with _reaped(_build(tmp_path)) as p:
-        worker = wait_for(lambda: _computing(p.pid, tmp_path / "s.zarr") or p.poll() is not None,
-                          what="a first commit")
+        worker = wait_for(lambda: _computing(p.pid, tmp_path / "s.zarr") or p.poll() is not None, what="a first commit")
         assert p.poll() is None, "the build ended before it could be stopped"
         err = _stop(p, signal.SIGTERM)
     (line,) = err.strip().splitlines()  # one line: what was committed and how to resume
@@ -93,7 +102,9 @@ def test_sigterm_stops_the_worker_cleans_up_and_a_rerun_resumes(tmp_path: Path):
     assert not alive(worker) and not _temp_folders(tmp_path)
     store = Store.open(tmp_path / "s.zarr")
     assert 0 < store.variants[0].n_samples < LIMIT and verify(store).ok
-    (end,) = (BuildRecord.from_json(f.read_bytes(), "record") for f in (tmp_path / "s.zarr").glob("builds/*/r0-end.json"))
+    (end,) = (
+        BuildRecord.from_json(f.read_bytes(), "record") for f in (tmp_path / "s.zarr").glob("builds/*/r0-end.json")
+    )
     assert end.outcome == "interrupted" and f"error: {end.error}" == line  # the lineage says how it ended
     assert end.committed == {store.variants[0].id: store.variants[0].n_samples}
     r = run_cli("build", str(tmp_path / "m.toml"), "--limit", str(LIMIT), "--quiet", "--json")
@@ -121,8 +132,7 @@ def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
 
 
-def test_ctrl_z_suspends_the_worker_with_the_driver_and_continuing_resumes_both_then_ctrl_c_stops_them(
-        tmp_path: Path):
+def test_ctrl_z_suspends_the_worker_with_the_driver_and_continuing_resumes_both_then_ctrl_c_stops_them(tmp_path: Path):
     with _reaped(_build(tmp_path)) as p:
         worker = wait_for(lambda: _computing(p.pid, tmp_path / "s.zarr"), what="a first commit")
         os.kill(p.pid, signal.SIGTSTP)  # what Ctrl-Z sends the foreground job
@@ -163,16 +173,31 @@ def _rank_drivers(pid: int) -> dict[int, int] | None:
 
 
 def test_sigterm_to_one_torchrun_rank_stops_every_rank_and_worker(tmp_path: Path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "hsstore", "build", str(_manifest(tmp_path)), "--limit", str(LIMIT), "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "hsstore",
+        "build",
+        str(_manifest(tmp_path)),
+        "--limit",
+        str(LIMIT),
+        "--quiet",
+    ]
     with _reaped(_start(cmd, tmp_path)) as p:
         # a child is a rank driver once it has exec'd with its RANK (between fork and exec it shows
         # torchrun's own environment: on a loaded machine that window is long enough to be seen)
         by_rank = wait_for(lambda: _rank_drivers(p.pid), what="two rank drivers")
         rank0, rank1 = by_rank[0], by_rank[1]
         ranks = [rank0, rank1]
-        workers = [wait_for(lambda: _computing(r, tmp_path / "s.zarr", rank), what=f"rank {rank}'s first commit")
-                   for rank, r in ((0, rank0), (1, rank1))]
+        workers = [
+            wait_for(lambda: _computing(r, tmp_path / "s.zarr", rank), what=f"rank {rank}'s first commit")
+            for rank, r in ((0, rank0), (1, rank1))
+        ]
         os.kill(rank1, signal.SIGTERM)  # as torchrun, a scheduler or an operator would
         _, err = p.communicate(timeout=180)
     assert p.returncode != 0
@@ -191,12 +216,20 @@ def test_any_command_stopped_by_a_signal_says_so_in_one_line(sig: int) -> None:
     r, w = os.pipe()
     fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)
     os.write(w, b"x" * fcntl.fcntl(w, fcntl.F_GETPIPE_SZ))  # full: the report's first write blocks
-    p = subprocess.Popen([sys.executable, "-m", "hsstore", "info", str(REPO / "tests" / "data" / "format-v1.zarr"),
-                          "--json"], cwd=REPO, stdout=w, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "hsstore", "info", str(REPO / "tests" / "data" / "format-v1.zarr"), "--json"],
+        cwd=REPO,
+        stdout=w,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     os.close(w)
     try:
-        wait_for(lambda: "pipe_write" in Path(f"/proc/{p.pid}/wchan").read_text(), timeout=60,
-                 what="info blocked writing its report")
+        wait_for(
+            lambda: "pipe_write" in Path(f"/proc/{p.pid}/wchan").read_text(),
+            timeout=60,
+            what="info blocked writing its report",
+        )
         p.send_signal(sig)
         err = p.communicate(timeout=60)[1]
     finally:

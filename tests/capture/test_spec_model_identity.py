@@ -27,18 +27,32 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _build(model: Path, store: Path, limit: int, env: dict, *args: str) -> dict:
-    m = write_manifest(store.parent / f"{store.stem}-{model.name}.toml", model=str(model), layers=LAYERS,
-                       store=str(store), dtypes='["fp32"]')
+    m = write_manifest(
+        store.parent / f"{store.stem}-{model.name}.toml",
+        model=str(model),
+        layers=LAYERS,
+        store=str(store),
+        dtypes='["fp32"]',
+    )
     r = run_cli("build", str(m), "--limit", str(limit), "--json", *args, env=env)
     assert r.returncode == 0, r.stderr
     assert "Loading weights" not in r.stderr  # transformers' own progress bar is silenced: hsstore says what it does
     # a status line from the start and at each phase, in order, before any other output
     # (the weights are hashed before tokenizing: a regenerating build generates under the model's identity)
-    phases = ["planning", "loading the tokenizer", "hashing the model's weights", "tokenizing", "starting the torch worker",
-              "torch/fp32/cpu: loading the model"]
-    said = [line.removeprefix("hsstore build: ") for line in r.stderr.splitlines() if line.startswith("hsstore build: ")]
+    phases = [
+        "planning",
+        "loading the tokenizer",
+        "hashing the model's weights",
+        "tokenizing",
+        "starting the torch worker",
+        "torch/fp32/cpu: loading the model",
+    ]
+    said = [
+        line.removeprefix("hsstore build: ") for line in r.stderr.splitlines() if line.startswith("hsstore build: ")
+    ]
     assert [next(i for i, s in enumerate(said) if s.startswith(p)) for p in phases] == sorted(
-        next(i for i, s in enumerate(said) if s.startswith(p)) for p in phases), said
+        next(i for i, s in enumerate(said) if s.startswith(p)) for p in phases
+    ), said
     assert r.stderr.startswith("hsstore build: planning "), r.stderr
     return json.loads(r.stdout)
 
@@ -72,15 +86,20 @@ def test_changed_weights_with_restored_mtime_never_mix_into_the_old_variant(mode
     assert third["variant"] == second["variant"] and third["samples_written"] == 4
     counts = {v.id: v.n_samples for v in Store.open(store).variants}
     assert counts == {first["variant"]: 4, second["variant"]: 8}
-    weights = {v.id: v.provenance["recipe"]["model"]["weights"]["model.safetensors"]["xxh3_128"]
-               for v in Store.open(store).variants}
+    weights = {
+        v.id: v.provenance["recipe"]["model"]["weights"]["model.safetensors"]["xxh3_128"]
+        for v in Store.open(store).variants
+    }
     assert weights[first["variant"]] != weights[second["variant"]]
     with pytest.raises(ProvenanceMismatch, match="recipe.model.fingerprint"):  # other weights: another model
-        HiddenStateDataset(store, variant=second["variant"], require=HiddenStateDataset(store, variant=first["variant"]))
+        HiddenStateDataset(
+            store, variant=second["variant"], require=HiddenStateDataset(store, variant=first["variant"])
+        )
 
 
 def test_a_copied_or_hub_cache_symlinked_model_directory_is_the_same_variant_and_satisfies_require(
-        model_dir: Path, tmp_path: Path):
+    model_dir: Path, tmp_path: Path
+):
     """Identity is content, not location: a copy under a new path and name (new mtimes), and the HF cache
     layout (snapshots/REV/* -> ../../blobs/HASH, the links followed), are the model that first ran."""
     copy = tmp_path / "elsewhere" / "renamed-copy"
@@ -137,10 +156,18 @@ def test_builtin_model_identity_is_unchanged_so_old_stores_resume():
     pinned to what format 1.0 stores hold."""
     spec = ModelSpec("builtin:tiny-qwen3_5")
     ident = spec.identity(spec.config(len(spec.tokenizer()))).to_dict()
-    assert ident == {"path": "builtin:tiny-qwen3_5", "name": "builtin:tiny-qwen3_5", "model_type": "qwen3_5_text",
-                     "num_layers": 4, "hidden_size": 64, "config_fingerprint": "d91acfed2e87d34111e258ee237930af",
-                     "seed": 0, "generator_version": 1, "init_device": "cpu",
-                     "fingerprint": "bb22bad149ccfc4e27f711b17aac8dbb"}
+    assert ident == {
+        "path": "builtin:tiny-qwen3_5",
+        "name": "builtin:tiny-qwen3_5",
+        "model_type": "qwen3_5_text",
+        "num_layers": 4,
+        "hidden_size": 64,
+        "config_fingerprint": "d91acfed2e87d34111e258ee237930af",
+        "seed": 0,
+        "generator_version": 1,
+        "init_device": "cpu",
+        "fingerprint": "bb22bad149ccfc4e27f711b17aac8dbb",
+    }
 
 
 def test_a_file_that_changes_while_it_is_hashed_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -150,7 +177,9 @@ def test_a_file_that_changes_while_it_is_hashed_is_refused(tmp_path: Path, monke
     p.write_bytes(b"x" * 1000)
     stamps = iter([fh.stamp(p), fh.stamp(p).replace(mtime_ns=1)])  # as a copy still running would show
     monkeypatch.setattr(fh, "stamp", lambda path: next(stamps))
-    with pytest.raises(BuildFailed, match=r"model.safetensors changed while it was hashed .* re-run when it is complete"):
+    with pytest.raises(
+        BuildFailed, match=r"model.safetensors changed while it was hashed .* re-run when it is complete"
+    ):
         fh.hash_file(p)
 
 

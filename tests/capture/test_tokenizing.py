@@ -23,19 +23,35 @@ def _text(ids, mask):
 
 
 def test_sharegpt_and_openai_give_the_same_sample():
-    share = {"conversations": [{"from": "system", "value": "S"}, {"from": "human", "value": "Q"},
-                               {"from": "gpt", "value": "A"}]}
-    oai = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"},
-                        {"role": "assistant", "content": "A"}]}
+    share = {
+        "conversations": [
+            {"from": "system", "value": "S"},
+            {"from": "human", "value": "Q"},
+            {"from": "gpt", "value": "A"},
+        ]
+    }
+    oai = {
+        "messages": [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "Q"},
+            {"role": "assistant", "content": "A"},
+        ]
+    }
     (a,), _ = _tok([share])
     (b,), _ = _tok([oai])
     assert a.key == b.key
 
 
 def test_multi_turn_loss_mask_covers_assistant_turns_only():
-    row = {"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "q1"},
-                        {"role": "assistant", "content": "ANSWER-ONE"}, {"role": "user", "content": "q2"},
-                        {"role": "assistant", "content": "ANSWER-TWO"}]}
+    row = {
+        "messages": [
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": "q1"},
+            {"role": "assistant", "content": "ANSWER-ONE"},
+            {"role": "user", "content": "q2"},
+            {"role": "assistant", "content": "ANSWER-TWO"},
+        ]
+    }
     (s,), _ = _tok([row])
     masked = _text(s.input_ids, s.loss_mask)
     assert "ANSWER-ONE" in masked and "ANSWER-TWO" in masked
@@ -58,12 +74,22 @@ def test_truncate_and_skip_policies():
 
 
 def test_rejections_are_counted_by_reason():
-    rows = [{"text": ""}, {"messages": "not a list"}, {"messages": [{"role": "user", "content": "q"}]},
-            {"other": 1}, {"text": "ok"}, {"text": "ok"}]
+    rows = [
+        {"text": ""},
+        {"messages": "not a list"},
+        {"messages": [{"role": "user", "content": "q"}]},
+        {"other": 1},
+        {"text": "ok"},
+        {"text": "ok"},
+    ]
     samples, rep = _tok(rows)
     assert len(samples) == 1 and rep.duplicates == 1
-    assert rep.rejected == {"empty": 1, "malformed chat": 1, "no assistant turn": 1,
-                            "unknown format (no conversations/messages/text/prompt+completion)": 1}
+    assert rep.rejected == {
+        "empty": 1,
+        "malformed chat": 1,
+        "no assistant turn": 1,
+        "unknown format (no conversations/messages/text/prompt+completion)": 1,
+    }
 
 
 def test_nothing_usable_is_an_error():
@@ -149,41 +175,76 @@ def _key(row) -> str:
 
 
 def test_content_parts_are_joined_and_non_text_parts_refused():
-    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": "there"}]},
-                          {"role": "assistant", "content": [{"type": "text", "text": "Hi"}]}]}
+    parts = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": "there"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "Hi"}]},
+        ]
+    }
     flat = {"messages": [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "Hi"}]}
     assert _key(parts) == _key(flat)
-    image = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}},
-                                                      {"type": "text", "text": "what is it?"}]},
-                          {"role": "assistant", "content": "a cat"}]}
+    image = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "what is it?"}],
+            },
+            {"role": "assistant", "content": "a cat"},
+        ]
+    }
     samples, rep = _q([image, flat])
     assert len(samples) == 1 and rep.rejected == {"non-text content part (only text is supported)": 1}
     assert rep.issues[0].detail == "message 0 (user): type 'image_url'"
 
 
 def test_role_names_in_any_case_and_common_aliases():
-    want = _key({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"},
-                              {"role": "assistant", "content": "A"}]})
-    for sys_, user, bot in [("SYSTEM", "Human", "GPT"), ("developer", "user", "ChatGPT"), ("System", "HUMAN", "bing"),
-                            ("system", "human", "model"), ("system", "user", "Assistant"), ("system", "human", "bard")]:
-        row = {"conversations": [{"from": sys_, "value": "S"}, {"from": user, "value": "Q"}, {"from": bot, "value": "A"}]}
+    want = _key(
+        {
+            "messages": [
+                {"role": "system", "content": "S"},
+                {"role": "user", "content": "Q"},
+                {"role": "assistant", "content": "A"},
+            ]
+        }
+    )
+    for sys_, user, bot in [
+        ("SYSTEM", "Human", "GPT"),
+        ("developer", "user", "ChatGPT"),
+        ("System", "HUMAN", "bing"),
+        ("system", "human", "model"),
+        ("system", "user", "Assistant"),
+        ("system", "human", "bard"),
+    ]:
+        row = {
+            "conversations": [{"from": sys_, "value": "S"}, {"from": user, "value": "Q"}, {"from": bot, "value": "A"}]
+        }
         assert _key(row) == want, (sys_, user, bot)
-    samples, rep = _q([{"messages": [{"role": "narrator", "content": "x"}, {"role": "assistant", "content": "A"}]}, {"text": "t"}])
+    samples, rep = _q(
+        [{"messages": [{"role": "narrator", "content": "x"}, {"role": "assistant", "content": "A"}]}, {"text": "t"}]
+    )
     assert rep.rejected == {"unknown role": 1} and rep.issues[0].detail == "message 0: 'narrator'"
 
 
 def test_tool_calls_and_results_in_openai_and_sharegpt_shapes():
     call = {"name": "get_weather", "arguments": {"city": "Paris"}}
-    openai = {"messages": [
-        {"role": "user", "content": "Weather?"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": call}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
-        {"role": "assistant", "content": "Sunny."}]}
+    openai = {
+        "messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": call}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+            {"role": "assistant", "content": "Sunny."},
+        ]
+    }
     flat = json.loads(json.dumps(openai))
     flat["messages"][1]["tool_calls"] = [call]  # {"name", "arguments"} without the "function" wrapper
-    sharegpt = {"conversations": [{"from": "human", "value": "Weather?"},
-                                  {"from": "function_call", "value": json.dumps(call)},
-                                  {"from": "observation", "value": "sunny"}, {"from": "gpt", "value": "Sunny."}]}
+    sharegpt = {
+        "conversations": [
+            {"from": "human", "value": "Weather?"},
+            {"from": "function_call", "value": json.dumps(call)},
+            {"from": "observation", "value": "sunny"},
+            {"from": "gpt", "value": "Sunny."},
+        ]
+    }
     (s,), _ = _q([openai])
     assert _key(flat) == _key(sharegpt) == s.key
     got = spans(QTOK, s.input_ids, s.loss_mask)
@@ -193,10 +254,22 @@ def test_tool_calls_and_results_in_openai_and_sharegpt_shapes():
 
 def test_tool_call_arguments_keep_their_own_keys():
     """Read through Arrow, the first row's arguments would gain the second row's key as null."""
-    rows = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "",
-             "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {k: "v"}}}]}]}
-            for k in ("city", "query")]
-    (tmp := Path(__import__("tempfile").mkdtemp()) / "tools.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": "q"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {k: "v"}}}],
+                },
+            ]
+        }
+        for k in ("city", "query")
+    ]
+    (tmp := Path(__import__("tempfile").mkdtemp()) / "tools.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows)
+    )
     samples, _ = tokenize_rows(load_rows([str(tmp)]), QTOK, "fp")
     first = QTOK.decode(samples[0].input_ids)
     assert '"arguments": {"city": "v"}' in first and "query" not in first
@@ -204,7 +277,10 @@ def test_tool_call_arguments_keep_their_own_keys():
 
 def test_reasoning_field_names_and_row_tools():
     base = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "A"}]
-    keys = {_key({"messages": [base[0], {**base[1], name: "because"}]}) for name in ("reasoning_content", "reasoning", "thinking")}
+    keys = {
+        _key({"messages": [base[0], {**base[1], name: "because"}]})
+        for name in ("reasoning_content", "reasoning", "thinking")
+    }
     assert len(keys) == 1
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     assert _key({"messages": base, "tools": tools}) == _key({"messages": base, "tools": json.dumps(tools)})
@@ -217,10 +293,12 @@ def test_rejected_duplicate_and_truncated_rows_are_named(tmp_path: Path):
     samples, rep = tokenize_rows(load_rows([str(f)]), TOK, "fp", max_length=10)
     assert len(samples) == 2
     named = [(i.row, i.kind, i.reason, i.to_dict().get("detail")) for i in rep.issues]
-    assert named == [(3, "rejected", "empty", None),
-                     (4, "duplicate", "duplicate of an earlier row", f"{f} row 1"),
-                     (5, "rejected", "invalid JSON line", "Expecting value at column 1"),
-                     (6, "truncated", "truncated to max_length=10", "40 tokens")]
+    assert named == [
+        (3, "rejected", "empty", None),
+        (4, "duplicate", "duplicate of an earlier row", f"{f} row 1"),
+        (5, "rejected", "invalid JSON line", "Expecting value at column 1"),
+        (6, "truncated", "truncated to max_length=10", "40 tokens"),
+    ]
     assert {i.file for i in rep.issues} == {str(f)}
     d = rep.to_dict()
     assert {"rows", "usable", "truncated", "duplicates", "rejected"} <= set(d) and d["issue_count"] == 4
@@ -228,17 +306,29 @@ def test_rejected_duplicate_and_truncated_rows_are_named(tmp_path: Path):
 
 # --- data files that hold no rows ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name, content, message", [
-    ("empty.jsonl", b"", "is empty"),
-    ("blank.json", b" \n\n\t\n", "is empty"),
-    ("latin1.jsonl", '{"text": "ok"}\n{"text": "caf\xe9"}\n'.encode("latin-1"), r"is not UTF-8 text \(byte 0xe9 at line 2\)"),
-    ("latin1.json", '[{"text": "caf\xe9"}]'.encode("latin-1"), r"is not UTF-8 text \(byte 0xe9 at offset 14\)"),
-    ("object.json", b'{"data": [{"text": "a"}]}', r"holds one JSON object \(keys \['data'\]\), not rows"),
-    ("pretty.jsonl", b'{\n  "version": 1,\n  "rows": []\n}\n', r"holds one JSON object \(keys \['rows', 'version'\]\)"),
-    ("scalar.json", b"42", "holds a JSON number, not rows"),
-    ("string.json", b'"text"', "holds a JSON string, not rows"),
-    ("garbage.json", b"\x00\x01binary", "is neither JSON nor JSON Lines"),
-])
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("empty.jsonl", b"", "is empty"),
+        ("blank.json", b" \n\n\t\n", "is empty"),
+        (
+            "latin1.jsonl",
+            '{"text": "ok"}\n{"text": "caf\xe9"}\n'.encode("latin-1"),
+            r"is not UTF-8 text \(byte 0xe9 at line 2\)",
+        ),
+        ("latin1.json", '[{"text": "caf\xe9"}]'.encode("latin-1"), r"is not UTF-8 text \(byte 0xe9 at offset 14\)"),
+        ("object.json", b'{"data": [{"text": "a"}]}', r"holds one JSON object \(keys \['data'\]\), not rows"),
+        (
+            "pretty.jsonl",
+            b'{\n  "version": 1,\n  "rows": []\n}\n',
+            r"holds one JSON object \(keys \['rows', 'version'\]\)",
+        ),
+        ("scalar.json", b"42", "holds a JSON number, not rows"),
+        ("string.json", b'"text"', "holds a JSON string, not rows"),
+        ("garbage.json", b"\x00\x01binary", "is neither JSON nor JSON Lines"),
+    ],
+)
 def test_files_without_rows_are_one_line_bad_input(tmp_path: Path, name: str, content: bytes, message: str):
     (tmp_path / name).write_bytes(content)
     with pytest.raises(BadInput, match=message) as e:
@@ -257,11 +347,16 @@ def test_rows_nested_too_deeply_are_rejected_rows_not_tracebacks(tmp_path: Path,
 
     f = tmp_path / "d.jsonl"
     chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-    f.write_text("\n".join([
-        '{"messages": ' + _nested(depth) + "}",  # the row itself
-        json.dumps({"messages": chat, "tools": _nested(depth)}),  # a JSON string inside the row
-        json.dumps({"text": "ok"}),
-    ]) + "\n")
+    f.write_text(
+        "\n".join(
+            [
+                '{"messages": ' + _nested(depth) + "}",  # the row itself
+                json.dumps({"messages": chat, "tools": _nested(depth)}),  # a JSON string inside the row
+                json.dumps({"text": "ok"}),
+            ]
+        )
+        + "\n"
+    )
     samples, rep = tokenize_rows(load_rows([str(f)]), TOK, "fp")
     assert len(samples) == 1 and rep.rejected == {"nested too deeply": 2}
     assert all(str(MAX_INPUT_DEPTH) in i.to_dict()["detail"] for i in rep.issues)
@@ -278,8 +373,15 @@ def test_numbers_too_long_to_read_are_rejected_rows_not_tracebacks(tmp_path: Pat
     is an invalid JSON line; json.loads raises a plain ValueError for it, not a JSONDecodeError."""
     chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     long = "1" * 5000
-    (tmp_path / "d.jsonl").write_text('{"text": "x", "n": ' + long + "}\n" + json.dumps({"messages": chat, "tools": "[" + long + "]"})
-                                      + "\n" + json.dumps({"text": "ok"}) + "\n")
+    (tmp_path / "d.jsonl").write_text(
+        '{"text": "x", "n": '
+        + long
+        + "}\n"
+        + json.dumps({"messages": chat, "tools": "[" + long + "]"})
+        + "\n"
+        + json.dumps({"text": "ok"})
+        + "\n"
+    )
     samples, rep = tokenize_rows(load_rows([str(tmp_path / "d.jsonl")]), TOK, "fp")
     assert len(samples) == 1 and rep.rejected == {"invalid JSON line": 1, "tools is not JSON": 1}
     assert "a number longer than" in rep.issues[0].to_dict()["detail"]
@@ -289,14 +391,22 @@ def test_lone_surrogates_are_rejected_rows_not_tracebacks(tmp_path: Path):
     """JSON may escape half of a UTF-16 pair ("\\ud800") that no tokenizer can encode: in a row's text, a key, a
     JSON list's row or a tools JSON string it is a rejected row, named; a whole pair (an emoji) is text."""
     chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-    lines = ['{"text": "hi \\ud800 there"}', '{"messages": [{"role": "user", "content": "q\\udfff"}, '
-             '{"role": "assistant", "content": "a"}]}', json.dumps({"messages": chat, "tools": '[{"\\udc00": 1}]'}),
-             '{"text": "an emoji \\ud83d\\ude00 is fine"}']
+    lines = [
+        '{"text": "hi \\ud800 there"}',
+        '{"messages": [{"role": "user", "content": "q\\udfff"}, {"role": "assistant", "content": "a"}]}',
+        json.dumps({"messages": chat, "tools": '[{"\\udc00": 1}]'}),
+        '{"text": "an emoji \\ud83d\\ude00 is fine"}',
+    ]
     (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
     (tmp_path / "l.json").write_text("[" + lines[0] + ', {"text": "ok"}]')
     samples, rep = tokenize_rows(load_rows([str(tmp_path / "d.jsonl"), str(tmp_path / "l.json")]), TOK, "fp")
     assert len(samples) == 2 and rep.rejected == {"not Unicode text": 4}
-    assert [i.to_dict()["detail"].split("surrogate ")[1][:6] for i in rep.issues] == ["\\ud800", "\\udfff", "\\udc00", "\\ud800"]
+    assert [i.to_dict()["detail"].split("surrogate ")[1][:6] for i in rep.issues] == [
+        "\\ud800",
+        "\\udfff",
+        "\\udc00",
+        "\\ud800",
+    ]
 
 
 @pytest.mark.parametrize("name", ["d.parquet", "d.jsonl"])
@@ -315,23 +425,40 @@ def test_json_variants_that_are_rows(tmp_path: Path):
     (tmp_path / "lines.json").write_text(json.dumps(row) + "\n" + json.dumps({"text": "t"}) + "\n")
     (tmp_path / "list.json").write_text(json.dumps([row, 7]))
     got = list(load_rows([str(tmp_path / n) for n in ("bom.jsonl", "one.json", "lines.json", "list.json")]))
-    assert [(Path(f).name, n) for f, n, _ in got] == [("bom.jsonl", 1), ("one.json", 1), ("lines.json", 1),
-                                                      ("lines.json", 2), ("list.json", 1), ("list.json", 2)]
+    assert [(Path(f).name, n) for f, n, _ in got] == [
+        ("bom.jsonl", 1),
+        ("one.json", 1),
+        ("lines.json", 1),
+        ("lines.json", 2),
+        ("list.json", 1),
+        ("list.json", 2),
+    ]
     _, rep = tokenize_rows(got, TOK, "fp")
     assert rep.rejected == {"row is not a JSON object": 1}
 
 
 def test_weight_zero_turns_stay_in_the_prompt_but_out_of_the_loss():
-    msgs = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "bad answer", "weight": 0},
-            {"role": "user", "content": "q2"}, {"role": "assistant", "content": "good answer", "weight": 1}]
+    msgs = [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "bad answer", "weight": 0},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "good answer", "weight": 1},
+    ]
     (s,), _ = _q([{"messages": msgs}])
     assert spans(QTOK, s.input_ids, s.loss_mask) == ["<think>\n\n</think>\n\ngood answer<|im_end|>"]
     assert "bad answer" in QTOK.decode(s.input_ids)
-    bad = [{"messages": [msgs[0], {**msgs[1], "weight": 0.5}]}, {"messages": [{**msgs[0], "weight": 1}, msgs[3]]},
-           {"messages": [msgs[0], msgs[1]]}, {"text": "t"}]
+    bad = [
+        {"messages": [msgs[0], {**msgs[1], "weight": 0.5}]},
+        {"messages": [{**msgs[0], "weight": 1}, msgs[3]]},
+        {"messages": [msgs[0], msgs[1]]},
+        {"text": "t"},
+    ]
     _, rep = _q(bad)
-    assert rep.rejected == {"weight is neither 0 nor 1": 1, "weight on a message that is not the assistant's": 1,
-                            "no trainable tokens (loss mask empty)": 1}
+    assert rep.rejected == {
+        "weight is neither 0 nor 1": 1,
+        "weight on a message that is not the assistant's": 1,
+        "no trainable tokens (loss mask empty)": 1,
+    }
 
 
 def test_a_system_field_of_the_row_is_its_system_prompt():
@@ -347,8 +474,14 @@ def test_a_row_whose_every_reply_lies_past_max_length_is_rejected_as_such_not_tr
     """A long prompt (a tool schema, a document) before every reply: the cut keeps no trained token, so the
     row is not taken; it is named once, with that reason, and counts neither as truncated nor as dropped
     replies of a kept row."""
-    long_prompt = {"messages": [{"role": "user", "content": "word " * 400}, {"role": "assistant", "content": "A"},
-                                {"role": "user", "content": "more"}, {"role": "assistant", "content": "B"}]}
+    long_prompt = {
+        "messages": [
+            {"role": "user", "content": "word " * 400},
+            {"role": "assistant", "content": "A"},
+            {"role": "user", "content": "more"},
+            {"role": "assistant", "content": "B"},
+        ]
+    }
     kept = {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]}
     (full,), _ = _tok([long_prompt], max_length=10_000)
     first = list(full.loss_mask).index(1)
@@ -386,10 +519,22 @@ def test_empty_assistant_replies_are_rejected_when_alone_and_counted_and_named_w
     it is rejected, by its own reason. A row with an empty reply among real ones is kept (that turn trains
     its end-of-turn token), counted and named with the message index. Before, both were kept silently."""
     only = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  "}]}
-    mixed = {"messages": [{"role": "user", "content": "q1"}, {"role": "assistant", "content": ""},
-                          {"role": "user", "content": "q2"}, {"role": "assistant", "content": "ANSWER"}]}
-    held_out = {"messages": [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "", "weight": 0},
-                             {"role": "user", "content": "q2"}, {"role": "assistant", "content": "ANSWER-2"}]}
+    mixed = {
+        "messages": [
+            {"role": "user", "content": "q1"},
+            {"role": "assistant", "content": ""},
+            {"role": "user", "content": "q2"},
+            {"role": "assistant", "content": "ANSWER"},
+        ]
+    }
+    held_out = {
+        "messages": [
+            {"role": "user", "content": "q1"},
+            {"role": "assistant", "content": "", "weight": 0},
+            {"role": "user", "content": "q2"},
+            {"role": "assistant", "content": "ANSWER-2"},
+        ]
+    }
     samples, rep = _q([only, mixed, held_out])
     assert rep.rejected == {"empty assistant reply": 1} and len(samples) == 2
     assert rep.empty_replies == 1 and rep.to_dict()["empty_replies"] == 1

@@ -37,18 +37,21 @@ def test_a_huge_text_is_cut_before_tokenizing_and_keeps_the_whole_texts_tokens()
 
 
 def test_a_huge_prompt_still_leaves_no_reply_and_skip_still_refuses():
-    _, rep = tokenize_rows([("f", {"prompt": LONG, "completion": "ok"}), ("f", {"text": "short"})], TOK, "fp",
-                           max_length=MAX)
+    _, rep = tokenize_rows(
+        [("f", {"prompt": LONG, "completion": "ok"}), ("f", {"text": "short"})], TOK, "fp", max_length=MAX
+    )
     assert dict(rep.rejected) == {f"no reply within max_length={MAX}": 1}
-    _, rep = tokenize_rows([("f", {"text": LONG}), ("f", {"text": "short"})], TOK, "fp", max_length=MAX,
-                           too_long="skip")
+    _, rep = tokenize_rows(
+        [("f", {"text": LONG}), ("f", {"text": "short"})], TOK, "fp", max_length=MAX, too_long="skip"
+    )
     assert dict(rep.rejected) == {f"longer than max_length={MAX}": 1}
 
 
 def test_a_row_of_many_huge_turns_is_rejected_untokenized():
     cap = string_cap(TOK, MAX)
-    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": LONG[: cap + 1]}
-             for i in range(2 * ROW_STRINGS + 2)]
+    turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": LONG[: cap + 1]} for i in range(2 * ROW_STRINGS + 2)
+    ]
     seen = Seen(TOK)
     _, rep = tokenize_rows([("f", {"messages": turns}), ("f", {"text": "short"})], seen, "fp", max_length=MAX)
     assert dict(rep.rejected) == {"too large to tokenize": 1}
@@ -65,7 +68,8 @@ def _backtracking_tokenizer() -> Any:
 
     tok = copy.deepcopy(TOK)
     tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(r"(a|aa)+$"), behavior="isolated"), tok.backend_tokenizer.pre_tokenizer])
+        [pre_tokenizers.Split(Regex(r"(a|aa)+$"), behavior="isolated"), tok.backend_tokenizer.pre_tokenizer]
+    )
     return tok
 
 
@@ -123,8 +127,9 @@ def test_a_cut_that_would_change_the_kept_tokens_rejects_the_row():
     word = "b" * (string_cap(tok, MAX) + 10)  # one unknown word longer than the cut
     whole = list(tok(f"{word} hello world", add_special_tokens=False)["input_ids"])
     assert whole == [0, 2, 3]  # the whole text: [UNK] hello world (3 tokens, within max_length)
-    samples, rep = tokenize_rows([("f", {"text": f"{word} hello world"}), ("f", {"text": "hello"})], tok, "fp",
-                                 max_length=MAX)
+    samples, rep = tokenize_rows(
+        [("f", {"text": f"{word} hello world"}), ("f", {"text": "hello"})], tok, "fp", max_length=MAX
+    )
     kept = [s.input_ids.tolist() for s in samples]
     assert [0] not in kept  # not the cut text's tokens ([UNK] alone)
     assert kept == [[2]] and dict(rep.rejected) == {"too large to tokenize": 1}

@@ -31,8 +31,15 @@ def _run(args: list[str], stdout: object, limit: int | None = None) -> subproces
         signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    return subprocess.run([sys.executable, "-m", "hsstore", *args], cwd=REPO, stdout=stdout, stderr=subprocess.PIPE,
-                          text=True, timeout=300, preexec_fn=lower if limit is not None else None)
+    return subprocess.run(
+        [sys.executable, "-m", "hsstore", *args],
+        cwd=REPO,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+        preexec_fn=lower if limit is not None else None,
+    )
 
 
 @pytest.mark.process
@@ -63,7 +70,10 @@ def test_every_command_prints_its_report_through_write_stdout() -> None:
     offenders = []
     for path in sorted((REPO / "hsstore" / "cli").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("echo", "print"):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+                "echo",
+                "print",
+            ):
                 if not any(k.arg in ("err", "file") for k in node.keywords):
                     offenders.append(f"{path.name}:{node.lineno}")
     assert not offenders, offenders
@@ -77,6 +87,7 @@ DIFF = ["diff", f"{STORE}#3cd1", f"{STORE}#b4b2"]
 def _drain(source: int | Path, into: list[bytes]) -> threading.Thread:
     """A thread reading a descriptor (or opening a FIFO and reading it) to its end into ``into``: the
     writer must never block on a full pipe."""
+
     def run() -> None:
         with open(source, "rb") as f:
             into.append(f.read())
@@ -152,7 +163,9 @@ def test_outputs_inside_a_store_are_refused_and_the_store_stays_whole(tmp_path: 
     target = {"root-record": store / "zarr.json", "inside": store / "variants" / "out", "the-store": store}[where]
     if command.startswith("diff"):
         if where != "root-record":
-            target = (store if where == "the-store" else store / "variants") / ("r.json" if "json" in command else "p.png")
+            target = (store if where == "the-store" else store / "variants") / (
+                "r.json" if "json" in command else "p.png"
+            )
         args = ["diff", str(store), str(store), command.split()[1], str(target)]
     elif command == "export":
         args = ["export", str(store), "modelopt", str(target)]

@@ -59,8 +59,9 @@ def test_every_command_has_its_real_process_case() -> None:
 
 @pytest.mark.process  # see docs/testing.md
 @pytest.mark.parametrize("command", sorted(BAD))
-def test_a_real_process_exits_and_prints_as_the_inline_runner_reports(command: str, tiny_store: Path,
-                                                                        tmp_path: Path) -> None:
+def test_a_real_process_exits_and_prints_as_the_inline_runner_reports(
+    command: str, tiny_store: Path, tmp_path: Path
+) -> None:
     r = _same([command, *_argv(BAD[command], tmp_path, tiny_store)])
     assert r.returncode == 2 and r.stdout.strip() == "", r.stderr
     assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("error: "), r.stderr
@@ -76,8 +77,14 @@ def test_a_real_process_succeeds_as_the_inline_runner_reports(command: str, tiny
 def _ended(tmp: Path, setup: str, argv: list[str]) -> subprocess.CompletedProcess:
     """A real process that runs ``setup`` then the console script's ``run`` with ``argv``."""
     code = f"import atexit, sys, threading, time\n{setup}\nsys.argv = ['hsstore', *{argv!r}]\nfrom hsstore.cli.main import run\nrun()\n"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 @pytest.mark.process
@@ -86,14 +93,21 @@ def test_the_console_script_ends_without_teardown_but_as_an_exit_would(tmp_path:
     what an exit does that matters still happens: exit handlers run, buffered output is flushed whole, a
     non-daemon thread still working is waited for, and the exit status is main's."""
     done, handler = tmp_path / "thread-done", tmp_path / "handler-ran"
-    r = _ended(tmp_path, f"atexit.register(lambda: open({str(handler)!r}, 'w').write('x'))\n"
-                         f"threading.Thread(target=lambda: (time.sleep(0.5), open({str(done)!r}, 'w').write('x'))).start()\n"
-                         "sys.stdout.write('y' * 100000)", ["--help"])
+    r = _ended(
+        tmp_path,
+        f"atexit.register(lambda: open({str(handler)!r}, 'w').write('x'))\n"
+        f"threading.Thread(target=lambda: (time.sleep(0.5), open({str(done)!r}, 'w').write('x'))).start()\n"
+        "sys.stdout.write('y' * 100000)",
+        ["--help"],
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("y" * 100000) and "Usage" in r.stdout  # buffered text first, all of it, then help
     assert done.exists() and handler.exists()
     r = _ended(tmp_path, "", ["info", str(tmp_path / "none.zarr")])
     assert r.returncode == 2 and r.stderr.startswith("error: ")
-    closed = subprocess.run(["bash", "-c", f"{sys.executable} -m hsstore --help >/dev/null 2>&-"], cwd=str(tmp_path),
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    closed = subprocess.run(
+        ["bash", "-c", f"{sys.executable} -m hsstore --help >/dev/null 2>&-"],
+        cwd=str(tmp_path),
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert closed.returncode == 0  # stderr closed at start (sys.stderr None): nothing to flush, not a failure

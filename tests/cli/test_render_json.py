@@ -25,16 +25,32 @@ PINNED = REPO / "tests" / "data" / "json"
 FIXTURE = REPO / "tests" / "data" / "format-v1.zarr"
 BF16, FP32 = "b4b21ec5d215", "3cd16953cadd"  # the fixture's variants
 # fields added since the documents were pinned: (document, path with "*" for any list item or key)
-ADDED = {("info", ("variants", "*", "distinguished_by")), ("info", ("variants", "*", "audits", "*", "restatement")),
-         ("info", ("models",)), ("info", ("variants", "*", "label")), ("info", ("variants", "*", "selector")),
-         ("info", ("variants", "*", "model")),
-         ("info", ("generations",)),  # labels, selectors and models: issue 43
-         *((doc, (field,)) for doc in ("verify_clean", "verify_damaged") for field in ("damaged_units", "quarantined"))}
-AUDIT = {"kind": "audit", "audited_at": "2026-12-01T00:00:00+00:00", "model": "builtin:tiny-llama",
-         "model_fingerprint": "0123456789abcdef0123", "samples": 3, "population": 3, "verdict": "every checked sample "
-         "is bit-exact", "verdict_kind": "identical", "defects": {}, "defective_samples": 0, "defect_rate_upper": 0.63,
-         "bound": "fewer than 63 % of samples are defective (95 %)", "recompute": {"backend": "torch", "dtype": "bf16"},
-         "assumed": {"attention": "sdpa (the default)"}}
+ADDED = {
+    ("info", ("variants", "*", "distinguished_by")),
+    ("info", ("variants", "*", "audits", "*", "restatement")),
+    ("info", ("models",)),
+    ("info", ("variants", "*", "label")),
+    ("info", ("variants", "*", "selector")),
+    ("info", ("variants", "*", "model")),
+    ("info", ("generations",)),  # labels, selectors and models: issue 43
+    *((doc, (field,)) for doc in ("verify_clean", "verify_damaged") for field in ("damaged_units", "quarantined")),
+}
+AUDIT = {
+    "kind": "audit",
+    "audited_at": "2026-12-01T00:00:00+00:00",
+    "model": "builtin:tiny-llama",
+    "model_fingerprint": "0123456789abcdef0123",
+    "samples": 3,
+    "population": 3,
+    "verdict": "every checked sample is bit-exact",
+    "verdict_kind": "identical",
+    "defects": {},
+    "defective_samples": 0,
+    "defect_rate_upper": 0.63,
+    "bound": "fewer than 63 % of samples are defective (95 %)",
+    "recompute": {"backend": "torch", "dtype": "bf16"},
+    "assumed": {"attention": "sdpa (the default)"},
+}
 
 
 def _out(*args: str, code: int = 0) -> str:
@@ -47,14 +63,16 @@ def _documents(tmp: Path) -> dict[str, str]:
     """Every pinned command's stdout on copies of the fixture store (name -> text, paths as <TMP>)."""
     s = tmp / "s.zarr"
     shutil.copytree(FIXTURE, s)
-    Store.open(s, mode="a").io.put_atomic(layout.build_key(BF16, "audit-20261201T000000Z-00000000"),
-                                         json.dumps(AUDIT, sort_keys=True).encode())
+    Store.open(s, mode="a").io.put_atomic(
+        layout.build_key(BF16, "audit-20261201T000000Z-00000000"), json.dumps(AUDIT, sort_keys=True).encode()
+    )
     out = {"convert": _out("convert", f"{s}#dtype=bf16", "--precision", "fp8-e4m3", "--workers", "1", "--json")}
     fp8 = json.loads(out["convert"])["variant"]
     out["info"] = _out("info", str(s), "--json")
     out["verify_clean"] = _out("verify", str(s), "--json")
-    out["diff"] = _out("diff", f"{s}#dtype=bf16", f"{s}#precision=fp8-e4m3", "--floor", f"{s}#dtype=fp32",
-                       "--json", "-")
+    out["diff"] = _out(
+        "diff", f"{s}#dtype=bf16", f"{s}#precision=fp8-e4m3", "--floor", f"{s}#dtype=fp32", "--json", "-"
+    )
     store = Store.open(s, mode="a")
     crashed_unit(store, BF16, [4, 6], seed=7, writer_id="crashed")
     foreign = crashed_unit(store, BF16, [3], seed=8, writer_id="foreign")
@@ -74,11 +92,14 @@ def _pairs(text: str) -> Any:
     """The JSON document with every object as a list of (key, value) pairs: its key order kept. Timings are
     zeroed, and so are the sizes of what this run's convert wrote: its unit records name the writer's pid and
     start time, whose digits vary from run to run."""
+
     def hook(pairs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
         keys = dict(pairs)
         written = keys.get("id") == "<FP8>" or "samples_converted" in keys
-        return [(k, 0.0 if k == "seconds" or (written and k in ("bytes", "compression_ratio")) else v)
-                for k, v in pairs]
+        return [
+            (k, 0.0 if k == "seconds" or (written and k in ("bytes", "compression_ratio")) else v) for k, v in pairs
+        ]
+
     return json.loads(text, object_pairs_hook=hook)
 
 
@@ -99,7 +120,9 @@ def _without(doc: Any, path: tuple[str, ...]) -> Any:
 def _same(a: Any, b: Any, where: str = "$") -> None:
     """Equal documents, key order included (floats to 1e-9: the arithmetic is the same, the machine may not be)."""
     if isinstance(a, float) and isinstance(b, float):
-        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-300) or (math.isnan(a) and math.isnan(b)), f"{where}: {a} != {b}"
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-300) or (math.isnan(a) and math.isnan(b)), (
+            f"{where}: {a} != {b}"
+        )
         return
     assert type(a) is type(b), f"{where}: {a!r} != {b!r}"
     if isinstance(a, list):
@@ -151,17 +174,17 @@ def test_the_pinned_documents_cover_what_the_commands_can_say(documents: dict[st
 def _renderers() -> dict[str, tuple[type, Any]]:
     from hsstore.cli.render import diff_text, gc_text, info_text, verify_text
     from hsstore.cli.store_cmd import convert_text
-    from hsstore.core.schema.reports import (
-        ConvertReport,
-        DiffReport,
-        GcReport,
-        StoreInfo,
-        VerifyReport,
-    )
+    from hsstore.core.schema.reports import ConvertReport, DiffReport, GcReport, StoreInfo, VerifyReport
 
-    return {"info": (StoreInfo, info_text), "verify_clean": (VerifyReport, verify_text),
-            "verify_damaged": (VerifyReport, verify_text), "gc_dry_run": (GcReport, gc_text), "gc": (GcReport, gc_text),
-            "convert": (ConvertReport, convert_text), "diff": (DiffReport, diff_text)}
+    return {
+        "info": (StoreInfo, info_text),
+        "verify_clean": (VerifyReport, verify_text),
+        "verify_damaged": (VerifyReport, verify_text),
+        "gc_dry_run": (GcReport, gc_text),
+        "gc": (GcReport, gc_text),
+        "convert": (ConvertReport, convert_text),
+        "diff": (DiffReport, diff_text),
+    }
 
 
 @pytest.mark.parametrize("name", ["info", "verify_clean", "verify_damaged", "gc_dry_run", "gc", "convert", "diff"])
@@ -182,8 +205,15 @@ def test_info_shows_the_audit_records_it_can_read_and_leaves_out_the_rest(tmp_pa
     s = tmp_path / "s.zarr"
     shutil.copytree(FIXTURE, s)
     io = Store.open(s, mode="a").io
-    for i, rec in enumerate([AUDIT, {**AUDIT, "added_later": 1}, {**AUDIT, "samples": "3"},
-                             {k: v for k, v in AUDIT.items() if k != "audited_at"}, "not json"]):
+    for i, rec in enumerate(
+        [
+            AUDIT,
+            {**AUDIT, "added_later": 1},
+            {**AUDIT, "samples": "3"},
+            {k: v for k, v in AUDIT.items() if k != "audited_at"},
+            "not json",
+        ]
+    ):
         raw = rec.encode() if isinstance(rec, str) else json.dumps(rec).encode()
         io.put_atomic(layout.build_key(BF16, f"audit-20261201T00000{i}Z-0000000{i}"), raw)
     r = run_cli("info", str(s), "--json")

@@ -18,8 +18,12 @@ from hsstore.storage.writer import UnitWriter
 def native(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A native fp32 build of tiny-llama storing every decoder layer's output and the final norm's."""
     d = tmp_path_factory.mktemp("native")
-    m = write_manifest(d / "m.toml", model="builtin:tiny-llama", dtypes='["fp32"]',
-                       layers='{ aux = [0, 1, 2], target = [3, "final_norm"] }')
+    m = write_manifest(
+        d / "m.toml",
+        model="builtin:tiny-llama",
+        dtypes='["fp32"]',
+        layers='{ aux = [0, 1, 2], target = [3, "final_norm"] }',
+    )
     r = run_cli("build", str(m), "--limit", "16", "--quiet")
     assert r.returncode == 0, r.stderr
     return d / "store.zarr"

@@ -81,15 +81,23 @@ SEEDED = {
     "inf": (lambda a, t: _set(a, t, AUX0, _rows(a[:, AUX0], slice(2, 3), float("inf"))), (AUX0,), {"rows": [2]}),
     "all_zero": (lambda a, t: (a, torch.zeros_like(t)), (TARGET,), {}),
     "constant": (lambda a, t: _set(a, t, AUX1, torch.full_like(a[:, AUX1], 0.5)), (AUX1,), {}),
-    "suffix_states": (lambda a, t: (_rows(a, slice(0, 10), 0.0), _rows(t, slice(0, 10), 0.0)), ALL,
-                      {"rows": list(range(10))}),
+    "suffix_states": (
+        lambda a, t: (_rows(a, slice(0, 10), 0.0), _rows(t, slice(0, 10), 0.0)),
+        ALL,
+        {"rows": list(range(10))},
+    ),
     "token_shift": (lambda a, t: (torch.roll(a, 1, 0), torch.roll(t, 1, 0)), ALL, {"match": 1}),
     "capture_point": (lambda a, t: _set(a, t, AUX1, a[:, AUX0]), (AUX1,), {"match": AUX0}),  # off by one
     "post_norm": (lambda a, t: (a, _final_norm(t)), (TARGET,), {"match": NORM}),
     "aux_equals_target": (lambda a, t: _set(a, t, AUX1, t), (AUX1,), {}),
-    "beyond_noise": (lambda a, t: (a, t + 0.05 * t.float().std() * torch.randn(t.shape, generator=torch.Generator()
-                                                                               .manual_seed(0)).to(t.dtype)),
-                     (TARGET,), {}),
+    "beyond_noise": (
+        lambda a, t: (
+            a,
+            t + 0.05 * t.float().std() * torch.randn(t.shape, generator=torch.Generator().manual_seed(0)).to(t.dtype),
+        ),
+        (TARGET,),
+        {},
+    ),
 }
 KIND = {"post_norm": "capture_point"}
 AUX_ONLY = {"inf", "constant", "capture_point", "aux_equals_target"}
@@ -161,8 +169,10 @@ def test_the_report_counts_defective_samples_and_says_what_n_bounds(damaged: tup
     assert report["defect_rate_upper"] == pytest.approx(n_bad / report["samples"])  # every sample: the rate itself
     assert set(report["assumed"]) == {"device", "backend", "attn", "batching"} and report["floor"].startswith("live")
     if fmt == "speculators":  # Arrow rows whose states file is not in the subset: said, since no audit sees them
-        assert any("left out 0 file(s)" in n and f"{40 - report['population']} row(s) without a states file" in n
-                   for n in report["notes"]), report["notes"]
+        assert any(
+            "left out 0 file(s)" in n and f"{40 - report['population']} row(s) without a states file" in n
+            for n in report["notes"]
+        ), report["notes"]
 
 
 @pytest.mark.parametrize("fmt", ["modelopt", "eagle"])
@@ -186,8 +196,11 @@ def _other_weights(fmt: str, folder: Path, picks: list[tuple[int, str]], tiny_st
     for index, key in picks:
         ids = torch.from_numpy(r.read_tokens(r.refs[key])[0].astype("int64"))[None]
         out = cap.run(ids, torch.ones_like(ids))
-        damage(fmt, sample_file(fmt, folder, index, key),
-               lambda a, t: (torch.stack([out[AUX0][0], out[AUX1][0]], 1), out[TARGET][0]))
+        damage(
+            fmt,
+            sample_file(fmt, folder, index, key),
+            lambda a, t: (torch.stack([out[AUX0][0], out[AUX1][0]], 1), out[TARGET][0]),
+        )
     cap.close()
 
 
@@ -219,7 +232,8 @@ def test_cli_exit_codes_and_json(other_weights_store: Path, tmp_path: Path, caps
     rep = json.loads(r.stdout)
     assert rep["defects"] == {"other_weights": 3} and rep["defective_samples"] == 3
     assert [e for e in r.stderr.splitlines() if e.startswith("error:")] == [
-        f"error: live states do not match the store: {rep['verdict']}"]
+        f"error: live states do not match the store: {rep['verdict']}"
+    ]
     narrow = save_local_model(tmp_path / "narrow", arch="tiny-llama")
     for f in narrow.glob("*.safetensors"):
         f.unlink()  # config only: refused before any weights would load
@@ -232,15 +246,17 @@ def test_cli_exit_codes_and_json(other_weights_store: Path, tmp_path: Path, caps
     assert len(err) == 1 and "hidden_size" in err[0] and "cannot produce" in err[0]
 
 
-def test_import_audit_records_the_result_for_info(exports: dict[str, Path], source, tmp_path: Path, capsys,
-                                                  tiny_store: Path):
+def test_import_audit_records_the_result_for_info(
+    exports: dict[str, Path], source, tmp_path: Path, capsys, tiny_store: Path
+):
     """``import --audit N`` audits as the import finishes and keeps the result: ``info`` says when, against
     which model, and what it found; a dataset of the variant has it, and ``require=`` shows it beside the
     provenance fields an import leaves unknown."""
     folder = subset("eagle", exports["eagle"], tmp_path / "eagle", _shortest(source, 2))
     store = str(tmp_path / "s.zarr")
-    assert main_exit(["import", "eagle", str(folder), "--store", store, "--model", MODEL, "--audit", "2",
-                      "--json"]) == 0
+    assert (
+        main_exit(["import", "eagle", str(folder), "--store", store, "--model", MODEL, "--audit", "2", "--json"]) == 0
+    )
     rep = json.loads(capsys.readouterr().out)
     assert rep["audit"]["verdict_kind"] in ("identical", "within_noise") and rep["audit"]["samples"] == 2
     assert main_exit(["info", store, "--json"]) == 0

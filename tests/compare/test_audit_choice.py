@@ -43,8 +43,23 @@ def nan_cache(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
         if k in bad:
             damage("modelopt", sample_file("modelopt", folder, i, k), _nan_rows)
     store = str(root / "s.zarr")
-    r = run_cli("import", "modelopt", str(folder), "--store", store, "--tokenizer", MODEL, "--model", MODEL,
-                "--layers", "0,1,3", "--capture", "output", "--allow-unhealthy", "--quiet")
+    r = run_cli(
+        "import",
+        "modelopt",
+        str(folder),
+        "--store",
+        store,
+        "--tokenizer",
+        MODEL,
+        "--model",
+        MODEL,
+        "--layers",
+        "0,1,3",
+        "--capture",
+        "output",
+        "--allow-unhealthy",
+        "--quiet",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return store, bad, [k for _, k in picks if k not in bad]
 
@@ -81,10 +96,10 @@ def test_samples_1_checks_one_sample(nan_cache):
     assert rep["defect_rate_upper"] == pytest.approx(upper_bound(rep["defective_samples"], 1))
 
 
-@pytest.mark.parametrize("keys, words", [
-    ("ffffffffffff", "no sample of variant .* has a key starting with 'ffffffffffff'"),
-    ("", "--keys is empty"),
-])
+@pytest.mark.parametrize(
+    "keys, words",
+    [("ffffffffffff", "no sample of variant .* has a key starting with 'ffffffffffff'"), ("", "--keys is empty")],
+)
 def test_a_key_that_names_no_sample_is_one_line_exit_2(nan_cache, keys: str, words: str):
     import re
 

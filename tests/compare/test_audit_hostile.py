@@ -67,7 +67,7 @@ def _clip_largest_row(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """``x`` [T, H] clipped at the second-largest row maximum: only the row of the largest value changes."""
     peaks = x.float().abs().amax(1)
     top = int(peaks.argmax())
-    c = float(torch.cat([peaks[:top], peaks[top + 1:]]).max())
+    c = float(torch.cat([peaks[:top], peaks[top + 1 :]]).max())
     return x.clamp(-c, c), top
 
 
@@ -117,8 +117,7 @@ def test_a_clip_of_row_0_alone_is_not_states_of_a_suffix(attn_store: Path, tmp_p
 
 
 @pytest.mark.parametrize("fmt", ["specforge", "speculators"])
-def test_stale_leading_rows_are_a_stale_copy_and_a_norm_leak_is_the_target(fmt: str, tiny_store: Path,
-                                                                            tmp_path: Path):
+def test_stale_leading_rows_are_a_stale_copy_and_a_norm_leak_is_the_target(fmt: str, tiny_store: Path, tmp_path: Path):
     """Rows 0..5 holding a neighbour's last 6 rows (a slot's bytes, not a prefix left unwritten) read as
     "states of a suffix"; an aux layer holding the final norm of the target read as a capture point."""
     from test_audit import _final_norm
@@ -145,11 +144,14 @@ def test_stale_leading_rows_are_a_stale_copy_and_a_norm_leak_is_the_target(fmt: 
     got = _by_layer(rep, picks[0][1])
     assert {L: [f["kind"] for f in fs] for L, fs in got.items()} == {L: ["stale_copy"] for L in ALL}, got
     assert all(fs[0]["source"] == picks[-1][1] and fs[0]["rows"] == list(range(6)) for fs in got.values()), (
-        picks, [(fs[0]["source"], fs[0]["rows"]) for fs in got.values()])
+        picks,
+        [(fs[0]["source"], fs[0]["rows"]) for fs in got.values()],
+    )
     assert all("a prefix not written" in fs[0]["detail"] for fs in got.values())  # what the suffix rule saw, kept
     got = _by_layer(rep, picks[1][1])
     assert {L: [(f["kind"], f.get("match")) for f in fs] for L, fs in got.items()} == {
-        AUX1: [("aux_equals_target", NORM)]}, got
+        AUX1: [("aux_equals_target", NORM)]
+    }, got
 
 
 @pytest.mark.parametrize("fmt", ["specforge", "modelopt"])
@@ -169,12 +171,14 @@ def test_token_ids_shifted_against_correct_states_are_a_token_shift(fmt: str, ti
     assert len(bad) == 1 and bad[0]["key"] not in {k for _, k in picks}, bad  # new ids: a new key
     got = _by_layer(rep, bad[0]["key"])
     assert {L: [(f["kind"], f.get("match")) for f in fs] for L, fs in got.items()} == {
-        L: [("token_shift", 1)] for L in ALL}, got
+        L: [("token_shift", 1)] for L in ALL
+    }, got
 
 
 @pytest.mark.parametrize("fmt", ["modelopt", "eagle"])
-def test_an_fp32_cache_of_bf16_computed_states_is_named_with_the_dtype_that_judges_it(fmt: str, tiny_store: Path,
-                                                                                        tmp_path: Path):
+def test_an_fp32_cache_of_bf16_computed_states_is_named_with_the_dtype_that_judges_it(
+    fmt: str, tiny_store: Path, tmp_path: Path
+):
     """States computed in bf16 and saved as fp32 (every value a bf16 value): a clean cache, flagged as "states of
     other weights" against the fp32 recomputation. The audit assumes (and says) bf16 and agrees; asked to judge
     them at fp32 (--dtype fp32), it names wrong_dtype and the --dtype that judges them."""
@@ -184,13 +188,16 @@ def test_an_fp32_cache_of_bf16_computed_states_is_named_with_the_dtype_that_judg
     def seed(folder: Path, picks: list) -> None:
         for i, k in picks:
             a0, a1, t = (x.float() for x in bf16.read_layers(bf16.refs[k], list(ALL)))
-            damage(fmt, sample_file(fmt, folder, i, k),
-                   lambda a, _t: (None if a is None else torch.stack([a0, a1], 1), t))
+            damage(
+                fmt, sample_file(fmt, folder, i, k), lambda a, _t: (None if a is None else torch.stack([a0, a1], 1), t)
+            )
 
     rep, picks = _audit(fmt, f"{tiny_store}#dtype=fp32", "builtin:tiny-qwen3_5", tmp_path, 2, seed)
     assert rep["verdict"].startswith("AGREES") and rep["findings"] == [], rep["verdict"]
     assert rep["recompute"]["dtype"] == "bf16" and rep["assumed"]["dtype"].startswith("bf16 (every stored value")
-    at_fp32 = run_audit(AuditRequest(model="builtin:tiny-qwen3_5", target=str(tmp_path / "s.zarr"), fraction=1.0, dtype="fp32")).to_dict()
+    at_fp32 = run_audit(
+        AuditRequest(model="builtin:tiny-qwen3_5", target=str(tmp_path / "s.zarr"), fraction=1.0, dtype="fp32")
+    ).to_dict()
     layers = ALL if fmt != "eagle" else (TARGET,)
     assert at_fp32["defects"] == {"wrong_dtype": 2}, at_fp32["verdict"]
     assert {(f["key"], f["layer"]) for f in at_fp32["findings"]} == {(k, L) for _, k in picks for L in layers}
@@ -221,8 +228,9 @@ def test_an_aux_slot_holding_the_embeddings_is_named_off_by_one(fmt: str, tiny_s
 
     rep, picks = _audit(fmt, f"{tiny_store}#dtype=bf16", "builtin:tiny-qwen3_5", tmp_path, 2, seed)
     got = _by_layer(rep, picks[0][1])
-    assert {L: [(f["kind"], f.get("match")) for f in fs] for L, fs in got.items()} == {
-        AUX0: [("capture_point", -1)]}, got
+    assert {L: [(f["kind"], f.get("match")) for f in fs] for L, fs in got.items()} == {AUX0: [("capture_point", -1)]}, (
+        got
+    )
     assert "embeddings" in got[AUX0][0]["detail"] and "restatement" not in rep
 
 
@@ -236,7 +244,7 @@ def test_rows_read_from_the_wrong_block_of_the_same_sample_are_named(fmt: str, t
         def wrong_block(a, t):
             n = t.shape[0]  # the source block near the end, past the prompt every sample shares
             a, t = a.clone(), t.clone()
-            a[n - 56:n - 40], t[n - 56:n - 40] = a[n - 24:n - 8].clone(), t[n - 24:n - 8].clone()
+            a[n - 56 : n - 40], t[n - 56 : n - 40] = a[n - 24 : n - 8].clone(), t[n - 24 : n - 8].clone()
             return a, t
 
         damage(fmt, sample_file(fmt, folder, *picks[0]), wrong_block)
@@ -257,7 +265,8 @@ def test_rows_read_from_the_wrong_block_of_the_same_sample_are_named(fmt: str, t
     rows = [t for t in range(n - 56, n - 40) if ids[t] != ids[t + 32]]  # under its source row's token: no copy
     got = _by_layer(rep, picks[0][1])
     assert {L: [(f["kind"], f["source"], f["rows"]) for f in fs] for L, fs in got.items()} == {
-        L: [("stale_copy", picks[0][1], rows)] for L in ALL}, got
+        L: [("stale_copy", picks[0][1], rows)] for L in ALL
+    }, got
     assert all("this sample's own rows" in fs[0]["detail"] for fs in got.values())
 
 
@@ -293,16 +302,20 @@ def test_the_narrower_dtype_is_read_from_values_that_say_it():
 
 
 @pytest.mark.parametrize("dtype,scale,named", [("fp32", 1.001, True), ("bf16", 1.05, True), ("bf16", 1.001, False)])
-def test_a_scale_is_named_when_it_is_beyond_the_noise_of_the_caches_dtype(dtype: str, scale: float, named: bool,
-                                                                          tiny_store: Path, tmp_path: Path):
+def test_a_scale_is_named_when_it_is_beyond_the_noise_of_the_caches_dtype(
+    dtype: str, scale: float, named: bool, tiny_store: Path, tmp_path: Path
+):
     """An fp32 cache whose states are the truth x 1.001 read as plain "beyond noise": a fitted scale within 1 %
     of 1 was never called a scale, though fp32's noise (~1e-7) is 10^4 times smaller. The precision noise
     of the cache's dtype says how small a scale is seen: x 1.001 in fp32 and x 1.05 in bf16 are `scaled`;
     x 1.001 in bf16 is below its rounding (~3e-3) and is no false alarm, nor is the unscaled sample."""
 
     def seed(folder: Path, picks: list) -> None:
-        damage("specforge", sample_file("specforge", folder, *picks[0]),
-               lambda a, t: ((a.double() * scale).to(a.dtype), (t.double() * scale).to(t.dtype)))
+        damage(
+            "specforge",
+            sample_file("specforge", folder, *picks[0]),
+            lambda a, t: ((a.double() * scale).to(a.dtype), (t.double() * scale).to(t.dtype)),
+        )
 
     rep, picks = _audit("specforge", f"{tiny_store}#dtype={dtype}", "builtin:tiny-qwen3_5", tmp_path, 2, seed)
     assert rep["recompute"]["dtype"] == dtype
@@ -336,14 +349,14 @@ def test_token_ids_offset_against_correct_states_are_not_a_stale_copy(fmt: str, 
     assert len(bad) == 1 and bad[0]["key"] not in {k for _, k in picks}, bad  # new ids: a new key
     got = _by_layer(rep, bad[0]["key"])
     assert {L: [(f["kind"], f.get("match")) for f in fs] for L, fs in got.items()} == {
-        L: [("token_shift", 0)] for L in ALL}, got
+        L: [("token_shift", 0)] for L in ALL
+    }, got
     assert all("offset by +1" in fs[0]["detail"] and fs[0]["rows"] for fs in got.values()), got
     assert "stale_copy" not in rep["defects"], rep["verdict"]
 
 
 @pytest.mark.parametrize("offset_on", ["prefix", "longer"])
-def test_token_ids_offset_on_a_sample_whose_text_is_anothers_prefix(offset_on: str, tiny_store: Path,
-                                                                    tmp_path: Path):
+def test_token_ids_offset_on_a_sample_whose_text_is_anothers_prefix(offset_on: str, tiny_store: Path, tmp_path: Path):
     """A foreign cache (no export record) holding a sample B and a sample A whose text is B's first 40 tokens
     (its states are B's first 40 rows, as the model computes them): ids +1 on either one. Every row the two
     share is byte-for-byte the other's under other ids — the ids are wrong, the states right: token_shift,
@@ -357,18 +370,32 @@ def test_token_ids_offset_on_a_sample_whose_text_is_anothers_prefix(offset_on: s
     sidecar("specforge", folder).unlink()
     (i, key), m = picks[0], 40
     b = _load("specforge", sample_file("specforge", folder, i, key))
-    a = {"input_ids": b["input_ids"][:m].clone(), "loss_mask": b["loss_mask"][:m].clone(),
-         "aux_hidden_state": b["aux_hidden_state"][:, :m].clone(), "hidden_state": b["hidden_state"][:, :m].clone()}
+    a = {
+        "input_ids": b["input_ids"][:m].clone(),
+        "loss_mask": b["loss_mask"][:m].clone(),
+        "aux_hidden_state": b["aux_hidden_state"][:, :m].clone(),
+        "hidden_state": b["hidden_state"][:, :m].clone(),
+    }
     bad = a if offset_on == "prefix" else b
     bad["input_ids"] = (bad["input_ids"] + 1) % vocab
     torch.save(b, sample_file("specforge", folder, i, key))
     torch.save(a, sample_file("specforge", folder, i + 1, ""))
-    import_cache(ImportRequest("specforge", str(folder), str(tmp_path / "s.zarr"), tokenizer="builtin:tiny-qwen3_5",
-                               model="builtin:tiny-qwen3_5", layers="0,1,3", capture="output"))
+    import_cache(
+        ImportRequest(
+            "specforge",
+            str(folder),
+            str(tmp_path / "s.zarr"),
+            tokenizer="builtin:tiny-qwen3_5",
+            model="builtin:tiny-qwen3_5",
+            layers="0,1,3",
+            capture="output",
+        )
+    )
     rep = run_audit(AuditRequest(model="builtin:tiny-qwen3_5", target=str(tmp_path / "s.zarr"), fraction=1.0)).to_dict()
     assert rep["samples"] == 2 and rep["defects"] == {"token_shift": 1}, rep["verdict"]
     (v,) = [v for v in rep["sample_verdicts"] if v["verdict"] != "within_noise" and v["verdict"] != "bit_exact"]
     got = _by_layer(rep, v["key"])
     assert {L: [(f["kind"], f.get("match")) for f in fs] for L, fs in got.items()} == {
-        L: [("token_shift", 0)] for L in ALL}, got
+        L: [("token_shift", 0)] for L in ALL
+    }, got
     assert all("offset by +1" in fs[0]["detail"] and fs[0]["rows"][0] == 0 for fs in got.values()), got

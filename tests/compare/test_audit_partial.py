@@ -44,19 +44,32 @@ def _suffix_from_row_0(k: int):
         a2, t2 = torch.zeros_like(a), torch.zeros_like(t)
         a2[:-k], t2[:-k] = a[k:], t[k:]
         return a2, t2
+
     return change
 
 
 # defect -> (the damage, {layer: [kinds named on it, in order]}, {layer: facts of its first finding})
 SEEDED = {
-    "nan_target_leaking_into_aux": (_nan_target_leaking, {AUX1: ["nan", "aux_equals_target"], TARGET: ["nan"]},
-                                    {AUX1: {"rows": [3, 4]}, TARGET: {"rows": [3, 4]}}),
-    "zero_rows_and_noise_in_one_layer": (_zero_rows_and_noise, {TARGET: ["all_zero", "beyond_noise"]},
-                                         {TARGET: {"rows": [10, 11, 12]}}),
-    "shift_by_7": (lambda a, t: (torch.roll(a, 7, 0), torch.roll(t, 7, 0)), {L: ["token_shift"] for L in ALL},
-                   {L: {"match": 7} for L in ALL}),
-    "suffix_written_from_row_0": (_suffix_from_row_0(9), {L: ["suffix_states"] for L in ALL},
-                                  {L: {"match": -9} for L in ALL}),
+    "nan_target_leaking_into_aux": (
+        _nan_target_leaking,
+        {AUX1: ["nan", "aux_equals_target"], TARGET: ["nan"]},
+        {AUX1: {"rows": [3, 4]}, TARGET: {"rows": [3, 4]}},
+    ),
+    "zero_rows_and_noise_in_one_layer": (
+        _zero_rows_and_noise,
+        {TARGET: ["all_zero", "beyond_noise"]},
+        {TARGET: {"rows": [10, 11, 12]}},
+    ),
+    "shift_by_7": (
+        lambda a, t: (torch.roll(a, 7, 0), torch.roll(t, 7, 0)),
+        {L: ["token_shift"] for L in ALL},
+        {L: {"match": 7} for L in ALL},
+    ),
+    "suffix_written_from_row_0": (
+        _suffix_from_row_0(9),
+        {L: ["suffix_states"] for L in ALL},
+        {L: {"match": -9} for L in ALL},
+    ),
 }
 
 
@@ -77,8 +90,23 @@ def audited(request: pytest.FixtureRequest, tiny_store: Path, tmp_path_factory: 
         damage(fmt, sample_file(fmt, folder, index, key), SEEDED[name][0])
     store = str(root / "s.zarr")
     layers, capture = STATED[fmt]
-    res = run_cli("import", fmt, str(folder), "--store", store, "--tokenizer", MODEL, "--model", MODEL, "--layers",
-                  layers, "--capture", capture, "--allow-unhealthy", "--quiet")
+    res = run_cli(
+        "import",
+        fmt,
+        str(folder),
+        "--store",
+        store,
+        "--tokenizer",
+        MODEL,
+        "--model",
+        MODEL,
+        "--layers",
+        layers,
+        "--capture",
+        capture,
+        "--allow-unhealthy",
+        "--quiet",
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     res = run_cli("check", MODEL, store, "--fraction", "1", "--json", "-")
     assert res.returncode == 1, res.stderr[-2000:]
@@ -100,7 +128,8 @@ def test_every_defect_of_a_layer_is_named(audited: tuple, defect: str):
             assert got[L][0][name] == value, (fmt, defect, got[L][0])
     verdict = next(v for v in rep["sample_verdicts"] if v["key"] == key)
     assert {int(L): c for L, c in verdict["layers"].items() if int(L) in want} == {
-        L: "+".join(kinds) for L, kinds in want.items()}, verdict
+        L: "+".join(kinds) for L, kinds in want.items()
+    }, verdict
     assert set(verdict["verdict"].split("+")) == {k for kinds in want.values() for k in kinds}
 
 
@@ -108,14 +137,14 @@ def test_the_summary_counts_each_sample_once_per_class(audited: tuple):
     _, rep, plan, clean = audited
     assert rep["defective_samples"] == len(plan)
     for kind in {k for _, want, _ in SEEDED.values() for kinds in want.values() for k in kinds}:
-        assert rep["defects"][kind] == sum(1 for _, want, _ in SEEDED.values()
-                                           if any(kind in kinds for kinds in want.values())), (kind, rep["defects"])
+        assert rep["defects"][kind] == sum(
+            1 for _, want, _ in SEEDED.values() if any(kind in kinds for kinds in want.values())
+        ), (kind, rep["defects"])
     assert next(v for v in rep["sample_verdicts"] if v["key"] == clean)["verdict"] in ("bit_exact", "within_noise")
 
 
 @pytest.mark.parametrize("fmt", sorted(STATED))
-def test_more_or_fewer_rows_than_tokens_never_enter_and_the_audit_says_so(fmt: str, tiny_store: Path,
-                                                                           tmp_path: Path):
+def test_more_or_fewer_rows_than_tokens_never_enter_and_the_audit_says_so(fmt: str, tiny_store: Path, tmp_path: Path):
     """States of a suffix only (prefix caching: fewer rows than tokens) and one row too many: the import
     names each file and stops (exit 2); with --skip-bad it counts them, and the audit of what entered says
     that it cannot judge them."""
@@ -129,8 +158,20 @@ def test_more_or_fewer_rows_than_tokens_never_enter_and_the_audit_says_so(fmt: s
     damage(fmt, sample_file(fmt, folder, i1, k1), lambda a, t: (a[5:], t[5:]))  # a suffix's states
     damage(fmt, sample_file(fmt, folder, i2, k2), lambda a, t: (torch.cat([a, a[-1:]]), torch.cat([t, t[-1:]])))
     layers, capture = STATED[fmt]
-    args = ["import", fmt, str(folder), "--tokenizer", MODEL, "--model", MODEL, "--layers", layers, "--capture",
-            capture, "--quiet"]
+    args = [
+        "import",
+        fmt,
+        str(folder),
+        "--tokenizer",
+        MODEL,
+        "--model",
+        MODEL,
+        "--layers",
+        layers,
+        "--capture",
+        capture,
+        "--quiet",
+    ]
     res = run_cli(*args, "--store", str(tmp_path / "refused.zarr"))
     err = [e for e in res.stderr.splitlines() if e.startswith("error:")]
     assert res.returncode == 2 and len(err) == 1 and "has shape" in err[0] and "expected [" in err[0], res.stderr
@@ -140,4 +181,6 @@ def test_more_or_fewer_rows_than_tokens_never_enter_and_the_audit_says_so(fmt: s
     res = run_cli("check", MODEL, store, "--json", "-")
     rep = json.loads(res.stdout)
     assert res.returncode == 0 and rep["keys"] == [picks[0][1]], rep["verdict"]
-    assert any("left out 2 file(s)" in n and "do not line up with their tokens" in n for n in rep["notes"]), rep["notes"]
+    assert any("left out 2 file(s)" in n and "do not line up with their tokens" in n for n in rep["notes"]), rep[
+        "notes"
+    ]

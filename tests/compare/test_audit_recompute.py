@@ -27,8 +27,9 @@ CAST = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 @pytest.fixture(scope="module", params=sorted(CAST))
-def fp32_computed(request: pytest.FixtureRequest, tiny_store: Path, tmp_path_factory: pytest.TempPathFactory
-                  ) -> tuple[str, str]:
+def fp32_computed(
+    request: pytest.FixtureRequest, tiny_store: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, str]:
     """A SpecForge-layout cache whose states were computed in fp32 and saved at another dtype (a pipeline
     that casts when it writes; fp32: saved as computed): the fp32 variant exported, each file cast, its
     export record removed (a foreign cache), imported with the flags a user passes. (dtype, store)"""
@@ -38,10 +39,26 @@ def fp32_computed(request: pytest.FixtureRequest, tiny_store: Path, tmp_path_fac
     export_cache(ExportRequest(f"{tiny_store}#dtype=fp32", "specforge", str(folder), limit=3))
     sidecar("specforge", folder).unlink()
     for i in range(3):
-        damage("specforge", sample_file("specforge", folder, i, ""), lambda a, t: (a.to(CAST[dtype]), t.to(CAST[dtype])))
+        damage(
+            "specforge", sample_file("specforge", folder, i, ""), lambda a, t: (a.to(CAST[dtype]), t.to(CAST[dtype]))
+        )
     store = str(root / "s.zarr")
-    r = run_cli("import", "specforge", str(folder), "--store", store, "--tokenizer", MODEL, "--model", MODEL,
-                "--layers", "0,1,3", "--capture", "output", "--quiet")
+    r = run_cli(
+        "import",
+        "specforge",
+        str(folder),
+        "--store",
+        store,
+        "--tokenizer",
+        MODEL,
+        "--model",
+        MODEL,
+        "--layers",
+        "0,1,3",
+        "--capture",
+        "output",
+        "--quiet",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return dtype, store
 
@@ -73,13 +90,18 @@ def test_overrides_on_a_native_variant(tiny_store: Path):
     assert code == (0 if rep["defective_samples"] == 0 else 1)
 
 
-@pytest.mark.parametrize("option, value, words", [
-    ("--backend", "fla", "backend 'fla' needs the flash-linear-attention kernels, which are not installed here"),
-    ("--attn", "flash_attention_2", "attention 'flash_attention_2' needs the flash_attn package, which is not "
-                                    "installed here"),
-])
-def test_a_recomputation_that_cannot_run_here_is_one_line_exit_2(tiny_store: Path, option: str, value: str,
-                                                                  words: str):
+@pytest.mark.parametrize(
+    "option, value, words",
+    [
+        ("--backend", "fla", "backend 'fla' needs the flash-linear-attention kernels, which are not installed here"),
+        (
+            "--attn",
+            "flash_attention_2",
+            "attention 'flash_attention_2' needs the flash_attn package, which is not installed here",
+        ),
+    ],
+)
+def test_a_recomputation_that_cannot_run_here_is_one_line_exit_2(tiny_store: Path, option: str, value: str, words: str):
     from hsstore.capture.model.kernels import installed
 
     if installed({"--backend": "fla", "--attn": "flash_attn"}[option]):
@@ -122,8 +144,22 @@ def test_a_cache_of_another_tokenizer_is_said(tiny_store: Path, tmp_path: Path):
     export_cache(ExportRequest(f"{tiny_store}#dtype=bf16", "specforge", str(folder), limit=2))
     sidecar("specforge", folder).unlink()
     store = str(tmp_path / "s.zarr")
-    r = run_cli("import", "specforge", str(folder), "--store", store, "--tokenizer", str(model), "--model", str(model),
-                "--layers", "0,1,3", "--capture", "output", "--quiet")
+    r = run_cli(
+        "import",
+        "specforge",
+        str(folder),
+        "--store",
+        store,
+        "--tokenizer",
+        str(model),
+        "--model",
+        str(model),
+        "--layers",
+        "0,1,3",
+        "--capture",
+        "output",
+        "--quiet",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     r = run_cli("check", str(model), store, "--samples", "1", "--json", "-")
     rep = json.loads(r.stdout)
@@ -146,24 +182,46 @@ def test_a_stored_floor_judges_an_imported_cache(tiny_store: Path, tmp_path: Pat
     export_cache(ExportRequest(f"{tiny_store}#dtype=bf16", "specforge", str(folder), limit=2))
     sidecar("specforge", folder).unlink()
     store = str(tmp_path / "s.zarr")
-    r = run_cli("import", "specforge", str(folder), "--store", store, "--tokenizer", MODEL, "--model", MODEL,
-                "--layers", layers, "--capture", "output", "--quiet")
+    r = run_cli(
+        "import",
+        "specforge",
+        str(folder),
+        "--store",
+        store,
+        "--tokenizer",
+        MODEL,
+        "--model",
+        MODEL,
+        "--layers",
+        layers,
+        "--capture",
+        "output",
+        "--quiet",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     code, rep = _audit(store, "--samples", "2", "--floor", f"{tiny_store}#dtype=fp32")
     assert rep["floor"].startswith(str(tiny_store)) and rep["recompute"]["floor_dtype"] is None
     assert code == (1 if held else 0), rep["verdict"]
     assert {(f["layer"], f["kind"], f.get("match")) for f in rep["findings"]} == {
-        (L, "capture_point", j) for L, j in held.items()}
+        (L, "capture_point", j) for L, j in held.items()
+    }
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"hidden_size": 128}, r"has hidden_size 128, variant \w+ stores states of width 64: this model cannot produce"),
-    ({"num_hidden_layers": 6}, r"has 6 decoder layers, variant \w+ was made by a model with 4"),
-    ({"num_hidden_layers": 3}, r"has 3 decoder layers, variant \w+ was made by a model with 4"),
-    ({"vocab_size": 100}, r"variant \w+ holds token id \d+, .* has a vocabulary of 100: another tokenizer's cache"),
-])
-def test_a_model_that_cannot_produce_the_shapes_is_refused_before_it_runs(tiny_store: Path, tmp_path: Path,
-                                                                          change: dict, words: str):
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (
+            {"hidden_size": 128},
+            r"has hidden_size 128, variant \w+ stores states of width 64: this model cannot produce",
+        ),
+        ({"num_hidden_layers": 6}, r"has 6 decoder layers, variant \w+ was made by a model with 4"),
+        ({"num_hidden_layers": 3}, r"has 3 decoder layers, variant \w+ was made by a model with 4"),
+        ({"vocab_size": 100}, r"variant \w+ holds token id \d+, .* has a vocabulary of 100: another tokenizer's cache"),
+    ],
+)
+def test_a_model_that_cannot_produce_the_shapes_is_refused_before_it_runs(
+    tiny_store: Path, tmp_path: Path, change: dict, words: str
+):
     """Width, depth, vocabulary: one line, exit 2, read from the config alone — the folder has no weights,
     so nothing could have run."""
     import re
@@ -198,14 +256,34 @@ def test_states_of_a_fine_tuned_checkpoint_are_other_weights(tiny_store: Path, t
     g = torch.Generator().manual_seed(0)
     for f in tuned.glob("*.safetensors"):
         w = load_file(str(f))
-        save_file({k: (v.float() * (1 + 0.02 * torch.randn(v.shape, generator=g))).to(v.dtype).contiguous()
-                   for k, v in w.items()}, str(f), metadata={"format": "pt"})
+        save_file(
+            {
+                k: (v.float() * (1 + 0.02 * torch.randn(v.shape, generator=g))).to(v.dtype).contiguous()
+                for k, v in w.items()
+            },
+            str(f),
+            metadata={"format": "pt"},
+        )
     folder = tmp_path / "modelopt"
     export_cache(ExportRequest(f"{tiny_store}#dtype=bf16", "modelopt", str(folder), limit=3))
     sidecar("modelopt", folder).unlink()
     store = str(tmp_path / "s.zarr")
-    r = run_cli("import", "modelopt", str(folder), "--store", store, "--tokenizer", MODEL, "--model", MODEL,
-                "--layers", "0,1,3", "--capture", "output", "--quiet")
+    r = run_cli(
+        "import",
+        "modelopt",
+        str(folder),
+        "--store",
+        store,
+        "--tokenizer",
+        MODEL,
+        "--model",
+        MODEL,
+        "--layers",
+        "0,1,3",
+        "--capture",
+        "output",
+        "--quiet",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     r = run_cli("check", str(tuned), store, "--samples", "3", "--json", "-")
     rep = json.loads(r.stdout)

@@ -40,12 +40,28 @@ def foreign(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
 # the right statement in the tool's numbering, or None when the stated one is right)
 CASES = {
     "vllm-ids-stated-as-outputs": ("speculators", "1,2,3", "output", {1: 0, 2: 1}, "--layers 1,2,4 --capture input"),
-    "vllm-ids-numbering-unknown": ("speculators", "1,2,4", "unknown", {1: 0, 2: 1, 4: 3},
-                                   "--layers 1,2,4 --capture input"),
+    "vllm-ids-numbering-unknown": (
+        "speculators",
+        "1,2,4",
+        "unknown",
+        {1: 0, 2: 1, 4: 3},
+        "--layers 1,2,4 --capture input",
+    ),
     "vllm-right": ("speculators", "1,2,4", "input", {}, None),
-    "pre-norm-target-stated-final-norm": ("specforge", "0,1,final_norm", "output", {4: 3},
-                                          "--layers 0,1,3 --capture output"),
-    "one-based-ids-stated-as-outputs": ("specforge", "1,2,3", "output", {1: 0, 2: 1}, "--layers 0,1,3 --capture output"),
+    "pre-norm-target-stated-final-norm": (
+        "specforge",
+        "0,1,final_norm",
+        "output",
+        {4: 3},
+        "--layers 0,1,3 --capture output",
+    ),
+    "one-based-ids-stated-as-outputs": (
+        "specforge",
+        "1,2,3",
+        "output",
+        {1: 0, 2: 1},
+        "--layers 0,1,3 --capture output",
+    ),
     "ids-one-too-high-as-input": ("modelopt", "2,3,4", "input", {1: 0, 2: 1}, "--layers 0,1,3 --capture output"),
     "one-wrong-aux-id": ("modelopt", "0,2,3", "output", {2: 1}, "--layers 0,1,3 --capture output"),
     "eagle-pre-norm-stated-final-norm": ("eagle", "final_norm", "output", {4: 3}, "--layers 3 --capture output"),
@@ -56,8 +72,22 @@ CASES = {
 def test_the_audit_names_a_wrong_statement_and_the_right_one(case: str, foreign: dict[str, Path], tmp_path: Path):
     fmt, layers, capture, held, right = CASES[case]
     store = str(tmp_path / "s.zarr")
-    r = run_cli("import", fmt, str(foreign[fmt]), "--store", store, "--tokenizer", MODEL, "--model", MODEL,
-                "--layers", layers, "--capture", capture, "--quiet")
+    r = run_cli(
+        "import",
+        fmt,
+        str(foreign[fmt]),
+        "--store",
+        store,
+        "--tokenizer",
+        MODEL,
+        "--model",
+        MODEL,
+        "--layers",
+        layers,
+        "--capture",
+        capture,
+        "--quiet",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     r = run_cli("check", MODEL, store, "--samples", "2", "--json", "-")
     rep = json.loads(r.stdout)
@@ -69,11 +99,25 @@ def test_the_audit_names_a_wrong_statement_and_the_right_one(case: str, foreign:
     if right is None:
         assert r.returncode == 0 and "restatement" not in rep and rep["verdict"].startswith("AGREES"), rep["verdict"]
         return
-    assert rep["restatement"]["flags"] == right and rep["restatement"]["stated"] == f"--layers {layers} --capture {capture}"
+    assert (
+        rep["restatement"]["flags"] == right
+        and rep["restatement"]["stated"] == f"--layers {layers} --capture {capture}"
+    )
     assert right in rep["verdict"] and (r.returncode == 1) == bool(held), rep["verdict"]
     store2 = str(tmp_path / "restated.zarr")  # the statement it names imports a cache that audits clean
-    r = run_cli("import", fmt, str(foreign[fmt]), "--store", store2, "--tokenizer", MODEL, "--model", MODEL,
-                *right.split(), "--quiet")
+    r = run_cli(
+        "import",
+        fmt,
+        str(foreign[fmt]),
+        "--store",
+        store2,
+        "--tokenizer",
+        MODEL,
+        "--model",
+        MODEL,
+        *right.split(),
+        "--quiet",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     r = run_cli("check", MODEL, store2, "--samples", "2", "--json", "-")
     rep = json.loads(r.stdout)

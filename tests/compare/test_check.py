@@ -9,14 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import (
-    FLA_INSTALLED,
-    LAYERS,
-    make_samples,
-    make_states,
-    provenance,
-    run_cli,
-)
+from helpers import FLA_INSTALLED, LAYERS, make_samples, make_states, provenance, run_cli
 
 from hsstore import Store
 from hsstore.compare.check import batch_plan, run_check
@@ -83,12 +76,19 @@ def test_check_with_other_weights_says_so_first_and_advises_the_right_model(tiny
 def test_check_with_a_floor_judges_the_divergence(tiny_store: Path, tmp_path: Path):
     """bf16 states against the bf16-vs-fp32 floor: a 1% change of one MLP hides in bf16 noise here,
     a 50% change does not."""
-    small = _check(str(_perturbed_model(tmp_path / "small")), f"{tiny_store}#dtype=bf16", "--floor",
-                   f"{tiny_store}#dtype=fp32", "--samples", "3")
+    small = _check(
+        str(_perturbed_model(tmp_path / "small")),
+        f"{tiny_store}#dtype=bf16",
+        "--floor",
+        f"{tiny_store}#dtype=fp32",
+        "--samples",
+        "3",
+    )
     assert small[0] == 0 and small[1]["verdict_kind"] == "within_noise", small[2]
     model = _perturbed_model(tmp_path, 1.5)
-    code, rep, err = _check(str(model), f"{tiny_store}#dtype=bf16", "--floor", f"{tiny_store}#dtype=fp32",
-                            "--samples", "3")
+    code, rep, err = _check(
+        str(model), f"{tiny_store}#dtype=bf16", "--floor", f"{tiny_store}#dtype=fp32", "--samples", "3"
+    )
     assert code == 1, err
     assert rep["verdict_kind"] == "beyond_noise" and rep["floor_layers"]
     worst = max(rep["layers"], key=lambda L: L["floor_ratio"])
@@ -112,8 +112,12 @@ def _variant_recording(tmp: Path, kernels: dict, backend: str = "torch") -> str:
     s = Store.create(tmp / "k.zarr")
     prov = provenance("bf16", backend=backend)
     prov["environment"]["kernels"] = kernels
-    prov["environment"]["batching"] = {"padding_side": "right", "token_budget": 512, "attention_mask": True,
-                                         "order": "length-descending"}
+    prov["environment"]["batching"] = {
+        "padding_side": "right",
+        "token_budget": 512,
+        "attention_mask": True,
+        "order": "length-descending",
+    }
     vid = s.create_variant(prov, LAYERS, 64, "bf16", "zstd", 64)
     samples = make_samples([8, 12])
     UnitWriter(s, vid).write(samples, make_states(samples, 64, "bf16", [0, 1, 2]))
@@ -121,17 +125,23 @@ def _variant_recording(tmp: Path, kernels: dict, backend: str = "torch") -> str:
 
 
 def test_check_refuses_kernels_this_process_does_not_bind(tmp_path: Path):
-    target = _variant_recording(tmp_path, {"chunk_gated_delta_rule": "fla", "causal_conv1d": "causal_conv1d",
-                                           "attention": "sdpa"})
-    with pytest.raises(BadInput, match="binds other kernels than variant .*chunk_gated_delta_rule: 'torch' here, 'fla' recorded"):
+    target = _variant_recording(
+        tmp_path, {"chunk_gated_delta_rule": "fla", "causal_conv1d": "causal_conv1d", "attention": "sdpa"}
+    )
+    with pytest.raises(
+        BadInput, match="binds other kernels than variant .*chunk_gated_delta_rule: 'torch' here, 'fla' recorded"
+    ):
         run_check("builtin:tiny-qwen3_5", target, samples=1)
 
 
 @pytest.mark.process  # a fresh process binding the recorded backend: this one binds torch (conftest)
 @pytest.mark.skipif(FLA_INSTALLED, reason="refusal of a missing fla is only observable where fla is not installed")
 def test_check_refuses_a_backend_whose_kernels_are_missing(tmp_path: Path):
-    target = _variant_recording(tmp_path, {"chunk_gated_delta_rule": "fla", "causal_conv1d": "causal_conv1d",
-                                           "attention": "sdpa"}, backend="fla")
+    target = _variant_recording(
+        tmp_path,
+        {"chunk_gated_delta_rule": "fla", "causal_conv1d": "causal_conv1d", "attention": "sdpa"},
+        backend="fla",
+    )
     r = run_cli("check", "builtin:tiny-qwen3_5", target, process=True)
     assert r.returncode == 2 and "backend 'fla' needs the flash-linear-attention kernels" in r.stderr
 
@@ -146,8 +156,9 @@ def test_check_with_another_builtin_model_says_the_model_differs(tiny_store: Pat
     assert rec.fingerprint in errors[0] and "fresh process" not in errors[0]
 
 
-def test_check_and_audit_of_a_few_samples_do_not_load_the_compiled_loops(tiny_store: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch):
+def test_check_and_audit_of_a_few_samples_do_not_load_the_compiled_loops(
+    tiny_store: Path, monkeypatch: pytest.MonkeyPatch
+):
     """numba's loops cost ~1 s to load in a process and pay only past 2^30 bf16 pairs a thread (diff's
     gate, hsstore.compare.diff.use_compiled); check and audit loaded them for any sample count. A check or
     audit of a few samples takes torch's ops (the same numbers, tests/compare/test_kernel.py)."""
@@ -162,8 +173,9 @@ def test_check_and_audit_of_a_few_samples_do_not_load_the_compiled_loops(tiny_st
     assert not loaded
 
 
-def test_a_check_with_a_floor_counts_both_comparisons_toward_the_compiled_loops(tiny_store: Path,
-                                                                                 monkeypatch: pytest.MonkeyPatch):
+def test_a_check_with_a_floor_counts_both_comparisons_toward_the_compiled_loops(
+    tiny_store: Path, monkeypatch: pytest.MonkeyPatch
+):
     """A check with a floor compares twice (live against stored, stored against the floor): the bar for loading
     the compiled loops (hsstore.compare.diff.use_compiled) counts both, as the diff counts B and its floor."""
     from hsstore.compare import diff, kernel

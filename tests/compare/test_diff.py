@@ -49,8 +49,11 @@ def test_bf16_vs_fp32_grows_with_depth_and_plots(tiny_store: Path, tmp_path: Pat
 def test_kernel_pair_against_the_fp32_floor(attn_store: Path, tmp_path: Path):
     """Two bf16 kernels of one recipe judged against the fp32 floor: a verdict, the one provenance field
     that differs between A and B, and the floor's differences too."""
-    a, b, c = (f"{attn_store}#attention=eager,dtype=bf16", f"{attn_store}#attention=sdpa,dtype=bf16",
-               f"{attn_store}#dtype=fp32")
+    a, b, c = (
+        f"{attn_store}#attention=eager,dtype=bf16",
+        f"{attn_store}#attention=sdpa,dtype=bf16",
+        f"{attn_store}#dtype=fp32",
+    )
     r = run_cli("diff", a, b, "--floor", c, "--json", "-")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
@@ -58,8 +61,13 @@ def test_kernel_pair_against_the_fp32_floor(attn_store: Path, tmp_path: Path):
     assert [L["layer"] for L in rep["layers"]] == [0, 1, 3]
     assert all(0 < L["floor_ratio"] < 2 for L in rep["layers"])
     numeric = {d["field"]: d for d in rep["provenance_differences"] if not d["informational"]}
-    assert numeric["environment.kernels.attention"] == {"field": "environment.kernels.attention", "a": "eager",
-                                                        "b": "sdpa", "c": "sdpa", "informational": False}
+    assert numeric["environment.kernels.attention"] == {
+        "field": "environment.kernels.attention",
+        "a": "eager",
+        "b": "sdpa",
+        "c": "sdpa",
+        "informational": False,
+    }
     assert numeric["environment.dtype"]["c"] == "fp32" and numeric["environment.dtype"]["a"] == "bf16"
     assert rep["a_target"] == a and rep["floor_target"] == c
 
@@ -68,7 +76,10 @@ def test_kernel_pair_against_the_fp32_floor(attn_store: Path, tmp_path: Path):
 def test_floor_that_is_a_or_b_is_refused(tiny_store: Path, spelling: str):
     vid = Store.open(tiny_store).select("dtype=bf16")
     floor = spelling.format(s=tiny_store, name=tiny_store.name, vid=vid[:6])
-    for a, b in ((f"{tiny_store}#dtype=bf16", f"{tiny_store}#dtype=fp32"), (f"{tiny_store}#dtype=fp32", f"{tiny_store}#dtype=bf16")):
+    for a, b in (
+        (f"{tiny_store}#dtype=bf16", f"{tiny_store}#dtype=fp32"),
+        (f"{tiny_store}#dtype=fp32", f"{tiny_store}#dtype=bf16"),
+    ):
         r = run_cli("diff", a, b, "--floor", floor)
         assert r.returncode == 2, r.stdout
         assert "is A itself" in r.stderr or "is B itself" in r.stderr
@@ -116,7 +127,10 @@ def test_loss_only_counts_fewer_tokens(tiny_store: Path):
 
 def _store(path: Path, n_samples: int) -> str:
     s = Store.create(path)
-    a, b = new_variant(s, dtype="bf16", hidden=256, codec="none"), new_variant(s, dtype="fp32", hidden=256, codec="none")
+    a, b = (
+        new_variant(s, dtype="bf16", hidden=256, codec="none"),
+        new_variant(s, dtype="fp32", hidden=256, codec="none"),
+    )
     for i in range(0, n_samples, 10):
         samples = make_samples([400] * 10, seed=i)
         for vid, dt in ((a, "bf16"), (b, "fp32")):
@@ -188,11 +202,14 @@ def test_compiled_loops_are_loaded_only_where_they_pay(attn_store: Path, monkeyp
     assert loaded
     assert {**large, "seconds": 0} == _approx({**small, "seconds": 0})
     for x, y in zip(small["layers"], large["layers"]):
-        assert (x["ulp_distribution"], x["bit_exact"], x["max_abs"]) == (y["ulp_distribution"], y["bit_exact"], y["max_abs"])
+        assert (x["ulp_distribution"], x["bit_exact"], x["max_abs"]) == (
+            y["ulp_distribution"],
+            y["bit_exact"],
+            y["max_abs"],
+        )
 
 
-def test_the_fused_loop_serves_every_dtype_pair_from_its_size_alone(attn_store: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch):
+def test_the_fused_loop_serves_every_dtype_pair_from_its_size_alone(attn_store: Path, monkeypatch: pytest.MonkeyPatch):
     """The fused loop speeds up every pair (bf16 vs fp32 too, not only ULP buckets), so the bar counts every value
     pair a diff compares, bf16-vs-bf16 pairs twice; and not --threads: a diff takes one path however it is run."""
     from hsstore.compare import diff, kernel
@@ -211,17 +228,23 @@ def test_the_fused_loop_serves_every_dtype_pair_from_its_size_alone(attn_store: 
     monkeypatch.setattr(diff, "COMPILED_MIN_VALUES", pairs)
     for threads in (1, 2):
         loaded.clear()
-        diff.run_diff(diff.DiffRequest(a_target=f"{attn_store}#attention=sdpa,dtype=bf16",
-                                       b_target=f"{attn_store}#dtype=fp32", threads=threads))
+        diff.run_diff(
+            diff.DiffRequest(
+                a_target=f"{attn_store}#attention=sdpa,dtype=bf16", b_target=f"{attn_store}#dtype=fp32", threads=threads
+            )
+        )
         assert loaded
     monkeypatch.setattr(diff, "COMPILED_MIN_VALUES", pairs + 1)
     loaded.clear()
-    diff.run_diff(diff.DiffRequest(a_target=f"{attn_store}#attention=sdpa,dtype=bf16", b_target=f"{attn_store}#dtype=fp32"))
+    diff.run_diff(
+        diff.DiffRequest(a_target=f"{attn_store}#attention=sdpa,dtype=bf16", b_target=f"{attn_store}#dtype=fp32")
+    )
     assert not loaded
 
 
-def test_states_in_flight_stay_within_the_memory_budget_whatever_the_threads(tiny_store: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch):
+def test_states_in_flight_stay_within_the_memory_budget_whatever_the_threads(
+    tiny_store: Path, monkeypatch: pytest.MonkeyPatch
+):
     """The diff keeps 256 MB of states in flight per thread: `--threads 1000` asked for 256 GB. The states in
     flight are capped by the command's memory budget (HSSTORE_MEMORY_BUDGET, else half the available memory)
     as well, so a thread count can never ask for more memory than the machine has."""

@@ -27,8 +27,22 @@ def reference(a_t: str, b_t: str) -> list[dict]:
     """Per-layer statistics computed the plain way: every value in float64, sample by sample."""
     a, b = open_target(a_t), open_target(b_t)
     layers = a.record.all_layers
-    acc = [dict(n=0, t=0, abs=0.0, mx=0.0, dd=0.0, bb=0.0, cs=0.0, cmin=1.0, ex=0, cos=[], ulp=torch.zeros(7, dtype=torch.int64))
-           for _ in layers]
+    acc = [
+        dict(
+            n=0,
+            t=0,
+            abs=0.0,
+            mx=0.0,
+            dd=0.0,
+            bb=0.0,
+            cs=0.0,
+            cmin=1.0,
+            ex=0,
+            cos=[],
+            ulp=torch.zeros(7, dtype=torch.int64),
+        )
+        for _ in layers
+    ]
     for key in [k for k in a.keys if k in b.refs]:
         for j, (x, y) in enumerate(zip(a.read_layers(a.refs[key], layers), b.read_layers(b.refs[key], layers))):
             r = acc[j]
@@ -45,7 +59,9 @@ def reference(a_t: str, b_t: str) -> list[dict]:
             r["dd"] += float((d * d).sum())
             r["bb"] += float((y * y).sum())
             na, nb = x.norm(dim=1), y.norm(dim=1)
-            cos = torch.where(na * nb > 0, (x * y).sum(1) / (na * nb).clamp_min(1e-300), (na == nb).double()).clamp(-1, 1)
+            cos = torch.where(na * nb > 0, (x * y).sum(1) / (na * nb).clamp_min(1e-300), (na == nb).double()).clamp(
+                -1, 1
+            )
             r["cs"] += float(cos.sum())
             r["cmin"] = min(r["cmin"], float(cos.min()))
             r["cos"].append(cos)
@@ -54,9 +70,18 @@ def reference(a_t: str, b_t: str) -> list[dict]:
         cos = torch.cat(r["cos"])
         hist = torch.bincount(torch.bucketize(1.0 - cos, EDGES), minlength=len(EDGES) + 1)
         idx = int(torch.searchsorted(torch.cumsum(hist, 0), torch.tensor(math.ceil(0.99 * r["t"]))))
-        out.append({"mean_abs": r["abs"] / r["n"], "max_abs": r["mx"], "rel_l2": math.sqrt(r["dd"] / r["bb"]),
-                    "cos_mean": r["cs"] / r["t"], "cos_min": r["cmin"], "bit_exact": r["ex"] / r["n"],
-                    "cos_p01_bin": idx, "ulp": (r["ulp"].double() / r["ulp"].sum()).tolist() if r["ulp"].sum() else None})
+        out.append(
+            {
+                "mean_abs": r["abs"] / r["n"],
+                "max_abs": r["mx"],
+                "rel_l2": math.sqrt(r["dd"] / r["bb"]),
+                "cos_mean": r["cs"] / r["t"],
+                "cos_min": r["cmin"],
+                "bit_exact": r["ex"] / r["n"],
+                "cos_p01_bin": idx,
+                "ulp": (r["ulp"].double() / r["ulp"].sum()).tolist() if r["ulp"].sum() else None,
+            }
+        )
     return out
 
 
@@ -72,8 +97,10 @@ def _check(a_t: str, b_t: str, threads: int) -> None:
         assert 1 - L.cos_min == pytest.approx(1 - R["cos_min"], rel=1e-4, abs=1e-12)
         assert L.bit_exact == R["bit_exact"]  # counts: exactly
         # the 1st percentile is read from a histogram: the same bin, or a neighbour (rounding at an edge)
-        near = {1.0 if i <= 0 else 1.0 - float(EDGES[min(i, len(EDGES) - 1)])
-                for i in range(R["cos_p01_bin"] - 1, R["cos_p01_bin"] + 2)}
+        near = {
+            1.0 if i <= 0 else 1.0 - float(EDGES[min(i, len(EDGES) - 1)])
+            for i in range(R["cos_p01_bin"] - 1, R["cos_p01_bin"] + 2)
+        }
         assert L.cos_p01 in near, (L.layer, L.cos_p01, R["cos_p01_bin"])
         if R["ulp"] is not None:
             assert list(L.ulp_distribution.values()) == pytest.approx(R["ulp"], abs=1e-15)
@@ -92,8 +119,17 @@ def test_matches_float64_reference_bf16_vs_bf16_with_ulps(tiny_store: Path, tmp_
     dst = Store.create(tmp_path / "two-bf16.zarr")
     layers = bf.record.all_layers
     prov = bf.record.provenance
-    vids = [dst.create_variant({**prov, "environment": {**prov["environment"], "backend": name}}, bf.record.layers,
-                               bf.record.hidden_size, "bf16", "zstd", 64) for name in ("x", "y")]
+    vids = [
+        dst.create_variant(
+            {**prov, "environment": {**prov["environment"], "backend": name}},
+            bf.record.layers,
+            bf.record.hidden_size,
+            "bf16",
+            "zstd",
+            64,
+        )
+        for name in ("x", "y")
+    ]
     for key in bf.keys[:12]:
         ids, mask = bf.read_tokens(bf.refs[key])
         from hsstore.core.keys import SampleTokens

@@ -10,14 +10,7 @@ import pytest
 import torch
 
 from hsstore.compare.divergence import summarize
-from hsstore.compare.kernel import (
-    ULP_CLAMP,
-    TokenSums,
-    Workspace,
-    _ulp_counts_int16,
-    token_sums,
-    ulp_distance_clamped,
-)
+from hsstore.compare.kernel import ULP_CLAMP, TokenSums, Workspace, _ulp_counts_int16, token_sums, ulp_distance_clamped
 
 FIELDS = ("sum_abs", "max_abs", "differing", "dd", "aa", "bb", "ad", "ulp")
 
@@ -93,9 +86,11 @@ def _every_non_nan_bf16() -> torch.Tensor:
 
 def _ulp_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """ULP distances in int64 (no wrapping), clamped to ULP_CLAMP."""
+
     def ordered(x: torch.Tensor) -> torch.Tensor:
         bits = x.view(torch.int16).long()
         return torch.where(bits < 0, -(bits & 0x7FFF), bits)
+
     return (ordered(a) - ordered(b)).abs().clamp_max(ULP_CLAMP)
 
 
@@ -123,10 +118,13 @@ def test_int16_ulp_distances_exact_for_every_non_nan_pattern() -> None:
         assert want is not None
         torch.testing.assert_close(_ulp_counts_int16(x, y, ws), want[0], rtol=0, atol=0)
         odd = slice(0, 2 * 32641 - 1)  # an odd count of values: the last one is counted on its own
-        torch.testing.assert_close(_ulp_counts_int16(a[odd].view(1, -1), b[odd].view(1, -1), ws),
-                                   _ulp_counts_int16(a[odd][:-1].view(1, -1), b[odd][:-1].view(1, -1), ws)
-                                   + _ulp_counts_int16(a[odd][-1:].view(1, -1), b[odd][-1:].view(1, -1), ws),
-                                   rtol=0, atol=0)
+        torch.testing.assert_close(
+            _ulp_counts_int16(a[odd].view(1, -1), b[odd].view(1, -1), ws),
+            _ulp_counts_int16(a[odd][:-1].view(1, -1), b[odd][:-1].view(1, -1), ws)
+            + _ulp_counts_int16(a[odd][-1:].view(1, -1), b[odd][-1:].view(1, -1), ws),
+            rtol=0,
+            atol=0,
+        )
 
 
 def test_ulp_paths_agree_without_nans() -> None:
@@ -194,13 +192,19 @@ def _hostile_token_sums(ulps: bool) -> TokenSums:
     ts = token_sums(a, b, Workspace("cpu", compiled=True), ulps)
     nan, inf = float("nan"), float("inf")
     hand = {  # (dd, aa, bb, ad) per token
-        "zero vectors": (0.0, 0.0, 0.0, 0.0), "a zero": (4.0, 0.0, 4.0, 0.0), "b zero": (4.0, 4.0, 0.0, 4.0),
-        "equal": (0.0, 9.0, 9.0, 0.0), "nan": (nan, 1.0, 1.0, 0.0), "inf": (inf, inf, 1.0, inf),
-        "opposite": (16.0, 4.0, 4.0, 8.0), "beyond 2": (17.0, 4.0, 4.0, 8.5), "tiny": (1e-30, 1.0, 1.0, 5e-31),
+        "zero vectors": (0.0, 0.0, 0.0, 0.0),
+        "a zero": (4.0, 0.0, 4.0, 0.0),
+        "b zero": (4.0, 4.0, 0.0, 4.0),
+        "equal": (0.0, 9.0, 9.0, 0.0),
+        "nan": (nan, 1.0, 1.0, 0.0),
+        "inf": (inf, inf, 1.0, inf),
+        "opposite": (16.0, 4.0, 4.0, 8.0),
+        "beyond 2": (17.0, 4.0, 4.0, 8.5),
+        "tiny": (1e-30, 1.0, 1.0, 5e-31),
     }
     cols = torch.tensor(list(hand.values()), dtype=torch.float32).T  # [4, n]
     for j, name in enumerate(("dd", "aa", "bb", "ad")):
-        getattr(ts, name)[0, :cols.shape[1]] = cols[j]
+        getattr(ts, name)[0, : cols.shape[1]] = cols[j]
     ts.max_abs[1, 5] = nan
     ts.sum_abs[2, 3] = inf
     return ts
@@ -220,11 +224,13 @@ def test_the_compiled_summary_gives_torchs_maxima_and_histogram_to_the_bit(ulps:
         compiled, eager = summarize("k", t, 64, ws), summarize("k", t, 64)
         assert ws.kernel(), "a C compiler builds the loops here: the compiled path must be the one tested"
         assert compiled.maxes.shape == eager.maxes.shape and compiled.hist.dtype == eager.hist.dtype
-        torch.testing.assert_close(torch.from_numpy(compiled.maxes), torch.from_numpy(eager.maxes), rtol=0, atol=0,
-                                   equal_nan=True)
+        torch.testing.assert_close(
+            torch.from_numpy(compiled.maxes), torch.from_numpy(eager.maxes), rtol=0, atol=0, equal_nan=True
+        )
         assert (compiled.hist == eager.hist).all() and compiled.hist.sum() == eager.hist.sum() == t.dd.numel()
-        torch.testing.assert_close(torch.from_numpy(compiled.sums), torch.from_numpy(eager.sums), rtol=1e-12, atol=0,
-                                   equal_nan=True)
+        torch.testing.assert_close(
+            torch.from_numpy(compiled.sums), torch.from_numpy(eager.sums), rtol=1e-12, atol=0, equal_nan=True
+        )
 
 
 def test_the_compiled_summary_is_within_one_ulp_of_torchs_on_many_tokens() -> None:
@@ -238,7 +244,9 @@ def test_the_compiled_summary_is_within_one_ulp_of_torchs_on_many_tokens() -> No
     dd = aa * scale * torch.rand(L, T, generator=g)
     ad = (dd.sqrt() * aa.sqrt() * (torch.rand(L, T, generator=g) - 0.5)).float()
     bb = aa + dd - 2 * ad
-    ts = TokenSums(torch.rand(L, T, generator=g), torch.rand(L, T, generator=g), torch.zeros(L, T), dd, aa, bb, ad, None)
+    ts = TokenSums(
+        torch.rand(L, T, generator=g), torch.rand(L, T, generator=g), torch.zeros(L, T), dd, aa, bb, ad, None
+    )
     ws = Workspace("cpu", compiled=True)
     compiled, eager = summarize("k", ts, 64, ws), summarize("k", ts, 64)
     torch.testing.assert_close(torch.from_numpy(compiled.maxes), torch.from_numpy(eager.maxes), rtol=5e-16, atol=0)

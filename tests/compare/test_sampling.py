@@ -57,8 +57,15 @@ def test_whole_population_sampled_equals_full_diff(tiny_store: Path):
         assert lo == pytest.approx(hi, rel=1e-9)  # finite-population correction: no uncertainty left
 
 
-@pytest.mark.parametrize("args", [["--samples", "0"], ["--fraction", "1.5"], ["--samples", "3", "--fraction", "0.1"],
-                                  ["--samples", "3", "--confidence", "1"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--samples", "0"],
+        ["--fraction", "1.5"],
+        ["--samples", "3", "--fraction", "0.1"],
+        ["--samples", "3", "--confidence", "1"],
+    ],
+)
 def test_bad_sampling_options_exit_2(tiny_store: Path, args: list[str]):
     r = run_cli("diff", f"{tiny_store}#dtype=bf16", f"{tiny_store}#dtype=fp32", *args)
     assert r.returncode == 2 and r.stderr.startswith("error: ") and "Traceback" not in r.stderr
@@ -67,7 +74,11 @@ def test_bad_sampling_options_exit_2(tiny_store: Path, args: list[str]):
 def test_choice_is_seeded_stratified_and_proportional():
     lengths = [10] * 50 + [1000] * 50
     keys = [f"k{i:03d}" for i in range(100)]
-    one, same, other = choose(lengths, keys, 20, seed=1), choose(lengths, keys, 20, seed=1), choose(lengths, keys, 20, 2)
+    one, same, other = (
+        choose(lengths, keys, 20, seed=1),
+        choose(lengths, keys, 20, seed=1),
+        choose(lengths, keys, 20, 2),
+    )
     assert one.indices.tolist() == same.indices.tolist() != other.indices.tolist()
     assert len(set(one.indices.tolist())) == 20 and one.indices.tolist() == sorted(one.indices.tolist())
     short = sum(1 for i in one.indices if lengths[i] == 10)
@@ -93,7 +104,8 @@ def test_t_quantile_matches_tables():
 
 
 def test_a_sampled_diff_with_a_floor_on_fewer_samples_computes_each_sample_as_the_full_diff(
-        attn_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    attn_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A floor that holds fewer samples than A and B share: the full diff compares A with B alone (the floor in a
     pass of its own), the sampled one A with B and C in one pass. Each chose its arithmetic from its own pass's
     work, so around the bar they took different paths, and the sampled min cos fell below the full one."""

@@ -6,12 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hsstore.core.batching import (
-    PER_OCTAVE,
-    batch_shapes,
-    padded_length,
-    token_budget_batches,
-)
+from hsstore.core.batching import PER_OCTAVE, batch_shapes, padded_length, token_budget_batches
 
 
 @pytest.mark.parametrize("budget", [16, 100, 4096])

@@ -44,10 +44,15 @@ def _tiny_files_only() -> None:
 
 @pytest.mark.process  # a file-size limit is set on a process of its own
 def test_loops_run_where_their_machine_code_cannot_be_saved(tmp_path: Path) -> None:
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "HSSTORE_CACHE_DIR": str(tmp_path / "native"),
-           "PYTHONPATH": str(REPO)}
-    r = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env,
-                       preexec_fn=_tiny_files_only, timeout=300)
+    env = {
+        **os.environ,
+        "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
+        "HSSTORE_CACHE_DIR": str(tmp_path / "native"),
+        "PYTHONPATH": str(REPO),
+    }
+    r = subprocess.run(
+        [sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, preexec_fn=_tiny_files_only, timeout=300
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     # numba's save failed, so its loops were compiled in process; the C library could not be written at all, so the
     # diff's torch ops served (with one warning)
@@ -69,8 +74,9 @@ def _diff_once() -> list[float]:
     return ts.differing[0].tolist()
 
 
-def test_the_c_loops_are_built_once_and_then_loaded_even_without_a_compiler(tmp_path: Path,
-                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_c_loops_are_built_once_and_then_loaded_even_without_a_compiler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from hsstore.compare import kernel
     from hsstore.core.jit import library_path
 
@@ -99,8 +105,9 @@ def test_a_damaged_cached_library_is_built_again(tmp_path: Path, monkeypatch: py
     assert built.stat().st_size > 1000
 
 
-def test_a_cache_folder_that_cannot_be_written_builds_a_library_for_the_process(tmp_path: Path,
-                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cache_folder_that_cannot_be_written_builds_a_library_for_the_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from hsstore.compare import kernel
 
     (tmp_path / "a-file").write_text("")
@@ -162,8 +169,9 @@ def test_a_cache_folder_others_may_write_is_never_loaded_from(tmp_path: Path, mo
     planted = library_path(kernel.SOURCE)
     planted.parent.mkdir(parents=True)
     planted.parent.chmod(0o777)
-    (planted.parent / "planted.c").write_text('#include <stdlib.h>\n__attribute__((constructor)) static void f(void) '
-                                              '{ abort(); }\n')
+    (planted.parent / "planted.c").write_text(
+        "#include <stdlib.h>\n__attribute__((constructor)) static void f(void) { abort(); }\n"
+    )
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(planted), str(planted.parent / "planted.c")], check=True)
     from hsstore.core.jit import _digest
 
@@ -173,8 +181,9 @@ def test_a_cache_folder_others_may_write_is_never_loaded_from(tmp_path: Path, mo
     assert sorted(p.name for p in planted.parent.iterdir()) == before
 
 
-def test_cc_is_split_as_a_shell_would_and_one_that_is_not_there_is_named(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cc_is_split_as_a_shell_would_and_one_that_is_not_there_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from hsstore.compare import kernel
 
     _fresh_loops(monkeypatch, tmp_path / "cache")
@@ -186,8 +195,9 @@ def test_cc_is_split_as_a_shell_would_and_one_that_is_not_there_is_named(tmp_pat
         assert kernel.compiled_kernel() is False
 
 
-def test_a_compiler_that_writes_nothing_or_hangs_is_given_up_on(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_compiler_that_writes_nothing_or_hangs_is_given_up_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``CC=true`` exits 0 and writes no library; a compiler that hangs is stopped (its children too) after
     ``COMPILE_SECONDS``; either way one warning, and torch's ops serve."""
     from hsstore.compare import kernel
@@ -217,7 +227,8 @@ def test_a_compiler_that_writes_nothing_or_hangs_is_given_up_on(tmp_path: Path,
 
 
 def test_whatever_keeps_the_loops_from_loading_falls_back_to_torch_with_one_warning(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Errors the loader did not expect crashed the diff (exit 1, a traceback): a hash file of garbage, CC with an
     unbalanced quote, a compiler writing Latin-1 to stderr, a library without the loops' symbols, no home folder."""
     from hsstore.compare import kernel
@@ -233,12 +244,17 @@ def test_whatever_keeps_the_loops_from_loading_falls_back_to_torch_with_one_warn
     latin1 = tmp_path / "latin1-cc"
     latin1.write_text("#!/bin/sh\nprintf 'erreur: \\351chec\\n' >&2\nexit 1\n")
     empty = tmp_path / "empty-cc"  # compiles an empty file wherever -o says: a library without the symbols
-    empty.write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done\n'
-                     'printf "int unrelated;\\n" | cc -x c -shared -fPIC -o "$out" -\n')
+    empty.write_text(
+        '#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done\n'
+        'printf "int unrelated;\\n" | cc -x c -shared -fPIC -o "$out" -\n'
+    )
     for script in (latin1, empty):
         script.chmod(0o755)
-    cases = [("CC", "gcc '-O2", "does not parse as a command"), ("CC", str(latin1), "could not compile kernel.c: erreur"),
-             ("CC", str(empty), "AttributeError: .*undefined symbol: hsstore_fused_rows")]
+    cases = [
+        ("CC", "gcc '-O2", "does not parse as a command"),
+        ("CC", str(latin1), "could not compile kernel.c: erreur"),
+        ("CC", str(empty), "AttributeError: .*undefined symbol: hsstore_fused_rows"),
+    ]
     for n, (var, value, said) in enumerate(cases):
         _fresh_loops(monkeypatch, tmp_path / f"cache-{n}")
         monkeypatch.setenv(var, value)
@@ -249,7 +265,9 @@ def test_whatever_keeps_the_loops_from_loading_falls_back_to_torch_with_one_warn
     monkeypatch.delenv("HSSTORE_CACHE_DIR")
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setattr(kernel, "_kernel", None)
-    monkeypatch.setattr(Path, "home", lambda: (_ for _ in ()).throw(RuntimeError("Could not determine home directory.")))
+    monkeypatch.setattr(
+        Path, "home", lambda: (_ for _ in ()).throw(RuntimeError("Could not determine home directory."))
+    )
     with pytest.warns(UserWarning, match="no cache folder: Could not determine home directory"):
         assert kernel.compiled_kernel() is False
 

@@ -43,8 +43,13 @@ def test_wrong_types_are_named_never_coerced(tmp_path: Path, table: str, line: s
     assert "\n" not in msg
 
 
-@pytest.mark.parametrize("line,words", [("unit_tokens = 0", "unit_tokens = 0; it must be 1 or more"),
-                                        ("gpus_per_rank = -1", "gpus_per_rank = -1; it must be 1 or more")])
+@pytest.mark.parametrize(
+    "line,words",
+    [
+        ("unit_tokens = 0", "unit_tokens = 0; it must be 1 or more"),
+        ("gpus_per_rank = -1", "gpus_per_rank = -1; it must be 1 or more"),
+    ],
+)
 def test_out_of_range_values_are_refused(tmp_path: Path, line: str, words: str) -> None:
     with pytest.raises(BadInput, match=words):
         load_manifest(_manifest(tmp_path, "build", line))
@@ -65,13 +70,16 @@ def test_defaults_come_from_the_schema_tables(tmp_path: Path) -> None:
     assert m.codec == StoreTable().codec
 
 
-@pytest.mark.parametrize("override,words", [
-    ("{ hidden_size = -64 }", "hidden_size = -64"),
-    ("{ num_hidden_layers = 0 }", "num_hidden_layers = 0"),
-    ("{ hiden_size = 128 }", "unknown config key 'hiden_size'"),
-    ("{ hidden_size = 64.5 }", "hidden_size = 64.5"),
-    ("{ tie_word_embeddings = 1 }", "tie_word_embeddings = 1"),
-])
+@pytest.mark.parametrize(
+    "override,words",
+    [
+        ("{ hidden_size = -64 }", "hidden_size = -64"),
+        ("{ num_hidden_layers = 0 }", "num_hidden_layers = 0"),
+        ("{ hiden_size = 128 }", "unknown config key 'hiden_size'"),
+        ("{ hidden_size = 64.5 }", "hidden_size = 64.5"),
+        ("{ tie_word_embeddings = 1 }", "tie_word_embeddings = 1"),
+    ],
+)
 def test_bad_builtin_config_overrides_are_one_line(tmp_path: Path, override: str, words: str) -> None:
     m = _manifest(tmp_path, "model", f"config = {override}")
     r = run_cli("build", str(m), "--quiet")
@@ -91,8 +99,9 @@ def test_tilde_in_paths_is_the_home_folder_and_the_store_may_come_from_the_cli_a
     save_local_model(home / "models" / "llama")
     shutil.copy(DATA, home / "data.jsonl")
     (tmp_path / "elsewhere").mkdir()
-    m = write_manifest(tmp_path / "elsewhere" / "m.toml", model="~/models/llama", files=["~/data.jsonl"],
-                       store="~/out/s.zarr")
+    m = write_manifest(
+        tmp_path / "elsewhere" / "m.toml", model="~/models/llama", files=["~/data.jsonl"], store="~/out/s.zarr"
+    )
     env = {"HOME": str(home)}
     r = run_cli("build", str(m), "--limit", "4", "--quiet", "--json", env=env)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -110,22 +119,29 @@ def test_tilde_in_paths_is_the_home_folder_and_the_store_may_come_from_the_cli_a
 
 
 SCHEMA_RULES = [  # (a change to a valid resolved manifest, the schema's words for it)
-    ({"backends": ["triton"]}, "unknown backend 'triton'"), ({"dtypes": ["int8"]}, "unknown dtype 'int8'"),
-    ({"devices": ["tpu"]}, "unknown device 'tpu'"), ({"data_format": "alpaca"}, "unknown data format 'alpaca'"),
+    ({"backends": ["triton"]}, "unknown backend 'triton'"),
+    ({"dtypes": ["int8"]}, "unknown dtype 'int8'"),
+    ({"devices": ["tpu"]}, "unknown device 'tpu'"),
+    ({"data_format": "alpaca"}, "unknown data format 'alpaca'"),
     ({"too_long": "drop"}, "too_long = 'drop'; choose truncate or skip"),
     ({"max_length": 1}, "max_length = 1; it must be at least 2"),
     ({"attn_implementation": "paged"}, "unknown attn_implementation 'paged'"),
     ({"init_device": "gpu"}, "init_device = 'gpu'; choose cpu or device"),
-    ({"codec": "lz77"}, "unknown compression 'lz77'"), ({"precision": "fp4"}, "precision = 'fp4'"),
+    ({"codec": "lz77"}, "unknown compression 'lz77'"),
+    ({"precision": "fp4"}, "precision = 'fp4'"),
     ({"token_budget": 100}, r"token_budget \(100\) must be at least \[data\] max_length"),
-    ({"dtypes": ["bf16", "bfloat16"]}, "dtypes names 'bf16' twice"), ({"backends": []}, "must each name at least one"),
+    ({"dtypes": ["bf16", "bfloat16"]}, "dtypes names 'bf16' twice"),
+    ({"backends": []}, "must each name at least one"),
     ({"gpus_per_rank": 0}, "gpus_per_rank = 0; it must be 1 or more"),
-    ({"gpus_per_rank": 2}, r'set devices = \["cuda"\]'), ({"unit_tokens": 0}, "unit_tokens = 0; it must be 1 or more"),
+    ({"gpus_per_rank": 2}, r'set devices = \["cuda"\]'),
+    ({"unit_tokens": 0}, "unit_tokens = 0; it must be 1 or more"),
     ({"store_path": ""}, r"\[store\] path is missing"),
 ]
 
 
-@pytest.mark.parametrize("change,words", SCHEMA_RULES, ids=[next(iter(c)) + str(i) for i, (c, _) in enumerate(SCHEMA_RULES)])
+@pytest.mark.parametrize(
+    "change,words", SCHEMA_RULES, ids=[next(iter(c)) + str(i) for i, (c, _) in enumerate(SCHEMA_RULES)]
+)
 def test_the_manifest_rules_live_in_its_schema(tmp_path: Path, change: dict, words: str) -> None:
     """Every value rule a manifest (and a CLI override of it) is held to is the schema's: a resolved Manifest is
     checked by hsstore.core.schema.manifest alone, given the store's codec names."""
@@ -145,15 +161,20 @@ def test_the_manifest_file_rules_live_in_its_schema() -> None:
     from hsstore.compare import audit
     from hsstore.core.schema import manifest as schema
 
-    ok = {"model": {"path": "builtin:tiny-llama", "layers": {"aux": [0], "target": [1]}}, "data": {"files": ["d.jsonl"]}}
+    ok = {
+        "model": {"path": "builtin:tiny-llama", "layers": {"aux": [0], "target": [1]}},
+        "data": {"files": ["d.jsonl"]},
+    }
     assert schema.parse_manifest_file(ok, "m.toml").model.layers.target == [1]
-    for raw, words in [({**ok, "modle": {}}, r"unknown table\(s\) \['modle'\]"),
-                       ({**ok, "model": {**ok["model"], "layrs": 1}}, r"unknown key\(s\) \['layrs'\] in \[model\]"),
-                       ({**ok, "model": {"layers": ok["model"]["layers"]}}, r"\[model\] path is missing"),
-                       ({**ok, "data": {}}, r"\[data\] files is missing"),
-                       ({**ok, "model": {**ok["model"], "layers": {"aux": [1], "target": [1]}}}, "both aux and target"),
-                       ({**ok, "model": {**ok["model"], "layers": {"aux": [0], "target": []}}}, "layers.target is empty"),
-                       ({**ok, "model": {**ok["model"], "seed": 1.5}}, r"\[model\] seed = 1.5: expected an integer")]:
+    for raw, words in [
+        ({**ok, "modle": {}}, r"unknown table\(s\) \['modle'\]"),
+        ({**ok, "model": {**ok["model"], "layrs": 1}}, r"unknown key\(s\) \['layrs'\] in \[model\]"),
+        ({**ok, "model": {"layers": ok["model"]["layers"]}}, r"\[model\] path is missing"),
+        ({**ok, "data": {}}, r"\[data\] files is missing"),
+        ({**ok, "model": {**ok["model"], "layers": {"aux": [1], "target": [1]}}}, "both aux and target"),
+        ({**ok, "model": {**ok["model"], "layers": {"aux": [0], "target": []}}}, "layers.target is empty"),
+        ({**ok, "model": {**ok["model"], "seed": 1.5}}, r"\[model\] seed = 1.5: expected an integer"),
+    ]:
         with pytest.raises(BadInput, match=words):
             schema.parse_manifest_file(raw, "m.toml")
     assert audit.BACKENDS is schema.BACKENDS and audit.ATTENTION is schema.ATTENTION

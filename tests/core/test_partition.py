@@ -5,12 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hsstore.core.partition import (
-    balanced_by_tokens,
-    epoch_order,
-    epoch_sequence,
-    split_for,
-)
+from hsstore.core.partition import balanced_by_tokens, epoch_order, epoch_sequence, split_for
 
 WORLDS = [(1, 1), (1, 3), (2, 1), (2, 2), (3, 4), (8, 2), (5, 7)]
 
@@ -30,8 +25,10 @@ def test_every_sample_once_in_contiguous_near_equal_parts(n: int, world: int, wo
 @pytest.mark.parametrize("world,workers", WORLDS)
 def test_drop_remainder_gives_every_rank_the_same_count(n: int, world: int, workers: int):
     order = np.arange(n)
-    parts = [np.concatenate([split_for(order, world, r, workers, w, drop_remainder=True) for w in range(workers)])
-             for r in range(world)]
+    parts = [
+        np.concatenate([split_for(order, world, r, workers, w, drop_remainder=True) for w in range(workers)])
+        for r in range(world)
+    ]
     assert len({len(p) for p in parts}) == 1
     assert np.array_equal(np.concatenate(parts), order[: n - n % world])
 

@@ -133,8 +133,9 @@ def test_error_records_add_up_to_the_error_of_the_whole() -> None:
     x = residual_like(T=50, H=64)
     y = quant.dequantize(quant.quantize(x), torch.float32)
     whole = quant.summary(quant.from_error_tensor(quant.error_tensor(x, y).tolist()))
-    parts = [quant.from_error_tensor(quant.error_tensor(x[a:b], y[a:b]).tolist())
-             for a, b in [(0, 7), (7, 31), (31, 50)]]
+    parts = [
+        quant.from_error_tensor(quant.error_tensor(x[a:b], y[a:b]).tolist()) for a, b in [(0, 7), (7, 31), (31, 50)]
+    ]
     merged = quant.summary(quant.merge(parts))
     assert merged.tokens == 50
     for k in ("rel_l2", "cos_mean", "cos_min", "max_abs"):
@@ -213,16 +214,23 @@ def test_one_row_out_of_the_compiled_range_sends_the_call_to_the_exact_table_pat
 @pytest.mark.process
 def test_without_numba_the_table_path_serves_with_one_warning(tmp_path) -> None:
     # a real interpreter where ``import numba`` fails (as it does when numba does not support the numpy)
-    code = ("import sys, warnings; sys.modules['numba'] = None\n"
-            "import numpy as np\n"
-            "from hsstore.core import fp8_cpu\n"
-            "c = np.tile(np.arange(256, dtype=np.uint8), (4, 1)); s = np.ones((4, 1), np.float32) * 8\n"
-            "with warnings.catch_warnings(record=True) as w:\n"
-            "    warnings.simplefilter('always')\n"
-            "    a = fp8_cpu.dequantize_bf16_bits(c, s); b = fp8_cpu.dequantize_bf16_bits(c, s)\n"
-            "assert (a == fp8_cpu.dequantize_bf16_bits(c, s, compiled=False)).all() and (a == b).all()\n"
-            "print(len(w), w[0].message)\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    code = (
+        "import sys, warnings; sys.modules['numba'] = None\n"
+        "import numpy as np\n"
+        "from hsstore.core import fp8_cpu\n"
+        "c = np.tile(np.arange(256, dtype=np.uint8), (4, 1)); s = np.ones((4, 1), np.float32) * 8\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    a = fp8_cpu.dequantize_bf16_bits(c, s); b = fp8_cpu.dequantize_bf16_bits(c, s)\n"
+        "assert (a == fp8_cpu.dequantize_bf16_bits(c, s, compiled=False)).all() and (a == b).all()\n"
+        "print(len(w), w[0].message)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("1 ") and "numba cannot be imported" in r.stdout and "pip install -U numba" in r.stdout

@@ -52,8 +52,14 @@ def _json(*args: str) -> dict:
     return json.loads(r.stdout)
 
 
-def _same(doc: dict, record: Record, cls: type[Record], command: str, optional: set[str] = frozenset(),
-          varying: set[str] = frozenset()) -> None:
+def _same(
+    doc: dict,
+    record: Record,
+    cls: type[Record],
+    command: str,
+    optional: set[str] = frozenset(),
+    varying: set[str] = frozenset(),
+) -> None:
     """``record`` is a ``cls``; ``doc`` (the CLI's --json) has the documented keys; both hold the same fields,
     of the same values but for ``varying`` ones (and the time taken)."""
     assert isinstance(record, cls) and not isinstance(record, dict)
@@ -85,11 +91,18 @@ def test_import_returns_its_record_and_prints_its_keys(exported: tuple[Path, dic
 
     dest, _ = exported
     store = tmp_path / "s.zarr"
-    doc = _json("import", "specforge", str(dest), "--store", str(store), "--tokenizer", MODEL, "--label", "mine",
-                "--quiet")
+    doc = _json(
+        "import", "specforge", str(dest), "--store", str(store), "--tokenizer", MODEL, "--label", "mine", "--quiet"
+    )
     again = import_cache(ImportRequest("specforge", str(dest), str(store), tokenizer=MODEL))  # all present now
-    _same(doc, again, ImportReport, "import", optional={"label", "audit"},
-          varying={"run", "samples_written", "samples_present", "tokens_written"})
+    _same(
+        doc,
+        again,
+        ImportReport,
+        "import",
+        optional={"label", "audit"},
+        varying={"run", "samples_written", "samples_present", "tokens_written"},
+    )
     assert doc["label"] == "mine" and doc["provenance"] == again.provenance == "restored"
     assert again.samples_present == doc["samples_written"] == 2 and again.stated.stated_by == "hsstore-export"
 
@@ -124,8 +137,12 @@ def test_label_prints_its_keys(exported: tuple[Path, dict], tmp_path: Path):
     store = tmp_path / "s.zarr"
     vid = import_cache(ImportRequest("specforge", str(exported[0]), str(store), tokenizer=MODEL)).variant
     doc = _json("label", f"{store}#{vid}", "first")
-    assert set(doc) == _documented("label") and doc == {"store": str(store), "variant": vid, "label": "first",
-                                                         "previous": None}
+    assert set(doc) == _documented("label") and doc == {
+        "store": str(store),
+        "variant": vid,
+        "label": "first",
+        "previous": None,
+    }
     assert _json("label", f"{store}#first", "second")["previous"] == "first"
 
 
@@ -137,7 +154,7 @@ def test_check_live_model_returns_the_fingerprint_it_checked(tiny_store: Path):
     fp = check_live_model(model, f"{tiny_store}#dtype=bf16")
     assert isinstance(fp, LiveFingerprint)
     assert fp.environment.dtype == "bf16" and fp.environment.kernels.attention == "sdpa"
-    assert set(fp.to_dict()) == {"recipe", "environment"} == _documented("check_live_model(model, \"STORE#SEL\")")
+    assert set(fp.to_dict()) == {"recipe", "environment"} == _documented('check_live_model(model, "STORE#SEL")')
 
 
 # --- verdict kinds and defect classes are closed sets: a report holding another value is refused
@@ -173,11 +190,18 @@ def _verdict_kinds(module: str) -> set[str]:
             found |= {s for t in targets for name, v in _pairs(t, node.value) if name == "kind" for s in _strings(v)}
         elif isinstance(node, ast.keyword) and node.arg == "verdict_kind":
             found |= _strings(node.value)
-        elif isinstance(node, ast.FunctionDef) and isinstance(node.returns, ast.Subscript) and \
-                "VerdictKind" in ast.unparse(node.returns):
+        elif (
+            isinstance(node, ast.FunctionDef)
+            and isinstance(node.returns, ast.Subscript)
+            and "VerdictKind" in ast.unparse(node.returns)
+        ):
             at = [i for i, e in enumerate(node.returns.slice.elts) if "VerdictKind" in ast.unparse(e)][0]
-            found |= {s for r in ast.walk(node) if isinstance(r, ast.Return) and isinstance(r.value, ast.Tuple)
-                      for s in _strings(r.value.elts[at])}
+            found |= {
+                s
+                for r in ast.walk(node)
+                if isinstance(r, ast.Return) and isinstance(r.value, ast.Tuple)
+                for s in _strings(r.value.elts[at])
+            }
     return found
 
 
@@ -201,10 +225,15 @@ def test_every_defect_the_classifier_names_is_a_defect_kind():
     assert named and named <= set(DEFECTS) == set(get_args(DefectKind))
 
 
-@pytest.mark.parametrize("cls,field,value", [
-    (CheckReport, "verdict_kind", "no_floor"), (CheckReport, "verdict_kind", "inconclusive"),
-    (DiffReport, "verdict_kind", "differs"), (Finding, "kind", "bit_exact"),
-])
+@pytest.mark.parametrize(
+    "cls,field,value",
+    [
+        (CheckReport, "verdict_kind", "no_floor"),
+        (CheckReport, "verdict_kind", "inconclusive"),
+        (DiffReport, "verdict_kind", "differs"),
+        (Finding, "kind", "bit_exact"),
+    ],
+)
 def test_a_report_with_an_unknown_kind_is_refused(cls: type[Record], field: str, value: str):
     doc = _REPORTS[cls]
     cls.from_json(json.dumps(doc).encode(), "a report")  # as the code writes it: accepted
@@ -212,15 +241,49 @@ def test_a_report_with_an_unknown_kind_is_refused(cls: type[Record], field: str,
         cls.from_json(json.dumps({**doc, field: value}).encode(), "a report")
 
 
-_LAYER = {"layer": 1, "tokens": 4, "mean_abs": 0.0, "max_abs": 0.0, "rel_l2": 0.0, "cos_mean": 1.0, "cos_min": 1.0,
-          "cos_p01": 1.0, "bit_exact": 1.0}
+_LAYER = {
+    "layer": 1,
+    "tokens": 4,
+    "mean_abs": 0.0,
+    "max_abs": 0.0,
+    "rel_l2": 0.0,
+    "cos_mean": 1.0,
+    "cos_min": 1.0,
+    "cos_p01": 1.0,
+    "bit_exact": 1.0,
+}
 _REPORTS: dict[type[Record], dict] = {
-    CheckReport: {"model": MODEL, "target": "s.zarr#dtype=bf16", "variant": "s.zarr#v1", "device": "cpu",
-                  "dtype": "bf16", "model_fingerprint": "f", "recorded_model_fingerprint": "f", "same_model": True,
-                  "samples": 1, "tokens": 4, "keys": ["k"], "batches": 1, "batching": "alone", "layers": [_LAYER],
-                  "environment_differences": [], "verdict": "identical", "verdict_kind": "identical"},
-    DiffReport: {"a": "a#1", "b": "b#2", "shared_samples": 1, "only_a": 0, "only_b": 0, "tokens": 4,
-                 "loss_only": False, "layers": [_LAYER], "worst_samples": [], "verdict": "identical",
-                 "verdict_kind": "identical"},
+    CheckReport: {
+        "model": MODEL,
+        "target": "s.zarr#dtype=bf16",
+        "variant": "s.zarr#v1",
+        "device": "cpu",
+        "dtype": "bf16",
+        "model_fingerprint": "f",
+        "recorded_model_fingerprint": "f",
+        "same_model": True,
+        "samples": 1,
+        "tokens": 4,
+        "keys": ["k"],
+        "batches": 1,
+        "batching": "alone",
+        "layers": [_LAYER],
+        "environment_differences": [],
+        "verdict": "identical",
+        "verdict_kind": "identical",
+    },
+    DiffReport: {
+        "a": "a#1",
+        "b": "b#2",
+        "shared_samples": 1,
+        "only_a": 0,
+        "only_b": 0,
+        "tokens": 4,
+        "loss_only": False,
+        "layers": [_LAYER],
+        "worst_samples": [],
+        "verdict": "identical",
+        "verdict_kind": "identical",
+    },
     Finding: {"kind": "nan", "key": "k", "layer": 1, "detail": "layer 1: NaN rows"},
 }

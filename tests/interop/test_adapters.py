@@ -13,12 +13,7 @@ from interop_files import TOKENIZER, WRITERS, random_samples
 
 from hsstore import Store
 from hsstore.core.errors import BadInput
-from hsstore.interop.adapters import (
-    SpecForgeCollate,
-    SpecForgeDataset,
-    SpeculatorsCollate,
-    SpeculatorsDataset,
-)
+from hsstore.interop.adapters import SpecForgeCollate, SpecForgeDataset, SpeculatorsCollate, SpeculatorsDataset
 from hsstore.interop.imported_provenance import tokenizer_identity
 from hsstore.interop.importer import ImportRequest, import_cache
 from hsstore.interop.vocab import vocab_mapping, write_vocab_map
@@ -29,8 +24,17 @@ def imported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
     d = tmp_path_factory.mktemp("adapters")
     samples = random_samples(n=4, hidden=16, n_aux=3)
     WRITERS["specforge"](d / "src", samples)
-    import_cache(ImportRequest("specforge", str(d / "src"), str(d / "s.zarr"), tokenizer=TOKENIZER, num_layers=4,
-                               layers="0,1,2,final_norm", capture="output"))
+    import_cache(
+        ImportRequest(
+            "specforge",
+            str(d / "src"),
+            str(d / "s.zarr"),
+            tokenizer=TOKENIZER,
+            num_layers=4,
+            layers="0,1,2,final_norm",
+            capture="output",
+        )
+    )
     return d / "s.zarr", samples
 
 
@@ -43,7 +47,14 @@ def test_speculators_items_match_its_arrow_dataset_items(imported):
     ds = SpeculatorsDataset(str(store), max_len=9)
     assert len(ds) == 4 and ds.hidden_states_dtype == torch.bfloat16 and max(ds.approx_lengths) == 9
     it = ds[0]
-    assert list(it) == ["hidden_states", "input_ids", "verifier_last_hidden_states", "loss_mask", "lengths", "position_ids"]
+    assert list(it) == [
+        "hidden_states",
+        "input_ids",
+        "verifier_last_hidden_states",
+        "loss_mask",
+        "lengths",
+        "position_ids",
+    ]
     T = it["input_ids"].shape[0]
     assert it["hidden_states"].shape == (T, 3 * 16) and it["verifier_last_hidden_states"].shape == (T, 16)
     assert it["input_ids"].dtype == it["loss_mask"].dtype == it["position_ids"].dtype == torch.int64
@@ -85,8 +96,17 @@ def test_specforge_items_and_padding_collate(imported):
 
 def test_adapter_refuses_variant_without_aux(tmp_path: Path):
     WRITERS["eagle"](tmp_path / "src", random_samples(n=2, n_aux=0))
-    import_cache(ImportRequest("eagle", str(tmp_path / "src"), str(tmp_path / "s.zarr"), tokenizer=TOKENIZER,
-                               num_layers=4, layers="final_norm", capture="output"))
+    import_cache(
+        ImportRequest(
+            "eagle",
+            str(tmp_path / "src"),
+            str(tmp_path / "s.zarr"),
+            tokenizer=TOKENIZER,
+            num_layers=4,
+            layers="final_norm",
+            capture="output",
+        )
+    )
     with pytest.raises(BadInput, match="EAGLE-3 trainers need aux layers and exactly one target layer"):
         SpeculatorsDataset(str(tmp_path / "s.zarr"))
 
@@ -109,7 +129,10 @@ def test_vocab_map_files_load_as_the_peers_load_them(imported, tmp_path: Path):
     assert rec.variant == vid
     assert rec.tokenizer_fingerprint == tokenizer_identity(TOKENIZER)[0]["fingerprint"]
     cache = torch.load(tmp_path / "vm" / "vocab_mapping-10.pt", weights_only=True)  # SpecForge / EAGLE-3
-    d2t, t2d = torch.from_numpy(np.load(tmp_path / "vm" / "d2t-10.npy")), torch.from_numpy(np.load(tmp_path / "vm" / "t2d-10.npy"))
+    d2t, t2d = (
+        torch.from_numpy(np.load(tmp_path / "vm" / "d2t-10.npy")),
+        torch.from_numpy(np.load(tmp_path / "vm" / "t2d-10.npy")),
+    )
     assert torch.equal(cache["d2t"], d2t) and torch.equal(cache["t2d"], t2d) and t2d.shape == (259,)
     freq = torch.load(tmp_path / "vm" / "token_freq.pt", weights_only=True)  # speculators' token_freq.pt
     ids, counts = masked.unique(return_counts=True)
@@ -127,7 +150,9 @@ def test_vocab_map_folder_is_its_own_or_refused(imported, tmp_path: Path):
     (theirs / "token_freq.pt").write_bytes(b"a user's file")
     with pytest.raises(BadInput, match=r"token_freq\.pt exists and no vocab-map record .* names it"):
         write_vocab_map(str(store), 10, str(theirs))
-    assert (theirs / "token_freq.pt").read_bytes() == b"a user's file" and sorted(os.listdir(theirs)) == ["token_freq.pt"]
+    assert (theirs / "token_freq.pt").read_bytes() == b"a user's file" and sorted(os.listdir(theirs)) == [
+        "token_freq.pt"
+    ]
 
     other = tmp_path / "other"
     write_vocab_map(str(store), 10, str(other))
@@ -149,15 +174,24 @@ def test_vocab_map_folder_is_its_own_or_refused(imported, tmp_path: Path):
         busy.release()
     again = write_vocab_map(str(store), 12, str(mine))  # same variant, another size: shares token_freq.pt
     assert again.files["token_freq.pt"] == first.files["token_freq.pt"]
-    assert sorted(p.name for p in mine.iterdir()) == sorted({*first.files, *again.files, "vocab-map-10.json",
-                                                             "vocab-map-12.json"})
+    assert sorted(p.name for p in mine.iterdir()) == sorted(
+        {*first.files, *again.files, "vocab-map-10.json", "vocab-map-12.json"}
+    )
 
 
-@pytest.mark.parametrize("capture,stated,hsstore_id", [
-    ("output", 0, 0), ("output", 3, 3), ("output", "final_norm", 4),
-    ("input", 1, 0), ("input", 4, 3), ("input", "final_norm", 4),   # vLLM: 4 = last layer's output, pre-norm
-    ("unknown", 4, 4), ("unknown", 2, 2),
-])
+@pytest.mark.parametrize(
+    "capture,stated,hsstore_id",
+    [
+        ("output", 0, 0),
+        ("output", 3, 3),
+        ("output", "final_norm", 4),
+        ("input", 1, 0),
+        ("input", 4, 3),
+        ("input", "final_norm", 4),  # vLLM: 4 = last layer's output, pre-norm
+        ("unknown", 4, 4),
+        ("unknown", 2, 2),
+    ],
+)
 def test_layer_conventions_map_both_ways(capture: str, stated, hsstore_id: int):
     from hsstore.core.layer_numbering import from_hsstore, to_hsstore
 
@@ -206,8 +240,11 @@ def test_an_adapter_over_a_dataset_checks_require_as_the_dataset_does(tiny_store
         adapter(HiddenStateDataset(tiny_store, variant="dtype=bf16", layers=[1, 3]), require=train)
     with pytest.raises(ProvenanceMismatch):
         adapter(HiddenStateDataset(tiny_store, variant="dtype=fp32", layers=[0, 3]), require=train)
-    kept = adapter(HiddenStateDataset(tiny_store, variant="dtype=fp32", layers=[0, 3]), require=train,
-                   allow_drift=["dtype"])
+    kept = adapter(
+        HiddenStateDataset(tiny_store, variant="dtype=fp32", layers=[0, 3]), require=train, allow_drift=["dtype"]
+    )
     assert kept.base.layer_roles == train.layer_roles
-    with pytest.raises(BadInput, match="takes a HiddenStateDataset .map-style. or a store, not a StreamingHiddenStateDataset"):
+    with pytest.raises(
+        BadInput, match="takes a HiddenStateDataset .map-style. or a store, not a StreamingHiddenStateDataset"
+    ):
         adapter(StreamingHiddenStateDataset(tiny_store, variant="dtype=bf16"))

@@ -40,12 +40,21 @@ def import_cache(req: ImportRequest) -> dict:
     assert isinstance(r, ImportReport)
     return r.to_dict()
 
-STATED = {"specforge": "0,1,2,final_norm", "modelopt": "0,1,2,final_norm", "speculators": "1,2,3,4",
-          "eagle": "final_norm"}
+
+STATED = {
+    "specforge": "0,1,2,final_norm",
+    "modelopt": "0,1,2,final_norm",
+    "speculators": "1,2,3,4",
+    "eagle": "final_norm",
+}
 CAPTURE = {"specforge": "output", "modelopt": "output", "speculators": "input", "eagle": "output"}
 TOOL = {"specforge": "SpecForge", "modelopt": "Model-Optimizer", "speculators": "speculators", "eagle": "EAGLE"}
-HSSTORE = {"specforge": ([0, 1, 2], [4]), "modelopt": ([0, 1, 2], [4]), "speculators": ([0, 1, 2], [3]),
-           "eagle": ([], [4])}
+HSSTORE = {
+    "specforge": ([0, 1, 2], [4]),
+    "modelopt": ([0, 1, 2], [4]),
+    "speculators": ([0, 1, 2], [3]),
+    "eagle": ([], [4]),
+}
 
 
 def _import(fmt: str, src: Path, store: Path, **kw) -> dict:
@@ -175,9 +184,17 @@ def test_vllm_convention_lines_up_with_a_native_build(tiny_store: Path, tmp_path
     out = export_cache(ExportRequest(f"{tiny_store}#dtype=bf16", "speculators", str(tmp_path / "vllm")))
     assert out["tool_layers"] == [1, 2, 4] and n_layers == 4  # outputs of 0, 1, 3 = states entering 1, 2, 4
     (tmp_path / "vllm" / "hsstore-export.json").unlink()  # a foreign cache: the user states the convention
-    r = import_cache(ImportRequest("speculators", str(tmp_path / "vllm"), str(tmp_path / "s.zarr"),
-                                   tokenizer="builtin:tiny-qwen3_5", model="builtin:tiny-qwen3_5", layers="1,2,4",
-                                   capture="input"))
+    r = import_cache(
+        ImportRequest(
+            "speculators",
+            str(tmp_path / "vllm"),
+            str(tmp_path / "s.zarr"),
+            tokenizer="builtin:tiny-qwen3_5",
+            model="builtin:tiny-qwen3_5",
+            layers="1,2,4",
+            capture="input",
+        )
+    )
     assert r["layers"] == native.record.layers
     imported = _reader(tmp_path / "s.zarr")
     assert imported.record.provenance["recipe"]["model"] == native.record.provenance["recipe"]["model"]
@@ -187,8 +204,22 @@ def test_vllm_convention_lines_up_with_a_native_build(tiny_store: Path, tmp_path
 
 def test_cli_import_export_vocab_map_round_trip(tmp_path: Path, capsys):
     WRITERS["modelopt"](tmp_path / "src", random_samples(n=3), prenorm=False)
-    r = run_cli("import", "modelopt", str(tmp_path / "src"), "--store", str(tmp_path / "s.zarr"), "--tokenizer",
-                TOKENIZER, "--num-layers", "4", "--layers", "0,1,2,final_norm", "--capture", "output", "--json")
+    r = run_cli(
+        "import",
+        "modelopt",
+        str(tmp_path / "src"),
+        "--store",
+        str(tmp_path / "s.zarr"),
+        "--tokenizer",
+        TOKENIZER,
+        "--num-layers",
+        "4",
+        "--layers",
+        "0,1,2,final_norm",
+        "--capture",
+        "output",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep["samples_written"] == 3 and rep["stated"]["claims"] == {"prenorm": False}
@@ -221,7 +252,9 @@ def test_a_re_export_with_other_options_replaces_the_folder_whole(tmp_path: Path
     _import("specforge", tmp_path / "src", tmp_path / "a.zarr")
     out = tmp_path / "out"
     export_cache(ExportRequest(str(tmp_path / "a.zarr"), "specforge", str(out)))
-    r = export_cache(ExportRequest(str(tmp_path / "a.zarr"), "specforge", str(out), aux=[0, 1], target_layer=2, limit=3))
+    r = export_cache(
+        ExportRequest(str(tmp_path / "a.zarr"), "specforge", str(out), aux=[0, 1], target_layer=2, limit=3)
+    )
     assert r["samples"] == 3 and len(list(out.rglob("*.ckpt"))) == 3
     back = import_cache(ImportRequest("specforge", str(out), str(tmp_path / "b.zarr"), tokenizer=TOKENIZER))
     assert back["samples"] == 3
@@ -246,8 +279,12 @@ def test_a_re_export_removes_only_files_an_export_writes(tmp_path: Path, fmt: st
     r = export_cache(ExportRequest(str(tmp_path / "a.zarr"), fmt, str(out), limit=2))
     assert r["samples"] == 2
     assert {rel: (out / rel).read_bytes() for rel in theirs} == theirs
-    sample_files = [p for p in out.rglob("*") if p.is_file() and get_format(fmt).exported.fullmatch(p.relative_to(out).as_posix())]
-    assert len([p for p in sample_files if p.suffix in (".pt", ".safetensors")]) == 2  # the earlier export's other two went
+    sample_files = [
+        p for p in out.rglob("*") if p.is_file() and get_format(fmt).exported.fullmatch(p.relative_to(out).as_posix())
+    ]
+    assert (
+        len([p for p in sample_files if p.suffix in (".pt", ".safetensors")]) == 2
+    )  # the earlier export's other two went
 
 
 @pytest.mark.parametrize("fmt", ["eagle", "specforge"])
@@ -403,7 +440,9 @@ def test_an_export_never_rewrites_a_folder_an_import_is_reading(tmp_path: Path):
     finally:
         writing.release()
     assert not (tmp_path / "b.zarr").exists()
-    assert import_cache(ImportRequest("modelopt", str(out), str(tmp_path / "b.zarr"), tokenizer=TOKENIZER))["samples"] == 3
+    assert (
+        import_cache(ImportRequest("modelopt", str(out), str(tmp_path / "b.zarr"), tokenizer=TOKENIZER))["samples"] == 3
+    )
 
 
 def test_import_records_stay_small_whatever_the_paths(tmp_path: Path):
@@ -441,7 +480,9 @@ def test_an_export_imported_again_keeps_its_provenance(fmt: str, tiny_store: Pat
 
     original = f"{tiny_store}#dtype=bf16"
     export_cache(ExportRequest(original, fmt, str(tmp_path / "out")))
-    r = import_cache(ImportRequest(fmt, str(tmp_path / "out"), str(tmp_path / "b.zarr"), tokenizer="builtin:tiny-qwen3_5"))
+    r = import_cache(
+        ImportRequest(fmt, str(tmp_path / "out"), str(tmp_path / "b.zarr"), tokenizer="builtin:tiny-qwen3_5")
+    )
     assert r["provenance"] == "restored" and r["provenance_note"] is None
     native = _reader(tiny_store, "dtype=bf16").record.provenance
     env = _reader(tmp_path / "b.zarr").record.provenance["environment"]
@@ -466,8 +507,9 @@ def _tamper_file(out: Path, fmt: str) -> None:
 
 @pytest.mark.parametrize("damage", ["file", "record"])
 @pytest.mark.parametrize("fmt", ["specforge", "modelopt"])
-def test_an_export_record_that_does_not_match_its_files_is_ignored(fmt: str, damage: str, tiny_store: Path,
-                                                                     tmp_path: Path):
+def test_an_export_record_that_does_not_match_its_files_is_ignored(
+    fmt: str, damage: str, tiny_store: Path, tmp_path: Path
+):
     """A changed sample file, or a hand-edited record (its provenance claims another backend), is never
     trusted: the import keeps 'unknown' for what the files do not record, and says why in its report."""
     out = tmp_path / "out"
@@ -483,7 +525,6 @@ def test_an_export_record_that_does_not_match_its_files_is_ignored(fmt: str, dam
     assert ("files are not the ones the export wrote" if damage == "file" else "was edited") in r["provenance_note"]
     env = _reader(tmp_path / "b.zarr").record.provenance["environment"]
     assert env["backend"] == env["device"] == "unknown"
-
 
 
 def test_an_export_of_an_fp8_variant_imported_again_is_not_its_source(tiny_store: Path, tmp_path: Path):

@@ -58,8 +58,14 @@ def _fp8(t: Path) -> Path:
     src = t / "sp"
     WRITERS["speculators"](src, random_samples(n=2))
     f = src / "hidden_states" / "hs_0.safetensors"
-    save_file({"hidden_states": torch.zeros(7, 4, 32, dtype=torch.float8_e4m3fn), "hidden_states_scales": torch.ones(7, 1, 1),
-               "token_ids": torch.zeros(7, dtype=torch.long)}, str(f))
+    save_file(
+        {
+            "hidden_states": torch.zeros(7, 4, 32, dtype=torch.float8_e4m3fn),
+            "hidden_states_scales": torch.ones(7, 1, 1),
+            "token_ids": torch.zeros(7, dtype=torch.long),
+        },
+        str(f),
+    )
     return src
 
 
@@ -70,8 +76,10 @@ def _spec_mismatch(t: Path) -> Path:
     samples = random_samples(n=2)
     WRITERS["speculators"](src, samples)
     s = samples[0]
-    save_file({"hidden_states": torch.cat([s.aux, s.target[:, None]], 1).contiguous(), "token_ids": s.ids + 1},
-              str(src / "hidden_states" / "hs_0.safetensors"))
+    save_file(
+        {"hidden_states": torch.cat([s.aux, s.target[:, None]], 1).contiguous(), "token_ids": s.ids + 1},
+        str(src / "hidden_states" / "hs_0.safetensors"),
+    )
     return src
 
 
@@ -104,9 +112,12 @@ def _newline_name(t: Path) -> Path:
 def _stride_zero(rec: dict) -> None:
     """Every tensor a view of a few bytes declaring 20 M tokens (a 2 KB file; 2.9 GB once copied)."""
     n = 20_000_000
-    rec.update(input_ids=rec["input_ids"][:1].expand(n), loss_mask=rec["loss_mask"][:1].expand(n),
-               hidden_state=rec["hidden_state"][:, :1].expand(1, n, -1),
-               aux_hidden_state=rec["aux_hidden_state"][:, :1].expand(1, n, -1))
+    rec.update(
+        input_ids=rec["input_ids"][:1].expand(n),
+        loss_mask=rec["loss_mask"][:1].expand(n),
+        hidden_state=rec["hidden_state"][:, :1].expand(1, n, -1),
+        aux_hidden_state=rec["aux_hidden_state"][:, :1].expand(1, n, -1),
+    )
 
 
 def _zip_bomb(t: Path) -> Path:
@@ -118,9 +129,12 @@ def _zip_bomb(t: Path) -> Path:
     n, hidden = 1_000_000, 8
 
     def zeros(rec: dict) -> None:
-        rec.update(input_ids=torch.zeros(n, dtype=torch.long), loss_mask=torch.ones(n, dtype=torch.long),
-                   hidden_state=torch.zeros(1, n, hidden, dtype=torch.bfloat16),
-                   aux_hidden_state=torch.zeros(1, n, 3 * hidden, dtype=torch.bfloat16))
+        rec.update(
+            input_ids=torch.zeros(n, dtype=torch.long),
+            loss_mask=torch.ones(n, dtype=torch.long),
+            hidden_state=torch.zeros(1, n, hidden, dtype=torch.bfloat16),
+            aux_hidden_state=torch.zeros(1, n, 3 * hidden, dtype=torch.bfloat16),
+        )
 
     src = _sf(t, zeros, hidden=hidden)
     f = src / "rows_0-2000" / "data_0.ckpt"
@@ -173,8 +187,17 @@ def _exported(t: Path) -> str:
     from hsstore.interop.importer import ImportRequest, import_cache
 
     src = _sf(t)
-    import_cache(ImportRequest("specforge", str(src), str(t / "s.zarr"), tokenizer=TOKENIZER, num_layers=4,
-                               layers="0,1,2,final_norm", capture="output"))
+    import_cache(
+        ImportRequest(
+            "specforge",
+            str(src),
+            str(t / "s.zarr"),
+            tokenizer=TOKENIZER,
+            num_layers=4,
+            layers="0,1,2,final_norm",
+            capture="output",
+        )
+    )
     (t / "busy").mkdir()
     (t / "busy" / "notes.txt").write_text("x")
     return str(t / "s.zarr")
@@ -196,73 +219,169 @@ def _export_without_layer_count(t: Path, fmt: str = "specforge") -> Path:
 
 CASES = {
     "import-format-unknown": (lambda t: _imp(t, "medusa", _sf(t)), "unknown format 'medusa'"),
-    "import-no-files": (lambda t: (t / "e").mkdir() or _imp(t, "specforge", t / "e"), "no specforge sample files under"),
+    "import-no-files": (
+        lambda t: (t / "e").mkdir() or _imp(t, "specforge", t / "e"),
+        "no specforge sample files under",
+    ),
     "import-dir-missing": (lambda t: _imp(t, "eagle", t / "nope"), "does not exist or is not a folder"),
-    "import-layers-missing": (lambda t: _imp(t, "specforge", _sf(t), opts=["--tokenizer", TOKENIZER]),
-                              "do not record which layers they hold: pass --layers"),
-    "import-capture-unknown-word": (lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:-1], "inputs"]), "unknown --capture 'inputs'"),
-    "import-layer-count": (lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,1,final_norm", *SF[6:]]),
-                           r"hold 3 aux state\(s\) and a target state per token \(4 slot\(s\)\), but --layers names 3"),
-    "import-layer-word": (lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,1,2,last", *SF[6:]]), "'last' is not a layer id"),
-    "import-input-layer-zero": (lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,1,2,4", "--capture", "input"]),
-                                "layer 0 under --capture input is the embedding output"),
-    "import-layer-out-of-range": (lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,1,2,4", *SF[6:]]),
-                                  "layer 4 is out of range for a 4-layer model .*post-norm state is final_norm"),
-    "import-target-derives-from-aux": (lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,2,3,final_norm", *SF[6:]]),
-                                       r"target final_norm is RMSNorm of aux layer 3 .* check --layers"),
-    "import-layer-twice": (lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,1,1,3", *SF[6:]]), "names one layer twice"),
-    "import-no-num-layers": (lambda t: _imp(t, "specforge", _sf(t), opts=["--tokenizer", TOKENIZER, *SF[4:]]),
-                             "pass --model DIR .* or --num-layers N"),
-    "import-export-no-layer-count": (lambda t: ["import", "specforge", str(_export_without_layer_count(t)), "--store",
-                                                str(t / "s.zarr"), "--tokenizer", TOKENIZER],
-                                     r"the number of decoder layers is unknown.*--num-layers N"),
+    "import-layers-missing": (
+        lambda t: _imp(t, "specforge", _sf(t), opts=["--tokenizer", TOKENIZER]),
+        "do not record which layers they hold: pass --layers",
+    ),
+    "import-capture-unknown-word": (
+        lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:-1], "inputs"]),
+        "unknown --capture 'inputs'",
+    ),
+    "import-layer-count": (
+        lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,1,final_norm", *SF[6:]]),
+        r"hold 3 aux state\(s\) and a target state per token \(4 slot\(s\)\), but --layers names 3",
+    ),
+    "import-layer-word": (
+        lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,1,2,last", *SF[6:]]),
+        "'last' is not a layer id",
+    ),
+    "import-input-layer-zero": (
+        lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,1,2,4", "--capture", "input"]),
+        "layer 0 under --capture input is the embedding output",
+    ),
+    "import-layer-out-of-range": (
+        lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,1,2,4", *SF[6:]]),
+        "layer 4 is out of range for a 4-layer model .*post-norm state is final_norm",
+    ),
+    "import-target-derives-from-aux": (
+        lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,2,3,final_norm", *SF[6:]]),
+        r"target final_norm is RMSNorm of aux layer 3 .* check --layers",
+    ),
+    "import-layer-twice": (
+        lambda t: _imp(t, "specforge", _sf(t), opts=[*SF[:5], "0,1,1,3", *SF[6:]]),
+        "names one layer twice",
+    ),
+    "import-no-num-layers": (
+        lambda t: _imp(t, "specforge", _sf(t), opts=["--tokenizer", TOKENIZER, *SF[4:]]),
+        "pass --model DIR .* or --num-layers N",
+    ),
+    "import-export-no-layer-count": (
+        lambda t: [
+            "import",
+            "specforge",
+            str(_export_without_layer_count(t)),
+            "--store",
+            str(t / "s.zarr"),
+            "--tokenizer",
+            TOKENIZER,
+        ],
+        r"the number of decoder layers is unknown.*--num-layers N",
+    ),
     "import-no-tokenizer": (lambda t: _imp(t, "specforge", _sf(t), opts=SF[2:]), "pass --tokenizer PATH"),
-    "import-wrong-tokenizer": (lambda t: _imp(t, "specforge", _sf(t, lambda r: r["input_ids"].fill_(300))),
-                               "token id 300 is outside the tokenizer's vocabulary"),
-    "import-pickle-refused": (lambda t: _imp(t, "specforge", _evil(t)), r"not a plain torch.save file .*never unpickles"),
+    "import-wrong-tokenizer": (
+        lambda t: _imp(t, "specforge", _sf(t, lambda r: r["input_ids"].fill_(300))),
+        "token id 300 is outside the tokenizer's vocabulary",
+    ),
+    "import-pickle-refused": (
+        lambda t: _imp(t, "specforge", _evil(t)),
+        r"not a plain torch.save file .*never unpickles",
+    ),
     "import-foreign-file": (lambda t: _imp(t, "specforge", _foreign(t)), "not a plain torch.save file of tensors"),
-    "import-missing-key": (lambda t: _imp(t, "specforge", _sf(t, lambda r: r.pop("hidden_state"))), r"no 'hidden_state' \(keys:"),
-    "import-mask-not-binary": (lambda t: _imp(t, "specforge", _sf(t, lambda r: r["loss_mask"].fill_(2))),
-                               "loss_mask holds values other than 0 and 1"),
-    "import-length-mismatch": (lambda t: _imp(t, "specforge", _sf(t, lambda r: r.update(hidden_state=r["hidden_state"][:, :-1]))),
-                               r"hidden_state has shape .*; expected \["),
-    "import-dflash-file": (lambda t: _imp(t, "specforge", _sf(t, lambda r: r.update(hidden_states=r.pop("aux_hidden_state")))),
-                           "DFlash-family feature file"),
-    "import-mixed-caches": (lambda t: _imp(t, "eagle", _mixed(t), opts=[*SF[:5], "final_norm", *SF[6:]]), "the folder mixes two caches"),
-    "import-fp8-speculators": (lambda t: _imp(t, "speculators", _fp8(t), opts=[*SF[:5], "1,2,3,4", "--capture", "input"]),
-                               "FP8-quantized hidden states"),
-    "import-speculators-tokens-differ": (lambda t: _imp(t, "speculators", _spec_mismatch(t), opts=[*SF[:5], "1,2,3,4", "--capture", "input"]),
-                                         "token_ids do not match row 0"),
-    "import-speculators-no-dataset": (lambda t: (t / "sp" / "hidden_states").mkdir(parents=True) or _imp(t, "speculators", t / "sp"),
-                                      "not a speculators data folder"),
-    "import-modelopt-no-mask": (lambda t: _imp(t, "modelopt", _modelopt(t, drop_mask=True)), "no 'loss_mask' .*will not guess"),
-    "import-modelopt-prenorm-contradiction": (lambda t: _imp(t, "modelopt", _modelopt(t, prenorm=True)),
-                                              "says its target is pre-norm .* but --layers names the target 'final_norm'"),
-    "import-newline-in-name": (lambda t: _imp(t, "eagle", _newline_name(t), opts=[*SF[:5], "final_norm", *SF[6:]]),
-                               r"0/data_\\n\\x1b\[2J0.ckpt: not a plain torch.save file"),
-    "import-stride-zero-view": (lambda t: _imp(t, "specforge", _sf(t, _stride_zero)),
-                                r"'input_ids' declares shape \(20000000,\) .* over only .*save it with .contiguous\(\)"),
-    "import-gzip-bomb": (lambda t: _imp(t, "specforge", _gzip_bomb(t)), r"data_0.ckpt.gz: inflates past .*decompression bomb"),
-    "import-zip-bomb": (lambda t: _imp(t, "specforge", _zip_bomb(t)),
-                        r"data_0\.ckpt: its zip members inflate to .* from .*: a decompression bomb"),
+    "import-missing-key": (
+        lambda t: _imp(t, "specforge", _sf(t, lambda r: r.pop("hidden_state"))),
+        r"no 'hidden_state' \(keys:",
+    ),
+    "import-mask-not-binary": (
+        lambda t: _imp(t, "specforge", _sf(t, lambda r: r["loss_mask"].fill_(2))),
+        "loss_mask holds values other than 0 and 1",
+    ),
+    "import-length-mismatch": (
+        lambda t: _imp(t, "specforge", _sf(t, lambda r: r.update(hidden_state=r["hidden_state"][:, :-1]))),
+        r"hidden_state has shape .*; expected \[",
+    ),
+    "import-dflash-file": (
+        lambda t: _imp(t, "specforge", _sf(t, lambda r: r.update(hidden_states=r.pop("aux_hidden_state")))),
+        "DFlash-family feature file",
+    ),
+    "import-mixed-caches": (
+        lambda t: _imp(t, "eagle", _mixed(t), opts=[*SF[:5], "final_norm", *SF[6:]]),
+        "the folder mixes two caches",
+    ),
+    "import-fp8-speculators": (
+        lambda t: _imp(t, "speculators", _fp8(t), opts=[*SF[:5], "1,2,3,4", "--capture", "input"]),
+        "FP8-quantized hidden states",
+    ),
+    "import-speculators-tokens-differ": (
+        lambda t: _imp(t, "speculators", _spec_mismatch(t), opts=[*SF[:5], "1,2,3,4", "--capture", "input"]),
+        "token_ids do not match row 0",
+    ),
+    "import-speculators-no-dataset": (
+        lambda t: (t / "sp" / "hidden_states").mkdir(parents=True) or _imp(t, "speculators", t / "sp"),
+        "not a speculators data folder",
+    ),
+    "import-modelopt-no-mask": (
+        lambda t: _imp(t, "modelopt", _modelopt(t, drop_mask=True)),
+        "no 'loss_mask' .*will not guess",
+    ),
+    "import-modelopt-prenorm-contradiction": (
+        lambda t: _imp(t, "modelopt", _modelopt(t, prenorm=True)),
+        "says its target is pre-norm .* but --layers names the target 'final_norm'",
+    ),
+    "import-newline-in-name": (
+        lambda t: _imp(t, "eagle", _newline_name(t), opts=[*SF[:5], "final_norm", *SF[6:]]),
+        r"0/data_\\n\\x1b\[2J0.ckpt: not a plain torch.save file",
+    ),
+    "import-stride-zero-view": (
+        lambda t: _imp(t, "specforge", _sf(t, _stride_zero)),
+        r"'input_ids' declares shape \(20000000,\) .* over only .*save it with .contiguous\(\)",
+    ),
+    "import-gzip-bomb": (
+        lambda t: _imp(t, "specforge", _gzip_bomb(t)),
+        r"data_0.ckpt.gz: inflates past .*decompression bomb",
+    ),
+    "import-zip-bomb": (
+        lambda t: _imp(t, "specforge", _zip_bomb(t)),
+        r"data_0\.ckpt: its zip members inflate to .* from .*: a decompression bomb",
+    ),
     "import-sparse-tensor": (lambda t: _imp(t, "specforge", _sf(t, _sparse)), r"'hidden_state' is a sparse_coo tensor"),
-    "import-speculators-string-ids": (lambda t: _imp(t, "speculators", _spec_rows(t, [
-        {"input_ids": ["a", "b"], "loss_mask": [0, 1], "seq_len": 2}] * 2), opts=SP),
-        r"row 0: input_ids holds .* not integers"),
-    "import-speculators-null-row": (lambda t: _imp(t, "speculators", _spec_rows(t, [
-        {"input_ids": None, "loss_mask": None, "seq_len": None}] * 2), opts=SP), r"row 0: input_ids holds null"),
-    "export-folder-not-empty": (lambda t: ["export", _exported(t), "speculators", str(t / "busy")], "exists and is not empty"),
-    "export-folder-other-format": (lambda t: main_exit(["export", _exported(t), "modelopt", str(t / "mo")]) == 0 and
-                                   ["export", str(t / "s.zarr"), "specforge", str(t / "mo")],
-                                   r"says the folder was exported as 'modelopt', not 'specforge'; choose a new folder"),
-    "export-layer-not-stored": (lambda t: ["export", _exported(t), "specforge", str(t / "x"), "--aux", "0,7"],
-                                r"layer\(s\) \[7\] are not stored"),
-    "vocab-map-vocab-beyond-int32": (lambda t: ["vocab-map", _exported(t), "--size", "4", "--target-vocab-size", "10000000000"],
-                                     r"target vocabulary 10000000000 \(from --target-vocab-size\) must be between 1 and 2147483648"),
-    "vocab-map-record-foreign": (lambda t: (t / "vm").mkdir() or (t / "vm" / "vocab-map-4.json").write_text("{}") and
-                                 ["vocab-map", _exported(t), "--size", "4", "--out", str(t / "vm")],
-                                 r"vm/vocab-map-4\.json is not a vocab-map record hsstore wrote; choose another --out"),
-    "vocab-map-size": (lambda t: ["vocab-map", _exported(t), "--size", "100000"], "--size 100000 must be between 1 and"),
+    "import-speculators-string-ids": (
+        lambda t: _imp(
+            t, "speculators", _spec_rows(t, [{"input_ids": ["a", "b"], "loss_mask": [0, 1], "seq_len": 2}] * 2), opts=SP
+        ),
+        r"row 0: input_ids holds .* not integers",
+    ),
+    "import-speculators-null-row": (
+        lambda t: _imp(
+            t, "speculators", _spec_rows(t, [{"input_ids": None, "loss_mask": None, "seq_len": None}] * 2), opts=SP
+        ),
+        r"row 0: input_ids holds null",
+    ),
+    "export-folder-not-empty": (
+        lambda t: ["export", _exported(t), "speculators", str(t / "busy")],
+        "exists and is not empty",
+    ),
+    "export-folder-other-format": (
+        lambda t: (
+            main_exit(["export", _exported(t), "modelopt", str(t / "mo")]) == 0
+            and ["export", str(t / "s.zarr"), "specforge", str(t / "mo")]
+        ),
+        r"says the folder was exported as 'modelopt', not 'specforge'; choose a new folder",
+    ),
+    "export-layer-not-stored": (
+        lambda t: ["export", _exported(t), "specforge", str(t / "x"), "--aux", "0,7"],
+        r"layer\(s\) \[7\] are not stored",
+    ),
+    "vocab-map-vocab-beyond-int32": (
+        lambda t: ["vocab-map", _exported(t), "--size", "4", "--target-vocab-size", "10000000000"],
+        r"target vocabulary 10000000000 \(from --target-vocab-size\) must be between 1 and 2147483648",
+    ),
+    "vocab-map-record-foreign": (
+        lambda t: (
+            (t / "vm").mkdir()
+            or (t / "vm" / "vocab-map-4.json").write_text("{}")
+            and ["vocab-map", _exported(t), "--size", "4", "--out", str(t / "vm")]
+        ),
+        r"vm/vocab-map-4\.json is not a vocab-map record hsstore wrote; choose another --out",
+    ),
+    "vocab-map-size": (
+        lambda t: ["vocab-map", _exported(t), "--size", "100000"],
+        "--size 100000 must be between 1 and",
+    ),
 }
 
 
@@ -317,8 +436,14 @@ def test_export_on_a_full_disk_is_an_io_fault_exit_1_naming_the_os_error(fmt: st
         resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 10, 4 << 10))
 
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "hsstore", "export", store, fmt, str(out)], cwd=REPO,
-                       capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    r = subprocess.run(
+        [sys.executable, "-m", "hsstore", "export", store, fmt, str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limit,
+    )
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert r.returncode == 1 and len(errors) == 1 and "File too large" in errors[0], r.stderr[-2000:]
     assert "writable" not in errors[0] and "Traceback" not in r.stderr
@@ -361,8 +486,18 @@ def test_seeded_size_bombs_in_sample_files_are_refused_in_one_line(seed: int, tm
     did: list[str] = []
     src = _sf(tmp_path, lambda rec: did.append(_bomb(rec, rng, key)))
     try:
-        import_cache(ImportRequest("specforge", str(src), str(tmp_path / "s.zarr"), tokenizer=TOKENIZER, num_layers=4,
-                                   layers="0,1,2,final_norm", capture="output", jobs=1))
+        import_cache(
+            ImportRequest(
+                "specforge",
+                str(src),
+                str(tmp_path / "s.zarr"),
+                tokenizer=TOKENIZER,
+                num_layers=4,
+                layers="0,1,2,final_norm",
+                capture="output",
+                jobs=1,
+            )
+        )
     except HsstoreError as e:
         assert "\n" not in str(e), (did, str(e))
 
@@ -372,10 +507,17 @@ def test_foreign_files_are_decoded_only_where_they_are_priced() -> None:
     where sizes are checked against the memory budget before anything is materialized."""
     # testing/bench.py reads back the torch.save files its own benchmark wrote (the torch.load baseline), never input
     # read/stream_state.py inflates a training state's consumed marks, bounded to the snapshot's size
-    allowed = {REPO / "hsstore" / "interop" / "sample.py", REPO / "hsstore" / "testing" / "bench.py",
-               REPO / "hsstore" / "read" / "stream_state.py"}
+    allowed = {
+        REPO / "hsstore" / "interop" / "sample.py",
+        REPO / "hsstore" / "testing" / "bench.py",
+        REPO / "hsstore" / "read" / "stream_state.py",
+    }
     calls = re.compile(r"\btorch\.load\(|\bgzip\.(decompress|open)\(|\bzlib\.decompress(obj)?\(|\bpickle\.loads?\(")
-    offenders = [f"{p.relative_to(REPO)}:{i}" for p in sorted((REPO / "hsstore").rglob("*.py")) if p not in allowed
-                 for i, line in enumerate(p.read_text().splitlines(), 1)
-                 if calls.search(line.split("#")[0]) and "``" not in line]
+    offenders = [
+        f"{p.relative_to(REPO)}:{i}"
+        for p in sorted((REPO / "hsstore").rglob("*.py"))
+        if p not in allowed
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if calls.search(line.split("#")[0]) and "``" not in line
+    ]
     assert not offenders, offenders

@@ -29,8 +29,9 @@ def test_a_restored_provenance_without_a_capture_point_reports_capture_unknown(t
     samples = make_samples([5, 7, 9], tok=fp)
     UnitWriter(store, vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2]))
     exporter.export_cache(ExportRequest(str(tmp_path / "a.zarr"), "specforge", str(tmp_path / "out")))
-    r = importer.import_cache(ImportRequest("specforge", str(tmp_path / "out"), str(tmp_path / "b.zarr"),
-                                            tokenizer=TOKENIZER, num_layers=4))
+    r = importer.import_cache(
+        ImportRequest("specforge", str(tmp_path / "out"), str(tmp_path / "b.zarr"), tokenizer=TOKENIZER, num_layers=4)
+    )
     assert r.provenance == "restored"
     assert r.capture == "unknown"
     assert ImportReport.from_dict(r.to_dict(), "the report").capture == "unknown"  # (what --json prints)

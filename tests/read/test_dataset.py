@@ -64,7 +64,9 @@ def test_require_names_the_kernel_field(tmp_path: Path):
         samples = make_samples([5])
         UnitWriter(store, vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2]))
     torch_ds = HiddenStateDataset(tmp_path / "s.zarr", variant="backend=torch")
-    with pytest.raises(ProvenanceMismatch, match=r"environment.kernels.chunk_gated_delta_rule: 'fla' \(store\) != 'torch' \(required\)"):
+    with pytest.raises(
+        ProvenanceMismatch, match=r"environment.kernels.chunk_gated_delta_rule: 'fla' \(store\) != 'torch' \(required\)"
+    ):
         HiddenStateDataset(tmp_path / "s.zarr", variant="backend=fla", require=torch_ds)
 
 
@@ -80,8 +82,17 @@ def test_live_model_check(tiny_store: Path):
 
 
 def test_pad_collate_masks():
-    items = [{"key": str(i), "index": i, "input_ids": torch.arange(n), "loss_mask": torch.ones(n, dtype=torch.bool),
-              "aux_hidden": torch.ones(n, 2, 4), "target_hidden": torch.ones(n, 1, 4)} for i, n in enumerate((3, 5))]
+    items = [
+        {
+            "key": str(i),
+            "index": i,
+            "input_ids": torch.arange(n),
+            "loss_mask": torch.ones(n, dtype=torch.bool),
+            "aux_hidden": torch.ones(n, 2, 4),
+            "target_hidden": torch.ones(n, 1, 4),
+        }
+        for i, n in enumerate((3, 5))
+    ]
     b = pad_collate(items)
     assert b["attention_mask"].tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
     assert b["aux_hidden"][0, 3:].abs().sum() == 0
@@ -93,10 +104,16 @@ def test_pad_collate_refuses_items_of_another_form_or_dtype_in_one_batch(tiny_st
     bf16 one rounded to bf16, both silently (a ConcatDataset over variants). Either order is refused now."""
     bf16 = HiddenStateDataset(tiny_store, variant="dtype=bf16")[0]
     fp32 = HiddenStateDataset(tiny_store, variant="dtype=fp32")[1]
-    raw = {**fp32, **{f"{r}_hidden": fp32[f"{r}_hidden"].to(torch.float8_e4m3fn) for r in ("aux", "target")},
-           **{f"{r}_scales": torch.ones(fp32[f"{r}_hidden"].shape[:2]) for r in ("aux", "target")}}
-    for items, first, other in (([bf16, fp32], "bfloat16", "float32"), ([fp32, bf16], "float32", "bfloat16"),
-                                ([bf16, raw], "absent", "float32")):
+    raw = {
+        **fp32,
+        **{f"{r}_hidden": fp32[f"{r}_hidden"].to(torch.float8_e4m3fn) for r in ("aux", "target")},
+        **{f"{r}_scales": torch.ones(fp32[f"{r}_hidden"].shape[:2]) for r in ("aux", "target")},
+    }
+    for items, first, other in (
+        ([bf16, fp32], "bfloat16", "float32"),
+        ([fp32, bf16], "float32", "bfloat16"),
+        ([bf16, raw], "absent", "float32"),
+    ):
         with pytest.raises(BadInput, match="item 1's .*differ from item 0's") as e:
             pad_collate(items)
         assert other in str(e.value).split("differ")[0] and first in str(e.value).split("differ")[1], e.value
@@ -105,7 +122,10 @@ def test_pad_collate_refuses_items_of_another_form_or_dtype_in_one_batch(tiny_st
     fewer = HiddenStateDataset(tiny_store, variant="dtype=bf16", layers=[0, 3])[0]  # one aux layer, not three
     with pytest.raises(BadInput, match=r"item 1's 'aux_hidden' \(bfloat16 \[1, 64\]\) differ"):
         pad_collate([bf16, fewer])  # (before: a RuntimeError from a tensor copy)
-    assert pad_collate([bf16, HiddenStateDataset(tiny_store, variant="dtype=bf16")[2]])["aux_hidden"].dtype == torch.bfloat16
+    assert (
+        pad_collate([bf16, HiddenStateDataset(tiny_store, variant="dtype=bf16")[2]])["aux_hidden"].dtype
+        == torch.bfloat16
+    )
 
 
 def test_a_world_size_without_a_rank_is_refused_not_every_rank_reading_rank_0s_share(tmp_path: Path):
@@ -115,7 +135,9 @@ def test_a_world_size_without_a_rank_is_refused_not_every_rank_reading_rank_0s_s
     from hsstore import StreamingHiddenStateDataset
 
     store = Store.create(tmp_path / "s.zarr")
-    UnitWriter(store, new_variant(store)).write(make_samples([4, 5, 6]), make_states(make_samples([4, 5, 6]), 16, "bf16", [0, 1, 2]))
+    UnitWriter(store, new_variant(store)).write(
+        make_samples([4, 5, 6]), make_states(make_samples([4, 5, 6]), 16, "bf16", [0, 1, 2])
+    )
     ds = StreamingHiddenStateDataset(tmp_path / "s.zarr", world_size=2)
     with pytest.raises(BadInput, match=r"world_size=2\) without rank= and no torch.distributed process group"):
         list(ds)
@@ -125,8 +147,12 @@ def test_a_world_size_without_a_rank_is_refused_not_every_rank_reading_rank_0s_s
     with pytest.raises(BadInput, match=r"rank=1\) without world_size="):
         list(ds)
     assert len(list(StreamingHiddenStateDataset(tmp_path / "s.zarr", rank=1, world_size=2))) in (1, 2)
-    for bad in ({"world_size": 0, "rank": 0}, {"world_size": 2, "rank": 0.5}, {"world_size": 2, "rank": True},
-                {"world_size": "2", "rank": 1}):  # (world_size=0 read the whole store as world 1)
+    for bad in (
+        {"world_size": 0, "rank": 0},
+        {"world_size": 2, "rank": 0.5},
+        {"world_size": 2, "rank": True},
+        {"world_size": "2", "rank": 1},
+    ):  # (world_size=0 read the whole store as world 1)
         with pytest.raises(BadInput, match="a whole number from"):
             StreamingHiddenStateDataset(tmp_path / "s.zarr", **bad)
 
@@ -161,8 +187,14 @@ def test_pad_collate_takes_items_without_key_and_names_a_missing_field():
     is a one-line error naming the field and the item. Before, both were a bare KeyError from inside hsstore."""
     from hsstore.core.errors import BadInput
 
-    items = [{"input_ids": torch.arange(n), "loss_mask": torch.ones(n, dtype=torch.bool),
-              "target_hidden": torch.ones(n, 1, 4)} for n in (2, 4)]
+    items = [
+        {
+            "input_ids": torch.arange(n),
+            "loss_mask": torch.ones(n, dtype=torch.bool),
+            "target_hidden": torch.ones(n, 1, 4),
+        }
+        for n in (2, 4)
+    ]
     b = pad_collate(items)
     assert "key" not in b and "index" not in b and b["target_hidden"].shape == (2, 4, 1, 4)
     del items[1]["target_hidden"]
@@ -173,8 +205,19 @@ def test_pad_collate_takes_items_without_key_and_names_a_missing_field():
 
 
 def _torchrun(nproc: int, store: Path, out: str, modes: str, context: str = "fork") -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           str(REPO / "tests" / "dist_stream_check.py"), str(store), out, modes, context]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        str(REPO / "tests" / "dist_stream_check.py"),
+        str(store),
+        out,
+        modes,
+        context,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
 
@@ -205,8 +248,7 @@ def test_torchrun_two_ranks_two_workers_each_key_once_per_epoch(tiny_store: Path
 
 
 @pytest.mark.process
-def test_torchrun_resume_mid_epoch_with_another_world_size(tiny_store: Path, two_rank_streams: str,
-                                                           tmp_path: Path):
+def test_torchrun_resume_mid_epoch_with_another_world_size(tiny_store: Path, two_rank_streams: str, tmp_path: Path):
     first = _load(two_rank_streams, "partial", 2)
     state = first[0]["state"]
     assert state == first[1]["state"]  # gathered over ranks
@@ -222,8 +264,9 @@ def test_torchrun_resume_mid_epoch_with_another_world_size(tiny_store: Path, two
 
 
 @pytest.mark.process
-def test_torchrun_persistent_spawned_workers_keep_their_rank_and_resume_on_three_ranks(tiny_store: Path,
-                                                                                      tmp_path: Path):
+def test_torchrun_persistent_spawned_workers_keep_their_rank_and_resume_on_three_ranks(
+    tiny_store: Path, tmp_path: Path
+):
     """Spawned workers have no process group: each keeps its rank's share (not the whole store), follows
     set_epoch across epochs as persistent workers, and a state from 2 ranks resumes on 3: each key once."""
     out = str(tmp_path / "spawn-")
@@ -256,8 +299,8 @@ def test_items_read_layers_straight_into_their_slots(tmp_path: Path, codec: str)
     for i in range(len(ds)):
         it = ds[i]
         a, n = off[it["key"]], it["input_ids"].shape[0]
-        assert torch.equal(it["aux_hidden"], torch.stack([states[0][a:a + n], states[1][a:a + n]], dim=1))
-        assert torch.equal(it["target_hidden"][:, 0], states[2][a:a + n])
+        assert torch.equal(it["aux_hidden"], torch.stack([states[0][a : a + n], states[1][a : a + n]], dim=1))
+        assert torch.equal(it["target_hidden"][:, 0], states[2][a : a + n])
         assert it["aux_hidden"].is_contiguous()
 
 
@@ -296,8 +339,18 @@ def test_a_non_integer_index_is_a_clear_type_error(tmp_path: Path):
         ds[3]
 
 
-@pytest.mark.parametrize("state", [{}, {"epoch": 0}, [], {"epoch": "0", "seed": 0, "n": 3, "variant": "v", "consumed": ""},
-                                   "bad-hex", "bytes-after-the-marks", "format-1"])
+@pytest.mark.parametrize(
+    "state",
+    [
+        {},
+        {"epoch": 0},
+        [],
+        {"epoch": "0", "seed": 0, "n": 3, "variant": "v", "consumed": ""},
+        "bad-hex",
+        "bytes-after-the-marks",
+        "format-1",
+    ],
+)
 def test_load_state_dict_refuses_what_state_dict_never_returns(state, tmp_path: Path):
     from hsstore import StreamingHiddenStateDataset
     from hsstore.core.errors import BadInput
@@ -346,8 +399,10 @@ def test_a_layer_named_twice_is_refused_not_read_once(tiny_store: Path):
 @contextlib.contextmanager
 def _ranks(script: str, path: Path, d: Path) -> Iterator[list[subprocess.Popen]]:
     """Two ranks running ``script`` (gloo, a file rendezvous in ``d``); each must exit 0, and none outlives the test."""
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(path), str(d), str(r)], cwd=REPO,
-                              stderr=subprocess.PIPE) for r in (0, 1)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, str(path), str(d), str(r)], cwd=REPO, stderr=subprocess.PIPE)
+        for r in (0, 1)
+    ]
     try:
         yield procs
         for p in procs:
@@ -457,7 +512,8 @@ dist.destroy_process_group()
 
 @pytest.mark.process
 def test_ranks_whose_datasets_were_made_before_the_process_group_on_other_snapshots_are_told_at_the_gather(
-        tmp_path: Path):
+    tmp_path: Path,
+):
     """Datasets made before init_process_group cannot agree on a snapshot: the marks' gather aborted a rank in gloo
     (sizes differ); it is one BadInput on every rank naming the fix. A dataset given rank= and world_size= is one
     rank's own: made on rank 0 alone it neither waits for the others nor hangs."""

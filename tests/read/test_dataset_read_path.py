@@ -151,7 +151,8 @@ def test_dataloader_workers_share_the_read_threads(tmp_path: Path):
     path, want = _store(tmp_path, [[rows]], hidden=256, chunk=64)
     ds = HiddenStateDataset(path)
     ds.reader.read_threads = 4
-    got = list(DataLoader(TaggedItems(ds, "pool_threads", lambda d, _: d.reader._pool_threads), batch_size=None,
-                          num_workers=2))
+    got = list(
+        DataLoader(TaggedItems(ds, "pool_threads", lambda d, _: d.reader._pool_threads), batch_size=None, num_workers=2)
+    )
     _check(got[0], want)
     assert got[0]["pool_threads"] == 2

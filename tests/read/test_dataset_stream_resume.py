@@ -36,8 +36,11 @@ def _commit(store: Store, vid: str, samples: list, writer: str, clock_behind: bo
 
     rec = store.variant_record(vid)
     states = make_states(samples, rec.hidden_size, rec.dtype, rec.all_layers)
-    with mock.patch.object(writer_module, "_now", lambda: "2000-01-01T00:00:00.000+00:00") if clock_behind \
-            else contextlib.nullcontext():
+    with (
+        mock.patch.object(writer_module, "_now", lambda: "2000-01-01T00:00:00.000+00:00")
+        if clock_behind
+        else contextlib.nullcontext()
+    ):
         UnitWriter(store, vid, writer_id=writer).write(samples, states, skip_committed=False)
 
 
@@ -71,8 +74,9 @@ def _reload(state: dict) -> dict:
 def _once(keys: list[str], expected: list[str]) -> None:
     dup = [k for k, c in Counter(keys).items() if c > 1]
     assert not dup, f"{len(dup)} sample(s) trained twice"
-    assert set(keys) == set(expected), (f"{len(set(expected) - set(keys))} missed, "
-                                        f"{len(set(keys) - set(expected))} not expected")
+    assert set(keys) == set(expected), (
+        f"{len(set(expected) - set(keys))} missed, {len(set(keys) - set(expected))} not expected"
+    )
 
 
 @pytest.mark.process
@@ -154,8 +158,10 @@ def test_resume_on_another_number_of_ranks_after_a_reorder(tmp_path: Path, world
     """Ranks (rank=, world_size=) each train a few batches; their gathered marks resume on another number of
     ranks after a racing commit reordered the store: every key of the epoch once over all ranks."""
     store, vid, keys = _store(tmp_path / "s.zarr")
-    ranks = [StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=2, batch_tokens=48, rank=r, world_size=world)
-             for r in range(world)]
+    ranks = [
+        StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=2, batch_tokens=48, rank=r, world_size=world)
+        for r in range(world)
+    ]
     first = []
     for r, ds in enumerate(ranks):
         ds.set_epoch(1)
@@ -198,8 +204,9 @@ def test_accelerate_prepared_loader_stopped_and_resumed_trains_the_uninterrupted
 
     _store(tmp_path / "s.zarr")
 
-    def run(ds: StreamingHiddenStateDataset, stop: tuple[int, int] | None = None,
-            start: int = 0) -> tuple[list, dict | None]:
+    def run(
+        ds: StreamingHiddenStateDataset, stop: tuple[int, int] | None = None, start: int = 0
+    ) -> tuple[list, dict | None]:
         # the dataset splits over ranks itself: Accelerate must not dispatch or re-shard its batches
         acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=False))
         loader = acc.prepare(DataLoader(ds, batch_size=None, num_workers=2))
@@ -282,8 +289,9 @@ def _ranks(path: Path, world: int, **kw: Any) -> list[StreamingHiddenStateDatase
 
 
 @pytest.mark.parametrize(("world", "resume_world", "steps"), [(4, 8, 9), (3, 3, 13), (2, 3, 6)])
-def test_set_epoch_after_a_resume_goes_on_on_every_rank_even_one_whose_share_is_done(tmp_path: Path, world: int,
-                                                                                    resume_world: int, steps: int):
+def test_set_epoch_after_a_resume_goes_on_on_every_rank_even_one_whose_share_is_done(
+    tmp_path: Path, world: int, resume_world: int, steps: int
+):
     """A resumed loop calls set_epoch(e) for the epoch in progress (Accelerate does). A rank whose share of what
     is left is empty (fewer samples left than ranks) or done used to start the epoch afresh, splitting the whole
     epoch while the others split the rest: samples trained twice. Every key exactly once, on every rank alike."""
@@ -400,8 +408,9 @@ def test_marks_of_an_epoch_that_is_over_do_not_skip_samples_of_the_next(tmp_path
         warnings.simplefilter("always")
         for batch in late:  # ... and are flushed once the next epoch started
             ds.mark_consumed(batch)
-    assert len(caught) == 1 and re.search(r"left out: their items \(read in epoch 0\) .* started epoch 1 anew",
-                                          str(caught[0].message)), caught
+    assert len(caught) == 1 and re.search(
+        r"left out: their items \(read in epoch 0\) .* started epoch 1 anew", str(caught[0].message)
+    ), caught
     assert not ds.consumed.any()
     _once(_train(ds), keys)
 
@@ -459,9 +468,13 @@ def test_marks_of_a_pass_a_rollback_discarded_do_not_count_in_the_restored_one(t
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(UserWarning):
-            ds.mark_consumed({"index": torch.tensor([first["index"], second["index"]]),
-                              "epoch": torch.tensor([1, 2]), "epoch_start": torch.tensor([first["epoch_start"],
-                                                                                          second["epoch_start"]])})
+            ds.mark_consumed(
+                {
+                    "index": torch.tensor([first["index"], second["index"]]),
+                    "epoch": torch.tensor([1, 2]),
+                    "epoch_start": torch.tensor([first["epoch_start"], second["epoch_start"]]),
+                }
+            )
     assert np.flatnonzero(ds.consumed).tolist() == [second["index"]]
 
 
@@ -489,7 +502,9 @@ def test_len_is_what_this_rank_yields_now_as_a_loader_and_its_schedule_need(tmp_
     iterating yields now on this rank (its unconsumed samples, or their batches), through 2 DataLoader workers too."""
     _store(tmp_path / "s.zarr")
     for rank in (0, 1):
-        ds = StreamingHiddenStateDataset(tmp_path / "s.zarr", seed=5, batch_tokens=batch_tokens, rank=rank, world_size=2)
+        ds = StreamingHiddenStateDataset(
+            tmp_path / "s.zarr", seed=5, batch_tokens=batch_tokens, rank=rank, world_size=2
+        )
         ds.set_epoch(0)
         loader = DataLoader(ds, batch_size=None, num_workers=2)
         steps = list(loader)
@@ -536,8 +551,11 @@ def test_a_state_saved_when_units_were_read_by_id_resumes_each_key_once(tmp_path
     by_id = sorted(state["units"])  # the state the older reader saved: units by id, marks by place in that order
     old_keys = [k for u, _ in by_id for k in (r.key for r in ds.reader.unit_refs(u))]
     marked = set(np.asarray(list(ds.reader.keys))[ds.consumed].tolist())
-    state.update(units=by_id, digest=snapshot_digest([(u, c) for u, c in by_id]),
-                 consumed=pack_marks(np.array([k in marked for k in old_keys])))
+    state.update(
+        units=by_id,
+        digest=snapshot_digest([(u, c) for u, c in by_id]),
+        consumed=pack_marks(np.array([k in marked for k in old_keys])),
+    )
     again = StreamingHiddenStateDataset(path, seed=4)
     again.load_state_dict(state)
     _once(first + _train(again), [s.key for s in samples])

@@ -44,7 +44,7 @@ def _store(tmp_path: Path, codec: str = "shuffle-zstd") -> tuple[Path, dict[str,
         UnitWriter(store, vid).write(samples, states)
         a = 0
         for s in samples:
-            want[s.key] = torch.stack([states[i][a:a + s.length] for i in LAYERS], dim=1)
+            want[s.key] = torch.stack([states[i][a : a + s.length] for i in LAYERS], dim=1)
             a += s.length
     return tmp_path / "s.zarr", want
 
@@ -60,7 +60,8 @@ def _lookahead_threads(other_than: frozenset[threading.Thread] = frozenset()) ->
 
 @pytest.mark.parametrize("codec,cached", [("shuffle-zstd", False), ("none", False), ("shuffle-zstd", True)])
 def test_every_order_reads_the_same_items_and_in_order_reads_come_from_the_fetched_bytes(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, codec: str, cached: bool):
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, codec: str, cached: bool
+):
     if cached:  # chunks in the page cache: only the tokens come from the fetch
         monkeypatch.setattr(LocalRange, "cached", lambda self, offset, n: True)
     path, want = _store(tmp_path, codec)
@@ -68,7 +69,9 @@ def test_every_order_reads_the_same_items_and_in_order_reads_come_from_the_fetch
     n = len(ds)
     rng = np.random.default_rng(0)
     orders = {
-        "in order": list(range(n)), "again": list(range(n)), "backwards": list(range(n))[::-1],
+        "in order": list(range(n)),
+        "again": list(range(n)),
+        "backwards": list(range(n))[::-1],
         "every second": list(range(0, n, 2)) + list(range(1, n, 2)),
         "random": [int(i) for i in rng.permutation(n)],
         "interleaved": [i for pair in zip(range(n // 2), range(n // 2, n)) for i in pair],
@@ -184,8 +187,9 @@ def test_datasets_read_through_in_order_keep_no_buffers_for_reading_ahead(tmp_pa
     assert set(_lookahead_threads()) - before == set()
 
 
-def test_datasets_kept_after_reading_a_few_samples_in_order_share_a_few_budgets(tmp_path: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch):
+def test_datasets_kept_after_reading_a_few_samples_in_order_share_a_few_budgets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     """Many datasets, each read a little in order and kept (eval sets checked on their first samples): what
     the process holds fetched ahead is bounded, not one budget per dataset (200 such sets held 200 x 64 MiB):
     the least recently read ones let theirs go, and read the ordinary way if they are read again."""
@@ -269,8 +273,9 @@ def test_a_pass_from_the_start_fetches_ahead_from_its_first_read(tmp_path: Path)
     assert len(other._lookahead().ahead) == 0
 
 
-def test_a_read_with_nothing_fetched_asks_the_kernel_for_all_its_chunks_at_once(tmp_path: Path,
-                                                                                 monkeypatch: pytest.MonkeyPatch):
+def test_a_read_with_nothing_fetched_asks_the_kernel_for_all_its_chunks_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     """A read no fetch served (the first of a pass, a random order) hints every range it is about to read
     to the kernel up front, so a cold sample's layers come from the disk together, not one after another."""
     path, want = _store(tmp_path)

@@ -19,10 +19,12 @@ LAYERS = ["core", "storage", "testing", "read", "capture", "compare", "interop",
 # what only tests and scripts import: the shared factories sit on storage, and nothing is built on them
 APART = {"cli", "testing"}
 # third-party packages a layer must never import (the model stack stays out of storage and reading)
-FORBIDDEN = {"core": {"transformers", "datasets", "tokenizers", "zarr", "torch.distributed"},
-             "storage": {"transformers", "datasets", "tokenizers"},
-             "testing": {"transformers", "datasets", "tokenizers"},
-             "read": {"transformers", "datasets", "tokenizers"}}
+FORBIDDEN = {
+    "core": {"transformers", "datasets", "tokenizers", "zarr", "torch.distributed"},
+    "storage": {"transformers", "datasets", "tokenizers"},
+    "testing": {"transformers", "datasets", "tokenizers"},
+    "read": {"transformers", "datasets", "tokenizers"},
+}
 
 
 def _module_name(path: Path) -> str:
@@ -115,30 +117,46 @@ def test_no_import_circles():
 
 
 def _loaded_after(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-@pytest.mark.parametrize("entry,banned", [
-    ("import hsstore", {"torch", "zarr", "transformers", "numpy"}),
-    ("import hsstore.cli.main", {"torch", "zarr", "transformers"}),
-    ("import hsstore.core.batching, hsstore.core.partition, hsstore.core.schema, hsstore.core.provenance_match",
-     {"torch", "zarr", "transformers"}),
-    ("import hsstore.storage.store, hsstore.storage.verify, hsstore.storage.gc", {"transformers", "datasets"}),
-    ("import hsstore.read.dataset", {"transformers", "datasets"}),
-    # a manifest error is reported before torch loads (0.5 s, not 2.3 s); a CPU build's driver loads
-    # torch only through transformers' AutoConfig, when it reads the model's config
-    ("import hsstore.capture.run.driver, hsstore.capture.inputs.manifest_file, hsstore.core.precision_names", {"torch", "transformers", "zarr"}),
-    # planning is arithmetic: sizes, units, FLOPs and intervals need none of the model stack (hsstore plan
-    # loads transformers to tokenize, torch only to count parameters on the meta device or to calibrate)
-    ("import hsstore.core.flops, hsstore.core.batching, hsstore.core.flops, hsstore.core.outputs, "
-     "hsstore.core.schema.plan",
-     {"torch", "zarr", "transformers", "numpy"}),
-    ("import hsstore.storage.sizing, hsstore.storage.sizing", {"torch", "transformers", "zarr"}),
-    ("import hsstore.capture.plan.plan_sizes, hsstore.capture.plan.plan_sizes, hsstore.capture.plan.plan_report, hsstore.capture.plan.plan_sizes",
-     {"torch", "transformers", "zarr"}),
-])
+@pytest.mark.parametrize(
+    "entry,banned",
+    [
+        ("import hsstore", {"torch", "zarr", "transformers", "numpy"}),
+        ("import hsstore.cli.main", {"torch", "zarr", "transformers"}),
+        (
+            "import hsstore.core.batching, hsstore.core.partition, hsstore.core.schema, hsstore.core.provenance_match",
+            {"torch", "zarr", "transformers"},
+        ),
+        ("import hsstore.storage.store, hsstore.storage.verify, hsstore.storage.gc", {"transformers", "datasets"}),
+        ("import hsstore.read.dataset", {"transformers", "datasets"}),
+        # a manifest error is reported before torch loads (0.5 s, not 2.3 s); a CPU build's driver loads
+        # torch only through transformers' AutoConfig, when it reads the model's config
+        (
+            "import hsstore.capture.run.driver, hsstore.capture.inputs.manifest_file, hsstore.core.precision_names",
+            {"torch", "transformers", "zarr"},
+        ),
+        # planning is arithmetic: sizes, units, FLOPs and intervals need none of the model stack (hsstore plan
+        # loads transformers to tokenize, torch only to count parameters on the meta device or to calibrate)
+        (
+            "import hsstore.core.flops, hsstore.core.batching, hsstore.core.flops, hsstore.core.outputs, "
+            "hsstore.core.schema.plan",
+            {"torch", "zarr", "transformers", "numpy"},
+        ),
+        ("import hsstore.storage.sizing, hsstore.storage.sizing", {"torch", "transformers", "zarr"}),
+        (
+            "import hsstore.capture.plan.plan_sizes, hsstore.capture.plan.plan_sizes, hsstore.capture.plan.plan_report, hsstore.capture.plan.plan_sizes",
+            {"torch", "transformers", "zarr"},
+        ),
+    ],
+)
 @pytest.mark.process
 def test_entry_points_load_only_what_they_need(entry: str, banned: set[str]):
     loaded = _loaded_after(entry)
@@ -150,12 +168,14 @@ def test_entry_points_load_only_what_they_need(entry: str, banned: set[str]):
 def test_help_of_every_command_loads_neither_torch_nor_transformers():
     """``hsstore --help`` and each command's ``--help`` through the real entry point, in a fresh
     interpreter: help is rendered from the commands' signatures, before any of their work is imported."""
-    code = ("import sys, json, typer\nfrom hsstore.cli.main import main\nfrom hsstore.cli.app import app\n"
-            "names = sorted(typer.main.get_command(app).commands)\n"
-            "for argv in [[], *([n] for n in names)]:\n"
-            "    sys.argv = ['hsstore', *argv, '--help']\n"
-            "    try:\n        main()\n    except SystemExit as e:\n        assert not e.code, (argv, e.code)\n"
-            "print(json.dumps([names, [m for m in ('torch', 'transformers') if m in sys.modules]]))")
+    code = (
+        "import sys, json, typer\nfrom hsstore.cli.main import main\nfrom hsstore.cli.app import app\n"
+        "names = sorted(typer.main.get_command(app).commands)\n"
+        "for argv in [[], *([n] for n in names)]:\n"
+        "    sys.argv = ['hsstore', *argv, '--help']\n"
+        "    try:\n        main()\n    except SystemExit as e:\n        assert not e.code, (argv, e.code)\n"
+        "print(json.dumps([names, [m for m in ('torch', 'transformers') if m in sys.modules]]))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     names, loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert {"build", "convert", "diff", "info", "verify"} <= set(names), names
@@ -175,10 +195,12 @@ def _two_variant_store(path: Path) -> Path:
 def _cli_loads(argv: list[str], modules: tuple[str, ...]) -> tuple[list[str], str]:
     """(which of ``modules`` ``hsstore ARGV`` loads, its stdout), run through the real entry point in a
     fresh interpreter."""
-    code = ("import sys, json; from hsstore.cli.main import main\n"
-            f"sys.argv = ['hsstore', *{argv!r}]\n"
-            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            f"print(json.dumps([m for m in {modules!r} if m in sys.modules]))")
+    code = (
+        "import sys, json; from hsstore.cli.main import main\n"
+        f"sys.argv = ['hsstore', *{argv!r}]\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        f"print(json.dumps([m for m in {modules!r} if m in sys.modules]))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1]), out.stdout
 
@@ -201,10 +223,12 @@ def test_a_local_store_is_read_without_zarr(tmp_path: Path):
     for argv in (["info", store, "--json"], ["verify", store]):
         loaded, _ = _cli_loads(argv, ("zarr",))
         assert loaded == [], f"hsstore {argv[0]} of a local store loads zarr"
-    code = ("import sys; from hsstore import HiddenStateDataset\n"
-            f"item = HiddenStateDataset({store!r}, variant='dtype=bf16')[1]\n"
-            "assert item['aux_hidden'].shape == (9, 2, 16), item['aux_hidden'].shape\n"
-            "print('zarr' in sys.modules)")
+    code = (
+        "import sys; from hsstore import HiddenStateDataset\n"
+        f"item = HiddenStateDataset({store!r}, variant='dtype=bf16')[1]\n"
+        "assert item['aux_hidden'].shape == (9, 2, 16), item['aux_hidden'].shape\n"
+        "print('zarr' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "False", "reading a dataset item of a local store loads zarr"
 
@@ -263,8 +287,10 @@ def test_the_package_has_few_modules():
 
 
 TESTS = PKG.parent / "tests"
-BEHAVIOUR_FOLDERS = {"scenarios": "behaviours that cross packages (a build end to end, crashes, races)",
-                     "repo": "rules of the repository itself (this file, the docs)"}
+BEHAVIOUR_FOLDERS = {
+    "scenarios": "behaviours that cross packages (a build end to end, crashes, races)",
+    "repo": "rules of the repository itself (this file, the docs)",
+}
 
 
 def test_tests_mirror_the_package():

@@ -54,8 +54,11 @@ def _resolve(name: str) -> Path:
 
 def _test_functions(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
-    return {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and n.name.startswith("test")}
+    return {
+        n.name
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test")
+    }
 
 
 def test_every_test_named_in_the_guarantees_exists() -> None:
@@ -79,7 +82,9 @@ def test_the_guarantee_check_catches_a_renamed_test(tmp_path: Path) -> None:
     assert not fnmatch.filter(_test_functions(_resolve(named[1][0])), named[1][1])
 
 
-@pytest.mark.parametrize("doc", ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").rglob("*.md"))])
+@pytest.mark.parametrize(
+    "doc", ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").rglob("*.md"))]
+)
 def test_relative_links_point_at_files(doc: str) -> None:
     path = REPO / doc
     broken = []
@@ -163,8 +168,9 @@ def test_benchmarks_is_the_current_table() -> None:
     at most 300 lines, and every benchmark block names its script and the date of its run, or says it is a
     place left for rows not yet measured."""
     text = (REPO / "docs" / "benchmarks.md").read_text()
-    assert len(text.splitlines()) <= BENCHMARKS_MAX_LINES, \
+    assert len(text.splitlines()) <= BENCHMARKS_MAX_LINES, (
         f"docs/benchmarks.md has {len(text.splitlines())} lines (at most {BENCHMARKS_MAX_LINES}): move rounds to docs/notes/"
+    )
     blocks = re.split(r"^(?=##+ )", text, flags=re.M)[1:]
     assert len(blocks) >= 10, f"parsed only {len(blocks)} benchmark blocks: the page's format changed?"
     wrong = []

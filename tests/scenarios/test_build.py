@@ -36,10 +36,13 @@ def test_tiny_build_records_bound_kernels_and_rerun_writes_nothing(tiny_store: P
     r = run_cli("build", str(tiny_store.parent / "m.toml"), "--limit", "40", "--quiet", "--codec", "zstd")
     assert "nothing new" in r.stdout and " beside " not in r.stderr  # no fork note
     for v in info["variants"]:
-        assert (f"variant {v['id']} keeps its codec {v['codec']} (codec zstd was asked for): a codec changes no "
-                "stored number, so it is not a new variant") in r.stderr, r.stderr
-    assert sorted(json.loads(run_cli("info", str(tiny_store), "--json").stdout)["variants"][i]["id"]
-                  for i in range(2)) == sorted(v["id"] for v in info["variants"])
+        assert (
+            f"variant {v['id']} keeps its codec {v['codec']} (codec zstd was asked for): a codec changes no "
+            "stored number, so it is not a new variant"
+        ) in r.stderr, r.stderr
+    assert sorted(
+        json.loads(run_cli("info", str(tiny_store), "--json").stdout)["variants"][i]["id"] for i in range(2)
+    ) == sorted(v["id"] for v in info["variants"])
 
 
 def test_same_environment_build_is_bit_identical(tiny_store: Path, tmp_path: Path):
@@ -106,10 +109,18 @@ def test_reordered_input_file_reuses_committed_states(tmp_path: Path):
     rows = (REPO / "hsstore" / "data" / "conversations.jsonl").read_text().splitlines()[:12]
     (tmp_path / "a.jsonl").write_text("\n".join(rows) + "\n")
     (tmp_path / "b.jsonl").write_text("\n".join(list(reversed(rows))[::2]) + "\n")
-    ma = write_manifest(tmp_path / "a.toml", files=[str(tmp_path / "a.jsonl")], model="builtin:tiny-llama",
-                        layers="{ aux = [1], target = [2] }")
-    mb = write_manifest(tmp_path / "b.toml", files=[str(tmp_path / "b.jsonl")], model="builtin:tiny-llama",
-                        layers="{ aux = [1], target = [2] }")
+    ma = write_manifest(
+        tmp_path / "a.toml",
+        files=[str(tmp_path / "a.jsonl")],
+        model="builtin:tiny-llama",
+        layers="{ aux = [1], target = [2] }",
+    )
+    mb = write_manifest(
+        tmp_path / "b.toml",
+        files=[str(tmp_path / "b.jsonl")],
+        model="builtin:tiny-llama",
+        layers="{ aux = [1], target = [2] }",
+    )
     assert run_cli("build", str(ma), "--quiet").returncode == 0
     r = run_cli("build", str(mb), "--quiet", "--json")
     assert r.returncode == 0, r.stderr

@@ -50,14 +50,22 @@ def test_build_from_saved_model_stores_masks_of_exactly_the_replies(tmp_path: Pa
     user_mistake = [{"role": "user", "content": f"stop {tok.eos_token} here"}, TWO_TURNS[1]]
     rows = [{"messages": rich}, {"messages": TWO_TURNS}, {"messages": user_mistake}, {"messages": TWO_TURNS}]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    manifest = write_manifest(tmp_path / "m.toml", model=str(tmp_path / "model"), files=[str(tmp_path / "rows.jsonl")],
-                              store=str(tmp_path / "s.zarr"), layers="{ aux = [0, 1], target = [3] }", dtypes='["fp32"]',
-                              max_length=2048)  # Mistral-Small-3.2's default system prompt is 1,673 tokens here
+    manifest = write_manifest(
+        tmp_path / "m.toml",
+        model=str(tmp_path / "model"),
+        files=[str(tmp_path / "rows.jsonl")],
+        store=str(tmp_path / "s.zarr"),
+        layers="{ aux = [0, 1], target = [3] }",
+        dtypes='["fp32"]',
+        max_length=2048,
+    )  # Mistral-Small-3.2's default system prompt is 1,673 tokens here
     out = run_cli("build", str(manifest), "--quiet", "--json")
     assert out.returncode == 0, out.stderr[-2000:]
     inputs = json.loads(out.stdout)["inputs"]
     assert (inputs["usable"], inputs["duplicates"]) == (2, 1) and inputs["loss_mask"] == "reply+eot/v1"
-    assert list(inputs["rejected"]) == ["a message contains a special token's text (it would tokenize as a control token)"]
+    assert list(inputs["rejected"]) == [
+        "a message contains a special token's text (it would tokenize as a control token)"
+    ]
     ds = HiddenStateDataset(tmp_path / "s.zarr")
     got = {}
     for i in range(len(ds)):

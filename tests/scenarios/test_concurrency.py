@@ -53,7 +53,9 @@ def test_gc_force_keeps_a_unit_whose_writer_holds_its_lease(tmp_path: Path):
     committed, the unit is whole."""
     path = tmp_path / "s.zarr"
     store, vid, _, _ = store_with_unit(path, [5], seed=1)
-    lease = store.io.claim(layout.unit_key(vid, "busy-000000", layout.META), b'{"zarr_format": 3, "node_type": "group"}')
+    lease = store.io.claim(
+        layout.unit_key(vid, "busy-000000", layout.META), b'{"zarr_format": 3, "node_type": "group"}'
+    )
     assert lease is not None
     try:
         out = collect_garbage(Store.open(path, mode="a"), grace_seconds=0, force=True)

@@ -177,21 +177,25 @@ def test_records_forged_to_declare_huge_shapes_are_refused_before_allocating(sto
     result = verify(Store.open(path))
     assert not result.ok and result.problems, result
     assert all("more than this machine's" in p.what for p in result.problems), result.problems
-    with pytest.raises(CorruptData, match="declares .*, more than this machine's .* of memory: its records are damaged"):
+    with pytest.raises(
+        CorruptData, match="declares .*, more than this machine's .* of memory: its records are damaged"
+    ):
         _read_all(path, vid)
 
 
 @pytest.mark.parametrize("damage", ["delete", "flip", "record"])
-def test_a_damaged_unit_is_quarantined_and_the_build_that_wrote_it_recomputes_its_samples(tmp_path: Path,
-                                                                                          damage: str):
+def test_a_damaged_unit_is_quarantined_and_the_build_that_wrote_it_recomputes_its_samples(tmp_path: Path, damage: str):
     """verify names a fix that is not itself, ``verify --quarantine`` takes back the damaged unit's commit (its
     record kept under quarantine/, its files left to gc) and only that unit's, and re-running the build writes its
     samples again: verify is clean and every sample reads (a rebuild said "all present" and left them unreadable)."""
     from helpers import write_manifest
 
     m = write_manifest(tmp_path / "m.toml", dtypes='["bf16"]')
-    m.write_text(m.read_text().replace("unit_tokens = 2048", "unit_tokens = 64")  # a unit a batch of a few samples
-                 .replace("token_budget = 2048", "token_budget = 256"))
+    m.write_text(
+        m.read_text()
+        .replace("unit_tokens = 2048", "unit_tokens = 64")  # a unit a batch of a few samples
+        .replace("token_budget = 2048", "token_budget = 256")
+    )
     assert run_cli("build", str(m), "--limit", "6", "--quiet").returncode == 0
     path = tmp_path / "store.zarr"
     (vid,) = Store.open(path).variant_ids()

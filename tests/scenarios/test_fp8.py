@@ -15,12 +15,7 @@ import pytest
 import torch
 from helpers import REPO, diff_report, one_sample_units, run_cli
 
-from hsstore import (
-    HiddenStateDataset,
-    ProvenanceMismatch,
-    Store,
-    StreamingHiddenStateDataset,
-)
+from hsstore import HiddenStateDataset, ProvenanceMismatch, Store, StreamingHiddenStateDataset
 from hsstore.core import precision_names as precision
 from hsstore.core import quant
 from hsstore.core.errors import BadInput
@@ -72,7 +67,9 @@ def test_convert_quantizes_every_sample_exactly_as_the_quantizer_does(converted:
 
 def test_requiring_the_bf16_provenance_refuses_fp8_unless_storage_may_drift(converted: Path) -> None:
     train = HiddenStateDataset(converted, variant="dtype=bf16")
-    with pytest.raises(ProvenanceMismatch, match=r"environment\.storage\.precision: 'fp8-e4m3' \(store\) != '<absent>'"):
+    with pytest.raises(
+        ProvenanceMismatch, match=r"environment\.storage\.precision: 'fp8-e4m3' \(store\) != '<absent>'"
+    ):
         HiddenStateDataset(converted, variant=FP8, require=train)
     HiddenStateDataset(converted, variant=FP8, require=train, allow_drift=["storage"])
     fp8 = HiddenStateDataset(converted, variant=FP8)
@@ -91,7 +88,9 @@ def test_fp8_variant_is_verify_clean_smaller_and_info_states_its_error_against_t
     assert v.ok, v.problems
     r = run_cli("info", str(converted), "--json")
     assert r.returncode == 0, r.stderr
-    variants = {(x["provenance"]["environment"]["dtype"], x.get("precision")): x for x in json.loads(r.stdout)["variants"]}
+    variants = {
+        (x["provenance"]["environment"]["dtype"], x.get("precision")): x for x in json.loads(r.stdout)["variants"]
+    }
     fp8, bf16 = variants[("bf16", "fp8-e4m3")], variants[("bf16", None)]
     st = fp8["storage"]
     assert st["source"]["variant"] == bf16["id"] and st["scale"] == precision.SCALE_SCHEME
@@ -115,11 +114,18 @@ def test_a_floor_measured_on_fp8_states_is_refused(converted: Path) -> None:
     """A against C is the floor; with A (or C) stored as FP8 it would be FP8 error, and every divergence
     below twice that would read "within precision noise"."""
     for a, c in ((FP8, "dtype=fp32"), ("dtype=bf16", FP8)):
-        r = run_cli("diff", f"{converted}#{a}", f"{converted}#dtype=bf16" if a == FP8 else f"{converted}#dtype=fp32",
-                    "--floor", f"{converted}#{c}")
+        r = run_cli(
+            "diff",
+            f"{converted}#{a}",
+            f"{converted}#dtype=bf16" if a == FP8 else f"{converted}#dtype=fp32",
+            "--floor",
+            f"{converted}#{c}",
+        )
         assert r.returncode == 2, r.stdout
         assert "stored as fp8-e4m3" in r.stderr and "Traceback" not in r.stderr
-    r = run_cli("diff", f"{converted}#dtype=bf16", f"{converted}#{FP8}", "--floor", f"{converted}#dtype=fp32", "--json", "-")
+    r = run_cli(
+        "diff", f"{converted}#dtype=bf16", f"{converted}#{FP8}", "--floor", f"{converted}#dtype=fp32", "--json", "-"
+    )
     assert r.returncode == 0, r.stderr  # B stored as FP8: A against C is still the bf16-vs-fp32 floor
     assert json.loads(r.stdout)["verdict_kind"] == "beyond_noise"  # FP8 error is ~10x the bf16 floor
 
@@ -163,8 +169,20 @@ def _many_units(tmp_path: Path, n: int = 60) -> Path:
 def test_convert_killed_mid_way_resumes_to_the_same_variant(tmp_path: Path) -> None:
     src = _many_units(tmp_path)
     dst = tmp_path / "fp8.zarr"
-    cmd = [sys.executable, "-m", "hsstore", "convert", f"{src}", "--precision", "fp8-e4m3", "--store", str(dst),
-           "--workers", "1", "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hsstore",
+        "convert",
+        f"{src}",
+        "--precision",
+        "fp8-e4m3",
+        "--store",
+        str(dst),
+        "--workers",
+        "1",
+        "--quiet",
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     commits: list[Path] = []
     deadline = time.time() + 120
@@ -181,13 +199,17 @@ def test_convert_killed_mid_way_resumes_to_the_same_variant(tmp_path: Path) -> N
     r = run_cli("convert", str(src), "--precision", "fp8-e4m3", "--store", str(dst), "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["complete"] and out["samples_present"] >= n_before - 1 and out["samples_converted"] + out["samples_present"] == 60
+    assert (
+        out["complete"]
+        and out["samples_present"] >= n_before - 1
+        and out["samples_converted"] + out["samples_present"] == 60
+    )
     clean = convert(str(src), "fp8-e4m3", dest=str(tmp_path / "clean.zarr"))
     assert clean.variant == out["variant"]  # same provenance, same id
     resumed = HiddenStateDataset(dst, raw=True)
     fresh = HiddenStateDataset(tmp_path / "clean.zarr", raw=True)
     assert resumed.keys == fresh.keys and len(resumed) == 60  # same samples, in the source's order
-    for k in resumed.keys[:: 7]:
+    for k in resumed.keys[::7]:
         a, b = resumed[resumed.keys.index(k)], fresh[fresh.keys.index(k)]
         assert torch.equal(a["aux_hidden"].view(torch.uint8), b["aux_hidden"].view(torch.uint8))
         assert torch.equal(a["target_scales"], b["target_scales"])
@@ -204,8 +226,20 @@ def test_fp8_build_on_cpu_equals_converting_its_bf16_twin(tiny_store: Path, tmp_
     """An FP8 build of the session store's manifest and rows (so the same batches) holds the codes and scales
     that converting the session store's bf16 variant gives, under the same variant id."""
     built_path = tmp_path / "built.zarr"
-    r = run_cli("build", str(tiny_store.parent / "m.toml"), "--store", str(built_path), "--dtype", "bf16",
-                "--limit", "40", "--quiet", "--precision", "fp8-e4m3", "--json")
+    r = run_cli(
+        "build",
+        str(tiny_store.parent / "m.toml"),
+        "--store",
+        str(built_path),
+        "--dtype",
+        "bf16",
+        "--limit",
+        "40",
+        "--quiet",
+        "--precision",
+        "fp8-e4m3",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     conv = convert(f"{tiny_store}#dtype=bf16", "fp8-e4m3", dest=str(tmp_path / "conv.zarr"))
     built = HiddenStateDataset(built_path, raw=True)

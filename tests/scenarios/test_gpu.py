@@ -17,20 +17,31 @@ from helpers import run_cli_process as run_cli
 from hsstore import Store
 
 # real processes (see docs/testing.md): the fla backend binds its kernels in a process of its own
-pytestmark = [pytest.mark.process, pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                                                      reason="needs 2 CUDA GPUs (run on the 2-GPU machine)")]
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+        reason="needs 2 CUDA GPUs (run on the 2-GPU machine)",
+    ),
+]
 
 # 8 layers, so a 2-GPU split has 4 per GPU, and wide enough that kernels are real GPU kernels
-CONFIG = "config = { hidden_size = 512, intermediate_size = 1024, num_hidden_layers = 8, linear_key_head_dim = 64, " \
-         "linear_value_head_dim = 64, head_dim = 64 }"
+CONFIG = (
+    "config = { hidden_size = 512, intermediate_size = 1024, num_hidden_layers = 8, linear_key_head_dim = 64, "
+    "linear_value_head_dim = 64, head_dim = 64 }"
+)
 LAYERS = "{ aux = [1, 3, 5], target = [6] }"
 
 
 def _manifest(tmp: Path, name: str, backend: str) -> Path:
-    path = write_manifest(tmp / f"{name}.toml", store=str(tmp / f"{name}.zarr"), layers=LAYERS, extra_model=CONFIG,
-                          max_length=512)
-    path.write_text(path.read_text().replace('devices = ["cpu"]', 'devices = ["cuda"]')
-                    .replace('backends = ["torch"]', f'backends = ["{backend}"]'))
+    path = write_manifest(
+        tmp / f"{name}.toml", store=str(tmp / f"{name}.zarr"), layers=LAYERS, extra_model=CONFIG, max_length=512
+    )
+    path.write_text(
+        path.read_text()
+        .replace('devices = ["cpu"]', 'devices = ["cuda"]')
+        .replace('backends = ["torch"]', f'backends = ["{backend}"]')
+    )
     return path
 
 
@@ -62,8 +73,19 @@ def test_model_spread_over_two_gpus_matches_one_gpu(backend: str, tmp_path: Path
 def test_two_ranks_on_two_gpus_match_one_rank(tmp_path: Path):
     one = run_cli("build", str(_manifest(tmp_path, "one", "torch")), "--quiet")
     assert one.returncode == 0, one.stderr
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "hsstore", "build", str(_manifest(tmp_path, "two", "torch")), "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "hsstore",
+        "build",
+        str(_manifest(tmp_path, "two", "torch")),
+        "--quiet",
+    ]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     commits = Store.open(tmp_path / "two.zarr").reader(Store.open(tmp_path / "two.zarr").variant_ids()[0]).commits

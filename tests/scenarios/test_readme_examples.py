@@ -15,10 +15,27 @@ pytestmark = pytest.mark.process  # see docs/testing.md
 
 def test_train_drafter_example_learns_and_refuses_mismatched_eval(tiny_store: Path, tmp_path: Path):
     out = tmp_path / "losses.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(REPO / "scripts" / "train_drafter_example.py"), "--train", f"{tiny_store}#dtype=bf16",
-           "--eval", f"{tiny_store}#dtype=bf16", "--mismatched", f"{tiny_store}#dtype=fp32",
-           "--steps", "24", "--batch-tokens", "512", "--json", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(REPO / "scripts" / "train_drafter_example.py"),
+        "--train",
+        f"{tiny_store}#dtype=bf16",
+        "--eval",
+        f"{tiny_store}#dtype=bf16",
+        "--mismatched",
+        f"{tiny_store}#dtype=fp32",
+        "--steps",
+        "24",
+        "--batch-tokens",
+        "512",
+        "--json",
+        str(out),
+    ]
     # 24 steps of 512 tokens span two epochs: the spawned DataLoader workers persist across the epoch boundary
     # (set_epoch and mark_consumed reach them), as a training loop keeps them
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

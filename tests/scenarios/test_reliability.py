@@ -35,14 +35,23 @@ LIMIT = "48"
 
 def _manifest(tmp: Path, name: str, files: list[str] | None = None) -> Path:
     # many small units, so kills land in forward passes, unit writes and commits alike
-    return write_manifest(tmp / f"{name}.toml", store=str(tmp / f"{name}.zarr"), model="builtin:tiny-llama",
-                          layers="{ aux = [0, 1], target = [3] }", files=files, extra_build="",
-                          dtypes='["bf16"]')
+    return write_manifest(
+        tmp / f"{name}.toml",
+        store=str(tmp / f"{name}.zarr"),
+        model="builtin:tiny-llama",
+        layers="{ aux = [0, 1], target = [3] }",
+        files=files,
+        extra_build="",
+        dtypes='["bf16"]',
+    )
 
 
 def _small_units(path: Path) -> Path:
-    path.write_text(path.read_text().replace("unit_tokens = 2048", "unit_tokens = 600").replace(
-        "token_budget = 2048", "token_budget = 600"))
+    path.write_text(
+        path.read_text()
+        .replace("unit_tokens = 2048", "unit_tokens = 600")
+        .replace("token_budget = 2048", "token_budget = 600")
+    )
     return path
 
 
@@ -75,8 +84,9 @@ def _writers_of_differing(store: Path, reference: Path) -> str:
         for key, _, _ in rec["samples"]:
             held.setdefault(key, []).append(f"{who}, unit {rec['unit']} at {rec['committed_at']}")
     bad = [s for s in rep["worst_samples"] if s["rel_l2"] > 0]
-    return "samples that differ (worst first): " + "; ".join(f"{s['key']} rel_l2 {s['rel_l2']:.2e} written by "
-                                                             f"{held.get(s['key'])}" for s in bad)
+    return "samples that differ (worst first): " + "; ".join(
+        f"{s['key']} rel_l2 {s['rel_l2']:.2e} written by {held.get(s['key'])}" for s in bad
+    )
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +128,11 @@ def _kill_moments(store: Path, units: int, rng: random.Random) -> list[tuple[str
         ("model loading", lambda started: _starts(store) > started, rng.uniform(0.0, 1.0)),
         (f"a unit after commit {early}", lambda started: commits() >= early, rng.uniform(0.0, 0.05)),
         (f"a unit after commit {late}", lambda started: commits() >= late, rng.uniform(0.0, 0.05)),
-        ("completion (every sample committed)", lambda started: len(_committed_keys(store)) == int(LIMIT),
-         rng.uniform(0.0, 0.3)),
+        (
+            "completion (every sample committed)",
+            lambda started: len(_committed_keys(store)) == int(LIMIT),
+            rng.uniform(0.0, 0.3),
+        ),
     ]
 
 
@@ -192,8 +205,9 @@ def test_concurrent_builds_of_overlapping_inputs(tmp_path: Path):
     store = tmp_path / "shared.zarr"
     # a build process of one, and this process building the other once the first has committed a unit
     p = _start_build(ma, "--store", str(store))
-    here = build_racing([p], lambda: bool(_committed_keys(store)), str(mb), "--store", str(store), "--limit", LIMIT,
-                        "--quiet")
+    here = build_racing(
+        [p], lambda: bool(_committed_keys(store)), str(mb), "--store", str(store), "--limit", LIMIT, "--quiet"
+    )
     assert p.wait(timeout=300) == 0 and here.returncode == 0, (p.stderr.read().decode()[-2000:], here.stderr)
     (v,) = Store.open(store).variants
     assert v.n_samples == 45
@@ -204,8 +218,22 @@ def test_concurrent_builds_of_overlapping_inputs(tmp_path: Path):
 def test_torchrun_two_rank_build_is_bit_exact_to_one_process(reference, tmp_path: Path):
     ref_store = reference
     m = _small_units(_manifest(tmp_path, "dist"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "hsstore", "build", str(m), "--limit", LIMIT, "--quiet", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "hsstore",
+        "build",
+        str(m),
+        "--limit",
+        LIMIT,
+        "--quiet",
+        "--json",
+    ]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     _bit_exact_and_complete(tmp_path / "dist.zarr", ref_store, int(LIMIT))
@@ -213,8 +241,13 @@ def test_torchrun_two_rank_build_is_bit_exact_to_one_process(reference, tmp_path
     builds = list((tmp_path / "dist.zarr" / "variants" / vid / "builds").glob("*.json"))
     assert len(builds) == 1 and json.loads(builds[0].read_text())["complete"] is True
     (lineage,) = (tmp_path / "dist.zarr" / "builds").iterdir()  # one build id, agreed by both ranks
-    assert sorted(p.name for p in lineage.iterdir()) == ["r0-end.json", "r0-start.json", "r1-end.json",
-                                                         "r1-start.json", "rows.jsonl"]
+    assert sorted(p.name for p in lineage.iterdir()) == [
+        "r0-end.json",
+        "r0-start.json",
+        "r1-end.json",
+        "r1-start.json",
+        "rows.jsonl",
+    ]
     writers = {c.writer.writer.split("-")[0] for c in Store.open(tmp_path / "dist.zarr").reader(vid).commits}
     assert writers == {"r0", "r1"}  # both ranks wrote units
 
@@ -231,10 +264,36 @@ def test_two_node_torchrun_build_is_bit_exact_to_one_process(reference, tmp_path
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     logs = [tmp_path / f"node{node}.log" for node in (0, 1)]  # files, not pipes: a full pipe would stall a node
-    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
-                               "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
-                               "-m", "hsstore", "build", str(m), "--limit", LIMIT, "--quiet"],
-                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=logs[node].open("w")) for node in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--nproc-per-node",
+                "1",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                "-m",
+                "hsstore",
+                "build",
+                str(m),
+                "--limit",
+                LIMIT,
+                "--quiet",
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=logs[node].open("w"),
+        )
+        for node in (0, 1)
+    ]
     codes = [p.wait(timeout=300) for p in procs]
     assert codes == [0, 0], [log.read_text()[-2000:] for log in logs]
     _bit_exact_and_complete(tmp_path / "nodes.zarr", ref_store, int(LIMIT))
@@ -271,8 +330,11 @@ def test_a_build_overtaken_by_a_concurrent_build_reports_the_truth(tmp_path: Pat
     from helpers import children
 
     m = write_manifest(tmp_path / "m.toml", layers="{ aux = [0, 1], target = [3] }")
-    m.write_text(m.read_text().replace("unit_tokens = 2048", "unit_tokens = 256").replace("token_budget = 2048",
-                                                                                          "token_budget = 256"))
+    m.write_text(
+        m.read_text()
+        .replace("unit_tokens = 2048", "unit_tokens = 256")
+        .replace("token_budget = 2048", "token_budget = 256")
+    )
     cmd = [sys.executable, "-m", "hsstore", "build", str(m), "--limit", "40", "--quiet", "--json"]
     b = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     store = tmp_path / "store.zarr"

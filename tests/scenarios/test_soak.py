@@ -31,17 +31,25 @@ def test_soak_build_gc_convert_export_and_readers_at_once(tiny_store: Path, tmp_
     path = tmp_path / "s.zarr"
     shutil.copytree(tiny_store, path)
     before = {v.id: v.n_samples for v in Store.open(path).variants}
-    m = write_manifest(tmp_path / "m.toml", dtypes='["bf16", "fp32"]', layers="{ aux = [0, 1], target = [3] }",
-                       store=str(path))
+    m = write_manifest(
+        tmp_path / "m.toml", dtypes='["bf16", "fp32"]', layers="{ aux = [0, 1], target = [3] }", store=str(path)
+    )
     t0 = time.monotonic()
-    others = [racers.start("soak_gc", path, SEED), racers.start("soak_gc", path, SEED + 1),
-              racers.start("soak_reader", path, SEED), racers.start("soak_convert", path, SEED),
-              racers.start("soak_export", path, SEED, tmp_path / "export"),
-              racers.start("soak_import", path, SEED, tmp_path / "export", tmp_path / "imported.zarr")]
+    others = [
+        racers.start("soak_gc", path, SEED),
+        racers.start("soak_gc", path, SEED + 1),
+        racers.start("soak_reader", path, SEED),
+        racers.start("soak_convert", path, SEED),
+        racers.start("soak_export", path, SEED, tmp_path / "export"),
+        racers.start("soak_import", path, SEED, tmp_path / "export", tmp_path / "imported.zarr"),
+    ]
     # the build runs in this process, once the racers run (convert has derived its variant): a process
     # apart from theirs, without an interpreter start of its own
-    wait_for(lambda: len(Store.open(path).variant_ids()) > len(before) or any(p.poll() is not None for p in others),
-             300, "the convert racer's first variant")
+    wait_for(
+        lambda: len(Store.open(path).variant_ids()) > len(before) or any(p.poll() is not None for p in others),
+        300,
+        "the convert racer's first variant",
+    )
     assert all(p.poll() is None for p in others), "a racer ended before the build started"
     build = run_cli("build", str(m), "--limit", "46", "--quiet")
     time.sleep(max(0.0, SECONDS - (time.monotonic() - t0)))

@@ -18,15 +18,23 @@ from hsstore.testing.factories import LAYERS, provenance, write_unit
 
 def _with_budget(budget: int, dtype: str = "bf16", max_length: int = 256) -> dict:
     p = provenance(dtype)
-    p["environment"]["batching"] = {"padding_side": "right", "token_budget": budget, "attention_mask": True,
-                                    "order": "length-descending"}
+    p["environment"]["batching"] = {
+        "padding_side": "right",
+        "token_budget": budget,
+        "attention_mask": True,
+        "order": "length-descending",
+    }
     p["recipe"]["max_length"] = max_length
     return p
 
 
 def test_variants_are_told_apart_by_the_fewest_fields_that_name_each_alone():
-    variants = {"aaa": _with_budget(4096), "bbb": _with_budget(2048), "ccc": _with_budget(2048, max_length=512),
-                "ddd": _with_budget(4096, dtype="fp32")}
+    variants = {
+        "aaa": _with_budget(4096),
+        "bbb": _with_budget(2048),
+        "ccc": _with_budget(2048, max_length=512),
+        "ddd": _with_budget(4096, dtype="fp32"),
+    }
     apart = distinguishing(variants)
     assert apart["aaa"] == {"dtype": "bf16", "token_budget": "4096"}  # token_budget alone also names ddd
     assert apart["ccc"] == {"max_length": "512"}
@@ -79,16 +87,26 @@ def test_info_json_names_what_tells_each_variant_apart_as_info_and_selector_erro
     path = tmp_path / "s.zarr"
     store = Store.create(path)
     vids = {}
-    for name, prov in (("4096", _with_budget(4096)), ("2048", _with_budget(2048)), ("fp32", _with_budget(4096, "fp32"))):
+    for name, prov in (
+        ("4096", _with_budget(4096)),
+        ("2048", _with_budget(2048)),
+        ("fp32", _with_budget(4096, "fp32")),
+    ):
         vids[name] = store.create_variant(prov, LAYERS, 16, prov["environment"]["dtype"], "zstd", 64)
         write_unit(store, vids[name], [5, 7])
     info = run_cli("info", str(path), "--json")
     assert info.returncode == 0, info.stderr
     by = {v["id"]: v["distinguished_by"] for v in json.loads(info.stdout)["variants"]}
-    assert by == {vids["4096"]: {"dtype": "bf16", "token_budget": "4096"}, vids["2048"]: {"token_budget": "2048"},
-                  vids["fp32"]: {"dtype": "fp32"}}  # the fewest fields naming each alone
-    heads = {line.split(":")[0].split()[1]: line for line in run_cli("info", str(path)).stdout.splitlines()
-             if line.startswith("variant ")}
+    assert by == {
+        vids["4096"]: {"dtype": "bf16", "token_budget": "4096"},
+        vids["2048"]: {"token_budget": "2048"},
+        vids["fp32"]: {"dtype": "fp32"},
+    }  # the fewest fields naming each alone
+    heads = {
+        line.split(":")[0].split()[1]: line
+        for line in run_cli("info", str(path)).stdout.splitlines()
+        if line.startswith("variant ")
+    }
     with pytest.raises(SelectorError) as e:
         HiddenStateDataset(str(path), variant="dtype=bf16")
     for vid, fields in by.items():  # the text header and the selector error show the same fields, each once
@@ -116,7 +134,11 @@ def test_a_build_forking_a_variant_by_its_token_budget_is_named_everywhere(tiny_
     shutil.copytree(tiny_store.parent, tmp_path / "tiny")
     store = tmp_path / "tiny" / "store.zarr"
     m = write_manifest(tmp_path / "tiny" / "b.toml", dtypes='["bf16"]', layers="{ aux = [0, 1], target = [3] }")
-    m.write_text(m.read_text().replace("token_budget = 2048", "token_budget = 1024").replace("unit_tokens = 2048", "unit_tokens = 512"))
+    m.write_text(
+        m.read_text()
+        .replace("token_budget = 2048", "token_budget = 1024")
+        .replace("unit_tokens = 2048", "unit_tokens = 512")
+    )
     r = run_cli("build", str(m), "--limit", "6", "--quiet", "--codec", "zstd")
     assert r.returncode == 0, r.stderr
     note = [line for line in r.stderr.splitlines() if line.startswith("new variant ")]
@@ -142,8 +164,11 @@ def test_a_build_forking_a_variant_by_its_token_budget_is_named_everywhere(tiny_
         HiddenStateDataset(str(store), variant="dtyp=bf16")
     assert unknown.returncode == 2 and unknown.stderr.strip() == f"error: {e.value}"
     assert "unknown key 'dtyp'" in str(e.value)
-    apart = [v["distinguished_by"] for v in json.loads(run_cli("info", str(store), "--json").stdout)["variants"]
-             if v["dtype"] == "bf16"]
+    apart = [
+        v["distinguished_by"]
+        for v in json.loads(run_cli("info", str(store), "--json").stdout)["variants"]
+        if v["dtype"] == "bf16"
+    ]
     assert sorted(apart, key=str) == [{"dtype": "bf16", "token_budget": "2048"}, {"token_budget": "1024"}]
 
 
@@ -153,8 +178,10 @@ def test_a_store_command_given_a_variant_refuses_it_instead_of_dropping_it(tiny_
     line naming the store to pass, not silently ignored."""
     r = run_cli(command, f"{tiny_store}#dtype=bf61")
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr == (f"error: hsstore {command} reads a whole store, not one variant: pass {str(tiny_store)!r} "
-                        "without '#dtype=bf61'\n")
+    assert r.stderr == (
+        f"error: hsstore {command} reads a whole store, not one variant: pass {str(tiny_store)!r} "
+        "without '#dtype=bf61'\n"
+    )
 
 
 def _fp8_of(source: str, **kw: str) -> dict:
@@ -187,8 +214,11 @@ def test_a_selector_naming_no_precision_never_names_an_fp8_variant_so_a_growing_
 def test_variant_and_storage_keys_mean_the_variant_id_and_its_storage_precision():
     """``variant=`` is the variant's own id (a prefix), never a field of another variant's provenance that ends in
     ``variant`` (an FP8 copy's source); ``storage=`` is the storage precision, as ``precision=``."""
-    variants = {"e522cf1e7b27": provenance(), "49c1d70f4462": provenance("fp32"),
-                "21a03a664467": _fp8_of("e522cf1e7b27")}
+    variants = {
+        "e522cf1e7b27": provenance(),
+        "49c1d70f4462": provenance("fp32"),
+        "21a03a664467": _fp8_of("e522cf1e7b27"),
+    }
     assert select(variants, "variant=e522") == "e522cf1e7b27"
     assert select(variants, "variant=49c1d70f4462") == "49c1d70f4462"
     assert select(variants, "variant=21a0") == "21a03a664467"

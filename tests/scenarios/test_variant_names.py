@@ -41,21 +41,45 @@ def many(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     d = tmp_path_factory.mktemp("many")
     store = d / "store.zarr"
     sdpa = write_manifest(d / "sdpa.toml", model="builtin:tiny-llama", dtypes='["bf16", "fp32"]', layers=LAYERS)
-    eager = write_manifest(d / "eager.toml", model="builtin:tiny-llama", dtypes='["bf16", "fp32"]', layers=LAYERS,
-                           extra_model='attn_implementation = "eager"')
-    small = write_manifest(d / "small.toml", model="builtin:tiny-llama", layers=LAYERS,
-                           extra_build='label = "small-budget"')
+    eager = write_manifest(
+        d / "eager.toml",
+        model="builtin:tiny-llama",
+        dtypes='["bf16", "fp32"]',
+        layers=LAYERS,
+        extra_model='attn_implementation = "eager"',
+    )
+    small = write_manifest(
+        d / "small.toml", model="builtin:tiny-llama", layers=LAYERS, extra_build='label = "small-budget"'
+    )
     small.write_text(small.read_text().replace("token_budget = 2048", "token_budget = 1024"))
     notes = []
-    for m, args in ((sdpa, ("--dtype", "bf16", "--label", "sdpa-bf16")), (sdpa, ("--dtype", "fp32")),
-                    (eager, ()), (small, ())):  # (the eager build makes two variants)
+    for m, args in (
+        (sdpa, ("--dtype", "bf16", "--label", "sdpa-bf16")),
+        (sdpa, ("--dtype", "fp32")),
+        (eager, ()),
+        (small, ()),
+    ):  # (the eager build makes two variants)
         notes += _noted(store, _ok("build", str(m), "--limit", "4", "--quiet", *args))
     _ok("convert", f"{store}#sdpa-bf16", "--precision", "fp8-e4m3", "--label", "sdpa-fp8", "--quiet")
     _ok("export", f"{store}#sdpa-bf16", "specforge", str(d / "exported"))
     shutil.copytree(d / "exported", d / "foreign")  # without hsstore's export record: another tool's cache
     (d / "foreign" / "hsstore-export.json").unlink()
-    _ok("import", "specforge", str(d / "foreign"), "--store", str(store), "--model", "builtin:tiny-llama",
-        "--layers", "0,1,3", "--capture", "output", "--label", "imported", "--quiet")
+    _ok(
+        "import",
+        "specforge",
+        str(d / "foreign"),
+        "--store",
+        str(store),
+        "--model",
+        "builtin:tiny-llama",
+        "--layers",
+        "0,1,3",
+        "--capture",
+        "output",
+        "--label",
+        "imported",
+        "--quiet",
+    )
     return store, notes
 
 
@@ -100,8 +124,19 @@ def _info(store: Path, *args: str) -> str:
     return r.stdout
 
 
-@pytest.mark.parametrize("selector", [None, "backend=torch", "dtype=bf16", "attention=sdpa", "dtype=bf16,attention=sdpa",
-                                      "model.name=builtin:tiny-llama", "dtype=bf61", "nolabel"])
+@pytest.mark.parametrize(
+    "selector",
+    [
+        None,
+        "backend=torch",
+        "dtype=bf16",
+        "attention=sdpa",
+        "dtype=bf16,attention=sdpa",
+        "model.name=builtin:tiny-llama",
+        "dtype=bf61",
+        "nolabel",
+    ],
+)
 def test_every_selector_an_error_suggests_names_exactly_one_variant(many, selector):
     """Ambiguity, no selector, no match: each selector the message offers picks one variant, the one it is
     offered for; no field is said twice in a candidate's description."""
@@ -193,8 +228,16 @@ def test_another_model_is_refused_before_it_runs_unless_asked(many, tmp_path: Pa
     assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
     assert "builtin:tiny-llama" in r.stderr and "builtin:tiny-qwen3_5" in r.stderr and "--another-model" in r.stderr
     assert "loading the model" not in r.stderr and _tree(store) == before  # nothing ran, nothing written
-    r = run_cli("import", "specforge", str(src.parent / "exported"), "--store", str(store), "--model",
-                "builtin:tiny-qwen3_5", "--quiet")  # an import of another model's states: refused alike
+    r = run_cli(
+        "import",
+        "specforge",
+        str(src.parent / "exported"),
+        "--store",
+        str(store),
+        "--model",
+        "builtin:tiny-qwen3_5",
+        "--quiet",
+    )  # an import of another model's states: refused alike
     assert r.returncode == 2 and "--another-model" in r.stderr and _tree(store) == before
 
     m.write_text(m.read_text().replace("[build]", "[build]\nanother_model = true"))  # the manifest key
@@ -214,9 +257,15 @@ def test_another_model_is_refused_before_it_runs_unless_asked(many, tmp_path: Pa
 def test_the_fewest_fields_are_found_where_adding_them_one_by_one_is_not_fewest():
     """Four variants over three fields: the greedy 'most telling first' would take two fields for the
     last one, the search takes the one field that names it."""
-    base = {"recipe": {"model": {"name": "m"}, "tokenizer": {"fingerprint": "t"}, "layers": {"aux": [0], "target": [1]}},
-            "environment": {"dtype": "bf16", "backend": "torch", "device": "cpu",
-                            "kernels": {"attention": "sdpa", "causal_conv1d": "n/a", "chunk_gated_delta_rule": "n/a"}}}
+    base = {
+        "recipe": {"model": {"name": "m"}, "tokenizer": {"fingerprint": "t"}, "layers": {"aux": [0], "target": [1]}},
+        "environment": {
+            "dtype": "bf16",
+            "backend": "torch",
+            "device": "cpu",
+            "kernels": {"attention": "sdpa", "causal_conv1d": "n/a", "chunk_gated_delta_rule": "n/a"},
+        },
+    }
 
     def v(dtype: str, attention: str, budget: int) -> dict:
         p = json.loads(json.dumps(base))
@@ -224,7 +273,12 @@ def test_the_fewest_fields_are_found_where_adding_them_one_by_one_is_not_fewest(
         p["environment"]["kernels"]["attention"] = attention
         return p
 
-    variants = {"a": v("bf16", "sdpa", 1), "b": v("bf16", "eager", 1), "c": v("fp32", "sdpa", 1), "d": v("bf16", "sdpa", 2)}
+    variants = {
+        "a": v("bf16", "sdpa", 1),
+        "b": v("bf16", "eager", 1),
+        "c": v("fp32", "sdpa", 1),
+        "d": v("bf16", "sdpa", 2),
+    }
     apart = distinguishing(variants)
     assert apart["d"] == {"token_budget": "2"} and apart["b"] == {"attention": "eager"}
     assert apart["a"] == {"dtype": "bf16", "attention": "sdpa", "token_budget": "1"}
@@ -237,8 +291,18 @@ def test_reimporting_the_stores_own_export_is_that_variant_and_keeps_its_label(m
     given to the import does not silently take the exported variant's label away."""
     store, _ = many
     before = Store.open(store)
-    r = run_cli("import", "specforge", str(store.parent / "exported"), "--store", str(store), "--model",
-                "builtin:tiny-llama", "--label", "again", "--json")
+    r = run_cli(
+        "import",
+        "specforge",
+        str(store.parent / "exported"),
+        "--store",
+        str(store),
+        "--model",
+        "builtin:tiny-llama",
+        "--label",
+        "again",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     held = before.labels().get(json.loads(r.stdout)["variant"])
     assert Store.open(store).variant_ids() == before.variant_ids() and held in ("sdpa-bf16", "baseline")
@@ -274,8 +338,22 @@ def test_a_shape_only_import_vouches_for_no_model(many, tmp_path: Path):
     src, _ = many
     shutil.copytree(src, tmp_path / "s.zarr")
     store = tmp_path / "s.zarr"
-    _ok("import", "specforge", str(src.parent / "foreign"), "--store", str(store), "--tokenizer", "builtin:tiny-llama",
-        "--num-layers", "4", "--layers", "0,1,3", "--capture", "output", "--quiet")
+    _ok(
+        "import",
+        "specforge",
+        str(src.parent / "foreign"),
+        "--store",
+        str(store),
+        "--tokenizer",
+        "builtin:tiny-llama",
+        "--num-layers",
+        "4",
+        "--layers",
+        "0,1,3",
+        "--capture",
+        "output",
+        "--quiet",
+    )
     models = json.loads(_info(store, "--json"))["models"]
     assert [len(g["variants"]) for g in models] == [8]  # the one known model of its shape takes it
     m = write_manifest(tmp_path / "qwen.toml", model="builtin:tiny-qwen3_5", store=str(store))
@@ -295,9 +373,24 @@ def test_an_import_whose_label_another_variant_holds_writes_nothing(many, tmp_pa
     shutil.copytree(src, tmp_path / "s.zarr")
     store = tmp_path / "s.zarr"
     before = _tree(store)
-    r = run_cli("import", "specforge", str(src.parent / "foreign"), "--store", str(store), "--tokenizer",
-                "builtin:tiny-llama", "--num-layers", "4", "--layers", "0,1,3", "--capture", "output",
-                "--label", "imported", "--quiet")
+    r = run_cli(
+        "import",
+        "specforge",
+        str(src.parent / "foreign"),
+        "--store",
+        str(store),
+        "--tokenizer",
+        "builtin:tiny-llama",
+        "--num-layers",
+        "4",
+        "--layers",
+        "0,1,3",
+        "--capture",
+        "output",
+        "--label",
+        "imported",
+        "--quiet",
+    )
     assert r.returncode == 2 and "label 'imported' already names variant" in r.stderr, r.stderr
     assert _tree(store) == before
 

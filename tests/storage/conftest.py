@@ -14,5 +14,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             if name == "fuzz":
                 total.update(value)
     if total:
-        terminalreporter.write_line(f"store fuzz: {sum(total.values())} mutated stores tried: "
-                                    + ", ".join(f"{k} {v}" for k, v in sorted(total.items())))
+        terminalreporter.write_line(
+            f"store fuzz: {sum(total.values())} mutated stores tried: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(total.items()))
+        )

@@ -47,16 +47,22 @@ class Hang(Exception):
 def snapshot(path: Path) -> Truth:
     """Every committed sample of every variant, as bytes."""
     store = Store.open(path)
-    return {(vid, k): as_bytes(store.reader(vid).read(k)) for vid in store.variant_ids() for k in store.reader(vid).keys}
+    return {
+        (vid, k): as_bytes(store.reader(vid).read(k)) for vid in store.variant_ids() for k in store.reader(vid).keys
+    }
 
 
 def as_bytes(d: dict[str, Any]) -> tuple[bytes, ...]:
     """A read sample's tokens, mask and every layer's bits."""
-    return (d["input_ids"].numpy().tobytes(), d["loss_mask"].numpy().tobytes(),
-            *(t.contiguous().view(torch.uint8).numpy().tobytes() for t in d["layers"].values()))
+    return (
+        d["input_ids"].numpy().tobytes(),
+        d["loss_mask"].numpy().tobytes(),
+        *(t.contiguous().view(torch.uint8).numpy().tobytes() for t in d["layers"].values()),
+    )
 
 
 # ---- mutations ----------------------------------------------------------------------------------------
+
 
 def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
@@ -119,7 +125,9 @@ def _mutate_json(f: Path, rng: random.Random, how: str) -> str:
     elif how == "drop" and isinstance(parent, dict):
         del parent[path[-1]]
     elif isinstance(parent, dict):
-        parent[rng.choice(["extra", "unit", "files", "id", "samples"]) + "_" * rng.randint(0, 1)] = rng.choice(OTHER_TYPES)
+        parent[rng.choice(["extra", "unit", "files", "id", "samples"]) + "_" * rng.randint(0, 1)] = rng.choice(
+            OTHER_TYPES
+        )
     else:
         parent.append(rng.choice(OTHER_TYPES))
     f.write_text(json.dumps(doc))
@@ -147,10 +155,32 @@ def mutate(store: Path, outside: Path, rng: random.Random) -> str:
     files = _files(store)
     f = rng.choice(files)
     rel = f.relative_to(store)
-    kind = rng.choice(["flip", "flip", "truncate", "extend", "json-swap", "json-swap", "json-drop", "json-extra",
-                       "fifo", "symlink", "delete", "odd-file", "dir-for-file", "file-for-dir", "rename-commit",
-                       "copy-commit", "chmod", "in-flight-unit", "in-flight-claim", "nested-store", "json-huge",
-                       "json-huge"])
+    kind = rng.choice(
+        [
+            "flip",
+            "flip",
+            "truncate",
+            "extend",
+            "json-swap",
+            "json-swap",
+            "json-drop",
+            "json-extra",
+            "fifo",
+            "symlink",
+            "delete",
+            "odd-file",
+            "dir-for-file",
+            "file-for-dir",
+            "rename-commit",
+            "copy-commit",
+            "chmod",
+            "in-flight-unit",
+            "in-flight-claim",
+            "nested-store",
+            "json-huge",
+            "json-huge",
+        ]
+    )
     if kind in ("in-flight-unit", "in-flight-claim", "nested-store"):
         return _concurrent(store, rng, kind)
     if kind == "flip":
@@ -173,8 +203,9 @@ def mutate(store: Path, outside: Path, rng: random.Random) -> str:
         _replace(f, os.mkfifo)
         return f"fifo {rel}"
     if kind == "symlink":
-        target = rng.choice([outside / "secret.bin", outside, Path("/dev/zero"), store / "missing",
-                             rng.choice(files), f.parent])
+        target = rng.choice(
+            [outside / "secret.bin", outside, Path("/dev/zero"), store / "missing", rng.choice(files), f.parent]
+        )
         _replace(f, lambda p: p.symlink_to(target))
         return f"symlink {rel} -> {target.name}"
     if kind == "delete":
@@ -200,7 +231,9 @@ def mutate(store: Path, outside: Path, rng: random.Random) -> str:
     commits = [p for p in files if p.parent.name == "commits"]
     if kind in ("rename-commit", "copy-commit") and commits:
         c = rng.choice(commits)
-        other = c.parent / f"{rng.choice([n for n in ('x', 'w1-000000', 'fixture-000000', 'renamed') if n != c.stem])}.json"
+        other = (
+            c.parent / f"{rng.choice([n for n in ('x', 'w1-000000', 'fixture-000000', 'renamed') if n != c.stem])}.json"
+        )
         (os.rename if kind == "rename-commit" else shutil.copyfile)(c, other)
         return f"{kind} {c.relative_to(store)} -> {other.name}"
     f.chmod(f.stat().st_mode | stat.S_IXUSR)
@@ -218,8 +251,16 @@ def _concurrent(store: Path, rng: random.Random, kind: str) -> str:
     if not units:
         return f"{_flip(rng.choice(_files(store)), rng)} (no units folder)"
     where = rng.choice(units)
-    record = group_json({layout.UNIT_ATTR: {"host": "h", "pid": os.getpid(), "writer": "busy",
-                                            "started_at": "2000-01-01T00:00:00+00:00"}})
+    record = group_json(
+        {
+            layout.UNIT_ATTR: {
+                "host": "h",
+                "pid": os.getpid(),
+                "writer": "busy",
+                "started_at": "2000-01-01T00:00:00+00:00",
+            }
+        }
+    )
     if kind == "in-flight-unit":
         name = f"busy-{rng.randrange(10**6):06d}"
         lease = LocalBackend(str(store)).claim(f"{where.relative_to(store)}/{name}/{layout.META}", record)
@@ -254,6 +295,7 @@ def release_held() -> list[str]:
 
 
 # ---- checks -------------------------------------------------------------------------------------------
+
 
 def _within(fn: Callable[[], Any]) -> Any:
     def alarm(*_: Any) -> None:
@@ -301,7 +343,10 @@ def _same_item(item: dict[str, Any], want: tuple[bytes, ...], roles: dict[str, l
         return False
     for role in ("aux", "target"):
         for j, layer in enumerate(roles[role]):
-            if item[f"{role}_hidden"][:, j].contiguous().view(torch.uint8).numpy().tobytes() != want[2 + layers.index(layer)]:
+            if (
+                item[f"{role}_hidden"][:, j].contiguous().view(torch.uint8).numpy().tobytes()
+                != want[2 + layers.index(layer)]
+            ):
                 return False
     return True
 

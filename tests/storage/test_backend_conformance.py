@@ -40,6 +40,7 @@ def io(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
 
 # ---- the interface ------------------------------------------------------------------------------------
 
+
 def test_a_missing_key(io: Backend):
     assert io.get("a/b.json") is None and io.size("a/b.json") is None and io.crc32c("a/b.json") is None
     assert not io.exists("a/b.json") and io.list("a/") == [] and io.list_dir("a") == []
@@ -109,6 +110,7 @@ def test_removal_stays_inside_its_prefix(io: Backend):
 
 
 # ---- a whole store on each back end -------------------------------------------------------------------
+
 
 def test_a_store_round_trips_verifies_and_detects_damage(io: Backend):
     store = Store.create(io)

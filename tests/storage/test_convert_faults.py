@@ -38,8 +38,14 @@ def _convert(src: Path, *extra: str, preexec=None) -> subprocess.CompletedProces
     argv = ["convert", str(src), "--precision", "fp8-e4m3", "--quiet", *extra]
     if preexec is None:
         return run_cli(*argv)
-    return subprocess.run([sys.executable, "-m", "hsstore", *argv], cwd=REPO, capture_output=True, text=True,
-                          timeout=300, preexec_fn=preexec)
+    return subprocess.run(
+        [sys.executable, "-m", "hsstore", *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=preexec,
+    )
 
 
 def test_a_damaged_source_leaves_no_empty_variant_and_no_new_store(tmp_path: Path) -> None:
@@ -109,8 +115,13 @@ def test_a_failing_convert_never_removes_what_another_command_wrote(tmp_path: Pa
     held = tmp_path / "held.zarr"
     holders: list[Store] = []
     with pytest.raises(CorruptData, match="crc32c"):  # another command has the new store open, no variant yet
-        convert(str(bad), "fp8-e4m3", str(held), workers=1,
-                on_progress=lambda d, t: holders.append(Store.create(held)) if not holders else None)
+        convert(
+            str(bad),
+            "fp8-e4m3",
+            str(held),
+            workers=1,
+            on_progress=lambda d, t: holders.append(Store.create(held)) if not holders else None,
+        )
     assert Store.open(held).variants == []  # still there for the command that holds it
     holders.clear()
     with pytest.raises(CorruptData, match="crc32c"):  # alone, a failing convert leaves no store behind
@@ -131,8 +142,7 @@ def test_ctrl_c_stops_convert_promptly_and_the_same_command_resumes(tmp_path: Pa
     one_sample_units(tmp_path / "src.zarr", [48 + i % 7 for i in range(n)], seed=2, hidden=256, chunk=64)
     src = out = tmp_path / "src.zarr"
     before = _commits(src)
-    cmd = [sys.executable, "-m", "hsstore", "convert", str(src), "--precision", "fp8-e4m3", "--quiet",
-           "--workers", "1"]
+    cmd = [sys.executable, "-m", "hsstore", "convert", str(src), "--precision", "fp8-e4m3", "--quiet", "--workers", "1"]
     p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: out.exists() and _commits(out) > before, timeout=120, what="a converted unit")
@@ -142,7 +152,9 @@ def test_ctrl_c_stops_convert_promptly_and_the_same_command_resumes(tmp_path: Pa
         p.kill()
     assert p.returncode == 130, err
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and "convert interrupted by SIGINT" in lines[0] and "re-run the same command" in lines[0], err
+    assert len(lines) == 1 and "convert interrupted by SIGINT" in lines[0] and "re-run the same command" in lines[0], (
+        err
+    )
     assert _commits(out) - before < n  # stopped: not every queued unit ran
     assert verify(Store.open(out)).ok
     r = run_cli(*cmd[3:], "--json")  # the same command, in this process: the resume needs no process

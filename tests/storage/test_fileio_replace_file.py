@@ -33,11 +33,20 @@ def _limited(limit: int):  # noqa: ANN202
 def test_a_replace_that_cannot_finish_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path) -> None:
     target = tmp_path / "out.json"
     target.write_bytes(OLD)
-    code = ("import sys; from hsstore.storage.fileio import replace_file\n"
-            "try:\n    replace_file(sys.argv[1], b'x' * 8192, '.out.json.tmp')\n"
-            "except OSError as e:\n    print(e.strerror)")
-    r = subprocess.run([sys.executable, "-c", code, str(target)], cwd=REPO, capture_output=True, text=True,
-                       timeout=120, preexec_fn=_limited(4096), check=True)
+    code = (
+        "import sys; from hsstore.storage.fileio import replace_file\n"
+        "try:\n    replace_file(sys.argv[1], b'x' * 8192, '.out.json.tmp')\n"
+        "except OSError as e:\n    print(e.strerror)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(target)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_limited(4096),
+        check=True,
+    )
     assert r.stdout.strip() == "File too large", r.stdout + r.stderr
     assert target.read_bytes() == OLD and sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
     replace_file(target, b"new", ".out.json.tmp")  # without the limit: the new bytes, still one file
@@ -53,8 +62,14 @@ def test_a_diff_report_that_cannot_be_written_is_one_line_exit_1_and_the_old_rep
     (out / "r.json").write_bytes(OLD)
     s = str(tmp_path / "v.zarr")
     argv = ["diff", f"{s}#dtype=bf16", f"{s}#dtype=fp32", "--json", str(out / "r.json")]
-    r = subprocess.run([sys.executable, "-m", "hsstore", *argv], cwd=REPO, capture_output=True, text=True,
-                       timeout=300, preexec_fn=_limited(64))
+    r = subprocess.run(
+        [sys.executable, "-m", "hsstore", *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_limited(64),
+    )
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert r.returncode == 1 and len(errors) == 1, r.stderr[-2000:]
     assert "writing --json" in errors[0] and "File too large" in errors[0] and "Traceback" not in r.stderr

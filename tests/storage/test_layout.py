@@ -20,16 +20,35 @@ def test_every_builder_parses_back():
     assert parse_key(layout.lineage_rows_key("b1")).kind == "lineage-rows"
     for rel in layout.unit_files([0, 7, 31]):
         assert parse_key(layout.unit_key(v, u, rel)) == Key("unit-file", v, u, rel)
-    assert layout.unit_files([2]) == {"zarr.json", "input_ids/zarr.json", "input_ids/c/0", "loss_mask/zarr.json",
-                                      "loss_mask/c/0", "layer_2/zarr.json", "layer_2/c/0/0"}
+    assert layout.unit_files([2]) == {
+        "zarr.json",
+        "input_ids/zarr.json",
+        "input_ids/c/0",
+        "loss_mask/zarr.json",
+        "loss_mask/c/0",
+        "layer_2/zarr.json",
+        "layer_2/c/0/0",
+    }
 
 
-@pytest.mark.parametrize("key", [
-    "zarr.json.bak", "variants/.DS_Store", "variants/v/evil.py", "variants/v/units/u/layer_1/c/0",
-    "variants/v/units/u/input_ids/c/0/0", "variants/v/units/u/layer_01/zarr.json", "variants/../zarr.json",
-    "variants/v/commits/../x.json", "variants/v/commits/.hidden.json", "builds/b/r0-middle.json", "builds/x.json",
-    "variants/v/units/u/notes.txt", "variants/v/units/u/layer_1/c/0/0/0",
-])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "zarr.json.bak",
+        "variants/.DS_Store",
+        "variants/v/evil.py",
+        "variants/v/units/u/layer_1/c/0",
+        "variants/v/units/u/input_ids/c/0/0",
+        "variants/v/units/u/layer_01/zarr.json",
+        "variants/../zarr.json",
+        "variants/v/commits/../x.json",
+        "variants/v/commits/.hidden.json",
+        "builds/b/r0-middle.json",
+        "builds/x.json",
+        "variants/v/units/u/notes.txt",
+        "variants/v/units/u/layer_1/c/0/0/0",
+    ],
+)
 def test_keys_hsstore_never_writes_are_unknown(key: str):
     assert parse_key(key).kind == "unknown"
 

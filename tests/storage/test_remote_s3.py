@@ -14,15 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import (
-    assert_bit_exact,
-    build_racing,
-    children,
-    kill_build,
-    run_cli,
-    start_build,
-    wait_for,
-)
+from helpers import assert_bit_exact, build_racing, children, kill_build, run_cli, start_build, wait_for
 from torch.utils.data import DataLoader
 
 from hsstore import HiddenStateDataset, Store, StreamingHiddenStateDataset
@@ -55,8 +47,12 @@ def _uncommitted(url: str) -> set[str]:
     except StoreNotFound:
         return set()
     vids = [v for v in io.list_dir(layout.variants_dir()) if v != layout.META]
-    return {f"{v}/{u}" for v in vids for u in io.list_dir(layout.units_dir(v))
-            if u != layout.META and not io.exists(layout.commit_key(v, u))}
+    return {
+        f"{v}/{u}"
+        for v in vids
+        for u in io.list_dir(layout.units_dir(v))
+        if u != layout.META and not io.exists(layout.commit_key(v, u))
+    }
 
 
 def _frozen_mid_unit(p: subprocess.Popen, url: str) -> set[str]:
@@ -64,8 +60,10 @@ def _frozen_mid_unit(p: subprocess.Popen, url: str) -> set[str]:
     another: the units it has half-written then. (Seen first and killed after, the unit could commit in
     between: frozen, what is seen stays; a moment between units is let go and waited for again.)"""
     while True:
-        wait_for(lambda: (_committed(url) > 0 and _uncommitted(url)) or p.poll() is not None,
-                 what="the build's first commit while its next unit is being written")
+        wait_for(
+            lambda: (_committed(url) > 0 and _uncommitted(url)) or p.poll() is not None,
+            what="the build's first commit while its next unit is being written",
+        )
         assert p.poll() is None, "the build finished before it could be stopped"
         groups = [p.pid, *children(p.pid)]  # each in a process group of its own (kill_build)
         _signal_groups(groups, signal.SIGSTOP)
@@ -90,8 +88,9 @@ def test_s3_concurrent_writers_verify_read_diff_and_a_killed_writer(s3: str, tin
     url = f"{s3}/{uuid.uuid4().hex[:8]}/conc.zarr"
     # a build process, and this process building the same once the other has committed a unit
     p = _build(manifest, url)
-    here = build_racing([p], lambda: _committed(url) > 0, str(manifest), "--store", url, "--limit", "40",
-                        "--dtype", "bf16", "--quiet")
+    here = build_racing(
+        [p], lambda: _committed(url) > 0, str(manifest), "--store", url, "--limit", "40", "--dtype", "bf16", "--quiet"
+    )
     assert p.wait(timeout=300) == 0 and here.returncode == 0, (p.stderr.read().decode()[-1000:], here.stderr)
     assert run_cli("verify", url).returncode == 0
     info = json.loads(run_cli("info", url, "--json").stdout)
@@ -108,8 +107,11 @@ def test_s3_concurrent_writers_verify_read_diff_and_a_killed_writer(s3: str, tin
 
     # a writer killed after its first commit (small units, so it is mid-build), then resumed
     small = tmp_path / "m-small-units.toml"  # (the session's tiny store is shared: nothing is written there)
-    small.write_text(manifest.read_text().replace("token_budget = 2048", "token_budget = 600")
-                     .replace("unit_tokens = 2048", "unit_tokens = 300"))
+    small.write_text(
+        manifest.read_text()
+        .replace("token_budget = 2048", "token_budget = 600")
+        .replace("unit_tokens = 2048", "unit_tokens = 300")
+    )
     killed = f"{s3}/{uuid.uuid4().hex[:8]}/killed.zarr"
     p = _build(small, killed)
     debris = _frozen_mid_unit(p, killed)  # the units the killed writer leaves half-written
@@ -128,8 +130,9 @@ def test_s3_concurrent_writers_verify_read_diff_and_a_killed_writer(s3: str, tin
     assert verify(Store.open(killed)).ok and Store.open(killed).variants[0].n_samples == 40
 
 
-def test_a_server_gone_mid_read_is_one_network_error_not_damage(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_server_gone_mid_read_is_one_network_error_not_damage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A server killed while a reader is open: reads raise StoreUnreachable (retried, bounded), never
     CorruptData "fails a checksum"; `hsstore verify` stops at the first network error with one line, exit 1,
     instead of reporting every sample as a problem. A map-style dataset reading in order, whose next sample's
@@ -149,7 +152,9 @@ def test_a_server_gone_mid_read_is_one_network_error_not_damage(tmp_path: Path,
     monkeypatch.setattr(prefetch_reads, "MAX_SAMPLES", 1)  # ... one sample ahead
     gave_up_in: list[str] = []  # the threads that tried the dead server until they gave up
     real = remote.unreachable
-    monkeypatch.setattr(remote, "unreachable", lambda *a: gave_up_in.append(threading.current_thread().name) or real(*a))
+    monkeypatch.setattr(
+        remote, "unreachable", lambda *a: gave_up_in.append(threading.current_thread().name) or real(*a)
+    )
 
     # fsspec caches clients by their options, not by the endpoint (read from the environment): this server
     # gets clients of its own, and no later test gets one of the dead server's
@@ -204,7 +209,13 @@ def test_a_bucket_that_vanished_mid_build_is_named_with_its_fix(s3: str) -> None
     with pytest.raises(HsstoreError) as e:
         writer.write(samples, make_states(samples, 32, "bf16", [0, 1, 2]))
     msg = str(e.value)
-    assert e.value.exit_code == 1 and "\n" not in msg and bucket in msg and "does not exist" in msg and "create the bucket" in msg, msg
+    assert (
+        e.value.exit_code == 1
+        and "\n" not in msg
+        and bucket in msg
+        and "does not exist" in msg
+        and "create the bucket" in msg
+    ), msg
     assert "free space" not in msg.lower() and "file-size limit" not in msg, msg
 
 

@@ -53,7 +53,7 @@ def test_units_sharing_samples_read_as_the_first_unit_committed_wins(tmp_path: P
         starts = [0]
         for x in part:
             starts.append(starts[-1] + x.length)
-        written.update({(wid, x.key): states[2][starts[i]: starts[i + 1]] for i, x in enumerate(part)})
+        written.update({(wid, x.key): states[2][starts[i] : starts[i + 1]] for i, x in enumerate(part)})
     reader = Store.open(tmp_path / "s.zarr").reader(vid)
     records = list(reader.commits)
     want = _rule(records)
@@ -87,16 +87,24 @@ def _odd_records(seed: int) -> list[CommitRecord]:
         keys = [rng.choice(pool) for _ in range(rng.randint(0, 14))]
         lens = [rng.randint(1, 9) for _ in keys]
         offs = [sum(lens[:i]) for i in range(len(keys))]
-        out.append(CommitRecord(unit=f"w{rng.randint(0, 99):02d}-{u:06d}", samples=list(zip(keys, offs, lens)),
-                                layers=[0], files={"zarr.json": 10}, stats={}))
+        out.append(
+            CommitRecord(
+                unit=f"w{rng.randint(0, 99):02d}-{u:06d}",
+                samples=list(zip(keys, offs, lens)),
+                layers=[0],
+                files={"zarr.json": 10},
+                stats={},
+            )
+        )
     return sorted(out, key=lambda c: c.unit)
 
 
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("ascii_only", [True, False])
 def test_the_index_answers_as_the_rule_for_any_keys(seed: int, ascii_only: bool):
-    records = [c for c in _odd_records(seed) if not ascii_only or all(k.isascii() and "\x00" not in k
-                                                                        for k, _, _ in c.samples)]
+    records = [
+        c for c in _odd_records(seed) if not ascii_only or all(k.isascii() and "\x00" not in k for k, _, _ in c.samples)
+    ]
     want = _rule(records)
     table = SampleTable([unit_part(CommitRecord.from_dict(c.to_dict(), "test")) for c in records])
     keys, refs, units = Keys(table), Refs(table, "v"), UnitRecords(table)
@@ -161,10 +169,13 @@ def test_verify_names_the_bad_samples_and_only_those(tmp_path: Path):
     states[2][9:14, 3] = float("nan")  # sample 3, layer 2: NaN
     UnitWriter(store, vid, check_health=False).write(s, states)
     found = sorted((p.key, p.what) for p in verify(Store.open(tmp_path / "s.zarr")).problems)
-    assert found == sorted([(s[1].key, "layer 0: all values are zero"),
-                            (s[2].key, "layer 1: all values are equal (constant layer)"),
-                            (s[3].key, "layer 2: 5 NaN and 0 Inf values")])
-
+    assert found == sorted(
+        [
+            (s[1].key, "layer 0: all values are zero"),
+            (s[2].key, "layer 1: all values are equal (constant layer)"),
+            (s[3].key, "layer 2: 5 NaN and 0 Inf values"),
+        ]
+    )
 
 
 def test_samples_committed_later_come_after_every_earlier_one_whatever_their_writer_ids(tmp_path: Path):
@@ -181,8 +192,12 @@ def test_samples_committed_later_come_after_every_earlier_one_whatever_their_wri
         keys = list(Store.open(path).reader(vid).keys)
         assert keys[: len(seen)] == seen, wid  # nothing committed earlier moved
         seen = keys
-    assert [Store.open(path).reader(vid).ref(i).unit for i in range(0, 12, 3)] == ["f0-000000", "a0-000000",
-                                                                                   "c0-000000", "00-000000"]
+    assert [Store.open(path).reader(vid).ref(i).unit for i in range(0, 12, 3)] == [
+        "f0-000000",
+        "a0-000000",
+        "c0-000000",
+        "00-000000",
+    ]
 
 
 def _unit_of(lengths: list[int], seed: int) -> tuple[list, dict]:
@@ -190,8 +205,9 @@ def _unit_of(lengths: list[int], seed: int) -> tuple[list, dict]:
     return samples, make_states(samples, 16, "bf16", [0, 1, 2], seed=seed)
 
 
-def test_one_writers_units_keep_its_order_whenever_its_threads_commit_them(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch):
+def test_one_writers_units_keep_its_order_whenever_its_threads_commit_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     """A writer's threads commit its units out of turn (unit 1 a millisecond before unit 0): ordered by commit
     time alone, two builds of the same inputs, or a variant and its FP8 copy, put their samples at other indices.
     A writer's units come in the order it made them, after every writer that committed first."""

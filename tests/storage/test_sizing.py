@@ -10,13 +10,7 @@ import pytest
 from hsstore import Store
 from hsstore.core.quant import quantize
 from hsstore.storage.codecs import chunk_tokens
-from hsstore.storage.sizing import (
-    METADATA_BYTES,
-    Ratios,
-    StoredForm,
-    files_per_unit,
-    unit_bytes,
-)
+from hsstore.storage.sizing import METADATA_BYTES, Ratios, StoredForm, files_per_unit, unit_bytes
 from hsstore.storage.writer import UnitWriter
 from hsstore.testing.factories import LAYERS, make_samples, make_states, provenance
 
@@ -30,8 +24,15 @@ def test_an_uncompressed_unit_is_the_size_sizing_predicts(tmp_path: Path, form: 
     stored = StoredForm.of(dtype, precision, "none")
     store = Store.create(tmp_path / "s.zarr")
     layers = sorted({i for ids in LAYERS.values() for i in ids})
-    vid = store.create_variant(provenance(dtype, layers=LAYERS, precision=precision), LAYERS, HIDDEN, dtype, "none",
-                               chunk_tokens(HIDDEN, stored.itemsize), precision=precision)
+    vid = store.create_variant(
+        provenance(dtype, layers=LAYERS, precision=precision),
+        LAYERS,
+        HIDDEN,
+        dtype,
+        "none",
+        chunk_tokens(HIDDEN, stored.itemsize),
+        precision=precision,
+    )
     samples = make_samples(lengths)
     states = make_states(samples, HIDDEN, dtype, layers)
     if precision:
@@ -43,7 +44,10 @@ def test_an_uncompressed_unit_is_the_size_sizing_predicts(tmp_path: Path, form: 
     assert abs(sum(predicted.values()) - sum(commit.files.values())) <= metadata_slack, (predicted, commit.files)
     per_layer_meta = (2 if stored.quantized else 1) * METADATA_BYTES
     for i in layers:  # each layer's shard (and its scales' shard) to the byte
-        shards = sum(n for rel, n in commit.files.items()
-                     if rel.split("/")[0] in (f"layer_{i}", f"scale_{i}") and not rel.endswith("zarr.json"))
+        shards = sum(
+            n
+            for rel, n in commit.files.items()
+            if rel.split("/")[0] in (f"layer_{i}", f"scale_{i}") and not rel.endswith("zarr.json")
+        )
         assert predicted[f"layer_{i}"] - per_layer_meta == shards, (i, predicted, commit.files)
     assert len(commit.files) + 1 == files_per_unit(len(layers), stored.quantized)  # + its commit record

@@ -7,15 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import (
-    LAYERS,
-    REPO,
-    TORCH_DTYPES,
-    make_samples,
-    make_states,
-    new_variant,
-    provenance,
-)
+from helpers import LAYERS, REPO, TORCH_DTYPES, make_samples, make_states, new_variant, provenance
 
 from hsstore import Store
 from hsstore.core.errors import BadInput, CorruptData, StoreNotFound, UnsupportedFormat
@@ -39,9 +31,11 @@ def test_round_trip_is_bit_exact(tmp_path: Path, dtype: str, codec: str):
     for s in samples:
         got = reader.read(s.key, layers=[2, 0])  # any subset, any order
         assert got["layers"][2].dtype == states[2].dtype
-        assert torch.equal(got["layers"][2].view(torch.int16 if dtype != "fp32" else torch.int32),
-                           states[2][off: off + s.length].view(torch.int16 if dtype != "fp32" else torch.int32))
-        assert torch.equal(got["layers"][0], states[0][off: off + s.length])
+        assert torch.equal(
+            got["layers"][2].view(torch.int16 if dtype != "fp32" else torch.int32),
+            states[2][off : off + s.length].view(torch.int16 if dtype != "fp32" else torch.int32),
+        )
+        assert torch.equal(got["layers"][0], states[0][off : off + s.length])
         assert np.array_equal(got["input_ids"].numpy(), s.input_ids)
         off += s.length
     assert reader.n_tokens == sum(s.length for s in samples)
@@ -54,7 +48,9 @@ def test_bf16_reads_back_as_bfloat16_without_float_copy(tmp_path: Path):
     states = make_states(samples, 16, "bf16", [0, 1, 2])
     states[0][0, 0] = float("1e-40")  # a bf16 subnormal survives only if no float path rounds it
     UnitWriter(store, vid).write(samples, states)
-    meta = json.loads((tmp_path / "s.zarr" / f"variants/{vid}/units").glob("*/layer_0/zarr.json").__next__().read_text())
+    meta = json.loads(
+        (tmp_path / "s.zarr" / f"variants/{vid}/units").glob("*/layer_0/zarr.json").__next__().read_text()
+    )
     assert meta["data_type"] == "uint16" and meta["attributes"]["hsstore_dtype"] == "bf16"
     t = Store.open(tmp_path / "s.zarr").reader(vid).read(0, layers=[0])["layers"][0]
     assert t.dtype == torch.bfloat16 and torch.equal(t.view(torch.int16), states[0].view(torch.int16))
@@ -196,14 +192,22 @@ def test_direct_shards_and_zarr_agree(tmp_path: Path):
         assert np.array_equal(via_zarr, states[1].view(torch.int16).numpy().view(np.uint16)), codec
         direct = ShardReader(LocalBackend(str(unit)), "layer_1", f"{codec} layer_1").rows(3, 20)
         assert np.array_equal(direct, via_zarr[3:20])
-        assert np.array_equal(zarr.open_array(str(unit / "input_ids"), mode="r")[:],
-                              np.concatenate([s.input_ids for s in samples]))
+        assert np.array_equal(
+            zarr.open_array(str(unit / "input_ids"), mode="r")[:], np.concatenate([s.input_ids for s in samples])
+        )
         # and a shard written by zarr is read by the direct reader
-        z = zarr.create_array(str(tmp_path / f"z-{codec}"), shape=(23, 24), chunks=(7, 24), shards=(28, 24),
-                              dtype="uint16", compressors=compressors(codec))
+        z = zarr.create_array(
+            str(tmp_path / f"z-{codec}"),
+            shape=(23, 24),
+            chunks=(7, 24),
+            shards=(28, 24),
+            dtype="uint16",
+            compressors=compressors(codec),
+        )
         z[:] = via_zarr
-        assert np.array_equal(ShardReader(LocalBackend(str(tmp_path)), f"z-{codec}", f"zarr's {codec} array").rows(0, 23),
-                              via_zarr)
+        assert np.array_equal(
+            ShardReader(LocalBackend(str(tmp_path)), f"z-{codec}", f"zarr's {codec} array").rows(0, 23), via_zarr
+        )
 
 
 def test_store_holds_only_json_and_numeric_chunks(tiny_store: Path):

@@ -43,8 +43,9 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 
 @pytest.mark.parametrize("chunk", range(max(1, -(-CASES // CHUNK))))
-def test_mutated_stores_read_back_or_are_refused(bases: list[Path], tmp_path: Path, chunk: int,
-                                                 record_property: pytest.RecordProperty):
+def test_mutated_stores_read_back_or_are_refused(
+    bases: list[Path], tmp_path: Path, chunk: int, record_property: pytest.RecordProperty
+):
     n = min(CHUNK, CASES - chunk * CHUNK)
     counts, failures = run(bases, tmp_path, SEED * 100_000 + chunk, n)
     record_property("fuzz", dict(counts))

@@ -46,6 +46,7 @@ def _assert_one_line(code: int, err: str, want_code: int, pattern: str) -> None:
 
 # ---- verify: the whole tree against the format ------------------------------------------------------
 
+
 @pytest.mark.parametrize("commits", [True, False], ids=["committed", "no-commits"])
 @pytest.mark.parametrize("doc", sorted(META_DOCS))
 def test_verify_names_every_unreadable_metadata_document(store, doc: str, commits: bool):
@@ -71,13 +72,21 @@ ODD_FILES = {
     "socket": (lambda p, v, u: socket.socket(socket.AF_UNIX).bind(str(p / "variants" / "s")), "is a socket"),
     "executable-in-uncommitted-unit": (  # a file of a name the format has, but with an execute bit
         lambda p, v, u: (p / "variants" / v / "units" / "crashed-000000" / "layer_0" / "c" / "0" / "0").chmod(0o755),
-        "layer_0/c/0/0 is executable"),
-    "non-json-build-record": (lambda p, v, u: (p / "variants" / v / "builds").mkdir() or
-                              (p / "variants" / v / "builds" / "x.json").write_bytes(b"\x7fELF"), "not valid JSON"),
+        "layer_0/c/0/0 is executable",
+    ),
+    "non-json-build-record": (
+        lambda p, v, u: (
+            (p / "variants" / v / "builds").mkdir()
+            or (p / "variants" / v / "builds" / "x.json").write_bytes(b"\x7fELF")
+        ),
+        "not valid JSON",
+    ),
     "stray-directory": (lambda p, v, u: (u / "layer_0" / "extra").mkdir(), "has no place in the format"),
     "ds-store": (lambda p, v, u: (p / "variants" / ".DS_Store").write_bytes(b"\x00\x01Bud1"), "not written by hsstore"),
-    "thumbs-db": (lambda p, v, u: (p / "variants" / v / "units" / "Thumbs.db").write_bytes(b"\xd0\xcf"),
-                  "not written by hsstore"),
+    "thumbs-db": (
+        lambda p, v, u: (p / "variants" / v / "units" / "Thumbs.db").write_bytes(b"\xd0\xcf"),
+        "not written by hsstore",
+    ),
 }
 
 
@@ -95,8 +104,9 @@ def test_verify_flags_what_hsstore_never_writes(store, case: str, capsys):
     assert _cli("gc", str(path), "--dry-run", capsys=capsys)[0] == 0
 
 
-@pytest.mark.parametrize("where", ["builds/b1", "variants/{v}/commits", "variants/{v}/units/w-000000/layer_0",
-                                   "variants/{v}/builds"])
+@pytest.mark.parametrize(
+    "where", ["builds/b1", "variants/{v}/commits", "variants/{v}/units/w-000000/layer_0", "variants/{v}/builds"]
+)
 def test_a_killed_writes_temporary_file_is_debris_not_damage(store, where: str, capsys):
     """A kill can cut any atomic put short (a build record, a commit, a chunk) and leave its temporary file.
     Committed data is intact, so verify stays ok and names the file as debris; gc --force removes it."""
@@ -126,8 +136,10 @@ BAD_COMMITS = {
     "covers-part-of-its-arrays": (lambda d: d["samples"].pop(), "is (19,"),
     "samples-overlap": (lambda d: d["samples"][1].__setitem__(1, 2), "starts at 2"),
     "offset-past-the-arrays": (lambda d: d["samples"][2].__setitem__(1, 40), "starts at 40"),
-    "a-file-missing-from-the-record": (lambda d: d["files"].pop("layer_1/zarr.json") and
-                                       d["crc32c"].pop("layer_1/zarr.json"), "not list exactly"),
+    "a-file-missing-from-the-record": (
+        lambda d: d["files"].pop("layer_1/zarr.json") and d["crc32c"].pop("layer_1/zarr.json"),
+        "not list exactly",
+    ),
     "wrong-type": (lambda d: d["samples"][0].__setitem__(2, "6"), "expected an integer"),
     "negative-length": (lambda d: d["samples"][0].__setitem__(2, -6), ">= 0"),
 }
@@ -140,7 +152,9 @@ def test_commit_records_must_fit_the_store_and_cover_their_arrays_exactly(store,
     _edit_commit(path, vid, change)
     problems = _problems(path)
     assert any(pattern in p for p in problems), problems
-    with pytest.raises(CorruptData, match="w-000000"):  # and no reader serves the unit's samples as if nothing were wrong
+    with pytest.raises(
+        CorruptData, match="w-000000"
+    ):  # and no reader serves the unit's samples as if nothing were wrong
         r = Store.open(path).reader(vid)
         r.check_corrupt_commits()
         for k in r.keys:
@@ -149,6 +163,7 @@ def test_commit_records_must_fit_the_store_and_cover_their_arrays_exactly(store,
 
 # ---- every entry point: one line, no hang, no traceback ---------------------------------------------
 
+
 def _fifo(path: Path) -> None:
     path.unlink()
     os.mkfifo(path)
@@ -156,14 +171,20 @@ def _fifo(path: Path) -> None:
 
 SPECIAL = {
     "root-meta-fifo": (lambda p, v, u: _fifo(p / "zarr.json"), "zarr.json is a FIFO"),
-    "root-meta-to-dev-zero": (lambda p, v, u: (p / "zarr.json").unlink() or (p / "zarr.json").symlink_to("/dev/zero"),
-                              "zarr.json is a symlink"),
+    "root-meta-to-dev-zero": (
+        lambda p, v, u: (p / "zarr.json").unlink() or (p / "zarr.json").symlink_to("/dev/zero"),
+        "zarr.json is a symlink",
+    ),
     "variant-meta-fifo": (lambda p, v, u: _fifo(p / "variants" / v / "zarr.json"), "is a FIFO"),
     "commit-fifo": (lambda p, v, u: _fifo(p / "variants" / v / "commits" / "w-000000.json"), "is a FIFO"),
     "chunk-fifo": (lambda p, v, u: _fifo(u / "layer_2" / "c" / "0" / "0"), "is a FIFO"),
     "array-meta-fifo": (lambda p, v, u: _fifo(u / "input_ids" / "zarr.json"), "is a FIFO"),
-    "units-is-a-file": (lambda p, v, u: os.rename(p / "variants" / v / "units", p / "u") or
-                        (p / "variants" / v / "units").write_text("x"), "missing"),
+    "units-is-a-file": (
+        lambda p, v, u: (
+            os.rename(p / "variants" / v / "units", p / "u") or (p / "variants" / v / "units").write_text("x")
+        ),
+        "missing",
+    ),
 }
 
 
@@ -173,6 +194,7 @@ class Hang(Exception):
 
 def _within(seconds: int, fn, *args):
     """``fn(*args)``, or Hang if it blocks longer (SIGALRM interrupts a blocking open of a FIFO too)."""
+
     def alarm(*_):
         raise Hang(f"{fn.__name__}{args} blocked for {seconds}s")
 
@@ -226,17 +248,29 @@ def test_deep_json_and_huge_records_are_refused_with_one_line(store, capsys):
     assert any("more than the" in p.what for p in problems), problems
 
 
-@pytest.mark.parametrize("field,value,pattern", [
-    ("hidden_size", "16", "hidden_size = '16': expected an integer"),
-    ("hidden_size", 0, "hidden_size = 0"),
-    ("layers", {"aux": [0, 1]}, "layers"),
-    ("layers", {"aux": [0, 1], "target": ["2"]}, "expected an integer"),
-    ("provenance", {"recipe": [1], "environment": {}}, "provenance.recipe` must be a table"),
-    ("id", "0123456789ab", "names variant '0123456789ab', not its directory"),
-    ("codec", "lzma", "codec 'lzma'"),
-    ("chunk_tokens", True, "expected an integer"),
-], ids=["size-as-string", "size-zero", "role-missing", "layer-as-string", "provenance-not-a-table",
-        "record-of-another-variant", "codec-unknown", "bool-for-int"])
+@pytest.mark.parametrize(
+    "field,value,pattern",
+    [
+        ("hidden_size", "16", "hidden_size = '16': expected an integer"),
+        ("hidden_size", 0, "hidden_size = 0"),
+        ("layers", {"aux": [0, 1]}, "layers"),
+        ("layers", {"aux": [0, 1], "target": ["2"]}, "expected an integer"),
+        ("provenance", {"recipe": [1], "environment": {}}, "provenance.recipe` must be a table"),
+        ("id", "0123456789ab", "names variant '0123456789ab', not its directory"),
+        ("codec", "lzma", "codec 'lzma'"),
+        ("chunk_tokens", True, "expected an integer"),
+    ],
+    ids=[
+        "size-as-string",
+        "size-zero",
+        "role-missing",
+        "layer-as-string",
+        "provenance-not-a-table",
+        "record-of-another-variant",
+        "codec-unknown",
+        "bool-for-int",
+    ],
+)
 def test_wrong_types_in_variant_attributes_are_one_line(store, capsys, field: str, value, pattern: str):
     path, vid, _ = store
     f = path / "variants" / vid / "zarr.json"

@@ -21,14 +21,7 @@ from pathlib import Path
 import crc32c
 import pytest
 import torch
-from helpers import (
-    REPO,
-    make_samples,
-    make_states,
-    new_variant,
-    run_cli,
-    write_manifest,
-)
+from helpers import REPO, make_samples, make_states, new_variant, run_cli, write_manifest
 
 from hsstore import Store
 from hsstore.core.errors import WriteFailed
@@ -41,14 +34,23 @@ LIMIT = "40"
 
 def _manifest(tmp: Path, store: Path, unit_tokens: int = 2048) -> Path:
     m = write_manifest(tmp / "m.toml", store=str(store), layers="{ aux = [0, 1], target = [3] }")
-    m.write_text(m.read_text().replace("unit_tokens = 2048", f"unit_tokens = {unit_tokens}")
-                 .replace("token_budget = 2048", f"token_budget = {min(unit_tokens, 2048)}"))
+    m.write_text(
+        m.read_text()
+        .replace("unit_tokens = 2048", f"unit_tokens = {unit_tokens}")
+        .replace("token_budget = 2048", f"token_budget = {min(unit_tokens, 2048)}")
+    )
     return m
 
 
 def _build(manifest: Path, preexec: Callable[[], None] | None = None, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hsstore", "build", str(manifest), "--limit", LIMIT, "--quiet", *extra],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, preexec_fn=preexec)
+    return subprocess.run(
+        [sys.executable, "-m", "hsstore", "build", str(manifest), "--limit", LIMIT, "--quiet", *extra],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=preexec,
+    )
 
 
 def _file_size_limit(limit: int) -> Callable[[], None]:
@@ -141,6 +143,7 @@ def test_a_read_only_filesystem_is_named_a_permission_fault_not_a_full_disk(tmp_
 
 # ---- in-process: the checked write path itself ------------------------------------------------------
 
+
 def _unit(tmp: Path) -> tuple[Store, str, list, dict]:
     store = Store.create(tmp / "s.zarr")
     vid = new_variant(store, hidden=32, chunk=16)
@@ -181,8 +184,10 @@ def test_an_io_error_mid_unit_commits_nothing_and_the_next_write_works(tmp_path:
 
     def failing(fd: int, *args):
         try:  # count only files of this store open for writing (os is shared with every library here)
-            ours = os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path)) \
+            ours = (
+                os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path))
                 and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY
+            )
         except OSError:
             ours = False
         n["calls"] += ours

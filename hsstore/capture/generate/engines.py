@@ -126,8 +126,13 @@ class LocalEngine:
 
         return f"transformers {transformers.__version__}, torch {torch.__version__}"
 
-    def run(self, prompts: list[list[int]], indices: list[int], params: Any,
-            on_batch: Callable[[list[int], list[Generated]], None]) -> None:
+    def run(
+        self,
+        prompts: list[list[int]],
+        indices: list[int],
+        params: Any,
+        on_batch: Callable[[list[int], list[Generated]], None],
+    ) -> None:
         """Generate every prompt, ``on_batch(positions, replies)`` after each batch (a checkpoint). A sampled
         reply draws from a generator of its own, seeded by ``params.seed``, its prompt and its index: it does not
         depend on the batch it was made in (another token budget, ``--limit``, a resume after a kill); greedy
@@ -144,8 +149,8 @@ class LocalEngine:
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for r, x in enumerate(prompts):  # left-padded: every prompt ends where generation starts
-            ids[r, width - len(x):] = torch.tensor(x, dtype=torch.long)
-            mask[r, width - len(x):] = 1
+            ids[r, width - len(x) :] = torch.tensor(x, dtype=torch.long)
+            mask[r, width - len(x) :] = 1
         kw = self.kwargs(p)
         if p.temperature > 0:
             kw["logits_processor"] = [row_sampler(seeds, p)]
@@ -157,8 +162,12 @@ class LocalEngine:
 
     def kwargs(self, p: Any) -> dict[str, Any]:
         """transformers ``generate`` arguments of the sampling parameters ``p`` (temperature 0: greedy)."""
-        kw: dict[str, Any] = {"max_new_tokens": p.max_new_tokens, "eos_token_id": self.eos, "pad_token_id": self.pad_id,
-                              "min_new_tokens": 0}
+        kw: dict[str, Any] = {
+            "max_new_tokens": p.max_new_tokens,
+            "eos_token_id": self.eos,
+            "pad_token_id": self.pad_id,
+            "min_new_tokens": 0,
+        }
         if p.temperature > 0:
             kw.update(do_sample=True, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k or None)
         else:
@@ -210,22 +219,30 @@ def check_served(g: Any, model_path: str) -> tuple[str, str]:
     try:
         listing, headers = _call(f"{url}/models", None, g.timeout_s)
     except (OSError, ValueError) as e:
-        raise BadInput(f"[generate] url {url!r}: the server did not answer GET /models ({e}); start an "
-                       "OpenAI-compatible server there serving the manifest's model") from None
+        raise BadInput(
+            f"[generate] url {url!r}: the server did not answer GET /models ({e}); start an "
+            "OpenAI-compatible server there serving the manifest's model"
+        ) from None
     data = listing.get("data", [])
     models = [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
     mine = [m for m in models if m.get("id", "") in served_names(model_path)]
     if not mine:
-        raise BadInput(f"[generate] the server at {url} serves {[m.get('id') for m in models]}, not the manifest's "
-                       f"model {model_path!r}; serve that model there (or set [model] path to the model it serves)")
+        raise BadInput(
+            f"[generate] the server at {url} serves {[m.get('id') for m in models]}, not the manifest's "
+            f"model {model_path!r}; serve that model there (or set [model] path to the model it serves)"
+        )
     return mine[0]["id"], headers.get("server", "openai-compatible server")
 
 
 def _first_choice(answer: dict[str, Any]) -> dict[str, Any]:
     """The first choice of a completions answer; ValueError when the answer is not shaped as one."""
     choices = answer.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) \
-            or not isinstance(choices[0].get("text", ""), (str, type(None))):
+    if (
+        not isinstance(choices, list)
+        or not choices
+        or not isinstance(choices[0], dict)
+        or not isinstance(choices[0].get("text", ""), (str, type(None)))
+    ):
         raise ValueError(f"not a completions answer (choices[0] an object with a text): {str(answer)[:200]}")
     return choices[0]
 
@@ -240,8 +257,13 @@ class ServerEngine:
         self.model, server = check_served(g, model_path)
         self.version = server
 
-    def run(self, prompts: list[list[int]], indices: list[int], params: Any,
-            on_batch: Callable[[list[int], list[Generated]], None]) -> None:
+    def run(
+        self,
+        prompts: list[list[int]],
+        indices: list[int],
+        params: Any,
+        on_batch: Callable[[list[int], list[Generated]], None],
+    ) -> None:
         """All prompts, ``concurrency`` in flight; a checkpoint per ``concurrency`` replies, in order."""
         step = max(1, params.concurrency)
         with ThreadPoolExecutor(step) as pool:
@@ -250,8 +272,15 @@ class ServerEngine:
                 on_batch(batch, list(pool.map(lambda i: self._one(prompts[i], indices[i], params), batch)))
 
     def _one(self, prompt: list[int], index: int, p: Any) -> Generated:
-        body = {"model": self.model, "prompt": self.tok.decode(prompt), "max_tokens": p.max_new_tokens,
-                "temperature": p.temperature, "top_p": p.top_p, "seed": p.seed + index, "n": 1}
+        body = {
+            "model": self.model,
+            "prompt": self.tok.decode(prompt),
+            "max_tokens": p.max_new_tokens,
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "seed": p.seed + index,
+            "n": 1,
+        }
         if p.top_k:
             body["top_k"] = p.top_k
         if p.stop:
@@ -267,7 +296,7 @@ class ServerEngine:
                     break
             except (OSError, ValueError, KeyError, IndexError) as e:
                 error = f"{type(e).__name__}: {e}"
-            time.sleep(min(8.0, 0.5 * 2 ** attempt))
+            time.sleep(min(8.0, 0.5 * 2**attempt))
         return Generated([], "error", time.perf_counter() - t0, f"{error} (after {p.retries + 1} attempt(s))")
 
     def _reply(self, choice: dict[str, Any], seconds: float) -> Generated:

@@ -92,7 +92,7 @@ def reply_text(tok: Any, ids: list[int], eos: list[int], drop_reasoning: bool) -
     """A reply's text as later turns see it (its end token left out; reasoning too with ``drop``)."""
     body = ids[:-1] if ids and ids[-1] in eos else ids
     if drop_reasoning:
-        body = body[reasoning_end(tok, body):]
+        body = body[reasoning_end(tok, body) :]
     text: str = tok.decode(body, skip_special_tokens=True)
     return text.lstrip() if drop_reasoning else text
 
@@ -122,9 +122,11 @@ def all_turns_sample(masker: ChatMasker, job: Job, eos: list[int], drop_reasonin
         before[t] = {"role": "assistant", "content": text}
     context, context_mask = masker(before, job.tools, [i in job.turns[:-1] for i in range(len(before))])
     if list(job.prompt[: len(context)]) != list(context):
-        raise RowRejected("chat template renders a prompt unlike its conversation",
-                          "the last turn's prompt does not begin with the conversation before it as rendered: "
-                          "the earlier replies' masks cannot be placed")
+        raise RowRejected(
+            "chat template renders a prompt unlike its conversation",
+            "the last turn's prompt does not begin with the conversation before it as rendered: "
+            "the earlier replies' masks cannot be placed",
+        )
     n = len(job.prompt)
     return ids, _exact_only(context, list(context_mask), job, eos) + [0] * (n - len(context)) + mask[n:]
 

@@ -18,14 +18,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from hsstore.capture.generate.prompts import (
-    Job,
-    all_turns_sample,
-    jobs_of,
-    last_turn_sample,
-    reply_text,
-    turn_messages,
-)
+from hsstore.capture.generate.prompts import Job, all_turns_sample, jobs_of, last_turn_sample, reply_text, turn_messages
 from hsstore.capture.inputs.messages import RowRejected
 from hsstore.capture.inputs.tokenizing import InputReport, InputRow, _fit, _numbered
 from hsstore.core.errors import BadInput
@@ -55,8 +48,6 @@ class Reply(Record):
     at: str
     build_id: str = ""  # the build that generated it
     error: str | None = None  # a server error after the retries (ids empty)
-
-
 
 
 def checkpoint_key(build_id: str, config: str, n: int) -> str:
@@ -102,8 +93,17 @@ def sampling(g: Any) -> dict[str, Any]:
 
 def config_of(g: Any, model_fp: str, tok_fp: str, where: str) -> str:
     """What decides a reply beyond its prompt: the model, tokenizer, engine (and where it runs), sampling, seed."""
-    return fingerprint({"model": model_fp, "tokenizer": tok_fp, "engine": g.engine, "url": g.url or "",
-                        "where": where, "sampling": sampling(g), "seed": g.seed})
+    return fingerprint(
+        {
+            "model": model_fp,
+            "tokenizer": tok_fp,
+            "engine": g.engine,
+            "url": g.url or "",
+            "where": where,
+            "sampling": sampling(g),
+            "seed": g.seed,
+        }
+    )
 
 
 def model_fingerprint(model_id: Any) -> str:
@@ -212,11 +212,25 @@ def _generate(run: Run, missing: dict[str, tuple[list[int], int]]) -> None:
 
     def on_batch(batch: list[int], out: list[Any]) -> None:
         at = now()
-        replies = [Reply(key=keys[i], ids=list(o.ids), finish_reason=o.finish_reason, prompt_tokens=len(missing[keys[i]][0]),
-                         seconds=o.seconds, engine=engine.name, engine_version=engine.version, model=run.model,
-                         kernels=dict(engine.kernels),
-                         sampling=sampling(run.g), seed=run.g.seed, at=at, build_id=run.build_id, error=o.error)
-                   for i, o in zip(batch, out)]
+        replies = [
+            Reply(
+                key=keys[i],
+                ids=list(o.ids),
+                finish_reason=o.finish_reason,
+                prompt_tokens=len(missing[keys[i]][0]),
+                seconds=o.seconds,
+                engine=engine.name,
+                engine_version=engine.version,
+                model=run.model,
+                kernels=dict(engine.kernels),
+                sampling=sampling(run.g),
+                seed=run.g.seed,
+                at=at,
+                build_id=run.build_id,
+                error=o.error,
+            )
+            for i, o in zip(batch, out)
+        ]
         put_batch(run.store, run.build_id, run.config, run.parts, replies)  # before anything is captured
         run.parts += 1
         run.generated += len(replies)
@@ -247,8 +261,9 @@ def _why_dropped(g: Any, reply: Reply, eos: list[int]) -> tuple[str, str] | None
     return None
 
 
-def samples_of(jobs: list[Job], masker: Any, m: Any, tok_fp: str, eos: list[int],
-               report: InputReport) -> tuple[list[SampleTokens], list[tuple[Job, str | None]]]:
+def samples_of(
+    jobs: list[Job], masker: Any, m: Any, tok_fp: str, eos: list[int], report: InputReport
+) -> tuple[list[SampleTokens], list[tuple[Job, str | None]]]:
     """Each job as a sample (deduplicated by key); every job with the key of its sample (None: dropped)."""
     samples: list[SampleTokens] = []
     seen: dict[str, str] = {}
@@ -259,8 +274,11 @@ def samples_of(jobs: list[Job], masker: Any, m: Any, tok_fp: str, eos: list[int]
             if j.dropped is not None:
                 raise RowRejected(*j.dropped)
             drop = m.generate.reasoning == "drop"
-            ids, mask = (last_turn_sample(masker.tok, j, eos, drop) if m.generate.turns == "last"
-                         else all_turns_sample(masker, j, eos, drop))
+            ids, mask = (
+                last_turn_sample(masker.tok, j, eos, drop)
+                if m.generate.turns == "last"
+                else all_turns_sample(masker, j, eos, drop)
+            )
             ids, mask = _fit(ids, mask, m.max_length, m.too_long, report, j.file, j.row)
             a, b = np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.uint8)
             key = sample_key(tok_fp, a, b)
@@ -278,8 +296,10 @@ def samples_of(jobs: list[Job], masker: Any, m: Any, tok_fp: str, eos: list[int]
     report.close()
     if not samples:
         reasons = ", ".join(f"{k}: {v}" for k, v in report.rejected.items()) or "no rows"
-        raise BadInput(f"no usable rows after regenerating the replies ({report.rows} rows read; {reasons}); check "
-                       "[data] files and [generate]")
+        raise BadInput(
+            f"no usable rows after regenerating the replies ({report.rows} rows read; {reasons}); check "
+            "[data] files and [generate]"
+        )
     return samples, keyed
 
 
@@ -288,11 +308,28 @@ def ledger_records(keyed: list[tuple[Job, str | None]]) -> list[dict[str, Any]]:
     out = []
     for j, key in keyed:
         for turn, r in enumerate(j.replies):
-            out.append({"file": j.file, "row": j.row, "turn": turn, "index": j.index, "sample_key": key,
-                        "engine": r.engine, "engine_version": r.engine_version, "kernels": r.kernels, "model": r.model,
-                        "sampling": r.sampling, "seed": r.seed, "finish_reason": r.finish_reason,
-                        "prompt_tokens": r.prompt_tokens, "reply_tokens": len(r.ids), "seconds": r.seconds,
-                        "at": r.at, "generated_by": r.build_id, **({"error": r.error} if r.error else {})})
+            out.append(
+                {
+                    "file": j.file,
+                    "row": j.row,
+                    "turn": turn,
+                    "index": j.index,
+                    "sample_key": key,
+                    "engine": r.engine,
+                    "engine_version": r.engine_version,
+                    "kernels": r.kernels,
+                    "model": r.model,
+                    "sampling": r.sampling,
+                    "seed": r.seed,
+                    "finish_reason": r.finish_reason,
+                    "prompt_tokens": r.prompt_tokens,
+                    "reply_tokens": len(r.ids),
+                    "seconds": r.seconds,
+                    "at": r.at,
+                    "generated_by": r.build_id,
+                    **({"error": r.error} if r.error else {}),
+                }
+            )
     return out
 
 
@@ -303,14 +340,18 @@ class Regenerated:
     generation: Any  # hsstore.core.schema.provenance.Generation
     ledger: list[dict[str, Any]]
     generated: int  # replies this run generated (the rest were checkpointed by an earlier run)
-    checkpointed: tuple[str, dict[str, Reply]] = field(default_factory=lambda: ("", {}))  # a plan's: what it replayed from
+    checkpointed: tuple[str, dict[str, Reply]] = field(
+        default_factory=lambda: ("", {})
+    )  # a plan's: what it replayed from
 
 
 def make_engine(m: Any, spec: Any, tok: Any, pad_id: int, world: int) -> Any:
     """The manifest's engine (the model loads here, only when a reply is missing)."""
     if world > 1:
-        raise BadInput("replies are missing and a build under torchrun does not generate them (every rank would); "
-                       "run the same build once in one process to generate them, then under torchrun to capture")
+        raise BadInput(
+            "replies are missing and a build under torchrun does not generate them (every rank would); "
+            "run the same build once in one process to generate them, then under torchrun to capture"
+        )
     if m.generate.engine == "openai":
         from hsstore.capture.generate.engines import ServerEngine
 
@@ -321,8 +362,19 @@ def make_engine(m: Any, spec: Any, tok: Any, pad_id: int, world: int) -> Any:
     return LocalEngine(spec.load(TORCH[m.dtypes[0]], m.devices[0], m.attn_implementation), tok, pad_id, m.token_budget)
 
 
-def regenerate_rows(m: Any, spec: Any, tok: Any, tok_id: Any, model_id: Any, rows: Iterable[InputRow], store: Any,
-                    build_id: str, limit: int | None, pad_id: int, world: int = 1) -> Regenerated:
+def regenerate_rows(
+    m: Any,
+    spec: Any,
+    tok: Any,
+    tok_id: Any,
+    model_id: Any,
+    rows: Iterable[InputRow],
+    store: Any,
+    build_id: str,
+    limit: int | None,
+    pad_id: int,
+    world: int = 1,
+) -> Regenerated:
     """The rows' replies regenerated by the target (reusing checkpointed ones), as samples."""
     from hsstore.capture.generate.engines import end_ids
 
@@ -357,11 +409,23 @@ def generation_of(m: Any, ledger: list[dict[str, Any]], made: list[Any]) -> Any:
     g = m.generate
     version = made[0].version if made else next((r["engine_version"] for r in ledger), "")
     model = g.engine == "model"
-    return Generation(engine=g.engine, engine_version=version, turns=g.turns, max_new_tokens=g.max_new_tokens,
-                      temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, seed=g.seed, n=g.n, stop=list(g.stop),
-                      chat_template_kwargs=dict(g.chat_template_kwargs), reasoning=g.reasoning,
-                      generated_on=generated_on(m) if model else UNSET, server=UNSET if model else g.url,
-                      drop_cut=True if g.drop_cut else UNSET)
+    return Generation(
+        engine=g.engine,
+        engine_version=version,
+        turns=g.turns,
+        max_new_tokens=g.max_new_tokens,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        top_k=g.top_k,
+        seed=g.seed,
+        n=g.n,
+        stop=list(g.stop),
+        chat_template_kwargs=dict(g.chat_template_kwargs),
+        reasoning=g.reasoning,
+        generated_on=generated_on(m) if model else UNSET,
+        server=UNSET if model else g.url,
+        drop_cut=True if g.drop_cut else UNSET,
+    )
 
 
 def store_first(m: Any) -> Any:
@@ -384,8 +448,11 @@ def summary_fields(inp: Any, lineage: Any) -> dict[str, Any]:
     regen = inp.regenerated  # (hsstore.capture.run.driver.Inputs)
     if regen is None:
         return {}
-    return {"replies_generated": regen.generated, "replies_reused": len(regen.ledger) - regen.generated,
-            "ledger": lineage.where(ledger_key(lineage.start.build_id)) if lineage.start.world_size == 1 else None}
+    return {
+        "replies_generated": regen.generated,
+        "replies_reused": len(regen.ledger) - regen.generated,
+        "ledger": lineage.where(ledger_key(lineage.start.build_id)) if lineage.start.world_size == 1 else None,
+    }
 
 
 def capped_history(tok: Any, job: Job, upto: int, max_new_tokens: int) -> list[dict[str, Any]]:
@@ -408,9 +475,20 @@ def _own_reply_tokens(tok: Any, job: Job) -> int | None:
     return len(tok(job.msgs[at]["content"], add_special_tokens=False)["input_ids"]) + 1
 
 
-def samples_of_rows(m: Any, spec: Any, tok: Any, tok_id: Any, model_id: Any, rows: Any, limit: int | None, pad_id: int,
-                    quiet: bool = True, store: Any = None, build_id: str = "",
-                    world: int = 1) -> tuple[list[SampleTokens], Any, Regenerated | None]:
+def samples_of_rows(
+    m: Any,
+    spec: Any,
+    tok: Any,
+    tok_id: Any,
+    model_id: Any,
+    rows: Any,
+    limit: int | None,
+    pad_id: int,
+    quiet: bool = True,
+    store: Any = None,
+    build_id: str = "",
+    world: int = 1,
+) -> tuple[list[SampleTokens], Any, Regenerated | None]:
     """The build's samples and input report: of the rows' replies regenerated (with [generate] and a
     ``store``: replies checkpointed in its build ``build_id``), else of the rows as they are (``rows`` None:
     the data files')."""
@@ -419,8 +497,9 @@ def samples_of_rows(m: Any, spec: Any, tok: Any, tok_id: Any, model_id: Any, row
 
     rows = load_rows(m.data_files) if rows is None else rows
     if m.generate is not None and store is None:  # a plan: one stand-in sample per reply the build makes
-        plan = planned_samples(m, tok, tok_id.fingerprint, list(rows), limit, pad_id,
-                               checkpointed_replies(m, model_id, tok_id.fingerprint))
+        plan = planned_samples(
+            m, tok, tok_id.fingerprint, list(rows), limit, pad_id, checkpointed_replies(m, model_id, tok_id.fingerprint)
+        )
         return plan.samples, plan.report, plan
     if m.generate is None or store is None:
         return (*tokenize_rows(rows, tok, tok_id.fingerprint, m.data_format, m.max_length, m.too_long, limit), None)
@@ -450,8 +529,15 @@ def checkpointed_replies(m: Any, model_id: Any, tok_fp: str) -> tuple[str, dict[
         return config, {}
 
 
-def planned_samples(m: Any, tok: Any, tok_fp: str, rows: list[InputRow], limit: int | None,
-                    pad_id: int, checkpointed: tuple[str, dict[str, Reply]] = ("", {})) -> Regenerated:
+def planned_samples(
+    m: Any,
+    tok: Any,
+    tok_fp: str,
+    rows: list[InputRow],
+    limit: int | None,
+    pad_id: int,
+    checkpointed: tuple[str, dict[str, Reply]] = ("", {}),
+) -> Regenerated:
     """For a plan, what the build regenerates (nothing generated here): the sample the build makes of each reply
     chain whose replies the store holds (``checkpointed``: their configuration and replies), with its key (so the
     plan finds the samples the build committed), and a generation record for the recipe (as the built variant's
@@ -472,7 +558,9 @@ def planned_samples(m: Any, tok: Any, tok_fp: str, rows: list[InputRow], limit: 
             whole.append(j)
             continue
         try:
-            prompt = rendered_prompt(masker, capped_history(tok, j, j.turns[-1], g.max_new_tokens), j.tools, m.max_length)
+            prompt = rendered_prompt(
+                masker, capped_history(tok, j, j.turns[-1], g.max_new_tokens), j.tools, m.max_length
+            )
         except RowRejected as r:
             report.rejected[r.reason] += 1
             report.note("rejected", j.file, j.row, r.reason, r.detail)
@@ -496,8 +584,10 @@ def planned_samples(m: Any, tok: Any, tok_fp: str, rows: list[InputRow], limit: 
     report.close()
     if not samples:
         reasons = ", ".join(f"{k}: {v}" for k, v in report.rejected.items()) or "no rows"
-        raise BadInput(f"no usable rows in the data files ({report.rows} rows read; as prompts to regenerate "
-                       f"from: {reasons}); check [data] files, format and max_length")
+        raise BadInput(
+            f"no usable rows in the data files ({report.rows} rows read; as prompts to regenerate "
+            f"from: {reasons}); check [data] files, format and max_length"
+        )
     ledger = ledger_records(keyed)  # (the engine version of the build's replies: none generated, none known)
     return Regenerated(samples, report, generation_of(m, ledger, []), ledger, 0, checkpointed)
 

@@ -39,13 +39,13 @@ def _decode(raw: bytes, f: str, line: int | None = None) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         where = f"line {line}" if line is not None else f"offset {e.start}"
-        raise BadInput(f"data file {f!r} is not UTF-8 text (byte 0x{raw[e.start]:02x} at {where}); "
-                       "re-encode it as UTF-8") from None
+        raise BadInput(
+            f"data file {f!r} is not UTF-8 text (byte 0x{raw[e.start]:02x} at {where}); re-encode it as UTF-8"
+        ) from None
 
 
 def _kind(value: Any) -> str:
-    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(value), "number")
+    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
 
 
 def _first_byte(path: Path) -> bytes:
@@ -67,16 +67,20 @@ JSON_IN_MEMORY = 10  # bytes of Python objects per byte of JSON text (dicts, lis
 def _whole(path: Path, f: str) -> Any:
     """A .json file parsed whole (a JSON list of rows), priced first: parsed, it is ~10x its size in memory."""
     size = path.stat().st_size
-    check_fits(size * JSON_IN_MEMORY, f"data file {f!r} ({byte_size(size)} of JSON, parsed whole)",
-               "write it as JSON Lines (one row a line, read a line at a time) or parquet")
+    check_fits(
+        size * JSON_IN_MEMORY,
+        f"data file {f!r} ({byte_size(size)} of JSON, parsed whole)",
+        "write it as JSON Lines (one row a line, read a line at a time) or parquet",
+    )
     text = _decode(path.read_bytes().removeprefix(BOM), f)
     try:
         return loads_bounded(text, limit=None)  # each row's depth is checked by json_rows
     except TooDeep as e:
         raise BadInput(f"data file {f!r} is {e}; rows are JSON objects of chats or text, a few levels deep") from None
     except json.JSONDecodeError as e:
-        raise BadInput(f"data file {f!r} is neither JSON nor JSON Lines ({e.msg} at line {e.lineno}, "
-                       f"column {e.colno})") from None
+        raise BadInput(
+            f"data file {f!r} is neither JSON nor JSON Lines ({e.msg} at line {e.lineno}, column {e.colno})"
+        ) from None
 
 
 def _lines(path: Path, f: str) -> Iterator[tuple[int, str]]:
@@ -116,8 +120,10 @@ def _one_object(doc: Any, f: str) -> Any:
     if isinstance(doc, dict) and ROW_KEYS & set(doc):
         return doc
     keys = sorted(doc)[:8] if isinstance(doc, dict) else []
-    raise BadInput(f"data file {f!r} holds one JSON object (keys {keys}), not rows; write one JSON object per "
-                   "line (.jsonl) or a JSON list of objects")
+    raise BadInput(
+        f"data file {f!r} holds one JSON object (keys {keys}), not rows; write one JSON object per "
+        "line (.jsonl) or a JSON list of objects"
+    )
 
 
 def json_rows(path: Path, f: str) -> Iterator[tuple[int, Any]]:
@@ -128,8 +134,10 @@ def json_rows(path: Path, f: str) -> Iterator[tuple[int, Any]]:
     if first != b"{":
         doc = _whole(path, f)
         if not isinstance(doc, list):
-            raise BadInput(f"data file {f!r} holds a JSON {_kind(doc)}, not rows; write one JSON object per line "
-                           "(.jsonl) or a JSON list of objects")
+            raise BadInput(
+                f"data file {f!r} holds a JSON {_kind(doc)}, not rows; write one JSON object per line "
+                "(.jsonl) or a JSON list of objects"
+            )
         yield from ((n, _row(row)) for n, row in enumerate(doc, 1))
         return
     lines = _lines(path, f)
@@ -195,8 +203,11 @@ def parquet_rows(path: Path, f: str) -> Iterator[tuple[int, Any]]:
         raise BadInput(f"data file {f!r} is empty; it needs rows")
     for g in range(meta.num_row_groups):
         rg = meta.row_group(g)
-        check_fits(rg.total_byte_size, f"data file {f!r}: row group {g} ({rg.num_rows:,} rows) decoded",
-                   "write the parquet file with smaller row groups, or raise the budget")
+        check_fits(
+            rg.total_byte_size,
+            f"data file {f!r}: row group {g} ({rg.num_rows:,} rows) decoded",
+            "write the parquet file with smaller row groups, or raise the budget",
+        )
     n = 0
     batches = pf.iter_batches(batch_size=PARQUET_BATCH_ROWS)
     while True:
@@ -224,13 +235,16 @@ def load_rows(files: list[str]) -> Iterator[tuple[str, int, Any]]:
         elif p.suffix in (".jsonl", ".json"):
             rows = json_rows(p, f)
         else:
-            raise BadInput(f"data file {f!r}: unknown file type {p.suffix!r}; use .jsonl, .json, .parquet "
-                           "or an HF save_to_disk folder")
+            raise BadInput(
+                f"data file {f!r}: unknown file type {p.suffix!r}; use .jsonl, .json, .parquet "
+                "or an HF save_to_disk folder"
+            )
         for n, row in rows:
             yield f, n, row
 
 
 # --- Tokenized samples handed from the build driver to its workers: one .npz of plain arrays (no pickle).
+
 
 def save_samples(path: str | Path, samples: Sequence[SampleTokens]) -> None:
     lengths = np.array([s.length for s in samples], dtype=np.int64)

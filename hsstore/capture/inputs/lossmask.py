@@ -149,8 +149,10 @@ def bounded(render: Callable[[], str], what: str) -> str:
             _active.pop(ident, None)  # also when the stop landed inside the first removal
     if out is None or len(out) > size:
         reason = w.why[0] if w.why else f"wrote more than {byte_size(size)} of text"
-        raise ResourceLimit(f"the chat template {reason} rendering {what} (a loop, or text that doubles?); "
-                            f"fix the template (limits: {SECONDS_ENV}, {BYTES_ENV})")
+        raise ResourceLimit(
+            f"the chat template {reason} rendering {what} (a loop, or text that doubles?); "
+            f"fix the template (limits: {SECONDS_ENV}, {BYTES_ENV})"
+        )
     return out
 
 
@@ -190,6 +192,7 @@ def marked_messages(msgs: list[dict[str, Any]], nonce: str, who: str, how: str) 
     for i, m in enumerate(msgs):
         m = dict(m)
         if who == "all" or m["role"] == "assistant":
+
             def tag(part: int, end: bool, i: int = i) -> str:
                 return f"@{nonce}{i}.{part}{'E' if end else 'S'}@"
 
@@ -243,8 +246,20 @@ def repeated_message(text: str, nonce: str) -> int | None:
 
 PINNED = date(2024, 7, 26)  # the day Llama-3 templates print when no date_string is given
 DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
-MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-          "November", "December")
+MONTHS = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
 LITERAL = re.compile(r"""strftime_now\(\s*(['"])([A-Za-z0-9%\-:,./ ]*)\1\s*\)""")  # a format written as a literal
 
 
@@ -272,17 +287,59 @@ def directives(day: date) -> dict[str, str]:
     a, b = DAYS[day.weekday()], MONTHS[day.month - 1]
     d, m, y = f"{day.day:02d}", f"{day.month:02d}", f"{day.year:04d}"
     out = {
-        "a": a[:3], "A": a, "b": b[:3], "h": b[:3], "B": b, "d": d, "e": f"{day.day:2d}", "m": m, "Y": y,
-        "y": y[2:], "C": y[:2], "j": f"{yday:03d}", "u": str(weekday), "w": str(weekday % 7),
-        "U": f"{(yday + 6 - weekday % 7) // 7:02d}", "W": f"{(yday + 6 - (weekday - 1)) // 7:02d}",
-        "G": f"{iso_year:04d}", "g": f"{iso_year % 100:02d}", "V": f"{iso_week:02d}",
-        "F": f"{y}-{m}-{d}", "D": f"{m}/{d}/{y[2:]}", "x": f"{m}/{d}/{y[2:]}",
+        "a": a[:3],
+        "A": a,
+        "b": b[:3],
+        "h": b[:3],
+        "B": b,
+        "d": d,
+        "e": f"{day.day:2d}",
+        "m": m,
+        "Y": y,
+        "y": y[2:],
+        "C": y[:2],
+        "j": f"{yday:03d}",
+        "u": str(weekday),
+        "w": str(weekday % 7),
+        "U": f"{(yday + 6 - weekday % 7) // 7:02d}",
+        "W": f"{(yday + 6 - (weekday - 1)) // 7:02d}",
+        "G": f"{iso_year:04d}",
+        "g": f"{iso_year % 100:02d}",
+        "V": f"{iso_week:02d}",
+        "F": f"{y}-{m}-{d}",
+        "D": f"{m}/{d}/{y[2:]}",
+        "x": f"{m}/{d}/{y[2:]}",
         "c": f"{a[:3]} {b[:3]} {day.day:2d} 00:00:00 {y}",
-        "H": "00", "M": "00", "S": "00", "I": "12", "k": " 0", "l": "12", "p": "AM", "P": "am", "f": "000000",
-        "R": "00:00", "T": "00:00:00", "X": "00:00:00", "r": "12:00:00 AM", "z": "", "Z": "", "n": "\n", "t": "\t",
+        "H": "00",
+        "M": "00",
+        "S": "00",
+        "I": "12",
+        "k": " 0",
+        "l": "12",
+        "p": "AM",
+        "P": "am",
+        "f": "000000",
+        "R": "00:00",
+        "T": "00:00:00",
+        "X": "00:00:00",
+        "r": "12:00:00 AM",
+        "z": "",
+        "Z": "",
+        "n": "\n",
+        "t": "\t",
     }
-    unpadded = {"-d": str(day.day), "-e": str(day.day), "-m": str(day.month), "-y": str(int(y[2:])),
-                "-j": str(yday), "-H": "0", "-M": "0", "-S": "0", "-I": "12", "-l": "12"}
+    unpadded = {
+        "-d": str(day.day),
+        "-e": str(day.day),
+        "-m": str(day.month),
+        "-y": str(int(y[2:])),
+        "-j": str(yday),
+        "-H": "0",
+        "-M": "0",
+        "-S": "0",
+        "-I": "12",
+        "-l": "12",
+    }
     return {f"%{k}": v for k, v in {**out, **unpadded}.items()}
 
 
@@ -304,9 +361,11 @@ def pinned_template(template: str, day: date = PINNED) -> str:
     ``trim_blocks``, so the template's own first character, a newline included, renders as before."""
     literal = {m.group(2): formatted(m.group(2), day) for m in LITERAL.finditer(template)}
     chain = "".join(f" | map('replace', {json.dumps(k)}, {json.dumps(v)})" for k, v in directives(day).items())
-    return ("{%- macro strftime_now(format) -%}{%- set known = " + json.dumps(literal) + " -%}"
-            "{%- if format in known -%}{{- known[format] -}}{%- else -%}"
-            "{{- format.split('%%')" + chain + " | join('%') -}}{%- endif -%}{%- endmacro %}\n" + template)
+    return (
+        "{%- macro strftime_now(format) -%}{%- set known = " + json.dumps(literal) + " -%}"
+        "{%- if format in known -%}{{- known[format] -}}{%- else -%}"
+        "{{- format.split('%%')" + chain + " | join('%') -}}{%- endif -%}{%- endmacro %}\n" + template
+    )
 
 
 METHOD = "reply+eot/v1"  # recorded with every input report; bump when masks of the same rows change
@@ -322,11 +381,15 @@ class ChatMasker:
         self.tok = tok
         template = tok.chat_template
         if not template:
-            raise BadInput("the tokenizer has no chat template, but the data is chat (conversations/messages); "
-                           "add chat_template.jinja to the model folder or use text/prompt_completion data")
+            raise BadInput(
+                "the tokenizer has no chat template, but the data is chat (conversations/messages); "
+                "add chat_template.jinja to the model folder or use text/prompt_completion data"
+            )
         if not getattr(tok, "is_fast", False):
-            raise BadInput("the tokenizer is a slow (Python) tokenizer; hsstore locates assistant replies through a "
-                           "fast tokenizer's offsets — add tokenizer.json to the model folder")
+            raise BadInput(
+                "the tokenizer is a slow (Python) tokenizer; hsstore locates assistant replies through a "
+                "fast tokenizer's offsets — add tokenizer.json to the model folder"
+            )
         self.template = template if isinstance(template, str) else json.dumps(template)
         # a template that prints today's date renders with a pinned day (hsstore.capture.inputs.lossmask): the same row
         # gives the same tokens, hence the same sample keys, on every day
@@ -339,7 +402,9 @@ class ChatMasker:
         self.control_texts = tuple(t.content for t in added.values())
         self.eot_ids = self._end_tokens()
         special = self._turn_tokens() | {t.content for t in added.values() if t.special} | set(tok.all_special_tokens)
-        self.special_re = re.compile("|".join(map(re.escape, sorted(special, key=len, reverse=True)))) if special else None
+        self.special_re = (
+            re.compile("|".join(map(re.escape, sorted(special, key=len, reverse=True)))) if special else None
+        )
         self.renders_reasoning = "reasoning_content" in self.template
 
     def _turn_tokens(self) -> set[str]:
@@ -358,8 +423,12 @@ class ChatMasker:
         if prints_date(self.template):  # the template that applies (of a dict of templates, the one for tools)
             kwargs["chat_template"] = pinned_template(self.tok.get_chat_template(None, tools), self.today)
         what = f"a conversation of {len(msgs)} message(s)"
-        return bounded(lambda: self.tok.apply_chat_template(msgs, tools=tools, tokenize=False,
-                                                            add_generation_prompt=gen, **kwargs), what)
+        return bounded(
+            lambda: self.tok.apply_chat_template(
+                msgs, tools=tools, tokenize=False, add_generation_prompt=gen, **kwargs
+            ),
+            what,
+        )
 
     def _end_tokens(self) -> frozenset[int]:
         """{eos, the first added token the template writes after a reply}, and the token that closes an earlier
@@ -370,11 +439,15 @@ class ChatMasker:
         except ResourceLimit:
             raise
         except Exception as e:
-            raise BadInput(f"the chat template cannot render a plain user/assistant exchange ({_why(e)}); "
-                           "check the tokenizer's chat template") from None
+            raise BadInput(
+                f"the chat template cannot render a plain user/assistant exchange ({_why(e)}); "
+                "check the tokenizer's chat template"
+            ) from None
         if last is None:
-            raise BadInput("the chat template writes no special token after an assistant reply, so hsstore cannot "
-                           f"tell where a reply ends (probe rendering {plain!r})")
+            raise BadInput(
+                "the chat template writes no special token after an assistant reply, so hsstore cannot "
+                f"tell where a reply ends (probe rendering {plain!r})"
+            )
         eos = self.tok.eos_token_id
         out = {last} | ({eos} if isinstance(eos, int) else set())
         try:
@@ -395,8 +468,10 @@ class ChatMasker:
         mk = self._marked(msgs, None, self._nonce(msgs, None), plain)
         enc = self.tok(plain, add_special_tokens=False, return_offsets_mapping=True)
         added = [(s, t) for t, (s, _) in zip(enc["input_ids"], enc["offset_mapping"]) if t in self.added_ids]
-        return plain, [next((t for s, t in added if s >= max(mk.where[i])), None) if i in mk.where else None
-                       for i in range(len(msgs))]
+        return plain, [
+            next((t for s, t in added if s >= max(mk.where[i])), None) if i in mk.where else None
+            for i in range(len(msgs))
+        ]
 
     def _nonce(self, msgs: list[dict[str, Any]], tools: Any) -> str:
         """The first of hsq0x, hsq1x, ... that neither the row nor the template contains (markers are unique)."""
@@ -407,12 +482,17 @@ class ChatMasker:
         """(messages, indices of replies whose leading block may hold the tags), where the think tags are special
         tokens here: leading ``<think>…</think>`` blocks moved to ``reasoning_content`` when the template renders
         that, else kept as written (the tags then tokenize as the tokenizer's own think tokens)."""
-        if self.special_re is None or not (self.special_re.fullmatch(THINK_OPEN) or self.special_re.fullmatch(THINK_CLOSE)):
+        if self.special_re is None or not (
+            self.special_re.fullmatch(THINK_OPEN) or self.special_re.fullmatch(THINK_CLOSE)
+        ):
             return msgs, set()
         if self.renders_reasoning:
             return reasoning_moved(msgs) or msgs, set()
-        return msgs, {i for i, m in enumerate(msgs) if m["role"] == "assistant" and "reasoning_content" not in m
-                      and inline_reasoning(m["content"])}
+        return msgs, {
+            i
+            for i, m in enumerate(msgs)
+            if m["role"] == "assistant" and "reasoning_content" not in m and inline_reasoning(m["content"])
+        }
 
     def _check_text(self, msgs: list[dict[str, Any]], tools: Any, inline: Set[int] = frozenset()) -> None:
         if self.special_re is None:
@@ -422,10 +502,15 @@ class ChatMasker:
                 m = {**m, "content": "\n".join(inline_reasoning(m["content"]) or ())}
             found = self.special_re.search(json.dumps(m, ensure_ascii=False))
             if found:
-                hint = (" (a <think>…</think> block is taken only at the very start of an assistant reply, once)"
-                        if found.group() in (THINK_OPEN, THINK_CLOSE) else "")
-                raise RowRejected("a message contains a special token's text (it would tokenize as a control token)",
-                                  f"message {i}: {found.group()!r}{hint}")
+                hint = (
+                    " (a <think>…</think> block is taken only at the very start of an assistant reply, once)"
+                    if found.group() in (THINK_OPEN, THINK_CLOSE)
+                    else ""
+                )
+                raise RowRejected(
+                    "a message contains a special token's text (it would tokenize as a control token)",
+                    f"message {i}: {found.group()!r}{hint}",
+                )
         if tools and self.special_re.search(json.dumps(tools, ensure_ascii=False)):
             raise RowRejected("the tools contain a special token's text")
 
@@ -445,12 +530,15 @@ class ChatMasker:
                 return found
             twice = repeated_message(text, nonce)
             if twice is not None:
-                raised = (f"the template writes message {twice}'s text twice (e.g. gpt-oss: a tool call's name "
-                          "again in its result's header)")
+                raised = (
+                    f"the template writes message {twice}'s text twice (e.g. gpt-oss: a tool call's name "
+                    "again in its result's header)"
+                )
         raise RowRejected("the chat template alters message text in a way that hides where replies are", raised)
 
-    def __call__(self, msgs: list[dict[str, Any]], tools: Any = None,
-                 trained: list[bool] | None = None) -> tuple[list[int], list[int]]:
+    def __call__(
+        self, msgs: list[dict[str, Any]], tools: Any = None, trained: list[bool] | None = None
+    ) -> tuple[list[int], list[int]]:
         """(input_ids, loss_mask) of one conversation (assistant turns with ``trained[k]``, all by default), or
         RowRejected. Refused as written, think blocks with no text after them are tried as ``reasoning_content``
         (Qwen3: a block before tool calls); the template renders them alike, so the tokens are the row's."""
@@ -462,8 +550,9 @@ class ChatMasker:
                 raise
         return self._masked(moved, tools, trained, inline)
 
-    def _masked(self, msgs: list[dict[str, Any]], tools: Any, trained: list[bool] | None,
-                inline: set[int]) -> tuple[list[int], list[int]]:
+    def _masked(
+        self, msgs: list[dict[str, Any]], tools: Any, trained: list[bool] | None, inline: set[int]
+    ) -> tuple[list[int], list[int]]:
         self._check_text(msgs, tools, inline)
         try:
             plain = self._render(msgs, tools, False)
@@ -505,8 +594,9 @@ class ChatMasker:
             if first is None or start <= first:
                 return start
         if first is None:
-            raise RowRejected("an assistant turn renders none of its text and its start cannot be found",
-                              f"message {k}")
+            raise RowRejected(
+                "an assistant turn renders none of its text and its start cannot be found", f"message {k}"
+            )
         lo = max((q for i, qs in mk.where.items() if i != k for q in qs if q <= first), default=0)
         if prefix is not None:  # 2. after the previous message's text comes the prompt's very text
             after = self._after_same_tail(prefix, nonce, mk, plain, lo, first)
@@ -516,9 +606,14 @@ class ChatMasker:
         if gen is None:  # nor Qwen3.5 one without a user query: the prompt that follows one user message
             gen = self._generation_prompt(PROBE[:1], tools)
         if gen:  # 3. after the generation prompt (or its longest token prefix present)
-            ends: list[int] = sorted({e for _, e in self.tok(gen, add_special_tokens=False,
-                                                  return_offsets_mapping=True)["offset_mapping"] if e > 0},
-                          reverse=True)
+            ends: list[int] = sorted(
+                {
+                    e
+                    for _, e in self.tok(gen, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+                    if e > 0
+                },
+                reverse=True,
+            )
             for cut in ends:
                 at = plain.rfind(gen[:cut], lo, first)
                 if at >= 0:
@@ -538,7 +633,7 @@ class ChatMasker:
         if at < 0:
             return None
         after = mk.plain_pos(at + len(found[-1].group()))
-        tail = prefix[found[-1].end():]
+        tail = prefix[found[-1].end() :]
         if after == lo and plain.startswith(tail, after) and after + len(tail) <= first:
             return after + len(tail)
         return None
@@ -550,10 +645,11 @@ class ChatMasker:
             raise
         except Exception:
             return None
-        return with_prompt[len(without):] if with_prompt.startswith(without) else None
+        return with_prompt[len(without) :] if with_prompt.startswith(without) else None
 
-    def _reply_end(self, anchor: int, foreign: list[int], ids: list[int], offsets: list[tuple[int, int]],
-                   n: int) -> int:
+    def _reply_end(
+        self, anchor: int, foreign: list[int], ids: list[int], offsets: list[tuple[int, int]], n: int
+    ) -> int:
         """End (plain position) of the end-of-turn token that closes the reply whose text ends at ``anchor``."""
         limit = min((q for q in foreign if q >= anchor), default=n)
         for tid, (s, e) in zip(ids, offsets):

@@ -36,16 +36,21 @@ def _read_toml(p: Path, source: str) -> dict[str, Any]:
     if not p.is_file():
         raise BadInput(f"manifest {source!r} does not exist; pass a TOML file such as manifests/tiny.toml")
     if p.stat().st_size > MAX_MANIFEST_BYTES:
-        raise _err(source, f"is {p.stat().st_size:,} bytes; a manifest is a small TOML file (pass the manifest, "
-                           "not a data file)")
+        raise _err(
+            source,
+            f"is {p.stat().st_size:,} bytes; a manifest is a small TOML file (pass the manifest, not a data file)",
+        )
     try:
         data: dict[str, Any] = check_depth(tomllib.loads(p.read_text(encoding="utf-8")))
         return data
     except tomllib.TOMLDecodeError as e:
         raise _err(source, f"malformed TOML: {e}") from None
     except (RecursionError, TooDeep):
-        raise _err(source, f"nests arrays or tables deeper than {MAX_INPUT_DEPTH} levels; a manifest is a few flat "
-                           "tables (see manifests/tiny.toml)") from None
+        raise _err(
+            source,
+            f"nests arrays or tables deeper than {MAX_INPUT_DEPTH} levels; a manifest is a few flat "
+            "tables (see manifests/tiny.toml)",
+        ) from None
     except UnicodeDecodeError:
         raise _err(source, "is not UTF-8 text") from None
     except ValueError as e:  # tomllib's int() of a number with thousands of digits
@@ -65,14 +70,30 @@ def load_manifest(path: str | Path) -> Manifest:
     files = f.data.files if isinstance(f.data.files, list) else [f.data.files]
     model, data, build, store = f.model, f.data, f.build, f.store
     m = Manifest(
-        source=source, model_path=model.path if model.path.startswith("builtin:") else resolve(model.path),
-        layers=model.layers.to_dict(), data_files=[resolve(x) for x in files], store_path=resolve(store.path),
-        config_overrides=dict(model.config), seed=model.seed, trust_remote_code=model.trust_remote_code,
-        init_device=model.init_device, attn_implementation=model.attn_implementation, data_format=data.format,
-        max_length=data.max_length, too_long=data.too_long, backends=list(build.backends),
-        dtypes=list(build.dtypes), devices=list(build.devices), gpus_per_rank=build.gpus_per_rank,
-        token_budget=build.token_budget, unit_tokens=build.unit_tokens, allow_unhealthy=build.allow_unhealthy,
-        codec=store.codec, precision=store.precision, label=build.label, another_model=build.another_model,
+        source=source,
+        model_path=model.path if model.path.startswith("builtin:") else resolve(model.path),
+        layers=model.layers.to_dict(),
+        data_files=[resolve(x) for x in files],
+        store_path=resolve(store.path),
+        config_overrides=dict(model.config),
+        seed=model.seed,
+        trust_remote_code=model.trust_remote_code,
+        init_device=model.init_device,
+        attn_implementation=model.attn_implementation,
+        data_format=data.format,
+        max_length=data.max_length,
+        too_long=data.too_long,
+        backends=list(build.backends),
+        dtypes=list(build.dtypes),
+        devices=list(build.devices),
+        gpus_per_rank=build.gpus_per_rank,
+        token_budget=build.token_budget,
+        unit_tokens=build.unit_tokens,
+        allow_unhealthy=build.allow_unhealthy,
+        codec=store.codec,
+        precision=store.precision,
+        label=build.label,
+        another_model=build.another_model,
         generate=f.generate,
     )
     return validate(m, need_store=False)

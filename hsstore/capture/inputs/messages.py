@@ -18,11 +18,23 @@ from hsstore.core.nesting import TooDeep, loads_bounded, lone_surrogate
 
 # lower-cased role names seen in public datasets -> the role chat templates know
 ROLES = {
-    "user": "user", "human": "user",
-    "assistant": "assistant", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
-    "model": "assistant", "bot": "assistant", "ai": "assistant",
-    "system": "system", "developer": "system",
-    "tool": "tool", "function": "tool", "observation": "tool", "ipython": "tool", "tool_response": "tool",
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "model": "assistant",
+    "bot": "assistant",
+    "ai": "assistant",
+    "system": "system",
+    "developer": "system",
+    "tool": "tool",
+    "function": "tool",
+    "observation": "tool",
+    "ipython": "tool",
+    "tool_response": "tool",
 }
 TOOL_CALL_ROLES = ("function_call", "tool_call", "tool_calls")  # ShareGPT turns that hold an assistant's call(s)
 TEXT_PARTS = ("text", "input_text", "output_text")
@@ -73,7 +85,10 @@ def _tool_calls(raw: Any, where: str) -> list[dict[str, Any]]:
         args = fn.get("arguments", fn.get("parameters", {}))
         if not isinstance(args, (str, dict)):
             raise RowRejected("tool call arguments are neither a JSON string nor an object", f"{where}, call {j}")
-        item: dict[str, Any] = {"type": call.get("type") or "function", "function": {"name": fn["name"], "arguments": args}}
+        item: dict[str, Any] = {
+            "type": call.get("type") or "function",
+            "function": {"name": fn["name"], "arguments": args},
+        }
         if call.get("id") is not None:
             item["id"] = str(call["id"])
         out.append(item)
@@ -137,7 +152,7 @@ def inline_reasoning(content: str) -> tuple[str, str] | None:
     head = content.lstrip()
     if not head.startswith(THINK_OPEN) or content.count(THINK_OPEN) != 1 or content.count(THINK_CLOSE) != 1:
         return None
-    reasoning, found, reply = head[len(THINK_OPEN):].partition(THINK_CLOSE)
+    reasoning, found, reply = head[len(THINK_OPEN) :].partition(THINK_CLOSE)
     return (reasoning.strip("\n"), reply.lstrip("\n")) if found else None
 
 
@@ -192,11 +207,19 @@ class Chat:
         """The chat, its empty trained replies named; RowRejected when every trained reply is empty: such a
         row would train only the end-of-turn token after the prompt (an empty reply in a row that has
         others trains that one token and is kept, counted and named in the build's rows report)."""
-        empty = tuple(i for i, (m, t) in enumerate(zip(msgs, trained)) if t and not m["content"].strip()
-                      and not m.get("tool_calls") and not str(m.get("reasoning_content") or "").strip())
+        empty = tuple(
+            i
+            for i, (m, t) in enumerate(zip(msgs, trained))
+            if t
+            and not m["content"].strip()
+            and not m.get("tool_calls")
+            and not str(m.get("reasoning_content") or "").strip()
+        )
         if empty and len(empty) == sum(trained):
-            raise RowRejected("empty assistant reply", f"message(s) {', '.join(map(str, empty))}: only the "
-                              "end-of-turn token would train")
+            raise RowRejected(
+                "empty assistant reply",
+                f"message(s) {', '.join(map(str, empty))}: only the end-of-turn token would train",
+            )
         return cls(msgs, trained, tools, empty)
 
 

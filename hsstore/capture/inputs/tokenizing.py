@@ -82,9 +82,11 @@ def check_cut(tok: Any, row: Any, cap: int, max_length: int) -> str | None:
     for text in long_strings(row, cap):
         n = len(tok(text, add_special_tokens=False)["input_ids"])
         if n <= max_length:
-            return (f"a string cut to {cap:,} characters makes only {n} tokens (max_length={max_length}): this "
-                    "tokenizer's tokens span more characters than its vocabulary's entries, so the cut could "
-                    "change the tokens kept")
+            return (
+                f"a string cut to {cap:,} characters makes only {n} tokens (max_length={max_length}): this "
+                "tokenizer's tokens span more characters than its vocabulary's entries, so the cut could "
+                "change the tokens kept"
+            )
     return None
 
 
@@ -119,7 +121,9 @@ class InputReport:
             self.unnamed.setdefault((kind, reason), [file, row, 0])[2] += 1
             return
         self.named[(kind, reason)] += 1
-        self.issues.append(RowIssue(file=file, row=row, kind=kind, reason=reason, **({"detail": detail} if detail else {})))
+        self.issues.append(
+            RowIssue(file=file, row=row, kind=kind, reason=reason, **({"detail": detail} if detail else {}))
+        )
 
     def close(self) -> None:
         """Add one issue for each reason whose rows were not all named: the first unnamed row, and how many
@@ -127,9 +131,18 @@ class InputReport:
         for (kind, reason), (file, row, n) in self.unnamed.items():
             if (kind, reason) not in self.summarized:
                 self.summarized.add((kind, reason))
-                self.issues.append(RowIssue(file=file, row=row, kind=kind, reason=reason, detail=(
-                    f"this row and {n - 1:,} more {kind} for this reason, not named one by one (the first "
-                    f"{NAMED_PER_REASON:,} are)")))
+                self.issues.append(
+                    RowIssue(
+                        file=file,
+                        row=row,
+                        kind=kind,
+                        reason=reason,
+                        detail=(
+                            f"this row and {n - 1:,} more {kind} for this reason, not named one by one (the first "
+                            f"{NAMED_PER_REASON:,} are)"
+                        ),
+                    )
+                )
 
     @property
     def issue_count(self) -> int:
@@ -138,10 +151,17 @@ class InputReport:
         return sum(self.named.values()) + unnamed
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rows": self.rows, "usable": self.usable, "truncated": self.truncated,
-                "replies_dropped": self.replies_dropped, "empty_replies": self.empty_replies,
-                "duplicates": self.duplicates, "rejected": dict(self.rejected), "issue_count": self.issue_count,
-                "loss_mask": METHOD}
+        return {
+            "rows": self.rows,
+            "usable": self.usable,
+            "truncated": self.truncated,
+            "replies_dropped": self.replies_dropped,
+            "empty_replies": self.empty_replies,
+            "duplicates": self.duplicates,
+            "rejected": dict(self.rejected),
+            "issue_count": self.issue_count,
+            "loss_mask": METHOD,
+        }
 
 
 __all__ = ["InputReport", "InputRow", "detect_format", "load_rows", "tokenize_rows"]
@@ -180,9 +200,12 @@ class _Tokens:
             raise RowRejected("row is not a JSON object")
         row, chars, self.cut = clip_strings(row, self.cap)
         if chars > ROW_STRINGS * self.cap:
-            raise RowRejected("too large to tokenize", f"{chars:,} characters of text with each string cut to "
-                              f"{self.cap:,}; at most {ROW_STRINGS * self.cap:,} are tokenized for "
-                              f"max_length={self.max_length}")
+            raise RowRejected(
+                "too large to tokenize",
+                f"{chars:,} characters of text with each string cut to "
+                f"{self.cap:,}; at most {ROW_STRINGS * self.cap:,} are tokenized for "
+                f"max_length={self.max_length}",
+            )
         if self.cut and (why := check_cut(self.tok, row, self.cap, self.max_length)):
             raise RowRejected("too large to tokenize", why)
         try:
@@ -190,7 +213,9 @@ class _Tokens:
         except BaseException as e:  # a Rust panic (pyo3's PanicException) is no Exception
             if type(e).__name__ != "PanicException":
                 raise
-            raise RowRejected("the tokenizer failed on the row", str(e).splitlines()[0][:300] if str(e) else "") from None
+            raise RowRejected(
+                "the tokenizer failed on the row", str(e).splitlines()[0][:300] if str(e) else ""
+            ) from None
 
     def _tokenize(self, row: dict[str, Any]) -> tuple[list[int], list[int]]:
         f = detect_format(row) if self.fmt == "auto" else self.fmt
@@ -202,8 +227,11 @@ class _Tokens:
             chat = to_chat(row, "conversations" if f == "sharegpt" else "messages")
             self.empty_replies = chat.empty_replies
             if len(chat.messages) > turn_cap(self.max_length):  # (masking time grows with the square of the turns)
-                raise RowRejected("too large to tokenize", f"{len(chat.messages):,} messages; at most "
-                                  f"{turn_cap(self.max_length):,} are tokenized for max_length={self.max_length}")
+                raise RowRejected(
+                    "too large to tokenize",
+                    f"{len(chat.messages):,} messages; at most "
+                    f"{turn_cap(self.max_length):,} are tokenized for max_length={self.max_length}",
+                )
             return self.masker(chat.messages, chat.tools, chat.trained)
         if f == "text":
             text = row.get("text")
@@ -233,9 +261,11 @@ def check_encodes_text(tok: Any) -> None:
     control = set(getattr(tok, "added_tokens_decoder", {}) or {}) | set(getattr(tok, "all_special_ids", []) or [])
     unk = getattr(tok, "unk_token_id", None)
     if not [i for i in ids if i not in control and i != unk]:
-        raise BadInput(f"the tokenizer encodes plain text ({PLAIN_TEXT!r}) to {len(ids)} token(s), none of them an "
-                       f"ordinary one (its vocabulary has {len(tok)} entries, {len(control)} of them special or "
-                       "added): samples would hold control tokens only; use the model's complete tokenizer")
+        raise BadInput(
+            f"the tokenizer encodes plain text ({PLAIN_TEXT!r}) to {len(ids)} token(s), none of them an "
+            f"ordinary one (its vocabulary has {len(tok)} entries, {len(control)} of them special or "
+            "added): samples would hold control tokens only; use the model's complete tokenizer"
+        )
 
 
 def _numbered(rows: Iterable[InputRow]) -> Iterable[tuple[str, int, Any]]:
@@ -254,8 +284,16 @@ def _runs(mask: list[int]) -> int:
     return sum(1 for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1]))
 
 
-def _fit(ids: list[int], mask: list[int], max_length: int, too_long: str, report: InputReport, file: str,
-         n: int, cut: bool = False) -> tuple[list[int], list[int]]:
+def _fit(
+    ids: list[int],
+    mask: list[int],
+    max_length: int,
+    too_long: str,
+    report: InputReport,
+    file: str,
+    n: int,
+    cut: bool = False,
+) -> tuple[list[int], list[int]]:
     """A tokenized row within ``max_length`` (truncated, and noted, unless ``too_long`` is "skip");
     RowRejected when it is too long to keep or has no trainable token. ``cut``: its text was cut before
     tokenizing, so it is at least ``len(ids)`` tokens long."""
@@ -263,11 +301,14 @@ def _fit(ids: list[int], mask: list[int], max_length: int, too_long: str, report
         length = f"at least {len(ids)} tokens (text cut before tokenizing)" if cut else f"{len(ids)} tokens"
         if too_long == "skip":
             raise RowRejected(f"longer than max_length={max_length}", length)
-        runs, dropped = _runs(mask), _runs(mask[max_length - 1:]) - (mask[max_length - 1] == 1)
+        runs, dropped = _runs(mask), _runs(mask[max_length - 1 :]) - (mask[max_length - 1] == 1)
         if not any(mask[:max_length]):  # nothing of any reply is left: not a truncated row, a rejected one
-            raise RowRejected(f"no reply within max_length={max_length}",
-                              f"{length}; " + ("its one trained reply starts" if runs == 1 else
-                                                          f"all {runs} trained replies start") + " past it")
+            raise RowRejected(
+                f"no reply within max_length={max_length}",
+                f"{length}; "
+                + ("its one trained reply starts" if runs == 1 else f"all {runs} trained replies start")
+                + " past it",
+            )
         lost = f"; {dropped} of {runs} trained replies dropped whole" if dropped else ""
         report.note("truncated", file, n, f"truncated to max_length={max_length}", f"{length}{lost}")
         ids, mask = ids[:max_length], mask[:max_length]
@@ -317,14 +358,21 @@ def tokenize_rows(
         first_seen[key] = f"{file} row {n}"
         if tokens.empty_replies:
             report.empty_replies += 1
-            report.note("empty_reply", file, n, "empty assistant reply (kept: trains the end-of-turn token)",
-                        f"message(s) {', '.join(map(str, tokens.empty_replies))}")
+            report.note(
+                "empty_reply",
+                file,
+                n,
+                "empty assistant reply (kept: trains the end-of-turn token)",
+                f"message(s) {', '.join(map(str, tokens.empty_replies))}",
+            )
         samples.append(SampleTokens(key, a, m))
         report.usable += 1
     report.close()
     if not samples:
         reasons = ", ".join(f"{k}: {v}" for k, v in report.rejected.items()) or "no rows"
         first = next((f"; first: {i.file} row {i.row}" for i in report.issues if i.kind == "rejected"), "")
-        raise NoUsableRows(f"no usable rows in the data files ({report.rows} rows read; {reasons}{first}); "
-                       "check [data] files and format")
+        raise NoUsableRows(
+            f"no usable rows in the data files ({report.rows} rows read; {reasons}{first}); "
+            "check [data] files and format"
+        )
     return samples, report

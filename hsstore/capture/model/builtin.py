@@ -14,8 +14,10 @@ from hsstore.core.errors import BadInput
 
 # --- A builtin model's size from its config, checked against the memory budget before its config is even
 
+
 def min_parameters(tc: Any) -> int:
     """A lower bound on a decoder-only model's parameters: its embedding and every layer's MLP."""
+
     def num(key: str) -> int:
         v = getattr(tc, key, 0)
         return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
@@ -26,9 +28,11 @@ def min_parameters(tc: Any) -> int:
 
 def check_builtin_fits(tc: Any, model: str) -> None:
     """ResourceLimit when a builtin's weights (drawn in fp32) cannot fit the memory budget."""
-    check_fits(4 * min_parameters(tc), f"{model} with these config overrides ({min_parameters(tc):,} parameters "
-               "at least, drawn in fp32)", "choose smaller [model] config overrides (hidden_size, num_hidden_layers, "
-               "intermediate_size)")
+    check_fits(
+        4 * min_parameters(tc),
+        f"{model} with these config overrides ({min_parameters(tc):,} parameters at least, drawn in fp32)",
+        "choose smaller [model] config overrides (hidden_size, num_hidden_layers, intermediate_size)",
+    )
 
 
 # ChatML. Its {% generation %} span (reply + <|im_end|>) is exactly what hsstore's own mask method marks
@@ -99,8 +103,10 @@ def check_overrides(name: str, defaults: dict[str, Any], overrides: dict[str, An
     for key, value in overrides.items():
         where = f"[model] config.{key} = {value!r} (builtin:{name})"
         if key not in defaults:
-            raise BadInput(f"unknown config key {key!r} for builtin:{name} (typo?); it would be ignored by "
-                           "transformers: use a key of the model's config, e.g. hidden_size, num_hidden_layers")
+            raise BadInput(
+                f"unknown config key {key!r} for builtin:{name} (typo?); it would be ignored by "
+                "transformers: use a key of the model's config, e.g. hidden_size, num_hidden_layers"
+            )
         default = defaults[key]
         if isinstance(default, bool) and not isinstance(value, bool):
             raise BadInput(f"{where}: expected a boolean (true/false)")
@@ -115,8 +121,9 @@ def check_overrides(name: str, defaults: dict[str, Any], overrides: dict[str, An
             raise BadInput(f"{where}: expected a list")
 
 
-def builtin_config(name: str, overrides: dict[str, Any] | None = None, vocab_size: int = 320,
-                   drawn_in_memory: bool = True) -> Any:
+def builtin_config(
+    name: str, overrides: dict[str, Any] | None = None, vocab_size: int = 320, drawn_in_memory: bool = True
+) -> Any:
     """The transformers config of builtin ``name`` with ``overrides`` applied (checked by key and kind, and,
     when its weights are drawn in CPU memory, by size against the memory budget)."""
     from transformers import AutoConfig

@@ -62,13 +62,22 @@ def flags() -> dict[str, Any]:
     }
 
 
-def environment(device: str, dtype: str, backend: str, kernels: Kernels, batching: Batching,
-                probe: bool = True) -> Environment:
+def environment(
+    device: str, dtype: str, backend: str, kernels: Kernels, batching: Batching, probe: bool = True
+) -> Environment:
     """The ``environment`` half of a provenance (DESIGN §1). ``device`` is the type; the index is informational.
     ``probe=False``: the device's type only, its name and index not asked (no CUDA context is made: a plan)."""
     where = device_info(device) if probe else {"device": device.split(":")[0]}
-    return Environment(**where, dtype=dtype, backend=backend, kernels=kernels, versions=versions(),
-                       flags=flags(), batching=batching, host=socket.gethostname())
+    return Environment(
+        **where,
+        dtype=dtype,
+        backend=backend,
+        kernels=kernels,
+        versions=versions(),
+        flags=flags(),
+        batching=batching,
+        host=socket.gethostname(),
+    )
 
 
 def machine_report() -> dict[str, Any]:
@@ -88,6 +97,7 @@ def machine_report() -> dict[str, Any]:
 
 
 # --- ``hsstore env``: the environment fingerprint, and which kernels a model would bind under a backend.
+
 
 def _probe_here(model: str | None, backend: str | None, device: str) -> dict[str, Any]:
     from hsstore.capture.model.kernels import force_backend

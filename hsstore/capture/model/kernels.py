@@ -26,8 +26,11 @@ FAMILIES = {
 # the families a decoding step calls instead (generate, after the prompt's forward): the recurrent rule and the
 # conv's one-token update. Not part of a capture's record (a capture runs whole sequences).
 DECODE_FAMILIES = {
-    "recurrent_gated_delta_rule": ("torch_recurrent_gated_delta_rule", "recurrent_gated_delta_rule",
-                                   "fused_recurrent_gated_delta_rule"),
+    "recurrent_gated_delta_rule": (
+        "torch_recurrent_gated_delta_rule",
+        "recurrent_gated_delta_rule",
+        "fused_recurrent_gated_delta_rule",
+    ),
     "causal_conv1d_update": ("causal_conv1d_update",),
 }
 
@@ -57,16 +60,20 @@ def force_backend(backend: str) -> None:
     """Make the next transformers import bind ``backend``'s kernels. Call before importing transformers."""
     loaded = [m for m in sys.modules if m.startswith("transformers.models.")]
     if loaded:
-        raise RuntimeError(f"force_backend({backend!r}) after transformers modeling modules were imported "
-                           f"({loaded[0]}, ...); run it first, in a fresh process")
+        raise RuntimeError(
+            f"force_backend({backend!r}) after transformers modeling modules were imported "
+            f"({loaded[0]}, ...); run it first, in a fresh process"
+        )
     if backend == "torch":
         for name in KERNEL_PACKAGES:
             sys.modules[name] = None  # type: ignore[assignment]  # import now raises ImportError
         logging.getLogger(FALLBACK_LOGGER).addFilter(_ChosenFallback())
     elif backend == "fla":
         if not installed("fla"):
-            raise BadInput("backend 'fla' needs the flash-linear-attention kernels, which are not installed here: "
-                           "pip install flash-linear-attention fla-core (or build with --backend torch)")
+            raise BadInput(
+                "backend 'fla' needs the flash-linear-attention kernels, which are not installed here: "
+                "pip install flash-linear-attention fla-core (or build with --backend torch)"
+            )
     else:
         raise BadInput(f"unknown backend {backend!r}; choose torch or fla")
 
@@ -76,7 +83,8 @@ def bind_backend(backend: str) -> None:
     has (kernel packages blocked, or modeling modules imported: an inline worker after an earlier build),
     check that its choice is ``backend``, since transformers binds kernels once per process."""
     chose = any(m.startswith("transformers.models.") for m in sys.modules) or any(
-        p in sys.modules and sys.modules[p] is None for p in KERNEL_PACKAGES)
+        p in sys.modules and sys.modules[p] is None for p in KERNEL_PACKAGES
+    )
     if not chose:
         force_backend(backend)
         return
@@ -85,9 +93,11 @@ def bind_backend(backend: str) -> None:
     importable = [p for p in KERNEL_PACKAGES if installed(p)]
     have = "torch" if not importable else "fla" if "fla" in importable else f"mixed ({', '.join(importable)})"
     if have != backend:
-        raise BadInput(f"backend {backend!r} cannot run in this process: it already binds {have} kernels "
-                       "(transformers binds them once per process); build with a worker process per backend "
-                       "(the `hsstore build` command, or hsstore.capture.run.driver.build without inline=True)")
+        raise BadInput(
+            f"backend {backend!r} cannot run in this process: it already binds {have} kernels "
+            "(transformers binds them once per process); build with a worker process per backend "
+            "(the `hsstore build` command, or hsstore.capture.run.driver.build without inline=True)"
+        )
 
 
 def classify(fn: Any, torch_module: str) -> str:
@@ -154,18 +164,24 @@ def device_type(model: Any) -> str:
     return p.device.type if p is not None else "cpu"
 
 
-def bound_kernels(model: Any, device: str | None = None, families: dict[str, tuple[str, ...]] = FAMILIES
-                  ) -> dict[str, str]:
+def bound_kernels(
+    model: Any, device: str | None = None, families: dict[str, tuple[str, ...]] = FAMILIES
+) -> dict[str, str]:
     """What the loaded model calls for each kernel family (``FAMILIES``: a forward over whole sequences) on
     ``device`` inputs (default: where its weights are; 'n/a' where the model has no such layer)."""
     modname = type(model).__module__
     where = (device or device_type(model)).split(":")[0]
-    has_linear = any("GatedDeltaNet" in type(m).__name__ or hasattr(m, "chunk_gated_delta_rule") for m in model.modules())
+    has_linear = any(
+        "GatedDeltaNet" in type(m).__name__ or hasattr(m, "chunk_gated_delta_rule") for m in model.modules()
+    )
     out: dict[str, str] = {}
     for family, names in families.items():
         found = _bound(model, names) if has_linear else None
-        out[family] = "n/a" if not has_linear else (
-            classify(_implementation(found, where), modname) if found is not None else "unknown")
+        out[family] = (
+            "n/a"
+            if not has_linear
+            else (classify(_implementation(found, where), modname) if found is not None else "unknown")
+        )
     cfg = getattr(model, "config", None)
     out["attention"] = str(getattr(cfg, "_attn_implementation", None) or "unknown")
     return out
@@ -177,8 +193,10 @@ def fla_off_device(model: Any) -> str | None:
     devices = kernel_devices(model, "chunk_gated_delta_rule")
     if devices is None or where in devices:
         return None
-    return (f"fla does not run on {where}: transformers calls it only for inputs on {', '.join(devices)} and its "
-            "torch code for any other; run on one of those devices, or with --backend torch")
+    return (
+        f"fla does not run on {where}: transformers calls it only for inputs on {', '.join(devices)} and its "
+        "torch code for any other; run on one of those devices, or with --backend torch"
+    )
 
 
 def why_not(model: Any, backend: str) -> str:
@@ -196,5 +214,7 @@ def require_attention(attn: str | None, fix: str) -> None:
     hsstore does not run unasked, and a network call)."""
     package = ATTENTION_PACKAGES.get(attn or "")
     if package and not installed(package):
-        raise BadInput(f"attention {attn!r} needs the {package} package, which is not installed here (transformers "
-                       f"would fetch a kernel from the Hugging Face Hub instead: remote code); {fix}")
+        raise BadInput(
+            f"attention {attn!r} needs the {package} package, which is not installed here (transformers "
+            f"would fetch a kernel from the Hugging Face Hub instead: remote code); {fix}"
+        )

@@ -83,8 +83,12 @@ def device_map(model: PreTrainedModel, num_layers: int, devices: Sequence[str]) 
             continue  # placed, inside a placed module, or a parent of placed ones (placed through children)
         if next(mod.parameters(), None) is None and next(mod.buffers(), None) is None:
             continue
-        first = (mod is embed or (tied and mod is out) or order[name] < order[layers_name]
-                 or next(mod.parameters(), None) is None)
+        first = (
+            mod is embed
+            or (tied and mod is out)
+            or order[name] < order[layers_name]
+            or next(mod.parameters(), None) is None
+        )
         dmap[name] = devices[0] if first else devices[-1]
     return dmap
 
@@ -104,8 +108,10 @@ def require_accelerate() -> Any:
     try:
         import accelerate
     except ImportError:
-        raise BadInput("gpus_per_rank > 1 spreads the model with transformers' device_map, which needs "
-                       "accelerate: pip install 'hsstore[multi-gpu]' (or pip install accelerate)") from None
+        raise BadInput(
+            "gpus_per_rank > 1 spreads the model with transformers' device_map, which needs "
+            "accelerate: pip install 'hsstore[multi-gpu]' (or pip install accelerate)"
+        ) from None
     return accelerate
 
 

@@ -12,11 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from hsstore.capture.inputs.lossmask import chat_date
-from hsstore.capture.model.builtin import (
-    GENERATOR_VERSION,
-    builtin_config,
-    builtin_tokenizer,
-)
+from hsstore.capture.model.builtin import GENERATOR_VERSION, builtin_config, builtin_tokenizer
 from hsstore.core.errors import BadInput, BuildFailed, HsstoreError, one_line
 from hsstore.core.flops import ForwardShape
 from hsstore.core.keys import file_hash, fingerprint, hash_files, stamp
@@ -34,7 +30,9 @@ def index_shards(index: Path) -> list[str]:
     try:
         wmap = loads_bounded(index.read_bytes()[: 64 << 20]).get("weight_map", {})
     except (OSError, ValueError, AttributeError) as e:
-        raise BadInput(f"{index} is not a readable weight index ({type(e).__name__}); re-download the checkpoint") from None
+        raise BadInput(
+            f"{index} is not a readable weight index ({type(e).__name__}); re-download the checkpoint"
+        ) from None
     if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
         raise BadInput(f"{index}: weight_map is not a table of tensor name -> shard file; re-download the checkpoint")
     return sorted(set(wmap.values()))
@@ -49,12 +47,18 @@ def check_safetensors(path: Path) -> None:
             head = f.read(8)
             n = int.from_bytes(head, "little") if len(head) == 8 else -1
             header = loads_bounded(f.read(n)) if 0 < n <= min(size - 8, 100 << 20) else None
-        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"] if isinstance(header, dict) else None
+        ends = (
+            [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+            if isinstance(header, dict)
+            else None
+        )
     except (OSError, ValueError, TypeError, KeyError, IndexError):
         ends = None
     if ends is None or 8 + n + max(ends, default=0) != size:
-        raise BadInput(f"weight file {str(path)!r} is not a whole safetensors file (truncated or damaged?); "
-                       "re-download or re-save the checkpoint")
+        raise BadInput(
+            f"weight file {str(path)!r} is not a whole safetensors file (truncated or damaged?); "
+            "re-download or re-save the checkpoint"
+        )
 
 
 def check_torch_file(path: Path) -> None:
@@ -72,8 +76,10 @@ def check_torch_file(path: Path) -> None:
     except (OSError, zipfile.BadZipFile, ValueError, EOFError):
         ok = False
     if not ok:
-        raise BadInput(f"weight file {str(path)!r} is not a whole torch checkpoint (truncated or damaged?); "
-                       "re-download or re-save the checkpoint")
+        raise BadInput(
+            f"weight file {str(path)!r} is not a whole torch checkpoint (truncated or damaged?); "
+            "re-download or re-save the checkpoint"
+        )
 
 
 LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -87,7 +93,11 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
         if not 0 < n <= MAX_HEADER_BYTES:
             return {}
         header = loads_bounded(f.read(n))
-    return {k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)} if isinstance(header, dict) else {}
+    return (
+        {k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+        if isinstance(header, dict)
+        else {}
+    )
 
 
 def weight_shapes(files: list[Path]) -> tuple[set[str], dict[str, list[int]]]:
@@ -120,8 +130,13 @@ def raw_text_config(config_json: Path) -> Any:
         return None
     nested = raw.get("text_config")
     text = nested if isinstance(nested, dict) else raw
-    return SimpleNamespace(**{k: int(v) if isinstance(v, float) and v.is_integer() else v
-                              for k, v in text.items() if isinstance(k, str) and k.isidentifier()})
+    return SimpleNamespace(
+        **{
+            k: int(v) if isinstance(v, float) and v.is_integer() else v
+            for k, v in text.items()
+            if isinstance(k, str) and k.isidentifier()
+        }
+    )
 
 
 def check_config_matches_weights(tc: Any, files: list[Path], model: str) -> None:
@@ -131,22 +146,34 @@ def check_config_matches_weights(tc: Any, files: list[Path], model: str) -> None
     layer_ids = {int(m.group(1)) for n in names for m in [LAYER_RE.search(n)] if m}
     want = _count(getattr(tc, "num_hidden_layers", None))
     if layer_ids and want is not None and want != max(layer_ids) + 1:
-        raise BadInput(f"{model}: config.json says num_hidden_layers = {want}, but the weight files hold "
-                       f"{max(layer_ids) + 1} decoder layers (layers.0 .. layers.{max(layer_ids)}); fix config.json "
-                       "or use the checkpoint it belongs to")
+        raise BadInput(
+            f"{model}: config.json says num_hidden_layers = {want}, but the weight files hold "
+            f"{max(layer_ids) + 1} decoder layers (layers.0 .. layers.{max(layer_ids)}); fix config.json "
+            "or use the checkpoint it belongs to"
+        )
     hidden, vocab = _count(getattr(tc, "hidden_size", None)), _count(getattr(tc, "vocab_size", None))
     embed = next((s for n, s in sorted(shapes.items()) if n.endswith("embed_tokens.weight") and len(s) == 2), None)
     for what, value, held in (("hidden_size", hidden, 1), ("vocab_size", vocab, 0)):
         if embed is not None and value is not None and value != embed[held]:
-            raise BadInput(f"{model}: config.json says {what} = {value}, but the embedding in the weight files is "
-                           f"{embed[0]} x {embed[1]}; fix config.json or use the checkpoint it belongs to")
+            raise BadInput(
+                f"{model}: config.json says {what} = {value}, but the embedding in the weight files is "
+                f"{embed[0]} x {embed[1]}; fix config.json or use the checkpoint it belongs to"
+            )
     inter = _count(getattr(tc, "intermediate_size", None))
-    up = next(((n, s) for n, s in sorted(shapes.items()) if n.endswith(("mlp.up_proj.weight", "mlp.gate_proj.weight"))
-               and len(s) == 2), None)
+    up = next(
+        (
+            (n, s)
+            for n, s in sorted(shapes.items())
+            if n.endswith(("mlp.up_proj.weight", "mlp.gate_proj.weight")) and len(s) == 2
+        ),
+        None,
+    )
     if up is not None and inter is not None and inter != up[1][0]:
-        raise BadInput(f"{model}: config.json says intermediate_size = {inter}, but the weight files hold an MLP "
-                       f"{up[1][0]} wide ({up[0]} is {up[1][0]} x {up[1][1]}); fix config.json or use the checkpoint it "
-                       "belongs to")
+        raise BadInput(
+            f"{model}: config.json says intermediate_size = {inter}, but the weight files hold an MLP "
+            f"{up[1][0]} wide ({up[0]} is {up[1][0]} x {up[1][1]}); fix config.json or use the checkpoint it "
+            "belongs to"
+        )
 
 
 def _count(v: Any) -> int | None:
@@ -161,17 +188,36 @@ def _count(v: Any) -> int | None:
 # weight files and the index that maps tensors to them: all of it decides what gets loaded
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json")
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-    "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
 )
 
 
 # config fields that say how a model was loaded, not what it computes (they change on load)
-RUNTIME_CONFIG_KEYS = frozenset({
-    "transformers_version", "_name_or_path", "dtype", "torch_dtype", "_attn_implementation",
-    "_attn_implementation_autoset", "attn_implementation", "use_cache", "architectures", "_commit_hash",
-    "output_hidden_states", "output_attentions", "return_dict",
-})
+RUNTIME_CONFIG_KEYS = frozenset(
+    {
+        "transformers_version",
+        "_name_or_path",
+        "dtype",
+        "torch_dtype",
+        "_attn_implementation",
+        "_attn_implementation_autoset",
+        "attn_implementation",
+        "use_cache",
+        "architectures",
+        "_commit_hash",
+        "output_hidden_states",
+        "output_attentions",
+        "return_dict",
+    }
+)
 
 
 def config_fingerprint(config: Any) -> str:
@@ -189,9 +235,11 @@ def check_vocabulary(config: Any, top_id: int, model: str) -> None:
     model's (or a ``vocab_size`` override is too small), which would fail deep in the forward pass."""
     vocab = getattr(text_config(config), "vocab_size", None)
     if isinstance(vocab, int) and not isinstance(vocab, bool) and top_id >= vocab:
-        raise BadInput(f"the tokenizer gives token id {top_id}, but {model} embeds only {vocab} tokens (config "
-                       "vocab_size): the tokenizer is not this model's, or a vocab_size override is too small; "
-                       "pass the model's own tokenizer (or a vocab_size of at least the tokenizer's size)")
+        raise BadInput(
+            f"the tokenizer gives token id {top_id}, but {model} embeds only {vocab} tokens (config "
+            "vocab_size): the tokenizer is not this model's, or a vocab_size override is too small; "
+            "pass the model's own tokenizer (or a vocab_size of at least the tokenizer's size)"
+        )
 
 
 @dataclass(frozen=True)
@@ -215,14 +263,20 @@ class ModelSpec:
         if self.builtin is None:
             p = Path(self.path)
             if p.exists() and not p.is_dir():
-                raise BadInput(f"model path {self.path!r} is a file, not a model directory; set [model] path to the "
-                               "folder that holds config.json and the weights")
+                raise BadInput(
+                    f"model path {self.path!r} is a file, not a model directory; set [model] path to the "
+                    "folder that holds config.json and the weights"
+                )
             if not p.is_dir():
-                raise BadInput(f"model directory {self.path!r} does not exist; set [model] path to a local HF model "
-                               "directory or a builtin (builtin:tiny-qwen3_5, builtin:tiny-llama)")
+                raise BadInput(
+                    f"model directory {self.path!r} does not exist; set [model] path to a local HF model "
+                    "directory or a builtin (builtin:tiny-qwen3_5, builtin:tiny-llama)"
+                )
             if not (p / "config.json").is_file():
-                raise BadInput(f"model directory {self.path!r} has no config.json; point [model] path at the folder "
-                               "that holds config.json and the weights")
+                raise BadInput(
+                    f"model directory {self.path!r} has no config.json; point [model] path at the folder "
+                    "that holds config.json and the weights"
+                )
             raw = raw_text_config(p / "config.json")  # before transformers reads it (a tokenizer's load does)
             if raw is not None:
                 files = [f for f in p.iterdir() if f.is_file() and f.name.endswith(WEIGHT_SUFFIXES)]
@@ -247,15 +301,18 @@ class ModelSpec:
         try:
             return AutoConfig.from_pretrained(self.path, trust_remote_code=self.trust_remote_code)
         except Exception as e:
-            raise BadInput(f"config.json of {self.path!r} is not valid: {one_line(e)}; fix config.json (its fields "
-                           "must agree with each other and with the weights) or use the checkpoint it belongs to") from None
+            raise BadInput(
+                f"config.json of {self.path!r} is not valid: {one_line(e)}; fix config.json (its fields "
+                "must agree with each other and with the weights) or use the checkpoint it belongs to"
+            ) from None
 
     def config(self, vocab_size: int | None = None, drawn: bool = True) -> Any:
         """The model's config (``drawn=False``: only read, never drawn into weights, e.g. by ``hsstore plan``,
         so a builtin's size is not held against this machine's memory budget)."""
         if self.builtin is not None:
-            return builtin_config(self.builtin, self.config_overrides, vocab_size or 320,
-                                  drawn and self.init_device == "cpu")
+            return builtin_config(
+                self.builtin, self.config_overrides, vocab_size or 320, drawn and self.init_device == "cpu"
+            )
 
         self.check()
         if self.config_overrides:
@@ -269,8 +326,10 @@ class ModelSpec:
         """The weight files (and their index) of a local model directory, by name; [] for builtins."""
         if self.builtin is not None:
             return []
-        files = sorted((p for p in Path(self.path).iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES)),
-                       key=lambda p: p.name)
+        files = sorted(
+            (p for p in Path(self.path).iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES)),
+            key=lambda p: p.name,
+        )
         if not any(not p.name.endswith(".index.json") for p in files):
             raise BadInput(f"model directory {self.path!r} holds no weight files ({', '.join(WEIGHT_SUFFIXES[:-1])})")
         for p in files:
@@ -281,8 +340,10 @@ class ModelSpec:
         for index in (p for p in files if p.name.endswith(".index.json")):
             missing = sorted(set(index_shards(index)) - {p.name for p in files})
             if missing:  # an interrupted download or copy: found now, not by the worker after the store is made
-                raise BadInput(f"{index} names weight shard(s) {missing[:3]} that are not in {self.path!r} (a download "
-                               "or copy not finished?); complete the checkpoint and re-run")
+                raise BadInput(
+                    f"{index} names weight shard(s) {missing[:3]} that are not in {self.path!r} (a download "
+                    "or copy not finished?); complete the checkpoint and re-run"
+                )
         return files
 
     def hash_weights(self) -> dict[str, HashedFile]:
@@ -304,8 +365,9 @@ class ModelSpec:
             "config_fingerprint": config_fingerprint(config),
         }
         if self.builtin is not None:  # unchanged since format 1.0: builtin variant ids stay the same
-            ident.update(name=self.path, seed=self.seed, generator_version=GENERATOR_VERSION,
-                         init_device=self.init_device)
+            ident.update(
+                name=self.path, seed=self.seed, generator_version=GENERATOR_VERSION, init_device=self.init_device
+            )
             ident["fingerprint"] = fingerprint(ident)
         else:
             hashed = self.hash_weights() if weights is None else weights
@@ -320,8 +382,10 @@ class ModelSpec:
         now = {p.name: stamp(p) for p in self.weight_files()}
         changed = sorted(n for n in set(now) | set(stamps) if now.get(n) != stamps.get(n))
         if changed:
-            raise BuildFailed(f"model file(s) {changed} in {self.path!r} changed after they were hashed for this build "
-                              "(a copy or download running?); nothing was written — re-run when the model is complete")
+            raise BuildFailed(
+                f"model file(s) {changed} in {self.path!r} changed after they were hashed for this build "
+                "(a copy or download running?); nothing was written — re-run when the model is complete"
+            )
 
     def tokenizer_identity(self, tokenizer: Any) -> TokenizerIdentity:
         if self.builtin is not None:
@@ -335,8 +399,12 @@ class ModelSpec:
         parts["chat_template"] = getattr(tokenizer, "chat_template", None) or ""
         parts["special_tokens"] = json.loads(json.dumps(tokenizer.special_tokens_map, default=str))
         day = chat_date(parts["chat_template"])  # the pinned day its chat rows are rendered with, if it prints one
-        return TokenizerIdentity(fingerprint=fingerprint(parts), vocab_size=len(tokenizer),
-                                 has_chat_template=bool(parts["chat_template"]), **({"chat_date": day} if day else {}))
+        return TokenizerIdentity(
+            fingerprint=fingerprint(parts),
+            vocab_size=len(tokenizer),
+            has_chat_template=bool(parts["chat_template"]),
+            **({"chat_date": day} if day else {}),
+        )
 
     def load(self, dtype: Any, device: str | Sequence[str], attn_implementation: str | None) -> Any:
         """The model in eval mode on ``device`` in ``dtype``; given several devices, its decoder layers
@@ -369,8 +437,10 @@ class ModelSpec:
         torch.manual_seed(self.seed)
         if self.init_device == "device":
             if spread:
-                raise BadInput("[model] init_device = \"device\" draws weights on one GPU; a model spread over "
-                               "several GPUs is drawn on the CPU: set init_device = \"cpu\"")
+                raise BadInput(
+                    '[model] init_device = "device" draws weights on one GPU; a model spread over '
+                    'several GPUs is drawn on the CPU: set init_device = "cpu"'
+                )
             with torch.device(devices[0]):
                 return _from_config(config, dtype=dtype)
         with torch.device("cpu"):
@@ -403,20 +473,26 @@ class ModelSpec:
         self.check()
         try:
             model = AutoModelForCausalLM.from_pretrained(
-                self.path, dtype=dtype, trust_remote_code=self.trust_remote_code,
-                attn_implementation=attn_implementation, device_map=dmap,
+                self.path,
+                dtype=dtype,
+                trust_remote_code=self.trust_remote_code,
+                attn_implementation=attn_implementation,
+                device_map=dmap,
             )
         except Exception as e:  # not a model folder, damaged or foreign weights (safetensors' own errors too)
             if isinstance(e, HsstoreError):
                 raise
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise BadInput(f"cannot load a model from {self.path!r}: {first}; pass a save_pretrained folder "
-                           "(config.json and its weights)") from None
+            raise BadInput(
+                f"cannot load a model from {self.path!r}: {first}; pass a save_pretrained folder "
+                "(config.json and its weights)"
+            ) from None
         # transformers declares PreTrainedModel.to @wraps(nn.Module.to): mypy reads the unbound signature (self first)
         return model if dmap is not None else model.to(devices[0])  # type: ignore[arg-type]
 
 
 # --- The cost shape of a capture forward (hsstore.core.flops.ForwardShape) read off a model skeleton on
+
 
 def _from_config(config: Any, **kwargs: Any) -> Any:
     """``AutoModelForCausalLM.from_config(config, **kwargs)``: unannotated in transformers, so called here."""
@@ -441,8 +517,15 @@ def forward_shape(config: Any, deepest: int, trust_remote_code: bool = False) ->
     kinds = list(getattr(tc, "layer_types", None) or ["full_attention"] * n)[: len(run)]
     heads = int(tc.num_attention_heads)
     head_dim = int(getattr(tc, "head_dim", None) or tc.hidden_size // heads)
-    linear = int(getattr(tc, "linear_num_value_heads", 0) or 0) * int(getattr(tc, "linear_key_head_dim", 0) or 0) \
+    linear = (
+        int(getattr(tc, "linear_num_value_heads", 0) or 0)
+        * int(getattr(tc, "linear_key_head_dim", 0) or 0)
         * int(getattr(tc, "linear_value_head_dim", 0) or 0)
-    return ForwardShape(layer_params=int(params), attention_layers=sum(k != "linear_attention" for k in kinds),
-                        attention_width=heads * head_dim, linear_layers=sum(k == "linear_attention" for k in kinds),
-                        linear_state=linear)
+    )
+    return ForwardShape(
+        layer_params=int(params),
+        attention_layers=sum(k != "linear_attention" for k in kinds),
+        attention_width=heads * head_dim,
+        linear_layers=sum(k == "linear_attention" for k in kinds),
+        linear_state=linear,
+    )

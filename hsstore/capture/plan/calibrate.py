@@ -63,8 +63,9 @@ def _by_unit(batches: list[dict[int, Any]], units: list[int], layer: int, conver
     return [convert(torch.cat([b[layer] for b, u in zip(batches, units) if u == unit])) for unit in sorted(set(units))]
 
 
-def form_ratios(batches: list[dict[int, Any]], codec: str, units: Any,
-                seconds: dict[str, float] | None = None) -> dict[str, Ratios]:
+def form_ratios(
+    batches: list[dict[int, Any]], codec: str, units: Any, seconds: dict[str, float] | None = None
+) -> dict[str, Ratios]:
     """Per storage form, each layer's ratio with ``codec`` over the states of ``batches`` (per batch: layer
     -> ``[T, H]``), grouped in units as the build groups them: ``units(itemsize)``, each batch's unit;
     ``seconds`` (if given) gets each form's encoding time."""
@@ -80,8 +81,13 @@ def form_ratios(batches: list[dict[int, Any]], codec: str, units: Any,
         for i in batches[0]:
             hidden = int(batches[0][i].shape[1])
             if form.quantized:
-                scales.append(_payload_ratio(_by_unit(batches, where, i, lambda t: quantize(t).scales.cpu().numpy()),
-                                             SCALE_CHUNK_ROWS, form.codec))
+                scales.append(
+                    _payload_ratio(
+                        _by_unit(batches, where, i, lambda t: quantize(t).scales.cpu().numpy()),
+                        SCALE_CHUNK_ROWS,
+                        form.codec,
+                    )
+                )
                 pieces = _by_unit(batches, where, i, lambda t: quantize(t).codes.cpu().numpy())
             else:
                 pieces = _by_unit(batches, where, i, lambda t: to_stored(t.to(TORCH[name]).cpu()))
@@ -92,7 +98,9 @@ def form_ratios(batches: list[dict[int, Any]], codec: str, units: Any,
     return out
 
 
-def _states(cap: Any, samples: list[SampleTokens], batch: list[int], pad_id: int, device: str) -> tuple[dict[int, Any], int]:
+def _states(
+    cap: Any, samples: list[SampleTokens], batch: list[int], pad_id: int, device: str
+) -> tuple[dict[int, Any], int]:
     """One batch through ``cap``: each captured layer's states of the batch's real tokens ``[T, H]``."""
     import torch
 
@@ -113,8 +121,9 @@ def spread(count: int, n: int) -> list[int]:
     return sorted({int((k + 0.5) * count / n) for k in range(n)})
 
 
-def calibrate(inp: Any, batches: list[list[int]], n: int, dtype: str, device: str, attn: str, codec: str,
-              unit_tokens: int | None) -> Calibration:
+def calibrate(
+    inp: Any, batches: list[list[int]], n: int, dtype: str, device: str, attn: str, codec: str, unit_tokens: int | None
+) -> Calibration:
     """Run ``n`` of ``batches`` (indices into ``inp.samples``; ``spread`` over them) in ``dtype`` on
     ``device``; ``unit_tokens``: the manifest's (None: the build's default for each form)."""
     from hsstore.core.batching import batch_units
@@ -130,12 +139,21 @@ def calibrate(inp: Any, batches: list[list[int]], n: int, dtype: str, device: st
     states, (tokens, seconds, shapes, name) = _forwards(inp, [batches[k] for k in picked], dtype, device, attn)
     encode: dict[str, float] = {}
     ratios = form_ratios(states, codec, units, encode)
-    return Calibration(dtype=dtype, batches=len(picked), tokens=tokens, seconds=seconds, shapes=shapes,
-                       ratios=ratios, device_name=name, encode_seconds=encode)
+    return Calibration(
+        dtype=dtype,
+        batches=len(picked),
+        tokens=tokens,
+        seconds=seconds,
+        shapes=shapes,
+        ratios=ratios,
+        device_name=name,
+        encode_seconds=encode,
+    )
 
 
-def _forwards(inp: Any, run: list[list[int]], dtype: str, device: str, attn: str
-              ) -> tuple[list[dict[int, Any]], tuple[int, float, list[tuple[int, int]], str]]:
+def _forwards(
+    inp: Any, run: list[list[int]], dtype: str, device: str, attn: str
+) -> tuple[list[dict[int, Any]], tuple[int, float, list[tuple[int, int]], str]]:
     """The captured states of each batch of ``run`` and (tokens, seconds, shapes, device name) of them all,
     timed after an untimed warm-up forward of the first sample of the shortest batch."""
     import torch

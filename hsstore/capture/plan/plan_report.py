@@ -19,22 +19,8 @@ from hsstore.capture.plan.plan_sizes import (
     tokens_of,
 )
 from hsstore.core.errors import BadInput
-from hsstore.core.flops import (
-    ASSUMED_MFU,
-    ForwardShape,
-    batch_flops,
-    mfu,
-    peak_flops,
-    seconds_at,
-)
-from hsstore.core.schema.plan import (
-    FormSize,
-    GenerationPlan,
-    PlanReport,
-    Ratio,
-    Tokens,
-    VariantPlan,
-)
+from hsstore.core.flops import ASSUMED_MFU, ForwardShape, batch_flops, mfu, peak_flops, seconds_at
+from hsstore.core.schema.plan import FormSize, GenerationPlan, PlanReport, Ratio, Tokens, VariantPlan
 from hsstore.core.schema.record import or_none, present
 from hsstore.storage.sizing import FORMS
 
@@ -43,7 +29,9 @@ DEFAULT_GPU = "H200"  # whose peak an uncalibrated plan of a cuda build assumes 
 # codec ratios (loading it takes seconds on a CPU); larger models are planned on stated assumptions
 PROBE_MAX_PARAMS = 100_000_000
 PROBE_TOKENS = 4096  # the probe's states: samples from the middle of the plan, up to this many tokens
-CALIBRATED_ERROR = 0.02  # bytes calibrated on every batch, against the build (tests/capture/test_plan_report.py TOLERANCE)
+CALIBRATED_ERROR = (
+    0.02  # bytes calibrated on every batch, against the build (tests/capture/test_plan_report.py TOLERANCE)
+)
 PROBE_ERROR = 0.10  # bytes from a probe or a calibration on some batches (tests/capture/test_plan_report.py)
 
 
@@ -58,13 +46,17 @@ def _peak(device: str, dtype: str, cal: Any, peak_tflops: float | None) -> tuple
     import torch
 
     name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else DEFAULT_GPU
-    why = name if torch.cuda.is_available() else \
-        f"an {DEFAULT_GPU}, assumed: no GPU is visible here (--peak-tflops sets it)"
+    why = (
+        name
+        if torch.cuda.is_available()
+        else f"an {DEFAULT_GPU}, assumed: no GPU is visible here (--peak-tflops sets it)"
+    )
     return peak_flops(name, dtype), why
 
 
-def _timing(v: VariantSize, shape: ForwardShape, lengths: list[int], cal: Any, scale: float,
-            peak_tflops: float | None) -> dict[str, Any]:
+def _timing(
+    v: VariantSize, shape: ForwardShape, lengths: list[int], cal: Any, scale: float, peak_tflops: float | None
+) -> dict[str, Any]:
     """FLOPs of the forwards ``v`` still runs, their seconds, MFU and tokens/s, and where those come from."""
     flops = batch_flops(shape, batch_shapes(lengths, v.remaining_batches)) * scale
     peak, where = _peak(v.run.device, v.run.dtype, cal, peak_tflops)
@@ -74,30 +66,56 @@ def _timing(v: VariantSize, shape: ForwardShape, lengths: list[int], cal: Any, s
         tokens = sum(lengths[i] for b in v.remaining_batches for i in b) * scale
         encode = cal.encode_seconds.get(v.form.form, 0.0)
         secs = flops * cal.seconds / done + tokens * encode / max(1, cal.tokens)
-        return {"flops": flops, "seconds": secs, "mfu": used,
-                "tokens_per_second": cal.tokens / (cal.seconds + encode),
-                "seconds_source": f"measured: {cal.tokens:,} tokens in {cal.seconds:.3g} s of forward + {encode:.3g} s "
-                                  f"encoding {v.form.form} on {cal.device_name} ({len(cal.shapes)} timed batch(es) "
-                                  f"after a warm-up; MFU {'n/a: no peak known' if used is None else f'{used:.2f}'})"}
+        return {
+            "flops": flops,
+            "seconds": secs,
+            "mfu": used,
+            "tokens_per_second": cal.tokens / (cal.seconds + encode),
+            "seconds_source": f"measured: {cal.tokens:,} tokens in {cal.seconds:.3g} s of forward + {encode:.3g} s "
+            f"encoding {v.form.form} on {cal.device_name} ({len(cal.shapes)} timed batch(es) "
+            f"after a warm-up; MFU {'n/a: no peak known' if used is None else f'{used:.2f}'})",
+        }
     if peak is None:
-        return {"flops": flops, "seconds": None, "mfu": None, "tokens_per_second": None,
-                "seconds_source": f"unknown: no peak FLOP/s for {where}; run with --calibrate N (or --peak-tflops)"}
+        return {
+            "flops": flops,
+            "seconds": None,
+            "mfu": None,
+            "tokens_per_second": None,
+            "seconds_source": f"unknown: no peak FLOP/s for {where}; run with --calibrate N (or --peak-tflops)",
+        }
     secs = seconds_at(flops, peak, ASSUMED_MFU)
     tokens = sum(lengths[i] for b in v.remaining_batches for i in b) * scale
-    return {"flops": flops, "seconds": secs, "mfu": ASSUMED_MFU, "tokens_per_second": tokens / secs if secs else None,
-            "seconds_source": f"assumed: MFU {ASSUMED_MFU} (27B-shaped bare forward on an H200, docs/benchmarks.md) "
-                              f"of the {peak / 1e12:g} TFLOP/s {v.run.dtype} peak of {where}; forward only"}
+    return {
+        "flops": flops,
+        "seconds": secs,
+        "mfu": ASSUMED_MFU,
+        "tokens_per_second": tokens / secs if secs else None,
+        "seconds_source": f"assumed: MFU {ASSUMED_MFU} (27B-shaped bare forward on an H200, docs/benchmarks.md) "
+        f"of the {peak / 1e12:g} TFLOP/s {v.run.dtype} peak of {where}; forward only",
+    }
 
 
 def _variant(v: VariantSize, tokens: Tokens, timing: dict[str, Any], scale: float) -> VariantPlan:
     """The report's record of one variant's size, committed share and time."""
     return VariantPlan(
-        backend=v.run.backend, dtype=v.run.dtype, device=v.run.device, form=v.form.form, codec=v.form.codec,
-        samples=tokens.samples, tokens=tokens.tokens, units=max(1, round(v.units * scale)), bytes=v.bytes,
+        backend=v.run.backend,
+        dtype=v.run.dtype,
+        device=v.run.device,
+        form=v.form.form,
+        codec=v.form.codec,
+        samples=tokens.samples,
+        tokens=tokens.tokens,
+        units=max(1, round(v.units * scale)),
+        bytes=v.bytes,
         bytes_per_layer=_layers(v.parts),
-        token_bytes=v.parts["tokens"], ratio=_ratio(v),
-        committed_variant=v.committed.variant, committed_samples=round(v.committed.samples * scale),
-        committed_tokens=round(v.committed_tokens * scale), remaining_bytes=v.remaining_bytes, **timing)
+        token_bytes=v.parts["tokens"],
+        ratio=_ratio(v),
+        committed_variant=v.committed.variant,
+        committed_samples=round(v.committed.samples * scale),
+        committed_tokens=round(v.committed_tokens * scale),
+        remaining_bytes=v.remaining_bytes,
+        **timing,
+    )
 
 
 def _forms(m: Any, inp: Any, measured: dict[str, dict[str, Measured]], scale: float) -> list[FormSize]:
@@ -118,11 +136,15 @@ def _forms(m: Any, inp: Any, measured: dict[str, dict[str, Measured]], scale: fl
         fp8 = name == "fp8-e4m3"
         run = Run("", "bf16" if fp8 else name, "", name if fp8 else None)
         codec = StoredForm.of(run.dtype, run.precision, m.codec).codec
-        found = (measured.get(name, {}).get(name) or stored.get((name, codec))
-                 or (measured.get(m.dtypes[0], {}).get(name) if measured else None))
+        found = (
+            measured.get(name, {}).get(name)
+            or stored.get((name, codec))
+            or (measured.get(m.dtypes[0], {}).get(name) if measured else None)
+        )
         v = size_variant(m, run, lengths, keys, batches, geometry, NOTHING, found, scale)
-        out.append(FormSize(form=name, codec=v.form.codec, bytes=v.bytes, bytes_per_layer=_layers(v.parts),
-                            ratio=_ratio(v)))
+        out.append(
+            FormSize(form=name, codec=v.form.codec, bytes=v.bytes, bytes_per_layer=_layers(v.parts), ratio=_ratio(v))
+        )
     return out
 
 
@@ -134,8 +156,10 @@ def _measured(c: Any, n_batches: int) -> dict[str, Measured]:
     """A calibration's ratios per form, with its source and expected error (every batch: TOLERANCE of
     tests/capture/test_plan_report.py; fewer: as a probe's)."""
     every = c.batches >= n_batches
-    source = (f"measured on {c.dtype} states of {'every one' if every else c.batches} of the plan's {n_batches} "
-              "batch(es) (--calibrate)")
+    source = (
+        f"measured on {c.dtype} states of {'every one' if every else c.batches} of the plan's {n_batches} "
+        "batch(es) (--calibrate)"
+    )
     return {form: Measured(r, source, CALIBRATED_ERROR if every else PROBE_ERROR) for form, r in c.ratios.items()}
 
 
@@ -164,13 +188,15 @@ def probe_ratios(m: Any, inp: Any, shape: Any) -> dict[str, dict[str, Measured]]
     except BadInput:
         return {}  # this process binds other kernels: the probe's states would not be the build's
     batches = token_budget_batches([s.length for s in inp.samples], m.token_budget)
-    middle = [i for b in batches[len(batches) // 2:] for i in b]
+    middle = [i for b in batches[len(batches) // 2 :] for i in b]
     probe = [i for k, i in enumerate(middle) if sum(inp.samples[j].length for j in middle[:k]) < PROBE_TOKENS]
     out = {}
     for d in need:
         c = calibrate(inp, [probe], 1, d, device, m.attn_implementation, m.codec, m.unit_tokens)
-        source = (f"probed: {c.tokens:,} tokens of the plan's samples through the model in {d} (a model this "
-                  "small loads in seconds; --calibrate N measures more)")
+        source = (
+            f"probed: {c.tokens:,} tokens of the plan's samples through the model in {d} (a model this "
+            "small loads in seconds; --calibrate N measures more)"
+        )
         out[d] = {form: Measured(r, source, PROBE_ERROR) for form, r in c.ratios.items()}
     return out
 
@@ -183,11 +209,12 @@ def _cuda() -> bool:
 
 def _layers(parts: dict[str, int]) -> dict[str, int]:
     """Layer id -> bytes of a size's parts."""
-    return {k[len("layer_"):]: b for k, b in parts.items() if k.startswith("layer_")}
+    return {k[len("layer_") :]: b for k, b in parts.items() if k.startswith("layer_")}
 
 
-def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calibrate: int = 0,
-              peak_tflops: float | None = None) -> PlanReport:
+def make_plan(
+    m: Any, limit: int | None = None, sample: int | None = None, calibrate: int = 0, peak_tflops: float | None = None
+) -> PlanReport:
     """The plan of building ``m`` (``sample``: tokenize that many seeded rows, not all; ``calibrate``:
     measure ratios and tokens/s on that many batches per dtype)."""
     from hsstore.capture.inputs.manifest_file import validate
@@ -214,21 +241,32 @@ def make_plan(m: Any, limit: int | None = None, sample: int | None = None, calib
     probed = {} if cal else probe_ratios(m, inp, shape)
     found = sizes(m, inp, calibrated, scale, probed)
     lengths = [s.length for s in inp.samples]
-    variants = [_variant(v, tokens, _timing(v, shape, lengths, cal.get(v.run.dtype), scale, peak_tflops), scale)
-                for v in found]
+    variants = [
+        _variant(v, tokens, _timing(v, shape, lengths, cal.get(v.run.dtype), scale, peak_tflops), scale) for v in found
+    ]
     return PlanReport(
-        manifest=m.source, store=m.store_path, model=m.model_path, hidden_size=present(inp.recipe.model.hidden_size, "recipe.model.hidden_size"),
-        layers=inp.recipe.layers.all, inputs=counts(inp), tokens=tokens,
+        manifest=m.source,
+        store=m.store_path,
+        model=m.model_path,
+        hidden_size=present(inp.recipe.model.hidden_size, "recipe.model.hidden_size"),
+        layers=inp.recipe.layers.all,
+        inputs=counts(inp),
+        tokens=tokens,
         flops_per_token=shape.sequence_flops(round(tokens.mean_length)) / max(1.0, tokens.mean_length),
-        variants=variants, forms=_forms(m, inp, {**probed, **calibrated}, scale), space=space(m, found, tokens.samples),
+        variants=variants,
+        forms=_forms(m, inp, {**probed, **calibrated}, scale),
+        space=space(m, found, tokens.samples),
         batches=len(token_budget_batches(lengths, m.token_budget)),
         calibration_batches=max((c.batches for c in cal.values()), default=0),
-        generation=generation_plan(m, inp, rows, limit, calibrate,
-                                   population / len(rows) if rows and population else 1.0))
+        generation=generation_plan(
+            m, inp, rows, limit, calibrate, population / len(rows) if rows and population else 1.0
+        ),
+    )
 
 
-def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: int,
-                    scale: float = 1.0) -> GenerationPlan | None:
+def generation_plan(
+    m: Any, inp: Any, rows: Any, limit: int | None, calibrate: int, scale: float = 1.0
+) -> GenerationPlan | None:
     """Replies, generated tokens and time of regenerating the replies (None without [generate]); ``scale``: the
     rows of the data per row of ``rows`` (a --sample's), which the counts are multiplied by."""
     if m.generate is None:
@@ -249,24 +287,44 @@ def generation_plan(m: Any, inp: Any, rows: Any, limit: int | None, calibrate: i
     expected = min(most, round(data * pending / replies)) if data and replies else most
     batches = _prompt_batches(prompts, scale, g.max_new_tokens, m.token_budget)
     later = _later_rounds(m, tok, [j for k, j in enumerate(jobs) if k not in skip], scale)
-    common = dict(engine=g.engine, prompts=round(len({(j.file, j.row) for j in jobs}) * scale),
-                  replies=round(replies * scale), checkpointed_replies=round(reused * scale),
-                  max_generated_tokens=round(most * scale), expected_generated_tokens=round(expected * scale),
-                  batches=len(batches) + later)
+    common = dict(
+        engine=g.engine,
+        prompts=round(len({(j.file, j.row) for j in jobs}) * scale),
+        replies=round(replies * scale),
+        checkpointed_replies=round(reused * scale),
+        max_generated_tokens=round(most * scale),
+        expected_generated_tokens=round(expected * scale),
+        batches=len(batches) + later,
+    )
     if reused and not pending:
-        return GenerationPlan(**common, generated_tokens_per_second=None, first_batch_extra_seconds=None,
-                              calibration_prompts=None, seconds=0.0, seconds_source=(
-                                  "nothing to generate: the store holds every reply, checkpointed by an earlier build"))
+        return GenerationPlan(
+            **common,
+            generated_tokens_per_second=None,
+            first_batch_extra_seconds=None,
+            calibration_prompts=None,
+            seconds=0.0,
+            seconds_source=("nothing to generate: the store holds every reply, checkpointed by an earlier build"),
+        )
     if (why := _not_timed(g.engine, calibrate, batches)) is not None:
-        return GenerationPlan(**common, generated_tokens_per_second=None, first_batch_extra_seconds=None,
-                              calibration_prompts=None, seconds=None, seconds_source=f"not estimated: {why}")
+        return GenerationPlan(
+            **common,
+            generated_tokens_per_second=None,
+            first_batch_extra_seconds=None,
+            calibration_prompts=None,
+            seconds=None,
+            seconds_source=f"not estimated: {why}",
+        )
     first = [prompts[i] for i in batches[0]]
     rate, extra = _generation_rate(m, inp, tok, first)
-    return GenerationPlan(**common, generated_tokens_per_second=rate, first_batch_extra_seconds=extra,
-                          calibration_prompts=len(first),
-                          seconds=common["expected_generated_tokens"] / rate + extra,
-                          seconds_source=f"measured: the build's first batch ({len(first)} prompts) generated here, "
-                                         f"cold then warm; the warm rate, plus the cold one-off {extra:.1f} s")
+    return GenerationPlan(
+        **common,
+        generated_tokens_per_second=rate,
+        first_batch_extra_seconds=extra,
+        calibration_prompts=len(first),
+        seconds=common["expected_generated_tokens"] / rate + extra,
+        seconds_source=f"measured: the build's first batch ({len(first)} prompts) generated here, "
+        f"cold then warm; the warm rate, plus the cold one-off {extra:.1f} s",
+    )
 
 
 def _checkpointed(m: Any, inp: Any, tok: Any, jobs: list[Any], prompts: list[list[int]]) -> tuple[set[int], int, int]:
@@ -317,8 +375,9 @@ def _later_rounds(m: Any, tok: Any, jobs: list[Any], scale: float) -> int:
         prompts = []
         for j in (j for j in jobs if len(j.turns) > r):
             try:
-                prompts.append(rendered_prompt(masker, capped_history(tok, j, j.turns[r], g.max_new_tokens), j.tools,
-                                               m.max_length))
+                prompts.append(
+                    rendered_prompt(masker, capped_history(tok, j, j.turns[r], g.max_new_tokens), j.tools, m.max_length)
+                )
             except RowRejected:  # the build drops the chain at this turn
                 continue
         batches += len(_prompt_batches(prompts, scale, g.max_new_tokens, m.token_budget))
@@ -328,12 +387,13 @@ def _later_rounds(m: Any, tok: Any, jobs: list[Any], scale: float) -> int:
 def _not_timed(engine: str, calibrate: int, batches: list[list[int]]) -> str | None:
     """Why the plan does not time the generation (None: it does)."""
     if not batches:
-        return "no prompts to calibrate on: no row gives a prompt the build would regenerate from (it refuses such data)"
+        return (
+            "no prompts to calibrate on: no row gives a prompt the build would regenerate from (it refuses such data)"
+        )
     if engine != "model":
-        return (f"the {engine} engine's server is not run by plan (its speed is the server's; time a batch "
-                "against it)")
+        return f"the {engine} engine's server is not run by plan (its speed is the server's; time a batch against it)"
     if not calibrate:
-        return "pass --calibrate to generate one batch here (engine = \"model\")"
+        return 'pass --calibrate to generate one batch here (engine = "model")'
     return None
 
 
@@ -362,8 +422,9 @@ def _generation_rate(m: Any, inp: Any, tok: Any, batch: list[list[int]]) -> tupl
     from hsstore.capture.generate.engines import LocalEngine
     from hsstore.core.dtypes import TORCH
 
-    engine = LocalEngine(inp.spec.load(TORCH[m.dtypes[0]], m.devices[0], m.attn_implementation), tok, inp.pad_id,
-                         m.token_budget)
+    engine = LocalEngine(
+        inp.spec.load(TORCH[m.dtypes[0]], m.devices[0], m.attn_implementation), tok, inp.pad_id, m.token_budget
+    )
     times = []
     for _ in range(2):
         t0 = time.perf_counter()
@@ -378,8 +439,10 @@ def _check_calibration_device(device: str) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise BadInput(f"--calibrate runs the model on {device!r}, but no CUDA GPU is visible here; plan without "
-                           "--calibrate (stated assumptions), calibrate on the GPU host, or pass --device cpu")
+            raise BadInput(
+                f"--calibrate runs the model on {device!r}, but no CUDA GPU is visible here; plan without "
+                "--calibrate (stated assumptions), calibrate on the GPU host, or pass --device cpu"
+            )
 
 
 def _calibrations(m: Any, inp: Any, n: int) -> dict[str, Any]:
@@ -390,5 +453,6 @@ def _calibrations(m: Any, inp: Any, n: int) -> dict[str, Any]:
     from hsstore.core.batching import token_budget_batches
 
     batches = token_budget_batches([s.length for s in inp.samples], m.token_budget)
-    return {d: calibrate(inp, batches, n, d, m.devices[0], m.attn_implementation, m.codec, m.unit_tokens)
-            for d in m.dtypes}
+    return {
+        d: calibrate(inp, batches, n, d, m.devices[0], m.attn_implementation, m.codec, m.unit_tokens) for d in m.dtypes
+    }

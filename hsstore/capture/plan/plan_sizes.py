@@ -30,9 +30,14 @@ from hsstore.storage.sizing import (
 # --- What a store already holds of a planned build: for each (backend, dtype, device, precision) the variant
 
 # environment fields a plan cannot know before a model is loaded (or that name this host)
-_UNKNOWABLE = ("environment.kernels.chunk_gated_delta_rule", "environment.kernels.causal_conv1d",
-               "environment.device_name", "environment.device_index",
-               "environment.compute_capability", "environment.model_parallel")
+_UNKNOWABLE = (
+    "environment.kernels.chunk_gated_delta_rule",
+    "environment.kernels.causal_conv1d",
+    "environment.device_name",
+    "environment.device_index",
+    "environment.compute_capability",
+    "environment.model_parallel",
+)
 
 
 @dataclass(frozen=True)
@@ -106,8 +111,11 @@ def store_ratios(store_path: str, model_fingerprint: Any, hidden: int) -> dict[t
     out: dict[tuple[str, str], StoreRatio] = {}
     for vid in store.variant_ids():
         rec = store.variant_record(vid)
-        if rec.hidden_size != hidden or rec.provenance.get("recipe", {}).get("model", {}).get("fingerprint") \
-                != model_fingerprint or model_fingerprint in (None, "unknown"):
+        if (
+            rec.hidden_size != hidden
+            or rec.provenance.get("recipe", {}).get("model", {}).get("fingerprint") != model_fingerprint
+            or model_fingerprint in (None, "unknown")
+        ):
             continue
         found = _measured(store, vid, rec)
         if found is not None and found.tokens > out.get(found_key(rec), StoreRatio("", 0, None)).tokens:
@@ -135,7 +143,9 @@ def _measured(store: Any, vid: str, rec: Any) -> StoreRatio | None:
         n = c.n_tokens
         tokens += n
         for i in c.layers:
-            size = {p: sum(b for rel, b in c.files.items() if rel.split("/")[0] == f"{p}_{i}") for p in ("layer", "scale")}
+            size = {
+                p: sum(b for rel, b in c.files.items() if rel.split("/")[0] == f"{p}_{i}") for p in ("layer", "scale")
+            }
             over = array_overhead(n, rec.hidden_size, form)
             raw[i] = raw.get(i, 0) + n * rec.hidden_size * form.itemsize
             stored[i] = stored.get(i, 0) + max(1, size["layer"] - over[0])
@@ -144,8 +154,11 @@ def _measured(store: Any, vid: str, rec: Any) -> StoreRatio | None:
     if not tokens or not raw:
         return None
     layers = {i: raw[i] / stored[i] for i in raw}
-    return StoreRatio(vid, tokens, Ratios(sum(raw.values()) / sum(stored.values()), layers,
-                                          scale_raw / scale_stored if scale_stored else 1.0))
+    return StoreRatio(
+        vid,
+        tokens,
+        Ratios(sum(raw.values()) / sum(stored.values()), layers, scale_raw / scale_stored if scale_stored else 1.0),
+    )
 
 
 @dataclass(frozen=True)
@@ -206,9 +219,17 @@ class Measured:
     error: float
 
 
-def size_variant(m: Any, run: Run, lengths: list[int], keys: list[str], batches: list[list[int]],
-                 geometry: tuple[int, list[int]], committed: Committed, found: Measured | None,
-                 scale: float = 1.0) -> VariantSize:
+def size_variant(
+    m: Any,
+    run: Run,
+    lengths: list[int],
+    keys: list[str],
+    batches: list[list[int]],
+    geometry: tuple[int, list[int]],
+    committed: Committed,
+    found: Measured | None,
+    scale: float = 1.0,
+) -> VariantSize:
     """``run``'s bytes over the samples (``lengths``, ``keys``) cut into units as the build cuts them;
     ``found``: measured ratios, or None to assume; ``scale``: sampled tokens -> all tokens."""
     hidden, layers = geometry
@@ -229,8 +250,9 @@ def size_variant(m: Any, run: Run, lengths: list[int], keys: list[str], batches:
     remaining = int(sum(variant_bytes(left_units, hidden, layers, form, ratios).values()) * scale) if left_units else 0
     tokens_done = sum(n for n, k in zip(lengths, keys) if k in done)
     largest = max(unit_bytes(max(left_units), hidden, layers, form, ratios).values()) if left_units else 0
-    return VariantSize(run, form, len(units), parts, value, source, measured, error, committed, tokens_done, remaining,
-                       left, largest)
+    return VariantSize(
+        run, form, len(units), parts, value, source, measured, error, committed, tokens_done, remaining, left, largest
+    )
 
 
 def needed_bytes(sizes: list[VariantSize], samples: int, block: int) -> int:
@@ -268,15 +290,30 @@ def tokens_of(inp: Any, population: int | None, per_row: int = 1) -> tuple[Token
     tokens = sum(lengths)
     mean = tokens / max(1, len(lengths))
     if population is None or population <= inp.report.rows:
-        return Tokens(samples=len(lengths), tokens=tokens, sampled_rows=None, tokens_low=None, tokens_high=None,
-                      confidence=None, max_length=max(lengths), mean_length=mean), 1.0
+        return Tokens(
+            samples=len(lengths),
+            tokens=tokens,
+            sampled_rows=None,
+            tokens_low=None,
+            tokens_high=None,
+            confidence=None,
+            max_length=max(lengths),
+            mean_length=mean,
+        ), 1.0
     rows_kept = [sum(lengths[i : i + per_row]) for i in range(0, len(lengths), per_row)]
     row_tokens = rows_kept + [0] * (inp.report.rows - len(rows_kept))  # rejected and duplicate rows keep nothing
     t = total_from_sample(row_tokens, population)
     kept = round(population * len(lengths) / inp.report.rows)
-    return Tokens(samples=kept, tokens=round(t.estimate), sampled_rows=inp.report.rows, tokens_low=round(t.low),
-                  tokens_high=round(t.high), confidence=t.confidence, max_length=max(lengths),
-                  mean_length=mean), t.estimate / max(1, tokens)
+    return Tokens(
+        samples=kept,
+        tokens=round(t.estimate),
+        sampled_rows=inp.report.rows,
+        tokens_low=round(t.low),
+        tokens_high=round(t.high),
+        confidence=t.confidence,
+        max_length=max(lengths),
+        mean_length=mean,
+    ), t.estimate / max(1, tokens)
 
 
 def expected_provenances(m: Any, inp: Any) -> list[dict[str, Any]]:
@@ -286,8 +323,12 @@ def expected_provenances(m: Any, inp: Any) -> list[dict[str, Any]]:
     from hsstore.core.schema.provenance import Kernels
 
     unknown = Kernels(chunk_gated_delta_rule="?", causal_conv1d="?", attention=m.attn_implementation)
-    return [planned_provenance(inp.recipe, m.token_budget, r.precision, r.backend, r.dtype, r.device, unknown,
-                               probe=False).to_dict() for r in runs(m)]
+    return [
+        planned_provenance(
+            inp.recipe, m.token_budget, r.precision, r.backend, r.dtype, r.device, unknown, probe=False
+        ).to_dict()
+        for r in runs(m)
+    ]
 
 
 # bytes sized with a store variant's measured ratios, against the build (tests/capture/test_plan_report.py): within 10 % when
@@ -301,13 +342,23 @@ def on_disk(m: Any, inp: Any) -> dict[tuple[str, str], Measured]:
 
     planned = sum(s.length for s in inp.samples)
     found = store_ratios(m.store_path, inp.recipe.model.fingerprint, int(inp.recipe.model.hidden_size))
-    return {k: Measured(r.ratios, f"measured on the {r.tokens:,} committed tokens of variant {r.variant} in the "
-                                  "store", STORE_ERROR if 2 * r.tokens >= planned else STORE_SMALL_ERROR)
-            for k, r in found.items()}
+    return {
+        k: Measured(
+            r.ratios,
+            f"measured on the {r.tokens:,} committed tokens of variant {r.variant} in the store",
+            STORE_ERROR if 2 * r.tokens >= planned else STORE_SMALL_ERROR,
+        )
+        for k, r in found.items()
+    }
 
 
-def sizes(m: Any, inp: Any, calibrated: dict[str, dict[str, Measured]] | None = None, scale: float = 1.0,
-          probed: dict[str, dict[str, Measured]] | None = None) -> list[VariantSize]:
+def sizes(
+    m: Any,
+    inp: Any,
+    calibrated: dict[str, dict[str, Measured]] | None = None,
+    scale: float = 1.0,
+    probed: dict[str, dict[str, Measured]] | None = None,
+) -> list[VariantSize]:
     """Every run's size, its ratios (dtype -> form -> Measured): ``calibrated`` if given, else the one of
     smaller expected error of the store's variants of the same model and stored form and ``probed``; else
     assumed."""
@@ -324,8 +375,14 @@ def sizes(m: Any, inp: Any, calibrated: dict[str, dict[str, Measured]] | None = 
     out = []
     for k, run in enumerate(runs(m)):
         form = run.precision or run.dtype
-        others = [x for x in (stored.get((form, StoredForm.of(run.dtype, run.precision, m.codec).codec)),
-                              (probed or {}).get(run.dtype, {}).get(form)) if x is not None]
+        others = [
+            x
+            for x in (
+                stored.get((form, StoredForm.of(run.dtype, run.precision, m.codec).codec)),
+                (probed or {}).get(run.dtype, {}).get(form),
+            )
+            if x is not None
+        ]
         found = (calibrated or {}).get(run.dtype, {}).get(form) or min(others, key=lambda x: x.error, default=None)
         out.append(size_variant(m, run, lengths, keys, batches, geometry, done[k], found, scale))
     return out
@@ -339,12 +396,24 @@ def space(m: Any, found: list[VariantSize], samples: int) -> Space:
     free = free_space(m.store_path)
     largest = max((v.largest_file for v in found), default=0)
     if free is None:
-        return Space(path=m.store_path, local=False, free_bytes=None,
-                     needed_bytes=needed_bytes(found, samples, 0), fits=None, largest_file_bytes=largest)
+        return Space(
+            path=m.store_path,
+            local=False,
+            free_bytes=None,
+            needed_bytes=needed_bytes(found, samples, 0),
+            fits=None,
+            largest_file_bytes=largest,
+        )
     need, limit = needed_bytes(found, samples, free.block), file_size_limit()
-    return Space(path=free.path, local=True, free_bytes=free.free_bytes, needed_bytes=need,
-                 fits=need <= free.free_bytes and (limit is None or largest <= limit), largest_file_bytes=largest,
-                 file_size_limit=limit)
+    return Space(
+        path=free.path,
+        local=True,
+        free_bytes=free.free_bytes,
+        needed_bytes=need,
+        fits=need <= free.free_bytes and (limit is None or largest <= limit),
+        largest_file_bytes=largest,
+        file_size_limit=limit,
+    )
 
 
 def check_space(m: Any, inp: Any) -> None:
@@ -356,10 +425,12 @@ def check_space(m: Any, inp: Any) -> None:
         raise BadInput(f"store {m.store_path!r}: the build cannot write {words}; or pass --no-space-check")
     if s.fits is False:
         ratio = ", ".join(sorted({f"{v.form.form}/{v.form.codec} {v.ratio:.2f}x" for v in found}))
-        raise BadInput(f"store {m.store_path!r}: the build needs ~{byte_size(s.needed_bytes)} ({len(found)} "
-                       f"variant(s), {sum(x.length for x in inp.samples):,} tokens, assumed codec ratio {ratio}) "
-                       f"but {s.path} has {byte_size(s.free_bytes)} free; free space, choose another --store, "
-                       "or pass --no-space-check (local stores only; see hsstore plan MANIFEST)")
+        raise BadInput(
+            f"store {m.store_path!r}: the build needs ~{byte_size(s.needed_bytes)} ({len(found)} "
+            f"variant(s), {sum(x.length for x in inp.samples):,} tokens, assumed codec ratio {ratio}) "
+            f"but {s.path} has {byte_size(s.free_bytes)} free; free space, choose another --store, "
+            "or pass --no-space-check (local stores only; see hsstore plan MANIFEST)"
+        )
 
 
 def counts(inp: Any) -> InputCounts:

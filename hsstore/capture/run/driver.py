@@ -20,11 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hsstore.capture.generate.regenerate import (
-    samples_of_rows,
-    store_first,
-    summary_fields,
-)
+from hsstore.capture.generate.regenerate import samples_of_rows, store_first, summary_fields
 from hsstore.capture.inputs.manifest_file import validate
 from hsstore.capture.model.spec import ModelSpec, check_vocabulary, text_config
 from hsstore.capture.run.lineage import Lineage, agree_build_id, new_build_id, now
@@ -32,14 +28,7 @@ from hsstore.capture.run.signals import owned_temp, run_worker, stop_on_signals,
 from hsstore.core.errors import BadInput, BuildFailed, BuildInterrupted, HsstoreError
 from hsstore.core.interrupt import Stopped
 from hsstore.core.keys import SampleTokens
-from hsstore.core.schema.build import (
-    BuildResult,
-    InputCounts,
-    ModelSource,
-    VariantResult,
-    WorkerOutcome,
-    WorkerPlan,
-)
+from hsstore.core.schema.build import BuildResult, InputCounts, ModelSource, VariantResult, WorkerOutcome, WorkerPlan
 from hsstore.core.schema.manifest import FINAL_NORM, Manifest, resolve_layers
 from hsstore.core.schema.provenance import LayerRoles, Recipe
 from hsstore.core.schema.store_records import HashedFile
@@ -48,6 +37,7 @@ from hsstore.storage.names import another_model_allowed, check_label_free, check
 from hsstore.storage.store import Store
 
 # --- Where each rank of a build runs: its rank numbers under torchrun and the devices it binds, checked
+
 
 def dist() -> tuple[int, int, int]:
     """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) outside it."""
@@ -61,8 +51,10 @@ def check_devices(m: Manifest, local_rank: int, world: int) -> list[str]:
     from hsstore.capture.model.kernels import installed
 
     if "fla" in m.backends and not installed("fla"):
-        raise BadInput("backend 'fla' needs the flash-linear-attention kernels, which are not installed here: "
-                       "pip install flash-linear-attention fla-core (or use --backend torch)")
+        raise BadInput(
+            "backend 'fla' needs the flash-linear-attention kernels, which are not installed here: "
+            "pip install flash-linear-attention fla-core (or use --backend torch)"
+        )
     out = []
     for dev in m.devices:
         if dev.startswith("cuda"):
@@ -77,14 +69,18 @@ def check_devices(m: Manifest, local_rank: int, world: int) -> list[str]:
                 require_accelerate()
                 first = local_rank * k
                 if first + k > count:
-                    raise BadInput(f"gpus_per_rank = {k} on local rank {local_rank} needs GPUs {first}..{first + k - 1} "
-                                   f"but {count} are visible: run at most {count // k} rank(s) per node "
-                                   f"(torchrun --nproc-per-node {max(1, count // k)}) or lower gpus_per_rank")
+                    raise BadInput(
+                        f"gpus_per_rank = {k} on local rank {local_rank} needs GPUs {first}..{first + k - 1} "
+                        f"but {count} are visible: run at most {count // k} rank(s) per node "
+                        f"(torchrun --nproc-per-node {max(1, count // k)}) or lower gpus_per_rank"
+                    )
                 group = [f"cuda:{first + i}" for i in range(k)]
                 names = {torch.cuda.get_device_name(d) for d in group}
                 if len(names) > 1:
-                    raise BadInput(f"the GPUs of one rank group differ ({', '.join(sorted(names))}); a model spread "
-                                   "over GPUs must run on one kind of GPU — set CUDA_VISIBLE_DEVICES to GPUs of one model")
+                    raise BadInput(
+                        f"the GPUs of one rank group differ ({', '.join(sorted(names))}); a model spread "
+                        "over GPUs must run on one kind of GPU — set CUDA_VISIBLE_DEVICES to GPUs of one model"
+                    )
                 dev = "+".join(group)
             elif dev == "cuda":
                 dev = f"cuda:{local_rank % torch.cuda.device_count()}" if world > 1 else "cuda:0"
@@ -155,7 +151,9 @@ class Inputs:
     regenerated: Any = None  # [generate]: hsstore.capture.generate.regenerate.Regenerated
 
 
-def plan_inputs(m: Manifest, limit: int | None, quiet: bool = True, rows: Any = None, drawn: bool = True, **to: Any) -> Inputs:
+def plan_inputs(
+    m: Manifest, limit: int | None, quiet: bool = True, rows: Any = None, drawn: bool = True, **to: Any
+) -> Inputs:
     """Validate the model and layers, tokenize the inputs (``rows``: these of the data files' rows, e.g. a
     sample, as ``load_rows`` yields them; default all), hash the weights (``quiet=False``: a status line
     at each of those phases; ``drawn=False``: the model is only planned, never drawn here; ``to``: samples_of_rows')."""
@@ -176,14 +174,18 @@ def plan_inputs(m: Manifest, limit: int | None, quiet: bool = True, rows: Any = 
     status(f"tokenizing {len(m.data_files)} data file(s) ({_mb(m.data_files)})", quiet or bool(m.generate and to))
     if m.generate is not None and to.get("store") is not None:  # a build's replies: not for a store it cannot join
         check_model_joins(m, spec.identity(config, weights).to_dict())
-    samples, report, regen = samples_of_rows(m, spec, tok, tok_id, spec.identity(config, weights), rows, limit, pad,
-                                             quiet, **to)
+    samples, report, regen = samples_of_rows(
+        m, spec, tok, tok_id, spec.identity(config, weights), rows, limit, pad, quiet, **to
+    )
     recipe = Recipe(
-        model=spec.identity(config, weights), tokenizer=tok_id, layers=LayerRoles(**layers),
+        model=spec.identity(config, weights),
+        tokenizer=tok_id,
+        layers=LayerRoles(**layers),
         capture="decoder_layer_output",  # layer i = raw output of decoder layer i (pre final norm)
         # layer num_layers, when listed, is the final norm's output (a named capture, see manifest.FINAL_NORM)
         final_norm=any(i == FINAL_NORM for ids in m.layers.values() for i in ids),
-        max_length=m.max_length, truncation=m.too_long,
+        max_length=m.max_length,
+        truncation=m.too_long,
         **({"generation": regen.generation} if regen is not None else {}),
     )
     check_vocabulary(config, max([pad, *(int(s.input_ids.max()) for s in samples if s.length)]), m.model_path)
@@ -219,18 +221,41 @@ def share(lengths: Sequence[int], token_budget: int, rank: int, world: int) -> t
     return samples, local
 
 
-def worker_plan(m: Manifest, inp: Inputs, backend: str, devices: list[str], batches: list[list[int]],
-                tmp: str, rank: int, quiet: bool) -> WorkerPlan:
+def worker_plan(
+    m: Manifest,
+    inp: Inputs,
+    backend: str,
+    devices: list[str],
+    batches: list[list[int]],
+    tmp: str,
+    rank: int,
+    quiet: bool,
+) -> WorkerPlan:
     """The plan of the ``backend`` worker of this rank (its files live in ``tmp``)."""
     name = os.path.join(tmp, f"{backend}-r{rank}")
     return WorkerPlan(
-        backend=backend, store=m.store_path, recipe=inp.recipe, model=ModelSource(**asdict(inp.spec)),
-        weight_stamps={n: h.stamp for n, h in inp.weights.items()}, samples_file=os.path.join(tmp, "samples.npz"),
-        batches=batches, runs=[(d, dev) for d in m.dtypes for dev in devices],
-        attn_implementation=m.attn_implementation, token_budget=m.token_budget, unit_tokens=m.unit_tokens,
-        codec=m.codec, precision=m.precision, allow_unhealthy=m.allow_unhealthy, pad_id=inp.pad_id,
-        writer_prefix=f"r{rank}-", label=m.label, another_model="build" if m.another_model else None,
-        quiet=quiet, result=f"{name}.result.json", progress=f"{name}.variants", parent_pid=os.getpid(),
+        backend=backend,
+        store=m.store_path,
+        recipe=inp.recipe,
+        model=ModelSource(**asdict(inp.spec)),
+        weight_stamps={n: h.stamp for n, h in inp.weights.items()},
+        samples_file=os.path.join(tmp, "samples.npz"),
+        batches=batches,
+        runs=[(d, dev) for d in m.dtypes for dev in devices],
+        attn_implementation=m.attn_implementation,
+        token_budget=m.token_budget,
+        unit_tokens=m.unit_tokens,
+        codec=m.codec,
+        precision=m.precision,
+        allow_unhealthy=m.allow_unhealthy,
+        pad_id=inp.pad_id,
+        writer_prefix=f"r{rank}-",
+        label=m.label,
+        another_model="build" if m.another_model else None,
+        quiet=quiet,
+        result=f"{name}.result.json",
+        progress=f"{name}.variants",
+        parent_pid=os.getpid(),
     )
 
 
@@ -257,16 +282,21 @@ class Context:
     def stopped(self, sig: str) -> str:
         """What a stopped build says: what is committed, and how to resume."""
         if not self.variants:
-            return (f"interrupted by {sig} before any variant was written; nothing was committed — run the same "
-                    "command again to build")
+            return (
+                f"interrupted by {sig} before any variant was written; nothing was committed — run the same "
+                "command again to build"
+            )
         share = " (this rank's share)" if self.world > 1 else ""
         try:
-            what = "; ".join(f"variant {v}: {n} of {len(self.keys)} samples{share} committed"
-                             for v, n in self.committed().items())
+            what = "; ".join(
+                f"variant {v}: {n} of {len(self.keys)} samples{share} committed" for v, n in self.committed().items()
+            )
         except HsstoreError as e:
             what = f"the store could not be read back ({e})"
-        return (f"interrupted by {sig}; the worker was stopped. {what} — committed units are intact; re-run the "
-                "same command to resume")
+        return (
+            f"interrupted by {sig}; the worker was stopped. {what} — committed units are intact; re-run the "
+            "same command to resume"
+        )
 
     def ended(self, outcome: str, error: BaseException) -> None:
         """Record a failed or interrupted build; never masks ``error`` (a record that cannot be written is
@@ -289,28 +319,43 @@ def _run_worker(plan: WorkerPlan, ctx: Context) -> list[VariantResult]:
     plan_path = plan.result.replace(".result.json", ".plan.json")
     Path(plan_path).write_text(json.dumps(plan.to_dict()))
     env = dict(os.environ)
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE",
-              "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID"):
+    for k in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "ROLE_RANK",
+        "TORCHELASTIC_RUN_ID",
+    ):
         env.pop(k, None)  # the worker is a plain process, not a member of the process group
     try:
-        code = run_here(plan_path) if ctx.inline else run_worker([sys.executable, "-m", "hsstore.capture.run.worker",
-                                                                  plan_path], env)
+        code = (
+            run_here(plan_path)
+            if ctx.inline
+            else run_worker([sys.executable, "-m", "hsstore.capture.run.worker", plan_path], env)
+        )
     finally:
         opened = Path(plan.progress).read_text().split() if Path(plan.progress).exists() else []
         ctx.variants += [v for v in opened if v not in ctx.variants]
     try:
         raw = Path(plan.result).read_bytes()
     except OSError:
-        raise BuildFailed(f"the {plan.backend} worker died (exit {code}) before reporting; "
-                          "committed units are intact — re-run the same command to resume") from None
+        raise BuildFailed(
+            f"the {plan.backend} worker died (exit {code}) before reporting; "
+            "committed units are intact — re-run the same command to resume"
+        ) from None
     outcome = WorkerOutcome.from_json(raw, f"the {plan.backend} worker's result", BuildFailed)
     if outcome.error is not None:
         raise (BadInput if outcome.exit_code == 2 else BuildFailed)(outcome.error)
     return outcome.results
 
 
-def build(m: Manifest, limit: int | None = None, quiet: bool = False, space_check: bool = True,
-          inline: bool | None = None) -> BuildResult:
+def build(
+    m: Manifest, limit: int | None = None, quiet: bool = False, space_check: bool = True, inline: bool | None = None
+) -> BuildResult:
     """Run the whole build; returns the summary printed at the end. Every build started on an open store
     leaves its records there (hsstore.capture.run.lineage), whatever its end. SIGTERM, SIGINT or SIGHUP stop it
     (and its worker) with BuildInterrupted, exit status 128 + the signal (hsstore.capture.run.signals).
@@ -362,9 +407,19 @@ def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float,
         mine, batches = share([s.length for s in inp.samples], m.token_budget, ctx.rank, ctx.world)
         ctx.keys = [inp.samples[i].key for i in mine]
         ctx.lineage = Lineage.begin(
-            store, m.store_path, m, build_id=agree_build_id(group, ctx.rank, build_id), rank=ctx.rank, world=ctx.world,
-            recipe=inp.recipe, report=inp.report, samples=len(inp.samples), share_samples=len(mine),
-            share_tokens=sum(inp.samples[i].length for i in mine), started_at=started)
+            store,
+            m.store_path,
+            m,
+            build_id=agree_build_id(group, ctx.rank, build_id),
+            rank=ctx.rank,
+            world=ctx.world,
+            recipe=inp.recipe,
+            report=inp.report,
+            samples=len(inp.samples),
+            share_samples=len(mine),
+            share_tokens=sum(inp.samples[i].length for i in mine),
+            started_at=started,
+        )
         results = _run_workers(m, inp, mine, batches, quiet, ctx)
         barrier(group)
         complete, others = _record_complete(m, inp.samples, results) if ctx.rank == 0 else (None, None)
@@ -373,15 +428,25 @@ def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float,
             group.destroy_process_group()
     ctx.lineage.end("succeeded", variants=results, committed=ctx.committed(), complete=complete)
     sys.stderr.write("".join(f"{n}\n" for n in new_variant_notes(store, before, results if ctx.rank == 0 else [])))
-    return BuildResult(store=m.store_path, rank=ctx.rank, world_size=ctx.world,
-                       inputs=InputCounts.from_dict(inp.report.to_dict(), "input report", BuildFailed),
-                       variants=results, complete=complete, seconds=time.time() - t0, samples_not_in_inputs=others,
-                       build_id=ctx.lineage.start.build_id, build_record=ctx.lineage.where(ctx.lineage.record_key),
-                       rows_report=ctx.lineage.where(ctx.lineage.start.rows_report), **summary_fields(inp, ctx.lineage))
+    return BuildResult(
+        store=m.store_path,
+        rank=ctx.rank,
+        world_size=ctx.world,
+        inputs=InputCounts.from_dict(inp.report.to_dict(), "input report", BuildFailed),
+        variants=results,
+        complete=complete,
+        seconds=time.time() - t0,
+        samples_not_in_inputs=others,
+        build_id=ctx.lineage.start.build_id,
+        build_record=ctx.lineage.where(ctx.lineage.record_key),
+        rows_report=ctx.lineage.where(ctx.lineage.start.rows_report),
+        **summary_fields(inp, ctx.lineage),
+    )
 
 
-def _run_workers(m: Manifest, inp: Inputs, mine: list[int], batches: list[list[int]], quiet: bool,
-                 ctx: Context) -> list[VariantResult]:
+def _run_workers(
+    m: Manifest, inp: Inputs, mine: list[int], batches: list[list[int]], quiet: bool, ctx: Context
+) -> list[VariantResult]:
     """This rank's samples through one worker per backend, from a temporary folder removed at the end."""
     from hsstore.capture.inputs.datafiles import save_samples
     from hsstore.capture.run.progress import status
@@ -389,19 +454,25 @@ def _run_workers(m: Manifest, inp: Inputs, mine: list[int], batches: list[list[i
     results: list[VariantResult] = []
     removed = sweep_stale_temps()
     if removed:
-        status(f"removed {len(removed)} temporary folder(s) of builds killed outright: {', '.join(removed)}",
-               quiet or ctx.rank != 0)
+        status(
+            f"removed {len(removed)} temporary folder(s) of builds killed outright: {', '.join(removed)}",
+            quiet or ctx.rank != 0,
+        )
     # a worker whose driver died removes the folder itself; a stray one may have done so already
     with owned_temp() as tmp:
         save_samples(os.path.join(tmp, "samples.npz"), [inp.samples[i] for i in mine])
         for backend in m.backends:
-            status(f"starting the {backend} worker (a fresh process: imports torch and transformers)", quiet or ctx.rank != 0)
+            status(
+                f"starting the {backend} worker (a fresh process: imports torch and transformers)",
+                quiet or ctx.rank != 0,
+            )
             results += _run_worker(worker_plan(m, inp, backend, ctx.devices, batches, tmp, ctx.rank, quiet), ctx)
     return results
 
 
-def _record_complete(m: Manifest, samples: list[SampleTokens],
-                     results: list[VariantResult]) -> tuple[dict[str, bool], dict[str, int]]:
+def _record_complete(
+    m: Manifest, samples: list[SampleTokens], results: list[VariantResult]
+) -> tuple[dict[str, bool], dict[str, int]]:
     """Check every input sample is committed for every variant built; record the build as complete. Returns
     that, and how many committed samples of each variant are not among the inputs."""
     from hsstore.core.keys import fingerprint
@@ -415,10 +486,17 @@ def _record_complete(m: Manifest, samples: list[SampleTokens],
         others[vid] = len(have) - len(set(keys))  # (every input key is committed, below)
         missing = [k for k in keys if k not in have]
         if missing:
-            raise BuildFailed(f"variant {vid}: {len(missing)} of {len(keys)} samples are not committed after the "
-                              f"build (first {missing[0]}); re-run the same command to complete it")
-        record = {"complete": True, "n_samples": len(keys), "keys_fingerprint": fingerprint(keys),
-                  "manifest": m.source, "finished_at": now()}
+            raise BuildFailed(
+                f"variant {vid}: {len(missing)} of {len(keys)} samples are not committed after the "
+                f"build (first {missing[0]}); re-run the same command to complete it"
+            )
+        record = {
+            "complete": True,
+            "n_samples": len(keys),
+            "keys_fingerprint": fingerprint(keys),
+            "manifest": m.source,
+            "finished_at": now(),
+        }
         store.io.put_atomic(layout.build_key(vid, fingerprint(keys)[:16]), json.dumps(record).encode())
         out[vid] = True
     return out, others
@@ -427,6 +505,7 @@ def _record_complete(m: Manifest, samples: list[SampleTokens],
 # --- What a build checks before it joins a store (the store's one model, the label it gives) and what it
 # says of the variants it made.
 
+
 def new_variant_notes(store: Store, before: set[str], built: list[Any]) -> list[str]:
     """For each variant of ``built`` (a build's results: ``.variant``) not in ``before`` made beside others:
     what made it new and the selector that names it alone now that the command is over (said as each started, the next would outdate it)."""
@@ -434,8 +513,10 @@ def new_variant_notes(store: Store, before: set[str], built: list[Any]) -> list[
 
     provs = store.provenances(skip_unreadable=True)  # an unreadable record is verify's to report
     found = labels(store)
-    notes = [fork_note(vid, provs[vid], {v: p for v, p in provs.items() if v != vid}, found, every=provs)
-             for vid in dict.fromkeys(r.variant for r in built if r.variant not in before and r.variant in provs)]
+    notes = [
+        fork_note(vid, provs[vid], {v: p for v, p in provs.items() if v != vid}, found, every=provs)
+        for vid in dict.fromkeys(r.variant for r in built if r.variant not in before and r.variant in provs)
+    ]
     return [n for n in notes if n]
 
 
@@ -470,6 +551,12 @@ def check_joining(m: Any, recipe: Mapping[str, Any]) -> None:
         return
     rec = store.variant_record(holder)
     env = rec.prov.environment
-    if rec.provenance.get("recipe") != recipe or (env.backend, env.dtype, env.device) != (run[0], run[1], run[2].split(":")[0]):
-        raise BadInput(f"label {label!r} already names variant {holder} in {path} (another recipe or "
-                       "backend/dtype/device than this build's); choose another --label")
+    if rec.provenance.get("recipe") != recipe or (env.backend, env.dtype, env.device) != (
+        run[0],
+        run[1],
+        run[2].split(":")[0],
+    ):
+        raise BadInput(
+            f"label {label!r} already names variant {holder} in {path} (another recipe or "
+            "backend/dtype/device than this build's); choose another --label"
+        )

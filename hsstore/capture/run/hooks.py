@@ -34,10 +34,14 @@ class LayerCapture:
         self._out: dict[int, torch.Tensor] = {}
         mods = decoder_layers(model, num_layers)
         if self.deepest > num_layers:
-            raise ValueError(f"layer {self.deepest} does not exist (decoder layers 0..{num_layers - 1}, "
-                             f"final norm {num_layers})")
-        self._handles = [(mods[i] if i < num_layers else final_norm(model, num_layers)).register_forward_hook(self._hook(i))
-                         for i in self.layers if i != EMBEDDINGS]
+            raise ValueError(
+                f"layer {self.deepest} does not exist (decoder layers 0..{num_layers - 1}, final norm {num_layers})"
+            )
+        self._handles = [
+            (mods[i] if i < num_layers else final_norm(model, num_layers)).register_forward_hook(self._hook(i))
+            for i in self.layers
+            if i != EMBEDDINGS
+        ]
         if EMBEDDINGS in self.layers:
             self._handles.append(mods[0].register_forward_pre_hook(self._entering, with_kwargs=True))
 
@@ -74,8 +78,9 @@ class LayerCapture:
             h.remove()
 
 
-def pad_batch(seqs: Sequence[torch.Tensor], pad_id: int, device: str,
-              width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_batch(
+    seqs: Sequence[torch.Tensor], pad_id: int, device: str, width: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ``input_ids [B, T]`` and ``attention_mask [B, T]`` (1 = real token); ``T`` is the
     longest sequence, or ``width`` if given (at least the longest: batching.padded_length)."""
     width = max([int(s.shape[0]) for s in seqs] + [int(width or 0)])

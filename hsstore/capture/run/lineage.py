@@ -68,8 +68,11 @@ def data_files(paths: Sequence[str]) -> list[DataFile]:
             files = tree_files(p)
             hashed = hash_files(files)
             listing = [[f.relative_to(p).as_posix(), hashed[str(f)].size, hashed[str(f)].xxh3_128] for f in files]
-            out.append(DataFile(path=p, size=sum(h.size for h in hashed.values()), xxh3_128=fingerprint(listing),
-                                files=len(files)))
+            out.append(
+                DataFile(
+                    path=p, size=sum(h.size for h in hashed.values()), xxh3_128=fingerprint(listing), files=len(files)
+                )
+            )
         elif Path(p).is_file():
             h = hash_file(p)
             out.append(DataFile(path=p, size=h.size, xxh3_128=h.xxh3_128))
@@ -86,18 +89,43 @@ class Lineage:
         self.issues = issues  # hsstore.core.schema.build.RowIssue records (rank 0 writes them)
 
     @classmethod
-    def begin(cls, store: Any, location: str, m: Manifest, *, build_id: str, rank: int, world: int,
-              recipe: Any, report: Any, samples: int, share_samples: int, share_tokens: int,
-              started_at: str) -> Lineage:
+    def begin(
+        cls,
+        store: Any,
+        location: str,
+        m: Manifest,
+        *,
+        build_id: str,
+        rank: int,
+        world: int,
+        recipe: Any,
+        report: Any,
+        samples: int,
+        share_samples: int,
+        share_tokens: int,
+        started_at: str,
+    ) -> Lineage:
         """Hash the data files and write the start record (and, on rank 0, the rows report)."""
         issues = list(getattr(report, "issues", []))
         rows = layout.lineage_rows_key(build_id) if issues else None
         start = BuildRecord(
-            build_id=build_id, rank=rank, world_size=world, outcome="running", started_at=started_at,
-            host=socket.gethostname(), pid=os.getpid(), hsstore_version=_version(), command=list(sys.argv),
-            manifest=m, data_files=data_files(m.data_files), recipe=recipe,
-            inputs=InputCounts.from_dict(report.to_dict(), "input report"), samples=samples,
-            share_samples=share_samples, share_tokens=share_tokens, rows_report=rows,
+            build_id=build_id,
+            rank=rank,
+            world_size=world,
+            outcome="running",
+            started_at=started_at,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            hsstore_version=_version(),
+            command=list(sys.argv),
+            manifest=m,
+            data_files=data_files(m.data_files),
+            recipe=recipe,
+            inputs=InputCounts.from_dict(report.to_dict(), "input report"),
+            samples=samples,
+            share_samples=share_samples,
+            share_tokens=share_tokens,
+            rows_report=rows,
         )
         lineage = cls(store, location, start, issues)
         if rank == 0 and rows is not None:
@@ -105,11 +133,27 @@ class Lineage:
         lineage._put("start", start)
         return lineage
 
-    def end(self, outcome: str, *, variants: Sequence[VariantResult] = (), committed: dict[str, int] | None = None,
-            complete: dict[str, bool] | None = None, error: str | None = None) -> None:
+    def end(
+        self,
+        outcome: str,
+        *,
+        variants: Sequence[VariantResult] = (),
+        committed: dict[str, int] | None = None,
+        complete: dict[str, bool] | None = None,
+        error: str | None = None,
+    ) -> None:
         """Write the end record: how the build ended, what each worker built, what is committed."""
-        self._put("end", self.start.replace(outcome=outcome, finished_at=now(), error=error, variants=list(variants),
-                                            committed=dict(committed or {}), complete=complete))
+        self._put(
+            "end",
+            self.start.replace(
+                outcome=outcome,
+                finished_at=now(),
+                error=error,
+                variants=list(variants),
+                committed=dict(committed or {}),
+                complete=complete,
+            ),
+        )
 
     @overload
     def where(self, key: str) -> str: ...
@@ -129,8 +173,10 @@ class Lineage:
     def _put(self, phase: str, record: BuildRecord) -> None:
         key = layout.lineage_record_key(record.build_id, record.rank, phase)
         if not self.store.io.put_if_absent(key, json.dumps(record.to_dict(), indent=1).encode()):
-            raise BuildFailed(f"build record {key} exists already; build ids are unique, so the store holds "
-                               "another build's record under this one's id")
+            raise BuildFailed(
+                f"build record {key} exists already; build ids are unique, so the store holds "
+                "another build's record under this one's id"
+            )
 
 
 def _version() -> str:

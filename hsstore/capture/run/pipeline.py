@@ -17,17 +17,12 @@ import torch
 from hsstore.capture.run.hooks import LayerCapture, pad_batch
 from hsstore.capture.run.progress import Progress
 from hsstore.core.batching import flush_due, padded_length
-from hsstore.core.quant import (
-    Quantized,
-    dequantize,
-    error_tensor,
-    from_error_tensor,
-    quantize,
-)
+from hsstore.core.quant import Quantized, dequantize, error_tensor, from_error_tensor, quantize
 from hsstore.core.schema.build import CaptureResult
 from hsstore.storage.stats import stats_tensor
 
 # --- Page-locked host memory for the capture pipeline: a pool of reused pinned buffers, buffers reserved
+
 
 def pinned_size(nbytes: int) -> int:
     """What to ask for: torch's pinned-memory allocator rounds every block up to a power of two
@@ -109,19 +104,31 @@ class PinnedReservation:
     def wait(self) -> dict[str, Any]:
         t0 = time.perf_counter()
         self.thread.join()
-        return {"pinned_reserve_seconds": self.seconds, "pinned_reserve_wait_seconds": time.perf_counter() - t0,
-                "pinned_reserve_bytes": self.allocated, "pinned_reserve_error": self.error}
+        return {
+            "pinned_reserve_seconds": self.seconds,
+            "pinned_reserve_wait_seconds": time.perf_counter() - t0,
+            "pinned_reserve_bytes": self.allocated,
+            "pinned_reserve_error": self.error,
+        }
 
 
 # what a BackgroundWriter's thread writes: (samples, states, copy events, pinned buffers, health, quant error,
 # the unit's place among the writer's units)
-_Unit = tuple[list[Any], dict[int, Any], list[torch.cuda.Event], list[torch.Tensor], dict[int, torch.Tensor] | None,
-              dict[int, torch.Tensor] | None, int]
+_Unit = tuple[
+    list[Any],
+    dict[int, Any],
+    list[torch.cuda.Event],
+    list[torch.Tensor],
+    dict[int, torch.Tensor] | None,
+    dict[int, torch.Tensor] | None,
+    int,
+]
 PINNED_POOL = PinnedPool()  # shared by every capture in this process: buffers outlive one variant
 
 
-def copy_to_host(states: dict[int, Any], pool: PinnedPool
-                 ) -> tuple[dict[int, Any], list[torch.Tensor], list[torch.cuda.Event]]:
+def copy_to_host(
+    states: dict[int, Any], pool: PinnedPool
+) -> tuple[dict[int, Any], list[torch.Tensor], list[torch.cuda.Event]]:
     """Asynchronous device-to-host copies of a unit's states (tensors or Quantized) into pinned
     buffers from ``pool``. Returns (host states, the buffers to give back, one event per GPU)."""
     bufs: list[torch.Tensor] = []
@@ -179,8 +186,11 @@ class BackgroundWriter:
                     for event in events:
                         event.synchronize()  # the async device-to-host copies have landed
                     t0 = time.time()
-                    extra = {} if quant_error is None else {
-                        "quant_error": {i: from_error_tensor(t.tolist()) for i, t in quant_error.items()}}
+                    extra = (
+                        {}
+                        if quant_error is None
+                        else {"quant_error": {i: from_error_tensor(t.tolist()) for i, t in quant_error.items()}}
+                    )
                     commit = self.writer.write(samples, states, health=health, seq=seq, **extra)
                     with self.stats_lock:
                         self.write_seconds += time.time() - t0
@@ -195,9 +205,15 @@ class BackgroundWriter:
                         self.pool.give(b)
                 self.q.task_done()
 
-    def put(self, samples: list[Any], states: dict[int, Any], events: list[torch.cuda.Event],
-            bufs: list[torch.Tensor], health: dict[int, torch.Tensor] | None = None,
-            quant_error: dict[int, torch.Tensor] | None = None) -> None:
+    def put(
+        self,
+        samples: list[Any],
+        states: dict[int, Any],
+        events: list[torch.cuda.Event],
+        bufs: list[torch.Tensor],
+        health: dict[int, torch.Tensor] | None = None,
+        quant_error: dict[int, torch.Tensor] | None = None,
+    ) -> None:
         if self.error is not None:
             raise self.error
         # its place among the units taken now, in batch order: two threads write, either may commit first
@@ -214,8 +230,9 @@ class BackgroundWriter:
             raise self.error
 
 
-def unit_payload(states: dict[int, torch.Tensor], lengths: list[int], precision: str | None,
-                 on_gpu: bool) -> tuple[dict[int, Any], dict[int, torch.Tensor] | None, dict[int, torch.Tensor] | None]:
+def unit_payload(
+    states: dict[int, torch.Tensor], lengths: list[int], precision: str | None, on_gpu: bool
+) -> tuple[dict[int, Any], dict[int, torch.Tensor] | None, dict[int, torch.Tensor] | None]:
     """What a unit's writer gets, computed where the states are (on a GPU: no host sync): the states
     (as computed, or quantized to ``precision``), their health statistics (of the states as computed;
     None on the CPU as computed: the writer computes them) and, when quantized, the storage error
@@ -235,8 +252,7 @@ class UnitBuffer:
     """The unit being collected: each written sample's states per captured layer, handed to the
     background writer (quantized and copied to pinned host memory first on a GPU) when it flushes."""
 
-    def __init__(self, layers: list[int], bg: BackgroundWriter, precision: str | None,
-                 pool: PinnedPool | None) -> None:
+    def __init__(self, layers: list[int], bg: BackgroundWriter, precision: str | None, pool: PinnedPool | None) -> None:
         self.layers, self.bg, self.precision, self.pool = layers, bg, precision, pool
         self._reset()
 
@@ -324,15 +340,22 @@ class LoopClock:
 
     def summary(self, bg: BackgroundWriter) -> CaptureResult:
         return CaptureResult(
-            samples_written=bg.written, bytes=bg.bytes, loop_seconds=time.time() - self.t0,
-            writer_busy_seconds=bg.write_seconds, first_batch_seconds=self.first_batch_seconds,
-            tail_seconds=self.tail_seconds, steady_tokens=self.steady_tokens, steady_seconds=self.steady_seconds,
+            samples_written=bg.written,
+            bytes=bg.bytes,
+            loop_seconds=time.time() - self.t0,
+            writer_busy_seconds=bg.write_seconds,
+            first_batch_seconds=self.first_batch_seconds,
+            tail_seconds=self.tail_seconds,
+            steady_tokens=self.steady_tokens,
+            steady_seconds=self.steady_seconds,
             batch_shapes=len(self.shapes),
-            pinned_alloc_seconds=(self.pool.alloc_seconds - self.alloc0) if self.pool is not None else 0.0)
+            pinned_alloc_seconds=(self.pool.alloc_seconds - self.alloc0) if self.pool is not None else 0.0,
+        )
 
 
-def batch_inputs(samples: Sequence[Any], batch: Sequence[int], pad_id: int, device: str, bucketed: bool,
-                 clock: LoopClock) -> tuple[torch.Tensor, torch.Tensor]:
+def batch_inputs(
+    samples: Sequence[Any], batch: Sequence[int], pad_id: int, device: str, bucketed: bool, clock: LoopClock
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch's padded input ids and attention mask on ``device``: padded to
     ``batching.padded_length`` of its longest sample when ``bucketed``, else to the longest."""
     seqs = [torch.from_numpy(samples[i].input_ids.astype("int64")) for i in batch]
@@ -343,9 +366,20 @@ def batch_inputs(samples: Sequence[Any], batch: Sequence[int], pad_id: int, devi
 
 
 def capture_to_store(
-    model: Any, num_layers: int, layers: Sequence[int], samples: Sequence[Any], batches: Sequence[Sequence[int]],
-    writer: Any, device: str, pad_id: int, unit_tokens: int, skip: set[str] | frozenset[str] = frozenset(),
-    progress: Progress | None = None, writer_threads: int = 2, precision: str | None = None, bucketed: bool = True,
+    model: Any,
+    num_layers: int,
+    layers: Sequence[int],
+    samples: Sequence[Any],
+    batches: Sequence[Sequence[int]],
+    writer: Any,
+    device: str,
+    pad_id: int,
+    unit_tokens: int,
+    skip: set[str] | frozenset[str] = frozenset(),
+    progress: Progress | None = None,
+    writer_threads: int = 2,
+    precision: str | None = None,
+    bucketed: bool = True,
 ) -> CaptureResult:
     """Run ``batches`` (lists of indices into ``samples``), capture ``layers``, write units of about
     ``unit_tokens`` tokens through ``writer``. Samples whose key is in ``skip`` are computed (their

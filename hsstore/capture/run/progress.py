@@ -33,9 +33,14 @@ class Progress:
             from rich.progress import Progress as RichProgress
 
             self._rich = RichProgress(
-                TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} samples"),
-                TextColumn("{task.fields[tps]:,.0f} tok/s"), TimeRemainingColumn(), TextColumn("{task.fields[note]}"),
-                transient=False, console=Console(stderr=True),  # on stderr, which is the terminal: stdout is the summary's
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total} samples"),
+                TextColumn("{task.fields[tps]:,.0f} tok/s"),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[note]}"),
+                transient=False,
+                console=Console(stderr=True),  # on stderr, which is the terminal: stdout is the summary's
             )
             self._rich.start()
             self._task = self._rich.add_task(label, total=total_samples, tps=0.0, note="")
@@ -63,8 +68,11 @@ class Progress:
         elif not self.quiet and (now - self.last > 10 or self.samples == self.total_samples):
             left = (self.total_tokens - self.tokens) / tps if tps > 0 else float("nan")
             shapes = f", {self.notes} new batch shape(s) compiled" if self.notes else ""
-            print(f"[{self.label}] {self.samples}/{self.total_samples} samples, {tps:,.0f} tok/s, ETA {left:,.0f}s{shapes}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[{self.label}] {self.samples}/{self.total_samples} samples, {tps:,.0f} tok/s, ETA {left:,.0f}s{shapes}",
+                file=sys.stderr,
+                flush=True,
+            )
             self.last = now
 
     def close(self) -> None:

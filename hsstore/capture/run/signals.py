@@ -140,6 +140,7 @@ def exit_with_parent(parent_pid: int, temp: str | os.PathLike[str] | None = None
     temporary folder ``temp`` when the driver is gone. The kernel reports the parent's death as SIGHUP
     (PR_SET_PDEATHSIG), a signal of its own: it can come while the dying driver's other threads still
     hold its pid, so the worker cannot tell it from a stop by asking for its parent's pid."""
+
     def leave(code: int) -> None:
         if temp is not None and Path(temp).name.startswith(TEMP_PREFIX):
             shutil.rmtree(temp, ignore_errors=True)
@@ -185,8 +186,13 @@ def process_id(pid: int) -> dict[str, Any]:
         pidns = os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         pidns = None
-    return {"host": socket.gethostname(), "boot": _read("/proc/sys/kernel/random/boot_id"), "pidns": pidns,
-            "pid": pid, "started": started}
+    return {
+        "host": socket.gethostname(),
+        "boot": _read("/proc/sys/kernel/random/boot_id"),
+        "pidns": pidns,
+        "pid": pid,
+        "started": started,
+    }
 
 
 def owner_gone(owner: Any, here: dict[str, Any] | None = None) -> bool:

@@ -20,14 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hsstore.core.schema.build import VariantResult, WorkerOutcome, WorkerPlan
-from hsstore.core.schema.provenance import (
-    Batching,
-    Kernels,
-    ModelParallel,
-    Provenance,
-    Stage,
-    Storage,
-)
+from hsstore.core.schema.provenance import Batching, Kernels, ModelParallel, Provenance, Stage, Storage
 from hsstore.core.schema.record import present
 
 if TYPE_CHECKING:
@@ -87,21 +80,36 @@ def _load(plan: WorkerPlan, spec: Any, dtype: str, devices: list[str]) -> tuple[
     if plan.backend == "fla" and kernels.chunk_gated_delta_rule not in ("fla", "n/a"):
         if off := fla_off_device(model):
             raise BadInput(f"backend 'fla' was requested, but {off}")
-        raise BuildFailed(f"backend 'fla' was requested but transformers bound {kernels.chunk_gated_delta_rule!r} "
-                          f"for the gated delta rule; {why_not(model, 'fla')}")
+        raise BuildFailed(
+            f"backend 'fla' was requested but transformers bound {kernels.chunk_gated_delta_rule!r} "
+            f"for the gated delta rule; {why_not(model, 'fla')}"
+        )
     return model, kernels
 
 
-def planned_provenance(recipe: Any, token_budget: int, precision: str | None, backend: str, dtype: str,
-                       device: str, kernels: Kernels, probe: bool = True) -> Provenance:
+def planned_provenance(
+    recipe: Any,
+    token_budget: int,
+    precision: str | None,
+    backend: str,
+    dtype: str,
+    device: str,
+    kernels: Kernels,
+    probe: bool = True,
+) -> Provenance:
     """The provenance a variant of ``recipe`` computed on ``device`` gets (``hsstore plan`` calls it with
     kernels not yet known and ``probe=False``: a plan matches store variants on every other field)."""
     from hsstore.capture.model.environment import environment
     from hsstore.core.batching import POLICY as PADDING_POLICY
     from hsstore.core.precision_names import SCALE_SCHEME
 
-    batching = Batching(padding_side="right", token_budget=token_budget, attention_mask=True,
-                        order="length-descending", padded_lengths=PADDING_POLICY)
+    batching = Batching(
+        padding_side="right",
+        token_budget=token_budget,
+        attention_mask=True,
+        order="length-descending",
+        padded_lengths=PADDING_POLICY,
+    )
     env = environment(device, dtype, backend, kernels, batching, probe)
     if precision:  # absent when stored as computed: the ids of such variants do not change
         env = env.replace(storage=Storage(precision=precision, scale=SCALE_SCHEME))
@@ -129,8 +137,15 @@ def _open_variant(plan: WorkerPlan, provenance: Provenance, g: Geometry, dtype: 
 
     codec = codec_for_codes(plan.codec) if plan.precision else plan.codec
     with another_model_allowed(plan.another_model):
-        vid = store.create_variant(provenance.to_dict(), plan.recipe.layers.to_dict(), g.hidden, dtype, codec,
-                                   chunk_tokens(g.hidden, g.itemsize), precision=plan.precision)
+        vid = store.create_variant(
+            provenance.to_dict(),
+            plan.recipe.layers.to_dict(),
+            g.hidden,
+            dtype,
+            codec,
+            chunk_tokens(g.hidden, g.itemsize),
+            precision=plan.precision,
+        )
     if plan.label:  # before any state is computed: a label another variant holds stops the build here
         store.set_label(vid, plan.label, by="build")
     kept = store.variant_record(vid).codec
@@ -139,8 +154,9 @@ def _open_variant(plan: WorkerPlan, provenance: Provenance, g: Geometry, dtype: 
     with open(plan.progress, "a") as f:  # the driver names it if the build is stopped
         f.write(vid + "\n")
     # unique per process (two builds started in the same millisecond once shared a time-based id)
-    writer = UnitWriter(store, vid, writer_id=f"{plan.writer_prefix}{uuid.uuid4().hex[:12]}",
-                        check_health=not plan.allow_unhealthy)
+    writer = UnitWriter(
+        store, vid, writer_id=f"{plan.writer_prefix}{uuid.uuid4().hex[:12]}", check_health=not plan.allow_unhealthy
+    )
     return vid, writer
 
 
@@ -166,22 +182,47 @@ def run_variant(plan: WorkerPlan, spec: Any, samples: list[SampleTokens], dtype:
     progress = Progress(f"{vid} {plan.backend}/{dtype}/{device}", sum(map(len, batches)), tokens, plan.quiet)
     reserved = reservation.wait() if reservation is not None else {}
     num_layers = present(plan.recipe.model.num_layers, "recipe.model.num_layers")
-    out = capture_to_store(model, num_layers, g.layers, samples, batches, writer, devices[0], plan.pad_id,
-                           g.unit_tokens, skip=done, progress=progress, precision=plan.precision)
+    out = capture_to_store(
+        model,
+        num_layers,
+        g.layers,
+        samples,
+        batches,
+        writer,
+        devices[0],
+        plan.pad_id,
+        g.unit_tokens,
+        skip=done,
+        progress=progress,
+        precision=plan.precision,
+    )
     loop_s = out.loop_seconds
     pending = {samples[i].key for b in batches for i in b} - done
     by_others = len(pending & writer.committed_keys()) - out.samples_written
     return VariantResult(
-        variant=vid, backend=plan.backend, dtype=dtype, device=device, kernels=kernels,
-        samples_written=out.samples_written, samples_present=sum(1 for s in samples if s.key in done),
+        variant=vid,
+        backend=plan.backend,
+        dtype=dtype,
+        device=device,
+        kernels=kernels,
+        samples_written=out.samples_written,
+        samples_present=sum(1 for s in samples if s.key in done),
         samples_by_others=by_others,
-        tokens=tokens, bytes=out.bytes, seconds=time.time() - t0, loop_seconds=loop_s,
+        tokens=tokens,
+        bytes=out.bytes,
+        seconds=time.time() - t0,
+        loop_seconds=loop_s,
         tokens_per_second=tokens / loop_s if loop_s > 0 and tokens else None,
-        writer_busy_seconds=out.writer_busy_seconds, first_batch_seconds=out.first_batch_seconds,
-        tail_seconds=out.tail_seconds, pinned_alloc_seconds=out.pinned_alloc_seconds,
-        batch_shapes=out.batch_shapes, steady_tokens=out.steady_tokens, steady_seconds=out.steady_seconds,
-        peak_gpu_memory_gb={d: round(torch.cuda.max_memory_allocated(d) / 1e9, 2)
-                            for d in devices if d.startswith("cuda")},
+        writer_busy_seconds=out.writer_busy_seconds,
+        first_batch_seconds=out.first_batch_seconds,
+        tail_seconds=out.tail_seconds,
+        pinned_alloc_seconds=out.pinned_alloc_seconds,
+        batch_shapes=out.batch_shapes,
+        steady_tokens=out.steady_tokens,
+        steady_seconds=out.steady_seconds,
+        peak_gpu_memory_gb={
+            d: round(torch.cuda.max_memory_allocated(d) / 1e9, 2) for d in devices if d.startswith("cuda")
+        },
         **reserved,
     )
 

@@ -61,24 +61,35 @@ def check_generate(g: GenerateTable) -> None:
     if g.engine not in ENGINES:
         raise BadInput(f"[generate] engine = {g.engine!r}; choose one of {', '.join(ENGINES)}")
     if g.engine == "openai" and not (g.url or "").startswith(("http://", "https://")):
-        raise BadInput("[generate] engine = \"openai\" needs url, the server's base URL, e.g. "
-                       "url = \"http://127.0.0.1:8000/v1\"")
+        raise BadInput(
+            '[generate] engine = "openai" needs url, the server\'s base URL, e.g. url = "http://127.0.0.1:8000/v1"'
+        )
     if g.engine == "model" and g.url is not None:
-        raise BadInput("[generate] url is for engine = \"openai\"; the in-process engine (\"model\") takes none")
+        raise BadInput('[generate] url is for engine = "openai"; the in-process engine ("model") takes none')
     if g.turns not in TURNS:
         raise BadInput(f"[generate] turns = {g.turns!r}; choose last or all")
     if g.reasoning not in REASONING:
         raise BadInput(f"[generate] reasoning = {g.reasoning!r}; choose keep or drop")
-    for key, value, low in (("max_new_tokens", g.max_new_tokens, 1), ("n", g.n, 1), ("concurrency", g.concurrency, 1),
-                            ("top_k", g.top_k, 0), ("retries", g.retries, 0), ("seed", g.seed, 0)):
+    for key, value, low in (
+        ("max_new_tokens", g.max_new_tokens, 1),
+        ("n", g.n, 1),
+        ("concurrency", g.concurrency, 1),
+        ("top_k", g.top_k, 0),
+        ("retries", g.retries, 0),
+        ("seed", g.seed, 0),
+    ):
         if value < low:
             raise BadInput(f"[generate] {key} = {value}; it must be at least {low}")
     if not 0 <= g.temperature <= 10 or not 0 < g.top_p <= 1 or not g.timeout_s > 0:
-        raise BadInput(f"[generate] temperature ({g.temperature}) must be in [0, 10], top_p ({g.top_p}) in (0, 1] "
-                       f"and timeout_s ({g.timeout_s}) above 0")
+        raise BadInput(
+            f"[generate] temperature ({g.temperature}) must be in [0, 10], top_p ({g.top_p}) in (0, 1] "
+            f"and timeout_s ({g.timeout_s}) above 0"
+        )
     if g.n > 1 and g.temperature == 0:
-        raise BadInput(f"[generate] n = {g.n} with temperature = 0 (greedy) gives {g.n} identical replies; set a "
-                       "temperature above 0, or n = 1")
+        raise BadInput(
+            f"[generate] n = {g.n} with temperature = 0 (greedy) gives {g.n} identical replies; set a "
+            "temperature above 0, or n = 1"
+        )
     if any(not isinstance(x, str) or not x for x in g.stop):
         raise BadInput("[generate] stop must be a list of non-empty strings")
 
@@ -149,8 +160,13 @@ class ManifestFile(Record):
 
 
 # table name -> its record (the allowed keys of each table are its fields)
-TABLES: dict[str, type[Record]] = {"model": ModelTable, "data": DataTable, "build": BuildTable, "store": StoreTable,
-                                   "generate": GenerateTable}
+TABLES: dict[str, type[Record]] = {
+    "model": ModelTable,
+    "data": DataTable,
+    "build": BuildTable,
+    "store": StoreTable,
+    "generate": GenerateTable,
+}
 
 
 class Manifest(Record):
@@ -216,13 +232,16 @@ def parse_layers(source: str, layers: Any) -> dict[str, list[LayerId]]:
     """``[model] layers`` as written, held to the layer rules: lists of distinct ids (or "final_norm"), a
     target, no layer both aux and target (a target leaking into the conditioning layers)."""
     if not isinstance(layers, dict) or set(layers) - {"aux", "target"}:
-        raise _err(source, "[model] layers must be a table with keys aux and target, e.g. { aux = [1, 2], target = [3] }")
+        raise _err(
+            source, "[model] layers must be a table with keys aux and target, e.g. { aux = [1, 2], target = [3] }"
+        )
     out: dict[str, list[LayerId]] = {}
     for role in ("aux", "target"):
         ids = layers.get(role, [])
-        if not isinstance(ids, list) or not all((isinstance(i, int) and not isinstance(i, bool)) or i == FINAL_NORM
-                                                for i in ids):
-            raise _err(source, f"[model] layers.{role} must be a list of integers (or \"{FINAL_NORM}\"), got {ids!r}")
+        if not isinstance(ids, list) or not all(
+            (isinstance(i, int) and not isinstance(i, bool)) or i == FINAL_NORM for i in ids
+        ):
+            raise _err(source, f'[model] layers.{role} must be a list of integers (or "{FINAL_NORM}"), got {ids!r}')
         if len(set(ids)) != len(ids):
             raise _err(source, f"[model] layers.{role} lists a layer twice: {ids}")
         out[role] = list(ids)
@@ -230,8 +249,11 @@ def parse_layers(source: str, layers: Any) -> dict[str, list[LayerId]]:
         raise _err(source, "[model] layers.target is empty; name the layer the drafter predicts, e.g. target = [3]")
     both = sorted(set(out["aux"]) & set(out["target"]), key=str)
     if both:
-        raise _err(source, f"layer(s) {both} are both aux and target; a target layer must not leak into the "
-                           "conditioning layers — remove it from aux")
+        raise _err(
+            source,
+            f"layer(s) {both} are both aux and target; a target layer must not leak into the "
+            "conditioning layers — remove it from aux",
+        )
     return out
 
 
@@ -239,8 +261,12 @@ def resolve_layers(layers: dict[str, list[Any]], num_layers: int, model: str) ->
     """Range-check decoder layer ids and give the final norm its stored id, ``num_layers``."""
     check_layers_in_model(layers, num_layers, model)
     out = {role: [num_layers if i == FINAL_NORM else i for i in ids] for role, ids in layers.items()}
-    check_no_leak(out.get("aux", []), out.get("target", []), num_layers,
-                  f"drop layer {num_layers - 1} from aux or target layer {num_layers - 1} instead of final_norm")
+    check_no_leak(
+        out.get("aux", []),
+        out.get("target", []),
+        num_layers,
+        f"drop layer {num_layers - 1} from aux or target layer {num_layers - 1} instead of final_norm",
+    )
     return out
 
 
@@ -249,9 +275,11 @@ def check_layers_in_model(layers: dict[str, list[Any]], num_layers: int, model: 
     for role, ids in layers.items():
         bad = [i for i in ids if i != FINAL_NORM and not 0 <= i < num_layers]
         if bad:
-            raise BadInput(f"layer(s) {bad} in layers.{role} are out of range: {model} has {num_layers} decoder layers "
-                           f"(valid 0..{num_layers - 1}; layer i is the output of decoder layer i; "
-                           f"the state after the final norm is named \"{FINAL_NORM}\")")
+            raise BadInput(
+                f"layer(s) {bad} in layers.{role} are out of range: {model} has {num_layers} decoder layers "
+                f"(valid 0..{num_layers - 1}; layer i is the output of decoder layer i; "
+                f'the state after the final norm is named "{FINAL_NORM}")'
+            )
 
 
 def _check_keys(source: str, raw: dict[str, Any]) -> None:
@@ -272,12 +300,12 @@ def _check_keys(source: str, raw: dict[str, Any]) -> None:
 def _require(source: str, raw: dict[str, Any]) -> None:
     model, data = raw.get("model", {}), raw.get("data", {})
     if "path" not in model:
-        raise _err(source, "[model] path is missing; e.g. path = \"builtin:tiny-qwen3_5\"")
+        raise _err(source, '[model] path is missing; e.g. path = "builtin:tiny-qwen3_5"')
     if "layers" not in model:
         raise _err(source, "[model] layers is missing; e.g. layers = { aux = [1, 2], target = [3] }")
     parse_layers(source, model["layers"])  # the layer rules, with their own messages, before types
     if not data.get("files"):
-        raise _err(source, "[data] files is missing or empty; e.g. files = [\"conversations.jsonl\"]")
+        raise _err(source, '[data] files is missing or empty; e.g. files = ["conversations.jsonl"]')
 
 
 def parse_manifest_file(raw: dict[str, Any], source: str) -> ManifestFile:
@@ -298,7 +326,7 @@ def check_manifest(m: Manifest, codecs: Collection[str], need_store: bool = True
     if m.generate is not None:
         check_generate(m.generate)
     if need_store and not m.store_path:
-        raise BadInput(f"{m.source}: [store] path is missing; e.g. path = \"out/tiny.zarr\" (or pass --store)")
+        raise BadInput(f'{m.source}: [store] path is missing; e.g. path = "out/tiny.zarr" (or pass --store)')
     return m.replace(dtypes=dtypes)
 
 
@@ -316,8 +344,10 @@ def _check_values(m: Manifest, codecs: Collection[str]) -> None:
     if m.codec not in codecs:
         raise BadInput(f"unknown compression {m.codec!r}; choose one of {', '.join(codecs)}")
     if m.precision is not None and m.precision not in PRECISIONS:
-        raise BadInput(f"[store] precision = {m.precision!r}; choose one of {', '.join(PRECISIONS)} (or leave it out "
-                       "to store the states as computed)")
+        raise BadInput(
+            f"[store] precision = {m.precision!r}; choose one of {', '.join(PRECISIONS)} (or leave it out "
+            "to store the states as computed)"
+        )
     if m.token_budget < m.max_length:
         raise BadInput(f"[build] token_budget ({m.token_budget}) must be at least [data] max_length ({m.max_length})")
 
@@ -349,11 +379,15 @@ def _check_build(m: Manifest) -> None:
     if m.gpus_per_rank < 1:
         raise BadInput(f"[build] gpus_per_rank = {m.gpus_per_rank}; it must be 1 or more")
     if m.gpus_per_rank > 1 and m.devices != ["cuda"]:
-        raise BadInput(f"[build] gpus_per_rank = {m.gpus_per_rank} spreads the model over that many GPUs of each rank; "
-                       f"set devices = [\"cuda\"] (got {m.devices}) — the GPUs are picked from the local rank")
+        raise BadInput(
+            f"[build] gpus_per_rank = {m.gpus_per_rank} spreads the model over that many GPUs of each rank; "
+            f'set devices = ["cuda"] (got {m.devices}) — the GPUs are picked from the local rank'
+        )
     if m.gpus_per_rank > 1 and m.init_device == "device":
-        raise BadInput("[model] init_device = \"device\" draws random weights on one GPU; with gpus_per_rank > 1 the "
-                       "model is drawn on the CPU: set init_device = \"cpu\"")
+        raise BadInput(
+            '[model] init_device = "device" draws random weights on one GPU; with gpus_per_rank > 1 the '
+            'model is drawn on the CPU: set init_device = "cpu"'
+        )
     if m.unit_tokens is not None and m.unit_tokens < 1:
         raise BadInput(f"[build] unit_tokens = {m.unit_tokens}; it must be 1 or more (or left out for ~1 GiB units)")
     _check_label(m)
@@ -366,9 +400,13 @@ def _check_label(m: Manifest) -> None:
     if m.label is None:
         return
     if not LABEL_PATTERN.match(m.label):
-        raise BadInput(f"label {m.label!r} is not a label: use letters, digits, '_', '-' and '.' (at most 64, starting "
-                       "with a letter or digit), e.g. sdpa-bf16")
+        raise BadInput(
+            f"label {m.label!r} is not a label: use letters, digits, '_', '-' and '.' (at most 64, starting "
+            "with a letter or digit), e.g. sdpa-bf16"
+        )
     runs = len(m.backends) * len(m.dtypes) * len(m.devices)
     if runs > 1:
-        raise BadInput(f"--label {m.label!r} names one variant but this build makes {runs} (backends {m.backends}, "
-                       f"dtypes {m.dtypes}, devices {m.devices}); build one at a time, e.g. --dtype {m.dtypes[0]}")
+        raise BadInput(
+            f"--label {m.label!r} names one variant but this build makes {runs} (backends {m.backends}, "
+            f"dtypes {m.dtypes}, devices {m.devices}); build one at a time, e.g. --dtype {m.dtypes[0]}"
+        )

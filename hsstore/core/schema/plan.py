@@ -84,10 +84,12 @@ class Space(Record):
 
         if self.file_size_limit is None or self.largest_file_bytes <= self.file_size_limit:
             return None
-        return (f"its largest file (~{byte_size(self.largest_file_bytes)}, a layer of a unit) exceeds this process's "
-                f"file-size limit of {byte_size(self.file_size_limit)} ({self.file_size_limit:,} bytes, RLIMIT_FSIZE); "
-                f"raise it (ulimit -f unlimited, or above {-(-self.largest_file_bytes // 1024)} KiB) or lower "
-                "[store] unit_tokens")
+        return (
+            f"its largest file (~{byte_size(self.largest_file_bytes)}, a layer of a unit) exceeds this process's "
+            f"file-size limit of {byte_size(self.file_size_limit)} ({self.file_size_limit:,} bytes, RLIMIT_FSIZE); "
+            f"raise it (ulimit -f unlimited, or above {-(-self.largest_file_bytes // 1024)} KiB) or lower "
+            "[store] unit_tokens"
+        )
 
 
 class GenerationPlan(Record):

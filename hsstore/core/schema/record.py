@@ -26,8 +26,15 @@ __all__ = ["UNSET", "Record", "UnsetType", "decode_json", "explain", "is_set", "
 R = TypeVar("R", bound="Record")
 T = TypeVar("T")
 _PATH = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]|\[['\"]?([^\]'\"]*)['\"]?\]")
-_TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "a boolean (true/false)",
-               "array": "a list", "object": "a table/object", "null": "null"}
+_TYPE_WORDS = {
+    "int": "an integer",
+    "float": "a number",
+    "str": "a string",
+    "bool": "a boolean (true/false)",
+    "array": "a list",
+    "object": "a table/object",
+    "null": "null",
+}
 
 
 class _KeywordOnly(type(msgspec.Struct)):  # type: ignore[misc]
@@ -50,6 +57,7 @@ if TYPE_CHECKING:
     class _Struct(msgspec.Struct, frozen=True):
         pass
 else:
+
     class _Struct(msgspec.Struct, metaclass=_KeywordOnly):
         pass
 
@@ -63,8 +71,7 @@ class Record(_Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
         return out
 
     @classmethod
-    def from_dict(cls: type[R], data: Any, what: str, error: type[HsstoreError] = CorruptData,
-                  toml: bool = False) -> R:
+    def from_dict(cls: type[R], data: Any, what: str, error: type[HsstoreError] = CorruptData, toml: bool = False) -> R:
         """Strictly decode ``data``; ``error`` (naming ``what``) on any wrong key, type or value.
         ``toml``: name keys as ``[table] key`` instead of ``table.key``."""
         try:

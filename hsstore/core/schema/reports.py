@@ -11,6 +11,7 @@ from hsstore.core.schema.record import UNSET, Record, UnsetType
 
 # --- How a variant stored in another precision than computed (FP8) reports itself, as typed records: its
 
+
 class StorageError(Record):
     """The stored states against the states as computed, over all tokens of one layer."""
 
@@ -122,7 +123,9 @@ class GenerationSummary(Record):
     prompt_tokens: int
     reply_tokens: int
     engines: list[str]  # "engine version"
-    kernels: list[str] = []  # each distinct kernel set the replies were generated with ("family=kernel ..."; "not recorded")
+    kernels: list[
+        str
+    ] = []  # each distinct kernel set the replies were generated with ("family=kernel ..."; "not recorded")
 
 
 class StoreInfo(Record):
@@ -134,6 +137,7 @@ class StoreInfo(Record):
 
 
 # --- What ``hsstore verify --json`` prints, as typed records (stable keys, docs/json.md).
+
 
 class Problem(Record):
     """One thing wrong with the store: the variant, sample key and unit it concerns (None: not one)."""
@@ -155,6 +159,7 @@ class VerifyReport(Record):
 
 # --- What ``hsstore gc --json`` prints, as typed records (stable keys, docs/json.md).
 
+
 class Skipped(Record):
     """Something gc left in place, and why (it cannot be removed safely)."""
 
@@ -171,6 +176,7 @@ class GcReport(Record):
 
 
 # --- What ``hsstore convert --json`` prints, as a typed record (stable keys, docs/json.md).
+
 
 class ConvertReport(Record):
     source: str  # STORE#VARIANT_ID converted from
@@ -198,9 +204,24 @@ CheckVerdictKind = Literal[NoiseVerdict, "differs"]
 # ... for ``diff``, or "inconclusive" (a sampled interval straddles the noise bound) or "no_floor" (none given)
 DiffVerdictKind = Literal[NoiseVerdict, "inconclusive", "no_floor"]
 # the defect classes the audit names (hsstore.compare.defects.DEFECTS: this set, in this order)
-DefectKind = Literal["nan", "inf", "all_zero", "constant", "suffix_states", "token_shift", "capture_point",
-                     "aux_equals_target", "stale_copy", "scaled", "clipped", "wrong_dtype", "other_weights",
-                     "beyond_noise", "differs"]
+DefectKind = Literal[
+    "nan",
+    "inf",
+    "all_zero",
+    "constant",
+    "suffix_states",
+    "token_shift",
+    "capture_point",
+    "aux_equals_target",
+    "stale_copy",
+    "scaled",
+    "clipped",
+    "wrong_dtype",
+    "other_weights",
+    "beyond_noise",
+    "differs",
+]
+
 
 class LayerDiff(Record):
     """One layer of A against B (B is the reference)."""

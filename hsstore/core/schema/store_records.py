@@ -42,8 +42,14 @@ class VariantRecord(Record, dict=True):
     precision: str | UnsetType = UNSET  # how states are stored when not as computed: "fp8-e4m3" (core.quant)
 
     def __post_init__(self) -> None:
-        for path in (("recipe",), ("environment",), ("recipe", "model"), ("recipe", "tokenizer"),
-                     ("recipe", "layers"), ("environment", "kernels")):  # the tables readers look into
+        for path in (
+            ("recipe",),
+            ("environment",),
+            ("recipe", "model"),
+            ("recipe", "tokenizer"),
+            ("recipe", "layers"),
+            ("environment", "kernels"),
+        ):  # the tables readers look into
             node: Any = self.provenance
             for i, name in enumerate(path):
                 node = node.get(name) if isinstance(node, dict) else None
@@ -190,6 +196,7 @@ class ModelRecord(Record):
 
 # --- Records about files a build reads: a stamp (what the filesystem says) and a content hash.
 
+
 class FileStamp(Record):
     """Device, inode, size and the two timestamps: equal stamps before and after = the same file, untouched
     (a program can restore mtime but not ctime; hsstore still never trusts a stamp in place of a hash)."""
@@ -210,6 +217,7 @@ class HashedFile(Record):
 
 
 # --- zarr v3 array metadata (``zarr.json`` of an array), the part hsstore reads: typed, strictly decoded.
+
 
 class ZarrCodec(msgspec.Struct, frozen=True):
     """One codec of a chain: its name and configuration."""

@@ -15,12 +15,7 @@ from typing import Any
 
 import torch
 
-from hsstore.interop.formats.interface import (
-    FormatWriter,
-    TorchDictFormat,
-    atomic_write,
-    torch_bytes,
-)
+from hsstore.interop.formats.interface import FormatWriter, TorchDictFormat, atomic_write, torch_bytes
 from hsstore.interop.sample import FileDigest, SourceSample
 
 
@@ -28,8 +23,16 @@ class EagleWriter(FormatWriter):
     def rel(self, index: int, key: str) -> str:
         return f"0/data_{index}.ckpt"
 
-    def write(self, index: int, key: str, ids: torch.Tensor, mask: torch.Tensor, aux: torch.Tensor | None,
-              target: torch.Tensor, claims: dict[str, Any]) -> FileDigest:
+    def write(
+        self,
+        index: int,
+        key: str,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        aux: torch.Tensor | None,
+        target: torch.Tensor,
+        claims: dict[str, Any],
+    ) -> FileDigest:
         record = {"input_ids": ids, "hidden_state": target.contiguous(), "loss_mask": mask}
         return atomic_write(self.root, self.rel(index, key), torch_bytes(record))
 

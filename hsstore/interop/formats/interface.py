@@ -44,8 +44,11 @@ def write_failed(path: Path, e: OSError) -> BadInput | WriteFailed:
     if e.errno in PLACE_ERRORS:
         return BadInput(f"cannot write {path}: {e.strerror or e}; choose a writable folder")
     cause = write_cause(e)
-    return WriteFailed(f"writing {path} failed: {e.strerror or e}; the export is not complete (no partial file is "
-                       f"left). {WRITE_FIXES[cause]} and re-run the same command", cause)
+    return WriteFailed(
+        f"writing {path} failed: {e.strerror or e}; the export is not complete (no partial file is "
+        f"left). {WRITE_FIXES[cause]} and re-run the same command",
+        cause,
+    )
 
 
 def atomic_write(root: Path, rel: str, data: bytes) -> FileDigest:
@@ -77,8 +80,16 @@ class FormatWriter:
     def rel(self, index: int, key: str) -> str:
         raise NotImplementedError
 
-    def write(self, index: int, key: str, ids: torch.Tensor, mask: torch.Tensor, aux: torch.Tensor | None,
-              target: torch.Tensor, claims: dict[str, Any]) -> FileDigest:
+    def write(
+        self,
+        index: int,
+        key: str,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        aux: torch.Tensor | None,
+        target: torch.Tensor,
+        claims: dict[str, Any],
+    ) -> FileDigest:
         """``ids``/``mask`` int64 ``[T]``, ``aux`` ``[T, n, H]`` (or None), ``target`` ``[T, H]``."""
         raise NotImplementedError
 
@@ -139,8 +150,9 @@ class TorchDictFormat(Format):
         data, digest = read_bytes(root, item)
         return load_torch(data, item), digest
 
-    def sample_states(self, obj: dict[str, Any], item: str) -> tuple[np.ndarray, np.ndarray, torch.Tensor | None,
-                                                                     torch.Tensor]:
+    def sample_states(
+        self, obj: dict[str, Any], item: str
+    ) -> tuple[np.ndarray, np.ndarray, torch.Tensor | None, torch.Tensor]:
         """(input ids, loss mask, aux states [T, n, H] or None, target [T, H]) of a loaded dict, checked."""
         ids, mask = tokens(tensor(obj, "input_ids", item), tensor(obj, "loss_mask", item), item)
         target = states(tensor(obj, self.target_key, item), len(ids), item, self.target_key)

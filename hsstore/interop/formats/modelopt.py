@@ -17,12 +17,7 @@ from typing import Any
 import torch
 
 from hsstore.core.errors import BadInput
-from hsstore.interop.formats.interface import (
-    FormatWriter,
-    TorchDictFormat,
-    atomic_write,
-    torch_bytes,
-)
+from hsstore.interop.formats.interface import FormatWriter, TorchDictFormat, atomic_write, torch_bytes
 from hsstore.interop.sample import FileDigest, SourceSample
 
 
@@ -30,13 +25,23 @@ class ModelOptWriter(FormatWriter):
     def rel(self, index: int, key: str) -> str:
         return f"{key}.pt"  # the conversation id is the sample's content key
 
-    def write(self, index: int, key: str, ids: torch.Tensor, mask: torch.Tensor, aux: torch.Tensor | None,
-              target: torch.Tensor, claims: dict[str, Any]) -> FileDigest:
+    def write(
+        self,
+        index: int,
+        key: str,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        aux: torch.Tensor | None,
+        target: torch.Tensor,
+        claims: dict[str, Any],
+    ) -> FileDigest:
         if aux is None or aux.shape[1] == 0:
             raise BadInput("Model-Optimizer's EAGLE-3 files need aux layers; the variant has none (export --aux ...)")
         record: dict[str, Any] = {
-            "input_ids": ids, "hidden_states": target.contiguous(),
-            "aux_hidden_states": aux.reshape(aux.shape[0], -1).contiguous(), "loss_mask": mask,
+            "input_ids": ids,
+            "hidden_states": target.contiguous(),
+            "aux_hidden_states": aux.reshape(aux.shape[0], -1).contiguous(),
+            "loss_mask": mask,
             "conversation_id": key,
         }
         if "prenorm" in claims:  # ModelOpt re-applies the final norm to a pre-norm target when told so
@@ -56,8 +61,10 @@ class ModelOpt(TorchDictFormat):
     def read(self, root: Path, item: str) -> SourceSample:
         obj, digest = self.load(root, item)
         if "loss_mask" not in obj:
-            raise BadInput(f"{item}: no 'loss_mask' (dumped without --answer-only-loss); hsstore keys samples by "
-                           "their mask and will not guess one — re-dump with --answer-only-loss")
+            raise BadInput(
+                f"{item}: no 'loss_mask' (dumped without --answer-only-loss); hsstore keys samples by "
+                "their mask and will not guess one — re-dump with --answer-only-loss"
+            )
         ids, mask, aux, target = self.sample_states(obj, item)
         claims: dict[str, Any] = {}
         if "hidden_states_prenorm" in obj:

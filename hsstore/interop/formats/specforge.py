@@ -16,12 +16,7 @@ from typing import Any
 import torch
 
 from hsstore.core.errors import BadInput
-from hsstore.interop.formats.interface import (
-    FormatWriter,
-    TorchDictFormat,
-    atomic_write,
-    torch_bytes,
-)
+from hsstore.interop.formats.interface import FormatWriter, TorchDictFormat, atomic_write, torch_bytes
 from hsstore.interop.sample import FileDigest, SourceSample
 
 GROUP = 2000  # SpecForge's default --file-group-size: files per rows_* folder
@@ -32,12 +27,21 @@ class SpecForgeWriter(FormatWriter):
         g = (index // GROUP) * GROUP
         return f"rows_{g}-{g + GROUP}/data_{index}.ckpt" + (".gz" if self.compress else "")
 
-    def write(self, index: int, key: str, ids: torch.Tensor, mask: torch.Tensor, aux: torch.Tensor | None,
-              target: torch.Tensor, claims: dict[str, Any]) -> FileDigest:
+    def write(
+        self,
+        index: int,
+        key: str,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        aux: torch.Tensor | None,
+        target: torch.Tensor,
+        claims: dict[str, Any],
+    ) -> FileDigest:
         if aux is None or aux.shape[1] == 0:
             raise BadInput("SpecForge's EAGLE-3 files need aux layers; the variant has none (export --aux ...)")
         record = {
-            "input_ids": ids, "loss_mask": mask,
+            "input_ids": ids,
+            "loss_mask": mask,
             "aux_hidden_state": aux.reshape(aux.shape[0], -1).unsqueeze(0).contiguous(),
             "hidden_state": target.unsqueeze(0).contiguous(),
         }
@@ -59,8 +63,10 @@ class SpecForge(TorchDictFormat):
     def read(self, root: Path, item: str) -> SourceSample:
         obj, digest = self.load(root, item)
         if "aux_hidden_state" not in obj and "hidden_states" in obj:
-            raise BadInput(f"{item}: a DFlash-family feature file (hidden_states); only SpecForge's EAGLE-3 files "
-                           "(hidden_state + aux_hidden_state) are imported")
+            raise BadInput(
+                f"{item}: a DFlash-family feature file (hidden_states); only SpecForge's EAGLE-3 files "
+                "(hidden_state + aux_hidden_state) are imported"
+            )
         ids, mask, aux, target = self.sample_states(obj, item)
         return SourceSample(item, ids, mask, aux, target, [digest])
 

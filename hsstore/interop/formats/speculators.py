@@ -20,20 +20,8 @@ from typing import Any
 import torch
 
 from hsstore.core.errors import BadInput
-from hsstore.interop.formats.interface import (
-    TMP_SUFFIX,
-    Format,
-    FormatWriter,
-    atomic_write,
-)
-from hsstore.interop.sample import (
-    FileDigest,
-    SourceSample,
-    read_bytes,
-    states,
-    tokens,
-    walk,
-)
+from hsstore.interop.formats.interface import TMP_SUFFIX, Format, FormatWriter, atomic_write
+from hsstore.interop.sample import FileDigest, SourceSample, read_bytes, states, tokens, walk
 
 HS_DIR = "hidden_states"
 FP8_SCALES = "hidden_states_scales"  # hs_connectors.fp8_utils.SCALES_KEY
@@ -46,11 +34,7 @@ def hs_rel(index: int) -> str:
 @contextmanager
 def _quiet_datasets() -> Iterator[None]:
     """No ``datasets`` progress bar inside hsstore's own output."""
-    from datasets.utils.tqdm import (
-        are_progress_bars_disabled,
-        disable_progress_bars,
-        enable_progress_bars,
-    )
+    from datasets.utils.tqdm import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
     was = are_progress_bars_disabled()
     disable_progress_bars()
@@ -76,8 +60,9 @@ class SpeculatorsWriter(FormatWriter):
         from datasets.arrow_writer import ArrowWriter
 
         super().__init__(root)
-        self.features = Features({"input_ids": List(Value("int64")), "loss_mask": List(Value("int64")),
-                                  "seq_len": Value("int64")})
+        self.features = Features(
+            {"input_ids": List(Value("int64")), "loss_mask": List(Value("int64")), "seq_len": Value("int64")}
+        )
         self.rows_path = root / f".rows{TMP_SUFFIX}"
         self.rows = ArrowWriter(features=self.features, path=str(self.rows_path))
         self.lock = threading.Lock()
@@ -87,8 +72,16 @@ class SpeculatorsWriter(FormatWriter):
     def rel(self, index: int, key: str) -> str:
         return hs_rel(index)
 
-    def write(self, index: int, key: str, ids: torch.Tensor, mask: torch.Tensor, aux: torch.Tensor | None,
-              target: torch.Tensor, claims: dict[str, Any]) -> FileDigest:
+    def write(
+        self,
+        index: int,
+        key: str,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        aux: torch.Tensor | None,
+        target: torch.Tensor,
+        claims: dict[str, Any],
+    ) -> FileDigest:
         from safetensors.torch import save
 
         slots = [target.unsqueeze(1)] if aux is None else [aux, target.unsqueeze(1)]
@@ -142,8 +135,10 @@ class Speculators(Format):
             from datasets import load_from_disk
 
             if not (root / "state.json").is_file():
-                raise BadInput(f"{str(root)!r} is not a speculators data folder (no Arrow dataset: state.json is "
-                               "missing); pass the folder `speculators prepare-data` wrote")
+                raise BadInput(
+                    f"{str(root)!r} is not a speculators data folder (no Arrow dataset: state.json is "
+                    "missing); pass the folder `speculators prepare-data` wrote"
+                )
             try:
                 ds = load_from_disk(str(root))
             except Exception as e:
@@ -156,8 +151,11 @@ class Speculators(Format):
 
     def shared_files(self, root: Path) -> list[str]:
         """The Arrow dataset's own files: every sample's tokens and loss mask come from them."""
-        return [f.name for f in sorted(root.iterdir()) if f.is_file() and f.suffix in (".arrow", ".json")
-                and f.name != "hsstore-export.json"]
+        return [
+            f.name
+            for f in sorted(root.iterdir())
+            if f.is_file() and f.suffix in (".arrow", ".json") and f.name != "hsstore-export.json"
+        ]
 
     def items(self, root: Path) -> list[str]:
         self.check_dir(root)
@@ -177,16 +175,24 @@ class Speculators(Format):
         data, digest = read_bytes(root, rel)
         obj = _load_safetensors(data, rel)
         if FP8_SCALES in obj:
-            raise BadInput(f"{rel}: FP8-quantized hidden states (hidden_states_scales); import their bf16 cache, "
-                           "FP8 caches are not imported yet")
+            raise BadInput(
+                f"{rel}: FP8-quantized hidden states (hidden_states_scales); import their bf16 cache, "
+                "FP8 caches are not imported yet"
+            )
         if "hidden_states" not in obj or "token_ids" not in obj:
-            raise BadInput(f"{rel}: no hidden_states/token_ids (keys: {', '.join(sorted(obj))}); is this a "
-                           "speculators hidden-states file?")
+            raise BadInput(
+                f"{rel}: no hidden_states/token_ids (keys: {', '.join(sorted(obj))}); is this a "
+                "speculators hidden-states file?"
+            )
         ids, mask = tokens(row["input_ids"], row["loss_mask"], f"row {i}")
         file_ids = obj["token_ids"].reshape(-1)
-        if file_ids.numel() != len(ids) or not torch.equal(file_ids.to(torch.int64), torch.from_numpy(ids).to(torch.int64)):
-            raise BadInput(f"{rel}: its token_ids do not match row {i} of the Arrow dataset; the hidden states "
-                           "belong to another sample (speculators would skip it)")
+        if file_ids.numel() != len(ids) or not torch.equal(
+            file_ids.to(torch.int64), torch.from_numpy(ids).to(torch.int64)
+        ):
+            raise BadInput(
+                f"{rel}: its token_ids do not match row {i} of the Arrow dataset; the hidden states "
+                "belong to another sample (speculators would skip it)"
+            )
         hs = obj["hidden_states"]
         if hs.dim() != 3 or hs.shape[0] != len(ids):
             raise BadInput(f"{rel}: hidden_states has shape {tuple(hs.shape)}; expected [{len(ids)}, layers, hidden]")
