@@ -11,66 +11,86 @@ from hsstore.core.schema.build import BuildResult, InputCounts
 from hsstore.core.schema.record import or_none
 
 if TYPE_CHECKING:
+    from hsstore.core.schema.manifest import Manifest
     from hsstore.core.schema.reports import EnvReport
+
+
+# `hsstore build`'s arguments and options, one alias each
+ManifestPath = Annotated[str, typer.Argument(help="Build manifest (TOML), e.g. manifests/tiny.toml.")]
+StorePath = Annotated[str | None, typer.Option("--store", help="Store path or URL (overrides [store] path).")]
+Backends = Annotated[list[str] | None, typer.Option("--backend", help="torch | fla (repeatable).")]
+Dtypes = Annotated[list[str] | None, typer.Option("--dtype", help="bf16 | fp16 | fp32 (repeatable).")]
+Devices = Annotated[list[str] | None, typer.Option("--device", help="cpu | cuda | cuda:N (repeatable).")]
+GpusPerRank = Annotated[
+    int | None,
+    typer.Option("--gpus-per-rank", help="Spread the model over this many GPUs per rank (needs accelerate)."),
+]
+Limit = Annotated[int | None, typer.Option("--limit", min=1, help="Use only the first N usable samples.")]
+Codec = Annotated[
+    str | None, typer.Option("--codec", help="none | zstd | shuffle-zstd (default) | blosc-lz4 | blosc-zstd.")
+]
+Precision = Annotated[
+    str | None,
+    typer.Option("--precision", help="Store quantized: fp8-e4m3 (default: as computed; overrides [store] precision)."),
+]
+AllowUnhealthy = Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf/all-zero states.")]
+NoSpaceCheck = Annotated[
+    bool,
+    typer.Option("--no-space-check", help="Start even if the estimate exceeds the free space of a local store's disk."),
+]
+Label = Annotated[
+    str | None, typer.Option("--label", help="Name the variant (a build of one variant): select it as STORE#LABEL.")
+]
+AnotherModel = Annotated[
+    bool, typer.Option("--another-model", help="Let this model into a store that holds another model's states.")
+]
+Quiet = Annotated[
+    bool,
+    typer.Option(
+        "--quiet",
+        help="Print nothing while the build runs (no progress, no phase lines: a long build is silent for minutes); errors and the final summary still print.",
+    ),
+]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]
+# the [generate] table's keys, each of which turns regeneration of the replies on
+Engine = Annotated[
+    str | None,
+    typer.Option(
+        "--engine", help="Regenerate the replies first: model (in process) | openai (with --url); [generate] engine."
+    ),
+]
+Url = Annotated[str | None, typer.Option("--url", help="The OpenAI-compatible server ([generate] url).")]
+Turns = Annotated[str | None, typer.Option("--turns", help="last | all ([generate] turns).")]
+MaxNewTokens = Annotated[int | None, typer.Option("--max-new-tokens", help="[generate] max_new_tokens.")]
+Temperature = Annotated[float | None, typer.Option("--temperature", help="0 = greedy ([generate] temperature).")]
+GenSeed = Annotated[int | None, typer.Option("--gen-seed", help="[generate] seed.")]
+Reasoning = Annotated[str | None, typer.Option("--reasoning", help="keep | drop ([generate] reasoning).")]
 
 
 @app.command()
 def build(
-    manifest: Annotated[str, typer.Argument(help="Build manifest (TOML), e.g. manifests/tiny.toml.")],
-    store: Annotated[str | None, typer.Option("--store", help="Store path or URL (overrides [store] path).")] = None,
-    backend: Annotated[list[str] | None, typer.Option("--backend", help="torch | fla (repeatable).")] = None,
-    dtype: Annotated[list[str] | None, typer.Option("--dtype", help="bf16 | fp16 | fp32 (repeatable).")] = None,
-    device: Annotated[list[str] | None, typer.Option("--device", help="cpu | cuda | cuda:N (repeatable).")] = None,
-    gpus_per_rank: Annotated[
-        int | None,
-        typer.Option("--gpus-per-rank", help="Spread the model over this many GPUs per rank (needs accelerate)."),
-    ] = None,
-    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Use only the first N usable samples.")] = None,
-    codec: Annotated[
-        str | None, typer.Option("--codec", help="none | zstd | shuffle-zstd (default) | blosc-lz4 | blosc-zstd.")
-    ] = None,
-    precision: Annotated[
-        str | None,
-        typer.Option(
-            "--precision", help="Store quantized: fp8-e4m3 (default: as computed; overrides [store] precision)."
-        ),
-    ] = None,
-    allow_unhealthy: Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf/all-zero states.")] = False,
-    no_space_check: Annotated[
-        bool,
-        typer.Option(
-            "--no-space-check", help="Start even if the estimate exceeds the free space of a local store's disk."
-        ),
-    ] = False,
-    label: Annotated[
-        str | None, typer.Option("--label", help="Name the variant (a build of one variant): select it as STORE#LABEL.")
-    ] = None,
-    another_model: Annotated[
-        bool, typer.Option("--another-model", help="Let this model into a store that holds another model's states.")
-    ] = False,
-    quiet: Annotated[
-        bool,
-        typer.Option(
-            "--quiet",
-            help="Print nothing while the build runs (no progress, no phase lines: a long build is silent for minutes); errors and the final summary still print.",
-        ),
-    ] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
-    engine: Annotated[
-        str | None,
-        typer.Option(
-            "--engine",
-            help="Regenerate the replies first: model (in process) | openai (with --url); [generate] engine.",
-        ),
-    ] = None,
-    url: Annotated[str | None, typer.Option("--url", help="The OpenAI-compatible server ([generate] url).")] = None,
-    turns: Annotated[str | None, typer.Option("--turns", help="last | all ([generate] turns).")] = None,
-    max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="[generate] max_new_tokens.")] = None,
-    temperature: Annotated[
-        float | None, typer.Option("--temperature", help="0 = greedy ([generate] temperature).")
-    ] = None,
-    gen_seed: Annotated[int | None, typer.Option("--gen-seed", help="[generate] seed.")] = None,
-    reasoning: Annotated[str | None, typer.Option("--reasoning", help="keep | drop ([generate] reasoning).")] = None,
+    manifest: ManifestPath,
+    store: StorePath = None,
+    backend: Backends = None,
+    dtype: Dtypes = None,
+    device: Devices = None,
+    gpus_per_rank: GpusPerRank = None,
+    limit: Limit = None,
+    codec: Codec = None,
+    precision: Precision = None,
+    allow_unhealthy: AllowUnhealthy = False,
+    no_space_check: NoSpaceCheck = False,
+    label: Label = None,
+    another_model: AnotherModel = False,
+    quiet: Quiet = False,
+    json_out: JsonOut = False,
+    engine: Engine = None,
+    url: Url = None,
+    turns: Turns = None,
+    max_new_tokens: MaxNewTokens = None,
+    temperature: Temperature = None,
+    gen_seed: GenSeed = None,
+    reasoning: Reasoning = None,
 ) -> None:
     """Run the model once per backend x dtype x device and write one variant each.
 
@@ -78,38 +98,69 @@ def build(
 
     Example: hsstore build manifests/tiny.toml --dtype bf16 --dtype fp32
     """
-    from hsstore.capture.inputs.manifest_file import load_manifest
     from hsstore.capture.run.driver import build as run_build
-    from hsstore.core.outputs import expand_user
 
-    m = (
-        load_manifest(manifest)
-        .with_overrides(
-            store_path=expand_user(store) if store else store,
-            backends=backend,
-            dtypes=dtype,
-            devices=device,
-            codec=codec,
-            gpus_per_rank=gpus_per_rank,
-            allow_unhealthy=allow_unhealthy or None,
-            precision=precision,
-            label=label,
-            another_model=another_model or None,
-        )
-        .with_generate(
-            engine=engine,
-            url=url,
-            turns=turns,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            seed=gen_seed,
-            reasoning=reasoning,
-        )
+    m = _manifest(
+        manifest, store, backend, dtype, device, gpus_per_rank, codec, precision, allow_unhealthy, label, another_model
     )
+    m = _regenerating(m, engine, url, turns, max_new_tokens, temperature, gen_seed, reasoning)
     summary = run_build(m, limit=limit, quiet=quiet, space_check=not no_space_check)
     if summary.rows_report is not None and json_out:  # on stderr, so --json output stays one document
         typer.echo(_rows_line(summary), err=True)
     emit(summary, json_out, lambda s: "\n".join(_lines(s)))
+
+
+def _manifest(
+    path: str,
+    store: str | None,
+    backends: list[str] | None,
+    dtypes: list[str] | None,
+    devices: list[str] | None,
+    gpus_per_rank: int | None,
+    codec: str | None,
+    precision: str | None,
+    allow_unhealthy: bool,
+    label: str | None,
+    another_model: bool,
+) -> Manifest:
+    """The build manifest at ``path`` with the options given over its keys (None, [] or False: not given)."""
+    from hsstore.capture.inputs.manifest_file import load_manifest
+    from hsstore.core.outputs import expand_user
+
+    return load_manifest(path).with_overrides(
+        store_path=expand_user(store) if store else store,
+        backends=backends,
+        dtypes=dtypes,
+        devices=devices,
+        codec=codec,
+        gpus_per_rank=gpus_per_rank,
+        allow_unhealthy=allow_unhealthy or None,
+        precision=precision,
+        label=label,
+        another_model=another_model or None,
+    )
+
+
+def _regenerating(
+    m: Manifest,
+    engine: str | None,
+    url: str | None,
+    turns: str | None,
+    max_new_tokens: int | None,
+    temperature: float | None,
+    seed: int | None,
+    reasoning: str | None,
+) -> Manifest:
+    """``m`` with the options given over its ``[generate]`` keys (None: not given); any one turns regeneration on."""
+    return m.with_generate(
+        engine=engine,
+        url=url,
+        turns=turns,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        reasoning=reasoning,
+    )
 
 
 def _rows_line(summary: BuildResult) -> str:
