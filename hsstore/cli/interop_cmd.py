@@ -25,72 +25,87 @@ def _ints(text: str | None, what: str) -> list[int] | None:
         raise BadInput(f"{what} {text!r} is not a comma-separated list of stored layer ids, e.g. 1,2") from None
 
 
+# `hsstore import`'s arguments and options, one alias each
+Format = Annotated[str, typer.Argument(help=f"The cache's format: {FORMATS_HELP}.")]
+Source = Annotated[str, typer.Argument(help="The cache folder the tool wrote.")]
+IntoStore = Annotated[str, typer.Option("--store", help="The hsstore store to import into (created if new).")]
+Layers = Annotated[
+    str | None,
+    typer.Option(
+        "--layers",
+        help="Layer id of each state slot in the files, aux slots in file order then the target, "
+        "e.g. 2,16,29,final_norm (not needed for an `hsstore export` folder).",
+    ),
+]
+Capture = Annotated[
+    str | None,
+    typer.Option(
+        "--capture",
+        help="What an id means: output (output of layer i: SGLang, HF hidden_states[i+1]), input "
+        "(state entering layer i = output of i-1: vLLM) or unknown (find it with diff --align).",
+    ),
+]
+Tokenizer = Annotated[str | None, typer.Option("--tokenizer", help="The target's tokenizer folder (default: --model).")]
+Model = Annotated[
+    str | None,
+    typer.Option(
+        "--model", help="The target model's folder: config (layers, width) and, if present, weights identity."
+    ),
+]
+NumLayers = Annotated[
+    int | None, typer.Option("--num-layers", min=1, help="Decoder layers of the target (without --model).")
+]
+ImportJobs = Annotated[
+    int | None, typer.Option("--jobs", min=1, help="Files read in parallel (default: cores, max 8).")
+]
+Codec = Annotated[str | None, typer.Option("--codec", help="Compression of the imported states.")]
+SkipBad = Annotated[
+    bool, typer.Option("--skip-bad", help="Skip unreadable or foreign files (counted) instead of stopping.")
+]
+AllowUnhealthy = Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf or all-zero states anyway.")]
+ImportLimit = Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N files.")]
+Audit = Annotated[
+    int | None,
+    typer.Option(
+        "--audit",
+        min=1,
+        help="When the import finishes, audit N samples against --model (as hsstore check does) and record the result for hsstore info.",
+    ),
+]
+Label = Annotated[str | None, typer.Option("--label", help="Name the imported variant: select it as STORE#LABEL.")]
+AnotherModel = Annotated[
+    bool, typer.Option("--another-model", help="Let this model into a store that holds another model's states.")
+]
+JsonOut = Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")]
+Quiet = Annotated[
+    bool,
+    typer.Option(
+        "--quiet",
+        help="Print nothing while the import runs (no progress, no phase lines: a long import is silent for minutes); errors and the final summary still print.",
+    ),
+]
+
+
 @app.command("import")
 def import_(
-    format: Annotated[str, typer.Argument(help=f"The cache's format: {FORMATS_HELP}.")],
-    source: Annotated[str, typer.Argument(help="The cache folder the tool wrote.")],
-    store: Annotated[str, typer.Option("--store", help="The hsstore store to import into (created if new).")],
-    layers: Annotated[
-        str | None,
-        typer.Option(
-            "--layers",
-            help="Layer id of each state slot in the files, aux slots in file order then the target, "
-            "e.g. 2,16,29,final_norm (not needed for an `hsstore export` folder).",
-        ),
-    ] = None,
-    capture: Annotated[
-        str | None,
-        typer.Option(
-            "--capture",
-            help="What an id means: output (output of layer i: SGLang, HF hidden_states[i+1]), input "
-            "(state entering layer i = output of i-1: vLLM) or unknown (find it with diff --align).",
-        ),
-    ] = None,
-    tokenizer: Annotated[
-        str | None, typer.Option("--tokenizer", help="The target's tokenizer folder (default: --model).")
-    ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model", help="The target model's folder: config (layers, width) and, if present, weights identity."
-        ),
-    ] = None,
-    num_layers: Annotated[
-        int | None, typer.Option("--num-layers", min=1, help="Decoder layers of the target (without --model).")
-    ] = None,
-    jobs: Annotated[
-        int | None, typer.Option("--jobs", min=1, help="Files read in parallel (default: cores, max 8).")
-    ] = None,
-    codec: Annotated[str | None, typer.Option("--codec", help="Compression of the imported states.")] = None,
-    skip_bad: Annotated[
-        bool, typer.Option("--skip-bad", help="Skip unreadable or foreign files (counted) instead of stopping.")
-    ] = False,
-    allow_unhealthy: Annotated[
-        bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf or all-zero states anyway.")
-    ] = False,
-    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N files.")] = None,
-    audit: Annotated[
-        int | None,
-        typer.Option(
-            "--audit",
-            min=1,
-            help="When the import finishes, audit N samples against --model (as hsstore check does) and record the result for hsstore info.",
-        ),
-    ] = None,
-    label: Annotated[
-        str | None, typer.Option("--label", help="Name the imported variant: select it as STORE#LABEL.")
-    ] = None,
-    another_model: Annotated[
-        bool, typer.Option("--another-model", help="Let this model into a store that holds another model's states.")
-    ] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
-    quiet: Annotated[
-        bool,
-        typer.Option(
-            "--quiet",
-            help="Print nothing while the import runs (no progress, no phase lines: a long import is silent for minutes); errors and the final summary still print.",
-        ),
-    ] = False,
+    format: Format,
+    source: Source,
+    store: IntoStore,
+    layers: Layers = None,
+    capture: Capture = None,
+    tokenizer: Tokenizer = None,
+    model: Model = None,
+    num_layers: NumLayers = None,
+    jobs: ImportJobs = None,
+    codec: Codec = None,
+    skip_bad: SkipBad = False,
+    allow_unhealthy: AllowUnhealthy = False,
+    limit: ImportLimit = None,
+    audit: Audit = None,
+    label: Label = None,
+    another_model: AnotherModel = False,
+    json_out: JsonOut = False,
+    quiet: Quiet = False,
 ) -> None:
     """Import another tool's hidden-state cache as a variant, keyed by hsstore's content keys.
 
@@ -98,41 +113,30 @@ def import_(
 
     Example: hsstore import eagle ./ge_data --model ./Qwen3-8B --layers final_norm --capture output --store s.zarr --audit 64
     """
-    from hsstore.core.errors import CheckFailed
     from hsstore.interop.importer import ImportRequest, import_cache
     from hsstore.storage.names import another_model_allowed
 
     _check_request(label, audit is not None and model is None)
+    request = ImportRequest(
+        format,
+        source,
+        store,
+        tokenizer,
+        model,
+        num_layers,
+        layers,
+        capture,
+        codec=codec,
+        skip_bad=skip_bad,
+        allow_unhealthy=allow_unhealthy,
+        limit=limit,
+        quiet=quiet or json_out,
+        label=label,
+        **({} if jobs is None else {"jobs": jobs}),
+    )
     with another_model_allowed("import" if another_model else None):  # else refused before a state is written
-        report = import_cache(
-            ImportRequest(
-                format,
-                source,
-                store,
-                tokenizer,
-                model,
-                num_layers,
-                layers,
-                capture,
-                codec=codec,
-                skip_bad=skip_bad,
-                allow_unhealthy=allow_unhealthy,
-                limit=limit,
-                quiet=quiet or json_out,
-                label=label,
-                **({} if jobs is None else {"jobs": jobs}),
-            )
-        )
-    report = _label_imported(store, report, label)
-    found = _audit(str(model), store, report.variant, audit) if audit is not None else None
-    if found is not None:
-        report = report.replace(audit=found)
-    emit(report, json_out, _import_text)
-    if found is not None and found.verdict_kind not in ("identical", "within_noise"):
-        raise CheckFailed(
-            f"imported, but the audit found defects: {found.verdict} (hsstore check "
-            f"{model} '{store}#{report.variant}' names them)"
-        )
+        report = import_cache(request)
+    _audit_and_emit(_label_imported(store, report, label), store, model, audit, json_out)
 
 
 def _check_request(label: str | None, audit_without_model: bool) -> None:
@@ -169,6 +173,22 @@ def _label_imported(store: str, report: ImportReport, label: str | None) -> Impo
         return report.replace(label=held)
     s.set_label(report.variant, label, by="import")
     return report.replace(label=label)
+
+
+def _audit_and_emit(report: ImportReport, store: str, model: str | None, audit: int | None, json_out: bool) -> None:
+    """Print the import's report; with ``--audit N``, audit N samples of the imported variant against ``model``
+    first (the result recorded in the store and the report) and fail (exit 1) when the audit found defects."""
+    from hsstore.core.errors import CheckFailed
+
+    found = _audit(str(model), store, report.variant, audit) if audit is not None else None
+    if found is not None:
+        report = report.replace(audit=found)
+    emit(report, json_out, _import_text)
+    if found is not None and found.verdict_kind not in ("identical", "within_noise"):
+        raise CheckFailed(
+            f"imported, but the audit found defects: {found.verdict} (hsstore check "
+            f"{model} '{store}#{report.variant}' names them)"
+        )
 
 
 def _audit(model: str, store: str, vid: str, n: int) -> AuditSummary:
