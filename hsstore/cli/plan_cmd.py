@@ -9,7 +9,7 @@ import typer
 from hsstore.cli.app import app, emit
 from hsstore.cli.build_cmd import dropped_note
 from hsstore.core.outputs import byte_size, duration
-from hsstore.core.schema.plan import PlanReport
+from hsstore.core.schema.plan import GenerationPlan, PlanReport, Space, Tokens, VariantPlan
 
 
 @app.command()
@@ -67,51 +67,19 @@ def plan(
 
 def _lines(r: PlanReport) -> list[str]:
     """The text form of a plan."""
-    inp, t = r.inputs, r.tokens
+    inp = r.inputs
     rej = ", ".join(f"{k}: {v}" for k, v in inp.rejected.items()) or "none"
     lines = [
         f"plan of {r.manifest} into {r.store}",
         f"inputs: {inp.rows} rows read, {inp.usable} usable, {inp.truncated} truncated{dropped_note(inp)}, "
         f"{inp.duplicates} duplicate; rejected: {rej}",
-    ]
-    tok = f"tokens: {t.tokens:,} in {t.samples:,} samples (mean length {t.mean_length:.0f}, max {t.max_length})"
-    if t.sampled_rows is not None:
-        tok += (
-            f"; estimated from {t.sampled_rows:,} sampled rows, {t.confidence:.0%} interval "
-            f"{t.tokens_low:,}-{t.tokens_high:,}"
-        )
-    lines += [
-        tok,
+        _tokens_line(r.tokens),
         f"model {r.model}: hidden {r.hidden_size}, layers {r.layers}; forward {r.flops_per_token:.3g} FLOPs/token",
     ]
     for v in r.variants:
-        per_layer = byte_size(max(v.bytes_per_layer.values()) if v.bytes_per_layer else 0)
-        done = (
-            f"{v.committed_samples:,} samples committed in {v.committed_variant}"
-            if v.committed_variant
-            else "nothing committed"
-        )
-        how = "measured" if v.ratio.measured else f"assumed: {v.ratio.source}"
-        mfu = f", MFU {v.mfu:.2f}" if v.mfu is not None else ""
-        lines += [
-            f"variant {v.backend}/{v.dtype}/{v.device} stored {v.form}/{v.codec}: {byte_size(v.bytes)} in "
-            f"{v.units} units, {per_layer} per layer; {done}; to write {byte_size(v.remaining_bytes)}",
-            f"  codec ratio {v.ratio.value:.2f}x ({how})",
-            f"  time: {duration(v.seconds)} for {v.flops:.3g} FLOPs{mfu} — {v.seconds_source}",
-        ]
-    if (g := r.generation) is not None:
-        rate = g.generated_tokens_per_second
-        when = (
-            "" if g.seconds is None else duration(g.seconds) + (f" at {rate:,.1f} tokens/s" if rate is not None else "")
-        )
-        ck = f" ({g.checkpointed_replies:,} checkpointed in the store: reused)" if g.checkpointed_replies else ""
-        lines.append(
-            f"regenerating ({g.engine}): {g.replies:,} replies to {g.prompts:,} prompts{ck}, about "
-            f"{g.expected_generated_tokens:,} generated tokens (at most {g.max_generated_tokens:,}) in "
-            f"{g.batches:,} batch(es); "
-            f"time: {when or '?'} — {g.seconds_source}; the sizes are of the replies the store holds, and "
-            "of the data's own (of max_new_tokens where it has none) for the replies still to generate"
-        )
+        lines += _variant_lines(v)
+    if r.generation is not None:
+        lines.append(_generation_line(r.generation))
     lines.append(
         "storage forms, all samples: "
         + "; ".join(
@@ -119,18 +87,61 @@ def _lines(r: PlanReport) -> list[str]:
             for f in r.forms
         )
     )
-    s = r.space
+    lines.append(_space_line(r.space))
+    return lines
+
+
+def _tokens_line(t: Tokens) -> str:
+    """The tokens the build will compute, with the interval of the estimate when rows were sampled."""
+    tok = f"tokens: {t.tokens:,} in {t.samples:,} samples (mean length {t.mean_length:.0f}, max {t.max_length})"
+    if t.sampled_rows is not None:
+        tok += (
+            f"; estimated from {t.sampled_rows:,} sampled rows, {t.confidence:.0%} interval "
+            f"{t.tokens_low:,}-{t.tokens_high:,}"
+        )
+    return tok
+
+
+def _variant_lines(v: VariantPlan) -> list[str]:
+    """One variant's size, what the store holds of it already, its codec ratio and its time."""
+    per_layer = byte_size(max(v.bytes_per_layer.values()) if v.bytes_per_layer else 0)
+    done = (
+        f"{v.committed_samples:,} samples committed in {v.committed_variant}"
+        if v.committed_variant
+        else "nothing committed"
+    )
+    how = "measured" if v.ratio.measured else f"assumed: {v.ratio.source}"
+    mfu = f", MFU {v.mfu:.2f}" if v.mfu is not None else ""
+    return [
+        f"variant {v.backend}/{v.dtype}/{v.device} stored {v.form}/{v.codec}: {byte_size(v.bytes)} in "
+        f"{v.units} units, {per_layer} per layer; {done}; to write {byte_size(v.remaining_bytes)}",
+        f"  codec ratio {v.ratio.value:.2f}x ({how})",
+        f"  time: {duration(v.seconds)} for {v.flops:.3g} FLOPs{mfu} — {v.seconds_source}",
+    ]
+
+
+def _generation_line(g: GenerationPlan) -> str:
+    """The replies a ``[generate]`` build regenerates first, and the time that takes."""
+    rate = g.generated_tokens_per_second
+    when = "" if g.seconds is None else duration(g.seconds) + (f" at {rate:,.1f} tokens/s" if rate is not None else "")
+    ck = f" ({g.checkpointed_replies:,} checkpointed in the store: reused)" if g.checkpointed_replies else ""
+    return (
+        f"regenerating ({g.engine}): {g.replies:,} replies to {g.prompts:,} prompts{ck}, about "
+        f"{g.expected_generated_tokens:,} generated tokens (at most {g.max_generated_tokens:,}) in "
+        f"{g.batches:,} batch(es); "
+        f"time: {when or '?'} — {g.seconds_source}; the sizes are of the replies the store holds, and "
+        "of the data's own (of max_new_tokens where it has none) for the replies still to generate"
+    )
+
+
+def _space_line(s: Space) -> str:
+    """Whether the build fits the free space of a local store's disk (an object store's is not checked)."""
     if not s.local:
-        lines.append(
+        return (
             f"space: {s.path} is an object store: free space unknown (not checked); "
             f"the build writes {byte_size(s.needed_bytes)}"
         )
-    else:
-        verdict = "fits" if s.fits else "does NOT fit (hsstore build will refuse; free space or use another --store)"
-        if (words := s.limit_words()) is not None:
-            verdict = f"does NOT fit (hsstore build will refuse): {words}"
-        lines.append(
-            f"space: {s.path} has {byte_size(s.free_bytes)} free; the build needs "
-            f"{byte_size(s.needed_bytes)}: {verdict}"
-        )
-    return lines
+    verdict = "fits" if s.fits else "does NOT fit (hsstore build will refuse; free space or use another --store)"
+    if (words := s.limit_words()) is not None:
+        verdict = f"does NOT fit (hsstore build will refuse): {words}"
+    return f"space: {s.path} has {byte_size(s.free_bytes)} free; the build needs {byte_size(s.needed_bytes)}: {verdict}"
