@@ -10,6 +10,8 @@ from hsstore.cli.app import app, emit
 from hsstore.storage.layout import UNIT_GRACE_SECONDS
 
 if TYPE_CHECKING:
+    from rich.progress import Progress
+
     from hsstore.core.schema.reports import ConvertReport
 
 
@@ -144,58 +146,49 @@ def convert_text(r: ConvertReport) -> str:
     return "\n".join(lines)
 
 
+# `hsstore convert`'s arguments and options, one alias each
+ConvertSource = Annotated[str, typer.Argument(help="STORE#SELECTOR of a variant stored as computed (bf16/fp16/fp32).")]
+Precision = Annotated[str, typer.Option("--precision", help="Storage precision of the new variant: fp8-e4m3.")]
+IntoStore = Annotated[str | None, typer.Option("--store", help="Write the new variant here (default: the same store).")]
+Workers = Annotated[
+    int | None, typer.Option("--workers", min=1, help="Units converted side by side (default: up to 4).")
+]
+Codec = Annotated[str | None, typer.Option("--codec", help="Compression of the new variant (default: the source's).")]
+AllowUnhealthy = Annotated[bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf/all-zero states anyway.")]
+NewLabel = Annotated[str | None, typer.Option("--label", help="Name the new variant: select it as STORE#LABEL.")]
+AnotherModel = Annotated[
+    bool, typer.Option("--another-model", help="Let this model into a --store that holds another model's states.")
+]
+Quiet = Annotated[
+    bool,
+    typer.Option(
+        "--quiet",
+        help="Print nothing while the conversion runs (no progress, no phase lines: a long conversion is silent for minutes); errors and the final summary still print.",
+    ),
+]
+JsonOut = Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")]
+
+
 @app.command()
 def convert(
-    target: Annotated[str, typer.Argument(help="STORE#SELECTOR of a variant stored as computed (bf16/fp16/fp32).")],
-    precision: Annotated[str, typer.Option("--precision", help="Storage precision of the new variant: fp8-e4m3.")],
-    store: Annotated[
-        str | None, typer.Option("--store", help="Write the new variant here (default: the same store).")
-    ] = None,
-    workers: Annotated[
-        int | None, typer.Option("--workers", min=1, help="Units converted side by side (default: up to 4).")
-    ] = None,
-    codec: Annotated[
-        str | None, typer.Option("--codec", help="Compression of the new variant (default: the source's).")
-    ] = None,
-    allow_unhealthy: Annotated[
-        bool, typer.Option("--allow-unhealthy", help="Store NaN/Inf/all-zero states anyway.")
-    ] = False,
-    label: Annotated[
-        str | None, typer.Option("--label", help="Name the new variant: select it as STORE#LABEL.")
-    ] = None,
-    another_model: Annotated[
-        bool, typer.Option("--another-model", help="Let this model into a --store that holds another model's states.")
-    ] = False,
-    quiet: Annotated[
-        bool,
-        typer.Option(
-            "--quiet",
-            help="Print nothing while the conversion runs (no progress, no phase lines: a long conversion is silent for minutes); errors and the final summary still print.",
-        ),
-    ] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")] = False,
+    target: ConvertSource,
+    precision: Precision,
+    store: IntoStore = None,
+    workers: Workers = None,
+    codec: Codec = None,
+    allow_unhealthy: AllowUnhealthy = False,
+    label: NewLabel = None,
+    another_model: AnotherModel = False,
+    quiet: Quiet = False,
+    json_out: JsonOut = False,
 ) -> None:
     """Derive an FP8 variant from a stored one, streaming and resumable, with its storage error measured.
 
     Example: hsstore convert 'out/tiny.zarr#dtype=bf16' --precision fp8-e4m3
     """
-    import sys
-
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn
-
     from hsstore.storage.convert import convert as run_convert
 
-    # the bar on a terminal's stderr only: stdout holds the report alone
-    bar = Progress(
-        TextColumn("convert"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} samples"),
-        transient=True,
-        disable=quiet or json_out or not sys.stderr.isatty(),
-        console=Console(stderr=True),
-    )
-    with bar:
+    with _progress_bar(hidden=quiet or json_out) as bar:
         task = bar.add_task("convert", total=None)
         r = run_convert(
             target,
@@ -211,3 +204,21 @@ def convert(
     emit(r, json_out, convert_text)
     if not r.complete:
         raise typer.Exit(1)
+
+
+def _progress_bar(hidden: bool) -> Progress:
+    """The conversion's progress bar, on a terminal's stderr only (stdout holds the report alone), and not
+    when ``hidden`` (--quiet, --json)."""
+    import sys
+
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    return Progress(
+        TextColumn("convert"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} samples"),
+        transient=True,
+        disable=hidden or not sys.stderr.isatty(),
+        console=Console(stderr=True),
+    )
