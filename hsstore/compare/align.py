@@ -17,8 +17,7 @@ import numpy as np
 import torch
 
 from hsstore.compare.diff import ThreadLocal, map_samples
-from hsstore.compare.divergence import C, summarize
-from hsstore.compare.kernel import Workspace, token_sums
+from hsstore.compare.kernel import C, Workspace, summarize, token_sums
 from hsstore.compare.sampling import choose, sample_count
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.record import or_none

@@ -40,8 +40,7 @@ from hsstore.compare.defects import (
     upper_bound,
 )
 from hsstore.compare.diff import NOISE_FACTOR, check_device, open_target, use_compiled
-from hsstore.compare.divergence import Totals, summarize
-from hsstore.compare.kernel import Workspace, token_sums
+from hsstore.compare.kernel import Totals, Workspace, summarize, token_sums
 from hsstore.compare.sampling import choose, full_layers
 from hsstore.core.batching import token_budget_batches
 from hsstore.core.dtypes import TORCH

@@ -38,8 +38,7 @@ from hsstore.compare.diff import (
     same_variant,
     use_compiled,
 )
-from hsstore.compare.divergence import Totals, summarize
-from hsstore.compare.kernel import Workspace, token_sums
+from hsstore.compare.kernel import Totals, Workspace, summarize, token_sums
 from hsstore.compare.sampling import Estimate, choose, full_layers, sample_count, with_floor, without_floor
 from hsstore.core import quant
 from hsstore.core.batching import POLICY, padded_length, token_budget_batches

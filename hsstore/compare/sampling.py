@@ -4,7 +4,7 @@ Choice: the shared samples sorted by (length, key) are cut into strata of equal 
 gets its proportional share of the n samples (at least 2, so its variance can be estimated) drawn
 without replacement by ``numpy.random.default_rng(seed)``. The same keys and seed give the same choice.
 
-Estimates: every reported statistic is a function of per-sample sums (``divergence``), so the point
+Estimates: every reported statistic is a function of per-sample sums (``kernel``), so the point
 estimate weights each chosen sample by N_h / n_h (its stratum's population over its sample count) —
 a stratified ratio estimator (e.g. rel-L2 = sqrt(sum w·|d|² / sum w·|b|²)).
 
@@ -28,7 +28,7 @@ from typing import Literal
 
 import numpy as np
 
-from hsstore.compare.divergence import N_BINS, C, SampleSums, Totals, cos_p01, layer_stats, verdict
+from hsstore.compare.kernel import N_BINS, C, SampleSums, Totals, cos_p01, layer_stats, verdict
 from hsstore.core.dtypes import UNIT_ROUNDOFF
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.reports import LayerDiff, Sampling
