@@ -31,17 +31,15 @@ from hsstore.compare.defects import (
     DEFECTS,
     LayerEvidence,
     apply,
-    health_rows,
     judge_sample,
     other_weights,
-    row_hash,
     sample_evidence,
-    stale_copies,
     upper_bound,
 )
 from hsstore.compare.diff import NOISE_FACTOR, check_device, open_target, use_compiled
 from hsstore.compare.kernel import Totals, Workspace, summarize, token_sums
 from hsstore.compare.sampling import choose, full_layers
+from hsstore.compare.stale import row_index, stale_copies
 from hsstore.core.batching import token_budget_batches
 from hsstore.core.dtypes import TORCH
 from hsstore.core.errors import BadInput
@@ -322,7 +320,6 @@ def restatement(
     return Restatement(slots=slots, stated=f"--layers {stated} --capture {source.capture}", flags=flags, words=words)
 
 
-NEIGHBOURS = 4  # samples on each side (in commit order) searched for a stale slot's source rows
 LIVE = "live"
 
 
@@ -381,31 +378,6 @@ def batches(reader: VariantReader, how: Recompute, keys: list[str]) -> BatchPlan
         plan = token_budget_batches([reader.refs[k].length for k in allk], how.token_budget, bucketed=True)
         return BatchPlan([[allk[i] for i in b] for b in plan], True, how.token_budget)
     return BatchPlan([[k] for k in keys], False, 0)
-
-
-def row_index(
-    reader: VariantReader, keys: list[str], labels: list[int]
-) -> tuple[dict[tuple[int, int], list[tuple[str, int]]], dict[str, Any]]:
-    """(layer, row hash) -> [(key, row)] over the chosen samples and their NEIGHBOURS in commit order (where a
-    stale slot's bytes come from: the previous requests), zero and constant rows left out; and each
-    candidate's token ids."""
-    order = {k: i for i, k in enumerate(reader.keys)}
-    cand = sorted(
-        {
-            reader.keys[j]
-            for k in keys
-            for j in range(max(0, order[k] - NEIGHBOURS), min(len(reader.keys), order[k] + NEIGHBOURS + 1))
-        }
-    )
-    index: dict[tuple[int, int], list[tuple[str, int]]] = {}
-    tokens = {k: reader.read_tokens(reader.refs[k])[0] for k in cand}
-    for k in cand:
-        for label, s in zip(labels, reader.read_layers(reader.refs[k], labels)):
-            trivial = set(sum(health_rows(s)[2:], []))
-            for r in range(s.shape[0]):
-                if r not in trivial:
-                    index.setdefault((label, row_hash(s[r])), []).append((k, r))
-    return index, tokens
 
 
 @dataclass(frozen=True)
