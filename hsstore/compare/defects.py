@@ -470,36 +470,6 @@ def apply(verdicts: list[SampleVerdict], findings: list[Finding]) -> list[Sample
     return out
 
 
-def upper_bound(defective: int, n: int, confidence: float = 0.95) -> float:
-    """One-sided Clopper-Pearson upper bound on a defect rate after ``defective`` of ``n`` random samples
-    (0 of n: 1 - (1 - confidence)^(1/n), about 3/n at 95 %)."""
-    if n <= 0:
-        return 1.0
-    if defective >= n:
-        return 1.0
-    alpha = 1.0 - confidence
-    lo, hi = defective / n, 1.0
-    for _ in range(100):  # bisection on P(X <= defective | p) = alpha
-        mid = (lo + hi) / 2
-        if _binom_cdf(defective, n, mid) > alpha:
-            lo = mid
-        else:
-            hi = mid
-    return hi
-
-
-def _binom_cdf(k: int, n: int, p: float) -> float:
-    if p <= 0:
-        return 1.0
-    if p >= 1:
-        return 0.0 if k < n else 1.0
-    lp, lq = math.log(p), math.log1p(-p)
-    return sum(
-        math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
-        for i in range(k + 1)
-    )
-
-
 # --- Whole-layer value bugs of a writer: correct states with one transform applied to every value — scaled by a
 
 CLIP_SLACK = 2.0**-7  # the truth must exceed the stored maximum by more than bf16's rounding to call it clipped
