@@ -13,7 +13,7 @@ rule that holds; the layer's class joins what was named with "+".
 4. ``aux_equals_target``: an aux layer within noise of the stored target layer (the target leaking
    into the conditioning layers).
 5. ``capture_point``: the layer is another live capture point j (output of i-1: the input numbering;
-   pre vs post final norm; shifted) — worded by ``capture_words``.
+   pre vs post final norm; shifted) — worded by ``hsstore.compare.align.capture_words``.
 6. ``token_shift``: the rows are the truth shifted by k tokens (any k a probe row points at).
 7. ``beyond_noise`` (with a floor) or ``differs`` (without one: no noise to judge against).
 Across samples: ``stale_copy`` when the rows beyond noise are byte-for-byte rows of another sample (a
@@ -33,7 +33,7 @@ from typing import Literal, Protocol, TypedDict, get_args
 import torch
 import xxhash
 
-from hsstore.compare.align import MARGIN, MATCH_REL, point
+from hsstore.compare.align import MARGIN, MATCH_REL, capture_words
 from hsstore.compare.kernel import coherent_difference, rel_l2, row_rel
 from hsstore.core.schema.record import UNSET, UnsetType
 from hsstore.core.schema.reports import DefectKind, Finding, SampleVerdict
@@ -221,28 +221,6 @@ def _matches(rel: float, noise: float | None, others: Sequence[float], factor: f
         return _within(rel, noise, factor)
     rest = sorted(x for x in others if math.isfinite(x))
     return math.isfinite(rel) and rel <= MATCH_REL and (rel == 0.0 or not rest or rest[0] >= MARGIN * rel)
-
-
-def capture_words(i: int, j: int, n_layers: int) -> str:
-    """What stored layer ``i`` holding live capture point ``j`` means, in words."""
-    if j < 0:
-        return f"stored layer {i} holds the embeddings, the state entering layer 0 (vLLM's input id 0): " + (
-            "OFF BY ONE" if i == 0 else f"shifted by {j - i:+d}"
-        )
-    if i == n_layers and j == n_layers - 1:
-        return (
-            f"stored layer {i} (labelled post-final-norm) holds the last decoder layer's output, PRE-norm: "
-            "vLLM's last state is pre-norm (speculators PR #313)"
-        )
-    if i == n_layers - 1 and j == n_layers:
-        return (
-            f"stored layer {i} (labelled the last layer's pre-norm output) holds the final norm's output, "
-            "POST-norm (transformers' hidden_states[-1])"
-        )
-    if abs(j - i) == 1:
-        entering = f"; it is the state entering layer {i}, which vLLM's input numbering calls {i}" if j == i - 1 else ""
-        return f"stored layer {i} holds the output of layer {j}, not of {i}: OFF BY ONE{entering}"
-    return f"stored layer {i} holds the {point(j, n_layers)}: shifted by {j - i:+d}"
 
 
 def judge_layer(
