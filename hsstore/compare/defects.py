@@ -228,7 +228,25 @@ def judge_layer(
 ) -> tuple[str, list[Finding]]:
     """The class of one stored layer of one sample (its defects joined by "+"), and the findings that name
     them (none when clean): rows of NaN/Inf/zero/constant first, then what the other rows hold."""
-    T, i = ev.rows, ev.label
+    found = _finder(key, ev.label)
+    blank = _blank_layer(ev, found)
+    if blank is not None:
+        return blank.kind, [blank]
+    out = _unhealthy_rows(ev, found)
+    if len(ev.nan_rows) + len(ev.inf_rows) == ev.rows:
+        return out[0].kind, out
+    rest = _healthy_rows(ev, is_aux, target_noise, factor, n_layers, found)
+    if rest and rest.kind == "suffix_states":
+        return rest.kind, [rest]  # its zero or constant rows are part of it
+    out += _blank_rows(ev, found)
+    out += [rest] if rest else []
+    if not out:
+        return ("bit_exact" if ev.bit_exact == 1.0 else "within_noise"), []
+    return "+".join(f.kind for f in out), out
+
+
+def _finder(key: str, layer: int) -> Found:
+    """judge_layer's ``found``: a Finding of sample ``key``'s stored layer ``layer``."""
 
     def found(
         kind: DefectKind,
@@ -238,8 +256,28 @@ def judge_layer(
         n_rows: int | UnsetType = UNSET,
         match: int | UnsetType = UNSET,
     ) -> Finding:
-        return Finding(kind=kind, key=key, layer=i, detail=detail, rows=rows, n_rows=n_rows, match=match)
+        return Finding(kind=kind, key=key, layer=layer, detail=detail, rows=rows, n_rows=n_rows, match=match)
 
+    return found
+
+
+def _blank_layer(ev: LayerEvidence, found: Found) -> Finding | None:
+    """The finding of a layer whose every row is zero (or every row constant): a state slot never written, the
+    layer's only class; None otherwise."""
+    T, i = ev.rows, ev.label
+    blank: tuple[tuple[DefectKind, list[int], str], ...] = (
+        ("all_zero", ev.zero_rows, "zero"),
+        ("constant", ev.const_rows, "constant"),
+    )
+    for kind, rows, what in blank:
+        if len(rows) == T:
+            return found(kind, f"layer {i}: all {T} rows are {what} (a state slot never written)", **row_fields(rows))
+    return None
+
+
+def _unhealthy_rows(ev: LayerEvidence, found: Found) -> list[Finding]:
+    """The findings of the layer's rows that hold NaN, then of those that hold Inf (none when it has no such row)."""
+    T, i = ev.rows, ev.label
     out: list[Finding] = []
     unhealthy: tuple[tuple[DefectKind, list[int], str], ...] = (
         ("nan", ev.nan_rows, "NaN"),
@@ -251,20 +289,14 @@ def judge_layer(
             out.append(
                 found(kind, f"layer {i}: {whole} of {T} hold{'s' if len(rows) == 1 else ''} {what}", **row_fields(rows))
             )
-    blank: tuple[tuple[DefectKind, list[int], str], ...] = (
-        ("all_zero", ev.zero_rows, "zero"),
-        ("constant", ev.const_rows, "constant"),
-    )
-    for kind, rows, what in blank:
-        if len(rows) == T:
-            return kind, [
-                found(kind, f"layer {i}: all {T} rows are {what} (a state slot never written)", **row_fields(rows))
-            ]
-    if len(ev.nan_rows) + len(ev.inf_rows) == T:
-        return out[0].kind, out
-    rest = _healthy_rows(ev, is_aux, target_noise, factor, n_layers, found)
-    if rest and rest.kind == "suffix_states":
-        return rest.kind, [rest]  # its zero or constant rows are part of it
+    return out
+
+
+def _blank_rows(ev: LayerEvidence, found: Found) -> list[Finding]:
+    """The findings of the layer's rows that are all zero, then of those that are constant, in a layer that has
+    other rows too (none when it has no such row)."""
+    T, i = ev.rows, ev.label
+    out: list[Finding] = []
     partly_blank: tuple[tuple[DefectKind, list[int], str], ...] = (
         ("all_zero", ev.zero_rows, "all zero"),
         ("constant", ev.const_rows, "constant"),
@@ -273,23 +305,37 @@ def judge_layer(
         if rows:
             verb = "is" if len(rows) == 1 else "are"
             out.append(found(kind, f"layer {i}: {span_words(rows)} of {T} {verb} {what}", **row_fields(rows)))
-    out += [rest] if rest else []
-    if not out:
-        return ("bit_exact" if ev.bit_exact == 1.0 else "within_noise"), []
-    return "+".join(f.kind for f in out), out
+    return out
 
 
 def _healthy_rows(
     ev: LayerEvidence, is_aux: bool, target_noise: float | None, factor: float, n_layers: int, found: Found
 ) -> Finding | None:
     """What the layer's healthy rows (not NaN/Inf/zero/constant) hold, when it is not this sample's states of
-    this layer; None when they agree (bit-exact or within noise)."""
-    T, i, bad = ev.rows, ev.label, ev.bad_rows
-    blank = sorted(ev.zero_rows + ev.const_rows)
-    prefix = sorted(set(bad) | set(blank))
+    this layer; None when they agree (bit-exact or within noise). The first rule that holds names it: a
+    value bug, a suffix, the target in an aux layer, another capture point, shifted tokens; else the
+    divergence is unexplained."""
     value = _value_bug(ev, factor, found)
     if value is not None:
         return value  # before the suffix rule: a clip of the largest values may hit row 0 alone
+    suffix = _unwritten_prefix(ev, found)
+    if suffix is not None:
+        return suffix
+    if ev.bit_exact == 1.0 or _within(ev.rel, ev.noise, factor):
+        return None
+    return (
+        _target_leak(ev, is_aux, target_noise, factor, found)
+        or _other_point(ev, is_aux, factor, n_layers, found)
+        or _shifted(ev, factor, found)
+        or _unexplained(ev, found)
+    )
+
+
+def _unwritten_prefix(ev: LayerEvidence, found: Found) -> Finding | None:
+    """``suffix_states`` when the rows beyond noise or blank are exactly rows 0..k-1 (and not all rows): a
+    prefix-cache hit whose prefix was not written; None otherwise (and without a floor)."""
+    T, i = ev.rows, ev.label
+    prefix = sorted(set(ev.bad_rows) | set(ev.zero_rows + ev.const_rows))
     if prefix and len(prefix) < T and prefix == list(range(len(prefix))) and ev.noise is not None:
         return found(
             "suffix_states",
@@ -297,8 +343,14 @@ def _healthy_rows(
             f"{len(prefix)}..{T - 1} are: states of a suffix only (a prefix-cache hit not written)",
             **row_fields(prefix),
         )
-    if ev.bit_exact == 1.0 or _within(ev.rel, ev.noise, factor):
-        return None
+    return None
+
+
+def _target_leak(
+    ev: LayerEvidence, is_aux: bool, target_noise: float | None, factor: float, found: Found
+) -> Finding | None:
+    """``aux_equals_target`` when an aux layer equals the stored target layer (bit for bit, or within the
+    target's noise); None otherwise."""
     if (
         is_aux
         and ev.rel_to_target is not None
@@ -306,48 +358,69 @@ def _healthy_rows(
     ):
         return found(
             "aux_equals_target",
-            f"aux layer {i} equals the target layer (rel-L2 {ev.rel_to_target:.3g}): "
+            f"aux layer {ev.label} equals the target layer (rel-L2 {ev.rel_to_target:.3g}): "
             "the target leaks into the conditioning layers",
         )
+    return None
+
+
+def _other_point(ev: LayerEvidence, is_aux: bool, factor: float, n_layers: int, found: Found) -> Finding | None:
+    """``capture_point`` when the layer matches another live capture point (the closest, relative to its noise),
+    or ``aux_equals_target`` when that point is the final norm's output in an aux layer; None when none matches."""
+    i = ev.label
     points = {j: r for j, r in ev.rel_by_point.items() if j != i}
     hits = [
         j
         for j, r in points.items()
         if _matches(r, ev.noise_by_point.get(j), [x for k, x in ev.rel_by_point.items() if k != j], factor)
     ]
-    if hits:
-        j = min(hits, key=lambda j: points[j] / max(ev.noise_by_point.get(j) or 1.0, 1e-30))
-        if is_aux and j == n_layers:
-            return found(
-                "aux_equals_target",
-                f"aux layer {i} holds the final norm's output (rel-L2 {points[j]:.3g}): "
-                "the last layer's state leaks into the conditioning layers through the final norm",
-                match=j,
-            )
-        return found("capture_point", f"{capture_words(i, j, n_layers)} (rel-L2 {points[j]:.3g})", match=j)
+    if not hits:
+        return None
+    j = min(hits, key=lambda j: points[j] / max(ev.noise_by_point.get(j) or 1.0, 1e-30))
+    if is_aux and j == n_layers:
+        return found(
+            "aux_equals_target",
+            f"aux layer {i} holds the final norm's output (rel-L2 {points[j]:.3g}): "
+            "the last layer's state leaks into the conditioning layers through the final norm",
+            match=j,
+        )
+    return found("capture_point", f"{capture_words(i, j, n_layers)} (rel-L2 {points[j]:.3g})", match=j)
+
+
+def _shifted(ev: LayerEvidence, factor: float, found: Found) -> Finding | None:
+    """``token_shift`` when the rows match the truth shifted by k tokens (the best such k), or ``suffix_states``
+    when k < 0 and the last -k rows are blank (a suffix written from row 0); None when no shift matches."""
+    T, i = ev.rows, ev.label
     shifts = [
         k
         for k, r in ev.rel_shifted.items()
         if _matches(r, ev.noise, [x for q, x in ev.rel_shifted.items() if q != k] + [ev.rel], factor)
     ]
-    if shifts:
-        k = min(shifts, key=lambda k: ev.rel_shifted[k])
-        if k < 0 and blank == list(range(T + k, T)):
-            return found(
-                "suffix_states",
-                f"layer {i}: rows 0..{T + k - 1} of {T} hold the states of tokens {-k}..{T - 1} "
-                f"(a suffix written from row 0: a prefix-cache hit of {-k} tokens), rows {T + k}..{T - 1} "
-                "are blank",
-                match=k,
-                **row_fields(list(range(T))),
-            )
-        way = f"row t holds the state of token t{'-' if k > 0 else '+'}{abs(k)}"
+    if not shifts:
+        return None
+    k = min(shifts, key=lambda k: ev.rel_shifted[k])
+    if k < 0 and sorted(ev.zero_rows + ev.const_rows) == list(range(T + k, T)):
         return found(
-            "token_shift",
-            f"layer {i}: tokens and states are misaligned by {k:+d} ({way}; rel-L2 "
-            f"{ev.rel_shifted[k]:.3g} shifted vs {ev.rel:.3g} as stored)",
+            "suffix_states",
+            f"layer {i}: rows 0..{T + k - 1} of {T} hold the states of tokens {-k}..{T - 1} "
+            f"(a suffix written from row 0: a prefix-cache hit of {-k} tokens), rows {T + k}..{T - 1} "
+            "are blank",
             match=k,
+            **row_fields(list(range(T))),
         )
+    way = f"row t holds the state of token t{'-' if k > 0 else '+'}{abs(k)}"
+    return found(
+        "token_shift",
+        f"layer {i}: tokens and states are misaligned by {k:+d} ({way}; rel-L2 "
+        f"{ev.rel_shifted[k]:.3g} shifted vs {ev.rel:.3g} as stored)",
+        match=k,
+    )
+
+
+def _unexplained(ev: LayerEvidence, found: Found) -> Finding:
+    """A divergence no rule explains: ``differs`` without a floor (no noise to judge it against), else
+    ``beyond_noise`` with its ratio to the precision noise and the rows beyond it."""
+    i, bad = ev.label, ev.bad_rows
     if ev.noise is None:
         return found(
             "differs",
