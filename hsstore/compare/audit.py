@@ -380,13 +380,8 @@ def _judge_all(
         reader.record.layers.get("target", []),
     )
     target_label = tgt[0] if len(tgt) == 1 else None
-    bf16 = reader.record.dtype == "bf16"
-    floored = run.floor_dtype is not None or (
-        run.stored_floor is not None  # (compared only where it holds them all)
-        and set(in_live) <= set(run.stored_floor.record.all_layers)
-    )
-    pairs = [bf16] + ([False] if floored else [])  # (the floor: no ULPs)
-    ws = Workspace("cpu", use_compiled(reader, run.keys, in_live, pairs))  # the C loops only where they pay
+    ws = _workspace(run)
+    hidden, ulps = reader.record.hidden_size, reader.record.dtype == "bf16"
     totals, ftotals = Totals(len(in_live)), Totals(len(in_live))
     evidence: dict[str, list[LayerEvidence]] = {}
     verdicts: list[SampleVerdict] = []
@@ -402,26 +397,24 @@ def _judge_all(
         v, f = judge_sample(key, ev, aux, target_label, run.n_layers, noise_factor)
         verdicts.append(v)
         findings += f
-        totals.add(
-            summarize(
-                key,
-                token_sums(
-                    [live[i].cpu() for i in in_live], [stored[i] for i in in_live], ws, reader.record.dtype == "bf16"
-                ),
-                reader.record.hidden_size,
-                ws,
-            )
-        )
+        live_cpu, kept = [live[i].cpu() for i in in_live], [stored[i] for i in in_live]
+        totals.add(summarize(key, token_sums(live_cpu, kept, ws, ulps), hidden, ws))
         if floor is not None and all(i in floor for i in in_live):
-            ftotals.add(
-                summarize(
-                    key,
-                    token_sums([stored[i] for i in in_live], [floor[i].float().cpu() for i in in_live], ws),
-                    reader.record.hidden_size,
-                    ws,
-                )
-            )
+            ftotals.add(summarize(key, token_sums(kept, [floor[i].float().cpu() for i in in_live], ws), hidden, ws))
     return evidence, verdicts, findings, totals, ftotals
+
+
+def _workspace(run: Recomputed) -> Workspace:
+    """The workspace of the audit's sums, on the C loops only where they pay: over live against stored states
+    (ULPs for a bf16 variant) and, where a floor holds every live layer, stored against the floor (no ULPs)."""
+    reader, in_live = run.reader, run.in_live
+    bf16 = reader.record.dtype == "bf16"
+    floored = run.floor_dtype is not None or (
+        run.stored_floor is not None  # (compared only where it holds them all)
+        and set(in_live) <= set(run.stored_floor.record.all_layers)
+    )
+    pairs = [bf16] + ([False] if floored else [])  # (the floor: no ULPs)
+    return Workspace("cpu", use_compiled(reader, run.keys, in_live, pairs))  # the C loops only where they pay
 
 
 def _stored_floor(floor: VariantReader | None, key: str, labels: list[int], dev: str) -> dict[int, torch.Tensor] | None:
@@ -434,46 +427,20 @@ def _stored_floor(floor: VariantReader | None, key: str, labels: list[int], dev:
 def _report(request: AuditRequest, run: Recomputed, judged: Judged, t0: float) -> CheckReport:
     """The audit's report: what was recomputed how, what each sample and layer showed, and what they bound."""
     from hsstore.compare.check import live_differences
-    from hsstore.storage.info import import_gaps
 
     reader, how, spec, live_model, keys = run.reader, run.how, run.spec, run.models[0], run.keys
     verdicts, findings, restated, model = judged.verdicts, judged.findings, judged.restated, request.model
     identity = spec.identity(live_model.config).to_dict()
     recorded_fp = str(or_none(reader.record.prov.recipe.model.fingerprint) or "")
-    extra: dict[str, Any] = {}
-    notes = import_gaps(reader.store, reader.id)
-    tok = _tokenizer_fingerprint(spec)
-    if tok is not None:
-        rec_tok = str(or_none(reader.record.prov.recipe.tokenizer.fingerprint) or "")
-        extra.update(tokenizer_fingerprint=tok, recorded_tokenizer_fingerprint=rec_tok, same_tokenizer=tok == rec_tok)
-        if tok != rec_tok:
-            notes.append(
-                f"the variant's tokens were made by tokenizer {rec_tok[:16]} (recipe.tokenizer), {model}'s "
-                f"tokenizer is {tok[:16]}: the states are judged for the stored token ids, but a dataset "
-                "tokenized by this model's tokenizer has other sample keys and will not find them"
-            )
+    notes, extra = _notes(spec, reader, model)
     est = full_layers(run.in_live, judged.totals, reader.record.dtype == "bf16")
     bad, counts, upper, bound, kind, text = _verdict(verdicts, findings, len(reader.keys), request.keys is not None)
     if restated is not None:
         extra["restatement"] = restated
         text += f"; {restated.words}"
-    batching = {
-        "recorded": "the recorded batch plan",
-        "alone": "each sample alone, unpadded",
-        "budget": f"token-budget batches of {how.token_budget} over every sample",
-    }[how.batching]
-    floor_words = (
-        f"live: the same samples recomputed in {run.floor_dtype}"
-        if run.floor_dtype
-        else f"{run.stored_floor.store.location}#{run.stored_floor.id}"
-        if run.stored_floor is not None
-        else UNSET_FLOOR
-    )
+    batching, recompute = _recompute_fields(run)
     diffs = [d for d in live_differences(live_model, reader, identity) if d.b != "unknown"]
-    if floor_words != UNSET_FLOOR:
-        extra["floor"] = floor_words
-        if judged.ftotals.sums.any():
-            extra["floor_layers"] = full_layers(run.in_live, judged.ftotals, False).layers
+    extra.update(_floor_fields(run, judged))
     return CheckReport(
         notes=notes,
         model=model,
@@ -494,15 +461,7 @@ def _report(request: AuditRequest, run: Recomputed, judged: Judged, t0: float) -
         verdict=text,
         verdict_kind=kind,
         seconds=time.perf_counter() - t0,
-        recompute={
-            "backend": how.backend,
-            "dtype": how.dtype,
-            "device": how.device,
-            "attention": how.attention,
-            "batching": how.batching,
-            "token_budget": how.token_budget,
-            "floor_dtype": run.floor_dtype,
-        },
+        recompute=recompute,
         assumed=how.assumed,
         population=len(reader.keys),
         sample_verdicts=verdicts,
@@ -513,6 +472,63 @@ def _report(request: AuditRequest, run: Recomputed, judged: Judged, t0: float) -
         bound=bound,
         **extra,
     )
+
+
+def _notes(spec: ModelSpec, reader: VariantReader, model: str) -> tuple[list[str], dict[str, Any]]:
+    """The report's notes — what an import left unrecorded, a tokenizer other than the one that made the
+    variant's tokens — and the tokenizer fingerprints (none when the model has no tokenizer to load)."""
+    from hsstore.storage.info import import_gaps
+
+    extra: dict[str, Any] = {}
+    notes = import_gaps(reader.store, reader.id)
+    tok = _tokenizer_fingerprint(spec)
+    if tok is not None:
+        rec_tok = str(or_none(reader.record.prov.recipe.tokenizer.fingerprint) or "")
+        extra.update(tokenizer_fingerprint=tok, recorded_tokenizer_fingerprint=rec_tok, same_tokenizer=tok == rec_tok)
+        if tok != rec_tok:
+            notes.append(
+                f"the variant's tokens were made by tokenizer {rec_tok[:16]} (recipe.tokenizer), {model}'s "
+                f"tokenizer is {tok[:16]}: the states are judged for the stored token ids, but a dataset "
+                "tokenized by this model's tokenizer has other sample keys and will not find them"
+            )
+    return notes, extra
+
+
+def _recompute_fields(run: Recomputed) -> tuple[str, dict[str, Any]]:
+    """How the samples were recomputed: the batching in words, and the settings as the report records them."""
+    how = run.how
+    batching = {
+        "recorded": "the recorded batch plan",
+        "alone": "each sample alone, unpadded",
+        "budget": f"token-budget batches of {how.token_budget} over every sample",
+    }[how.batching]
+    return batching, {
+        "backend": how.backend,
+        "dtype": how.dtype,
+        "device": how.device,
+        "attention": how.attention,
+        "batching": how.batching,
+        "token_budget": how.token_budget,
+        "floor_dtype": run.floor_dtype,
+    }
+
+
+def _floor_fields(run: Recomputed, judged: Judged) -> dict[str, Any]:
+    """The floor the states were judged against, in words, and the stored states' layers against it (where
+    any floor sums were added); nothing without a floor."""
+    floor_words = (
+        f"live: the same samples recomputed in {run.floor_dtype}"
+        if run.floor_dtype
+        else f"{run.stored_floor.store.location}#{run.stored_floor.id}"
+        if run.stored_floor is not None
+        else UNSET_FLOOR
+    )
+    if floor_words == UNSET_FLOOR:
+        return {}
+    out: dict[str, Any] = {"floor": floor_words}
+    if judged.ftotals.sums.any():
+        out["floor_layers"] = full_layers(run.in_live, judged.ftotals, False).layers
+    return out
 
 
 UNSET_FLOOR = "none"
