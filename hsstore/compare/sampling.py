@@ -238,18 +238,7 @@ def plan_samples(
     check_sampling(samples, fraction, confidence)
     if samples is None and fraction is None:
         return None
-    notes = []
-    population = list(keys)
-    if c is not None:
-        population = [k for k in keys if k in c.refs]
-        if len(population) < len(keys):
-            notes.append(
-                f"{len(keys) - len(population)} sample(s) shared by A and B are not in the floor and were not eligible"
-            )
-        if not population:
-            raise BadInput(
-                f"the floor {c.id} shares no samples with A and B; a sampled diff reads all three on the same samples"
-            )
+    population, notes = _eligible(keys, c)
     n = sample_count(len(population), samples, fraction)
     choice = choose([a.refs[k].length for k in population], population, n, seed)
     chosen = [population[int(i)] for i in choice.indices]
@@ -277,6 +266,24 @@ def plan_samples(
         notes=notes,
     )
     return SamplePlan(chosen, choice, record)
+
+
+def _eligible(keys: Sequence[str], c: VariantReader | None) -> tuple[list[str], list[str]]:
+    """(the samples a sampled diff chooses among, notes): those A and B share, less those the floor (when there
+    is one) lacks, with a note of how many that left out; BadInput when the floor shares none."""
+    notes = []
+    population = list(keys)
+    if c is not None:
+        population = [k for k in keys if k in c.refs]
+        if len(population) < len(keys):
+            notes.append(
+                f"{len(keys) - len(population)} sample(s) shared by A and B are not in the floor and were not eligible"
+            )
+        if not population:
+            raise BadInput(
+                f"the floor {c.id} shares no samples with A and B; a sampled diff reads all three on the same samples"
+            )
+    return population, notes
 
 
 # --- Which samples an audit checks, and what they say of the variant: a seeded, length-stratified draw
