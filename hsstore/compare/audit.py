@@ -5,13 +5,14 @@ Taken when the variant's provenance leaves how it was computed unknown (an impor
 (``--floor live``, ``--backend``/``--dtype``/``--attn``/``--token-budget``/``--fraction``). It:
 1. resolves how to recompute (``hsstore.compare.audit``: recorded, else the user's options, else defaults,
    every assumption named in the report);
-2. chooses a seeded, length-stratified set of samples and refuses (exit 2), before any model runs, a
-   model that cannot produce the stored shapes (hidden size, layer count, vocabulary);
+2. chooses a seeded, length-stratified set of samples (``hsstore.compare.sampling``) and refuses (exit 2),
+   before any model runs, a model that cannot produce the stored shapes (hidden size, layer count, vocabulary);
 3. recomputes each chosen sample (alone, or in the recorded or a token-budget batch plan) capturing every
    decoder layer's output and the final norm's, at the recompute dtype and — the live floor — in fp32
    (fp64 for an fp32 variant), so "within precision noise" has a meaning for a cache that came with no
    floor; a stored ``--floor STORE#SEL`` serves instead where it holds the sample;
-4. classifies (``hsstore.compare.defects``) and says what the n checked samples bound.
+4. classifies (``hsstore.compare.defects``; rows that are another sample's: ``hsstore.compare.stale``) and says
+   what the n checked samples bound (``hsstore.compare.sampling``).
 """
 
 from __future__ import annotations
