@@ -105,7 +105,7 @@ def read_both(store: str, a: str, b: str) -> int:
 
 
 def arithmetic(store: str, a: str, b: str, threads: int | None) -> tuple[float, float]:
-    """Seconds of the diff's own arithmetic (``kernel.token_sums`` + ``divergence.summarize``, what the
+    """Seconds of the diff's own arithmetic (``kernel.token_sums`` + ``kernel.summarize``, what the
     statistics need) on states already in memory, on the diff's threads: the part of a diff that reading
     cannot hide, since both run on the same cores; and seconds of one minimal pass over the same values
     (a ``torch.sum`` of every layer of both variants, same threads): what any statistics cost at least."""
@@ -120,8 +120,7 @@ def arithmetic(store: str, a: str, b: str, threads: int | None) -> tuple[float, 
         torch_single_threaded,
         use_compiled,
     )
-    from hsstore.compare.divergence import summarize
-    from hsstore.compare.kernel import Workspace, token_sums
+    from hsstore.compare.kernel import Workspace, summarize, token_sums
 
     ra, rb = open_target(f"{store}#{a}"), open_target(f"{store}#{b}")
     layers, ulps, hidden = ra.record.all_layers, both_bf16(ra, rb), ra.record.hidden_size

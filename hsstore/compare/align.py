@@ -17,8 +17,7 @@ import numpy as np
 import torch
 
 from hsstore.compare.diff import ThreadLocal, map_samples
-from hsstore.compare.divergence import C, summarize
-from hsstore.compare.kernel import Workspace, token_sums
+from hsstore.compare.kernel import C, Workspace, summarize, token_sums
 from hsstore.compare.sampling import choose, sample_count
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.record import or_none
@@ -70,6 +69,29 @@ def relation(i: int, j: int, n_layers: int) -> tuple[str, str]:
             f"(= output of {j}), the input convention of vLLM aux layers; import with --capture input"
         )
     return "shifted", f"A's layer {i} is B's layer {j} ({point(j, n_layers)}): shifted by {j - i:+d}"
+
+
+def capture_words(i: int, j: int, n_layers: int) -> str:
+    """What stored layer ``i`` holding live capture point ``j`` means, in words: the audit's ``capture_point``
+    finding (``relation`` says the same of A's label and B's layer for ``diff --align``)."""
+    if j < 0:
+        return f"stored layer {i} holds the embeddings, the state entering layer 0 (vLLM's input id 0): " + (
+            "OFF BY ONE" if i == 0 else f"shifted by {j - i:+d}"
+        )
+    if i == n_layers and j == n_layers - 1:
+        return (
+            f"stored layer {i} (labelled post-final-norm) holds the last decoder layer's output, PRE-norm: "
+            "vLLM's last state is pre-norm (speculators PR #313)"
+        )
+    if i == n_layers - 1 and j == n_layers:
+        return (
+            f"stored layer {i} (labelled the last layer's pre-norm output) holds the final norm's output, "
+            "POST-norm (transformers' hidden_states[-1])"
+        )
+    if abs(j - i) == 1:
+        entering = f"; it is the state entering layer {i}, which vLLM's input numbering calls {i}" if j == i - 1 else ""
+        return f"stored layer {i} holds the output of layer {j}, not of {i}: OFF BY ONE{entering}"
+    return f"stored layer {i} holds the {point(j, n_layers)}: shifted by {j - i:+d}"
 
 
 def rel_matrix(

@@ -5,18 +5,18 @@ Taken when the variant's provenance leaves how it was computed unknown (an impor
 (``--floor live``, ``--backend``/``--dtype``/``--attn``/``--token-budget``/``--fraction``). It:
 1. resolves how to recompute (``hsstore.compare.audit``: recorded, else the user's options, else defaults,
    every assumption named in the report);
-2. chooses a seeded, length-stratified set of samples and refuses (exit 2), before any model runs, a
-   model that cannot produce the stored shapes (hidden size, layer count, vocabulary);
+2. chooses a seeded, length-stratified set of samples (``hsstore.compare.sampling``) and refuses (exit 2),
+   before any model runs, a model that cannot produce the stored shapes (hidden size, layer count, vocabulary);
 3. recomputes each chosen sample (alone, or in the recorded or a token-budget batch plan) capturing every
    decoder layer's output and the final norm's, at the recompute dtype and — the live floor — in fp32
    (fp64 for an fp32 variant), so "within precision noise" has a meaning for a cache that came with no
    floor; a stored ``--floor STORE#SEL`` serves instead where it holds the sample;
-4. classifies (``hsstore.compare.defects``) and says what the n checked samples bound.
+4. classifies (``hsstore.compare.defects``; rows that are another sample's: ``hsstore.compare.stale``) and says
+   what the n checked samples bound (``hsstore.compare.sampling``).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -26,23 +26,11 @@ import torch
 
 from hsstore.capture.run.hooks import EMBEDDINGS
 from hsstore.compare.check import BatchPlan, as_stored, batch_plan, check_shapes, live_states, model_spec, pad_id
-from hsstore.compare.defects import (
-    CLEAN,
-    DEFECTS,
-    LayerEvidence,
-    apply,
-    health_rows,
-    judge_sample,
-    other_weights,
-    row_hash,
-    sample_evidence,
-    stale_copies,
-    upper_bound,
-)
+from hsstore.compare.defects import CLEAN, DEFECTS, LayerEvidence, apply, judge_sample, other_weights, sample_evidence
 from hsstore.compare.diff import NOISE_FACTOR, check_device, open_target, use_compiled
-from hsstore.compare.divergence import Totals, summarize
-from hsstore.compare.kernel import Workspace, token_sums
-from hsstore.compare.sampling import choose, full_layers
+from hsstore.compare.kernel import Totals, Workspace, summarize, token_sums
+from hsstore.compare.sampling import choose_keys, full_layers, rate_bound
+from hsstore.compare.stale import row_index, stale_copies
 from hsstore.core.batching import token_budget_batches
 from hsstore.core.dtypes import TORCH
 from hsstore.core.errors import BadInput
@@ -77,80 +65,6 @@ class AuditRequest(Record):
     attention: str | None = None
     token_budget: int | None = None
     keys: list[str] | None = None
-
-
-# --- Which samples an audit checks, and what they say of the variant: a seeded, length-stratified draw
-
-CONFIDENCE = 0.95
-DEFAULT_SAMPLES = 8
-
-
-def choose_keys(
-    reader: VariantReader, samples: int | None, fraction: float | None, seed: int, named: list[str] | None = None
-) -> list[str]:
-    """The samples named by key prefix (``--keys``), else a seeded, length-stratified choice of ``samples`` (or
-    a ``fraction``; default 8; ``hsstore.compare.sampling``), in commit order."""
-    keys = reader.keys
-    if named is not None:
-        if samples is not None or fraction is not None:
-            raise BadInput("--keys names the samples: leave out --samples and --fraction")
-        return named_keys(reader, named)
-    N = len(keys)
-    n = (
-        min(N, samples)
-        if samples is not None
-        else max(1, math.ceil(fraction * N))
-        if fraction
-        else min(N, DEFAULT_SAMPLES)
-    )
-    choice = choose([reader.refs[k].length for k in keys], keys, n, seed)
-    return [keys[int(i)] for i in choice.indices]
-
-
-def named_keys(reader: VariantReader, prefixes: list[str]) -> list[str]:
-    """The stored keys the prefixes name (each exactly one), in commit order; BadInput for one that names
-    none or several."""
-    prefixes = [p.strip().lower() for p in prefixes if p.strip()]
-    if not prefixes:
-        raise BadInput("--keys is empty: name samples by their keys (or unique prefixes), comma-separated")
-    out = set()
-    for p in prefixes:
-        hits = [k for k in reader.keys if k.startswith(p)]
-        if not hits:
-            raise BadInput(
-                f"no sample of variant {reader.id} has a key starting with {p!r} (hsstore verify and "
-                "hsstore check --json name samples by key)"
-            )
-        if len(hits) > 1:
-            raise BadInput(
-                f"key prefix {p!r} matches {len(hits)} samples of variant {reader.id} ({hits[0][:16]}, "
-                f"{hits[1][:16]}, ...): give more characters"
-            )
-        out.add(hits[0])
-    return [k for k in reader.keys if k in out]
-
-
-def rate_bound(k: int, n: int, N: int, named: bool) -> tuple[float | None, str]:
-    """What k defective of n checked samples (of N) say of the variant's defect rate: (upper bound or the rate
-    itself, in words); None for samples named by the user (not a random draw: they bound nothing)."""
-    if named:
-        return None, (
-            f"{k} defective of the {n} sample(s) named (--keys), not drawn at random: they bound no rate "
-            "(drop --keys for a seeded random choice that does)"
-        )
-    if n >= N:
-        return k / N, f"every one of the {N} samples checked: {k} defective, a defect rate of {k / N:.3g} exactly"
-    if k == n:
-        return 1.0, (
-            f"all {n} samples chosen at random (seeded, length-stratified) from {N} are defective: the "
-            "defect rate may be anywhere up to 1"
-        )
-    upper = upper_bound(k, n, CONFIDENCE)
-    return upper, (
-        f"{k} defective of {n} samples chosen at random (seeded, length-stratified) from {N}: the "
-        f"variant's defect rate is below {upper:.3g} at {CONFIDENCE:.0%} confidence"
-        + (" (about 3/n: check more samples to bound it lower)" if not k else "")
-    )
 
 
 # --- How to recompute a variant's states: from its provenance where it says, from the user's options where
@@ -323,7 +237,6 @@ def restatement(
     return Restatement(slots=slots, stated=f"--layers {stated} --capture {source.capture}", flags=flags, words=words)
 
 
-NEIGHBOURS = 4  # samples on each side (in commit order) searched for a stale slot's source rows
 LIVE = "live"
 
 
@@ -382,31 +295,6 @@ def batches(reader: VariantReader, how: Recompute, keys: list[str]) -> BatchPlan
         plan = token_budget_batches([reader.refs[k].length for k in allk], how.token_budget, bucketed=True)
         return BatchPlan([[allk[i] for i in b] for b in plan], True, how.token_budget)
     return BatchPlan([[k] for k in keys], False, 0)
-
-
-def row_index(
-    reader: VariantReader, keys: list[str], labels: list[int]
-) -> tuple[dict[tuple[int, int], list[tuple[str, int]]], dict[str, Any]]:
-    """(layer, row hash) -> [(key, row)] over the chosen samples and their NEIGHBOURS in commit order (where a
-    stale slot's bytes come from: the previous requests), zero and constant rows left out; and each
-    candidate's token ids."""
-    order = {k: i for i, k in enumerate(reader.keys)}
-    cand = sorted(
-        {
-            reader.keys[j]
-            for k in keys
-            for j in range(max(0, order[k] - NEIGHBOURS), min(len(reader.keys), order[k] + NEIGHBOURS + 1))
-        }
-    )
-    index: dict[tuple[int, int], list[tuple[str, int]]] = {}
-    tokens = {k: reader.read_tokens(reader.refs[k])[0] for k in cand}
-    for k in cand:
-        for label, s in zip(labels, reader.read_layers(reader.refs[k], labels)):
-            trivial = set(sum(health_rows(s)[2:], []))
-            for r in range(s.shape[0]):
-                if r not in trivial:
-                    index.setdefault((label, row_hash(s[r])), []).append((k, r))
-    return index, tokens
 
 
 @dataclass(frozen=True)
@@ -493,13 +381,8 @@ def _judge_all(
         reader.record.layers.get("target", []),
     )
     target_label = tgt[0] if len(tgt) == 1 else None
-    bf16 = reader.record.dtype == "bf16"
-    floored = run.floor_dtype is not None or (
-        run.stored_floor is not None  # (compared only where it holds them all)
-        and set(in_live) <= set(run.stored_floor.record.all_layers)
-    )
-    pairs = [bf16] + ([False] if floored else [])  # (the floor: no ULPs)
-    ws = Workspace("cpu", use_compiled(reader, run.keys, in_live, pairs))  # the C loops only where they pay
+    ws = _workspace(run)
+    hidden, ulps = reader.record.hidden_size, reader.record.dtype == "bf16"
     totals, ftotals = Totals(len(in_live)), Totals(len(in_live))
     evidence: dict[str, list[LayerEvidence]] = {}
     verdicts: list[SampleVerdict] = []
@@ -515,26 +398,24 @@ def _judge_all(
         v, f = judge_sample(key, ev, aux, target_label, run.n_layers, noise_factor)
         verdicts.append(v)
         findings += f
-        totals.add(
-            summarize(
-                key,
-                token_sums(
-                    [live[i].cpu() for i in in_live], [stored[i] for i in in_live], ws, reader.record.dtype == "bf16"
-                ),
-                reader.record.hidden_size,
-                ws,
-            )
-        )
+        live_cpu, kept = [live[i].cpu() for i in in_live], [stored[i] for i in in_live]
+        totals.add(summarize(key, token_sums(live_cpu, kept, ws, ulps), hidden, ws))
         if floor is not None and all(i in floor for i in in_live):
-            ftotals.add(
-                summarize(
-                    key,
-                    token_sums([stored[i] for i in in_live], [floor[i].float().cpu() for i in in_live], ws),
-                    reader.record.hidden_size,
-                    ws,
-                )
-            )
+            ftotals.add(summarize(key, token_sums(kept, [floor[i].float().cpu() for i in in_live], ws), hidden, ws))
     return evidence, verdicts, findings, totals, ftotals
+
+
+def _workspace(run: Recomputed) -> Workspace:
+    """The workspace of the audit's sums, on the C loops only where they pay: over live against stored states
+    (ULPs for a bf16 variant) and, where a floor holds every live layer, stored against the floor (no ULPs)."""
+    reader, in_live = run.reader, run.in_live
+    bf16 = reader.record.dtype == "bf16"
+    floored = run.floor_dtype is not None or (
+        run.stored_floor is not None  # (compared only where it holds them all)
+        and set(in_live) <= set(run.stored_floor.record.all_layers)
+    )
+    pairs = [bf16] + ([False] if floored else [])  # (the floor: no ULPs)
+    return Workspace("cpu", use_compiled(reader, run.keys, in_live, pairs))  # the C loops only where they pay
 
 
 def _stored_floor(floor: VariantReader | None, key: str, labels: list[int], dev: str) -> dict[int, torch.Tensor] | None:
@@ -547,46 +428,20 @@ def _stored_floor(floor: VariantReader | None, key: str, labels: list[int], dev:
 def _report(request: AuditRequest, run: Recomputed, judged: Judged, t0: float) -> CheckReport:
     """The audit's report: what was recomputed how, what each sample and layer showed, and what they bound."""
     from hsstore.compare.check import live_differences
-    from hsstore.storage.info import import_gaps
 
     reader, how, spec, live_model, keys = run.reader, run.how, run.spec, run.models[0], run.keys
     verdicts, findings, restated, model = judged.verdicts, judged.findings, judged.restated, request.model
     identity = spec.identity(live_model.config).to_dict()
     recorded_fp = str(or_none(reader.record.prov.recipe.model.fingerprint) or "")
-    extra: dict[str, Any] = {}
-    notes = import_gaps(reader.store, reader.id)
-    tok = _tokenizer_fingerprint(spec)
-    if tok is not None:
-        rec_tok = str(or_none(reader.record.prov.recipe.tokenizer.fingerprint) or "")
-        extra.update(tokenizer_fingerprint=tok, recorded_tokenizer_fingerprint=rec_tok, same_tokenizer=tok == rec_tok)
-        if tok != rec_tok:
-            notes.append(
-                f"the variant's tokens were made by tokenizer {rec_tok[:16]} (recipe.tokenizer), {model}'s "
-                f"tokenizer is {tok[:16]}: the states are judged for the stored token ids, but a dataset "
-                "tokenized by this model's tokenizer has other sample keys and will not find them"
-            )
+    notes, extra = _notes(spec, reader, model)
     est = full_layers(run.in_live, judged.totals, reader.record.dtype == "bf16")
     bad, counts, upper, bound, kind, text = _verdict(verdicts, findings, len(reader.keys), request.keys is not None)
     if restated is not None:
         extra["restatement"] = restated
         text += f"; {restated.words}"
-    batching = {
-        "recorded": "the recorded batch plan",
-        "alone": "each sample alone, unpadded",
-        "budget": f"token-budget batches of {how.token_budget} over every sample",
-    }[how.batching]
-    floor_words = (
-        f"live: the same samples recomputed in {run.floor_dtype}"
-        if run.floor_dtype
-        else f"{run.stored_floor.store.location}#{run.stored_floor.id}"
-        if run.stored_floor is not None
-        else UNSET_FLOOR
-    )
+    batching, recompute = _recompute_fields(run)
     diffs = [d for d in live_differences(live_model, reader, identity) if d.b != "unknown"]
-    if floor_words != UNSET_FLOOR:
-        extra["floor"] = floor_words
-        if judged.ftotals.sums.any():
-            extra["floor_layers"] = full_layers(run.in_live, judged.ftotals, False).layers
+    extra.update(_floor_fields(run, judged))
     return CheckReport(
         notes=notes,
         model=model,
@@ -607,15 +462,7 @@ def _report(request: AuditRequest, run: Recomputed, judged: Judged, t0: float) -
         verdict=text,
         verdict_kind=kind,
         seconds=time.perf_counter() - t0,
-        recompute={
-            "backend": how.backend,
-            "dtype": how.dtype,
-            "device": how.device,
-            "attention": how.attention,
-            "batching": how.batching,
-            "token_budget": how.token_budget,
-            "floor_dtype": run.floor_dtype,
-        },
+        recompute=recompute,
         assumed=how.assumed,
         population=len(reader.keys),
         sample_verdicts=verdicts,
@@ -626,6 +473,63 @@ def _report(request: AuditRequest, run: Recomputed, judged: Judged, t0: float) -
         bound=bound,
         **extra,
     )
+
+
+def _notes(spec: ModelSpec, reader: VariantReader, model: str) -> tuple[list[str], dict[str, Any]]:
+    """The report's notes — what an import left unrecorded, a tokenizer other than the one that made the
+    variant's tokens — and the tokenizer fingerprints (none when the model has no tokenizer to load)."""
+    from hsstore.storage.info import import_gaps
+
+    extra: dict[str, Any] = {}
+    notes = import_gaps(reader.store, reader.id)
+    tok = _tokenizer_fingerprint(spec)
+    if tok is not None:
+        rec_tok = str(or_none(reader.record.prov.recipe.tokenizer.fingerprint) or "")
+        extra.update(tokenizer_fingerprint=tok, recorded_tokenizer_fingerprint=rec_tok, same_tokenizer=tok == rec_tok)
+        if tok != rec_tok:
+            notes.append(
+                f"the variant's tokens were made by tokenizer {rec_tok[:16]} (recipe.tokenizer), {model}'s "
+                f"tokenizer is {tok[:16]}: the states are judged for the stored token ids, but a dataset "
+                "tokenized by this model's tokenizer has other sample keys and will not find them"
+            )
+    return notes, extra
+
+
+def _recompute_fields(run: Recomputed) -> tuple[str, dict[str, Any]]:
+    """How the samples were recomputed: the batching in words, and the settings as the report records them."""
+    how = run.how
+    batching = {
+        "recorded": "the recorded batch plan",
+        "alone": "each sample alone, unpadded",
+        "budget": f"token-budget batches of {how.token_budget} over every sample",
+    }[how.batching]
+    return batching, {
+        "backend": how.backend,
+        "dtype": how.dtype,
+        "device": how.device,
+        "attention": how.attention,
+        "batching": how.batching,
+        "token_budget": how.token_budget,
+        "floor_dtype": run.floor_dtype,
+    }
+
+
+def _floor_fields(run: Recomputed, judged: Judged) -> dict[str, Any]:
+    """The floor the states were judged against, in words, and the stored states' layers against it (where
+    any floor sums were added); nothing without a floor."""
+    floor_words = (
+        f"live: the same samples recomputed in {run.floor_dtype}"
+        if run.floor_dtype
+        else f"{run.stored_floor.store.location}#{run.stored_floor.id}"
+        if run.stored_floor is not None
+        else UNSET_FLOOR
+    )
+    if floor_words == UNSET_FLOOR:
+        return {}
+    out: dict[str, Any] = {"floor": floor_words}
+    if judged.ftotals.sums.any():
+        out["floor_layers"] = full_layers(run.in_live, judged.ftotals, False).layers
+    return out
 
 
 UNSET_FLOOR = "none"

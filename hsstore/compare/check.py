@@ -38,8 +38,7 @@ from hsstore.compare.diff import (
     same_variant,
     use_compiled,
 )
-from hsstore.compare.divergence import Totals, summarize
-from hsstore.compare.kernel import Workspace, token_sums
+from hsstore.compare.kernel import Totals, Workspace, summarize, token_sums
 from hsstore.compare.sampling import Estimate, choose, full_layers, sample_count, with_floor, without_floor
 from hsstore.core import quant
 from hsstore.core.batching import POLICY, padded_length, token_budget_batches
@@ -277,50 +276,11 @@ def run_check(
     """Recompute ``samples`` stored samples of ``target`` with ``model`` here and compare, per layer."""
     t0 = time.perf_counter()
     reader = open_target(target)
-    floor = open_target(floor_t) if floor_t else None
-    if floor is not None and same_variant(floor, reader):
-        raise BadInput(
-            f"the floor {floor_t!r} is the checked variant itself; pass another variant of the same "
-            "recipe, e.g. the fp32 one"
-        )
-    for name, x in (("the checked variant", reader), ("the floor", floor)) if floor is not None else ():
-        if x.record.stored_precision:
-            raise BadInput(
-                f"{name} ({x.id}) is stored as {x.record.stored_precision}: its divergence from the floor "
-                "would be storage error, not precision noise; check it without --floor (live states are "
-                "quantized as the build did, so a correct store reads identical)"
-            )
-    prov = reader.record.prov
-    device = check_device(device or prov.environment.device)
-    bind_backend(reader)
-    spec = model_spec(model, prov.recipe)
-    try:
-        config = model_config(spec)
-    except BadInput:
-        config = None  # loading it names what is wrong with the model
-    if config is not None:
-        check_shapes(spec, reader, choose_keys(reader, samples, seed), config)  # before any weights load
-    live_model = load_model(spec, reader, device)
-    identity = spec.identity(live_model.config).to_dict()
-    check_geometry(identity, reader)
+    floor = _open_floor(reader, floor_t)
+    device = check_device(device or reader.record.prov.environment.device)
+    spec, live_model, identity = _load_checked(model, reader, samples, seed, device)
     plan, keys, layers = batch_plan(reader), choose_keys(reader, samples, seed), reader.record.all_layers
-    recorded_fp = str(or_none(prov.recipe.model.fingerprint) or "")
-    other = recorded_fp not in ("", "unknown") and identity["fingerprint"] != recorded_fp
-    notes = (
-        [
-            f"the model's fingerprint {identity['fingerprint']} is not the recorded {recorded_fp}: these are other "
-            "weights (or another config), so the states are expected to differ"
-        ]
-        if other
-        else []
-    )
-    if other:  # said before the recompute, which only measures how far other weights land
-        print(
-            f"note: {notes[0]}; recomputing {len(keys)} sample(s) only to measure how far (Ctrl-C stops it; "
-            "pass the model the variant was built from to check the store)",
-            file=sys.stderr,
-            flush=True,
-        )
+    recorded_fp, other, notes = _other_weights(identity, reader, len(keys))
     live = recompute(live_model, reader, plan, keys, layers, device, pad_id(spec))
     totals, ftotals = compare_live(reader, live, keys, layers, floor)
     est = full_layers(layers, totals, reader.record.dtype == "bf16")
@@ -352,6 +312,68 @@ def run_check(
         seconds=time.perf_counter() - t0,
         **extra,
     )
+
+
+def _open_floor(reader: VariantReader, floor_t: str | None) -> VariantReader | None:
+    """The floor ``floor_t`` names (None without one); BadInput when it is the checked variant itself, or when
+    either is stored at a reduced precision (their divergence would be storage error, not precision noise)."""
+    floor = open_target(floor_t) if floor_t else None
+    if floor is not None and same_variant(floor, reader):
+        raise BadInput(
+            f"the floor {floor_t!r} is the checked variant itself; pass another variant of the same "
+            "recipe, e.g. the fp32 one"
+        )
+    for name, x in (("the checked variant", reader), ("the floor", floor)) if floor is not None else ():
+        if x.record.stored_precision:
+            raise BadInput(
+                f"{name} ({x.id}) is stored as {x.record.stored_precision}: its divergence from the floor "
+                "would be storage error, not precision noise; check it without --floor (live states are "
+                "quantized as the build did, so a correct store reads identical)"
+            )
+    return floor
+
+
+def _load_checked(
+    model: str, reader: VariantReader, samples: int | None, seed: int, device: str
+) -> tuple[ModelSpec, Any, dict[str, Any]]:
+    """(spec, the loaded model, its identity): the recorded backend bound first, the stored shapes checked
+    against the model's config before any weights load (a config that does not load is named by loading the
+    model), the model's geometry against the recorded one after."""
+    bind_backend(reader)
+    spec = model_spec(model, reader.record.prov.recipe)
+    try:
+        config = model_config(spec)
+    except BadInput:
+        config = None  # loading it names what is wrong with the model
+    if config is not None:
+        check_shapes(spec, reader, choose_keys(reader, samples, seed), config)  # before any weights load
+    live_model = load_model(spec, reader, device)
+    identity = spec.identity(live_model.config).to_dict()
+    check_geometry(identity, reader)
+    return spec, live_model, identity
+
+
+def _other_weights(identity: dict[str, Any], reader: VariantReader, n_keys: int) -> tuple[str, bool, list[str]]:
+    """(the recorded model fingerprint, whether the model's is another, the note that says so): other weights
+    are said on stderr at once, before the recompute, which only measures how far they land."""
+    recorded_fp = str(or_none(reader.record.prov.recipe.model.fingerprint) or "")
+    other = recorded_fp not in ("", "unknown") and identity["fingerprint"] != recorded_fp
+    notes = (
+        [
+            f"the model's fingerprint {identity['fingerprint']} is not the recorded {recorded_fp}: these are other "
+            "weights (or another config), so the states are expected to differ"
+        ]
+        if other
+        else []
+    )
+    if other:  # said before the recompute, which only measures how far other weights land
+        print(
+            f"note: {notes[0]}; recomputing {n_keys} sample(s) only to measure how far (Ctrl-C stops it; "
+            "pass the model the variant was built from to check the store)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return recorded_fp, other, notes
 
 
 def refuse_other_model(identity: dict[str, Any], reader: VariantReader, why: str) -> None:

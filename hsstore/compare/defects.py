@@ -13,12 +13,12 @@ rule that holds; the layer's class joins what was named with "+".
 4. ``aux_equals_target``: an aux layer within noise of the stored target layer (the target leaking
    into the conditioning layers).
 5. ``capture_point``: the layer is another live capture point j (output of i-1: the input numbering;
-   pre vs post final norm; shifted) — worded by ``capture_words``.
+   pre vs post final norm; shifted) — worded by ``hsstore.compare.align.capture_words``.
 6. ``token_shift``: the rows are the truth shifted by k tokens (any k a probe row points at).
 7. ``beyond_noise`` (with a floor) or ``differs`` (without one: no noise to judge against).
 Across samples: ``stale_copy`` when the rows beyond noise are byte-for-byte rows of another sample (a
 state slot not cleared between requests) — ``token_shift`` when they are that sample's states of this
-sample's own ids shifted or offset (``hsstore.compare.defects``: the ids are wrong, the states right);
+sample's own ids shifted or offset (``hsstore.compare.stale``: the ids are wrong, the states right);
 ``other_weights`` when every checked sample is beyond noise in two or more layers that no rule explains
 (states of another model or checkpoint).
 """
@@ -26,7 +26,6 @@ sample's own ids shifted or offset (``hsstore.compare.defects``: the ids are wro
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypedDict, get_args
@@ -34,7 +33,7 @@ from typing import Literal, Protocol, TypedDict, get_args
 import torch
 import xxhash
 
-from hsstore.compare.align import MARGIN, MATCH_REL, point
+from hsstore.compare.align import MARGIN, MATCH_REL, capture_words
 from hsstore.compare.kernel import coherent_difference, rel_l2, row_rel
 from hsstore.core.schema.record import UNSET, UnsetType
 from hsstore.core.schema.reports import DefectKind, Finding, SampleVerdict
@@ -224,34 +223,30 @@ def _matches(rel: float, noise: float | None, others: Sequence[float], factor: f
     return math.isfinite(rel) and rel <= MATCH_REL and (rel == 0.0 or not rest or rest[0] >= MARGIN * rel)
 
 
-def capture_words(i: int, j: int, n_layers: int) -> str:
-    """What stored layer ``i`` holding live capture point ``j`` means, in words."""
-    if j < 0:
-        return f"stored layer {i} holds the embeddings, the state entering layer 0 (vLLM's input id 0): " + (
-            "OFF BY ONE" if i == 0 else f"shifted by {j - i:+d}"
-        )
-    if i == n_layers and j == n_layers - 1:
-        return (
-            f"stored layer {i} (labelled post-final-norm) holds the last decoder layer's output, PRE-norm: "
-            "vLLM's last state is pre-norm (speculators PR #313)"
-        )
-    if i == n_layers - 1 and j == n_layers:
-        return (
-            f"stored layer {i} (labelled the last layer's pre-norm output) holds the final norm's output, "
-            "POST-norm (transformers' hidden_states[-1])"
-        )
-    if abs(j - i) == 1:
-        entering = f"; it is the state entering layer {i}, which vLLM's input numbering calls {i}" if j == i - 1 else ""
-        return f"stored layer {i} holds the output of layer {j}, not of {i}: OFF BY ONE{entering}"
-    return f"stored layer {i} holds the {point(j, n_layers)}: shifted by {j - i:+d}"
-
-
 def judge_layer(
     ev: LayerEvidence, key: str, n_layers: int, is_aux: bool, target_noise: float | None, factor: float
 ) -> tuple[str, list[Finding]]:
     """The class of one stored layer of one sample (its defects joined by "+"), and the findings that name
     them (none when clean): rows of NaN/Inf/zero/constant first, then what the other rows hold."""
-    T, i = ev.rows, ev.label
+    found = _finder(key, ev.label)
+    blank = _blank_layer(ev, found)
+    if blank is not None:
+        return blank.kind, [blank]
+    out = _unhealthy_rows(ev, found)
+    if len(ev.nan_rows) + len(ev.inf_rows) == ev.rows:
+        return out[0].kind, out
+    rest = _healthy_rows(ev, is_aux, target_noise, factor, n_layers, found)
+    if rest and rest.kind == "suffix_states":
+        return rest.kind, [rest]  # its zero or constant rows are part of it
+    out += _blank_rows(ev, found)
+    out += [rest] if rest else []
+    if not out:
+        return ("bit_exact" if ev.bit_exact == 1.0 else "within_noise"), []
+    return "+".join(f.kind for f in out), out
+
+
+def _finder(key: str, layer: int) -> Found:
+    """judge_layer's ``found``: a Finding of sample ``key``'s stored layer ``layer``."""
 
     def found(
         kind: DefectKind,
@@ -261,8 +256,28 @@ def judge_layer(
         n_rows: int | UnsetType = UNSET,
         match: int | UnsetType = UNSET,
     ) -> Finding:
-        return Finding(kind=kind, key=key, layer=i, detail=detail, rows=rows, n_rows=n_rows, match=match)
+        return Finding(kind=kind, key=key, layer=layer, detail=detail, rows=rows, n_rows=n_rows, match=match)
 
+    return found
+
+
+def _blank_layer(ev: LayerEvidence, found: Found) -> Finding | None:
+    """The finding of a layer whose every row is zero (or every row constant): a state slot never written, the
+    layer's only class; None otherwise."""
+    T, i = ev.rows, ev.label
+    blank: tuple[tuple[DefectKind, list[int], str], ...] = (
+        ("all_zero", ev.zero_rows, "zero"),
+        ("constant", ev.const_rows, "constant"),
+    )
+    for kind, rows, what in blank:
+        if len(rows) == T:
+            return found(kind, f"layer {i}: all {T} rows are {what} (a state slot never written)", **row_fields(rows))
+    return None
+
+
+def _unhealthy_rows(ev: LayerEvidence, found: Found) -> list[Finding]:
+    """The findings of the layer's rows that hold NaN, then of those that hold Inf (none when it has no such row)."""
+    T, i = ev.rows, ev.label
     out: list[Finding] = []
     unhealthy: tuple[tuple[DefectKind, list[int], str], ...] = (
         ("nan", ev.nan_rows, "NaN"),
@@ -274,20 +289,14 @@ def judge_layer(
             out.append(
                 found(kind, f"layer {i}: {whole} of {T} hold{'s' if len(rows) == 1 else ''} {what}", **row_fields(rows))
             )
-    blank: tuple[tuple[DefectKind, list[int], str], ...] = (
-        ("all_zero", ev.zero_rows, "zero"),
-        ("constant", ev.const_rows, "constant"),
-    )
-    for kind, rows, what in blank:
-        if len(rows) == T:
-            return kind, [
-                found(kind, f"layer {i}: all {T} rows are {what} (a state slot never written)", **row_fields(rows))
-            ]
-    if len(ev.nan_rows) + len(ev.inf_rows) == T:
-        return out[0].kind, out
-    rest = _healthy_rows(ev, is_aux, target_noise, factor, n_layers, found)
-    if rest and rest.kind == "suffix_states":
-        return rest.kind, [rest]  # its zero or constant rows are part of it
+    return out
+
+
+def _blank_rows(ev: LayerEvidence, found: Found) -> list[Finding]:
+    """The findings of the layer's rows that are all zero, then of those that are constant, in a layer that has
+    other rows too (none when it has no such row)."""
+    T, i = ev.rows, ev.label
+    out: list[Finding] = []
     partly_blank: tuple[tuple[DefectKind, list[int], str], ...] = (
         ("all_zero", ev.zero_rows, "all zero"),
         ("constant", ev.const_rows, "constant"),
@@ -296,23 +305,37 @@ def judge_layer(
         if rows:
             verb = "is" if len(rows) == 1 else "are"
             out.append(found(kind, f"layer {i}: {span_words(rows)} of {T} {verb} {what}", **row_fields(rows)))
-    out += [rest] if rest else []
-    if not out:
-        return ("bit_exact" if ev.bit_exact == 1.0 else "within_noise"), []
-    return "+".join(f.kind for f in out), out
+    return out
 
 
 def _healthy_rows(
     ev: LayerEvidence, is_aux: bool, target_noise: float | None, factor: float, n_layers: int, found: Found
 ) -> Finding | None:
     """What the layer's healthy rows (not NaN/Inf/zero/constant) hold, when it is not this sample's states of
-    this layer; None when they agree (bit-exact or within noise)."""
-    T, i, bad = ev.rows, ev.label, ev.bad_rows
-    blank = sorted(ev.zero_rows + ev.const_rows)
-    prefix = sorted(set(bad) | set(blank))
+    this layer; None when they agree (bit-exact or within noise). The first rule that holds names it: a
+    value bug, a suffix, the target in an aux layer, another capture point, shifted tokens; else the
+    divergence is unexplained."""
     value = _value_bug(ev, factor, found)
     if value is not None:
         return value  # before the suffix rule: a clip of the largest values may hit row 0 alone
+    suffix = _unwritten_prefix(ev, found)
+    if suffix is not None:
+        return suffix
+    if ev.bit_exact == 1.0 or _within(ev.rel, ev.noise, factor):
+        return None
+    return (
+        _target_leak(ev, is_aux, target_noise, factor, found)
+        or _other_point(ev, is_aux, factor, n_layers, found)
+        or _shifted(ev, factor, found)
+        or _unexplained(ev, found)
+    )
+
+
+def _unwritten_prefix(ev: LayerEvidence, found: Found) -> Finding | None:
+    """``suffix_states`` when the rows beyond noise or blank are exactly rows 0..k-1 (and not all rows): a
+    prefix-cache hit whose prefix was not written; None otherwise (and without a floor)."""
+    T, i = ev.rows, ev.label
+    prefix = sorted(set(ev.bad_rows) | set(ev.zero_rows + ev.const_rows))
     if prefix and len(prefix) < T and prefix == list(range(len(prefix))) and ev.noise is not None:
         return found(
             "suffix_states",
@@ -320,8 +343,14 @@ def _healthy_rows(
             f"{len(prefix)}..{T - 1} are: states of a suffix only (a prefix-cache hit not written)",
             **row_fields(prefix),
         )
-    if ev.bit_exact == 1.0 or _within(ev.rel, ev.noise, factor):
-        return None
+    return None
+
+
+def _target_leak(
+    ev: LayerEvidence, is_aux: bool, target_noise: float | None, factor: float, found: Found
+) -> Finding | None:
+    """``aux_equals_target`` when an aux layer equals the stored target layer (bit for bit, or within the
+    target's noise); None otherwise."""
     if (
         is_aux
         and ev.rel_to_target is not None
@@ -329,48 +358,69 @@ def _healthy_rows(
     ):
         return found(
             "aux_equals_target",
-            f"aux layer {i} equals the target layer (rel-L2 {ev.rel_to_target:.3g}): "
+            f"aux layer {ev.label} equals the target layer (rel-L2 {ev.rel_to_target:.3g}): "
             "the target leaks into the conditioning layers",
         )
+    return None
+
+
+def _other_point(ev: LayerEvidence, is_aux: bool, factor: float, n_layers: int, found: Found) -> Finding | None:
+    """``capture_point`` when the layer matches another live capture point (the closest, relative to its noise),
+    or ``aux_equals_target`` when that point is the final norm's output in an aux layer; None when none matches."""
+    i = ev.label
     points = {j: r for j, r in ev.rel_by_point.items() if j != i}
     hits = [
         j
         for j, r in points.items()
         if _matches(r, ev.noise_by_point.get(j), [x for k, x in ev.rel_by_point.items() if k != j], factor)
     ]
-    if hits:
-        j = min(hits, key=lambda j: points[j] / max(ev.noise_by_point.get(j) or 1.0, 1e-30))
-        if is_aux and j == n_layers:
-            return found(
-                "aux_equals_target",
-                f"aux layer {i} holds the final norm's output (rel-L2 {points[j]:.3g}): "
-                "the last layer's state leaks into the conditioning layers through the final norm",
-                match=j,
-            )
-        return found("capture_point", f"{capture_words(i, j, n_layers)} (rel-L2 {points[j]:.3g})", match=j)
+    if not hits:
+        return None
+    j = min(hits, key=lambda j: points[j] / max(ev.noise_by_point.get(j) or 1.0, 1e-30))
+    if is_aux and j == n_layers:
+        return found(
+            "aux_equals_target",
+            f"aux layer {i} holds the final norm's output (rel-L2 {points[j]:.3g}): "
+            "the last layer's state leaks into the conditioning layers through the final norm",
+            match=j,
+        )
+    return found("capture_point", f"{capture_words(i, j, n_layers)} (rel-L2 {points[j]:.3g})", match=j)
+
+
+def _shifted(ev: LayerEvidence, factor: float, found: Found) -> Finding | None:
+    """``token_shift`` when the rows match the truth shifted by k tokens (the best such k), or ``suffix_states``
+    when k < 0 and the last -k rows are blank (a suffix written from row 0); None when no shift matches."""
+    T, i = ev.rows, ev.label
     shifts = [
         k
         for k, r in ev.rel_shifted.items()
         if _matches(r, ev.noise, [x for q, x in ev.rel_shifted.items() if q != k] + [ev.rel], factor)
     ]
-    if shifts:
-        k = min(shifts, key=lambda k: ev.rel_shifted[k])
-        if k < 0 and blank == list(range(T + k, T)):
-            return found(
-                "suffix_states",
-                f"layer {i}: rows 0..{T + k - 1} of {T} hold the states of tokens {-k}..{T - 1} "
-                f"(a suffix written from row 0: a prefix-cache hit of {-k} tokens), rows {T + k}..{T - 1} "
-                "are blank",
-                match=k,
-                **row_fields(list(range(T))),
-            )
-        way = f"row t holds the state of token t{'-' if k > 0 else '+'}{abs(k)}"
+    if not shifts:
+        return None
+    k = min(shifts, key=lambda k: ev.rel_shifted[k])
+    if k < 0 and sorted(ev.zero_rows + ev.const_rows) == list(range(T + k, T)):
         return found(
-            "token_shift",
-            f"layer {i}: tokens and states are misaligned by {k:+d} ({way}; rel-L2 "
-            f"{ev.rel_shifted[k]:.3g} shifted vs {ev.rel:.3g} as stored)",
+            "suffix_states",
+            f"layer {i}: rows 0..{T + k - 1} of {T} hold the states of tokens {-k}..{T - 1} "
+            f"(a suffix written from row 0: a prefix-cache hit of {-k} tokens), rows {T + k}..{T - 1} "
+            "are blank",
             match=k,
+            **row_fields(list(range(T))),
         )
+    way = f"row t holds the state of token t{'-' if k > 0 else '+'}{abs(k)}"
+    return found(
+        "token_shift",
+        f"layer {i}: tokens and states are misaligned by {k:+d} ({way}; rel-L2 "
+        f"{ev.rel_shifted[k]:.3g} shifted vs {ev.rel:.3g} as stored)",
+        match=k,
+    )
+
+
+def _unexplained(ev: LayerEvidence, found: Found) -> Finding:
+    """A divergence no rule explains: ``differs`` without a floor (no noise to judge it against), else
+    ``beyond_noise`` with its ratio to the precision noise and the rows beyond it."""
+    i, bad = ev.label, ev.bad_rows
     if ev.noise is None:
         return found(
             "differs",
@@ -469,194 +519,6 @@ def apply(verdicts: list[SampleVerdict], findings: list[Finding]) -> list[Sample
         kinds = {L: "+".join(by[(v.key, int(L))]) if (v.key, int(L)) in by else k for L, k in v.layers.items()}
         out.append(v.replace(layers=kinds, verdict=verdict_of(kinds)))
     return out
-
-
-def upper_bound(defective: int, n: int, confidence: float = 0.95) -> float:
-    """One-sided Clopper-Pearson upper bound on a defect rate after ``defective`` of ``n`` random samples
-    (0 of n: 1 - (1 - confidence)^(1/n), about 3/n at 95 %)."""
-    if n <= 0:
-        return 1.0
-    if defective >= n:
-        return 1.0
-    alpha = 1.0 - confidence
-    lo, hi = defective / n, 1.0
-    for _ in range(100):  # bisection on P(X <= defective | p) = alpha
-        mid = (lo + hi) / 2
-        if _binom_cdf(defective, n, mid) > alpha:
-            lo = mid
-        else:
-            hi = mid
-    return hi
-
-
-def _binom_cdf(k: int, n: int, p: float) -> float:
-    if p <= 0:
-        return 1.0
-    if p >= 1:
-        return 0.0 if k < n else 1.0
-    lp, lq = math.log(p), math.log1p(-p)
-    return sum(
-        math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
-        for i in range(k + 1)
-    )
-
-
-# --- Rows of another sample: a state slot holding a previous request's bytes (``stale_copy``; of the same sample
-
-Hit = tuple[int, str, int]  # (row, source key, source row)
-OFFSET_ROWS = 3  # copied rows that must agree on one id offset to call the ids offset
-
-
-def stale_copies(
-    findings: list[Finding],
-    evidence: dict[str, list[LayerEvidence]],
-    index: dict[tuple[int, int], list[tuple[str, int]]],
-    tokens: dict[str, Sequence[int]],
-    vocab: int | None = None,
-) -> list[Finding]:
-    """Findings of unexplained divergence whose beyond-noise rows are byte-for-byte rows of another sample
-    (``index``: (layer, row hash) -> [(key, row)] over the candidates), rewritten as ``stale_copy`` (or
-    ``token_shift``). Only rows whose token differs from the source row's count: two rows of one token with
-    the same recent context are the same computation (samples share a system prompt; layers with short
-    memory repeat bytes wherever a phrase repeats), a state under another token is a copy. ``vocab`` (the
-    model's vocabulary size) lets an id offset wrap around, as ids written +1 past the last id do."""
-
-    def copied(key: str, r: int, src: str, sr: int) -> bool:
-        a, b = tokens.get(key), tokens.get(src)
-        return (src != key or sr != r) and a is not None and b is not None and int(a[r]) != int(b[sr])
-
-    shared: dict[tuple[str, str], int] = {}
-
-    def whose(key: str, src: str, sr: int) -> str:
-        """The source row's sample — this one's own when the two share every token up to it (a shared prompt:
-        the bytes are this sample's own row ``sr`` too)."""
-        if (key, src) not in shared:
-            shared[(key, src)] = common_prefix(tokens[key], tokens[src])
-        return key if sr < shared[(key, src)] else src
-
-    hits: dict[int, list[Hit]] = {}
-    for n, f in enumerate(findings):
-        ev = next((e for e in evidence.get(f.key, []) if e.label == f.layer), None)
-        if ev is not None and f.layer is not None and _searched(f, ev):  # (_searched: False without a layer)
-            hits[n] = [
-                (r, whose(f.key, src, sr), sr)
-                for r, h in ev.bad_row_hashes.items()
-                for src, sr in index.get((f.layer, h), [])
-                if copied(f.key, r, src, sr)
-            ]
-    votes: dict[str, Counter[str]] = {}
-    for n, hs in hits.items():
-        votes.setdefault(findings[n].key, Counter()).update(src for _, src, _ in hs)
-    return [_named(f, hits[n], tokens, votes[f.key], vocab) if hits.get(n) else f for n, f in enumerate(findings)]
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading token ids ``a`` and ``b`` share."""
-    n = min(len(a), len(b))
-    differ = [i for i in range(n) if int(a[i]) != int(b[i])][:1]
-    return differ[0] if differ else n
-
-
-def _searched(f: Finding, ev: LayerEvidence) -> bool:
-    """Whether the finding's rows may be another sample's: unexplained, or a "suffix" of non-blank rows."""
-    if f.layer is None:
-        return False
-    if f.kind in ("beyond_noise", "differs"):  # (other_weights is named after the search)
-        return True
-    blank = set(ev.zero_rows) | set(ev.const_rows)
-    return f.kind == "suffix_states" and not isinstance(f.match, int) and not blank and bool(ev.bad_rows)
-
-
-def _named(
-    f: Finding, hits: list[Hit], tokens: dict[str, Sequence[int]], votes: Counter[str], vocab: int | None = None
-) -> Finding:
-    """The finding rewritten for the source that holds most of the sample's copied rows over all its layers
-    (a layer with short memory repeats bytes in every sample ending alike; the layers that remember longer
-    tell the one the rows came from; on a tie, the sample itself, then the first key)."""
-    here = {src for _, src, _ in hits}
-    source = min(here, key=lambda src: (-votes[src], src != f.key, src))  # on a tie: the sample itself
-    mine = [(r, sr) for r, src, sr in hits if src == source]
-    rows = sorted({r for r, _ in mine})
-    misread = _misread_ids(mine, tokens[f.key], tokens[source], vocab)
-    if misread is not None:
-        return _token_ids(f, rows, source, *misread)
-    if source == f.key:
-        held = sorted({sr for _, sr in mine})
-        return Finding(
-            kind="stale_copy",
-            key=f.key,
-            layer=f.layer,
-            source=source,
-            **row_fields(rows),
-            detail=f"layer {f.layer}: {span_words(rows)} are byte-for-byte this sample's own "
-            f"{span_words(held)} (a read from the wrong block of the same request, or rows "
-            "written in the wrong order)",
-        )
-    ties = sum(1 for src, n in votes.items() if src != source and src in here and n == votes[source])
-    also = f"; {ties} other sample(s) hold the same bytes there (they share those tokens)" if ties else ""
-    if f.kind == "suffix_states":
-        also += "; the rows after them are this sample's: a prefix not written (a prefix-cache hit) over old bytes"
-    return Finding(
-        kind="stale_copy",
-        key=f.key,
-        layer=f.layer,
-        source=source,
-        **row_fields(rows),
-        detail=f"layer {f.layer}: {span_words(rows)} are byte-for-byte rows of sample {source[:16]} "
-        f"(a state slot holding a previous request's bytes){also}",
-    )
-
-
-def _token_ids(f: Finding, rows: list[int], source: str, k: int, d: int) -> Finding:
-    """``token_shift``: right states (another sample's states of the true tokens) under ids shifted by ``k``
-    positions and/or offset by ``d`` in value."""
-    what = []
-    if k:
-        what.append(f"misaligned by {k:+d} (row t holds the state of token t{'-' if k > 0 else '+'}{abs(k)})")
-    if d:
-        what.append(f"offset by {d:+d} in value (each id is the true id {d:+d})")
-    cause = (
-        "a token dropped or added before the states were paired with them"
-        if not d
-        else "the states are right for the true tokens, the recorded ids are not"
-    )
-    return Finding(
-        kind="token_shift",
-        key=f.key,
-        layer=f.layer,
-        match=k,
-        **row_fields(rows),
-        detail=f"layer {f.layer}: token ids and states are {' and '.join(what)}: {span_words(rows)} are "
-        f"byte-for-byte the states of sample {source[:16]} at tokens that are this sample's ids "
-        f"{'shifted by ' + format(k, '+d') if k else ''}{' and ' if k and d else ''}"
-        f"{'offset by ' + format(-d, '+d') if d else ''} ({cause}), not a stale slot",
-    )
-
-
-def _misread_ids(
-    hits: list[tuple[int, int]], mine: Sequence[int], theirs: Sequence[int], vocab: int | None
-) -> tuple[int, int] | None:
-    """(k, d) when every copied row whose token r - k exists (two or more) is the source's state of the token
-    this sample records at r - k, less d (mod ``vocab``): row r holds the state of the true token behind
-    recorded id r - k, and the ids are the true ones + d. The copy is this sample's tokens misread against
-    right states (shifted: a BOS dropped or added; offset: ids written +1), not a slot's stale bytes. A pure
-    shift is tried first; a shift and an offset are each one consistent rule over every copied row, an offset
-    over OFFSET_ROWS or more (two rows of unrelated text agree on some difference once in ~vocab/7 tries)."""
-    found = []
-    for k in (0,) + SHIFTS:
-        seen = [(r, sr) for r, sr in hits if 0 <= r - k < len(mine)]
-        diffs = {_signed(int(mine[r - k]) - int(theirs[sr]), vocab) for r, sr in seen}
-        if len(diffs) == 1 and (k, d := diffs.pop()) != (0, 0) and len(seen) >= (OFFSET_ROWS if d else 2):
-            found.append((d != 0, k != 0 and d != 0, k, d))  # a shift alone, then an offset alone, then both
-    return min(found, key=lambda x: x[:2])[2:] if found else None
-
-
-def _signed(d: int, vocab: int | None) -> int:
-    """An id difference, wrapped into (-vocab/2, vocab/2] when the vocabulary size is known."""
-    if not vocab:
-        return d
-    d %= vocab
-    return d - vocab if d > vocab // 2 else d
 
 
 # --- Whole-layer value bugs of a writer: correct states with one transform applied to every value — scaled by a

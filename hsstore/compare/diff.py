@@ -2,7 +2,7 @@
 against a precision floor (a third variant, typically fp32 of the same recipe).
 
 One pass reads A, B (and the floor C) side by side on every core (``hsstore.compare.diff``); each
-sample reduces to per-layer sums (``kernel``, ``divergence``) that are added in key order.
+sample reduces to per-layer sums (``kernel``) that are added in key order.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import torch
 
-from hsstore.compare.divergence import SampleSums, Totals, summarize
-from hsstore.compare.kernel import Workspace, compiled_kernel, token_sums
+from hsstore.compare.kernel import SampleSums, Totals, Workspace, compiled_kernel, summarize, token_sums
 from hsstore.compare.sampling import (
     Estimate,
     SamplePlan,

@@ -1,10 +1,11 @@
-"""Sampled diffs: a seeded choice of shared samples stratified by length, and confidence intervals.
+"""Sampled diffs and audits: a seeded choice of samples stratified by length, and what the choice bounds
+(confidence intervals; a defect rate).
 
 Choice: the shared samples sorted by (length, key) are cut into strata of equal count; each stratum
 gets its proportional share of the n samples (at least 2, so its variance can be estimated) drawn
 without replacement by ``numpy.random.default_rng(seed)``. The same keys and seed give the same choice.
 
-Estimates: every reported statistic is a function of per-sample sums (``divergence``), so the point
+Estimates: every reported statistic is a function of per-sample sums (``kernel``), so the point
 estimate weights each chosen sample by N_h / n_h (its stratum's population over its sample count) —
 a stratified ratio estimator (e.g. rel-L2 = sqrt(sum w·|d|² / sum w·|b|²)).
 
@@ -16,6 +17,9 @@ layer), and resampling whole samples keeps the strong correlation of tokens with
 draws n_h - 1 of n_h with replacement and rescales, which keeps the variance right for small strata and
 applies the finite-population correction (an interval shrinks to the point as the fraction nears 1).
 Maxima (max |d|, min cosine) have no interval: the sampled value bounds the store's from one side.
+
+Audits: the same choice picks the samples an audit checks (``choose_keys``), and k defective of n chosen
+samples bound the variant's defect rate (``rate_bound``: a one-sided Clopper-Pearson bound, ``upper_bound``).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Literal
 
 import numpy as np
 
-from hsstore.compare.divergence import N_BINS, C, SampleSums, Totals, cos_p01, layer_stats, verdict
+from hsstore.compare.kernel import N_BINS, C, SampleSums, Totals, cos_p01, layer_stats, verdict
 from hsstore.core.dtypes import UNIT_ROUNDOFF
 from hsstore.core.errors import BadInput
 from hsstore.core.schema.reports import LayerDiff, Sampling
@@ -234,18 +238,7 @@ def plan_samples(
     check_sampling(samples, fraction, confidence)
     if samples is None and fraction is None:
         return None
-    notes = []
-    population = list(keys)
-    if c is not None:
-        population = [k for k in keys if k in c.refs]
-        if len(population) < len(keys):
-            notes.append(
-                f"{len(keys) - len(population)} sample(s) shared by A and B are not in the floor and were not eligible"
-            )
-        if not population:
-            raise BadInput(
-                f"the floor {c.id} shares no samples with A and B; a sampled diff reads all three on the same samples"
-            )
+    population, notes = _eligible(keys, c)
     n = sample_count(len(population), samples, fraction)
     choice = choose([a.refs[k].length for k in population], population, n, seed)
     chosen = [population[int(i)] for i in choice.indices]
@@ -273,6 +266,130 @@ def plan_samples(
         notes=notes,
     )
     return SamplePlan(chosen, choice, record)
+
+
+def _eligible(keys: Sequence[str], c: VariantReader | None) -> tuple[list[str], list[str]]:
+    """(the samples a sampled diff chooses among, notes): those A and B share, less those the floor (when there
+    is one) lacks, with a note of how many that left out; BadInput when the floor shares none."""
+    notes = []
+    population = list(keys)
+    if c is not None:
+        population = [k for k in keys if k in c.refs]
+        if len(population) < len(keys):
+            notes.append(
+                f"{len(keys) - len(population)} sample(s) shared by A and B are not in the floor and were not eligible"
+            )
+        if not population:
+            raise BadInput(
+                f"the floor {c.id} shares no samples with A and B; a sampled diff reads all three on the same samples"
+            )
+    return population, notes
+
+
+# --- Which samples an audit checks, and what they say of the variant: a seeded, length-stratified draw
+# (``--samples``/``--fraction``: each sample's chance about n/N, so k defective of n bound the defect rate),
+# every sample (the rate itself), or samples the user names by key (``--keys``: not a draw, no bound).
+
+CONFIDENCE = 0.95
+DEFAULT_SAMPLES = 8
+
+
+def choose_keys(
+    reader: VariantReader, samples: int | None, fraction: float | None, seed: int, named: list[str] | None = None
+) -> list[str]:
+    """The samples named by key prefix (``--keys``), else a seeded, length-stratified choice of ``samples`` (or
+    a ``fraction``; default 8; ``hsstore.compare.sampling``), in commit order."""
+    keys = reader.keys
+    if named is not None:
+        if samples is not None or fraction is not None:
+            raise BadInput("--keys names the samples: leave out --samples and --fraction")
+        return named_keys(reader, named)
+    N = len(keys)
+    n = (
+        min(N, samples)
+        if samples is not None
+        else max(1, math.ceil(fraction * N))
+        if fraction
+        else min(N, DEFAULT_SAMPLES)
+    )
+    choice = choose([reader.refs[k].length for k in keys], keys, n, seed)
+    return [keys[int(i)] for i in choice.indices]
+
+
+def named_keys(reader: VariantReader, prefixes: list[str]) -> list[str]:
+    """The stored keys the prefixes name (each exactly one), in commit order; BadInput for one that names
+    none or several."""
+    prefixes = [p.strip().lower() for p in prefixes if p.strip()]
+    if not prefixes:
+        raise BadInput("--keys is empty: name samples by their keys (or unique prefixes), comma-separated")
+    out = set()
+    for p in prefixes:
+        hits = [k for k in reader.keys if k.startswith(p)]
+        if not hits:
+            raise BadInput(
+                f"no sample of variant {reader.id} has a key starting with {p!r} (hsstore verify and "
+                "hsstore check --json name samples by key)"
+            )
+        if len(hits) > 1:
+            raise BadInput(
+                f"key prefix {p!r} matches {len(hits)} samples of variant {reader.id} ({hits[0][:16]}, "
+                f"{hits[1][:16]}, ...): give more characters"
+            )
+        out.add(hits[0])
+    return [k for k in reader.keys if k in out]
+
+
+def rate_bound(k: int, n: int, N: int, named: bool) -> tuple[float | None, str]:
+    """What k defective of n checked samples (of N) say of the variant's defect rate: (upper bound or the rate
+    itself, in words); None for samples named by the user (not a random draw: they bound nothing)."""
+    if named:
+        return None, (
+            f"{k} defective of the {n} sample(s) named (--keys), not drawn at random: they bound no rate "
+            "(drop --keys for a seeded random choice that does)"
+        )
+    if n >= N:
+        return k / N, f"every one of the {N} samples checked: {k} defective, a defect rate of {k / N:.3g} exactly"
+    if k == n:
+        return 1.0, (
+            f"all {n} samples chosen at random (seeded, length-stratified) from {N} are defective: the "
+            "defect rate may be anywhere up to 1"
+        )
+    upper = upper_bound(k, n, CONFIDENCE)
+    return upper, (
+        f"{k} defective of {n} samples chosen at random (seeded, length-stratified) from {N}: the "
+        f"variant's defect rate is below {upper:.3g} at {CONFIDENCE:.0%} confidence"
+        + (" (about 3/n: check more samples to bound it lower)" if not k else "")
+    )
+
+
+def upper_bound(defective: int, n: int, confidence: float = 0.95) -> float:
+    """One-sided Clopper-Pearson upper bound on a defect rate after ``defective`` of ``n`` random samples
+    (0 of n: 1 - (1 - confidence)^(1/n), about 3/n at 95 %)."""
+    if n <= 0:
+        return 1.0
+    if defective >= n:
+        return 1.0
+    alpha = 1.0 - confidence
+    lo, hi = defective / n, 1.0
+    for _ in range(100):  # bisection on P(X <= defective | p) = alpha
+        mid = (lo + hi) / 2
+        if _binom_cdf(defective, n, mid) > alpha:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def _binom_cdf(k: int, n: int, p: float) -> float:
+    if p <= 0:
+        return 1.0
+    if p >= 1:
+        return 0.0 if k < n else 1.0
+    lp, lq = math.log(p), math.log1p(-p)
+    return sum(
+        math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
+        for i in range(k + 1)
+    )
 
 
 # --- From per-sample sums to reported layers and a verdict: full sums, or sampled ones with intervals.

@@ -12,7 +12,7 @@ import torch
 
 from hsstore import Store
 from hsstore.compare.diff import DiffRequest, open_target, run_diff
-from hsstore.compare.divergence import EDGES
+from hsstore.compare.kernel import EDGES
 from hsstore.storage.writer import UnitWriter
 
 ULP_EDGES = torch.tensor([0, 1, 2, 4, 8, 16], dtype=torch.int64)

@@ -9,8 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from hsstore.compare.divergence import summarize
-from hsstore.compare.kernel import ULP_CLAMP, TokenSums, Workspace, _ulp_counts_int16, token_sums, ulp_distance_clamped
+from hsstore.compare.kernel import (
+    ULP_CLAMP,
+    TokenSums,
+    Workspace,
+    _ulp_counts_int16,
+    summarize,
+    token_sums,
+    ulp_distance_clamped,
+)
 
 FIELDS = ("sum_abs", "max_abs", "differing", "dd", "aa", "bb", "ad", "ulp")
 

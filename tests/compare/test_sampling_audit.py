@@ -14,7 +14,7 @@ from helpers import run_cli
 from interop_damage import damage, sample_file, sidecar, subset
 
 from hsstore import Store
-from hsstore.compare.defects import upper_bound
+from hsstore.compare.sampling import upper_bound
 from hsstore.interop.exporter import ExportRequest, export_cache
 
 MODEL = "builtin:tiny-qwen3_5"
