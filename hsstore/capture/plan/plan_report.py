@@ -271,7 +271,7 @@ def generation_plan(
     rows of the data per row of ``rows`` (a --sample's), which the counts are multiplied by."""
     if m.generate is None:
         return None
-    from hsstore.capture.generate.regenerate import jobs_from_rows
+    from hsstore.capture.generate.prompts import jobs_from_rows
     from hsstore.capture.inputs.tokenizing import InputReport, load_rows
 
     g = m.generate
@@ -366,8 +366,8 @@ def _prompt_batches(prompts: list[list[int]], scale: float, max_new_tokens: int,
 
 def _later_rounds(m: Any, tok: Any, jobs: list[Any], scale: float) -> int:
     """The engine's batches after the first turn's (``turns = "all"`` regenerates round by round, a turn a round):
-    each round's prompts with the earlier replies at most max_new_tokens (``regenerate.capped_history``)."""
-    from hsstore.capture.generate.regenerate import capped_history, prompt_masker, rendered_prompt
+    each round's prompts with the earlier replies at most max_new_tokens (``prompts.capped_history``)."""
+    from hsstore.capture.generate.prompts import capped_history, prompt_masker, rendered_prompt
     from hsstore.capture.inputs.messages import RowRejected
 
     g, masker, batches = m.generate, prompt_masker(tok, m.generate), 0
@@ -400,7 +400,7 @@ def _not_timed(engine: str, calibrate: int, batches: list[list[int]]) -> str | N
 def _prompts(m: Any, tok: Any, jobs: list[Any]) -> tuple[list[Any], list[list[int]]]:
     """The jobs the build generates and their prompt tokens, as the build renders them (their lengths form the
     engine's batches): the build drops a job whose prompt holds max_length tokens or more."""
-    from hsstore.capture.generate.regenerate import prompt_masker, prompt_tokens
+    from hsstore.capture.generate.prompts import prompt_masker, prompt_tokens
     from hsstore.capture.inputs.messages import RowRejected
 
     masker = prompt_masker(tok, m.generate)
