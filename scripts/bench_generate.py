@@ -209,7 +209,7 @@ def main() -> None:
             setattr(args, key, default)
 
     from hsstore.capture.generate.engines import LocalEngine, end_ids, prompt_batches
-    from hsstore.capture.generate.regenerate import prompt_tokens
+    from hsstore.capture.generate.prompts import prompt_tokens
     from hsstore.capture.inputs.lossmask import ChatMasker
     from hsstore.capture.model.spec import ModelSpec
     from hsstore.core.dtypes import TORCH

@@ -66,7 +66,7 @@ def test_a_plan_counts_the_samples_the_build_writes_prompt_rows_and_n_replies_to
 
 
 def test_prompts_the_build_drops_as_too_long_are_neither_planned_nor_calibrated_on(tmp_path: Path) -> None:
-    """The build drops a prompt of max_length tokens or more before generating (regenerate.prompt_tokens); the
+    """The build drops a prompt of max_length tokens or more before generating (prompts.prompt_tokens); the
     plan counted it, and its batches (longest prompts first) timed the build's 'first batch' on exactly the
     prompts the build never generates. Of the first 6 rows, 2 prompts exceed 80 tiny-llama tokens."""
     m = _manifest(tmp_path, 'engine = "model"\nmax_new_tokens = 2\n', max_length=80)

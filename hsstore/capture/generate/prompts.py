@@ -15,12 +15,17 @@ are the generated ones, its end token only where it is the one the target emitte
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from hsstore.capture.inputs.datafiles import BadRow
 from hsstore.capture.inputs.messages import THINK_CLOSE, RowRejected, to_chat
-from hsstore.capture.inputs.tokenizing import detect_format
+from hsstore.capture.inputs.tokenizing import InputReport, InputRow, _fit, _numbered, detect_format
+from hsstore.core.errors import BadInput
+from hsstore.core.keys import SampleTokens, sample_key
 
 if TYPE_CHECKING:
     from hsstore.capture.inputs.lossmask import ChatMasker
@@ -72,6 +77,56 @@ def turn_messages(job: Job) -> list[dict[str, Any]]:
     for t, text in zip(job.turns[:k], job.texts):
         msgs[t] = {"role": "assistant", "content": text}
     return msgs
+
+
+def jobs_from_rows(rows: Iterable[InputRow], fmt: str, g: Any, report: InputReport, limit: int | None) -> list[Job]:
+    jobs: list[Job] = []
+    for file, n, row in _numbered(rows):
+        if limit is not None and len({(j.file, j.row) for j in jobs}) >= limit:
+            break
+        report.rows += 1
+        try:
+            jobs += jobs_of(file, n, row, fmt, g.turns, g.n)
+        except RowRejected as r:
+            report.rejected[r.reason] += 1
+            report.note("rejected", file, n, r.reason, r.detail)
+    return jobs
+
+
+def prompt_masker(tok: Any, g: Any) -> Any:
+    """The ChatMasker that renders a [generate] build's prompts and turns (with its chat_template_kwargs, e.g.
+    enable_thinking)."""
+    from hsstore.capture.inputs.lossmask import ChatMasker
+
+    masker = ChatMasker(tok)
+    masker.kwargs.update(g.chat_template_kwargs)
+    return masker
+
+
+def prompt_tokens(masker: Any, job: Job, max_length: int) -> list[int]:
+    """The prompt of the job's next turn, earlier turns as regenerated."""
+    return rendered_prompt(masker, turn_messages(job), job.tools, max_length)
+
+
+def rendered_prompt(masker: Any, msgs: list[dict[str, Any]], tools: Any, max_length: int) -> list[int]:
+    """``msgs`` rendered with the generation prompt and tokenized; RowRejected from ``max_length`` tokens on."""
+    text = masker._render(msgs, tools, True)
+    ids = list(masker.tok(text, add_special_tokens=False)["input_ids"])
+    if len(ids) >= max_length:
+        raise RowRejected(f"prompt longer than max_length={max_length}", f"{len(ids)} tokens before the reply")
+    return ids
+
+
+def capped_history(tok: Any, job: Job, upto: int, max_new_tokens: int) -> list[dict[str, Any]]:
+    """``job.msgs`` before position ``upto`` as a plan stands them for the build's: each earlier turn the build
+    regenerates (``turns = "all"``) cut to its first ``max_new_tokens`` tokens, as the target's reply is no longer."""
+    out = []
+    for k, msg in enumerate(job.msgs[:upto]):
+        msg = dict(msg)
+        if k in job.turns and isinstance(msg.get("content"), str):
+            msg["content"] = tok.decode(tok(msg["content"], add_special_tokens=False)["input_ids"][:max_new_tokens])
+        out.append(msg)
+    return out
 
 
 def reasoning_end(tok: Any, ids: list[int]) -> int:
@@ -154,3 +209,45 @@ def _exact_only(context: list[int], mask: list[int], job: Job, eos: list[int]) -
         elif b - a == len(body) + 1 and (not emitted_end or context[b - 1] != reply.ids[-1]):
             out[b - 1] = 0  # the template's end token, not the one the target emitted (or none)
     return out
+
+
+def samples_of(
+    jobs: list[Job], masker: Any, m: Any, tok_fp: str, eos: list[int], report: InputReport
+) -> tuple[list[SampleTokens], list[tuple[Job, str | None]]]:
+    """Each job as a sample (deduplicated by key); every job with the key of its sample (None: dropped)."""
+    samples: list[SampleTokens] = []
+    seen: dict[str, str] = {}
+    keyed: list[tuple[Job, str | None]] = []
+    for j in jobs:
+        key = None
+        try:
+            if j.dropped is not None:
+                raise RowRejected(*j.dropped)
+            drop = m.generate.reasoning == "drop"
+            ids, mask = (
+                last_turn_sample(masker.tok, j, eos, drop)
+                if m.generate.turns == "last"
+                else all_turns_sample(masker, j, eos, drop)
+            )
+            ids, mask = _fit(ids, mask, m.max_length, m.too_long, report, j.file, j.row)
+            a, b = np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.uint8)
+            key = sample_key(tok_fp, a, b)
+            if key in seen:
+                report.duplicates += 1
+                report.note("duplicate", j.file, j.row, "duplicate of an earlier row", seen[key])
+            else:
+                seen[key] = f"{j.file} row {j.row}"
+                samples.append(SampleTokens(key, a, b))
+                report.usable += 1
+        except RowRejected as r:
+            report.rejected[r.reason] += 1
+            report.note("rejected", j.file, j.row, r.reason, r.detail)
+        keyed.append((j, key))
+    report.close()
+    if not samples:
+        reasons = ", ".join(f"{k}: {v}" for k, v in report.rejected.items()) or "no rows"
+        raise BadInput(
+            f"no usable rows after regenerating the replies ({report.rows} rows read; {reasons}); check "
+            "[data] files and [generate]"
+        )
+    return samples, keyed

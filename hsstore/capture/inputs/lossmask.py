@@ -35,20 +35,23 @@ import os
 import re
 import threading
 import time
-from bisect import bisect_left
 from collections.abc import Callable, Set
-from dataclasses import dataclass
 from datetime import date
 from functools import lru_cache
 from typing import Any, TypeVar
 
 from hsstore.capture.inputs.messages import (
+    PLACEMENTS,
     THINK_CLOSE,
     THINK_OPEN,
+    Marked,
     RowRejected,
     arguments_hint,
     inline_reasoning,
+    marked_messages,
+    read_markers,
     reasoning_moved,
+    repeated_message,
 )
 from hsstore.core.batching import parse_bytes
 from hsstore.core.errors import BadInput, ResourceLimit
@@ -156,92 +159,6 @@ def bounded(render: Callable[[], str], what: str) -> str:
     return out
 
 
-# --- Unique markers around each message's text, and where they land in a rendering (hsstore.capture.inputs.lossmask).
-
-PLACEMENTS = (("all", "edges"), ("all", "inner"), ("assistant", "inner"))  # tried in order
-
-
-@dataclass(frozen=True)
-class Marked:
-    """A marked rendering mapped onto the plain one: where each message's markers land in plain text."""
-
-    text: str
-    starts: list[int]  # marked-text start of each marker, in order
-    removed: list[int]  # marker characters before marker j (removed[j]); removed[-1] = all of them
-    where: dict[int, list[int]]  # message index -> plain positions of its markers
-    placement: tuple[str, str]  # (who, how) of PLACEMENTS that produced it
-
-    def plain_pos(self, pos: int) -> int:
-        """Plain position of a marked position that lies outside markers."""
-        return pos - self.removed[bisect_left(self.starts, pos)]
-
-
-def mark(text: str, start: str, end: str, how: str) -> str:
-    """``text`` between ``start`` and ``end`` (``how``: "edges" or "inner"); blank text is left unmarked."""
-    if not text.strip():
-        return text
-    if how == "edges":
-        return start + text + end
-    lead, trail = len(text) - len(text.lstrip()), len(text.rstrip())
-    return text[:lead] + start + text[lead:trail] + end + text[trail:]
-
-
-def marked_messages(msgs: list[dict[str, Any]], nonce: str, who: str, how: str) -> list[dict[str, Any]]:
-    """Copies of ``msgs`` with markers around the texts of ``who`` ("all" or "assistant")."""
-    out = []
-    for i, m in enumerate(msgs):
-        m = dict(m)
-        if who == "all" or m["role"] == "assistant":
-
-            def tag(part: int, end: bool, i: int = i) -> str:
-                return f"@{nonce}{i}.{part}{'E' if end else 'S'}@"
-
-            m["content"] = mark(m["content"], tag(0, False), tag(0, True), how)
-            if "reasoning_content" in m:
-                m["reasoning_content"] = mark(m["reasoning_content"], tag(1, False), tag(1, True), how)
-            calls = []
-            for j, c in enumerate(m.get("tool_calls", ())):
-                fn = dict(c["function"])
-                fn["name"] = mark(fn["name"], tag(2 + 2 * j, False), tag(2 + 2 * j, True), "edges")
-                if isinstance(fn["arguments"], str):
-                    fn["arguments"] = mark(fn["arguments"], tag(3 + 2 * j, False), tag(3 + 2 * j, True), how)
-                calls.append({**c, "function": fn})
-            if calls:
-                m["tool_calls"] = calls
-        out.append(m)
-    return out
-
-
-def read_markers(text: str, nonce: str, plain: str, placement: tuple[str, str]) -> Marked | None:
-    """Where the markers of ``text`` land in ``plain``; None unless removing them gives ``plain`` and each
-    marker occurs once (a template that repeats or alters a message's text hides where it is)."""
-    pattern = re.compile(rf"@{nonce}(\d+)\.(\d+)([SE])@")
-    found = list(pattern.finditer(text))
-    if pattern.sub("", text) != plain or len({m.group() for m in found}) != len(found):
-        return None
-    starts: list[int] = []
-    removed: list[int] = []
-    where: dict[int, list[int]] = {}
-    total = 0
-    for m in found:
-        starts.append(m.start())
-        removed.append(total)
-        where.setdefault(int(m.group(1)), []).append(m.start() - total)
-        total += len(m.group())
-    removed.append(total)
-    return Marked(text, starts, removed, where, placement)
-
-
-def repeated_message(text: str, nonce: str) -> int | None:
-    """The first message whose marker occurs more than once in ``text`` (the template writes its text twice)."""
-    seen: set[str] = set()
-    for m in re.finditer(rf"@{nonce}(\d+)\.(\d+)([SE])@", text):
-        if m.group() in seen:
-            return int(m.group(1))
-        seen.add(m.group())
-    return None
-
-
 # --- A fixed "today" for chat templates that print the date, so a row tokenizes the same on every day.
 
 PINNED = date(2024, 7, 26)  # the day Llama-3 templates print when no date_string is given
@@ -261,6 +178,30 @@ MONTHS = (
     "December",
 )
 LITERAL = re.compile(r"""strftime_now\(\s*(['"])([A-Za-z0-9%\-:,./ ]*)\1\s*\)""")  # a format written as a literal
+
+
+# directives whose text is the same on every pinned day: its midnight, no time zone, and the whitespace ones;
+# ``directives`` puts each group after the day's own (glibc's unpadded ``-`` forms last)
+MIDNIGHT = {
+    "H": "00",
+    "M": "00",
+    "S": "00",
+    "I": "12",
+    "k": " 0",
+    "l": "12",
+    "p": "AM",
+    "P": "am",
+    "f": "000000",
+    "R": "00:00",
+    "T": "00:00:00",
+    "X": "00:00:00",
+    "r": "12:00:00 AM",
+    "z": "",
+    "Z": "",
+    "n": "\n",
+    "t": "\t",
+}
+MIDNIGHT_UNPADDED = {"-H": "0", "-M": "0", "-S": "0", "-I": "12", "-l": "12"}
 
 
 def prints_date(template: str) -> bool:
@@ -310,37 +251,9 @@ def directives(day: date) -> dict[str, str]:
         "D": f"{m}/{d}/{y[2:]}",
         "x": f"{m}/{d}/{y[2:]}",
         "c": f"{a[:3]} {b[:3]} {day.day:2d} 00:00:00 {y}",
-        "H": "00",
-        "M": "00",
-        "S": "00",
-        "I": "12",
-        "k": " 0",
-        "l": "12",
-        "p": "AM",
-        "P": "am",
-        "f": "000000",
-        "R": "00:00",
-        "T": "00:00:00",
-        "X": "00:00:00",
-        "r": "12:00:00 AM",
-        "z": "",
-        "Z": "",
-        "n": "\n",
-        "t": "\t",
     }
-    unpadded = {
-        "-d": str(day.day),
-        "-e": str(day.day),
-        "-m": str(day.month),
-        "-y": str(int(y[2:])),
-        "-j": str(yday),
-        "-H": "0",
-        "-M": "0",
-        "-S": "0",
-        "-I": "12",
-        "-l": "12",
-    }
-    return {f"%{k}": v for k, v in {**out, **unpadded}.items()}
+    unpadded = {"-d": str(day.day), "-e": str(day.day), "-m": str(day.month), "-y": str(int(y[2:])), "-j": str(yday)}
+    return {f"%{k}": v for k, v in {**out, **MIDNIGHT, **unpadded, **MIDNIGHT_UNPADDED}.items()}
 
 
 def formatted(fmt: str, day: date = PINNED) -> str:

@@ -10,7 +10,7 @@ counted by reason and named (file, row, reason) in ``InputReport.issues``; nothi
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -319,6 +319,26 @@ def _fit(
     return ids, mask
 
 
+def _fitted(
+    rows: Iterable[InputRow], tokens: _Tokens, too_long: str, limit: int | None, report: InputReport
+) -> Iterator[tuple[str, int, list[int], list[int]]]:
+    """(file, row number, input_ids, loss_mask) of each row that tokenizes and fits max_length (``_fit``), until
+    ``report.usable`` reaches ``limit``; every row read is counted in ``report``, each rejected one named with its
+    reason. ``tokens.empty_replies`` is the yielded row's."""
+    for file, n, row in _numbered(rows):
+        if limit is not None and report.usable >= limit:
+            break
+        report.rows += 1
+        tokens.empty_replies = ()
+        try:
+            ids, mask = _fit(*tokens(row), tokens.max_length, too_long, report, file, n, tokens.cut)
+        except RowRejected as r:
+            report.rejected[r.reason] += 1
+            report.note("rejected", file, n, r.reason, r.detail)
+            continue
+        yield file, n, ids, mask
+
+
 def tokenize_rows(
     rows: Iterable[InputRow],
     tok: Any,
@@ -337,17 +357,7 @@ def tokenize_rows(
     samples: list[SampleTokens] = []
     first_seen: dict[str, str] = {}
     tokens = _Tokens(tok, fmt, max_length)
-    for file, n, row in _numbered(rows):
-        if limit is not None and report.usable >= limit:
-            break
-        report.rows += 1
-        tokens.empty_replies = ()
-        try:
-            ids, mask = _fit(*tokens(row), max_length, too_long, report, file, n, tokens.cut)
-        except RowRejected as r:
-            report.rejected[r.reason] += 1
-            report.note("rejected", file, n, r.reason, r.detail)
-            continue
+    for file, n, ids, mask in _fitted(rows, tokens, too_long, limit, report):
         a = np.asarray(ids, dtype=np.int32)
         m = np.asarray(mask, dtype=np.uint8)
         key = sample_key(tokenizer_fingerprint, a, m)

@@ -271,7 +271,7 @@ def generation_plan(
     rows of the data per row of ``rows`` (a --sample's), which the counts are multiplied by."""
     if m.generate is None:
         return None
-    from hsstore.capture.generate.regenerate import jobs_from_rows
+    from hsstore.capture.generate.prompts import jobs_from_rows
     from hsstore.capture.inputs.tokenizing import InputReport, load_rows
 
     g = m.generate
@@ -296,32 +296,43 @@ def generation_plan(
         expected_generated_tokens=round(expected * scale),
         batches=len(batches) + later,
     )
-    if reused and not pending:
-        return GenerationPlan(
-            **common,
-            generated_tokens_per_second=None,
-            first_batch_extra_seconds=None,
-            calibration_prompts=None,
+    timing = _generation_time(
+        m, inp, tok, prompts, batches, calibrate, common["expected_generated_tokens"], bool(reused and not pending)
+    )
+    return GenerationPlan(**common, **timing)
+
+
+def _generation_time(
+    m: Any,
+    inp: Any,
+    tok: Any,
+    prompts: list[list[int]],
+    batches: list[list[int]],
+    calibrate: int,
+    expected: int,
+    done: bool,
+) -> dict[str, Any]:
+    """GenerationPlan's timing fields: 0 s when the store holds every reply (``done``), none (and why) where the
+    plan does not time the generation, else the time of ``expected`` generated tokens at the rate measured on the
+    build's first batch (``batches[0]`` of ``prompts``) generated here, plus its one-off seconds."""
+    untimed: dict[str, Any] = dict(
+        generated_tokens_per_second=None, first_batch_extra_seconds=None, calibration_prompts=None
+    )
+    if done:
+        return dict(
+            untimed,
             seconds=0.0,
-            seconds_source=("nothing to generate: the store holds every reply, checkpointed by an earlier build"),
+            seconds_source="nothing to generate: the store holds every reply, checkpointed by an earlier build",
         )
-    if (why := _not_timed(g.engine, calibrate, batches)) is not None:
-        return GenerationPlan(
-            **common,
-            generated_tokens_per_second=None,
-            first_batch_extra_seconds=None,
-            calibration_prompts=None,
-            seconds=None,
-            seconds_source=f"not estimated: {why}",
-        )
+    if (why := _not_timed(m.generate.engine, calibrate, batches)) is not None:
+        return dict(untimed, seconds=None, seconds_source=f"not estimated: {why}")
     first = [prompts[i] for i in batches[0]]
     rate, extra = _generation_rate(m, inp, tok, first)
-    return GenerationPlan(
-        **common,
+    return dict(
         generated_tokens_per_second=rate,
         first_batch_extra_seconds=extra,
         calibration_prompts=len(first),
-        seconds=common["expected_generated_tokens"] / rate + extra,
+        seconds=expected / rate + extra,
         seconds_source=f"measured: the build's first batch ({len(first)} prompts) generated here, "
         f"cold then warm; the warm rate, plus the cold one-off {extra:.1f} s",
     )
@@ -366,8 +377,8 @@ def _prompt_batches(prompts: list[list[int]], scale: float, max_new_tokens: int,
 
 def _later_rounds(m: Any, tok: Any, jobs: list[Any], scale: float) -> int:
     """The engine's batches after the first turn's (``turns = "all"`` regenerates round by round, a turn a round):
-    each round's prompts with the earlier replies at most max_new_tokens (``regenerate.capped_history``)."""
-    from hsstore.capture.generate.regenerate import capped_history, prompt_masker, rendered_prompt
+    each round's prompts with the earlier replies at most max_new_tokens (``prompts.capped_history``)."""
+    from hsstore.capture.generate.prompts import capped_history, prompt_masker, rendered_prompt
     from hsstore.capture.inputs.messages import RowRejected
 
     g, masker, batches = m.generate, prompt_masker(tok, m.generate), 0
@@ -400,7 +411,7 @@ def _not_timed(engine: str, calibrate: int, batches: list[list[int]]) -> str | N
 def _prompts(m: Any, tok: Any, jobs: list[Any]) -> tuple[list[Any], list[list[int]]]:
     """The jobs the build generates and their prompt tokens, as the build renders them (their lengths form the
     engine's batches): the build drops a job whose prompt holds max_length tokens or more."""
-    from hsstore.capture.generate.regenerate import prompt_masker, prompt_tokens
+    from hsstore.capture.generate.prompts import prompt_masker, prompt_tokens
     from hsstore.capture.inputs.messages import RowRejected
 
     masker = prompt_masker(tok, m.generate)

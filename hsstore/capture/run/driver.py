@@ -384,11 +384,12 @@ def build(
             raise
 
 
-def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float, space_check: bool) -> BuildResult:
-    from hsstore.storage.store import Store
-
-    started = now()
-    early, build_id = store_first(m), new_build_id()  # a regenerating build checkpoints replies as it goes
+def _checked_inputs(
+    m: Manifest, limit: int | None, quiet: bool, ctx: Context, space_check: bool, early: Store | None, build_id: str
+) -> Inputs:
+    """The build's inputs (``plan_inputs``), checked before the store is made, a model loads or a worker starts:
+    the space the build needs (``space_check``), then the store's model and labels. A store a regenerating build
+    made first (``early``) is discarded when it is refused before a reply was saved in it."""
     try:
         inp = plan_inputs(m, limit, quiet or ctx.rank != 0, store=early, build_id=build_id, world=ctx.world)
         if space_check:
@@ -400,6 +401,15 @@ def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float,
         if early is not None:  # refused before a reply was saved: the store it made is not left behind
             early.discard_if_unused()
         raise
+    return inp
+
+
+def _build(m: Manifest, limit: int | None, quiet: bool, ctx: Context, t0: float, space_check: bool) -> BuildResult:
+    from hsstore.storage.store import Store
+
+    started = now()
+    early, build_id = store_first(m), new_build_id()  # a regenerating build checkpoints replies as it goes
+    inp = _checked_inputs(m, limit, quiet, ctx, space_check, early, build_id)
     store = early or Store.create(m.store_path)  # a bad store path fails before any model runs
     before = set(store.variant_ids())
     group = process_group(ctx.world)

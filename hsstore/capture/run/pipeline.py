@@ -269,6 +269,19 @@ class UnitBuffer:
         self.samples.append(sample)
         self.tokens += n
 
+    def add_batch(
+        self,
+        samples: Sequence[Any],
+        batch: Sequence[int],
+        out: dict[int, torch.Tensor],
+        skip: set[str] | frozenset[str],
+    ) -> None:
+        """Keep the states of each sample of ``batch`` (row r of ``out`` is ``samples[batch[r]]``) whose key is not
+        in ``skip`` (computed because its batch needs it, not written)."""
+        for row, i in enumerate(batch):
+            if samples[i].key not in skip:
+                self.add(samples[i], out, row)
+
     def due(self, unit_tokens: int, remaining: int) -> bool:
         """Whether to flush now. Once fewer than a unit's tokens are left to compute, units flush at a
         quarter of the size: their writes overlap the last forwards, and the tail (the last unit's copy
@@ -397,9 +410,7 @@ def capture_to_store(
     try:
         for batch in batches:
             out = cap.run(*batch_inputs(samples, batch, pad_id, device, bucketed, clock))
-            for row, i in enumerate(batch):
-                if samples[i].key not in skip:
-                    unit.add(samples[i], out, row)
+            unit.add_batch(samples, batch, out, skip)
             batch_tokens = sum(samples[i].length for i in batch)
             remaining -= batch_tokens
             if unit.due(unit_tokens, remaining):

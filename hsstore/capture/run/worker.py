@@ -176,15 +176,12 @@ def run_variant(plan: WorkerPlan, spec: Any, samples: list[SampleTokens], dtype:
     model, kernels = _load(plan, spec, dtype, devices)
     vid, writer = _open_variant(plan, _provenance(plan, model, dtype, devices, kernels), g, dtype)
     done = set(writer.committed_keys())
-    # the driver's batch plan is kept as is (bit-identical states on resume); finished batches are skipped
-    batches = [b for b in plan.batches if any(samples[i].key not in done for i in b)]
-    tokens = sum(samples[i].length for b in batches for i in b)
+    batches, tokens = _left(plan, samples, done)
     progress = Progress(f"{vid} {plan.backend}/{dtype}/{device}", sum(map(len, batches)), tokens, plan.quiet)
     reserved = reservation.wait() if reservation is not None else {}
-    num_layers = present(plan.recipe.model.num_layers, "recipe.model.num_layers")
     out = capture_to_store(
         model,
-        num_layers,
+        present(plan.recipe.model.num_layers, "recipe.model.num_layers"),
         g.layers,
         samples,
         batches,
@@ -196,35 +193,36 @@ def run_variant(plan: WorkerPlan, spec: Any, samples: list[SampleTokens], dtype:
         progress=progress,
         precision=plan.precision,
     )
-    loop_s = out.loop_seconds
     pending = {samples[i].key for b in batches for i in b} - done
-    by_others = len(pending & writer.committed_keys()) - out.samples_written
     return VariantResult(
         variant=vid,
         backend=plan.backend,
         dtype=dtype,
         device=device,
         kernels=kernels,
-        samples_written=out.samples_written,
         samples_present=sum(1 for s in samples if s.key in done),
-        samples_by_others=by_others,
+        samples_by_others=len(pending & writer.committed_keys()) - out.samples_written,
         tokens=tokens,
-        bytes=out.bytes,
         seconds=time.time() - t0,
-        loop_seconds=loop_s,
-        tokens_per_second=tokens / loop_s if loop_s > 0 and tokens else None,
-        writer_busy_seconds=out.writer_busy_seconds,
-        first_batch_seconds=out.first_batch_seconds,
-        tail_seconds=out.tail_seconds,
-        pinned_alloc_seconds=out.pinned_alloc_seconds,
-        batch_shapes=out.batch_shapes,
-        steady_tokens=out.steady_tokens,
-        steady_seconds=out.steady_seconds,
-        peak_gpu_memory_gb={
-            d: round(torch.cuda.max_memory_allocated(d) / 1e9, 2) for d in devices if d.startswith("cuda")
-        },
+        tokens_per_second=tokens / out.loop_seconds if out.loop_seconds > 0 and tokens else None,
+        peak_gpu_memory_gb=_peak_gpu_memory_gb(devices),
+        **out.to_dict(),  # what the capture loop wrote and where its time went, as it measured them
         **reserved,
     )
+
+
+def _left(plan: WorkerPlan, samples: list[SampleTokens], done: set[str]) -> tuple[list[list[int]], int]:
+    """The driver's batches that hold a sample not yet committed, and their tokens. The batch plan is kept as is
+    (bit-identical states on resume): finished batches are skipped, none is rebatched."""
+    batches = [b for b in plan.batches if any(samples[i].key not in done for i in b)]
+    return batches, sum(samples[i].length for b in batches for i in b)
+
+
+def _peak_gpu_memory_gb(devices: list[str]) -> dict[str, float]:
+    """GB each CUDA device of ``devices`` held at most since ``_reserve_pinned`` reset its peak."""
+    import torch
+
+    return {d: round(torch.cuda.max_memory_allocated(d) / 1e9, 2) for d in devices if d.startswith("cuda")}
 
 
 def model_parallel(model: Any, num_layers: int, devices: list[str]) -> ModelParallel:
