@@ -19,7 +19,7 @@ _LAZY = {
     "Store": "hsstore.storage.store",
     "Variant": "hsstore.storage.store",
     "HiddenStateDataset": "hsstore.read.dataset",
-    "StreamingHiddenStateDataset": "hsstore.read.dataset",
+    "StreamingHiddenStateDataset": "hsstore.read.streaming",
     "pad_collate": "hsstore.read.dataset",
     "check_live_model": "hsstore.compare.check",
 }

@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from hsstore import HiddenStateDataset, Store, StreamingHiddenStateDataset
-from hsstore.core import fp8_cpu, quant
+from hsstore.core import quant
 from hsstore.storage.codecs import DEFAULT, chunk_tokens
 from hsstore.storage.convert import convert
 from hsstore.storage.writer import UnitWriter
@@ -78,12 +78,12 @@ def dequant_speed(states: list[torch.Tensor], reps: int, compiled: bool = True) 
         T, n, H = st.shape
         q = quant.quantize(st.reshape(T * n, H))
         qs.append((q.codes.numpy().reshape(T, n, H), q.scales.numpy().reshape(T, n, 1)))
-    fp8_cpu.dequantize_bf16_bits(*qs[0], compiled=compiled)  # compile (or load) the loop outside the timing
+    quant.dequantize_bf16_bits(*qs[0], compiled=compiled)  # compile (or load) the loop outside the timing
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
         for codes, scales in qs:
-            fp8_cpu.dequantize_bf16_bits(codes, scales, compiled=compiled)
+            quant.dequantize_bf16_bits(codes, scales, compiled=compiled)
         best = min(best, time.perf_counter() - t0)
     return sum(st.numel() * 2 for st in states) / best / 1e9
 

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
 from hsstore import HiddenStateDataset, StreamingHiddenStateDataset
-from hsstore.core import fp8_cpu
+from hsstore.core import quant
 from hsstore.storage.codecs import DEFAULT
 from hsstore.storage.convert import convert
 
@@ -174,7 +174,7 @@ def main() -> None:
     meta = json.loads((base / "variants.json").read_text())
     if args.prepare_only:
         return
-    fp8_cpu.dequantize_bf16_bits(np.zeros((1, 8), np.uint8), np.ones((1, 1), np.float32))  # numba, outside the timing
+    quant.dequantize_bf16_bits(np.zeros((1, 8), np.uint8), np.ones((1, 1), np.float32))  # numba, outside the timing
     disk = [probe(base / "probe.bin")] if rank == 0 else []
     runs = []
     for mode in args.modes.split(","):

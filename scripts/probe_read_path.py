@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from hsstore import StreamingHiddenStateDataset
-from hsstore.core import fp8_cpu
+from hsstore.core import quant
 from hsstore.core.partition import epoch_sequence
 from hsstore.read import readahead as readahead_module
 from hsstore.read.prefetch_reads import Readahead
@@ -238,7 +238,7 @@ def main() -> None:
     base = Path(a.dir)
     meta = json.loads((base / "variants.json").read_text())
     if a.timeline:
-        fp8_cpu.dequantize_bf16_bits(np.zeros((1, 8), np.uint8), np.ones((1, 1), np.float32))  # numba, untimed
+        quant.dequantize_bf16_bits(np.zeros((1, 8), np.uint8), np.ones((1, 1), np.float32))  # numba, untimed
         for name in a.timeline.split(","):
             for mib in [None, *(int(m) for m in a.readahead_mib.split(",") if m)]:
                 run_timeline(base, meta, name, mib)

@@ -1,4 +1,4 @@
-"""Run under torchrun by tests/read/test_dataset.py: streams a store through DataLoader workers per rank and
+"""Run under torchrun by tests/read/test_streaming.py: streams a store through DataLoader workers per rank and
 writes what each rank saw (full epochs, a partial epoch with its state, or a resumed epoch). An optional
 fourth argument "spawn" gives each rank persistent spawned workers (one loader for all its epochs)."""
 

@@ -434,6 +434,24 @@ def names_storage(pairs: Mapping[str, str], variants: Mapping[str, Mapping[str, 
     return any(k in (*PRECISION_KEYS, LABEL_KEY, VARIANT_KEY) or under_storage(field_key(k)) for k in pairs)
 
 
+def _why_none(variants: Mapping[str, Mapping[str, Any]], selector: str, labels: Mapping[str, str]) -> str:
+    """Why a selector that names no variant names none: the labels held (a word), the values held of the keys
+    no variant has as asked (pairs), or the variants stored in another precision that it would name."""
+    parsed = parse_selector(selector)
+    if isinstance(parsed, str):
+        return f" (labels here: {', '.join(sorted(labels.values())) or '(none)'})"
+    stored = [
+        vid for vid, p in variants.items() if not _stored_as_computed(p) and matches(p, parsed, labels.get(vid), vid)
+    ]
+    if stored:  # FP8 ones match: a selector naming no precision means the states as computed
+        precisions = sorted({variants[v]["environment"]["storage"].get("precision") for v in stored})
+        return (
+            f" among those stored as computed ({len(stored)} stored in {', '.join(map(str, precisions))} "
+            f"match: name one with precision=, e.g. #{selector.strip()},precision={precisions[0]})"
+        )
+    return _values_held(parsed, variants, labels)
+
+
 def select(
     variants: Mapping[str, Mapping[str, Any]],
     selector: str | None,
@@ -457,29 +475,8 @@ def select(
     if len(hits) == 1:
         return hits[0]
     if not hits:
-        parsed = parse_selector(selector)
-        held = (
-            f" (labels here: {', '.join(sorted(labels.values())) or '(none)'})"
-            if isinstance(parsed, str)
-            else _values_held(parsed, variants, labels)
-        )
-        stored = (
-            []
-            if isinstance(parsed, str)
-            else [
-                vid
-                for vid, p in variants.items()
-                if not _stored_as_computed(p) and matches(p, parsed, labels.get(vid), vid)
-            ]
-        )
-        if stored:  # FP8 ones match: a selector naming no precision means the states as computed
-            precisions = sorted({variants[v]["environment"]["storage"].get("precision") for v in stored})
-            held = (
-                f" among those stored as computed ({len(stored)} stored in {', '.join(map(str, precisions))} "
-                f"match: name one with precision=, e.g. #{selector.strip()},precision={precisions[0]})"
-            )
         raise SelectorError(
-            f"selector {selector!r} matches no variant in {where}{held}. "
+            f"selector {selector!r} matches no variant in {where}{_why_none(variants, selector, labels)}. "
             f"Choices: {_choices(variants, list(variants), labels)}"
         )
     raise SelectorError(

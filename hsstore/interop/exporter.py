@@ -212,6 +212,39 @@ def _write_all(one: Callable[[int], tuple[int, int]], n: int, jobs: int, dest: P
     return files, tokens
 
 
+def _write_samples(
+    fmt: Format, req: ExportRequest, reader: VariantReader, dest: Path, keys: list[str], aux: list[int], target: int
+) -> tuple[int, int, dict[str, int]]:
+    """The samples ``keys`` written into ``dest`` as ``fmt`` files (``req.jobs`` at a time), then the files the
+    format's writer finishes with: (files fingerprint, tokens, bytes of each file written by its relative path)."""
+    writer = fmt.writer(dest, req.compress)
+    claims = _claims(reader, target)
+
+    def one(i: int) -> tuple[int, int]:
+        ref = reader.ref(keys[i])
+        ids, mask = reader.read_tokens(ref)
+        aux_t = reader.read_stacked(ref, aux) if aux else None
+        tgt = reader.read_stacked(ref, [target])[:, 0]
+        d = writer.write(
+            i,
+            ref.key,
+            torch.from_numpy(ids.astype("int64")),
+            torch.from_numpy(mask.astype("int64")),
+            aux_t,
+            tgt,
+            claims,
+        )
+        written[d.rel] = d.size
+        return entry_hash(d.rel, d.size, d.xxh3), ref.length
+
+    written: dict[str, int] = {}
+    files, tokens = _write_all(one, len(keys), max(1, req.jobs), dest)
+    for d in writer.finish(len(keys)):
+        files = add_hash(files, entry_hash(d.rel, d.size, d.xxh3))
+        written[d.rel] = d.size
+    return files, tokens, written
+
+
 def export_cache(req: ExportRequest) -> ExportReport:
     """Write the variant ``req.target`` as ``req.format`` files into ``req.dest``; returns the report."""
     from hsstore.storage.store import Store, split_target
@@ -258,31 +291,7 @@ def _export_held(
         shutil.rmtree(stale) if stale.is_dir() else stale.unlink(missing_ok=True)
     token = mark_folder(dest)
     write_sidecar(fmt.sidecar(dest), _record(fmt, reader, path, aux, target, len(keys), 0, complete=False, token=token))
-    writer = fmt.writer(dest, req.compress)
-    claims = _claims(reader, target)
-
-    def one(i: int) -> tuple[int, int]:
-        ref = reader.ref(keys[i])
-        ids, mask = reader.read_tokens(ref)
-        aux_t = reader.read_stacked(ref, aux) if aux else None
-        tgt = reader.read_stacked(ref, [target])[:, 0]
-        d = writer.write(
-            i,
-            ref.key,
-            torch.from_numpy(ids.astype("int64")),
-            torch.from_numpy(mask.astype("int64")),
-            aux_t,
-            tgt,
-            claims,
-        )
-        written[d.rel] = d.size
-        return entry_hash(d.rel, d.size, d.xxh3), ref.length
-
-    written: dict[str, int] = {}
-    files, tokens = _write_all(one, len(keys), max(1, req.jobs), dest)
-    for d in writer.finish(len(keys)):
-        files = add_hash(files, entry_hash(d.rel, d.size, d.xxh3))
-        written[d.rel] = d.size
+    files, tokens, written = _write_samples(fmt, req, reader, dest, keys, aux, target)
     for stale in _stale_files(fmt, dest, written):
         stale.unlink(missing_ok=True)
     record = _record(fmt, reader, path, aux, target, len(keys), files, complete=True, written=written, token=token)

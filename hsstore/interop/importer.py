@@ -21,7 +21,7 @@ from hsstore.core.interrupt import Stopped, stop_on_signals
 from hsstore.core.keys import SampleTokens, sample_key
 from hsstore.core.layer_numbering import FINAL_NORM, Capture, parse_capture, parse_layer_list, slot_layers
 from hsstore.core.provenance_match import variant_id
-from hsstore.core.schema.provenance import UNKNOWN, ExportRecord, ImportSource
+from hsstore.core.schema.provenance import UNKNOWN, ExportRecord, ImportSource, Provenance
 from hsstore.core.schema.record import or_none
 from hsstore.core.schema.reports import BadFile, ImportReport
 from hsstore.interop.formats import get_format
@@ -156,6 +156,44 @@ def _check_label(location: str, vid: str, label: str) -> None:
         pass
 
 
+def _tokenizer(req: ImportRequest, sidecar: ExportRecord | None) -> tuple[dict[str, Any], int]:
+    """(identity, vocabulary size) of the tokenizer the samples are keyed with: ``--tokenizer``, else ``--model``'s,
+    else that of the model an hsstore export's record names (refused where it is not the one recorded)."""
+    recorded = _recorded_model(sidecar) if req.tokenizer is None and req.model is None else None
+    tok_path = req.tokenizer or req.model or recorded
+    if tok_path is None:
+        raise BadInput("pass --tokenizer PATH (the target model's tokenizer folder): sample keys hash its identity")
+    tok, vocab = tokenizer_identity(tok_path)
+    if recorded is not None and sidecar is not None and tok["fingerprint"] != _recorded_tokenizer(sidecar):
+        raise BadInput(
+            f"the export names its model {recorded!r}, whose tokenizer here is not the one its samples "
+            "were keyed with; pass --tokenizer PATH (the tokenizer the states were made with)"
+        )
+    return tok, vocab
+
+
+def _new_variant(
+    req: ImportRequest, prov: Provenance, layers: dict[str, list[int]], probe: SourceSample
+) -> tuple[Store, str]:
+    """The store (created if new) and the variant the import writes, created with the probe's geometry and
+    dtype (or the one an earlier run of the same import created: its units are resumed)."""
+    from hsstore.storage.codecs import DEFAULT as DEFAULT_CODEC
+    from hsstore.storage.codecs import chunk_tokens
+    from hsstore.storage.store import Store
+
+    store = Store.create(req.store)
+    itemsize = probe.target.element_size()
+    vid = store.create_variant(
+        prov.to_dict(),
+        layers,
+        probe.hidden_size,
+        probe.dtype,
+        req.codec or DEFAULT_CODEC,
+        chunk_tokens(probe.hidden_size, itemsize),
+    )
+    return store, vid
+
+
 def import_cache(req: ImportRequest) -> ImportReport:
     """Import ``req.source`` into ``req.store``; returns the report ``hsstore import --json`` prints."""
     t0 = time.time()
@@ -176,26 +214,13 @@ def import_cache(req: ImportRequest) -> ImportReport:
 
 def _import_held(req: ImportRequest, fmt: Format, root: Path, t0: float) -> ImportReport:
     """The import, while this process holds ``root`` shared (no export rewrites it meanwhile)."""
-    from hsstore.storage.codecs import DEFAULT as DEFAULT_CODEC
-    from hsstore.storage.codecs import chunk_tokens
-    from hsstore.storage.store import Store
-
     items = fmt.items(root)
     if req.limit is not None:
         items = items[: req.limit]
     if not items:
         raise BadInput(f"no {fmt.name} sample files under {str(root)!r} (expected {fmt.layout})")
     stmt = _statement(req, fmt, root, sidecar := read_sidecar(fmt.sidecar(root), fmt.name))
-    recorded = _recorded_model(sidecar) if req.tokenizer is None and req.model is None else None
-    tok_path = req.tokenizer or req.model or recorded
-    if tok_path is None:
-        raise BadInput("pass --tokenizer PATH (the target model's tokenizer folder): sample keys hash its identity")
-    tok, vocab = tokenizer_identity(tok_path)
-    if recorded is not None and sidecar is not None and tok["fingerprint"] != _recorded_tokenizer(sidecar):
-        raise BadInput(
-            f"the export names its model {recorded!r}, whose tokenizer here is not the one its samples "
-            "were keyed with; pass --tokenizer PATH (the tokenizer the states were made with)"
-        )
+    tok, vocab = _tokenizer(req, sidecar)
     probe, probe_item = _first_readable(fmt, root, items, vocab, req.skip_bad)
     _check_claims(stmt, probe.claims, probe.name)
     model = model_identity(req.model, stmt.num_layers, probe.hidden_size)
@@ -215,31 +240,10 @@ def _import_held(req: ImportRequest, fmt: Format, root: Path, t0: float) -> Impo
     )
     if req.label is not None:  # before the store is made or a sample written: a re-import keeps its own label
         _check_label(req.store, variant_id(prov.to_dict()), req.label)
-    store = Store.create(req.store)
-    itemsize = probe.target.element_size()
-    vid = store.create_variant(
-        prov.to_dict(),
-        layers,
-        probe.hidden_size,
-        probe.dtype,
-        req.codec or DEFAULT_CODEC,
-        chunk_tokens(probe.hidden_size, itemsize),
-    )
-    per_token = probe.hidden_size * itemsize * (probe.n_aux + 1)
-    run = _Run(
-        req,
-        fmt,
-        root,
-        store,
-        vid,
-        layers,
-        stmt,
-        probe,
-        probe_item,
-        tok["fingerprint"],
-        vocab,
-        req.unit_tokens or max(1, UNIT_BYTES // per_token),
-    )
+    store, vid = _new_variant(req, prov, layers, probe)
+    per_token = probe.hidden_size * probe.target.element_size() * (probe.n_aux + 1)  # bytes of states
+    unit_tokens = req.unit_tokens or max(1, UNIT_BYTES // per_token)
+    run = _Run(req, fmt, root, store, vid, layers, stmt, probe, probe_item, tok["fingerprint"], vocab, unit_tokens)
     counts = run.go(items)
     return ImportReport(
         store=req.store,

@@ -202,6 +202,33 @@ class _Units:
         finally:  # (after an error in one unit the others still run: a re-run has less to do)
             pool.shutdown()
 
+    def all_under_signals(self, workers: int) -> None:
+        """Every unit (``all``), stopped by SIGINT, SIGTERM or SIGHUP: a BuildInterrupted saying how many samples
+        are committed and kept. On any failure a store this convert made and left empty is removed."""
+        try:
+            with stop_on_signals():
+                self.all(workers)
+        except BaseException as e:
+            if not self.made:  # a store this convert made, still empty and used by no other command: no trace
+                self.out.discard_if_unused()
+            if isinstance(e, Stopped):
+                done = self.present + self.written["samples"]
+                raise BuildInterrupted(
+                    e.signum,
+                    f"convert interrupted by {e}; {done} of {len(self.reader.keys)} samples of "
+                    f"variant {self.dvid} are committed and kept: re-run the same command to "
+                    "finish",
+                ) from None
+            raise
+
+
+def _parsed(parse: Callable[[str], str], value: str) -> str:
+    """``parse(value)`` for a precision or codec the command names; its ValueError as a BadInput."""
+    try:
+        return parse(value)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+
 
 def _check_fits(out: Store, prov: dict[str, Any], label: str | None, another_model: bool) -> None:
     """Before anything is written: BadInput if the derived variant is of another model than ``out``'s
@@ -230,37 +257,17 @@ def convert(
     ``on_progress(samples done, samples in all)`` is called at the start and as units finish.
     Returns what it converted and the storage error per layer (what ``--json`` prints)."""
     t0 = time.time()
-    try:
-        precision = parse_precision(precision)
-    except ValueError as e:
-        raise BadInput(str(e)) from None
+    precision = _parsed(parse_precision, precision)
     path, source, vid, reader = _source(target)
     rec = reader.record
     out = Store.create(dest) if dest else Store.open(path, mode="a")
     prov = derived_provenance(rec.prov, precision, vid, source.location).to_dict()
-    try:
-        codec = codec_for_codes(parse_codec(codec or rec.codec))
-    except ValueError as e:
-        raise BadInput(str(e)) from None
+    codec = codec_for_codes(_parsed(parse_codec, codec or rec.codec))
     variant: VariantArgs = (prov, rec.layers, rec.hidden_size, rec.dtype, codec, chunk_tokens(rec.hidden_size, 1))
     _check_fits(out, prov, label, another_model)
     units = _Units(reader, out, variant, precision, allow_unhealthy, on_progress)
     n = workers or min(4, os.cpu_count() or 1)
-    try:
-        with stop_on_signals():
-            units.all(n)
-    except BaseException as e:
-        if not units.made:  # a store this convert made, still empty and used by no other command: no trace
-            out.discard_if_unused()
-        if isinstance(e, Stopped):
-            done = units.present + units.written["samples"]
-            raise BuildInterrupted(
-                e.signum,
-                f"convert interrupted by {e}; {done} of {len(reader.keys)} samples of "
-                f"variant {units.dvid} are committed and kept: re-run the same command to "
-                "finish",
-            ) from None
-        raise
+    units.all_under_signals(n)
     units.record()  # an empty source: the variant is recorded, as a build of nothing records it
     dvid = units.dvid
     if label:

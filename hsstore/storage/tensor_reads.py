@@ -14,8 +14,7 @@ import numpy as np
 import torch
 
 from hsstore.core.errors import CorruptData
-from hsstore.core.fp8_cpu import dequantize_bf16_bits
-from hsstore.core.quant import FP8
+from hsstore.core.quant import FP8, dequantize_bf16_bits
 from hsstore.storage import layout
 from hsstore.storage.shardio import scratch
 

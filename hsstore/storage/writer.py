@@ -292,6 +292,30 @@ class UnitWriter:
             shard_rel: put(layout.unit_key(self.vid, uid, shard_rel), encode_shard(data, chunk, codec)),
         }
 
+    def _commit_record(
+        self,
+        uid: str,
+        samples: Sequence[SampleTokens],
+        layers: list[int],
+        written: Mapping[str, Written],
+        stats: dict[str, dict[str, float]],
+        quant_error: dict[str, QuantError] | None,
+    ) -> CommitRecord:
+        """The commit record of unit ``uid``, committed now: its samples' spans in token order, its layers, the
+        size and crc32c of every file ``written``, its health stats and (FP8) its storage error."""
+        offsets = np.cumsum([0] + [s.length for s in samples]).tolist()
+        return CommitRecord(
+            unit=uid,
+            samples=[(s.key, offsets[i], s.length) for i, s in enumerate(samples)],
+            layers=layers,
+            files={rel: w.size for rel, w in sorted(written.items())},
+            stats={k: _health_stats(v) for k, v in stats.items()},
+            writer=self.info,
+            committed_at=_now(),
+            crc32c={rel: w.crc32c for rel, w in sorted(written.items())},
+            **({"quant_error": quant_error} if quant_error else {}),
+        )
+
     def _write_unit(
         self,
         samples: Sequence[SampleTokens],
@@ -324,18 +348,7 @@ class UnitWriter:
                     pass  # gc removes it later
                 raise self._failed(uid, e) from None
             self._check_written(uid, written)
-            offsets = np.cumsum([0] + [s.length for s in samples]).tolist()
-            commit = CommitRecord(
-                unit=uid,
-                samples=[(s.key, offsets[i], s.length) for i, s in enumerate(samples)],
-                layers=sorted(states),
-                files={rel: w.size for rel, w in sorted(written.items())},
-                stats={k: _health_stats(v) for k, v in stats.items()},
-                writer=self.info,
-                committed_at=_now(),
-                crc32c={rel: w.crc32c for rel, w in sorted(written.items())},
-                **({"quant_error": quant_error} if quant_error else {}),
-            )
+            commit = self._commit_record(uid, samples, sorted(states), written, stats, quant_error)
             try:  # (a failed commit leaves the unit's files to gc: the record may be visible already)
                 io.put_atomic(layout.commit_key(self.vid, uid), json.dumps(commit.to_dict()).encode())
             except WriteFailed as e:

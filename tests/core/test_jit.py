@@ -20,7 +20,7 @@ CHECK = """
 import warnings
 import numpy as np, torch
 from hsstore.compare.kernel import Workspace, compiled_kernel, token_sums
-from hsstore.core.fp8_cpu import _compiled_kernel, dequantize_bf16_bits
+from hsstore.core.quant import _compiled_kernel, dequantize_bf16_bits
 codes = np.arange(256, dtype=np.uint8).reshape(4, 64)
 a = dequantize_bf16_bits(codes, np.full((4, 1), 2.0, np.float32))
 b = dequantize_bf16_bits(codes, np.full((4, 1), 2.0, np.float32), compiled=False)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from hsstore.core import fp8_cpu, quant
 from hsstore.core import precision_names as precision
+from hsstore.core import quant
 
 # e4m3 has 3 mantissa bits: round to nearest is within half a step, 2**-4 of the value, for normal values
 HALF_STEP = 2.0**-4
@@ -68,7 +68,7 @@ def test_table_path_handles_blocks_and_odd_widths(H: int, block: int | None) -> 
     x = residual_like(T=37, H=H, seed=3)
     q = quant.quantize(x, block=block)
     assert q.scales.shape == (37, H // (block or H))
-    bits = fp8_cpu.dequantize_bf16_bits(q.codes.numpy(), q.scales.numpy())
+    bits = quant.dequantize_bf16_bits(q.codes.numpy(), q.scales.numpy())
     G = q.scales.shape[1]
     want = (q.fp8.float().reshape(37, G, -1) * q.scales[..., None]).reshape(37, H).to(torch.bfloat16)
     assert np.array_equal(bits, want.view(torch.int16).numpy().view(np.uint16))
@@ -79,7 +79,7 @@ def test_stacked_layers_dequantize_in_one_call() -> None:
     qs = [quant.quantize(x) for x in xs]
     codes = np.stack([q.codes.numpy() for q in qs], axis=1)  # [T, n_layers, H]
     scales = np.stack([q.scales.numpy() for q in qs], axis=1)  # [T, n_layers, 1]
-    bits = fp8_cpu.dequantize_bf16_bits(codes, scales)
+    bits = quant.dequantize_bf16_bits(codes, scales)
     for j, q in enumerate(qs):
         assert np.array_equal(bits[:, j], quant.dequantize(q).view(torch.int16).numpy().view(np.uint16))
 
@@ -115,9 +115,9 @@ def test_quantization_is_deterministic_and_the_same_from_bf16_or_its_fp32_copy()
 def test_scales_that_are_not_powers_of_two_are_refused() -> None:
     codes = np.zeros((2, 4), np.uint8)
     with pytest.raises(ValueError, match="powers of two"):
-        fp8_cpu.dequantize_bf16_bits(codes, np.array([[1.0], [0.3]], np.float32))
+        quant.dequantize_bf16_bits(codes, np.array([[1.0], [0.3]], np.float32))
     with pytest.raises(ValueError, match="powers of two"):
-        fp8_cpu.dequantize_bf16_bits(codes, np.array([[1.0], [0.0]], np.float32))
+        quant.dequantize_bf16_bits(codes, np.array([[1.0], [0.0]], np.float32))
 
 
 def test_bad_shapes_and_precisions_are_refused() -> None:
@@ -159,7 +159,7 @@ def test_dequantizes_into_one_layer_slot_of_a_stacked_buffer() -> None:
     x = residual_like(T=30, H=64, seed=5)
     q = quant.quantize(x)
     out = np.zeros((30, 3, 64), np.uint16)
-    fp8_cpu.dequantize_bf16_bits(q.codes.numpy(), q.scales.numpy(), out=out[:, 1])
+    quant.dequantize_bf16_bits(q.codes.numpy(), q.scales.numpy(), out=out[:, 1])
     assert np.array_equal(out[:, 1], quant.dequantize(q).view(torch.int16).numpy().view(np.uint16))
     assert not out[:, 0].any() and not out[:, 2].any()
 
@@ -174,11 +174,11 @@ def _torch_bits(codes: np.ndarray, ks: np.ndarray) -> np.ndarray:
 def test_every_code_at_every_exponent_dequantizes_to_torchs_bits(compiled: bool) -> None:
     # all 256 codes (zeros, subnormals, NaN, both signs) in every row; one row per exponent from far below
     # the compiled loop's range to far above it, where results are bf16 subnormals, zeros or infinities
-    ks = np.arange(fp8_cpu.K_MIN - 20, 128, dtype=np.int32)  # up to float32's largest power of two
+    ks = np.arange(quant.K_MIN - 20, 128, dtype=np.int32)  # up to float32's largest power of two
     codes = np.tile(np.arange(256, dtype=np.uint8), (len(ks), 1))
     scales = np.ldexp(np.ones((len(ks), 1), np.float64), ks[:, None]).astype(np.float32)
-    assert np.array_equal(fp8_cpu.scale_exponents(scales).ravel(), ks)  # every scale is representable
-    got = fp8_cpu.dequantize_bf16_bits(codes, scales, compiled=compiled)
+    assert np.array_equal(quant.scale_exponents(scales).ravel(), ks)  # every scale is representable
+    got = quant.dequantize_bf16_bits(codes, scales, compiled=compiled)
     want = _torch_bits(codes, ks)
     nan = np.isnan(torch.from_numpy(want.view(np.int16)).view(torch.bfloat16).float().numpy())
     assert nan.sum() == 2 * len(ks)  # the two NaN codes; any NaN pattern is a NaN
@@ -191,21 +191,21 @@ def test_the_compiled_loop_and_the_table_path_agree_on_model_like_states_in_ever
     for block in (None, 32, 3):
         q = quant.quantize(x, block=block)
         c, s = q.codes.numpy(), q.scales.numpy()
-        fast, table = fp8_cpu.dequantize_bf16_bits(c, s), fp8_cpu.dequantize_bf16_bits(c, s, compiled=False)
-        assert len(np.unique(fp8_cpu.scale_exponents(s))) > 5
+        fast, table = quant.dequantize_bf16_bits(c, s), quant.dequantize_bf16_bits(c, s, compiled=False)
+        assert len(np.unique(quant.scale_exponents(s))) > 5
         assert np.array_equal(fast, table)
     q = quant.quantize(x)
     out = np.zeros((257, 2, 96), np.uint16)  # a strided destination: one layer of a stacked buffer
-    fp8_cpu.dequantize_bf16_bits(q.codes.numpy(), q.scales.numpy(), out=out[:, 1])
-    assert np.array_equal(out[:, 1], fp8_cpu.dequantize_bf16_bits(q.codes.numpy(), q.scales.numpy(), compiled=False))
+    quant.dequantize_bf16_bits(q.codes.numpy(), q.scales.numpy(), out=out[:, 1])
+    assert np.array_equal(out[:, 1], quant.dequantize_bf16_bits(q.codes.numpy(), q.scales.numpy(), compiled=False))
     assert not out[:, 0].any()
 
 
 def test_one_row_out_of_the_compiled_range_sends_the_call_to_the_exact_table_path() -> None:
     codes = np.tile(np.arange(256, dtype=np.uint8), (3, 1))
-    ks = np.array([0, fp8_cpu.K_MIN - 1, 5], np.int32)  # row 1's results underflow into bf16 subnormals
+    ks = np.array([0, quant.K_MIN - 1, 5], np.int32)  # row 1's results underflow into bf16 subnormals
     scales = np.ldexp(np.ones((3, 1), np.float64), ks[:, None]).astype(np.float32)
-    got = fp8_cpu.dequantize_bf16_bits(codes, scales)
+    got = quant.dequantize_bf16_bits(codes, scales)
     want = _torch_bits(codes, ks)
     finite = ~np.isnan(torch.from_numpy(want.view(np.int16)).view(torch.bfloat16).float().numpy())
     assert np.array_equal(got[finite], want[finite])
@@ -217,12 +217,12 @@ def test_without_numba_the_table_path_serves_with_one_warning(tmp_path) -> None:
     code = (
         "import sys, warnings; sys.modules['numba'] = None\n"
         "import numpy as np\n"
-        "from hsstore.core import fp8_cpu\n"
+        "from hsstore.core import quant\n"
         "c = np.tile(np.arange(256, dtype=np.uint8), (4, 1)); s = np.ones((4, 1), np.float32) * 8\n"
         "with warnings.catch_warnings(record=True) as w:\n"
         "    warnings.simplefilter('always')\n"
-        "    a = fp8_cpu.dequantize_bf16_bits(c, s); b = fp8_cpu.dequantize_bf16_bits(c, s)\n"
-        "assert (a == fp8_cpu.dequantize_bf16_bits(c, s, compiled=False)).all() and (a == b).all()\n"
+        "    a = quant.dequantize_bf16_bits(c, s); b = quant.dequantize_bf16_bits(c, s)\n"
+        "assert (a == quant.dequantize_bf16_bits(c, s, compiled=False)).all() and (a == b).all()\n"
         "print(len(w), w[0].message)\n"
     )
     r = subprocess.run(

@@ -136,7 +136,7 @@ def _loaded_after(code: str) -> set[str]:
             {"torch", "zarr", "transformers"},
         ),
         ("import hsstore.storage.store, hsstore.storage.verify, hsstore.storage.gc", {"transformers", "datasets"}),
-        ("import hsstore.read.dataset", {"transformers", "datasets"}),
+        ("import hsstore.read.dataset, hsstore.read.streaming", {"transformers", "datasets"}),
         # a manifest error is reported before torch loads (0.5 s, not 2.3 s); a CPU build's driver loads
         # torch only through transformers' AutoConfig, when it reads the model's config
         (

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hsstore.core.schema.store_records import CommitRecord
-from hsstore.read.dataset import StreamingHiddenStateDataset
+from hsstore.read.streaming import StreamingHiddenStateDataset
 from hsstore.storage.reader import SampleRef, commit_order
 from hsstore.storage.sample_table import Keys, Refs, SampleTable, UnitRecords, unit_part
 from hsstore.storage.stats import array_stats, health_problems, problems
