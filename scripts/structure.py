@@ -1,5 +1,5 @@
 """The package's shape, as issue 42 measures it: modules (besides ``__init__``), their lines, the largest,
-functions over the cap, whether ruff and mypy are clean (and mypy's baseline), whether the results the CLI
+functions over the cap, whether ruff (lint and format) and mypy are clean (and mypy's baseline), whether the results the CLI
 renders are records, how the tests are laid out, and the doc split: reference
 pages apart from lab notes, docs/benchmarks.md against its 300-line cap. Anyone can rerun it:
 
@@ -34,13 +34,14 @@ def main() -> None:
     for p, n in sorted(lines.items(), key=lambda kv: -kv[1])[:5]:
         print(f"  {n:5d}  {p.relative_to(REPO)}")
     print(f"functions over 50 lines: {long_functions}")
-    ruff = subprocess.run(
-        [str(Path(sys.executable).parent / "ruff"), "check", "-q", "hsstore", "tests", "scripts"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
-    print(f"ruff check: {'clean' if ruff.returncode == 0 else 'NOT clean'}")
+    for command in (["check"], ["format", "--check"]):
+        ruff = subprocess.run(
+            [str(Path(sys.executable).parent / "ruff"), *command, "-q", "hsstore", "tests", "scripts"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
+        print(f"ruff {' '.join(command)}: {'clean' if ruff.returncode == 0 else 'NOT clean'}")
     print_mypy()
     results = cli_results()
     dicts = sorted(k for k, r in results.items() if r.split("[")[0] in ("dict", "Any", "(none)"))

@@ -13,6 +13,7 @@ unset PYTHONDONTWRITEBYTECODE
 # and why, and how long the suite takes). HSSTORE_TEST_WORKERS=0 runs in one process; -m "not process"
 # leaves the real-process tests out (a quick local loop; CI runs everything)
 .venv/bin/ruff check -q hsstore tests scripts  # lint first: a second, not minutes
+.venv/bin/ruff format --check -q hsstore tests scripts  # formatted as ruff formats (pyproject's [tool.ruff.format])
 # types next (pyproject's [tool.mypy]: strict on core/storage/read, every module clean, no baseline);
 # offline, ~20 s with its cache (.mypy_cache), ~4 min cold on a shared 2-core machine
 .venv/bin/mypy
