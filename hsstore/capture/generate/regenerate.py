@@ -465,10 +465,13 @@ def planned_samples(
     keeps."""
     report, replay = InputReport(), Replay(m, tok, checkpointed)
     whole: list[Job] = []  # the chains the store holds every reply of
-    others: list[Job] = []
-    for j in jobs_from_rows(rows, m.data_format, m.generate, report, limit):
-        (whole if replay(j) else others).append(j)
-    samples = _stand_ins(m, tok, tok_fp, others, pad_id, replay.masker, report)
+    samples: list[SampleTokens] = []
+    seen: dict[tuple[tuple[int, ...], int], str] = {}  # a stand-in's last prompt and reply index -> its row
+    for j in jobs_from_rows(rows, m.data_format, m.generate, report, limit):  # each job replayed or stood in, in turn
+        if replay(j):
+            whole.append(j)
+        elif (stand_in := _stand_in(m, tok, tok_fp, j, pad_id, replay.masker, report, seen)) is not None:
+            samples.append(stand_in)
     keyed: list[tuple[Job, str | None]] = []
     if whole:
         try:
@@ -487,36 +490,37 @@ def planned_samples(
     return Regenerated(samples, report, generation_of(m, ledger, []), ledger, 0, checkpointed)
 
 
-def _stand_ins(
-    m: Any, tok: Any, tok_fp: str, jobs: list[Job], pad_id: int, masker: Any, report: InputReport
-) -> list[SampleTokens]:
-    """A plan's stand-in sample of each of ``jobs`` (chains whose replies the store does not hold; a duplicate's
-    once, each counted in ``report``): the last turn's prompt as the build renders it (``capped_history``), then
-    a reply of pad tokens as long as the data's own (a prompt row's: max_new_tokens), at most max_new_tokens, cut
-    at max_length; its last token is the reply index."""
+def _stand_in(
+    m: Any,
+    tok: Any,
+    tok_fp: str,
+    j: Job,
+    pad_id: int,
+    masker: Any,
+    report: InputReport,
+    seen: dict[tuple[tuple[int, ...], int], str],
+) -> SampleTokens | None:
+    """A plan's stand-in sample of job ``j`` (a chain whose replies the store does not hold), counted in ``report``;
+    None where it is rejected or a duplicate of one in ``seen``: the last turn's prompt as the build renders it
+    (``capped_history``), then a reply of pad tokens as long as the data's own (a prompt row's: max_new_tokens), at
+    most max_new_tokens, cut at max_length; its last token is the reply index."""
     g = m.generate
-    samples: list[SampleTokens] = []
-    seen: dict[tuple[tuple[int, ...], int], str] = {}  # a chain's last prompt and reply index -> its row
-    for j in jobs:
-        try:
-            prompt = rendered_prompt(
-                masker, capped_history(tok, j, j.turns[-1], g.max_new_tokens), j.tools, m.max_length
-            )
-        except RowRejected as r:
-            report.rejected[r.reason] += 1
-            report.note("rejected", j.file, j.row, r.reason, r.detail)
-            continue
-        if (tuple(prompt), j.index) in seen:  # the same prompt makes the same reply (a seeded draw): one sample
-            report.duplicates += 1
-            report.note("duplicate", j.file, j.row, "duplicate of an earlier row", seen[tuple(prompt), j.index])
-            continue
-        seen[tuple(prompt), j.index] = f"{j.file} row {j.row}"
-        n = min(_own_reply_tokens(tok, j) or g.max_new_tokens, g.max_new_tokens, m.max_length - len(prompt))
-        reply = [pad_id] * (n - 1) + [j.index]  # the reply index: each of n replies its own key
-        ids, mask = np.asarray(prompt + reply, dtype=np.int32), np.asarray([0] * len(prompt) + [1] * n, np.uint8)
-        samples.append(SampleTokens(sample_key(tok_fp, ids, mask), ids, mask))
-        report.usable += 1
-    return samples
+    try:
+        prompt = rendered_prompt(masker, capped_history(tok, j, j.turns[-1], g.max_new_tokens), j.tools, m.max_length)
+    except RowRejected as r:
+        report.rejected[r.reason] += 1
+        report.note("rejected", j.file, j.row, r.reason, r.detail)
+        return None
+    if (tuple(prompt), j.index) in seen:  # the same prompt makes the same reply (a seeded draw): one sample
+        report.duplicates += 1
+        report.note("duplicate", j.file, j.row, "duplicate of an earlier row", seen[tuple(prompt), j.index])
+        return None
+    seen[tuple(prompt), j.index] = f"{j.file} row {j.row}"
+    n = min(_own_reply_tokens(tok, j) or g.max_new_tokens, g.max_new_tokens, m.max_length - len(prompt))
+    reply = [pad_id] * (n - 1) + [j.index]  # the reply index: each of n replies its own key
+    ids, mask = np.asarray(prompt + reply, dtype=np.int32), np.asarray([0] * len(prompt) + [1] * n, np.uint8)
+    report.usable += 1
+    return SampleTokens(sample_key(tok_fp, ids, mask), ids, mask)
 
 
 class Replay:
