@@ -40,3 +40,15 @@ def test_present_gives_a_set_field_and_names_an_unset_one():
     assert present(0, "recipe.model.hidden_size") == 0  # a falsy value is still set
     with pytest.raises(TypeError, match="recipe.model.num_layers is not set"):
         present(UNSET, "recipe.model.num_layers")
+
+
+def test_a_variant_result_holds_every_field_of_the_capture_result_with_its_type() -> None:
+    """A worker spreads its capture loop's result into the variant's (``hsstore.capture.run.worker.run_variant``:
+    ``VariantResult(..., **out.to_dict())``), which no type checker follows: a field the loop reports that the
+    variant's result lacks or types otherwise would fail only at run time, in a worker, after the capture."""
+    import typing
+
+    from hsstore.core.schema.build import CaptureResult, VariantResult
+
+    loop, variant = typing.get_type_hints(CaptureResult), typing.get_type_hints(VariantResult)
+    assert {name: variant.get(name) for name in loop} == loop

@@ -4,7 +4,7 @@ rate, else at an assumed MFU of the device's peak (hsstore.core.flops); the buil
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from hsstore.capture.plan.plan_sizes import (
     Measured,
@@ -287,19 +287,28 @@ def generation_plan(
     expected = min(most, round(data * pending / replies)) if data and replies else most
     batches = _prompt_batches(prompts, scale, g.max_new_tokens, m.token_budget)
     later = _later_rounds(m, tok, [j for k, j in enumerate(jobs) if k not in skip], scale)
-    common = dict(
+    expected_tokens = round(expected * scale)
+    timing = _generation_time(m, inp, tok, prompts, batches, calibrate, expected_tokens, bool(reused and not pending))
+    return GenerationPlan(
         engine=g.engine,
         prompts=round(len({(j.file, j.row) for j in jobs}) * scale),
         replies=round(replies * scale),
         checkpointed_replies=round(reused * scale),
         max_generated_tokens=round(most * scale),
-        expected_generated_tokens=round(expected * scale),
+        expected_generated_tokens=expected_tokens,
         batches=len(batches) + later,
+        **timing,
     )
-    timing = _generation_time(
-        m, inp, tok, prompts, batches, calibrate, common["expected_generated_tokens"], bool(reused and not pending)
-    )
-    return GenerationPlan(**common, **timing)
+
+
+class _Timing(TypedDict):
+    """GenerationPlan's timing fields (typed, so ``GenerationPlan(**timing)`` is checked)."""
+
+    generated_tokens_per_second: float | None
+    first_batch_extra_seconds: float | None
+    calibration_prompts: int | None
+    seconds: float | None
+    seconds_source: str
 
 
 def _generation_time(
@@ -311,24 +320,30 @@ def _generation_time(
     calibrate: int,
     expected: int,
     done: bool,
-) -> dict[str, Any]:
+) -> _Timing:
     """GenerationPlan's timing fields: 0 s when the store holds every reply (``done``), none (and why) where the
     plan does not time the generation, else the time of ``expected`` generated tokens at the rate measured on the
     build's first batch (``batches[0]`` of ``prompts``) generated here, plus its one-off seconds."""
-    untimed: dict[str, Any] = dict(
-        generated_tokens_per_second=None, first_batch_extra_seconds=None, calibration_prompts=None
-    )
     if done:
-        return dict(
-            untimed,
+        done_why = "nothing to generate: the store holds every reply, checkpointed by an earlier build"
+        return _Timing(
+            generated_tokens_per_second=None,
+            first_batch_extra_seconds=None,
+            calibration_prompts=None,
             seconds=0.0,
-            seconds_source="nothing to generate: the store holds every reply, checkpointed by an earlier build",
+            seconds_source=done_why,
         )
     if (why := _not_timed(m.generate.engine, calibrate, batches)) is not None:
-        return dict(untimed, seconds=None, seconds_source=f"not estimated: {why}")
+        return _Timing(
+            generated_tokens_per_second=None,
+            first_batch_extra_seconds=None,
+            calibration_prompts=None,
+            seconds=None,
+            seconds_source=f"not estimated: {why}",
+        )
     first = [prompts[i] for i in batches[0]]
     rate, extra = _generation_rate(m, inp, tok, first)
-    return dict(
+    return _Timing(
         generated_tokens_per_second=rate,
         first_batch_extra_seconds=extra,
         calibration_prompts=len(first),
