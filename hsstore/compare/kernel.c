@@ -63,27 +63,49 @@ static inline __attribute__((always_inline)) hw orderedw(const int16_t *p) {
     return (v ^ (s & 0x7FFF)) - s; /* in [-32767, 32767] */
 }
 
-/* Add one row's counts of bf16 pairs more than 0, 1, 2, 4, 8, 16 ULPs apart to ulp: int16 lanes, the distance
+/* Counts of bf16 pairs more than 0, 1, 2, 4, 8, 16 ULPs apart, kept across rows in int16 lanes (a lane adds at most
+ * one a vector) and added to the int64 counts every FLUSH vectors and at the end of a call: a flush a row cost ~200
+ * scalar adds, as many as a row of 512 values takes to count */
+#define FLUSH 16384
+typedef struct {
+    hw c[6];
+    int64_t n; /* vectors counted since the last flush */
+} ulp_lanes;
+
+static void ulp_flush(ulp_lanes *u, int64_t *ulp) {
+    for (int k = 0; k < 6; k++)
+        for (int l = 0; l < (int)(sizeof(hw) / sizeof(int16_t)); l++) ulp[k] += u->c[k][l];
+    memset(u->c, 0, sizeof u->c);
+    u->n = 0;
+}
+
+/* Count one row's pairs into u (ulp: the int64 counts, for flushes and the tail): int16 lanes, the distance
  * |oa - ob| as uint16 (at most 65534), clamped to 17 so the signed compares hold */
-static void ulp_row(const void *a, const void *b, int64_t H, int64_t *ulp) {
+static void ulp_row(const void *a, const void *b, int64_t H, ulp_lanes *u, int64_t *ulp) {
     const int16_t *pa = a, *pb = b;
     const int64_t lanes = sizeof(hw) / sizeof(int16_t), whole = H - H % lanes;
-    hw c[6] = {{0}};
     int64_t j = 0;
-    while (j < whole) { /* int16 counters: flushed every 16384 vectors */
-        const int64_t end = j + lanes * 16384 < whole ? j + lanes * 16384 : whole;
-        for (; j < end; j += lanes) {
-            hw oa = orderedw(pa + j), ob = orderedw(pb + j);
+    while (j < whole) {
+        if (u->n == FLUSH) ulp_flush(u, ulp);
+        const int64_t room = (FLUSH - u->n) * lanes, end = j + room < whole ? j + room : whole;
+        hw c0 = u->c[0], c1 = u->c[1], c2 = u->c[2], c3 = u->c[3], c4 = u->c[4], c5 = u->c[5];
+        for (int64_t k = j; k < end; k += lanes) {
+            hw oa = orderedw(pa + k), ob = orderedw(pb + k);
             hw gt = oa > ob;
             hw hi = (oa & gt) | (ob & ~gt), lo = (ob & gt) | (oa & ~gt);
             uw dist = (uw)(hi - lo);
             hw small = dist < 17;
             hw e = ((hw)dist & small) | (17 & ~small);
-            for (int k = 0; k < 6; k++) c[k] -= e > STEPS[k]; /* a true compare is -1 */
+            c0 -= e > STEPS[0]; /* a true compare is -1 */
+            c1 -= e > STEPS[1];
+            c2 -= e > STEPS[2];
+            c3 -= e > STEPS[3];
+            c4 -= e > STEPS[4];
+            c5 -= e > STEPS[5];
         }
-        for (int k = 0; k < 6; k++)
-            for (int l = 0; l < lanes; l++) ulp[k] += c[k][l];
-        memset(c, 0, sizeof c);
+        u->c[0] = c0, u->c[1] = c1, u->c[2] = c2, u->c[3] = c3, u->c[4] = c4, u->c[5] = c5;
+        u->n += (end - j) / lanes;
+        j = end;
     }
     for (; j < H; j++) {
         int32_t e = ordered1(pa[j]) - ordered1(pb[j]);
@@ -92,10 +114,13 @@ static void ulp_row(const void *a, const void *b, int64_t H, int64_t *ulp) {
     }
 }
 
+/* The lanes' sum, pairwise (halves added as vectors: four vector adds, not W - 1 dependent scalar ones) */
 static inline double hsum(const dv *v) {
-    double s = 0.0;
-    for (int k = 0; k < W; k++) s += (*v)[k];
-    return s;
+    double t[W];
+    memcpy(t, v, sizeof t);
+    for (int half = W / 2; half > 0; half /= 2)
+        for (int k = 0; k < half; k++) t[k] += t[k + half];
+    return t[0];
 }
 
 /* Whether a row's float sums added in float32 blocks (8 fused multiply-adds a lane: at most 8 roundings, each
@@ -117,7 +142,7 @@ static inline int sums_fit_float32(double dd, double aa, double bb, double ad) {
  * sign(NaN) is 0); with ulps, the pairs more than 0, 1, 2, 4, 8, 16 ULPs apart added to ulp. */
 static inline __attribute__((always_inline)) int row_sums(const void *a, const void *b, int a16, int b16, int ulps,
                                                           int f32, int64_t H, int64_t ostride, int64_t r, float *out,
-                                                          int64_t *ulp) {
+                                                          ulp_lanes *u, int64_t *ulp) {
     dv DD = {0}, AA = {0}, BB = {0}, AD = {0};
     dv S_abs = {0};
     iv nd = {0}, mx = {0};
@@ -199,17 +224,20 @@ static inline __attribute__((always_inline)) int row_sums(const void *a, const v
     out[4 * ostride + r] = (float)aa;
     out[5 * ostride + r] = (float)bb;
     out[6 * ostride + r] = (float)ad;
-    if (ulps) ulp_row(a, b, H, ulp);
+    if (ulps) ulp_row(a, b, H, u, ulp);
     return 1;
 }
 
 #define ROWS(NAME, A16, B16, ULPS)                                                                                    \
     static void NAME(const void *a, const void *b, int64_t T, int64_t H, float *out, int64_t os, int64_t *ulp) {    \
+        ulp_lanes u;                                                                                                 \
+        memset(&u, 0, sizeof u);                                                                                     \
         for (int64_t r = 0; r < T; r++) {                                                                            \
             const char *ra = (const char *)a + r * H * ((A16) ? 2 : 4), *rb = (const char *)b + r * H * ((B16) ? 2 : 4); \
-            if (!row_sums(ra, rb, A16, B16, ULPS, 1, H, os, r, out, ulp))                                            \
-                row_sums(ra, rb, A16, B16, ULPS, 0, H, os, r, out, ulp);                                             \
+            if (!row_sums(ra, rb, A16, B16, ULPS, 1, H, os, r, out, &u, ulp))                                        \
+                row_sums(ra, rb, A16, B16, ULPS, 0, H, os, r, out, &u, ulp);                                         \
         }                                                                                                            \
+        if (ULPS) ulp_flush(&u, ulp);                                                                                \
     }
 ROWS(rows_ff, 0, 0, 0)
 ROWS(rows_hf, 1, 0, 0)

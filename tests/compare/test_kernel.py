@@ -316,3 +316,18 @@ def test_sums_of_residual_rows_at_every_scale_stay_within_float32_rounding(hidde
     noisy = ref * (1 + 2e-3 * torch.randn(ref.shape, generator=g))
     for a, b in ((noisy.bfloat16(), ref.bfloat16()), (noisy.bfloat16(), ref), (noisy, ref)):
         _assert_same(*_both([a, b], [b, b.clone()], ulps=a.dtype == b.dtype == torch.bfloat16))
+
+
+def test_ulp_buckets_of_a_layer_longer_than_the_int16_lanes_hold_are_exact() -> None:
+    """The compiled loop counts ULP buckets in int16 lanes across rows and adds them to the int64 counts every 16,384
+    vectors: a layer of 1.1M value pairs (35,200 vectors of 32), 39 in 40 of them apart (0 to 39 ULPs), so each lane of
+    the first bucket passes 32,767 within the layer: the counts are the torch path's exactly (a missed flush wraps
+    them)."""
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(1100, 1024, generator=g).bfloat16()
+    shift = torch.randint(0, 40, a.shape, generator=g, dtype=torch.int32)  # ULP steps apart
+    b = (a.view(torch.int16).to(torch.int32) + shift).to(torch.int16).view(torch.bfloat16)
+    compiled, eager, _ = _both([a], [b], ulps=True)
+    assert compiled.ulp is not None and eager.ulp is not None
+    assert torch.equal(compiled.ulp, eager.ulp), (compiled.ulp, eager.ulp)
+    assert int(compiled.ulp[0, 0]) > 32767 * 32  # the first bucket: past what its int16 lanes hold
