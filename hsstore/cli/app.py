@@ -13,6 +13,11 @@ if TYPE_CHECKING:
 
 R = TypeVar("R", bound="Record")
 
+# an option two commands share word for word (build, import); convert's names its --store
+AnotherModel = Annotated[
+    bool, typer.Option("--another-model", help="Let this model into a store that holds another model's states.")
+]
+
 app = typer.Typer(
     help="Cached hidden states for speculative-decoding drafters, with provenance you can check.",
     no_args_is_help=True,

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from hsstore.cli.app import app, emit
+from hsstore.cli.app import AnotherModel, app, emit
 from hsstore.core.schema.build import BuildResult, InputCounts
 from hsstore.core.schema.record import or_none
 
@@ -40,9 +40,6 @@ NoSpaceCheck = Annotated[
 ]
 Label = Annotated[
     str | None, typer.Option("--label", help="Name the variant (a build of one variant): select it as STORE#LABEL.")
-]
-AnotherModel = Annotated[
-    bool, typer.Option("--another-model", help="Let this model into a store that holds another model's states.")
 ]
 Quiet = Annotated[
     bool,

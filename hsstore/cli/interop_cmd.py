@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from hsstore.cli.app import app, emit
+from hsstore.cli.app import AnotherModel, app, emit
 
 if TYPE_CHECKING:
     from hsstore.core.schema.reports import AuditSummary, ExportReport, ImportReport, VocabMapReport
@@ -73,9 +73,6 @@ Audit = Annotated[
     ),
 ]
 Label = Annotated[str | None, typer.Option("--label", help="Name the imported variant: select it as STORE#LABEL.")]
-AnotherModel = Annotated[
-    bool, typer.Option("--another-model", help="Let this model into a store that holds another model's states.")
-]
 JsonOut = Annotated[bool, typer.Option("--json", help="Stable JSON for scripts.")]
 Quiet = Annotated[
     bool,

@@ -3,13 +3,13 @@
  * vectorized by hand, so the file compiles without fast-math: IEEE arithmetic, but for fused multiply-adds in the sums
  * (-ffp-contract=fast: one rounding instead of two); 1 - cos keeps its two roundings (a volatile product) and rounds
  * exactly as torch's float64 ops do. A row's sums add in float32 blocks of 8 terms a lane joined in float64 (within
- * 2^-21 of the terms' magnitudes; torch's float32 sums are looser), or in float64 products where float32's range
- * could not hold them (sums_fit_float32). */
+ * 2^-21 of the terms' magnitudes with fused multiply-adds, 2^-20 on a CPU without them; torch's float32 sums are
+ * looser), or in float64 products where float32's range could not hold them (sums_fit_float32). */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#define W 16 /* lanes: one AVX-512 register of float32 (two AVX2 ones); 16-23% faster than 8 (scripts/bench_ulp.py) */
+#define W 16 /* lanes: one AVX-512 register of float32 (two AVX2 ones); 8-21% faster than 8 (scripts/bench_ulp.py) */
 #define BLOCK 8 /* vectors per block: each lane adds 8 terms of each sum in float32, then the block joins a float64 sum */
 typedef float fv __attribute__((vector_size(W * 4)));
 typedef double dv __attribute__((vector_size(W * 8)));
@@ -64,8 +64,8 @@ static inline __attribute__((always_inline)) hw orderedw(const int16_t *p) {
 }
 
 /* Counts of bf16 pairs more than 0, 1, 2, 4, 8, 16 ULPs apart, kept across rows in int16 lanes (a lane adds at most
- * one a vector) and added to the int64 counts every FLUSH vectors and at the end of a call: a flush a row cost ~200
- * scalar adds, as many as a row of 512 values takes to count */
+ * one a vector) and added to the int64 counts every FLUSH vectors and at the end of a call: a flush a row was ~200
+ * scalar adds, about the vector operations counting a row of 512 values takes */
 #define FLUSH 16384
 typedef struct {
     hw c[6];
@@ -124,7 +124,7 @@ static inline double hsum(const dv *v) {
 }
 
 /* Whether a row's float sums added in float32 blocks (8 fused multiply-adds a lane: at most 8 roundings, each
- * within 2^-24 of the block's terms' magnitudes) hold what float64 products would: no term or block overflowed
+ * within 2^-24 of the block's terms' magnitudes; 16 where the CPU has no fused multiply-add) hold what float64 products would: no term or block overflowed
  * (every sum finite and below 2^100) and none fell below float32's normal range, where rounding is absolute
  * (|a|^2 and |b|^2 at least 2^-100, and |d|^2 and |a.d| too unless d is 0). Residual streams are far inside; a row
  * outside is added again with float64 products. */
@@ -137,8 +137,7 @@ static inline int sums_fit_float32(double dd, double aa, double bb, double ad) {
 /* One row: the seven float32 sums into out[k * ostride + r] (k: sum |d|, max |d|, differing, |d|^2, |a|^2, |b|^2, a.d)
  * with d = a - b in float32; the float sums in float64, from blocks of 8 float32 terms a lane where f32 (else from
  * float64 products; 0 returned, nothing written, where f32 and the sums do not fit float32: the caller adds the row
- * again without f32); count and
- * max |d| from d's bit patterns (NaN above infinity: a NaN d makes the max NaN and is not counted, as torch's
+ * again without f32); count and max |d| from d's bit patterns (NaN above infinity: a NaN d makes the max NaN and is not counted, as torch's
  * sign(NaN) is 0); with ulps, the pairs more than 0, 1, 2, 4, 8, 16 ULPs apart added to ulp. */
 static inline __attribute__((always_inline)) int row_sums(const void *a, const void *b, int a16, int b16, int ulps,
                                                           int f32, int64_t H, int64_t ostride, int64_t r, float *out,

@@ -24,7 +24,8 @@ On a CPU where a C compiler built ``kernel.c`` (``hsstore.core.jit.native_librar
 loaded from the cache in ~1 ms) a large diff takes one compiled pass a row (``CLoops.fused_rows``) instead of the
 torch ops (~11 passes a block, 9 more for bf16 ULP buckets): 16 lanes at a time, bf16 widened in the loop, d = a - b
 in float32 as torch's sub gives it, the sums as fused multiply-adds in float32 blocks of 8 terms a lane joined in
-float64 accumulators and rounded to float32 once (within 2^-21 of the terms' magnitudes; a row whose sums leave
+float64 accumulators and rounded to float32 once (within 2^-21 of the terms' magnitudes, 2^-20 without fused
+multiply-adds; a row whose sums leave
 float32's normal range, 2^-100 to 2^100, is added again with float64 products), count and max |d| from d's bit
 patterns, and the ULP buckets from the bits. Counts, the max and the ULP buckets are the torch ops' exactly (for
 every bit pattern); the float sums are more accurate than torch's float32 ones, so the two paths agree to float32

@@ -311,6 +311,17 @@ class _Timing(TypedDict):
     seconds_source: str
 
 
+def _untimed(seconds: float | None, source: str) -> _Timing:
+    """Timing fields of a generation the plan does not run: ``seconds`` and why (``source``)."""
+    return _Timing(
+        generated_tokens_per_second=None,
+        first_batch_extra_seconds=None,
+        calibration_prompts=None,
+        seconds=seconds,
+        seconds_source=source,
+    )
+
+
 def _generation_time(
     m: Any,
     inp: Any,
@@ -325,22 +336,9 @@ def _generation_time(
     plan does not time the generation, else the time of ``expected`` generated tokens at the rate measured on the
     build's first batch (``batches[0]`` of ``prompts``) generated here, plus its one-off seconds."""
     if done:
-        done_why = "nothing to generate: the store holds every reply, checkpointed by an earlier build"
-        return _Timing(
-            generated_tokens_per_second=None,
-            first_batch_extra_seconds=None,
-            calibration_prompts=None,
-            seconds=0.0,
-            seconds_source=done_why,
-        )
+        return _untimed(0.0, "nothing to generate: the store holds every reply, checkpointed by an earlier build")
     if (why := _not_timed(m.generate.engine, calibrate, batches)) is not None:
-        return _Timing(
-            generated_tokens_per_second=None,
-            first_batch_extra_seconds=None,
-            calibration_prompts=None,
-            seconds=None,
-            seconds_source=f"not estimated: {why}",
-        )
+        return _untimed(None, f"not estimated: {why}")
     first = [prompts[i] for i in batches[0]]
     rate, extra = _generation_rate(m, inp, tok, first)
     return _Timing(
