@@ -3,7 +3,8 @@
 A unit ``<uid>`` of variant ``<vid>`` is committed when ``variants/<vid>/commits/<uid>.json`` is a
 readable commit record whose ``unit`` field is ``<uid>``. A record that cannot be read, or that names
 another unit (renamed or copied by hand), commits nothing: readers refuse to serve the variant until it
-is fixed, verify reports it, and gc still keeps every unit it names or is named after.
+is fixed, verify reports it, and gc still keeps every unit it names or is named after. A hidden file there
+(.DS_Store and the like) is no record: verify reports it as a stray file.
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ def read_commit(io: Backend, vid: str, key: str) -> CommitRecord:
 
 
 def commit_keys(io: Backend, vid: str) -> list[str]:
-    """Every key under the variant's commits/ (temporary files excluded), sorted."""
-    return io.list(layout.commits_prefix(vid))
+    """Every key under the variant's commits/ (temporary files excluded), sorted; but hidden files (.DS_Store,
+    ._NAME, .nfsXXXX: an operating system's litter; no hsstore name starts with a dot), which are no record: verify
+    names them as stray files, and readers serve the variant."""
+    return [k for k in io.list(layout.commits_prefix(vid)) if not k.rsplit("/", 1)[-1].startswith(".")]
 
 
 def scan(
