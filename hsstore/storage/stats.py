@@ -47,6 +47,8 @@ def stats_tensor(states: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     acc = None if cpu else torch.float64  # CPU float32 sums are cascaded (accurate) and far faster
     total = xf.sum(dtype=acc).double()
     sumsq = torch.linalg.vector_norm(xf, dtype=acc).double() ** 2
+    if acc is None and not bool(torch.isfinite(total) & torch.isfinite(sumsq)):  # finite states past ~1e19: float32
+        total, sumsq = xf.sum(dtype=torch.float64), torch.linalg.vector_norm(xf, dtype=torch.float64) ** 2  # overflowed
     row_lo, row_hi = torch.aminmax(xf, dim=1) if xf.dim() > 1 else (xf, xf)
     row = torch.maximum(row_lo.abs(), row_hi.abs())
     per = torch.segment_reduce(row, "max", lengths=torch.tensor(lengths, device=x.device))
