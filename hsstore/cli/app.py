@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -34,8 +35,21 @@ def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks f
 
 
 def json_text(record: Record) -> str:
-    """A command's result as its stable ``--json`` document (docs/json.md): the record's dict, keys sorted."""
-    return json.dumps(record.to_dict(), indent=2, sort_keys=True)
+    """A command's result as its stable ``--json`` document (docs/json.md): the record's dict, keys sorted, strict
+    JSON (a number that is not finite is written as the string "Infinity", "-Infinity" or "NaN")."""
+    return json.dumps(finite_json(record.to_dict()), indent=2, sort_keys=True, allow_nan=False)
+
+
+def finite_json(x: Any) -> Any:
+    """``x`` with every float that JSON cannot hold (inf, -inf, nan) as the string Python's ``float`` and
+    JavaScript's ``Number`` both read back."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+    if isinstance(x, dict):
+        return {k: finite_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite_json(v) for v in x]
+    return x
 
 
 def emit(record: R, json_out: bool, render: Callable[[R], str]) -> None:

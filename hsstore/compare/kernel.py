@@ -386,8 +386,13 @@ class SampleSums:
     hist: np.ndarray
 
     def rel_l2(self, layer_index: int = -1) -> float:
-        d, r = self.sums[layer_index, C["sq_diff"]], self.sums[layer_index, C["sq_ref"]]
-        return math.sqrt(d / r) if r > 0 else (0.0 if d == 0 else math.inf)
+        return ratio_of_norms(self.sums[layer_index, C["sq_diff"]], self.sums[layer_index, C["sq_ref"]])
+
+
+def ratio_of_norms(sq_diff: float, sq_ref: float) -> float:
+    """rel-L2 from its squared sums: infinite where the reference is all zeros and the other side is not (a
+    broken extractor's zeros must never read as agreement), 0 where both are."""
+    return math.sqrt(sq_diff / sq_ref) if sq_ref > 0 else (0.0 if sq_diff == 0 else math.inf)
 
 
 def one_minus_cos(dd: torch.Tensor, aa: torch.Tensor, bb: torch.Tensor, ad: torch.Tensor) -> torch.Tensor:
@@ -493,7 +498,7 @@ def layer_stats(sums: np.ndarray, maxes: np.ndarray, hist: np.ndarray, ulps: boo
         "tokens": int(round(s["tokens"])),
         "mean_abs": s["sum_abs"] / n,
         "max_abs": float(maxes[M["max_abs"]]),
-        "rel_l2": math.sqrt(s["sq_diff"] / s["sq_ref"]) if s["sq_ref"] > 0 else 0.0,
+        "rel_l2": ratio_of_norms(s["sq_diff"], s["sq_ref"]),
         "cos_mean": 1.0 - s["cos1m_sum"] / max(1.0, s["tokens"]),
         "cos_min": 1.0 - float(maxes[M["cos1m_max"]]),
         "cos_p01": cos_p01(hist, s["tokens"]),

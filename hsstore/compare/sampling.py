@@ -437,6 +437,15 @@ def sampled_layers(
 # what a comparison against a floor concludes (a bit-exact comparison needs no floor: "identical" is decided before)
 FloorVerdictKind = Literal["within_noise", "beyond_noise", "inconclusive"]
 
+# a floor this far from A (rel-L2) is no precision floor: rounding in any dtype moves states by a few percent even
+# over 64 layers; half their norm is another computation, or a side all zeros (rel-L2 1: a broken extractor's)
+FLOOR_NOT_NOISE = 0.5
+
+
+def broken_floor(floor_rel_l2: float) -> bool:
+    """Whether A's distance from the floor is beyond what rounding can make (NaN included)."""
+    return not floor_rel_l2 < FLOOR_NOT_NOISE
+
 
 def with_floor(
     est: Estimate, floor: Estimate, dtype: str, noise_factor: float, confidence: float
@@ -453,6 +462,8 @@ def with_floor(
     for j, (L, F) in enumerate(zip(est.layers, floor.layers)):
         ratio = L.rel_l2 / F.rel_l2 if F.rel_l2 > 0 else (0.0 if L.rel_l2 == 0 else float("inf"))
         v = "identical (bit-exact)" if L.bit_exact == 1.0 else verdict(ratio, dtype, noise_factor)
+        if L.bit_exact != 1.0 and broken_floor(F.rel_l2):
+            v = f"no verdict: A is rel-L2 {F.rel_l2:.3g} from the floor, more than rounding makes"
         extra: dict[str, dict[str, tuple[float, float]]] = {}
         if ratio_reps is not None:
             ratio_cis.append(interval(ratio, ratio_reps[:, j], confidence, est.df))
@@ -476,6 +487,14 @@ def with_floor(
     )
     if kind == "inconclusive":
         text += "; not settled at this sample size (an interval straddles the bound): raise --samples"
+    broken = [L for L in out if L.bit_exact != 1.0 and broken_floor(float(L.floor_rel_l2 or 0.0))]
+    if broken:
+        kind, named = "inconclusive", ", ".join(f"{L.layer} ({float(L.floor_rel_l2 or 0.0):.3g})" for L in broken)
+        text = (
+            f"no verdict: at layer(s) {named} A is farther from the floor than rounding takes states (rel-L2 "
+            f"{FLOOR_NOT_NOISE:g} or more), so the floor measures no precision noise there: A or the floor is "
+            f"another computation or all zeros at those layers (hsstore check names such defects); {text}"
+        )
     return out, text, kind
 
 

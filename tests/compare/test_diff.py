@@ -272,3 +272,55 @@ def test_states_in_flight_stay_within_the_memory_budget_whatever_the_threads(
 
     assert list(map_samples(readers, keys, layers, slow, threads=64)) == keys
     assert most[0] == 1, f"{most[0]} samples in flight with a budget of one"
+
+
+def _store_with_zeroed_layer(path: Path, zero_in: str, scale: float = 1.0) -> str:
+    """bf16 and fp32 variants of the same states (times ``scale``), layer 2 of the ``zero_in`` variant all
+    zeros (a broken extractor's output), written without the health check that would refuse it."""
+    s = Store.create(path)
+    vids = {dt: new_variant(s, dtype=dt, hidden=64, codec="none") for dt in ("bf16", "fp32")}
+    samples = make_samples([50] * 4, seed=1)
+    for dt, vid in vids.items():
+        states = make_states(samples, 64, dt, [0, 1, 2], seed=1)
+        states = {i: (t.float() * scale).to(t.dtype) for i, t in states.items()}
+        if dt == zero_in:
+            states[2] = states[2] * 0
+        UnitWriter(s, vid, check_health=False).write(samples, states)
+    return str(path)
+
+
+@pytest.mark.parametrize("zero_in", ["fp32", "bf16"])
+def test_a_layer_all_zeros_on_one_side_is_never_within_noise(tmp_path: Path, zero_in: str):
+    """B (the reference) or A all zeros at one layer where the other side is not: that layer's rel-L2 against B is
+    infinite (B zero) or 1 (A zero), never 0, and the verdict against a floor is never within noise: beyond it where
+    B is zero; none where A is (A is as far from the floor as from B: the floor measures no rounding there)."""
+    from hsstore.compare.diff import DiffRequest, run_diff
+
+    src = _store_with_zeroed_layer(tmp_path / "s.zarr", zero_in)
+    floor = _store_with_zeroed_layer(tmp_path / "floor.zarr", "none")
+    rep = run_diff(DiffRequest(a_target=f"{src}#dtype=bf16", b_target=f"{src}#dtype=fp32", floor=f"{floor}#dtype=fp32"))
+    zeroed, kept = [L for L in rep.layers if L.layer == 2], [L for L in rep.layers if L.layer != 2]
+    assert [L.rel_l2 for L in zeroed] == [float("inf") if zero_in == "fp32" else 1.0]
+    assert all(0 < L.rel_l2 < 0.01 and "within" in str(L.verdict) for L in kept)  # bf16 rounding of the same states
+    if zero_in == "fp32":
+        assert "beyond" in str(zeroed[0].verdict) and rep.verdict_kind == "beyond_noise"
+    else:
+        assert str(zeroed[0].verdict).startswith("no verdict") and rep.verdict_kind == "inconclusive"
+        assert rep.verdict.startswith("no verdict: at layer(s) 2 (1)")
+
+
+def test_diff_json_is_strict_json_where_a_rel_l2_is_infinite(tmp_path: Path):
+    """B all zeros at a layer: rel-L2 infinite, which JSON has no number for; ``--json`` stays strict JSON (no
+    bare Infinity a JSON parser other than Python's refuses) and names it so that ``float`` reads it back."""
+    src = _store_with_zeroed_layer(tmp_path / "s.zarr", "fp32")
+
+    def strict(name: str) -> None:
+        raise ValueError(f"not JSON: {name}")
+
+    r = run_cli("diff", f"{src}#dtype=bf16", f"{src}#dtype=fp32", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout, parse_constant=strict)
+    rel = {L["layer"]: L["rel_l2"] for L in doc["layers"]}
+    assert rel[2] == "Infinity" and float(rel[2]) == float("inf")
+    assert all(isinstance(rel[i], float) and 0 < rel[i] < 0.01 for i in (0, 1))
+    assert {s["rel_l2"] for s in doc["worst_samples"]} == {"Infinity"}
