@@ -41,8 +41,9 @@ Per sample: ``summarize`` turns a sample's per-token sums into one float64 row o
 over samples (``layer_stats``): a full diff adds every sample's row, a sampled one weights them
 (``hsstore.compare.sampling``). Memory does not grow with the number of samples. The 1st percentile of cosine is
 read from the histogram (accurate to one bin, ~1% relative).
-Overflow: squares are float32, so a state above ~1e19 in magnitude would overflow; hidden states are
-orders of magnitude below that (build health stats flag anything near it).
+Range: the per-token sums are float32, so a token whose values are all below ~1e-19 in magnitude (not zero) has
+squared sums that round to 0, and one above ~1e19 overflows: hidden states are orders of magnitude inside that
+(build health stats flag anything near it). A reference all zeros at a layer is exact: rel-L2 infinite.
 """
 
 from __future__ import annotations
