@@ -36,10 +36,7 @@ def run(args: argparse.Namespace, bucket: str) -> None:
     from hsstore import Store
     from hsstore.storage import layout
     from hsstore.storage.codecs import chunk_tokens
-    from hsstore.testing.factories import (  # layers 0, 1 (aux) and 2 (target)
-        new_variant,
-        write_unit,
-    )
+    from hsstore.testing.factories import new_variant, write_unit  # layers 0, 1 (aux) and 2 (target)
 
     url = f"{bucket}/{uuid.uuid4().hex[:8]}/s.zarr"
     store = Store.create(url)

@@ -88,9 +88,7 @@ def read_threads(cpus: int) -> int:
 
 def worker_share(threads: int) -> int:
     """``threads`` divided among the DataLoader workers when this process is one of them (at least 1)."""
-    from torch.utils.data import (
-        get_worker_info,  # (the read path has imported torch by now)
-    )
+    from torch.utils.data import get_worker_info  # (the read path has imported torch by now)
 
     info = get_worker_info()
     return threads if info is None else max(1, threads // info.num_workers)
@@ -396,9 +394,7 @@ class VariantReader:
             from hsstore.storage.tensor_reads import quantized_groups
 
             return quantized_groups(self, ref, groups, raw)
-        from hsstore.storage import (
-            tensor_reads,  # (torch: imported on the first read of states, not for metadata)
-        )
+        from hsstore.storage import tensor_reads  # (torch: imported on the first read of states, not for metadata)
 
         tasks, outs, nbytes = [], [], 0
         for layers in groups:

@@ -354,9 +354,7 @@ def _check_values(m: Manifest, codecs: Collection[str]) -> None:
 
 def _check_runs(m: Manifest) -> list[str]:
     """Backends, dtypes and devices: known, at least one each, none twice; the dtypes in their one spelling."""
-    from hsstore.core.dtypes import (
-        parse_dtype,  # (numpy: not at import, so `hsstore --help` stays light)
-    )
+    from hsstore.core.dtypes import parse_dtype  # (numpy: not at import, so `hsstore --help` stays light)
 
     for b in m.backends:
         parse_backend(b)
