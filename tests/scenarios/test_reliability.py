@@ -76,7 +76,7 @@ def _arbiter(store: Path, reference: Path) -> str:
     """Which of ``store`` and ``reference`` a third one-process build, in a fresh process, agrees with on every
     sample: where two builds differ, this says which one computed differently."""
     tmp = store.parent / "arbiter"
-    tmp.mkdir()
+    tmp.mkdir(exist_ok=True)  # a test that checks twice builds it once
     r = run_cli("build", str(_small_units(_manifest(tmp, "third"))), "--limit", LIMIT, "--quiet", process=True)
     if r.returncode != 0:
         return f"a third build, to say which side is off, failed: {r.stderr[-500:]}"
