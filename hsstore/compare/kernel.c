@@ -4,7 +4,8 @@
  * (-ffp-contract=fast: one rounding instead of two); 1 - cos keeps its two roundings (a volatile product) and rounds
  * exactly as torch's float64 ops do. A row's sums add in float32 blocks of 8 terms a lane joined in float64 (within
  * 2^-21 of the terms' magnitudes with fused multiply-adds, 2^-20 on a CPU without them; torch's float32 sums are
- * looser), or in float64 products where float32's range could not hold them (sums_fit_float32). */
+ * looser), or in float64 products where float32's range could not hold them (sums_fit_float32); the sums are
+ * written in float64, which holds the squares of every float32. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -134,13 +135,13 @@ static inline int sums_fit_float32(double dd, double aa, double bb, double ad) {
     return dd == 0.0 || (dd >= lo && fabs(ad) >= lo);
 }
 
-/* One row: the seven float32 sums into out[k * ostride + r] (k: sum |d|, max |d|, differing, |d|^2, |a|^2, |b|^2, a.d)
+/* One row: the seven sums into out[k * ostride + r] (float64; k: sum |d|, max |d|, differing, |d|^2, |a|^2, |b|^2, a.d)
  * with d = a - b in float32; the float sums in float64, from blocks of 8 float32 terms a lane where f32 (else from
  * float64 products; 0 returned, nothing written, where f32 and the sums do not fit float32: the caller adds the row
  * again without f32); count and max |d| from d's bit patterns (NaN above infinity: a NaN d makes the max NaN and is not counted, as torch's
  * sign(NaN) is 0); with ulps, the pairs more than 0, 1, 2, 4, 8, 16 ULPs apart added to ulp. */
 static inline __attribute__((always_inline)) int row_sums(const void *a, const void *b, int a16, int b16, int ulps,
-                                                          int f32, int64_t H, int64_t ostride, int64_t r, float *out,
+                                                          int f32, int64_t H, int64_t ostride, int64_t r, double *out,
                                                           ulp_lanes *u, int64_t *ulp) {
     dv DD = {0}, AA = {0}, BB = {0}, AD = {0};
     dv S_abs = {0};
@@ -161,8 +162,8 @@ static inline __attribute__((always_inline)) int row_sums(const void *a, const v
             mx = (v & gt) | (mx & ~gt);
             fv dabs;
             memcpy(&dabs, &v, sizeof dabs);
-            s_abs += dabs; /* |d| exactly; 8 float32 terms a lane, then float64 */
             if (f32) { /* fused multiply-adds in float32, 8 a lane, then float64 (sums_fit_float32 says when) */
+                s_abs += dabs; /* |d| exactly; 8 float32 terms a lane, then float64 */
                 dd32 += d * d;
                 aa32 += x * x;
                 bb32 += y * y;
@@ -170,14 +171,15 @@ static inline __attribute__((always_inline)) int row_sums(const void *a, const v
             } else { /* squares and products in float64: exact for every float32 (no underflow, no overflow) */
                 dv X = __builtin_convertvector(x, dv), Y = __builtin_convertvector(y, dv);
                 dv D = __builtin_convertvector(d, dv);
+                S_abs += __builtin_convertvector(dabs, dv); /* 8 |d| near float32's largest would overflow it */
                 DD += D * D;
                 AA += X * X;
                 BB += Y * Y;
                 AD += X * D;
             }
         }
-        S_abs += __builtin_convertvector(s_abs, dv);
         if (f32) {
+            S_abs += __builtin_convertvector(s_abs, dv);
             DD += __builtin_convertvector(dd32, dv);
             AA += __builtin_convertvector(aa32, dv);
             BB += __builtin_convertvector(bb32, dv);
@@ -216,19 +218,19 @@ static inline __attribute__((always_inline)) int row_sums(const void *a, const v
     }
     float max_abs;
     memcpy(&max_abs, &m, sizeof max_abs);
-    out[0 * ostride + r] = (float)s_abs;
+    out[0 * ostride + r] = s_abs;
     out[1 * ostride + r] = max_abs;
-    out[2 * ostride + r] = (float)count;
-    out[3 * ostride + r] = (float)dd;
-    out[4 * ostride + r] = (float)aa;
-    out[5 * ostride + r] = (float)bb;
-    out[6 * ostride + r] = (float)ad;
+    out[2 * ostride + r] = (double)count;
+    out[3 * ostride + r] = dd; /* float64: the squares of a token of 1e-30s (or their sums at 1e18s) fit */
+    out[4 * ostride + r] = aa;
+    out[5 * ostride + r] = bb;
+    out[6 * ostride + r] = ad;
     if (ulps) ulp_row(a, b, H, u, ulp);
     return 1;
 }
 
 #define ROWS(NAME, A16, B16, ULPS)                                                                                    \
-    static void NAME(const void *a, const void *b, int64_t T, int64_t H, float *out, int64_t os, int64_t *ulp) {    \
+    static void NAME(const void *a, const void *b, int64_t T, int64_t H, double *out, int64_t os, int64_t *ulp) {   \
         ulp_lanes u;                                                                                                 \
         memset(&u, 0, sizeof u);                                                                                     \
         for (int64_t r = 0; r < T; r++) {                                                                            \
@@ -245,8 +247,8 @@ ROWS(rows_hh, 1, 1, 0)
 ROWS(rows_hh_ulp, 1, 1, 1)
 
 /* Per row of a, b [T, H] (row-major; bf16 as int16 bit patterns where a16/b16, else float32): the seven sums into
- * out [7, T] (its rows ostride floats apart); where ulps (both bf16), the counts of pairs more than 0, 1, 2, 4, 8, 16 ULPs apart added to ulp [6]. */
-void hsstore_fused_rows(const void *a, const void *b, int a16, int b16, int ulps, int64_t T, int64_t H, float *out,
+ * out [7, T] (float64, its rows ostride doubles apart); where ulps (both bf16), the counts of pairs more than 0, 1, 2, 4, 8, 16 ULPs apart added to ulp [6]. */
+void hsstore_fused_rows(const void *a, const void *b, int a16, int b16, int ulps, int64_t T, int64_t H, double *out,
                         int64_t ostride, int64_t *ulp) {
     if (a16 && b16)
         (ulps ? rows_hh_ulp : rows_hh)(a, b, T, H, out, ostride, ulp);
@@ -295,12 +297,12 @@ static int64_t bin(const double *edges, int64_t n, double v) {
     return lo;
 }
 
-/* One sample's per-layer sums from its per-token sums [L, T] (float32, row-major), as divergence.summarize makes them
+/* One sample's per-layer sums from its per-token sums [L, T] (float64, row-major), as divergence.summarize makes them
  * with torch's ops: into sums [L, 5] the float64 sums of sum |d|, of the differing counts, of |d|^2, of |b|^2 and of
  * 1 - cos; into maxes [L, 2] max |d| and max 1 - cos (NaN if any is, as torch's amax); into hist [L, n_edges + 1] the
  * tokens per bin of 1 - cos. */
-void hsstore_summary_rows(const float *dd, const float *aa, const float *bb, const float *ad, const float *sum_abs,
-                          const float *differing, const float *max_abs, int64_t L, int64_t T, const double *edges,
+void hsstore_summary_rows(const double *dd, const double *aa, const double *bb, const double *ad, const double *sum_abs,
+                          const double *differing, const double *max_abs, int64_t L, int64_t T, const double *edges,
                           int64_t n_edges, double *sums, double *maxes, int64_t *hist) {
     for (int64_t layer = 0; layer < L; layer++) {
         double s_abs = 0.0, s_diff = 0.0, s_dd = 0.0, s_bb = 0.0, s_omc = 0.0, m_abs = 0.0, m_omc = 0.0;

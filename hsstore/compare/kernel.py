@@ -1,7 +1,7 @@
 """Divergence sums of two sets of hidden states: per token, computed in cache-sized blocks (torch, any device),
 then per sample and layer — the sums every reported statistic is a function of.
 
-For each token and layer this reduces the hidden dimension to seven float32 numbers: sum |a-b|,
+For each token and layer this reduces the hidden dimension to seven numbers (float64): sum |a-b|,
 max |a-b|, the count of values that differ, |a-b|², |a|², |b|² and a·(a-b). Everything the diff
 reports is derived from these per-token sums (``summarize``, below), so the pass over a
 sample's ``[T, H]`` values of each layer is a handful of vectorized torch reductions on blocks that stay in cache, with
@@ -11,7 +11,9 @@ Where float32 is exact enough and where float64 is needed:
 - bf16 and fp16 values convert to float32 exactly, and a-b of two fp32 values is exact when they
   are close (Sterbenz) and otherwise rounds once; every later float32 step is one sum over the hidden
   dimension (at most a few thousand terms, which torch sums pairwise: relative error ~1e-7 of the
-  sum of the terms' magnitudes). That is far below any divergence worth reporting.
+  sum of the terms' magnitudes). That is far below any divergence worth reporting. Where a token's squares would
+  underflow float32 (all its values below ~1e-19) or their sums overflow it (values near 1e19/sqrt(hidden)), the
+  row's sums fall outside 2^-100..2^100 and are added again with float64 products, which hold every float32.
 - What float32 cannot do is cancel: ``1 - a·b/(|a||b|)`` for two nearly equal vectors (fp32 vs fp32
   diffs reach 1 - cos ~ 1e-12) and ``|a|² + |b|² - 2a·b``. Neither is ever formed. 1 - cos comes from
   the exact identity ``1 - cos = (|d|² - (|a|-|b|)²) / (2|a||b|)`` with ``|a|-|b| = (2a·d - |d|²) /
@@ -24,8 +26,8 @@ On a CPU where a C compiler built ``kernel.c`` (``hsstore.core.jit.native_librar
 loaded from the cache in ~1 ms) a large diff takes one compiled pass a row (``CLoops.fused_rows``) instead of the
 torch ops (~11 passes a block, 9 more for bf16 ULP buckets): 16 lanes at a time, bf16 widened in the loop, d = a - b
 in float32 as torch's sub gives it, the sums as fused multiply-adds in float32 blocks of 8 terms a lane joined in
-float64 accumulators and rounded to float32 once (within 2^-21 of the terms' magnitudes, 2^-20 without fused
-multiply-adds; a row whose sums leave
+float64 accumulators (within 2^-21 of the terms' magnitudes, 2^-20 without fused multiply-adds; a row whose sums
+leave
 float32's normal range, 2^-100 to 2^100, is added again with float64 products), count and max |d| from d's bit
 patterns, and the ULP buckets from the bits. Counts, the max and the ULP buckets are the torch ops' exactly (for
 every bit pattern); the float sums are more accurate than torch's float32 ones, so the two paths agree to float32
@@ -41,9 +43,8 @@ Per sample: ``summarize`` turns a sample's per-token sums into one float64 row o
 over samples (``layer_stats``): a full diff adds every sample's row, a sampled one weights them
 (``hsstore.compare.sampling``). Memory does not grow with the number of samples. The 1st percentile of cosine is
 read from the histogram (accurate to one bin, ~1% relative).
-Range: the per-token sums are float32, so a token whose values are all below ~1e-19 in magnitude (not zero) has
-squared sums that round to 0, and one above ~1e19 overflows: hidden states are orders of magnitude inside that
-(build health stats flag anything near it). A reference all zeros at a layer is exact: rel-L2 infinite.
+Range: every finite float32 state is measured (tests/compare/test_diff.py, 1e-30 to 1e18); a reference all zeros at
+a layer gives rel-L2 infinite.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ _ULP_STEPS = (0, 1, 2, 4, 8, 16)
 
 @dataclass
 class TokenSums:
-    """Per-token sums over the hidden dimension, each ``[L, T]`` float32 (``differing``: a count),
+    """Per-token sums over the hidden dimension, each ``[L, T]`` float64 (``differing``: a count),
     and for two bf16 variants the counts of values more than 0, 1, 2, 4, 8, 16 ULPs apart per layer
     ``[L, 6]`` float64 (exact integers)."""
 
@@ -212,7 +213,7 @@ def token_sums(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], ws: Workspa
             raise ValueError(f"states of shape {tuple(x.shape)} and {tuple(y.shape)} cannot be compared")
         if ulps and (x.dtype != torch.bfloat16 or y.dtype != torch.bfloat16):
             raise ValueError(f"ULP buckets count bf16 pairs; these states are {x.dtype} and {y.dtype}")
-    out = torch.empty((7, L, T), dtype=torch.float32, device=ws.device)
+    out = torch.empty((7, L, T), dtype=torch.float64, device=ws.device)
     ulp = torch.zeros((L, len(_ULP_STEPS)), dtype=torch.float64, device=ws.device) if ulps else None
     kernel = ws.kernel()
     step = max(1, (BLOCK_VALUES if ws.device.type == "cpu" else GPU_BLOCK_VALUES) // H)  # tokens per block
@@ -249,21 +250,40 @@ def _fused(
 
 
 def _block(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, ws: Workspace) -> None:
-    """The seven per-row sums of one block of rows ``[r, H]`` into ``out [7, r]`` (every op writes into
-    a reused buffer: a fresh temporary per block would cost page faults)."""
+    """The seven per-row sums of one block of rows ``[r, H]`` into ``out [7, r]`` (float64): float32 reductions (every
+    op writes into a reused buffer: a fresh temporary per block would cost page faults), and the rows whose sums leave
+    float32's normal range (``fits_float32``) added again with float64 products, as the compiled loops do."""
     r, H = a.shape
     af, bf = _as_f32(a, ws, "a"), _as_f32(b, ws, "b")
     d, s = ws.buf("d", r, H), ws.buf("s", r, H)
+    sums = ws.buf("sums", 7, r)
     torch.sub(af, bf, out=d)
-    torch.linalg.vector_norm(d, dim=1, out=out[3])
-    torch.linalg.vector_norm(af, dim=1, out=out[4])  # (as the C loops: derived from |b|^2, a.d and |d|^2 it was NaN
-    torch.linalg.vector_norm(bf, dim=1, out=out[5])  # for an infinite value, and the two paths' 1 - cos differed)
-    torch.sum(torch.mul(af, d, out=s), dim=1, out=out[6])
+    torch.linalg.vector_norm(d, dim=1, out=sums[3])
+    torch.linalg.vector_norm(af, dim=1, out=sums[4])  # (as the C loops: derived from |b|^2, a.d and |d|^2 it was NaN
+    torch.linalg.vector_norm(bf, dim=1, out=sums[5])  # for an infinite value, and the two paths' 1 - cos differed)
+    torch.sum(torch.mul(af, d, out=s), dim=1, out=sums[6])
     torch.abs(d, out=s)
-    torch.sum(s, dim=1, out=out[0])
-    torch.amax(s, dim=1, out=out[1])
-    torch.sum(torch.sign(s, out=s), dim=1, out=out[2])  # 1 where a value differs, else 0
-    out[3:6].square_()
+    torch.sum(s, dim=1, out=sums[0])
+    torch.amax(s, dim=1, out=sums[1])
+    torch.sum(torch.sign(s, out=s), dim=1, out=sums[2])  # 1 where a value differs, else 0
+    sums[3:6].square_()
+    out.copy_(sums)
+    far = ~fits_float32(out[3], out[4], out[5], out[6])
+    if bool(far.any()):  # squares and products of those rows in float64: exact for every float32
+        x, y, dx = af[far].double(), bf[far].double(), d[far].double()
+        out[0, far], out[3, far], out[4, far] = dx.abs().sum(1), (dx * dx).sum(1), (x * x).sum(1)
+        out[5, far], out[6, far] = (y * y).sum(1), (x * dx).sum(1)
+
+
+FLOAT32_LOW, FLOAT32_HIGH = 2.0**-100, 2.0**100
+
+
+def fits_float32(dd: torch.Tensor, aa: torch.Tensor, bb: torch.Tensor, ad: torch.Tensor) -> torch.Tensor:
+    """Per row, whether sums added in float32 hold what float64 products would (``sums_fit_float32`` in kernel.c):
+    every sum finite and below 2^100, |a|^2 and |b|^2 at least 2^-100, and |d|^2 and |a.d| too unless d is 0."""
+    lo, hi = FLOAT32_LOW, FLOAT32_HIGH
+    inside = (aa >= lo) & (aa < hi) & (bb >= lo) & (bb < hi) & (dd < hi) & (ad.abs() < hi)
+    return inside & ((dd == 0) | ((dd >= lo) & (ad.abs() >= lo)))
 
 
 class CLoops:
@@ -278,7 +298,7 @@ class CLoops:
 
     def fused_rows(self, a: np.ndarray, b: np.ndarray, ulps: bool, out: np.ndarray, ulp: np.ndarray) -> None:
         """Per row of ``a``, ``b`` ``[T, H]`` (bf16 as int16 bit patterns, or float32): the seven sums of ``_block``
-        into ``out [7, T]`` float32 (its rows may lie apart: a view of one layer); where ``ulps`` (both bf16) the counts of pairs more than 0, 1, 2, 4, 8, 16 ULPs
+        into ``out [7, T]`` float64 (its rows may lie apart: a view of one layer); where ``ulps`` (both bf16) the counts of pairs more than 0, 1, 2, 4, 8, 16 ULPs
         apart added to ``ulp [6]`` int64."""
         T, H = a.shape
         for name, x in (("a", a), ("b", b)):
@@ -286,18 +306,18 @@ class CLoops:
         _need("ulp", ulp, ulp.dtype == np.int64, (6,), out=True)
         if T == 0:  # (a layer of no tokens, e.g. a sample whose loss mask is empty under --loss-only)
             return
-        rows_apart = out.strides[0] // 4
+        rows_apart = out.strides[0] // 8
         if not (
-            out.dtype == np.float32
+            out.dtype == np.float64
             and out.shape == (7, T)
-            and out.strides[1] == 4
-            and out.strides[0] % 4 == 0
+            and out.strides[1] == 8
+            and out.strides[0] % 8 == 0
             and rows_apart >= T
             and out.flags.aligned
             and out.flags.writeable
         ):
             raise ValueError(
-                f"out: {out.dtype} {out.shape} strides {out.strides}; the loop takes float32 (7, {T}), "
+                f"out: {out.dtype} {out.shape} strides {out.strides}; the loop takes float64 (7, {T}), "
                 "each row contiguous"
             )
         a16, b16 = a.dtype == np.int16, b.dtype == np.int16
@@ -309,11 +329,11 @@ class CLoops:
         self, per_token: Sequence[np.ndarray], edges: np.ndarray, sums: np.ndarray, maxes: np.ndarray, hist: np.ndarray
     ) -> None:
         """One sample's per-layer sums from its per-token sums (dd, aa, bb, ad, sum_abs, differing, max_abs, each
-        ``[L, T]`` float32), as ``summarize`` makes them with torch's ops: ``sums [L, 5]``, ``maxes [L, 2]``
+        ``[L, T]`` float64), as ``summarize`` makes them with torch's ops: ``sums [L, 5]``, ``maxes [L, 2]``
         (float64) and ``hist [L, len(edges) + 1]`` (int64, added to; the bins of ``edges``, float64, as torch.bucketize's)."""
         L, T = per_token[0].shape
         for x in per_token:
-            _need("per-token sums", x, x.dtype == np.float32, (L, T))
+            _need("per-token sums", x, x.dtype == np.float64, (L, T))
         _need("edges", edges, edges.dtype == np.float64, edges.shape[:1])
         _need("sums", sums, sums.dtype == np.float64, (L, 5), out=True)
         _need("maxes", maxes, maxes.dtype == np.float64, (L, 2), out=True)
@@ -397,7 +417,7 @@ def ratio_of_norms(sq_diff: float, sq_ref: float) -> float:
 
 
 def one_minus_cos(dd: torch.Tensor, aa: torch.Tensor, bb: torch.Tensor, ad: torch.Tensor) -> torch.Tensor:
-    """Per-token 1 - cos(a, b) in float64 from float32 sums, without cancellation (see the module docstring).
+    """Per-token 1 - cos(a, b) in float64 from the per-token sums, without cancellation (see the module docstring).
     Two zero vectors agree (0); one zero vector does not (1)."""
     dd, aa, bb, ad = dd.double(), aa.double(), bb.double(), ad.double()
     na, nb = aa.sqrt(), bb.sqrt()

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import LAYERS, make_samples, make_states, new_variant, provenance, run_cli
 
 from hsstore import Store
@@ -274,14 +275,14 @@ def test_states_in_flight_stay_within_the_memory_budget_whatever_the_threads(
     assert most[0] == 1, f"{most[0]} samples in flight with a budget of one"
 
 
-def _store_with_zeroed_layer(path: Path, zero_in: str, scale: float = 1.0) -> str:
+def _store_with_zeroed_layer(path: Path, zero_in: str, scale: float = 1.0, hidden: int = 64) -> str:
     """bf16 and fp32 variants of the same states (times ``scale``), layer 2 of the ``zero_in`` variant all
     zeros (a broken extractor's output), written without the health check that would refuse it."""
     s = Store.create(path)
-    vids = {dt: new_variant(s, dtype=dt, hidden=64, codec="none") for dt in ("bf16", "fp32")}
+    vids = {dt: new_variant(s, dtype=dt, hidden=hidden, codec="none") for dt in ("bf16", "fp32")}
     samples = make_samples([50] * 4, seed=1)
     for dt, vid in vids.items():
-        states = make_states(samples, 64, dt, [0, 1, 2], seed=1)
+        states = make_states(samples, hidden, dt, [0, 1, 2], seed=1)
         states = {i: (t.float() * scale).to(t.dtype) for i, t in states.items()}
         if dt == zero_in:
             states[2] = states[2] * 0
@@ -324,3 +325,31 @@ def test_diff_json_is_strict_json_where_a_rel_l2_is_infinite(tmp_path: Path):
     assert rel[2] == "Infinity" and float(rel[2]) == float("inf")
     assert all(isinstance(rel[i], float) and 0 < rel[i] < 0.01 for i in (0, 1))
     assert {s["rel_l2"] for s in doc["worst_samples"]} == {"Infinity"}
+
+
+@pytest.mark.parametrize("scale, hidden", [(1e-30, 64), (1e-20, 64), (1.0, 64), (1e18, 512), (1e18, 5120)])
+@pytest.mark.parametrize("compiled", [True, False])
+def test_rel_l2_and_cosine_hold_at_every_magnitude_a_state_can_have(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scale: float, hidden: int, compiled: bool
+):
+    """bf16 against fp32 of the same states scaled from 1e-30 to 1e18: the squares of a token's values underflow
+    float32 at the low end and their sums overflow it at the high end, but a state's magnitude does not change how
+    far bf16 rounds it, so rel-L2 and the cosines are those of scale 1, as a float64 computation from the stored
+    values gives them, on the compiled loops and on torch's ops alike."""
+    import math
+
+    from hsstore.compare import diff
+    from hsstore.compare.diff import DiffRequest, run_diff
+
+    monkeypatch.setattr(diff, "use_compiled", lambda *a, **k: compiled)
+    src = _store_with_zeroed_layer(tmp_path / "s.zarr", "none", scale=scale, hidden=hidden)
+    rep = run_diff(DiffRequest(a_target=f"{src}#dtype=bf16", b_target=f"{src}#dtype=fp32"))
+    s = Store.open(src)
+    ra, rb = (s.reader(s.select(f"dtype={dt}")) for dt in ("bf16", "fp32"))
+    for L in rep.layers:
+        x = torch.cat([ra.read_layers(ra.refs[k], [L.layer])[0] for k in ra.keys]).double()
+        y = torch.cat([rb.read_layers(rb.refs[k], [L.layer])[0] for k in ra.keys]).double()
+        want = math.sqrt(float(((x - y) ** 2).sum() / (y**2).sum()))
+        cos = (x * y).sum(1) / (x.norm(dim=1) * y.norm(dim=1))  # (torch's cosine_similarity clamps tiny norms)
+        assert 1e-4 < want < 1e-2 and L.rel_l2 == pytest.approx(want, rel=1e-5), (L.layer, L.rel_l2, want)
+        assert L.cos_min == pytest.approx(float(cos.min()), abs=1e-9) and L.cos_min < 1.0
