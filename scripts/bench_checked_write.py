@@ -1,5 +1,5 @@
 """What checking a unit's writes costs: the unchecked writev of before, the checked write (all bytes,
-crc32c from the buffers, fsync, size by fstat), and the alternative of re-reading each file.
+xxh3 from the buffers, fsync, size by fstat), and the alternative of re-reading each file.
 
     python scripts/bench_checked_write.py --tokens 8192 --hidden 5120 --reps 5
 
@@ -7,9 +7,9 @@ One unit of 5 bf16 layers (random states) is encoded once per codec; then, alter
 repetition, each layer's shard is written into a fresh directory by
   unchecked  os.writev of the buffers, return counts ignored (hsstore before 2026-12-01)
   fsync      the same, then fsync (what durability alone costs)
-  checked    hsstore.storage.fileio.write_file: writev until every byte is written, crc32c of the
+  checked    hsstore.storage.fileio.write_file: writev until every byte is written, xxh3 of the
              buffers, fsync, fstat size check
-and, after the unchecked write, the file is re-read and its crc32c computed (what a re-read check would
+and, after the unchecked write, the file is re-read and its xxh3 computed (what a re-read check would
 add). Prints medians per layer file and per unit, and the checked write against the unchecked one.
 """
 
@@ -22,8 +22,8 @@ import statistics
 import tempfile
 import time
 
-import crc32c
 import torch
+import xxhash
 
 from hsstore.core.dtypes import to_stored
 from hsstore.storage.codecs import chunk_tokens
@@ -43,11 +43,11 @@ def unchecked(path: str, parts: list, sync: bool = False) -> None:
 
 
 def reread(path: str) -> str:
-    crc = 0
+    h = xxhash.xxh3_64()
     with open(path, "rb") as f:
         while block := f.read(1 << 23):
-            crc = crc32c.crc32c(block, crc)
-    return f"{crc:08x}"
+            h.update(block)
+    return h.hexdigest()
 
 
 def timed(fn, *args) -> float:
@@ -100,7 +100,7 @@ def main() -> None:
             f"{codec:>13}: {size / 1e6:.0f} MB on disk; unit write unchecked {m['unchecked']:.3f}s, "
             f"+fsync {m['fsync']:.3f}s, checked {m['checked']:.3f}s ({m['checked'] / m['unchecked']:.2f}x "
             f"unchecked, {m['checked'] / m['fsync']:.2f}x fsync only); "
-            f"a re-read + crc32c instead would add {m['re-read']:.3f}s"
+            f"a re-read + xxh3 instead would add {m['re-read']:.3f}s"
         )
 
 

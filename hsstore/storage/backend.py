@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+import xxhash
 from crc32c import crc32c as crc32c_of
 
 from hsstore.storage.fileio import Written
@@ -23,6 +24,8 @@ from hsstore.storage.leases import Lease
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
+
+    from hsstore.core.schema.store_records import ChecksumKind
 
 # what an Entry is: Entry.kind
 EntryKind = Literal["file", "dir", "symlink", "fifo", "socket", "device", "other"]
@@ -66,13 +69,16 @@ class RangeSource(ABC):
     def will_need(self, offset: int, n: int) -> None:  # noqa: B027 - most sources cannot read ahead
         """Start reading ``[offset, offset + n)`` in the background (a hint: local files ask the kernel)."""
 
-    def crc32c(self) -> str:
-        """crc32c of the whole object, read in 8 MiB blocks (8 hex digits)."""
-        crc, off = 0, 0
+    def checksum(self, kind: ChecksumKind) -> str:
+        """The ``kind`` checksum of the whole object (xxh3: 16 hex digits; crc32c: 8), read in 8 MiB blocks."""
+        h, crc, off = xxhash.xxh3_64(), 0, 0
         while off < self.size and (block := self.read(off, min(1 << 23, self.size - off))):
-            crc = crc32c_of(block, crc)
+            if kind == "xxh3":
+                h.update(block)
+            else:
+                crc = crc32c_of(block, crc)
             off += len(block)
-        return f"{crc:08x}"
+        return h.hexdigest() if kind == "xxh3" else f"{crc:08x}"
 
     def close(self) -> None:  # noqa: B027 - nothing to release by default
         """Release what the source holds."""
@@ -164,8 +170,8 @@ class Backend(ABC):
         """The object's size in bytes (None if absent)."""
 
     @abstractmethod
-    def crc32c(self, key: str) -> str | None:
-        """crc32c of the object's bytes, 8 hex digits (None if absent)."""
+    def checksum(self, key: str, kind: ChecksumKind) -> str | None:
+        """The ``kind`` checksum of the object's bytes (``ByteSource.checksum``; None if absent)."""
 
     @abstractmethod
     def remove_tree(self, prefix: str) -> int:

@@ -1,12 +1,13 @@
-"""Checked local file writes: every byte reaches the file or the call raises; size and crc32c confirmed;
+"""Checked local file writes: every byte reaches the file or the call raises; size confirmed, xxh3 recorded;
 and the one atomic replace (an fsync'd temporary file renamed over the name) every local writer uses.
 
 ``os.writev`` may write fewer bytes than asked (a file-size limit, a full disk, a signal): the rest is
 written by further calls, and an error on any call raises. The file is fsync'd before it is reported
 written, so an error a filesystem reports late (NFS, Lustre, delayed allocation) is seen before the
-unit's commit record is, and a commit record never becomes durable ahead of its data. The crc32c is
-computed from the buffers as they are handed to the kernel (no second read: docs/benchmarks.md,
-"Checked writes").
+unit's commit record is, and a commit record never becomes durable ahead of its data. The checksum (xxh3, 64
+bits) is computed from the buffers as they are handed to the kernel (no second read: docs/benchmarks.md,
+"Checked writes"). Not crc32c: every chunk and shard index ends with its own crc32c, so a crc32c of a whole shard
+file depends only on where those blocks end, and two files of one layout (two layers of a unit) share it.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import crc32c
 import msgspec
+import xxhash
 
 from hsstore.core.errors import WRITE_FIXES, CorruptData, WriteFailed, write_cause
 from hsstore.core.nesting import nesting_depth
@@ -35,19 +36,19 @@ _IOV_MAX = 512  # writev takes a bounded number of buffers
 
 @dataclass(frozen=True)
 class Written:
-    """What one file holds once written: its size and the crc32c of its bytes (8 hex digits)."""
+    """What one file holds once written: its size and the xxh3 (64-bit) of its bytes (16 hex digits)."""
 
     size: int
-    crc32c: str
+    xxh3: str
 
 
 def digest(parts: Sequence[Any]) -> Written:
-    """Size and crc32c of the concatenation of ``parts`` (bytes-like buffers)."""
-    crc, size = 0, 0
+    """Size and xxh3 of the concatenation of ``parts`` (bytes-like buffers)."""
+    h, size = xxhash.xxh3_64(), 0
     for p in parts:
-        crc = crc32c.crc32c(p, crc)
+        h.update(p)
         size += memoryview(p).nbytes
-    return Written(size, f"{crc:08x}")
+    return Written(size, h.hexdigest())
 
 
 def write_all(fd: int, parts: Sequence[Any]) -> int:

@@ -24,6 +24,8 @@ from hsstore.storage.layout import META, TMP_PREFIX
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
+    from hsstore.core.schema.store_records import ChecksumKind
+
 T = TypeVar("T")
 DEFAULT_READAHEAD = 128 << 10  # Linux's default readahead window, where a device's cannot be read
 
@@ -201,13 +203,13 @@ class LocalBackend(Backend):
             finally:
                 os.close(fd)
 
-    def crc32c(self, key: str) -> str | None:
+    def checksum(self, key: str, kind: ChecksumKind) -> str | None:
         try:
             src = self.open_range(key)
         except FileNotFoundError:
             return None
         try:
-            return src.crc32c()
+            return src.checksum(kind)
         finally:
             src.close()
 

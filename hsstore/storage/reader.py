@@ -216,26 +216,31 @@ class VariantReader:
 
     def check_unit(self, uid: str, checksums: bool = False) -> None:
         """Every file the commit recorded is there with its recorded size (a missing shard would read as
-        zeros); with ``checksums``, its bytes also match the crc32c the writer recorded (a full read)."""
+        zeros); with ``checksums``, its bytes also match the checksum the writer recorded (a full read)."""
         if uid in self._checked_units and not checksums:
             return
         c = self.units[uid]
         why = self.commit_shape_problem(c)
         if why:
             raise CorruptData(f"{why}; its {len(c.samples)} samples are unreadable. Run `hsstore verify`")
+        bad = []  # every file that differs (two swapped files are named together)
         for rel, size in c.files.items():
             key = layout.unit_key(self.id, uid, rel)
             got = self.io.size(key)
             what = None if got == size else "is missing" if got is None else f"has {got} bytes, {size} were committed"
-            if what is None and checksums and rel in c.checksums:
-                crc = self.io.crc32c(key)
-                what = None if crc == c.checksums[rel] else f"has crc32c {crc}, {c.checksums[rel]} was committed"
+            if what is None and checksums and rel in c.checksums and (kind := c.checksum_kind) is not None:
+                held = self.io.checksum(key, kind)
+                what = None if held == c.checksums[rel] else f"has {kind} {held}, {c.checksums[rel]} was committed"
             if what is not None:
-                first = c.samples[0][0] if c.samples else "?"
-                raise CorruptData(
-                    f"unit {uid} of variant {self.id}: file {rel} {what}; its {len(c.samples)} samples "
-                    f"(first key {first}) are unreadable. Run `hsstore verify`"
-                )
+                bad.append(f"file {rel} {what}")
+                if not checksums:  # a reader stops at the first; verify names them all
+                    break
+        if bad:
+            first = c.samples[0][0] if c.samples else "?"
+            raise CorruptData(
+                f"unit {uid} of variant {self.id}: {'; '.join(bad)}; its {len(c.samples)} samples "
+                f"(first key {first}) are unreadable. Run `hsstore verify`"
+            )
         self._checked_units.add(uid)
 
     def commit_shape_problem(self, c: CommitRecord) -> str | None:

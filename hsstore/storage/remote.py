@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer
     from zarr.core.buffer import Buffer as ZarrBuffer
 
+    from hsstore.core.schema.store_records import ChecksumKind
+
 T = TypeVar("T")
 ATTEMPTS = 4  # tries of one request that fails on the network (botocore is told to try once: see _client_options)
 BACKOFF_SECONDS = 0.25  # before the second try; doubled before each further one
@@ -246,9 +248,9 @@ class ZarrBackend(Backend):
         with reading(key, self.location):
             return with_retries(size, f"reading the size of {key}", self.location)
 
-    def crc32c(self, key: str) -> str | None:
+    def checksum(self, key: str, kind: ChecksumKind) -> str | None:
         try:
-            return self.open_range(key).crc32c()
+            return self.open_range(key).checksum(kind)
         except FileNotFoundError:
             return None
 

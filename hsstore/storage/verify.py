@@ -1,4 +1,4 @@
-"""verify: the whole tree against the format, every committed file's size and crc32c, every committed
+"""verify: the whole tree against the format, every committed file's size and checksum (xxh3), every committed
 sample readable with tokens matching its key and sane states.
 
 The tree check asks hsstore.storage.layout what each key is: anything hsstore does not write (a stray

@@ -19,6 +19,7 @@ from hsstore.core.dtypes import TORCH, to_stored
 from hsstore.core.errors import WRITE_FIXES, BuildFailed, HsstoreError, WriteFailed, write_cause
 from hsstore.core.keys import SampleTokens
 from hsstore.core.quant import Quantized, dequantize
+from hsstore.core.schema.record import UNSET
 from hsstore.core.schema.store_records import CommitRecord, HealthStats, QuantError, UnitInfo, WriterInfo
 from hsstore.storage import commits, layout
 from hsstore.storage.codecs import SCALE_CHUNK_ROWS, TOKEN_CHUNK_ROWS
@@ -302,7 +303,7 @@ class UnitWriter:
         quant_error: dict[str, QuantError] | None,
     ) -> CommitRecord:
         """The commit record of unit ``uid``, committed now: its samples' spans in token order, its layers, the
-        size and crc32c of every file ``written``, its health stats and (FP8) its storage error."""
+        size and xxh3 of every file ``written``, its health stats and (FP8) its storage error."""
         offsets = np.cumsum([0] + [s.length for s in samples]).tolist()
         return CommitRecord(
             unit=uid,
@@ -312,8 +313,8 @@ class UnitWriter:
             stats={k: _health_stats(v) for k, v in stats.items()},
             writer=self.info,
             committed_at=_now(),
-            crc32c={rel: w.crc32c for rel, w in sorted(written.items())},
-            **({"quant_error": quant_error} if quant_error else {}),
+            xxh3={rel: w.xxh3 for rel, w in sorted(written.items())},
+            quant_error=quant_error if quant_error else UNSET,
         )
 
     def _write_unit(

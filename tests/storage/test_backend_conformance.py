@@ -7,9 +7,11 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import crc32c
 import numpy as np
 import pytest
 import torch
+import xxhash
 from helpers import new_variant, write_unit
 from zarr.storage import MemoryStore
 
@@ -42,7 +44,7 @@ def io(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
 
 
 def test_a_missing_key(io: Backend):
-    assert io.get("a/b.json") is None and io.size("a/b.json") is None and io.crc32c("a/b.json") is None
+    assert io.get("a/b.json") is None and io.size("a/b.json") is None and io.checksum("a/b.json", "xxh3") is None
     assert not io.exists("a/b.json") and io.list("a/") == [] and io.list_dir("a") == []
     with pytest.raises(FileNotFoundError):
         io.open_range("a/b.json")
@@ -50,12 +52,12 @@ def test_a_missing_key(io: Backend):
     assert io.remove_tree("a") == 0
 
 
-def test_put_writes_every_buffer_and_reports_size_and_crc32c(io: Backend):
+def test_put_writes_every_buffer_and_reports_size_and_checksum(io: Backend):
     parts = [b"abc", memoryview(bytearray(b"defg")), np.arange(100, dtype="<u2"), b""]
     w = io.put("x/y/z", parts)
     assert w == digest(parts) and w.size == 3 + 4 + 200
     assert io.get("x/y/z") == b"abcdefg" + np.arange(100, dtype="<u2").tobytes()
-    assert io.size("x/y/z") == w.size and io.crc32c("x/y/z") == w.crc32c and io.exists("x/y/z")
+    assert io.size("x/y/z") == w.size and io.checksum("x/y/z", "xxh3") == w.xxh3 and io.exists("x/y/z")
 
 
 def test_get_refuses_an_object_larger_than_its_cap(io: Backend):
@@ -83,7 +85,8 @@ def test_ranges(io: Backend):
         assert src.read(10, 5) == data[10:15] and src.read(1020, 100) == data[1020:]
         a, b = bytearray(3), bytearray(4)
         assert src.readinto([memoryview(a), memoryview(b)], 100) == 7 and bytes(a + b) == data[100:107]
-        assert src.crc32c() == digest([data]).crc32c
+        assert src.checksum("xxh3") == digest([data]).xxh3 == xxhash.xxh3_64_hexdigest(data)
+        assert src.checksum("crc32c") == f"{crc32c.crc32c(data):08x}"  # (records of before 2026-12-07)
     finally:
         src.close()
 
@@ -125,7 +128,7 @@ def test_a_store_round_trips_verifies_and_detects_damage(io: Backend):
     key = f"variants/{vid}/units/w-000000/layer_1/c/0/0"
     raw = bytearray(io.get(key, cap=1 << 30))
     raw[len(raw) // 3] ^= 0x10
-    io.put(key, [bytes(raw)])  # same size, other bytes: the chunk crc32c and the commit's crc32c catch it
+    io.put(key, [bytes(raw)])  # same size, other bytes: the chunk crc32c and the commit's xxh3 catch it
     result = verify(Store.open(io))
     assert not result.ok and {p.key for p in result.problems} == {s.key for s in samples}
 

@@ -137,7 +137,7 @@ BAD_COMMITS = {
     "samples-overlap": (lambda d: d["samples"][1].__setitem__(1, 2), "starts at 2"),
     "offset-past-the-arrays": (lambda d: d["samples"][2].__setitem__(1, 40), "starts at 40"),
     "a-file-missing-from-the-record": (
-        lambda d: d["files"].pop("layer_1/zarr.json") and d["crc32c"].pop("layer_1/zarr.json"),
+        lambda d: d["files"].pop("layer_1/zarr.json") and d["xxh3"].pop("layer_1/zarr.json"),
         "not list exactly",
     ),
     "wrong-type": (lambda d: d["samples"][0].__setitem__(2, "6"), "expected an integer"),
@@ -307,3 +307,41 @@ def test_a_store_path_with_a_hash_works_end_to_end(tmp_path: Path, capsys):
     assert len(HiddenStateDataset(f"{path}#dtype=bf16")) == 2  # a selector after the last '#'
     assert len(HiddenStateDataset(f"{path}#{vid[:6]}")) == 2
     assert Store.open(path).variants[0].n_samples == 2
+
+
+def test_swapped_files_of_one_size_are_named_by_verify(tmp_path: Path):
+    """Two layers' shard files of one unit swapped (a botched copy): each still decodes, chunk checksums and all, and
+    a reader would serve layer 0's states as layer 1's. Every chunk and the shard index end with their own crc32c,
+    so a crc32c of the whole file depends only on where those blocks end: the files' own checksums recorded at commit
+    must tell them apart (xxh3), and verify must name both files."""
+    path = tmp_path / "s.zarr"
+    _, vid, _, _ = store_with_unit(path, [40, 24], seed=3, hidden=32, chunk=8, codec="none")  # one size per layer
+    unit = next((path / "variants" / vid / "units").glob("w-*"))
+    a, b = unit / "layer_0" / "c" / "0" / "0", unit / "layer_1" / "c" / "0" / "0"
+    assert a.stat().st_size == b.stat().st_size
+    data = a.read_bytes()
+    a.write_bytes(b.read_bytes())
+    b.write_bytes(data)
+    found = _problems(path)
+    assert any("layer_0/c/0/0" in p for p in found) and any("layer_1/c/0/0" in p for p in found), found
+
+
+def test_commit_records_of_before_xxh3_still_verify_by_their_crc32c(tmp_path: Path):
+    """A store written before 2026-12-07 records crc32c per file: it verifies as before (a changed byte is named by
+    that checksum), and a record that names a checksum of the wrong length for its kind is refused."""
+    import crc32c
+
+    path = tmp_path / "s.zarr"
+    _, vid, _, _ = store_with_unit(path, [40, 24], seed=3, hidden=32, chunk=8, codec="none")
+    (commit,) = (path / "variants" / vid / "commits").glob("*.json")
+    unit = path / "variants" / vid / "units" / commit.stem
+    rec = json.loads(commit.read_text())
+    rec["crc32c"] = {rel: f"{crc32c.crc32c((unit / rel).read_bytes()):08x}" for rel in rec.pop("xxh3")}
+    commit.write_text(json.dumps(rec))
+    assert _problems(path) == []
+    meta = unit / "layer_1" / "zarr.json"
+    meta.write_text(meta.read_text().replace('"layer": 1', '"layer": 7'))  # same size, other bytes
+    assert any("layer_1/zarr.json has crc32c" in p for p in _problems(path))
+    rec["crc32c"]["layer_1/zarr.json"] = "0" * 16
+    commit.write_text(json.dumps(rec))
+    assert any("unreadable" in p and "crc32c of 'layer_1/zarr.json'" in p for p in _problems(path))

@@ -18,9 +18,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import crc32c
 import pytest
 import torch
+import xxhash
 from helpers import REPO, make_samples, make_states, new_variant, run_cli, write_manifest
 
 from hsstore import Store
@@ -167,10 +167,10 @@ def test_short_writes_are_completed_and_every_file_is_checksummed(tmp_path: Path
     assert len(calls) > 50
     unit = tmp_path / "s.zarr" / "variants" / vid / "units" / commit.unit
     on_disk = {str(f.relative_to(unit)): f for f in unit.rglob("*") if f.is_file()}
-    assert set(commit.files) == set(commit.crc32c) == set(on_disk)
+    assert set(commit.files) == set(commit.checksums) == set(on_disk) and commit.checksum_kind == "xxh3"
     for rel, f in on_disk.items():
         data = f.read_bytes()
-        assert commit.files[rel] == len(data) and commit.crc32c[rel] == f"{crc32c.crc32c(data):08x}", rel
+        assert commit.files[rel] == len(data) and commit.checksums[rel] == xxhash.xxh3_64_hexdigest(data), rel
     r = Store.open(tmp_path / "s.zarr").reader(vid)
     assert torch.equal(r.read(samples[2].key)["layers"][1], states[1][65:])
     assert verify(Store.open(tmp_path / "s.zarr")).ok

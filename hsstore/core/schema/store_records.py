@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from functools import cached_property
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -22,7 +22,8 @@ Positive = Annotated[int, msgspec.Meta(ge=1)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 # a key inside a unit: "zarr.json", "layer_3/zarr.json", "layer_3/c/0/0" (no "..", no leading "/")
 _REL_KEY = re.compile(r"^[0-9A-Za-z_][0-9A-Za-z_.-]*(/[0-9A-Za-z_][0-9A-Za-z_.-]*)*$")
-_CRC = re.compile(r"^[0-9a-f]{8}$")
+_HEX = {"crc32c": re.compile(r"^[0-9a-f]{8}$"), "xxh3": re.compile(r"^[0-9a-f]{16}$")}
+ChecksumKind = Literal["xxh3", "crc32c"]
 ROLES = ("aux", "target")
 
 
@@ -118,7 +119,7 @@ class QuantError(Record):
 
 
 class CommitRecord(Record):
-    """One committed unit: which samples it holds where, its files with sizes (and crc32c), health stats."""
+    """One committed unit: which samples it holds where, its files with sizes and checksums, health stats."""
 
     unit: str
     samples: list[tuple[str, NonNegative, NonNegative]]  # (key, offset, length) in the unit's token arrays
@@ -127,16 +128,20 @@ class CommitRecord(Record):
     stats: dict[str, HealthStats]  # str(layer) -> additive stats
     writer: WriterInfo | UnsetType = UNSET
     committed_at: str | UnsetType = UNSET
-    crc32c: dict[str, str] | UnsetType = UNSET  # key relative to the unit -> crc32c (8 hex digits)
+    # key relative to the unit -> the file's checksum: xxh3 (64 bits, 16 hex digits) from 2026-12-07; crc32c (8 hex
+    # digits) before, which tells apart no two files of one shard layout (each block ends with its own crc32c)
+    xxh3: dict[str, str] | UnsetType = UNSET
+    crc32c: dict[str, str] | UnsetType = UNSET
     quant_error: dict[str, QuantError] | UnsetType = UNSET  # str(layer) -> storage error (quantized variants)
 
     def __post_init__(self) -> None:
         for rel in self.files:
             if not _REL_KEY.match(rel) or ".." in rel.split("/"):
                 raise ValueError(f"file key {rel!r} is not a path inside the unit")
-        for rel, crc in self.checksums.items():
-            if rel not in self.files or not _CRC.match(crc):
-                raise ValueError(f"crc32c of {rel!r} = {crc!r} does not name a recorded file with 8 hex digits")
+        kind = self.checksum_kind
+        for rel, value in self.checksums.items():
+            if rel not in self.files or kind is None or not _HEX[kind].match(value):
+                raise ValueError(f"{kind} of {rel!r} = {value!r} does not name a recorded file with its hex digits")
 
     @property
     def n_tokens(self) -> int:
@@ -148,9 +153,15 @@ class CommitRecord(Record):
         return {k: v.to_dict() for k, v in self.quant_error.items()} if isinstance(self.quant_error, dict) else {}
 
     @property
+    def checksum_kind(self) -> ChecksumKind | None:
+        """Which checksum the record holds per file: xxh3, crc32c (records of before 2026-12-07), None (before
+        2026-12-01: sizes only)."""
+        return "xxh3" if isinstance(self.xxh3, dict) else "crc32c" if isinstance(self.crc32c, dict) else None
+
+    @property
     def checksums(self) -> dict[str, str]:
-        """crc32c per file ({} for records written before files had checksums)."""
-        return self.crc32c if isinstance(self.crc32c, dict) else {}
+        """The ``checksum_kind`` checksum per file ({} for records written before files had checksums)."""
+        return self.xxh3 if isinstance(self.xxh3, dict) else self.crc32c if isinstance(self.crc32c, dict) else {}
 
     def coverage_problem(self) -> str | None:
         """Why the samples do not tile the token range ``[0, n_tokens)`` exactly, in order (None if they do)."""
