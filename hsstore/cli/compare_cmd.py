@@ -233,9 +233,10 @@ def _report_diff(report: DiffReport, json_path: str | None, plot: str | None, ma
 
         write_output_file(plot, plot_diff(report, plot), "--plot")
     if max_rel is not None:
-        worst = max(layer.rel_l2 for layer in report.layers)
-        if worst > max_rel:
-            raise CheckFailed(f"rel-L2 {worst:.3g} exceeds --max-rel {max_rel:g}")
+        over = [layer for layer in report.layers if not layer.rel_l2 <= max_rel]  # (a NaN passes no bound)
+        if over:
+            worst = max(over, key=lambda layer: math.inf if math.isnan(layer.rel_l2) else layer.rel_l2)
+            raise CheckFailed(f"rel-L2 {worst.rel_l2:.3g} at layer {worst.layer} exceeds --max-rel {max_rel:g}")
 
 
 @app.command()

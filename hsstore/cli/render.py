@@ -266,7 +266,7 @@ def diff_text(r: DiffReport) -> str:
             "worst samples (rel-L2 at the deepest layer): "
             + ", ".join(f"{w.key[:12]}… {w.rel_l2:.2e}" for w in r.worst_samples[:5])
         )
-    lines += [f"note: {n}" for n in r.notes]
+    lines += [f"note: {n}" for n in r.notes + (s.notes if s else [])]
     lines.append(f"verdict: {r.verdict}")
     return "\n".join(lines)
 

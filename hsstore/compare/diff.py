@@ -8,6 +8,7 @@ sample reduces to per-layer sums (``kernel``) that are added in key order.
 from __future__ import annotations
 
 import heapq
+import math
 import os
 import threading
 import time
@@ -26,6 +27,7 @@ from hsstore.compare.sampling import (
     Estimate,
     SamplePlan,
     SampleTable,
+    coarser,
     full_layers,
     plan_samples,
     sampled_layers,
@@ -33,7 +35,7 @@ from hsstore.compare.sampling import (
     without_floor,
 )
 from hsstore.core.batching import memory_budget
-from hsstore.core.dtypes import STORED
+from hsstore.core.dtypes import STORED, UNIT_ROUNDOFF
 from hsstore.core.errors import BadInput
 from hsstore.core.provenance_match import flatten, is_informational
 from hsstore.core.schema.record import UNSET, Record
@@ -196,6 +198,12 @@ def check_floor(a: VariantReader, b: VariantReader, c: VariantReader, floor_targ
                 "when B is another kernel or device); to measure bf16 against fp32 itself, diff them "
                 "without --floor"
             )
+        if c.id == x.id:  # a variant id names its provenance: a copy of the store, or the same build again
+            raise BadInput(
+                f"the floor {floor_target!r} is the same computation as {name} (variant {c.id}, in "
+                f"{c.store.location} and {x.store.location}): its divergence from A would be {name}'s own; a floor "
+                "must be A's recipe in a finer dtype"
+            )
     for name, x in (("A", a), ("the floor C", c)):
         stored = x.record.stored_precision
         if stored:
@@ -296,7 +304,7 @@ def check_layers(a: VariantReader, b: VariantReader, layers: list[int] | None) -
         missing = [i for i in layers if i not in la or i not in lb]
         if missing:
             raise BadInput(f"layer(s) {missing} are not stored in both variants (A: {la}, B: {lb})")
-        return sorted(layers)
+        return sorted(set(layers))
     if la != lb:
         raise BadInput(f"layer sets differ: A {a.id} stores {la}, B {b.id} stores {lb}; pass --layers with shared ones")
     return la
@@ -443,19 +451,21 @@ def run_diff(request: DiffRequest, a_reader: VariantReader | None = None) -> Dif
     a, b, c, use, keys = t.a, t.b, t.c, t.layers, t.keys
     plan = plan_samples(a, b, c, keys, request.samples, request.fraction, request.seed, request.confidence)
     others = [b] if c is None or (plan is None and shared_keys(a, c) != keys) else [b, c]
+    if len(others) == 1 and c is not None:  # (a sampled diff's plan says what the floor holds of its choice)
+        t.notes.append(floor_samples_note(shared_keys(a, c), keys))
     # one choice of arithmetic for every pass, from A against B over every shared sample: a sampled diff (with or
     # without a floor) then computes each sample as the full diff does, and its one-sided bounds on max |d| and
     # min cos hold against it
     compiled = use_compiled(a, keys, use, [both_bf16(a, b)])
     res = stream_pass(a, others, plan.keys if plan else keys, use, request, plan is not None, compiled)
+    if res.tokens == 0:  # every statistic would be 0 and read as agreement
+        why = "every shared sample's loss mask is empty; drop --loss-only" if request.loss_only else "no sample has one"
+        raise BadInput(f"no token to compare: {why}")
     ests = [estimate(use, res, j, plan, both_bf16(a, o)) for j, o in enumerate(others)]
     floor = None
-    kind: DiffVerdictKind
     if c is not None:
         floor = ests[1] if len(ests) > 1 else _floor_pass(a, c, use, request, compiled)
-        reps, text, kind = with_floor(ests[0], floor, a.record.dtype, request.noise_factor, request.confidence)
-    else:
-        (reps, text), kind = without_floor(ests[0], a.record.dtype), "no_floor"
+    reps, text, kind = judge(t, ests[0], floor, request)
     text, kind = _verdict(reps, text, kind, plan, t.notes)
     return DiffReport(
         a=f"{a.store.location}#{a.id}",
@@ -483,6 +493,34 @@ def run_diff(request: DiffRequest, a_reader: VariantReader | None = None) -> Dif
     )
 
 
+def floor_samples_note(floor_keys: Sequence[str], keys: Sequence[str]) -> str:
+    """What a full diff's floor is measured over when C does not hold the samples A and B share."""
+    return (
+        f"the floor C is measured over the {len(floor_keys)} samples A and C share, {len(set(floor_keys) & set(keys))} "
+        f"of the {len(keys)} A and B share: its rel-L2 is that of those samples"
+    )
+
+
+def judge(
+    t: Targets, est: Estimate, floor: Estimate | None, request: DiffRequest
+) -> tuple[list[LayerDiff], str, DiffVerdictKind]:
+    """The layers with their verdicts, the verdict and its kind, against the floor's estimate (None: no floor); notes
+    in ``t.notes`` the layers that hold non-finite values bit-exact on both sides."""
+    a, b, c = t.a, t.b, t.c
+    kind: DiffVerdictKind
+    if c is not None and floor is not None:
+        reps, text, kind = with_floor(est, floor, a.record.dtype, request.noise_factor, request.confidence)
+        text, kind = floor_caveats(a, b, c, reps, text, kind)
+    else:
+        (reps, text), kind = without_floor(est, coarser(a.record.dtype, b.record.dtype)), "no_floor"
+    t.notes.extend(
+        f"layer {L.layer} holds NaN or infinite values, the same in A and B (bit-exact): identical, and unhealthy"
+        for L in reps
+        if L.bit_exact == 1.0 and not math.isfinite(L.rel_l2)
+    )
+    return reps, text, kind
+
+
 def _verdict(
     layers: list[LayerDiff], text: str, kind: DiffVerdictKind, plan: SamplePlan | None, notes: list[str]
 ) -> tuple[str, DiffVerdictKind]:
@@ -494,6 +532,43 @@ def _verdict(
             text = f"identical: every value of the {len(plan.keys)} sampled samples is bit-exact"
     if any("different model" in n or "different tokenizer" in n for n in notes):
         text = "A and B are states of DIFFERENT MODELS (--allow-different-models); " + text
+    return text, kind
+
+
+# provenance fields that name how states were computed: a floor that differs from A in one holds that difference
+COMPUTATION_FIELDS = ("environment.backend", "environment.kernels")
+# a floor of another computation than A's, farther from A than this many of A's unit roundoffs, is more than A's
+# rounding (a bf16 forward's own stays within a few: 1-3 on the tiny models, docs/json.md)
+FOREIGN_FLOOR_ROUNDOFFS = 16
+
+
+def floor_caveats(
+    a: VariantReader, b: VariantReader, c: VariantReader, layers: list[LayerDiff], text: str, kind: DiffVerdictKind
+) -> tuple[str, DiffVerdictKind]:
+    """No verdict where the floor cannot support the one given: 'within noise' against a floor that is another
+    computation than A's (backend or kernels) and farther from A than rounding goes (A's distance from C then holds
+    A's own departure, e.g. a kernel's bug, and any divergence from B reads as noise); 'beyond noise' where B is
+    stored coarser than A (the floor measures A's finer rounding)."""
+    a_dt, b_dt = a.record.dtype, b.record.dtype
+    if kind == "within_noise":
+        flat_a, flat_c = flatten(a.record.provenance), flatten(c.record.provenance)
+        fields = sorted(f for f in set(flat_a) | set(flat_c) if f.startswith(COMPUTATION_FIELDS))
+        foreign = [f"{f} ({flat_a.get(f)} vs {flat_c.get(f)})" for f in fields if flat_a.get(f) != flat_c.get(f)]
+        u = UNIT_ROUNDOFF.get(a_dt)
+        floor = max((L.floor_rel_l2 for L in layers if isinstance(L.floor_rel_l2, float)), default=0.0)
+        if foreign and u and floor > FOREIGN_FLOOR_ROUNDOFFS * u:
+            return (
+                f"no verdict: the floor C is another computation than A (it differs in {', '.join(foreign)}) and A "
+                f"is rel-L2 {floor:.3g} from it, {floor / u:.0f}x the {a_dt} unit roundoff: more than rounding, so "
+                "any divergence from B reads as noise; pass A's own variant in a finer dtype as --floor; " + text,
+                "inconclusive",
+            )
+    if kind == "beyond_noise" and coarser(a_dt, b_dt) != a_dt:
+        return (
+            f"no verdict: B ({b_dt}) is stored coarser than A ({a_dt}), so the floor (A's distance from C) "
+            f"understates the pair's rounding; pass the coarser variant as A (hsstore diff B A --floor C); {text}",
+            "inconclusive",
+        )
     return text, kind
 
 

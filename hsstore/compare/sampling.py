@@ -462,15 +462,16 @@ def with_floor(
     for j, (L, F) in enumerate(zip(est.layers, floor.layers)):
         ratio = L.rel_l2 / F.rel_l2 if F.rel_l2 > 0 else (0.0 if L.rel_l2 == 0 else float("inf"))
         v = "identical (bit-exact)" if L.bit_exact == 1.0 else verdict(ratio, dtype, noise_factor)
-        if L.bit_exact != 1.0 and broken_floor(F.rel_l2):
-            v = f"no verdict: A is rel-L2 {F.rel_l2:.3g} from the floor, more than rounding makes"
+        if L.bit_exact != 1.0 and (why := _undecidable(ratio, F.rel_l2)):
+            v = f"no verdict: {why}"
         extra: dict[str, dict[str, tuple[float, float]]] = {}
         if ratio_reps is not None:
             ratio_cis.append(interval(ratio, ratio_reps[:, j], confidence, est.df))
             extra["ci"] = {**(L.ci or {}), "floor_ratio": ratio_cis[-1]}  # (sampled layers have their ci)
         ratios.append(ratio)
         out.append(L.replace(floor_rel_l2=F.rel_l2, floor_ratio=ratio, verdict=v, **extra))
-    w = max(range(len(out)), key=ratios.__getitem__)  # the worst layer (the first of equals, as max gives)
+    # the worst layer (the first of equals, as max gives) of those with a ratio: a NaN compares False with everything
+    w = max(range(len(out)), key=lambda i: -math.inf if math.isnan(ratios[i]) else ratios[i])
     worst = out[w]
     worst_ratio = max(0.0, ratios[w])
     within = worst_ratio <= noise_factor
@@ -487,23 +488,47 @@ def with_floor(
     )
     if kind == "inconclusive":
         text += "; not settled at this sample size (an interval straddles the bound): raise --samples"
-    broken = [L for L in out if L.bit_exact != 1.0 and broken_floor(float(L.floor_rel_l2 or 0.0))]
-    if broken:
-        kind, named = "inconclusive", ", ".join(f"{L.layer} ({float(L.floor_rel_l2 or 0.0):.3g})" for L in broken)
-        text = (
-            f"no verdict: at layer(s) {named} A is farther from the floor than rounding takes states (rel-L2 "
-            f"{FLOOR_NOT_NOISE:g} or more), so the floor measures no precision noise there: A or the floor is "
-            f"another computation or all zeros at those layers (hsstore check names such defects); {text}"
-        )
+    undecided = [
+        (L.layer, why) for L, r in zip(out, ratios) if L.bit_exact != 1.0 and (why := _undecidable(r, _floor_rel_l2(L)))
+    ]
+    if undecided:
+        kind = "inconclusive"
+        text = "no verdict: " + "; ".join(f"at layer {layer} {why}" for layer, why in undecided) + f"; {text}"
     return out, text, kind
 
 
+def _floor_rel_l2(L: LayerDiff) -> float:
+    """The floor's rel-L2 of a layer ``with_floor`` judged."""
+    return float(L.floor_rel_l2) if isinstance(L.floor_rel_l2, float) else 0.0
+
+
+def _undecidable(ratio: float, floor_rel_l2: float) -> str | None:
+    """Why a differing layer can get no verdict against its floor: a NaN ratio (NaN or infinite values in A, B or the
+    floor), or a floor farther from A than rounding takes states (``broken_floor``). None where it can."""
+    if math.isnan(ratio) or math.isnan(floor_rel_l2):
+        return "rel-L2 is NaN: A, B or the floor holds NaN or infinite values there (hsstore info shows each layer's health)"
+    if broken_floor(floor_rel_l2):
+        return (
+            f"A is rel-L2 {floor_rel_l2:.3g} from the floor, more than rounding takes states ({FLOOR_NOT_NOISE:g} or "
+            "more): A or the floor is another computation or all zeros there (hsstore check names such defects)"
+        )
+    return None
+
+
+def coarser(a_dtype: str, b_dtype: str) -> str:
+    """Of two stored dtypes, the one whose rounding is larger (its unit roundoff): the pair's noise scale."""
+    return max((a_dtype, b_dtype), key=lambda d: UNIT_ROUNDOFF.get(d, 0.0))
+
+
 def without_floor(est: Estimate, dtype: str) -> tuple[list[LayerDiff], str]:
+    """Layers with their rel-L2 in units of ``dtype``'s roundoff (the coarser of A's and B's) and the summary."""
     u = UNIT_ROUNDOFF.get(dtype)
     out = [L.replace(roundoff_ratio=L.rel_l2 / u) if u else L for L in est.layers]
-    worst = max(out, key=lambda L: L.rel_l2)
+    worst = max(out, key=lambda L: -math.inf if math.isnan(L.rel_l2) else L.rel_l2)
     scale = f" = {worst.roundoff_ratio:.1f}x the {dtype} unit roundoff" if u else ""
+    nan = [L.layer for L in out if math.isnan(L.rel_l2)]
     return out, (
         f"no floor given (pass --floor STORE#fp32-variant for a verdict); worst rel-L2 "
         f"{worst.rel_l2:.3g} at layer {worst.layer}{scale}"
+        + (f"; rel-L2 is NaN at layer(s) {', '.join(map(str, nan))}: NaN or infinite values there" if nan else "")
     )

@@ -4,12 +4,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from helpers import LAYERS, make_samples, make_states, new_variant, provenance, run_cli
 
 from hsstore import Store
+from hsstore.core.dtypes import TORCH as TORCH_DTYPES
 from hsstore.storage.writer import UnitWriter
 
 
@@ -290,24 +292,28 @@ def _store_with_zeroed_layer(path: Path, zero_in: str, scale: float = 1.0, hidde
     return str(path)
 
 
-@pytest.mark.parametrize("zero_in", ["fp32", "bf16"])
+@pytest.mark.parametrize("zero_in", ["B", "A"])
 def test_a_layer_all_zeros_on_one_side_is_never_within_noise(tmp_path: Path, zero_in: str):
     """B (the reference) or A all zeros at one layer where the other side is not: that layer's rel-L2 against B is
-    infinite (B zero) or 1 (A zero), never 0, and the verdict against a floor is never within noise: beyond it where
-    B is zero; none where A is (A is as far from the floor as from B: the floor measures no rounding there)."""
-    from hsstore.compare.diff import DiffRequest, run_diff
-
-    src = _store_with_zeroed_layer(tmp_path / "s.zarr", zero_in)
-    floor = _store_with_zeroed_layer(tmp_path / "floor.zarr", "none")
-    rep = run_diff(DiffRequest(a_target=f"{src}#dtype=bf16", b_target=f"{src}#dtype=fp32", floor=f"{floor}#dtype=fp32"))
-    zeroed, kept = [L for L in rep.layers if L.layer == 2], [L for L in rep.layers if L.layer != 2]
-    assert [L.rel_l2 for L in zeroed] == [float("inf") if zero_in == "fp32" else 1.0]
-    assert all(0 < L.rel_l2 < 0.01 and "within" in str(L.verdict) for L in kept)  # bf16 rounding of the same states
-    if zero_in == "fp32":
-        assert "beyond" in str(zeroed[0].verdict) and rep.verdict_kind == "beyond_noise"
+    infinite (B zero) or 1 (A zero), never 0, and the verdict against A's fp32 floor is never within noise: beyond it
+    where B is zero; none where A is (A is as far from the floor as from B: the floor measures no rounding there)."""
+    src = _variants(
+        tmp_path / "s.zarr",
+        {
+            "a": ("t", "bf16", _zero_at_2 if zero_in == "A" else _same),
+            "b": ("u", "bf16", _zero_at_2 if zero_in == "B" else _same),
+            "c": ("t", "fp32", _same),
+        },
+    )
+    _, rep = _diff(f"{src}#backend=t,dtype=bf16", f"{src}#backend=u", "--floor", f"{src}#backend=t,dtype=fp32")
+    zeroed, kept = [L for L in rep["layers"] if L["layer"] == 2], [L for L in rep["layers"] if L["layer"] != 2]
+    assert [L["rel_l2"] for L in zeroed] == ["Infinity" if zero_in == "B" else 1.0]
+    assert all(L["verdict"].startswith("identical") for L in kept)  # the same states, the same dtype
+    if zero_in == "B":
+        assert "beyond" in zeroed[0]["verdict"] and rep["verdict_kind"] == "beyond_noise"
     else:
-        assert str(zeroed[0].verdict).startswith("no verdict") and rep.verdict_kind == "inconclusive"
-        assert rep.verdict.startswith("no verdict: at layer(s) 2 (1)")
+        assert zeroed[0]["verdict"].startswith("no verdict") and rep["verdict_kind"] == "inconclusive"
+        assert rep["verdict"].startswith("no verdict: at layer 2 A is rel-L2 1 from the floor"), rep["verdict"]
 
 
 def test_diff_json_is_strict_json_where_a_rel_l2_is_infinite(tmp_path: Path):
@@ -353,3 +359,143 @@ def test_rel_l2_and_cosine_hold_at_every_magnitude_a_state_can_have(
         cos = (x * y).sum(1) / (x.norm(dim=1) * y.norm(dim=1))  # (torch's cosine_similarity clamps tiny norms)
         assert 1e-4 < want < 1e-2 and L.rel_l2 == pytest.approx(want, rel=1e-5), (L.layer, L.rel_l2, want)
         assert L.cos_min == pytest.approx(float(cos.min()), abs=1e-9) and L.cos_min < 1.0
+
+
+def _variants(path: Path, specs: dict[str, tuple[str, str, Any]], masks_empty: bool = False) -> str:
+    """A store of one variant per ``specs`` entry, name -> (backend, dtype, f), holding ``f(layer, x)`` of one set of
+    fp32 states ``x`` (4 samples, hidden 64, layers 0-2) in the dtype (loss masks all zero with ``masks_empty``)."""
+    from hsstore.core.keys import SampleTokens, sample_key
+
+    s = Store.create(path)
+    samples = make_samples([50] * 4, seed=1)
+    if masks_empty:
+        samples = [
+            SampleTokens(sample_key("tok", t.input_ids, 0 * t.loss_mask), t.input_ids, 0 * t.loss_mask) for t in samples
+        ]
+    x = make_states(samples, 64, "fp32", [0, 1, 2], seed=1)
+    for backend, dtype, f in specs.values():
+        vid = new_variant(s, dtype=dtype, hidden=64, codec="none", backend=backend)
+        states = {i: f(i, t.clone()).to(TORCH_DTYPES[dtype]) for i, t in x.items()}
+        UnitWriter(s, vid, check_health=False).write(samples, states)
+    return str(path)
+
+
+def _same(layer: int, t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _zero_at_2(layer: int, t: torch.Tensor) -> torch.Tensor:
+    return t * 0 if layer == 2 else t
+
+
+def _inf_in_layer_1(layer: int, t: torch.Tensor) -> torch.Tensor:
+    if layer == 1:
+        t[3, 5] = float("inf")
+    return t
+
+
+def _off_by(fraction: float) -> Any:
+    def f(layer: int, t: torch.Tensor) -> torch.Tensor:
+        return t * (1 + fraction * torch.randn(t.shape, generator=torch.Generator().manual_seed(layer)))
+
+    return f
+
+
+def test_a_non_finite_layer_is_never_within_noise_and_fails_max_rel(tmp_path: Path):
+    """An infinite value in B's layer 1 (a kernel that overflowed, kept with --allow-unhealthy) makes that layer's
+    rel-L2 NaN: the layer gets no verdict and the diff's verdict is inconclusive (the worst-ratio search skipped the
+    NaN and said 'within noise'); --max-rel fails (NaN exceeds every bound)."""
+    src = _variants(
+        tmp_path / "s.zarr", {"a": ("a", "bf16", _same), "b": ("b", "bf16", _inf_in_layer_1), "c": ("a", "fp32", _same)}
+    )
+    a, b, c = f"{src}#backend=a,dtype=bf16", f"{src}#backend=b", f"{src}#backend=a,dtype=fp32"
+    code, rep = _diff(a, b, "--floor", c, "--max-rel", "0.5")
+    layer1 = next(L for L in rep["layers"] if L["layer"] == 1)
+    assert rep["verdict_kind"] == "inconclusive" and layer1["verdict"].startswith("no verdict"), rep["verdict"]
+    assert "at layer 1 rel-L2 is NaN" in rep["verdict"] and code == 1
+
+
+def test_a_diff_of_no_tokens_is_refused(tmp_path: Path):
+    """--loss-only where every shared sample's loss mask is empty compares nothing: a verdict of 'within noise' over 0
+    tokens was printed and --max-rel passed; it is refused (exit 2), naming why."""
+    src = _variants(
+        tmp_path / "s.zarr", {"a": ("a", "bf16", _off_by(0.3)), "b": ("b", "fp32", _same)}, masks_empty=True
+    )
+    r = run_cli("diff", f"{src}#backend=a", f"{src}#backend=b", "--loss-only", "--max-rel", "0.001")
+    assert r.returncode == 2 and "no token" in r.stderr and "--loss-only" in r.stderr, r.stderr
+
+
+def test_the_noise_scale_is_the_coarser_dtype_of_a_and_b(tmp_path: Path):
+    """fp32 A against bf16 B of the same states differ by bf16's rounding: without a floor the rel-L2 is scaled by
+    bf16's unit roundoff (about 0.6x), not fp32's (~1e5x); with an fp32 floor and A the finer side, the floor (A's
+    rounding) understates the pair's noise, so a 'beyond noise' reading is no verdict, naming the swap that gives
+    one; with A the coarser side the verdict is within noise."""
+    src = _variants(
+        tmp_path / "s.zarr", {"f16": ("t", "fp16", _same), "b16": ("t", "bf16", _same), "f32": ("t", "fp32", _same)}
+    )
+    f16, b16, f32 = (f"{src}#dtype={d}" for d in ("fp16", "bf16", "fp32"))
+    _, rep = _diff(f32, b16)
+    assert all(0.1 < L["roundoff_ratio"] < 2 for L in rep["layers"]), rep["layers"]
+    _, rep = _diff(f16, b16, "--floor", f32)
+    assert rep["verdict_kind"] == "inconclusive" and "coarser" in rep["verdict"], rep["verdict"]
+    _, rep = _diff(b16, f16, "--floor", f32)
+    assert rep["verdict_kind"] == "within_noise", rep["verdict"]
+
+
+def test_a_floor_of_another_computation_than_a_gives_no_verdict(tmp_path: Path):
+    """A (kernel 'new', bf16) is 30% off B (kernel 'ref', bf16); the floor given is B's kernel in fp32, so A is as far
+    from the floor as from B and the ratio read 1.00x, 'within noise'. A floor that is not A's computation (another
+    backend or kernels) measures more than A's rounding: no verdict, naming the field; A's own fp32 gives one."""
+    src = _variants(
+        tmp_path / "s.zarr",
+        {
+            "a": ("new", "bf16", _off_by(0.3)),
+            "a32": ("new", "fp32", _off_by(0.3)),
+            "b": ("ref", "bf16", _same),
+            "c": ("ref", "fp32", _same),
+        },
+    )
+    a, b = f"{src}#backend=new,dtype=bf16", f"{src}#backend=ref,dtype=bf16"
+    _, rep = _diff(a, b, "--floor", f"{src}#backend=ref,dtype=fp32")
+    assert rep["verdict_kind"] == "inconclusive" and "environment.backend" in rep["verdict"], rep["verdict"]
+    _, rep = _diff(a, b, "--floor", f"{src}#backend=new,dtype=fp32")
+    assert rep["verdict_kind"] == "beyond_noise", rep["verdict"]
+
+
+def test_a_floor_that_is_a_copy_of_b_is_refused(tmp_path: Path):
+    """The floor refused when it is A or B by path is let through as a copy of B's store: the same variant id is the
+    same computation, which measures no precision, wherever it lies."""
+    import shutil
+
+    src = _variants(tmp_path / "s.zarr", {"a": ("a", "bf16", _same), "b": ("b", "fp32", _same)})
+    shutil.copytree(src, tmp_path / "copy.zarr")
+    r = run_cli("diff", f"{src}#backend=a", f"{src}#backend=b", "--floor", f"{tmp_path / 'copy.zarr'}#backend=b")
+    assert r.returncode == 2 and "same computation as B" in r.stderr, r.stderr
+
+
+def test_identical_non_finite_values_are_named(tmp_path: Path):
+    """A and B bit-identical, both with an infinity at layer 1: 'identical' is true, and the report says that layer
+    holds non-finite values."""
+    src = _variants(tmp_path / "s.zarr", {"a": ("a", "bf16", _inf_in_layer_1), "b": ("b", "bf16", _inf_in_layer_1)})
+    _, rep = _diff(f"{src}#backend=a", f"{src}#backend=b")
+    assert rep["verdict_kind"] == "identical"
+    assert any("layer 1" in n and "NaN or infinite" in n for n in rep["notes"]), rep["notes"]
+
+
+def test_a_floor_over_other_samples_is_named_and_a_repeated_layer_counts_once(tmp_path: Path):
+    """The floor shares 1 of the 4 samples A and B share: its rel-L2 is over that sample, and the report (text and
+    JSON) says so. ``--layers 1 --layers 1`` reports layer 1 once."""
+    src = _variants(tmp_path / "s.zarr", {"a": ("t", "bf16", _same), "b": ("u", "fp32", _same)})
+    s = Store.open(src)
+    floor = Store.create(tmp_path / "floor.zarr")
+    samples = make_samples([50] * 4, seed=1)[:1]
+    vid = new_variant(floor, dtype="fp32", hidden=64, codec="none", backend="t")
+    x = make_states(make_samples([50] * 4, seed=1), 64, "fp32", [0, 1, 2], seed=1)
+    UnitWriter(floor, vid, check_health=False).write(samples, {i: t[:50] for i, t in x.items()})
+    assert len(s.reader(s.select("backend=t")).keys) == 4
+    args = (f"{src}#backend=t", f"{src}#backend=u", "--floor", f"{tmp_path / 'floor.zarr'}#{vid}")
+    r = run_cli("diff", *args, "--layers", "1", "--layers", "1")
+    assert r.returncode == 0, r.stderr
+    assert "note: the floor C is measured over the 1 samples A and C share, 1 of the 4 A and B share" in r.stdout
+    _, rep = _diff(*args, "--layers", "1", "--layers", "1")
+    assert [L["layer"] for L in rep["layers"]] == [1] and any("the floor C is measured over" in n for n in rep["notes"])
