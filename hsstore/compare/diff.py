@@ -31,6 +31,7 @@ from hsstore.compare.sampling import (
     full_layers,
     plan_samples,
     sampled_layers,
+    upper_bound,
     with_floor,
     without_floor,
 )
@@ -530,9 +531,21 @@ def _verdict(
         text, kind = "identical: every shared value is bit-exact", "identical"
         if plan is not None:
             text = f"identical: every value of the {len(plan.keys)} sampled samples is bit-exact"
+    if plan is not None and kind in ("identical", "within_noise") and len(plan.keys) < plan.record.population:
+        text += "; " + unseen_share(len(plan.keys), plan.record.population, plan.record.confidence)
     if any("different model" in n or "different tokenizer" in n for n in notes):
         text = "A and B are states of DIFFERENT MODELS (--allow-different-models); " + text
     return text, kind
+
+
+def unseen_share(n: int, population: int, confidence: float) -> str:
+    """What ``n`` samples drawn from ``population`` cannot see: a divergence confined to a share of the samples below
+    the one-sided upper bound after 0 of n (at ``confidence``), which the sample misses with odds of 1 - confidence."""
+    share = upper_bound(0, n, confidence)
+    return (
+        f"a divergence confined to under {share:.0%} of the {population:,} samples goes unseen by {n} sampled at "
+        f"{confidence:.0%} confidence: raise --samples (or drop it) to rule it out"
+    )
 
 
 # provenance fields that name how states were computed: a floor that differs from A in one holds that difference

@@ -499,3 +499,32 @@ def test_a_floor_over_other_samples_is_named_and_a_repeated_layer_counts_once(tm
     assert "note: the floor C is measured over the 1 samples A and C share, 1 of the 4 A and B share" in r.stdout
     _, rep = _diff(*args, "--layers", "1", "--layers", "1")
     assert [L["layer"] for L in rep["layers"]] == [1] and any("the floor C is measured over" in n for n in rep["notes"])
+
+
+def test_a_sampled_verdict_of_agreement_says_what_its_sample_cannot_see(tmp_path: Path):
+    """Samples that differ are 1 in 4 of 40; 3 sampled of 40 can all miss them and read 'identical': the verdict then
+    names the share of samples a divergence could hide in at that sample size (the 0-of-n upper bound), so a user
+    reads that 3 samples rule out nothing under ~63%. A full diff sees them."""
+    from hsstore.compare.sampling import upper_bound
+
+    s = Store.create(tmp_path / "s.zarr")
+    samples = make_samples([30] * 40, seed=2)
+    x = make_states(samples, 64, "bf16", [0, 1, 2], seed=2)
+    for backend, off in (("a", True), ("b", False)):
+        vid = new_variant(s, dtype="bf16", hidden=64, codec="none", backend=backend)
+        states = {i: t.clone() for i, t in x.items()}
+        for k in range(0, 40, 4) if off else ():
+            for t in states.values():
+                t[30 * k : 30 * k + 30] *= 1.5
+        UnitWriter(s, vid, check_health=False).write(samples, states)
+    a, b = f"{tmp_path / 's.zarr'}#backend=a", f"{tmp_path / 's.zarr'}#backend=b"
+    _, full = _diff(a, b)
+    assert all(L["bit_exact"] < 1 for L in full["layers"])
+    seen = []
+    for seed in range(8):
+        _, rep = _diff(a, b, "--samples", "3", "--seed", str(seed))
+        if rep["verdict_kind"] == "identical":
+            share = f"under {upper_bound(0, 3, 0.95):.0%} of the 40 samples goes unseen by 3 sampled"
+            assert share in rep["verdict"], rep["verdict"]
+            seen.append(seed)
+    assert seen, "no seed missed the differing samples: the case this test is about did not occur"
