@@ -245,6 +245,13 @@ class VariantReader:
 
     def commit_shape_problem(self, c: CommitRecord) -> str | None:
         """Why a committed unit's record does not fit its variant and the format (None if it does)."""
+        if isinstance(c.variant, str) and c.variant != self.id:
+            return (
+                f"commit record of unit {c.unit} commits to variant {c.variant}, not {self.id} (copied from another "
+                "variant or store?)"
+            )
+        if c.checksum_kind is not None and set(c.checksums) != set(c.files):
+            return f"commit record of unit {c.unit} holds no {c.checksum_kind} for {sorted(set(c.files) - set(c.checksums))[:4]}"
         if c.layers != self.record.all_layers:
             return (
                 f"commit record of unit {c.unit} lists layers {c.layers}, the variant stores {self.record.all_layers}"

@@ -11,8 +11,11 @@ no reader looks at it, and ``hsstore gc`` removes it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from hsstore.core.dtypes import as_float32
 from hsstore.core.errors import CorruptData, HsstoreError, StoreUnreachable
@@ -115,10 +118,12 @@ def _verify_variant(reader: VariantReader, report: Report, progress: Callable[[i
             for k, _, _ in reader.units[head.unit].samples:
                 report.damage(e, vid, head.unit, k)
             continue
+        ranges = UnitRanges(reader.record.all_layers)
         for ref in reader.unit_refs(head.unit):  # a duplicate of a racing writer is skipped; the winner is read
-            _verify_sample(reader, ref, report)
+            _verify_sample(reader, ref, report, ranges)
             if progress:
                 progress(ref.length)
+        _check_unit_ranges(reader, head.unit, ranges, report)
     dups = reader.table.duplicated_keys
     if dups:
         report.notes.append(
@@ -127,23 +132,82 @@ def _verify_variant(reader: VariantReader, report: Report, progress: Callable[[i
         )
 
 
-def _layer_problems(reader: VariantReader, ref: SampleRef, layers: list[int]) -> list[list[str]]:
+class UnitRanges:
+    """Per layer, the value count, min and max of a unit's states as verify reads them (NaN and Inf read as 0, as
+    the writer's health stats count them): against the commit record's, they tell whether the files hold the
+    states committed. A file swapped for another of its size and layout (another layer's, unit's or variant's,
+    with its record's sizes and checksums fixed up to match) holds other values."""
+
+    def __init__(self, layers: list[int]) -> None:
+        self.n = dict.fromkeys(layers, 0)
+        self.lo = dict.fromkeys(layers, math.inf)
+        self.hi = dict.fromkeys(layers, -math.inf)
+
+    def add(self, layer: int, x: np.ndarray) -> None:
+        if x.size == 0:
+            return
+        lo, hi = x.min(), x.max()
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            finite = np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+            lo, hi = finite.min(), finite.max()
+        self.n[layer] += int(x.size)
+        self.lo[layer], self.hi[layer] = min(self.lo[layer], float(lo)), max(self.hi[layer], float(hi))
+
+
+def _check_unit_ranges(reader: VariantReader, uid: str, ranges: UnitRanges, report: Report) -> None:
+    """Damage the unit whose states' count, min or max are not those its commit record holds (variants stored as
+    computed: an FP8 variant's record holds the states' stats before quantization)."""
+    c = reader.units[uid]
+    if reader.record.stored_precision or (reader.id, uid) in report.damaged:  # (a damaged sample left them partial)
+        return
+    served = {r.key for r in reader.unit_refs(uid)}
+    try:
+        for key, off, n in c.samples:  # (a racing writer's duplicate is not served, but the record counted it)
+            for i in ranges.n if key not in served else ():
+                x = reader.read_array(SampleRef(key, uid, off, n), layout.layer_array(i))
+                ranges.add(i, as_float32(x, reader.record.dtype))
+    except CorruptData as unreadable:
+        report.damage(unreadable, reader.id, uid)
+        return
+    for i in ranges.n:
+        rec = c.stats.get(str(i))
+        if rec is None or (rec.n, rec.min, rec.max) == (ranges.n[i], ranges.lo[i], ranges.hi[i]) or not rec.n:
+            continue
+        replaced = CorruptData(
+            f"unit {uid} of variant {reader.id}: layer {i} holds {ranges.n[i]} values in [{ranges.lo[i]:.6g}, "
+            f"{ranges.hi[i]:.6g}], its commit record {rec.n} in [{rec.min:.6g}, {rec.max:.6g}]: its files are not "
+            "the states committed (swapped or replaced)"
+        )
+        for key, _, _ in c.samples:
+            report.damage(replaced, reader.id, uid, key)
+        return
+
+
+def _layer_problems(
+    reader: VariantReader, ref: SampleRef, layers: list[int], ranges: UnitRanges | None = None
+) -> list[list[str]]:
     """What is wrong with each layer of one sample: states stored as computed are read and judged with
-    numpy alone (min and max decide unless a value is NaN or Inf); FP8 variants are dequantized first
-    (the one path that needs torch)."""
+    numpy alone (min and max decide unless a value is NaN or Inf; added to ``ranges``); FP8 variants are
+    dequantized first (the one path that needs torch)."""
     rec = reader.record
     if rec.stored_precision:
         from hsstore.storage.stats import layer_stats
 
         return [problems(layer_stats(t)) for t in reader.read_layers(ref, layers)]
-    return [health_problems(as_float32(reader.read_array(ref, layout.layer_array(i)), rec.dtype)) for i in layers]
+    out = []
+    for i in layers:
+        x = as_float32(reader.read_array(ref, layout.layer_array(i)), rec.dtype)
+        if ranges is not None:
+            ranges.add(i, x)
+        out.append(health_problems(x))
+    return out
 
 
-def _verify_sample(reader: VariantReader, ref: SampleRef, report: Report) -> None:
+def _verify_sample(reader: VariantReader, ref: SampleRef, report: Report, ranges: UnitRanges | None = None) -> None:
     layers = reader.record.all_layers
     try:
         reader.read_tokens(ref)
-        for layer, found in zip(layers, _layer_problems(reader, ref, layers)):
+        for layer, found in zip(layers, _layer_problems(reader, ref, layers, ranges)):
             bad = found if ref.length > 0 else ["empty sample"]
             if bad:
                 report.add(f"layer {layer}: {'; '.join(bad)}", reader.id, ref.key, ref.unit)
@@ -162,6 +226,7 @@ def _verify_tree(store: Store, report: Report) -> None:
     except HsstoreError as e:
         report.add(f"the store's tree cannot be listed: {e}")
         return
+    executable = 0
     for entry in entries:
         if entry.kind == "dir":
             if layout.parse_key(entry.key).kind == "temp":
@@ -172,8 +237,7 @@ def _verify_tree(store: Store, report: Report) -> None:
         if entry.kind in _ODD:
             report.add(f"{entry.key} is {_ODD[entry.kind]}; hsstore writes only regular files")
             continue
-        if entry.executable:
-            report.add(f"file {entry.key} is executable; hsstore writes none")
+        executable += entry.executable  # (a mode bit changes no byte a reader reads: a note, not damage)
         if layout.parse_key(entry.key).kind == "temp":
             temporary += 1
             continue
@@ -186,6 +250,11 @@ def _verify_tree(store: Store, report: Report) -> None:
     if uncommitted:
         report.notes.append(
             f"{uncommitted} file(s) of uncommitted units (a build in progress, or debris: `hsstore gc`)"
+        )
+    if executable:
+        report.notes.append(
+            f"{executable} file(s) are executable, which hsstore never makes them (a `chmod -R`, or a mount that "
+            "marks every file so); their bytes are checked as any file's"
         )
 
 

@@ -122,6 +122,9 @@ class UnitWriter:
         if sorted(states) != rec.all_layers:
             raise ValueError(f"states for layers {sorted(states)}, variant {self.vid} stores {rec.all_layers}")
         total = sum(s.length for s in samples)
+        empty = [s.key for s in samples if s.length == 0]
+        if empty:  # (verify condemns a unit holding one, and every other sample of it with it)
+            raise ValueError(f"sample {empty[0]} has no tokens; a unit holds samples of 1 token or more")
         for layer, t in states.items():
             self._check_states(layer, t, total)
         keep = list(range(len(samples)))
@@ -314,6 +317,7 @@ class UnitWriter:
             writer=self.info,
             committed_at=_now(),
             xxh3={rel: w.xxh3 for rel, w in sorted(written.items())},
+            variant=self.vid,
             quant_error=quant_error if quant_error else UNSET,
         )
 

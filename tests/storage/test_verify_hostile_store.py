@@ -12,11 +12,13 @@ import socket
 from pathlib import Path
 
 import pytest
-from helpers import META_DOCS, crashed_unit, garbage_metadata, run_main, store_with_unit
+from helpers import META_DOCS, crashed_unit, garbage_metadata, new_variant, run_main, store_with_unit, write_unit
 
 from hsstore import HiddenStateDataset, Store
 from hsstore.core.errors import CorruptData, HsstoreError
 from hsstore.storage.verify import verify
+from hsstore.storage.writer import UnitWriter
+from hsstore.testing.factories import make_samples, make_states
 
 
 @pytest.fixture
@@ -70,10 +72,6 @@ ODD_FILES = {
     "symlink-dir-out": (lambda p, v, u: (p / "variants" / v / "builds").symlink_to("/etc"), "is a symlink"),
     "fifo": (lambda p, v, u: os.mkfifo(p / "variants" / v / "commits" / "w-000001.json"), "is a FIFO"),
     "socket": (lambda p, v, u: socket.socket(socket.AF_UNIX).bind(str(p / "variants" / "s")), "is a socket"),
-    "executable-in-uncommitted-unit": (  # a file of a name the format has, but with an execute bit
-        lambda p, v, u: (p / "variants" / v / "units" / "crashed-000000" / "layer_0" / "c" / "0" / "0").chmod(0o755),
-        "layer_0/c/0/0 is executable",
-    ),
     "non-json-build-record": (
         lambda p, v, u: (
             (p / "variants" / v / "builds").mkdir()
@@ -345,3 +343,79 @@ def test_commit_records_of_before_xxh3_still_verify_by_their_crc32c(tmp_path: Pa
     rec["crc32c"]["layer_1/zarr.json"] = "0" * 16
     commit.write_text(json.dumps(rec))
     assert any("unreadable" in p and "crc32c of 'layer_1/zarr.json'" in p for p in _problems(path))
+
+
+def test_execute_bits_are_a_note_not_damage(tmp_path: Path, capsys):
+    """Every file of a healthy store made executable (``chmod -R 775``, a CIFS or exFAT mount): no byte a reader reads
+    changed, so verify passes (it named each file a problem and exited 1) and notes the mode bits once."""
+    path = tmp_path / "s.zarr"
+    store_with_unit(path, [6, 9, 4], seed=4, hidden=16, chunk=8)
+    files = [f for f in path.rglob("*") if f.is_file()]
+    for f in files:
+        f.chmod(0o775)
+    result = verify(Store.open(path))
+    assert result.ok and not result.problems, result.problems
+    assert any(f"{len(files)} file(s) are executable" in n for n in result.notes), result.notes
+    assert _cli("verify", str(path), capsys=capsys)[0] == 0
+
+
+def test_units_and_records_carry_their_variant_and_a_unit_copied_across_is_named(tmp_path: Path):
+    """Two variants of the same samples: a unit and its commit record copied from B into A in place of A's own (two
+    stores merged by hand) were consistent in every size and checksum, so verify passed and A served B's states. The
+    record names its variant, so the copy is refused by verify and by readers."""
+    import shutil
+
+    path = tmp_path / "s.zarr"
+    s, va, samples, _ = store_with_unit(path, [6, 9, 4], seed=4, hidden=16, chunk=8, backend="a")
+    vb = new_variant(s, hidden=16, chunk=8, backend="b")
+    write_unit(s, vb, [6, 9, 4], seed=4, writer_id="wb")
+    (ca,) = (path / "variants" / va / "commits").glob("*.json")
+    (cb,) = (path / "variants" / vb / "commits").glob("*.json")
+    assert json.loads(ca.read_text())["variant"] == va
+    shutil.rmtree(path / "variants" / va / "units" / ca.stem)
+    ca.unlink()
+    shutil.copytree(path / "variants" / vb / "units" / cb.stem, path / "variants" / va / "units" / cb.stem)
+    shutil.copy(cb, path / "variants" / va / "commits" / cb.name)
+    assert any(f"commits to variant {vb}, not {va}" in p for p in _problems(path))
+    with pytest.raises(CorruptData, match=f"commits to variant {vb}"):
+        Store.open(path).reader(va).read(samples[0].key)
+
+
+def test_a_record_whose_checksums_leave_a_file_out_is_refused(store):
+    """A record with an xxh3 map that skips a file (an edit that strips one checksum) would leave that file unchecked."""
+    path, vid, _ = store
+    _edit_commit(path, vid, lambda d: d["xxh3"].pop("layer_1/c/0/0"))
+    assert any("holds no xxh3 for ['layer_1/c/0/0']" in p for p in _problems(path))
+
+
+def test_files_replaced_with_a_fixed_up_record_are_named_by_their_values(tmp_path: Path):
+    """Layer 2's shard replaced by another variant's and the record's size and xxh3 fixed up to match: every check of
+    bytes passes, but the values are not the ones whose min and max the record holds; verify names the unit."""
+    import xxhash
+
+    path = tmp_path / "s.zarr"
+    s, va, samples, _ = store_with_unit(path, [40, 24], seed=3, hidden=32, chunk=8, codec="none", backend="a")
+    vb = new_variant(s, hidden=32, chunk=8, codec="none", backend="b")
+    UnitWriter(s, vb, writer_id="wb").write(samples, make_states(samples, 32, "bf16", [0, 1, 2], seed=9))
+    (ca,) = (path / "variants" / va / "commits").glob("*.json")
+    (cb,) = (path / "variants" / vb / "commits").glob("*.json")
+    mine = path / "variants" / va / "units" / ca.stem / "layer_2" / "c" / "0" / "0"
+    theirs = path / "variants" / vb / "units" / cb.stem / "layer_2" / "c" / "0" / "0"
+    rec = json.loads(ca.read_text())
+    data = bytearray(theirs.read_bytes())
+    mine.write_bytes(bytes(data))
+    rec["xxh3"]["layer_2/c/0/0"] = xxhash.xxh3_64_hexdigest(bytes(data))
+    ca.write_text(json.dumps(rec))
+    found = _problems(path)
+    assert found and all("layer 2 holds" in p and "not the states committed" in p for p in found), found
+
+
+def test_the_writer_refuses_an_empty_sample(tmp_path: Path):
+    """A sample of 0 tokens was committed, and verify then condemned its whole unit, healthy samples too: the writer
+    refuses it and commits nothing."""
+    s = Store.create(tmp_path / "s.zarr")
+    vid = new_variant(s, hidden=16, chunk=8)
+    samples = make_samples([0, 1, 5], seed=1)
+    with pytest.raises(ValueError, match="has no tokens"):
+        UnitWriter(s, vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2], seed=1))
+    assert Store.open(tmp_path / "s.zarr").reader(vid).keys == []

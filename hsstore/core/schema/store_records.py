@@ -132,6 +132,7 @@ class CommitRecord(Record):
     # digits) before, which tells apart no two files of one shard layout (each block ends with its own crc32c)
     xxh3: dict[str, str] | UnsetType = UNSET
     crc32c: dict[str, str] | UnsetType = UNSET
+    variant: str | UnsetType = UNSET  # the variant it commits to (from 2026-12-07): a record copied to another is named
     quant_error: dict[str, QuantError] | UnsetType = UNSET  # str(layer) -> storage error (quantized variants)
 
     def __post_init__(self) -> None:
