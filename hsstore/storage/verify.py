@@ -19,6 +19,7 @@ import numpy as np
 
 from hsstore.core.dtypes import as_float32
 from hsstore.core.errors import CorruptData, HsstoreError, StoreUnreachable
+from hsstore.core.provenance_match import variant_id
 from hsstore.core.schema.reports import Problem, VerifyReport
 from hsstore.core.schema.store_records import CommitRecord
 from hsstore.storage import layout
@@ -105,6 +106,12 @@ def take_back(store: Store, vid: str, uid: str) -> bool:
 
 def _verify_variant(reader: VariantReader, report: Report, progress: Callable[[int], None] | None) -> None:
     vid = reader.id
+    if (hashed := variant_id(reader.record.provenance)) != vid:  # a note: a version that hashed other fields did too
+        report.notes.append(
+            f"variant {vid}: its provenance hashes to {hashed}, not its id: the record was edited after the states "
+            "were made (what info and the selectors say of it may not be how they were computed), or written by "
+            "an hsstore that hashed other fields"
+        )
     for ckey, why in reader.bad_commits:
         report.add(f"commit record {ckey} unreadable (it commits nothing): {why}", vid)
         uid = layout.parse_key(ckey).uid

@@ -419,3 +419,16 @@ def test_the_writer_refuses_an_empty_sample(tmp_path: Path):
     with pytest.raises(ValueError, match="has no tokens"):
         UnitWriter(s, vid).write(samples, make_states(samples, 16, "bf16", [0, 1, 2], seed=1))
     assert Store.open(tmp_path / "s.zarr").reader(vid).keys == []
+
+
+def test_a_variant_record_edited_after_the_fact_is_noted(store):
+    """The model's name edited in a variant's record (sed over zarr.json): its provenance no longer hashes to the
+    variant's id, and info and the selectors would present the states under the new name. verify notes it (a note:
+    a store written by a version that hashed other fields would read the same)."""
+    path, vid, _ = store
+    meta = path / "variants" / vid / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"]["hsstore_variant"]["provenance"]["recipe"]["model"]["name"] = "another-model"
+    meta.write_text(json.dumps(doc))
+    result = verify(Store.open(path))
+    assert any(f"variant {vid}: its provenance hashes to" in n for n in result.notes), result.notes
