@@ -297,6 +297,12 @@ class VariantReader:
                 f"unit {uid} of variant {self.id}: {name} is {reader.shape} {reader.dtype}, its commit "
                 f"and variant record say {want[0]} {want[1]}. Run `hsstore verify`"
             )
+        said = reader.layout.layer
+        if said is not None and name.startswith("layer_") and name != layout.layer_array(said):
+            raise CorruptData(
+                f"unit {uid} of variant {self.id}: {name} holds layer {said} (its metadata says so): the unit's layer "
+                "folders were swapped or copied over. Run `hsstore verify`"
+            )
 
     def _slice(
         self,

@@ -208,6 +208,7 @@ class ArrayLayout:
     chunk_rows: int
     codec: str
     sharded: bool
+    layer: int | None = None  # the decoder layer its attributes say it holds (layer arrays; None where they say none)
 
 
 def _middle(chain: list[ZarrCodec]) -> list[tuple[str, dict[str, Any]]] | None:
@@ -234,6 +235,8 @@ def array_layout(raw: bytes, what: str) -> ArrayLayout:
     ):
         raise CorruptData(f"{what}: not an array hsstore writes (shape {shape}, {meta.data_type})")
     dtype = np.dtype(meta.data_type).newbyteorder("<")
+    said = meta.attributes.get("layer") if isinstance(meta.attributes, dict) else None
+    layer = said if isinstance(said, int) and not isinstance(said, bool) else None
     if len(meta.codecs) == 1 and meta.codecs[0].name == "sharding_indexed":
         cfg = convert_strict(meta.codecs[0].configuration, ShardingConfig, f"{what}: sharding configuration")
         middle, index = _middle(cfg.codecs), _middle(cfg.index_codecs)
@@ -248,12 +251,12 @@ def array_layout(raw: bytes, what: str) -> ArrayLayout:
             and grid[1:] == shape[1:]
             and cfg.chunk_shape[1:] == shape[1:]
         ):
-            return ArrayLayout(tuple(shape), dtype, rows, codec, True)
+            return ArrayLayout(tuple(shape), dtype, rows, codec, True, layer)
     else:
         middle = _middle(meta.codecs)
         codec = codec_of(middle) if middle is not None else None
         if codec and grid == shape:
-            return ArrayLayout(tuple(shape), dtype, shape[0], codec, False)
+            return ArrayLayout(tuple(shape), dtype, shape[0], codec, False, layer)
     raise CorruptData(f"{what}: its codecs or chunking are not a layout hsstore writes")
 
 

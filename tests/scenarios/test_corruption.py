@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import run_cli, store_with_unit
 
-from hsstore import Store
+from hsstore import HiddenStateDataset, Store
 from hsstore.core.errors import CorruptData
 from hsstore.storage.verify import verify
 
@@ -229,3 +229,20 @@ def test_a_damaged_unit_is_quarantined_and_the_build_that_wrote_it_recomputes_it
     assert sorted(reader.keys) == before
     for k in reader.keys:
         reader.read(k)
+
+
+def test_swapped_layer_folders_are_refused_by_readers_too(tmp_path: Path):
+    """A unit's layer_0 and layer_1 folders swapped whole (a botched copy; no codec, so every size still matches):
+    each array's metadata says which layer it holds, so a reader opening it refuses the unit instead of serving layer
+    1's states as layer 0's."""
+    import shutil
+
+    path = tmp_path / "s.zarr"
+    _, vid, samples, _ = store_with_unit(path, [40, 25, 60], seed=3, hidden=32, chunk=16, codec="none")
+    unit = _unit_dir(path, vid)
+    shutil.move(unit / "layer_0", unit / "swap")
+    shutil.move(unit / "layer_1", unit / "layer_0")
+    shutil.move(unit / "swap", unit / "layer_1")
+    with pytest.raises(CorruptData, match="layer_0 holds layer 1"):
+        HiddenStateDataset(path)[0]
+    _assert_detected(path, vid, samples, "layer_0 holds layer 1")
