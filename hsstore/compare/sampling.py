@@ -442,9 +442,9 @@ FloorVerdictKind = Literal["within_noise", "beyond_noise", "inconclusive"]
 FLOOR_NOT_NOISE = 0.5
 
 
-def broken_floor(floor_rel_l2: float) -> bool:
-    """Whether A's distance from the floor is beyond what rounding can make (NaN included)."""
-    return not floor_rel_l2 < FLOOR_NOT_NOISE
+def nan_last(x: float) -> float:
+    """A sort key that ranks NaN below every number (a NaN compares False with all of them, so max would skip it)."""
+    return -math.inf if math.isnan(x) else x
 
 
 def with_floor(
@@ -455,6 +455,7 @@ def with_floor(
     out: list[LayerDiff] = []
     ratios: list[float] = []  # each layer's floor_ratio ...
     ratio_cis: list[tuple[float, float]] = []  # ... and its interval (when both have replicates)
+    undecided: list[str] = []  # the differing layers the floor cannot judge, and why
     ratio_reps = None
     if est.rel_l2_replicates is not None and floor.rel_l2_replicates is not None:
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -464,14 +465,14 @@ def with_floor(
         v = "identical (bit-exact)" if L.bit_exact == 1.0 else verdict(ratio, dtype, noise_factor)
         if L.bit_exact != 1.0 and (why := _undecidable(ratio, F.rel_l2)):
             v = f"no verdict: {why}"
+            undecided.append(f"at layer {L.layer} {why}")
         extra: dict[str, dict[str, tuple[float, float]]] = {}
         if ratio_reps is not None:
             ratio_cis.append(interval(ratio, ratio_reps[:, j], confidence, est.df))
             extra["ci"] = {**(L.ci or {}), "floor_ratio": ratio_cis[-1]}  # (sampled layers have their ci)
         ratios.append(ratio)
         out.append(L.replace(floor_rel_l2=F.rel_l2, floor_ratio=ratio, verdict=v, **extra))
-    # the worst layer (the first of equals, as max gives) of those with a ratio: a NaN compares False with everything
-    w = max(range(len(out)), key=lambda i: -math.inf if math.isnan(ratios[i]) else ratios[i])
+    w = max(range(len(out)), key=lambda i: nan_last(ratios[i]))  # the worst layer with a ratio (the first of equals)
     worst = out[w]
     worst_ratio = max(0.0, ratios[w])
     within = worst_ratio <= noise_factor
@@ -488,26 +489,17 @@ def with_floor(
     )
     if kind == "inconclusive":
         text += "; not settled at this sample size (an interval straddles the bound): raise --samples"
-    undecided = [
-        (L.layer, why) for L, r in zip(out, ratios) if L.bit_exact != 1.0 and (why := _undecidable(r, _floor_rel_l2(L)))
-    ]
     if undecided:
-        kind = "inconclusive"
-        text = "no verdict: " + "; ".join(f"at layer {layer} {why}" for layer, why in undecided) + f"; {text}"
+        kind, text = "inconclusive", "no verdict: " + "; ".join(undecided) + f"; {text}"
     return out, text, kind
-
-
-def _floor_rel_l2(L: LayerDiff) -> float:
-    """The floor's rel-L2 of a layer ``with_floor`` judged."""
-    return float(L.floor_rel_l2) if isinstance(L.floor_rel_l2, float) else 0.0
 
 
 def _undecidable(ratio: float, floor_rel_l2: float) -> str | None:
     """Why a differing layer can get no verdict against its floor: a NaN ratio (NaN or infinite values in A, B or the
-    floor), or a floor farther from A than rounding takes states (``broken_floor``). None where it can."""
+    floor), or a floor farther from A than rounding takes states (FLOOR_NOT_NOISE). None where it can."""
     if math.isnan(ratio) or math.isnan(floor_rel_l2):
         return "rel-L2 is NaN: A, B or the floor holds NaN or infinite values there (hsstore info shows each layer's health)"
-    if broken_floor(floor_rel_l2):
+    if floor_rel_l2 >= FLOOR_NOT_NOISE:
         return (
             f"A is rel-L2 {floor_rel_l2:.3g} from the floor, more than rounding takes states ({FLOOR_NOT_NOISE:g} or "
             "more): A or the floor is another computation or all zeros there (hsstore check names such defects)"
@@ -524,7 +516,7 @@ def without_floor(est: Estimate, dtype: str) -> tuple[list[LayerDiff], str]:
     """Layers with their rel-L2 in units of ``dtype``'s roundoff (the coarser of A's and B's) and the summary."""
     u = UNIT_ROUNDOFF.get(dtype)
     out = [L.replace(roundoff_ratio=L.rel_l2 / u) if u else L for L in est.layers]
-    worst = max(out, key=lambda L: -math.inf if math.isnan(L.rel_l2) else L.rel_l2)
+    worst = max(out, key=lambda L: nan_last(L.rel_l2))
     scale = f" = {worst.roundoff_ratio:.1f}x the {dtype} unit roundoff" if u else ""
     nan = [L.layer for L in out if math.isnan(L.rel_l2)]
     return out, (

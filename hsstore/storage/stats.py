@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -156,12 +156,13 @@ def merge_health(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([out, *[p[len(FIELDS) :] for p in parts]])
 
 
-def health_problems(x: np.ndarray) -> list[str]:
+def health_problems(x: np.ndarray, span: tuple[Any, Any] | None = None) -> list[str]:
     """``problems(array_stats(x))`` of float32 values, in two passes where the values are finite (min and
-    max alone decide: all zero and constant both mean min == max); verify asks this of every sample."""
+    max alone decide: all zero and constant both mean min == max; ``span``: those two, taken already); verify asks
+    this of every sample."""
     if x.size == 0:
         return []
-    lo, hi = x.min(), x.max()
+    lo, hi = span if span is not None else (x.min(), x.max())
     if not (np.isfinite(lo) and np.isfinite(hi)):  # NaN or Inf: counted in full
         return problems(array_stats(x))
     if lo != hi:

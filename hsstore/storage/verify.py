@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -150,10 +151,11 @@ class UnitRanges:
         self.lo = dict.fromkeys(layers, math.inf)
         self.hi = dict.fromkeys(layers, -math.inf)
 
-    def add(self, layer: int, x: np.ndarray) -> None:
+    def add(self, layer: int, x: np.ndarray, span: tuple[Any, Any] | None = None) -> None:
+        """Add ``x``'s values (``span``: its min and max, taken already)."""
         if x.size == 0:
             return
-        lo, hi = x.min(), x.max()
+        lo, hi = span if span is not None else (x.min(), x.max())
         if not (np.isfinite(lo) and np.isfinite(hi)):
             finite = np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
             lo, hi = finite.min(), finite.max()
@@ -204,9 +206,10 @@ def _layer_problems(
     out = []
     for i in layers:
         x = as_float32(reader.read_array(ref, layout.layer_array(i)), rec.dtype)
+        span = (x.min(), x.max()) if x.size else None  # one pass each, for the health check and the unit's range
         if ranges is not None:
-            ranges.add(i, x)
-        out.append(health_problems(x))
+            ranges.add(i, x, span)
+        out.append(health_problems(x, span))
     return out
 
 
