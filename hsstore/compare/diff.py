@@ -551,7 +551,7 @@ def unseen_share(n: int, population: int, confidence: float) -> str:
 # provenance fields that name how states were computed: a floor that differs from A in one holds that difference
 COMPUTATION_FIELDS = ("environment.backend", "environment.kernels")
 # a floor of another computation than A's, farther from A than this many of A's unit roundoffs, is more than A's
-# rounding (a bf16 forward's own stays within a few: 1-3 on the tiny models, docs/json.md)
+# rounding (a bf16 forward's own stays within a few: 0.8-1.4 per layer in `bash scripts/demo.sh`'s bf16-vs-fp32 diff)
 FOREIGN_FLOOR_ROUNDOFFS = 16
 
 
